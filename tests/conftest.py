@@ -1,0 +1,75 @@
+"""Session fixtures: one real embedded Kafka broker for the whole test run.
+
+Set ``ASTRAFLOW_TEST_BOOTSTRAP`` to run against an existing cluster instead.
+Each test gets its own job name (so its own topics) through ``job_topics``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from astraflow.topics import Consumer, EmbeddedBroker, JobTopics, Producer, ensure_topics
+
+
+@pytest.fixture(scope="session")
+def kafka_broker():
+    if os.environ.get("ASTRAFLOW_TEST_BOOTSTRAP"):
+        yield None
+        return
+    broker = EmbeddedBroker(heap="768m").start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def bootstrap(kafka_broker) -> str:
+    return os.environ.get("ASTRAFLOW_TEST_BOOTSTRAP") or kafka_broker.bootstrap_servers
+
+
+@pytest.fixture
+def job_name() -> str:
+    return "t" + uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def job_topics(bootstrap, job_name) -> JobTopics:
+    topics = JobTopics(job=job_name, policies=("policy",), task_partitions=4, trajectory_partitions=2)
+    ensure_topics(bootstrap, topics.specs())
+    return topics
+
+
+@pytest.fixture
+def make_producer(bootstrap):
+    made: list[Producer] = []
+
+    def factory(**kw) -> Producer:
+        p = Producer(bootstrap, **kw)
+        made.append(p)
+        return p
+
+    yield factory
+    for p in made:
+        p.close(timeout=5)
+
+
+@pytest.fixture
+def make_consumer(bootstrap):
+    made: list[Consumer] = []
+
+    def factory(**kw) -> Consumer:
+        kw.setdefault("consumer_timeout_ms", 10_000)
+        c = Consumer(bootstrap, **kw)
+        made.append(c)
+        return c
+
+    yield factory
+    for c in made:
+        try:
+            c.close()
+        except Exception:  # noqa: BLE001 - already closed by the test
+            pass

@@ -1,0 +1,33 @@
+import socket
+
+import pytest
+
+from astraflow.topics import BrokerStartError, EmbeddedBroker
+from astraflow.topics import runtime
+
+
+def test_port_taken_gives_a_clear_error_quoting_the_log(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        broker = EmbeddedBroker(tmp_path / "data", port=port, heap="256m", startup_timeout=60)
+        with pytest.raises(BrokerStartError) as e:
+            broker.start()
+    msg = str(e.value)
+    assert str(port) in msg
+    assert "Address already in use" in msg  # quoted from the broker's own log
+    assert broker.pid is None  # no JVM left behind
+
+
+def test_no_java_gives_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH with no java on it
+    with pytest.raises(BrokerStartError, match="Java not found.*Java 17"):
+        EmbeddedBroker(tmp_path / "data").start()
+
+
+def test_kafka_home_without_jars_is_rejected(tmp_path, monkeypatch):
+    monkeypatch.setenv("KAFKA_HOME", str(tmp_path))
+    with pytest.raises(runtime.KafkaRuntimeError, match="KAFKA_HOME"):
+        runtime.libs_dir()

@@ -1,0 +1,56 @@
+import base64
+
+import pytest
+
+from astraflow.topics import DeadLetter, DeadLetters, DecodeError, Prompt
+
+GOOD = Prompt("p-good", "1+1=", "2")
+
+
+def test_bad_records_go_to_dlq_with_coordinates_and_consumer_continues(job_topics, make_producer,
+                                                                      make_consumer):
+    producer = make_producer(client_id="feeder")
+    topic = job_topics.prompts
+    bad = [
+        (b"\x00\xffnot json", [("af-type", b"prompt"), ("af-schema", b"1")], "DecodeError"),
+        (b'{"x": 1}', [("af-type", b"no-such-type")], "UnknownMessageType"),
+        (b'{"prompt_id": "p"}', [("af-type", b"prompt"), ("af-schema", b"99")], "UnsupportedSchema"),
+        (b'{"prompt_id": "p"}', [], "DecodeError"),
+    ]
+    for value, headers, _ in bad:
+        producer.send_raw(topic, value, key=b"k", headers=headers)
+    producer.send_sync(topic, GOOD, key="p-good")
+
+    dlq = DeadLetters(make_producer(client_id="dlq-writer"), job_topics.dlq, consumer_name="c1")
+    consumer = make_consumer(topics=[topic], group_id="dlq-test", dead_letters=dlq)
+    got = []
+    while not got:
+        got = consumer.poll(5000)
+        assert got or dlq.count, "nothing consumed"
+    assert [d.message for d in got] == [GOOD]
+    assert got[0].offset == len(bad)  # the good record came after all the bad ones
+    assert dlq.count == len(bad)
+    # the consumer's position covers the dead-lettered records, so a commit skips them
+    assert list(consumer.pending_offsets().values()) == [len(bad) + 1]
+
+    reader = make_consumer(topics=[job_topics.dlq], group_id="dlq-reader")
+    letters = []
+    while len(letters) < len(bad):
+        batch = reader.poll(5000)
+        assert batch
+        letters.extend(d.message for d in batch)
+    assert all(isinstance(x, DeadLetter) for x in letters)
+    assert [x.offset for x in letters] == list(range(len(bad)))
+    assert {x.source_topic for x in letters} == {topic}
+    assert [x.error_type for x in letters] == [b[2] for b in bad]
+    assert [base64.b64decode(x.value) for x in letters] == [b[0] for b in bad]
+    assert all(x.consumer == "c1" and x.partition == 0 for x in letters)
+    assert "newer than this code supports" in letters[2].error
+
+
+def test_decode_error_without_dlq_raises(job_topics, make_producer, make_consumer):
+    make_producer().send_raw(job_topics.prompts, b"junk", headers=[("af-type", b"prompt")]).get(10)
+    consumer = make_consumer(topics=[job_topics.prompts], group_id="strict")
+    with pytest.raises(DecodeError):
+        for _ in range(10):
+            consumer.poll(2000)

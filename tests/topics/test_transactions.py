@@ -1,0 +1,70 @@
+from kafka import TopicPartition
+
+from astraflow.topics import Prompt, TrajectoryGroup
+
+from .samples import GROUP
+
+
+def _drain(consumer, want: int | None = None, polls: int = 6):
+    got = []
+    for _ in range(polls):
+        got.extend(consumer.poll(1500))
+        if want is not None and len(got) >= want:
+            break
+    return got
+
+
+def test_aborted_records_invisible_to_read_committed(job_topics, make_producer, make_consumer):
+    p = make_producer(client_id="tx", transactional_id=f"{job_topics.job}-tx")
+    topic = job_topics.prompts
+    with p.transaction():
+        p.send(topic, Prompt("kept-1", "a", "1"))
+    try:
+        with p.transaction():
+            p.send(topic, Prompt("aborted", "b", "2"))
+            p.flush()
+            raise RuntimeError("fail mid-transaction")
+    except RuntimeError:
+        pass
+    with p.transaction():
+        p.send(topic, Prompt("kept-2", "c", "3"))
+
+    committed = make_consumer(topics=[topic], group_id="rc")
+    ids = [d.message.prompt_id for d in _drain(committed, 2)]
+    assert ids == ["kept-1", "kept-2"]
+
+    uncommitted = make_consumer(topics=[topic], group_id="ru", isolation_level="read_uncommitted")
+    ids = [d.message.prompt_id for d in _drain(uncommitted, 3)]
+    assert ids == ["kept-1", "aborted", "kept-2"]
+
+
+def test_consume_transform_produce_commits_offsets_atomically(job_topics, make_producer, make_consumer):
+    src, dst = job_topics.tasks("policy"), job_topics.trajectories
+    feeder = make_producer()
+    for i in range(4):
+        feeder.send(src, Prompt(f"p{i}", "x", "y"), partition=0)
+    feeder.flush()
+
+    group = "ctp"
+    consumer = make_consumer(topics=[src], group_id=group)
+    p = make_producer(transactional_id=f"{job_topics.job}-ctp")
+    first = _drain(consumer, 4)
+    assert len(first) == 4
+    # aborted: output invisible and offsets not committed
+    try:
+        with p.transaction():
+            p.send(dst, GROUP)
+            p.send_offsets(consumer)
+            raise RuntimeError("crash before commit")
+    except RuntimeError:
+        pass
+    tp = TopicPartition(src, 0)
+    assert consumer.raw.committed(tp) in (None, -1)
+    # committed: output visible and offsets committed together
+    with p.transaction():
+        p.send(dst, GROUP)
+        p.send_offsets(consumer, {tp: 4})
+    assert consumer.raw.committed(tp) == 4
+    out = make_consumer(topics=[dst], group_id="ctp-out")
+    got = _drain(out, 1, polls=3)
+    assert [type(d.message) for d in got] == [TrajectoryGroup]

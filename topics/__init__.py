@@ -1,0 +1,24 @@
+"""The dataflow layer: Kafka topics, typed messages, producers/consumers, the embedded broker.
+
+Components of a job share nothing but the topics defined here (:class:`JobTopics`).
+"""
+
+from .broker import EmbeddedBroker
+from .chunking import ChunkReader, write_chunks
+from .client import Consumer, DeadLetters, Delivery, Producer
+from .codec import decode, encode
+from .exceptions import (BrokerStartError, ChunkError, CorruptChunkError, DecodeError,
+                         KafkaRuntimeError, MissingChunkError, ProduceError, TopicConfigMismatch,
+                         TopicsError, UnknownMessageType, UnsupportedSchema)
+from .messages import (MESSAGE_TYPES, Batch, ChunkManifest, ChunkRef, DeadLetter, Heartbeat, Message,
+                       Metric, Prompt, Sample, SourceOffset, Task, TrajectoryGroup, VersionAnnouncement)
+from .registry import JobTopics, TopicSpec, ensure_topics
+
+__all__ = [
+    "EmbeddedBroker", "ChunkReader", "write_chunks", "Consumer", "DeadLetters", "Delivery", "Producer",
+    "decode", "encode", "BrokerStartError", "ChunkError", "CorruptChunkError", "DecodeError",
+    "KafkaRuntimeError", "MissingChunkError", "ProduceError", "TopicConfigMismatch", "TopicsError",
+    "UnknownMessageType", "UnsupportedSchema", "MESSAGE_TYPES", "Batch", "ChunkManifest", "ChunkRef",
+    "DeadLetter", "Heartbeat", "Message", "Metric", "Prompt", "Sample", "SourceOffset", "Task",
+    "TrajectoryGroup", "VersionAnnouncement", "JobTopics", "TopicSpec", "ensure_topics",
+]

@@ -1,0 +1,301 @@
+"""The embedded Apache Kafka broker: one KRaft node (broker + controller) on loopback.
+
+The broker is a real ``kafka.Kafka`` JVM started from the jars that :mod:`.runtime`
+provides, with a data dir per run, free ports, a readiness wait and a clean stop.
+A broker started in the foreground of a Python process dies with it (``PR_SET_PDEATHSIG``),
+so an aborted test run leaves no orphan JVM; ``astraflow broker start`` detaches instead
+and records its pid in a state file for ``stop``/``status``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from .exceptions import BrokerStartError, KafkaRuntimeError
+from .runtime import cache_root, java_command
+
+_PR_SET_PDEATHSIG = 1
+
+#: Broker settings every embedded broker gets. Single node: every internal topic has
+#: replication factor 1, or transactions and consumer groups fail.
+BASE_PROPERTIES: dict[str, str] = {
+    "process.roles": "broker,controller",
+    "node.id": "1",
+    "controller.listener.names": "CONTROLLER",
+    "inter.broker.listener.name": "PLAINTEXT",
+    "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "4",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "4",
+    "group.initial.rebalance.delay.ms": "0",
+    "num.partitions": "1",
+    "auto.create.topics.enable": "false",
+    # Payloads are chunked to <= 1 MiB, but records carry headers and batches overhead.
+    "message.max.bytes": str(4 * 1024 * 1024),
+    "replica.fetch.max.bytes": str(4 * 1024 * 1024),
+    "log.retention.check.interval.ms": "30000",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class BrokerInfo:
+    """What a running broker is: enough to reach it and to stop it."""
+
+    pid: int
+    port: int
+    controller_port: int
+    data_dir: str
+    log_path: str
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+class EmbeddedBroker:
+    """A single-node Kafka 4.x broker in KRaft combined mode.
+
+    Args:
+        data_dir: where logs and metadata live; a fresh temp dir when omitted.
+        port: client port; a free one when 0.
+        controller_port: KRaft controller port; a free one when 0.
+        heap: JVM max heap.
+        startup_timeout: seconds to wait for the broker to answer.
+        detach: run in its own session and outlive this process (the CLI's ``start``).
+        properties: extra ``server.properties`` entries.
+    """
+
+    def __init__(self, data_dir: str | os.PathLike | None = None, *, port: int = 0,
+                 controller_port: int = 0, heap: str = "1g", startup_timeout: float = 90.0,
+                 detach: bool = False, properties: dict[str, str] | None = None) -> None:
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="astraflow-kafka-"))
+        self.port = port or free_port()
+        self.controller_port = controller_port or free_port()
+        self.heap = heap
+        self.startup_timeout = startup_timeout
+        self.detach = detach
+        self.extra = dict(properties or {})
+        self._proc: subprocess.Popen | None = None
+        self._log_offset = 0
+
+    # -- lifecycle -------------------------------------------------------------------
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "server.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def info(self) -> BrokerInfo:
+        assert self._proc is not None, "broker not started"
+        return BrokerInfo(self._proc.pid, self.port, self.controller_port, str(self.data_dir),
+                          str(self.log_path))
+
+    def start(self) -> "EmbeddedBroker":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        props = self._write_config()
+        log4j = self._write_log4j()
+        jvm = [f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={self.data_dir}",
+               "-Xms256m", "-XX:+UseG1GC", "-Djava.awt.headless=true"]
+        try:
+            if not (self.data_dir / "meta" / "meta.properties").exists():
+                self._format(props, jvm)
+            cmd = java_command("kafka.Kafka", [str(props)], heap=self.heap, jvm_opts=jvm)
+        except KafkaRuntimeError as e:
+            raise BrokerStartError(str(e)) from e
+        out = open(self.data_dir / "stdout.log", "ab")
+        kwargs: dict = {"stdout": out, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL}
+        if self.detach:
+            kwargs["start_new_session"] = True
+        else:
+            kwargs["preexec_fn"] = _die_with_parent
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self._proc = subprocess.Popen(cmd, **kwargs)
+        out.close()
+        self._wait_ready()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the broker: SIGTERM (Kafka's controlled shutdown), SIGKILL after ``timeout``."""
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL the broker (chaos tests)."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+    def __enter__(self) -> "EmbeddedBroker":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- internals -------------------------------------------------------------------
+    def _write_config(self) -> Path:
+        props = dict(BASE_PROPERTIES)
+        props.update({
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
+            "log.dirs": str(self.data_dir / "meta"),
+        })
+        props.update(self.extra)
+        path = self.data_dir / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        return path
+
+    def _write_log4j(self) -> Path:
+        path = self.data_dir / "log4j2.properties"
+        path.write_text(
+            "status = error\n"
+            "appender.file.type = File\nappender.file.name = FILE\n"
+            f"appender.file.fileName = {self.log_path}\n"
+            "appender.file.layout.type = PatternLayout\n"
+            "appender.file.layout.pattern = [%d] %p %m (%c)%n\n"
+            "rootLogger.level = INFO\nrootLogger.appenderRef.file.ref = FILE\n"
+            # The controller and log cleaner are chatty at INFO; keep the log readable.
+            "logger.ctl.name = org.apache.kafka.controller\nlogger.ctl.level = WARN\n"
+            "logger.raft.name = org.apache.kafka.raft\nlogger.raft.level = WARN\n"
+        )
+        return path
+
+    def _format(self, props: Path, jvm: list[str]) -> None:
+        cluster_id = _kafka_cluster_id()
+        cmd = java_command("kafka.tools.StorageTool",
+                           ["format", "-t", cluster_id, "-c", str(props), "--standalone"],
+                           heap="256m", jvm_opts=jvm)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise BrokerStartError(
+                f"formatting KRaft storage in {self.data_dir} failed (exit {proc.returncode}):\n"
+                + _tail(proc.stdout + proc.stderr)
+            )
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        assert self._proc is not None
+        while time.monotonic() < deadline:
+            code = self._proc.poll()
+            if code is not None:
+                self._proc = None
+                raise BrokerStartError(
+                    f"Kafka broker exited with code {code} during start-up "
+                    f"(port {self.port}, controller port {self.controller_port}, data dir {self.data_dir}); "
+                    f"last lines of its log:\n{self._log_tail()}"
+                )
+            if _port_open(self.port) and self._log_says_started():
+                return
+            time.sleep(0.2)
+        self.kill()
+        raise BrokerStartError(
+            f"Kafka broker did not become ready within {self.startup_timeout:.0f}s on port {self.port}; "
+            f"last lines of its log:\n{self._log_tail()}"
+        )
+
+    def _log_says_started(self) -> bool:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_offset)
+                return b"Kafka Server started" in f.read()
+        except FileNotFoundError:
+            return False
+
+    def _log_tail(self, n: int = 15) -> str:
+        """The log's error lines (what went wrong) and its last lines (where it stopped)."""
+        parts = []
+        for name in ("server.log", "stdout.log"):
+            p = self.data_dir / name
+            if not p.exists():
+                continue
+            with open(p, "rb") as f:
+                f.seek(self._log_offset if name == "server.log" else 0)
+                text = f.read().decode(errors="replace")
+            errors = _error_lines(text)
+            if errors:
+                parts.append(f"--- errors in {p} ---\n" + "\n".join(errors))
+            if text.strip():
+                parts.append(f"--- last lines of {p} ---\n" + _tail(text, n))
+        return "\n".join(parts) or "(no log written)"
+
+
+def _error_lines(text: str, limit: int = 8) -> list[str]:
+    seen: list[str] = []
+    for line in text.splitlines():
+        if (" ERROR " in line or " FATAL " in line or line.startswith("Caused by:")) and line not in seen:
+            seen.append(line)
+    return seen[:limit]
+
+
+def _tail(text: str, n: int = 25) -> str:
+    return "\n".join(text.strip().splitlines()[-n:])
+
+
+def _kafka_cluster_id() -> str:
+    # Kafka cluster ids are 16 random bytes in URL-safe base64 without padding.
+    import base64
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+# -- the CLI's detached broker ----------------------------------------------------------
+
+def state_file() -> Path:
+    return cache_root() / "broker" / "state.json"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return True

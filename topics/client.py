@@ -1,0 +1,257 @@
+"""Producer and consumer wrappers that speak typed messages.
+
+:class:`Producer` is idempotent with ``acks=all`` and zstd compression, optionally
+transactional (consume-transform-produce with :meth:`Producer.send_offsets`).
+:class:`Consumer` commits manually, reads ``read_committed`` and hands back
+:class:`Delivery` objects; a record it cannot decode goes to the dead-letter topic with
+its coordinates and the consumer moves on, so nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.structs import OffsetAndMetadata
+
+from . import tracing
+from .codec import Headers, decode, encode
+from .exceptions import DecodeError, ProduceError
+from .messages import DeadLetter, Message, SourceOffset
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+
+
+def _key_bytes(key: str | bytes | None) -> bytes | None:
+    return key.encode() if isinstance(key, str) else key
+
+
+class Producer:
+    """Typed, idempotent producer.
+
+    Args:
+        bootstrap_servers: Kafka bootstrap servers.
+        client_id: recorded in the ``af-producer`` header of every record.
+        transactional_id: enables transactions (then use :meth:`transaction`).
+        max_request_size: bytes; chunked payloads are <= 1 MiB plus headers.
+        **config: further ``KafkaProducer`` settings.
+    """
+
+    def __init__(self, bootstrap_servers: str, *, client_id: str = "astraflow",
+                 transactional_id: str | None = None, max_request_size: int = 2 * MiB,
+                 linger_ms: int = 5, **config: Any) -> None:
+        self.client_id = client_id
+        settings: dict[str, Any] = dict(
+            bootstrap_servers=bootstrap_servers, client_id=client_id, acks="all",
+            enable_idempotence=True, compression_type="zstd", linger_ms=linger_ms,
+            max_request_size=max_request_size, batch_size=256 * 1024,
+        )
+        if transactional_id:
+            settings["transactional_id"] = transactional_id
+        settings.update(config)
+        self._kp = KafkaProducer(**settings)
+        self.transactional = bool(transactional_id)
+        if self.transactional:
+            self._kp.init_transactions()
+
+    # -- sending ---------------------------------------------------------------------
+    def send(self, topic: str, msg: Message, key: str | bytes | None = None, *,
+             partition: int | None = None, headers: Headers | None = None, trace: bool = True):
+        """Send a typed message; returns the kafka-python future (``.get()`` for metadata)."""
+        value, hdrs = encode(msg, self.client_id)
+        if headers:
+            hdrs.extend(headers)
+        if trace:
+            tracing.inject(hdrs)
+        return self._kp.send(topic, value=value, key=_key_bytes(key), headers=hdrs, partition=partition)
+
+    def send_raw(self, topic: str, value: bytes | None, key: str | bytes | None = None, *,
+                 partition: int | None = None, headers: Headers | None = None):
+        """Send bytes as they are (weight chunks, dead letters' originals, tests)."""
+        return self._kp.send(topic, value=value, key=_key_bytes(key), headers=list(headers or []),
+                             partition=partition)
+
+    def send_sync(self, topic: str, msg: Message, key: str | bytes | None = None,
+                  timeout: float = 30.0, **kw: Any):
+        """Send and wait for the broker's acknowledgement; raises :class:`ProduceError`."""
+        return wait(self.send(topic, msg, key, **kw), timeout, topic)
+
+    def flush(self, timeout: float | None = None) -> None:
+        self._kp.flush(timeout)
+
+    # -- transactions ----------------------------------------------------------------
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator["Producer"]:
+        """Begin a transaction; commit on normal exit, abort on an exception."""
+        if not self.transactional:
+            raise RuntimeError("producer was created without transactional_id")
+        self._kp.begin_transaction()
+        try:
+            yield self
+        except BaseException:
+            self._kp.abort_transaction()
+            raise
+        self._kp.commit_transaction()
+
+    def send_offsets(self, consumer: "Consumer", offsets: dict[TopicPartition, int] | None = None) -> None:
+        """Commit ``consumer``'s processed offsets inside the current transaction."""
+        offs = offsets if offsets is not None else consumer.pending_offsets()
+        if offs:
+            self._kp.send_offsets_to_transaction(
+                {tp: OffsetAndMetadata(o, "", -1) for tp, o in offs.items()},
+                consumer.group_metadata())
+            consumer.mark_committed(offs)
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        self._kp.close(timeout=timeout)
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def wait(future, timeout: float, topic: str = ""):
+    """Resolve a send future; kafka-python reports oversized records only here."""
+    try:
+        return future.get(timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - kafka-python raises many KafkaError subclasses
+        raise ProduceError(f"record to {topic or 'topic'} not acknowledged: {type(e).__name__}: {e}") from e
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A decoded record and where it came from."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    message: Message
+    headers: list[tuple[str, bytes]]
+    timestamp_ms: int
+
+    @property
+    def source(self) -> SourceOffset:
+        return SourceOffset(self.topic, self.partition, self.offset)
+
+    @property
+    def trace_context(self):
+        return tracing.extract(self.headers)
+
+
+class DeadLetters:
+    """Writes records that could not be processed to the job's ``dlq`` topic."""
+
+    def __init__(self, producer: Producer, topic: str, consumer_name: str = "") -> None:
+        self.producer, self.topic, self.consumer_name = producer, topic, consumer_name
+        self.count = 0
+
+    def put(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
+            headers: Iterable[tuple[str, bytes]] | None, error: Exception) -> DeadLetter:
+        letter = DeadLetter(
+            source_topic=topic, partition=partition, offset=offset,
+            error_type=type(error).__name__, error=str(error),
+            key=base64.b64encode(key).decode() if key is not None else None,
+            value=base64.b64encode(value or b"").decode(),
+            headers={k: v.decode("latin-1") for k, v in headers or ()},
+            consumer=self.consumer_name, ts=time.time())
+        # Durable before the consumer may commit past the bad record.
+        self.producer.send_sync(self.topic, letter, key=topic, trace=False)
+        self.count += 1
+        log.warning("dead-lettered %s[%d]@%d: %s", topic, partition, offset, error)
+        return letter
+
+
+class Consumer:
+    """Typed consumer with manual commits.
+
+    Either ``topics`` (group subscription) or ``partitions`` (manual assignment).
+    ``pending_offsets()`` are the positions after every record handed out (and every
+    record dead-lettered) since the last commit; :meth:`commit` commits them, or a
+    transactional producer commits them with :meth:`Producer.send_offsets`.
+    """
+
+    def __init__(self, bootstrap_servers: str, *, topics: Iterable[str] = (),
+                 partitions: Iterable[TopicPartition] = (), group_id: str | None = None,
+                 dead_letters: DeadLetters | None = None, isolation_level: str = "read_committed",
+                 auto_offset_reset: str = "earliest", client_id: str = "astraflow",
+                 max_partition_fetch_bytes: int = 4 * MiB, **config: Any) -> None:
+        settings: dict[str, Any] = dict(
+            bootstrap_servers=bootstrap_servers, group_id=group_id, client_id=client_id,
+            enable_auto_commit=False, isolation_level=isolation_level,
+            auto_offset_reset=auto_offset_reset,
+            max_partition_fetch_bytes=max_partition_fetch_bytes,
+            fetch_max_bytes=max(max_partition_fetch_bytes, 50 * MiB),
+        )
+        settings.update(config)
+        self._kc = KafkaConsumer(**settings)
+        topics, partitions = list(topics), list(partitions)
+        if topics:
+            self._kc.subscribe(topics)
+        elif partitions:
+            self._kc.assign(partitions)
+        self.dead_letters = dead_letters
+        self._pending: dict[TopicPartition, int] = {}
+
+    @property
+    def raw(self) -> KafkaConsumer:
+        """The underlying kafka-python consumer (seek, positions, assignment)."""
+        return self._kc
+
+    def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[Delivery]:
+        """Decoded records, in partition order; undecodable ones are dead-lettered and skipped."""
+        batches = self._kc.poll(timeout_ms=timeout_ms, max_records=max_records)
+        out: list[Delivery] = []
+        for tp, records in batches.items():
+            for r in records:
+                headers = list(r.headers or [])
+                try:
+                    msg = decode(r.value, headers)
+                except DecodeError as e:
+                    if self.dead_letters is None:
+                        raise
+                    self.dead_letters.put(r.topic, r.partition, r.offset, r.key, r.value, headers, e)
+                else:
+                    key = r.key.decode("utf-8", "replace") if r.key is not None else None
+                    out.append(Delivery(r.topic, r.partition, r.offset, key, msg, headers, r.timestamp))
+                self._pending[tp] = r.offset + 1
+        return out
+
+    def pending_offsets(self) -> dict[TopicPartition, int]:
+        return dict(self._pending)
+
+    def mark_committed(self, offsets: dict[TopicPartition, int]) -> None:
+        for tp, off in offsets.items():
+            if self._pending.get(tp) == off:
+                del self._pending[tp]
+
+    def commit(self, offsets: dict[TopicPartition, int] | None = None) -> None:
+        """Synchronously commit ``offsets`` (default: everything handed out so far)."""
+        offs = offsets if offsets is not None else self.pending_offsets()
+        if offs:
+            self._kc.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in offs.items()})
+            self.mark_committed(offs)
+
+    def group_metadata(self):
+        return self._kc.group_metadata()
+
+    def assignment(self) -> set[TopicPartition]:
+        return self._kc.assignment()
+
+    def close(self, autocommit: bool = False) -> None:
+        self._kc.close(autocommit=autocommit)
+
+    def __enter__(self) -> "Consumer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,64 @@
+"""Errors raised by the dataflow layer.
+
+One base class, :class:`TopicsError`; every error says what failed and what to do.
+``retriable`` tells callers whether trying again can help.
+"""
+
+from __future__ import annotations
+
+
+class TopicsError(Exception):
+    """Base class of every error raised by ``astraflow.topics``."""
+
+    retriable: bool = False
+
+
+class BrokerStartError(TopicsError):
+    """The embedded broker did not come up; the message quotes its log."""
+
+
+class KafkaRuntimeError(TopicsError):
+    """The Kafka jars could not be located or fetched."""
+
+
+class TopicConfigMismatch(TopicsError):
+    """An existing topic's settings differ from what the job requires."""
+
+    def __init__(self, topic: str, key: str, expected: object, actual: object) -> None:
+        self.topic, self.key, self.expected, self.actual = topic, key, expected, actual
+        super().__init__(
+            f"topic {topic!r} exists with {key}={actual!r} but the job requires {key}={expected!r}; "
+            f"delete the topic or use another job name"
+        )
+
+
+class DecodeError(TopicsError):
+    """A record could not be turned into a typed message (it goes to the DLQ)."""
+
+
+class UnknownMessageType(DecodeError):
+    """The ``af-type`` header names no registered message class."""
+
+
+class UnsupportedSchema(DecodeError):
+    """The record's ``af-schema`` is newer than this code understands."""
+
+
+class ChunkError(TopicsError):
+    """A chunked payload could not be reassembled; fetch it again or from a snapshot."""
+
+    retriable = True
+
+
+class MissingChunkError(ChunkError):
+    """A chunk named by the manifest is not on the topic (deleted, or never written)."""
+
+
+class CorruptChunkError(ChunkError):
+    """A chunk's bytes do not match the checksum in the manifest."""
+
+
+class ProduceError(TopicsError):
+    """A record was not acknowledged by the broker."""
+
+    retriable = True

@@ -1,0 +1,205 @@
+"""Typed records carried by the job's topics.
+
+Every message is a frozen dataclass with a class-level ``TYPE`` (the ``af-type`` header)
+and ``SCHEMA`` (the ``af-schema`` header, bumped on any incompatible change). One
+registry, :data:`MESSAGE_TYPES`, maps ``af-type`` to class. Encoding lives in
+:mod:`.codec`; this module holds only the shapes and what each field means.
+Lists stay lists (not tuples) because they are decoded straight from JSON arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+MESSAGE_TYPES: dict[str, type["Message"]] = {}
+
+
+def register(cls: type["Message"]) -> type["Message"]:
+    """Class decorator: add a message class to :data:`MESSAGE_TYPES` under its ``TYPE``."""
+    if cls.TYPE in MESSAGE_TYPES:
+        raise ValueError(f"af-type {cls.TYPE!r} registered twice")
+    MESSAGE_TYPES[cls.TYPE] = cls
+    return cls
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base of all topic payloads."""
+
+    TYPE: ClassVar[str] = ""
+    SCHEMA: ClassVar[int] = 1
+
+
+@register
+@dataclass(frozen=True)
+class Prompt(Message):
+    """One input problem on the ``prompts`` topic."""
+
+    TYPE: ClassVar[str] = "prompt"
+    prompt_id: str
+    text: str  #: the prompt as text (engines tokenize it)
+    answer: str  #: reference answer used by the reward function
+    source: str = ""  #: dataset name / file the prompt came from
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@register
+@dataclass(frozen=True)
+class Task(Message):
+    """A rollout request on ``tasks.<policy>``: roll out ``n_samples`` completions of a prompt."""
+
+    TYPE: ClassVar[str] = "task"
+    task_id: str
+    prompt_id: str
+    policy: str
+    prompt: str
+    answer: str
+    n_samples: int
+    sampling: dict[str, Any] = field(default_factory=dict)  #: temperature, top_p, max_new_tokens, ...
+    workflow: str = "rlvr"  #: which workflow turns the task into trajectories
+    role: str = "solver"
+    attempt: int = 0  #: redelivery / retry count
+    scheduled_version: int = 0  #: policy version the dataflow saw when it scheduled the task
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completion of a trajectory group."""
+
+    tokens: list[int]  #: generated token ids (the prompt is in the group)
+    logprobs: list[float]  #: behaviour-policy logprob of each generated token
+    versions: list[int]  #: policy version that generated each token
+    reward: float
+    finish_reason: str  #: "stop" or "length"
+    text: str = ""
+
+
+@register
+@dataclass(frozen=True)
+class TrajectoryGroup(Message):
+    """All samples of one task, on ``trajectories``; written in the task-commit transaction."""
+
+    TYPE: ClassVar[str] = "trajectory-group"
+    task_id: str
+    prompt_id: str
+    policy: str
+    node_id: str
+    prompt_ids: list[int]
+    samples: list[Sample]
+    scheduled_version: int = 0
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    status: str = "ok"  #: "ok", or "failed" after retries (then ``error`` says why)
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class SourceOffset:
+    """Where a record came from: enough to re-read it."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@register
+@dataclass(frozen=True)
+class Batch(Message):
+    """A training batch on ``batches.<policy>``; ``step`` is the trainer step it feeds."""
+
+    TYPE: ClassVar[str] = "batch"
+    policy: str
+    step: int
+    groups: list[TrajectoryGroup]
+    sources: list[SourceOffset]  #: the trajectory records this batch consumed
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    """One chunk of a chunked binary payload."""
+
+    partition: int
+    offset: int
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ChunkManifest:
+    """Where the chunks of one binary object live and how to verify them."""
+
+    object_id: str
+    topic: str
+    total_bytes: int
+    sha256: str  #: of the whole reassembled payload
+    chunks: list[ChunkRef]
+
+
+@register
+@dataclass(frozen=True)
+class VersionAnnouncement(Message):
+    """A policy version is durable on ``weights.<policy>``; keyed by policy on compacted ``versions``."""
+
+    TYPE: ClassVar[str] = "version"
+    policy: str
+    version: int
+    kind: str  #: "snapshot" or "delta"
+    base_version: int  #: version a delta applies to (== version for snapshots)
+    snapshot_version: int  #: newest full snapshot at or below ``version``
+    manifest: ChunkManifest
+    checksum: str  #: digest of the full weights at ``version``
+    snapshot_manifest: ChunkManifest | None = None  #: where ``snapshot_version`` lives
+    deltas: list[ChunkManifest] = field(default_factory=list)  #: deltas after the snapshot, in order
+    created_at: float = 0.0
+
+
+@register
+@dataclass(frozen=True)
+class Heartbeat(Message):
+    """Liveness and load of a component, on ``control``."""
+
+    TYPE: ClassVar[str] = "heartbeat"
+    node_id: str
+    role: str  #: "raas", "trainer", "dataflow"
+    policy: str
+    version: int  #: policy version the node holds
+    busy_slots: int = 0
+    total_slots: int = 0
+    tokens_per_s: float = 0.0
+    ts: float = 0.0
+    status: str = "alive"  #: "alive" or "stopping"
+
+
+@register
+@dataclass(frozen=True)
+class Metric(Message):
+    """One measurement, on ``metrics``."""
+
+    TYPE: ClassVar[str] = "metric"
+    component: str
+    name: str
+    value: float
+    step: int = 0
+    ts: float = 0.0
+    labels: dict[str, Any] = field(default_factory=dict)
+
+
+@register
+@dataclass(frozen=True)
+class DeadLetter(Message):
+    """A record that could not be processed, with where it came from and why."""
+
+    TYPE: ClassVar[str] = "dead-letter"
+    source_topic: str
+    partition: int
+    offset: int
+    error_type: str
+    error: str
+    key: str | None  #: base64 of the original key
+    value: str  #: base64 of the original value
+    headers: dict[str, str] = field(default_factory=dict)  #: original headers (bytes as latin-1)
+    consumer: str = ""  #: who gave up on it
+    ts: float = 0.0

@@ -1,0 +1,178 @@
+"""The topics of a job: names, partitions and configs, and their idempotent creation.
+
+All names share the prefix ``af.<job>.``. ``versions`` is compacted (latest announcement
+per policy); ``weights.<policy>`` is sized by the weight-retention rule of the publisher.
+:func:`ensure_topics` creates what is missing and verifies what exists, failing with
+:class:`~.exceptions.TopicConfigMismatch` rather than running on a topic that would
+silently break a guarantee (too few partitions, compaction off, ...).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from kafka import KafkaAdminClient
+from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
+from kafka.errors import TopicAlreadyExistsError
+
+from .exceptions import TopicConfigMismatch, TopicsError
+
+MiB = 1024 * 1024
+HOUR_MS = 3600 * 1000
+DAY_MS = 24 * HOUR_MS
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """One topic and the settings the job depends on."""
+
+    name: str
+    partitions: int = 1
+    cleanup_policy: str = "delete"  #: "delete" or "compact"
+    retention_ms: int = 7 * DAY_MS  #: -1: keep forever
+    retention_bytes: int = -1  #: per partition; -1: unbounded
+    max_message_bytes: int = 4 * MiB
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def configs(self) -> dict[str, str]:
+        cfg = {
+            "cleanup.policy": self.cleanup_policy,
+            "retention.ms": str(self.retention_ms),
+            "retention.bytes": str(self.retention_bytes),
+            "max.message.bytes": str(self.max_message_bytes),
+        }
+        cfg.update(self.extra)
+        return cfg
+
+
+@dataclass(frozen=True)
+class JobTopics:
+    """Topic names and specs of one job.
+
+    Args:
+        job: job name; topics are ``af.<job>.<kind>``.
+        policies: policy names (each gets tasks/batches/weights topics).
+        task_partitions: partitions of ``tasks.<policy>`` (>= the most RaaS nodes of a policy).
+        trajectory_partitions: partitions of ``trajectories``.
+        weights_retention_ms / weights_retention_bytes: see the publisher's retention rule.
+    """
+
+    job: str
+    policies: tuple[str, ...] = ("policy",)
+    task_partitions: int = 8
+    trajectory_partitions: int = 4
+    weights_retention_ms: int = DAY_MS
+    weights_retention_bytes: int = -1
+
+    @property
+    def prefix(self) -> str:
+        return f"af.{self.job}."
+
+    @property
+    def prompts(self) -> str:
+        return self.prefix + "prompts"
+
+    @property
+    def trajectories(self) -> str:
+        return self.prefix + "trajectories"
+
+    @property
+    def versions(self) -> str:
+        return self.prefix + "versions"
+
+    @property
+    def control(self) -> str:
+        return self.prefix + "control"
+
+    @property
+    def metrics(self) -> str:
+        return self.prefix + "metrics"
+
+    @property
+    def dlq(self) -> str:
+        return self.prefix + "dlq"
+
+    def tasks(self, policy: str) -> str:
+        return f"{self.prefix}tasks.{policy}"
+
+    def batches(self, policy: str) -> str:
+        return f"{self.prefix}batches.{policy}"
+
+    def weights(self, policy: str) -> str:
+        return f"{self.prefix}weights.{policy}"
+
+    def specs(self) -> list[TopicSpec]:
+        specs = [
+            TopicSpec(self.prompts, partitions=1, retention_ms=-1),
+            TopicSpec(self.trajectories, partitions=self.trajectory_partitions, retention_ms=-1),
+            TopicSpec(self.versions, partitions=1, cleanup_policy="compact", retention_ms=-1,
+                      extra={"min.compaction.lag.ms": "0", "segment.ms": str(HOUR_MS)}),
+            TopicSpec(self.control, partitions=1, retention_ms=HOUR_MS),
+            TopicSpec(self.metrics, partitions=1, retention_ms=7 * DAY_MS),
+            TopicSpec(self.dlq, partitions=1, retention_ms=-1),
+        ]
+        for p in self.policies:
+            specs += [
+                TopicSpec(self.tasks(p), partitions=self.task_partitions, retention_ms=-1),
+                # One partition: the ordered, replayable record of training.
+                TopicSpec(self.batches(p), partitions=1, retention_ms=-1, max_message_bytes=16 * MiB),
+                TopicSpec(self.weights(p), partitions=1, retention_ms=self.weights_retention_ms,
+                          retention_bytes=self.weights_retention_bytes),
+            ]
+        return specs
+
+
+def ensure_topics(bootstrap_servers: str, specs: Iterable[TopicSpec], timeout: float = 30.0) -> list[str]:
+    """Create missing topics and verify existing ones; returns the names created."""
+    specs = list(specs)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id="astraflow-admin")
+    try:
+        existing = set(admin.list_topics())
+        missing = [s for s in specs if s.name not in existing]
+        created: list[str] = []
+        if missing:
+            for s in missing:
+                try:
+                    admin.create_topics([NewTopic(s.name, s.partitions, 1, topic_configs=s.configs())])
+                    created.append(s.name)
+                except TopicAlreadyExistsError:
+                    pass  # another component created it first; verified below
+            _wait_for_metadata(admin, [s.name for s in missing], timeout)
+        verify_topics(admin, [s for s in specs if s.name not in created])
+        return created
+    finally:
+        admin.close()
+
+
+def verify_topics(admin: KafkaAdminClient, specs: list[TopicSpec]) -> None:
+    """Raise :class:`TopicConfigMismatch` when an existing topic differs from its spec."""
+    if not specs:
+        return
+    described = {t["name"]: t for t in admin.describe_topics([s.name for s in specs])}
+    configs = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, s.name) for s in specs])
+    topic_cfgs = configs.get("topic", {}) if isinstance(configs, dict) else {}
+    for s in specs:
+        t = described.get(s.name)
+        if t is None or t.get("error_code"):
+            raise TopicsError(f"topic {s.name!r} could not be described: {t}")
+        n = len(t["partitions"])
+        if n != s.partitions:
+            raise TopicConfigMismatch(s.name, "partitions", s.partitions, n)
+        actual = topic_cfgs.get(s.name, {})
+        for key, want in s.configs().items():
+            have = actual.get(key, {}).get("value")
+            if have is not None and str(have) != want:
+                raise TopicConfigMismatch(s.name, key, want, have)
+
+
+def _wait_for_metadata(admin: KafkaAdminClient, names: list[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        described = admin.describe_topics(names)
+        if all(not t.get("error_code") and t["partitions"] and
+               all(p["leader_id"] >= 0 for p in t["partitions"]) for t in described):
+            return
+        time.sleep(0.1)
+    raise TopicsError(f"topics {names} were created but have no leader after {timeout}s")
