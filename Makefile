@@ -1,0 +1,34 @@
+# The two commands of the README: `make demo` and `make test`. Each is self-sufficient and
+# idempotent on a fresh machine: virtualenv, install, Kafka jars (Maven, once), then run.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test kafka install benchmarks clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=python3.11)")'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+kafka: $(STAMP)
+	$(VENV)/bin/astraflow broker fetch
+
+demo: kafka
+	$(VENV)/bin/astraflow demo
+
+test: kafka
+	@$(PY) -m pytest; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests - treating as a failure"; exit 1; fi; \
+	exit $$rc
+
+benchmarks: kafka
+	$(PY) benchmarks/topics_throughput.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,7 @@
+"""AstraFlow: RL post-training of (agentic) LLMs as autonomous components over Kafka.
+
+This top package is thin: the CLI (:mod:`astraflow.cli`) and config loading.
+The components live in ``astraflow.topics``, ``astraflow.engines``, ``astraflow.actors``, ...
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,146 @@
+"""The ``astraflow`` command line.
+
+Each subcommand is a small function; heavy imports (torch, DeepSpeed) happen inside the
+commands that need them so that ``astraflow broker status`` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+from . import __version__
+
+
+def _cmd_broker(args: argparse.Namespace) -> int:
+    from astraflow.topics import broker as b
+    from astraflow.topics.runtime import libs_dir
+
+    state_path = b.state_file()
+    state = json.loads(state_path.read_text()) if state_path.exists() else None
+    alive = bool(state) and b.pid_alive(state["pid"])
+    if args.action == "fetch":
+        print(f"Kafka jars: {libs_dir()}")
+        return 0
+    if args.action == "status":
+        if not alive:
+            print("broker: not running" + (f" (stale state {state_path})" if state else ""))
+            return 1
+        print(f"broker: running pid={state['pid']} bootstrap={state['bootstrap_servers']} "
+              f"controller_port={state['controller_port']} data_dir={state['data_dir']} log={state['log_path']}")
+        return 0
+    if args.action == "stop":
+        if not alive:
+            print("broker: not running")
+            state_path.unlink(missing_ok=True)
+            return 0
+        os.kill(state["pid"], signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while b.pid_alive(state["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if b.pid_alive(state["pid"]):
+            os.kill(state["pid"], signal.SIGKILL)
+        state_path.unlink(missing_ok=True)
+        print(f"broker: stopped pid={state['pid']} (data kept in {state['data_dir']})")
+        return 0
+    # start
+    if alive:
+        print(f"broker: already running at {state['bootstrap_servers']} (pid {state['pid']})")
+        return 0
+    data_dir = args.data_dir or str(b.cache_root() / "broker" / "data")
+    broker = b.EmbeddedBroker(data_dir, port=args.port, controller_port=args.controller_port,
+                              heap=args.heap, detach=True).start()
+    info = broker.info()
+    state_path.parent.mkdir(parents=True, exist_ok=True)
+    state_path.write_text(json.dumps({**info.__dict__, "bootstrap_servers": info.bootstrap_servers}))
+    print(f"broker: started pid={info.pid} bootstrap={info.bootstrap_servers} "
+          f"controller_port={info.controller_port} data_dir={info.data_dir} log={info.log_path}")
+    return 0
+
+
+def _cmd_kafka(args: argparse.Namespace) -> int:
+    """Run one of Kafka's own tools from the project's jars, streaming its output."""
+    import subprocess
+
+    from astraflow.topics.runtime import TOOLS, java_command
+    if args.tool not in TOOLS:
+        print(f"unknown tool {args.tool!r}; known: {', '.join(sorted(TOOLS))}", file=sys.stderr)
+        return 2
+    return subprocess.call(java_command(TOOLS[args.tool], args.args))
+
+
+def _cmd_topics(args: argparse.Namespace) -> int:
+    from astraflow.topics import JobTopics, ensure_topics
+    topics = JobTopics(job=args.job, policies=tuple(args.policy or ["policy"]))
+    created = ensure_topics(args.bootstrap_servers, topics.specs())
+    for s in topics.specs():
+        mark = "created" if s.name in created else "verified"
+        print(f"{mark:8} {s.name:40} partitions={s.partitions} cleanup={s.cleanup_policy}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from astraflow.examples.topics_demo import run
+    return run(args.bootstrap_servers)
+
+
+def _cmd_model(args: argparse.Namespace) -> int:
+    from astraflow.engines.bootstrap import main as model_main
+    return model_main(args.args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="astraflow", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"astraflow {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    br = sub.add_parser("broker", help="the embedded Kafka broker (fetch jars, start, stop, status)")
+    br.add_argument("action", choices=["fetch", "start", "stop", "status"])
+    br.add_argument("--data-dir", help="broker data dir (default: the cache dir's broker/data)")
+    br.add_argument("--port", type=int, default=9092, help="client port (0: a free one)")
+    br.add_argument("--controller-port", type=int, default=0, help="KRaft controller port (0: a free one)")
+    br.add_argument("--heap", default="1g", help="JVM max heap")
+    br.set_defaults(func=_cmd_broker)
+
+    kt = sub.add_parser("kafka", help="run one of Kafka's own tools (kafka-topics, kafka-consumer-groups, "
+                                      "kafka-console-consumer, kafka-producer-perf-test, ...)")
+    kt.add_argument("tool")
+    kt.add_argument("args", nargs=argparse.REMAINDER)
+    kt.set_defaults(func=_cmd_kafka)
+
+    tp = sub.add_parser("topics", help="create (or verify) a job's topics on a cluster")
+    tp.add_argument("--job", required=True)
+    tp.add_argument("--policy", action="append", help="policy name (repeatable; default: policy)")
+    tp.add_argument("--bootstrap-servers", required=True)
+    tp.set_defaults(func=_cmd_topics)
+
+    dm = sub.add_parser("demo", help="start a broker, create a job's topics, round-trip typed records")
+    dm.add_argument("--bootstrap-servers", help="use an existing cluster instead of the embedded broker")
+    dm.set_defaults(func=_cmd_demo)
+
+    md = sub.add_parser("model", help="tiny-model bootstrap (`astraflow model init --help`)")
+    md.add_argument("args", nargs=argparse.REMAINDER)
+    md.set_defaults(func=_cmd_model)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - a CLI reports errors as one clear line
+        from astraflow.topics.exceptions import TopicsError
+        if isinstance(e, TopicsError):
+            print(f"astraflow: error: {e}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
