@@ -1,0 +1,222 @@
+"""Job configuration: typed sections, loaded from YAML and validated at load time.
+
+Every section is a frozen dataclass whose fields carry ``metadata={"help": ...}``.
+:func:`load_config` is strict: an unknown key, a missing required key or a value of the
+wrong type raises :class:`ConfigError` naming the dotted key and the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """Invalid job configuration; names the file and the dotted key."""
+
+    def __init__(self, file: str, key: str, problem: str) -> None:
+        self.file, self.key, self.problem = file, key, problem
+        super().__init__(f"{file}: {key}: {problem}")
+
+
+def _f(default: Any = dataclasses.MISSING, help: str = "", **kw: Any) -> Any:  # noqa: A002
+    if isinstance(default, (dict, list)):
+        value = default
+        return field(default_factory=lambda: type(value)(value), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    bootstrap_servers: str | None = _f(None, "existing cluster; null starts the embedded broker")
+    task_partitions: int = _f(8, "partitions of tasks.<policy> (>= most RaaS nodes of a policy)")
+    trajectory_partitions: int = _f(4, "partitions of the trajectories topic")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str | None = _f(None, "HF model dir; null builds/uses the cached tiny bootstrapped model")
+    seed: int = _f(0, "seed of the tiny-model bootstrap")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = _f("arithmetic", "'arithmetic' (synthetic generator) or a path to a JSONL/Parquet file "
+                                   "of {prompt, answer}")
+    max_digits: int = _f(2, "synthetic: operand digits")
+    ops: str = _f("+-", "synthetic: operators")
+    seed: int = _f(0, "synthetic: generator seed")
+    num_prompts: int | None = _f(None, "prompts to load (null: enough for trainer.steps)")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    engine: Literal["cpu", "sglang"] = _f("cpu", "rollout engine")
+    nodes: int = _f(1, "RaaS node processes `astraflow run` starts")
+    n_samples: int = _f(8, "samples per prompt (the GRPO group size)")
+    temperature: float = _f(1.0, "sampling temperature")
+    top_p: float = _f(1.0, "nucleus sampling mass")
+    top_k: int = _f(0, "top-k (0: off)")
+    max_new_tokens: int = _f(8, "generation length limit")
+    tasks_per_call: int = _f(4, "tasks a node batches into one generate call")
+    threads: int = _f(1, "torch threads of a RaaS process")
+    heartbeat_s: float = _f(2.0, "heartbeat interval on the control topic")
+    sglang_url: str | None = _f(None, "sglang: use a running server instead of launching one")
+
+
+@dataclass(frozen=True)
+class DataflowConfig:
+    groups_per_batch: int = _f(8, "trajectory groups (prompts) per training batch")
+    max_staleness: int = _f(1, "a sample generated at version v trains at version <= v + max_staleness")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    steps: int = _f(20, "optimizer steps (= policy versions) to train")
+    loss: Literal["grpo", "ppo", "decoupled_ppo", "m2po"] = _f("grpo", "policy loss")
+    lr: float = _f(5e-4, "peak learning rate")
+    warmup_steps: int = _f(0, "linear LR warm-up steps")
+    zero_stage: int = _f(0, "DeepSpeed ZeRO stage")
+    grad_clip: float = _f(1.0, "gradient-norm clip")
+    token_budget: int = _f(4096, "tokens per micro-batch")
+    kl_coef: float = _f(0.0, "KL penalty coefficient against the initial policy (0: off)")
+    clip_eps: float = _f(0.2, "PPO clip range")
+    std_normalize: bool = _f(True, "GRPO: divide advantages by the group std")
+    threads: int = _f(1, "torch threads of the trainer process")
+    checkpoint_every: int = _f(1, "checkpoint every K steps (with the consumed offsets)")
+    snapshot_every: int = _f(10, "full weight snapshot every K versions (deltas between)")
+    seed: int = _f(0, "trainer seed")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = _f(5, "evaluate every E versions (0: only first and last)")
+    problems: int = _f(200, "held-out problems")
+    k: int = _f(4, "samples per problem (pass@1 averaged over k)")
+    temperature: float = _f(0.6, "evaluation temperature")
+    threads: int = _f(1, "torch threads of the evaluator")
+
+
+@dataclass(frozen=True)
+class TracingConfig:
+    otlp_endpoint: str | None = _f(None, "OTLP endpoint; null writes spans as JSONL in the run dir")
+    otlp_protocol: Literal["http", "grpc"] = _f("http", "OTLP transport")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    job: str = _f(help="job name; topics are af.<job>.*")
+    mode: Literal["async", "sync"] = _f("async", "async overlaps rollout and training; sync alternates them")
+    policy: str = _f("policy", "policy name")
+    seed: int = _f(0, "job seed")
+    run_dir: str = _f("runs", "where run directories are created")
+    kafka: KafkaConfig = _f(KafkaConfig(), "Kafka")
+    model: ModelConfig = _f(ModelConfig(), "model")
+    data: DataConfig = _f(DataConfig(), "dataset")
+    rollout: RolloutConfig = _f(RolloutConfig(), "RaaS nodes")
+    dataflow: DataflowConfig = _f(DataflowConfig(), "dataflow")
+    trainer: TrainerConfig = _f(TrainerConfig(), "trainer")
+    eval: EvalConfig = _f(EvalConfig(), "evaluation")
+    tracing: TracingConfig = _f(TracingConfig(), "tracing")
+    source: str = field(default="<dict>", compare=False, metadata={"help": "file it was loaded from"})
+
+    @property
+    def effective_staleness(self) -> int:
+        """Sync mode is the zero-staleness schedule of the same components."""
+        return 0 if self.mode == "sync" else self.dataflow.max_staleness
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> JobConfig:
+    """Read and validate a YAML job config; ``overrides`` are dotted keys (``trainer.steps``)."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(str(path), "<file>", "no such file") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(str(path), "<file>", f"not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "<root>", "expected a mapping of sections")
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, last = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return from_dict(JobConfig, {**data, "source": str(path)}, str(path))
+
+
+def from_dict(cls: type, data: Any, file: str = "<dict>", prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from plain data, strictly (see :class:`ConfigError`)."""
+    where = prefix.rstrip(".") or "<root>"
+    if not isinstance(data, dict):
+        raise ConfigError(file, where, f"expected a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for key in data:
+        if key not in fields:
+            raise ConfigError(file, prefix + str(key),
+                              f"unknown key (allowed in {where}: {', '.join(sorted(fields))})")
+    kwargs = {}
+    for name, f in fields.items():
+        key = prefix + name
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(file, key, "required key is missing")
+            continue
+        kwargs[name] = _coerce(hints[name], data[name], file, key)
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, file: str, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, file, key + ".")
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(a, value, file, key)
+            except ConfigError as e:
+                errors.append(e.problem)
+        raise ConfigError(file, key, "; ".join(errors))
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(file, key, f"must be one of {list(allowed)}, got {value!r}")
+        return value
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if tp in (str, bool) and isinstance(value, tp):
+        return value
+    if tp is Any:
+        return value
+    raise ConfigError(file, key, f"expected {getattr(tp, '__name__', tp)}, got {type(value).__name__} {value!r}")
+
+
+def describe(cls: type = JobConfig, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, help) for every key: the README's config reference."""
+    rows = []
+    for f in dataclasses.fields(cls):
+        if f.name == "source":
+            continue
+        hint = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(hint):
+            rows += describe(hint, prefix + f.name + ".")
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else "(required)"
+            rows.append((prefix + f.name, repr(default), f.metadata.get("help", "")))
+    return rows

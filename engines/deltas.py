@@ -1,0 +1,536 @@
+"""Bit-exact sparse weight deltas and full snapshots, as pure functions over tensors.
+
+After one RL optimizer step most bf16 weights are bit-identical to the previous version, so
+a delta stores, per tensor, only the positions whose *bits* changed and their new bits (an
+overwrite, not an arithmetic difference: NaN payloads and -0.0 round-trip exactly). Per
+tensor it picks the smaller position encoding (LEB128 gaps or a bitmap), falls back to the
+full tensor when that is not smaller, and zstd-compresses the result. Snapshots are the
+same payload with every tensor stored in full.
+
+This module owns encoding and decoding/applying; the byte layout and checksums live in
+`engines/weight_format.py`. It knows nothing about Kafka, chunking or version
+announcements: it takes tensors and returns bytes, and takes bytes and returns tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import NamedTuple, TypeVar
+
+import numpy as np
+import torch
+import zstandard as zstd
+
+from .weight_format import (
+    HEADER_NBYTES,
+    BaseMismatchError,
+    Buffer,
+    DeltaFormatError,
+    Encoding,
+    PayloadHeader,
+    PayloadKind,
+    TensorEntry,
+    WeightCodecError,
+    _DTYPES,
+    bits_to_tensor,
+    digest_from_entries,
+    dtype_name,
+    hash_bits,
+    pack_header_and_table,
+    read_header,
+    read_table,
+    tensor_bits,
+    weights_digest,
+)
+
+__all__ = [
+    "BaseMismatchError", "DeltaFormatError", "DeltaStats", "EncodedTensor", "EncodedVersion",
+    "Encoding", "PayloadHeader", "PayloadKind", "TensorStats", "WeightCodecError",
+    "apply_in_place", "decode", "decode_tensor", "encode_delta", "encode_snapshot",
+    "encode_version", "entropy_bound_bytes", "iter_encoded_tensors", "read_header",
+    "tensor_hashes", "weights_digest",
+]
+
+DEFAULT_LEVEL = 1  # zstd level 1: ~0.5 GB/s/core; higher levels gain ~1 % on weight bits
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+# ---------------------------------------------------------------- results and metadata
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    name: str
+    encoding: Encoding
+    numel: int
+    changed: int
+    raw_nbytes: int  # the tensor's size in memory
+    encoded_nbytes: int  # its zstd frame
+    entropy_bound_nbytes: int  # entropy_bound_bytes(numel, changed, itemsize); raw size for snapshots
+
+
+@dataclass(frozen=True)
+class DeltaStats:
+    kind: PayloadKind
+    total_elements: int
+    changed_elements: int
+    raw_nbytes: int  # the new version's weights in memory
+    encoded_nbytes: int  # the whole payload, header and table included
+    entropy_bound_nbytes: int  # sum over tensors
+    tensors: tuple[TensorStats, ...]
+
+    @property
+    def encodings(self) -> dict[str, Encoding]:
+        return {t.name: t.encoding for t in self.tensors}
+
+    @property
+    def changed_fraction(self) -> float:
+        return self.changed_elements / max(self.total_elements, 1)
+
+
+@dataclass(frozen=True)
+class EncodedVersion:
+    """An encoded payload kept as parts so a caller can stream it without one big join."""
+
+    header: PayloadHeader
+    parts: tuple[bytes, ...]  # header+table, then one zstd frame per stored tensor
+    stats: DeltaStats
+    tensor_hashes: Mapping[str, bytes]  # pass as base_hashes when encoding the next delta
+
+    @property
+    def nbytes(self) -> int:
+        return self.header.nbytes
+
+    def to_bytes(self) -> bytes:
+        return b"".join(self.parts)
+
+
+class EncodedTensor(NamedTuple):
+    entry: TensorEntry
+    frame: memoryview  # the tensor's zstd frame inside the payload (no copy)
+
+
+def entropy_bound_bytes(n: int, k: int, value_bytes: int) -> int:
+    """Bytes any encoding needs for k changed positions among n plus their raw values.
+
+    ceil(log2 C(n, k) / 8) + k * value_bytes, with log2 C(n, k) from lgamma.
+    """
+    if not 0 <= k <= n:
+        raise ValueError(f"need 0 <= k <= n, got n={n} k={k}")
+    bits = (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)) / math.log(2)
+    return math.ceil(max(bits, 0.0) / 8) + k * value_bytes
+
+
+# ---------------------------------------------------------------- vectorised primitives
+
+
+def _varint_lengths(v: np.ndarray) -> np.ndarray:
+    lens = np.ones(v.shape, np.uint8)
+    for shift in range(7, 64, 7):
+        ge = v >= np.uint64(1 << shift)
+        if not ge.any():
+            break
+        lens += ge
+    return lens
+
+
+def _varint_encode(v: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """LEB128 of every value in `v` (uint64), concatenated; one numpy pass per byte index."""
+    ends = np.cumsum(lens, dtype=np.int64)
+    starts = ends - lens
+    out = np.empty(int(ends[-1]) if ends.size else 0, np.uint8)
+    sel = np.arange(v.size)
+    for j in range(int(lens.max(initial=0))):
+        if j:
+            sel = sel[lens[sel] > j]
+        byte = ((v[sel] >> np.uint64(7 * j)) & np.uint64(0x7F)).astype(np.uint8)
+        byte[lens[sel] > j + 1] |= 0x80  # continuation bit: more bytes follow
+        out[starts[sel] + j] = byte
+    return out
+
+
+def _varint_decode(buf: np.ndarray, count: int) -> np.ndarray:
+    ends = np.flatnonzero(buf < 0x80)  # the last byte of each varint has no continuation bit
+    if ends.size != count or (buf.size and ends[-1] != buf.size - 1):
+        raise DeltaFormatError(f"varint section holds {ends.size} values, table says {count}")
+    starts = np.empty_like(ends)
+    starts[:1] = 0
+    starts[1:] = ends[:-1] + 1
+    lens = ends - starts + 1
+    if lens.max(initial=0) > 10:
+        raise DeltaFormatError("varint longer than 10 bytes")
+    vals = (buf[starts] & 0x7F).astype(np.uint64)
+    sel = np.arange(count)
+    for j in range(1, int(lens.max(initial=0))):
+        sel = sel[lens[sel] > j]
+        vals[sel] |= (buf[starts[sel] + j] & 0x7F).astype(np.uint64) << np.uint64(7 * j)
+    return vals
+
+
+def _planes(values: np.ndarray) -> np.ndarray:
+    """Byte planes: every element's byte 0 (least significant), then every byte 1, ...
+
+    Putting the low-entropy sign/exponent bytes together makes bf16 weights ~12 % smaller
+    under zstd and faster to decompress than interleaved bytes. Built with shifts, which
+    stream through memory, rather than a strided transpose (measured 4x slower).
+    """
+    k, item = values.size, values.itemsize
+    out = np.empty(k * item, np.uint8)
+    for j in range(item):
+        np.copyto(out[j * k : (j + 1) * k], values >> (8 * j) if j else values, casting="unsafe")
+    return out
+
+
+def _unplanes_into(raw: np.ndarray, out: np.ndarray) -> None:
+    k, item = out.size, out.itemsize
+    np.copyto(out, raw[(item - 1) * k :], casting="unsafe")
+    for j in range(item - 2, -1, -1):
+        out <<= 8
+        out |= raw[j * k : (j + 1) * k]
+
+
+def _compress(level: int, *sections: np.ndarray) -> bytes:
+    total = sum(s.nbytes for s in sections)
+    cobj = zstd.ZstdCompressor(level=level, write_checksum=True).compressobj(size=total)
+    chunks = [cobj.compress(s) for s in sections if s.nbytes]
+    chunks.append(cobj.flush())
+    return b"".join(chunks)
+
+
+def _decompress(frame: memoryview, expected: int, name: str) -> np.ndarray:
+    size = zstd.frame_content_size(frame)
+    if size != expected and not (expected == 0 and size == -1):
+        raise DeltaFormatError(f"tensor {name!r}: frame holds {size} bytes, table implies {expected}")
+    try:
+        raw = zstd.ZstdDecompressor().decompress(frame, max_output_size=expected)
+    except zstd.ZstdError as e:
+        raise DeltaFormatError(f"tensor {name!r}: zstd frame is corrupted: {e}") from e
+    return np.frombuffer(raw, np.uint8)
+
+
+def _map(fn: Callable[[_T], _R], items: Iterable[_T], threads: int) -> list[_R]:
+    # numpy, hashlib and zstd release the GIL on large buffers, so tensors encode in parallel.
+    items = list(items)
+    if threads <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="weight-codec") as pool:
+        return list(pool.map(fn, items))
+
+
+# ---------------------------------------------------------------- encoding
+
+
+class _Encoded(NamedTuple):
+    entry: TensorEntry  # offset still 0
+    frame: bytes
+    stats: TensorStats
+
+
+def _encode_tensor(name: str, new_t: torch.Tensor, base_t: torch.Tensor | None,
+                   base_hash: bytes | None, level: int) -> _Encoded:
+    dtype, shape = dtype_name(new_t.dtype), tuple(new_t.shape)
+    new = tensor_bits(new_t)
+    n, item = new.size, new.itemsize
+    new_hash = hash_bits(new)
+    enc, k, pos_nbytes, frame = Encoding.FULL, n, 0, b""
+    if base_t is not None:
+        base = tensor_bits(base_t)
+        base_hash = base_hash or hash_bits(base)
+        if base_t.dtype == new_t.dtype and tuple(base_t.shape) == shape:
+            enc, k, sections = _choose(base, new, base_hash == new_hash)
+            if enc in (Encoding.VARINT, Encoding.BITMAP):
+                pos_nbytes = sections[0].nbytes
+                frame = _compress(level, sections[0], _planes(sections[1]))
+    if enc == Encoding.FULL:
+        frame = _compress(level, _planes(new))
+    entry = TensorEntry(name, dtype, shape, enc, 0, len(frame), k, pos_nbytes, new_hash, base_hash or b"")
+    bound = n * item if base_t is None else entropy_bound_bytes(n, k, item)
+    return _Encoded(entry, frame, TensorStats(name, enc, n, k, n * item, len(frame), bound))
+
+
+_CHUNK = 1 << 20  # elements per compare/scatter block; a multiple of 8 so bitmaps split on bytes
+
+
+def _sparse_positions(base: np.ndarray, new: np.ndarray) -> np.ndarray | None:
+    """Changed positions, or None as soon as they reach one per 8 elements (a bitmap wins).
+
+    Block-wise so the boolean mask stays in cache and a dense tensor is abandoned early
+    instead of materialising 8 bytes of position per changed element.
+    """
+    n = new.size
+    limit, k, parts = (n + 7) // 8, 0, []
+    mask = np.empty(min(n, _CHUNK), bool)
+    for c0 in range(0, n, _CHUNK):
+        m = mask[: min(n - c0, _CHUNK)]
+        np.not_equal(base[c0 : c0 + m.size], new[c0 : c0 + m.size], out=m)
+        p = np.flatnonzero(m)
+        k += p.size
+        if k and k >= limit:
+            return None
+        if p.size:
+            p += c0
+            parts.append(p)
+    return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+
+def _dense_diff(base: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bitmap, changed values) block by block."""
+    n = new.size
+    bitmap = np.empty((n + 7) // 8, np.uint8)
+    mask = np.empty(min(n, _CHUNK), bool)
+    values = []
+    for c0 in range(0, n, _CHUNK):
+        m = mask[: min(n - c0, _CHUNK)]
+        np.not_equal(base[c0 : c0 + m.size], new[c0 : c0 + m.size], out=m)
+        bitmap[c0 // 8 : (c0 + m.size + 7) // 8] = np.packbits(m, bitorder="little")
+        values.append(new[c0 : c0 + m.size][m])
+    return bitmap, np.concatenate(values) if values else new[:0]
+
+
+def _choose(base: np.ndarray, new: np.ndarray, same_hash: bool) -> tuple[Encoding, int, tuple[np.ndarray, ...]]:
+    if same_hash:  # equal SHA-256 of the bits: skip the compare pass (frozen tensors)
+        return Encoding.SAME, 0, ()
+    n, item = new.size, new.itemsize
+    bitmap_nbytes = (n + 7) // 8
+    pos = _sparse_positions(base, new)
+    if pos is not None:
+        if pos.size == 0:
+            return Encoding.SAME, 0, ()
+        gaps = (np.diff(pos, prepend=-1) - 1).astype(np.uint64)
+        lens = _varint_lengths(gaps)
+        if int(lens.sum(dtype=np.int64)) < bitmap_nbytes:
+            # Fewer than n/8 changes: gaps + values are always below the full tensor's size.
+            return Encoding.VARINT, pos.size, (_varint_encode(gaps, lens), new[pos])
+        mask = np.zeros(n, bool)
+        mask[pos] = True
+        bitmap, values = np.packbits(mask, bitorder="little"), new[pos]
+    else:
+        bitmap, values = _dense_diff(base, new)
+    k = values.size
+    # Decided on raw sizes: compressing both candidates would double the encode cost, and
+    # the values (the bulk) compress alike either way.
+    if bitmap_nbytes + k * item >= n * item:
+        return Encoding.FULL, k, ()
+    return Encoding.BITMAP, k, (bitmap, values)
+
+
+def tensor_hashes(named: Mapping[str, torch.Tensor], threads: int = 1) -> dict[str, bytes]:
+    """SHA-256 of every tensor's bits (the per-tensor hashes the payload table records)."""
+    names = list(named)
+    return dict(zip(names, _map(lambda k: hash_bits(tensor_bits(named[k])), names, threads)))
+
+
+def encode_version(new: Mapping[str, torch.Tensor], version: int, *,
+                   base: Mapping[str, torch.Tensor] | None = None, base_version: int = -1,
+                   base_hashes: Mapping[str, bytes] | None = None,
+                   level: int = DEFAULT_LEVEL, threads: int = 1) -> EncodedVersion:
+    """Encode `new` as a snapshot (`base=None`) or as a delta against `base`.
+
+    `base_hashes`, when given, must be the hashes of exactly these base tensors (the
+    `tensor_hashes` of the previous `EncodedVersion`); they save a pass over the base.
+    Tensors missing from `base`, or whose dtype/shape changed, are stored in full.
+    """
+    kind = PayloadKind.SNAPSHOT if base is None else PayloadKind.DELTA
+    base_digest, bh = "", dict(base_hashes or {})
+    if base is not None:
+        missing = {k: v for k, v in base.items() if k not in bh}
+        bh.update(tensor_hashes(missing, threads))
+        base_digest = weights_digest(base, bh)
+    names = list(new)
+    encoded = _map(lambda k: _encode_tensor(
+        k, new[k], None if base is None else base.get(k), bh.get(k), level), names, threads)
+
+    entries, offset, data_hash = [], 0, hashlib.sha256()
+    for e in encoded:
+        entries.append(replace(e.entry, offset=offset))
+        offset += len(e.frame)
+        data_hash.update(e.frame)
+    digest = digest_from_entries([(e.name, e.dtype, e.shape, e.hash) for e in entries])
+    header = PayloadHeader(kind, version, base_version if base is not None else -1, len(entries),
+                           0, offset, digest, base_digest, data_hash.digest())
+    head = pack_header_and_table(header, entries)
+    header = replace(header, table_nbytes=len(head) - HEADER_NBYTES)
+    stats = DeltaStats(
+        kind=kind, total_elements=sum(e.stats.numel for e in encoded),
+        changed_elements=sum(e.stats.changed for e in encoded),
+        raw_nbytes=sum(e.stats.raw_nbytes for e in encoded), encoded_nbytes=header.nbytes,
+        entropy_bound_nbytes=sum(e.stats.entropy_bound_nbytes for e in encoded),
+        tensors=tuple(e.stats for e in encoded),
+    )
+    parts = (head, *(e.frame for e in encoded if e.frame))
+    return EncodedVersion(header, parts, stats, {e.name: e.hash for e in entries})
+
+
+def encode_snapshot(named: Mapping[str, torch.Tensor], version: int, *,
+                    level: int = DEFAULT_LEVEL, threads: int = 1) -> bytes:
+    return encode_version(named, version, level=level, threads=threads).to_bytes()
+
+
+def encode_delta(base: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor],
+                 base_version: int, version: int, *, base_hashes: Mapping[str, bytes] | None = None,
+                 level: int = DEFAULT_LEVEL, threads: int = 1) -> tuple[bytes, DeltaStats]:
+    ev = encode_version(new, version, base=base, base_version=base_version,
+                        base_hashes=base_hashes, level=level, threads=threads)
+    return ev.to_bytes(), ev.stats
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def _open(payload: Buffer) -> tuple[PayloadHeader, tuple[TensorEntry, ...], memoryview]:
+    header, entries = read_table(payload)
+    data = memoryview(payload)[header.data_offset :]
+    # Checked before anything is applied, so a corrupted payload never half-updates weights.
+    if hashlib.sha256(data).digest() != header.data_hash:
+        raise DeltaFormatError("weight payload data checksum mismatch (corrupted or truncated)")
+    if digest_from_entries([(e.name, e.dtype, e.shape, e.hash) for e in entries]) != header.digest:
+        raise DeltaFormatError("tensor table does not match the header's version digest")
+    if header.kind == PayloadKind.SNAPSHOT and any(e.encoding != Encoding.FULL for e in entries):
+        raise DeltaFormatError("a snapshot may only hold full tensors")
+    return header, entries, data
+
+
+def iter_encoded_tensors(payload: Buffer) -> Iterator[EncodedTensor]:
+    """The payload's tensors one by one, still compressed; decode each with `decode_tensor`."""
+    _, entries, data = _open(payload)
+    for e in entries:
+        yield EncodedTensor(e, data[e.offset : e.offset + e.length])
+
+
+def _decode_into(entry: TensorEntry, frame: memoryview, out: np.ndarray) -> None:
+    """Write the entry's new bits into `out`, which holds the base bits for delta encodings."""
+    n, item, k = entry.numel, entry.itemsize, entry.changed
+    if entry.encoding == Encoding.SAME:
+        return
+    if entry.encoding == Encoding.FULL:
+        _unplanes_into(_decompress(frame, n * item, entry.name), out)
+        return
+    raw = _decompress(frame, entry.positions_nbytes + k * item, entry.name)
+    values = np.empty(k, out.dtype)
+    _unplanes_into(raw[entry.positions_nbytes :], values)
+    if entry.encoding == Encoding.VARINT:
+        gaps = _varint_decode(raw[: entry.positions_nbytes], k)
+        if gaps.size and int(gaps.max()) >= n:
+            raise DeltaFormatError(f"tensor {entry.name!r}: position gap beyond the tensor")
+        positions = np.cumsum(gaps + np.uint64(1)) - np.uint64(1)
+        if positions.size and int(positions[-1]) >= n:
+            raise DeltaFormatError(f"tensor {entry.name!r}: position beyond the tensor")
+        out[positions] = values
+    else:
+        if entry.positions_nbytes != (n + 7) // 8:
+            raise DeltaFormatError(f"tensor {entry.name!r}: bitmap of {entry.positions_nbytes} bytes for {n}")
+        bitmap, at = raw[: entry.positions_nbytes], 0
+        for c0 in range(0, n, _CHUNK):  # block-wise: no n-byte mask for a huge tensor
+            size = min(n - c0, _CHUNK)
+            mask = np.unpackbits(bitmap[c0 // 8 : (c0 + size + 7) // 8], count=size, bitorder="little").view(bool)
+            cnt = int(np.count_nonzero(mask))
+            if at + cnt > k:
+                break
+            out[c0 : c0 + size][mask] = values[at : at + cnt]
+            at += cnt
+        if at != k:
+            raise DeltaFormatError(f"tensor {entry.name!r}: bitmap marks a different count than {k}")
+
+
+def _check_result(entry: TensorEntry, bits: np.ndarray, verify: bool) -> None:
+    if verify and hash_bits(bits) != entry.hash:
+        raise DeltaFormatError(
+            f"tensor {entry.name!r}: decoded bits do not match the trainer's checksum "
+            "(codec bug or base modified during apply); reload the latest snapshot")
+
+
+def _usable_base(entry: TensorEntry, t: torch.Tensor | None) -> bool:
+    return t is not None and dtype_name(t.dtype) == entry.dtype and tuple(t.shape) == entry.shape
+
+
+def decode_tensor(entry: TensorEntry, frame: memoryview, base: torch.Tensor | None = None,
+                  *, verify: bool = True) -> torch.Tensor:
+    """Decode one tensor into a new tensor; delta encodings need its base tensor.
+
+    Does not check the base's checksum (`decode` does, over the whole version).
+    """
+    if entry.encoding == Encoding.FULL:
+        out = np.empty(entry.numel, _DTYPES[entry.dtype].bits)
+    elif _usable_base(entry, base):
+        out = tensor_bits(base).copy()  # type: ignore[arg-type]
+    else:
+        raise BaseMismatchError("(this tensor's base)", "(missing, or another dtype/shape)", (entry.name,))
+    _decode_into(entry, frame, out)
+    _check_result(entry, out, verify)
+    return bits_to_tensor(out, entry.dtype, entry.shape)
+
+
+def _check_base(header: PayloadHeader, entries: tuple[TensorEntry, ...],
+                base: Mapping[str, torch.Tensor] | None, base_hashes: Mapping[str, bytes] | None,
+                threads: int) -> None:
+    if header.kind != PayloadKind.DELTA:
+        return
+    if base is None:
+        raise BaseMismatchError(header.base_digest, "(no base given)", ())
+    hashes = dict(base_hashes or {})
+    hashes.update(tensor_hashes({k: v for k, v in base.items() if k not in hashes}, threads))
+    actual = weights_digest(base, hashes)
+    if actual != header.base_digest:
+        differing = tuple(e.name for e in entries if e.base_hash and hashes.get(e.name) != e.base_hash)
+        raise BaseMismatchError(header.base_digest, actual, differing)
+
+
+def decode(payload: Buffer, base: Mapping[str, torch.Tensor] | None = None, *,
+           base_hashes: Mapping[str, bytes] | None = None, verify: bool = True,
+           threads: int = 1) -> dict[str, torch.Tensor]:
+    """The version a payload describes, as new tensors (a snapshot needs no base).
+
+    For a delta, `base` must be exactly the base version (checked against the header's base
+    digest; `base_hashes` are trusted per-tensor hashes that skip re-hashing it). With
+    `verify`, every result tensor is checked against the trainer's checksum.
+    """
+    _, entries, data = _open(payload)
+    _check_base(read_header(payload), entries, base, base_hashes, threads)
+    tensors = _map(lambda e: decode_tensor(e, data[e.offset : e.offset + e.length],
+                                           None if base is None else base.get(e.name), verify=verify),
+                   entries, threads)
+    return {e.name: t for e, t in zip(entries, tensors)}
+
+
+def apply_in_place(payload: Buffer, tensors: MutableMapping[str, torch.Tensor], *,
+                   base_hashes: Mapping[str, bytes] | None = None, verify: bool = True,
+                   threads: int = 1) -> dict[str, bytes]:
+    """Apply a delta (or load a snapshot) into existing tensors; returns the new tensor hashes.
+
+    Tensors whose dtype and shape are unchanged are overwritten in their existing storage (so
+    an engine holding them sees the new weights); new or reshaped ones are replaced in
+    `tensors`, and names absent from the new version are removed. Base mismatch and payload
+    corruption are detected before anything is written. Pass the returned hashes as
+    `base_hashes` next time to skip re-hashing the base.
+    """
+    header, entries, data = _open(payload)
+    _check_base(header, entries, tensors, base_hashes, threads)
+
+    def apply_one(e: TensorEntry) -> torch.Tensor | None:
+        t = tensors.get(e.name)
+        if not _usable_base(e, t):  # only FULL entries get here: the base check passed
+            return decode_tensor(e, data[e.offset : e.offset + e.length], None, verify=verify)
+        assert t is not None
+        if e.encoding == Encoding.SAME:
+            return None
+        shared = t.device.type == "cpu" and t.is_contiguous()
+        bits = tensor_bits(t)  # a view of t's storage when shared, else a copy
+        _decode_into(e, data[e.offset : e.offset + e.length], bits)
+        _check_result(e, bits, verify)
+        if not shared:
+            t.copy_(bits_to_tensor(bits, e.dtype, e.shape))
+        return None
+
+    replaced = _map(apply_one, entries, threads)
+    for e, t in zip(entries, replaced):
+        if t is not None:
+            tensors[e.name] = t
+    for name in set(tensors) - {e.name for e in entries}:
+        del tensors[name]
+    return {e.name: e.hash for e in entries}

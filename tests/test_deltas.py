@@ -1,0 +1,309 @@
+"""Property tests of the weight snapshot/delta codec: every round trip must be bit-exact."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from astraflow.engines import deltas as d
+from astraflow.engines.weight_format import HEADER_NBYTES, tensor_bits
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+BITS = {torch.bfloat16: np.uint16, torch.float16: np.uint16, torch.float32: np.uint32}
+PATTERNS = {"none": 0.0, "one": None, "1%": 0.01, "50%": 0.5, "all": 1.0}
+EXPECTED_ENCODING = {
+    "none": d.Encoding.SAME, "one": d.Encoding.VARINT, "1%": d.Encoding.VARINT,
+    "50%": d.Encoding.BITMAP, "all": d.Encoding.FULL,
+}
+
+
+def random_tensor(rng: np.random.Generator, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """Uniformly random bits, so NaNs, infinities, subnormals and -0.0 all occur."""
+    bits = BITS[dtype]
+    raw = rng.integers(0, np.iinfo(bits).max, size=shape, dtype=bits, endpoint=True)
+    signed = raw.view(np.int16 if bits == np.uint16 else np.int32)
+    return torch.from_numpy(np.ascontiguousarray(signed)).view(dtype)
+
+
+def change(rng: np.random.Generator, t: torch.Tensor, pattern: str) -> tuple[torch.Tensor, int]:
+    """A copy of t with the pattern's share of elements set to different random bits."""
+    out = t.clone()
+    bits = tensor_bits(out)
+    n = bits.size
+    k = 1 if pattern == "one" else round(PATTERNS[pattern] * n)
+    pos = rng.choice(n, size=k, replace=False)
+    # xor with a non-zero mask guarantees every chosen element really changes
+    flip = rng.integers(1, np.iinfo(bits.dtype).max, size=k, dtype=bits.dtype, endpoint=True)
+    bits[pos] ^= flip
+    return out, k
+
+
+def assert_bits_equal(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert np.array_equal(tensor_bits(a), tensor_bits(b))
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert list(sorted(a)) == list(sorted(b))
+    for k in a:
+        assert_bits_equal(a[k], b[k])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("pattern", list(PATTERNS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_delta_round_trip_is_bitwise(dtype: torch.dtype, pattern: str, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    base = {"w": random_tensor(rng, dtype, (97, 211)), "b": random_tensor(rng, dtype, (211,))}
+    new = {name: change(rng, t, pattern)[0] for name, t in base.items()}
+    k_w = int(np.count_nonzero(tensor_bits(base["w"]) != tensor_bits(new["w"])))
+
+    payload, stats = d.encode_delta(base, new, base_version=3, version=4)
+    assert_same_weights(d.decode(payload, base), new)
+    live = {name: t.clone() for name, t in base.items()}
+    storage = live["w"].data_ptr()
+    hashes = d.apply_in_place(payload, live)
+    assert_same_weights(live, new)
+    assert live["w"].data_ptr() == storage  # overwritten where it lives, not replaced
+    assert hashes == d.tensor_hashes(new)
+
+    assert stats.encodings["w"] == EXPECTED_ENCODING[pattern]
+    assert stats.tensors[0].changed == k_w
+    assert stats.encoded_nbytes == len(payload)
+    header = d.read_header(payload)
+    assert (header.kind, header.base_version, header.version) == (d.PayloadKind.DELTA, 3, 4)
+    assert header.digest == d.weights_digest(new)
+    assert header.base_digest == d.weights_digest(base)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_special_bit_patterns_round_trip(dtype: torch.dtype) -> None:
+    # Values that compare equal (0.0 / -0.0) or unequal to themselves (NaN) must still be
+    # diffed and restored by their bits.
+    specials = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-40, 1.0]
+    base = {"x": torch.tensor([0.0, 0.0, 1.0, 1.0, float("nan"), 0.0, 1.0], dtype=dtype)}
+    new = {"x": torch.tensor(specials, dtype=dtype)}
+    nan_payloads = {torch.bfloat16: [0x7FC1, 0xFFFF], torch.float16: [0x7E01, 0xFC01],
+                    torch.float32: [0x7F800001, 0xFFC00001]}[dtype]
+    tensor_bits(new["x"])[[4, 6]] = nan_payloads  # signalling/negative NaN with payloads
+    payload, stats = d.encode_delta(base, new, 0, 1)
+    assert stats.changed_elements == int(np.count_nonzero(tensor_bits(base["x"]) != tensor_bits(new["x"])))
+    assert stats.changed_elements >= 5  # -0.0, inf, -inf, the two NaN payloads at least
+    assert_same_weights(d.decode(payload, base), new)
+    assert_same_weights(d.decode(d.encode_snapshot(new, 1)), new)
+
+
+SHAPES = [(), (0,), (0, 5), (3, 0, 2), (1,), (7,), (1, 1, 1), (3, 5, 7)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_shapes_including_scalar_and_empty(dtype: torch.dtype) -> None:
+    rng = np.random.default_rng(7)
+    base = {f"t{i}": random_tensor(rng, dtype, s) for i, s in enumerate(SHAPES)}
+    new = {name: change(rng, t, "50%")[0] if t.numel() else t.clone() for name, t in base.items()}
+    snap = d.encode_snapshot(base, version=1)
+    assert d.read_header(snap).kind == d.PayloadKind.SNAPSHOT
+    assert_same_weights(d.decode(snap), base)
+    payload, _ = d.encode_delta(base, new, 1, 2)
+    assert_same_weights(d.decode(payload, base), new)
+    live = {k: v.clone() for k, v in base.items()}
+    d.apply_in_place(payload, live)
+    assert_same_weights(live, new)
+
+
+def test_snapshot_round_trip_and_in_place_load() -> None:
+    rng = np.random.default_rng(3)
+    named = {"emb": random_tensor(rng, torch.bfloat16, (300, 64)), "norm": random_tensor(rng, torch.float32, (64,)),
+             "mask": torch.tensor([True, False, True]), "pos": torch.arange(10, dtype=torch.int64)}
+    snap = d.encode_snapshot(named, version=9)
+    header = d.read_header(snap)
+    assert (header.version, header.base_version, header.base_digest) == (9, -1, "")
+    assert_same_weights(d.decode(snap), named)
+    # Loading a snapshot into stale tensors: same-shape ones are overwritten in place,
+    # others replaced, extra names dropped.
+    live = {"emb": torch.zeros(300, 64, dtype=torch.bfloat16), "norm": torch.zeros(3), "old": torch.zeros(2)}
+    d.apply_in_place(snap, live)
+    assert_same_weights(live, named)
+
+
+def test_tensor_set_changes_in_a_delta() -> None:
+    rng = np.random.default_rng(4)
+    base = {"keep": random_tensor(rng, torch.float16, (50,)), "gone": random_tensor(rng, torch.float16, (5,)),
+            "grow": random_tensor(rng, torch.float32, (4,)), "cast": random_tensor(rng, torch.float32, (6,))}
+    new = {"keep": change(rng, base["keep"], "one")[0], "grow": random_tensor(rng, torch.float32, (8,)),
+           "cast": base["cast"].to(torch.bfloat16), "added": random_tensor(rng, torch.bfloat16, (3, 3))}
+    payload, stats = d.encode_delta(base, new, 0, 1)
+    assert stats.encodings == {"keep": d.Encoding.VARINT, "grow": d.Encoding.FULL,
+                               "cast": d.Encoding.FULL, "added": d.Encoding.FULL}
+    assert_same_weights(d.decode(payload, base), new)
+    live = {k: v.clone() for k, v in base.items()}
+    d.apply_in_place(payload, live)
+    assert_same_weights(live, new)
+
+
+def test_wrong_base_is_detected_before_anything_is_written() -> None:
+    rng = np.random.default_rng(5)
+    v0 = {"a": random_tensor(rng, torch.bfloat16, (64, 64)), "b": random_tensor(rng, torch.bfloat16, (64,))}
+    v1 = {k: change(rng, t, "1%")[0] for k, t in v0.items()}
+    v2 = {k: change(rng, t, "1%")[0] for k, t in v1.items()}
+    delta_12, _ = d.encode_delta(v1, v2, 1, 2)
+
+    with pytest.raises(d.BaseMismatchError) as err:
+        d.decode(delta_12, v0)
+    assert set(err.value.tensors) == {"a", "b"}
+    with pytest.raises(d.BaseMismatchError):
+        d.decode(delta_12)  # a delta without any base
+    with pytest.raises(d.BaseMismatchError):
+        d.decode(delta_12, {**v1, "extra": torch.zeros(1)})  # the tensor set is part of the base
+
+    live = {k: t.clone() for k, t in v0.items()}
+    with pytest.raises(d.BaseMismatchError):
+        d.apply_in_place(delta_12, live)
+    assert_same_weights(live, v0)
+    # Trusted hashes that lie about the base are caught too: the digest is over the hashes.
+    with pytest.raises(d.BaseMismatchError):
+        d.apply_in_place(delta_12, live, base_hashes=d.tensor_hashes(v0))
+
+
+def test_corrupted_payload_is_detected() -> None:
+    rng = np.random.default_rng(6)
+    base = {"a": random_tensor(rng, torch.float32, (1000,))}
+    new = {"a": change(rng, base["a"], "1%")[0]}
+    payload, _ = d.encode_delta(base, new, 0, 1)
+    header = d.read_header(payload)
+    cases = {
+        "data byte": header.data_offset + header.data_nbytes // 2,
+        "table byte": HEADER_NBYTES + 5,
+        "header version": 10,
+        "header check": HEADER_NBYTES - 1,
+        "magic": 0,
+    }
+    for at in cases.values():
+        bad = bytearray(payload)
+        bad[at] ^= 0x40
+        live = {"a": base["a"].clone()}
+        with pytest.raises(d.DeltaFormatError):
+            d.apply_in_place(bytes(bad), live)
+        assert_same_weights(live, base)  # nothing written before the check failed
+    with pytest.raises(d.DeltaFormatError):
+        d.decode(payload[:-1], base)
+    with pytest.raises(d.DeltaFormatError):
+        d.decode(payload + b"\0", base)
+    with pytest.raises(d.DeltaFormatError):
+        d.read_header(payload[:20])
+
+
+def test_digest_is_stable_and_covers_names_dtypes_shapes_and_bits() -> None:
+    named = {"b": torch.arange(6, dtype=torch.float32).reshape(2, 3), "a": torch.tensor([1.0, -0.0], dtype=torch.bfloat16)}
+    digest = d.weights_digest(named)
+    # Pinned: subscribers and trainers of different builds must agree on this value.
+    assert digest == PINNED_DIGEST
+    assert d.weights_digest(dict(reversed(list(named.items())))) == digest
+    assert d.weights_digest({k: v.clone() for k, v in named.items()}) == digest
+    assert d.weights_digest(named, d.tensor_hashes(named)) == digest
+    variants = [
+        {**named, "a": torch.tensor([1.0, 0.0], dtype=torch.bfloat16)},  # one bit (the sign of zero)
+        {**named, "a": named["a"].view(torch.float16)},  # same bits, other dtype
+        {**named, "b": named["b"].reshape(3, 2)},  # same bits, other shape
+        {"c": named["b"], "a": named["a"]},  # other name
+        {"a": named["a"]},  # fewer tensors
+    ]
+    assert len({d.weights_digest(v) for v in variants} | {digest}) == len(variants) + 1
+
+
+PINNED_DIGEST = "b822a1f0b7b9584809034603d051073bfcba080f2bdd4a0b9c7a309d4a3addd5"
+
+
+def test_chained_deltas_with_cached_hashes_and_streaming_decode() -> None:
+    rng = np.random.default_rng(8)
+    versions = [{"w": random_tensor(rng, torch.bfloat16, (128, 40)), "v": random_tensor(rng, torch.float32, (40,))}]
+    for _ in range(3):
+        versions.append({k: change(rng, t, "1%")[0] for k, t in versions[-1].items()})
+    live = {k: t.clone() for k, t in versions[0].items()}
+    trainer_hashes = d.tensor_hashes(versions[0])
+    subscriber_hashes = dict(trainer_hashes)
+    for i in range(1, len(versions)):
+        ev = d.encode_version(versions[i], i, base=versions[i - 1], base_version=i - 1,
+                              base_hashes=trainer_hashes, threads=2)
+        trainer_hashes = dict(ev.tensor_hashes)
+        payload = ev.to_bytes()
+        # tensor-by-tensor decode, as a subscriber bounding memory would do it
+        streamed = {enc.entry.name: d.decode_tensor(enc.entry, enc.frame, live[enc.entry.name])
+                    for enc in d.iter_encoded_tensors(payload)}
+        assert_same_weights(streamed, versions[i])
+        subscriber_hashes = d.apply_in_place(payload, live, base_hashes=subscriber_hashes)
+        assert_same_weights(live, versions[i])
+
+
+def test_encoding_is_deterministic_and_thread_count_independent() -> None:
+    rng = np.random.default_rng(9)
+    base = {f"t{i}": random_tensor(rng, torch.bfloat16, (256,)) for i in range(6)}
+    new = {k: change(rng, t, "50%")[0] for k, t in base.items()}
+    one, _ = d.encode_delta(base, new, 0, 1, threads=1)
+    two, _ = d.encode_delta(base, new, 0, 1, threads=2)
+    assert one == two == d.encode_delta(base, new, 0, 1)[0]
+
+
+def test_non_contiguous_tensors() -> None:
+    rng = np.random.default_rng(10)
+    base = {"t": random_tensor(rng, torch.float32, (40, 30)).t()}
+    new = {"t": change(rng, base["t"].contiguous(), "1%")[0].t().contiguous().t()}
+    payload, _ = d.encode_delta(base, new, 0, 1)
+    assert_same_weights({"t": d.decode(payload, base)["t"]}, {"t": new["t"].contiguous()})
+    live = {"t": base["t"].clone()}  # clone keeps the transposed strides
+    assert not live["t"].is_contiguous()
+    d.apply_in_place(payload, live)
+    assert_bits_equal(live["t"].contiguous(), new["t"].contiguous())
+
+
+def test_varint_positions_across_byte_boundaries() -> None:
+    # Gaps of 0, 127, 128, 16383, 16384, 2**21 ... exercise 1- to 4-byte varints.
+    n = 3 * 2**21
+    positions = np.cumsum([0, 1, 128, 129, 16384, 16385, 2**21, 2**21 + 1]).astype(np.int64)
+    positions = positions[positions < n]
+    base = {"big": torch.zeros(n, dtype=torch.bfloat16)}
+    new = {"big": base["big"].clone()}
+    tensor_bits(new["big"])[positions] = 0x3F80
+    payload, stats = d.encode_delta(base, new, 0, 1)
+    assert stats.encodings["big"] == d.Encoding.VARINT
+    assert_same_weights(d.decode(payload, base), new)
+    gaps = np.array([0, 1, 127, 128, 16383, 16384, 2**32, 2**63 - 1], dtype=np.uint64)
+    lens = d._varint_lengths(gaps)
+    encoded = d._varint_encode(gaps, lens)
+    assert list(lens) == [1, 1, 1, 2, 2, 3, 5, 9]
+    assert np.array_equal(d._varint_decode(encoded, gaps.size), gaps)
+
+
+def test_entropy_bound() -> None:
+    assert d.entropy_bound_bytes(100, 0, 2) == 0
+    assert d.entropy_bound_bytes(100, 100, 2) == 200
+    assert d.entropy_bound_bytes(8, 4, 2) == math.ceil(math.log2(70) / 8) + 8
+    n, k = 10**9, 10**7
+    bits = math.log2(math.e) * (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1))
+    assert d.entropy_bound_bytes(n, k, 2) == math.ceil(bits / 8) + 2 * k
+
+
+@pytest.mark.parametrize("pattern", ["1%", "50%", "all"])
+def test_block_boundaries(monkeypatch: pytest.MonkeyPatch, pattern: str) -> None:
+    # Small blocks so the block-wise compare, bitmap and scatter paths cross many boundaries.
+    monkeypatch.setattr(d, "_CHUNK", 64)
+    rng = np.random.default_rng(11)
+    base = {"t": random_tensor(rng, torch.bfloat16, (1001,))}
+    new = {"t": change(rng, base["t"], pattern)[0]}
+    payload, stats = d.encode_delta(base, new, 0, 1)
+    assert stats.encodings["t"] == {"1%": d.Encoding.VARINT, "50%": d.Encoding.BITMAP, "all": d.Encoding.FULL}[pattern]
+    assert_same_weights(d.decode(payload, base), new)
+
+
+def test_bitmap_chosen_when_gaps_cost_as_much() -> None:
+    # 127 changes among 1024: 126 adjacent (1 byte each) and one 300 further (2 bytes) make
+    # 128 varint bytes, equal to the bitmap, so the bitmap is used.
+    base = {"t": torch.zeros(1024, dtype=torch.float16)}
+    new = {"t": base["t"].clone()}
+    tensor_bits(new["t"])[np.r_[0:126, 426]] = 0x3C00
+    payload, stats = d.encode_delta(base, new, 0, 1)
+    assert stats.encodings["t"] == d.Encoding.BITMAP and stats.changed_elements == 127
+    assert_same_weights(d.decode(payload, base), new)
