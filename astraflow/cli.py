@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 from . import __version__
 
@@ -88,6 +89,48 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run(args.bootstrap_servers)
 
 
+def _overrides(pairs: list[str] | None) -> dict:
+    import yaml
+    out = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--set expects KEY=VALUE, got {pair!r}")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from astraflow.config import load_config
+    from astraflow.launcher import run_job
+    cfg = load_config(args.config, _overrides(args.set))
+    summary = run_job(cfg, bootstrap=args.bootstrap_servers or cfg.kafka.bootstrap_servers,
+                      overrides=args.set or [], run_dir=args.run_dir, progress=not args.quiet)
+    acc = summary["accuracy_by_version"]
+    print(f"done: {summary['steps_trained']} versions in {summary['wall_s']:.0f}s; held-out accuracy "
+          + " -> ".join(f"v{v}:{a:.3f}" for v, a in acc.items()))
+    print(f"run dir: {summary['run_dir']}")
+    return 0
+
+
+def _cmd_node(args: argparse.Namespace) -> int:
+    from astraflow.config import load_config
+    from astraflow.node import run_node
+    cfg = load_config(args.config, _overrides(args.set))
+    bootstrap = args.bootstrap_servers or cfg.kafka.bootstrap_servers
+    if not bootstrap:
+        raise SystemExit("astraflow node: --bootstrap-servers is required (or kafka.bootstrap_servers in the config)")
+    run_dir = args.run_dir or str(Path(cfg.run_dir) / cfg.job)
+    return run_node(args.role, cfg, bootstrap, run_dir, args.node_id)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from astraflow.status import format_status, job_status
+    s = job_status(args.bootstrap_servers, args.job, tuple(args.policy or ["policy"]))
+    print(json.dumps(s, indent=2) if args.json else format_status(s))
+    return 0
+
+
 def _cmd_model(args: argparse.Namespace) -> int:
     from astraflow.engines.bootstrap import main as model_main
     return model_main(args.args)
@@ -122,6 +165,30 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--bootstrap-servers", help="use an existing cluster instead of the embedded broker")
     dm.set_defaults(func=_cmd_demo)
 
+    rn = sub.add_parser("run", help="run a job: broker, dataflow, trainer and RaaS node processes, progress, run dir")
+    rn.add_argument("config")
+    rn.add_argument("--bootstrap-servers", help="use an existing Kafka cluster (starts no broker)")
+    rn.add_argument("--run-dir", help="run directory (default: <run_dir>/<job>-<time>)")
+    rn.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    rn.add_argument("--quiet", action="store_true", help="no progress bar")
+    rn.set_defaults(func=_cmd_run)
+
+    nd = sub.add_parser("node", help="run one component against any Kafka cluster (multi-host deployments)")
+    nd.add_argument("--role", required=True, choices=["dataflow", "raas", "trainer"])
+    nd.add_argument("--config", required=True)
+    nd.add_argument("--bootstrap-servers")
+    nd.add_argument("--run-dir", help="checkpoints and traces (default: <run_dir>/<job>)")
+    nd.add_argument("--node-id", help="stable id (RaaS: its transactional id; default: role-pid)")
+    nd.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    nd.set_defaults(func=_cmd_node)
+
+    st = sub.add_parser("status", help="a job's versions, RaaS nodes, task lag and trainer wait time")
+    st.add_argument("--bootstrap-servers", required=True)
+    st.add_argument("--job", required=True)
+    st.add_argument("--policy", action="append", help="policy name (repeatable; default: policy)")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=_cmd_status)
+
     md = sub.add_parser("model", help="tiny-model bootstrap (`astraflow model init --help`)")
     md.add_argument("args", nargs=argparse.REMAINDER)
     md.set_defaults(func=_cmd_model)
@@ -135,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # noqa: BLE001 - a CLI reports errors as one clear line
+        from astraflow.config import ConfigError
         from astraflow.topics.exceptions import TopicsError
-        if isinstance(e, TopicsError):
+        if isinstance(e, (TopicsError, ConfigError)):
             print(f"astraflow: error: {e}", file=sys.stderr)
             return 1
         raise

@@ -7,6 +7,7 @@ wrong type raises :class:`ConfigError` naming the dotted key and the file.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import types
 import typing
@@ -15,6 +16,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+from astraflow.engines.config import RolloutConfig as EngineRolloutConfig
+from astraflow.engines.config import TrainerConfig as EngineTrainerConfig
 
 
 class ConfigError(ValueError):
@@ -57,7 +61,8 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    engine: Literal["cpu", "sglang"] = _f("cpu", "rollout engine")
+    engine: EngineRolloutConfig = _f(EngineRolloutConfig(), "the rollout engine (engines/config.py: kind cpu|sglang, "
+                                                             "threads, sglang server options); model from `model`")
     nodes: int = _f(1, "RaaS node processes `astraflow run` starts")
     n_samples: int = _f(8, "samples per prompt (the GRPO group size)")
     temperature: float = _f(1.0, "sampling temperature")
@@ -65,9 +70,7 @@ class RolloutConfig:
     top_k: int = _f(0, "top-k (0: off)")
     max_new_tokens: int = _f(8, "generation length limit")
     tasks_per_call: int = _f(4, "tasks a node batches into one generate call")
-    threads: int = _f(1, "torch threads of a RaaS process")
     heartbeat_s: float = _f(2.0, "heartbeat interval on the control topic")
-    sglang_url: str | None = _f(None, "sglang: use a running server instead of launching one")
 
 
 @dataclass(frozen=True)
@@ -79,19 +82,10 @@ class DataflowConfig:
 @dataclass(frozen=True)
 class TrainerConfig:
     steps: int = _f(20, "optimizer steps (= policy versions) to train")
-    loss: Literal["grpo", "ppo", "decoupled_ppo", "m2po"] = _f("grpo", "policy loss")
-    lr: float = _f(5e-4, "peak learning rate")
-    warmup_steps: int = _f(0, "linear LR warm-up steps")
-    zero_stage: int = _f(0, "DeepSpeed ZeRO stage")
-    grad_clip: float = _f(1.0, "gradient-norm clip")
-    token_budget: int = _f(4096, "tokens per micro-batch")
-    kl_coef: float = _f(0.0, "KL penalty coefficient against the initial policy (0: off)")
-    clip_eps: float = _f(0.2, "PPO clip range")
-    std_normalize: bool = _f(True, "GRPO: divide advantages by the group std")
-    threads: int = _f(1, "torch threads of the trainer process")
-    checkpoint_every: int = _f(1, "checkpoint every K steps (with the consumed offsets)")
-    snapshot_every: int = _f(10, "full weight snapshot every K versions (deltas between)")
-    seed: int = _f(0, "trainer seed")
+    checkpoint_every: int = _f(1, "checkpoint every K steps (with the consumed batch offset)")
+    snapshot_every: int = _f(10, "full weight snapshot every K versions (sparse deltas between)")
+    engine: EngineTrainerConfig = _f(EngineTrainerConfig(), "the DeepSpeed train engine (engines/config.py: lr, loss, "
+                                                            "zero_stage, token_budget, threads, ...)")
 
 
 @dataclass(frozen=True)
@@ -171,7 +165,10 @@ def from_dict(cls: type, data: Any, file: str = "<dict>", prefix: str = "") -> A
                 raise ConfigError(file, key, "required key is missing")
             continue
         kwargs[name] = _coerce(hints[name], data[name], file, key)
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(file, where, str(e)) from None
 
 
 def _coerce(tp: Any, value: Any, file: str, key: str) -> Any:
@@ -191,6 +188,20 @@ def _coerce(tp: Any, value: Any, file: str, key: str) -> Any:
             except ConfigError as e:
                 errors.append(e.problem)
         raise ConfigError(file, key, "; ".join(errors))
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(file, key, f"expected a list, got {type(value).__name__} {value!r}")
+        args = typing.get_args(tp)
+        items = args[:1] * len(value) if len(args) == 2 and args[1] is Ellipsis else args
+        if len(items) != len(value):
+            raise ConfigError(file, key, f"expected {len(items)} items, got {len(value)}")
+        return tuple(_coerce(a, v, file, f"{key}[{i}]") for i, (a, v) in enumerate(zip(items, value)))
+    if origin in (dict, collections.abc.Mapping) or tp in (dict,):
+        if not isinstance(value, dict):
+            raise ConfigError(file, key, f"expected a mapping, got {type(value).__name__} {value!r}")
+        args = typing.get_args(tp)
+        vt = args[1] if len(args) == 2 else Any
+        return {str(k): _coerce(vt, v, file, f"{key}.{k}") for k, v in value.items()}
     if origin is Literal:
         allowed = typing.get_args(tp)
         if value not in allowed:

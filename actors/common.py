@@ -1,0 +1,60 @@
+"""What every component process shares: its job's topics, its engines and its model.
+
+Small helpers that turn a :class:`~astraflow.config.JobConfig` into the objects the actors
+use, so each actor module reads like its algorithm. The job-level ``model`` section is
+the single source of the model path; it overrides the engine sections' ``model_path``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from astraflow.config import JobConfig
+from astraflow.topics import Batch, JobTopics
+
+
+def job_topics(cfg: JobConfig) -> JobTopics:
+    return JobTopics(job=cfg.job, policies=(cfg.policy,), task_partitions=cfg.kafka.task_partitions,
+                     trajectory_partitions=cfg.kafka.trajectory_partitions, weights_retention_ms=-1)
+
+
+def model_path(cfg: JobConfig) -> Path:
+    """The policy's initial HF model dir (the cached tiny bootstrapped model unless configured)."""
+    from astraflow.engines.factory import resolve_model_path
+    return Path(resolve_model_path(cfg.model.path or "", cfg.model.seed))
+
+
+def make_rollout_engine(cfg: JobConfig, path: Path, kind: str | None = None):
+    from astraflow.engines.factory import make_rollout_engine as make
+    engine_cfg = dataclasses.replace(cfg.rollout.engine, model_path=str(path), kind=kind or cfg.rollout.engine.kind)
+    return make(engine_cfg)
+
+
+def make_train_engine(cfg: JobConfig, path: Path):
+    from astraflow.engines.factory import make_train_engine as make
+    e = cfg.trainer.engine
+    # The trainer's logprobs must be those of the distribution the rollout sampled from.
+    engine_cfg = dataclasses.replace(e, model_path=str(path), temperature=cfg.rollout.temperature,
+                                     seed=e.seed or cfg.seed,
+                                     total_steps=e.total_steps or cfg.trainer.steps)
+    return make(engine_cfg)
+
+
+def to_train_batch(batch: Batch):
+    """A topic ``Batch`` as the engine's ``TrainBatch`` (GRPO groups = tasks)."""
+    from astraflow.engines.base import TrainBatch, TrainSample
+    samples = [TrainSample(prompt_ids=tuple(g.prompt_ids), completion_ids=tuple(s.tokens),
+                           behaviour_logprobs=tuple(s.logprobs), reward=s.reward, group_id=g.task_id,
+                           version=min(s.versions) if s.versions else 0)
+               for g in batch.groups for s in g.samples if s.tokens]
+    return TrainBatch(tuple(samples), step=batch.step)
+
+
+def set_threads(n: int) -> None:
+    """Keep a process to its share of the cores (torch intra-op and OpenMP)."""
+    import torch
+    if n > 0:
+        torch.set_num_threads(n)
+        os.environ["OMP_NUM_THREADS"] = str(n)

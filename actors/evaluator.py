@@ -1,0 +1,81 @@
+"""The evaluator actor: held-out accuracy of the policy as its versions appear.
+
+Follows the policy's weights like a RaaS node (through a subscriber) and evaluates
+pass@1 averaged over ``k`` samples at the configured temperature on a fixed held-out set
+at version 0, at every ``every``-th version it reaches, and at the final version. The
+subscriber hands over the newest version, so under fast training a target version may be
+skipped: the first version at or past it is evaluated, and the metric records the
+version actually measured.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from astraflow.config import JobConfig
+from astraflow.topics import Producer
+
+from .common import job_topics, make_rollout_engine, model_path, set_threads
+from .supervisor import LoopActor
+from .telemetry import MetricsEmitter
+
+log = logging.getLogger(__name__)
+
+
+class EvaluatorActor(LoopActor):
+    def __init__(self, supervisor, name: str, cfg: JobConfig, bootstrap: str) -> None:
+        super().__init__(supervisor, name)
+        self.cfg, self.bootstrap = cfg, bootstrap
+        self.topics = job_topics(cfg)
+        self.next_target = 0
+        self.engine = self.subscriber = self.producer = None
+
+    def setup(self) -> None:
+        from transformers import AutoTokenizer
+
+        from astraflow.actors.weights import WeightSubscriber
+        from astraflow.workflows.arithmetic import generate_problems
+
+        set_threads(self.cfg.eval.threads)
+        path = model_path(self.cfg)
+        self.engine = make_rollout_engine(self.cfg, path, kind="cpu")
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        self.problems = generate_problems(self.cfg.eval.problems, seed=self.cfg.seed + 1000, split="heldout",
+                                          max_digits=self.cfg.data.max_digits, ops=self.cfg.data.ops, unique=True)
+        self.producer = Producer(self.bootstrap, client_id=f"eval.{self.cfg.policy}")
+        self.metrics = MetricsEmitter(self.producer, self.topics.metrics, f"eval.{self.cfg.policy}")
+        self.subscriber = WeightSubscriber(self.bootstrap, self.topics, self.cfg.policy,
+                                           initial_version=self.engine.version, node_id="evaluator")
+        self.subscriber.start()
+
+    def step(self) -> None:
+        final = self.cfg.trainer.steps
+        self.subscriber.apply_to(self.engine)
+        v = self.engine.version
+        if v < self.next_target:
+            self.subscriber.wait_for(max(v + 1, self.next_target), timeout=1.0)
+            return
+        from astraflow.workflows.arithmetic import evaluate
+        t0 = time.monotonic()
+        acc = evaluate(self.engine, self.tokenizer, self.problems, k=self.cfg.eval.k,
+                       temperature=self.cfg.eval.temperature, max_new_tokens=self.cfg.rollout.max_new_tokens,
+                       seed=self.cfg.seed)
+        log.info("eval: version %d accuracy %.3f (%.1fs)", v, acc, time.monotonic() - t0)
+        self.metrics.emit("eval.accuracy", acc, step=v, problems=len(self.problems), k=self.cfg.eval.k)
+        self.producer.flush()
+        every = self.cfg.eval.every or final
+        self.next_target = min(final, (v // every + 1) * every) if v < final else final + 1
+        if v >= final:
+            self.finished = True
+
+    def teardown(self) -> None:
+        for c in (self.subscriber, self.producer):
+            if c is not None:
+                try:
+                    c.close()
+                except Exception:  # noqa: BLE001
+                    log.debug("close failed", exc_info=True)
+        if self.engine is not None:
+            self.engine.close()
+        self.engine = self.subscriber = self.producer = None

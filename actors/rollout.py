@@ -1,0 +1,161 @@
+"""The RaaS node actor: consume tasks, roll them out, produce trajectory groups.
+
+A member of consumer group ``raas.<policy>`` on ``tasks.<policy>``. For each poll it
+refreshes weights through the subscriber (between requests, never during one), waits
+for at least the version a task was scheduled at (the sync schedule relies on this),
+runs the workflow, and writes the trajectory groups *and* commits the task offsets in
+one Kafka transaction: a node that dies mid-rollout commits nothing, and the group
+protocol redelivers its tasks to the others. Heartbeats go to ``control``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+
+from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
+from opentelemetry import trace
+
+from astraflow.config import JobConfig
+from astraflow.topics import Consumer, DeadLetters, Heartbeat, Producer, Task, TrajectoryGroup
+
+from .common import job_topics, make_rollout_engine, model_path, set_threads
+from .supervisor import LoopActor
+from .telemetry import MetricsEmitter
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
+
+WEIGHT_WAIT_LIMIT_S = 600.0
+
+
+class RolloutActor(LoopActor):
+    """One RaaS node of a policy."""
+
+    def __init__(self, supervisor, name: str, cfg: JobConfig, bootstrap: str, node_id: str) -> None:
+        super().__init__(supervisor, name)
+        self.cfg, self.bootstrap, self.node_id = cfg, bootstrap, node_id
+        self.topics = job_topics(cfg)
+        self._last_hb = 0.0
+        self._tokens = 0
+        self._busy_s = 0.0
+        self._started = time.monotonic()
+        self.engine = self.consumer = self.producer = self.plain = self.subscriber = None
+
+    def setup(self) -> None:
+        from transformers import AutoTokenizer
+
+        from astraflow.actors.weights import WeightSubscriber
+        from astraflow.workflows.rlvr import RLVRWorkflow
+
+        set_threads(self.cfg.rollout.engine.threads)
+        path = model_path(self.cfg)
+        self.engine = make_rollout_engine(self.cfg, path)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        self.workflow = RLVRWorkflow(self.tokenizer, self.node_id, tracer=tracer)
+        self.plain = Producer(self.bootstrap, client_id=self.node_id)
+        self.producer = Producer(self.bootstrap, client_id=self.node_id,
+                                 transactional_id=f"af.{self.cfg.job}.raas.{self.node_id}")
+        self.metrics = MetricsEmitter(self.plain, self.topics.metrics, self.node_id)
+        self.consumer = Consumer(
+            self.bootstrap, topics=[self.topics.tasks(self.cfg.policy)], group_id=f"raas.{self.cfg.policy}",
+            client_id=self.node_id, dead_letters=DeadLetters(self.plain, self.topics.dlq, self.node_id),
+            max_poll_records=self.cfg.rollout.tasks_per_call, session_timeout_ms=10_000,
+            heartbeat_interval_ms=2_000, max_poll_interval_ms=int(WEIGHT_WAIT_LIMIT_S * 1000) + 60_000,
+            partition_assignment_strategy=[StickyPartitionAssignor])
+        self.subscriber = WeightSubscriber(self.bootstrap, self.topics, self.cfg.policy,
+                                           initial=None, initial_version=self.engine.version, node_id=self.node_id)
+        self.subscriber.start()
+        self._heartbeat(force=True)
+
+    def step(self) -> None:
+        self.subscriber.apply_to(self.engine)
+        deliveries = self.consumer.poll(500)
+        if not deliveries:
+            self._heartbeat()
+            return
+        tasks: list[Task] = []
+        for d in deliveries:
+            if isinstance(d.message, Task):
+                tasks.append(d.message)
+            else:  # a record of another type on the task topic: not ours to roll out
+                self.consumer.dead_letters.put(d.topic, d.partition, d.offset, (d.key or "").encode(),
+                                               None, d.headers, TypeError(f"expected a task, got {type(d.message).__name__}"))
+        if not tasks:
+            self.consumer.commit()
+            return
+        self._wait_for_version(max(t.scheduled_version for t in tasks))
+        t0 = time.monotonic()
+        spans = [tracer.start_span("raas.rollout", context=d.trace_context,
+                                   attributes={"task.id": d.message.task_id, "node.id": self.node_id,
+                                               "policy.version": self.engine.version})
+                 for d in deliveries if isinstance(d.message, Task)]
+        groups = self._roll_out(tasks, spans)
+        with self.producer.transaction():
+            for g, span in zip(groups, spans):
+                with trace.use_span(span):  # the record carries this rollout's trace context
+                    self.producer.send(self.topics.trajectories, g, key=g.task_id)
+            self.producer.send_offsets(self.consumer)
+        for span in spans:
+            span.end()
+        busy = time.monotonic() - t0
+        self._busy_s += busy
+        n_tokens = sum(len(s.tokens) for g in groups for s in g.samples)
+        self._tokens += n_tokens
+        self.metrics.emit_many({"raas.tasks": len(groups), "raas.tokens": n_tokens, "raas.busy_s": busy,
+                                "raas.reward": _mean([s.reward for g in groups for s in g.samples])},
+                               step=self.engine.version, node=self.node_id)
+        self._heartbeat()
+
+    def _roll_out(self, tasks: list[Task], spans) -> list[TrajectoryGroup]:
+        seed = zlib.crc32(tasks[0].task_id.encode()) + tasks[0].attempt
+        try:
+            return self.workflow.run(tasks, self.engine, seed=seed, spans=spans)
+        except Exception as batch_error:  # noqa: BLE001 - isolate the task that breaks the batch
+            log.warning("%s: batched rollout failed (%s); retrying tasks one by one", self.node_id, batch_error)
+        groups = []
+        for task, span in zip(tasks, spans):
+            try:
+                groups += self.workflow.run([task], self.engine, seed=seed, spans=[span])
+            except Exception as e:  # noqa: BLE001 - an explicit failure record, never a lost task
+                span.record_exception(e)
+                groups.append(TrajectoryGroup(task.task_id, task.prompt_id, task.policy, self.node_id, [], [],
+                                              task.scheduled_version, status="failed",
+                                              error=f"{type(e).__name__}: {e}"))
+        return groups
+
+    def _wait_for_version(self, version: int) -> None:
+        deadline = time.monotonic() + WEIGHT_WAIT_LIMIT_S
+        while self.engine.version < version:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.node_id}: weights version {version} did not arrive within "
+                                   f"{WEIGHT_WAIT_LIMIT_S:.0f}s (have {self.engine.version})")
+            self.subscriber.wait_for(version, timeout=1.0)
+            self.subscriber.apply_to(self.engine)
+            self._heartbeat()
+
+    def _heartbeat(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_hb < self.cfg.rollout.heartbeat_s:
+            return
+        self._last_hb = now
+        elapsed = max(1e-9, now - self._started)
+        self.plain.send(self.topics.control,
+                        Heartbeat(self.node_id, "raas", self.cfg.policy, self.engine.version, 0, 1,
+                                  self._tokens / elapsed, time.time()), key=self.node_id, trace=False)
+
+    def teardown(self) -> None:
+        for closer in (self.subscriber, self.consumer, self.producer, self.plain):
+            if closer is not None:
+                try:
+                    closer.close()
+                except Exception:  # noqa: BLE001 - best effort on the way out
+                    log.debug("close failed", exc_info=True)
+        if self.engine is not None:
+            self.engine.close()
+        self.engine = self.consumer = self.producer = self.plain = self.subscriber = None
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0

@@ -1,0 +1,131 @@
+"""The trainer actor: one optimizer step per batch, weights published off the critical path.
+
+Reads ``batches.<policy>`` (one partition: the ordered record of training) by offset —
+not by consumer-group commits — because the offset it resumes from is part of its
+checkpoint: ``DeepSpeed state + the next batch offset + the lineage of (step, offset)``
+are saved together, every ``checkpoint_every`` steps. A restarted trainer loads the
+newest checkpoint and seeks to the stored offset, so every batch contributes to the
+weights exactly once and none is skipped. After each step the weights (a CPU copy) go to
+the :class:`~astraflow.actors.weights.WeightPublisher`, whose thread encodes, writes
+and announces them while the next step runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from kafka import TopicPartition
+from opentelemetry import trace
+
+from astraflow.config import JobConfig
+from astraflow.topics import Batch, Consumer, DeadLetters, Heartbeat, Producer
+
+from .common import job_topics, make_train_engine, model_path, set_threads, to_train_batch
+from .supervisor import LoopActor
+from .telemetry import MetricsEmitter
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
+
+
+class TrainerActor(LoopActor):
+    def __init__(self, supervisor, name: str, cfg: JobConfig, bootstrap: str, run_dir: str) -> None:
+        super().__init__(supervisor, name)
+        self.cfg, self.bootstrap = cfg, bootstrap
+        self.topics = job_topics(cfg)
+        self.ckpt_dir = Path(run_dir) / "checkpoints" / cfg.policy
+        self.engine = self.consumer = self.producer = self.publisher = None
+        self._wait_s = 0.0
+        self._last_step_end = time.monotonic()
+
+    def setup(self) -> None:
+        from astraflow.actors.weights import WeightPublisher
+
+        set_threads(self.cfg.trainer.engine.threads)
+        self.engine = make_train_engine(self.cfg, model_path(self.cfg))
+        state: dict = {}
+        if (self.ckpt_dir / "latest").exists():
+            state = dict(self.engine.load_checkpoint(self.ckpt_dir))
+            log.info("trainer: resumed at step %d from %s", self.engine.step, self.ckpt_dir)
+        self.offset = int(state.get("batches_offset", 0))
+        self.lineage: list[list[int]] = [list(x) for x in state.get("lineage", [])]
+        self.producer = Producer(self.bootstrap, client_id=f"trainer.{self.cfg.policy}")
+        self.metrics = MetricsEmitter(self.producer, self.topics.metrics, f"trainer.{self.cfg.policy}")
+        tp = TopicPartition(self.topics.batches(self.cfg.policy), 0)
+        self.consumer = Consumer(self.bootstrap, partitions=[tp], client_id=f"trainer.{self.cfg.policy}",
+                                 dead_letters=DeadLetters(self.producer, self.topics.dlq, "trainer"),
+                                 max_poll_records=1)
+        self.consumer.raw.seek(tp, self.offset)
+        self.publisher = WeightPublisher(self.bootstrap, self.topics, self.cfg.policy,
+                                         snapshot_every=self.cfg.trainer.snapshot_every,
+                                         producer_id=f"trainer.{self.cfg.policy}")
+        last = self.publisher.last_announced
+        if last is None or last < self.engine.step:
+            # The chain must start (or restart) from what this trainer holds.
+            self.publisher.publish(self.engine.named_weights(), self.engine.step, snapshot=True)
+        self.metrics.emit("trainer.resumed_step", self.engine.step, step=self.engine.step)
+
+    def step(self) -> None:
+        if self.engine.step >= self.cfg.trainer.steps:
+            self.publisher.flush(timeout=300)
+            self.metrics.emit("trainer.done", self.engine.step, step=self.engine.step)
+            self.producer.flush()
+            self.finished = True
+            return
+        t0 = time.monotonic()
+        deliveries = self.consumer.poll(500)
+        self._wait_s += time.monotonic() - t0
+        if not deliveries:
+            self._heartbeat()
+            return
+        d = deliveries[0]
+        batch = d.message
+        if not isinstance(batch, Batch):
+            raise TypeError(f"{d.topic}@{d.offset}: expected a batch, got {type(batch).__name__}")
+        if batch.step != self.engine.step:
+            raise RuntimeError(f"batch at {d.topic}@{d.offset} is step {batch.step} but the trainer is at step "
+                               f"{self.engine.step}: the batches topic and the checkpoint disagree")
+        with tracer.start_as_current_span("trainer.step", context=d.trace_context,
+                                          attributes={"trainer.step": batch.step, "batch.offset": d.offset}):
+            t_train = time.monotonic()
+            out = self.engine.train_step(to_train_batch(batch))
+            train_s = time.monotonic() - t_train
+            self.offset = d.offset + 1
+            self.lineage.append([batch.step, d.offset])
+            if self.engine.step % self.cfg.trainer.checkpoint_every == 0 or self.engine.step >= self.cfg.trainer.steps:
+                self.engine.save_checkpoint(self.ckpt_dir, {"batches_offset": self.offset, "lineage": self.lineage})
+            self.publisher.publish(self.engine.named_weights(), self.engine.step)
+        versions = [v for g in batch.groups for s in g.samples for v in s.versions]
+        self.metrics.emit_many({
+            **{f"trainer.{k}": float(v) for k, v in out.items() if isinstance(v, (int, float))},
+            "trainer.train_s": train_s, "trainer.wait_s": self._wait_s,
+            "trainer.reward": float(batch.stats.get("reward_mean", 0.0)),
+            "trainer.staleness_max": float(batch.step - min(versions)) if versions else 0.0,
+            "trainer.samples": float(sum(len(g.samples) for g in batch.groups)),
+            "trainer.batch_offset": float(d.offset),
+        }, step=self.engine.step)
+        self._wait_s = 0.0
+        self._heartbeat()
+
+    def _heartbeat(self) -> None:
+        self.producer.send(self.topics.control, Heartbeat(f"trainer.{self.cfg.policy}", "trainer", self.cfg.policy,
+                                                          self.engine.step, ts=time.time()),
+                           key=f"trainer.{self.cfg.policy}", trace=False)
+
+    def teardown(self) -> None:
+        if self.publisher is not None:
+            try:
+                self.publisher.close()
+            except Exception:  # noqa: BLE001
+                log.exception("publisher close failed")
+        for c in (self.consumer, self.producer):
+            if c is not None:
+                try:
+                    c.close()
+                except Exception:  # noqa: BLE001
+                    log.debug("close failed", exc_info=True)
+        if self.engine is not None:
+            self.engine.close()
+        self.engine = self.consumer = self.producer = self.publisher = None

@@ -1,0 +1,261 @@
+"""``astraflow run CONFIG``: one job on one machine, each component its own OS process.
+
+Starts the embedded broker (unless ``--bootstrap-servers``), makes sure the model and the
+job's topics exist, then starts the dataflow, the trainer and the RaaS node(s) as
+``astraflow node`` processes that talk only through Kafka. It follows the ``metrics``
+topic for the progress bar, restarts a component process that dies unexpectedly (its
+work is redelivered by Kafka), and when training and the final evaluation are done
+stops everything and writes the run directory: ``summary.json``, ``metrics.jsonl``,
+``metrics.csv``, ``plot.png``, ``logs/`` and ``traces/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kafka import TopicPartition
+
+from astraflow.config import JobConfig
+
+
+@dataclass
+class Proc:
+    role: str
+    node_id: str
+    cmd: list[str]
+    log_path: Path
+    popen: subprocess.Popen | None = None
+    restarts: int = 0
+    done: bool = False
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.popen = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+
+@dataclass
+class RunState:
+    rows: list[dict] = field(default_factory=list)
+    trained: int = 0
+    accuracy: dict[int, float] = field(default_factory=dict)
+    samples: float = 0.0
+    reward: float | None = None
+
+
+def node_command(role: str, cfg: JobConfig, bootstrap: str, run_dir: Path, node_id: str,
+                 overrides: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "astraflow", "node", "--role", role, "--config", cfg.source,
+           "--bootstrap-servers", bootstrap, "--run-dir", str(run_dir), "--node-id", node_id]
+    for o in overrides:
+        cmd += ["--set", o]
+    return cmd
+
+
+def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str] | None = None,
+            run_dir: str | Path | None = None, progress: bool = True, max_restarts: int = 3,
+            timeout_s: float | None = None) -> dict:
+    """Run the job to completion; returns the summary (also written to the run directory)."""
+    from astraflow.actors.common import job_topics, model_path
+    from astraflow.topics import Consumer, EmbeddedBroker, ensure_topics
+
+    overrides = list(overrides or [])
+    run_dir = Path(run_dir or Path(cfg.run_dir) / f"{cfg.job}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    state = RunState()
+    started = time.time()
+    with contextlib.ExitStack() as stack:
+        if bootstrap is None:
+            _say(progress, "starting the embedded Kafka broker ...")
+            broker = stack.enter_context(_broker(EmbeddedBroker(run_dir / "kafka")))
+            bootstrap = broker.bootstrap_servers
+        path = model_path(cfg)
+        _say(progress, f"model: {path}")
+        topics = job_topics(cfg)
+        ensure_topics(bootstrap, topics.specs())
+        procs = [Proc("dataflow", "dataflow", [], run_dir / "logs" / "dataflow.log"),
+                 Proc("trainer", "trainer", [], run_dir / "logs" / "trainer.log")]
+        procs += [Proc("raas", f"raas-{i}", [], run_dir / "logs" / f"raas-{i}.log") for i in range(cfg.rollout.nodes)]
+        for p in procs:
+            p.cmd = node_command(p.role, cfg, bootstrap, run_dir, p.node_id, overrides)
+            p.start()
+        stack.callback(_stop_all, procs)
+        metrics = stack.enter_context(Consumer(bootstrap, partitions=[TopicPartition(topics.metrics, 0)],
+                                               client_id="launcher"))
+        metrics.raw.seek_to_beginning()
+        bar = _progress_bar(cfg, progress)
+        stop = {"now": False}
+        previous = signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
+        stack.callback(signal.signal, signal.SIGINT, previous)
+        _say(progress, f"run dir: {run_dir}  (logs in {run_dir / 'logs'})")
+        interrupted, error = False, None
+        while True:
+            for d in metrics.poll(500):
+                _record(state, d.message)
+            _update_bar(bar, state, started)
+            error = _supervise(procs, max_restarts, progress)
+            finished = all(p.done for p in procs if p.role in ("trainer", "dataflow"))
+            if finished or error:
+                break
+            if stop["now"]:
+                interrupted = True
+                break
+            if timeout_s and time.time() - started > timeout_s:
+                error = f"run exceeded its {timeout_s:.0f}s timeout"
+                break
+        for d in metrics.poll(200):
+            _record(state, d.message)
+        if bar is not None:
+            _update_bar(bar, state, started)
+            bar.close()
+    summary = _write_outputs(run_dir, cfg, state, started, procs, interrupted, error)
+    if error:
+        raise RuntimeError(f"run failed: {error} (see {run_dir / 'logs'})")
+    return summary
+
+
+@contextlib.contextmanager
+def _broker(broker):
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def _supervise(procs: list[Proc], max_restarts: int, progress: bool) -> str | None:
+    for p in procs:
+        if p.done or p.alive():
+            continue
+        code = p.popen.returncode
+        if code == 0 and p.role in ("trainer", "dataflow"):
+            p.done = True
+            continue
+        if p.restarts >= max_restarts:
+            return f"{p.node_id} exited with code {code} {p.restarts + 1} times"
+        p.restarts += 1
+        _say(progress, f"{p.node_id} exited with code {code}; restarting ({p.restarts}/{max_restarts})")
+        p.start()
+    return None
+
+
+def _stop_all(procs: list[Proc], timeout: float = 30.0) -> None:
+    for p in procs:
+        if p.alive():
+            p.popen.terminate()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        if p.popen is None:
+            continue
+        try:
+            p.popen.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.popen.kill()
+            p.popen.wait()
+
+
+def _record(state: RunState, m) -> None:
+    from astraflow.topics import Metric
+    if not isinstance(m, Metric):
+        return
+    state.rows.append({"ts": m.ts, "component": m.component, "name": m.name, "value": m.value, "step": m.step,
+                       **{f"label.{k}": v for k, v in m.labels.items()}})
+    if m.name == "trainer.samples":
+        state.trained = max(state.trained, m.step)
+        state.samples += m.value
+    elif m.name == "trainer.reward":
+        state.reward = m.value
+    elif m.name == "eval.accuracy":
+        state.accuracy[m.step] = m.value
+
+
+def _progress_bar(cfg: JobConfig, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=cfg.trainer.steps, desc=f"{cfg.job} [{cfg.mode}] versions", unit="v", mininterval=1.0,
+                dynamic_ncols=True)
+
+
+def _update_bar(bar, state: RunState, started: float) -> None:
+    if bar is None:
+        return
+    if state.trained > bar.n:
+        bar.update(state.trained - bar.n)
+    post = {"samples/s": f"{state.samples / max(1e-9, time.time() - started):.1f}"}
+    if state.reward is not None:
+        post["reward"] = f"{state.reward:.2f}"
+    if state.accuracy:
+        v = max(state.accuracy)
+        post["acc"] = f"{state.accuracy[v]:.3f}@v{v}"
+    bar.set_postfix(post, refresh=False)
+
+
+def _say(enabled: bool, text: str) -> None:
+    if enabled:
+        print(text, flush=True)
+
+
+def _write_outputs(run_dir: Path, cfg: JobConfig, state: RunState, started: float, procs: list[Proc],
+                   interrupted: bool, error: str | None) -> dict:
+    rows = sorted(state.rows, key=lambda r: r["ts"])
+    with open(run_dir / "metrics.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("ts", "component", "name", "value", "step"), k))
+    with open(run_dir / "metrics.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys or ["ts"])
+        w.writeheader()
+        w.writerows(rows)
+    steps = sorted({r["step"] for r in rows if r["name"] == "trainer.train_s"})
+    def total(name: str) -> float:
+        return sum(r["value"] for r in rows if r["name"] == name)
+    acc = {int(k): v for k, v in sorted(state.accuracy.items())}
+    summary = {
+        "job": cfg.job, "mode": cfg.mode, "config": cfg.source, "run_dir": str(run_dir),
+        "steps_trained": max(steps, default=0), "wall_s": round(time.time() - started, 2),
+        "accuracy_by_version": acc,
+        "accuracy_initial": acc.get(min(acc)) if acc else None,
+        "accuracy_final": acc.get(max(acc)) if acc else None,
+        "trainer_train_s": round(total("trainer.train_s"), 3), "trainer_wait_s": round(total("trainer.wait_s"), 3),
+        "raas_busy_s": round(total("raas.busy_s"), 3), "samples_trained": int(total("trainer.samples")),
+        "restarts": {p.node_id: p.restarts for p in procs if p.restarts},
+        "interrupted": interrupted, "error": error,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    _plot(run_dir / "plot.png", rows, cfg)
+    return summary
+
+
+def _plot(path: Path, rows: list[dict], cfg: JobConfig) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    reward = sorted((r["step"], r["value"]) for r in rows if r["name"] == "trainer.reward")
+    acc = sorted((r["step"], r["value"]) for r in rows if r["name"] == "eval.accuracy")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if reward:
+        ax.plot(*zip(*reward), label="batch reward (train)", color="tab:blue")
+    if acc:
+        ax.plot(*zip(*acc), "o-", label="held-out accuracy (pass@1)", color="tab:red")
+    ax.set_xlabel("policy version")
+    ax.set_ylabel("reward / accuracy")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"{cfg.job} ({cfg.mode})")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,79 @@
+"""One component process: ``astraflow node --role dataflow|raas|trainer``.
+
+Sets the process's thread budget, installs tracing, and runs the role's actors under a
+supervisor until they finish, the process is asked to stop (SIGTERM / Ctrl-C), or the
+supervisor gives up on an actor — then it exits non-zero with the reason. Components
+reach each other only through Kafka, so the same command runs on any host.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from astraflow.config import JobConfig
+
+ROLES = ("dataflow", "raas", "trainer")
+log = logging.getLogger("astraflow.node")
+
+
+def child_specs(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: str):
+    from astraflow.actors.supervisor import ChildSpec
+
+    if role == "dataflow":
+        from astraflow.actors.dataflow import DataflowActor
+        from astraflow.actors.evaluator import EvaluatorActor
+        return [ChildSpec("dataflow", lambda sup, name: DataflowActor.start(sup, name, cfg, bootstrap),
+                          required=False),
+                ChildSpec("evaluator", lambda sup, name: EvaluatorActor.start(sup, name, cfg, bootstrap),
+                          required=True)]
+    if role == "raas":
+        from astraflow.actors.rollout import RolloutActor
+        return [ChildSpec(node_id, lambda sup, name: RolloutActor.start(sup, name, cfg, bootstrap, node_id),
+                          required=False)]
+    if role == "trainer":
+        from astraflow.actors.trainer import TrainerActor
+        return [ChildSpec("trainer", lambda sup, name: TrainerActor.start(sup, name, cfg, bootstrap, run_dir))]
+    raise ValueError(f"unknown role {role!r}; expected one of {ROLES}")
+
+
+def threads_for(role: str, cfg: JobConfig) -> int:
+    return {"raas": cfg.rollout.engine.threads, "trainer": cfg.trainer.engine.threads, "dataflow": cfg.eval.threads}[role]
+
+
+def run_node(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: str | None = None) -> int:
+    node_id = node_id or f"{role}-{os.getpid()}"
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=os.environ.get("ASTRAFLOW_LOG", "INFO"),
+                        format=f"%(asctime)s {node_id} %(levelname)s %(name)s: %(message)s")
+    for noisy in ("kafka", "urllib3", "deepspeed", "torch"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    n = threads_for(role, cfg)
+    if n > 0:
+        os.environ["OMP_NUM_THREADS"] = str(n)
+        import torch
+        torch.set_num_threads(n)
+
+    from astraflow.actors.supervisor import run_supervised
+    from astraflow.actors.telemetry import setup_tracing
+    provider = setup_tracing(node_id, run_dir, cfg.tracing.otlp_endpoint, cfg.tracing.otlp_protocol)
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        log.info("received signal %d, stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        fatal = run_supervised(child_specs(role, cfg, bootstrap, run_dir, node_id), stop)
+    finally:
+        provider.shutdown()
+    if fatal:
+        print(f"astraflow node {node_id}: fatal: {fatal}", file=sys.stderr)
+        return 1
+    return 0

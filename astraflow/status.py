@@ -1,0 +1,99 @@
+"""``astraflow status``: what a job is doing, read from its topics alone.
+
+Policy versions (``versions``), RaaS nodes alive with their versions and throughput
+(``control`` heartbeats), task lag of the ``raas.<policy>`` group, and the trainer's
+wait time (``metrics``). Works against any cluster the job runs on.
+"""
+
+from __future__ import annotations
+
+import time
+
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+
+from astraflow.topics import Heartbeat, JobTopics, Metric, VersionAnnouncement, decode
+
+ALIVE_S = 15.0
+
+
+def _read_all(bootstrap: str, topic: str, tail: int | None = None) -> list:
+    c = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False,
+                      client_id="astraflow-status")
+    try:
+        parts = c.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        if not tps:
+            return []
+        c.assign(tps)
+        ends = c.end_offsets(tps)
+        for tp in tps:
+            begin = c.beginning_offsets([tp])[tp]
+            c.seek(tp, max(begin, ends[tp] - tail) if tail else begin)
+        out = []
+        while any(c.position(tp) < ends[tp] for tp in tps):
+            batch = c.poll(1000)
+            if not batch:
+                break
+            for records in batch.values():
+                for r in records:
+                    try:
+                        out.append(decode(r.value, r.headers))
+                    except Exception:  # noqa: BLE001 - status shows what it can read
+                        pass
+        return out
+    finally:
+        c.close()
+
+
+def job_status(bootstrap: str, job: str, policies: tuple[str, ...] = ("policy",)) -> dict:
+    topics = JobTopics(job=job, policies=policies)
+    versions = {m.policy: m for m in _read_all(bootstrap, topics.versions) if isinstance(m, VersionAnnouncement)}
+    beats: dict[str, Heartbeat] = {}
+    for m in _read_all(bootstrap, topics.control, tail=2000):
+        if isinstance(m, Heartbeat):
+            beats[m.node_id] = m
+    metrics = [m for m in _read_all(bootstrap, topics.metrics, tail=5000) if isinstance(m, Metric)]
+    now = time.time()
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="astraflow-status")
+    lag = {}
+    try:
+        probe = KafkaConsumer(bootstrap_servers=bootstrap, client_id="astraflow-status")
+        for p in policies:
+            topic = topics.tasks(p)
+            parts = probe.partitions_for_topic(topic) or set()
+            tps = [TopicPartition(topic, i) for i in parts]
+            ends = probe.end_offsets(tps) if tps else {}
+            committed = admin.list_group_offsets(f"raas.{p}") if tps else {}
+            lag[p] = sum(max(0, ends[tp] - (committed[tp].offset if tp in committed and committed[tp].offset >= 0
+                                            else 0)) for tp in tps)
+        probe.close()
+    finally:
+        admin.close()
+    waits = [m for m in metrics if m.name == "trainer.wait_s"]
+    trains = [m for m in metrics if m.name == "trainer.train_s"]
+    return {
+        "job": job,
+        "versions": {p: {"version": v.version, "kind": v.kind, "snapshot": v.snapshot_version,
+                         "age_s": round(now - v.created_at, 1)} for p, v in versions.items()},
+        "nodes": [{"node": b.node_id, "role": b.role, "policy": b.policy, "version": b.version,
+                   "tokens_per_s": round(b.tokens_per_s, 1), "alive": now - b.ts < ALIVE_S,
+                   "last_seen_s": round(now - b.ts, 1)} for b in sorted(beats.values(), key=lambda b: b.node_id)],
+        "task_lag": lag,
+        "trainer_wait_s_total": round(sum(m.value for m in waits), 2),
+        "trainer_train_s_total": round(sum(m.value for m in trains), 2),
+    }
+
+
+def format_status(s: dict) -> str:
+    lines = [f"job {s['job']}"]
+    for p, v in s["versions"].items() or {}.items():
+        lines.append(f"  policy {p}: version {v['version']} ({v['kind']}, snapshot {v['snapshot']}, {v['age_s']}s ago)")
+    if not s["versions"]:
+        lines.append("  no version announced yet")
+    lines.append(f"  task lag: {s['task_lag']}")
+    lines.append(f"  trainer: {s['trainer_train_s_total']}s training, {s['trainer_wait_s_total']}s waiting for batches")
+    lines.append("  nodes:")
+    for n in s["nodes"]:
+        state = "alive" if n["alive"] else f"silent {n['last_seen_s']}s"
+        lines.append(f"    {n['node']:24} {n['role']:8} v{n['version']:<5} {n['tokens_per_s']:>8} tok/s  {state}")
+    return "\n".join(lines)

@@ -1,0 +1,80 @@
+"""The supervisor restarts failing actors with backoff and gives up with a clear reason."""
+
+import threading
+
+import pytest
+
+from astraflow.actors.supervisor import ChildSpec, LoopActor, run_supervised
+
+
+class Flaky(LoopActor):
+    """Fails its first ``fail_times`` starts (shared counter), then finishes after 3 steps."""
+
+    def __init__(self, supervisor, name, starts: list, fail_times: int) -> None:
+        super().__init__(supervisor, name)
+        self.starts, self.fail_times, self.steps = starts, fail_times, 0
+
+    def setup(self) -> None:
+        self.starts.append(1)
+
+    def step(self) -> None:
+        if len(self.starts) <= self.fail_times:
+            raise RuntimeError(f"boom #{len(self.starts)}")
+        self.steps += 1
+        if self.steps == 3:
+            self.finished = True
+
+
+def test_failed_actor_is_restarted_until_it_finishes():
+    starts: list = []
+    spec = ChildSpec("flaky", lambda sup, name: Flaky.start(sup, name, starts, 2))
+    fatal = run_supervised([spec], threading.Event(), backoff_s=0.01)
+    assert fatal is None
+    assert len(starts) == 3  # two failures, then a clean run
+
+
+def test_supervisor_gives_up_after_max_restarts():
+    starts: list = []
+    spec = ChildSpec("doomed", lambda sup, name: Flaky.start(sup, name, starts, 100))
+    fatal = run_supervised([spec], threading.Event(), max_restarts=2, backoff_s=0.01)
+    assert fatal is not None
+    assert "doomed failed 3 times" in fatal and "RuntimeError: boom #3" in fatal
+    assert len(starts) == 3
+
+
+def test_stop_event_ends_a_never_finishing_actor():
+    class Forever(LoopActor):
+        def step(self):
+            pass
+
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    assert run_supervised([ChildSpec("f", lambda sup, name: Forever.start(sup, name))], stop) is None
+
+
+@pytest.mark.parametrize("bad,needle", [
+    ("job: x\ntrainer:\n  stepz: 3\n", "trainer.stepz: unknown key"),
+    ("job: x\ntrainer:\n  engine:\n    lr: fast\n", "trainer.engine.lr: expected float"),
+    ("mode: async\n", "job: required key is missing"),
+    ("job: x\nmode: turbo\n", "mode: must be one of ['async', 'sync']"),
+    ("job: x\ntrainer:\n  engine:\n    loss: nope\n", "trainer.engine: trainer.loss must be one of"),
+])
+def test_bad_config_names_key_and_file(tmp_path, bad, needle):
+    from astraflow.config import ConfigError, load_config
+    path = tmp_path / "job.yaml"
+    path.write_text(bad)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert needle in str(e.value)
+    assert str(path) in str(e.value)
+
+
+def test_example_configs_load():
+    from pathlib import Path
+
+    from astraflow.config import load_config
+    examples = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
+    assert examples
+    for p in examples:
+        cfg = load_config(p)
+        assert cfg.job and cfg.trainer.steps > 0
