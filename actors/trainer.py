@@ -12,6 +12,7 @@ and announces them while the next step runs.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -95,7 +96,7 @@ class TrainerActor(LoopActor):
             self.offset = d.offset + 1
             self.lineage.append([batch.step, d.offset])
             if self.engine.step % self.cfg.trainer.checkpoint_every == 0 or self.engine.step >= self.cfg.trainer.steps:
-                self.engine.save_checkpoint(self.ckpt_dir, {"batches_offset": self.offset, "lineage": self.lineage})
+                self._checkpoint()
             self.publisher.publish(self.engine.named_weights(), self.engine.step)
         versions = [v for g in batch.groups for s in g.samples for v in s.versions]
         self.metrics.emit_many({
@@ -108,6 +109,14 @@ class TrainerActor(LoopActor):
         }, step=self.engine.step)
         self._wait_s = 0.0
         self._heartbeat()
+
+    def _checkpoint(self) -> None:
+        state = {"step": self.engine.step, "batches_offset": self.offset, "lineage": self.lineage}
+        self.engine.save_checkpoint(self.ckpt_dir, state)
+        # A readable copy for operators and audits; the DeepSpeed client state is authoritative.
+        tmp = self.ckpt_dir / "progress.json.tmp"
+        tmp.write_text(json.dumps(state))
+        tmp.replace(self.ckpt_dir / "progress.json")
 
     def _heartbeat(self) -> None:
         self.producer.send(self.topics.control, Heartbeat(f"trainer.{self.cfg.policy}", "trainer", self.cfg.policy,

@@ -222,7 +222,7 @@ def describe(cls: type = JobConfig, prefix: str = "") -> list[tuple[str, str, st
     """(dotted key, default, help) for every key: the README's config reference."""
     rows = []
     for f in dataclasses.fields(cls):
-        if f.name == "source":
+        if cls is JobConfig and f.name == "source":
             continue
         hint = typing.get_type_hints(cls)[f.name]
         if dataclasses.is_dataclass(hint):

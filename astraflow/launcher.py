@@ -91,7 +91,7 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
         for p in procs:
             p.cmd = node_command(p.role, cfg, bootstrap, run_dir, p.node_id, overrides)
             p.start()
-        stack.callback(_stop_all, procs)
+        stack.callback(stop_processes, procs)
         metrics = stack.enter_context(Consumer(bootstrap, partitions=[TopicPartition(topics.metrics, 0)],
                                                client_id="launcher"))
         metrics.raw.seek_to_beginning()
@@ -151,7 +151,7 @@ def _supervise(procs: list[Proc], max_restarts: int, progress: bool) -> str | No
     return None
 
 
-def _stop_all(procs: list[Proc], timeout: float = 30.0) -> None:
+def stop_processes(procs: list[Proc], timeout: float = 30.0) -> None:
     for p in procs:
         if p.alive():
             p.popen.terminate()

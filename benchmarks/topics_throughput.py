@@ -36,7 +36,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "topics_throughput.json"
 
 def trajectory(i: int, target_bytes: int = 4096) -> TrajectoryGroup:
     """A trajectory group whose JSON value is close to ``target_bytes``."""
-    n_tokens = 120  # 2 samples x 120 tokens of ids, logprobs and versions ~= 4 KiB of JSON
+    n_tokens = 72  # 2 samples x 72 tokens of ids, logprobs and versions, padded to ~4 KiB of JSON
     samples = [Sample(tokens=[(i * 7 + t) % 151 for t in range(n_tokens)],
                       logprobs=[-((i + t) % 97) / 37.0 for t in range(n_tokens)],
                       versions=[i // 100] * n_tokens, reward=float(i % 2), finish_reason="stop",

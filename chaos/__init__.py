@@ -1,1 +1,1 @@
-"""astraflow.chaos"""
+"""Fault injection and the invariant checker that audits a job's topics afterwards."""

@@ -141,18 +141,25 @@ class ChunkManifest:
 @register
 @dataclass(frozen=True)
 class VersionAnnouncement(Message):
-    """A policy version is durable on ``weights.<policy>``; keyed by policy on compacted ``versions``."""
+    """A policy version is durable on ``weights.<policy>``; keyed by policy on compacted ``versions``.
+
+    Compaction keeps only the latest announcement per policy, so each one carries the whole
+    chain a late joiner needs: the newest snapshot and every delta after it, in order.
+    Schema 2 added ``delta_versions``.
+    """
 
     TYPE: ClassVar[str] = "version"
+    SCHEMA: ClassVar[int] = 2
     policy: str
     version: int
-    kind: str  #: "snapshot" or "delta"
-    base_version: int  #: version a delta applies to (== version for snapshots)
+    kind: str  #: "snapshot" (``version`` has a full snapshot, ``snapshot_manifest``) or "delta"
+    base_version: int  #: version ``manifest`` applies to (== version when it is a snapshot)
     snapshot_version: int  #: newest full snapshot at or below ``version``
-    manifest: ChunkManifest
+    manifest: ChunkManifest  #: the payload from ``base_version`` to ``version``: a delta or a snapshot
     checksum: str  #: digest of the full weights at ``version``
     snapshot_manifest: ChunkManifest | None = None  #: where ``snapshot_version`` lives
     deltas: list[ChunkManifest] = field(default_factory=list)  #: deltas after the snapshot, in order
+    delta_versions: list[int] = field(default_factory=list)  #: the version each of ``deltas`` produces
     created_at: float = 0.0
 
 

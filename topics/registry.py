@@ -22,6 +22,7 @@ from .exceptions import TopicConfigMismatch, TopicsError
 MiB = 1024 * 1024
 HOUR_MS = 3600 * 1000
 DAY_MS = 24 * HOUR_MS
+WEIGHTS_SEGMENT_BYTES = 64 * MiB
 
 
 @dataclass(frozen=True)
@@ -56,14 +57,18 @@ class JobTopics:
         policies: policy names (each gets tasks/batches/weights topics).
         task_partitions: partitions of ``tasks.<policy>`` (>= the most RaaS nodes of a policy).
         trajectory_partitions: partitions of ``trajectories``.
-        weights_retention_ms / weights_retention_bytes: see the publisher's retention rule.
+        weights_retention_ms / weights_retention_bytes: broker-side retention of
+            ``weights.<policy>``. Keep both at -1 (the default): the weight publisher trims
+            the topic itself so the newest announced snapshot is never deleted (see
+            ``astraflow.actors.weight_publisher``). Time or size limits can delete the
+            snapshot a late-joining node needs while the trainer is paused.
     """
 
     job: str
     policies: tuple[str, ...] = ("policy",)
     task_partitions: int = 8
     trajectory_partitions: int = 4
-    weights_retention_ms: int = DAY_MS
+    weights_retention_ms: int = -1
     weights_retention_bytes: int = -1
 
     @property
@@ -118,8 +123,10 @@ class JobTopics:
                 TopicSpec(self.tasks(p), partitions=self.task_partitions, retention_ms=-1),
                 # One partition: the ordered, replayable record of training.
                 TopicSpec(self.batches(p), partitions=1, retention_ms=-1, max_message_bytes=16 * MiB),
+                # Small segments so the publisher's delete_records trims free disk soon.
                 TopicSpec(self.weights(p), partitions=1, retention_ms=self.weights_retention_ms,
-                          retention_bytes=self.weights_retention_bytes),
+                          retention_bytes=self.weights_retention_bytes,
+                          extra={"segment.bytes": str(WEIGHTS_SEGMENT_BYTES)}),
             ]
         return specs
 

@@ -1,0 +1,353 @@
+"""The trainer's side of weight transfer: encode, chunk, make durable, announce, trim.
+
+:class:`WeightPublisher` owns one background thread and a bounded queue. The trainer
+hands over the weights of a version (CPU copies it no longer touches) and goes on
+training; the thread encodes a sparse delta against the previously published version,
+writes it to ``weights.<policy>`` as <= 1 MiB chunks (each with its sha256), waits until
+every chunk is acknowledged (``acks=all``), and only then announces the version on the
+compacted ``versions`` topic. Every ``snapshot_every`` versions, and on demand, it also
+writes a full snapshot of the same version. That version is announced twice: first as
+a delta, so nodes that follow every version never download a snapshot and see no extra
+latency, then, once the snapshot is durable, as the new chain head for late joiners.
+
+An announcement carries the whole chain a node needs to reach it (compaction keeps
+only the latest per policy): the newest snapshot and every delta after it, with each
+payload's chunk offsets and checksums, plus the digest of the full weights.
+
+Retention rule (the weights topic is never trimmed by time or size):
+    ``weights.<policy>`` has ``retention.ms=-1`` and ``retention.bytes=-1``. After
+    announcing snapshot S_n, the publisher calls ``delete_records`` up to the first
+    chunk of the previous snapshot S_{n-1}. So the log always holds the newest announced
+    snapshot, its predecessor, and every delta after the predecessor. A node that is
+    reading the previous chain when S_n lands is not cut off, and a late joiner always
+    finds the snapshot the latest announcement points to. Broker time or size limits
+    cannot promise this: the trainer may pause (waiting for batches, restarting) for
+    longer than any ``retention.ms``, and a dense delta can be as large as a snapshot,
+    so no ``retention.bytes`` derived from the snapshot interval bounds the chain.
+    The log holds at most two snapshots and two intervals of deltas, plus the rest of
+    one segment (``segment.bytes`` is 64 MiB: Kafka frees disk a segment at a time).
+
+Restarts: on start the publisher reads the latest announcement of its policy. Versions
+at or below it are not announced again (the digest is compared and a mismatch logged);
+the first new version is a full snapshot, because the base weights are gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from astraflow.engines import deltas
+from astraflow.topics import ChunkManifest, JobTopics, Producer, VersionAnnouncement, write_chunks
+from astraflow.topics.chunking import DEFAULT_CHUNK_SIZE
+from astraflow.topics.codec import decode
+from astraflow.topics.exceptions import DecodeError
+
+__all__ = ["WeightPublisher", "WeightPublishError", "PublishedVersion", "read_latest_announcement"]
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT, DELTA = "snapshot", "delta"
+
+
+class WeightPublishError(RuntimeError):
+    """A version could not be published; raised on the trainer's next ``publish``/``flush``.
+
+    Nothing of that version was announced, so subscribers never see it. The publisher keeps
+    running: the next version is a delta against the last *announced* version.
+    """
+
+    def __init__(self, version: int, cause: BaseException) -> None:
+        self.version = version
+        super().__init__(f"weight version {version} was not published: {type(cause).__name__}: {cause}; "
+                         "check the broker, then publish a newer version (or a snapshot)")
+
+
+@dataclass(frozen=True)
+class PublishedVersion:
+    """What one payload cost: for metrics and the transfer benchmark."""
+
+    version: int
+    kind: str  #: "snapshot" or "delta"
+    payload_bytes: int
+    chunks: int
+    stats: deltas.DeltaStats
+    encode_s: float
+    write_s: float  #: chunks sent and acknowledged
+
+
+@dataclass(frozen=True)
+class _Job:
+    named: Mapping[str, torch.Tensor]
+    version: int
+    snapshot: bool
+    trace_context: otel_context.Context | None
+
+
+_STOP = object()
+
+
+def read_latest_announcement(bootstrap_servers: str, versions_topic: str, policy: str,
+                             timeout: float = 30.0) -> VersionAnnouncement | None:
+    """The newest announcement of ``policy`` on the ``versions`` topic, or None."""
+    tp = TopicPartition(versions_topic, 0)
+    kc = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
+                       client_id=f"astraflow-versions-{policy}", max_partition_fetch_bytes=8 * 1024 * 1024)
+    latest: VersionAnnouncement | None = None
+    try:
+        kc.assign([tp])
+        kc.seek_to_beginning(tp)
+        end = kc.end_offsets([tp])[tp]
+        deadline = time.monotonic() + timeout
+        while kc.position(tp) < end:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {versions_topic} up to offset {end} took over {timeout}s; "
+                                   "is the broker reachable?")
+            for r in kc.poll(timeout_ms=500).get(tp, []):
+                ann = _announcement(r, policy)
+                if ann is not None and (latest is None or _newer(ann, latest)):
+                    latest = ann
+    finally:
+        kc.close()
+    return latest
+
+
+def _announcement(record, policy: str) -> VersionAnnouncement | None:
+    """The record's announcement if it is one for ``policy``; undecodable ones are logged."""
+    if record.key is not None and record.key.decode("utf-8", "replace") != policy:
+        return None
+    try:
+        msg = decode(record.value, record.headers)
+    except DecodeError as e:
+        log.warning("skipping undecodable record %s[%d]@%d: %s", record.topic, record.partition, record.offset, e)
+        return None
+    return msg if isinstance(msg, VersionAnnouncement) and msg.policy == policy else None
+
+
+def _newer(a: VersionAnnouncement, b: VersionAnnouncement) -> bool:
+    # A snapshot version is announced twice; the second (its own snapshot) is the newer head.
+    return (a.version, a.snapshot_version) > (b.version, b.snapshot_version)
+
+
+class WeightPublisher:
+    """Publishes versions of one policy's weights; see the module docstring.
+
+    Args:
+        bootstrap_servers: Kafka bootstrap servers.
+        topics: the job's topics (``weights.<policy>`` and ``versions`` must exist).
+        policy: the policy whose weights this publisher owns.
+        snapshot_every: also write a full snapshot when ``version % snapshot_every == 0``.
+        queue_size: versions handed over but not yet published; ``publish`` blocks beyond it.
+        producer_id: ``client_id`` of the producer (the ``af-producer`` header).
+        tracer: OpenTelemetry tracer (default: this module's).
+        write_deltas: False publishes every version as a full snapshot ("full" transport).
+        codec_threads: threads the codec may use (it runs off the trainer's critical path).
+        trim: delete records before the previous snapshot (the retention rule above).
+        chunk_size: bytes per chunk record (default fits a stock 1 MiB record limit).
+    """
+
+    def __init__(self, bootstrap_servers: str, topics: JobTopics, policy: str, *, snapshot_every: int = 10,
+                 queue_size: int = 2, producer_id: str = "publisher", tracer: trace.Tracer | None = None,
+                 write_deltas: bool = True, codec_threads: int = 1, trim: bool = True,
+                 chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
+        if snapshot_every < 1:
+            raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
+        if queue_size < 1:
+            raise ValueError(f"queue_size must be >= 1, got {queue_size}")
+        self.bootstrap_servers, self.topics, self.policy = bootstrap_servers, topics, policy
+        self.snapshot_every, self.write_deltas = snapshot_every, write_deltas
+        self.codec_threads, self.trim, self.chunk_size = codec_threads, trim, chunk_size
+        self._tracer = tracer or trace.get_tracer(__name__)
+        self._weights_topic = topics.weights(policy)
+        self._head = read_latest_announcement(bootstrap_servers, topics.versions, policy)
+        # Digests of versions announced before this process started, for the restart check.
+        self._announced: dict[int, str] = {self._head.version: self._head.checksum} if self._head else {}
+        if self._head is not None:
+            log.info("%s: continuing after announced version %d (snapshot %d)", policy,
+                     self._head.version, self._head.snapshot_version)
+        # The last announced version's weights and tensor hashes: the next delta's base.
+        self._base: Mapping[str, torch.Tensor] | None = None
+        self._base_hashes: Mapping[str, bytes] | None = None
+        self._producer = Producer(bootstrap_servers, client_id=producer_id, compression_type=None)
+        self._admin: KafkaAdminClient | None = None
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=queue_size)
+        self._cond = threading.Condition()
+        self._pending = 0
+        self._error: WeightPublishError | None = None
+        self._closed = False
+        self.published: deque[PublishedVersion] = deque(maxlen=64)  #: the most recent payloads
+        self._thread = threading.Thread(target=self._run, name=f"weight-publisher-{policy}", daemon=True)
+        self._thread.start()
+
+    # -- the trainer's side ------------------------------------------------------------
+    @property
+    def last_announced(self) -> int | None:
+        """The newest version announced (by this process or, before a restart, its predecessor)."""
+        head = self._head
+        return head.version if head is not None else None
+
+    def publish(self, named: Mapping[str, torch.Tensor], version: int,
+                trace_context: otel_context.Context | None = None, *, snapshot: bool = False) -> None:
+        """Hand over ``named`` as ``version``; blocks only while the queue is full.
+
+        ``named`` must not be modified afterwards (the trainer's ``named_weights()`` returns
+        fresh CPU copies): it is encoded later and kept as the next delta's base.
+        ``snapshot=True`` also writes a full snapshot of this version.
+        Raises the :class:`WeightPublishError` of an earlier version that failed; this
+        version is then not enqueued.
+        """
+        self._raise_error()
+        if self._closed:
+            raise RuntimeError(f"weight publisher of {self.policy!r} is closed")
+        with self._cond:
+            self._pending += 1
+        self._queue.put(_Job(named, version, snapshot, trace_context))
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every handed-over version is announced (or failed, which is raised)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._pending == 0, timeout):
+                raise TimeoutError(f"{self._pending} weight version(s) of {self.policy!r} still unpublished "
+                                   f"after {timeout}s; is the broker slow or down?")
+        self._raise_error()
+
+    def close(self, timeout: float | None = 120.0) -> None:
+        """Publish what is queued, stop the thread, close the clients; raises a pending error."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._cond:
+            drained = self._cond.wait_for(lambda: self._pending == 0, timeout)
+        if not drained:
+            log.warning("%s: closing with %d weight version(s) unpublished", self.policy, self._pending)
+        try:
+            self._queue.put(_STOP, timeout=1.0 if drained else 0.0)
+        except queue.Full:
+            pass  # the thread is stuck on the broker; it is a daemon and dies with the process
+        self._thread.join(timeout if drained else 1.0)
+        self._producer.close(timeout=10)
+        if self._admin is not None:
+            self._admin.close()
+        self._raise_error()
+
+    def _raise_error(self) -> None:
+        with self._cond:
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    # -- the background thread ---------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is _STOP:
+                return
+            assert isinstance(job, _Job)
+            try:
+                self._publish(job)
+            except Exception as e:  # noqa: BLE001 - surfaced on the trainer's next call
+                log.exception("%s: publishing version %d failed", self.policy, job.version)
+                with self._cond:
+                    if self._error is None:  # the first failure explains the rest
+                        self._error = WeightPublishError(job.version, e)
+            finally:
+                with self._cond:
+                    self._pending -= 1
+                    self._cond.notify_all()
+
+    def _publish(self, job: _Job) -> None:
+        head = self._head
+        if head is not None and job.version <= head.version:
+            self._skip_announced(job)
+            return
+        v = job.version
+        with self._tracer.start_as_current_span(
+                "weights.publish", context=job.trace_context,
+                attributes={"policy": self.policy, "policy.version": v}) as span:
+            delta_ann: VersionAnnouncement | None = None
+            if self._base is not None and head is not None and self.write_deltas:
+                # Deltas go out first, even at snapshot versions: followers stay on deltas.
+                manifest, hashes, digest = self._write(job, DELTA, head.version)
+                head = delta_ann = self._announce(VersionAnnouncement(
+                    self.policy, v, DELTA, head.version, head.snapshot_version, manifest, digest,
+                    head.snapshot_manifest, [*head.deltas, manifest], [*head.delta_versions, v],
+                    created_at=time.time()))
+                # The announced version is the next base, even if its snapshot fails below.
+                self._base, self._base_hashes = job.named, hashes
+                span.set_attribute("weights.delta_bytes", manifest.total_bytes)
+            if delta_ann is None or job.snapshot or v % self.snapshot_every == 0:
+                previous_snapshot = head.snapshot_manifest if head is not None else None
+                manifest, hashes, digest = self._write(job, SNAPSHOT, -1)
+                # `manifest` stays the delta that leads here, so a follower one version
+                # behind can still take it from this (compacted-to) announcement.
+                self._announce(VersionAnnouncement(
+                    self.policy, v, SNAPSHOT, delta_ann.base_version if delta_ann else v, v,
+                    delta_ann.manifest if delta_ann else manifest, digest, manifest, [], [],
+                    created_at=time.time()))
+                self._base, self._base_hashes = job.named, hashes
+                span.set_attribute("weights.snapshot_bytes", manifest.total_bytes)
+                if self.trim and previous_snapshot is not None:
+                    self._trim_before(previous_snapshot)
+
+    def _write(self, job: _Job, kind: str, base_version: int) -> tuple[ChunkManifest, Mapping[str, bytes], str]:
+        """Encode and write one payload; returns its manifest, tensor hashes and weights digest."""
+        t0 = time.perf_counter()
+        base = self._base if kind == DELTA else None
+        ev = deltas.encode_version(job.named, job.version, base=base, base_version=base_version,
+                                   base_hashes=self._base_hashes if base is not None else None,
+                                   threads=self.codec_threads)
+        header, stats, hashes = ev.header, ev.stats, ev.tensor_hashes
+        payload = ev.to_bytes()
+        del ev  # drop the parts: only the joined payload stays alive while it is written
+        t1 = time.perf_counter()
+        manifest = write_chunks(
+            self._producer, self._weights_topic, payload, key=str(job.version),
+            object_id=f"{self.policy}-v{job.version}-{kind}-{uuid.uuid4().hex[:8]}", chunk_size=self.chunk_size,
+            headers=[("af-version", str(job.version).encode()), ("af-kind", kind.encode())])
+        self.published.append(PublishedVersion(job.version, kind, header.nbytes, len(manifest.chunks), stats,
+                                               t1 - t0, time.perf_counter() - t1))
+        return manifest, hashes, header.digest
+
+    def _announce(self, ann: VersionAnnouncement) -> VersionAnnouncement:
+        # Inside the weights.publish span: send() puts its context in the traceparent header.
+        self._producer.send_sync(self.topics.versions, ann, key=self.policy)
+        self._head = ann
+        log.debug("%s: announced version %d (%s, %d bytes)", self.policy, ann.version, ann.kind,
+                  ann.manifest.total_bytes)
+        return ann
+
+    def _skip_announced(self, job: _Job) -> None:
+        known = self._announced.get(job.version)
+        digest = deltas.weights_digest(job.named)
+        if known is not None and known != digest:
+            log.warning("%s: version %d was already announced with weights digest %s… but the trainer now "
+                        "holds %s… for it; keeping the announced weights (did the trainer resume from an "
+                        "older checkpoint with different data?)", self.policy, job.version, known[:16], digest[:16])
+        else:
+            log.info("%s: version %d already announced (newest is %d); not announcing it again",
+                     self.policy, job.version, self.last_announced)
+
+    def _trim_before(self, previous_snapshot: ChunkManifest) -> None:
+        """The retention rule: nothing before the previous snapshot's first chunk is needed."""
+        first = min(c.offset for c in previous_snapshot.chunks)
+        tp = TopicPartition(previous_snapshot.topic, previous_snapshot.chunks[0].partition)
+        try:
+            if self._admin is None:
+                self._admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers,
+                                               client_id=f"astraflow-weights-trim-{self.policy}")
+            self._admin.delete_records({tp: first})
+        except Exception as e:  # noqa: BLE001 - a failed trim costs disk, never correctness
+            log.warning("%s: could not trim %s before offset %d (%s: %s); the topic keeps growing "
+                        "until the next snapshot trims it", self.policy, tp.topic, first, type(e).__name__, e)
+

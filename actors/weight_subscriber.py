@@ -1,0 +1,377 @@
+"""A RaaS node's side of weight transfer: follow announcements, assemble verified versions.
+
+:class:`WeightSubscriber` owns a background thread and its own copy of the weights. The
+thread follows the compacted ``versions`` topic and moves its copy to the newest
+announced version, off the rollout path:
+
+* **delta path** — when it holds a version on the announced chain, it fetches and
+  applies the deltas after it, in order (a follower applies exactly one per version);
+* **snapshot path** — when it holds nothing, holds a version off the chain (too old, a
+  late joiner), or a delta is missing, corrupt or does not fit its weights, it loads the
+  chain's snapshot and the deltas after it into fresh tensors and swaps them in.
+
+Every chunk's sha256, the payload's sha256, the delta's base digest, every tensor's
+result hash and the announced digest of the full weights are checked before a version
+counts as held; a failure is reported in :attr:`WeightSubscriber.faults` with the path
+that recovered. A payload that failed verification is never fetched again: when it lies
+on every path, the subscriber keeps its last good version until a newer snapshot is
+announced.
+
+The rollout side calls :meth:`WeightSubscriber.apply_to` between requests; it copies the
+held version into the engine under the subscriber's lock, so an engine never sees a
+half-applied version. This module does not talk to engines otherwise, and knows nothing
+about rollouts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Protocol
+
+import torch
+from kafka import KafkaConsumer, TopicPartition
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from astraflow.engines import deltas
+from astraflow.engines.weight_format import PayloadKind, WeightCodecError, read_table
+from astraflow.topics import (ChunkError, ChunkManifest, ChunkReader, CorruptChunkError, JobTopics,
+                              VersionAnnouncement)
+from astraflow.topics import tracing
+
+from .weight_publisher import _announcement, _newer
+
+__all__ = ["WeightSubscriber", "WeightEngine"]
+
+log = logging.getLogger(__name__)
+
+_MAX_FAULTS = 1000
+_RETRY_S = (1.0, 30.0)  # backoff bounds for retrying a version that could not be reached
+
+
+class WeightEngine(Protocol):
+    """What :meth:`WeightSubscriber.apply_to` needs of a rollout engine."""
+
+    @property
+    def version(self) -> int: ...
+
+    def load_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None: ...
+
+
+class _PathFailed(Exception):
+    """One path to a version failed; the message is the fault report."""
+
+
+class WeightSubscriber:
+    """Keeps a verified copy of the newest announced weights of one policy.
+
+    Args:
+        bootstrap_servers: Kafka bootstrap servers.
+        topics: the job's topics.
+        policy: whose weights to follow.
+        initial: weights the node starts with (copied); None: the first version comes
+            through the snapshot path.
+        initial_version: the version of ``initial`` (or of the engine's weights when
+            ``initial`` is None); announcements at or below it are not fetched.
+        node_id: names this node in logs, fault reports and spans.
+        codec_threads: threads for decoding and applying payloads.
+        tracer: OpenTelemetry tracer (default: this module's).
+    """
+
+    def __init__(self, bootstrap_servers: str, topics: JobTopics, policy: str, *,
+                 initial: Mapping[str, torch.Tensor] | None = None, initial_version: int = -1,
+                 node_id: str = "", codec_threads: int = 1, tracer: trace.Tracer | None = None) -> None:
+        self.bootstrap_servers, self.topics, self.policy = bootstrap_servers, topics, policy
+        self.node_id = node_id or "subscriber"
+        self.codec_threads = codec_threads
+        self._tracer = tracer or trace.get_tracer(__name__)
+        self._lock = threading.Condition(threading.RLock())
+        # Guarded by _lock: the held weights, their tensor hashes, version and trace context.
+        self._state: dict[str, torch.Tensor] | None = (
+            {k: v.detach().clone() for k, v in initial.items()} if initial is not None else None)
+        self._hashes: dict[str, bytes] | None = None
+        self._version = initial_version
+        self._context: otel_context.Context | None = None
+        self._faults: list[str] = []
+        self._path_counts = {"delta": 0, "snapshot": 0}
+        # Only the thread touches these.
+        self._head: VersionAnnouncement | None = None
+        self._head_context: otel_context.Context | None = None
+        self._bad: set[str] = set()  # object ids that failed verification: never fetched again
+        self._retry_at = 0.0
+        self._backoff = _RETRY_S[0]
+        self._unrecovered = False  # a fault was reported and no version was reached since
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> "WeightSubscriber":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"weight-subscriber-{self.node_id}",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def __enter__(self) -> "WeightSubscriber":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- what the node reads -----------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """The newest version fully assembled and verified (what the node reports in heartbeats)."""
+        return self._version
+
+    @property
+    def faults(self) -> list[str]:
+        """Fault reports, oldest first: what failed and which path recovered."""
+        with self._lock:
+            return list(self._faults)
+
+    @property
+    def path_counts(self) -> dict[str, int]:
+        """Payloads applied, by kind: ``{"delta": n, "snapshot": m}``."""
+        with self._lock:
+            return dict(self._path_counts)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """A copy of the held weights (tests, checkpoints)."""
+        with self._lock:
+            return {k: v.clone() for k, v in (self._state or {}).items()}
+
+    def digest(self) -> str | None:
+        """``weights_digest`` of the held weights (equal to the trainer's iff bit-identical)."""
+        with self._lock:
+            return None if self._state is None else deltas.weights_digest(self._state, self._hashes)
+
+    def wait_for(self, version: int, timeout: float) -> bool:
+        """Wait until a version >= ``version`` is held; False on timeout."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._version >= version, timeout)
+
+    def apply_to(self, engine: WeightEngine) -> int | None:
+        """Load the held version into ``engine`` if it is newer; returns it, else None.
+
+        Call between requests. Runs under the subscriber's lock, so the engine gets one
+        whole verified version (engines copy the tensors in).
+        """
+        with self._lock:
+            if self._state is None or self._version <= engine.version:
+                return None
+            with self._tracer.start_as_current_span(
+                    "raas.weights.apply", context=self._context,
+                    attributes={"policy": self.policy, "policy.version": self._version,
+                                "node.id": self.node_id, "engine.version": engine.version}):
+                engine.load_weights(self._state, self._version)
+            return self._version
+
+    # -- the background thread ---------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._connect_and_follow()
+                return
+            except Exception as e:  # noqa: BLE001 - report, back off, reconnect
+                self._fault(f"weight subscriber error ({type(e).__name__}: {e}); reconnecting")
+                self._stop.wait(self._backoff)
+                self._backoff = min(self._backoff * 2, _RETRY_S[1])
+
+    def _connect_and_follow(self) -> None:
+        tp = TopicPartition(self.topics.versions, 0)
+        with contextlib.ExitStack() as stack:
+            consumer = KafkaConsumer(bootstrap_servers=self.bootstrap_servers, group_id=None,
+                                     enable_auto_commit=False, client_id=f"astraflow-weights-{self.node_id}",
+                                     max_partition_fetch_bytes=8 * 1024 * 1024)
+            stack.callback(consumer.close)
+            reader = stack.enter_context(ChunkReader(self.bootstrap_servers))
+            consumer.assign([tp])
+            consumer.seek_to_beginning(tp)
+            while not self._stop.is_set():
+                self._follow(consumer, tp, reader)
+
+    def _follow(self, consumer: KafkaConsumer, tp: TopicPartition, reader: ChunkReader) -> None:
+        # Drain what is there, then act on the newest: a late joiner jumps straight to the head.
+        timeout_ms = 200
+        while True:
+            records = consumer.poll(timeout_ms=timeout_ms).get(tp, [])
+            if not records:
+                break
+            for r in records:
+                ann = _announcement(r, self.policy)
+                if ann is not None and (self._head is None or _newer(ann, self._head)):
+                    self._head, self._head_context = ann, tracing.extract(r.headers)
+                    self._retry_at, self._backoff = 0.0, _RETRY_S[0]
+            timeout_ms = 0
+        head = self._head
+        if head is None or head.version <= self._version or time.monotonic() < self._retry_at:
+            return
+        if not self._advance(reader, head):
+            self._retry_at = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, _RETRY_S[1])
+
+    def _advance(self, reader: ChunkReader, head: VersionAnnouncement) -> bool:
+        """Move to ``head``: delta path if possible, else snapshot path. True when reached."""
+        steps = self._delta_steps(head)
+        if steps is not None:
+            try:
+                self._apply_deltas(reader, steps, head)
+                self._report_recovery(head, "delta path")
+                return True
+            except _PathFailed as e:
+                self._fault(f"delta path to version {head.version} failed: {e}; trying the snapshot path")
+        try:
+            self._load_snapshot(reader, head)
+        except _PathFailed as e:
+            self._fault(f"cannot reach version {head.version}: {e}; holding version {self._version} "
+                        "until a newer snapshot is announced")
+            return False
+        self._report_recovery(head, f"snapshot path (snapshot {head.snapshot_version})")
+        return True
+
+    def _report_recovery(self, head: VersionAnnouncement, path: str) -> None:
+        if self._unrecovered:
+            self._unrecovered = False
+            self._fault(f"recovered: reached version {head.version} through the {path}")
+            self._unrecovered = False
+
+    def _delta_steps(self, head: VersionAnnouncement) -> list[tuple[int, ChunkManifest]] | None:
+        """The deltas from the held version to ``head``, or None when there is no such path."""
+        if self._state is None:
+            return None
+        v = self._version
+        if head.base_version == v and head.base_version != head.version:
+            steps = [(head.version, head.manifest)]  # a follower, one version behind
+        else:
+            chain = [head.snapshot_version, *head.delta_versions]
+            if v not in chain or len(head.delta_versions) != len(head.deltas):
+                return None
+            steps = list(zip(head.delta_versions, head.deltas))[chain.index(v):]
+        return None if any(m.object_id in self._bad for _, m in steps) else steps
+
+    def _apply_deltas(self, reader: ChunkReader, steps: list[tuple[int, ChunkManifest]],
+                      head: VersionAnnouncement) -> None:
+        for version, manifest in steps:
+            payload = self._fetch(reader, manifest, version, PayloadKind.DELTA, self._expect(head, version))
+            with self._lock:
+                assert self._state is not None
+                try:
+                    # Verifies the base digest and the data before writing anything.
+                    hashes = deltas.apply_in_place(payload, self._state, base_hashes=self._hashes,
+                                                   threads=self.codec_threads)
+                except deltas.BaseMismatchError as e:
+                    raise _PathFailed(f"delta to version {version} does not fit the held version "
+                                      f"{self._version}: {e}") from e
+                except WeightCodecError as e:
+                    # Checks after writing failed: the held tensors can no longer be trusted.
+                    self._state, self._hashes = None, None
+                    self._bad.add(manifest.object_id)
+                    raise _PathFailed(f"delta to version {version} failed to apply ({e}); "
+                                      "dropped the held weights") from e
+                self._hashes, self._version, self._context = hashes, version, self._head_context
+                self._path_counts["delta"] += 1
+                self._lock.notify_all()
+        self._check_head(head)
+
+    def _load_snapshot(self, reader: ChunkReader, head: VersionAnnouncement) -> None:
+        """Assemble ``head`` in fresh tensors from its snapshot, then swap them in."""
+        snap = head.snapshot_manifest
+        if snap is None:
+            raise _PathFailed(f"announcement of version {head.version} names no snapshot")
+        if snap.object_id in self._bad:
+            raise _PathFailed(f"snapshot {head.snapshot_version} failed verification before")
+        payload = self._fetch(reader, snap, head.snapshot_version, PayloadKind.SNAPSHOT,
+                              self._expect(head, head.snapshot_version))
+        try:
+            state = deltas.decode(payload, threads=self.codec_threads)
+        except WeightCodecError as e:
+            self._bad.add(snap.object_id)
+            raise _PathFailed(f"snapshot {head.snapshot_version} does not decode: {e}") from e
+        hashes = {e.name: e.hash for e in read_table(payload)[1]}
+        del payload
+        version, error, intact = head.snapshot_version, None, True
+        for dv, manifest in zip(head.delta_versions, head.deltas):
+            try:
+                if manifest.object_id in self._bad:
+                    raise _PathFailed(f"delta to version {dv} failed verification before")
+                payload = self._fetch(reader, manifest, dv, PayloadKind.DELTA, self._expect(head, dv))
+                hashes = deltas.apply_in_place(payload, state, base_hashes=hashes, threads=self.codec_threads)
+            except (_PathFailed, deltas.BaseMismatchError) as e:
+                error = e  # raised before anything was written: `state` still holds `version`
+                break
+            except WeightCodecError as e:
+                self._bad.add(manifest.object_id)
+                error, intact = e, False
+                break
+            version = dv
+        if intact and version > self._version:  # even a partial chain is a verified, newer version
+            with self._lock:
+                self._state, self._hashes, self._version = state, hashes, version
+                self._context = self._head_context
+                self._path_counts["snapshot"] += 1
+                self._path_counts["delta"] += len([v for v in head.delta_versions if v <= version])
+                self._lock.notify_all()
+        if error is not None:
+            raise _PathFailed(f"snapshot path stopped at version {version}: {error}")
+        self._check_head(head)
+
+    @staticmethod
+    def _expect(head: VersionAnnouncement, version: int) -> str | None:
+        return head.checksum if version == head.version else None
+
+    def _fetch(self, reader: ChunkReader, manifest: ChunkManifest, version: int, kind: PayloadKind,
+               digest: str | None = None) -> bytes:
+        """The verified payload of ``version``; ``digest``: the announced digest it must produce."""
+        try:
+            payload = reader.read(manifest)  # checks every chunk's sha256 and the whole payload's
+        except ChunkError as e:
+            if isinstance(e, CorruptChunkError):
+                self._bad.add(manifest.object_id)
+            raise _PathFailed(f"{kind.name.lower()} of version {version}: {type(e).__name__}: {e}") from e
+        try:
+            header = deltas.read_header(payload)
+        except WeightCodecError as e:
+            self._bad.add(manifest.object_id)
+            raise _PathFailed(f"{kind.name.lower()} of version {version} is not a weight payload: {e}") from e
+        if header.version != version or header.kind != kind:
+            self._bad.add(manifest.object_id)
+            raise _PathFailed(f"announced {kind.name.lower()} of version {version} holds a "
+                              f"{header.kind.name.lower()} of version {header.version}")
+        if digest is not None and header.digest != digest:
+            self._bad.add(manifest.object_id)
+            raise _PathFailed(f"{kind.name.lower()} of version {version} produces weights digest "
+                              f"{header.digest[:16]}…, the announcement says {digest[:16]}…")
+        return payload
+
+    def _check_head(self, head: VersionAnnouncement) -> None:
+        """Belt and braces: the held weights must have the announced digest.
+
+        Each payload's result digest was compared with the announcement before it was
+        applied, and apply_in_place checked every tensor, so this only trips on a bug.
+        """
+        with self._lock:
+            if self._version != head.version or self._state is None:
+                return
+            digest = deltas.weights_digest(self._state, self._hashes)
+            if digest != head.checksum:
+                self._state, self._hashes, self._version = None, None, -1
+                raise _PathFailed(f"version {head.version} assembled with digest {digest[:16]}…, announced "
+                                  f"{head.checksum[:16]}…; dropped the held weights")
+
+    def _fault(self, report: str) -> None:
+        report = f"{self.node_id}: {report}"
+        log.warning("%s", report)
+        with self._lock:
+            self._faults.append(report)
+            del self._faults[:-_MAX_FAULTS]
+        self._unrecovered = True

@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# GPU check for a lent H200 (or any CUDA GPU): one prepared, self-checking run.
+#
+# Builds a small random-init Qwen3 model locally (character tokenizer, nothing
+# downloaded), starts SGLang on it through engines/sglang.py, generates with logprobs
+# and checks them against an HF forward pass, runs DeepSpeed steps on the GPU (NCCL,
+# bf16, ZeRO-2), pushes the trained weights to SGLang via /update_weights_from_disk,
+# checks the reported weight version and that generation follows the new weights, and
+# prints a table. Every stage prints PASS/FAIL; the script exits non-zero on any FAIL.
+# Output: benchmarks/results/gpu_check.json and benchmarks/results/gpu_check.txt.
+#
+# Needs: a CUDA GPU, this repo installed (pip install -e '.[gpu]'), sglang importable.
+# Usage: bash benchmarks/gpu_check.sh [python]      (budget: ~5-8 min, most of it startup)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${1:-${PYTHON:-python}}"
+[ -x .venv/bin/python ] && [ -z "${1:-}" ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
+OUT_DIR=benchmarks/results
+mkdir -p "$OUT_DIR"
+WORK="$(mktemp -d /tmp/af-gpu-check-XXXX)"
+trap 'rm -rf "$WORK"' EXIT
+
+echo "== preflight"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || { echo "FAIL: no nvidia-smi"; exit 2; }
+"$PY" - <<'PY' || { echo "FAIL: preflight imports (install the gpu extra: pip install -e '.[gpu]')"; exit 2; }
+import importlib, torch
+assert torch.cuda.is_available(), "torch sees no CUDA device"
+for m in ("sglang", "deepspeed", "transformers", "astraflow.engines.sglang"):
+    mod = importlib.import_module(m)
+    print(f"  {m} {getattr(mod, '__version__', '')}")
+PY
+
+export AF_GPU_WORK="$WORK" AF_GPU_OUT="$OUT_DIR"
+timeout 560 "$PY" - <<'PY' 2>&1 | tee "$OUT_DIR/gpu_check.txt"
+import json, math, os, sys, time, traceback
+from pathlib import Path
+
+import torch
+
+work, out_dir = Path(os.environ["AF_GPU_WORK"]), Path(os.environ["AF_GPU_OUT"])
+results = {"stages": {}, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
+failed = False
+
+
+def stage(name):
+    def wrap(fn):
+        global failed
+        t0 = time.perf_counter()
+        try:
+            info = fn() or {}
+            results["stages"][name] = {"ok": True, "seconds": round(time.perf_counter() - t0, 2), **info}
+            print(f"PASS {name} ({time.perf_counter() - t0:.1f} s) {json.dumps(info)}", flush=True)
+        except Exception as err:  # report and continue to the summary
+            failed = True
+            results["stages"][name] = {"ok": False, "error": repr(err)[:2000]}
+            print(f"FAIL {name}: {err!r}", flush=True)
+            traceback.print_exc()
+        return fn
+    return wrap
+
+
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+from astraflow.engines import char_tokenizer
+from astraflow.engines.bootstrap import add_legacy_config_keys
+from astraflow.engines.base import SamplingParams, TrainBatch, TrainSample
+from astraflow.engines.config import SGLangConfig, TrainerConfig
+
+model_dir = work / "qwen3-small"
+state = {}
+
+
+@stage("build random-init Qwen3")
+def _():
+    torch.manual_seed(0)
+    char_tokenizer.save_tokenizer(model_dir)
+    v = char_tokenizer.vocab()
+    cfg = Qwen3Config(vocab_size=128, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                      num_attention_heads=8, num_key_value_heads=4, head_dim=64, max_position_embeddings=1024,
+                      tie_word_embeddings=True, pad_token_id=v["<pad>"], eos_token_id=v["<eos>"], bos_token_id=v["<bos>"],
+                      dtype="bfloat16")
+    model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(str(model_dir), safe_serialization=True)
+    add_legacy_config_keys(model_dir)  # SGLang may pin transformers 4.x
+    state["tok"] = AutoTokenizer.from_pretrained(str(model_dir))
+    return {"parameters": sum(p.numel() for p in model.parameters())}
+
+
+@stage("start SGLang")
+def _():
+    from astraflow.engines.sglang import SGLangEngine
+    cfg = SGLangConfig(mem_fraction_static=0.3, startup_timeout_s=300, extra_args=("--log-level", "warning"))
+    state["sg"] = SGLangEngine(model_dir, cfg)
+    return {"url": state["sg"].base_url, "server_version": state["sg"].server_version()}
+
+
+def hf_logprobs(path, gens, temperature):
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).cuda().eval()
+    worst = 0.0
+    with torch.no_grad():
+        for g in gens:
+            ids = torch.tensor([list(g.prompt_ids) + list(g.tokens)], device="cuda")
+            logits = model(input_ids=ids).logits[0, len(g.prompt_ids) - 1 : -1].float() / temperature
+            lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(g.tokens, device="cuda")[:, None])[:, 0]
+            worst = max(worst, (lp.cpu() - torch.tensor(g.logprobs)).abs().max().item())
+    del model
+    torch.cuda.empty_cache()
+    return worst
+
+
+@stage("SGLang generate + logprobs vs HF")
+def _():
+    tok, sg = state["tok"], state["sg"]
+    prompts = [tok.encode(f"{a}+{b}=", add_special_tokens=False) for a, b in zip(range(10, 74), range(50, 114))]
+    params = SamplingParams(temperature=1.0, max_new_tokens=64, stop_token_ids=(tok.eos_token_id,))
+    sg.generate(prompts[:4], params)  # warm-up
+    t0 = time.perf_counter()
+    gens = sg.generate(prompts, params)
+    secs = time.perf_counter() - t0
+    n = sum(len(g.tokens) for g in gens)
+    assert all(len(g.tokens) == len(g.logprobs) > 0 for g in gens), "token/logprob length mismatch"
+    assert all(math.isfinite(x) and x <= 1e-3 for g in gens for x in g.logprobs), "logprobs not finite / > 0"
+    worst = hf_logprobs(model_dir, gens[:8], 1.0)
+    # bf16 server vs fp32 HF: loose bound; a wrong alignment would be off by nats.
+    assert worst < 0.25, f"SGLang logprobs differ from HF forward by {worst:.3f} nats"
+    state["gens"], state["prompts"] = gens, prompts
+    return {"tokens": n, "tok_per_s": round(n / secs, 1), "max_abs_logprob_diff_vs_hf": round(worst, 4)}
+
+
+@stage("DeepSpeed GPU steps (ZeRO-2, bf16, NCCL)")
+def _():
+    from astraflow.engines.deepspeed_trainer import DeepSpeedTrainer
+    gens = state["gens"]
+    samples = tuple(TrainSample(g.prompt_ids, g.tokens, g.logprobs, reward=float(i % 2), group_id=i // 8) for i, g in enumerate(gens))
+    tr = DeepSpeedTrainer(model_dir, TrainerConfig(zero_stage=2, lr=1e-3, device="cuda", bf16=True, token_budget=8192))
+    before = tr.named_weights()
+    steps = [tr.train_step(TrainBatch(samples)) for _ in range(5)]
+    after = tr.named_weights()
+    assert all(math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"]) for m in steps), steps
+    changed = sum(not torch.equal(before[k], after[k]) for k in before)
+    assert changed > len(before) // 2, f"only {changed}/{len(before)} tensors changed"
+    ckpt = work / "ckpt"
+    tr.save_checkpoint(ckpt, {"offsets": {"batches": 5}})
+    assert tr.load_checkpoint(ckpt) == {"offsets": {"batches": 5}}
+    state["weights"] = after
+    state["trained_dir"] = tr.export_hf(work / "trained")
+    sps = [m["samples_per_s"] for m in steps[1:]]
+    tr.close()
+    return {"samples_per_s": round(sum(sps) / len(sps), 1), "loss_first": steps[0]["loss"], "loss_last": steps[-1]["loss"]}
+
+
+@stage("SGLang weight update from disk + version")
+def _():
+    sg, prompts = state["sg"], state["prompts"][:8]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=16)
+    before = sg.generate(prompts, greedy)
+    t0 = time.perf_counter()
+    sg.load_weights(state["weights"], version=1)
+    update_s = time.perf_counter() - t0
+    assert sg.server_version() == "1", f"server reports version {sg.server_version()!r}"
+    after = sg.generate(prompts, greedy)
+    assert [g.tokens for g in after] != [g.tokens for g in before], "generation did not change after the update"
+    sampled = sg.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=16))
+    worst = hf_logprobs(state["trained_dir"], sampled, 1.0)
+    assert worst < 0.25, f"after update, SGLang logprobs differ from the exported weights by {worst:.3f} nats"
+    return {"update_s": round(update_s, 2), "max_abs_logprob_diff_vs_hf": round(worst, 4)}
+
+
+if "sg" in state:
+    state["sg"].close()
+
+print()
+print(f"{'stage':45} {'ok':>4} {'seconds':>8}  details")
+for name, r in results["stages"].items():
+    details = {k: v for k, v in r.items() if k not in ("ok", "seconds")}
+    print(f"{name:45} {'yes' if r['ok'] else 'NO':>4} {r.get('seconds', float('nan')):8.1f}  {json.dumps(details)[:120]}")
+results["ok"] = not failed
+(out_dir / "gpu_check.json").write_text(json.dumps(results, indent=2, default=str))
+print(f"wrote {out_dir / 'gpu_check.json'}; overall: {'PASS' if not failed else 'FAIL'}")
+sys.exit(1 if failed else 0)
+PY

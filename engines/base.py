@@ -1,0 +1,210 @@
+"""The engine boundary: what rollout and training look like to the rest of AstraFlow.
+
+Owns the two interfaces (``RolloutEngine``, ``TrainEngine``) and the typed messages that
+cross them (``SamplingParams``, ``Generation``, ``TrainSample``, ``TrainBatch``).
+Implementations live in their own modules and are chosen only in ``factory.py``.
+Engines work on token ids; tokenization belongs to workflows.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+__all__ = [
+    "SamplingParams",
+    "Generation",
+    "TrainSample",
+    "TrainBatch",
+    "RolloutEngine",
+    "TrainEngine",
+    "NamedTensors",
+    "iter_named_tensors",
+]
+
+FinishReason = Literal["stop", "length"]
+NamedTensors = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to sample. Shared by every row of one ``generate`` call.
+
+    Attributes:
+        temperature: softmax temperature; ``0`` means greedy.
+        top_p: nucleus mass kept (``1.0`` disables).
+        top_k: keep the ``k`` most likely tokens (``0`` disables).
+        max_new_tokens: generation stops with ``"length"`` after this many tokens.
+        stop_token_ids: generation stops with ``"stop"`` after emitting one of these
+            (the stop token is included in ``Generation.tokens``).
+        seed: row ``i`` of a call samples with seed ``seed + i``, so a row's result does
+            not depend on what else is in the batch. ``None`` draws a fresh seed.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        # Accept any iterable (lists arrive from JSON) but store a hashable tuple.
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One generated sample.
+
+    Attributes:
+        prompt_ids: the prompt as given.
+        tokens: generated token ids (a matched stop token is the last one).
+        logprobs: per generated token, its log-probability under the distribution it was
+            sampled from (temperature-scaled, top-k/top-p truncated and renormalised;
+            for greedy decoding, the untempered softmax).
+        finish_reason: ``"stop"`` (a stop token) or ``"length"`` (``max_new_tokens``).
+        version: the engine's weight version that generated every token of this sample.
+    """
+
+    prompt_ids: tuple[int, ...]
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TrainSample:
+    """One completion to learn from.
+
+    Attributes:
+        prompt_ids: prompt tokens (not trained on).
+        completion_ids: generated tokens (trained on).
+        behaviour_logprobs: logprob of each completion token under the policy that
+            generated it (``Generation.logprobs``).
+        reward: scalar reward; used when ``advantage`` is ``None``.
+        group_id: samples sharing a prompt share a group; GRPO normalises within it.
+        advantage: precomputed advantage; overrides ``reward``/``group_id``.
+        version: policy version that generated the sample (for staleness metrics).
+    """
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    behaviour_logprobs: tuple[float, ...]
+    reward: float = 0.0
+    group_id: str | int = 0
+    advantage: float | None = None
+    version: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.completion_ids) != len(self.behaviour_logprobs):
+            raise ValueError(
+                f"{len(self.completion_ids)} completion tokens but "
+                f"{len(self.behaviour_logprobs)} behaviour logprobs"
+            )
+        if not self.completion_ids:
+            raise ValueError("a train sample needs at least one completion token")
+
+
+@dataclass(frozen=True, slots=True)
+class TrainBatch:
+    """The samples of one optimizer step (the trainer splits them into micro-batches)."""
+
+    samples: tuple[TrainSample, ...]
+    step: int = 0
+    metadata: Mapping[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "samples", tuple(self.samples))
+        if not self.samples:
+            raise ValueError("an empty TrainBatch cannot be trained on")
+        has_adv = [s.advantage is not None for s in self.samples]
+        if any(has_adv) and not all(has_adv):
+            raise ValueError("either every sample carries an advantage or none does")
+
+
+def iter_named_tensors(named_tensors: NamedTensors) -> Iterable[tuple[str, torch.Tensor]]:
+    """Accept a mapping or an iterable of pairs (the two shapes weight updates arrive in)."""
+    if isinstance(named_tensors, Mapping):
+        return named_tensors.items()
+    return named_tensors
+
+
+class RolloutEngine(abc.ABC):
+    """Generates completions with per-token logprobs and takes new weights.
+
+    Not thread-safe: one owner (an actor) calls it; weight loads happen between calls.
+    """
+
+    @abc.abstractmethod
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        """One ``Generation`` per prompt, in order."""
+
+    @abc.abstractmethod
+    def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        """Replace the named parameters (HF names) and set ``version``.
+
+        A subset of the parameters is allowed; unknown names raise ``KeyError``.
+        """
+
+    @property
+    @abc.abstractmethod
+    def version(self) -> int:
+        """Weight version the next ``generate`` will use."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release processes, threads and memory. Idempotent."""
+
+    def __enter__(self) -> RolloutEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class TrainEngine(abc.ABC):
+    """Takes optimizer steps on ``TrainBatch``es and hands out its weights."""
+
+    @abc.abstractmethod
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step over the whole batch; returns scalar metrics."""
+
+    @abc.abstractmethod
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """CPU copies of the full (unpartitioned) weights under their HF names."""
+
+    @abc.abstractmethod
+    def save_checkpoint(self, directory: str | Path, extra_state: Mapping[str, object]) -> None:
+        """Persist model, optimizer, scheduler, RNG and ``extra_state`` (e.g. the Kafka
+        offsets consumed so far) so ``load_checkpoint`` resumes bit-exactly."""
+
+    @abc.abstractmethod
+    def load_checkpoint(self, directory: str | Path) -> dict[str, object]:
+        """Restore the latest checkpoint in ``directory``; return its ``extra_state``."""
+
+    @abc.abstractmethod
+    def export_hf(self, directory: str | Path) -> Path:
+        """Write the current weights as a Hugging Face model directory."""
+
+    @property
+    @abc.abstractmethod
+    def step(self) -> int:
+        """Optimizer steps taken so far (the version of ``named_weights``)."""
+
+    def close(self) -> None:
+        """Release resources. Idempotent."""

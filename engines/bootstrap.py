@@ -1,0 +1,291 @@
+"""Tiny-model bootstrap: build, warm-start and cache the CPU demo policy.
+
+Owns ``astraflow model init`` (``main``) and ``ensure_tiny_model``. A tiny Qwen3 causal LM
+(~2.4 M parameters) with a locally built character tokenizer is trained by a short,
+deterministic supervised run on synthetic arithmetic (``workflows/arithmetic.py``) and
+**stopped early**, as soon as a validation set drawn from the training split reaches
+``target_accuracy``: RL then starts from a policy that solves some but not most problems.
+The result is a plain Hugging Face directory (safetensors + config + tokenizer) plus
+``bootstrap.json`` (spec, seed, measured held-out accuracy, build time). Nothing is
+downloaded.
+
+Cache: ``$ASTRAFLOW_CACHE/models`` (default ``~/.cache/astraflow/models``), one directory
+per ``<name>-<hash of spec and seed>``; builds are atomic and serialised by a file lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fcntl
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import char_tokenizer
+
+__all__ = ["TinyModelSpec", "ensure_tiny_model", "build_tiny_model", "cache_root", "add_legacy_config_keys", "main"]
+
+FORMAT_VERSION = 2  # bump when the build procedure changes, so old caches are not reused
+MARKER = "bootstrap.json"
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Architecture, task and warm-start schedule of the tiny model (all hashed into the
+    cache key)."""
+
+    name: str = "tiny-qwen3"
+    hidden_size: int = 256
+    intermediate_size: int = 512
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    max_positions: int = 128
+    # Task (workflows/arithmetic.py knobs).
+    max_digits: int = 2
+    ops: str = "+"
+    # Warm start.
+    batch_size: int = 64
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    max_steps: int = 2000
+    eval_every: int = 25
+    eval_problems: int = 200
+    target_accuracy: float = 0.25
+    heldout_problems: int = 400
+    threads: int = 2  # fixed so a seed reproduces the same weights on this box
+
+    def key(self, seed: int) -> str:
+        blob = json.dumps({"spec": dataclasses.asdict(self), "seed": seed, "v": FORMAT_VERSION}, sort_keys=True)
+        return f"{self.name}-s{seed}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def cache_root() -> Path:
+    env = os.environ.get("ASTRAFLOW_CACHE")
+    base = Path(env) if env else Path.home() / ".cache" / "astraflow"
+    return base / "models"
+
+
+def ensure_tiny_model(cache_dir: str | Path | None = None, seed: int = 0, spec: TinyModelSpec | None = None) -> Path:
+    """Path of the cached tiny model for ``seed``, building it first if absent."""
+    spec = spec or TinyModelSpec()
+    root = Path(cache_dir) if cache_dir else cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / spec.key(seed)
+    if (final / MARKER).exists():
+        return final
+    with _file_lock(root / f".{spec.key(seed)}.lock"):
+        if (final / MARKER).exists():  # another process built it while we waited
+            return final
+        tmp = root / f".tmp-{spec.key(seed)}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        build_tiny_model(tmp, seed=seed, spec=spec)
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+    return final
+
+
+@contextmanager
+def _file_lock(path: Path):
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _model_config(spec: TinyModelSpec):
+    from transformers import Qwen3Config
+
+    vocab = char_tokenizer.vocab()
+    return Qwen3Config(
+        # Rounded up to a multiple of 8 for friendlier GPU kernels; extra rows are unused.
+        vocab_size=int(math.ceil(len(vocab) / 8) * 8),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.hidden_size // spec.num_heads,
+        max_position_embeddings=spec.max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=vocab[char_tokenizer.PAD],
+        eos_token_id=vocab[char_tokenizer.EOS],
+        bos_token_id=vocab[char_tokenizer.BOS],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+
+
+def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec | None = None, log=print) -> dict:
+    """Build, warm-start and save the model into ``out_dir``; return the report that is
+    also written to ``out_dir/bootstrap.json``."""
+    from transformers import AutoTokenizer, Qwen3ForCausalLM
+
+    from astraflow.workflows.arithmetic import evaluate, generate_problems
+
+    from .cpu import CpuEngine
+
+    spec = spec or TinyModelSpec()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    prev_threads = torch.get_num_threads()
+    torch.set_num_threads(spec.threads)
+    try:
+        char_tokenizer.save_tokenizer(out, model_max_length=spec.max_positions)
+        tokenizer = AutoTokenizer.from_pretrained(str(out))
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(_model_config(spec))
+        n_params = sum(p.numel() for p in model.parameters())
+
+        task = {"max_digits": spec.max_digits, "ops": spec.ops}
+        pool = generate_problems(20_000, seed=seed, split="train", **task)
+        val = generate_problems(spec.eval_problems, seed=seed + 1, split="train", unique=True, **task)
+        inputs, labels = _encode_pool(pool, tokenizer)
+
+        opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=0.01)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / spec.warmup_steps))
+        gen = torch.Generator().manual_seed(seed)
+        engine = CpuEngine(model)
+        val_acc, step, curve = 0.0, 0, []
+        while step < spec.max_steps:
+            model.train()
+            idx = torch.randint(len(pool), (spec.batch_size,), generator=gen)
+            loss = _sft_loss(model, inputs[idx], labels[idx], tokenizer.pad_token_id)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            step += 1
+            if step % spec.eval_every == 0:
+                model.eval()
+                val_acc = evaluate(engine, tokenizer, val, k=1, temperature=0.0)
+                curve.append((step, round(loss.item(), 4), val_acc))
+                log(f"bootstrap step {step:5d} loss {loss.item():.4f} val exact-match {val_acc:.3f}")
+                if val_acc >= spec.target_accuracy:
+                    break
+
+        model.eval()
+        heldout = generate_problems(spec.heldout_problems, seed=seed, split="heldout", unique=True, **task)
+        greedy = evaluate(engine, tokenizer, heldout, k=1, temperature=0.0)
+        sampled = evaluate(engine, tokenizer, heldout, k=4, temperature=0.6, seed=seed)
+        model.save_pretrained(str(out), safe_serialization=True)
+        add_legacy_config_keys(out)
+        report = {
+            "name": spec.name,
+            "key": spec.key(seed),
+            "seed": seed,
+            "spec": dataclasses.asdict(spec),
+            "parameters": n_params,
+            "sft_steps": step,
+            "val_accuracy": val_acc,
+            "heldout_accuracy_greedy": greedy,
+            "heldout_accuracy_t0.6_k4": sampled,
+            "curve": curve,
+            "build_seconds": round(time.perf_counter() - started, 1),
+            "format_version": FORMAT_VERSION,
+        }
+        (out / MARKER).write_text(json.dumps(report, indent=2))
+        log(f"bootstrap done: {n_params} params, {step} steps, held-out greedy {greedy:.3f}, "
+            f"t=0.6 {sampled:.3f}, {report['build_seconds']} s -> {out}")
+        return report
+    finally:
+        torch.set_num_threads(prev_threads)
+
+
+def add_legacy_config_keys(model_dir: str | Path) -> None:
+    """Also write ``rope_theta`` / ``torch_dtype`` at the top level of ``config.json``.
+
+    transformers 5 saves them as ``rope_parameters`` / ``dtype``; servers pinned to
+    transformers 4.x (SGLang) would silently fall back to defaults without the old keys.
+    """
+    path = Path(model_dir) / "config.json"
+    cfg = json.loads(path.read_text())
+    rope = cfg.get("rope_parameters") or {}
+    if "rope_theta" in rope:
+        cfg.setdefault("rope_theta", rope["rope_theta"])
+    if "dtype" in cfg:
+        cfg.setdefault("torch_dtype", cfg["dtype"])
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def _encode_pool(pool, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``prompt + answer + <eos>`` rows; labels are -100 on the prompt."""
+    # One batched call: encoding 20k strings one by one costs seconds.
+    prompts = tokenizer([p.prompt for p in pool], add_special_tokens=False)["input_ids"]
+    answers = tokenizer([p.answer for p in pool], add_special_tokens=False)["input_ids"]
+    eos = tokenizer.eos_token_id
+    width = max(len(p) + len(a) + 1 for p, a in zip(prompts, answers))
+    inputs = torch.full((len(pool), width), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full((len(pool), width), -100, dtype=torch.long)
+    for i, (p, a) in enumerate(zip(prompts, answers)):
+        row = p + a + [eos]
+        inputs[i, : len(row)] = torch.tensor(row)
+        labels[i, len(p) : len(row)] = torch.tensor(a + [eos])
+    return inputs, labels
+
+
+def _sft_loss(model, inputs: torch.Tensor, labels: torch.Tensor, pad_id: int) -> torch.Tensor:
+    # Trim all-padding columns of this batch; right padding needs no attention mask
+    # because causal attention never looks right.
+    width = int((inputs != pad_id).sum(-1).max())
+    logits = model(input_ids=inputs[:, :width]).logits[:, :-1]
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:width].reshape(-1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``astraflow model init|info``."""
+    parser = argparse.ArgumentParser(prog="astraflow model", description="Tiny-model bootstrap.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    init = sub.add_parser("init", help="build (or reuse from cache) the warm-started tiny model")
+    init.add_argument("--out", type=Path, help="also copy the model to this directory")
+    init.add_argument("--seed", type=int, default=0)
+    init.add_argument("--cache-dir", type=Path, help="models cache (default $ASTRAFLOW_CACHE/models)")
+    init.add_argument("--target-accuracy", type=float, default=TinyModelSpec.target_accuracy)
+    init.add_argument("--max-steps", type=int, default=TinyModelSpec.max_steps)
+    init.add_argument("--force", action="store_true", help="rebuild even if cached")
+    info = sub.add_parser("info", help="print a model directory's bootstrap report")
+    info.add_argument("path", type=Path)
+    args = parser.parse_args(argv)
+
+    if args.command == "info":
+        marker = args.path / MARKER
+        if not marker.exists():
+            print(f"{marker} not found: not a bootstrapped model directory", file=sys.stderr)
+            return 2
+        print(marker.read_text())
+        return 0
+
+    spec = dataclasses.replace(TinyModelSpec(), target_accuracy=args.target_accuracy, max_steps=args.max_steps)
+    root = args.cache_dir or cache_root()
+    if args.force:
+        shutil.rmtree(Path(root) / spec.key(args.seed), ignore_errors=True)
+    path = ensure_tiny_model(root, seed=args.seed, spec=spec)
+    if args.out:
+        if args.out.exists() and any(args.out.iterdir()):
+            print(f"--out {args.out} exists and is not empty; choose an empty directory", file=sys.stderr)
+            return 2
+        shutil.copytree(path, args.out, dirs_exist_ok=True)
+        path = args.out
+    report = json.loads((path / MARKER).read_text())
+    print(f"model: {path}")
+    print(f"parameters: {report['parameters']}  sft steps: {report['sft_steps']}  "
+          f"held-out exact match: greedy {report['heldout_accuracy_greedy']:.3f}, "
+          f"t=0.6 {report['heldout_accuracy_t0.6_k4']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

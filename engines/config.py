@@ -1,0 +1,143 @@
+"""Typed engine configuration: the ``rollout`` and ``trainer`` sections of a job config.
+
+Owns the keys, their defaults, validation, and ``from_dict`` that rejects unknown keys by
+name. ``factory.py`` turns these into engines; nothing else reads raw dicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from .losses import LOSS_PARAMS
+
+__all__ = ["RolloutConfig", "SGLangConfig", "TrainerConfig", "from_dict"]
+
+T = TypeVar("T")
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any] | T | None, where: str = "config") -> T:
+    """Build dataclass ``cls`` from a mapping; an unknown key is an error naming it."""
+    if data is None:
+        return cls()
+    if isinstance(data, cls):
+        return data
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(names)}")
+    kwargs = dict(data)
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        nested = {"SGLangConfig": SGLangConfig}.get(str(f.type))
+        if nested and f.name in kwargs:
+            kwargs[f.name] = from_dict(nested, kwargs[f.name], f"{where}.{f.name}")
+    return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class SGLangConfig:
+    """Server options for ``kind: sglang``."""
+
+    host: str = field(default="127.0.0.1", metadata={"help": "interface the server binds"})
+    port: int = field(default=0, metadata={"help": "0 picks a free port"})
+    url: str = field(default="", metadata={"help": "use an already running server; launch nothing"})
+    tp_size: int = 1
+    mem_fraction_static: float = 0.8
+    weight_transport: str = field(default="disk", metadata={"help": "disk | tensor"})
+    weights_dir: str = field(default="", metadata={"help": "where disk updates are written (default: a temp dir)"})
+    server_module: str = field(default="sglang.launch_server", metadata={"help": "module run with python -m (tests point it at a stub)"})
+    send_seed: bool = field(default=False, metadata={"help": "pass SamplingParams.seed as sampling_seed (needs an SGLang that accepts it)"})
+    startup_timeout_s: float = 600.0
+    request_timeout_s: float = 600.0
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.weight_transport not in ("disk", "tensor"):
+            raise ValueError(f"sglang.weight_transport must be 'disk' or 'tensor', got {self.weight_transport!r}")
+        object.__setattr__(self, "extra_args", tuple(self.extra_args))
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """``rollout:`` section.
+
+    Keys: ``kind`` (cpu | sglang), ``model_path`` (HF directory; empty = the bootstrapped
+    tiny model), ``threads`` (CPU engine torch threads; 0 = leave torch's default),
+    ``seed`` (bootstrap seed when ``model_path`` is empty), ``sglang`` (SGLangConfig).
+    """
+
+    kind: str = "cpu"
+    model_path: str = ""
+    threads: int = 0
+    seed: int = 0
+    sglang: SGLangConfig = field(default_factory=SGLangConfig)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("cpu", "sglang"):
+            raise ValueError(f"rollout.kind must be 'cpu' or 'sglang', got {self.kind!r}")
+        if self.threads < 0:
+            raise ValueError(f"rollout.threads must be >= 0, got {self.threads}")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """``trainer:`` section (DeepSpeed).
+
+    Keys: ``model_path`` (empty = bootstrapped tiny model), ``zero_stage`` (0-3),
+    ``lr``, ``weight_decay``, ``betas``, ``warmup_steps`` (linear warm-up),
+    ``lr_schedule`` (constant | cosine), ``total_steps`` (cosine horizon),
+    ``grad_clip`` (max global grad norm; 0 disables), ``token_budget`` (padded tokens per
+    micro-batch), ``loss`` (grpo | ppo | decoupled_ppo | m2po), ``loss_params`` (e.g.
+    ``clip_eps``, ``clip_eps_high``, ``iw_cap``, ``tau``), ``aggregation`` (token |
+    sequence), ``normalize_std`` (GRPO std normalisation), ``kl_coef`` and
+    ``kl_estimator`` (k1 | k3; a frozen copy of the initial weights is the reference),
+    ``temperature`` (rollout temperature, so trainer logprobs match the sampler's),
+    ``seed``, ``device`` (auto | cpu | cuda), ``bf16`` (GPU only), ``threads``.
+    """
+
+    model_path: str = ""
+    zero_stage: int = 0
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 0
+    lr_schedule: str = "constant"
+    total_steps: int = 0
+    grad_clip: float = 1.0
+    token_budget: int = 4096
+    loss: str = "grpo"
+    loss_params: Mapping[str, float] = field(default_factory=dict)
+    aggregation: str = "token"
+    normalize_std: bool = True
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    temperature: float = 1.0
+    seed: int = 0
+    device: str = "auto"
+    bf16: bool = True
+    threads: int = 0
+
+    def __post_init__(self) -> None:
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"trainer.zero_stage must be 0..3, got {self.zero_stage}")
+        if self.loss not in LOSS_PARAMS:
+            raise ValueError(f"trainer.loss must be one of {sorted(LOSS_PARAMS)}, got {self.loss!r}")
+        bad = sorted(set(self.loss_params) - LOSS_PARAMS[self.loss])
+        if bad:
+            raise ValueError(f"trainer.loss_params: {bad} do not apply to loss {self.loss!r}; allowed: {sorted(LOSS_PARAMS[self.loss])}")
+        if self.aggregation not in ("token", "sequence"):
+            raise ValueError(f"trainer.aggregation must be 'token' or 'sequence', got {self.aggregation!r}")
+        if self.kl_estimator not in ("k1", "k3"):
+            raise ValueError(f"trainer.kl_estimator must be 'k1' or 'k3', got {self.kl_estimator!r}")
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"trainer.lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
+        if self.lr_schedule == "cosine" and self.total_steps <= 0:
+            raise ValueError("trainer.lr_schedule 'cosine' needs trainer.total_steps > 0")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"trainer.device must be auto | cpu | cuda, got {self.device!r}")
+        if self.token_budget < 1 or self.temperature <= 0:
+            raise ValueError("trainer.token_budget must be >= 1 and trainer.temperature > 0")
+        object.__setattr__(self, "betas", tuple(self.betas))
+        object.__setattr__(self, "loss_params", dict(self.loss_params))

@@ -1,0 +1,300 @@
+"""SGLang rollout engine: an SGLang server subprocess behind the ``RolloutEngine`` API.
+
+Owns the server's lifecycle (``python -m sglang.launch_server`` in its own process group,
+health wait, clean stop) and the HTTP calls the RL loop needs:
+
+* ``POST /generate`` with ``input_ids``, ``sampling_params`` and ``return_logprob``;
+* ``POST /update_weights_from_disk`` (the node writes a safetensors copy of the new
+  weights next to the base model's config and tokenizer) or
+  ``POST /update_weights_from_tensor`` (same-host tensor handles, needs ``sglang``
+  importable here), each with ``weight_version`` so the server reports it;
+* ``POST /pause_generation`` / ``POST /continue_generation`` around a refresh;
+* ``GET /model_info`` (``weight_version``; older servers: ``/get_model_info``).
+
+Only the standard library is used for HTTP, so this module imports without ``sglang``
+installed (the ``gpu`` extra). The CPU test suite runs it against a stub that
+implements exactly these request/response shapes (``tests/engines/sglang_stub.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from .base import Generation, NamedTensors, RolloutEngine, SamplingParams, iter_named_tensors
+from .config import SGLangConfig
+
+__all__ = ["SGLangEngine", "SGLangError", "sampling_params_json", "parse_generation"]
+
+# Files of the base model a disk update directory needs besides the weights.
+_MODEL_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                     "special_tokens_map.json")
+
+
+class SGLangError(RuntimeError):
+    """The server failed to start, answered with an error, or reported ``success: false``.
+
+    ``retriable`` is true for connection problems and 5xx answers (a restart may help),
+    false for requests the server rejected as malformed.
+    """
+
+    def __init__(self, message: str, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+def sampling_params_json(params: SamplingParams) -> dict:
+    """SamplingParams in SGLang's names (``top_k = -1`` disables top-k there)."""
+    return {
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k > 0 else -1,
+        "max_new_tokens": params.max_new_tokens,
+        "stop_token_ids": list(params.stop_token_ids),
+        # Keep the stop token in the output, as the CPU engine does.
+        "no_stop_trim": True,
+    }
+
+
+def parse_generation(prompt: Sequence[int], item: dict, version: int) -> Generation:
+    """One ``/generate`` result -> ``Generation``.
+
+    Tokens come from ``meta_info.output_token_logprobs`` (``[logprob, token_id, text]``
+    triples), which pairs every token with its logprob; ``output_ids`` must agree.
+    """
+    meta = item.get("meta_info") or {}
+    triples = meta.get("output_token_logprobs")
+    if triples is None:
+        raise SGLangError("/generate answered without meta_info.output_token_logprobs; was return_logprob sent?")
+    tokens = tuple(int(t[1]) for t in triples)
+    logprobs = tuple(float(t[0]) for t in triples)
+    out_ids = item.get("output_ids")
+    if out_ids is not None and tuple(int(t) for t in out_ids) != tokens:
+        raise SGLangError(f"output_ids {out_ids} disagree with output_token_logprobs tokens {list(tokens)}")
+    finish = (meta.get("finish_reason") or {}).get("type", "length")
+    if finish == "abort":
+        raise SGLangError(f"generation aborted by the server: {meta.get('finish_reason')}", retriable=True)
+    return Generation(
+        prompt_ids=tuple(int(x) for x in prompt),
+        tokens=tokens,
+        logprobs=logprobs,
+        finish_reason="stop" if finish == "stop" else "length",
+        version=version,
+    )
+
+
+class SGLangEngine(RolloutEngine):
+    """Rollout through one SGLang server (launched here unless ``cfg.url`` is set)."""
+
+    def __init__(self, model_path: str | Path, cfg: SGLangConfig | None = None, version: int = 0) -> None:
+        self.cfg = cfg or SGLangConfig()
+        self.model_path = Path(model_path)
+        self._version = version
+        self._proc: subprocess.Popen | None = None
+        self._log_path: Path | None = None
+        self._weights_root = Path(self.cfg.weights_dir) if self.cfg.weights_dir else Path(tempfile.mkdtemp(prefix="af-sglang-w-"))
+        self._own_weights_root = not self.cfg.weights_dir
+        if self.cfg.url:
+            self.base_url = self.cfg.url.rstrip("/")
+        else:
+            port = self.cfg.port or _free_port(self.cfg.host)
+            self.base_url = f"http://{self.cfg.host}:{port}"
+            self._launch(port)
+        try:
+            self._wait_healthy(self.cfg.startup_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    # --- RolloutEngine -----------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        if not prompts:
+            return []
+        base = sampling_params_json(params)
+        if self.cfg.send_seed and params.seed is not None:
+            sampling: dict | list = [dict(base, sampling_seed=params.seed + i) for i in range(len(prompts))]
+        else:
+            sampling = base
+        body = {"input_ids": [list(map(int, p)) for p in prompts], "sampling_params": sampling, "return_logprob": True}
+        answer = self._post("/generate", body)
+        if not isinstance(answer, list) or len(answer) != len(prompts):
+            raise SGLangError(f"/generate returned {type(answer).__name__} of length "
+                              f"{len(answer) if isinstance(answer, list) else '-'} for {len(prompts)} prompts")
+        return [parse_generation(p, item, self._version) for p, item in zip(prompts, answer)]
+
+    def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        """Pause generation, load the weights as ``version``, continue."""
+        self.pause()
+        try:
+            if self.cfg.weight_transport == "disk":
+                path = self.write_weights(named_tensors, version)
+                answer = self._post("/update_weights_from_disk", {
+                    "model_path": str(path), "weight_version": str(version), "flush_cache": True,
+                })
+            else:
+                answer = self._post("/update_weights_from_tensor", {
+                    "serialized_named_tensors": _serialize_for_tensor_update(named_tensors, self.cfg.tp_size),
+                    "weight_version": str(version), "flush_cache": True,
+                })
+            if not answer.get("success", False):
+                raise SGLangError(f"weight update to version {version} failed: {answer.get('message')}")
+        finally:
+            self.resume()
+        self._version = version
+        self._prune_weight_dirs(keep=version)
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            # The server spawns scheduler/detokenizer children: stop the whole group.
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=10)
+        if self._own_weights_root:
+            shutil.rmtree(self._weights_root, ignore_errors=True)
+
+    # --- SGLang-specific ---------------------------------------------------------
+
+    def pause(self) -> None:
+        # "retract" puts running requests back in the queue; they resume with new weights.
+        self._post("/pause_generation", {"mode": "retract"})
+
+    def resume(self) -> None:
+        self._post("/continue_generation", {})
+
+    def server_version(self) -> str:
+        """The weight version the server itself reports."""
+        for path in ("/model_info", "/get_model_info"):
+            try:
+                info = self._get(path)
+            except SGLangError as err:
+                if "HTTP 404" in str(err):
+                    continue
+                raise
+            return str(info["weight_version"])
+        raise SGLangError("server exposes neither /model_info nor /get_model_info")
+
+    def write_weights(self, named_tensors: NamedTensors, version: int) -> Path:
+        """A loadable model directory for ``version``: base config/tokenizer files plus
+        ``model.safetensors`` with the given tensors (written atomically)."""
+        from safetensors.torch import save_file
+
+        target = self._weights_root / f"v{version}"
+        tmp = self._weights_root / f".v{version}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name in _MODEL_SIDE_FILES:
+            if (self.model_path / name).exists():
+                shutil.copy2(self.model_path / name, tmp / name)
+        tensors = {n: t.detach().to("cpu").contiguous() for n, t in iter_named_tensors(named_tensors)}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "af_version": str(version)})
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(tmp, target)
+        return target
+
+    # --- internals ---------------------------------------------------------------
+
+    def _launch(self, port: int) -> None:
+        log_dir = Path(tempfile.mkdtemp(prefix="af-sglang-log-"))
+        self._log_path = log_dir / "server.log"
+        cmd = [
+            sys.executable, "-m", self.cfg.server_module,
+            "--model-path", str(self.model_path),
+            "--host", self.cfg.host, "--port", str(port),
+            "--tp-size", str(self.cfg.tp_size),
+            "--mem-fraction-static", str(self.cfg.mem_fraction_static),
+            "--weight-version", str(self._version),
+            *self.cfg.extra_args,
+        ]
+        with open(self._log_path, "wb") as log:
+            self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise SGLangError(f"SGLang server exited with code {self._proc.returncode} during startup; "
+                                  f"log tail:\n{self._log_tail()}")
+            try:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+                    last = f"HTTP {resp.status}"
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as err:
+                last = str(err)
+            time.sleep(0.5)
+        raise SGLangError(f"SGLang server at {self.base_url} not healthy after {timeout_s:.0f} s ({last}); "
+                          f"log tail:\n{self._log_tail()}", retriable=True)
+
+    def _log_tail(self, n: int = 4000) -> str:
+        if self._log_path is None or not self._log_path.exists():
+            return "(no log: external server)"
+        return self._log_path.read_bytes()[-n:].decode(errors="replace")
+
+    def _post(self, path: str, body: dict):
+        data = json.dumps(body).encode()
+        req = urllib.request.Request(self.base_url + path, data=data, headers={"Content-Type": "application/json"})
+        return self._send(req, path)
+
+    def _get(self, path: str):
+        return self._send(urllib.request.Request(self.base_url + path), path)
+
+    def _send(self, req: urllib.request.Request, path: str):
+        try:
+            with urllib.request.urlopen(req, timeout=self.cfg.request_timeout_s) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as err:
+            detail = err.read()[:2000].decode(errors="replace")
+            raise SGLangError(f"{path}: HTTP {err.code}: {detail}", retriable=err.code >= 500) from err
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
+            raise SGLangError(f"{path}: cannot reach {self.base_url}: {err}", retriable=True) from err
+        return json.loads(raw) if raw else {}
+
+    def _prune_weight_dirs(self, keep: int) -> None:
+        # The server has loaded the weights; older copies only take disk space.
+        for d in self._weights_root.glob("v*"):
+            if d.name != f"v{keep}":
+                shutil.rmtree(d, ignore_errors=True)
+
+
+def _serialize_for_tensor_update(named_tensors: NamedTensors, tp_size: int) -> list[str]:
+    """SGLang's same-host tensor transport: one ``MultiprocessingSerializer`` string per TP
+    rank (every rank gets the full tensors and shards them itself)."""
+    try:
+        from sglang.srt.utils import MultiprocessingSerializer
+    except ImportError as err:  # pragma: no cover - needs the gpu extra
+        raise SGLangError("weight_transport 'tensor' needs sglang installed in this process; use 'disk'") from err
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    pairs = [(n, t.detach().to(device)) for n, t in iter_named_tensors(named_tensors)]
+    return [MultiprocessingSerializer.serialize(pairs, output_str=True) for _ in range(tp_size)]
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

@@ -1,0 +1,118 @@
+"""The whole job, end to end, on the real broker: separate processes, only Kafka between them."""
+
+from __future__ import annotations
+
+import base64
+import glob
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from astraflow.actors.common import job_topics
+from astraflow.chaos.invariants import audit, read_topic
+from astraflow.launcher import run_job
+from astraflow.topics import DeadLetter, Producer, ensure_topics
+
+pytestmark = pytest.mark.slow
+
+
+def _inject_bad_records(bootstrap, topics, policy):
+    """Garbage on the task and trajectory topics before the job starts: must reach the DLQ."""
+    ensure_topics(bootstrap, topics.specs())
+    p = Producer(bootstrap, client_id="vandal")
+    p.send_raw(topics.tasks(policy), b"\x00garbage", key=b"bad-task", headers=[("af-type", b"task")]).get(10)
+    p.send_raw(topics.trajectories, b'{"task_id": 1}', key=b"bad-traj",
+               headers=[("af-type", b"trajectory-group"), ("af-schema", b"7")]).get(10)
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def finished_run(bootstrap, tmp_path_factory):
+    """One short async run shared by the assertions below."""
+    from .conftest import ROOT, SMALL, _merge  # noqa: F401 - module-scoped twin of make_job_config
+    import uuid
+
+    import yaml
+
+    from astraflow.config import load_config
+    tmp = tmp_path_factory.mktemp("e2e")
+    data = _merge(yaml.safe_load((ROOT / "examples" / "arithmetic_grpo.yaml").read_text()), SMALL)
+    data.update(job=f"e2e-{uuid.uuid4().hex[:8]}", run_dir=str(tmp / "runs"))
+    data["trainer"]["steps"] = 6
+    path = tmp / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cfg = load_config(path)
+    topics = job_topics(cfg)
+    _inject_bad_records(bootstrap, topics, cfg.policy)
+    summary = run_job(cfg, bootstrap=bootstrap, run_dir=tmp / "run", progress=False, timeout_s=600)
+    return cfg, topics, summary, tmp / "run"
+
+
+def test_every_task_once_no_group_twice_staleness_bounded(finished_run, bootstrap):
+    cfg, topics, summary, _ = finished_run
+    report = audit(bootstrap, topics, cfg.policy, cfg.effective_staleness)
+    assert report.ok, report.violations
+    assert report.batches == cfg.trainer.steps
+    assert report.batched_groups == cfg.trainer.steps * cfg.dataflow.groups_per_batch
+    assert report.tasks >= report.batched_groups
+    assert report.max_staleness_seen <= cfg.effective_staleness
+    assert summary["steps_trained"] == cfg.trainer.steps
+
+
+def test_run_directory_has_summary_metrics_and_plot(finished_run):
+    cfg, _, summary, run_dir = finished_run
+    for name in ("summary.json", "metrics.jsonl", "metrics.csv", "plot.png"):
+        assert (run_dir / name).stat().st_size > 0, name
+    assert json.loads((run_dir / "summary.json").read_text())["job"] == cfg.job
+    assert set(summary["accuracy_by_version"]) >= {0, cfg.trainer.steps}
+
+
+def test_bad_records_went_to_the_dlq_and_the_run_continued(finished_run, bootstrap):
+    cfg, topics, summary, _ = finished_run
+    letters = [m for _, _, m in read_topic(bootstrap, topics.dlq) if isinstance(m, DeadLetter)]
+    by_topic = {m.source_topic: m for m in letters}
+    assert set(by_topic) == {topics.tasks(cfg.policy), topics.trajectories}
+    assert base64.b64decode(by_topic[topics.tasks(cfg.policy)].value) == b"\x00garbage"
+    assert by_topic[topics.trajectories].error_type == "UnsupportedSchema"
+    assert by_topic[topics.trajectories].offset == 0
+    assert summary["error"] is None
+
+
+def test_one_trace_connects_schedule_rollout_batch_and_train_step(finished_run):
+    _, _, _, run_dir = finished_run
+    spans = {}
+    for f in glob.glob(str(run_dir / "traces" / "*.jsonl")):
+        service = Path(f).stem.rsplit("-", 1)[0]
+        for line in open(f):
+            s = json.loads(line)
+            s["service"] = service
+            spans[s["context"]["span_id"]] = s
+    step = next(s for s in spans.values() if s["name"] == "trainer.step")
+    chain = []
+    s = step
+    while s is not None:
+        chain.append((s["service"], s["name"]))
+        s = spans.get(s["parent_id"])
+    assert [n for _, n in chain] == ["trainer.step", "dataflow.batch", "raas.rollout", "dataflow.schedule"]
+    assert [svc for svc, _ in chain] == ["trainer", "dataflow", "raas-0", "dataflow"]
+    assert len({spans[sid]["context"]["trace_id"] for sid in spans if spans[sid]["name"] in
+                {n for _, n in chain}} & {step["context"]["trace_id"]}) == 1
+    rollout = next(s for s in spans.values() if s["name"] == "raas.rollout"
+                   and any(c["parent_id"] == s["context"]["span_id"] and c["name"] == "raas.generate"
+                           for c in spans.values()))
+    kids = {c["name"] for c in spans.values() if c["parent_id"] == rollout["context"]["span_id"]}
+    assert {"raas.generate", "raas.reward"} <= kids
+    assert any(s["name"] == "weights.publish" for s in spans.values())
+    assert any(s["name"] == "raas.weights.apply" for s in spans.values())
+
+
+def test_bad_config_is_rejected_naming_key_and_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("job: x\nrollout:\n  n_sample: 4\n")
+    proc = subprocess.run([sys.executable, "-m", "astraflow", "run", str(bad)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1
+    assert f"{bad}: rollout.n_sample: unknown key" in proc.stderr

@@ -1,0 +1,58 @@
+"""Tiny-model bootstrap: HF reload, accuracy band on held-out problems, cache, determinism."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from astraflow.engines.bootstrap import MARKER, TinyModelSpec, build_tiny_model, ensure_tiny_model, main
+
+BAND = (0.10, 0.50)
+
+
+def test_saved_model_reloads_and_accuracy_is_in_band(tiny_model_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from astraflow.engines.cpu import CpuEngine
+    from astraflow.workflows.arithmetic import evaluate, generate_problems
+
+    files = {p.name for p in tiny_model_path.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", MARKER} <= files
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_path))
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_path))
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    assert 1_000_000 <= sum(p.numel() for p in model.parameters()) <= 5_000_000
+    assert tok.eos_token_id is not None and tok.pad_token_id is not None
+    assert tok.decode(tok.encode("12+7=19", add_special_tokens=False)) == "12+7=19"
+
+    spec = TinyModelSpec()
+    heldout = generate_problems(300, seed=99, split="heldout", unique=True, max_digits=spec.max_digits, ops=spec.ops)
+    acc = evaluate(CpuEngine(model), tok, heldout, k=1, temperature=0.0)
+    assert BAND[0] <= acc <= BAND[1], acc
+    report = json.loads((tiny_model_path / MARKER).read_text())
+    assert BAND[0] <= report["heldout_accuracy_greedy"] <= BAND[1]
+
+
+def test_cache_is_reused(tiny_model_path):
+    again = ensure_tiny_model()
+    assert again == tiny_model_path
+
+
+def test_build_is_reproducible_from_seed(tmp_path):
+    # A few steps are enough to show the procedure is deterministic for a seed.
+    spec = dataclasses.replace(TinyModelSpec(), max_steps=6, eval_every=3, eval_problems=16, heldout_problems=16)
+    a = build_tiny_model(tmp_path / "a", seed=3, spec=spec, log=lambda s: None)
+    b = build_tiny_model(tmp_path / "b", seed=3, spec=spec, log=lambda s: None)
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    assert a["curve"] == b["curve"]
+    c = build_tiny_model(tmp_path / "c", seed=4, spec=spec, log=lambda s: None)
+    assert (tmp_path / "c" / "model.safetensors").read_bytes() != (tmp_path / "a" / "model.safetensors").read_bytes()
+    assert c["key"] != a["key"]
+
+
+def test_cli_init_copies_cached_model(tiny_model_path, tmp_path, capsys):
+    out = tmp_path / "copy"
+    assert main(["init", "--out", str(out)]) == 0
+    assert (out / "model.safetensors").read_bytes() == (tiny_model_path / "model.safetensors").read_bytes()
+    assert "held-out exact match" in capsys.readouterr().out
+    assert main(["info", str(out)]) == 0

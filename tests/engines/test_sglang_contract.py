@@ -1,0 +1,129 @@
+"""CONTRACT TEST: ``engines/sglang.py`` against a local stub of the SGLang HTTP API.
+
+The stub (``sglang_stub.py``) implements the request/response shapes of ``/health``,
+``/generate``, ``/update_weights_from_disk``, ``/update_weights_from_tensor``,
+``/pause_generation``, ``/continue_generation`` and ``/model_info``. This proves our
+client speaks that contract and manages the server process; it does not prove SGLang
+itself behaves (``benchmarks/gpu_check.sh`` does that on a GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from astraflow.engines.base import SamplingParams
+from astraflow.engines.config import SGLangConfig
+from astraflow.engines.sglang import SGLangEngine, SGLangError
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture()
+def stub_url(tiny_model_path):
+    import sglang_stub
+
+    server = sglang_stub.make_server(sglang_stub.StubState(str(tiny_model_path), "0"))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def calls(url):
+    with urllib.request.urlopen(url + "/stub/calls") as r:
+        return json.loads(r.read())
+
+
+def test_generate_request_and_response_shapes(tiny_model_path, stub_url):
+    engine = SGLangEngine(tiny_model_path, SGLangConfig(url=stub_url))
+    params = SamplingParams(temperature=0.7, top_p=0.9, top_k=0, max_new_tokens=5, stop_token_ids=(1,))
+    gens = engine.generate([[20, 21, 27], [22, 15, 23, 29]], params)
+    assert len(gens) == 2
+    for g in gens:
+        assert len(g.tokens) == len(g.logprobs) <= 5 and g.finish_reason in ("stop", "length")
+        assert g.version == 0
+    path, body = calls(stub_url)[-1]
+    assert path == "/generate"
+    assert body["input_ids"] == [[20, 21, 27], [22, 15, 23, 29]]
+    assert body["return_logprob"] is True
+    assert body["sampling_params"] == {"temperature": 0.7, "top_p": 0.9, "top_k": -1, "max_new_tokens": 5,
+                                       "stop_token_ids": [1], "no_stop_trim": True}
+    engine.close()
+
+
+def test_disk_weight_update_pauses_loads_and_reports_version(tiny_model_path, stub_url):
+    from safetensors.torch import load_file
+
+    engine = SGLangEngine(tiny_model_path, SGLangConfig(url=stub_url))
+    prompts = [[20, 21, 27]]
+    params = SamplingParams(temperature=0.0, max_new_tokens=4)
+    before = engine.generate(prompts, params)[0]
+    weights = load_file(str(tiny_model_path / "model.safetensors"))
+    weights = {k: v + 0.01 for k, v in weights.items()}
+    engine.load_weights(weights, version=7)
+    assert engine.version == 7 and engine.server_version() == "7"
+    after = engine.generate(prompts, params)[0]
+    assert after.version == 7 and after.tokens != before.tokens  # the stub's tokens depend on the version
+
+    log = calls(stub_url)
+    paths = [p for p, _ in log]
+    i = paths.index("/update_weights_from_disk")
+    assert paths[i - 1] == "/pause_generation" and paths[i + 1] == "/continue_generation"
+    upd = log[i][1]
+    assert upd["weight_version"] == "7" and upd["flush_cache"] is True
+    # The directory handed to the server holds exactly the published tensors.
+    # (It is pruned only when a newer version replaces it.)
+    written = load_file(str(Path(upd["model_path"]) / "model.safetensors"))
+    assert set(written) == set(weights)
+    torch.testing.assert_close(written["model.norm.weight"], weights["model.norm.weight"])
+    engine.close()
+    assert not Path(upd["model_path"]).exists()  # temp weight copies are cleaned up
+
+
+def test_failed_update_raises_and_still_resumes(tiny_model_path, stub_url):
+    engine = SGLangEngine(tiny_model_path, SGLangConfig(url=stub_url))
+    with pytest.raises(SGLangError, match="shape"):
+        engine.load_weights({"model.norm.weight": torch.zeros(3)}, version=2)
+    assert engine.version == 0
+    assert [p for p, _ in calls(stub_url)][-1] == "/continue_generation"
+    engine.close()
+
+
+def test_launches_server_subprocess_waits_for_health_and_stops_it(tiny_model_path, monkeypatch):
+    # The stub stands in for `python -m sglang.launch_server` (same flags).
+    monkeypatch.setenv("PYTHONPATH", str(HERE))
+    cfg = SGLangConfig(server_module="sglang_stub", startup_timeout_s=60)
+    engine = SGLangEngine(tiny_model_path, cfg, version=3)
+    proc = engine._proc
+    assert proc is not None and proc.poll() is None
+    assert engine.server_version() == "3"
+    assert len(engine.generate([[20, 21]], SamplingParams(max_new_tokens=3))[0].tokens) == 3
+    engine.close()
+    assert proc.poll() is not None
+
+
+def test_server_that_dies_at_startup_is_reported(tiny_model_path):
+    cfg = SGLangConfig(server_module="astraflow_no_such_module", startup_timeout_s=30)
+    with pytest.raises(SGLangError, match="exited"):
+        SGLangEngine(tiny_model_path, cfg)
+
+
+def test_factory_chooses_implementations(tiny_model_path, stub_url):
+    from astraflow.engines.cpu import CpuEngine
+    from astraflow.engines.factory import make_rollout_engine
+
+    cpu = make_rollout_engine({"kind": "cpu", "model_path": str(tiny_model_path), "threads": 1})
+    assert isinstance(cpu, CpuEngine)
+    cpu.close()
+    sg = make_rollout_engine({"kind": "sglang", "model_path": str(tiny_model_path), "sglang": {"url": stub_url}})
+    assert isinstance(sg, SGLangEngine)
+    sg.close()
+    with pytest.raises(ValueError, match="nope"):
+        make_rollout_engine({"kind": "cpu", "nope": 1})

@@ -1,0 +1,1 @@
+"""astraflow.workflows"""
