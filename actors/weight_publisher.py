@@ -22,8 +22,9 @@ Retention rule (the weights topic is never trimmed by time or size):
     reading the previous chain when S_n lands is not cut off, and a late joiner always
     finds the snapshot the latest announcement points to. Broker time or size limits
     cannot promise this: the trainer may pause (waiting for batches, restarting) for
-    longer than any ``retention.ms``, and a dense delta can be as large as a snapshot,
-    so no ``retention.bytes`` derived from the snapshot interval bounds the chain.
+    longer than any ``retention.ms``; and since a dense delta can be as large as a
+    snapshot, the only safe ``retention.bytes`` is 2 * (K + 1) snapshots (K =
+    ``snapshot_every``), mostly wasted disk when deltas are sparse.
     The log holds at most two snapshots and two intervals of deltas, plus the rest of
     one segment (``segment.bytes`` is 64 MiB: Kafka frees disk a segment at a time).
 
@@ -203,8 +204,10 @@ class WeightPublisher:
 
         ``named`` must not be modified afterwards (the trainer's ``named_weights()`` returns
         fresh CPU copies): it is encoded later and kept as the next delta's base.
-        ``snapshot=True`` also writes a full snapshot of this version.
-        Raises the :class:`WeightPublishError` of an earlier version that failed; this
+        ``snapshot=True`` also writes a full snapshot of this version. The
+        ``weights.publish`` span's parent is ``trace_context``, else the caller's current
+        context (the trainer's step span), captured here because the work runs on another
+        thread. Raises the :class:`WeightPublishError` of an earlier version that failed; this
         version is then not enqueued.
         """
         self._raise_error()
@@ -212,7 +215,8 @@ class WeightPublisher:
             raise RuntimeError(f"weight publisher of {self.policy!r} is closed")
         with self._cond:
             self._pending += 1
-        self._queue.put(_Job(named, version, snapshot, trace_context))
+        ctx = trace_context if trace_context is not None else otel_context.get_current()
+        self._queue.put(_Job(named, version, snapshot, ctx))
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every handed-over version is announced (or failed, which is raised)."""

@@ -241,9 +241,7 @@ class WeightSubscriber:
 
     def _report_recovery(self, head: VersionAnnouncement, path: str) -> None:
         if self._unrecovered:
-            self._unrecovered = False
-            self._fault(f"recovered: reached version {head.version} through the {path}")
-            self._unrecovered = False
+            self._fault(f"recovered: reached version {head.version} through the {path}", recovered=True)
 
     def _delta_steps(self, head: VersionAnnouncement) -> list[tuple[int, ChunkManifest]] | None:
         """The deltas from the held version to ``head``, or None when there is no such path."""
@@ -368,10 +366,11 @@ class WeightSubscriber:
                 raise _PathFailed(f"version {head.version} assembled with digest {digest[:16]}…, announced "
                                   f"{head.checksum[:16]}…; dropped the held weights")
 
-    def _fault(self, report: str) -> None:
+    def _fault(self, report: str, *, recovered: bool = False) -> None:
+        """Record a fault report (or, with ``recovered``, the recovery that follows faults)."""
         report = f"{self.node_id}: {report}"
         log.warning("%s", report)
         with self._lock:
             self._faults.append(report)
             del self._faults[:-_MAX_FAULTS]
-        self._unrecovered = True
+        self._unrecovered = not recovered

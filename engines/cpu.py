@@ -5,23 +5,25 @@ model is any ``AutoModelForCausalLM`` checkpoint (the tiny Qwen3 by default), so
 same directory is servable by SGLang on GPUs.
 
 Why not ``model.generate``: it keeps finished rows in the batch until the longest one is
-done, runs a generic logits-processor / stopping-criteria pipeline every step and, to
-return logprobs, materialises full-vocabulary scores for every step. This loop drops
-finished rows from the KV cache, computes only last-position logits, and returns the
-sampled token's logprob directly (``benchmarks/engine_throughput.py`` measures the gap).
+done, grows its KV cache by concatenation (copying the whole cache every token), runs a
+generic logits-processor / stopping-criteria pipeline every step and, to return
+logprobs, keeps full-vocabulary scores for every step. This loop drops finished rows,
+writes into a preallocated KV buffer (``kv_cache.py``), computes only last-position
+logits, and returns the sampled token's logprob directly
+(``benchmarks/engine_throughput.py`` measures the gap).
 """
 
 from __future__ import annotations
 
-import os
 import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from .base import Generation, NamedTensors, RolloutEngine, SamplingParams, iter_named_tensors
+from .kv_cache import preallocated_cache
 from .sampling import sample
 
 __all__ = ["CpuEngine"]
@@ -98,7 +100,7 @@ class CpuEngine(RolloutEngine):
         positions = (mask.cumsum(-1) - 1).clamp_(min=0)
         padded = bool((mask == 0).any())
 
-        cache = DynamicCache(config=self.model.config)
+        cache = preallocated_cache(self.model.config.num_hidden_layers, width + params.max_new_tokens)
         out = self.model(
             input_ids=ids,
             attention_mask=mask if padded else None,
@@ -157,7 +159,3 @@ class CpuEngine(RolloutEngine):
         if self._closed:
             raise RuntimeError("CpuEngine is closed")
 
-
-def default_threads() -> int:
-    """Half the visible cores (at least one): rollout shares the box with the trainer."""
-    return max(1, (os.cpu_count() or 2) // 2)

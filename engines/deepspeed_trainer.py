@@ -146,6 +146,7 @@ class DeepSpeedTrainer(TrainEngine):
                     acc(name, (stats[name] * mask).sum())
         # Without ZeRO, DeepSpeed clips but does not record the norm; measure it here.
         pre_norm = self._grad_norm() if self.cfg.zero_stage == 0 else None
+        lr = float(self.scheduler.get_last_lr()[0])  # the rate this step applies
         self.engine.step()
         self._step += 1
 
@@ -154,7 +155,7 @@ class DeepSpeedTrainer(TrainEngine):
         metrics = {
             "step": float(self._step),
             "loss": sums["loss"],
-            "lr": float(self.scheduler.get_last_lr()[0]) if self.scheduler else self.cfg.lr,
+            "lr": lr,
             "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
             "entropy": sums["entropy"] / n_tokens,
             "behav_logp_gap": sums["behav_logp_gap"] / n_tokens,

@@ -227,9 +227,11 @@ class SGLangEngine(RolloutEngine):
             "--host", self.cfg.host, "--port", str(port),
             "--tp-size", str(self.cfg.tp_size),
             "--mem-fraction-static", str(self.cfg.mem_fraction_static),
-            "--weight-version", str(self._version),
             *self.cfg.extra_args,
         ]
+        if self._version:
+            # Resuming at a later version: the server should report it from the start.
+            cmd += ["--weight-version", str(self._version)]
         with open(self._log_path, "wb") as log:
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 

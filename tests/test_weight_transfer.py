@@ -106,21 +106,24 @@ def test_followers_late_joiners_and_gappy_nodes_hold_the_trainers_bits(bootstrap
         for v in range(1, 11):
             trainer.step()
             history[v] = trainer.named_weights()
-            with tracer.start_as_current_span("trainer.step"):
-                pub.publish(history[v], v, otel_context.get_current())
+            with tracer.start_as_current_span("trainer.step") as step_span:
+                # Odd versions pass the context, even ones rely on the caller's current span.
+                pub.publish(history[v], v, otel_context.get_current() if v % 2 else None)
             pub.flush(WAIT)
             assert pub.last_announced == v
-            # Step in lockstep so "follower" really sees every version on its own.
-            assert follower.wait_for(v, WAIT), follower.faults
+            # Step in lockstep so the followers really see every version on their own.
+            for sub in (follower, late_on_chain):
+                assert sub is None or sub.wait_for(v, WAIT), sub.faults
             if v == 2:
                 assert gappy.wait_for(2, WAIT)
                 gappy_weights = gappy.weights()
                 gappy.close()
-            if v == 6:
-                # A node holding version 5 joins while the chain is snapshot 4 + deltas 5, 6.
+            if v == 7:
+                # A node that holds version 5 missed deltas 6 and 7, which are still on the
+                # chain (snapshot 4 + deltas 5, 6, 7): it catches up on deltas alone.
                 late_on_chain = WeightSubscriber(bootstrap, job_topics, "policy", initial=history[5],
                                                  initial_version=5, node_id="on-chain").start()
-                assert late_on_chain.wait_for(6, WAIT)
+                assert late_on_chain.wait_for(7, WAIT)
         # Back after missing 3..10 (snapshot 8 is newer than what it holds), and a new node.
         gappy = WeightSubscriber(bootstrap, job_topics, "policy", initial=gappy_weights, initial_version=2,
                                  node_id="gappy").start()
@@ -135,7 +138,7 @@ def test_followers_late_joiners_and_gappy_nodes_hold_the_trainers_bits(bootstrap
         # The follower took one snapshot (it started with nothing) and then only deltas,
         # even across the snapshots at 4 and 8.
         assert follower.path_counts == {"snapshot": 1, "delta": 10}
-        assert late_on_chain.path_counts == {"snapshot": 0, "delta": 1 + 4}  # 6, then 7..10
+        assert late_on_chain.path_counts == {"snapshot": 0, "delta": 2 + 3}  # 6 and 7, then 8..10
         assert gappy.path_counts == {"snapshot": 1, "delta": 2}  # snapshot 8, deltas 9 and 10
         assert late.path_counts == {"snapshot": 1, "delta": 2}
 
@@ -162,7 +165,9 @@ def test_followers_late_joiners_and_gappy_nodes_hold_the_trainers_bits(bootstrap
             span_id = int(headers["traceparent"].decode().split("-")[2], 16)
             assert span_id in publish_spans
         last_publish = publish_spans[int(anns[-1][1]["traceparent"].decode().split("-")[2], 16)]
-        assert last_publish.parent is not None  # parented by the trainer step's context
+        assert last_publish.parent.span_id == step_span.get_span_context().span_id  # trainer step -> publish
+        step_ids = {s.context.span_id for s in exporter.get_finished_spans() if s.name == "trainer.step"}
+        assert sum(1 for s in publish_spans.values() if s.parent and s.parent.span_id in step_ids) == 10
         (apply_span,) = [s for s in exporter.get_finished_spans() if s.name == "raas.weights.apply"]
         assert apply_span.parent.span_id == last_publish.context.span_id  # publish -> apply, one trace
 
