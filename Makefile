@@ -20,7 +20,7 @@ kafka: $(STAMP)
 	$(VENV)/bin/astraflow broker fetch
 
 demo: kafka
-	$(VENV)/bin/astraflow demo
+	$(VENV)/bin/astraflow run examples/arithmetic_grpo.yaml
 
 test: kafka
 	@$(PY) -m pytest; rc=$$?; \

@@ -1,4 +1,4 @@
-"""The ``astraflow`` command line.
+"""astraflow: RL post-training of LLMs as autonomous components that share only Kafka topics.
 
 Each subcommand is a small function; heavy imports (torch, DeepSpeed) happen inside the
 commands that need them so that ``astraflow broker status`` stays instant.
@@ -84,7 +84,7 @@ def _cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
+def _cmd_roundtrip(args: argparse.Namespace) -> int:
     from astraflow.examples.topics_demo import run
     return run(args.bootstrap_servers)
 
@@ -161,9 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--bootstrap-servers", required=True)
     tp.set_defaults(func=_cmd_topics)
 
-    dm = sub.add_parser("demo", help="start a broker, create a job's topics, round-trip typed records")
+    dm = sub.add_parser("roundtrip", help="start a broker, create a job's topics, round-trip typed records (a quick check of Kafka)")
     dm.add_argument("--bootstrap-servers", help="use an existing cluster instead of the embedded broker")
-    dm.set_defaults(func=_cmd_demo)
+    dm.set_defaults(func=_cmd_roundtrip)
 
     rn = sub.add_parser("run", help="run a job: broker, dataflow, trainer and RaaS node processes, progress, run dir")
     rn.add_argument("config")

@@ -116,3 +116,17 @@ def test_bad_config_is_rejected_naming_key_and_file(tmp_path):
                           timeout=120)
     assert proc.returncode == 1
     assert f"{bad}: rollout.n_sample: unknown key" in proc.stderr
+
+
+def test_training_raises_heldout_accuracy(make_job_config, bootstrap):
+    """Sync mode: each batch is exactly the tasks scheduled at its version, so the run is
+    reproducible and the margin below is not noise (200 problems x 4 samples)."""
+    cfg = make_job_config({"mode": "sync",
+                           "rollout": {"n_samples": 8, "tasks_per_call": 8},
+                           "dataflow": {"groups_per_batch": 16},
+                           "trainer": {"steps": 80, "checkpoint_every": 40, "snapshot_every": 20},
+                           "eval": {"every": 0, "problems": 200, "k": 4}}, name="learn")
+    summary = run_job(cfg, bootstrap=bootstrap, progress=False, timeout_s=900)
+    before, after = summary["accuracy_initial"], summary["accuracy_final"]
+    assert set(summary["accuracy_by_version"]) == {0, 80}
+    assert after >= before + 0.03, summary["accuracy_by_version"]
