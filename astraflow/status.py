@@ -63,7 +63,8 @@ def job_status(bootstrap: str, job: str, policies: tuple[str, ...] = ("policy",)
             parts = probe.partitions_for_topic(topic) or set()
             tps = [TopicPartition(topic, i) for i in parts]
             ends = probe.end_offsets(tps) if tps else {}
-            committed = admin.list_group_offsets(f"raas.{p}") if tps else {}
+            group = f"raas.{p}"
+            committed = admin.list_group_offsets(group).get(group, {}) if tps else {}
             lag[p] = sum(max(0, ends[tp] - (committed[tp].offset if tp in committed and committed[tp].offset >= 0
                                             else 0)) for tp in tps)
         probe.close()
@@ -90,7 +91,8 @@ def format_status(s: dict) -> str:
         lines.append(f"  policy {p}: version {v['version']} ({v['kind']}, snapshot {v['snapshot']}, {v['age_s']}s ago)")
     if not s["versions"]:
         lines.append("  no version announced yet")
-    lines.append(f"  task lag: {s['task_lag']}")
+    lines.append(f"  task lag (offsets not yet committed by raas.<policy>, incl. transaction markers): "
+                 f"{s['task_lag']}")
     lines.append(f"  trainer: {s['trainer_train_s_total']}s training, {s['trainer_wait_s_total']}s waiting for batches")
     lines.append("  nodes:")
     for n in s["nodes"]:

@@ -130,3 +130,16 @@ def test_training_raises_heldout_accuracy(make_job_config, bootstrap):
     before, after = summary["accuracy_initial"], summary["accuracy_final"]
     assert set(summary["accuracy_by_version"]) == {0, 80}
     assert after >= before + 0.03, summary["accuracy_by_version"]
+
+
+def test_status_reads_versions_nodes_and_lag_from_the_topics(finished_run, bootstrap):
+    from astraflow.status import format_status, job_status
+    cfg, _, _, _ = finished_run
+    s = job_status(bootstrap, cfg.job, (cfg.policy,))
+    assert s["versions"][cfg.policy]["version"] == cfg.trainer.steps
+    nodes = {n["node"]: n for n in s["nodes"]}
+    assert nodes["raas-0"]["role"] == "raas" and nodes["raas-0"]["version"] >= cfg.trainer.steps - 1
+    assert nodes[f"trainer.{cfg.policy}"]["version"] == cfg.trainer.steps
+    assert s["task_lag"][cfg.policy] >= 0
+    assert s["trainer_train_s_total"] > 0
+    assert f"version {cfg.trainer.steps}" in format_status(s)
