@@ -11,6 +11,7 @@ fatal error that makes the process exit non-zero with the reason.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 import traceback
@@ -73,7 +74,12 @@ class LoopActor(pykka.ThreadingActor):
 
     # -- pykka plumbing --------------------------------------------------------------
     def on_start(self) -> None:
-        self.setup()
+        try:
+            self.setup()
+        except Exception:
+            # pykka does not call on_failure for on_start errors; the supervisor must hear of them.
+            self.on_failure(*sys.exc_info())
+            raise
         self.actor_ref.tell(_Tick())
 
     def on_receive(self, message: Any) -> Any:

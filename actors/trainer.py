@@ -39,7 +39,6 @@ class TrainerActor(LoopActor):
         self.ckpt_dir = Path(run_dir) / "checkpoints" / cfg.policy
         self.engine = self.consumer = self.producer = self.publisher = None
         self._wait_s = 0.0
-        self._last_step_end = time.monotonic()
 
     def setup(self) -> None:
         from astraflow.actors.weights import WeightPublisher
@@ -65,7 +64,7 @@ class TrainerActor(LoopActor):
         last = self.publisher.last_announced
         if last is None or last < self.engine.step:
             # The chain must start (or restart) from what this trainer holds.
-            self.publisher.publish(self.engine.named_weights(), self.engine.step, snapshot=True)
+            self.publisher.publish(self._weights(), self.engine.step, snapshot=True)
         self.metrics.emit("trainer.resumed_step", self.engine.step, step=self.engine.step)
 
     def step(self) -> None:
@@ -97,7 +96,8 @@ class TrainerActor(LoopActor):
             self.lineage.append([batch.step, d.offset])
             if self.engine.step % self.cfg.trainer.checkpoint_every == 0 or self.engine.step >= self.cfg.trainer.steps:
                 self._checkpoint()
-            self.publisher.publish(self.engine.named_weights(), self.engine.step)
+            self.publisher.publish(self._weights(), self.engine.step)
+        self._report_published()
         versions = [v for g in batch.groups for s in g.samples for v in s.versions]
         self.metrics.emit_many({
             **{f"trainer.{k}": float(v) for k, v in out.items() if isinstance(v, (int, float))},
@@ -109,6 +109,23 @@ class TrainerActor(LoopActor):
         }, step=self.engine.step)
         self._wait_s = 0.0
         self._heartbeat()
+
+    def _weights(self) -> dict:
+        """The trainer's weights as rollout engines will hold them (``trainer.publish_dtype``)."""
+        import torch
+        dtype = getattr(torch, self.cfg.trainer.publish_dtype)
+        return {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in self.engine.named_weights().items()}
+
+    def _report_published(self) -> None:
+        """Metrics for payloads the publisher finished since the last call (it runs behind us).
+
+        The trainer is the only reader of ``publisher.published``; deque pops are thread-safe."""
+        while self.publisher.published:
+            p = self.publisher.published.popleft()
+            self.metrics.emit_many({f"weights.{p.kind}_bytes": p.payload_bytes,
+                                    f"weights.{p.kind}_changed_frac": p.stats.changed_fraction,
+                                    f"weights.{p.kind}_encode_s": p.encode_s,
+                                    f"weights.{p.kind}_write_s": p.write_s}, step=p.version)
 
     def _checkpoint(self) -> None:
         state = {"step": self.engine.step, "batches_offset": self.offset, "lineage": self.lineage}

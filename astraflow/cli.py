@@ -21,7 +21,7 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     from astraflow.topics import broker as b
     from astraflow.topics.runtime import libs_dir
 
-    state_path = b.state_file()
+    state_path = Path(args.state_dir) / "state.json" if args.state_dir else b.state_file()
     state = json.loads(state_path.read_text()) if state_path.exists() else None
     alive = bool(state) and b.pid_alive(state["pid"])
     if args.action == "fetch":
@@ -52,7 +52,7 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     if alive:
         print(f"broker: already running at {state['bootstrap_servers']} (pid {state['pid']})")
         return 0
-    data_dir = args.data_dir or str(b.cache_root() / "broker" / "data")
+    data_dir = args.data_dir or str(state_path.parent / "data")
     broker = b.EmbeddedBroker(data_dir, port=args.port, controller_port=args.controller_port,
                               heap=args.heap, detach=True).start()
     info = broker.info()
@@ -147,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--port", type=int, default=9092, help="client port (0: a free one)")
     br.add_argument("--controller-port", type=int, default=0, help="KRaft controller port (0: a free one)")
     br.add_argument("--heap", default="1g", help="JVM max heap")
+    br.add_argument("--state-dir", help="where the running broker's pid/ports are recorded "
+                                        "(default: the cache dir's broker/)")
     br.set_defaults(func=_cmd_broker)
 
     kt = sub.add_parser("kafka", help="run one of Kafka's own tools (kafka-topics, kafka-consumer-groups, "

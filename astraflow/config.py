@@ -84,6 +84,9 @@ class TrainerConfig:
     steps: int = _f(20, "optimizer steps (= policy versions) to train")
     checkpoint_every: int = _f(1, "checkpoint every K steps (with the consumed batch offset)")
     snapshot_every: int = _f(10, "full weight snapshot every K versions (sparse deltas between)")
+    publish_dtype: Literal["float32", "bfloat16", "float16"] = _f(
+        "float32", "dtype of the published weights (what rollout engines load); bfloat16 is what GPU engines hold, "
+                   "and far fewer bf16 elements change per step than fp32 ones, so deltas shrink")
     engine: EngineTrainerConfig = _f(EngineTrainerConfig(), "the DeepSpeed train engine (engines/config.py: lr, loss, "
                                                             "zero_stage, token_budget, threads, ...)")
 

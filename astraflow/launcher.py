@@ -231,12 +231,20 @@ def _write_outputs(run_dir: Path, cfg: JobConfig, state: RunState, started: floa
         "accuracy_final": acc.get(max(acc)) if acc else None,
         "trainer_train_s": round(total("trainer.train_s"), 3), "trainer_wait_s": round(total("trainer.wait_s"), 3),
         "raas_busy_s": round(total("raas.busy_s"), 3), "samples_trained": int(total("trainer.samples")),
+        "weights_delta_bytes_mean": _mean([r["value"] for r in rows if r["name"] == "weights.delta_bytes"]),
+        "weights_snapshot_bytes_mean": _mean([r["value"] for r in rows if r["name"] == "weights.snapshot_bytes"]),
+        "weights_delta_changed_frac_mean": _mean([r["value"] for r in rows
+                                                  if r["name"] == "weights.delta_changed_frac"]),
         "restarts": {p.node_id: p.restarts for p in procs if p.restarts},
         "interrupted": interrupted, "error": error,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _plot(run_dir / "plot.png", rows, cfg)
     return summary
+
+
+def _mean(xs: list[float]) -> float | None:
+    return round(sum(xs) / len(xs), 4) if xs else None
 
 
 def _plot(path: Path, rows: list[dict], cfg: JobConfig) -> None:

@@ -33,6 +33,27 @@ def test_failed_actor_is_restarted_until_it_finishes():
     assert len(starts) == 3  # two failures, then a clean run
 
 
+class BadSetup(LoopActor):
+    def __init__(self, supervisor, name, starts: list) -> None:
+        super().__init__(supervisor, name)
+        self.starts = starts
+
+    def setup(self) -> None:
+        self.starts.append(1)
+        raise OSError("cannot open the model")
+
+    def step(self) -> None:
+        raise AssertionError("never reached")
+
+
+def test_setup_failure_reaches_the_supervisor():
+    starts: list = []
+    spec = ChildSpec("bad", lambda sup, name: BadSetup.start(sup, name, starts))
+    fatal = run_supervised([spec], threading.Event(), max_restarts=1, backoff_s=0.01)
+    assert fatal is not None and "OSError: cannot open the model" in fatal
+    assert len(starts) == 2
+
+
 def test_supervisor_gives_up_after_max_restarts():
     starts: list = []
     spec = ChildSpec("doomed", lambda sup, name: Flaky.start(sup, name, starts, 100))

@@ -42,6 +42,7 @@ def finished_run(bootstrap, tmp_path_factory):
     data = _merge(yaml.safe_load((ROOT / "examples" / "arithmetic_grpo.yaml").read_text()), SMALL)
     data.update(job=f"e2e-{uuid.uuid4().hex[:8]}", run_dir=str(tmp / "runs"))
     data["trainer"]["steps"] = 6
+    data["trainer"]["publish_dtype"] = "bfloat16"  # as GPU engines hold weights: sparse deltas
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(data))
     cfg = load_config(path)
@@ -60,6 +61,12 @@ def test_every_task_once_no_group_twice_staleness_bounded(finished_run, bootstra
     assert report.tasks >= report.batched_groups
     assert report.max_staleness_seen <= cfg.effective_staleness
     assert summary["steps_trained"] == cfg.trainer.steps
+
+
+def test_weights_travel_as_sparse_bf16_deltas(finished_run):
+    _, _, summary, _ = finished_run
+    assert 0 < summary["weights_delta_changed_frac_mean"] < 1
+    assert summary["weights_delta_bytes_mean"] < summary["weights_snapshot_bytes_mean"]
 
 
 def test_run_directory_has_summary_metrics_and_plot(finished_run):
