@@ -107,6 +107,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     summary = run_job(cfg, bootstrap=args.bootstrap_servers or cfg.kafka.bootstrap_servers,
                       overrides=args.set or [], run_dir=args.run_dir, progress=not args.quiet)
     acc = summary["accuracy_by_version"]
+    if summary["interrupted"]:
+        print(f"interrupted after {summary['steps_trained']} versions; everything stopped. "
+              f"run dir: {summary['run_dir']}")
+        return 130
     print(f"done: {summary['steps_trained']} versions in {summary['wall_s']:.0f}s; held-out accuracy "
           + " -> ".join(f"v{v}:{a:.3f}" for v, a in acc.items()))
     print(f"run dir: {summary['run_dir']}")
