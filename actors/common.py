@@ -58,3 +58,15 @@ def set_threads(n: int) -> None:
     if n > 0:
         torch.set_num_threads(n)
         os.environ["OMP_NUM_THREADS"] = str(n)
+
+
+def close_quietly(*resources) -> None:
+    """Close clients/engines on the way out; one failing close must not keep the others open."""
+    import logging
+    for r in resources:
+        if r is None:
+            continue
+        try:
+            r.close()
+        except Exception:  # noqa: BLE001 - best effort during teardown
+            logging.getLogger(__name__).warning("closing %s failed", type(r).__name__, exc_info=True)

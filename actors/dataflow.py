@@ -29,11 +29,11 @@ from opentelemetry import trace
 from opentelemetry.trace import Link
 
 from astraflow.config import JobConfig
-from astraflow.topics import (Batch, Consumer, DeadLetters, Delivery, Producer, Prompt, SourceOffset, Task,
+from astraflow.topics import (Batch, Consumer, DeadLetters, Delivery, Producer, Prompt, Task,
                               TrajectoryGroup, VersionAnnouncement)
 from astraflow.topics import tracing as topic_tracing
 
-from .common import job_topics
+from .common import close_quietly, job_topics
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 
@@ -229,9 +229,5 @@ class DataflowActor(LoopActor):
         return offsets
 
     def teardown(self) -> None:
-        for c in reversed(self._clients):
-            try:
-                c.close()
-            except Exception:  # noqa: BLE001 - best effort on the way out
-                log.debug("close failed", exc_info=True)
+        close_quietly(*reversed(self._clients))
         self._clients.clear()

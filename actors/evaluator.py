@@ -16,7 +16,7 @@ import time
 from astraflow.config import JobConfig
 from astraflow.topics import Producer
 
-from .common import job_topics, make_rollout_engine, model_path, set_threads
+from .common import close_quietly, job_topics, make_rollout_engine, model_path, set_threads
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 
@@ -70,12 +70,5 @@ class EvaluatorActor(LoopActor):
             self.finished = True
 
     def teardown(self) -> None:
-        for c in (self.subscriber, self.producer):
-            if c is not None:
-                try:
-                    c.close()
-                except Exception:  # noqa: BLE001
-                    log.debug("close failed", exc_info=True)
-        if self.engine is not None:
-            self.engine.close()
+        close_quietly(self.subscriber, self.producer, self.engine)
         self.engine = self.subscriber = self.producer = None

@@ -20,7 +20,7 @@ from opentelemetry import trace
 from astraflow.config import JobConfig
 from astraflow.topics import Consumer, DeadLetters, Heartbeat, Producer, Task, TrajectoryGroup
 
-from .common import job_topics, make_rollout_engine, model_path, set_threads
+from .common import close_quietly, job_topics, make_rollout_engine, model_path, set_threads
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 
@@ -146,14 +146,7 @@ class RolloutActor(LoopActor):
                                   self._tokens / elapsed, time.time()), key=self.node_id, trace=False)
 
     def teardown(self) -> None:
-        for closer in (self.subscriber, self.consumer, self.producer, self.plain):
-            if closer is not None:
-                try:
-                    closer.close()
-                except Exception:  # noqa: BLE001 - best effort on the way out
-                    log.debug("close failed", exc_info=True)
-        if self.engine is not None:
-            self.engine.close()
+        close_quietly(self.subscriber, self.consumer, self.producer, self.plain, self.engine)
         self.engine = self.consumer = self.producer = self.plain = self.subscriber = None
 
 

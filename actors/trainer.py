@@ -23,7 +23,7 @@ from opentelemetry import trace
 from astraflow.config import JobConfig
 from astraflow.topics import Batch, Consumer, DeadLetters, Heartbeat, Producer
 
-from .common import job_topics, make_train_engine, model_path, set_threads, to_train_batch
+from .common import close_quietly, job_topics, make_train_engine, model_path, set_threads, to_train_batch
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 
@@ -141,17 +141,6 @@ class TrainerActor(LoopActor):
                            key=f"trainer.{self.cfg.policy}", trace=False)
 
     def teardown(self) -> None:
-        if self.publisher is not None:
-            try:
-                self.publisher.close()
-            except Exception:  # noqa: BLE001
-                log.exception("publisher close failed")
-        for c in (self.consumer, self.producer):
-            if c is not None:
-                try:
-                    c.close()
-                except Exception:  # noqa: BLE001
-                    log.debug("close failed", exc_info=True)
-        if self.engine is not None:
-            self.engine.close()
+        # The publisher first: close() publishes what is queued before the clients go away.
+        close_quietly(self.publisher, self.consumer, self.producer, self.engine)
         self.engine = self.consumer = self.producer = self.publisher = None

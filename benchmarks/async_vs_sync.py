@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import time
 from pathlib import Path
 
+from astraflow.benchmarks.results_io import write_results
 from astraflow.config import load_config
 from astraflow.launcher import run_job
 from astraflow.topics import EmbeddedBroker
@@ -82,11 +81,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['R_s']:>6.2f} {r['T_s']:>6.2f} {r['ideal_overlap']:>15.2f} {sp:>8} "
               f"{r['accuracy_initial']:>7.3f} {r['accuracy_final']:>9.3f}")
     out = {"benchmark": "async_vs_sync", "steps": args.steps, "config": args.config, "speedup": speedup,
-           "results": results, "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
-    print(f"wrote {args.out}")
+           "results": results}
+    write_results(args.out, out)
     return 0
 
 

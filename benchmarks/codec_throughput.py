@@ -13,9 +13,7 @@ Prints one table and writes benchmarks/results/codec_throughput.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from astraflow.benchmarks.results_io import write_results
 from astraflow.engines import deltas
 from astraflow.engines.weight_format import tensor_bits
 
@@ -168,12 +167,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     r = run(int(args.params), args.tensors, args.fraction, args.values, args.threads, args.level)
-    r["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
-                    "numpy": np.__version__}
+    r["machine"] = {"torch": torch.__version__, "numpy": np.__version__}
     print_table(r)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(r, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_results(args.out, r)
 
 
 if __name__ == "__main__":

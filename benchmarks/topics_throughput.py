@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import platform
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
+from astraflow.benchmarks.results_io import write_results
 from astraflow.topics import (ChunkReader, Consumer, EmbeddedBroker, Producer, Sample, TopicSpec,
                               TrajectoryGroup, ensure_topics, write_chunks)
 from astraflow.topics.codec import encode
@@ -180,12 +179,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['kafka_records_per_s']:>12,.0f} {r['kafka_MB_per_s']:>11.1f} {r['ratio']:>10.2f}")
     out = {"benchmark": "topics_throughput", "kafka_version": kafka_version(), "records": args.records,
            "trajectory_value_bytes": value_bytes, "chunk_bytes": chunk, "chunk_total_mib": args.chunk_mb,
-           "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": table,
-           "kafka_tool_output": [r[3].get("raw") for r in rows]}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
-    print(f"wrote {args.out}")
+           "rows": table, "kafka_tool_output": [r[3].get("raw") for r in rows]}
+    write_results(args.out, out)
     return 0
 
 

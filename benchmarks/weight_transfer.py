@@ -26,9 +26,7 @@ import argparse
 import contextlib
 import dataclasses
 import gc
-import json
 import os
-import platform
 import resource
 import statistics
 import time
@@ -40,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from astraflow.benchmarks.results_io import write_results
 from astraflow.actors.weights import WeightPublisher, WeightSubscriber
 from astraflow.benchmarks.codec_throughput import make_model, make_step, memcpy_gbps, timed
 from astraflow.engines import deltas
@@ -254,12 +253,9 @@ def main(argv: list[str] | None = None) -> int:
                                     2, args.big_subscribers, args.threads),
         }
     r["peak_rss_gb"] = rss_gb()
-    r["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
-                    "numpy": np.__version__}
+    r["machine"] = {"torch": torch.__version__, "numpy": np.__version__}
     print_table(r)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(r, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_results(args.out, r)
     return 0
 
 
