@@ -39,6 +39,7 @@ class TrainerActor(LoopActor):
         self.ckpt_dir = Path(run_dir) / "checkpoints" / cfg.policy
         self.engine = self.consumer = self.producer = self.publisher = None
         self._wait_s = 0.0
+        self._last_hb = 0.0
 
     def setup(self) -> None:
         from astraflow.actors.weights import WeightPublisher
@@ -71,6 +72,7 @@ class TrainerActor(LoopActor):
         if self.engine.step >= self.cfg.trainer.steps:
             self.publisher.flush(timeout=300)
             self.metrics.emit("trainer.done", self.engine.step, step=self.engine.step)
+            self._heartbeat(force=True)
             self.producer.flush()
             self.finished = True
             return
@@ -135,7 +137,11 @@ class TrainerActor(LoopActor):
         tmp.write_text(json.dumps(state))
         tmp.replace(self.ckpt_dir / "progress.json")
 
-    def _heartbeat(self) -> None:
+    def _heartbeat(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_hb < self.cfg.rollout.heartbeat_s:
+            return
+        self._last_hb = now
         self.producer.send(self.topics.control, Heartbeat(f"trainer.{self.cfg.policy}", "trainer", self.cfg.policy,
                                                           self.engine.step, ts=time.time()),
                            key=f"trainer.{self.cfg.policy}", trace=False)
