@@ -102,7 +102,8 @@ def demo() -> list[str]:
         return []
     acc = " → ".join(f"v{v}: {a:.3f}" for v, a in d["accuracy_by_version"].items())
     return [f"**Demo** — `make demo` ({d['steps_trained']} versions in {d['wall_s']:.0f} s wall, "
-            f"{d['samples_trained']:,} samples trained): held-out pass@1 (200 problems × 4 samples, T=0.6) {acc}", ""]
+            f"{d['samples_trained']:,} samples trained, async, 1 RaaS node): held-out pass@1 "
+            f"(200 problems × 4 samples, T=0.6) {acc}", "", "![demo run](benchmarks/results/demo_plot.png)", ""]
 
 
 def render() -> str:
