@@ -70,3 +70,22 @@ def test_trainer_killed_and_restarted_resumes_from_checkpoint(make_job_config, b
 
 def _lineage(ckpt_dir):
     return json.loads((ckpt_dir / "progress.json").read_text())["lineage"]
+
+
+def test_dataflow_killed_and_restarted_rebuilds_its_state_from_the_topics(make_job_config, bootstrap, tmp_path):
+    cfg = make_job_config({"trainer": {"steps": 8}}, name="chaos-dataflow")
+    h = _start(cfg, bootstrap, tmp_path, raas=1)
+    try:
+        h.wait_for(lambda m: m.name == "dataflow.batch_reward" and m.step >= 2, 300, "batch 2")
+        h.kill("dataflow")
+        h.start("dataflow", "dataflow")
+        h.wait_for(lambda m: m.name == "trainer.done", 600, "trainer.done")
+        assert h.wait_exit("trainer", 60) == 0
+    finally:
+        h.stop_all()
+    report = audit(bootstrap, h.topics, cfg.policy, cfg.effective_staleness, expect_all_tasks_done=False)
+    assert report.ok, report.violations  # no task twice, no group in two batches, steps contiguous
+    assert report.batches >= cfg.trainer.steps
+    prompts_used = report.tasks
+    # the restarted dataflow resumed the schedule instead of starting over
+    assert prompts_used <= (cfg.trainer.steps + cfg.effective_staleness + 2) * cfg.dataflow.groups_per_batch
