@@ -18,7 +18,7 @@ from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAs
 from opentelemetry import trace
 
 from astraflow.config import JobConfig
-from astraflow.topics import Consumer, DeadLetters, Heartbeat, Producer, Task, TrajectoryGroup
+from astraflow.topics import Consumer, DeadLetters, Heartbeat, Producer, SnapshotRequest, Task, TrajectoryGroup
 
 from .common import close_quietly, job_topics, make_rollout_engine, model_path, set_threads
 from .supervisor import LoopActor
@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 
 WEIGHT_WAIT_LIMIT_S = 600.0
+SNAPSHOT_REQUEST_INTERVAL_S = 10.0
 
 
 class RolloutActor(LoopActor):
@@ -41,6 +42,7 @@ class RolloutActor(LoopActor):
         self._tokens = 0
         self._busy_s = 0.0
         self._started = time.monotonic()
+        self._last_snapshot_request = -SNAPSHOT_REQUEST_INTERVAL_S
         self.engine = self.consumer = self.producer = self.plain = self.subscriber = None
 
     def setup(self) -> None:
@@ -65,7 +67,8 @@ class RolloutActor(LoopActor):
             heartbeat_interval_ms=2_000, max_poll_interval_ms=int(WEIGHT_WAIT_LIMIT_S * 1000) + 60_000,
             partition_assignment_strategy=[StickyPartitionAssignor])
         self.subscriber = WeightSubscriber(self.bootstrap, self.topics, self.cfg.policy,
-                                           initial=None, initial_version=self.engine.version, node_id=self.node_id)
+                                           initial=None, initial_version=self.engine.version, node_id=self.node_id,
+                                           on_fault=self._request_snapshot)
         self.subscriber.start()
         self._heartbeat(force=True)
 
@@ -134,6 +137,15 @@ class RolloutActor(LoopActor):
             self.subscriber.wait_for(version, timeout=1.0)
             self.subscriber.apply_to(self.engine)
             self._heartbeat()
+
+    def _request_snapshot(self, report: str, held_version: int) -> None:
+        """Runs on the subscriber's thread: ask the trainer for a snapshot, at most every 10 s."""
+        now = time.monotonic()
+        if now - self._last_snapshot_request < SNAPSHOT_REQUEST_INTERVAL_S:
+            return
+        self._last_snapshot_request = now
+        self.plain.send(self.topics.control, SnapshotRequest(self.cfg.policy, self.node_id, held_version, report,
+                                                             time.time()), key=self.cfg.policy, trace=False)
 
     def _heartbeat(self, force: bool = False) -> None:
         now = time.monotonic()

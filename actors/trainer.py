@@ -21,7 +21,7 @@ from kafka import TopicPartition
 from opentelemetry import trace
 
 from astraflow.config import JobConfig
-from astraflow.topics import Batch, Consumer, DeadLetters, Heartbeat, Producer
+from astraflow.topics import Batch, Consumer, DeadLetters, Heartbeat, Producer, SnapshotRequest
 
 from .common import close_quietly, job_topics, make_train_engine, model_path, set_threads, to_train_batch
 from .supervisor import LoopActor
@@ -37,7 +37,7 @@ class TrainerActor(LoopActor):
         self.cfg, self.bootstrap = cfg, bootstrap
         self.topics = job_topics(cfg)
         self.ckpt_dir = Path(run_dir) / "checkpoints" / cfg.policy
-        self.engine = self.consumer = self.producer = self.publisher = None
+        self.engine = self.consumer = self.control = self.producer = self.publisher = None
         self._wait_s = 0.0
         self._last_hb = 0.0
 
@@ -59,6 +59,11 @@ class TrainerActor(LoopActor):
                                  dead_letters=DeadLetters(self.producer, self.topics.dlq, "trainer"),
                                  max_poll_records=1)
         self.consumer.raw.seek(tp, self.offset)
+        # Snapshot requests from nodes that cannot reach the newest version by deltas.
+        self.control = Consumer(self.bootstrap, partitions=[TopicPartition(self.topics.control, 0)],
+                                client_id=f"trainer.{self.cfg.policy}")
+        self.control.raw.seek_to_beginning()
+        self._snapshot_next = False
         self.publisher = WeightPublisher(self.bootstrap, self.topics, self.cfg.policy,
                                          snapshot_every=self.cfg.trainer.snapshot_every,
                                          producer_id=f"trainer.{self.cfg.policy}")
@@ -71,11 +76,13 @@ class TrainerActor(LoopActor):
     def step(self) -> None:
         if self.engine.step >= self.cfg.trainer.steps:
             self.publisher.flush(timeout=300)
+            self._report_published()
             self.metrics.emit("trainer.done", self.engine.step, step=self.engine.step)
             self._heartbeat(force=True)
             self.producer.flush()
             self.finished = True
             return
+        self._check_snapshot_requests()
         t0 = time.monotonic()
         deliveries = self.consumer.poll(500)
         self._wait_s += time.monotonic() - t0
@@ -98,7 +105,8 @@ class TrainerActor(LoopActor):
             self.lineage.append([batch.step, d.offset])
             if self.engine.step % self.cfg.trainer.checkpoint_every == 0 or self.engine.step >= self.cfg.trainer.steps:
                 self._checkpoint()
-            self.publisher.publish(self._weights(), self.engine.step)
+            self.publisher.publish(self._weights(), self.engine.step, snapshot=self._snapshot_next)
+            self._snapshot_next = False
         self._report_published()
         versions = [v for g in batch.groups for s in g.samples for v in s.versions]
         self.metrics.emit_many({
@@ -111,6 +119,17 @@ class TrainerActor(LoopActor):
         }, step=self.engine.step)
         self._wait_s = 0.0
         self._heartbeat()
+
+    def _check_snapshot_requests(self) -> None:
+        """A request from a node behind the trainer makes the next published version a snapshot too."""
+        for d in self.control.poll(0):
+            m = d.message
+            if isinstance(m, SnapshotRequest) and m.policy == self.cfg.policy and m.have_version < self.engine.step + 1:
+                if not self._snapshot_next:
+                    log.warning("trainer: %s asked for a snapshot (holds v%d): %s", m.node_id, m.have_version,
+                                m.reason)
+                self._snapshot_next = True
+                self.metrics.emit("trainer.snapshot_requests", 1, step=self.engine.step, node=m.node_id)
 
     def _weights(self) -> dict:
         """The trainer's weights as rollout engines will hold them (``trainer.publish_dtype``)."""
@@ -148,5 +167,5 @@ class TrainerActor(LoopActor):
 
     def teardown(self) -> None:
         # The publisher first: close() publishes what is queued before the clients go away.
-        close_quietly(self.publisher, self.consumer, self.producer, self.engine)
-        self.engine = self.consumer = self.producer = self.publisher = None
+        close_quietly(self.publisher, self.consumer, self.control, self.producer, self.engine)
+        self.engine = self.consumer = self.control = self.producer = self.publisher = None

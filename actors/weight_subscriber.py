@@ -29,7 +29,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import torch
@@ -80,15 +80,19 @@ class WeightSubscriber:
         node_id: names this node in logs, fault reports and spans.
         codec_threads: threads for decoding and applying payloads.
         tracer: OpenTelemetry tracer (default: this module's).
+        on_fault: called from the subscriber's thread with ``(report, held_version)`` for
+            every unrecovered fault (RaaS nodes ask the trainer for a snapshot with it).
     """
 
     def __init__(self, bootstrap_servers: str, topics: JobTopics, policy: str, *,
                  initial: Mapping[str, torch.Tensor] | None = None, initial_version: int = -1,
-                 node_id: str = "", codec_threads: int = 1, tracer: trace.Tracer | None = None) -> None:
+                 node_id: str = "", codec_threads: int = 1, tracer: trace.Tracer | None = None,
+                 on_fault: Callable[[str, int], None] | None = None) -> None:
         self.bootstrap_servers, self.topics, self.policy = bootstrap_servers, topics, policy
         self.node_id = node_id or "subscriber"
         self.codec_threads = codec_threads
         self._tracer = tracer or trace.get_tracer(__name__)
+        self._on_fault = on_fault
         self._lock = threading.Condition(threading.RLock())
         # Guarded by _lock: the held weights, their tensor hashes, version and trace context.
         self._state: dict[str, torch.Tensor] | None = (
@@ -373,4 +377,10 @@ class WeightSubscriber:
         with self._lock:
             self._faults.append(report)
             del self._faults[:-_MAX_FAULTS]
+            held = self._version
         self._unrecovered = not recovered
+        if not recovered and self._on_fault is not None:
+            try:
+                self._on_fault(report, held)
+            except Exception:  # noqa: BLE001 - a failing callback must not stop the subscriber
+                log.exception("%s: on_fault callback failed", self.node_id)

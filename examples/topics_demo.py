@@ -23,7 +23,7 @@ def run(bootstrap_servers: str | None = None) -> int:
             bootstrap_servers = broker.bootstrap_servers
             print(f"embedded Kafka up at {bootstrap_servers} in {time.monotonic() - t0:.1f}s "
                   f"(data dir {broker.data_dir})")
-        topics = JobTopics(job=f"demo-{uuid.uuid4().hex[:6]}")
+        topics = JobTopics(job=f"roundtrip-{uuid.uuid4().hex[:6]}")
         created = ensure_topics(bootstrap_servers, topics.specs())
         print(f"created {len(created)} topics with prefix {topics.prefix}")
 
@@ -60,5 +60,5 @@ def run(bootstrap_servers: str | None = None) -> int:
             print(f"{d.topic}[{d.partition}]@{d.offset} key={d.key} {type(d.message).__name__}: {d.message}")
         print(f"dead letters written: {dlq.count} (see {topics.dlq})")
         ok = len(seen) == 4 and dlq.count == 1
-        print("demo:", "OK" if ok else "FAILED")
+        print("roundtrip:", "OK" if ok else "FAILED")
         return 0 if ok else 1

@@ -212,7 +212,9 @@ def test_corrupt_chunk_is_detected_never_applied_and_recovered_through_a_snapsho
     trainer = Trainer(seed=1)
     history = {0: trainer.named_weights()}
     pub = WeightPublisher(bootstrap, job_topics, "policy", snapshot_every=5, chunk_size=CHUNK)
-    sub = WeightSubscriber(bootstrap, job_topics, "policy", node_id="raas-0").start()
+    asked: list[tuple[str, int]] = []  # what a RaaS node would turn into a snapshot request
+    sub = WeightSubscriber(bootstrap, job_topics, "policy", node_id="raas-0",
+                           on_fault=lambda report, held: asked.append((report, held))).start()
     model = Qwen3ForCausalLM(tiny_config())
     engine = CpuEngine(model, version=-1)
     engine_versions = []
@@ -245,6 +247,9 @@ def test_corrupt_chunk_is_detected_never_applied_and_recovered_through_a_snapsho
         assert any("CorruptChunkError" in f and "sha256" in f and "version 3" in f for f in faults), faults
         assert faults[-1] == recovered
         assert sub.path_counts == {"snapshot": 2, "delta": 2}  # snapshots 0 and 5, deltas 1 and 2
+        # every unrecovered fault was reported to the node with the version it held; the recovery was not
+        assert asked and all(held == 2 for _, held in asked)
+        assert all("recovered" not in report for report, _ in asked)
         # A node joining now never needs the bad chunk.
         late = WeightSubscriber(bootstrap, job_topics, "policy", node_id="late").start()
         assert late.wait_for(5, WAIT) and bits_equal(late.weights(), history[5]) and late.faults == []

@@ -11,7 +11,8 @@ from .exceptions import (BrokerStartError, ChunkError, CorruptChunkError, Decode
                          KafkaRuntimeError, MissingChunkError, ProduceError, TopicConfigMismatch,
                          TopicsError, UnknownMessageType, UnsupportedSchema)
 from .messages import (MESSAGE_TYPES, Batch, ChunkManifest, ChunkRef, DeadLetter, Heartbeat, Message,
-                       Metric, Prompt, Sample, SourceOffset, Task, TrajectoryGroup, VersionAnnouncement)
+                       Metric, Prompt, Sample, SnapshotRequest, SourceOffset, Task, TrajectoryGroup,
+                       VersionAnnouncement)
 from .registry import JobTopics, TopicSpec, ensure_topics
 
 __all__ = [
@@ -19,6 +20,6 @@ __all__ = [
     "decode", "encode", "BrokerStartError", "ChunkError", "CorruptChunkError", "DecodeError",
     "KafkaRuntimeError", "MissingChunkError", "ProduceError", "TopicConfigMismatch", "TopicsError",
     "UnknownMessageType", "UnsupportedSchema", "MESSAGE_TYPES", "Batch", "ChunkManifest", "ChunkRef",
-    "DeadLetter", "Heartbeat", "Message", "Metric", "Prompt", "Sample", "SourceOffset", "Task",
+    "DeadLetter", "Heartbeat", "Message", "Metric", "Prompt", "Sample", "SnapshotRequest", "SourceOffset", "Task",
     "TrajectoryGroup", "VersionAnnouncement", "JobTopics", "TopicSpec", "ensure_topics",
 ]

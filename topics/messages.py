@@ -182,6 +182,19 @@ class Heartbeat(Message):
 
 @register
 @dataclass(frozen=True)
+class SnapshotRequest(Message):
+    """A node could not reach the newest version by deltas; asks the trainer for a snapshot (on ``control``)."""
+
+    TYPE: ClassVar[str] = "snapshot-request"
+    policy: str
+    node_id: str
+    have_version: int  #: newest version the node holds
+    reason: str  #: the subscriber's fault report
+    ts: float = 0.0
+
+
+@register
+@dataclass(frozen=True)
 class Metric(Message):
     """One measurement, on ``metrics``."""
 

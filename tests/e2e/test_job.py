@@ -14,7 +14,7 @@ import pytest
 from astraflow.actors.common import job_topics
 from astraflow.chaos.invariants import audit, read_topic
 from astraflow.launcher import run_job
-from astraflow.topics import DeadLetter, Producer, ensure_topics
+from astraflow.topics import DeadLetter, Producer, SnapshotRequest, ensure_topics
 
 pytestmark = pytest.mark.slow
 
@@ -42,12 +42,17 @@ def finished_run(bootstrap, tmp_path_factory):
     data = _merge(yaml.safe_load((ROOT / "examples" / "arithmetic_grpo.yaml").read_text()), SMALL)
     data.update(job=f"e2e-{uuid.uuid4().hex[:8]}", run_dir=str(tmp / "runs"))
     data["trainer"]["steps"] = 6
+    data["trainer"]["snapshot_every"] = 4  # scheduled snapshots at 0 and 4 only
     data["trainer"]["publish_dtype"] = "bfloat16"  # as GPU engines hold weights: sparse deltas
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(data))
     cfg = load_config(path)
     topics = job_topics(cfg)
     _inject_bad_records(bootstrap, topics, cfg.policy)
+    # a node's snapshot request (what a RaaS node sends when deltas fail): the trainer must answer
+    p = Producer(bootstrap, client_id="test-node")
+    p.send_sync(topics.control, SnapshotRequest(cfg.policy, "raas-x", 0, "test: corrupt delta", 0.0), key=cfg.policy)
+    p.close()
     summary = run_job(cfg, bootstrap=bootstrap, run_dir=tmp / "run", progress=False, timeout_s=600)
     return cfg, topics, summary, tmp / "run"
 
@@ -67,6 +72,15 @@ def test_weights_travel_as_sparse_bf16_deltas(finished_run):
     _, _, summary, _ = finished_run
     assert 0 < summary["weights_delta_changed_frac_mean"] < 1
     assert summary["weights_delta_bytes_mean"] < summary["weights_snapshot_bytes_mean"]
+
+
+def test_trainer_answers_a_snapshot_request_with_an_extra_snapshot(finished_run):
+    cfg, _, _, run_dir = finished_run
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any(r["name"] == "trainer.snapshot_requests" and r.get("label.node") == "raas-x" for r in rows)
+    snapshots = {r["step"] for r in rows if r["name"] == "weights.snapshot_bytes"}
+    scheduled = {v for v in range(cfg.trainer.steps + 1) if v % cfg.trainer.snapshot_every == 0}
+    assert snapshots - scheduled  # an off-schedule snapshot answered the request
 
 
 def test_run_directory_has_summary_metrics_and_plot(finished_run):

@@ -20,6 +20,7 @@ SAMPLES: dict[str, m.Message] = {
                                      snapshot_manifest=MANIFEST, deltas=[MANIFEST], delta_versions=[3],
                                      created_at=9.0),
     "heartbeat": m.Heartbeat("raas-0", "raas", "policy", 3, 1, 4, 123.4, 10.0),
+    "snapshot-request": m.SnapshotRequest("policy", "raas-0", 3, "chunk 1 corrupt", 12.5),
     "metric": m.Metric("trainer", "loss", 0.25, 3, 11.0, {"policy": "policy"}),
     "dead-letter": m.DeadLetter("af.x.tasks.policy", 2, 17, "DecodeError", "bad", "a2V5", "dmFs",
                                 {"af-type": "task"}, "raas-0", 12.0),
