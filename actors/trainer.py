@@ -64,6 +64,7 @@ class TrainerActor(LoopActor):
                                 client_id=f"trainer.{self.cfg.policy}")
         self.control.raw.seek_to_beginning()
         self._snapshot_next = False
+        self._catch_up_control()
         self.publisher = WeightPublisher(self.bootstrap, self.topics, self.cfg.policy,
                                          snapshot_every=self.cfg.trainer.snapshot_every,
                                          producer_id=f"trainer.{self.cfg.policy}")
@@ -120,9 +121,17 @@ class TrainerActor(LoopActor):
         self._wait_s = 0.0
         self._heartbeat()
 
-    def _check_snapshot_requests(self) -> None:
+    def _catch_up_control(self, limit_s: float = 10.0) -> None:
+        """Read the requests already on ``control`` before training, so none waits a step."""
+        tp = TopicPartition(self.topics.control, 0)
+        end = self.control.raw.end_offsets([tp])[tp]
+        deadline = time.monotonic() + limit_s
+        while self.control.raw.position(tp) < end and time.monotonic() < deadline:
+            self._check_snapshot_requests(timeout_ms=200)
+
+    def _check_snapshot_requests(self, timeout_ms: int = 0) -> None:
         """A request from a node behind the trainer makes the next published version a snapshot too."""
-        for d in self.control.poll(0):
+        for d in self.control.poll(timeout_ms):
             m = d.message
             if isinstance(m, SnapshotRequest) and m.policy == self.cfg.policy and m.have_version < self.engine.step + 1:
                 if not self._snapshot_next:
