@@ -11,38 +11,14 @@ import time
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
-from astraflow.topics import Heartbeat, JobTopics, Metric, VersionAnnouncement, decode
+from astraflow.topics import Heartbeat, JobTopics, Metric, VersionAnnouncement
+from astraflow.topics.replay import read_topic
 
 ALIVE_S = 15.0
 
 
 def _read_all(bootstrap: str, topic: str, tail: int | None = None) -> list:
-    c = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False,
-                      client_id="astraflow-status")
-    try:
-        parts = c.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        if not tps:
-            return []
-        c.assign(tps)
-        ends = c.end_offsets(tps)
-        for tp in tps:
-            begin = c.beginning_offsets([tp])[tp]
-            c.seek(tp, max(begin, ends[tp] - tail) if tail else begin)
-        out = []
-        while any(c.position(tp) < ends[tp] for tp in tps):
-            batch = c.poll(1000)
-            if not batch:
-                break
-            for records in batch.values():
-                for r in records:
-                    try:
-                        out.append(decode(r.value, r.headers))
-                    except Exception:  # noqa: BLE001 - status shows what it can read
-                        pass
-        return out
-    finally:
-        c.close()
+    return [m for _, _, m in read_topic(bootstrap, topic, tail=tail)]
 
 
 def job_status(bootstrap: str, job: str, policies: tuple[str, ...] = ("policy",)) -> dict:

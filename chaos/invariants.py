@@ -16,9 +16,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from kafka import KafkaConsumer, TopicPartition
-
-from astraflow.topics import Batch, JobTopics, Task, TrajectoryGroup, decode
+from astraflow.topics import Batch, JobTopics, Task, TrajectoryGroup
+from astraflow.topics.replay import read_topic
 
 
 @dataclass
@@ -34,31 +33,6 @@ class Audit:
     @property
     def ok(self) -> bool:
         return not self.violations
-
-
-def read_topic(bootstrap: str, topic: str) -> list[tuple[int, int, object]]:
-    """(partition, offset, message) of every committed record, undecodable ones skipped."""
-    c = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False,
-                      client_id="astraflow-audit", max_partition_fetch_bytes=16 * 1024 * 1024)
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or [])]
-        c.assign(tps)
-        c.seek_to_beginning(*tps)
-        ends = c.end_offsets(tps)
-        out = []
-        idle = 0
-        while any(c.position(tp) < ends[tp] for tp in tps) and idle < 5:
-            batch = c.poll(1000)
-            idle = 0 if batch else idle + 1
-            for records in batch.values():
-                for r in records:
-                    try:
-                        out.append((r.partition, r.offset, decode(r.value, r.headers)))
-                    except Exception:  # noqa: BLE001 - dead letters are audited elsewhere
-                        pass
-        return out
-    finally:
-        c.close()
 
 
 def audit(bootstrap: str, topics: JobTopics, policy: str, max_staleness: int, *,
