@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -32,10 +33,18 @@ def test_sigkilled_raas_node_tasks_are_redelivered(make_job_config, bootstrap, t
         h.kill("raas-0")
         h.wait_for(lambda m: m.name == "trainer.done", 600, "trainer.done")
         assert h.wait_exit("trainer", 60) == 0
+        # Scheduling stops at the training horizon, so raas-1 drains every task there is,
+        # including the ones raas-0 held uncommitted when it died.
+        deadline = time.monotonic() + 180
+        while True:
+            report = audit(bootstrap, h.topics, cfg.policy, cfg.effective_staleness)
+            if report.ok or time.monotonic() > deadline:
+                break
+            time.sleep(3)
     finally:
         h.stop_all()
-    report = audit(bootstrap, h.topics, cfg.policy, cfg.effective_staleness, expect_all_tasks_done=False)
-    assert report.ok, report.violations
+    assert report.ok, report.violations[:10]
+    assert report.groups == report.tasks  # every task answered exactly once, none lost with raas-0
     assert report.batches == cfg.trainer.steps
     done_by = {m.labels.get("node") for m in h.metrics if m.name == "raas.tasks"}
     assert done_by == {"raas-0", "raas-1"}
