@@ -135,6 +135,22 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_config(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from astraflow.config import describe, load_config
+    if args.action == "keys":
+        for key, default, help_ in describe():
+            print(f"{key:44} {default:14} {help_}")
+        return 0
+    if not args.config:
+        raise SystemExit("astraflow config check: give the config file")
+    cfg = load_config(args.config, _overrides(args.set))
+    print(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
+    print(f"{args.config}: valid", file=sys.stderr)
+    return 0
+
+
 def _cmd_model(args: argparse.Namespace) -> int:
     from astraflow.engines.bootstrap import main as model_main
     return model_main(args.args)
@@ -194,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--policy", action="append", help="policy name (repeatable; default: policy)")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_cmd_status)
+
+    cf = sub.add_parser("config", help="list every job-config key (keys) or validate a config (check CONFIG)")
+    cf.add_argument("action", choices=["keys", "check"])
+    cf.add_argument("config", nargs="?")
+    cf.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    cf.set_defaults(func=_cmd_config)
 
     md = sub.add_parser("model", help="tiny-model bootstrap (`astraflow model init --help`)")
     md.add_argument("args", nargs=argparse.REMAINDER)
