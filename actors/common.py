@@ -8,6 +8,7 @@ the single source of the model path; it overrides the engine sections' ``model_p
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from pathlib import Path
 
@@ -62,7 +63,6 @@ def set_threads(n: int) -> None:
 
 def close_quietly(*resources) -> None:
     """Close clients/engines on the way out; one failing close must not keep the others open."""
-    import logging
     for r in resources:
         if r is None:
             continue
