@@ -32,6 +32,7 @@ from astraflow.config import JobConfig
 from astraflow.topics import (Batch, Consumer, DeadLetters, Delivery, Producer, Prompt, Task,
                               TrajectoryGroup, VersionAnnouncement)
 from astraflow.topics import tracing as topic_tracing
+from astraflow.topics.replay import read_topic
 
 from .common import close_quietly, job_topics
 from .supervisor import LoopActor
@@ -66,10 +67,11 @@ class DataflowActor(LoopActor):
         self.next_step, self.dropped, self.batched = self._read_batches()
         group = f"dataflow.{policy}"
         self.prompts = self._keep(Consumer(self.bootstrap, topics=[self.topics.prompts], group_id=group,
-                                           dead_letters=self.dead, client_id=group))
+                                           dead_letters=self.dead, client_id=group, expect=(Prompt,)))
         self.trajectories = self._keep(Consumer(self.bootstrap, topics=[self.topics.trajectories],
                                                 group_id=group + ".trajectories", dead_letters=self.dead,
-                                                client_id=group, max_poll_records=500))
+                                                client_id=group, max_poll_records=500,
+                                                expect=(TrajectoryGroup,)))
         self.versions = self._keep(Consumer(self.bootstrap, partitions=[TopicPartition(self.topics.versions, 0)],
                                             dead_letters=self.dead, client_id=group))
         committed = self.prompts.raw.committed(TopicPartition(self.topics.prompts, 0))
@@ -106,22 +108,14 @@ class DataflowActor(LoopActor):
         return str(Path(self.cfg.source).parent) if self.cfg.source != "<dict>" else "."
 
     def _read_batches(self) -> tuple[int, int, set[str]]:
-        reader = Consumer(self.bootstrap, partitions=[TopicPartition(self.topics.batches(self.cfg.policy), 0)],
-                          client_id="dataflow-replay")
-        try:
-            tp = TopicPartition(self.topics.batches(self.cfg.policy), 0)
-            end = reader.raw.end_offsets([tp])[tp]
-            reader.raw.seek_to_beginning(tp)
-            next_step, dropped, batched = 0, 0, set()
-            while reader.raw.position(tp) < end:
-                for d in reader.poll(1000):
-                    if isinstance(d.message, Batch):
-                        next_step = d.message.step + 1
-                        dropped = int(d.message.stats.get("dropped_total", 0))
-                        batched.update(g.task_id for g in d.message.groups)
-            return next_step, dropped, batched
-        finally:
-            reader.close()
+        """Next step, dropped count and batched task ids, from the committed batches."""
+        next_step, dropped, batched = 0, 0, set()
+        for _, _, b in read_topic(self.bootstrap, self.topics.batches(self.cfg.policy)):
+            if isinstance(b, Batch):
+                next_step = b.step + 1
+                dropped = int(b.stats.get("dropped_total", 0))
+                batched.update(g.task_id for g in b.groups)
+        return next_step, dropped, batched
 
     # -- the loop ----------------------------------------------------------------------
     def step(self) -> None:
@@ -145,14 +139,13 @@ class DataflowActor(LoopActor):
         room = self.capacity()
         if room <= 0:
             return
-        deliveries = self.prompts.poll(100, max_records=room)
-        prompts = [d for d in deliveries if isinstance(d.message, Prompt)]
-        if not self.prompts.pending_offsets():
+        prompts = self.prompts.poll(100, max_records=room)
+        offsets = self.prompts.pending_offsets()
+        if not offsets:
             return
         r = self.cfg.rollout
         sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k,
                     "max_new_tokens": r.max_new_tokens}
-        offsets = self.prompts.pending_offsets()
         with self.txn.transaction():
             for d in prompts:
                 p: Prompt = d.message
@@ -171,11 +164,7 @@ class DataflowActor(LoopActor):
 
     def _collect(self) -> None:
         for d in self.trajectories.poll(200):
-            g = d.message
-            if not isinstance(g, TrajectoryGroup):
-                self.dead.put(d.topic, d.partition, d.offset, (d.key or "").encode(), None, d.headers,
-                              TypeError(f"expected a trajectory group, got {type(g).__name__}"))
-                continue
+            g: TrajectoryGroup = d.message
             if g.task_id in self.batched or any(p.message.task_id == g.task_id for p in self.partial):
                 self.metrics.emit("dataflow.duplicates", 1, step=self.next_step)
                 continue

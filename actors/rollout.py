@@ -65,7 +65,7 @@ class RolloutActor(LoopActor):
             client_id=self.node_id, dead_letters=DeadLetters(self.plain, self.topics.dlq, self.node_id),
             max_poll_records=self.cfg.rollout.tasks_per_call, session_timeout_ms=10_000,
             heartbeat_interval_ms=2_000, max_poll_interval_ms=int(WEIGHT_WAIT_LIMIT_S * 1000) + 60_000,
-            partition_assignment_strategy=[StickyPartitionAssignor])
+            partition_assignment_strategy=[StickyPartitionAssignor], expect=(Task,))
         self.subscriber = WeightSubscriber(self.bootstrap, self.topics, self.cfg.policy,
                                            initial=None, initial_version=self.engine.version, node_id=self.node_id,
                                            on_fault=self._request_snapshot)
@@ -76,24 +76,17 @@ class RolloutActor(LoopActor):
         self.subscriber.apply_to(self.engine)
         deliveries = self.consumer.poll(500)
         if not deliveries:
+            if self.consumer.pending_offsets():  # only dead-lettered records: move past them
+                self.consumer.commit()
             self._heartbeat()
             return
-        tasks: list[Task] = []
-        for d in deliveries:
-            if isinstance(d.message, Task):
-                tasks.append(d.message)
-            else:  # a record of another type on the task topic: not ours to roll out
-                self.consumer.dead_letters.put(d.topic, d.partition, d.offset, (d.key or "").encode(),
-                                               None, d.headers, TypeError(f"expected a task, got {type(d.message).__name__}"))
-        if not tasks:
-            self.consumer.commit()
-            return
+        tasks: list[Task] = [d.message for d in deliveries]
         self._wait_for_version(max(t.scheduled_version for t in tasks))
         t0 = time.monotonic()
         spans = [tracer.start_span("raas.rollout", context=d.trace_context,
                                    attributes={"task.id": d.message.task_id, "node.id": self.node_id,
                                                "policy.version": self.engine.version})
-                 for d in deliveries if isinstance(d.message, Task)]
+                 for d in deliveries]
         groups = self._roll_out(tasks, spans)
         with self.producer.transaction():
             for g, span in zip(groups, spans):

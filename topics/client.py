@@ -175,7 +175,8 @@ class Consumer:
     """Typed consumer with manual commits.
 
     Either ``topics`` (group subscription) or ``partitions`` (manual assignment).
-    ``pending_offsets()`` are the positions after every record handed out (and every
+    With ``expect``, a record of any other message type is dead-lettered like an
+    undecodable one. ``pending_offsets()`` are the positions after every record handed out (and every
     record dead-lettered) since the last commit; :meth:`commit` commits them, or a
     transactional producer commits them with :meth:`Producer.send_offsets`.
     """
@@ -184,7 +185,8 @@ class Consumer:
                  partitions: Iterable[TopicPartition] = (), group_id: str | None = None,
                  dead_letters: DeadLetters | None = None, isolation_level: str = "read_committed",
                  auto_offset_reset: str = "earliest", client_id: str = "astraflow",
-                 max_partition_fetch_bytes: int = 4 * MiB, **config: Any) -> None:
+                 max_partition_fetch_bytes: int = 4 * MiB, expect: tuple[type[Message], ...] = (),
+                 **config: Any) -> None:
         settings: dict[str, Any] = dict(
             bootstrap_servers=bootstrap_servers, group_id=group_id, client_id=client_id,
             enable_auto_commit=False, isolation_level=isolation_level,
@@ -200,6 +202,7 @@ class Consumer:
         elif partitions:
             self._kc.assign(partitions)
         self.dead_letters = dead_letters
+        self.expect = expect
         self._pending: dict[TopicPartition, int] = {}
 
     @property
@@ -216,6 +219,9 @@ class Consumer:
                 headers = list(r.headers or [])
                 try:
                     msg = decode(r.value, headers)
+                    if self.expect and not isinstance(msg, self.expect):
+                        raise DecodeError(f"{r.topic} carries {', '.join(t.TYPE for t in self.expect)} records, "
+                                          f"not {msg.TYPE}")
                 except DecodeError as e:
                     if self.dead_letters is None:
                         raise

@@ -1,6 +1,7 @@
 import base64
 
 import pytest
+from kafka import TopicPartition
 
 from astraflow.topics import DeadLetter, DeadLetters, DecodeError, Prompt
 
@@ -54,3 +55,27 @@ def test_decode_error_without_dlq_raises(job_topics, make_producer, make_consume
     with pytest.raises(DecodeError):
         for _ in range(10):
             consumer.poll(2000)
+
+
+def test_records_of_an_unexpected_type_are_dead_lettered_with_their_bytes(job_topics, make_producer,
+                                                                         make_consumer):
+    from astraflow.topics import Task
+    from astraflow.topics.codec import encode
+    producer = make_producer()
+    value, _ = encode(GOOD)
+    producer.send_sync(job_topics.tasks("policy"), GOOD, key="not-a-task", partition=0)
+    dlq = DeadLetters(make_producer(), job_topics.dlq, consumer_name="raas")
+    consumer = make_consumer(partitions=[TopicPartition(job_topics.tasks("policy"), 0)],
+                             dead_letters=dlq, expect=(Task,))
+    for _ in range(5):
+        assert consumer.poll(2000) == []
+        if dlq.count:
+            break
+    assert dlq.count == 1
+    reader = make_consumer(topics=[job_topics.dlq], group_id="dlq-reader")
+    letters = []
+    while not letters:
+        letters = reader.poll(5000)
+    letter = letters[0].message
+    assert letter.error_type == "DecodeError" and "not prompt" in letter.error
+    assert base64.b64decode(letter.value) == value  # the original bytes, not a placeholder
