@@ -87,7 +87,7 @@ class DataflowActor(LoopActor):
         """Publish the dataset to ``prompts`` once (a transaction: all of it or none)."""
         from kafka import KafkaConsumer
 
-        from astraflow.workflows.datasets import load_prompts
+        from astraflow.workflows.datasets import bad_row_handler, load_prompts
         probe = KafkaConsumer(bootstrap_servers=self.bootstrap, isolation_level="read_committed")
         tp = TopicPartition(self.topics.prompts, 0)
         end = probe.end_offsets([tp])[tp]
@@ -97,7 +97,8 @@ class DataflowActor(LoopActor):
         needed = self.cfg.data.num_prompts or 2 * self.cfg.trainer.steps * self.B
         prompts = load_prompts(self.cfg.data.source, needed, seed=self.cfg.data.seed,
                                max_digits=self.cfg.data.max_digits, ops=self.cfg.data.ops,
-                               base_dir=self._config_dir())
+                               base_dir=self._config_dir(),
+                               on_bad_row=bad_row_handler(self.cfg.data.on_bad_row, self.dead))
         with self.txn.transaction():
             for p in prompts:
                 self.txn.send(self.topics.prompts, p, key=p.prompt_id, trace=False)

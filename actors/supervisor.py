@@ -5,7 +5,10 @@ one unit of work per ``step`` (poll, generate, train, ...), re-scheduled through
 actor's own inbox so ``ask``/``stop`` messages are served between steps. Unhandled errors
 reach ``on_failure``, which tells the :class:`Supervisor`; the supervisor restarts the
 actor after an exponential backoff, and when a child exhausts its restarts it records a
-fatal error that makes the process exit non-zero with the reason.
+fatal error that makes the process exit non-zero with the reason. A child that fails with
+a fatal error (:mod:`astraflow.errors`: bad data, bad config, missing model) is not
+restarted: the same input would fail the same way, so the process stops at once with
+that error as its cause.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Any, Callable, NamedTuple
 
 import pykka
 
+from astraflow.errors import fatal_cause, one_line
+
 log = logging.getLogger(__name__)
 
 
@@ -33,6 +38,7 @@ class ChildFailed(NamedTuple):
     name: str  #: the child's name in the supervisor
     error: str  #: one-line description
     trace: str  #: formatted traceback
+    fatal: str | None = None  #: the cause when the error is not retriable (no restart can help)
 
 
 class ChildDone(NamedTuple):
@@ -97,9 +103,11 @@ class LoopActor(pykka.ThreadingActor):
 
     def on_failure(self, exception_type, exception_value, tb) -> None:
         if self.supervisor is not None:
+            cause = fatal_cause(exception_value)
             self.supervisor.tell(ChildFailed(
                 self.name, f"{exception_type.__name__}: {exception_value}",
-                "".join(traceback.format_exception(exception_type, exception_value, tb))))
+                "".join(traceback.format_exception(exception_type, exception_value, tb)),
+                one_line(cause) if cause is not None else None))
         try:
             self.teardown()
         except Exception:  # noqa: BLE001 - teardown after a failure is best effort
@@ -115,6 +123,9 @@ class Outcome:
 
     finished: threading.Event = field(default_factory=threading.Event)
     fatal: str | None = None
+    #: False when ``fatal`` is a deterministic error: restarting the process cannot help.
+    retriable: bool = True
+    child: str | None = None  #: the child whose failure ended the process
 
 
 @dataclass
@@ -167,19 +178,28 @@ class Supervisor(pykka.ThreadingActor):
 
     def _on_failed(self, msg: ChildFailed) -> None:
         log.error("supervisor: %s failed: %s\n%s", msg.name, msg.error, msg.trace)
+        if self.outcome.finished.is_set():
+            return
+        if msg.fatal is not None:
+            log.error("supervisor: %s failed with a fatal error; not restarting it", msg.name)
+            self._give_up(msg.name, msg.fatal, retriable=False)
+            return
         spec = self.specs[msg.name]
         now = time.monotonic()
         spec.restarts = [t for t in spec.restarts if now - t < self.window_s]
         if len(spec.restarts) >= self.max_restarts:
-            self.outcome.fatal = (f"{msg.name} failed {len(spec.restarts) + 1} times within {self.window_s:.0f}s; "
-                          f"giving up. Last error: {msg.error}")
-            self.outcome.finished.set()
+            self._give_up(msg.name, f"{msg.name} failed {len(spec.restarts) + 1} times within {self.window_s:.0f}s; "
+                                    f"giving up. Last error: {msg.error}", retriable=True)
             return
         delay = min(30.0, self.backoff_s * 2 ** len(spec.restarts))
         spec.restarts.append(now)
         timer = threading.Timer(delay, self.actor_ref.tell, args=(_Restart(msg.name),))
         timer.daemon = True
         timer.start()
+
+    def _give_up(self, name: str, reason: str, *, retriable: bool) -> None:
+        self.outcome.fatal, self.outcome.retriable, self.outcome.child = reason, retriable, name
+        self.outcome.finished.set()
 
     def stop_children(self, timeout: float = 30.0) -> None:
         for ref in list(self.children.values()):
@@ -192,12 +212,14 @@ class Supervisor(pykka.ThreadingActor):
         self.stop_children()
 
 
-def run_supervised(specs: list[ChildSpec], stop: threading.Event, **kw: Any) -> str | None:
+def run_supervised(specs: list[ChildSpec], stop: threading.Event, outcome: Outcome | None = None,
+                   **kw: Any) -> str | None:
     """Run children until they are all done, ``stop`` is set, or a child is given up on.
 
-    Returns the fatal reason, or None on a clean finish / stop.
+    Returns the fatal reason, or None on a clean finish / stop; pass ``outcome`` to learn
+    whether that reason is retriable and which child it came from.
     """
-    outcome = Outcome()
+    outcome = outcome or Outcome()
     sup_ref = Supervisor.start(specs, outcome, **kw)
     try:
         while not stop.is_set() and not outcome.finished.wait(0.2):

@@ -145,9 +145,13 @@ def _cmd_config(args: argparse.Namespace) -> int:
         return 0
     if not args.config:
         raise SystemExit("astraflow config check: give the config file")
+    from astraflow.checks import check_data, check_model
     cfg = load_config(args.config, _overrides(args.set))
+    # Inputs too, not just keys: a bad row or a wrong model path is a config error the
+    # user wants to see now, not after the job has started.
+    data, model = check_data(cfg), check_model(cfg)
     print(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
-    print(f"{args.config}: valid", file=sys.stderr)
+    print(f"data: {data}\nmodel: {model}\n{args.config}: valid", file=sys.stderr)
     return 0
 
 
@@ -230,12 +234,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # noqa: BLE001 - a CLI reports errors as one clear line
-        from astraflow.config import ConfigError
-        from astraflow.topics.exceptions import TopicsError
-        if isinstance(e, (TopicsError, ConfigError)):
-            print(f"astraflow: error: {e}", file=sys.stderr)
-            return 1
-        raise
+        from astraflow.errors import EXIT_FATAL, AstraflowError
+        if not isinstance(e, AstraflowError):
+            raise
+        log_path = getattr(e, "log_path", None)
+        if log_path:
+            print(f"astraflow: {getattr(e, 'node_id', None) or 'job'} stopped; its log: {log_path}", file=sys.stderr)
+        # The cause is the last line: that is where a user (and a launcher) looks.
+        print(f"astraflow: error: {e}", file=sys.stderr, flush=True)
+        return 1 if e.retriable else EXIT_FATAL
 
 
 if __name__ == "__main__":

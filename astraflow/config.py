@@ -19,9 +19,10 @@ import yaml
 
 from astraflow.engines.config import RolloutConfig as EngineRolloutConfig
 from astraflow.engines.config import TrainerConfig as EngineTrainerConfig
+from astraflow.errors import FatalError
 
 
-class ConfigError(ValueError):
+class ConfigError(FatalError, ValueError):
     """Invalid job configuration; names the file and the dotted key."""
 
     def __init__(self, file: str, key: str, problem: str) -> None:
@@ -57,6 +58,9 @@ class DataConfig:
     ops: str = _f("+-", "synthetic: operators")
     seed: int = _f(0, "synthetic: generator seed")
     num_prompts: int | None = _f(None, "prompts to load (null: enough for trainer.steps)")
+    on_bad_row: Literal["fail", "skip"] = _f("fail", "a file row that is not JSON or lacks prompt/answer: 'fail' "
+                                                     "stops the job naming file:line; 'skip' sends it to the "
+                                                     "dlq topic (source file:<path>, offset = line) and goes on")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,10 @@ job's topics exist, then starts the dataflow, the trainer and the RaaS node(s) a
 topic for the progress bar, restarts a component process that dies unexpectedly (its
 work is redelivered by Kafka), and when training and the final evaluation are done
 stops everything and writes the run directory: ``summary.json``, ``metrics.jsonl``,
-``metrics.csv``, ``plot.png``, ``logs/`` and ``traces/``.
+``metrics.csv``, ``plot.png``, ``logs/`` and ``traces/``. A component that exits with
+:data:`~astraflow.errors.EXIT_FATAL` (bad data, bad config, missing model) is not
+restarted: the job stops at once and :class:`RunFailed` carries the cause, the last
+line the component wrote.
 """
 
 from __future__ import annotations
@@ -24,6 +27,16 @@ from pathlib import Path
 from kafka import TopicPartition
 
 from astraflow.config import JobConfig
+from astraflow.errors import EXIT_FATAL, AstraflowError
+
+
+class RunFailed(AstraflowError):
+    """A job stopped before finishing; the message is the cause, as one line."""
+
+    def __init__(self, cause: str, *, node_id: str | None = None, log_path: Path | None = None,
+                 retriable: bool = True) -> None:
+        self.cause, self.node_id, self.log_path, self.retriable = cause, node_id, log_path, retriable
+        super().__init__(f"{node_id}: {cause}" if node_id else cause)
 
 
 @dataclass
@@ -44,6 +57,16 @@ class Proc:
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
+
+    def last_line(self) -> str:
+        """The last line the process wrote: ``astraflow node`` ends with its cause of exit there."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, 2) - 8192))
+                lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+        except OSError:
+            return ""
+        return lines[-1].strip() if lines else ""
 
 
 @dataclass
@@ -76,6 +99,11 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
     run_dir.mkdir(parents=True, exist_ok=True)
     state = RunState()
     started = time.time()
+    from astraflow.checks import check_data, check_model
+    # Bad data or a missing model fail here in seconds, before any process starts; the
+    # components still stop fatally on their own (`astraflow node` runs without us too).
+    check_model(cfg)
+    check_data(cfg)
     with contextlib.ExitStack() as stack:
         if bootstrap is None:
             _say(progress, "starting the embedded Kafka broker ...")
@@ -113,16 +141,16 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
                 interrupted = True
                 break
             if timeout_s and time.time() - started > timeout_s:
-                error = f"run exceeded its {timeout_s:.0f}s timeout"
+                error = RunFailed(f"run exceeded its {timeout_s:.0f}s timeout")
                 break
         for d in metrics.poll(200):
             _record(state, d.message)
         if bar is not None:
             _update_bar(bar, state, started)
             bar.close()
-    summary = _write_outputs(run_dir, cfg, state, started, procs, interrupted, error)
+    summary = _write_outputs(run_dir, cfg, state, started, procs, interrupted, str(error) if error else None)
     if error:
-        raise RuntimeError(f"run failed: {error} (see {run_dir / 'logs'})")
+        raise error
     return summary
 
 
@@ -135,7 +163,8 @@ def _broker(broker):
         broker.stop()
 
 
-def _supervise(procs: list[Proc], max_restarts: int, progress: bool) -> str | None:
+def _supervise(procs: list[Proc], max_restarts: int, progress: bool) -> RunFailed | None:
+    """Restart crashed components; the failure that ends the run, if any."""
     for p in procs:
         if p.done or p.alive():
             continue
@@ -143,12 +172,25 @@ def _supervise(procs: list[Proc], max_restarts: int, progress: bool) -> str | No
         if code == 0 and p.role in ("trainer", "dataflow"):
             p.done = True
             continue
+        if code == EXIT_FATAL:
+            _say(progress, f"{p.node_id} stopped with a fatal error; stopping the job")
+            return RunFailed(_cause(p.last_line()), node_id=p.node_id, log_path=p.log_path, retriable=False)
         if p.restarts >= max_restarts:
-            return f"{p.node_id} exited with code {code} {p.restarts + 1} times"
+            return RunFailed(f"exited with code {code} {p.restarts + 1} times; last words: {p.last_line()}",
+                             node_id=p.node_id, log_path=p.log_path)
         p.restarts += 1
         _say(progress, f"{p.node_id} exited with code {code}; restarting ({p.restarts}/{max_restarts})")
         p.start()
     return None
+
+
+def _cause(line: str) -> str:
+    """``astraflow node X: fatal: CAUSE`` or ``astraflow: error: CAUSE`` → ``CAUSE``; other lines as they are."""
+    if line.startswith("astraflow"):
+        for sep in (": fatal: ", ": error: "):
+            if sep in line:
+                return line.split(sep, 1)[1]
+    return line or "no output (see its log)"
 
 
 def stop_processes(procs: list[Proc], timeout: float = 30.0) -> None:

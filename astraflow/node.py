@@ -2,8 +2,11 @@
 
 Sets the process's thread budget, installs tracing, and runs the role's actors under a
 supervisor until they finish, the process is asked to stop (SIGTERM / Ctrl-C), or the
-supervisor gives up on an actor — then it exits non-zero with the reason. Components
-reach each other only through Kafka, so the same command runs on any host.
+supervisor gives up on an actor — then it exits non-zero with the reason as its last
+stderr line: 1 after retriable failures used up the restarts (a fresh process may fare
+better), :data:`~astraflow.errors.EXIT_FATAL` after a fatal one (bad data, bad config,
+missing model: do not restart). Components reach each other only through Kafka, so the
+same command runs on any host.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import threading
 from pathlib import Path
 
 from astraflow.config import JobConfig
+from astraflow.errors import EXIT_FATAL
 
 ROLES = ("dataflow", "raas", "trainer")
 log = logging.getLogger("astraflow.node")
@@ -46,6 +50,8 @@ def threads_for(role: str, cfg: JobConfig) -> int:
 
 
 def run_node(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: str | None = None) -> int:
+    from astraflow.checks import check_model
+    check_model(cfg)  # every role loads the model; a bad path is fatal, not worth restarts
     node_id = node_id or f"{role}-{os.getpid()}"
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=os.environ.get("ASTRAFLOW_LOG", "INFO"),
@@ -60,7 +66,7 @@ def run_node(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: s
         import torch
         torch.set_num_threads(n)
 
-    from astraflow.actors.supervisor import run_supervised
+    from astraflow.actors.supervisor import Outcome, run_supervised
     from astraflow.actors.telemetry import setup_tracing
     provider = setup_tracing(node_id, run_dir, cfg.tracing.otlp_endpoint, cfg.tracing.otlp_protocol)
     stop = threading.Event()
@@ -71,11 +77,14 @@ def run_node(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: s
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    outcome = Outcome()
     try:
-        fatal = run_supervised(child_specs(role, cfg, bootstrap, run_dir, node_id), stop)
+        fatal = run_supervised(child_specs(role, cfg, bootstrap, run_dir, node_id), stop, outcome)
     finally:
         provider.shutdown()
     if fatal:
-        print(f"astraflow node {node_id}: fatal: {fatal}", file=sys.stderr)
-        return 1
+        logging.disable(logging.CRITICAL)  # nothing may print after the cause: launchers read the last line
+        print(f"astraflow node {node_id}: {'error' if outcome.retriable else 'fatal'}: {fatal}",
+              file=sys.stderr, flush=True)
+        return 1 if outcome.retriable else EXIT_FATAL
     return 0

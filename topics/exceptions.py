@@ -1,13 +1,16 @@
 """Errors raised by the dataflow layer.
 
-One base class, :class:`TopicsError`; every error says what failed and what to do.
-``retriable`` tells callers whether trying again can help.
+One base class, :class:`TopicsError` (a branch of :class:`astraflow.errors.AstraflowError`);
+every error says what failed and what to do. ``retriable`` tells callers whether trying
+again can help.
 """
 
 from __future__ import annotations
 
+from astraflow.errors import AstraflowError
 
-class TopicsError(Exception):
+
+class TopicsError(AstraflowError):
     """Base class of every error raised by ``astraflow.topics``."""
 
     retriable: bool = False

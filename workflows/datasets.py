@@ -3,27 +3,46 @@
 A loader returns :class:`~astraflow.topics.Prompt` records; the dataflow actor publishes
 them to the job's ``prompts`` topic once. Sources: the synthetic arithmetic generator,
 or a JSONL / Parquet file whose rows have ``prompt`` and ``answer`` (and optionally
-``id``). Bad rows raise an error naming the file and row.
+``id``). A bad row raises :class:`DatasetError` naming it as ``file:line`` (JSONL) or
+``file: row i`` (Parquet) — a fatal error, since re-reading the file cannot fix it — or,
+with ``on_bad_row``, is handed to that callback and skipped. This module reads files; it
+knows nothing about Kafka beyond the duck-typed dead-letter writer of
+:func:`bad_row_handler`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable, NamedTuple
 
 import orjson
 
+from astraflow.errors import DataError
 from astraflow.topics import Prompt
 
 from .arithmetic import generate_problems
 
 
-class DatasetError(ValueError):
+class DatasetError(DataError, ValueError):
     """A dataset file or row is unusable; the message names the file and row."""
 
 
+class BadRow(NamedTuple):
+    """A row the loader could not use."""
+
+    path: Path  #: the dataset file
+    line: int  #: 1-based line (JSONL) or row number (Parquet)
+    raw: bytes  #: the row as read (JSON bytes)
+    error: DatasetError  #: why; its message starts with ``path:line``
+
+
 def load_prompts(source: str, n: int | None, *, seed: int = 0, max_digits: int = 2, ops: str = "+-",
-                 base_dir: str | Path = ".") -> list[Prompt]:
-    """Up to ``n`` prompts (``None``: all rows of a file; required for the generator)."""
+                 base_dir: str | Path = ".", on_bad_row: Callable[[BadRow], None] | None = None) -> list[Prompt]:
+    """Up to ``n`` prompts (``None``: all rows of a file; required for the generator).
+
+    Without ``on_bad_row`` the first bad row raises; with it, bad rows go to the callback
+    and do not count towards ``n``.
+    """
     if source == "arithmetic":
         if n is None:
             raise DatasetError("the arithmetic generator needs a prompt count (data.num_prompts)")
@@ -34,27 +53,65 @@ def load_prompts(source: str, n: int | None, *, seed: int = 0, max_digits: int =
         path = Path(base_dir) / path
     if not path.exists():
         raise DatasetError(f"dataset file {path} does not exist (data.source)")
-    rows = _read_rows(path)
-    out = []
-    for i, row in enumerate(rows[:n] if n is not None else rows):
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "answer" not in row:
-            raise DatasetError(f"{path}: row {i} needs string 'prompt' and 'answer' fields, got {row!r:.200}")
-        out.append(Prompt(str(row.get("id", f"{path.stem}-{i}")), row["prompt"], str(row["answer"]), path.name))
+    out: list[Prompt] = []
+    for index, (line, row, raw) in enumerate(_read_rows(path)):
+        if n is not None and len(out) >= n:
+            break
+        try:
+            if isinstance(row, DatasetError):
+                raise row
+            out.append(_prompt(path, line, index, row))
+        except DatasetError as e:
+            if on_bad_row is None:
+                raise
+            on_bad_row(BadRow(path, line, raw, e))
     return out
 
 
-def _read_rows(path: Path) -> list:
+def bad_row_handler(setting: str, dead_letters: Any) -> Callable[[BadRow], None] | None:
+    """The ``on_bad_row`` for the ``data.on_bad_row`` setting: None (``fail``: raise), or one
+    that writes each bad row to the job's DLQ (``skip``).
+
+    The dead letter's source is ``file:<path>`` and its offset the row's line, so the DLQ
+    names the row as precisely as the error would have.
+    """
+    if setting == "fail":
+        return None
+    if setting != "skip":
+        raise DatasetError(f"data.on_bad_row must be 'fail' or 'skip', got {setting!r}")
+
+    def put(bad: BadRow) -> None:
+        dead_letters.put(f"file:{bad.path}", 0, bad.line, None, bad.raw, None, bad.error)
+    return put
+
+
+def _prompt(path: Path, line: int, index: int, row: Any) -> Prompt:
+    if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "answer" not in row:
+        raise DatasetError(f"{_where(path, line)}: needs string 'prompt' and 'answer' fields, got {row!r:.200}")
+    return Prompt(str(row.get("id", f"{path.stem}-{index}")), row["prompt"], str(row["answer"]), path.name)
+
+
+def _where(path: Path, line: int) -> str:
+    return f"{path}: row {line}" if path.suffix == ".parquet" else f"{path}:{line}"
+
+
+def _read_rows(path: Path) -> list[tuple[int, Any, bytes]]:
+    """``(line, row or the DatasetError that row raised, raw bytes)`` per non-empty row."""
     if path.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
         except ImportError:
             raise DatasetError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
-        return pq.read_table(path).to_pylist()
-    rows = []
+        try:
+            table = pq.read_table(path)
+        except Exception as e:  # noqa: BLE001 - any read failure is an unusable file
+            raise DatasetError(f"{path}: not a readable Parquet file: {e}") from None
+        return [(i, row, orjson.dumps(row, default=str)) for i, row in enumerate(table.to_pylist(), 1)]
+    rows: list[tuple[int, Any, bytes]] = []
     for lineno, line in enumerate(path.read_bytes().splitlines(), 1):
         if line.strip():
             try:
-                rows.append(orjson.loads(line))
+                rows.append((lineno, orjson.loads(line), line))
             except orjson.JSONDecodeError as e:
-                raise DatasetError(f"{path}:{lineno}: not JSON: {e}") from None
+                rows.append((lineno, DatasetError(f"{path}:{lineno}: not JSON: {e}"), line))
     return rows

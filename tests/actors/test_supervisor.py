@@ -4,7 +4,8 @@ import threading
 
 import pytest
 
-from astraflow.actors.supervisor import ChildSpec, LoopActor, run_supervised
+from astraflow.actors.supervisor import ChildSpec, LoopActor, Outcome, run_supervised
+from astraflow.workflows.datasets import DatasetError
 
 
 class Flaky(LoopActor):
@@ -61,6 +62,44 @@ def test_supervisor_gives_up_after_max_restarts():
     assert fatal is not None
     assert "doomed failed 3 times" in fatal and "RuntimeError: boom #3" in fatal
     assert len(starts) == 3
+
+
+class BadInput(LoopActor):
+    """Fails in setup the way a dataset with a broken row does: deterministically."""
+
+    def __init__(self, supervisor, name, starts: list, wrap: bool) -> None:
+        super().__init__(supervisor, name)
+        self.starts, self.wrap = starts, wrap
+
+    def setup(self) -> None:
+        self.starts.append(1)
+        try:
+            raise DatasetError("d.jsonl:2: not JSON: unexpected character")
+        except DatasetError as e:
+            if self.wrap:  # a fatal cause behind a generic error is still fatal
+                raise RuntimeError("loading prompts failed") from e
+            raise
+
+    def step(self) -> None:
+        raise AssertionError("never reached")
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+def test_fatal_error_is_not_restarted(wrap):
+    starts: list = []
+    outcome = Outcome()
+    spec = ChildSpec("dataflow", lambda sup, name: BadInput.start(sup, name, starts, wrap))
+    fatal = run_supervised([spec], threading.Event(), outcome, max_restarts=5, backoff_s=0.01)
+    assert fatal == "d.jsonl:2: not JSON: unexpected character"
+    assert len(starts) == 1
+    assert (outcome.retriable, outcome.child) == (False, "dataflow")
+
+
+def test_giving_up_on_retriable_errors_stays_retriable():
+    outcome = Outcome()
+    spec = ChildSpec("doomed", lambda sup, name: Flaky.start(sup, name, [], 100))
+    assert run_supervised([spec], threading.Event(), outcome, max_restarts=1, backoff_s=0.01)
+    assert outcome.retriable and outcome.child == "doomed"
 
 
 def test_stop_event_ends_a_never_finishing_actor():

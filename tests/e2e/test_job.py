@@ -136,7 +136,8 @@ def test_bad_config_is_rejected_naming_key_and_file(tmp_path):
     bad.write_text("job: x\nrollout:\n  n_sample: 4\n")
     proc = subprocess.run([sys.executable, "-m", "astraflow", "run", str(bad)], capture_output=True, text=True,
                           timeout=120)
-    assert proc.returncode == 1
+    from astraflow.errors import EXIT_FATAL
+    assert proc.returncode == EXIT_FATAL  # a bad config is not worth a retry
     assert f"{bad}: rollout.n_sample: unknown key" in proc.stderr
 
 

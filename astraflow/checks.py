@@ -1,0 +1,59 @@
+"""Pre-flight checks of a job's inputs: its data source and its model path.
+
+``astraflow config check`` runs both, and ``astraflow node`` / ``astraflow run`` check
+the model before starting anything, so a typo fails in a second with its cause instead
+of after restarts. The data check uses the dataflow's own loader on every row, so a
+file that passes here is a file the dataflow can publish. This module reads files only;
+it knows nothing about Kafka.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from astraflow.config import JobConfig
+from astraflow.errors import DataError, ModelError
+
+
+def data_base_dir(cfg: JobConfig) -> str:
+    """Relative ``data.source`` paths are relative to the config file, as in the dataflow."""
+    return str(Path(cfg.source).parent) if cfg.source != "<dict>" else "."
+
+
+def check_data(cfg: JobConfig) -> str:
+    """Load every row of the data source; raises :class:`~astraflow.errors.DataError`.
+
+    With ``data.on_bad_row: skip`` bad rows are counted, not raised: the job will skip them.
+    """
+    from astraflow.workflows.datasets import BadRow, load_prompts
+
+    d = cfg.data
+    # The generator yields as many prompts as asked; a file is read to its last row.
+    n = (d.num_prompts or 1) if d.source == "arithmetic" else None
+    bad: list[BadRow] = []
+    prompts = load_prompts(d.source, n, seed=d.seed, max_digits=d.max_digits, ops=d.ops,
+                           base_dir=data_base_dir(cfg), on_bad_row=bad.append if d.on_bad_row == "skip" else None)
+    if not prompts:
+        raise DataError(f"data.source {d.source}: no usable rows" + (f" (first bad row: {bad[0].error})" if bad else ""))
+    if d.source == "arithmetic":
+        return "synthetic arithmetic generator"
+    skipped = f", {len(bad)} bad rows to skip into the dlq (first: {bad[0].error})" if bad else ""
+    return f"{d.source}: {len(prompts)} rows{skipped}"
+
+
+def check_model(cfg: JobConfig) -> str:
+    """The configured model dir exists and holds a loadable HF config; raises :class:`ModelError`."""
+    if not cfg.model.path:
+        return f"tiny bootstrapped model (seed {cfg.model.seed}; built and cached on first use)"
+    path = Path(cfg.model.path).expanduser()
+    if not path.is_dir():
+        raise ModelError(f"model.path {path}: no such directory; run `astraflow model init --out {path}` "
+                         f"or fix the path")
+    if not (path / "config.json").is_file():
+        raise ModelError(f"model.path {path}: no config.json (not a Hugging Face model directory)")
+    try:
+        from transformers import AutoConfig
+        config = AutoConfig.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - any load failure is the same verdict: unusable model
+        raise ModelError(f"model.path {path}: config.json does not load: {type(e).__name__}: {e}") from e
+    return f"{path} ({config.model_type})"

@@ -1,0 +1,157 @@
+"""Deterministic failures stop the job at once, with their cause as the last line on screen."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from astraflow.errors import EXIT_FATAL
+
+BAD_ROWS = '{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": 4,\n{"prompt": "3+3=", "answer": "6"}\n'
+
+
+def _astraflow(*args: str, timeout: float, **kw) -> subprocess.CompletedProcess:
+    """Run the CLI in its own process group, so a timeout also ends the components it started."""
+    kw.setdefault("stdout", subprocess.PIPE)
+    kw.setdefault("stderr", subprocess.STDOUT)
+    p = subprocess.Popen([sys.executable, "-m", "astraflow", *args], text=True, stdin=subprocess.DEVNULL,
+                         start_new_session=True, **kw)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def _last_line(out: str) -> str:
+    return [ln for ln in out.splitlines() if ln.strip()][-1]
+
+
+@pytest.fixture
+def bad_data_config(make_job_config, tmp_path):
+    (tmp_path / "d.jsonl").write_text(BAD_ROWS)
+    return make_job_config({"data": {"source": str(tmp_path / "d.jsonl")}}, name="failfast")
+
+
+def test_bad_row_stops_the_run_with_its_cause_as_the_last_line(bootstrap, bad_data_config, tmp_path):
+    from astraflow.engines.bootstrap import ensure_tiny_model
+    ensure_tiny_model()  # built once per machine; not part of what this test bounds
+    # Before: 6 in-process retries x 4 process restarts (minutes), then a traceback.
+    r = _astraflow("run", bad_data_config.source, "--bootstrap-servers", bootstrap, "--quiet",
+                   "--run-dir", str(tmp_path / "run"), timeout=30)
+    assert "Traceback" not in r.stdout, r.stdout
+    assert "d.jsonl:2: not JSON" in _last_line(r.stdout), r.stdout
+    assert r.returncode == EXIT_FATAL, r.stdout
+
+
+@pytest.mark.slow
+def test_fatal_component_is_not_restarted_and_stops_the_job(bootstrap, bad_data_config, tmp_path, monkeypatch):
+    """The path a preflight cannot cover: the dataflow process itself meets the bad row."""
+    import astraflow.checks
+    from astraflow.launcher import RunFailed, run_job
+    monkeypatch.setattr(astraflow.checks, "check_data", lambda cfg: "not checked")
+    run_dir = tmp_path / "run"
+    with pytest.raises(RunFailed) as e:
+        run_job(bad_data_config, bootstrap=bootstrap, run_dir=run_dir, progress=False, timeout_s=300)
+    assert not e.value.retriable and e.value.node_id == "dataflow"
+    assert "d.jsonl:2: not JSON" in e.value.cause and str(e.value) == f"dataflow: {e.value.cause}"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["restarts"] == {} and "d.jsonl:2: not JSON" in summary["error"]
+    # The component ended with the cause as its last line (and the fatal exit code the launcher read).
+    last = _last_line((run_dir / "logs" / "dataflow.log").read_text())
+    assert last.startswith("astraflow node dataflow: fatal: ") and "d.jsonl:2: not JSON" in last
+
+
+def test_launcher_restarts_crashes_but_not_fatal_exits(tmp_path):
+    from astraflow.launcher import Proc, _supervise
+
+    def proc(name: str, code: int, line: str) -> Proc:
+        p = Proc("raas", name, [sys.executable, "-c", f"import sys; print({line!r}, file=sys.stderr); sys.exit({code})"],
+                 tmp_path / f"{name}.log")
+        p.start()
+        p.popen.wait()
+        return p
+
+    crashed = proc("raas-0", 1, "Traceback: a broker blip")
+    assert _supervise([crashed], max_restarts=3, progress=False) is None
+    assert crashed.restarts == 1
+    crashed.popen.wait()
+
+    fatal = proc("raas-1", EXIT_FATAL, "astraflow node raas-1: fatal: model.path /m: no such directory")
+    first = fatal.popen
+    failure = _supervise([fatal], max_restarts=3, progress=False)
+    assert failure is not None and not failure.retriable
+    assert (failure.node_id, failure.cause) == ("raas-1", "model.path /m: no such directory")
+    assert fatal.restarts == 0 and fatal.popen is first
+
+
+def test_config_check_reads_every_row(bad_data_config):
+    r = _astraflow("config", "check", bad_data_config.source, timeout=60)
+    assert r.returncode == EXIT_FATAL, r.stdout
+    assert "Traceback" not in r.stdout
+    assert "d.jsonl:2: not JSON" in _last_line(r.stdout)
+
+
+def test_config_check_counts_rows_to_skip(make_job_config, tmp_path):
+    (tmp_path / "d.jsonl").write_text(BAD_ROWS)
+    cfg = make_job_config({"data": {"source": str(tmp_path / "d.jsonl"), "on_bad_row": "skip"}})
+    r = _astraflow("config", "check", cfg.source, timeout=60, stderr=subprocess.PIPE)
+    assert r.returncode == 0, r.stderr
+    assert "d.jsonl: 2 rows, 1 bad rows to skip into the dlq (first: " in r.stderr and "d.jsonl:2: not JSON" in r.stderr
+
+
+def test_config_check_checks_the_model_path(make_job_config, tmp_path):
+    missing = make_job_config({"model": {"path": str(tmp_path / "nowhere")}})
+    r = _astraflow("config", "check", missing.source, timeout=60)
+    assert r.returncode == EXIT_FATAL and "Traceback" not in r.stdout, r.stdout
+    assert f"model.path {tmp_path / 'nowhere'}: no such directory" in _last_line(r.stdout)
+
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    bad = make_job_config({"model": {"path": str(broken)}})
+    r = _astraflow("config", "check", bad.source, timeout=60)
+    assert r.returncode == EXIT_FATAL and "config.json does not load" in _last_line(r.stdout), r.stdout
+
+
+def test_config_check_passes_a_good_config(make_job_config, tmp_path):
+    (tmp_path / "ok.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    good = make_job_config({"data": {"source": str(tmp_path / "ok.jsonl")}})
+    r = _astraflow("config", "check", good.source, timeout=60, stderr=subprocess.PIPE)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["data"]["source"] == str(tmp_path / "ok.jsonl")
+    assert "ok.jsonl: 1 rows" in r.stderr and _last_line(r.stderr).endswith(": valid")
+
+
+def test_skip_sends_bad_rows_to_the_dlq_and_publishes_the_rest(bootstrap, make_job_config, tmp_path):
+    import time
+
+    from astraflow.actors.common import job_topics
+    from astraflow.actors.dataflow import DataflowActor
+    from astraflow.topics import DeadLetter, Prompt, ensure_topics
+    from astraflow.topics.replay import read_topic
+
+    (tmp_path / "d.jsonl").write_text(BAD_ROWS)
+    cfg = make_job_config({"data": {"source": str(tmp_path / "d.jsonl"), "on_bad_row": "skip"}})
+    topics = job_topics(cfg)
+    ensure_topics(bootstrap, topics.specs())
+    ref = DataflowActor.start(None, "dataflow", cfg, bootstrap)
+    try:
+        deadline = time.monotonic() + 120
+        prompts: list = []
+        while not prompts and time.monotonic() < deadline and ref.is_alive():
+            prompts = [m for _, _, m in read_topic(bootstrap, topics.prompts) if isinstance(m, Prompt)]
+    finally:
+        if ref.is_alive():
+            ref.stop()
+    assert [p.text for p in prompts] == ["1+1=", "3+3="]
+    [letter] = [m for _, _, m in read_topic(bootstrap, topics.dlq) if isinstance(m, DeadLetter)]
+    assert (letter.source_topic, letter.offset) == (f"file:{tmp_path / 'd.jsonl'}", 2)
+    assert "d.jsonl:2: not JSON" in letter.error
