@@ -49,7 +49,9 @@ def fatal_cause(exc: BaseException) -> AstraflowError | None:
     """The fatal error behind ``exc`` (itself or a ``raise ... from`` cause), else None.
 
     The outermost classified error decides: a retriable wrapper around a fatal cause
-    means someone judged that retrying can help.
+    means someone judged that retrying can help. Only explicit causes count: an error
+    raised *while handling* a fatal one (a broker blip while dead-lettering a bad row) is
+    its own failure, not the bad row's.
     """
     seen: set[int] = set()
     e: BaseException | None = exc
@@ -57,7 +59,7 @@ def fatal_cause(exc: BaseException) -> AstraflowError | None:
         seen.add(id(e))
         if isinstance(e, AstraflowError):
             return None if e.retriable else e
-        e = e.__cause__ or e.__context__
+        e = e.__cause__
     return None
 
 
