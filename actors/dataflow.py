@@ -4,19 +4,22 @@ Owns the job's data schedule for one policy:
 
 * **prompts → tasks.** Task ``i`` may be scheduled only while
   ``scheduled < (version + max_staleness + 1) * B + dropped`` where ``version`` is the
-  newest announced policy version, ``B`` the groups per batch and ``dropped`` the groups
-  discarded so far (stale or failed). A sample generated at version ``v`` therefore lands
-  in a batch trained at version ``<= v + max_staleness``; ``max_staleness = 0`` is the
-  synchronous schedule. Tasks and the prompt offsets they consumed are written in one
-  transaction, so the number scheduled *is* the committed prompt offset.
-* **trajectories → batches.** Groups are deduplicated by task id, checked against the
-  bound once more for the batch they enter (a violating group is dropped and counted),
-  and written as ``Batch(step=k)`` together with the trajectory offsets in one
-  transaction. Offsets are committed only up to the first group still waiting, so a
-  restart re-reads exactly the partial batch.
+  newest announced policy version, ``B`` the groups per batch and ``dropped`` the tasks
+  settled without a batch so far (stale or failed groups). A sample generated at version
+  ``v`` therefore lands in a batch trained at version ``<= v + max_staleness``;
+  ``max_staleness = 0`` is the synchronous schedule. Scheduling stops at the training
+  horizon (``steps * B + dropped``), so no task is left unneeded after the last batch.
+* **trajectories → batches.** A group answers an open task or is a duplicate; it is
+  checked against the bound once more for the batch it enters, and written as
+  ``Batch(step=k)``. Every group consumed without a batch gets a :class:`GroupDrop` on
+  ``drops.<policy>`` with its reason and coordinates (the conservation audit reads them).
+  Offsets are committed only up to the first group still waiting, so a restart re-reads
+  exactly the partial batch.
 
-Nothing lives only in memory: a restarted actor rebuilds ``next step``, ``dropped`` and
-the batched task ids from the ``batches`` topic and its committed offsets.
+Nothing lives only in memory: every transaction (tasks + prompt offsets; drops, batch +
+trajectory offsets) also writes the :class:`~astraflow.actors.ledger.Ledger`'s compact
+state to ``dataflow-state.<policy>``, so a restarted actor reads one record and the
+committed offsets, never the history.
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ from astraflow.config import JobConfig
 from astraflow.topics import (Batch, Consumer, DeadLetters, Delivery, Producer, Prompt, Task,
                               TrajectoryGroup, VersionAnnouncement)
 from astraflow.topics import tracing as topic_tracing
-from astraflow.topics.replay import read_topic
 
 from .common import close_quietly, job_topics
+from .ledger import Ledger, read_state
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 
@@ -64,7 +67,12 @@ class DataflowActor(LoopActor):
         self.dead = DeadLetters(self.plain, self.topics.dlq, f"dataflow.{policy}")
         self.metrics = MetricsEmitter(self.plain, self.topics.metrics, f"dataflow.{policy}")
         self._load_prompts()
-        self.next_step, self.dropped, self.batched = self._read_batches()
+        state, self.state_records_read = read_state(self.bootstrap, self.topics.dataflow_state(policy), policy)
+        if state is None and self._end_offset(self.topics.batches(policy)) > 0:
+            raise RuntimeError(f"{self.topics.batches(policy)} holds batches but "
+                               f"{self.topics.dataflow_state(policy)} has no dataflow state: the job was written "
+                               f"by an older astraflow; finish it with that version or start a new job")
+        self.ledger = Ledger(policy, state)
         group = f"dataflow.{policy}"
         self.prompts = self._keep(Consumer(self.bootstrap, topics=[self.topics.prompts], group_id=group,
                                            dead_letters=self.dead, client_id=group, expect=(Prompt,)))
@@ -74,10 +82,11 @@ class DataflowActor(LoopActor):
                                                 expect=(TrajectoryGroup,)))
         self.versions = self._keep(Consumer(self.bootstrap, partitions=[TopicPartition(self.topics.versions, 0)],
                                             dead_letters=self.dead, client_id=group))
-        committed = self.prompts.raw.committed(TopicPartition(self.topics.prompts, 0))
-        self.scheduled = committed or 0
-        log.info("dataflow: resuming at step %d, %d tasks scheduled, %d dropped", self.next_step,
-                 self.scheduled, self.dropped)
+        log.info("dataflow: resuming at step %d, %d tasks scheduled, %d dropped, %d open (%d state record(s) read)",
+                 self.ledger.next_step, self.ledger.tasks_scheduled, self.ledger.dropped, len(self.ledger.open),
+                 self.state_records_read)
+        self.metrics.emit("dataflow.resumed", self.ledger.next_step, step=self.ledger.next_step,
+                          state_records_read=self.state_records_read)
 
     def _keep(self, client):
         self._clients.append(client)
@@ -85,14 +94,8 @@ class DataflowActor(LoopActor):
 
     def _load_prompts(self) -> None:
         """Publish the dataset to ``prompts`` once (a transaction: all of it or none)."""
-        from kafka import KafkaConsumer
-
         from astraflow.workflows.datasets import bad_row_handler, load_prompts
-        probe = KafkaConsumer(bootstrap_servers=self.bootstrap, isolation_level="read_committed")
-        tp = TopicPartition(self.topics.prompts, 0)
-        end = probe.end_offsets([tp])[tp]
-        probe.close()
-        if end > 0:
+        if self._end_offset(self.topics.prompts) > 0:
             return
         needed = self.cfg.data.num_prompts or 2 * self.cfg.trainer.steps * self.B
         prompts = load_prompts(self.cfg.data.source, needed, seed=self.cfg.data.seed,
@@ -108,15 +111,14 @@ class DataflowActor(LoopActor):
         from pathlib import Path
         return str(Path(self.cfg.source).parent) if self.cfg.source != "<dict>" else "."
 
-    def _read_batches(self) -> tuple[int, int, set[str]]:
-        """Next step, dropped count and batched task ids, from the committed batches."""
-        next_step, dropped, batched = 0, 0, set()
-        for _, _, b in read_topic(self.bootstrap, self.topics.batches(self.cfg.policy)):
-            if isinstance(b, Batch):
-                next_step = b.step + 1
-                dropped = int(b.stats.get("dropped_total", 0))
-                batched.update(g.task_id for g in b.groups)
-        return next_step, dropped, batched
+    def _end_offset(self, topic: str) -> int:
+        from kafka import KafkaConsumer
+        probe = KafkaConsumer(bootstrap_servers=self.bootstrap, isolation_level="read_committed")
+        try:
+            tp = TopicPartition(topic, 0)
+            return probe.end_offsets([tp])[tp]
+        finally:
+            probe.close()
 
     # -- the loop ----------------------------------------------------------------------
     def step(self) -> None:
@@ -132,9 +134,10 @@ class DataflowActor(LoopActor):
 
     def capacity(self) -> int:
         """How many more tasks the staleness bound (and the training horizon) allows now."""
-        bound = (self.version + self.staleness + 1) * self.B + self.dropped
-        horizon = self.cfg.trainer.steps * self.B + self.dropped
-        return max(0, min(bound, horizon) - self.scheduled)
+        led = self.ledger
+        bound = (self.version + self.staleness + 1) * self.B + led.dropped
+        horizon = self.cfg.trainer.steps * self.B + led.dropped
+        return max(0, min(bound, horizon) - led.tasks_scheduled)
 
     def _schedule(self) -> None:
         room = self.capacity()
@@ -147,43 +150,49 @@ class DataflowActor(LoopActor):
         r = self.cfg.rollout
         sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k,
                     "max_new_tokens": r.max_new_tokens}
+        # Dead-lettered prompts advance the offsets but make no task: they take no slot.
+        tasks = [Task(task_id=f"t{d.offset:07d}-{d.message.prompt_id}", prompt_id=d.message.prompt_id,
+                      policy=self.cfg.policy, prompt=d.message.text, answer=d.message.answer,
+                      n_samples=r.n_samples, sampling=sampling, scheduled_version=self.version,
+                      created_at=time.time()) for d in prompts]
+        self.ledger.scheduled(t.task_id for t in tasks)
         with self.txn.transaction():
-            for d in prompts:
-                p: Prompt = d.message
-                task = Task(task_id=f"t{d.offset:07d}-{p.prompt_id}", prompt_id=p.prompt_id, policy=self.cfg.policy,
-                            prompt=p.text, answer=p.answer, n_samples=r.n_samples, sampling=sampling,
-                            scheduled_version=self.version, created_at=time.time())
+            for task in tasks:
                 with tracer.start_as_current_span("dataflow.schedule", attributes={
-                        "task.id": task.task_id, "prompt.id": p.prompt_id, "policy.version": self.version}):
+                        "task.id": task.task_id, "prompt.id": task.prompt_id, "policy.version": self.version}):
                     self.txn.send(self.topics.tasks(self.cfg.policy), task, key=task.task_id)
+            self._send_state()
             self.txn.send_offsets(self.prompts, offsets)
-        position = offsets[TopicPartition(self.topics.prompts, 0)]
-        # Offsets that yielded no task (dead-lettered records) free their slot again.
-        self.dropped += (position - self.scheduled) - len(prompts)
-        self.scheduled = position
-        self.metrics.emit("dataflow.scheduled", self.scheduled, step=self.version)
+        self.metrics.emit("dataflow.scheduled", self.ledger.tasks_scheduled, step=self.version)
 
     def _collect(self) -> None:
         for d in self.trajectories.poll(200):
-            g: TrajectoryGroup = d.message
-            if g.task_id in self.batched or any(p.message.task_id == g.task_id for p in self.partial):
-                self.metrics.emit("dataflow.duplicates", 1, step=self.next_step)
+            if self.ledger.already_settled(d):
                 continue
-            if g.status != "ok" or not g.samples:
-                self.dropped += 1
-                self.metrics.emit("dataflow.failed_groups", 1, step=self.next_step, task=g.task_id)
-                continue
-            self.partial.append(d)
+            reason = self.ledger.verdict(d)
+            if reason is None:
+                self.ledger.wait(d)
+                self.partial.append(d)
+            else:
+                self._drop(d, reason, f"task {d.message.task_id} is not open" if reason == "duplicate"
+                           else d.message.error)
         while self._fill_batch():
             pass
+        if self.ledger.pending_drops:
+            with self.txn.transaction():
+                self._send_drops_and_state(self._safe_offsets())
+
+    def _drop(self, d: Delivery, reason: str, detail: str = "") -> None:
+        self.ledger.drop(d, reason, self.ledger.next_step, detail)
+        self.metrics.emit(f"dataflow.dropped.{reason}", 1, step=self.ledger.next_step, task=d.message.task_id)
 
     def _fill_batch(self) -> bool:
-        k = self.next_step
+        k = self.ledger.next_step
         fresh = []
         for d in self.partial:
-            if k - min(min(s.versions, default=k) for s in d.message.samples) > self.staleness:
-                self.dropped += 1
-                self.metrics.emit("dataflow.stale_dropped", 1, step=k, task=d.message.task_id)
+            oldest = min(min(s.versions, default=k) for s in d.message.samples)
+            if k - oldest > self.staleness:
+                self._drop(d, "stale", f"a token of version {oldest} cannot train at step {k}")
             else:
                 fresh.append(d)
         self.partial = fresh
@@ -191,11 +200,12 @@ class DataflowActor(LoopActor):
             return False
         members, self.partial = self.partial[:self.B], self.partial[self.B:]
         groups = [d.message for d in members]
+        self.ledger.batched(members)
         offsets = self._safe_offsets()
         rewards = [s.reward for g in groups for s in g.samples]
         staleness = [k - min(s.versions) for g in groups for s in g.samples if s.versions]
         batch = Batch(self.cfg.policy, k, groups, [d.source for d in members],
-                      {"dropped_total": self.dropped, "reward_mean": sum(rewards) / len(rewards),
+                      {"dropped_total": self.ledger.dropped, "reward_mean": sum(rewards) / len(rewards),
                        "staleness_max": max(staleness, default=0), "staleness_mean": sum(staleness) / max(1, len(staleness)),
                        "created_at": time.time()})
         links = [Link(sc) for sc in (topic_tracing.span_context(d.headers) for d in members) if sc is not None]
@@ -203,12 +213,21 @@ class DataflowActor(LoopActor):
                                           attributes={"batch.step": k, "batch.groups": len(groups)}):
             with self.txn.transaction():
                 self.txn.send(self.topics.batches(self.cfg.policy), batch, key=str(k))
-                self.txn.send_offsets(self.trajectories, offsets)
-        self.batched.update(g.task_id for g in groups)
-        self.next_step += 1
+                self._send_drops_and_state(offsets)
         self.metrics.emit_many({"dataflow.batch_reward": batch.stats["reward_mean"],
                                 "dataflow.batch_staleness_max": batch.stats["staleness_max"]}, step=k)
         return True
+
+    def _send_drops_and_state(self, offsets: dict[TopicPartition, int]) -> None:
+        """Inside a transaction: the drops so far, the state, and the offsets past what they settle."""
+        for drop in self.ledger.take_drops():
+            self.txn.send(self.topics.drops(self.cfg.policy), drop, key=drop.task_id)
+        self.ledger.committed(offsets)
+        self._send_state()
+        self.txn.send_offsets(self.trajectories, offsets)
+
+    def _send_state(self) -> None:
+        self.txn.send(self.topics.dataflow_state(self.cfg.policy), self.ledger.state(), key=self.cfg.policy)
 
     def _safe_offsets(self) -> dict[TopicPartition, int]:
         """Commit past everything consumed, except groups still waiting in the partial batch."""

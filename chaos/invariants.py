@@ -1,14 +1,21 @@
-"""Audit a job's topics: nothing lost, nothing duplicated, staleness respected.
+"""Audit a job's topics: the conservation law, computed from the log alone.
 
-Reads ``tasks.<policy>``, ``trajectories`` and ``batches.<policy>`` as a plain
-``read_committed`` consumer would (only what was committed exists) and checks:
+Reads ``tasks.<policy>``, ``trajectories``, ``batches.<policy>``, ``drops.<policy>`` and the
+newest ``dataflow-state.<policy>`` record as a plain ``read_committed`` consumer would
+(only what was committed exists) and checks (DESIGN.md §7):
 
 * every task has exactly one committed trajectory group (an explicit ``failed`` group
   counts), and every group answers a task that exists;
-* no trajectory group enters two batches, batches are numbered 0, 1, 2, ... without a gap,
-  and each batch's ``sources`` point at records that hold its groups;
+* every group record is settled exactly once: in one batch (ok groups only) or named by
+  one drop record with a known reason. A group in no batch and no drop is a violation
+  whatever the reason: a finished run leaves nothing in flight, so an audit of a running
+  job fails until it settles (poll it);
+* batch sources and drop records point at records that hold the groups they name;
+  batches are numbered 0, 1, 2, ... without a gap;
 * every trained sample respects the staleness bound: a token generated at version ``v``
-  is in a batch ``k`` with ``k - v <= max_staleness``.
+  is in a batch ``k`` with ``k - v <= max_staleness``;
+* the dataflow's newest state agrees with the log (tasks scheduled, slots freed by drops,
+  next step, nothing open), so the counts it restarts from are the ones the log implies.
 """
 
 from __future__ import annotations
@@ -17,7 +24,21 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from astraflow.topics import Batch, JobTopics, Task, TrajectoryGroup
+from astraflow.topics.messages import DROP_REASONS, DataflowState, GroupDrop
 from astraflow.topics.replay import read_topic
+
+Coord = tuple[int, int]  #: (partition, offset) of a record on ``trajectories``
+
+
+@dataclass
+class JobLog:
+    """What the audit reads: the committed records of one policy's pipeline."""
+
+    tasks: list[Task]
+    groups: list[tuple[int, int, TrajectoryGroup]]  #: (partition, offset, group) on ``trajectories``
+    batches: list[Batch]
+    drops: list[GroupDrop]
+    state: DataflowState | None = None  #: the dataflow's newest state record
 
 
 @dataclass
@@ -27,6 +48,7 @@ class Audit:
     batches: int = 0
     batched_groups: int = 0
     failed_groups: int = 0
+    drops: Counter = field(default_factory=Counter)  #: drop records by reason
     max_staleness_seen: int = 0
     violations: list[str] = field(default_factory=list)
 
@@ -35,39 +57,55 @@ class Audit:
         return not self.violations
 
 
-def audit(bootstrap: str, topics: JobTopics, policy: str, max_staleness: int, *,
-          expect_all_tasks_done: bool = True) -> Audit:
-    a = Audit()
-    tasks = [m for _, _, m in read_topic(bootstrap, topics.tasks(policy)) if isinstance(m, Task)]
-    traj = [(p, o, m) for p, o, m in read_topic(bootstrap, topics.trajectories) if isinstance(m, TrajectoryGroup)]
-    batches = [m for _, _, m in read_topic(bootstrap, topics.batches(policy)) if isinstance(m, Batch)]
-    a.tasks, a.groups, a.batches = len(tasks), len(traj), len(batches)
-    a.failed_groups = sum(1 for _, _, g in traj if g.status != "ok")
+def read_log(bootstrap: str, topics: JobTopics, policy: str) -> JobLog:
+    states = [m for _, _, m in read_topic(bootstrap, topics.dataflow_state(policy), tail=64)
+              if isinstance(m, DataflowState) and m.policy == policy]
+    return JobLog(
+        tasks=[m for _, _, m in read_topic(bootstrap, topics.tasks(policy)) if isinstance(m, Task)],
+        groups=[(p, o, m) for p, o, m in read_topic(bootstrap, topics.trajectories)
+                if isinstance(m, TrajectoryGroup) and m.policy == policy],
+        batches=[m for _, _, m in read_topic(bootstrap, topics.batches(policy)) if isinstance(m, Batch)],
+        drops=[m for _, _, m in read_topic(bootstrap, topics.drops(policy)) if isinstance(m, GroupDrop)],
+        state=states[-1] if states else None)
 
-    task_ids = Counter(t.task_id for t in tasks)
+
+def audit(bootstrap: str, topics: JobTopics, policy: str, max_staleness: int) -> Audit:
+    """Read the job's topics and check them; ``Audit.ok`` when nothing is violated."""
+    return check(read_log(bootstrap, topics, policy), max_staleness)
+
+
+def check(log: JobLog, max_staleness: int) -> Audit:
+    a = Audit(tasks=len(log.tasks), groups=len(log.groups), batches=len(log.batches),
+              failed_groups=sum(1 for _, _, g in log.groups if g.status != "ok"),
+              drops=Counter(d.reason for d in log.drops))
+    _check_tasks(log, a)
+    _check_batches(log, a, max_staleness)
+    _check_settlement(log, a)
+    _check_state(log, a)
+    return a
+
+
+def _check_tasks(log: JobLog, a: Audit) -> None:
+    task_ids = Counter(t.task_id for t in log.tasks)
     for tid, n in task_ids.items():
         if n > 1:
             a.violations.append(f"task {tid} scheduled {n} times")
-    group_ids = Counter(g.task_id for _, _, g in traj)
+    group_ids = Counter(g.task_id for _, _, g in log.groups)
     for tid, n in group_ids.items():
         if n > 1:
             a.violations.append(f"task {tid} has {n} committed trajectory groups")
         if tid not in task_ids:
             a.violations.append(f"trajectory group for unknown task {tid}")
-    if expect_all_tasks_done:
-        for tid in task_ids:
-            if tid not in group_ids:
-                a.violations.append(f"task {tid} has no trajectory group")
+    for tid in task_ids:
+        if tid not in group_ids:
+            a.violations.append(f"task {tid} has no trajectory group")
 
-    by_coord = {(p, o): g for p, o, g in traj}
-    seen: dict[str, int] = {}
-    for i, b in enumerate(batches):
+
+def _check_batches(log: JobLog, a: Audit, max_staleness: int) -> None:
+    for i, b in enumerate(log.batches):
         if b.step != i:
             a.violations.append(f"batch #{i} has step {b.step}")
         for g in b.groups:
-            if g.task_id in seen:
-                a.violations.append(f"group {g.task_id} in batches {seen[g.task_id]} and {b.step}")
-            seen[g.task_id] = b.step
             for s in g.samples:
                 if s.versions:
                     lag = b.step - min(s.versions)
@@ -75,9 +113,57 @@ def audit(bootstrap: str, topics: JobTopics, policy: str, max_staleness: int, *,
                     if lag > max_staleness:
                         a.violations.append(f"batch {b.step}: group {g.task_id} has a token of version "
                                             f"{min(s.versions)} (staleness {lag} > {max_staleness})")
-        for src, g in zip(b.sources, b.groups):
-            held = by_coord.get((src.partition, src.offset))
-            if held is None or held.task_id != g.task_id:
-                a.violations.append(f"batch {b.step}: source {src} does not hold group {g.task_id}")
+        if len(b.sources) != len(b.groups):
+            a.violations.append(f"batch {b.step}: {len(b.groups)} groups but {len(b.sources)} sources")
         a.batched_groups += len(b.groups)
-    return a
+
+
+def _settlements(log: JobLog, a: Audit) -> dict[Coord, list[str]]:
+    """Where each group record went. A replay mark (a later kind of settlement) joins here."""
+    held = {(p, o): g for p, o, g in log.groups}
+    out: dict[Coord, list[str]] = {}
+    for b in log.batches:
+        for src, g in zip(b.sources, b.groups):
+            coord = (src.partition, src.offset)
+            if held.get(coord) is None or held[coord].task_id != g.task_id:
+                a.violations.append(f"batch {b.step}: source {src} does not hold group {g.task_id}")
+                continue
+            if held[coord].status != "ok":
+                a.violations.append(f"batch {b.step}: group {g.task_id} at {coord} failed and cannot be trained")
+            out.setdefault(coord, []).append(f"batch {b.step}")
+    for d in log.drops:
+        coord = (d.source.partition, d.source.offset)
+        if d.reason not in DROP_REASONS:
+            a.violations.append(f"drop record for {d.task_id} has unknown reason {d.reason!r}")
+        if held.get(coord) is None or held[coord].task_id != d.task_id:
+            a.violations.append(f"drop record ({d.reason}) names {d.task_id} at {coord}, which does not hold it")
+            continue
+        out.setdefault(coord, []).append(f"drop ({d.reason}, step {d.step})")
+    return out
+
+
+def _check_settlement(log: JobLog, a: Audit) -> None:
+    settled = _settlements(log, a)
+    for p, o, g in log.groups:
+        where = settled.get((p, o), [])
+        if not where:
+            a.violations.append(f"group {g.task_id} at trajectories[{p}]@{o} is neither batched nor dropped")
+        elif len(where) > 1:
+            a.violations.append(f"group {g.task_id} at trajectories[{p}]@{o} is settled {len(where)} times: "
+                                f"{', '.join(where)}")
+
+
+def _check_state(log: JobLog, a: Audit) -> None:
+    s = log.state
+    if s is None:
+        if log.tasks or log.batches or log.drops:
+            a.violations.append("no dataflow state record, but the dataflow wrote tasks, batches or drops")
+        return
+    freed = sum(1 for d in log.drops if DROP_REASONS.get(d.reason))
+    for what, counted, logged in (("tasks scheduled", s.tasks_scheduled, len(log.tasks)),
+                                  ("slots freed by drops", s.groups_dropped, freed),
+                                  ("next step", s.next_step, len(log.batches))):
+        if counted != logged:
+            a.violations.append(f"dataflow state says {counted} {what}, the log shows {logged}")
+    if s.open_tasks:
+        a.violations.append(f"dataflow state has {len(s.open_tasks)} open task(s), e.g. {s.open_tasks[:3]}")

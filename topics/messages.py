@@ -117,6 +117,52 @@ class Batch(Message):
     stats: dict[str, Any] = field(default_factory=dict)
 
 
+@register
+@dataclass(frozen=True)
+class GroupDrop(Message):
+    """A trajectory group the dataflow consumed without batching it, on ``drops.<policy>``.
+
+    Written in the transaction that commits the consumer offsets past the group, so the
+    log accounts for every group: it is in exactly one batch or named by exactly one drop.
+    """
+
+    TYPE: ClassVar[str] = "group-drop"
+    policy: str
+    task_id: str
+    source: SourceOffset  #: the ``trajectories`` record that was dropped
+    reason: str  #: "failed", "stale" or "duplicate" (see :data:`DROP_REASONS`)
+    step: int  #: the batch step being assembled when the group was dropped
+    detail: str = ""
+    ts: float = 0.0
+
+
+#: Why a group is dropped, and whether the drop frees a scheduling slot (its task is
+#: settled without a batch, so the dataflow schedules a replacement). A duplicate answers
+#: a task that is already settled: it frees nothing.
+DROP_REASONS: dict[str, bool] = {"failed": True, "stale": True, "duplicate": False}
+
+
+@register
+@dataclass(frozen=True)
+class DataflowState(Message):
+    """The dataflow's restart state, keyed by policy on compacted ``dataflow-state.<policy>``.
+
+    Written in every dataflow transaction, next to the offsets it covers, so the newest
+    record always agrees with the committed offsets and a restart reads this one record.
+    """
+
+    TYPE: ClassVar[str] = "dataflow-state"
+    policy: str
+    next_step: int  #: step of the next batch
+    tasks_scheduled: int  #: tasks written to ``tasks.<policy>`` so far
+    groups_dropped: int  #: drops that freed a scheduling slot so far (failed, stale)
+    open_tasks: list[str] = field(default_factory=list)  #: scheduled tasks not yet batched or dropped
+    #: groups already batched or dropped that lie beyond the committed ``trajectories``
+    #: offsets (behind a group still waiting for its batch): a restart re-reads and skips them
+    settled_ahead: list[SourceOffset] = field(default_factory=list)
+    ts: float = 0.0
+
+
 @dataclass(frozen=True)
 class ChunkRef:
     """One chunk of a chunked binary payload."""

@@ -108,6 +108,14 @@ class JobTopics:
     def weights(self, policy: str) -> str:
         return f"{self.prefix}weights.{policy}"
 
+    def drops(self, policy: str) -> str:
+        """Drop records: one per trajectory group the dataflow consumed without batching it."""
+        return f"{self.prefix}drops.{policy}"
+
+    def dataflow_state(self, policy: str) -> str:
+        """The dataflow's restart state (compacted: the newest record is all a restart reads)."""
+        return f"{self.prefix}dataflow-state.{policy}"
+
     def specs(self) -> list[TopicSpec]:
         specs = [
             TopicSpec(self.prompts, partitions=1, retention_ms=-1),
@@ -127,6 +135,9 @@ class JobTopics:
                 TopicSpec(self.weights(p), partitions=1, retention_ms=self.weights_retention_ms,
                           retention_bytes=self.weights_retention_bytes,
                           extra={"segment.bytes": str(WEIGHTS_SEGMENT_BYTES)}),
+                TopicSpec(self.drops(p), partitions=1, retention_ms=-1),
+                TopicSpec(self.dataflow_state(p), partitions=1, cleanup_policy="compact", retention_ms=-1,
+                          extra={"min.compaction.lag.ms": "0", "segment.ms": str(HOUR_MS)}),
             ]
         return specs
 
