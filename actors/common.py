@@ -18,7 +18,9 @@ from astraflow.topics import Batch, JobTopics
 
 def job_topics(cfg: JobConfig) -> JobTopics:
     return JobTopics(job=cfg.job, policies=(cfg.policy,), task_partitions=cfg.kafka.task_partitions,
-                     trajectory_partitions=cfg.kafka.trajectory_partitions, weights_retention_ms=-1)
+                     trajectory_partitions=cfg.kafka.trajectory_partitions, weights_retention_ms=-1,
+                     replication_factor=cfg.kafka.replication_factor,
+                     min_insync_replicas=cfg.kafka.min_insync_replicas)
 
 
 def model_path(cfg: JobConfig) -> Path:

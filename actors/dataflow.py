@@ -63,7 +63,8 @@ class DataflowActor(LoopActor):
         cfg, policy = self.cfg, self.cfg.policy
         self.plain = self._keep(Producer(self.bootstrap, client_id=f"dataflow.{policy}"))
         self.txn = self._keep(Producer(self.bootstrap, client_id=f"dataflow.{policy}",
-                                       transactional_id=f"af.{cfg.job}.dataflow.{policy}"))
+                                       transactional_id=f"af.{cfg.job}.dataflow.{policy}",
+                                       transaction_timeout_ms=cfg.kafka.transaction_timeout_ms))
         self.dead = DeadLetters(self.plain, self.topics.dlq, f"dataflow.{policy}")
         self.metrics = MetricsEmitter(self.plain, self.topics.metrics, f"dataflow.{policy}")
         self._load_prompts()

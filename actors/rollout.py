@@ -17,6 +17,7 @@ import zlib
 from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from opentelemetry import trace
 
+from astraflow.chaos.hooks import hang_in_transaction
 from astraflow.config import JobConfig
 from astraflow.topics import Consumer, DeadLetters, Heartbeat, Producer, SnapshotRequest, Task, TrajectoryGroup
 
@@ -58,7 +59,8 @@ class RolloutActor(LoopActor):
         self.workflow = RLVRWorkflow(self.tokenizer, self.node_id, tracer=tracer)
         self.plain = Producer(self.bootstrap, client_id=self.node_id)
         self.producer = Producer(self.bootstrap, client_id=self.node_id,
-                                 transactional_id=f"af.{self.cfg.job}.raas.{self.node_id}")
+                                 transactional_id=f"af.{self.cfg.job}.raas.{self.node_id}",
+                                 transaction_timeout_ms=self.cfg.kafka.transaction_timeout_ms)
         self.metrics = MetricsEmitter(self.plain, self.topics.metrics, self.node_id)
         self.consumer = Consumer(
             self.bootstrap, topics=[self.topics.tasks(self.cfg.policy)], group_id=f"raas.{self.cfg.policy}",
@@ -92,6 +94,7 @@ class RolloutActor(LoopActor):
             for g, span in zip(groups, spans):
                 with trace.use_span(span):  # the record carries this rollout's trace context
                     self.producer.send(self.topics.trajectories, g, key=g.task_id)
+            hang_in_transaction(self.node_id)  # test-only fault hook (astraflow.chaos.hooks)
             self.producer.send_offsets(self.consumer)
         for span in spans:
             span.end()

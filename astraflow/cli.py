@@ -23,7 +23,10 @@ def _cmd_broker(args: argparse.Namespace) -> int:
 
     state_path = Path(args.state_dir) / "state.json" if args.state_dir else b.state_file()
     state = json.loads(state_path.read_text()) if state_path.exists() else None
-    alive = bool(state) and b.pid_alive(state["pid"])
+    if state and "nodes" not in state:  # a state file written before clusters existed
+        state = {"bootstrap_servers": state["bootstrap_servers"], "nodes": [state]}
+    nodes = state["nodes"] if state else []
+    alive = [n for n in nodes if b.pid_alive(n["pid"])]
     if args.action == "fetch":
         print(f"Kafka jars: {libs_dir()}")
         return 0
@@ -31,36 +34,65 @@ def _cmd_broker(args: argparse.Namespace) -> int:
         if not alive:
             print("broker: not running" + (f" (stale state {state_path})" if state else ""))
             return 1
-        print(f"broker: running pid={state['pid']} bootstrap={state['bootstrap_servers']} "
-              f"controller_port={state['controller_port']} data_dir={state['data_dir']} log={state['log_path']}")
-        return 0
+        down = [n for n in nodes if n not in alive]
+        print(f"broker: running bootstrap={state['bootstrap_servers']}"
+              + (f" ({len(down)} of {len(nodes)} nodes down)" if down else ""))
+        _print_nodes(nodes, alive)
+        return 0 if not down else 1
     if args.action == "stop":
         if not alive:
             print("broker: not running")
             state_path.unlink(missing_ok=True)
             return 0
-        os.kill(state["pid"], signal.SIGTERM)
+        for n in alive:  # all at once: stopped one by one, the last nodes lose their quorum
+            os.kill(n["pid"], signal.SIGTERM)
         deadline = time.monotonic() + 30
-        while b.pid_alive(state["pid"]) and time.monotonic() < deadline:
+        while any(b.pid_alive(n["pid"]) for n in alive) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if b.pid_alive(state["pid"]):
-            os.kill(state["pid"], signal.SIGKILL)
+        for n in alive:
+            if b.pid_alive(n["pid"]):
+                os.kill(n["pid"], signal.SIGKILL)
         state_path.unlink(missing_ok=True)
-        print(f"broker: stopped pid={state['pid']} (data kept in {state['data_dir']})")
+        print(f"broker: stopped pid={','.join(str(n['pid']) for n in alive)} "
+              f"(data kept in {', '.join(n['data_dir'] for n in nodes)})")
         return 0
     # start
     if alive:
-        print(f"broker: already running at {state['bootstrap_servers']} (pid {state['pid']})")
+        print(f"broker: already running at {state['bootstrap_servers']} (pid {alive[0]['pid']})")
         return 0
-    data_dir = args.data_dir or str(state_path.parent / "data")
-    broker = b.EmbeddedBroker(data_dir, port=args.port, controller_port=args.controller_port,
-                              heap=args.heap, detach=True).start()
-    info = broker.info()
+    if args.nodes < 1:
+        raise SystemExit(f"astraflow broker start: --nodes must be >= 1, got {args.nodes}")
+    data_dir = Path(args.data_dir or state_path.parent / "data")
+    if args.nodes == 1:
+        if (data_dir / "cluster.json").exists():
+            raise SystemExit(f"astraflow broker start: {data_dir} holds a multi-node cluster; "
+                             f"give its --nodes or another --data-dir")
+        broker = b.EmbeddedBroker(data_dir, port=args.port, controller_port=args.controller_port,
+                                  heap=args.heap or "1g", detach=True).start()
+        infos, bootstrap = [broker.info()], broker.bootstrap_servers
+    else:
+        from astraflow.topics.cluster import EmbeddedCluster
+        cluster = EmbeddedCluster(data_dir, nodes=args.nodes, port=args.port, heap=args.heap or "512m",
+                                  detach=True).start()
+        infos, bootstrap = cluster.info(), cluster.bootstrap_servers
+    nodes = [i.__dict__ for i in infos]
     state_path.parent.mkdir(parents=True, exist_ok=True)
-    state_path.write_text(json.dumps({**info.__dict__, "bootstrap_servers": info.bootstrap_servers}))
-    print(f"broker: started pid={info.pid} bootstrap={info.bootstrap_servers} "
-          f"controller_port={info.controller_port} data_dir={info.data_dir} log={info.log_path}")
+    state_path.write_text(json.dumps({"bootstrap_servers": bootstrap, "nodes": nodes}))
+    if len(nodes) == 1:
+        n = nodes[0]
+        print(f"broker: started pid={n['pid']} bootstrap={bootstrap} controller_port={n['controller_port']} "
+              f"data_dir={n['data_dir']} log={n['log_path']}")
+    else:
+        print(f"broker: started a {len(nodes)}-node cluster bootstrap={bootstrap} data_dir={data_dir}")
+        _print_nodes(nodes, nodes)
     return 0
+
+
+def _print_nodes(nodes: list[dict], alive: list[dict]) -> None:
+    for i, n in enumerate(nodes, 1):
+        mark = "up" if n in alive else "down"
+        print(f"  node {i} {mark}: pid={n['pid']} port={n['port']} controller_port={n['controller_port']} "
+              f"data_dir={n['data_dir']} log={n['log_path']}")
 
 
 def _cmd_kafka(args: argparse.Namespace) -> int:
@@ -170,7 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--data-dir", help="broker data dir (default: the cache dir's broker/data)")
     br.add_argument("--port", type=int, default=9092, help="client port (0: a free one)")
     br.add_argument("--controller-port", type=int, default=0, help="KRaft controller port (0: a free one)")
-    br.add_argument("--heap", default="1g", help="JVM max heap")
+    br.add_argument("--nodes", type=int, default=1,
+                    help="start: KRaft nodes (broker + controller each); 3 survives the loss of one. "
+                         "Client ports are --port, --port+1, ...")
+    br.add_argument("--heap", help="JVM max heap per node (default: 1g alone, 512m in a cluster)")
     br.add_argument("--state-dir", help="where the running broker's pid/ports are recorded "
                                         "(default: the cache dir's broker/)")
     br.set_defaults(func=_cmd_broker)

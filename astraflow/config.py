@@ -42,6 +42,24 @@ class KafkaConfig:
     bootstrap_servers: str | None = _f(None, "existing cluster; null starts the embedded broker")
     task_partitions: int = _f(8, "partitions of tasks.<policy> (>= most RaaS nodes of a policy)")
     trajectory_partitions: int = _f(4, "partitions of the trajectories topic")
+    replication_factor: int | None = _f(None, "copies of each partition of the job's topics; null: min(3, brokers "
+                                              "in the cluster when a topic is created)")
+    min_insync_replicas: int | None = _f(None, "copies an acks=all write needs; null: replication_factor - 1 "
+                                               "(at least 1), so losing one broker stops nothing")
+    transaction_timeout_ms: int = _f(30_000, "a producer that dies inside a transaction blocks read_committed "
+                                             "readers of its partitions until the broker aborts it after this "
+                                             "long; at most the broker's transaction.max.timeout.ms (900000)")
+
+    def __post_init__(self) -> None:
+        if self.replication_factor is not None and self.replication_factor < 1:
+            raise ValueError(f"kafka.replication_factor must be >= 1, got {self.replication_factor}")
+        if self.min_insync_replicas is not None and not (
+                1 <= self.min_insync_replicas <= (self.replication_factor or self.min_insync_replicas)):
+            raise ValueError(f"kafka.min_insync_replicas must be between 1 and kafka.replication_factor "
+                             f"({self.replication_factor}), got {self.min_insync_replicas}")
+        if not 1_000 <= self.transaction_timeout_ms <= 900_000:
+            raise ValueError(f"kafka.transaction_timeout_ms must be between 1000 and the broker's "
+                             f"transaction.max.timeout.ms (900000 by default), got {self.transaction_timeout_ms}")
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ Components of a job share nothing but the topics defined here (:class:`JobTopics
 from .broker import EmbeddedBroker
 from .chunking import ChunkReader, write_chunks
 from .client import Consumer, DeadLetters, Delivery, Producer
+from .cluster import EmbeddedCluster
 from .codec import decode, encode
 from .exceptions import (BrokerStartError, ChunkError, CorruptChunkError, DecodeError,
                          KafkaRuntimeError, MissingChunkError, ProduceError, TopicConfigMismatch,
@@ -16,7 +17,8 @@ from .messages import (MESSAGE_TYPES, Batch, ChunkManifest, ChunkRef, DeadLetter
 from .registry import JobTopics, TopicSpec, ensure_topics
 
 __all__ = [
-    "EmbeddedBroker", "ChunkReader", "write_chunks", "Consumer", "DeadLetters", "Delivery", "Producer",
+    "EmbeddedBroker", "EmbeddedCluster", "ChunkReader", "write_chunks", "Consumer", "DeadLetters", "Delivery",
+    "Producer",
     "decode", "encode", "BrokerStartError", "ChunkError", "CorruptChunkError", "DecodeError",
     "KafkaRuntimeError", "MissingChunkError", "ProduceError", "TopicConfigMismatch", "TopicsError",
     "UnknownMessageType", "UnsupportedSchema", "MESSAGE_TYPES", "Batch", "ChunkManifest", "ChunkRef",

@@ -2,6 +2,8 @@
 
 The broker is a real ``kafka.Kafka`` JVM started from the jars that :mod:`.runtime`
 provides, with a data dir per run, free ports, a readiness wait and a clean stop.
+Alone it is its own controller quorum (``--standalone``); :mod:`.cluster` starts several
+as one cluster with a static quorum of all of them.
 A broker started in the foreground of a Python process dies with it (``PR_SET_PDEATHSIG``),
 so an aborted test run leaves no orphan JVM; ``astraflow broker start`` detaches instead
 and records its pid in a state file for ``stop``/``status``.
@@ -26,10 +28,10 @@ from .runtime import cache_root, java_command
 _PR_SET_PDEATHSIG = 1
 
 #: Broker settings every embedded broker gets. Single node: every internal topic has
-#: replication factor 1, or transactions and consumer groups fail.
+#: replication factor 1, or transactions and consumer groups fail (:mod:`.cluster`
+#: overrides them for several nodes).
 BASE_PROPERTIES: dict[str, str] = {
     "process.roles": "broker,controller",
-    "node.id": "1",
     "controller.listener.names": "CONTROLLER",
     "inter.broker.listener.name": "PLAINTEXT",
     "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
@@ -45,6 +47,10 @@ BASE_PROPERTIES: dict[str, str] = {
     "message.max.bytes": str(4 * 1024 * 1024),
     "replica.fetch.max.bytes": str(4 * 1024 * 1024),
     "log.retention.check.interval.ms": "30000",
+    # A producer that dies inside a transaction blocks read_committed readers of its
+    # partitions until the coordinator aborts it: at transaction.timeout.ms, but only when
+    # this sweep runs (10 s by default), so sweep often enough that the timeout is the bound.
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
 }
 
 
@@ -91,11 +97,16 @@ class EmbeddedBroker:
         startup_timeout: seconds to wait for the broker to answer.
         detach: run in its own session and outlive this process (the CLI's ``start``).
         properties: extra ``server.properties`` entries.
+        node_id: KRaft node id (distinct per node of a cluster).
+        voters: static controller quorum ``id@host:port,...`` of a cluster; None: this node
+            alone is the quorum.
+        cluster_id: the cluster id to format storage with (shared by a cluster's nodes).
     """
 
     def __init__(self, data_dir: str | os.PathLike | None = None, *, port: int = 0,
                  controller_port: int = 0, heap: str = "1g", startup_timeout: float = 90.0,
-                 detach: bool = False, properties: dict[str, str] | None = None) -> None:
+                 detach: bool = False, properties: dict[str, str] | None = None, node_id: int = 1,
+                 voters: str | None = None, cluster_id: str | None = None) -> None:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="astraflow-kafka-"))
         self.port = port or free_port()
@@ -104,6 +115,7 @@ class EmbeddedBroker:
         self.startup_timeout = startup_timeout
         self.detach = detach
         self.extra = dict(properties or {})
+        self.node_id, self.voters, self.cluster_id = node_id, voters, cluster_id
         self._proc: subprocess.Popen | None = None
         self._log_offset = 0
 
@@ -126,6 +138,12 @@ class EmbeddedBroker:
                           str(self.log_path))
 
     def start(self) -> "EmbeddedBroker":
+        self.launch()
+        self.wait_ready()
+        return self
+
+    def launch(self) -> None:
+        """Start the JVM without waiting for it: a cluster's nodes only become ready together."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         props = self._write_config()
         log4j = self._write_log4j()
@@ -146,8 +164,6 @@ class EmbeddedBroker:
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._proc = subprocess.Popen(cmd, **kwargs)
         out.close()
-        self._wait_ready()
-        return self
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the broker: SIGTERM (Kafka's controlled shutdown), SIGKILL after ``timeout``."""
@@ -179,11 +195,15 @@ class EmbeddedBroker:
     def _write_config(self) -> Path:
         props = dict(BASE_PROPERTIES)
         props.update({
+            "node.id": str(self.node_id),
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
             "log.dirs": str(self.data_dir / "meta"),
         })
+        if self.voters:
+            props["controller.quorum.voters"] = self.voters
+        else:
+            props["controller.quorum.bootstrap.servers"] = f"127.0.0.1:{self.controller_port}"
         props.update(self.extra)
         path = self.data_dir / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
@@ -205,10 +225,11 @@ class EmbeddedBroker:
         return path
 
     def _format(self, props: Path, jvm: list[str]) -> None:
-        cluster_id = _kafka_cluster_id()
-        cmd = java_command("kafka.tools.StorageTool",
-                           ["format", "-t", cluster_id, "-c", str(props), "--standalone"],
-                           heap="256m", jvm_opts=jvm)
+        # A static quorum is named in server.properties; only a lone node formats itself as one.
+        args = ["format", "-t", self.cluster_id or kafka_cluster_id(), "-c", str(props)]
+        if not self.voters:
+            args.append("--standalone")
+        cmd = java_command("kafka.tools.StorageTool", args, heap="256m", jvm_opts=jvm)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise BrokerStartError(
@@ -216,7 +237,7 @@ class EmbeddedBroker:
                 + _tail(proc.stdout + proc.stderr)
             )
 
-    def _wait_ready(self) -> None:
+    def wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
         assert self._proc is not None
         while time.monotonic() < deadline:
@@ -275,10 +296,14 @@ def _tail(text: str, n: int = 25) -> str:
     return "\n".join(text.strip().splitlines()[-n:])
 
 
-def _kafka_cluster_id() -> str:
-    # Kafka cluster ids are 16 random bytes in URL-safe base64 without padding.
+def kafka_cluster_id() -> str:
+    # Kafka cluster ids are 16 random bytes in URL-safe base64 without padding; like Kafka's
+    # own Uuid, never one starting with "-", which the storage tool would read as an option.
     import base64
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 # -- the CLI's detached broker ----------------------------------------------------------

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import InvalidTransactionTimeoutError, KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from . import tracing
@@ -27,6 +28,8 @@ from .messages import DeadLetter, Message, SourceOffset
 log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
+#: Default bound on an open transaction; the job config's ``kafka.transaction_timeout_ms``.
+TRANSACTION_TIMEOUT_MS = 30_000
 
 
 def _key_bytes(key: str | bytes | None) -> bytes | None:
@@ -40,13 +43,17 @@ class Producer:
         bootstrap_servers: Kafka bootstrap servers.
         client_id: recorded in the ``af-producer`` header of every record.
         transactional_id: enables transactions (then use :meth:`transaction`).
+        transaction_timeout_ms: how long a transaction may stay open; if this producer
+            dies inside one, ``read_committed`` readers of its partitions wait this long
+            (plus the broker's abort sweep) before the broker aborts it. kafka-python's
+            default of 60 s would stall a job's consumers twice as long.
         max_request_size: bytes; chunked payloads are <= 1 MiB plus headers.
         **config: further ``KafkaProducer`` settings.
     """
 
     def __init__(self, bootstrap_servers: str, *, client_id: str = "astraflow",
-                 transactional_id: str | None = None, max_request_size: int = 2 * MiB,
-                 linger_ms: int = 5, **config: Any) -> None:
+                 transactional_id: str | None = None, transaction_timeout_ms: int = TRANSACTION_TIMEOUT_MS,
+                 max_request_size: int = 2 * MiB, linger_ms: int = 5, **config: Any) -> None:
         self.client_id = client_id
         settings: dict[str, Any] = dict(
             bootstrap_servers=bootstrap_servers, client_id=client_id, acks="all",
@@ -54,12 +61,21 @@ class Producer:
             max_request_size=max_request_size, batch_size=256 * 1024,
         )
         if transactional_id:
-            settings["transactional_id"] = transactional_id
+            settings.update(transactional_id=transactional_id, transaction_timeout_ms=transaction_timeout_ms)
         settings.update(config)
         self._kp = KafkaProducer(**settings)
         self.transactional = bool(transactional_id)
         if self.transactional:
-            self._kp.init_transactions()
+            try:
+                self._kp.init_transactions()
+            except KafkaError as e:
+                # kafka-python wraps the broker's INVALID_TRANSACTION_TIMEOUT in a plain KafkaError.
+                if not isinstance(e, InvalidTransactionTimeoutError) and "InvalidTransactionTimeout" not in str(e):
+                    raise
+                self._kp.close(timeout=0)
+                raise ProduceError(
+                    f"producer {transactional_id}: transaction timeout {transaction_timeout_ms} ms is above the "
+                    f"broker's transaction.max.timeout.ms; lower kafka.transaction_timeout_ms") from e
 
     # -- sending ---------------------------------------------------------------------
     def send(self, topic: str, msg: Message, key: str | bytes | None = None, *,

@@ -5,18 +5,25 @@ per policy); ``weights.<policy>`` is sized by the weight-retention rule of the p
 :func:`ensure_topics` creates what is missing and verifies what exists, failing with
 :class:`~.exceptions.TopicConfigMismatch` rather than running on a topic that would
 silently break a guarantee (too few partitions, compaction off, ...).
+
+Replication is part of that guarantee: a topic's replication factor and
+``min.insync.replicas`` are given, or chosen when it is created from the brokers the
+cluster has then (:func:`~.cluster.replication_for`: min(3, brokers) copies, one of which
+may be missing). Producers write with ``acks=all``, so an acknowledged record is on at
+least ``min.insync.replicas`` brokers.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
+from .cluster import replication_for
 from .exceptions import TopicConfigMismatch, TopicsError
 
 MiB = 1024 * 1024
@@ -36,6 +43,16 @@ class TopicSpec:
     retention_bytes: int = -1  #: per partition; -1: unbounded
     max_message_bytes: int = 4 * MiB
     extra: dict[str, str] = field(default_factory=dict)
+    replication: int | None = None  #: copies of each partition; None: chosen from the cluster at creation
+    min_insync_replicas: int | None = None  #: None: replication - 1 (at least 1) at creation
+
+    def __post_init__(self) -> None:
+        if self.replication is not None and self.replication < 1:
+            raise ValueError(f"topic {self.name}: replication must be >= 1, got {self.replication}")
+        if self.min_insync_replicas is not None and not (
+                1 <= self.min_insync_replicas <= (self.replication or self.min_insync_replicas)):
+            raise ValueError(f"topic {self.name}: min_insync_replicas must be between 1 and the replication "
+                             f"factor ({self.replication}), got {self.min_insync_replicas}")
 
     def configs(self) -> dict[str, str]:
         cfg = {
@@ -44,8 +61,22 @@ class TopicSpec:
             "retention.bytes": str(self.retention_bytes),
             "max.message.bytes": str(self.max_message_bytes),
         }
+        if self.min_insync_replicas is not None:
+            cfg["min.insync.replicas"] = str(self.min_insync_replicas)
         cfg.update(self.extra)
         return cfg
+
+    def for_cluster(self, brokers: int) -> "TopicSpec":
+        """This spec with replication settled for a cluster of ``brokers`` (what creation uses)."""
+        factor = self.replication or replication_for(brokers)[0]
+        if factor > brokers:
+            raise TopicsError(f"topic {self.name} needs replication factor {factor} but the cluster has "
+                              f"{brokers} live broker(s); lower kafka.replication_factor or start more brokers")
+        min_isr = self.min_insync_replicas or max(1, factor - 1)
+        if min_isr > factor:
+            raise TopicsError(f"topic {self.name}: min.insync.replicas {min_isr} exceeds its replication factor "
+                              f"{factor}; no write could ever be acknowledged (lower kafka.min_insync_replicas)")
+        return replace(self, replication=factor, min_insync_replicas=min_isr)
 
 
 @dataclass(frozen=True)
@@ -62,6 +93,8 @@ class JobTopics:
             the topic itself so the newest announced snapshot is never deleted (see
             ``astraflow.actors.weight_publisher``). Time or size limits can delete the
             snapshot a late-joining node needs while the trainer is paused.
+        replication_factor / min_insync_replicas: of every topic; None: chosen from the
+            cluster when a topic is created (see :meth:`TopicSpec.for_cluster`).
     """
 
     job: str
@@ -70,6 +103,8 @@ class JobTopics:
     trajectory_partitions: int = 4
     weights_retention_ms: int = -1
     weights_retention_bytes: int = -1
+    replication_factor: int | None = None
+    min_insync_replicas: int | None = None
 
     @property
     def prefix(self) -> str:
@@ -139,11 +174,16 @@ class JobTopics:
                 TopicSpec(self.dataflow_state(p), partitions=1, cleanup_policy="compact", retention_ms=-1,
                           extra={"min.compaction.lag.ms": "0", "segment.ms": str(HOUR_MS)}),
             ]
-        return specs
+        return [replace(s, replication=self.replication_factor, min_insync_replicas=self.min_insync_replicas)
+                for s in specs]
 
 
 def ensure_topics(bootstrap_servers: str, specs: Iterable[TopicSpec], timeout: float = 30.0) -> list[str]:
-    """Create missing topics and verify existing ones; returns the names created."""
+    """Create missing topics and verify existing ones; returns the names created.
+
+    A missing topic's unset replication is settled from the brokers live now; an existing
+    topic is held to the replication its spec states, if it states one.
+    """
     specs = list(specs)
     admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id="astraflow-admin")
     try:
@@ -151,9 +191,10 @@ def ensure_topics(bootstrap_servers: str, specs: Iterable[TopicSpec], timeout: f
         missing = [s for s in specs if s.name not in existing]
         created: list[str] = []
         if missing:
-            for s in missing:
+            brokers = live_brokers(admin)
+            for s in (m.for_cluster(brokers) for m in missing):
                 try:
-                    admin.create_topics([NewTopic(s.name, s.partitions, 1, topic_configs=s.configs())])
+                    admin.create_topics([NewTopic(s.name, s.partitions, s.replication, topic_configs=s.configs())])
                     created.append(s.name)
                 except TopicAlreadyExistsError:
                     pass  # another component created it first; verified below
@@ -178,11 +219,19 @@ def verify_topics(admin: KafkaAdminClient, specs: list[TopicSpec]) -> None:
         n = len(t["partitions"])
         if n != s.partitions:
             raise TopicConfigMismatch(s.name, "partitions", s.partitions, n)
+        factor = min(len(p["replica_nodes"]) for p in t["partitions"])
+        if s.replication is not None and factor != s.replication:
+            raise TopicConfigMismatch(s.name, "replication factor", s.replication, factor)
         actual = topic_cfgs.get(s.name, {})
         for key, want in s.configs().items():
             have = actual.get(key, {}).get("value")
             if have is not None and str(have) != want:
                 raise TopicConfigMismatch(s.name, key, want, have)
+
+
+def live_brokers(admin: KafkaAdminClient) -> int:
+    """Brokers registered and not fenced (a killed broker stays registered, fenced)."""
+    return sum(1 for b in admin.describe_cluster()["brokers"] if not b.get("is_fenced"))
 
 
 def _wait_for_metadata(admin: KafkaAdminClient, names: list[str], timeout: float) -> None:

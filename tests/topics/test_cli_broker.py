@@ -4,6 +4,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from kafka import KafkaAdminClient
 
 from astraflow.topics.broker import pid_alive
@@ -35,3 +36,23 @@ def test_broker_start_status_stop(tmp_path):
     assert stopped.returncode == 0 and "stopped" in stopped.stdout
     assert not pid_alive(pid)  # no orphan JVM
     assert _cli("status", *state).returncode == 1
+
+
+@pytest.mark.slow
+def test_broker_start_nodes_3_runs_a_cluster_and_stops_every_node(tmp_path):
+    state = ["--state-dir", str(tmp_path / "state")]
+    started = _cli("start", "--nodes", "3", "--port", "0", "--heap", "384m", *state, timeout=300)
+    assert started.returncode == 0, started.stderr
+    bootstrap = re.search(r"3-node cluster bootstrap=(\S+)", started.stdout).group(1)
+    pids = [int(p) for p in re.findall(r"node \d up: pid=(\d+)", started.stdout)]
+    assert len(pids) == 3 and len(bootstrap.split(",")) == 3
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        brokers = admin.describe_cluster()["brokers"]
+        admin.close()
+        assert sorted(b["broker_id"] for b in brokers) == [1, 2, 3]
+        assert _cli("status", *state).stdout.count(" up: ") == 3
+    finally:
+        stopped = _cli("stop", *state)
+    assert stopped.returncode == 0
+    assert not any(pid_alive(p) for p in pids)

@@ -68,3 +68,31 @@ def test_consume_transform_produce_commits_offsets_atomically(job_topics, make_p
     out = make_consumer(topics=[dst], group_id="ctp-out")
     got = _drain(out, 1, polls=3)
     assert [type(d.message) for d in got] == [TrajectoryGroup]
+
+
+def _describe_transaction(bootstrap, transactional_id):
+    from kafka import KafkaAdminClient
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        return admin.describe_transactions([transactional_id])[transactional_id]
+    finally:
+        admin.close()
+
+
+def test_transaction_timeout_defaults_to_30s_and_is_configurable(bootstrap, job_topics, make_producer):
+    # What the broker holds is what bounds a dead producer's open transaction.
+    default = make_producer(client_id="tx", transactional_id=f"{job_topics.job}-default")
+    short = make_producer(client_id="tx", transactional_id=f"{job_topics.job}-short", transaction_timeout_ms=5_000)
+    for p in (default, short):
+        with p.transaction():
+            p.send(job_topics.prompts, Prompt("p", "a", "1"))
+    assert _describe_transaction(bootstrap, f"{job_topics.job}-default").transaction_timeout_ms == 30_000
+    assert _describe_transaction(bootstrap, f"{job_topics.job}-short").transaction_timeout_ms == 5_000
+
+
+def test_timeout_above_the_broker_maximum_is_a_clear_error(job_topics, make_producer):
+    import pytest
+
+    from astraflow.topics import ProduceError
+    with pytest.raises(ProduceError, match="transaction.max.timeout.ms.*kafka.transaction_timeout_ms"):
+        make_producer(client_id="tx", transactional_id=f"{job_topics.job}-long", transaction_timeout_ms=1_000_000)
