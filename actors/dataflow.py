@@ -168,7 +168,8 @@ class DataflowActor(LoopActor):
 
     def _collect(self) -> None:
         for d in self.trajectories.poll(200):
-            if self.ledger.already_settled(d):
+            # Another policy's dataflow settles its groups; the shared topic carries both.
+            if d.message.policy != self.cfg.policy or self.ledger.already_settled(d):
                 continue
             reason = self.ledger.verdict(d)
             if reason is None:

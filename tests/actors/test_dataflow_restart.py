@@ -46,9 +46,11 @@ class Peers:
         return sorted(m.task_id for _, _, m in read_topic(self.bootstrap, self.topics.tasks(self.cfg.policy))
                       if isinstance(m, Task))
 
-    def answer(self, task_id: str, *, partition: int = 0, version: int = 0, ok: bool = True) -> None:
+    def answer(self, task_id: str, *, partition: int = 0, version: int = 0, ok: bool = True,
+               policy: str | None = None) -> None:
         samples = [Sample([7, 8], [-0.5, -0.5], [version, version], 1.0, "stop")] if ok else []
-        group = TrajectoryGroup(task_id, task_id.split("-", 1)[1], self.cfg.policy, "raas-test", [1, 2], samples,
+        group = TrajectoryGroup(task_id, task_id.split("-", 1)[1], policy or self.cfg.policy, "raas-test", [1, 2],
+                                samples,
                                 status="ok" if ok else "failed", error="" if ok else "engine crashed")
         self.producer.send_sync(self.topics.trajectories, group, key=task_id, partition=partition)
 
@@ -133,6 +135,7 @@ def test_restart_after_drops_schedules_exactly_what_the_log_owes(cfg, bootstrap)
 
 
 def test_a_duplicate_group_is_recorded_and_frees_nothing(cfg, bootstrap):
+    """A second answer to a task is dropped as a duplicate; another policy's group is not ours."""
     peers = Peers(cfg, bootstrap)
     actor = _start(cfg, bootstrap)
     try:
@@ -140,6 +143,7 @@ def test_a_duplicate_group_is_recorded_and_frees_nothing(cfg, bootstrap):
         t = peers.tasks()
         peers.answer(t[0])
         peers.answer(t[0], partition=1)  # a second answer while the first waits for its batch
+        peers.answer(t[2], policy="verifier")  # the verifier's dataflow settles this one
         peers.answer(t[1])
         _drive(actor, lambda: actor.ledger.next_step == 1 and len(peers.drops()) == 1, "batch 0 and a drop")
         for _ in range(3):
@@ -148,6 +152,9 @@ def test_a_duplicate_group_is_recorded_and_frees_nothing(cfg, bootstrap):
         actor.teardown()
         peers.close()
     assert len(peers.tasks()) == 4
+    assert [(d.task_id, d.reason) for d in peers.drops()] == [(t[0], "duplicate")]
+    (batch,) = [m for _, _, m in read_topic(bootstrap, job_topics(cfg).batches(cfg.policy))]
+    assert sorted(g.task_id for g in batch.groups) == [t[0], t[1]]
     report = audit(bootstrap, job_topics(cfg), cfg.policy, cfg.effective_staleness)
     assert report.drops == {"duplicate": 1}
     # the duplicate is settled by its drop record; what stays wrong is the task with two
