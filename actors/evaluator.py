@@ -5,7 +5,10 @@ pass@1 averaged over ``k`` samples at the configured temperature on a fixed held
 at version 0, at every ``every``-th version it reaches, and at the final version. The
 subscriber hands over the newest version, so under fast training a target version may be
 skipped: the first version at or past it is evaluated, and the metric records the
-version actually measured.
+version actually measured, with its lineage epoch and weights digest. After a trainer
+resumed behind the announced head the subscriber moves to the new epoch, whose version
+numbers restart below the old head: targets are version numbers, so the evaluator waits
+for the new lineage to reach its next target.
 """
 
 from __future__ import annotations
@@ -61,8 +64,10 @@ class EvaluatorActor(LoopActor):
         acc = evaluate(self.engine, self.tokenizer, self.problems, k=self.cfg.eval.k,
                        temperature=self.cfg.eval.temperature, max_new_tokens=self.cfg.rollout.max_new_tokens,
                        seed=self.cfg.seed)
+        held = self.subscriber.held_by(self.engine)
         log.info("eval: version %d accuracy %.3f (%.1fs)", v, acc, time.monotonic() - t0)
-        self.metrics.emit("eval.accuracy", acc, step=v, problems=len(self.problems), k=self.cfg.eval.k)
+        self.metrics.emit("eval.accuracy", acc, step=v, problems=len(self.problems), k=self.cfg.eval.k,
+                          epoch=held.epoch if held else 0, weights_digest=held.digest if held else "")
         self.producer.flush()
         every = self.cfg.eval.every or final
         self.next_target = min(final, (v // every + 1) * every) if v < final else final + 1

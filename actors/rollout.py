@@ -149,9 +149,11 @@ class RolloutActor(LoopActor):
             return
         self._last_hb = now
         elapsed = max(1e-9, now - self._started)
+        held = self.subscriber.held_by(self.engine)  # the lineage the engine rolls out with
         self.plain.send(self.topics.control,
                         Heartbeat(self.node_id, "raas", self.cfg.policy, self.engine.version, 0, 1,
-                                  self._tokens / elapsed, time.time()), key=self.node_id, trace=False)
+                                  self._tokens / elapsed, time.time(), epoch=held.epoch if held else 0,
+                                  weights_digest=held.digest if held else ""), key=self.node_id, trace=False)
 
     def teardown(self) -> None:
         close_quietly(self.subscriber, self.consumer, self.producer, self.plain, self.engine)

@@ -3,11 +3,15 @@
 Reads ``batches.<policy>`` (one partition: the ordered record of training) by offset —
 not by consumer-group commits — because the offset it resumes from is part of its
 checkpoint: ``DeepSpeed state + the next batch offset + the lineage of (step, offset)``
-are saved together, every ``checkpoint_every`` steps. A restarted trainer loads the
-newest checkpoint and seeks to the stored offset, so every batch contributes to the
-weights exactly once and none is skipped. After each step the weights (a CPU copy) go to
-the :class:`~astraflow.actors.weights.WeightPublisher`, whose thread encodes, writes
-and announces them while the next step runs.
+are saved together, every ``checkpoint_every`` steps, as one step-tagged directory that
+an atomic pointer publishes (:mod:`astraflow.engines.checkpoints`: a kill during a save
+leaves the previous checkpoint in force). A restarted trainer loads the checkpoint the
+pointer names and seeks to the stored offset, so every batch contributes to the weights
+exactly once and none is skipped. After each step the weights (a CPU copy) go to the
+:class:`~astraflow.actors.weights.WeightPublisher`, whose thread encodes, writes and
+announces them while the next step runs. A trainer that resumed behind the announced
+head announces its weights as a new lineage epoch (see the publisher), so every node
+drops the versions the crashed trainer announced after its checkpoint.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from kafka import TopicPartition
 from opentelemetry import trace
 
 from astraflow.config import JobConfig
+from astraflow.engines.checkpoints import CheckpointStore
 from astraflow.topics import Batch, Consumer, DeadLetters, Heartbeat, Producer, SnapshotRequest
 
 from .common import close_quietly, job_topics, make_train_engine, model_path, set_threads, to_train_batch
@@ -37,6 +42,7 @@ class TrainerActor(LoopActor):
         self.cfg, self.bootstrap = cfg, bootstrap
         self.topics = job_topics(cfg)
         self.ckpt_dir = Path(run_dir) / "checkpoints" / cfg.policy
+        self.checkpoints = CheckpointStore(self.ckpt_dir, keep=cfg.trainer.keep_checkpoints)
         self.engine = self.consumer = self.control = self.producer = self.publisher = None
         self._wait_s = 0.0
         self._last_hb = 0.0
@@ -47,9 +53,10 @@ class TrainerActor(LoopActor):
         set_threads(self.cfg.trainer.engine.threads)
         self.engine = make_train_engine(self.cfg, model_path(self.cfg))
         state: dict = {}
-        if (self.ckpt_dir / "latest").exists():
-            state = dict(self.engine.load_checkpoint(self.ckpt_dir))
-            log.info("trainer: resumed at step %d from %s", self.engine.step, self.ckpt_dir)
+        ckpt = self.checkpoints.latest()
+        if ckpt is not None:
+            state = dict(self.engine.load_checkpoint(ckpt.path))
+            log.info("trainer: resumed at step %d from %s", self.engine.step, ckpt.path)
         self.offset = int(state.get("batches_offset", 0))
         self.lineage: list[list[int]] = [list(x) for x in state.get("lineage", [])]
         self.producer = Producer(self.bootstrap, client_id=f"trainer.{self.cfg.policy}")
@@ -68,17 +75,18 @@ class TrainerActor(LoopActor):
         self.publisher = WeightPublisher(self.bootstrap, self.topics, self.cfg.policy,
                                          snapshot_every=self.cfg.trainer.snapshot_every,
                                          producer_id=f"trainer.{self.cfg.policy}")
-        last = self.publisher.last_announced
-        if last is None or last < self.engine.step:
-            # The chain must start (or restart) from what this trainer holds.
-            self.publisher.publish(self._weights(), self.engine.step, snapshot=True)
-        self.metrics.emit("trainer.resumed_step", self.engine.step, step=self.engine.step)
+        head = self.publisher.last_announced
+        epoch = self.publisher.resume(self._weights(), self.engine.step)
+        self.metrics.emit("trainer.resumed_step", self.engine.step, step=self.engine.step, epoch=epoch,
+                          announced_head=-1 if head is None else head)
 
     def step(self) -> None:
         if self.engine.step >= self.cfg.trainer.steps:
             self.publisher.flush(timeout=300)
             self._report_published()
-            self.metrics.emit("trainer.done", self.engine.step, step=self.engine.step)
+            from astraflow.engines.deltas import weights_digest
+            self.metrics.emit("trainer.done", self.engine.step, step=self.engine.step, epoch=self.publisher.epoch,
+                              weights_digest=weights_digest(self._weights()))
             self._heartbeat(force=True)
             self.producer.flush()
             self.finished = True
@@ -159,8 +167,8 @@ class TrainerActor(LoopActor):
 
     def _checkpoint(self) -> None:
         state = {"step": self.engine.step, "batches_offset": self.offset, "lineage": self.lineage}
-        self.engine.save_checkpoint(self.ckpt_dir, state)
-        # A readable copy for operators and audits; the DeepSpeed client state is authoritative.
+        self.checkpoints.save(self.engine.step, lambda d: self.engine.save_checkpoint(d, state), state)
+        # A readable copy for operators and audits; the checkpoint's own state is authoritative.
         tmp = self.ckpt_dir / "progress.json.tmp"
         tmp.write_text(json.dumps(state))
         tmp.replace(self.ckpt_dir / "progress.json")
@@ -171,7 +179,7 @@ class TrainerActor(LoopActor):
             return
         self._last_hb = now
         self.producer.send(self.topics.control, Heartbeat(f"trainer.{self.cfg.policy}", "trainer", self.cfg.policy,
-                                                          self.engine.step, ts=time.time()),
+                                                          self.engine.step, ts=time.time(), epoch=self.publisher.epoch),
                            key=f"trainer.{self.cfg.policy}", trace=False)
 
     def teardown(self) -> None:

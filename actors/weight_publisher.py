@@ -28,9 +28,19 @@ Retention rule (the weights topic is never trimmed by time or size):
     The log holds at most two snapshots and two intervals of deltas, plus the rest of
     one segment (``segment.bytes`` is 64 MiB: Kafka frees disk a segment at a time).
 
-Restarts: on start the publisher reads the latest announcement of its policy. Versions
-at or below it are not announced again (the digest is compared and a mismatch logged);
-the first new version is a full snapshot, because the base weights are gone.
+Lineage epochs (fenced like Kafka producer epochs): versions are ordered by
+``(epoch, version)``. On start the publisher reads the latest announcement of its policy;
+the trainer then calls :meth:`WeightPublisher.resume` with the weights it holds. Only a
+trainer that provably holds the announced head (same version, same weights digest)
+continues that epoch, with a delta. Any other restart, above all one from a checkpoint
+*behind* the head (the announced versions after it came from a history this trainer
+discarded; on GPU retraining is not bit-exact), opens epoch + 1 with a snapshot of the
+version it holds, and versions go on from there, re-publishing the numbers the old epoch
+used. Subscribers move to the newest epoch and ignore announcements of older ones, so a
+zombie trainer of the old epoch is fenced off. So each epoch is one contiguous history that
+starts with a snapshot. Trajectories carry their behaviour log-probs, so samples generated
+by old-epoch weights stay correct to train on: the loss weighs them by their own
+behaviour policy, and the dataflow's staleness bound (by version number) still applies.
 """
 
 from __future__ import annotations
@@ -92,6 +102,7 @@ class PublishedVersion:
 class _Job:
     named: Mapping[str, torch.Tensor]
     version: int
+    epoch: int
     snapshot: bool
     trace_context: otel_context.Context | None
 
@@ -137,8 +148,9 @@ def _announcement(record, policy: str) -> VersionAnnouncement | None:
 
 
 def _newer(a: VersionAnnouncement, b: VersionAnnouncement) -> bool:
-    # A snapshot version is announced twice; the second (its own snapshot) is the newer head.
-    return (a.version, a.snapshot_version) > (b.version, b.snapshot_version)
+    # A newer epoch wins whatever its version (the fence); a snapshot version is announced
+    # twice and the second (its own snapshot) is the newer head.
+    return (a.epoch, a.version, a.snapshot_version) > (b.epoch, b.version, b.snapshot_version)
 
 
 class WeightPublisher:
@@ -174,9 +186,10 @@ class WeightPublisher:
         self._head = read_latest_announcement(bootstrap_servers, topics.versions, policy)
         # Digests of versions announced before this process started, for the restart check.
         self._announced: dict[int, str] = {self._head.version: self._head.checksum} if self._head else {}
+        self._epoch = self._head.epoch if self._head is not None else 0
         if self._head is not None:
-            log.info("%s: continuing after announced version %d (snapshot %d)", policy,
-                     self._head.version, self._head.snapshot_version)
+            log.info("%s: announced head is version %d of epoch %d (snapshot %d)", policy,
+                     self._head.version, self._head.epoch, self._head.snapshot_version)
         # The last announced version's weights and tensor hashes: the next delta's base.
         self._base: Mapping[str, torch.Tensor] | None = None
         self._base_hashes: Mapping[str, bytes] | None = None
@@ -198,6 +211,41 @@ class WeightPublisher:
         head = self._head
         return head.version if head is not None else None
 
+    @property
+    def epoch(self) -> int:
+        """The lineage epoch of the versions this publisher announces."""
+        return self._epoch
+
+    def resume(self, named: Mapping[str, torch.Tensor], version: int) -> int:
+        """Start the chain from the weights a (re)started trainer holds at ``version``; returns the epoch.
+
+        Call once, before the first :meth:`publish`. When ``named`` is exactly the announced
+        head (same version and digest), the epoch continues and the next version is a delta
+        against it. Otherwise ``version`` is published as a snapshot: in epoch 0 when nothing
+        was announced yet, else in the head's epoch + 1 (see the module docstring).
+        """
+        if self._pending or self.published:
+            raise RuntimeError(f"weight publisher of {self.policy!r}: resume() must come before the first publish()")
+        head = self._head
+        if head is None:
+            self.publish(named, version, snapshot=True)
+            return self._epoch
+        hashes = deltas.tensor_hashes(named, threads=self.codec_threads)
+        if version == head.version and deltas.weights_digest(named, hashes) == head.checksum:
+            log.info("%s: resuming at the announced head (version %d of epoch %d, same weights)", self.policy,
+                     version, head.epoch)
+            self._base, self._base_hashes = named, hashes
+            return self._epoch
+        self._epoch = head.epoch + 1
+        why = ("behind the announced head" if version < head.version else
+               "with other weights than the announced head" if version == head.version else
+               "ahead of the announced head (its last versions were never announced)")
+        log.warning("%s: the trainer resumed at version %d %s (version %d of epoch %d): starting lineage epoch %d "
+                    "with a snapshot of version %d; nodes drop the weights of epoch %d", self.policy, version, why,
+                    head.version, head.epoch, self._epoch, version, head.epoch)
+        self.publish(named, version, snapshot=True)
+        return self._epoch
+
     def publish(self, named: Mapping[str, torch.Tensor], version: int,
                 trace_context: otel_context.Context | None = None, *, snapshot: bool = False) -> None:
         """Hand over ``named`` as ``version``; blocks only while the queue is full.
@@ -216,7 +264,7 @@ class WeightPublisher:
         with self._cond:
             self._pending += 1
         ctx = trace_context if trace_context is not None else otel_context.get_current()
-        self._queue.put(_Job(named, version, snapshot, ctx))
+        self._queue.put(_Job(named, version, self._epoch, snapshot, ctx))
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every handed-over version is announced (or failed, which is raised)."""
@@ -272,21 +320,22 @@ class WeightPublisher:
 
     def _publish(self, job: _Job) -> None:
         head = self._head
-        if head is not None and job.version <= head.version:
+        same_epoch = head is not None and head.epoch == job.epoch
+        if same_epoch and job.version <= head.version:
             self._skip_announced(job)
             return
         v = job.version
         with self._tracer.start_as_current_span(
                 "weights.publish", context=job.trace_context,
-                attributes={"policy": self.policy, "policy.version": v}) as span:
+                attributes={"policy": self.policy, "policy.version": v, "policy.epoch": job.epoch}) as span:
             delta_ann: VersionAnnouncement | None = None
-            if self._base is not None and head is not None and self.write_deltas:
+            if self._base is not None and same_epoch and self.write_deltas:
                 # Deltas go out first, even at snapshot versions: followers stay on deltas.
                 manifest, hashes, digest = self._write(job, DELTA, head.version)
                 head = delta_ann = self._announce(VersionAnnouncement(
                     self.policy, v, DELTA, head.version, head.snapshot_version, manifest, digest,
                     head.snapshot_manifest, [*head.deltas, manifest], [*head.delta_versions, v],
-                    created_at=time.time()))
+                    created_at=time.time(), epoch=job.epoch))
                 # The announced version is the next base, even if its snapshot fails below.
                 self._base, self._base_hashes = job.named, hashes
                 span.set_attribute("weights.delta_bytes", manifest.total_bytes)
@@ -298,7 +347,7 @@ class WeightPublisher:
                 self._announce(VersionAnnouncement(
                     self.policy, v, SNAPSHOT, delta_ann.base_version if delta_ann else v, v,
                     delta_ann.manifest if delta_ann else manifest, digest, manifest, [], [],
-                    created_at=time.time()))
+                    created_at=time.time(), epoch=job.epoch))
                 self._base, self._base_hashes = job.named, hashes
                 span.set_attribute("weights.snapshot_bytes", manifest.total_bytes)
                 if self.trim and previous_snapshot is not None:
@@ -336,8 +385,9 @@ class WeightPublisher:
         digest = deltas.weights_digest(job.named)
         if known is not None and known != digest:
             log.warning("%s: version %d was already announced with weights digest %s… but the trainer now "
-                        "holds %s… for it; keeping the announced weights (did the trainer resume from an "
-                        "older checkpoint with different data?)", self.policy, job.version, known[:16], digest[:16])
+                        "holds %s… for it; keeping the announced weights (a restarted trainer must call "
+                        "resume() first, which starts a new lineage epoch)", self.policy, job.version, known[:16],
+                        digest[:16])
         else:
             log.info("%s: version %d already announced (newest is %d); not announcing it again",
                      self.policy, job.version, self.last_announced)

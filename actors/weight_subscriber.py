@@ -17,6 +17,12 @@ that recovered. A payload that failed verification is never fetched again: when 
 on every path, the subscriber keeps its last good version until a newer snapshot is
 announced.
 
+Lineage epochs: versions are ordered by ``(epoch, version)``. When a trainer resumes
+behind the announced head it opens a new epoch with a snapshot (see
+:mod:`.weight_publisher`); the subscriber then takes the snapshot path to the new epoch
+even when its number is lower than the version it holds, dropping the old epoch's
+weights, and from then on ignores announcements of older epochs (a fenced trainer).
+
 The rollout side calls :meth:`WeightSubscriber.apply_to` between requests; it copies the
 held version into the engine under the subscriber's lock, so an engine never sees a
 half-applied version. This module does not talk to engines otherwise, and knows nothing
@@ -29,8 +35,9 @@ import contextlib
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 from kafka import KafkaConsumer, TopicPartition
@@ -45,7 +52,7 @@ from astraflow.topics import tracing
 
 from .weight_publisher import _announcement, _newer
 
-__all__ = ["WeightSubscriber", "WeightEngine"]
+__all__ = ["WeightSubscriber", "WeightEngine", "Held"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +67,14 @@ class WeightEngine(Protocol):
     def version(self) -> int: ...
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None: ...
+
+
+class Held(NamedTuple):
+    """Which weights: lineage epoch, version and ``weights_digest`` (heartbeats report it)."""
+
+    epoch: int
+    version: int
+    digest: str
 
 
 class _PathFailed(Exception):
@@ -77,6 +92,7 @@ class WeightSubscriber:
             through the snapshot path.
         initial_version: the version of ``initial`` (or of the engine's weights when
             ``initial`` is None); announcements at or below it are not fetched.
+        initial_epoch: the lineage epoch of ``initial_version``.
         node_id: names this node in logs, fault reports and spans.
         codec_threads: threads for decoding and applying payloads.
         tracer: OpenTelemetry tracer (default: this module's).
@@ -86,7 +102,8 @@ class WeightSubscriber:
 
     def __init__(self, bootstrap_servers: str, topics: JobTopics, policy: str, *,
                  initial: Mapping[str, torch.Tensor] | None = None, initial_version: int = -1,
-                 node_id: str = "", codec_threads: int = 1, tracer: trace.Tracer | None = None,
+                 initial_epoch: int = 0, node_id: str = "", codec_threads: int = 1,
+                 tracer: trace.Tracer | None = None,
                  on_fault: Callable[[str, int], None] | None = None) -> None:
         self.bootstrap_servers, self.topics, self.policy = bootstrap_servers, topics, policy
         self.node_id = node_id or "subscriber"
@@ -99,6 +116,10 @@ class WeightSubscriber:
             {k: v.detach().clone() for k, v in initial.items()} if initial is not None else None)
         self._hashes: dict[str, bytes] | None = None
         self._version = initial_version
+        self._epoch = self._initial_epoch = initial_epoch
+        self._digest: str | None = None  # of the held weights, computed when first asked
+        # What each engine was given by apply_to: engines know their version, not its epoch.
+        self._engines: weakref.WeakKeyDictionary[object, Held] = weakref.WeakKeyDictionary()
         self._context: otel_context.Context | None = None
         self._faults: list[str] = []
         self._path_counts = {"delta": 0, "snapshot": 0}
@@ -138,6 +159,22 @@ class WeightSubscriber:
         return self._version
 
     @property
+    def epoch(self) -> int:
+        """The lineage epoch of the held version."""
+        return self._epoch
+
+    def held(self) -> Held | None:
+        """Epoch, version and digest of the held weights; None before the first version."""
+        with self._lock:
+            digest = self.digest()
+            return None if digest is None else Held(self._epoch, self._version, digest)
+
+    def held_by(self, engine: WeightEngine) -> Held | None:
+        """What :meth:`apply_to` last loaded into ``engine``; None if it never loaded anything."""
+        with self._lock:
+            return self._engines.get(engine)
+
+    @property
     def faults(self) -> list[str]:
         """Fault reports, oldest first: what failed and which path recovered."""
         with self._lock:
@@ -157,12 +194,18 @@ class WeightSubscriber:
     def digest(self) -> str | None:
         """``weights_digest`` of the held weights (equal to the trainer's iff bit-identical)."""
         with self._lock:
-            return None if self._state is None else deltas.weights_digest(self._state, self._hashes)
+            if self._state is None:
+                return None
+            if self._digest is None:
+                self._digest = deltas.weights_digest(self._state, self._hashes)
+            return self._digest
 
-    def wait_for(self, version: int, timeout: float) -> bool:
-        """Wait until a version >= ``version`` is held; False on timeout."""
+    def wait_for(self, version: int, timeout: float, *, epoch: int | None = None) -> bool:
+        """Wait until a version >= ``version`` is held (in ``epoch`` or a newer one, if given); False on timeout."""
         with self._lock:
-            return self._lock.wait_for(lambda: self._version >= version, timeout)
+            if epoch is None:
+                return self._lock.wait_for(lambda: self._version >= version, timeout)
+            return self._lock.wait_for(lambda: (self._epoch, self._version) >= (epoch, version), timeout)
 
     def apply_to(self, engine: WeightEngine) -> int | None:
         """Load the held version into ``engine`` if it is newer; returns it, else None.
@@ -171,13 +214,18 @@ class WeightSubscriber:
         whole verified version (engines copy the tensors in).
         """
         with self._lock:
-            if self._state is None or self._version <= engine.version:
+            given = self._engines.get(engine)
+            engine_epoch = given.epoch if given is not None else self._initial_epoch
+            if self._state is None or (self._epoch, self._version) <= (engine_epoch, engine.version):
                 return None
             with self._tracer.start_as_current_span(
                     "raas.weights.apply", context=self._context,
-                    attributes={"policy": self.policy, "policy.version": self._version,
+                    attributes={"policy": self.policy, "policy.version": self._version, "policy.epoch": self._epoch,
                                 "node.id": self.node_id, "engine.version": engine.version}):
                 engine.load_weights(self._state, self._version)
+            held = self.held()
+            assert held is not None
+            self._engines[engine] = held
             return self._version
 
     # -- the background thread ---------------------------------------------------------
@@ -213,12 +261,19 @@ class WeightSubscriber:
                 break
             for r in records:
                 ann = _announcement(r, self.policy)
-                if ann is not None and (self._head is None or _newer(ann, self._head)):
+                if ann is None:
+                    continue
+                if self._head is None or _newer(ann, self._head):
                     self._head, self._head_context = ann, tracing.extract(r.headers)
                     self._retry_at, self._backoff = 0.0, _RETRY_S[0]
+                elif ann.epoch < self._head.epoch:
+                    log.warning("%s: ignoring version %d of lineage epoch %d: epoch %d superseded it (a trainer "
+                                "that resumed elsewhere fenced this one off)", self.node_id, ann.version, ann.epoch,
+                                self._head.epoch)
             timeout_ms = 0
         head = self._head
-        if head is None or head.version <= self._version or time.monotonic() < self._retry_at:
+        if (head is None or (head.epoch, head.version) <= (self._epoch, self._version)
+                or time.monotonic() < self._retry_at):
             return
         if not self._advance(reader, head):
             self._retry_at = time.monotonic() + self._backoff
@@ -249,8 +304,8 @@ class WeightSubscriber:
 
     def _delta_steps(self, head: VersionAnnouncement) -> list[tuple[int, ChunkManifest]] | None:
         """The deltas from the held version to ``head``, or None when there is no such path."""
-        if self._state is None:
-            return None
+        if self._state is None or head.epoch != self._epoch:
+            return None  # another lineage: only its snapshot leads there
         v = self._version
         if head.base_version == v and head.base_version != head.version:
             steps = [(head.version, head.manifest)]  # a follower, one version behind
@@ -276,11 +331,12 @@ class WeightSubscriber:
                                       f"{self._version}: {e}") from e
                 except WeightCodecError as e:
                     # Checks after writing failed: the held tensors can no longer be trusted.
-                    self._state, self._hashes = None, None
+                    self._state, self._hashes, self._digest = None, None, None
                     self._bad.add(manifest.object_id)
                     raise _PathFailed(f"delta to version {version} failed to apply ({e}); "
                                       "dropped the held weights") from e
                 self._hashes, self._version, self._context = hashes, version, self._head_context
+                self._digest = None
                 self._path_counts["delta"] += 1
                 self._lock.notify_all()
         self._check_head(head)
@@ -316,9 +372,14 @@ class WeightSubscriber:
                 error, intact = e, False
                 break
             version = dv
-        if intact and version > self._version:  # even a partial chain is a verified, newer version
+        # Even a partial chain is a verified, newer version; a newer epoch replaces any version.
+        if intact and (head.epoch, version) > (self._epoch, self._version):
             with self._lock:
+                if head.epoch != self._epoch:
+                    log.info("%s: moving to lineage epoch %d at version %d (dropping version %d of epoch %d)",
+                             self.node_id, head.epoch, version, self._version, self._epoch)
                 self._state, self._hashes, self._version = state, hashes, version
+                self._epoch, self._digest = head.epoch, None
                 self._context = self._head_context
                 self._path_counts["snapshot"] += 1
                 self._path_counts["delta"] += len([v for v in head.delta_versions if v <= version])
@@ -362,11 +423,11 @@ class WeightSubscriber:
         applied, and apply_in_place checked every tensor, so this only trips on a bug.
         """
         with self._lock:
-            if self._version != head.version or self._state is None:
+            if (self._epoch, self._version) != (head.epoch, head.version) or self._state is None:
                 return
-            digest = deltas.weights_digest(self._state, self._hashes)
+            digest = self.digest()
             if digest != head.checksum:
-                self._state, self._hashes, self._version = None, None, -1
+                self._state, self._hashes, self._version, self._digest = None, None, -1, None
                 raise _PathFailed(f"version {head.version} assembled with digest {digest[:16]}…, announced "
                                   f"{head.checksum[:16]}…; dropped the held weights")
 

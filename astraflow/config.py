@@ -105,6 +105,7 @@ class DataflowConfig:
 class TrainerConfig:
     steps: int = _f(20, "optimizer steps (= policy versions) to train")
     checkpoint_every: int = _f(1, "checkpoint every K steps (with the consumed batch offset)")
+    keep_checkpoints: int = _f(2, "complete checkpoints kept on disk (the newest is resumed from)")
     snapshot_every: int = _f(10, "full weight snapshot every K versions (sparse deltas between)")
     publish_dtype: Literal["float32", "bfloat16", "float16"] = _f(
         "float32", "dtype of the published weights (what rollout engines load); bfloat16 is what GPU engines hold, "
@@ -120,6 +121,11 @@ class EvalConfig:
     k: int = _f(4, "samples per problem (pass@1 averaged over k)")
     temperature: float = _f(0.6, "evaluation temperature")
     threads: int = _f(1, "torch threads of the evaluator")
+
+    def __post_init__(self) -> None:
+        for key in ("steps", "checkpoint_every", "snapshot_every", "keep_checkpoints"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
 
 
 @dataclass(frozen=True)

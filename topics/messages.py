@@ -191,11 +191,13 @@ class VersionAnnouncement(Message):
 
     Compaction keeps only the latest announcement per policy, so each one carries the whole
     chain a late joiner needs: the newest snapshot and every delta after it, in order.
-    Schema 2 added ``delta_versions``.
+    Versions are ordered by ``(epoch, version)``: a trainer that resumes behind the announced
+    head starts a new lineage epoch with a snapshot, and announcements of an older epoch are
+    ignored (fenced) by subscribers. Schema 2 added ``delta_versions``; schema 3 ``epoch``.
     """
 
     TYPE: ClassVar[str] = "version"
-    SCHEMA: ClassVar[int] = 2
+    SCHEMA: ClassVar[int] = 3
     policy: str
     version: int
     kind: str  #: "snapshot" (``version`` has a full snapshot, ``snapshot_manifest``) or "delta"
@@ -207,14 +209,16 @@ class VersionAnnouncement(Message):
     deltas: list[ChunkManifest] = field(default_factory=list)  #: deltas after the snapshot, in order
     delta_versions: list[int] = field(default_factory=list)  #: the version each of ``deltas`` produces
     created_at: float = 0.0
+    epoch: int = 0  #: lineage epoch; every payload of the chain belongs to it
 
 
 @register
 @dataclass(frozen=True)
 class Heartbeat(Message):
-    """Liveness and load of a component, on ``control``."""
+    """Liveness and load of a component, on ``control``. Schema 2 added ``epoch`` and ``weights_digest``."""
 
     TYPE: ClassVar[str] = "heartbeat"
+    SCHEMA: ClassVar[int] = 2
     node_id: str
     role: str  #: "raas", "trainer", "dataflow"
     policy: str
@@ -224,6 +228,8 @@ class Heartbeat(Message):
     tokens_per_s: float = 0.0
     ts: float = 0.0
     status: str = "alive"  #: "alive" or "stopping"
+    epoch: int = 0  #: lineage epoch of the weights the node holds
+    weights_digest: str = ""  #: digest of those weights ("" when unknown)
 
 
 @register
