@@ -40,6 +40,7 @@ def make_train_engine(cfg: JobConfig, path: Path):
     e = cfg.trainer.engine
     # The trainer's logprobs must be those of the distribution the rollout sampled from.
     engine_cfg = dataclasses.replace(e, model_path=str(path), temperature=cfg.rollout.temperature,
+                                     top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
                                      seed=e.seed or cfg.seed,
                                      total_steps=e.total_steps or cfg.trainer.steps)
     return make(engine_cfg)
@@ -50,7 +51,7 @@ def to_train_batch(batch: Batch):
     from astraflow.engines.base import TrainBatch, TrainSample
     samples = [TrainSample(prompt_ids=tuple(g.prompt_ids), completion_ids=tuple(s.tokens),
                            behaviour_logprobs=tuple(s.logprobs), reward=s.reward, group_id=g.task_id,
-                           version=min(s.versions) if s.versions else 0)
+                           version=min(s.versions) if s.versions else 0, token_versions=tuple(s.versions))
                for g in batch.groups for s in g.samples if s.tokens]
     return TrainBatch(tuple(samples), step=batch.step)
 

@@ -100,6 +100,8 @@ class TrainSample:
         group_id: samples sharing a prompt share a group; GRPO normalises within it.
         advantage: precomputed advantage; overrides ``reward``/``group_id``.
         version: policy version that generated the sample (for staleness metrics).
+        token_versions: policy version that generated each completion token (the
+            trajectory's ``versions``); empty means every token is at ``version``.
     """
 
     prompt_ids: tuple[int, ...]
@@ -109,8 +111,11 @@ class TrainSample:
     group_id: str | int = 0
     advantage: float | None = None
     version: int = 0
+    token_versions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.token_versions and len(self.token_versions) != len(self.completion_ids):
+            raise ValueError(f"{len(self.completion_ids)} completion tokens but {len(self.token_versions)} token versions")
         if len(self.completion_ids) != len(self.behaviour_logprobs):
             raise ValueError(
                 f"{len(self.completion_ids)} completion tokens but "

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .losses import LOSS_PARAMS
+from .losses import LOSS_PARAMS, RETIRED_LOSSES
 
 __all__ = ["RolloutConfig", "SGLangConfig", "TrainerConfig", "from_dict"]
 
@@ -89,12 +89,21 @@ class TrainerConfig:
     ``lr``, ``weight_decay``, ``betas``, ``warmup_steps`` (linear warm-up),
     ``lr_schedule`` (constant | cosine), ``total_steps`` (cosine horizon),
     ``grad_clip`` (max global grad norm; 0 disables), ``token_budget`` (padded tokens per
-    micro-batch), ``loss`` (grpo | ppo | decoupled_ppo | m2po), ``loss_params`` (e.g.
+    micro-batch), ``ppo_epochs`` and ``minibatches`` (each batch is split into
+    ``minibatches`` minibatches by sample index, one optimizer step each, for
+    ``ppo_epochs`` passes), ``loss`` (grpo | decoupled_ppo | m2po), ``loss_params`` (e.g.
     ``clip_eps``, ``clip_eps_high``, ``iw_cap``, ``tau``), ``aggregation`` (token |
     sequence), ``normalize_std`` (GRPO std normalisation), ``kl_coef`` and
-    ``kl_estimator`` (k1 | k3; a frozen copy of the initial weights is the reference),
-    ``temperature`` (rollout temperature, so trainer logprobs match the sampler's),
+    ``kl_estimator`` (a KL loss term: k3 | k2), ``kl_in_reward_coef`` (k1 KL subtracted
+    from each sequence's reward before advantages; a frozen copy of the initial weights
+    is the reference for both), ``temperature``, ``top_p``, ``top_k`` (the rollout's
+    sampling, so trainer logprobs are those of the distribution tokens were drawn from),
     ``seed``, ``device`` (auto | cpu | cuda), ``bf16`` (GPU only), ``threads``.
+
+    Steps and versions: one batch is one version (``step``) whatever ``ppo_epochs`` x
+    ``minibatches`` optimizer steps it takes; ``warmup_steps``, ``total_steps`` and the
+    LR schedule count versions, and every optimizer step of a batch uses that batch's
+    rate.
     """
 
     model_path: str = ""
@@ -107,13 +116,18 @@ class TrainerConfig:
     total_steps: int = 0
     grad_clip: float = 1.0
     token_budget: int = 4096
+    ppo_epochs: int = 1
+    minibatches: int = 1
     loss: str = "grpo"
     loss_params: Mapping[str, float] = field(default_factory=dict)
     aggregation: str = "token"
     normalize_std: bool = True
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
+    kl_in_reward_coef: float = 0.0
     temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
     seed: int = 0
     device: str = "auto"
     bf16: bool = True
@@ -122,6 +136,8 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"trainer.zero_stage must be 0..3, got {self.zero_stage}")
+        if self.loss in RETIRED_LOSSES:
+            raise ValueError(f"trainer.loss: {RETIRED_LOSSES[self.loss]}")
         if self.loss not in LOSS_PARAMS:
             raise ValueError(f"trainer.loss must be one of {sorted(LOSS_PARAMS)}, got {self.loss!r}")
         bad = sorted(set(self.loss_params) - LOSS_PARAMS[self.loss])
@@ -129,8 +145,17 @@ class TrainerConfig:
             raise ValueError(f"trainer.loss_params: {bad} do not apply to loss {self.loss!r}; allowed: {sorted(LOSS_PARAMS[self.loss])}")
         if self.aggregation not in ("token", "sequence"):
             raise ValueError(f"trainer.aggregation must be 'token' or 'sequence', got {self.aggregation!r}")
-        if self.kl_estimator not in ("k1", "k3"):
-            raise ValueError(f"trainer.kl_estimator must be 'k1' or 'k3', got {self.kl_estimator!r}")
+        if self.kl_estimator == "k1":
+            raise ValueError("trainer.kl_estimator 'k1' has zero expected gradient as a loss term (E[∇ log π] = 0): "
+                             "use kl_in_reward_coef for k1 in the reward, or kl_estimator 'k3' (or 'k2') for a loss term")
+        if self.kl_estimator not in ("k2", "k3"):
+            raise ValueError(f"trainer.kl_estimator must be 'k3' or 'k2', got {self.kl_estimator!r}")
+        if self.kl_coef < 0 or self.kl_in_reward_coef < 0:
+            raise ValueError(f"trainer.kl_coef and trainer.kl_in_reward_coef must be >= 0, got "
+                             f"{self.kl_coef} and {self.kl_in_reward_coef}")
+        if self.ppo_epochs < 1 or self.minibatches < 1:
+            raise ValueError(f"trainer.ppo_epochs and trainer.minibatches must be >= 1, got "
+                             f"{self.ppo_epochs} and {self.minibatches}")
         if self.lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"trainer.lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
         if self.lr_schedule == "cosine" and self.total_steps <= 0:
@@ -139,5 +164,7 @@ class TrainerConfig:
             raise ValueError(f"trainer.device must be auto | cpu | cuda, got {self.device!r}")
         if self.token_budget < 1 or self.temperature <= 0:
             raise ValueError("trainer.token_budget must be >= 1 and trainer.temperature > 0")
+        if not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError(f"trainer.top_p must be in (0, 1] and trainer.top_k >= 0, got {self.top_p} and {self.top_k}")
         object.__setattr__(self, "betas", tuple(self.betas))
         object.__setattr__(self, "loss_params", dict(self.loss_params))

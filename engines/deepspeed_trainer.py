@@ -5,12 +5,21 @@ GPU), the optimizer and LR schedule, token-budget micro-batching, loss assembly 
 ``losses.py``, checkpoints (DeepSpeed state + RNG + the caller's ``extra_state``, e.g.
 consumed Kafka offsets) and HF export. It does not read Kafka or publish weights.
 
-A step over a ``TrainBatch``: compute advantages (GRPO from rewards + group ids unless
-given), pack samples into micro-batches of at most ``token_budget`` padded tokens,
-forward/backward each with the loss normalised by the *whole* batch's token (or
-sequence) count, then one optimizer step. Because each update uses fresh weights, the
-proximal policy of decoupled PPO equals the current weights before the update, so its
-logprobs are the detached current logprobs (no extra forward pass).
+A step over a ``TrainBatch`` (one batch = one version):
+
+1. ``prepare``: the no-grad passes the step needs, each once per batch and before any
+   update — proximal log-probs (the weights before the first update; AReaL's decoupled
+   objective) when the batch takes several updates or the loss/KL needs them, reference
+   log-probs for KL terms — then k1-shaped rewards, advantages (GRPO from rewards + group
+   ids unless given) and the loss's batch-level token mask (M2PO), so none of these
+   depends on how the batch is split.
+2. ``ppo_epochs`` passes over ``minibatches`` contiguous minibatches, one optimizer step
+   each; a minibatch is packed into micro-batches of at most ``token_budget`` padded
+   tokens whose losses are normalised by the minibatch's token (or sequence) count.
+
+Trainer log-probs are those of the rollout's sampling distribution (temperature, top-k,
+top-p), so they agree with the behaviour log-probs the engine recorded; the step reports
+the residual gap on tokens generated at the trained version.
 """
 
 from __future__ import annotations
@@ -22,17 +31,42 @@ import os
 import socket
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .base import TrainBatch, TrainEngine
 from .config import TrainerConfig
-from .losses import POLICY_LOSSES, aggregate, grpo_advantages, kl_penalty
+from .losses import BATCH_MASKS, POLICY_LOSSES, aggregate, grpo_advantages, kl_penalty, kl_shaped_rewards
+from .sampling import sampling_logprobs
 
-__all__ = ["DeepSpeedTrainer", "init_single_process_distributed"]
+__all__ = ["DeepSpeedTrainer", "StepPlan", "init_single_process_distributed"]
 
 CKPT_TAG = "latest_step"
+# Trainer log-prob of a token outside the truncated sampling support (see ``_logprobs``):
+# e^-100 is 0 in every ratio, yet finite, so masked products stay 0 rather than NaN.
+LOGP_FLOOR = -100.0
+
+# Per-token diagnostics a loss may return -> the metric reporting their token fraction.
+_TOKEN_STATS = {"clipped": "clipped_frac", "iw_capped": "iw_capped_frac", "m2po_masked": "m2po_masked_frac", "kl": "kl"}
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What a step computes once per batch before any update (``DeepSpeedTrainer.prepare``).
+
+    Per-sample lists hold one 1-D tensor per sample, over its completion tokens.
+    """
+
+    advantages: torch.Tensor  #: [N]
+    rewards: torch.Tensor  #: [N], after KL shaping
+    #: sampling log-probs under the weights before the first update; None when the batch
+    #: takes a single update (its own detached log-probs are then exactly these)
+    logp_prox: list[torch.Tensor] | None
+    logp_ref: list[torch.Tensor] | None  #: full tempered log-probs under the reference
+    keep: list[torch.Tensor] | None  #: the loss's batch-level token selection (M2PO)
+    kl_in_reward: torch.Tensor | None  #: [N] per-sequence k1 subtracted from the rewards
 
 
 def _free_port() -> int:
@@ -81,12 +115,11 @@ class DeepSpeedTrainer(TrainEngine):
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
         self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
         self.ref_model = None
-        if cfg.kl_coef > 0:
+        if cfg.kl_coef > 0 or cfg.kl_in_reward_coef > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
             self.ref_model.to(self.device, dtype=torch.bfloat16 if self.bf16 else torch.float32)
 
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_factor)
         ds_config = {
             # The batch is one TrainBatch; micro-batching is by token budget and the
             # accumulation boundary is set explicitly, so these counts are nominal.
@@ -99,9 +132,9 @@ class DeepSpeedTrainer(TrainEngine):
             "steps_per_print": 1 << 30,
             "wall_clock_breakdown": False,
         }
-        self.engine, _, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
-        )
+        # No DeepSpeed LR scheduler: it would count optimizer steps, and the schedule
+        # counts versions (``_apply_lr``), which the checkpoint already holds.
+        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         self._step = 0
 
     # --- TrainEngine -------------------------------------------------------------
@@ -111,66 +144,96 @@ class DeepSpeedTrainer(TrainEngine):
         return self._step
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One version: ``ppo_epochs`` x ``minibatches`` optimizer steps on ``batch``.
+
+        Metrics: ``loss`` and ``grad_norm`` (means over the updates), token fractions
+        ``clipped_frac`` / ``iw_capped_frac`` / ``m2po_masked_frac`` and the KL term
+        ``kl`` over all updates, and, when a batch takes several updates, the same per
+        update ``k = epoch * minibatches + j`` as ``<name>_mb<k>``; ``behav_logp_gap``
+        and ``train_inference_logp_gap`` (see ``_logp_gaps``), ``kl_in_reward`` (mean
+        per-sequence k1) when the KL is in the reward.
+        """
         started = time.perf_counter()
         cfg = self.cfg
         samples = batch.samples
-        advantages = self._advantages(batch)
-        micro = self._micro_batches(samples)
-        n_tokens = float(sum(len(s.completion_ids) for s in samples))
-        n_seqs = float(len(samples))
+        minibatches = self._minibatches(len(samples))
+        plan = self.prepare(batch)
+        lr = self._apply_lr()
         self.engine.train()
-        sums: dict[str, float] = {}
-
-        def acc(name: str, value: torch.Tensor) -> None:
-            sums[name] = sums.get(name, 0.0) + float(value)
-
-        for k, idx in enumerate(micro):
-            ids, mask, behav = self._collate([samples[i] for i in idx])
-            adv = advantages[idx].to(self.device).unsqueeze(-1).expand_as(mask)
-            logp, entropy = self._logprobs(self.engine, ids, with_entropy=True)
-            per_token, stats = POLICY_LOSSES[cfg.loss](logp, logp.detach(), behav, adv, mask, cfg.loss_params)
-            if self.ref_model is not None:
-                with torch.no_grad():
-                    ref_logp, _ = self._logprobs(self.ref_model, ids)
-                kl = kl_penalty(logp, ref_logp, cfg.kl_estimator)
-                per_token = per_token + cfg.kl_coef * kl
-                acc("kl", (kl.detach() * mask).sum())
-            loss = aggregate(per_token, mask, cfg.aggregation, num_tokens=n_tokens, num_sequences=n_seqs)
-            self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
-            self.engine.backward(loss, scale_wrt_gas=False)
-            acc("loss", loss.detach())
-            acc("entropy", (entropy * mask).sum())
-            acc("behav_logp_gap", ((logp.detach() - behav).abs() * mask).sum())
-            for name in ("clipped", "iw_capped", "m2po_masked"):
-                if name in stats:
-                    acc(name, (stats[name] * mask).sum())
-        # Without ZeRO, DeepSpeed clips but does not record the norm; measure it here.
-        pre_norm = self._grad_norm() if self.cfg.zero_stage == 0 else None
-        lr = float(self.scheduler.get_last_lr()[0])  # the rate this step applies
-        self.engine.step()
+        # With one update per batch, that update's detached log-probs are the proximal ones.
+        first_logp: list[torch.Tensor] | None = [None] * len(samples) if plan.logp_prox is None else None  # type: ignore[list-item]
+        updates = [(idx, self._update(samples, idx, plan, first_logp))
+                   for _ in range(cfg.ppo_epochs) for idx in minibatches]
+        trained_version = self._step
         self._step += 1
 
         elapsed = time.perf_counter() - started
-        grad_norm = pre_norm if pre_norm is not None else self.engine.get_global_grad_norm()
+        n_tokens = float(sum(len(s.completion_ids) for s in samples))
+        n_seqs = float(len(samples))
+
+        def total(name: str) -> float:
+            return sum(sums[name] for _, sums in updates)
+
         metrics = {
             "step": float(self._step),
-            "loss": sums["loss"],
+            "loss": total("loss") / len(updates),
             "lr": lr,
-            "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-            "entropy": sums["entropy"] / n_tokens,
-            "behav_logp_gap": sums["behav_logp_gap"] / n_tokens,
-            "advantage_mean": float(advantages.mean()),
+            "grad_norm": total("grad_norm") / len(updates),
+            "entropy": total("entropy") / (n_tokens * cfg.ppo_epochs),
+            "advantage_mean": float(plan.advantages.mean()),
             "reward_mean": float(sum(s.reward for s in samples) / n_seqs),
             "tokens": n_tokens,
             "samples": n_seqs,
-            "micro_batches": float(len(micro)),
+            "updates": float(len(updates)),
+            "micro_batches": total("micro_batches"),
             "step_seconds": elapsed,
             "samples_per_s": n_seqs / elapsed,
+            **self._logp_gaps(samples, plan.logp_prox or first_logp, trained_version),
         }
-        for name in ("kl", "clipped", "iw_capped", "m2po_masked"):
-            if name in sums:
-                metrics[f"{name}_frac" if name != "kl" else "kl"] = sums[name] / n_tokens
+        if plan.kl_in_reward is not None:
+            metrics["kl_in_reward"] = float(plan.kl_in_reward.mean())
+        # Per update: how far each one had moved from the proximal policy.
+        for name, key in _TOKEN_STATS.items():
+            if name in updates[0][1]:
+                metrics[key] = total(name) / (n_tokens * cfg.ppo_epochs)
+                for k, (idx, sums) in enumerate(updates if len(updates) > 1 else ()):
+                    metrics[f"{key}_mb{k}"] = sums[name] / sum(len(samples[i].completion_ids) for i in idx)
+        for k, (_, sums) in enumerate(updates if len(updates) > 1 else ()):
+            metrics[f"loss_mb{k}"] = sums["loss"]
+            metrics[f"grad_norm_mb{k}"] = sums["grad_norm"]
         return metrics
+
+    def prepare(self, batch: TrainBatch) -> StepPlan:
+        """What a step computes once per batch, before any update: the proximal and
+        reference log-probs it needs (one no-grad pass each), KL-shaped rewards, the
+        advantages and the loss's batch-level token selection. ``train_step`` calls it;
+        it is public so callers can inspect what a step will train on."""
+        cfg = self.cfg
+        samples = batch.samples
+        logp_prox = full_old = logp_ref = None
+        if self._updates > 1 or cfg.loss in BATCH_MASKS or cfg.kl_in_reward_coef > 0:
+            logp_prox, full_old = self._no_grad_logprobs(self.engine, samples, full=cfg.kl_in_reward_coef > 0)
+        if self.ref_model is not None:
+            _, logp_ref = self._no_grad_logprobs(self.ref_model, samples, full=True, sampled=False)
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        kl_seq = None
+        if cfg.kl_in_reward_coef > 0:
+            if samples[0].advantage is not None:
+                raise ValueError("trainer.kl_in_reward_coef needs rewards, but this batch carries precomputed "
+                                 "advantages; put the KL into those advantages or set kl_in_reward_coef to 0")
+            rewards, kl_seq = kl_shaped_rewards(rewards, full_old, logp_ref, cfg.kl_in_reward_coef)
+        if samples[0].advantage is not None:
+            advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+        else:
+            advantages = grpo_advantages(rewards, [s.group_id for s in samples], cfg.normalize_std)
+        keep = None
+        if cfg.loss in BATCH_MASKS:
+            behav = [torch.tensor(s.behaviour_logprobs, dtype=torch.float32, device=self.device) for s in samples]
+            flat_prox, flat_behav = torch.cat(logp_prox), torch.cat(behav)
+            flat = BATCH_MASKS[cfg.loss](flat_prox, flat_behav, torch.ones_like(flat_behav), cfg.loss_params)
+            keep = list(flat.split([len(b) for b in behav]))
+        return StepPlan(advantages=advantages, rewards=rewards, logp_prox=logp_prox, logp_ref=logp_ref,
+                        keep=keep, kl_in_reward=kl_seq)
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         import deepspeed
@@ -235,11 +298,94 @@ class DeepSpeedTrainer(TrainEngine):
         grads = [p.grad.detach().float() for p in self.engine.module.parameters() if p.grad is not None]
         return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
 
-    def _advantages(self, batch: TrainBatch) -> torch.Tensor:
-        if batch.samples[0].advantage is not None:
-            return torch.tensor([s.advantage for s in batch.samples], dtype=torch.float32)
-        rewards = torch.tensor([s.reward for s in batch.samples], dtype=torch.float32)
-        return grpo_advantages(rewards, [s.group_id for s in batch.samples], self.cfg.normalize_std)
+    @property
+    def _updates(self) -> int:
+        return self.cfg.ppo_epochs * self.cfg.minibatches
+
+    def _apply_lr(self) -> float:
+        """Set the rate of every optimizer step of the current batch: the schedule is a
+        function of the version (``self._step``, checkpointed), not of optimizer steps."""
+        lr = self.cfg.lr * self._lr_factor(self._step)
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def _minibatches(self, n: int) -> list[list[int]]:
+        """Contiguous slices of the batch by sample index (GRPO groups stay together
+        where the sizes allow); the same batch always splits the same way."""
+        m = self.cfg.minibatches
+        if m > n:
+            raise ValueError(f"trainer.minibatches is {m} but the batch has only {n} samples; "
+                             f"lower minibatches or raise the batch size")
+        return [list(range(j * n // m, (j + 1) * n // m)) for j in range(m)]
+
+    def _update(self, samples, idx: list[int], plan: StepPlan, first_logp: list | None) -> dict[str, float]:
+        """One optimizer step on the minibatch ``idx`` (token-budget micro-batches, the
+        loss normalised by the minibatch's token or sequence count); returns its sums.
+        Fills ``first_logp`` (detached current log-probs per sample) when given."""
+        cfg = self.cfg
+        loss_fn = POLICY_LOSSES[cfg.loss]
+        kl_term = cfg.kl_coef > 0
+        n_tokens = float(sum(len(samples[i].completion_ids) for i in idx))
+        n_seqs = float(len(idx))
+        micro = [[idx[j] for j in m] for m in self._micro_batches([samples[i] for i in idx])]
+        sums: dict[str, float] = {"micro_batches": float(len(micro))}
+
+        def acc(name: str, value: torch.Tensor) -> None:
+            sums[name] = sums.get(name, 0.0) + float(value)
+
+        def pick(values: list[torch.Tensor] | None, rows: list[int]) -> list[torch.Tensor] | None:
+            return None if values is None else [values[i] for i in rows]
+
+        for k, rows in enumerate(micro):
+            part = [samples[i] for i in rows]
+            ids, mask, behav, prox, ref, keep = self._collate(
+                part, pick(plan.logp_prox, rows), pick(plan.logp_ref if kl_term else None, rows), pick(plan.keep, rows))
+            adv = plan.advantages[rows].to(self.device).unsqueeze(-1).expand_as(mask)
+            logp, full, entropy = self._logprobs(self.engine, ids, mask, full=kl_term, entropy=True)
+            if first_logp is not None:
+                for j, i in enumerate(rows):
+                    first_logp[i] = self._row_tokens(logp.detach(), j, part[j])
+            per_token, stats = loss_fn(logp, logp.detach() if prox is None else prox, behav, adv, mask,
+                                       cfg.loss_params, keep)
+            if kl_term:
+                kl = kl_penalty(full, ref, cfg.kl_estimator)
+                per_token = per_token + cfg.kl_coef * kl
+                stats["kl"] = kl.detach()
+            loss = aggregate(per_token, mask, cfg.aggregation, num_tokens=n_tokens, num_sequences=n_seqs)
+            self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
+            self.engine.backward(loss, scale_wrt_gas=False)
+            acc("loss", loss.detach())
+            acc("entropy", (entropy * mask).sum())
+            for name in _TOKEN_STATS:
+                if name in stats:
+                    acc(name, (stats[name] * mask).sum())
+        # Without ZeRO, DeepSpeed clips but does not record the norm; measure it here.
+        pre_norm = self._grad_norm() if cfg.zero_stage == 0 else None
+        self.engine.step()
+        grad_norm = pre_norm if pre_norm is not None else self.engine.get_global_grad_norm()
+        sums["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+        return sums
+
+    def _logp_gaps(self, samples, logp: list[torch.Tensor], version: int) -> dict[str, float]:
+        """Mean |logp_trainer - logp_behaviour| over all tokens (``behav_logp_gap``:
+        staleness plus mismatch) and over the tokens generated at ``version``, the
+        weights the trainer held before this step (``train_inference_logp_gap``: the
+        training-inference mismatch alone). The latter is absent when no token of the
+        batch was generated at ``version`` (nothing to compare)."""
+        total = at_version = 0.0
+        n_total = n_at = 0
+        for s, lp in zip(samples, logp):
+            gap = (lp.float().cpu() - torch.tensor(s.behaviour_logprobs, dtype=torch.float32)).abs()
+            versions = torch.tensor(s.token_versions or (s.version,) * len(s.completion_ids))
+            total += float(gap.sum())
+            n_total += gap.numel()
+            at_version += float(gap[versions == version].sum())
+            n_at += int((versions == version).sum())
+        out = {"behav_logp_gap": total / max(n_total, 1)}
+        if n_at:
+            out["train_inference_logp_gap"] = at_version / n_at
+        return out
 
     def _micro_batches(self, samples) -> list[list[int]]:
         """Greedy in-order packing: a micro-batch's padded size (rows x longest row)
@@ -257,29 +403,82 @@ class DeepSpeedTrainer(TrainEngine):
         out.append(cur)
         return out
 
-    def _collate(self, samples) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _collate(self, samples, *per_token: list[torch.Tensor] | None) -> tuple[torch.Tensor | None, ...]:
         """Right-padded ``prompt + completion`` ids [B, L] and, aligned with the
-        *predicting* position (column j predicts token j + 1), the completion mask and
-        behaviour logprobs [B, L - 1]."""
+        *predicting* position (column j predicts token j + 1), the completion mask, the
+        behaviour logprobs and each of ``per_token`` (per-sample completion-token values,
+        or None) as [B, L - 1]."""
         width = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
         ids = torch.zeros((len(samples), width), dtype=torch.long)
-        mask = torch.zeros((len(samples), width - 1))
-        behav = torch.zeros((len(samples), width - 1))
+        aligned = [torch.zeros((len(samples), width - 1)) for _ in range(2 + len(per_token))]
         for i, s in enumerate(samples):
             p, c = len(s.prompt_ids), len(s.completion_ids)
             ids[i, : p + c] = torch.tensor(list(s.prompt_ids) + list(s.completion_ids))
-            mask[i, p - 1 : p - 1 + c] = 1.0
-            behav[i, p - 1 : p - 1 + c] = torch.tensor(s.behaviour_logprobs)
-        return ids.to(self.device), mask.to(self.device), behav.to(self.device)
+            aligned[0][i, p - 1 : p - 1 + c] = 1.0
+            aligned[1][i, p - 1 : p - 1 + c] = torch.tensor(s.behaviour_logprobs)
+            for values, out in zip(per_token, aligned[2:]):
+                if values is not None:
+                    out[i, p - 1 : p - 1 + c] = values[i].detach().float().cpu()
+        tensors = [t.to(self.device) for t in aligned]
+        extra = [None if v is None else t for v, t in zip(per_token, tensors[2:])]
+        return (ids.to(self.device), tensors[0], tensors[1], *extra)
 
-    def _logprobs(self, model, ids: torch.Tensor, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    @staticmethod
+    def _row_tokens(values: torch.Tensor, row: int, sample) -> torch.Tensor:
+        """A sample's completion-token values from a collated [B, L - 1] tensor."""
+        p = len(sample.prompt_ids)
+        return values[row, p - 1 : p - 1 + len(sample.completion_ids)]
+
+    @torch.no_grad()
+    def _no_grad_logprobs(self, model, samples, full: bool, sampled: bool = True
+                          ) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None]:
+        """Per-sample completion-token log-probs of ``model`` in eval mode, micro-batched
+        by budget: under the sampling distribution (``sampled``) and the full tempered
+        softmax (``full``)."""
+        was_training = model.training
+        model.eval()
+        out_sampled: list | None = [None] * len(samples) if sampled else None
+        out_full: list | None = [None] * len(samples) if full else None
+        try:
+            for rows in self._micro_batches(samples):
+                part = [samples[i] for i in rows]
+                ids, mask, _ = self._collate(part)
+                logp, logp_full, _ = self._logprobs(model, ids, mask, full=full, sampled=sampled)
+                for j, i in enumerate(rows):
+                    if out_sampled is not None:
+                        out_sampled[i] = self._row_tokens(logp, j, part[j])
+                    if out_full is not None:
+                        out_full[i] = self._row_tokens(logp_full, j, part[j])
+        finally:
+            model.train(was_training)
+        return out_sampled, out_full
+
+    def _logprobs(self, model, ids: torch.Tensor, mask: torch.Tensor, full: bool = False, entropy: bool = False,
+                  sampled: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """Log-probs of the next tokens under the rollout's sampling distribution
+        (temperature, top-k, top-p: ``sampling.sampling_logprobs``, what the engine
+        recorded), under the full tempered softmax (``full``: what KL terms compare,
+        since truncated distributions have no finite KL to one another), and the entropy
+        of the latter. Positions outside ``mask`` are 0."""
+        cfg = self.cfg
         # Right padding needs no attention mask: causal attention never looks right, and
         # padded positions are masked out of the loss.
-        logits = model(input_ids=ids).logits[:, :-1].float() / self.cfg.temperature
-        logp_all = torch.log_softmax(logits, dim=-1)
-        logp = logp_all.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-        entropy = None
-        if with_entropy:
+        logits = model(input_ids=ids).logits[:, :-1]
+        target = ids[:, 1:].unsqueeze(-1)
+        on = mask > 0
+        truncated = cfg.top_p < 1.0 or cfg.top_k > 0
+        full_all = torch.log_softmax(logits.float() / cfg.temperature, dim=-1) if (truncated or not sampled) else None
+        logp = None
+        if sampled:
+            sampled_all = sampling_logprobs(logits, cfg.temperature, cfg.top_p, cfg.top_k)
+            full_all = sampled_all if full_all is None else full_all
+            # A token outside the trainer's truncated support (a stale sample the current
+            # weights would no longer draw) has logp -inf: floor it so its ratio is 0 and
+            # no inf * 0 turns a loss into NaN; its gradient is 0 either way.
+            logp = torch.where(on, sampled_all.gather(-1, target).squeeze(-1).clamp(min=LOGP_FLOOR), 0.0)
+        logp_full = torch.where(on, full_all.gather(-1, target).squeeze(-1), 0.0) if full else None
+        ent = None
+        if entropy:
             with torch.no_grad():
-                entropy = -(logp_all.exp() * logp_all).sum(-1)
-        return logp, entropy
+                ent = -(full_all.exp() * full_all).sum(-1)
+        return logp, logp_full, ent

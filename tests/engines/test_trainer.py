@@ -1,6 +1,9 @@
-"""DeepSpeed trainer on CPU (gloo): learning, micro-batching, bit-exact checkpoint resume."""
+"""DeepSpeed trainer on CPU (gloo): learning, micro-batching, bit-exact checkpoint resume,
+PPO minibatch updates around the proximal policy, batch-level M2PO masks, KL wiring."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -92,8 +95,6 @@ def test_export_hf_reloads_with_transformers(tiny_model_path, fixed_batch, tmp_p
 
 
 def test_advantages_given_override_rewards(tiny_model_path, fixed_batch):
-    import dataclasses
-
     trainer = make_trainer(tiny_model_path, lr=0.0)
     zero_adv = TrainBatch(tuple(dataclasses.replace(s, advantage=0.0) for s in fixed_batch.samples))
     metrics = trainer.train_step(zero_adv)
@@ -107,3 +108,101 @@ def test_config_rejects_unknown_keys_and_bad_params():
         from_dict(TrainerConfig, {"lr_typo": 1.0}, "trainer")
     with pytest.raises(ValueError, match="iw_cap"):
         TrainerConfig(loss="grpo", loss_params={"iw_cap": 2.0})
+    with pytest.raises(ValueError, match="minibatches"):
+        TrainerConfig(minibatches=0)
+    with pytest.raises(ValueError, match="top_p"):
+        TrainerConfig(top_p=0.0)
+
+
+def test_ppo_is_not_a_second_name_for_grpo():
+    from astraflow.engines.config import from_dict
+
+    # Once an alias of grpo; a config that still says it learns what to write instead.
+    with pytest.raises(ValueError, match="alias of 'grpo'.*use 'grpo'.*'decoupled_ppo'"):
+        from_dict(TrainerConfig, {"loss": "ppo"}, "trainer")
+    from astraflow.engines.losses import POLICY_LOSSES
+
+    assert "ppo" not in POLICY_LOSSES
+
+
+def test_k1_kl_loss_term_is_refused_with_the_alternatives():
+    with pytest.raises(ValueError, match="zero expected gradient.*kl_in_reward_coef.*'k3'"):
+        TrainerConfig(kl_coef=0.1, kl_estimator="k1")
+
+
+# --- PPO updates: minibatches and epochs around the proximal policy ---------------------
+
+
+@pytest.mark.parametrize("loss", ["grpo", "decoupled_ppo"])
+def test_minibatch_updates_clip_only_after_the_first_update(tiny_model_path, fixed_batch, loss):
+    # A deliberately large LR: each minibatch's step moves the policy well beyond the
+    # clip range for the minibatches that follow it.
+    trainer = make_trainer(tiny_model_path, loss=loss, lr=2e-2, minibatches=4, warmup_steps=2)
+    m = trainer.train_step(fixed_batch)
+    assert m["updates"] == 4
+    assert m["clipped_frac_mb0"] == 0.0
+    assert all(m[f"clipped_frac_mb{k}"] > 0 for k in (1, 2, 3)), m
+    # One version per batch, and the LR schedule counts versions (warm-up: 1/2, 2/2).
+    assert trainer.step == 1 and m["lr"] == pytest.approx(1e-2)
+    assert trainer.train_step(fixed_batch)["lr"] == pytest.approx(2e-2)
+
+
+def test_ppo_epochs_revisit_the_batch_against_the_same_proximal_policy(tiny_model_path, fixed_batch):
+    trainer = make_trainer(tiny_model_path, loss="decoupled_ppo", lr=2e-2, ppo_epochs=2)
+    m = trainer.train_step(fixed_batch)
+    assert m["updates"] == 2 and trainer.step == 1
+    assert m["clipped_frac_mb0"] == 0.0 and m["clipped_frac_mb1"] > 0
+
+
+def test_more_minibatches_than_samples_is_a_clear_error(tiny_model_path, fixed_batch):
+    trainer = make_trainer(tiny_model_path, minibatches=len(fixed_batch.samples) + 1)
+    with pytest.raises(ValueError, match="minibatches is 25 but the batch has only 24 samples"):
+        trainer.train_step(fixed_batch)
+
+
+# --- M2PO: one token mask per batch ------------------------------------------------------
+
+
+def test_m2po_mask_does_not_depend_on_token_budget(tiny_model_path, fixed_batch):
+    # Stale-looking behaviour logprobs, so the second-moment bound has tokens to drop.
+    noise = torch.Generator().manual_seed(3)
+    stale = TrainBatch(tuple(
+        dataclasses.replace(s, behaviour_logprobs=tuple(
+            (torch.tensor(s.behaviour_logprobs) + 0.3 * torch.randn(len(s.behaviour_logprobs), generator=noise)).tolist()))
+        for s in fixed_batch.samples))
+    runs = []
+    for budget in (100_000, 48):
+        trainer = make_trainer(tiny_model_path, loss="m2po", loss_params={"tau": 0.04}, token_budget=budget)
+        keep = trainer.prepare(stale).keep
+        runs.append((keep, trainer.train_step(stale)))
+    (keep_whole, m_whole), (keep_split, m_split) = runs
+    assert m_whole["micro_batches"] == 1 and m_split["micro_batches"] > 2
+    assert 0 < m_whole["m2po_masked_frac"] < 0.5
+    for a, b in zip(keep_whole, keep_split, strict=True):
+        assert torch.equal(a, b)
+    assert m_split["m2po_masked_frac"] == m_whole["m2po_masked_frac"]
+    assert m_split["loss"] == pytest.approx(m_whole["loss"], abs=1e-5)
+
+
+# --- KL -----------------------------------------------------------------------------------
+
+
+def test_kl_in_reward_shapes_rewards_before_advantages(tiny_model_path, fixed_batch):
+    trainer = make_trainer(tiny_model_path, kl_in_reward_coef=0.5, lr=1e-2)
+    first = trainer.prepare(fixed_batch)
+    # The reference is the initial weights: nothing to subtract yet.
+    assert first.kl_in_reward.abs().max() < 1e-4
+    trainer.train_step(fixed_batch)
+    plan = trainer.prepare(fixed_batch)
+    raw = torch.tensor([s.reward for s in fixed_batch.samples])
+    torch.testing.assert_close(plan.rewards, raw - 0.5 * plan.kl_in_reward)
+    assert plan.kl_in_reward.abs().max() > 1e-2
+    zero_adv = TrainBatch(tuple(dataclasses.replace(s, advantage=0.0) for s in fixed_batch.samples))
+    with pytest.raises(ValueError, match="kl_in_reward_coef needs rewards"):
+        trainer.train_step(zero_adv)
+
+
+def test_kl_loss_term_is_zero_at_the_reference_and_reported(tiny_model_path, fixed_batch):
+    trainer = make_trainer(tiny_model_path, kl_coef=0.1, kl_estimator="k3", lr=1e-2)
+    assert trainer.train_step(fixed_batch)["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert trainer.train_step(fixed_batch)["kl"] > 0
