@@ -52,7 +52,9 @@ def to_train_batch(batch: Batch):
     samples = [TrainSample(prompt_ids=tuple(g.prompt_ids), completion_ids=tuple(s.tokens),
                            behaviour_logprobs=tuple(s.logprobs), reward=s.reward, group_id=g.task_id,
                            version=min(s.versions) if s.versions else 0, token_versions=tuple(s.versions))
-               for g in batch.groups for s in g.samples if s.tokens]
+               # Groups arrive in poll order; training them in task order keeps a step's float
+               # sums, and so the weights, independent of arrival timing.
+               for g in sorted(batch.groups, key=lambda g: g.task_id) for s in g.samples if s.tokens]
     return TrainBatch(tuple(samples), step=batch.step)
 
 

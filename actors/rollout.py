@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-import zlib
 
 from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from opentelemetry import trace
@@ -56,7 +55,8 @@ class RolloutActor(LoopActor):
         path = model_path(self.cfg)
         self.engine = make_rollout_engine(self.cfg, path)
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        self.workflow = RLVRWorkflow(self.tokenizer, self.node_id, tracer=tracer)
+        self.workflow = RLVRWorkflow(self.tokenizer, self.node_id, tracer=tracer,
+                                     batch_invariant=self.cfg.rollout.batch_invariant)
         self.plain = Producer(self.bootstrap, client_id=self.node_id)
         self.producer = Producer(self.bootstrap, client_id=self.node_id,
                                  transactional_id=f"af.{self.cfg.job}.raas.{self.node_id}",
@@ -108,7 +108,7 @@ class RolloutActor(LoopActor):
         self._heartbeat()
 
     def _roll_out(self, tasks: list[Task], spans) -> list[TrajectoryGroup]:
-        seed = zlib.crc32(tasks[0].task_id.encode()) + tasks[0].attempt
+        seed = self.cfg.seed  # each sample's seed derives from it and its task id alone
         try:
             return self.workflow.run(tasks, self.engine, seed=seed, spans=spans)
         except Exception as batch_error:  # noqa: BLE001 - isolate the task that breaks the batch

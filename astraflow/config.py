@@ -91,7 +91,11 @@ class RolloutConfig:
     top_p: float = _f(1.0, "nucleus sampling mass")
     top_k: int = _f(0, "top-k (0: off)")
     max_new_tokens: int = _f(8, "generation length limit")
-    tasks_per_call: int = _f(4, "tasks a node batches into one generate call")
+    tasks_per_call: int = _f(4, "tasks a node polls and rolls out together")
+    batch_invariant: bool = _f(False, "true generates each task's samples in a call of their own, so a task's "
+                                      "logprob bits (not only its seeds) never depend on which tasks share a poll "
+                                      "and same-seed sync runs are byte-identical; costs ~2.5x the CPU engine's "
+                                      "tokens/s (batched kernels change their reduction order with the row count)")
     heartbeat_s: float = _f(2.0, "heartbeat interval on the control topic")
 
 

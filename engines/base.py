@@ -25,6 +25,7 @@ __all__ = [
     "TrainEngine",
     "NamedTensors",
     "iter_named_tensors",
+    "row_seeds",
 ]
 
 FinishReason = Literal["stop", "length"]
@@ -42,8 +43,8 @@ class SamplingParams:
         max_new_tokens: generation stops with ``"length"`` after this many tokens.
         stop_token_ids: generation stops with ``"stop"`` after emitting one of these
             (the stop token is included in ``Generation.tokens``).
-        seed: row ``i`` of a call samples with seed ``seed + i``, so a row's result does
-            not depend on what else is in the batch. ``None`` draws a fresh seed.
+        seed: row ``i`` of a call samples with seed ``seed + i`` (unless ``generate`` is
+            given per-row ``seeds``). ``None`` draws a fresh seed.
     """
 
     temperature: float = 1.0
@@ -142,6 +143,20 @@ class TrainBatch:
             raise ValueError("either every sample carries an advantage or none does")
 
 
+def row_seeds(prompts: Sequence[Sequence[int]], params: SamplingParams,
+              seeds: Sequence[int] | None) -> list[int] | None:
+    """The seed of each row of a ``generate`` call, or ``None`` when neither is given."""
+    if seeds is None:
+        return None if params.seed is None else [params.seed + i for i in range(len(prompts))]
+    seeds = [int(s) for s in seeds]
+    if len(seeds) != len(prompts):
+        raise ValueError(f"generate: {len(seeds)} seeds for {len(prompts)} prompts (one seed per prompt)")
+    bad = [s for s in seeds if not 0 <= s < 2**63]
+    if bad:
+        raise ValueError(f"generate: seeds must be in [0, 2**63), got {bad[:3]}")
+    return seeds
+
+
 def iter_named_tensors(named_tensors: NamedTensors) -> Iterable[tuple[str, torch.Tensor]]:
     """Accept a mapping or an iterable of pairs (the two shapes weight updates arrive in)."""
     if isinstance(named_tensors, Mapping):
@@ -156,8 +171,17 @@ class RolloutEngine(abc.ABC):
     """
 
     @abc.abstractmethod
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
-        """One ``Generation`` per prompt, in order."""
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
+        """One ``Generation`` per prompt, in order.
+
+        ``seeds`` (one per prompt, overriding ``params.seed``) makes each row's sampling a
+        function of its prompt, its seed and the weights, whatever else shares the call
+        (callers derive them from stable ids: ``astraflow.workflows.seeds``). Bit-exact
+        results also need the same rows in the call: batched kernels change their
+        reduction order with the row count, which moves logprobs in the last bits (and,
+        rarely, a token whose uniform falls on a sampling boundary).
+        """
 
     @abc.abstractmethod
     def load_weights(self, named_tensors: NamedTensors, version: int) -> None:

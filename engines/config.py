@@ -48,7 +48,7 @@ class SGLangConfig:
     weight_transport: str = field(default="disk", metadata={"help": "disk | tensor"})
     weights_dir: str = field(default="", metadata={"help": "where disk updates are written (default: a temp dir)"})
     server_module: str = field(default="sglang.launch_server", metadata={"help": "module run with python -m (tests point it at a stub)"})
-    send_seed: bool = field(default=False, metadata={"help": "pass SamplingParams.seed as sampling_seed (needs an SGLang that accepts it)"})
+    send_seed: bool = field(default=False, metadata={"help": "send each row's seed as sampling_seed (needs an SGLang that accepts it)"})
     startup_timeout_s: float = 600.0
     request_timeout_s: float = 600.0
     extra_args: tuple[str, ...] = ()

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from .base import Generation, NamedTensors, RolloutEngine, SamplingParams, iter_named_tensors
+from .base import Generation, NamedTensors, RolloutEngine, SamplingParams, iter_named_tensors, row_seeds
 from .kv_cache import preallocated_cache
 from .sampling import sample
 
@@ -73,19 +73,23 @@ class CpuEngine(RolloutEngine):
         self._version = version
 
     @torch.inference_mode()
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
         self._check_open()
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):
             raise ValueError("generate: every prompt needs at least one token")
         batch = len(prompts)
-        seed = params.seed if params.seed is not None else secrets.randbits(48)
+        seeds = row_seeds(prompts, params, seeds)
+        if seeds is None:
+            fresh = secrets.randbits(48)
+            seeds = [fresh + i for i in range(batch)]
         # One uniform per (row, step), drawn up front from the row's own seed.
         uniforms = torch.stack(
             [
-                1.0 - torch.rand(params.max_new_tokens, generator=torch.Generator().manual_seed(seed + i), dtype=torch.float64)
-                for i in range(batch)
+                1.0 - torch.rand(params.max_new_tokens, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+                for s in seeds
             ]
         )
         stop = torch.tensor(sorted(set(params.stop_token_ids)) or [-1])

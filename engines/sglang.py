@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from .base import Generation, NamedTensors, RolloutEngine, SamplingParams, iter_named_tensors
+from .base import Generation, NamedTensors, RolloutEngine, SamplingParams, iter_named_tensors, row_seeds
 from .config import SGLangConfig
 
 __all__ = ["SGLangEngine", "SGLangError", "sampling_params_json", "parse_generation"]
@@ -125,12 +125,14 @@ class SGLangEngine(RolloutEngine):
     def version(self) -> int:
         return self._version
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
         if not prompts:
             return []
         base = sampling_params_json(params)
-        if self.cfg.send_seed and params.seed is not None:
-            sampling: dict | list = [dict(base, sampling_seed=params.seed + i) for i in range(len(prompts))]
+        seeds = row_seeds(prompts, params, seeds)
+        if self.cfg.send_seed and seeds is not None:
+            sampling: dict | list = [dict(base, sampling_seed=s) for s in seeds]
         else:
             sampling = base
         body = {"input_ids": [list(map(int, p)) for p in prompts], "sampling_params": sampling, "return_logprob": True}

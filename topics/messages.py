@@ -47,9 +47,14 @@ class Prompt(Message):
 @register
 @dataclass(frozen=True)
 class Task(Message):
-    """A rollout request on ``tasks.<policy>``: roll out ``n_samples`` completions of a prompt."""
+    """A rollout request on ``tasks.<policy>``: roll out ``n_samples`` completions of a prompt.
+
+    Schema 2 removed ``attempt``: Kafka does not count redeliveries and nothing did, and
+    sample seeds derive from ``task_id`` alone, so a redelivered task reproduces its samples.
+    """
 
     TYPE: ClassVar[str] = "task"
+    SCHEMA: ClassVar[int] = 2
     task_id: str
     prompt_id: str
     policy: str
@@ -59,7 +64,6 @@ class Task(Message):
     sampling: dict[str, Any] = field(default_factory=dict)  #: temperature, top_p, max_new_tokens, ...
     workflow: str = "rlvr"  #: which workflow turns the task into trajectories
     role: str = "solver"
-    attempt: int = 0  #: redelivery / retry count
     scheduled_version: int = 0  #: policy version the dataflow saw when it scheduled the task
     created_at: float = 0.0
 

@@ -127,3 +127,16 @@ def test_factory_chooses_implementations(tiny_model_path, stub_url):
     sg.close()
     with pytest.raises(ValueError, match="nope"):
         make_rollout_engine({"kind": "cpu", "nope": 1})
+
+
+def test_row_seeds_travel_as_per_request_sampling_seed(tiny_model_path, stub_url):
+    engine = SGLangEngine(tiny_model_path, SGLangConfig(url=stub_url, send_seed=True))
+    prompts = [[20, 21, 27], [22, 15, 23, 29], [20, 21]]
+    engine.generate(prompts, SamplingParams(max_new_tokens=3), seeds=[2**62, 7, 12345])
+    sent = calls(stub_url)[-1][1]["sampling_params"]
+    assert [s["sampling_seed"] for s in sent] == [2**62, 7, 12345]
+    engine.generate(prompts, SamplingParams(max_new_tokens=3, seed=40))  # params.seed: seed + row
+    assert [s["sampling_seed"] for s in calls(stub_url)[-1][1]["sampling_params"]] == [40, 41, 42]
+    with pytest.raises(ValueError, match="2 seeds for 3 prompts"):
+        engine.generate(prompts, SamplingParams(max_new_tokens=3), seeds=[1, 2])
+    engine.close()

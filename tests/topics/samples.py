@@ -12,7 +12,7 @@ GROUP = m.TrajectoryGroup(
 
 SAMPLES: dict[str, m.Message] = {
     "prompt": m.Prompt("p-1", "3+4=", "7", "synthetic", {"difficulty": 2}),
-    "task": m.Task("task-1", "p-1", "policy", "3+4=", "7", 4, {"temperature": 1.0}, attempt=1,
+    "task": m.Task("task-1", "p-1", "policy", "3+4=", "7", 4, {"temperature": 1.0},
                    scheduled_version=3, created_at=1.0),
     "trajectory-group": GROUP,
     "batch": m.Batch("policy", 7, [GROUP], [m.SourceOffset("af.x.trajectories", 1, 42)], {"reward": 0.5}),
