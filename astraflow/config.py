@@ -117,6 +117,11 @@ class TrainerConfig:
     engine: EngineTrainerConfig = _f(EngineTrainerConfig(), "the DeepSpeed train engine (engines/config.py: lr, loss, "
                                                             "zero_stage, token_budget, threads, ...)")
 
+    def __post_init__(self) -> None:
+        for key in ("steps", "checkpoint_every", "snapshot_every", "keep_checkpoints"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
+
 
 @dataclass(frozen=True)
 class EvalConfig:
@@ -125,11 +130,6 @@ class EvalConfig:
     k: int = _f(4, "samples per problem (pass@1 averaged over k)")
     temperature: float = _f(0.6, "evaluation temperature")
     threads: int = _f(1, "torch threads of the evaluator")
-
-    def __post_init__(self) -> None:
-        for key in ("steps", "checkpoint_every", "snapshot_every", "keep_checkpoints"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
 
 
 @dataclass(frozen=True)
