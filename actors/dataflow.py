@@ -54,7 +54,7 @@ class DataflowActor(LoopActor):
         self.topics = job_topics(cfg)
         self.B = cfg.dataflow.groups_per_batch
         self.staleness = cfg.effective_staleness
-        self.version = 0
+        self.epoch = self.version = 0
         self.partial: list[Delivery] = []
         self._clients: list = []
 
@@ -128,10 +128,13 @@ class DataflowActor(LoopActor):
         self._collect()
 
     def _follow_versions(self) -> None:
+        # The newest lineage wins (epoch first): after a trainer resumed behind its announced
+        # head, versions restart lower in a new epoch, and the bound must follow them down.
         for d in self.versions.poll(0 if self.version else 100):
             msg = d.message
             if isinstance(msg, VersionAnnouncement) and msg.policy == self.cfg.policy:
-                self.version = max(self.version, msg.version)
+                if (msg.epoch, msg.version) > (self.epoch, self.version):
+                    self.epoch, self.version = msg.epoch, msg.version
 
     def capacity(self) -> int:
         """How many more tasks the staleness bound (and the training horizon) allows now."""

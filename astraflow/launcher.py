@@ -277,12 +277,21 @@ def _write_outputs(run_dir: Path, cfg: JobConfig, state: RunState, started: floa
         "weights_snapshot_bytes_mean": _mean([r["value"] for r in rows if r["name"] == "weights.snapshot_bytes"]),
         "weights_delta_changed_frac_mean": _mean([r["value"] for r in rows
                                                   if r["name"] == "weights.delta_changed_frac"]),
+        # Mean |logp_trainer - logp_behaviour| over tokens generated at the version being
+        # trained, averaged over the steps that had such tokens (async steps may have none).
+        **_gap_summary([r["value"] for r in rows if r["name"] == "trainer.train_inference_logp_gap"]),
         "restarts": {p.node_id: p.restarts for p in procs if p.restarts},
         "interrupted": interrupted, "error": error,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _plot(run_dir / "plot.png", rows, cfg)
     return summary
+
+
+def _gap_summary(gaps: list[float]) -> dict:
+    return {"train_inference_logp_gap": sum(gaps) / len(gaps) if gaps else None,
+            "train_inference_logp_gap_max": max(gaps, default=None),
+            "train_inference_logp_gap_steps": len(gaps)}
 
 
 def _mean(xs: list[float]) -> float | None:

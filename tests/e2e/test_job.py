@@ -153,6 +153,10 @@ def test_training_raises_heldout_accuracy(make_job_config, bootstrap):
     before, after = summary["accuracy_initial"], summary["accuracy_final"]
     assert set(summary["accuracy_by_version"]) == {0, 80}
     assert after >= before + 0.03, summary["accuracy_by_version"]
+    # sync: every token of every batch was generated at the version being trained, so each
+    # step reports the training-inference gap, and the trainer's log-probs match the engine's
+    assert summary["train_inference_logp_gap_steps"] == 80
+    assert summary["train_inference_logp_gap"] < 1e-4 and summary["train_inference_logp_gap_max"] < 1e-3
 
 
 def test_status_reads_versions_nodes_and_lag_from_the_topics(finished_run, bootstrap):
