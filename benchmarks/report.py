@@ -103,7 +103,16 @@ def demo() -> list[str]:
     acc = " → ".join(f"v{v}: {a:.3f}" for v, a in d["accuracy_by_version"].items())
     return [f"**Demo** — `make demo` ({d['steps_trained']} versions in {d['wall_s']:.0f} s wall, "
             f"{d['samples_trained']:,} samples trained, async, 1 RaaS node): held-out pass@1 "
-            f"(200 problems × 4 samples, T=0.6) {acc}", "", "![demo run](benchmarks/results/demo_plot.png)", ""]
+            f"(200 problems × 4 samples, T=0.6) {acc}{_gap(d)}", "",
+            "![demo run](benchmarks/results/demo_plot.png)", ""]
+
+
+def _gap(d: dict) -> str:
+    if d.get("train_inference_logp_gap") is None:
+        return ""
+    return (f". Training–inference log-prob gap (mean |logp_trainer − logp_behaviour| over tokens generated at "
+            f"the trained version, {d['train_inference_logp_gap_steps']} steps): "
+            f"{d['train_inference_logp_gap']:.1e} (max {d['train_inference_logp_gap_max']:.1e})")
 
 
 def render() -> str:
