@@ -262,12 +262,15 @@ def _write_outputs(run_dir: Path, cfg: JobConfig, state: RunState, started: floa
         w.writeheader()
         w.writerows(rows)
     steps = sorted({r["step"] for r in rows if r["name"] == "trainer.train_s"})
+    first = [r for r in rows if r["name"] == "trainer.train_s" and r["step"] == 1]
     def total(name: str) -> float:
         return sum(r["value"] for r in rows if r["name"] == name)
     acc = {int(k): v for k, v in sorted(state.accuracy.items())}
     summary = {
         "job": cfg.job, "mode": cfg.mode, "config": cfg.source, "run_dir": str(run_dir),
         "steps_trained": max(steps, default=0), "wall_s": round(time.time() - started, 2),
+        # launch -> the first trained step's metric (broker, model, processes, first batch)
+        "time_to_first_step_s": round(min(r["ts"] for r in first) - started, 2) if first else None,
         "accuracy_by_version": acc,
         "accuracy_initial": acc.get(min(acc)) if acc else None,
         "accuracy_final": acc.get(max(acc)) if acc else None,

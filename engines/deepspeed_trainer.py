@@ -88,7 +88,21 @@ def init_single_process_distributed(backend: str) -> None:
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
+    if backend == "gloo" and os.environ["WORLD_SIZE"] == "1":
+        _skip_shm_collectives()
     deepspeed.init_distributed(dist_backend=backend, verbose=False)
+
+
+def _skip_shm_collectives() -> None:
+    """DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce op
+    (``deepspeed_shm_comm``) when its process group starts: a C++ build of a minute or more
+    on a fresh machine or checkout, on the critical path to the first trained step. A world
+    of one rank never runs a collective, so it does without the op (DeepSpeed then uses
+    torch.distributed's own collectives, as it does wherever the op is unavailable)."""
+    import importlib
+
+    # By module path: the attribute ``deepspeed.comm.torch`` is the torch package itself.
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 
 class DeepSpeedTrainer(TrainEngine):

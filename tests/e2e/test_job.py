@@ -90,6 +90,7 @@ def test_run_directory_has_summary_metrics_and_plot(finished_run):
         assert (run_dir / name).stat().st_size > 0, name
     assert json.loads((run_dir / "summary.json").read_text())["job"] == cfg.job
     assert set(summary["accuracy_by_version"]) >= {0, cfg.trainer.steps}
+    assert 0 < summary["time_to_first_step_s"] < summary["wall_s"]
 
 
 def test_bad_records_went_to_the_dlq_and_the_run_continued(finished_run, bootstrap):

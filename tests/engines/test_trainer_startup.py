@@ -1,0 +1,35 @@
+"""A single-rank CPU trainer starts without building DeepSpeed's shared-memory collectives.
+
+DeepSpeed JIT-compiles ``deepspeed_shm_comm`` into ``TORCH_EXTENSIONS_DIR`` when its CPU
+process group starts (a minute or more of C++ on a fresh machine), which a world of one
+never uses. The trainer is built in a fresh process (the process group is per process) with
+an empty extensions dir; nothing may be compiled into it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+SCRIPT = """
+import sys
+from astraflow.engines.config import TrainerConfig
+from astraflow.engines.deepspeed_trainer import DeepSpeedTrainer
+t = DeepSpeedTrainer(sys.argv[1], TrainerConfig(device="cpu", threads=1))
+print("step", t.step)
+"""
+
+
+def test_single_rank_cpu_trainer_builds_no_shm_op(tiny_model_path, tmp_path):
+    ext = tmp_path / "torch_extensions"
+    ext.mkdir()
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext), "DS_ACCELERATOR": "cpu", "WORLD_SIZE": "1"}
+    for k in ("RANK", "LOCAL_RANK", "MASTER_PORT"):
+        env.pop(k, None)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_model_path)], env=env, capture_output=True,
+                          text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "step 0" in proc.stdout
+    built = sorted(p.name for p in ext.rglob("*") if p.is_dir())
+    assert not any("shm" in name for name in built), built
