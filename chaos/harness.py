@@ -66,6 +66,17 @@ class JobHarness:
                     raise RuntimeError(f"{p.node_id} exited with {p.popen.returncode}; see {p.log_path}")
         raise TimeoutError(f"no metric {what} within {timeout:.0f}s; logs in {self.run_dir / 'logs'}")
 
+    def audit_until_settled(self, timeout: float = 180.0, interval: float = 3.0):
+        """Audit the topics until the conservation law holds or ``timeout`` passes; the last
+        report either way (surviving nodes may still be answering redelivered tasks)."""
+        from astraflow.chaos.invariants import audit
+        deadline = time.monotonic() + timeout
+        while True:
+            report = audit(self.bootstrap, self.topics, self.cfg.policy, self.cfg.effective_staleness)
+            if report.ok or time.monotonic() > deadline:
+                return report
+            time.sleep(interval)
+
     def wait_exit(self, node_id: str, timeout: float) -> int:
         return self.procs[node_id].popen.wait(timeout)
 

@@ -7,7 +7,6 @@ in one batch or named by one drop record) and an exact count of what was schedul
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -47,12 +46,7 @@ def test_sigkilled_raas_node_tasks_are_redelivered(make_job_config, bootstrap, t
         assert h.wait_exit("trainer", 60) == 0
         # Scheduling stops at the training horizon, so raas-1 drains every task there is,
         # including the ones raas-0 held uncommitted when it died.
-        deadline = time.monotonic() + 180
-        while True:
-            report = audit(bootstrap, h.topics, cfg.policy, cfg.effective_staleness)
-            if report.ok or time.monotonic() > deadline:
-                break
-            time.sleep(3)
+        report = h.audit_until_settled()
     finally:
         h.stop_all()
     _assert_conserved(report, cfg)  # every task answered exactly once, none lost with raas-0
