@@ -64,6 +64,7 @@ class Producer:
             settings.update(transactional_id=transactional_id, transaction_timeout_ms=transaction_timeout_ms)
         settings.update(config)
         self._kp = KafkaProducer(**settings)
+        self._stuck = False
         self.transactional = bool(transactional_id)
         if self.transactional:
             try:
@@ -112,18 +113,41 @@ class Producer:
         try:
             yield self
         except BaseException:
-            self._kp.abort_transaction()
+            if self._stuck:  # closed: nothing to abort here, the next owner of the id aborts it
+                raise
+            try:
+                self._await(self._kp._transaction_manager.begin_abort(), "abort")
+            except Exception as abort_error:  # noqa: BLE001 - the original error is the one to report
+                log.warning("aborting the transaction of %s failed too: %s", self.client_id, abort_error)
             raise
-        self._kp.commit_transaction()
+        self._await(self._kp._transaction_manager.begin_commit(), "commit")
 
     def send_offsets(self, consumer: "Consumer", offsets: dict[TopicPartition, int] | None = None) -> None:
         """Commit ``consumer``'s processed offsets inside the current transaction."""
         offs = offsets if offsets is not None else consumer.pending_offsets()
         if offs:
-            self._kp.send_offsets_to_transaction(
-                {tp: OffsetAndMetadata(o, "", -1) for tp, o in offs.items()},
-                consumer.group_metadata())
+            self._await(self._kp._transaction_manager.send_offsets_to_transaction(
+                {tp: OffsetAndMetadata(o, "", -1) for tp, o in offs.items()}, consumer.group_metadata()),
+                "offset commit")
             consumer.mark_committed(offs)
+
+    def _await(self, result, what: str) -> None:
+        """Wait for a transactional step, at most ``max_block_ms``.
+
+        What kafka-python's ``commit_transaction``/``send_offsets_to_transaction`` do, with
+        a bound: when a coordinator's broker dies at the wrong moment, kafka-python 3.0
+        can drop the pending request and never answer it. A producer stuck like that is
+        closed; a new one with the same transactional id fences it and aborts its
+        transaction, so the caller (an actor, restarted by its supervisor) loses nothing.
+        """
+        self._kp._sender.wakeup()
+        timeout_ms = self._kp.config["max_block_ms"]
+        if not result.wait(timeout_ms=timeout_ms):
+            self._stuck = True
+            self._kp.close(timeout=0)
+            raise ProduceError(f"producer {self.client_id}: transaction {what} not answered within "
+                               f"{timeout_ms / 1000:.0f}s (a Kafka coordinator moved?); producer closed, "
+                               f"a new one with its transactional id takes over")
 
     def close(self, timeout: float | None = 10.0) -> None:
         self._kp.close(timeout=timeout)
