@@ -14,7 +14,6 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from astraflow.actors.common import job_topics
 from astraflow.chaos.harness import JobHarness
 from astraflow.chaos.hooks import HANG_IN_TXN, HANG_MARK
-from astraflow.chaos.invariants import audit
 from astraflow.topics import ensure_topics
 
 pytestmark = pytest.mark.slow
@@ -92,12 +91,7 @@ def test_open_transaction_of_a_killed_node_stops_blocking_readers(make_job_confi
         assert h.wait_exit("trainer", 60) == 0
         # scheduling stops at the training horizon; raas-1 answers every task there is,
         # raas-0's aborted ones included
-        deadline = time.monotonic() + 180
-        while True:
-            report = audit(bootstrap, h.topics, cfg.policy, cfg.effective_staleness)
-            if report.ok or time.monotonic() > deadline:
-                break
-            time.sleep(3)
+        report = h.audit_until_settled()
     finally:
         h.stop_all()
     assert report.ok, report.violations[:10]
