@@ -178,6 +178,11 @@ class EmbeddedBroker:
                 self._proc.wait()
         self._proc = None
 
+    def terminate(self) -> None:
+        """SIGTERM without waiting (a cluster stops all its nodes at once)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+
     def kill(self) -> None:
         """SIGKILL the broker (chaos tests)."""
         if self._proc is not None:

@@ -103,9 +103,8 @@ class EmbeddedCluster:
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM every node at once: stopped one by one, the last ones lose their quorum and hang."""
-        procs = [n._proc for n in self.nodes if n._proc is not None and n._proc.poll() is None]
-        for p in procs:
-            p.terminate()
+        for n in self.nodes:
+            n.terminate()
         deadline = time.monotonic() + timeout
         for n in self.nodes:
             n.stop(timeout=max(0.1, deadline - time.monotonic()))
