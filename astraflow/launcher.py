@@ -317,7 +317,8 @@ def _plot(path: Path, rows: list[dict], cfg: JobConfig) -> None:
     ax.set_ylim(0, 1)
     ax.set_title(f"{cfg.job} ({cfg.mode})")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    if reward or acc:  # a run that failed before training has nothing to label
+        ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

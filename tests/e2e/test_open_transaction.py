@@ -55,11 +55,14 @@ def test_open_transaction_of_a_killed_node_stops_blocking_readers(make_job_confi
     monkeypatch.setenv(HANG_IN_TXN, "raas-0")  # inherited by every node; only raas-0 answers to it
     h = JobHarness(cfg, bootstrap, tmp_path / "run")
     tid = f"af.{cfg.job}.raas.raas-0"
-    for role, node in (("dataflow", "dataflow"), ("trainer", "trainer"), ("raas", "raas-0"), ("raas", "raas-1")):
+    # raas-0 alone first: it owns every task partition, so its first transaction is
+    # certain to open (with two nodes, raas-1 could drain the job before raas-0 joins).
+    for role, node in (("dataflow", "dataflow"), ("trainer", "trainer"), ("raas", "raas-0")):
         h.start(role, node)
     try:
         log = h.procs["raas-0"].log_path
         _wait(lambda: log.exists() and HANG_MARK in log.read_text(errors="replace"), 300, "raas-0 hanging", h)
+        h.start("raas", "raas-1")
 
         def open_on_trajectories():
             txn = _describe(bootstrap, tid)

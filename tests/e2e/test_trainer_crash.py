@@ -74,7 +74,7 @@ def test_trainer_killed_inside_checkpoint_saves_resumes_from_the_previous_one(
     try:
         _start_trainer(h, monkeypatch, "4")
         resume_step = 0
-        for _ in range(3):
+        for _ in range(2):
             saving = _saving(store, at_least=resume_step + 2)  # a step past the resume point: progress
             h.kill("trainer")
             published = store.latest()
@@ -95,7 +95,7 @@ def test_trainer_killed_inside_checkpoint_saves_resumes_from_the_previous_one(
         assert h.wait_exit("trainer", 60) == 0
     finally:
         h.stop_all()
-    assert [s - r for s, r in resumed_at] == [1, 1, 1] and resumed_at[-1][1] >= 3
+    assert [s - r for s, r in resumed_at] == [1, 1] and resumed_at[-1][1] >= 2
     head = read_latest_announcement(bootstrap, h.topics.versions, cfg.policy)
     assert head.version == cfg.trainer.steps
     assert again.labels["weights_digest"] == done.labels["weights_digest"] == head.checksum
