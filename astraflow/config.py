@@ -263,6 +263,11 @@ def describe(cls: type = JobConfig, prefix: str = "") -> list[tuple[str, str, st
         if dataclasses.is_dataclass(hint):
             rows += describe(hint, prefix + f.name + ".")
         else:
-            default = f.default if f.default is not dataclasses.MISSING else "(required)"
+            if f.default is not dataclasses.MISSING:
+                default = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+            else:
+                default = "(required)"
             rows.append((prefix + f.name, repr(default), f.metadata.get("help", "")))
     return rows

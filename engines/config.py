@@ -18,6 +18,11 @@ __all__ = ["RolloutConfig", "SGLangConfig", "TrainerConfig", "from_dict"]
 T = TypeVar("T")
 
 
+def _help(default: Any, text: str) -> Any:
+    """A field with its ``astraflow config keys`` help text."""
+    return field(default=default, metadata={"help": text})
+
+
 def from_dict(cls: type[T], data: Mapping[str, Any] | T | None, where: str = "config") -> T:
     """Build dataclass ``cls`` from a mapping; an unknown key is an error naming it."""
     if data is None:
@@ -43,15 +48,15 @@ class SGLangConfig:
     host: str = field(default="127.0.0.1", metadata={"help": "interface the server binds"})
     port: int = field(default=0, metadata={"help": "0 picks a free port"})
     url: str = field(default="", metadata={"help": "use an already running server; launch nothing"})
-    tp_size: int = 1
-    mem_fraction_static: float = 0.8
+    tp_size: int = _help(1, "tensor-parallel GPUs per server")
+    mem_fraction_static: float = _help(0.8, "GPU memory share for weights + KV cache")
     weight_transport: str = field(default="disk", metadata={"help": "disk | tensor"})
     weights_dir: str = field(default="", metadata={"help": "where disk updates are written (default: a temp dir)"})
     server_module: str = field(default="sglang.launch_server", metadata={"help": "module run with python -m (tests point it at a stub)"})
     send_seed: bool = field(default=False, metadata={"help": "send each row's seed as sampling_seed (needs an SGLang that accepts it)"})
-    startup_timeout_s: float = 600.0
-    request_timeout_s: float = 600.0
-    extra_args: tuple[str, ...] = ()
+    startup_timeout_s: float = _help(600.0, "how long the server may take to become ready")
+    request_timeout_s: float = _help(600.0, "per /generate request")
+    extra_args: tuple[str, ...] = _help((), "more sglang.launch_server arguments, verbatim")
 
     def __post_init__(self) -> None:
         if self.weight_transport not in ("disk", "tensor"):
@@ -68,10 +73,10 @@ class RolloutConfig:
     ``seed`` (bootstrap seed when ``model_path`` is empty), ``sglang`` (SGLangConfig).
     """
 
-    kind: str = "cpu"
-    model_path: str = ""
-    threads: int = 0
-    seed: int = 0
+    kind: str = _help("cpu", "cpu (embedded torch engine) | sglang (GPU server)")
+    model_path: str = _help("", "HF model dir (empty: the job's `model`)")
+    threads: int = _help(0, "CPU engine torch threads (0: torch's default)")
+    seed: int = _help(0, "bootstrap seed when model_path is empty")
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
 
     def __post_init__(self) -> None:
@@ -106,32 +111,35 @@ class TrainerConfig:
     rate.
     """
 
-    model_path: str = ""
-    zero_stage: int = 0
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = 0
-    lr_schedule: str = "constant"
-    total_steps: int = 0
-    grad_clip: float = 1.0
-    token_budget: int = 4096
-    ppo_epochs: int = 1
-    minibatches: int = 1
-    loss: str = "grpo"
-    loss_params: Mapping[str, float] = field(default_factory=dict)
-    aggregation: str = "token"
-    normalize_std: bool = True
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    kl_in_reward_coef: float = 0.0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-    device: str = "auto"
-    bf16: bool = True
-    threads: int = 0
+    model_path: str = _help("", "HF model dir (empty: the job's `model`)")
+    zero_stage: int = _help(0, "DeepSpeed ZeRO stage 0-3")
+    lr: float = _help(1e-4, "AdamW learning rate")
+    weight_decay: float = _help(0.0, "AdamW weight decay")
+    betas: tuple[float, float] = _help((0.9, 0.999), "AdamW betas")
+    warmup_steps: int = _help(0, "linear LR warm-up, in versions")
+    lr_schedule: str = _help("constant", "constant | cosine (after warm-up, over total_steps)")
+    total_steps: int = _help(0, "cosine horizon in versions (0: the job's trainer.steps)")
+    grad_clip: float = _help(1.0, "max global gradient norm (0: off)")
+    token_budget: int = _help(4096, "padded tokens per micro-batch (a memory knob: losses are normalised over the whole minibatch)")
+    ppo_epochs: int = _help(1, "passes over each batch (PPO epochs)")
+    minibatches: int = _help(1, "optimizer steps per pass: the batch split by sample index; proximal log-probs "
+                                "come from one no-grad pass before the first")
+    loss: str = _help("grpo", "grpo (PPO-clip vs the behaviour policy, group advantages) | decoupled_ppo | m2po")
+    loss_params: Mapping[str, float] = field(default_factory=dict, metadata={
+        "help": "clip_eps, clip_eps_high (grpo); clip_eps, iw_cap (decoupled_ppo); tau (m2po)"})
+    aggregation: str = _help("token", "token | sequence loss aggregation")
+    normalize_std: bool = _help(True, "GRPO: divide advantages by the group's reward std")
+    kl_coef: float = _help(0.0, "KL loss term against the initial policy (0: off)")
+    kl_estimator: str = _help("k3", "k3 (low variance; expected gradient of KL(ref||pi)) | k2 (of KL(pi||ref))")
+    kl_in_reward_coef: float = _help(0.0, "k1 KL summed per sequence, subtracted from its reward before "
+                                          "advantages (verl's use_kl_in_reward; 0: off)")
+    temperature: float = _help(1.0, "set from rollout.temperature by the job")
+    top_p: float = _help(1.0, "set from rollout.top_p by the job: trainer log-probs use the sampled distribution")
+    top_k: int = _help(0, "set from rollout.top_k by the job")
+    seed: int = _help(0, "torch seed (0: the job's seed)")
+    device: str = _help("auto", "auto | cpu | cuda")
+    bf16: bool = _help(True, "bf16 on GPU (CPU always trains fp32)")
+    threads: int = _help(0, "torch threads (0: torch's default)")
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
