@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.errors import InvalidTransactionTimeoutError, KafkaError
+from kafka.errors import InvalidTransactionTimeoutError, KafkaError, KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
 from . import tracing
@@ -143,14 +143,27 @@ class Producer:
         self._kp._sender.wakeup()
         timeout_ms = self._kp.config["max_block_ms"]
         if not result.wait(timeout_ms=timeout_ms):
-            self._stuck = True
-            self._kp.close(timeout=0)
+            self._abandon()
             raise ProduceError(f"producer {self.client_id}: transaction {what} not answered within "
                                f"{timeout_ms / 1000:.0f}s (a Kafka coordinator moved?); producer closed, "
                                f"a new one with its transactional id takes over")
 
     def close(self, timeout: float | None = 10.0) -> None:
-        self._kp.close(timeout=timeout)
+        try:
+            self._kp.close(timeout=timeout)
+        except KafkaTimeoutError:
+            # kafka-python's close raises from its flush when records are still unsent at the
+            # deadline, before it stops its sender thread: stop it and fail those records.
+            self._abandon()
+
+    def _abandon(self) -> None:
+        """Close a producer whose transaction will never finish: stop its sender thread and
+        fail its unsent records (a successor with the same transactional id fences it and
+        aborts that transaction), so closing neither waits on them nor leaks the thread."""
+        self._stuck = True
+        self._kp._sender.force_close()
+        self._kp._accumulator.abort_incomplete_batches()
+        self._kp.close(timeout=0)
 
     def __enter__(self) -> "Producer":
         return self

@@ -96,3 +96,18 @@ def test_timeout_above_the_broker_maximum_is_a_clear_error(job_topics, make_prod
     from astraflow.topics import ProduceError
     with pytest.raises(ProduceError, match="transaction.max.timeout.ms.*kafka.transaction_timeout_ms"):
         make_producer(client_id="tx", transactional_id=f"{job_topics.job}-long", transaction_timeout_ms=1_000_000)
+
+
+def test_close_with_unsent_records_stops_the_producer_instead_of_raising(bootstrap, job_topics):
+    """kafka-python's close(timeout=0) raises from its flush while records are unsent, and then
+    never stops its sender thread; the wrapper (which closes a stuck transactional producer
+    this way) must stop it and fail those records."""
+    from astraflow.topics import Producer
+
+    p = Producer(bootstrap, client_id="closer", transactional_id=f"{job_topics.job}-closer", linger_ms=60_000)
+    p._kp.begin_transaction()
+    future = p.send(job_topics.prompts, Prompt("p-unsent", "x", "1"), key="p-unsent")
+    p.close(timeout=0)
+    p._kp._sender.join(10)
+    assert not p._kp._sender.is_alive()
+    assert future.is_done and not future.succeeded()
