@@ -157,6 +157,21 @@ def _cmd_node(args: argparse.Namespace) -> int:
     if not bootstrap:
         raise SystemExit("astraflow node: --bootstrap-servers is required (or kafka.bootstrap_servers in the config)")
     run_dir = args.run_dir or str(Path(cfg.run_dir) / cfg.job)
+    group = {"nnodes": args.nnodes, "node_rank": args.node_rank, "master_addr": args.master_addr,
+             "master_port": args.master_port}
+    given = {k: v for k, v in group.items() if v is not None}
+    if args.role != "trainer":
+        if given:
+            from astraflow.trainer_group import FlagError
+            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            raise FlagError(f"{flags} place trainer ranks; --role {args.role} takes none")
+        return run_node(args.role, cfg, bootstrap, run_dir, args.node_id)
+    from astraflow import trainer_group
+    topo = trainer_group.Topology(cfg.trainer.ranks, **given)
+    if topo.world_size > 1 and not trainer_group.is_rank_process():
+        return trainer_group.run_trainer_group(cfg, topo, bootstrap=bootstrap, run_dir=run_dir,
+                                               node_id=args.node_id or f"trainer-{os.getpid()}",
+                                               overrides=args.set or [])
     return run_node(args.role, cfg, bootstrap, run_dir, args.node_id)
 
 
@@ -241,6 +256,18 @@ def build_parser() -> argparse.ArgumentParser:
     nd.add_argument("--run-dir", help="checkpoints and traces (default: <run_dir>/<job>)")
     nd.add_argument("--node-id", help="stable id (RaaS: its transactional id; default: role-pid)")
     nd.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    tr = nd.add_argument_group(
+        "trainer ranks", "a trainer world of trainer.ranks x --nnodes > 1 makes this process its host's group "
+                         "agent: it starts the host's ranks with torch's launcher (node ids <node-id>.rank<R>) "
+                         "and exits when any of them fails; restart every host's agent to resume the group "
+                         "from its checkpoint, which needs a --run-dir shared by all hosts")
+    tr.add_argument("--nnodes", type=int, help="hosts running trainer ranks, one agent each (default 1)")
+    tr.add_argument("--node-rank", type=int,
+                    help="this host's index, 0..nnodes-1; its ranks are node-rank x trainer.ranks + 0.. (default 0)")
+    tr.add_argument("--master-addr", help="host 0's address, reachable from every host (default 127.0.0.1)")
+    tr.add_argument("--master-port", type=int,
+                    help="host 0's rendezvous port, the same on every host; required with --nnodes > 1 "
+                         "(default 0: a free port, one host only)")
     nd.set_defaults(func=_cmd_node)
 
     st = sub.add_parser("status", help="a job's versions, RaaS nodes, task lag and trainer wait time")

@@ -108,6 +108,9 @@ class DataflowConfig:
 @dataclass(frozen=True)
 class TrainerConfig:
     steps: int = _f(20, "optimizer steps (= policy versions) to train")
+    ranks: int = _f(1, "trainer processes (DeepSpeed data-parallel ranks) per host; the world is ranks x "
+                       "`astraflow node --nnodes`. Above 1, the trainer node starts its ranks with torch's "
+                       "launcher and a rank's death restarts the whole group; each rank uses engine.threads")
     checkpoint_every: int = _f(1, "checkpoint every K steps (with the consumed batch offset)")
     keep_checkpoints: int = _f(2, "complete checkpoints kept on disk (the newest is resumed from)")
     snapshot_every: int = _f(10, "full weight snapshot every K versions (sparse deltas between)")
@@ -118,7 +121,7 @@ class TrainerConfig:
                                                             "zero_stage, token_budget, threads, ...)")
 
     def __post_init__(self) -> None:
-        for key in ("steps", "checkpoint_every", "snapshot_every", "keep_checkpoints"):
+        for key in ("steps", "ranks", "checkpoint_every", "snapshot_every", "keep_checkpoints"):
             if getattr(self, key) < 1:
                 raise ValueError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
 

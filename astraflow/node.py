@@ -6,7 +6,9 @@ supervisor gives up on an actor — then it exits non-zero with the reason as it
 stderr line: 1 after retriable failures used up the restarts (a fresh process may fare
 better), :data:`~astraflow.errors.EXIT_FATAL` after a fatal one (bad data, bad config,
 missing model: do not restart). Components reach each other only through Kafka, so the
-same command runs on any host.
+same command runs on any host. A trainer started as one rank of a larger world (by its
+host's group agent, :mod:`astraflow.trainer_group`) is ``<node id>.rank<R>`` and never
+restarts an actor in-process: its failure ends the process, and with it the group.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 from astraflow.config import JobConfig
 from astraflow.errors import EXIT_FATAL
+from astraflow.trainer_group import rank_in_group, rank_node_id, start_rank
 
 ROLES = ("dataflow", "raas", "trainer")
 log = logging.getLogger("astraflow.node")
@@ -53,6 +56,10 @@ def run_node(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: s
     from astraflow.checks import check_model
     check_model(cfg)  # every role loads the model; a bad path is fatal, not worth restarts
     node_id = node_id or f"{role}-{os.getpid()}"
+    rank = rank_in_group() if role == "trainer" else None
+    if rank is not None:
+        node_id = rank_node_id(node_id, rank)
+        start_rank(node_id, rank)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=os.environ.get("ASTRAFLOW_LOG", "INFO"),
                         format=f"%(asctime)s {node_id} %(levelname)s %(name)s: %(message)s")
@@ -78,8 +85,11 @@ def run_node(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: s
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     outcome = Outcome()
+    # A rank cannot re-enter its process group: a failed actor ends the process, and the
+    # group's agent stops the other ranks so the group restarts as one.
+    restarts = {"max_restarts": 0} if rank is not None else {}
     try:
-        fatal = run_supervised(child_specs(role, cfg, bootstrap, run_dir, node_id), stop, outcome)
+        fatal = run_supervised(child_specs(role, cfg, bootstrap, run_dir, node_id), stop, outcome, **restarts)
     finally:
         provider.shutdown()
     if fatal:
