@@ -6,7 +6,9 @@
 # and checks them against an HF forward pass, runs DeepSpeed steps on the GPU (NCCL,
 # bf16, ZeRO-2), pushes the trained weights to SGLang via /update_weights_from_disk,
 # checks the reported weight version and that generation follows the new weights, and
-# prints a table. Every stage prints PASS/FAIL; the script exits non-zero on any FAIL.
+# prints a table. A data-parallel stage starts the trainer with torch's launcher (NCCL):
+# 2 ranks at ZeRO-2 and ZeRO-3 with >= 2 GPUs (every rank must end with the same
+# weights), or 1 rank at ZeRO-3 with the 2-rank part printed as skipped on 1 GPU. Every stage prints PASS/FAIL; the script exits non-zero on any FAIL.
 # Output: benchmarks/results/gpu_check.json and benchmarks/results/gpu_check.txt.
 #
 # Needs: a CUDA GPU, this repo installed (pip install -e '.[gpu]'), sglang importable.
@@ -83,6 +85,28 @@ def _():
     add_legacy_config_keys(model_dir)  # SGLang may pin transformers 4.x
     state["tok"] = AutoTokenizer.from_pretrained(str(model_dir))
     return {"parameters": sum(p.numel() for p in model.parameters())}
+
+
+@stage("DeepSpeed data parallel via torch's launcher (NCCL, ZeRO-2/3)")
+def _():
+    # The worker is benchmarks/trainer_scaling.py's, exercised on CPU by its tests.
+    from astraflow.benchmarks.trainer_scaling import launch
+    gpus = torch.cuda.device_count()
+    if gpus >= 2:
+        runs = [(2, 2), (2, 3)]
+        skipped = None
+    else:
+        runs = [(1, 3)]
+        skipped = f"2-rank step: only {gpus} GPU visible; NCCL needs one GPU per rank"
+        print(f"SKIP {skipped}", flush=True)
+    info = {"gpus": gpus}
+    for ranks, zero in runs:
+        row = launch(model_dir, ranks, zero, threads=1, steps=2, device="cuda", check=True, timeout_s=150)
+        info[f"ranks{ranks}_zero{zero}"] = {"samples_per_s": round(row["samples_per_s"], 1),
+                                            "peak_cuda_mb": round(row["peak_cuda_mb"]), "ranks_agree": row["ranks_agree"]}
+    if skipped:
+        info["skipped"] = skipped
+    return info
 
 
 @stage("start SGLang")

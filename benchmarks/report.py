@@ -80,6 +80,30 @@ def weights() -> list[str]:
     return out + [""]
 
 
+def scaling() -> list[str]:
+    d = _load("trainer_scaling")
+    if not d:
+        return []
+    m, s = d["model"], d["settings"]
+    out = [f"**Trainer scaling** — `python -m astraflow.benchmarks.trainer_scaling` (DeepSpeed on CPU, gloo, ranks "
+           f"started by torch's launcher; random-init Qwen3 of {m['parameters'] / 1e6:.0f} M params, fp32 AdamW; the "
+           f"same batch of {s['samples']} × {s['tokens_per_sample']} tokens; {s['threads_per_rank']} torch thread per "
+           f"rank; median (min–max) of {s['timed_steps']} steps after a dropped warm-up; load average "
+           f"{d['loadavg_before'][0]:.1f} → {d['loadavg_after'][0]:.1f} on {d['machine']['cpus']} cores)", "",
+           "| ranks | ZeRO | samples/s (min–max) | vs 1 rank | peak RSS per rank | RSS after the steps |",
+           "|---:|---:|---:|---:|---:|---:|"]
+    one = {r["zero_stage"]: r for r in d["rows"] if r["ranks"] == 1 and "error" not in r}
+    for r in d["rows"]:
+        if "error" in r:
+            out.append(f"| {r['ranks']} | {r['zero_stage']} | failed | | | |")
+            continue
+        base = one.get(r["zero_stage"])
+        vs = f"{r['samples_per_s'] / base['samples_per_s']:.2f}x" if base else ""
+        out.append(f"| {r['ranks']} | {r['zero_stage']} | {r['samples_per_s']:.2f} ({r['samples_per_s_min']:.2f}–"
+                   f"{r['samples_per_s_max']:.2f}) | {vs} | {r['peak_rss_mb']:,.0f} MB | {r['rss_after_mb']:,.0f} MB |")
+    return out + [""]
+
+
 def async_sync() -> list[str]:
     d = _load("async_vs_sync")
     if not d:
@@ -116,7 +140,7 @@ def _gap(d: dict) -> str:
 
 
 def render() -> str:
-    return "\n".join(demo() + async_sync() + topics() + weights() + engine()).rstrip() + "\n"
+    return "\n".join(demo() + async_sync() + topics() + weights() + engine() + scaling()).rstrip() + "\n"
 
 
 def main() -> int:

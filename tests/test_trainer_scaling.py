@@ -1,0 +1,40 @@
+"""benchmarks/trainer_scaling.py: a quick run launches real DeepSpeed ranks through torch's
+launcher and writes the rows the README table is rendered from."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from astraflow.benchmarks import report, trainer_scaling
+
+
+def test_batch_is_the_same_for_every_config():
+    assert trainer_scaling.make_batch() == trainer_scaling.make_batch()
+    assert len({s.reward for s in trainer_scaling.make_batch().samples}) == 2
+
+
+def test_bad_stage_is_named(capsys):
+    with pytest.raises(SystemExit):
+        trainer_scaling.main(["--quick", "--zero", "4"])
+    assert "--zero takes stages 0-3" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_quick_two_ranks_zero3_agree_and_report(tmp_path, monkeypatch):
+    out = tmp_path / "results" / "trainer_scaling.json"
+    rc = trainer_scaling.main(["--quick", "--ranks", "2", "--zero", "3", "--check",
+                               "--model-root", str(tmp_path / "models"), "--out", str(out)])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    (row,) = d["rows"]
+    assert (row["ranks"], row["zero_stage"]) == (2, 3)
+    # --check: finite losses, the step moved the weights, and both ranks hold the same ones.
+    assert row["ranks_agree"] is True
+    assert len(row["peak_rss_mb_per_rank"]) == 2 and row["peak_rss_mb"] > 0
+    assert row["samples_per_s_min"] <= row["samples_per_s"] <= row["samples_per_s_max"]
+    assert d["settings"]["timed_steps"] == 1 and d["model"]["parameters"] > 0
+    monkeypatch.setattr(report, "RES", out.parent)
+    table = "\n".join(report.scaling())
+    assert "| 2 | 3 |" in table and "Trainer scaling" in table
