@@ -15,11 +15,20 @@ Owns the job's data schedule for one policy:
   ``drops.<policy>`` with its reason and coordinates (the conservation audit reads them).
   Offsets are committed only up to the first group still waiting, so a restart re-reads
   exactly the partial batch.
+* **data algorithms** (:mod:`astraflow.algorithms`, ``dataflow.algorithms``): curators
+  decide which prompts become tasks, filters drop finished groups with a reason, and
+  composers order a batch's fresh groups and add replayed ones (marked in the batch).
+  Replay slots shrink the fresh groups a batch needs and over-sampling widens the
+  schedule; both enter the bound through ``DataPipeline.fresh_until``. Curators learn
+  from a group when it is settled (batched or dropped), i.e. in the transaction that
+  records the settlement, so a restart re-reading a group never learns from it twice.
+  When the prompts run out the next pass over them begins (``prompt_epoch``).
 
 Nothing lives only in memory: every transaction (tasks + prompt offsets; drops, batch +
 trajectory offsets) also writes the :class:`~astraflow.actors.ledger.Ledger`'s compact
-state to ``dataflow-state.<policy>``, so a restarted actor reads one record and the
-committed offsets, never the history.
+state and the algorithms' state to ``dataflow-state.<policy>``, so a restarted actor
+reads one record and the committed offsets, never the history (a replay buffer, made of
+trained groups, is read back from the last batches).
 """
 
 from __future__ import annotations
@@ -31,10 +40,13 @@ from kafka import TopicPartition
 from opentelemetry import trace
 from opentelemetry.trace import Link
 
+from astraflow.algorithms import Candidate, TrainedGroup, build_pipeline
+from astraflow.algorithms.pipeline import context_of
 from astraflow.config import JobConfig
 from astraflow.topics import (Batch, Consumer, DeadLetters, Delivery, Producer, Prompt, Task,
                               TrajectoryGroup, VersionAnnouncement)
 from astraflow.topics import tracing as topic_tracing
+from astraflow.topics.replay import read_topic
 
 from .common import close_quietly, job_topics
 from .ledger import Ledger, read_state
@@ -57,6 +69,7 @@ class DataflowActor(LoopActor):
         self.epoch = self.version = 0
         self.partial: list[Delivery] = []
         self._clients: list = []
+        self.pipeline = build_pipeline(cfg.dataflow.algorithms, context_of(cfg), cfg.dataflow.force_after_skips)
 
     # -- start-up: rebuild state from the topics ---------------------------------------
     def setup(self) -> None:
@@ -68,12 +81,18 @@ class DataflowActor(LoopActor):
         self.dead = DeadLetters(self.plain, self.topics.dlq, f"dataflow.{policy}")
         self.metrics = MetricsEmitter(self.plain, self.topics.metrics, f"dataflow.{policy}")
         self._load_prompts()
+        self.prompts_end = self._end_offset(self.topics.prompts)
         state, self.state_records_read = read_state(self.bootstrap, self.topics.dataflow_state(policy), policy)
         if state is None and self._end_offset(self.topics.batches(policy)) > 0:
             raise RuntimeError(f"{self.topics.batches(policy)} holds batches but "
                                f"{self.topics.dataflow_state(policy)} has no dataflow state: the job was written "
                                f"by an older astraflow; finish it with that version or start a new job")
         self.ledger = Ledger(policy, state)
+        self.pipeline.load_state(self.ledger.algorithms)
+        self._restore_composers()
+        if self.pipeline.replay_slots(1) and cfg.trainer.engine.loss == "grpo":
+            log.warning("dataflow: replay with loss 'grpo' clips most replayed (stale) tokens away; "
+                        "decoupled_ppo or m2po correct for the policy lag (trainer.engine.loss)")
         group = f"dataflow.{policy}"
         self.prompts = self._keep(Consumer(self.bootstrap, topics=[self.topics.prompts], group_id=group,
                                            dead_letters=self.dead, client_id=group, expect=(Prompt,)))
@@ -89,20 +108,37 @@ class DataflowActor(LoopActor):
         self.metrics.emit("dataflow.resumed", self.ledger.next_step, step=self.ledger.next_step,
                           state_records_read=self.state_records_read)
 
+    def _restore_composers(self) -> None:
+        """A replay buffer holds trained groups: read them back from the last batches."""
+        n = self.pipeline.history
+        if not n or self.ledger.next_step == 0:
+            return
+        fresh = [TrainedGroup(g, src, b.step)
+                 for _, _, b in read_topic(self.bootstrap, self.topics.batches(self.cfg.policy), tail=n)
+                 if isinstance(b, Batch) and b.step < self.ledger.next_step
+                 for i, (g, src) in enumerate(zip(b.groups, b.sources)) if not b.is_replay(i)]
+        self.pipeline.restore(fresh)
+
     def _keep(self, client):
         self._clients.append(client)
         return client
 
     def _load_prompts(self) -> None:
-        """Publish the dataset to ``prompts`` once (a transaction: all of it or none)."""
+        """Publish the dataset to ``prompts`` once (a transaction: all of it or none).
+
+        Several sources (dataset mixing) are interleaved in proportion to their weights.
+        """
         from astraflow.workflows.datasets import bad_row_handler, load_prompts
         if self._end_offset(self.topics.prompts) > 0:
             return
         needed = self.cfg.data.num_prompts or 2 * self.cfg.trainer.steps * self.B
-        prompts = load_prompts(self.cfg.data.source, needed, seed=self.cfg.data.seed,
-                               max_digits=self.cfg.data.max_digits, ops=self.cfg.data.ops,
-                               base_dir=self._config_dir(),
-                               on_bad_row=bad_row_handler(self.cfg.data.on_bad_row, self.dead))
+        sources = self.pipeline.sources() or {self.cfg.data.source: 1.0}
+        loaded = {spec: load_prompts(spec, needed if spec == "arithmetic" else self.cfg.data.num_prompts,
+                                     seed=self.cfg.data.seed, max_digits=self.cfg.data.max_digits,
+                                     ops=self.cfg.data.ops, base_dir=self._config_dir(),
+                                     on_bad_row=bad_row_handler(self.cfg.data.on_bad_row, self.dead))
+                  for spec in sources}
+        prompts = interleave(loaded, sources)
         with self.txn.transaction():
             for p in prompts:
                 self.txn.send(self.topics.prompts, p, key=p.prompt_id, trace=False)
@@ -135,30 +171,42 @@ class DataflowActor(LoopActor):
             if isinstance(msg, VersionAnnouncement) and msg.policy == self.cfg.policy:
                 if (msg.epoch, msg.version) > (self.epoch, self.version):
                     self.epoch, self.version = msg.epoch, msg.version
+                    self.pipeline.on_version(self.version)
 
     def capacity(self) -> int:
-        """How many more tasks the staleness bound (and the training horizon) allows now."""
-        led = self.ledger
-        bound = (self.version + self.staleness + 1) * self.B + led.dropped
-        horizon = self.cfg.trainer.steps * self.B + led.dropped
+        """How many more tasks the staleness bound (and the training horizon) allows now.
+
+        Without algorithms ``fresh_until(s)`` is ``s * B``; replay slots lower it (batches
+        take fewer fresh groups) and over-sampling raises it.
+        """
+        led, fresh_until = self.ledger, self.pipeline.fresh_until
+        bound = fresh_until(self.version + self.staleness + 1) + led.dropped
+        horizon = fresh_until(self.cfg.trainer.steps) + led.dropped
         return max(0, min(bound, horizon) - led.tasks_scheduled)
+
+    #: polls per step while curators reject prompts (the rest waits for the next step)
+    CURATOR_POLLS = 8
 
     def _schedule(self) -> None:
         room = self.capacity()
         if room <= 0:
             return
-        prompts = self.prompts.poll(100, max_records=room)
+        tasks: list[Task] = []
+        for _ in range(self.CURATOR_POLLS if self.pipeline.curators else 1):
+            prompts = self.prompts.poll(100, max_records=room - len(tasks))
+            if not prompts and not self.prompts.pending_offsets() and self._prompts_exhausted():
+                self._next_prompt_epoch()
+                continue
+            # Dead-lettered prompts advance the offsets but make no task: they take no slot.
+            for d in prompts:
+                if self.pipeline.decide(d.message, self.version).schedule:
+                    tasks.append(self._task(d))
+                    self.pipeline.scheduled(tasks[-1].task_id, d.message, self.version)
+            if not prompts or len(tasks) >= room:
+                break
         offsets = self.prompts.pending_offsets()
         if not offsets:
             return
-        r = self.cfg.rollout
-        sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k,
-                    "max_new_tokens": r.max_new_tokens}
-        # Dead-lettered prompts advance the offsets but make no task: they take no slot.
-        tasks = [Task(task_id=f"t{d.offset:07d}-{d.message.prompt_id}", prompt_id=d.message.prompt_id,
-                      policy=self.cfg.policy, prompt=d.message.text, answer=d.message.answer,
-                      n_samples=r.n_samples, sampling=sampling, scheduled_version=self.version,
-                      created_at=time.time()) for d in prompts]
         self.ledger.scheduled(t.task_id for t in tasks)
         with self.txn.transaction():
             for task in tasks:
@@ -168,6 +216,37 @@ class DataflowActor(LoopActor):
             self._send_state()
             self.txn.send_offsets(self.prompts, offsets)
         self.metrics.emit("dataflow.scheduled", self.ledger.tasks_scheduled, step=self.version)
+        if self.pipeline.curators:
+            self._emit_algorithm_stats(self.version)
+
+    def _task(self, d: Delivery) -> Task:
+        r, epoch = self.cfg.rollout, self.ledger.prompt_epoch
+        sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k,
+                    "max_new_tokens": r.max_new_tokens}
+        # A prompt's offset names its task within a pass; later passes add the pass number.
+        task_id = f"t{d.offset:07d}-{d.message.prompt_id}" if epoch == 0 else \
+            f"t{d.offset:07d}.{epoch}-{d.message.prompt_id}"
+        return Task(task_id=task_id, prompt_id=d.message.prompt_id, policy=self.cfg.policy, prompt=d.message.text,
+                    answer=d.message.answer, n_samples=r.n_samples, sampling=sampling,
+                    scheduled_version=self.version, created_at=time.time())
+
+    def _prompts_exhausted(self) -> bool:
+        tp = TopicPartition(self.topics.prompts, 0)
+        return tp in self.prompts.assignment() and self.prompts.raw.position(tp) >= self.prompts_end
+
+    def _next_prompt_epoch(self) -> None:
+        """Every prompt was read: begin the next pass (its own transaction: pass number and offset 0)."""
+        tp = TopicPartition(self.topics.prompts, 0)
+        self.ledger.prompt_epoch += 1
+        with self.txn.transaction():
+            self._send_state()
+            self.txn.send_offsets(self.prompts, {tp: 0})
+        self.prompts.raw.seek(tp, 0)
+        log.info("dataflow: every prompt read; pass %d over %s begins", self.ledger.prompt_epoch, self.topics.prompts)
+        self.metrics.emit("dataflow.prompt_epoch", self.ledger.prompt_epoch, step=self.version)
+
+    def _emit_algorithm_stats(self, step: int) -> None:
+        self.metrics.emit_many({f"dataflow.algorithms.{k}": v for k, v in self.pipeline.stats().items()}, step=step)
 
     def _collect(self) -> None:
         for d in self.trajectories.poll(200):
@@ -175,12 +254,16 @@ class DataflowActor(LoopActor):
             if d.message.policy != self.cfg.policy or self.ledger.already_settled(d):
                 continue
             reason = self.ledger.verdict(d)
+            detail = f"task {d.message.task_id} is not open" if reason == "duplicate" else d.message.error
+            if reason is None and self.ledger.next_step >= self.cfg.trainer.steps:
+                reason, detail = "surplus", "the last batch is written"
+            if reason is None and (verdict := self.pipeline.verdict(d.message)) is not None:
+                reason, detail = verdict[0], f"dropped by {verdict[1]}"
             if reason is None:
                 self.ledger.wait(d)
                 self.partial.append(d)
             else:
-                self._drop(d, reason, f"task {d.message.task_id} is not open" if reason == "duplicate"
-                           else d.message.error)
+                self._drop(d, reason, detail)
         while self._fill_batch():
             pass
         if self.ledger.pending_drops:
@@ -189,38 +272,61 @@ class DataflowActor(LoopActor):
 
     def _drop(self, d: Delivery, reason: str, detail: str = "") -> None:
         self.ledger.drop(d, reason, self.ledger.next_step, detail)
+        if reason != "duplicate":  # a duplicate's task was settled, and learnt from, by its first group
+            self.pipeline.settled(d.message)
         self.metrics.emit(f"dataflow.dropped.{reason}", 1, step=self.ledger.next_step, task=d.message.task_id)
+
+    def _oldest_version(self, d: Delivery, default: int) -> int:
+        return min(min(s.versions, default=default) for s in d.message.samples)
 
     def _fill_batch(self) -> bool:
         k = self.ledger.next_step
+        if k >= self.cfg.trainer.steps:  # over-sampled groups left after the last batch
+            for d in self.partial:
+                self._drop(d, "surplus", "the last batch is written")
+            self.partial = []
+            return False
         fresh = []
         for d in self.partial:
-            oldest = min(min(s.versions, default=k) for s in d.message.samples)
+            oldest = self._oldest_version(d, k)
             if k - oldest > self.staleness:
                 self._drop(d, "stale", f"a token of version {oldest} cannot train at step {k}")
             else:
                 fresh.append(d)
         self.partial = fresh
-        if len(self.partial) < self.B:
+        if len(self.partial) < self.B - self.pipeline.replay_slots(k):
             return False
-        members, self.partial = self.partial[:self.B], self.partial[self.B:]
+        plan = self.pipeline.compose(k, [Candidate(d, d.message, self._oldest_version(d, k) + self.staleness, i)
+                                         for i, d in enumerate(self.partial)])
+        members = [c.item for c in plan.fresh[:plan.fresh_slots]]
+        taken = {id(d) for d in members}
+        self.partial = [d for d in self.partial if id(d) not in taken]
         groups = [d.message for d in members]
         self.ledger.batched(members)
+        for g in groups:
+            self.pipeline.settled(g)
         offsets = self._safe_offsets()
-        rewards = [s.reward for g in groups for s in g.samples]
+        replayed = [r.group for r in plan.replay]
+        rewards = [s.reward for g in groups + replayed for s in g.samples]
         staleness = [k - min(s.versions) for g in groups for s in g.samples if s.versions]
-        batch = Batch(self.cfg.policy, k, groups, [d.source for d in members],
-                      {"dropped_total": self.ledger.dropped, "reward_mean": sum(rewards) / len(rewards),
-                       "staleness_max": max(staleness, default=0), "staleness_mean": sum(staleness) / max(1, len(staleness)),
-                       "created_at": time.time()})
+        stats = {"dropped_total": self.ledger.dropped, "reward_mean": sum(rewards) / len(rewards),
+                 "staleness_max": max(staleness, default=0), "staleness_mean": sum(staleness) / max(1, len(staleness)),
+                 "created_at": time.time()}
+        if replayed:
+            stats["replayed"] = len(replayed)
+        batch = Batch(self.cfg.policy, k, groups + replayed, [d.source for d in members] + [r.source for r in plan.replay],
+                      stats, [False] * len(groups) + [True] * len(replayed) if replayed else [])
         links = [Link(sc) for sc in (topic_tracing.span_context(d.headers) for d in members) if sc is not None]
         with tracer.start_as_current_span("dataflow.batch", context=members[0].trace_context, links=links,
                                           attributes={"batch.step": k, "batch.groups": len(groups)}):
             with self.txn.transaction():
                 self.txn.send(self.topics.batches(self.cfg.policy), batch, key=str(k))
                 self._send_drops_and_state(offsets)
+        self.pipeline.trained(k, [TrainedGroup(d.message, d.source, k) for d in members])
         self.metrics.emit_many({"dataflow.batch_reward": batch.stats["reward_mean"],
                                 "dataflow.batch_staleness_max": batch.stats["staleness_max"]}, step=k)
+        if not self.pipeline.empty:
+            self._emit_algorithm_stats(k)
         return True
 
     def _send_drops_and_state(self, offsets: dict[TopicPartition, int]) -> None:
@@ -232,7 +338,8 @@ class DataflowActor(LoopActor):
         self.txn.send_offsets(self.trajectories, offsets)
 
     def _send_state(self) -> None:
-        self.txn.send(self.topics.dataflow_state(self.cfg.policy), self.ledger.state(), key=self.cfg.policy)
+        self.txn.send(self.topics.dataflow_state(self.cfg.policy), self.ledger.state(self.pipeline.state()),
+                      key=self.cfg.policy)
 
     def _safe_offsets(self) -> dict[TopicPartition, int]:
         """Commit past everything consumed, except groups still waiting in the partial batch."""
@@ -245,3 +352,20 @@ class DataflowActor(LoopActor):
     def teardown(self) -> None:
         close_quietly(*reversed(self._clients))
         self._clients.clear()
+
+
+def interleave(loaded: dict[str, list[Prompt]], weights: dict[str, float]) -> list[Prompt]:
+    """One list of every source's prompts, each source spread in proportion to its weight
+    (the source furthest behind its share goes next; exhausted sources drop out)."""
+    if len(loaded) == 1:
+        return next(iter(loaded.values()))
+    queues = {s: list(reversed(p)) for s, p in loaded.items()}
+    taken = dict.fromkeys(loaded, 0)
+    out: list[Prompt] = []
+    while any(queues.values()):
+        live = [s for s in queues if queues[s]]
+        total = sum(weights[s] for s in live)
+        s = max(live, key=lambda s: weights[s] / total * (len(out) + 1) - taken[s])
+        out.append(queues[s].pop())
+        taken[s] += 1
+    return out

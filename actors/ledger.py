@@ -30,6 +30,8 @@ class Ledger:
         self.next_step = s.next_step
         self.tasks_scheduled = s.tasks_scheduled
         self.dropped = s.groups_dropped  #: slots freed by drops (each lets one more task be scheduled)
+        self.prompt_epoch = s.prompt_epoch  #: passes over the prompts topic begun
+        self.algorithms = s.algorithms  #: the data algorithms' state as of this record (read at start-up)
         self.open: set[str] = set(s.open_tasks)
         self.waiting: set[str] = set()  #: open tasks whose group waits for its batch
         # Settled records the committed offsets have not passed yet; a restart re-reads them.
@@ -95,9 +97,11 @@ class Ledger:
         self._ahead = {(t, p, o) for t, p, o in self._ahead
                        if o >= offsets.get(TopicPartition(t, p), -1)}
 
-    def state(self) -> DataflowState:
+    def state(self, algorithms: dict | None = None) -> DataflowState:
+        """The record a transaction writes; ``algorithms`` is the data algorithms' state as of it."""
         return DataflowState(self.policy, self.next_step, self.tasks_scheduled, self.dropped,
-                             sorted(self.open), [SourceOffset(*a) for a in sorted(self._ahead)], time.time())
+                             sorted(self.open), [SourceOffset(*a) for a in sorted(self._ahead)], time.time(),
+                             self.prompt_epoch, algorithms or {})
 
 
 def read_state(bootstrap_servers: str, topic: str, policy: str, *,

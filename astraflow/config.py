@@ -100,9 +100,28 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
+class AlgorithmSpec:
+    """One ``dataflow.algorithms`` entry: a registered data algorithm and its parsed parameters."""
+
+    name: str
+    params: Any
+
+    @classmethod
+    def from_config(cls, value: Any, file: str, key: str) -> "AlgorithmSpec":
+        from astraflow.algorithms.registry import parse_spec
+        return parse_spec(value, file, key)
+
+
+@dataclass(frozen=True)
 class DataflowConfig:
     groups_per_batch: int = _f(8, "trajectory groups (prompts) per training batch")
     max_staleness: int = _f(1, "a sample generated at version v trains at version <= v + max_staleness")
+    algorithms: tuple[AlgorithmSpec, ...] = _f((), "data algorithms, in order within each hook: a name or "
+                                                   "{name: ..., <params>}; curators greso, filter_solved, curriculum, "
+                                                   "mixing; filter dynamic_sampling; composers replay, edf, fifo "
+                                                   "(their parameters: README, Data algorithms)")
+    force_after_skips: int = _f(64, "after this many consecutive prompts rejected by curators, the next one is "
+                                    "scheduled anyway (the anti-stall rule; metric dataflow.algorithms.forced)")
 
 
 @dataclass(frozen=True)
@@ -158,6 +177,14 @@ class JobConfig:
     tracing: TracingConfig = _f(TracingConfig(), "tracing")
     source: str = field(default="<dict>", compare=False, metadata={"help": "file it was loaded from"})
 
+    def __post_init__(self) -> None:
+        # Cross-section checks of the data algorithms (batch size, group size) at load time.
+        from astraflow.algorithms.pipeline import PipelineError, build_pipeline, context_of
+        try:
+            build_pipeline(self.dataflow.algorithms, context_of(self), self.dataflow.force_after_skips)
+        except PipelineError as e:
+            raise ConfigError(self.source, f"dataflow.{e.key}", e.problem) from None
+
     @property
     def effective_staleness(self) -> int:
         """Sync mode is the zero-staleness schedule of the same components."""
@@ -205,12 +232,16 @@ def from_dict(cls: type, data: Any, file: str = "<dict>", prefix: str = "") -> A
         kwargs[name] = _coerce(hints[name], data[name], file, key)
     try:
         return cls(**kwargs)
+    except ConfigError:
+        raise
     except (ValueError, TypeError) as e:
         raise ConfigError(file, where, str(e)) from None
 
 
 def _coerce(tp: Any, value: Any, file: str, key: str) -> Any:
     origin = typing.get_origin(tp)
+    if hasattr(tp, "from_config"):  # an entry that parses itself (a data algorithm and its parameters)
+        return tp.from_config(value, file, key)
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, file, key + ".")
     if origin in (typing.Union, types.UnionType):

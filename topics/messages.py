@@ -111,14 +111,24 @@ class SourceOffset:
 @register
 @dataclass(frozen=True)
 class Batch(Message):
-    """A training batch on ``batches.<policy>``; ``step`` is the trainer step it feeds."""
+    """A training batch on ``batches.<policy>``; ``step`` is the trainer step it feeds.
+
+    Schema 2 added ``replay``: a group marked there was trained fresh by an earlier batch
+    and is taken again from the replay buffer (the audit allows a group in several
+    batches only so). Empty (as in schema 1 records) means every group is fresh.
+    """
 
     TYPE: ClassVar[str] = "batch"
+    SCHEMA: ClassVar[int] = 2
     policy: str
     step: int
     groups: list[TrajectoryGroup]
     sources: list[SourceOffset]  #: the trajectory records this batch consumed
     stats: dict[str, Any] = field(default_factory=dict)
+    replay: list[bool] = field(default_factory=list)  #: per group: replayed (True) or fresh; empty: all fresh
+
+    def is_replay(self, i: int) -> bool:
+        return bool(self.replay) and self.replay[i]
 
 
 @register
@@ -134,7 +144,7 @@ class GroupDrop(Message):
     policy: str
     task_id: str
     source: SourceOffset  #: the ``trajectories`` record that was dropped
-    reason: str  #: "failed", "stale" or "duplicate" (see :data:`DROP_REASONS`)
+    reason: str  #: one of :data:`DROP_REASONS`
     step: int  #: the batch step being assembled when the group was dropped
     detail: str = ""
     ts: float = 0.0
@@ -142,8 +152,12 @@ class GroupDrop(Message):
 
 #: Why a group is dropped, and whether the drop frees a scheduling slot (its task is
 #: settled without a batch, so the dataflow schedules a replacement). A duplicate answers
-#: a task that is already settled: it frees nothing.
-DROP_REASONS: dict[str, bool] = {"failed": True, "stale": True, "duplicate": False}
+#: a task that is already settled: it frees nothing. ``zero_variance`` is dynamic
+#: sampling's (all samples rewarded alike: no signal; a replacement is scheduled);
+#: ``filtered`` any other group filter's (the filter's name in ``detail``); ``surplus``
+#: a group over-sampling left over after the last batch (nothing to replace).
+DROP_REASONS: dict[str, bool] = {"failed": True, "stale": True, "duplicate": False, "zero_variance": True,
+                                 "filtered": True, "surplus": False}
 
 
 @register
@@ -153,9 +167,11 @@ class DataflowState(Message):
 
     Written in every dataflow transaction, next to the offsets it covers, so the newest
     record always agrees with the committed offsets and a restart reads this one record.
+    Schema 2 added ``prompt_epoch`` and ``algorithms``.
     """
 
     TYPE: ClassVar[str] = "dataflow-state"
+    SCHEMA: ClassVar[int] = 2
     policy: str
     next_step: int  #: step of the next batch
     tasks_scheduled: int  #: tasks written to ``tasks.<policy>`` so far
@@ -165,6 +181,10 @@ class DataflowState(Message):
     #: offsets (behind a group still waiting for its batch): a restart re-reads and skips them
     settled_ahead: list[SourceOffset] = field(default_factory=list)
     ts: float = 0.0
+    prompt_epoch: int = 0  #: passes over ``prompts`` begun (its offsets restart at each pass)
+    #: the data algorithms' state (curators, skip counters, tags of open tasks), as of the
+    #: groups these offsets settle; empty when no algorithm is configured
+    algorithms: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
