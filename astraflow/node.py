@@ -22,7 +22,7 @@ from pathlib import Path
 
 from astraflow.config import JobConfig
 from astraflow.errors import EXIT_FATAL
-from astraflow.trainer_group import rank_in_group, rank_node_id, start_rank
+from astraflow.trainer_group import die_unless_stopped, rank_in_group, rank_node_id, start_rank
 
 ROLES = ("dataflow", "raas", "trainer")
 log = logging.getLogger("astraflow.node")
@@ -81,6 +81,8 @@ def run_node(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: s
     def on_signal(signum, _frame):
         log.info("received signal %d, stopping", signum)
         stop.set()
+        if rank is not None:
+            die_unless_stopped(signum)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

@@ -44,6 +44,10 @@ RENDEZVOUS_TIMEOUT_S = 900
 #: How long the ranks have to stop on SIGTERM before the agent kills them: below the
 #: launcher's own 30 s grace, so the agent is never killed with its ranks still alive.
 SHUTDOWN_TIMEOUT_S = 15
+#: How long a rank asked to stop may take before it dies of the signal: one blocked in a
+#: collective or in the rendezvous with a dead peer would hold its agent for torch's 30 s,
+#: and a group that is going down has nothing left to finish (checkpoints are atomic).
+RANK_STOP_GRACE_S = 5.0
 #: How often a rank checks that its agent is still its parent.
 AGENT_WATCH_S = 0.5
 
@@ -129,6 +133,15 @@ def _watch_agent(node_id: str, agent_pid: int) -> None:
     print(f"astraflow node {node_id}: error: its group agent (pid {agent_pid}) is gone; the rank stops with it",
           file=sys.stderr, flush=True)
     os._exit(1)
+
+
+def die_unless_stopped(signum: int) -> None:
+    """From a rank's handler of ``signum`` (main thread): that signal's default action after
+    :data:`RANK_STOP_GRACE_S`, so the agent sees the rank it stopped die of its signal."""
+    signal.signal(signum, signal.SIG_DFL)
+    timer = threading.Timer(RANK_STOP_GRACE_S, os.kill, args=(os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -139,6 +139,21 @@ def test_a_fatal_rank_makes_the_agent_exit_fatal_with_its_cause_last(tmp_path):
     assert lines[-1] == "astraflow node grp: fatal: trainer.engine.thing: bad value", lines
 
 
+def test_a_rank_that_does_not_stop_dies_of_the_signal_after_a_grace(tmp_path):
+    # Rank 0 stands for a trainer blocked in a collective with a dead peer: its handler only
+    # asks it to stop. Without the grace torch would wait 30 s, then SIGKILL it.
+    code = ("import signal\n" + SAY_PID + "from astraflow.trainer_group import die_unless_stopped\n"
+            "signal.signal(signal.SIGTERM, lambda s, f: die_unless_stopped(s))\n"
+            "if r == 1:\n    time.sleep(2)\n    print('astraflow: error: boom', file=sys.stderr)\n    sys.exit(1)\n"
+            "time.sleep(600)")
+    p = _agent(tmp_path, code)
+    assert _wait(p) == 1
+    lines = _lines(tmp_path)
+    assert not [ln for ln in lines if "forcefully exiting via 9" in ln], lines
+    assert lines[-1].startswith("astraflow node grp: error: trainer rank 1 (pid ") and lines[-1].endswith(
+        ") exited with code 1: boom; the group's other ranks were stopped"), lines
+
+
 def test_ranks_die_with_their_agent(tmp_path):
     code = SAY_PID + ("from astraflow.trainer_group import start_rank\n"
                       "start_rank(f'grp.rank{r}', r)\ntime.sleep(600)")
