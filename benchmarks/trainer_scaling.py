@@ -128,6 +128,17 @@ def _rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
+def _rss_split_mb() -> dict[str, float]:
+    """Anonymous vs file-backed RSS (Linux): file pages are the mmap'd checkpoint, clean and
+    reclaimable, while anonymous ones are what training allocated."""
+    try:
+        lines = Path("/proc/self/status").read_text().splitlines()
+    except OSError:
+        return {}
+    kb = {k: float(v.split()[0]) for k, v in (ln.split(":", 1) for ln in lines) if k in ("RssAnon", "RssFile")}
+    return {"anon_mb": kb.get("RssAnon", 0) / 1024, "file_mb": kb.get("RssFile", 0) / 1024}
+
+
 def _weights_digest(trainer) -> str:
     """sha256 over every named weight (all ranks call it: ZeRO-3 gathers collectively)."""
     h = hashlib.sha256()
@@ -155,7 +166,7 @@ def worker(args: argparse.Namespace) -> int:
                         device=args.device, seed=1)
     trainer = DeepSpeedTrainer(args.model, cfg)
     init_s = time.perf_counter() - t0
-    rss_init = _rss_mb()
+    rss_init, split_init = _rss_mb(), _rss_split_mb()
     batch = make_batch(args.samples)
     before = _weights_digest(trainer) if args.check else None
 
@@ -172,6 +183,7 @@ def worker(args: argparse.Namespace) -> int:
         "step_s": [s for s, _ in timed], "loss": [m["loss"] for _, m in [(warmup_s, first), *timed]],
         "grad_norm": [m["grad_norm"] for _, m in [(warmup_s, first), *timed]],
         "threads": torch.get_num_threads(), "rss_init_mb": rss_init, "rss_after_mb": _rss_mb(),
+        "rss_init_split": split_init, "rss_after_split": _rss_split_mb(),
         # Linux reports ru_maxrss in KiB.
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
@@ -228,6 +240,7 @@ def launch(model: Path, ranks: int, zero: int, *, threads: int, steps: int, samp
         "peak_rss_mb": max(r["peak_rss_mb"] for r in recs),
         "peak_rss_mb_per_rank": [round(r["peak_rss_mb"], 1) for r in recs],
         "rss_after_mb": max(r["rss_after_mb"] for r in recs), "rss_init_mb": max(r["rss_init_mb"] for r in recs),
+        "rss_after_anon_mb": max(r["rss_after_split"].get("anon_mb", 0) for r in recs),
         "init_s": max(r["init_s"] for r in recs), "loss": recs[0]["loss"],
         "loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0],
     }
