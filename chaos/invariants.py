@@ -9,11 +9,12 @@ newest ``dataflow-state.<policy>`` record as a plain ``read_committed`` consumer
 * every group record is settled exactly once: in one batch (ok groups only) or named by
   one drop record with a known reason. A group in no batch and no drop is a violation
   whatever the reason: a finished run leaves nothing in flight, so an audit of a running
-  job fails until it settles (poll it);
+  job fails until it settles (poll it). A group may appear in further batches only when
+  marked there as a replay, and only after the batch that trained it fresh;
 * batch sources and drop records point at records that hold the groups they name;
   batches are numbered 0, 1, 2, ... without a gap;
-* every trained sample respects the staleness bound: a token generated at version ``v``
-  is in a batch ``k`` with ``k - v <= max_staleness``;
+* every fresh sample respects the staleness bound: a token generated at version ``v``
+  is in a batch ``k`` with ``k - v <= max_staleness`` (replays are stale by design);
 * the dataflow's newest state agrees with the log (tasks scheduled, slots freed by drops,
   next step, nothing open), so the counts it restarts from are the ones the log implies.
 """
@@ -46,7 +47,8 @@ class Audit:
     tasks: int = 0
     groups: int = 0
     batches: int = 0
-    batched_groups: int = 0
+    batched_groups: int = 0  #: fresh groups in batches
+    replayed_groups: int = 0  #: replay-marked groups in batches
     failed_groups: int = 0
     drops: Counter = field(default_factory=Counter)  #: drop records by reason
     max_staleness_seen: int = 0
@@ -105,7 +107,13 @@ def _check_batches(log: JobLog, a: Audit, max_staleness: int) -> None:
     for i, b in enumerate(log.batches):
         if b.step != i:
             a.violations.append(f"batch #{i} has step {b.step}")
-        for g in b.groups:
+        if b.replay and len(b.replay) != len(b.groups):
+            a.violations.append(f"batch {b.step}: {len(b.groups)} groups but {len(b.replay)} replay marks")
+        for j, g in enumerate(b.groups):
+            if b.is_replay(j):
+                a.replayed_groups += 1
+                continue
+            a.batched_groups += 1
             for s in g.samples:
                 if s.versions:
                     lag = b.step - min(s.versions)
@@ -115,22 +123,31 @@ def _check_batches(log: JobLog, a: Audit, max_staleness: int) -> None:
                                             f"{min(s.versions)} (staleness {lag} > {max_staleness})")
         if len(b.sources) != len(b.groups):
             a.violations.append(f"batch {b.step}: {len(b.groups)} groups but {len(b.sources)} sources")
-        a.batched_groups += len(b.groups)
 
 
 def _settlements(log: JobLog, a: Audit) -> dict[Coord, list[str]]:
-    """Where each group record went. A replay mark (a later kind of settlement) joins here."""
+    """Where each group record went (replays are checked here, and are no settlement)."""
     held = {(p, o): g for p, o, g in log.groups}
     out: dict[Coord, list[str]] = {}
+    trained_at: dict[Coord, int] = {}
+    replays: list[tuple[int, Coord, str]] = []
     for b in log.batches:
-        for src, g in zip(b.sources, b.groups):
+        for j, (src, g) in enumerate(zip(b.sources, b.groups)):
             coord = (src.partition, src.offset)
             if held.get(coord) is None or held[coord].task_id != g.task_id:
                 a.violations.append(f"batch {b.step}: source {src} does not hold group {g.task_id}")
                 continue
             if held[coord].status != "ok":
                 a.violations.append(f"batch {b.step}: group {g.task_id} at {coord} failed and cannot be trained")
+            if b.is_replay(j):
+                replays.append((b.step, coord, g.task_id))
+                continue
+            trained_at.setdefault(coord, b.step)
             out.setdefault(coord, []).append(f"batch {b.step}")
+    for step, coord, tid in replays:
+        if trained_at.get(coord, step) >= step:
+            a.violations.append(f"batch {step}: group {tid} at {coord} is marked as a replay but no earlier "
+                                f"batch trained it")
     for d in log.drops:
         coord = (d.source.partition, d.source.offset)
         if d.reason not in DROP_REASONS:

@@ -128,7 +128,7 @@ class Batch(Message):
     replay: list[bool] = field(default_factory=list)  #: per group: replayed (True) or fresh; empty: all fresh
 
     def is_replay(self, i: int) -> bool:
-        return bool(self.replay) and self.replay[i]
+        return i < len(self.replay) and self.replay[i]
 
 
 @register
