@@ -88,7 +88,10 @@ def bad_row_handler(setting: str, dead_letters: Any) -> Callable[[BadRow], None]
 def _prompt(path: Path, line: int, index: int, row: Any) -> Prompt:
     if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "answer" not in row:
         raise DatasetError(f"{_where(path, line)}: needs string 'prompt' and 'answer' fields, got {row!r:.200}")
-    return Prompt(str(row.get("id", f"{path.stem}-{index}")), row["prompt"], str(row["answer"]), path.name)
+    # Other scalar columns travel as metadata (e.g. a difficulty column a curriculum schedules by).
+    extra = {k: v for k, v in row.items()
+             if k not in ("id", "prompt", "answer") and isinstance(v, (str, int, float, bool))}
+    return Prompt(str(row.get("id", f"{path.stem}-{index}")), row["prompt"], str(row["answer"]), path.name, extra)
 
 
 def _where(path: Path, line: int) -> str:

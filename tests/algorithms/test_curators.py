@@ -121,3 +121,12 @@ def test_curators_learn_from_a_settled_group_once_with_the_tags_of_its_task():
     assert greso.streaks == {"p0": (1, "easy")} and p.curators[0].level == 1
     p.settled(group("t9", [], prompt_id="p9"))  # a failed group teaches nothing
     assert greso.streaks == {"p0": (1, "easy")}
+
+
+def test_curriculum_reads_a_difficulty_column_of_a_dataset_file(tmp_path):
+    from astraflow.workflows.datasets import load_prompts
+    path = tmp_path / "graded.jsonl"
+    path.write_text('{"prompt": "easy?", "answer": "1", "level": 1}\n{"prompt": "hard?", "answer": "2", "level": 3}\n')
+    easy, hard = load_prompts(str(path), None)
+    c = _curriculum(key="level", levels=(1.0, 2.0, 3.0))
+    assert (c.should_schedule(easy, 0), c.should_schedule(hard, 0)) == (True, False)
