@@ -12,12 +12,23 @@ exactly once and none is skipped. After each step the weights (a CPU copy) go to
 announces them while the next step runs. A trainer that resumed behind the announced
 head announces its weights as a new lineage epoch (see the publisher), so every node
 drops the versions the crashed trainer announced after its checkpoint.
+
+A trainer of N ranks (``trainer.ranks``; torch's launcher starts one process per rank, see
+:mod:`astraflow.trainer_group`) runs this actor in every rank. Every rank reads the same
+batch record by the same offset (each has its own consumer, no group) and trains its
+shard of it; checkpoints are saved by all ranks together (each writes its DeepSpeed
+shards, rank 0 publishes the checkpoint). Rank 0 alone publishes weights, heartbeats,
+answers snapshot requests and reports the step's metrics; under ZeRO-3 every rank joins
+the parameter gather that the publish needs. A failure in any rank ends its process, and
+the launcher takes the group down and restarts it from the last checkpoint.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import resource
 import time
 from pathlib import Path
 
@@ -52,6 +63,8 @@ class TrainerActor(LoopActor):
 
         set_threads(self.cfg.trainer.engine.threads)
         self.engine = make_train_engine(self.cfg, model_path(self.cfg))
+        self.rank, self.world = getattr(self.engine, "rank", 0), getattr(self.engine, "world", 1)
+        self.leader = self.rank == 0
         state: dict = {}
         ckpt = self.checkpoints.latest()
         if ckpt is not None:
@@ -59,13 +72,19 @@ class TrainerActor(LoopActor):
             log.info("trainer: resumed at step %d from %s", self.engine.step, ckpt.path)
         self.offset = int(state.get("batches_offset", 0))
         self.lineage: list[list[int]] = [list(x) for x in state.get("lineage", [])]
-        self.producer = Producer(self.bootstrap, client_id=f"trainer.{self.cfg.policy}")
+        client = f"trainer.{self.cfg.policy}" + (f".rank{self.rank}" if self.rank else "")
+        self.producer = Producer(self.bootstrap, client_id=client)
         self.metrics = MetricsEmitter(self.producer, self.topics.metrics, f"trainer.{self.cfg.policy}")
         tp = TopicPartition(self.topics.batches(self.cfg.policy), 0)
-        self.consumer = Consumer(self.bootstrap, partitions=[tp], client_id=f"trainer.{self.cfg.policy}",
+        self.consumer = Consumer(self.bootstrap, partitions=[tp], client_id=client,
                                  dead_letters=DeadLetters(self.producer, self.topics.dlq, "trainer"),
                                  max_poll_records=1)
         self.consumer.raw.seek(tp, self.offset)
+        if not self.leader:
+            self._weights()  # rank 0's publisher resumes from the gathered weights: join the gather
+            self.metrics.emit("trainer.rank_ready", self.rank, step=self.engine.step, rank=self.rank,
+                              pid=os.getpid(), world_size=self.world)
+            return
         # Snapshot requests from nodes that cannot reach the newest version by deltas.
         self.control = Consumer(self.bootstrap, partitions=[TopicPartition(self.topics.control, 0)],
                                 client_id=f"trainer.{self.cfg.policy}")
@@ -79,19 +98,24 @@ class TrainerActor(LoopActor):
         epoch = self.publisher.resume(self._weights(), self.engine.step)
         self.metrics.emit("trainer.resumed_step", self.engine.step, step=self.engine.step, epoch=epoch,
                           announced_head=-1 if head is None else head)
+        self.metrics.emit("trainer.rank_ready", self.rank, step=self.engine.step, rank=self.rank, pid=os.getpid(),
+                          world_size=self.world)
 
     def step(self) -> None:
         if self.engine.step >= self.cfg.trainer.steps:
-            self.publisher.flush(timeout=300)
-            self._report_published()
-            from astraflow.engines.deltas import weights_digest
-            self.metrics.emit("trainer.done", self.engine.step, step=self.engine.step, epoch=self.publisher.epoch,
-                              weights_digest=weights_digest(self._weights()))
-            self._heartbeat(force=True)
+            weights = self._weights()  # every rank: a collective under ZeRO-3
+            if self.leader:
+                self.publisher.flush(timeout=300)
+                self._report_published()
+                from astraflow.engines.deltas import weights_digest
+                self.metrics.emit("trainer.done", self.engine.step, step=self.engine.step,
+                                  epoch=self.publisher.epoch, weights_digest=weights_digest(weights))
+                self._heartbeat(force=True)
             self.producer.flush()
             self.finished = True
             return
-        self._check_snapshot_requests()
+        if self.leader:
+            self._check_snapshot_requests()
         t0 = time.monotonic()
         deliveries = self.consumer.poll(500)
         self._wait_s += time.monotonic() - t0
@@ -114,8 +138,14 @@ class TrainerActor(LoopActor):
             self.lineage.append([batch.step, d.offset])
             if self.engine.step % self.cfg.trainer.checkpoint_every == 0 or self.engine.step >= self.cfg.trainer.steps:
                 self._checkpoint()
-            self.publisher.publish(self._weights(), self.engine.step, snapshot=self._snapshot_next)
-            self._snapshot_next = False
+            weights = self._weights()
+            if self.leader:
+                self.publisher.publish(weights, self.engine.step, snapshot=self._snapshot_next)
+                self._snapshot_next = False
+        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+        if not self.leader:
+            self.metrics.emit("trainer.peak_rss_mb", rss_mb, step=self.engine.step, rank=self.rank)
+            return
         self._report_published()
         versions = [v for g in batch.groups for s in g.samples for v in s.versions]
         self.metrics.emit_many({
@@ -125,6 +155,7 @@ class TrainerActor(LoopActor):
             "trainer.staleness_max": float(batch.step - min(versions)) if versions else 0.0,
             "trainer.samples": float(sum(len(g.samples) for g in batch.groups)),
             "trainer.batch_offset": float(d.offset),
+            "trainer.peak_rss_mb": rss_mb,
         }, step=self.engine.step)
         self._wait_s = 0.0
         self._heartbeat()
@@ -149,10 +180,13 @@ class TrainerActor(LoopActor):
                 self.metrics.emit("trainer.snapshot_requests", 1, step=self.engine.step, node=m.node_id)
 
     def _weights(self) -> dict:
-        """The trainer's weights as rollout engines will hold them (``trainer.publish_dtype``)."""
+        """The trainer's weights as rollout engines will hold them (``trainer.publish_dtype``);
+        ``{}`` on ranks other than 0. Every rank calls it at the same points: under ZeRO-3
+        it is a collective gather of the partitioned parameters."""
         import torch
         dtype = getattr(torch, self.cfg.trainer.publish_dtype)
-        return {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in self.engine.named_weights().items()}
+        named = self.engine.named_weights(rank0_only=True) if self.world > 1 else self.engine.named_weights()
+        return {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in named.items()}
 
     def _report_published(self) -> None:
         """Metrics for payloads the publisher finished since the last call (it runs behind us).
@@ -166,14 +200,20 @@ class TrainerActor(LoopActor):
                                     f"weights.{p.kind}_write_s": p.write_s}, step=p.version)
 
     def _checkpoint(self) -> None:
-        state = {"step": self.engine.step, "batches_offset": self.offset, "lineage": self.lineage}
-        self.checkpoints.save(self.engine.step, lambda d: self.engine.save_checkpoint(d, state), state)
+        state = {"step": self.engine.step, "batches_offset": self.offset, "lineage": self.lineage,
+                 "world_size": self.world}
+        self.checkpoints.save(self.engine.step, lambda d: self.engine.save_checkpoint(d, state), state,
+                              leader=self.leader, barrier=getattr(self.engine, "barrier", None))
+        if not self.leader:
+            return
         # A readable copy for operators and audits; the checkpoint's own state is authoritative.
         tmp = self.ckpt_dir / "progress.json.tmp"
         tmp.write_text(json.dumps(state))
         tmp.replace(self.ckpt_dir / "progress.json")
 
     def _heartbeat(self, force: bool = False) -> None:
+        if not self.leader:
+            return
         now = time.monotonic()
         if not force and now - self._last_hb < self.cfg.rollout.heartbeat_s:
             return

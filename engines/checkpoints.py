@@ -16,7 +16,13 @@ all but the newest ``keep`` complete checkpoints and every leftover of an interr
 are deleted.
 
 It knows nothing about DeepSpeed: the engine writes and reads its own files in the
-directory it is given. One process (the trainer) writes a store at a time.
+directory it is given. One trainer writes a store at a time; a trainer of N ranks saves
+together (``leader`` and ``barrier``): the leader (rank 0) prepares ``step_N.partial``,
+every rank writes and fsyncs its own files (its DeepSpeed shards) there, and only after a
+barrier — every rank's files are durable — does the leader add ``state.json``, rename and
+move the pointer. A rank killed mid-save therefore leaves the previous checkpoint in force
+as a killed single trainer does. Ranks on several hosts need the store on a shared
+filesystem (every rank writes into the same directory).
 """
 
 from __future__ import annotations
@@ -87,23 +93,33 @@ class CheckpointStore:
                                   f"or lost data: restore {self.root} or remove it to train from scratch") from e
         return Checkpoint(step, path, state)
 
-    def save(self, step: int, write: Callable[[Path], None], state: Mapping[str, Any]) -> Checkpoint:
+    def save(self, step: int, write: Callable[[Path], None], state: Mapping[str, Any], *, leader: bool = True,
+             barrier: Callable[[], None] | None = None) -> Checkpoint:
         """Write checkpoint ``step``: ``write(directory)`` stores the engine's files, ``state`` goes beside them.
 
-        Returns when the checkpoint is durable and ``LATEST`` names it.
+        Across ranks every rank calls it with the same ``step``; ``leader`` is true on one
+        of them and ``barrier`` blocks until all have reached it. Returns when this rank's
+        part is done; on the leader, when the checkpoint is durable and ``LATEST`` names it.
         """
-        current = self.latest()
-        if current is not None and step <= current.step:
-            raise CheckpointError(f"checkpoint {step} is not newer than the published checkpoint {current.step} "
-                                  f"in {self.root}; a trainer only saves steps after the one it resumed from")
-        self.root.mkdir(parents=True, exist_ok=True)
+        barrier = barrier or (lambda: None)
         final = self.root / _dir_name(step)
         partial = final.with_name(final.name + ".partial")
-        for leftover in (partial, final):  # from a save of this step that was interrupted
-            if leftover.exists():
-                shutil.rmtree(leftover)
-        partial.mkdir()
+        if leader:
+            current = self.latest()
+            if current is not None and step <= current.step:
+                raise CheckpointError(f"checkpoint {step} is not newer than the published checkpoint {current.step} "
+                                      f"in {self.root}; a trainer only saves steps after the one it resumed from")
+            self.root.mkdir(parents=True, exist_ok=True)
+            for leftover in (partial, final):  # from a save of this step that was interrupted
+                if leftover.exists():
+                    shutil.rmtree(leftover)
+            partial.mkdir()
+        barrier()  # the directory exists and is empty before any rank writes
         write(partial)
+        _fsync_tree(partial)  # this rank's files (on a shared filesystem, only this host can sync them)
+        barrier()  # every rank's files are durable
+        if not leader:
+            return Checkpoint(step, final, dict(state))
         _test_pause(step)
         _write_json(partial / STATE_FILE, dict(state))
         _fsync_tree(partial)

@@ -103,7 +103,8 @@ class TrainerConfig:
     from each sequence's reward before advantages; a frozen copy of the initial weights
     is the reference for both), ``temperature``, ``top_p``, ``top_k`` (the rollout's
     sampling, so trainer logprobs are those of the distribution tokens were drawn from),
-    ``seed``, ``device`` (auto | cpu | cuda), ``bf16`` (GPU only), ``threads``.
+    ``seed``, ``device`` (auto | cpu | cuda), ``bf16`` (GPU only), ``threads``,
+    ``collective_timeout_s`` (across ranks).
 
     Steps and versions: one batch is one version (``step``) whatever ``ppo_epochs`` x
     ``minibatches`` optimizer steps it takes; ``warmup_steps``, ``total_steps`` and the
@@ -140,8 +141,12 @@ class TrainerConfig:
     device: str = _help("auto", "auto | cpu | cuda")
     bf16: bool = _help(True, "bf16 on GPU (CPU always trains fp32)")
     threads: int = _help(0, "torch threads (0: torch's default)")
+    collective_timeout_s: float = _help(300.0, "bound on every collective across ranks: a rank whose peer died "
+                                               "fails after this instead of hanging")
 
     def __post_init__(self) -> None:
+        if self.collective_timeout_s <= 0:
+            raise ValueError(f"trainer.collective_timeout_s must be > 0, got {self.collective_timeout_s}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"trainer.zero_stage must be 0..3, got {self.zero_stage}")
         if self.loss in RETIRED_LOSSES:

@@ -20,6 +20,19 @@ A step over a ``TrainBatch`` (one batch = one version):
 Trainer log-probs are those of the rollout's sampling distribution (temperature, top-k,
 top-p), so they agree with the behaviour log-probs the engine recorded; the step reports
 the residual gap on tokens generated at the trained version.
+
+Across ranks (a world of N, set up by torch's launcher from ``RANK``/``WORLD_SIZE``/
+``MASTER_ADDR``/``MASTER_PORT``): every rank is given the same batch and works on its
+shard — a contiguous slice by sample index of each minibatch (and of the batch for the
+no-grad passes, whose results are all-gathered so advantages, KL shaping and batch masks
+are computed on the whole batch as with one rank). A shard's loss is normalised by the
+*global* token (or sequence) count and scaled by N, because DeepSpeed averages gradients
+over ranks: the all-reduced gradient is then the one-rank gradient. Ranks may need
+different numbers of token-budget micro-batches; the shorter ones run zero-loss passes
+so every rank enters the same collectives (ZeRO-3 gathers parameters in every forward,
+ZeRO-2 reduces gradients in every backward). ZeRO 1-3 partition optimizer state,
+gradients and parameters over the N ranks; ``named_weights`` gathers ZeRO-3 parameters
+with DeepSpeed's ``GatheredParameters``.
 """
 
 from __future__ import annotations
@@ -69,15 +82,23 @@ class StepPlan:
     kl_in_reward: torch.Tensor | None  #: [N] per-sequence k1 subtracted from the rewards
 
 
+def _cpu32(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", dtype=torch.float32, copy=True)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def init_single_process_distributed(backend: str) -> None:
-    """Make a world of one when no launcher set the usual env vars, then init DeepSpeed's
-    process group (idempotent)."""
+def init_single_process_distributed(backend: str, timeout_s: float = 300.0) -> None:
+    """Make a world of one when no launcher set the usual env vars (a launcher's
+    ``RANK``/``WORLD_SIZE``/``MASTER_*`` win), then init DeepSpeed's process group
+    (idempotent). ``timeout_s`` bounds every collective: a rank whose peer died without
+    closing its sockets fails after it instead of hanging."""
+    import datetime
+
     import deepspeed
     import torch.distributed as dist
 
@@ -88,17 +109,17 @@ def init_single_process_distributed(backend: str) -> None:
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
-    if backend == "gloo" and os.environ["WORLD_SIZE"] == "1":
+    if backend == "gloo":
         _skip_shm_collectives()
-    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def _skip_shm_collectives() -> None:
     """DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce op
     (``deepspeed_shm_comm``) when its process group starts: a C++ build of a minute or more
-    on a fresh machine or checkout, on the critical path to the first trained step. A world
-    of one rank never runs a collective, so it does without the op (DeepSpeed then uses
-    torch.distributed's own collectives, as it does wherever the op is unavailable)."""
+    on a fresh machine or checkout, on the critical path to the first trained step. The op
+    serves DeepSpeed's inference all-reduce only; training collectives go through
+    torch.distributed's gloo ones whether it exists or not, so the trainer does without it."""
     import importlib
 
     # By module path: the attribute ``deepspeed.comm.torch`` is the torch package itself.
@@ -123,7 +144,10 @@ class DeepSpeedTrainer(TrainEngine):
             torch.set_num_threads(cfg.threads)
         self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if use_cuda else torch.device("cpu")
         self.bf16 = use_cuda and cfg.bf16
-        init_single_process_distributed("nccl" if use_cuda else "gloo")
+        init_single_process_distributed("nccl" if use_cuda else "gloo", cfg.collective_timeout_s)
+        import torch.distributed as dist
+
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(cfg.seed)
 
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
@@ -202,7 +226,7 @@ class DeepSpeedTrainer(TrainEngine):
             "micro_batches": total("micro_batches"),
             "step_seconds": elapsed,
             "samples_per_s": n_seqs / elapsed,
-            **self._logp_gaps(samples, plan.logp_prox or first_logp, trained_version),
+            **self._logp_gaps(samples, self._own(plan.logp_prox) if plan.logp_prox else first_logp, trained_version),
         }
         if plan.kl_in_reward is not None:
             metrics["kl_in_reward"] = float(plan.kl_in_reward.mean())
@@ -249,18 +273,38 @@ class DeepSpeedTrainer(TrainEngine):
         return StepPlan(advantages=advantages, rewards=rewards, logp_prox=logp_prox, logp_ref=logp_ref,
                         keep=keep, kl_in_reward=kl_seq)
 
-    def named_weights(self) -> dict[str, torch.Tensor]:
+    def named_weights(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+        """fp32 CPU copies of the module's full state dict.
+
+        Under ZeRO-3 this is a collective — every rank must call it — that gathers one
+        parameter at a time (DeepSpeed's ``GatheredParameters``), so no rank ever holds
+        more than one full parameter beyond its shard. With ``rank0_only`` the ranks other
+        than 0 take part in the gathers but copy nothing and return ``{}`` (the publisher
+        lives on rank 0)."""
         import deepspeed
 
+        keep = not rank0_only or self.rank == 0
         module = self.engine.module
-        params = list(module.parameters())
-        # ZeRO-3 partitions parameters; gather them to read full tensors.
-        ctx = deepspeed.zero.GatheredParameters(params) if self.cfg.zero_stage == 3 else contextlib.nullcontext()
-        with ctx:
-            out = {name: t.detach().to("cpu", dtype=torch.float32, copy=True) for name, t in module.state_dict().items()}
+        if self.cfg.zero_stage != 3:
+            return {name: _cpu32(t) for name, t in module.state_dict().items()} if keep else {}
+        out: dict[str, torch.Tensor] = {}
+        for name, t in module.state_dict(keep_vars=True).items():
+            partitioned = hasattr(t, "ds_id")
+            with deepspeed.zero.GatheredParameters([t]) if partitioned else contextlib.nullcontext():
+                if keep:
+                    out[name] = _cpu32(t)
         return out
 
+    def barrier(self) -> None:
+        """Wait for every rank (nothing in a world of one)."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
     def save_checkpoint(self, directory: str | Path, extra_state: Mapping[str, object]) -> None:
+        """DeepSpeed's checkpoint of this rank (a collective: every rank calls it with the
+        same directory; under ZeRO each writes its own optimizer/parameter shards)."""
         client = {
             "extra_state": dict(extra_state),
             "af_step": self._step,
@@ -324,6 +368,55 @@ class DeepSpeedTrainer(TrainEngine):
             group["lr"] = lr
         return lr
 
+    def _shard(self, rows: list[int]) -> list[int]:
+        """This rank's contiguous slice of ``rows`` (all of them in a world of one)."""
+        n = len(rows)
+        return rows[self.rank * n // self.world:(self.rank + 1) * n // self.world]
+
+    def _own(self, values: list) -> list:
+        """``values`` (one per sample) with the entries outside this rank's shard of the
+        batch set to None, so per-sample sums over ranks count every sample once."""
+        mine = set(self._shard(list(range(len(values)))))
+        return [v if i in mine else None for i, v in enumerate(values)]
+
+    def _common_count(self, n: int) -> int:
+        """The largest ``n`` over ranks: how many passes every rank makes so that all of
+        them enter the same collectives."""
+        if self.world == 1:
+            return n
+        import torch.distributed as dist
+
+        t = torch.tensor([n], dtype=torch.long, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def _all_gather(self, obj):
+        """Every rank's ``obj``, in rank order (``[obj]`` in a world of one)."""
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def _sum_over_ranks(self, sums: dict[str, float]) -> dict[str, float]:
+        """Per-key sums over ranks (a rank without samples reports fewer keys)."""
+        total: dict[str, float] = {}
+        for part in self._all_gather(sums):
+            for k, v in part.items():
+                total[k] = total.get(k, 0.0) + v
+        return total
+
+    def _idle_pass(self, backward: bool) -> None:
+        """A zero-loss pass over a two-token dummy row: a rank with fewer micro-batches
+        than its peers enters the collectives of theirs (ZeRO-3 parameter gathers in the
+        forward, gradient reduction in the backward) without changing any gradient."""
+        ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
+        logits = self.engine(input_ids=ids).logits
+        if backward:
+            self.engine.backward(logits.float().sum() * 0.0, scale_wrt_gas=False)
+
     def _minibatches(self, n: int) -> list[list[int]]:
         """Contiguous slices of the batch by sample index (GRPO groups stay together
         where the sizes allow); the same batch always splits the same way."""
@@ -340,9 +433,13 @@ class DeepSpeedTrainer(TrainEngine):
         cfg = self.cfg
         loss_fn = POLICY_LOSSES[cfg.loss]
         kl_term = cfg.kl_coef > 0
+        # Normalised by the whole minibatch's counts, on every rank: the shards' losses sum
+        # to the one-rank loss.
         n_tokens = float(sum(len(samples[i].completion_ids) for i in idx))
         n_seqs = float(len(idx))
-        micro = [[idx[j] for j in m] for m in self._micro_batches([samples[i] for i in idx])]
+        mine = self._shard(idx)
+        micro = [[mine[j] for j in m] for m in self._micro_batches([samples[i] for i in mine])] if mine else []
+        n_micro = self._common_count(len(micro))
         sums: dict[str, float] = {"micro_batches": float(len(micro))}
 
         def acc(name: str, value: torch.Tensor) -> None:
@@ -351,7 +448,13 @@ class DeepSpeedTrainer(TrainEngine):
         def pick(values: list[torch.Tensor] | None, rows: list[int]) -> list[torch.Tensor] | None:
             return None if values is None else [values[i] for i in rows]
 
-        for k, rows in enumerate(micro):
+        for k in range(n_micro):
+            # One accumulation boundary per update on every rank: the last pass, real or idle.
+            self.engine.set_gradient_accumulation_boundary(k == n_micro - 1)
+            if k >= len(micro):  # this rank's share ran out: keep step with the others
+                self._idle_pass(backward=True)
+                continue
+            rows = micro[k]
             part = [samples[i] for i in rows]
             ids, mask, behav, prox, ref, keep = self._collate(
                 part, pick(plan.logp_prox, rows), pick(plan.logp_ref if kl_term else None, rows), pick(plan.keep, rows))
@@ -367,13 +470,14 @@ class DeepSpeedTrainer(TrainEngine):
                 per_token = per_token + cfg.kl_coef * kl
                 stats["kl"] = kl.detach()
             loss = aggregate(per_token, mask, cfg.aggregation, num_tokens=n_tokens, num_sequences=n_seqs)
-            self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
-            self.engine.backward(loss, scale_wrt_gas=False)
+            # DeepSpeed averages gradients over ranks; the shards' gradients must add up.
+            self.engine.backward(loss * self.world if self.world > 1 else loss, scale_wrt_gas=False)
             acc("loss", loss.detach())
             acc("entropy", (entropy * mask).sum())
             for name in _TOKEN_STATS:
                 if name in stats:
                     acc(name, (stats[name] * mask).sum())
+        sums = self._sum_over_ranks(sums)
         # Without ZeRO, DeepSpeed clips but does not record the norm; measure it here.
         pre_norm = self._grad_norm() if cfg.zero_stage == 0 else None
         self.engine.step()
@@ -390,12 +494,17 @@ class DeepSpeedTrainer(TrainEngine):
         total = at_version = 0.0
         n_total = n_at = 0
         for s, lp in zip(samples, logp):
+            if lp is None:  # another rank's sample: it adds its own
+                continue
             gap = (lp.float().cpu() - torch.tensor(s.behaviour_logprobs, dtype=torch.float32)).abs()
             versions = torch.tensor(s.token_versions or (s.version,) * len(s.completion_ids))
             total += float(gap.sum())
             n_total += gap.numel()
             at_version += float(gap[versions == version].sum())
             n_at += int((versions == version).sum())
+        if self.world > 1:
+            parts = self._all_gather((total, n_total, at_version, n_at))
+            total, n_total, at_version, n_at = (sum(p[j] for p in parts) for j in range(4))
         out = {"behav_logp_gap": total / max(n_total, 1)}
         if n_at:
             out["train_inference_logp_gap"] = at_version / n_at
@@ -451,21 +560,32 @@ class DeepSpeedTrainer(TrainEngine):
         softmax (``full``)."""
         was_training = model.training
         model.eval()
-        out_sampled: list | None = [None] * len(samples) if sampled else None
-        out_full: list | None = [None] * len(samples) if full else None
+        out_sampled: dict[int, torch.Tensor] = {}
+        out_full: dict[int, torch.Tensor] = {}
+        mine = self._shard(list(range(len(samples))))
+        micro = [[mine[j] for j in m] for m in self._micro_batches([samples[i] for i in mine])] if mine else []
         try:
-            for rows in self._micro_batches(samples):
+            if model is self.engine:  # the reference model is a local copy: no collectives in its forward
+                for _ in range(len(micro), self._common_count(len(micro))):
+                    self._idle_pass(backward=False)
+            for rows in micro:
                 part = [samples[i] for i in rows]
                 ids, mask, _ = self._collate(part)
                 logp, logp_full, _ = self._logprobs(model, ids, mask, full=full, sampled=sampled)
                 for j, i in enumerate(rows):
-                    if out_sampled is not None:
+                    if sampled:
                         out_sampled[i] = self._row_tokens(logp, j, part[j])
-                    if out_full is not None:
+                    if full:
                         out_full[i] = self._row_tokens(logp_full, j, part[j])
         finally:
             model.train(was_training)
-        return out_sampled, out_full
+        if self.world > 1:  # every rank needs the whole batch's values (advantages, KL shaping, batch masks)
+            for part in self._all_gather(({i: t.cpu() for i, t in out_sampled.items()},
+                                          {i: t.cpu() for i, t in out_full.items()})):
+                out_sampled.update({i: t.to(self.device) for i, t in part[0].items()})
+                out_full.update({i: t.to(self.device) for i, t in part[1].items()})
+        return ([out_sampled[i] for i in range(len(samples))] if sampled else None,
+                [out_full[i] for i in range(len(samples))] if full else None)
 
     def _logprobs(self, model, ids: torch.Tensor, mask: torch.Tensor, full: bool = False, entropy: bool = False,
                   sampled: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
