@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import math
 import os
 import socket
@@ -57,6 +58,8 @@ from .sampling import sampling_logprobs
 __all__ = ["DeepSpeedTrainer", "StepPlan", "init_single_process_distributed"]
 
 CKPT_TAG = "latest_step"
+#: Beside DeepSpeed's files: the world size and ZeRO stage a checkpoint was saved with.
+WORLD_FILE = "astraflow_world.json"
 # Trainer log-prob of a token outside the truncated sampling support (see ``_logprobs``):
 # e^-100 is 0 in every ratio, yet finite, so masked products stay 0 rather than NaN.
 LOGP_FLOOR = -100.0
@@ -80,6 +83,14 @@ class StepPlan:
     logp_ref: list[torch.Tensor] | None  #: full tempered log-probs under the reference
     keep: list[torch.Tensor] | None  #: the loss's batch-level token selection (M2PO)
     kl_in_reward: torch.Tensor | None  #: [N] per-sequence k1 subtracted from the rewards
+
+
+def _saved_layout(directory: Path) -> dict | None:
+    """``{"world", "zero_stage"}`` a checkpoint was saved with (None: saved before it was recorded)."""
+    try:
+        return json.loads((directory / WORLD_FILE).read_text())
+    except FileNotFoundError:
+        return None
 
 
 def _cpu32(t: torch.Tensor) -> torch.Tensor:
@@ -174,6 +185,7 @@ class DeepSpeedTrainer(TrainEngine):
         # counts versions (``_apply_lr``), which the checkpoint already holds.
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         self._step = 0
+        self.resharded = False  #: the last load_checkpoint changed the world size (see there)
 
     # --- TrainEngine -------------------------------------------------------------
 
@@ -308,20 +320,62 @@ class DeepSpeedTrainer(TrainEngine):
         client = {
             "extra_state": dict(extra_state),
             "af_step": self._step,
+            "af_world": self.world,
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None,
         }
         self.engine.save_checkpoint(str(directory), tag=CKPT_TAG, client_state=client)
+        if self.rank == 0:  # read before loading: a world-size change loads differently
+            (Path(directory) / WORLD_FILE).write_text(json.dumps({"world": self.world, "zero_stage": self.cfg.zero_stage}))
 
     def load_checkpoint(self, directory: str | Path) -> dict[str, object]:
-        path, client = self.engine.load_checkpoint(str(directory), tag=CKPT_TAG)
-        if path is None:
-            raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory} (tag {CKPT_TAG!r})")
+        """Resume from ``save_checkpoint``'s files. With the world size it was saved with,
+        everything is restored exactly (DeepSpeed's own load: every rank its shards). With
+        another world size, ZeRO 1-3 shards do not fit: the parameters are consolidated
+        from all shards with DeepSpeed's ``zero_to_fp32`` and loaded, the step, extra
+        state and RNG are restored, and the optimizer's moments start from zero (a warning
+        says so; ``resharded`` becomes true). ZeRO-0 checkpoints hold no shards and load
+        exactly at any world size."""
+        saved = _saved_layout(Path(directory))
+        self.resharded = bool(saved and saved["world"] != self.world and saved["zero_stage"] > 0)
+        if self.resharded:
+            client = self._load_consolidated(Path(directory), saved)
+        else:
+            path, client = self.engine.load_checkpoint(str(directory), tag=CKPT_TAG)
+            if path is None:
+                raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory} (tag {CKPT_TAG!r})")
         self._step = int(client["af_step"])
         torch.set_rng_state(client["torch_rng"])
         if client.get("cuda_rng") is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state_all(client["cuda_rng"])
         return dict(client["extra_state"])
+
+    def _load_consolidated(self, directory: Path, saved: dict) -> dict:
+        import logging
+
+        import deepspeed
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        logging.getLogger(__name__).warning(
+            "checkpoint %s was saved by %d rank(s) under ZeRO-%d and is loaded by %d: parameters are consolidated "
+            "from its shards; the optimizer moments restart from zero", directory, saved["world"],
+            saved["zero_stage"], self.world)
+        full = get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=CKPT_TAG)
+        module = self.engine.module
+        for name, p in module.named_parameters():
+            if name not in full:
+                raise KeyError(f"{directory}: the consolidated checkpoint has no parameter {name!r}")
+            partitioned = hasattr(p, "ds_id")
+            with deepspeed.zero.GatheredParameters([p], modifier_rank=0) if partitioned else contextlib.nullcontext():
+                if not partitioned or self.rank == 0:
+                    with torch.no_grad():
+                        p.data.copy_(full[name].to(p.device, p.dtype))
+        if self.cfg.zero_stage > 0:
+            self.engine.optimizer._restore_from_bit16_weights()  # the fp32 master partitions follow
+        states = sorted((directory / CKPT_TAG).glob("*mp_rank_00_model_states.pt"))
+        if not states:
+            raise FileNotFoundError(f"no DeepSpeed model states under {directory / CKPT_TAG}")
+        return torch.load(states[0], map_location="cpu", weights_only=False)
 
     def export_hf(self, directory: str | Path) -> Path:
         from transformers import AutoTokenizer

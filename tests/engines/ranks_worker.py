@@ -3,7 +3,8 @@
 ``python -m torch.distributed.run --nproc-per-node N ranks_worker.py OUT_DIR`` trains the
 same seeded batch as the tests' one-rank reference under every ZeRO stage, checks a
 checkpoint round trip, and writes rank 0's results to ``OUT_DIR`` (``weights_z<S>.pt``,
-``resume_z<S>.pt``, ``zero3.pt``, ``meta.json``).
+``resume_z<S>.pt``, ``after1_z<S>.pt`` beside checkpoint ``ckpt_z<S>``, ``zero3.pt``,
+``meta.json``).
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ def main(out: Path) -> None:
         t = trainer(path, z)
         t.train_step(batch)
         t.save_checkpoint(ckpt, {"batches_offset": 7})
+        after1 = t.named_weights(rank0_only=True)
+        if rank == 0:
+            torch.save(after1, out / f"after1_z{z}.pt")
         resumed = trainer(path, z)
         extra = resumed.load_checkpoint(ckpt)
         resumed.train_step(batch)

@@ -1,7 +1,7 @@
 """The DeepSpeed trainer across 2 ranks (gloo on CPU, torch's launcher): every ZeRO stage
 trains the same global batch to the weights one rank reaches, checkpoints round-trip on
-2 ranks, and what rank 0 publishes under ZeRO-3 is DeepSpeed's own consolidation of the
-partitioned parameters, bit for bit.
+2 ranks and load on 1 rank (consolidated), and what rank 0 publishes under ZeRO-3 is
+DeepSpeed's own consolidation of the partitioned parameters, bit for bit.
 
 Tolerance: 2 ranks sum a gradient from two shards where one rank sums micro-batches in
 order, so fp32 results differ in the last bits; after 2 AdamW steps at lr 1e-3 we allow
@@ -82,6 +82,26 @@ def test_checkpoint_resume_on_two_ranks_is_bit_identical(two_ranks):
         assert meta[f"resume_z{z}"] == {"extra": {"batches_offset": 7}, "step": 2}
         for k in straight:
             assert torch.equal(straight[k], resumed[k]), (z, k)
+
+
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_a_two_rank_checkpoint_resumes_on_one_rank_with_consolidated_weights(two_ranks, tiny_model_path,
+                                                                             zero_stage):
+    sys.path.insert(0, str(HERE))
+    try:
+        import ranks_worker
+    finally:
+        sys.path.remove(str(HERE))
+    out, _ = two_ranks
+    t = ranks_worker.trainer(tiny_model_path, zero_stage)
+    extra = t.load_checkpoint(out / f"ckpt_z{zero_stage}")
+    assert t.resharded and t.step == 1 and extra == {"batches_offset": 7}
+    saved = torch.load(out / f"after1_z{zero_stage}.pt")
+    got = t.named_weights()
+    for k in saved:
+        assert torch.equal(got[k], saved[k]), k
+    m = t.train_step(ranks_worker.fixed_batch())  # trains on from there (fresh optimizer moments)
+    assert t.step == 2 and m["grad_norm"] > 0
 
 
 def test_zero3_published_weights_are_the_gathered_parameters(two_ranks):
