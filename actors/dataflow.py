@@ -41,7 +41,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link
 
 from astraflow.algorithms import Candidate, TrainedGroup, build_pipeline
-from astraflow.algorithms.pipeline import context_of
+from astraflow.algorithms.pipeline import context_of, digest
 from astraflow.config import JobConfig
 from astraflow.topics import (Batch, Consumer, DeadLetters, Delivery, Producer, Prompt, Task,
                               TrajectoryGroup, VersionAnnouncement)
@@ -106,7 +106,8 @@ class DataflowActor(LoopActor):
                  self.ledger.next_step, self.ledger.tasks_scheduled, self.ledger.dropped, len(self.ledger.open),
                  self.state_records_read)
         self.metrics.emit("dataflow.resumed", self.ledger.next_step, step=self.ledger.next_step,
-                          state_records_read=self.state_records_read)
+                          state_records_read=self.state_records_read,
+                          algorithms_digest=digest(self.pipeline.state()))
 
     def _restore_composers(self) -> None:
         """A replay buffer holds trained groups: read them back from the last batches."""
@@ -177,11 +178,12 @@ class DataflowActor(LoopActor):
         """How many more tasks the staleness bound (and the training horizon) allows now.
 
         Without algorithms ``fresh_until(s)`` is ``s * B``; replay slots lower it (batches
-        take fewer fresh groups) and over-sampling raises it.
+        take fewer fresh groups) and over-sampling raises the bound, not the horizon: the
+        last batches fill by replacements, so no task is left unneeded at the end.
         """
         led, fresh_until = self.ledger, self.pipeline.fresh_until
         bound = fresh_until(self.version + self.staleness + 1) + led.dropped
-        horizon = fresh_until(self.cfg.trainer.steps) + led.dropped
+        horizon = fresh_until(self.cfg.trainer.steps, oversampled=False) + led.dropped
         return max(0, min(bound, horizon) - led.tasks_scheduled)
 
     #: polls per step while curators reject prompts (the rest waits for the next step)
@@ -255,8 +257,6 @@ class DataflowActor(LoopActor):
                 continue
             reason = self.ledger.verdict(d)
             detail = f"task {d.message.task_id} is not open" if reason == "duplicate" else d.message.error
-            if reason is None and self.ledger.next_step >= self.cfg.trainer.steps:
-                reason, detail = "surplus", "the last batch is written"
             if reason is None and (verdict := self.pipeline.verdict(d.message)) is not None:
                 reason, detail = verdict[0], f"dropped by {verdict[1]}"
             if reason is None:
@@ -281,11 +281,6 @@ class DataflowActor(LoopActor):
 
     def _fill_batch(self) -> bool:
         k = self.ledger.next_step
-        if k >= self.cfg.trainer.steps:  # over-sampled groups left after the last batch
-            for d in self.partial:
-                self._drop(d, "surplus", "the last batch is written")
-            self.partial = []
-            return False
         fresh = []
         for d in self.partial:
             oldest = self._oldest_version(d, k)

@@ -3,10 +3,12 @@
 Rule: a finished group whose rewards are all equal (all solved or all failed) has a
 zero GRPO advantage everywhere, so it costs a training slot and teaches nothing; it is
 dropped with reason ``zero_variance``. The drop frees a scheduling slot, so the dataflow
-keeps scheduling until the batch is full of groups with signal. ``oversample`` rolls out
-that many groups per group a batch needs (DAPO's over-sampling), so batches fill without
-waiting for replacements; the extra groups are dropped ``stale`` when they age past the
-bound, or ``surplus`` after the last batch. It knows nothing about Kafka.
+keeps scheduling until the batch is full of groups with signal. ``oversample`` lets that
+many groups per group a batch needs be in flight under the staleness bound (DAPO's
+over-sampling), so batches fill without waiting for replacements; extra groups wait for
+later batches, or are dropped ``stale`` when they age past the bound. The training
+horizon is not over-sampled: the last batches fill by replacements, so no task is left
+unneeded when training ends. It knows nothing about Kafka.
 """
 
 from __future__ import annotations

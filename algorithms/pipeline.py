@@ -10,7 +10,7 @@ order and adds what belongs to their composition rather than to any one of them:
   back (its source, its difficulty) is kept per open task until the group is settled;
 * **fresh groups per batch**: batch ``k`` takes ``B - replay_slots(k)`` fresh groups, and
   the filters' over-sampling scales how many the schedule may have in flight
-  (:meth:`fresh_until`);
+  (:meth:`fresh_until`), though never past what the last batch needs;
 * **state**: one JSON-able dict (curator states, skip counters, tags) that the dataflow
   writes with every transaction, next to the offsets it covers.
 
@@ -20,9 +20,12 @@ kept, FIFO batches of ``B`` fresh groups, and an empty state. It knows nothing a
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
+
+import orjson
 
 from astraflow.topics.messages import Prompt, TrajectoryGroup
 
@@ -127,11 +130,12 @@ class DataPipeline:
     def replay_slots(self, step: int) -> int:
         return sum(c.replay_slots(step) for c in self.composers)
 
-    def fresh_until(self, steps: int) -> int:
-        """Tasks the schedule may have written for batches ``0 .. steps-1`` (before drops)."""
+    def fresh_until(self, steps: int, oversampled: bool = True) -> int:
+        """Tasks the schedule may have written for batches ``0 .. steps-1`` (before drops);
+        ``oversampled=False`` gives the fresh groups those batches take."""
         B = self.ctx.groups_per_batch
         fresh = steps * B - sum(self.replay_slots(k) for k in range(steps)) if self.composers else steps * B
-        return fresh if self.oversample == 1.0 else math.ceil(fresh * self.oversample)
+        return fresh if self.oversample == 1.0 or not oversampled else math.ceil(fresh * self.oversample)
 
     def compose(self, step: int, fresh: list[Candidate]) -> BatchPlan:
         replay = self.replay_slots(step)
@@ -209,3 +213,8 @@ def context_of(cfg) -> Context:
     """The :class:`Context` of a :class:`~astraflow.config.JobConfig`."""
     return Context(seed=cfg.seed, groups_per_batch=cfg.dataflow.groups_per_batch, n_samples=cfg.rollout.n_samples,
                    max_staleness=cfg.effective_staleness)
+
+
+def digest(state: dict[str, Any]) -> str:
+    """A short fingerprint of an exported state (to compare a restored state with the one written)."""
+    return hashlib.sha256(orjson.dumps(state, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]

@@ -154,10 +154,9 @@ class GroupDrop(Message):
 #: settled without a batch, so the dataflow schedules a replacement). A duplicate answers
 #: a task that is already settled: it frees nothing. ``zero_variance`` is dynamic
 #: sampling's (all samples rewarded alike: no signal; a replacement is scheduled);
-#: ``filtered`` any other group filter's (the filter's name in ``detail``); ``surplus``
-#: a group over-sampling left over after the last batch (nothing to replace).
+#: ``filtered`` any other group filter's (the filter's name in ``detail``).
 DROP_REASONS: dict[str, bool] = {"failed": True, "stale": True, "duplicate": False, "zero_variance": True,
-                                 "filtered": True, "surplus": False}
+                                 "filtered": True}
 
 
 @register

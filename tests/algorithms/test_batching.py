@@ -22,6 +22,8 @@ def test_oversampling_widens_the_schedule_and_nothing_else_does():
     assert pipeline("dynamic_sampling", "greso", "edf").fresh_until(5) == 20
     assert pipeline({"name": "dynamic_sampling", "oversample": 1.5}).fresh_until(5) == 30
     assert pipeline({"name": "dynamic_sampling", "oversample": 1.3}).fresh_until(1) == 6  # ceil(5.2)
+    # the horizon (what the batches take) is not over-sampled
+    assert pipeline({"name": "dynamic_sampling", "oversample": 1.5}).fresh_until(5, oversampled=False) == 20
 
 
 def _cands(groups, deadlines=None):
