@@ -56,3 +56,10 @@ def test_cross_section_checks_name_the_algorithm(tmp_path):
     with pytest.raises(ConfigError, match=r"job.yaml: dataflow.algorithms\[1\]: dynamic_sampling needs "
                                           r"rollout.n_samples >= 2"):
         load_config(path)
+
+
+def test_the_example_config_loads():
+    from pathlib import Path
+    cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "arithmetic_data_algorithms.yaml")
+    assert [s.name for s in cfg.dataflow.algorithms] == ["curriculum", "greso", "dynamic_sampling", "replay", "edf"]
+    assert cfg.trainer.engine.loss == "decoupled_ppo"  # replayed samples are stale
