@@ -65,7 +65,7 @@ def _rank_pids(h: JobHarness, since: float, world: int) -> dict[int, int]:
 
 
 def _rank0(name: str, since: float = 0.0):
-    return lambda m: m.name == name and "rank" not in m.labels and m.ts >= since
+    return lambda m: m.name == name and int(m.labels.get("rank", 0)) == 0 and m.ts >= since
 
 
 def _alive(pid: int) -> bool:
