@@ -114,7 +114,10 @@ def test_two_hosts_train_as_one_group_and_a_dead_rank_on_one_stops_both(make_job
 
 @pytest.mark.slow
 def test_sigkilled_rank_stops_its_group_and_the_restarted_group_resumes(make_job_config, bootstrap, tmp_path):
-    cfg = make_job_config({**GROUP, "trainer": {**GROUP["trainer"], "ranks": 2}}, name="ranks-kill")
+    # ZeRO-3: parameters partitioned over the ranks; rank 0 publishes them gathered.
+    cfg = make_job_config({**GROUP, "trainer": {**GROUP["trainer"], "ranks": 2,
+                                                "engine": {**GROUP["trainer"]["engine"], "zero_stage": 3}}},
+                          name="ranks-kill")
     h = _start(cfg, bootstrap, tmp_path)
     store = CheckpointStore(tmp_path / "run" / "checkpoints" / cfg.policy)
     try:
@@ -134,13 +137,16 @@ def test_sigkilled_rank_stops_its_group_and_the_restarted_group_resumes(make_job
         h.start("trainer", "trainer")
         resumed = h.wait_for(_rank0("trainer.resumed_step", since), 300, "trainer.resumed_step")
         assert resumed.value == published >= 1
-        h.wait_for(_rank0("trainer.done", since), 600, "trainer.done")
+        done = h.wait_for(_rank0("trainer.done", since), 600, "trainer.done")
         assert h.wait_exit("trainer", 120) == 0
         report = h.audit_until_settled()
     finally:
         h.stop_all()
     _assert_conserved(report, cfg)
     _assert_trained_once_in_order(store, cfg.trainer.steps)
+    # What rank 0 published last is, bit for bit, DeepSpeed's own consolidation of the
+    # final checkpoint's ZeRO-3 shards.
+    assert done.labels["weights_digest"] == _consolidated_digest(store.latest().path)
     log = (tmp_path / "run" / "logs" / "trainer.log").read_text()
     assert "[rank1]: " in log and "trainer.rank1" in log  # rank output is in the agent's log, attributable
 
@@ -160,3 +166,18 @@ def test_fatal_rank_stops_the_run_with_its_cause_as_the_last_line(make_job_confi
     assert any(ln.startswith("[rank1]: ") and "rank 1 rejects it" in ln for ln in lines), lines
     assert lines[-1] == "astraflow node trainer: fatal: trainer.engine.thing: rank 1 rejects it"
     assert "restarting" not in r.stdout
+
+
+def _consolidated_digest(step_dir: Path) -> str:
+    import torch
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    from astraflow.engines.bootstrap import ensure_tiny_model
+    from astraflow.engines.deepspeed_trainer import CKPT_TAG
+    from astraflow.engines.deltas import weights_digest
+
+    full = get_fp32_state_dict_from_zero_checkpoint(str(step_dir), tag=CKPT_TAG)
+    model = AutoModelForCausalLM.from_pretrained(str(ensure_tiny_model()), dtype=torch.float32)
+    model.load_state_dict(full, strict=False)  # tied weights: the consolidation names each parameter once
+    return weights_digest({k: v.detach().float() for k, v in model.state_dict().items()})
