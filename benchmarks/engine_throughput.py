@@ -1,23 +1,29 @@
 """Engine throughput: CPU rollout engine vs naive ``transformers.generate``, and trainer speed.
 
-Same model (the bootstrapped tiny Qwen3), same prompts, same sampling parameters, side by
-side in one run. "Naive generate" is what one would write to get rollouts with logprobs
-from ``transformers``: one batched ``model.generate(do_sample=True, output_scores=True,
-return_dict_in_generate=True)`` plus ``compute_transition_scores`` for the logprobs.
-Generated tokens are counted up to and including the stop token. The trainer rows time
-``DeepSpeedTrainer.train_step`` on batches of real rollouts.
+Same model (the bootstrapped tiny Qwen3), same prompts, same sampling parameters and the
+**same number of generated tokens per row** on both sides, so tokens/s compares equal
+work. The CPU engine samples with fixed per-row seeds, so its row lengths ``L_i`` are the
+same in every repetition; the HF side is then made to produce exactly ``L_i`` tokens in
+row ``i`` (its stop tokens disabled, a per-row stopping criterion at ``L_i``). HF keeps
+computing finished rows until the longest is done — that is how ``generate`` batches,
+and part of what the comparison measures. "Naive generate" is what one would write to
+get rollouts with logprobs: one batched ``model.generate(do_sample=True,
+output_scores=True, return_dict_in_generate=True)`` plus ``compute_transition_scores``.
+
+Each side's first call is reported as ``cold``; then ``--repeats`` calls, alternating the
+two sides so load from other processes hits both alike, give median (min–max). The
+trainer rows time ``DeepSpeedTrainer.train_step`` on a batch of real rollouts: the first
+step cold, then ``--train-steps`` warm steps.
 
 Prints one table; writes ``benchmarks/results/engine_throughput.json``.
-Usage: ``python -m astraflow.benchmarks.engine_throughput [--batch 64] [--repeats 3]``
+Usage: ``python -m astraflow.benchmarks.engine_throughput [--batch 64] [--repeats 5] [--quick]``
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import statistics
 import time
 from pathlib import Path
 
@@ -25,11 +31,30 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import torch  # noqa: E402
 
+from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results" / "engine_throughput.json"
 
 
-def naive_generate(model, prompts, params, pad_id):
-    """Batched HF generate with left padding; returns the generated token count."""
+def row_lengths_criterion(width: int, lengths: list[int]):
+    """A ``StoppingCriteria`` that ends row ``i`` after ``lengths[i]`` new tokens."""
+    from transformers import StoppingCriteria
+
+    class RowLengths(StoppingCriteria):
+        def __init__(self) -> None:
+            self.lengths = torch.tensor(lengths)
+
+        def __call__(self, input_ids, scores, **kwargs):
+            return (input_ids.shape[1] - width) >= self.lengths
+
+    return RowLengths()
+
+
+def naive_generate(model, prompts: list[list[int]], params, pad_id: int, lengths: list[int]) -> int:
+    """Batched HF generate with left padding, row ``i`` run to ``lengths[i]`` tokens;
+    returns the tokens generated (``sum(lengths)``)."""
+    from transformers import StoppingCriteriaList
+
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -39,43 +64,37 @@ def naive_generate(model, prompts, params, pad_id):
     torch.manual_seed(params.seed or 0)
     with torch.inference_mode():
         out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            do_sample=True,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k or None,
-            max_new_tokens=params.max_new_tokens,
-            min_new_tokens=0,
-            eos_token_id=list(params.stop_token_ids) or None,
-            pad_token_id=pad_id,
-            output_scores=True,
-            return_dict_in_generate=True,
+            input_ids=ids, attention_mask=mask, do_sample=True, temperature=params.temperature,
+            top_p=params.top_p, top_k=params.top_k or None, max_new_tokens=max(lengths), min_new_tokens=0,
+            pad_token_id=pad_id, output_scores=True, return_dict_in_generate=True,
+            stopping_criteria=StoppingCriteriaList([row_lengths_criterion(width, lengths)]),
         )
         model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
-    gen = out.sequences[:, width:]
-    stops = set(params.stop_token_ids)
-    count = 0
-    for row in gen.tolist():
-        for t in row:
-            count += 1
-            if t in stops:
-                break
-    return count
+    if out.sequences.shape[1] - width != max(lengths):
+        raise RuntimeError(f"HF generate stopped after {out.sequences.shape[1] - width} tokens, expected "
+                           f"{max(lengths)}: a stop token was not disabled")
+    return sum(lengths)
 
 
-def timed_pair(fa, fb, repeats):
-    """Median (seconds, tokens) of ``fa`` and ``fb``, run alternately so that load from
-    other processes on a shared box hits both sides alike."""
-    fa(), fb()  # warm-up
-    runs_a, runs_b = [], []
+def compare(engine_fn, hf_fn, repeats: int) -> dict:
+    """Cold first call of each side, then ``repeats`` alternating warm calls (tokens/s)."""
+    def timed(fn) -> tuple[float, int]:
+        t0 = time.perf_counter()
+        n = fn()
+        return time.perf_counter() - t0, n
+
+    (ce_s, ce_n), (ch_s, ch_n) = timed(engine_fn), timed(hf_fn)
+    eng, hf = [], []
     for _ in range(repeats):
-        for fn, runs in ((fa, runs_a), (fb, runs_b)):
-            t0 = time.perf_counter()
-            n = fn()
-            runs.append((time.perf_counter() - t0, n))
-    med = lambda runs: (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs))  # noqa: E731
-    return med(runs_a), med(runs_b)
+        eng.append(timed(engine_fn))
+        hf.append(timed(hf_fn))
+    tokens = {n for _, n in eng + hf} | {ce_n, ch_n}
+    if len(tokens) != 1:
+        raise RuntimeError(f"the two sides generated different token counts {sorted(tokens)}: not comparable")
+    n = tokens.pop()
+    e_tps, h_tps = spread([n / s for s, _ in eng]), spread([n / s for s, _ in hf])
+    return {"tokens": n, "cold": {"cpu_engine_tok_per_s": ce_n / ce_s, "hf_generate_tok_per_s": ch_n / ch_s},
+            "cpu_engine_tok_per_s": e_tps, "hf_generate_tok_per_s": h_tps, "speedup": ratio_spread(e_tps, h_tps)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,10 +104,16 @@ def main(argv: list[str] | None = None) -> int:
     # 1 thread: on a shared 2-core box, 2-thread OpenMP regions stall behind other
     # processes and the numbers become noise (measured: 30x swings).
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--train-steps", type=int, default=3)
+    ap.add_argument("--train-steps", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="batch 16, 3 repeats, 3 train steps (a smoke run)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
+    if args.quick:
+        args.batch, args.repeats, args.train_steps = 16, 3, 3
+    if args.repeats < 3:
+        ap.error("--repeats must be >= 3 (the tables show median and spread)")
     torch.set_num_threads(args.threads)
+    load_before = load_now()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -112,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     raw_model = type(hf_model)(hf_model.config).eval()
     raw_engine = CpuEngine(raw_model)
     tail_stops = (eos, *tok.convert_tokens_to_ids([".", "!"]))
+    for m in (hf_model, raw_model):
+        m.generation_config.eos_token_id = None  # row lengths come from the engine's rollout
 
     workloads = {
         # Bootstrapped policy on its task: short answers (all rows stop within a few tokens).
@@ -121,19 +148,21 @@ def main(argv: list[str] | None = None) -> int:
         # Long-tailed lengths: rows finish at very different steps.
         "long-tail (random init, max 112)": (raw_engine, raw_model, SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=112, stop_token_ids=tail_stops, seed=7)),
     }
-    results = {"generation": [], "training": []}
+    results: dict = {"benchmark": "engine_throughput", "batch": args.batch, "repeats": args.repeats,
+                     "generation": [], "training": []}
     for name, (eng, model, params) in workloads.items():
-        (e_s, e_n), (h_s, h_n) = timed_pair(
-            lambda: sum(len(g.tokens) for g in eng.generate(prompts, params)),
-            lambda: naive_generate(model, prompts, params, tok.pad_token_id),
-            args.repeats,
-        )
-        rec = {
-            "workload": name, "batch": args.batch, "params": {k: getattr(params, k) for k in ("temperature", "top_p", "top_k", "max_new_tokens")},
-            "cpu_engine_s": e_s, "cpu_engine_tokens": e_n, "cpu_engine_tok_per_s": e_n / e_s,
-            "hf_generate_s": h_s, "hf_generate_tokens": h_n, "hf_generate_tok_per_s": h_n / h_s,
-        }
-        rec["speedup"] = rec["cpu_engine_tok_per_s"] / rec["hf_generate_tok_per_s"]
+        lengths = [len(g.tokens) for g in eng.generate(prompts, params)]
+
+        def engine_fn(eng=eng, params=params, lengths=lengths) -> int:
+            got = [len(g.tokens) for g in eng.generate(prompts, params)]
+            if got != lengths:  # seeded rows: a change means the comparison is no longer fair
+                raise RuntimeError(f"{name}: CPU engine row lengths changed between runs")
+            return sum(got)
+
+        rec = compare(engine_fn, lambda model=model, params=params, lengths=lengths:
+                      naive_generate(model, prompts, params, tok.pad_token_id, lengths), args.repeats)
+        rec.update({"workload": name, "batch": args.batch, "row_lengths": {"max": max(lengths), "min": min(lengths)},
+                    "params": {k: getattr(params, k) for k in ("temperature", "top_p", "top_k", "max_new_tokens")}})
         results["generation"].append(rec)
 
     # Trainer: batches of real rollouts (groups of 8 per prompt).
@@ -150,32 +179,36 @@ def main(argv: list[str] | None = None) -> int:
     batch = TrainBatch(samples)
     for zero in (0, 2):
         trainer = DeepSpeedTrainer(path, TrainerConfig(lr=1e-5, zero_stage=zero, token_budget=1024))
-        trainer.train_step(batch)  # warm-up
+        cold = trainer.train_step(batch)
         steps = [trainer.train_step(batch) for _ in range(args.train_steps)]
-        secs = statistics.median(m["step_seconds"] for m in steps)
+        step_s = spread([m["step_seconds"] for m in steps])
         results["training"].append({
             "zero_stage": zero, "samples": len(samples), "tokens": steps[0]["tokens"],
-            "micro_batches": steps[0]["micro_batches"], "step_s": secs, "samples_per_s": len(samples) / secs,
+            "micro_batches": steps[0]["micro_batches"], "cold_step_s": cold["step_seconds"], "step_s": step_s,
+            "samples_per_s": spread([len(samples) / m["step_seconds"] for m in steps]),
         })
         trainer.close()
 
     results["env"] = {
         "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-        "machine": platform.machine(), "python": platform.python_version(), "model": str(path.name),
+        "machine": platform.machine(), "model": str(path.name),
         "parameters": sum(p.numel() for p in hf_model.parameters()),
-        "loadavg_after": os.getloadavg(),
     }
-
-    print(f"{'workload (batch ' + str(args.batch) + ')':34} {'engine tok/s':>13} {'HF generate tok/s':>18} {'speedup':>8}")
-    for r in results["generation"]:
-        print(f"{r['workload']:34} {r['cpu_engine_tok_per_s']:13.0f} {r['hf_generate_tok_per_s']:18.0f} {r['speedup']:7.2f}x")
-    print(f"{'trainer (DeepSpeed, CPU)':34} {'samples/step':>13} {'step s':>18} {'samples/s':>8}")
-    for r in results["training"]:
-        print(f"{'  ZeRO stage ' + str(r['zero_stage']):34} {r['samples']:13d} {r['step_s']:18.3f} {r['samples_per_s']:8.1f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
-    print(f"wrote {args.out}")
+    print_table(results)
+    write_results(args.out, results, load_before)
     return 0
+
+
+def print_table(results: dict) -> None:
+    print(f"{'workload (batch ' + str(results['batch']) + ')':34} {'tokens':>7} {'engine tok/s':>22} "
+          f"{'HF generate tok/s':>22} {'speedup':>20}")
+    for r in results["generation"]:
+        print(f"{r['workload']:34} {r['tokens']:>7} {fmt_spread(r['cpu_engine_tok_per_s'], '.0f'):>22} "
+              f"{fmt_spread(r['hf_generate_tok_per_s'], '.0f'):>22} {fmt_spread(r['speedup']):>20}")
+    print(f"{'trainer (DeepSpeed, CPU)':34} {'samples':>7} {'warm step s':>22} {'cold step s':>22}")
+    for r in results["training"]:
+        print(f"{'  ZeRO stage ' + str(r['zero_stage']):34} {r['samples']:>7} {fmt_spread(r['step_s'], '.3f'):>22} "
+              f"{r['cold_step_s']:>22.3f}")
 
 
 if __name__ == "__main__":

@@ -1,23 +1,80 @@
-"""Where benchmark results go: one JSON per benchmark under ``benchmarks/results/``."""
+"""Where benchmark results go, and the shared shape of a repeated measurement.
+
+One JSON per benchmark under ``benchmarks/results/``, stamped with the machine, the time
+and the load average it was measured under (a 2-core box shared with other work makes
+absolute numbers move; the load says how far to trust them). A number measured several
+times is stored as a :func:`spread` — ``median`` with ``min``, ``max`` and every run — so
+each table can show the spread, and a first (cold) run is kept apart from the warm ones.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+import statistics
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
+#: 1-minute load average per core above which a result is marked as measured under load
+BUSY_LOAD_PER_CORE = 0.75
 
-def write_results(path: str | os.PathLike, data: dict) -> Path:
-    """Write ``data`` plus the machine and time it was measured on; print where it went."""
+
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    """``{"median", "min", "max", "n", "runs"}`` of repeated measurements of one number."""
+    vals = [float(v) for v in values]
+    if not vals:
+        raise ValueError("spread() needs at least one measurement")
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals), "runs": vals}
+
+
+def ratio_spread(num: dict[str, Any], den: dict[str, Any]) -> dict[str, Any]:
+    """The spread of ``num / den`` run by run (runs paired in order: measured alternately)."""
+    if num["n"] != den["n"]:
+        raise ValueError(f"ratio of spreads needs paired runs, got {num['n']} and {den['n']}")
+    return spread([a / b for a, b in zip(num["runs"], den["runs"])])
+
+
+def repeat(fn: Callable[[], float], repeats: int, warmup: int = 1) -> dict[str, Any]:
+    """Call ``fn`` (which returns one measurement) ``warmup`` times, kept as ``cold``, then
+    ``repeats`` times into a :func:`spread` (``warm``)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    cold = [fn() for _ in range(warmup)]
+    return {"cold": cold[0] if cold else None, "warm": spread([fn() for _ in range(repeats)])}
+
+
+def fmt_spread(s: dict[str, Any], fmt: str = ".2f") -> str:
+    """``median (min–max)`` for tables."""
+    return f"{s['median']:{fmt}} ({s['min']:{fmt}}–{s['max']:{fmt}})"
+
+
+def load_now() -> dict[str, Any]:
+    """The 1/5/15-minute load averages and whether the box counts as busy."""
+    one, five, fifteen = os.getloadavg()
+    cpus = os.cpu_count() or 1
+    return {"loadavg": [round(one, 2), round(five, 2), round(fifteen, 2)], "cpus": cpus,
+            "busy": one / cpus > BUSY_LOAD_PER_CORE}
+
+
+def write_results(path: str | os.PathLike, data: dict, load_before: dict | None = None) -> Path:
+    """Write ``data`` plus the machine, the time and the load it was measured under.
+
+    ``load_before`` is :func:`load_now` taken when the measurement started; the load at
+    writing time is added as ``load.after``. ``load.busy`` is true if either was busy.
+    """
     path = Path(path)
     data.setdefault("machine", {}).update(cpus=os.cpu_count(), platform=platform.platform(),
                                           python=platform.python_version())
+    after = load_now()
+    data["load"] = {"before": load_before, "after": after,
+                    "busy": bool(after["busy"] or (load_before or {}).get("busy"))}
     data.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
-    print(f"wrote {path}")
+    print(f"wrote {path}" + ("  (measured under load: see 'load' in the JSON)" if data["load"]["busy"] else ""))
     return path
