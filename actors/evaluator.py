@@ -26,6 +26,20 @@ from .telemetry import MetricsEmitter
 log = logging.getLogger(__name__)
 
 
+def heldout_problems(cfg: JobConfig) -> list:
+    """The job's fixed held-out set (the same for every version, run and replay of the job)."""
+    from astraflow.workflows.arithmetic import generate_problems
+    return generate_problems(cfg.eval.problems, seed=cfg.seed + 1000, split="heldout",
+                             max_digits=cfg.data.max_digits, ops=cfg.data.ops, unique=True)
+
+
+def heldout_accuracy(cfg: JobConfig, engine, tokenizer, problems: list) -> float:
+    """Pass@1 of the weights ``engine`` holds; ``astraflow replay`` evaluates through here too."""
+    from astraflow.workflows.arithmetic import evaluate
+    return evaluate(engine, tokenizer, problems, k=cfg.eval.k, temperature=cfg.eval.temperature,
+                    max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
+
+
 class EvaluatorActor(LoopActor):
     def __init__(self, supervisor, name: str, cfg: JobConfig, bootstrap: str) -> None:
         super().__init__(supervisor, name)
@@ -38,14 +52,12 @@ class EvaluatorActor(LoopActor):
         from transformers import AutoTokenizer
 
         from astraflow.actors.weights import WeightSubscriber
-        from astraflow.workflows.arithmetic import generate_problems
 
         set_threads(self.cfg.eval.threads)
         path = model_path(self.cfg)
         self.engine = make_rollout_engine(self.cfg, path, kind="cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        self.problems = generate_problems(self.cfg.eval.problems, seed=self.cfg.seed + 1000, split="heldout",
-                                          max_digits=self.cfg.data.max_digits, ops=self.cfg.data.ops, unique=True)
+        self.problems = heldout_problems(self.cfg)
         self.producer = Producer(self.bootstrap, client_id=f"eval.{self.cfg.policy}")
         self.metrics = MetricsEmitter(self.producer, self.topics.metrics, f"eval.{self.cfg.policy}")
         self.subscriber = WeightSubscriber(self.bootstrap, self.topics, self.cfg.policy,
@@ -59,11 +71,8 @@ class EvaluatorActor(LoopActor):
         if v < self.next_target:
             self.subscriber.wait_for(max(v + 1, self.next_target), timeout=1.0)
             return
-        from astraflow.workflows.arithmetic import evaluate
         t0 = time.monotonic()
-        acc = evaluate(self.engine, self.tokenizer, self.problems, k=self.cfg.eval.k,
-                       temperature=self.cfg.eval.temperature, max_new_tokens=self.cfg.rollout.max_new_tokens,
-                       seed=self.cfg.seed)
+        acc = heldout_accuracy(self.cfg, self.engine, self.tokenizer, self.problems)
         held = self.subscriber.held_by(self.engine)
         log.info("eval: version %d accuracy %.3f (%.1fs)", v, acc, time.monotonic() - t0)
         self.metrics.emit("eval.accuracy", acc, step=v, problems=len(self.problems), k=self.cfg.eval.k,
