@@ -181,6 +181,11 @@ def _cmd_node(args: argparse.Namespace) -> int:
     return run_node(args.role, cfg, bootstrap, run_dir, args.node_id)
 
 
+def _cmd_topology(args: argparse.Namespace) -> int:
+    from astraflow.topology.launch import check_topology
+    return check_topology(args.file, job=args.job, overrides=_overrides(args.set), as_json=args.json)
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from astraflow.status import format_status, job_status
     s = job_status(args.bootstrap_servers, args.job, tuple(args.policy or ["policy"]))
@@ -326,6 +331,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="host 0's rendezvous port, the same on every host; required with --nnodes > 1 "
                          "(default 0: a free port, one host only)")
     nd.set_defaults(func=_cmd_node)
+
+    tg = sub.add_parser("topology", help="validate a topology file and print its resolved plan (check FILE)")
+    tg.add_argument("action", choices=["check"])
+    tg.add_argument("file")
+    tg.add_argument("--job", help="also check it against this job config (policy, task partitions)")
+    tg.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a job-config key (repeatable)")
+    tg.add_argument("--json", action="store_true", help="the plan as JSON")
+    tg.set_defaults(func=_cmd_topology)
 
     st = sub.add_parser("status", help="a job's versions, RaaS nodes, task lag and trainer wait time")
     st.add_argument("--bootstrap-servers", required=True)

@@ -1,0 +1,295 @@
+"""The resolved plan of a topology: which node runs where, on which cluster, owned by whom.
+
+:func:`resolve` turns a validated :class:`~.schema.Topology` (and, when given, the job's
+policy) into :class:`NodePlan` records, one per node started at launch, each with the
+``--set`` overrides and flags its ``astraflow node`` command needs; :class:`PoolPlan`
+records with everything the autoscaler and the device-hours accounting need; and the
+Kafka clusters, with the regions that share each. Nodes of elastic pools belong to the
+autoscaler when it is on (it starts and retires them), every other node to its host.
+:func:`format_plan` is what ``astraflow topology check`` prints.
+
+This module knows nothing about processes or Kafka clients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+from .schema import EMBEDDED, REGION_REF, Topology, TopologyError
+from .validation import autoscaler_host, local_backend_misplaced, pools
+
+#: The job's policy when a pool names none and no job is given.
+JOB_POLICY = "(job policy)"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """One Kafka cluster and the regions that use it."""
+
+    name: str  #: "embedded" or the bootstrap servers
+    declared_by: str  #: the region that declares it
+    regions: tuple[str, ...]
+
+    @property
+    def embedded(self) -> bool:
+        return self.name == EMBEDDED
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    name: str
+    component: str
+    region: str
+    hosts: tuple[str, ...]
+    policy: str | None  #: None for the dataflow
+    count: int
+    min: int
+    max: int
+    elastic: bool  #: the autoscaler starts and retires its nodes
+    device_kind: str
+    devices_per_node: int
+    speed: float
+    cost_per_device_hour: float
+    emulate_slowdown: float
+    threads: int | None
+
+    @property
+    def cost_per_speed(self) -> float:
+        """What a unit of throughput costs an hour: the autoscaler grows the cheapest pools first."""
+        return self.cost_per_device_hour * self.devices_per_node / self.speed
+
+    def node_id(self, index: int) -> str:
+        if self.component == "raas" or (self.component == "trainer" and len(self.hosts) > 1):
+            return f"{self.name}-{index}"
+        return self.name
+
+    def overrides(self) -> list[str]:
+        """``--set`` items that give a node of this pool its pool's settings."""
+        out = []
+        if self.threads is not None:
+            key = {"raas": "rollout.engine.threads", "trainer": "trainer.engine.threads", "dataflow": "eval.threads"}
+            out.append(f"{key[self.component]}={self.threads}")
+        if self.emulate_slowdown != 1.0:
+            out.append(f"rollout.emulate_slowdown={self.emulate_slowdown}")
+        return out
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    node_id: str
+    role: str
+    pool: str
+    region: str
+    host: str
+    address: str
+    policy: str | None
+    overrides: tuple[str, ...] = ()  #: ``--set KEY=VALUE`` items
+    flags: tuple[str, ...] = ()  #: extra ``astraflow node`` flags (a trainer group's placement)
+    owner: str = "host"  #: "host" (its host's runner starts it) or "autoscaler"
+
+
+@dataclass
+class Plan:
+    name: str
+    source: str
+    clusters: list[Cluster]
+    pools: dict[str, PoolPlan]
+    nodes: list[NodePlan]  #: every node started at launch
+    links: list[dict]
+    autoscaler: dict
+    autoscaler_host: str
+    host_addresses: dict[str, str]
+    region_hosts: dict[str, list[str]]  #: region -> its hosts, in file order
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def shared_cluster(self) -> bool:
+        return len(self.clusters) == 1
+
+    def cluster_of(self, region: str) -> Cluster:
+        return next(c for c in self.clusters if region in c.regions)
+
+    def nodes_on(self, host: str) -> list[NodePlan]:
+        return [n for n in self.nodes if n.host == host]
+
+    def pool_of(self, node_id: str, role: str = "", policy: str | None = None) -> PoolPlan | None:
+        """The pool a node belongs to, from its id (``<pool>-<i>``) or, for a trainer, its policy."""
+        if role == "trainer":
+            return next((p for p in self.pools.values() if p.component == "trainer"
+                         and p.policy in (policy, None)), None)
+        name, _, index = node_id.rpartition("-")
+        if index.isdigit() and name in self.pools:
+            return self.pools[name]
+        return self.pools.get(node_id)
+
+    def node_spec(self, pool: PoolPlan, index: int) -> NodePlan:
+        """Node ``index`` of ``pool`` (the autoscaler makes these as it grows a pool)."""
+        return _node(pool, index, self.host_addresses)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "source": self.source,
+                "clusters": [asdict(c) for c in self.clusters], "shared_cluster": self.shared_cluster,
+                "pools": {n: asdict(p) for n, p in self.pools.items()},
+                "nodes": [asdict(n) for n in self.nodes], "links": self.links,
+                "autoscaler": {**self.autoscaler, "host": self.autoscaler_host}, "notes": self.notes}
+
+
+def resolve(t: Topology, job_policy: str | None = None) -> Plan:
+    """The plan of a validated topology; ``job_policy`` fills pools that name no policy."""
+    scaling = t.autoscaler.enabled
+    addresses = {h: host.address for region in t.regions.values() for h, host in region.hosts.items()}
+    pool_plans: dict[str, PoolPlan] = {}
+    for rname, pname, p in pools(t):
+        policy = None if p.component == "dataflow" else (p.policy or job_policy)
+        pool_plans[pname] = PoolPlan(
+            pname, p.component, rname, p.hosts, policy, p.count, p.lo, p.hi, scaling and p.elastic,
+            p.device.kind, p.device.count, p.node_speed, p.cost_per_device_hour, p.emulate_slowdown, p.threads)
+    nodes: list[NodePlan] = []
+    for rname, pname, p in pools(t):
+        pp = pool_plans[pname]
+        for i in range(p.count):
+            node = _node(pp, i, addresses)
+            if p.component == "trainer" and len(p.hosts) > 1:
+                node = replace(node, flags=("--nnodes", str(len(p.hosts)), "--node-rank", str(i),
+                                             "--master-addr", addresses[p.hosts[0]],
+                                             "--master-port", str(p.master_port)))
+            nodes.append(node)
+    plan = Plan(t.name, t.source, _clusters(t), pool_plans, nodes,
+                [{"between": list(link.between), "bandwidth_mbps": link.bandwidth_mbps,
+                  "latency_ms": link.latency_ms} for link in t.links],
+                {k: v for k, v in asdict(t.autoscaler).items() if k != "host"}, autoscaler_host(t), addresses,
+                {r: list(region.hosts) for r, region in t.regions.items()})
+    plan.notes = _notes(plan)
+    misplaced = local_backend_misplaced(t)
+    if misplaced:
+        plan.notes.append(f"the local backend starts nodes on the autoscaler's host ({plan.autoscaler_host}) but "
+                          f"elastic pool {misplaced[1]} is on {misplaced[2]}: fine for `astraflow launch` (one "
+                          f"machine), refused by `astraflow node --topology` (use autoscaler.backend: command)")
+    return plan
+
+
+def _node(pool: PoolPlan, index: int, addresses: dict[str, str]) -> NodePlan:
+    host = pool.hosts[index % len(pool.hosts)]
+    return NodePlan(pool.node_id(index), pool.component, pool.name, pool.region, host, addresses[host],
+                    pool.policy, tuple(pool.overrides()), owner="autoscaler" if pool.elastic else "host")
+
+
+def _clusters(t: Topology) -> list[Cluster]:
+    declared: dict[str, list[str]] = {}  # declaring region -> regions using its cluster
+    for rname, region in t.regions.items():
+        k = region.kafka.strip()
+        owner = k[len(REGION_REF):].strip() if k.startswith(REGION_REF) else rname
+        declared.setdefault(owner, []).append(rname)
+    # Two regions that write the same bootstrap servers share a cluster too.
+    by_servers: dict[str, Cluster] = {}
+    out: list[Cluster] = []
+    for owner, regions in declared.items():
+        k = t.regions[owner].kafka.strip()
+        servers = EMBEDDED if k == EMBEDDED else ",".join(sorted(s.strip() for s in k.split(",")))
+        if servers != EMBEDDED and servers in by_servers:
+            c = by_servers[servers]
+            merged = Cluster(c.name, c.declared_by, c.regions + tuple(regions))
+            out[out.index(c)] = merged
+            by_servers[servers] = merged
+            continue
+        c = Cluster(servers, owner, tuple(regions))
+        out.append(c)
+        if servers != EMBEDDED:
+            by_servers[servers] = c
+    return out
+
+
+def _notes(plan: Plan) -> list[str]:
+    notes = []
+    if len(plan.clusters) > 1:
+        notes.append(f"{len(plan.clusters)} separate Kafka clusters: replication between regional clusters "
+                     f"(MirrorMaker 2) is not implemented yet, so `astraflow launch` refuses this topology. Let "
+                     f"the regions share one cluster (kafka: region:<name>)")
+    elif len(plan.clusters[0].regions) > 1:
+        notes.append(f"regions {', '.join(plan.clusters[0].regions)} share one Kafka cluster: no replication "
+                     f"between them (each record crosses the region link at most once, to or from that cluster)")
+    if plan.links:
+        notes.append("links are used for placement (the autoscaler prefers pools near the trainer at equal cost); "
+                     "WAN emulation of their bandwidth/latency comes with the cross-region work")
+    for p in plan.pools.values():
+        if p.emulate_slowdown != 1.0:
+            notes.append(f"pool {p.name}: EMULATION — its {p.device_kind} nodes run on CPU, every rollout call "
+                         f"stretched x{p.emulate_slowdown:g} (sleep)")
+    return notes
+
+
+def check_launchable(plan: Plan) -> None:
+    """``astraflow launch`` / ``node --topology`` refuse what they cannot run yet, naming why."""
+    if not plan.shared_cluster:
+        raise TopologyError(plan.source, "regions.*.kafka", plan.notes[0])
+
+
+def format_plan(plan: Plan) -> str:
+    lines = [f"topology {plan.name} ({plan.source})"]
+    lines.append(f"kafka: {len(plan.clusters)} cluster(s)")
+    for c in plan.clusters:
+        what = "embedded broker, started by `astraflow launch`" if c.embedded else f"bootstrap {c.name}"
+        lines.append(f"  {what}: region(s) {', '.join(c.regions)}")
+    for rname, hosts in plan.region_hosts.items():
+        lines.append(f"region {rname}: hosts {', '.join(f'{h} ({plan.host_addresses[h]})' for h in hosts)}")
+        for p in (p for p in plan.pools.values() if p.region == rname):
+            lines.append("  " + _pool_line(p))
+    for link in plan.links:
+        a, b = link["between"]
+        lines.append(f"link {a} <-> {b}: {link['bandwidth_mbps']:g} Mbit/s, {link['latency_ms']:g} ms")
+    a = plan.autoscaler
+    if a["enabled"]:
+        lines.append(f"autoscaler: on, on host {plan.autoscaler_host}, backend {a['backend']}; every "
+                     f"{a['interval_s']:g}s over a {a['window_s']:g}s window: trainer wait w > {a['scale_up_wait']:g} "
+                     f"-> ceil(G/(1-w)), w < {a['scale_down_wait']:g} -> busy/{a['target_utilization']:g}; "
+                     f"cooldown {a['cooldown_s']:g}s, {a['confirm']} agreeing decisions")
+        order = sorted((p for p in plan.pools.values() if p.elastic), key=_grow_key(plan))
+        lines.append(f"  grows {', '.join(p.name for p in order)} first (cost per unit of speed, then link latency)")
+    else:
+        lines.append(f"autoscaler: off (pools stay at count; device-hours are still accounted on host "
+                     f"{plan.autoscaler_host})")
+    lines.append("nodes at launch:")
+    for host in plan.host_addresses:
+        mine = plan.nodes_on(host)
+        if mine:
+            lines.append(f"  {host}: " + ", ".join(n.node_id + (" (autoscaler)" if n.owner == "autoscaler" else "")
+                                                 for n in mine))
+    lines += [f"note: {n}" for n in plan.notes]
+    return "\n".join(lines)
+
+
+def _pool_line(p: PoolPlan) -> str:
+    where = f"on {', '.join(p.hosts)}"
+    if p.component == "dataflow":
+        return f"{p.name}: dataflow {where}"
+    size = f"{p.count} node(s)" + (f", elastic {p.min}..{p.max}" if p.elastic else
+                                   f", {p.min}..{p.max} (autoscaler off)" if p.min < p.max else ", fixed")
+    line = (f"{p.name}: {p.component} of {p.policy or JOB_POLICY}, {size} {where}; {p.devices_per_node} x "
+            f"{p.device_kind} per node, speed {p.speed:.3g}, {p.cost_per_device_hour:g}/device-hour")
+    if p.emulate_slowdown != 1.0:
+        line += f"  [EMULATED on CPU: slowdown x{p.emulate_slowdown:g}]"
+    return line
+
+
+def link_latency(plan: Plan, a: str, b: str) -> float:
+    if a == b:
+        return 0.0
+    for link in plan.links:
+        if set(link["between"]) == {a, b}:
+            return float(link["latency_ms"])
+    return float("inf")
+
+
+def trainer_region(plan: Plan, policy: str | None) -> str | None:
+    return next((p.region for p in plan.pools.values() if p.component == "trainer" and p.policy == policy), None)
+
+
+def _grow_key(plan: Plan):
+    def key(p: PoolPlan):
+        return (p.cost_per_speed, link_latency(plan, p.region, trainer_region(plan, p.policy) or p.region), p.name)
+    return key
+
+
+def grow_order(plan: Plan, policy: str | None) -> list[PoolPlan]:
+    """Elastic pools of a policy, the one to grow first first (cheapest per speed, nearest the trainer)."""
+    return sorted((p for p in plan.pools.values() if p.elastic and p.policy == policy), key=_grow_key(plan))

@@ -1,0 +1,210 @@
+"""Topology files: the one description of a deployment, as typed YAML.
+
+A topology names its **regions**; each region has a Kafka cluster (``embedded``, bootstrap
+servers, or ``region:<name>`` for the cluster of another region), **hosts**, and **pools**:
+a component (dataflow / trainer of a policy / RaaS of a policy), how many nodes, where
+they run, the device kind and count of one node, its relative speed and cost per
+device-hour, and for RaaS pools the ``min``/``max`` the autoscaler keeps to. **Links**
+between regions carry bandwidth and latency; the **autoscaler** section turns elastic
+RaaS pools over to the autoscaler actor and chooses its actuator backend.
+
+This module holds the shapes and per-field checks only; cross-references (hosts of a pool,
+regions of a link, one trainer per policy, ...) are :mod:`.validation`'s, and what runs
+where is :mod:`.plan`'s. It knows nothing about processes or Kafka clients. Files load
+strictly, like job configs: an unknown key or a wrong type is a
+:class:`~astraflow.config.ConfigError` naming the file and the dotted key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from astraflow.config import ConfigError, from_dict
+
+COMPONENTS = ("dataflow", "trainer", "raas")
+EMBEDDED = "embedded"
+REGION_REF = "region:"
+
+
+class TopologyError(ConfigError):
+    """An invalid topology file; names the file and the dotted key."""
+
+
+def _k(default: Any = dataclasses.MISSING, help: str = "") -> Any:  # noqa: A002
+    if isinstance(default, (dict, tuple)) or dataclasses.is_dataclass(default):
+        value = default
+        return field(default_factory=lambda: value, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class Device:
+    kind: str = _k("cpu", "device kind of one node (h100, a10, cpu, ...): the label device-hours are counted under")
+    count: int = _k(1, "devices one node holds")
+
+    def __post_init__(self) -> None:
+        if not self.kind.strip():
+            raise ValueError("device.kind is empty")
+        if self.count < 0:
+            raise ValueError(f"device.count must be >= 0, got {self.count}")
+
+
+@dataclass(frozen=True)
+class Host:
+    address: str = _k("127.0.0.1", "address the other hosts reach this one at (a trainer group's master address)")
+
+
+@dataclass(frozen=True)
+class Pool:
+    component: Literal["dataflow", "trainer", "raas"] = _k(help="what its nodes run")
+    hosts: tuple[str, ...] = _k(help="hosts of its region its nodes run on, round-robin")
+    policy: str | None = _k(None, "trainer/raas: the policy served (null: the job's policy)")
+    count: int = _k(1, "nodes started at launch (a trainer: hosts of its rank group, one agent each)")
+    min: int | None = _k(None, "raas: fewest nodes the autoscaler keeps (null: count)")
+    max: int | None = _k(None, "raas: most nodes the autoscaler starts (null: count); min < max makes it elastic")
+    device: Device = _k(Device(), "the devices of one node")
+    speed: float | None = _k(None, "relative throughput of one node (null: 1 / emulate_slowdown); guides placement")
+    cost_per_device_hour: float = _k(0.0, "price of one device for an hour; device-hours x this = cost")
+    threads: int | None = _k(None, "torch threads per node (null: the job config's)")
+    emulate_slowdown: float = _k(1.0, "raas on CPU: emulate a slower device kind by stretching every rollout call "
+                                      "this many times (the node sleeps the difference); 1 = off")
+    master_port: int | None = _k(None, "trainer on several hosts: host 0's rendezvous port")
+
+    def __post_init__(self) -> None:
+        if not self.hosts:
+            raise ValueError("hosts is empty; name at least one host of the region")
+        if self.count < 0:
+            raise ValueError(f"count must be >= 0, got {self.count}")
+        if self.speed is not None and self.speed <= 0:
+            raise ValueError(f"speed must be > 0, got {self.speed}")
+        if self.cost_per_device_hour < 0:
+            raise ValueError(f"cost_per_device_hour must be >= 0, got {self.cost_per_device_hour}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.emulate_slowdown < 1:
+            raise ValueError(f"emulate_slowdown must be >= 1 (a slowdown factor), got {self.emulate_slowdown}")
+
+    @property
+    def lo(self) -> int:
+        return self.count if self.min is None else self.min
+
+    @property
+    def hi(self) -> int:
+        return self.count if self.max is None else self.max
+
+    @property
+    def elastic(self) -> bool:
+        return self.lo < self.hi
+
+    @property
+    def node_speed(self) -> float:
+        return self.speed if self.speed is not None else 1.0 / self.emulate_slowdown
+
+
+@dataclass(frozen=True)
+class Region:
+    hosts: dict[str, Host] = _k(help="host name -> {address}; a list of names is accepted too")
+    pools: dict[str, Pool] = _k(help="pool name -> pool; node ids are <pool>-<i> (a dataflow/trainer: the pool name)")
+    kafka: str = _k(EMBEDDED, "'embedded' (the broker `astraflow launch` starts), bootstrap servers "
+                              "'host:port,...', or 'region:<name>' (the cluster of that region)")
+
+
+@dataclass(frozen=True)
+class Link:
+    between: tuple[str, str] = _k(help="the two regions it joins")
+    bandwidth_mbps: float = _k(help="bandwidth, Mbit/s")
+    latency_ms: float = _k(0.0, "one-way latency, ms")
+
+    def __post_init__(self) -> None:
+        if self.bandwidth_mbps <= 0:
+            raise ValueError(f"bandwidth_mbps must be > 0, got {self.bandwidth_mbps}")
+        if self.latency_ms < 0:
+            raise ValueError(f"latency_ms must be >= 0, got {self.latency_ms}")
+
+
+@dataclass(frozen=True)
+class CommandTemplates:
+    start: str = _k(help="command that starts a RaaS node: {cmd} (the node's command line, shell-quoted), "
+                         "{node_id}, {pool}, {policy}, {host}, {address}, {region}, {job}")
+    stop: str = _k(help="command that retires one: it must send the node SIGTERM (it finishes its in-flight "
+                        "tasks and leaves the consumer group); same placeholders")
+
+
+@dataclass(frozen=True)
+class AutoscalerSpec:
+    enabled: bool = _k(False, "true: the autoscaler starts and retires the nodes of elastic pools (min < max)")
+    host: str | None = _k(None, "host it runs on under `astraflow node --topology` (null: the trainer's)")
+    backend: Literal["local", "command"] = _k("local", "local: node processes on its own host; command: the "
+                                                       "command templates (e.g. a cluster scheduler's CLI)")
+    command: CommandTemplates | None = _k(None, "backend command: the start/stop templates")
+    interval_s: float = _k(5.0, "seconds between decisions")
+    window_s: float = _k(60.0, "the trainer wait fraction and the pool's busy time are measured over this window")
+    cooldown_s: float = _k(60.0, "no action within this long of the previous one (new nodes must load first)")
+    scale_up_wait: float = _k(0.10, "wait fraction w above this: target = ceil(G / (1 - w))")
+    scale_down_wait: float = _k(0.05, "w below this: shrink towards the demand consumed (busy node-equivalents)")
+    confirm: int = _k(2, "consecutive decisions that must agree before acting (hysteresis)")
+    target_utilization: float = _k(0.8, "shrinking keeps busy time / pool size at most this")
+    retire_timeout_s: float = _k(120.0, "a retired node still running after this long is killed (its tasks are "
+                                        "redelivered)")
+
+    def __post_init__(self) -> None:
+        if self.backend == "command" and self.command is None:
+            raise ValueError("backend 'command' needs command: {start: ..., stop: ...}")
+        if not 0 <= self.scale_down_wait < self.scale_up_wait < 1:
+            raise ValueError(f"need 0 <= scale_down_wait < scale_up_wait < 1 (a gap between them is the hysteresis), "
+                             f"got {self.scale_down_wait} and {self.scale_up_wait}")
+        for key in ("interval_s", "window_s", "retire_timeout_s"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be > 0, got {getattr(self, key)}")
+        if self.cooldown_s < 0:
+            raise ValueError(f"cooldown_s must be >= 0, got {self.cooldown_s}")
+        if self.confirm < 1:
+            raise ValueError(f"confirm must be >= 1, got {self.confirm}")
+        if not 0 < self.target_utilization <= 1:
+            raise ValueError(f"target_utilization must be in (0, 1], got {self.target_utilization}")
+
+
+@dataclass(frozen=True)
+class Topology:
+    name: str = _k(help="deployment name")
+    regions: dict[str, Region] = _k(help="region name -> region")
+    links: tuple[Link, ...] = _k((), "links between regions")
+    autoscaler: AutoscalerSpec = _k(AutoscalerSpec(), "the elastic autoscaler")
+    source: str = field(default="<dict>", compare=False, metadata={"help": "file it was loaded from"})
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Read, type-check and cross-check a topology file (:class:`TopologyError` names file and key)."""
+    from .validation import validate
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise TopologyError(str(path), "<file>", "no such file") from None
+    except yaml.YAMLError as e:
+        raise TopologyError(str(path), "<file>", f"not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise TopologyError(str(path), "<root>", "expected a mapping with name and regions")
+    topo = parse_topology(data, str(path))
+    validate(topo)
+    return topo
+
+
+def parse_topology(data: dict, file: str = "<dict>") -> Topology:
+    """Plain data -> :class:`Topology`, per-field checks only."""
+    data = dict(data)
+    for rname, region in (data.get("regions") or {}).items():
+        if isinstance(region, dict) and isinstance(region.get("hosts"), list):
+            region = dict(region, hosts={h: {} for h in region["hosts"]})
+        if isinstance(region, dict) and isinstance(region.get("hosts"), dict):
+            region = dict(region, hosts={h: ({} if v is None else v) for h, v in region["hosts"].items()})
+        data["regions"] = {**data["regions"], rname: region}
+    try:
+        return from_dict(Topology, {**data, "source": file}, file)
+    except ConfigError as e:
+        raise TopologyError(e.file, e.key, e.problem) from None
