@@ -1,11 +1,19 @@
 """Weight codec throughput on a synthetic bf16 model with a sparse change pattern.
 
-Measures, in one run: memory copy bandwidth (`numpy.copyto` over the model's size), full
-snapshot encode/decode, sparse delta encode and decode+apply (GB/s of model weights), and
-the delta's size against the raw weights and the entropy bound for its changed positions.
+Owns the codec measurements that ``weight_transfer.py`` reuses, so a number has one
+definition: :func:`delta_codec` (memcpy, delta encode, delta decode+apply, each as GB/s
+of model weights, the memcpy with the codec's own thread count, repeated and paired
+run by run) and :func:`entropy_estimate` (what the delta's size is compared with). This
+script adds what only the codec page needs: full snapshot encode/decode and the cost of
+the codec's options (re-hashing the base, skipping the result check).
+
+The README quotes the delta encode/decode numbers from ``weight_transfer.json`` (which
+calls :func:`delta_codec` in its own run); ``codec_throughput.json`` holds the same
+measurement from this script's run, so the two differ only by run (time and load, both
+recorded).
 
     python -m astraflow.benchmarks.codec_throughput                 # 1 B parameters
-    python -m astraflow.benchmarks.codec_throughput --params 1e8    # quick run
+    python -m astraflow.benchmarks.codec_throughput --quick         # 1e8, a smoke run
 
 Prints one table and writes benchmarks/results/codec_throughput.json.
 """
@@ -13,16 +21,18 @@ Prints one table and writes benchmarks/results/codec_throughput.json.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from astraflow.benchmarks.results_io import write_results
+from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
 from astraflow.engines import deltas
 from astraflow.engines.weight_format import tensor_bits
 
@@ -61,101 +71,191 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, result
 
 
-def memcpy_gbps(model: dict[str, torch.Tensor], repeats: int) -> float:
-    srcs = [tensor_bits(t) for t in model.values()]
-    dst = np.empty(sum(s.size for s in srcs), np.uint16)
-    dst.fill(0)  # fault the pages in first: we want bandwidth, not page-fault cost
+# ---------------------------------------------------------------- reference lines
 
-    def copy_all() -> None:
-        at = 0
-        for s in srcs:
-            np.copyto(dst[at : at + s.size], s)
+
+class Memcpy:
+    """``numpy.copyto`` of the model's bits into one buffer, split over ``threads`` threads
+    (numpy releases the GIL on large copies): the bandwidth the codec is measured against,
+    with the same thread count the codec uses."""
+
+    def __init__(self, model: Mapping[str, torch.Tensor], threads: int) -> None:
+        self.threads = max(1, threads)
+        self.srcs = [tensor_bits(t) for t in model.values()]
+        self.dst = np.empty(sum(s.size for s in self.srcs), np.uint16)
+        self.dst.fill(0)  # fault the pages in first: we want bandwidth, not page-fault cost
+        self.jobs, at = [], 0
+        for s in self.srcs:
+            step = math.ceil(s.size / self.threads)
+            self.jobs += [(at + i, s[i:i + step]) for i in range(0, s.size, step)]
             at += s.size
 
-    best = min(timed(copy_all)[0] for _ in range(repeats))
-    return dst.nbytes / best / 1e9
+    def gbps(self) -> float:
+        def copy(job: tuple[int, np.ndarray]) -> None:
+            at, src = job
+            np.copyto(self.dst[at:at + src.size], src)
+
+        t0 = time.perf_counter()
+        if self.threads == 1:
+            for job in self.jobs:
+                copy(job)
+        else:
+            with ThreadPoolExecutor(self.threads) as pool:
+                list(pool.map(copy, self.jobs))
+        return self.dst.nbytes / (time.perf_counter() - t0) / 1e9
 
 
-def run(params: int, n_tensors: int, fraction: float, values: str, threads: int, level: int) -> dict[str, Any]:
-    base = make_model(params, n_tensors, seed=0)
-    raw = sum(t.numel() * t.element_size() for t in base.values())
-    gb = raw / 1e9
-    r: dict[str, Any] = {"params": sum(t.numel() for t in base.values()), "tensors": n_tensors, "dtype": "bfloat16",
-                         "changed_fraction_target": fraction, "values": values, "threads": threads,
-                         "zstd_level": level, "raw_bytes": raw}
-    r["memcpy_gbps"] = memcpy_gbps(base, repeats=3)
+def _plane_entropy_bits(values: np.ndarray) -> float:
+    """Order-0 empirical entropy, in bits, of each byte plane of ``values``, summed over
+    values (``k * sum_j H(byte j)``)."""
+    if values.size == 0:
+        return 0.0
+    planes = values.view(np.uint8).reshape(values.size, values.itemsize)
+    total = 0.0
+    for j in range(values.itemsize):
+        counts = np.bincount(planes[:, j], minlength=256)
+        p = counts[counts > 0] / values.size
+        total += float(-(p * np.log2(p)).sum()) * values.size
+    return total
 
-    t, snap = timed(lambda: deltas.encode_version(base, 0, level=level, threads=threads))
-    r["snapshot_encode_gbps"], r["snapshot_bytes"] = gb / t, snap.nbytes
-    snap_bytes = snap.to_bytes()
-    base_hashes = snap.tensor_hashes
-    del snap
-    t, _ = timed(lambda: deltas.decode(snap_bytes, threads=threads))
-    r["snapshot_decode_gbps"] = gb / t
-    del snap_bytes
 
-    new = make_step(base, fraction, values, seed=1)
-    t, cold = timed(lambda: deltas.encode_version(new, 1, base=base, base_version=0, threads=threads))
-    r["delta_encode_gbps_hashing_base"] = gb / t
-    del cold
-    # Steady state: the publisher kept the previous version's hashes, so the base is not re-hashed.
-    t, ev = timed(lambda: deltas.encode_version(new, 1, base=base, base_version=0,
-                                                base_hashes=base_hashes, threads=threads))
-    r["delta_encode_gbps"] = gb / t
-    stats = ev.stats
-    payload = ev.to_bytes()
-    del ev, new
+def entropy_estimate(base: Mapping[str, torch.Tensor] | None, new: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """An empirical entropy estimate of a delta's content, per tensor, summed.
 
+    Change mask: ``log2 C(n, k)`` bits (the positions' entropy if every set of k changed
+    positions were equally likely). Values: the order-0 empirical entropy of each byte
+    plane of the k new values (the codec stores new bits byte-planed). It is an estimate,
+    not a bound: a coder that uses context (zstd's matches, correlated positions) can go
+    below it. ``base=None`` estimates a full snapshot (every element is a value, no mask).
+    """
+    mask_bits = values_bits = 0.0
+    k_total = n_total = 0
+    for name, t in new.items():
+        bits = tensor_bits(t)
+        n = bits.size
+        if base is None:
+            changed = bits
+        else:
+            changed = bits[tensor_bits(base[name]) != bits]
+            k = changed.size
+            mask_bits += (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)) / math.log(2)
+        values_bits += _plane_entropy_bits(np.ascontiguousarray(changed))
+        k_total += changed.size
+        n_total += n
+    return {"mask_bytes": math.ceil(mask_bits / 8), "values_bytes": math.ceil(values_bits / 8),
+            "bytes": math.ceil(mask_bits / 8) + math.ceil(values_bits / 8), "changed": k_total,
+            "elements": n_total}
+
+
+# ---------------------------------------------------------------- measurements
+
+
+def delta_codec(base: dict[str, torch.Tensor], new: dict[str, torch.Tensor], threads: int, repeats: int,
+                level: int = deltas.DEFAULT_LEVEL) -> dict[str, Any]:
+    """Memcpy, delta encode and delta decode+apply (verified), GB/s of model weights.
+
+    Steady state as in the publisher and subscriber: both keep the previous version's
+    tensor hashes, so the base is not re-hashed. The first round is reported as ``cold``;
+    then ``repeats`` rounds of (memcpy, encode, apply), so the ``*_vs_memcpy`` ratios pair
+    measurements taken seconds apart.
+    """
+    gb = sum(t.numel() * t.element_size() for t in base.values()) / 1e9
+    base_hashes = deltas.tensor_hashes(base, threads)
+    memcpy = Memcpy(base, threads)
     live = {k: v.clone() for k, v in base.items()}
-    t, new_hashes = timed(lambda: deltas.apply_in_place(payload, live, base_hashes=base_hashes, threads=threads))
-    r["delta_apply_gbps"] = gb / t
-    for k, v in live.items():
-        v.copy_(base[k])
-    t, _ = timed(lambda: deltas.apply_in_place(payload, live, threads=threads))
-    r["delta_apply_gbps_hashing_base"] = gb / t
-    for k, v in live.items():
-        v.copy_(base[k])
-    t, _ = timed(lambda: deltas.apply_in_place(payload, live, base_hashes=base_hashes, verify=False, threads=threads))
-    r["delta_apply_gbps_unverified"] = gb / t
-    assert deltas.weights_digest(live, new_hashes) == deltas.read_header(payload).digest
+    payload, stats = b"", None
 
-    k, n = stats.changed_elements, stats.total_elements
-    r.update({
-        "changed_elements": k, "changed_fraction": k / n, "delta_bytes": len(payload),
-        "delta_encodings": sorted({e.value for e in stats.encodings.values()}),
-        "entropy_bound_bytes_per_tensor_sum": stats.entropy_bound_nbytes,
-        "entropy_bound_bytes_whole_model": deltas.entropy_bound_bytes(n, k, 2),
-        "values_raw_bytes": 2 * k,
-    })
-    r["delta_over_entropy_bound"] = len(payload) / stats.entropy_bound_nbytes
-    r["delta_over_raw"] = len(payload) / raw
-    return r
+    def round_() -> tuple[float, float, float]:
+        nonlocal payload, stats
+        m = memcpy.gbps()
+        t_enc, ev = timed(lambda: deltas.encode_version(new, 1, base=base, base_version=0,
+                                                        base_hashes=base_hashes, threads=threads, level=level))
+        payload, stats = ev.to_bytes(), ev.stats
+        del ev
+        for k, v in live.items():
+            v.copy_(base[k])
+        t_apply, _ = timed(lambda: deltas.apply_in_place(payload, live, base_hashes=base_hashes, threads=threads))
+        return m, gb / t_enc, gb / t_apply
+
+    cold = round_()
+    rounds = [round_() for _ in range(repeats)]
+    del live, memcpy
+    mem, enc, dec = (spread([r[i] for r in rounds]) for i in range(3))
+    est = entropy_estimate(base, new)
+    return {"threads": threads, "zstd_level": level, "repeats": repeats,
+            "cold": {"memcpy_gbps": cold[0], "delta_encode_gbps": cold[1], "delta_apply_gbps": cold[2]},
+            "memcpy_gbps": mem, "delta_encode_gbps": enc, "delta_apply_gbps": dec,
+            "encode_vs_memcpy": ratio_spread(enc, mem), "decode_vs_memcpy": ratio_spread(dec, mem),
+            "changed_elements": stats.changed_elements, "changed_fraction": stats.changed_fraction,
+            "delta_bytes": len(payload), "delta_encodings": sorted({e.value for e in stats.encodings.values()}),
+            "entropy_estimate": est, "delta_over_entropy_estimate": len(payload) / est["bytes"]}
+
+
+def snapshot_and_options(base: dict[str, torch.Tensor], new: dict[str, torch.Tensor], threads: int, repeats: int,
+                         level: int) -> dict[str, Any]:
+    """Full snapshot encode/decode, and what the delta codec's options cost (GB/s)."""
+    gb = sum(t.numel() * t.element_size() for t in base.values()) / 1e9
+
+    def snap_round() -> tuple[float, float, int]:
+        t, snap = timed(lambda: deltas.encode_version(base, 0, level=level, threads=threads))
+        nbytes, data = snap.nbytes, snap.to_bytes()
+        del snap
+        t_dec, _ = timed(lambda: deltas.decode(data, threads=threads))
+        return gb / t, gb / t_dec, nbytes
+
+    snaps = [snap_round() for _ in range(repeats + 1)][1:]  # the first is cold
+    payload = deltas.encode_version(new, 1, base=base, base_version=0, threads=threads).to_bytes()
+    base_hashes = deltas.tensor_hashes(base, threads)
+    live = {k: v.clone() for k, v in base.items()}
+
+    def apply(**kw) -> float:
+        for k, v in live.items():
+            v.copy_(base[k])
+        return gb / timed(lambda: deltas.apply_in_place(payload, live, threads=threads, **kw))[0]
+
+    hashing_enc = [gb / timed(lambda: deltas.encode_version(new, 1, base=base, base_version=0,
+                                                            threads=threads))[0] for _ in range(repeats)]
+    return {"snapshot_encode_gbps": spread([s[0] for s in snaps]), "snapshot_decode_gbps": spread([s[1] for s in snaps]),
+            "snapshot_bytes": snaps[0][2], "snapshot_entropy_estimate": entropy_estimate(None, base),
+            "delta_encode_gbps_hashing_base": spread(hashing_enc),
+            "delta_apply_gbps_hashing_base": spread([apply() for _ in range(repeats)]),
+            "delta_apply_gbps_unverified": spread([apply(base_hashes=base_hashes, verify=False)
+                                                   for _ in range(repeats)])}
 
 
 def print_table(r: dict[str, Any]) -> None:
     gb = r["raw_bytes"] / 1e9
+    d = r["delta"]
     rows = [
         ("model", f"{r['params'] / 1e9:.2f} B params bf16, {r['tensors']} tensors, {gb:.2f} GB"),
-        ("changed", f"{r['changed_elements']:,} elements ({r['changed_fraction']:.3%}), {r['values']} new bits"),
-        ("memcpy (numpy.copyto)", f"{r['memcpy_gbps']:.2f} GB/s"),
-        ("snapshot encode", f"{r['snapshot_encode_gbps']:.2f} GB/s  ({r['snapshot_encode_gbps'] / r['memcpy_gbps']:.0%} of memcpy)"),
-        ("snapshot decode", f"{r['snapshot_decode_gbps']:.2f} GB/s"),
-        ("snapshot bytes", f"{r['snapshot_bytes'] / 1e9:.3f} GB ({r['snapshot_bytes'] / r['raw_bytes']:.1%} of raw)"),
-        ("delta encode (cached base hashes)", f"{r['delta_encode_gbps']:.2f} GB/s  ({r['delta_encode_gbps'] / r['memcpy_gbps']:.0%} of memcpy)"),
-        ("delta encode (hashing base)", f"{r['delta_encode_gbps_hashing_base']:.2f} GB/s"),
-        ("delta decode+apply (cached, verified)", f"{r['delta_apply_gbps']:.2f} GB/s  ({r['delta_apply_gbps'] / r['memcpy_gbps']:.0%} of memcpy)"),
-        ("delta decode+apply (hashing base)", f"{r['delta_apply_gbps_hashing_base']:.2f} GB/s"),
-        ("delta decode+apply (no result check)", f"{r['delta_apply_gbps_unverified']:.2f} GB/s"),
-        ("delta bytes", f"{r['delta_bytes'] / 1e6:.1f} MB ({r['delta_over_raw']:.2%} of raw), encodings {','.join(r['delta_encodings'])}"),
-        ("entropy bound (per tensor)", f"{r['entropy_bound_bytes_per_tensor_sum'] / 1e6:.1f} MB -> delta is {r['delta_over_entropy_bound']:.3f}x the bound"),
-        ("  of which raw values", f"{r['values_raw_bytes'] / 1e6:.1f} MB"),
+        ("changed", f"{d['changed_elements']:,} elements ({d['changed_fraction']:.3%}), {r['values']} new bits"),
+        (f"memcpy (numpy.copyto, {d['threads']} threads)", f"{fmt_spread(d['memcpy_gbps'])} GB/s"),
+        ("delta encode (cached base hashes)", f"{fmt_spread(d['delta_encode_gbps'])} GB/s  "
+                                              f"(vs memcpy {fmt_spread(d['encode_vs_memcpy'], '.3f')})"),
+        ("delta decode+apply (cached, verified)", f"{fmt_spread(d['delta_apply_gbps'])} GB/s  "
+                                                  f"(vs memcpy {fmt_spread(d['decode_vs_memcpy'], '.3f')})"),
+        ("delta bytes", f"{d['delta_bytes'] / 1e6:.1f} MB ({d['delta_bytes'] / r['raw_bytes']:.2%} of raw), "
+                        f"encodings {','.join(d['delta_encodings'])}"),
+        ("entropy estimate (mask + byte planes)", f"{d['entropy_estimate']['bytes'] / 1e6:.1f} MB -> delta is "
+                                                  f"{d['delta_over_entropy_estimate']:.3f}x the estimate"),
     ]
+    if "options" in r:
+        o = r["options"]
+        rows += [
+            ("snapshot encode", f"{fmt_spread(o['snapshot_encode_gbps'])} GB/s"),
+            ("snapshot decode", f"{fmt_spread(o['snapshot_decode_gbps'])} GB/s"),
+            ("snapshot bytes", f"{o['snapshot_bytes'] / 1e9:.3f} GB ({o['snapshot_bytes'] / r['raw_bytes']:.1%} of raw; "
+                               f"estimate {o['snapshot_entropy_estimate']['bytes'] / 1e9:.3f} GB)"),
+            ("delta encode (hashing base)", f"{fmt_spread(o['delta_encode_gbps_hashing_base'])} GB/s"),
+            ("delta decode+apply (hashing base)", f"{fmt_spread(o['delta_apply_gbps_hashing_base'])} GB/s"),
+            ("delta decode+apply (no result check)", f"{fmt_spread(o['delta_apply_gbps_unverified'])} GB/s"),
+        ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", type=float, default=1e9, help="model size in parameters (default 1e9)")
     ap.add_argument("--tensors", type=int, default=16)
@@ -163,14 +263,29 @@ def main() -> None:
     ap.add_argument("--values", choices=["random", "ulp"], default="random")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--level", type=int, default=deltas.DEFAULT_LEVEL, help="zstd level")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="1e8 parameters (a smoke run)")
     ap.add_argument("--out", type=Path, default=RESULTS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.params = min(args.params, 1e8)
+    if args.repeats < 3:
+        ap.error("--repeats must be >= 3 (the tables show median and spread)")
+    load_before = load_now()
     torch.manual_seed(0)
-    r = run(int(args.params), args.tensors, args.fraction, args.values, args.threads, args.level)
+    base = make_model(int(args.params), args.tensors, seed=0)
+    new = make_step(base, args.fraction, args.values, seed=1)
+    r: dict[str, Any] = {"benchmark": "codec_throughput", "params": sum(t.numel() for t in base.values()),
+                         "tensors": args.tensors, "dtype": "bfloat16", "changed_fraction_target": args.fraction,
+                         "values": args.values, "raw_bytes": sum(t.numel() * t.element_size() for t in base.values()),
+                         "same_measurement_as": "weight_transfer.json 'synthetic' (delta_codec); differs only by run"}
+    r["delta"] = delta_codec(base, new, args.threads, args.repeats, args.level)
+    r["options"] = snapshot_and_options(base, new, args.threads, args.repeats, args.level)
     r["machine"] = {"torch": torch.__version__, "numpy": np.__version__}
     print_table(r)
-    write_results(args.out, r)
+    write_results(args.out, r, load_before)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

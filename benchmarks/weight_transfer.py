@@ -4,18 +4,23 @@ One run, one table:
 
 (a) real deltas: GRPO steps of the DeepSpeed CPU trainer on the tiny model, with
     rollouts from the CPU engine on the arithmetic task. Per step: the changed fraction,
-    delta bytes against full-snapshot bytes, and against the entropy bound for that many
-    changed positions (log2 C(n, k) bits + the raw new values). Both as the CPU trainer
-    hands them over (fp32) and cast to bf16 (what a bf16 inference engine receives);
+    delta bytes against full-snapshot bytes, and against an empirical entropy estimate
+    of the change mask and the new values (``codec_throughput.entropy_estimate``: an
+    estimate, not a bound — zstd may beat it). Both as the CPU trainer hands them over
+    (fp32) and cast to bf16 (what a bf16 inference engine receives);
 (b) a synthetic bf16 model (1 B parameters by default) with 1 % of elements changed:
-    delta encode and decode+apply throughput in GB/s of model weights, next to
-    ``numpy.copyto`` bandwidth on the same bytes (functions of ``codec_throughput.py``);
+    ``codec_throughput.delta_codec`` — memcpy with the codec's thread count, delta
+    encode and decode+apply, repeated and paired run by run (``encode_vs_memcpy``,
+    ``decode_vs_memcpy``);
 (c) publish -> every subscriber holds the verified version, through a real broker, for
-    the tiny model and the synthetic model: a delta step vs a full snapshot (a cold
-    publisher, so subscribers take the snapshot path).
+    the tiny model and the synthetic model: a full snapshot (a cold publisher, so
+    subscribers take the snapshot path) then deltas, ``--repeats`` times on fresh
+    topics. ``snapshot_e2e_MBps`` is the snapshot's payload bytes over that time;
+    ``kafka_tool_consume_MBps`` is ``kafka-consumer-perf-test`` reading the very same
+    chunk records from the same broker right after (the ceiling for the wire part).
 
     python -m astraflow.benchmarks.weight_transfer                 # 1 B parameters
-    python -m astraflow.benchmarks.weight_transfer --params 1e8    # quick run
+    python -m astraflow.benchmarks.weight_transfer --quick         # 1e8, a smoke run
 
 Writes benchmarks/results/weight_transfer.json.
 """
@@ -28,7 +33,6 @@ import dataclasses
 import gc
 import os
 import resource
-import statistics
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -38,14 +42,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from astraflow.benchmarks.results_io import write_results
 from astraflow.actors.weights import WeightPublisher, WeightSubscriber
-from astraflow.benchmarks.codec_throughput import make_model, make_step, memcpy_gbps, timed
+from astraflow.benchmarks.codec_throughput import delta_codec, entropy_estimate, make_model, make_step
+from astraflow.benchmarks.results_io import fmt_spread, load_now, spread, write_results
 from astraflow.engines import deltas
 from astraflow.topics import EmbeddedBroker, JobTopics, ensure_topics
 
 RESULTS = Path(__file__).resolve().parent / "results" / "weight_transfer.json"
-GB = 1e9
+GB, MB = 1e9, 1e6
 
 
 # ---------------------------------------------------------------- (a) real RL deltas
@@ -89,52 +93,54 @@ def rl_steps(steps: int, prompts: int, samples: int, seed: int) -> tuple[list[di
 
 
 def delta_sizes(weights: list[dict[str, torch.Tensor]], dtype: torch.dtype | None) -> dict[str, Any]:
-    """Per step: changed fraction, delta/snapshot bytes, delta/entropy bound."""
+    """Per step: changed fraction, delta/snapshot bytes, delta/entropy estimate (spreads over steps)."""
     seq = [{k: v.to(dtype) for k, v in w.items()} if dtype is not None else w for w in weights]
     snap = deltas.encode_version(seq[-1], len(seq) - 1)
     per_step = []
     for v in range(1, len(seq)):
         ev = deltas.encode_version(seq[v], v, base=seq[v - 1], base_version=v - 1)
+        est = entropy_estimate(seq[v - 1], seq[v])
         per_step.append({"version": v, "changed_fraction": ev.stats.changed_fraction, "delta_bytes": ev.nbytes,
-                         "entropy_bound_bytes": ev.stats.entropy_bound_nbytes,
+                         "entropy_estimate_bytes": est["bytes"], "entropy_estimate_mask_bytes": est["mask_bytes"],
                          "encodings": sorted({e.value for e in ev.stats.encodings.values()})})
     return {"dtype": str(next(iter(seq[0].values())).dtype).removeprefix("torch."), "snapshot_bytes": snap.nbytes,
             "raw_bytes": snap.stats.raw_nbytes, "steps": per_step,
-            "changed_fraction": statistics.median(s["changed_fraction"] for s in per_step),
-            "delta_over_snapshot": statistics.median(s["delta_bytes"] / snap.nbytes for s in per_step),
-            "delta_over_entropy_bound": statistics.median(s["delta_bytes"] / s["entropy_bound_bytes"]
-                                                          for s in per_step)}
-
-
-# ---------------------------------------------------------------- (b) codec throughput
-
-
-def codec_throughput(base: dict[str, torch.Tensor], new: dict[str, torch.Tensor], threads: int) -> dict[str, Any]:
-    gb = sum(t.numel() * t.element_size() for t in base.values()) / GB
-    base_hashes = deltas.tensor_hashes(base, threads)  # the publisher keeps these from the last version
-    t_enc, ev = timed(lambda: deltas.encode_version(new, 1, base=base, base_version=0,
-                                                    base_hashes=base_hashes, threads=threads))
-    payload, stats = ev.to_bytes(), ev.stats
-    del ev
-    live = {k: v.clone() for k, v in base.items()}
-    t_apply, _ = timed(lambda: deltas.apply_in_place(payload, live, base_hashes=base_hashes, threads=threads))
-    del live
-    return {"memcpy_gbps": memcpy_gbps(base, repeats=3), "delta_encode_gbps": gb / t_enc,
-            "delta_apply_gbps": gb / t_apply, "changed_fraction": stats.changed_fraction,
-            "delta_bytes": len(payload), "threads": threads}
+            "changed_fraction": spread([s["changed_fraction"] for s in per_step]),
+            "delta_over_snapshot": spread([s["delta_bytes"] / snap.nbytes for s in per_step]),
+            "delta_over_entropy_estimate": spread([s["delta_bytes"] / s["entropy_estimate_bytes"] for s in per_step])}
 
 
 # ---------------------------------------------------------------- (c) latency through Kafka
 
 
 def transfer_latency(bootstrap: str, label: str, version: Callable[[int], Mapping[str, torch.Tensor]], count: int,
-                     subscribers: int, threads: int) -> dict[str, Any]:
-    """Seconds from ``publish()`` until every subscriber holds the version.
+                     subscribers: int, threads: int, repeats: int) -> dict[str, Any]:
+    """Seconds from ``publish()`` until every subscriber holds the version, ``repeats`` times.
 
-    Version 0 goes out from a cold publisher (a full snapshot; subscribers start empty and
-    take the snapshot path); versions 1..count-1 are deltas that followers apply in place.
-    ``version(v)`` makes the weights of version v when they are needed (saves RAM).
+    Each repetition uses fresh topics, a cold publisher and empty subscribers: version 0
+    goes out as a full snapshot (subscribers take the snapshot path), versions
+    1..count-1 as deltas that they apply in place. ``version(v)`` makes the weights of
+    version v when they are needed (saves RAM). The last repetition's weights topic is
+    left for :func:`kafka_tool_consume`.
     """
+    runs = [_transfer_once(bootstrap, label, version, count, subscribers, threads) for _ in range(repeats)]
+    full_s = spread([r["full_s"] for r in runs])
+    snap_bytes = runs[-1]["full_bytes"]
+    return {"subscribers": subscribers, "repeats": repeats, "full_s": full_s,
+            "delta_s": spread([s for r in runs for s in r["delta_s"]]),
+            "full_bytes": snap_bytes, "raw_bytes": runs[-1]["raw_bytes"], "delta_bytes": runs[-1]["delta_bytes"],
+            "snapshot_e2e_MBps": spread([r["full_bytes"] / r["full_s"] / MB for r in runs]),
+            "snapshot_e2e_raw_MBps": spread([r["raw_bytes"] / r["full_s"] / MB for r in runs]),
+            "full_encode_s": spread([r["full_encode_s"] for r in runs]),
+            "full_write_s": spread([r["full_write_s"] for r in runs]),
+            "delta_encode_s": spread([r["delta_encode_s"] for r in runs]),
+            "delta_write_s": spread([r["delta_write_s"] for r in runs]),
+            "weights_topic": runs[-1]["weights_topic"], "weights_records": runs[-1]["weights_records"],
+            "weights_topic_bytes": runs[-1]["weights_topic_bytes"]}
+
+
+def _transfer_once(bootstrap: str, label: str, version: Callable[[int], Mapping[str, torch.Tensor]], count: int,
+                   subscribers: int, threads: int) -> dict[str, Any]:
     topics = JobTopics(job=f"wt{label}{uuid.uuid4().hex[:6]}", policies=("policy",), task_partitions=1,
                        trajectory_partitions=1)
     ensure_topics(bootstrap, topics.specs())
@@ -160,16 +166,28 @@ def transfer_latency(bootstrap: str, label: str, version: Callable[[int], Mappin
         digest = deltas.weights_digest(named)
         assert all(s.digest() == digest for s in subs), "a subscriber does not hold the trainer's bits"
         assert all(not s.faults for s in subs), [s.faults for s in subs]
-        by_kind = {p.kind: p for p in pub.published}  # the last of each kind
+        published = list(pub.published)
     finally:
         for s in subs:
             s.close()
         pub.close()
-    snap, dl = by_kind["snapshot"], by_kind["delta"]
-    return {"subscribers": subscribers, "full_s": full, "delta_s": statistics.median(delta),
-            "delta_runs": len(delta), "full_bytes": snap.payload_bytes, "delta_bytes": dl.payload_bytes,
-            "full_encode_s": snap.encode_s, "full_write_s": snap.write_s,
-            "delta_encode_s": dl.encode_s, "delta_write_s": dl.write_s}
+    by_kind = {p.kind: p for p in published}  # the last of each kind
+    snap, dl = by_kind["snapshot"], by_kind.get("delta")
+    return {"full_s": full, "delta_s": delta, "full_bytes": snap.payload_bytes, "raw_bytes": snap.stats.raw_nbytes,
+            "delta_bytes": dl.payload_bytes if dl else None, "full_encode_s": snap.encode_s,
+            "full_write_s": snap.write_s, "delta_encode_s": dl.encode_s if dl else 0.0,
+            "delta_write_s": dl.write_s if dl else 0.0, "weights_topic": topics.weights("policy"),
+            "weights_records": sum(p.chunks for p in published),
+            "weights_topic_bytes": sum(p.payload_bytes for p in published)}
+
+
+def kafka_tool_consume(bootstrap: str, latency: dict[str, Any], repeats: int) -> dict[str, Any]:
+    """``kafka-consumer-perf-test`` reading the weights topic the last transfer wrote."""
+    from astraflow.benchmarks.topics_throughput import perf_consumer
+
+    runs = [perf_consumer(bootstrap, latency["weights_topic"], latency["weights_records"]) for _ in range(repeats)]
+    return {"topic": latency["weights_topic"], "records": latency["weights_records"],
+            "MBps": spread([r["bytes"] / r["seconds"] / MB for r in runs]), "raw": [r["raw"] for r in runs]}
 
 
 # ---------------------------------------------------------------- main
@@ -187,32 +205,35 @@ def print_table(r: dict[str, Any]) -> None:
     ]
     for d in (rl["fp32"], rl["bf16"]):
         rows += [
-            (f"  {d['dtype']}: changed per step (median)", f"{d['changed_fraction']:.2%}  "
-             f"[{', '.join(format(s['changed_fraction'], '.1%') for s in d['steps'])}]"),
-            (f"  {d['dtype']}: delta / full snapshot", f"{d['delta_over_snapshot']:.3f}  "
+            (f"  {d['dtype']}: changed per step", f"{fmt_spread(d['changed_fraction'], '.1%')}"),
+            (f"  {d['dtype']}: delta / full snapshot", f"{fmt_spread(d['delta_over_snapshot'], '.3f')}  "
              f"(snapshot {d['snapshot_bytes'] / 1e6:.2f} MB, raw {d['raw_bytes'] / 1e6:.2f} MB)"),
-            (f"  {d['dtype']}: delta / entropy bound", f"{d['delta_over_entropy_bound']:.3f}"),
+            (f"  {d['dtype']}: delta / entropy estimate", fmt_spread(d["delta_over_entropy_estimate"], ".3f")),
         ]
     rows += [
         ("synthetic model", f"{syn['params'] / 1e9:.2f} B params bf16, {syn['changed_fraction']:.2%} changed, "
-                            f"{syn['threads']} threads"),
-        ("  memcpy (numpy.copyto)", f"{syn['memcpy_gbps']:.2f} GB/s"),
-        ("  delta encode", f"{syn['delta_encode_gbps']:.2f} GB/s of weights "
-                           f"({syn['delta_encode_gbps'] / syn['memcpy_gbps']:.1%} of memcpy)"),
-        ("  delta decode+apply (verified)", f"{syn['delta_apply_gbps']:.2f} GB/s of weights "
-                                            f"({syn['delta_apply_gbps'] / syn['memcpy_gbps']:.1%} of memcpy)"),
+                            f"{syn['threads']} threads, {syn['repeats']} rounds"),
+        (f"  memcpy (numpy.copyto, {syn['threads']} threads)", f"{fmt_spread(syn['memcpy_gbps'])} GB/s"),
+        ("  delta encode", f"{fmt_spread(syn['delta_encode_gbps'])} GB/s of weights "
+                           f"(vs memcpy {fmt_spread(syn['encode_vs_memcpy'], '.3f')})"),
+        ("  delta decode+apply (verified)", f"{fmt_spread(syn['delta_apply_gbps'])} GB/s of weights "
+                                            f"(vs memcpy {fmt_spread(syn['decode_vs_memcpy'], '.3f')})"),
     ]
     for key, name in (("tiny", "tiny model"), ("big", "synthetic model")):
         lat = r["latency"][key]
         rows += [
             (f"publish -> {lat['subscribers']} subscribers hold it, {name}",
-             f"delta {lat['delta_s']:.2f} s ({lat['delta_bytes'] / 1e6:.2f} MB) | "
-             f"full {lat['full_s']:.2f} s ({lat['full_bytes'] / 1e6:.1f} MB)"),
-            ("  of which publisher encode | write+ack",
-             f"delta {lat['delta_encode_s']:.2f} | {lat['delta_write_s']:.2f} s, "
-             f"full {lat['full_encode_s']:.2f} | {lat['full_write_s']:.2f} s"),
+             f"delta {fmt_spread(lat['delta_s'])} s ({lat['delta_bytes'] / 1e6:.2f} MB) | "
+             f"full {fmt_spread(lat['full_s'])} s ({lat['full_bytes'] / 1e6:.1f} MB)"),
+            ("  of which publisher encode | write+ack (median)",
+             f"delta {lat['delta_encode_s']['median']:.2f} | {lat['delta_write_s']['median']:.2f} s, "
+             f"full {lat['full_encode_s']['median']:.2f} | {lat['full_write_s']['median']:.2f} s"),
+            ("  snapshot end to end", f"{fmt_spread(lat['snapshot_e2e_MBps'], '.1f')} MB/s of payload"),
         ]
-    rows.append(("peak RSS (publisher + subscribers + models)", f"{r['peak_rss_gb']:.1f} GB"))
+    k = r["kafka_tool_consume"]
+    rows += [(f"kafka-consumer-perf-test on those {k['records']} chunk records", f"{fmt_spread(k['MBps'], '.1f')} MB/s"),
+             ("snapshot end to end / Kafka tool", f"{r['snapshot_e2e_vs_kafka_tool']:.3f}"),
+             ("peak RSS (publisher + subscribers + models)", f"{r['peak_rss_gb']:.1f} GB")]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
@@ -228,10 +249,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--big-subscribers", type=int, default=2,
                     help="subscribers for the synthetic model (each holds a copy: mind RAM)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="1e8 parameters, 3 RL steps (a smoke run)")
     ap.add_argument("--bootstrap-servers")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
-    r: dict[str, Any] = {}
+    if args.quick:
+        args.params, args.rl_steps = min(args.params, 1e8), min(args.rl_steps, 3)
+    if args.repeats < 3:
+        ap.error("--repeats must be >= 3 (the tables show median and spread)")
+    load_before = load_now()
+    r: dict[str, Any] = {"benchmark": "weight_transfer", "repeats": args.repeats}
 
     weights, info = rl_steps(args.rl_steps, prompts=8, samples=4, seed=0)
     r["rl"] = {"info": info, "fp32": delta_sizes(weights, None), "bf16": delta_sizes(weights, torch.bfloat16)}
@@ -239,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     base = make_model(int(args.params), args.tensors, seed=0)
     new = make_step(base, args.fraction, "random", seed=1)
     r["synthetic"] = {"params": sum(t.numel() for t in base.values()), "tensors": args.tensors,
-                      **codec_throughput(base, new, args.threads)}
+                      **delta_codec(base, new, args.threads, args.repeats)}
     del new  # made again (same seed) once the snapshot phase is over: keeps peak RSS down
     gc.collect()
 
@@ -247,15 +275,23 @@ def main(argv: list[str] | None = None) -> int:
         bootstrap = args.bootstrap_servers or stack.enter_context(EmbeddedBroker(heap="1g")).bootstrap_servers
         r["latency"] = {
             "tiny": transfer_latency(bootstrap, "tiny", weights.__getitem__, len(weights), args.subscribers,
-                                     args.threads),
+                                     args.threads, args.repeats),
             "big": transfer_latency(bootstrap, "big",
                                     lambda v: base if v == 0 else make_step(base, args.fraction, "random", seed=v),
-                                    2, args.big_subscribers, args.threads),
+                                    2, args.big_subscribers, args.threads, args.repeats),
         }
+        r["kafka_tool_consume"] = kafka_tool_consume(bootstrap, r["latency"]["big"], args.repeats)
+    big, syn = r["latency"]["big"], r["synthetic"]
+    # The issue's headline numbers, each from this run (medians; the spreads are above).
+    r["snapshot_e2e_MBps"] = big["snapshot_e2e_MBps"]["median"]
+    r["kafka_tool_consume_MBps"] = r["kafka_tool_consume"]["MBps"]["median"]
+    r["snapshot_e2e_vs_kafka_tool"] = r["snapshot_e2e_MBps"] / r["kafka_tool_consume_MBps"]
+    r["encode_vs_memcpy"] = syn["encode_vs_memcpy"]["median"]
+    r["decode_vs_memcpy"] = syn["decode_vs_memcpy"]["median"]
     r["peak_rss_gb"] = rss_gb()
     r["machine"] = {"torch": torch.__version__, "numpy": np.__version__}
     print_table(r)
-    write_results(args.out, r)
+    write_results(args.out, r, load_before)
     return 0
 
 

@@ -67,3 +67,54 @@ def test_compare_refuses_unequal_work():
         engine_throughput.compare(lambda: 10, lambda: 11, repeats=3)
     out = engine_throughput.compare(lambda: 10, lambda: 10, repeats=3)
     assert out["tokens"] == 10 and out["speedup"]["n"] == 3 and "cold" in out
+
+
+def test_entropy_estimate_counts_mask_and_value_bytes():
+    """The delta's reference line: log2 C(n, k) for the mask, byte-plane entropy for values."""
+    import math
+
+    import numpy as np
+
+    from astraflow.benchmarks import codec_throughput as ct
+    from astraflow.engines.weight_format import tensor_bits
+
+    n = 1 << 16
+    base = {"w": torch.zeros(n, dtype=torch.bfloat16)}
+    same_value = {"w": base["w"].clone()}
+    same_value["w"][:100] = 1.0  # k = 100 changes, all to the same bits: no value entropy
+    est = ct.entropy_estimate(base, same_value)
+    mask = (math.lgamma(n + 1) - math.lgamma(101) - math.lgamma(n - 99)) / math.log(2) / 8
+    assert est["changed"] == 100 and est["values_bytes"] == 0
+    assert est["mask_bytes"] == math.ceil(mask)
+    noisy = {"w": base["w"].clone()}
+    rng = np.random.default_rng(0)
+    tensor_bits(noisy["w"])[:] = rng.integers(1, 1 << 16, size=n, dtype=np.uint16)  # every element, random bits
+    est = ct.entropy_estimate(base, noisy)
+    assert est["mask_bytes"] == 0 and 0.98 * 2 * n <= est["values_bytes"] <= 2 * n
+    assert ct.entropy_estimate(None, noisy)["bytes"] == est["values_bytes"]  # a snapshot: no mask
+
+
+def test_delta_codec_pairs_each_round_with_a_memcpy_of_the_same_threads():
+    from astraflow.benchmarks import codec_throughput as ct
+
+    base = ct.make_model(200_000, 4, seed=0)
+    new = ct.make_step(base, 0.01, "random", seed=1)
+    r = ct.delta_codec(base, new, threads=2, repeats=3)
+    assert r["threads"] == 2 and r["memcpy_gbps"]["n"] == 3 and "cold" in r
+    for codec, ratio in (("delta_encode_gbps", "encode_vs_memcpy"), ("delta_apply_gbps", "decode_vs_memcpy")):
+        assert r[ratio]["runs"] == pytest.approx([c / m for c, m in zip(r[codec]["runs"], r["memcpy_gbps"]["runs"])])
+    assert 0.9 < r["delta_over_entropy_estimate"] < 1.5
+    assert ct.Memcpy(base, 2).gbps() > 0
+
+
+def test_weight_transfer_reports_snapshot_e2e_and_the_kafka_tool_on_the_same_records(bootstrap):
+    from astraflow.benchmarks import codec_throughput as ct
+    from astraflow.benchmarks import weight_transfer as wt
+
+    base = ct.make_model(100_000, 2, seed=0)
+    lat = wt.transfer_latency(bootstrap, "t", lambda v: base if v == 0 else ct.make_step(base, 0.01, "random", v),
+                              2, subscribers=1, threads=1, repeats=1)
+    assert lat["snapshot_e2e_MBps"]["median"] == pytest.approx(lat["full_bytes"] / lat["full_s"]["median"] / 1e6)
+    assert lat["weights_records"] >= 2 and lat["weights_topic_bytes"] > lat["full_bytes"]
+    tool = wt.kafka_tool_consume(bootstrap, lat, repeats=1)
+    assert tool["records"] == lat["weights_records"] and tool["MBps"]["median"] > 0
