@@ -9,7 +9,13 @@ One embedded broker (or ``--bootstrap-servers``), one run, two workloads:
 (b) 1 MiB weight chunks through ``write_chunks`` / ``ChunkReader`` (sha256 per chunk
     and per object), next to the perf tools at the same record size, no compression.
 
-Prints one table (records/s, MB/s, ours/Kafka ratio) and writes JSON to
+A third client, plain kafka-python with the same settings and the same bytes (values
+and headers encoded beforehand; no decoding, no checksums), shows what our wrappers
+cost on top of the client library they use, apart from what kafka-python costs
+against Kafka's Java clients. Every client runs ``--repeats`` times on fresh topics,
+in turn, so load from other processes hits all three alike: median (min–max).
+
+Prints one table (MB/s, ours/Kafka tool, ours/kafka-python) and writes JSON to
 ``benchmarks/results/topics_throughput.json``.
 """
 
@@ -17,13 +23,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+from collections import defaultdict
 import os
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from astraflow.benchmarks.results_io import write_results
+from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
 from astraflow.topics import (ChunkReader, Consumer, EmbeddedBroker, Producer, Sample, TopicSpec,
                               TrajectoryGroup, ensure_topics, write_chunks)
 from astraflow.topics.codec import encode
@@ -82,16 +89,14 @@ def _consumer_props() -> str:
     return str(path)
 
 
-def ours_typed(bootstrap: str, topic: str, n: int) -> tuple[dict, dict, int]:
-    msgs = [trajectory(i) for i in range(min(n, 2000))]
-    value_bytes = sum(len(encode(m)[0]) for m in msgs) / len(msgs)
+def ours_typed(bootstrap: str, topic: str, msgs: list[TrajectoryGroup], n: int, value_bytes: float) -> tuple[dict, dict]:
     with Producer(bootstrap, client_id="bench", linger_ms=5) as p:
         t0 = time.perf_counter()
         for i in range(n):
             p.send(topic, msgs[i % len(msgs)], key=f"task-{i}", trace=False)
         p.flush()
         dt = time.perf_counter() - t0
-    prod = {"records": n, "records_per_s": n / dt, "bytes": n * value_bytes, "seconds": dt}
+    prod = {"records": n, "bytes": n * value_bytes, "seconds": dt}
     with Consumer(bootstrap, topics=[topic], group_id=f"bench-{uuid.uuid4().hex[:6]}",
                   max_poll_records=2000) as c:
         got, t0 = 0, None
@@ -102,12 +107,55 @@ def ours_typed(bootstrap: str, topic: str, n: int) -> tuple[dict, dict, int]:
             t0 = t0 or time.perf_counter()
             got += len(batch)
         dt = time.perf_counter() - t0
-    cons = {"records": got, "records_per_s": got / dt, "bytes": got * value_bytes, "seconds": dt}
-    return prod, cons, int(value_bytes)
+    return prod, {"records": got, "bytes": got * value_bytes, "seconds": dt}
 
 
-def ours_chunks(bootstrap: str, topic: str, total_mb: int, chunk: int) -> tuple[dict, dict]:
-    payload = os.urandom(total_mb * 1024 * 1024)
+def plain_produce(bootstrap: str, topic: str, records: list[tuple[bytes, list]], n: int, **settings) -> dict:
+    """kafka-python's ``KafkaProducer`` sending ready-made (value, headers) pairs."""
+    from kafka import KafkaProducer
+
+    kp = KafkaProducer(bootstrap_servers=bootstrap, client_id="bench-plain", acks="all", enable_idempotence=True,
+                       batch_size=256 * 1024, **settings)
+    try:
+        t0 = time.perf_counter()
+        futures = [kp.send(topic, value=records[i % len(records)][0], key=f"task-{i}".encode(),
+                           headers=records[i % len(records)][1], partition=0) for i in range(n)]
+        kp.flush()
+        dt = time.perf_counter() - t0
+        for f in futures:
+            f.get(0)  # every record acknowledged, as ours checks
+    finally:
+        kp.close()
+    return {"records": n, "bytes": sum(len(records[i % len(records)][0]) for i in range(n)), "seconds": dt}
+
+
+def plain_consume(bootstrap: str, topic: str, n: int) -> dict:
+    """kafka-python's ``KafkaConsumer`` reading ``n`` records' bytes (no decoding)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    kc = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                       isolation_level="read_committed", max_partition_fetch_bytes=8 * 1024 * 1024,
+                       fetch_max_bytes=64 * 1024 * 1024, client_id="bench-plain")
+    try:
+        kc.assign([TopicPartition(topic, 0)])
+        kc.seek_to_beginning()
+        got = nbytes = 0
+        t0 = None
+        while got < n:
+            batches = kc.poll(5000, max_records=2000)
+            if not batches:
+                raise RuntimeError(f"kafka-python consumer stalled at {got}/{n}")
+            t0 = t0 or time.perf_counter()
+            for records in batches.values():
+                got += len(records)
+                nbytes += sum(len(r.value) for r in records)
+        dt = time.perf_counter() - t0
+    finally:
+        kc.close()
+    return {"records": got, "bytes": nbytes, "seconds": dt}
+
+
+def ours_chunks(bootstrap: str, topic: str, payload: bytes, chunk: int) -> tuple[dict, dict]:
     with Producer(bootstrap, client_id="bench-chunks", compression_type=None, linger_ms=0,
                   max_request_size=4 * 1024 * 1024) as p:
         t0 = time.perf_counter()
@@ -119,68 +167,122 @@ def ours_chunks(bootstrap: str, topic: str, total_mb: int, chunk: int) -> tuple[
         dt_r = time.perf_counter() - t0
     assert back == payload
     n = len(manifest.chunks)
-    return ({"records": n, "records_per_s": n / dt_w, "bytes": len(payload), "seconds": dt_w},
-            {"records": n, "records_per_s": n / dt_r, "bytes": len(payload), "seconds": dt_r})
+    return ({"records": n, "bytes": len(payload), "seconds": dt_w},
+            {"records": n, "bytes": len(payload), "seconds": dt_r})
+
+
+def one_round(bootstrap: str, names: dict[str, str], args, msgs, value_bytes: float, payload_file: Path,
+              payload: bytes, chunk: int) -> list[tuple[str, str, str, dict]]:
+    """Every client on every workload once: ``(workload, op, client, measurement)``."""
+    out = []
+    typed, chunks = "typed ~4 KiB trajectories", "1 MiB weight chunks"
+    op, oc = ours_typed(bootstrap, names["ours4k"], msgs, args.records, value_bytes)
+    encoded = [encode(m, "bench") for m in msgs]
+    pp = plain_produce(bootstrap, names["plain4k"], encoded, args.records, compression_type="zstd", linger_ms=5)
+    pc = plain_consume(bootstrap, names["plain4k"], args.records)
+    kp = perf_producer(bootstrap, names["kafka4k"], args.records, None, str(payload_file),
+                       {"acks": "all", "enable.idempotence": "true", "compression.type": "zstd",
+                        "linger.ms": "5", "batch.size": str(256 * 1024)})
+    kp.update(bytes=kp["records"] * value_bytes, seconds=kp["records"] / kp["records_per_s"])
+    kc = perf_consumer(bootstrap, names["kafka4k"], args.records)
+    out += [(typed, "produce", "ours", op), (typed, "consume", "ours", oc),
+            (typed, "produce", "kafka-python", pp), (typed, "consume", "kafka-python", pc),
+            (typed, "produce", "kafka tool", kp), (typed, "consume", "kafka tool", kc)]
+
+    cw, cr = ours_chunks(bootstrap, names["ourschunks"], payload, chunk)
+    n_chunks = cw["records"]
+    pieces = [(bytes(payload[i:i + chunk]), []) for i in range(0, len(payload), chunk)]
+    pw = plain_produce(bootstrap, names["plainchunks"], pieces, n_chunks, compression_type=None, linger_ms=0,
+                       max_request_size=4 * 1024 * 1024)
+    pr = plain_consume(bootstrap, names["plainchunks"], n_chunks)
+    kp2 = perf_producer(bootstrap, names["kafkachunks"], n_chunks, chunk, None,
+                        {"acks": "all", "enable.idempotence": "true", "compression.type": "none",
+                         "max.request.size": str(4 * 1024 * 1024), "linger.ms": "0"})
+    kp2.update(bytes=kp2["records"] * chunk, seconds=kp2["records"] / kp2["records_per_s"])
+    kc2 = perf_consumer(bootstrap, names["kafkachunks"], n_chunks)
+    out += [(chunks, "produce", "ours", cw), (chunks, "consume", "ours", cr),
+            (chunks, "produce", "kafka-python", pw), (chunks, "consume", "kafka-python", pr),
+            (chunks, "produce", "kafka tool", kp2), (chunks, "consume", "kafka tool", kc2)]
+    return out
+
+
+CLIENTS = {"ours": "ours", "kafka-python": "plain", "kafka tool": "kafka"}
+
+
+def summarise(rounds: list[list[tuple[str, str, str, dict]]]) -> list[dict]:
+    """One row per (workload, op): each client's MB/s and records/s as spreads, and the
+    ratios paired round by round."""
+    runs: dict[tuple[str, str], dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for rnd in rounds:
+        for workload, op, client, m in rnd:
+            runs[(workload, op)][client].append(m)
+    table = []
+    for (workload, op), by_client in runs.items():
+        row: dict = {"workload": workload, "op": op}
+        for client, prefix in CLIENTS.items():
+            ms = by_client[client]
+            row[f"{prefix}_MB_per_s"] = spread([m["bytes"] / m["seconds"] / MB for m in ms])
+            row[f"{prefix}_records_per_s"] = spread([m["records"] / m["seconds"] for m in ms])
+        row["ours_over_kafka"] = ratio_spread(row["ours_records_per_s"], row["kafka_records_per_s"])
+        row["ours_over_plain"] = ratio_spread(row["ours_records_per_s"], row["plain_records_per_s"])
+        row["plain_over_kafka"] = ratio_spread(row["plain_records_per_s"], row["kafka_records_per_s"])
+        table.append(row)
+    return table
+
+
+def print_table(table: list[dict]) -> None:
+    hdr = (f"{'workload':26} {'op':8} {'ours MB/s':>20} {'kafka-python MB/s':>20} {'Kafka tool MB/s':>20} "
+           f"{'ours/tool':>18} {'ours/kafka-python':>18}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in table:
+        print(f"{r['workload']:26} {r['op']:8} {fmt_spread(r['ours_MB_per_s'], '.1f'):>20} "
+              f"{fmt_spread(r['plain_MB_per_s'], '.1f'):>20} {fmt_spread(r['kafka_MB_per_s'], '.1f'):>20} "
+              f"{fmt_spread(r['ours_over_kafka']):>18} {fmt_spread(r['ours_over_plain']):>18}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bootstrap-servers")
     ap.add_argument("--records", type=int, default=30_000, help="4 KiB trajectory records")
-    ap.add_argument("--chunk-mb", type=int, default=512, help="MiB of weight chunks")
+    ap.add_argument("--chunk-mb", type=int, default=256, help="MiB of weight chunks")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="3,000 records, 32 MiB of chunks (a smoke run)")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
+    if args.quick:
+        args.records, args.chunk_mb = min(args.records, 3000), min(args.chunk_mb, 32)
+    if args.repeats < 3:
+        ap.error("--repeats must be >= 3 (the tables show median and spread)")
+    load_before = load_now()
     chunk = 1024 * 1024
-    with contextlib.ExitStack() as stack:
-        bootstrap = args.bootstrap_servers
-        if not bootstrap:
-            bootstrap = stack.enter_context(EmbeddedBroker(heap="2g")).bootstrap_servers
-        job = f"bench{uuid.uuid4().hex[:6]}"
-        names = {k: f"af.{job}.{k}" for k in ("ours4k", "kafka4k", "ourschunks", "kafkachunks")}
-        ensure_topics(bootstrap, [TopicSpec(n, partitions=1, max_message_bytes=4 * 1024 * 1024)
-                                  for n in names.values()])
-        rows = []
-
-        op, oc, value_bytes = ours_typed(bootstrap, names["ours4k"], args.records)
-        payload_file = Path(tempfile.gettempdir()) / f"af-bench-payloads-{os.getpid()}.txt"
-        payload_file.write_bytes(b"\n".join(encode(trajectory(i))[0] for i in range(200)))
-        kp = perf_producer(bootstrap, names["kafka4k"], args.records, None, str(payload_file),
-                           {"acks": "all", "enable.idempotence": "true", "compression.type": "zstd",
-                            "linger.ms": "5", "batch.size": str(256 * 1024)})
-        kp["bytes"] = kp["records"] * value_bytes
-        kc = perf_consumer(bootstrap, names["kafka4k"], args.records)
-        rows += [("typed ~4 KiB trajectories", "produce", op, kp),
-                 ("typed ~4 KiB trajectories", "consume", oc, kc)]
-
-        cw, cr = ours_chunks(bootstrap, names["ourschunks"], args.chunk_mb, chunk)
-        n_chunks = cw["records"]
-        kp2 = perf_producer(bootstrap, names["kafkachunks"], n_chunks, chunk, None,
-                            {"acks": "all", "enable.idempotence": "true", "compression.type": "none",
-                             "max.request.size": str(4 * 1024 * 1024), "linger.ms": "0"})
-        kp2["bytes"] = kp2["records"] * chunk
-        kc2 = perf_consumer(bootstrap, names["kafkachunks"], n_chunks)
-        rows += [("1 MiB weight chunks", "produce", cw, kp2), ("1 MiB weight chunks", "consume", cr, kc2)]
-
-    table = []
-    for workload, op_name, ours, kafka in rows:
-        ours_mbs = ours["bytes"] / ours["seconds"] / MB if "seconds" in ours else None
-        kafka_mbs = (kafka["bytes"] / kafka["seconds"] / MB if "seconds" in kafka
-                     else kafka["records_per_s"] * (kafka["bytes"] / kafka["records"]) / MB)
-        table.append({"workload": workload, "op": op_name,
-                      "ours_records_per_s": round(ours["records_per_s"], 1), "ours_MB_per_s": round(ours_mbs, 1),
-                      "kafka_records_per_s": round(kafka["records_per_s"], 1),
-                      "kafka_MB_per_s": round(kafka_mbs, 1),
-                      "ratio": round(ours["records_per_s"] / kafka["records_per_s"], 3)})
-    hdr = f"{'workload':28} {'op':8} {'ours rec/s':>11} {'ours MB/s':>10} {'kafka rec/s':>12} {'kafka MB/s':>11} {'ours/kafka':>10}"
-    print(hdr)
-    print("-" * len(hdr))
-    for r in table:
-        print(f"{r['workload']:28} {r['op']:8} {r['ours_records_per_s']:>11,.0f} {r['ours_MB_per_s']:>10.1f} "
-              f"{r['kafka_records_per_s']:>12,.0f} {r['kafka_MB_per_s']:>11.1f} {r['ratio']:>10.2f}")
+    msgs = [trajectory(i) for i in range(min(args.records, 2000))]
+    value_bytes = sum(len(encode(m)[0]) for m in msgs) / len(msgs)
+    payload = os.urandom(args.chunk_mb * 1024 * 1024)
+    payload_file = Path(tempfile.gettempdir()) / f"af-bench-payloads-{os.getpid()}.txt"
+    payload_file.write_bytes(b"\n".join(encode(trajectory(i))[0] for i in range(200)))
+    rounds, raw = [], []
+    try:
+        with contextlib.ExitStack() as stack:
+            bootstrap = args.bootstrap_servers
+            if not bootstrap:
+                bootstrap = stack.enter_context(EmbeddedBroker(heap="2g")).bootstrap_servers
+            for _ in range(args.repeats):
+                job = f"bench{uuid.uuid4().hex[:6]}"
+                names = {k: f"af.{job}.{k}" for k in ("ours4k", "plain4k", "kafka4k", "ourschunks", "plainchunks",
+                                                      "kafkachunks")}
+                ensure_topics(bootstrap, [TopicSpec(n, partitions=1, max_message_bytes=4 * 1024 * 1024)
+                                          for n in names.values()])
+                rounds.append(one_round(bootstrap, names, args, msgs, value_bytes, payload_file, payload, chunk))
+                raw += [m.get("raw") for *_, m in rounds[-1] if m.get("raw")]
+    finally:
+        payload_file.unlink(missing_ok=True)
+    table = summarise(rounds)
+    print_table(table)
     out = {"benchmark": "topics_throughput", "kafka_version": kafka_version(), "records": args.records,
-           "trajectory_value_bytes": value_bytes, "chunk_bytes": chunk, "chunk_total_mib": args.chunk_mb,
-           "rows": table, "kafka_tool_output": [r[3].get("raw") for r in rows]}
-    write_results(args.out, out)
+           "trajectory_value_bytes": int(value_bytes), "chunk_bytes": chunk, "chunk_total_mib": args.chunk_mb,
+           "repeats": args.repeats, "rows": table, "kafka_tool_output": raw}
+    write_results(args.out, out, load_before)
     return 0
 
 

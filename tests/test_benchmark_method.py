@@ -118,3 +118,26 @@ def test_weight_transfer_reports_snapshot_e2e_and_the_kafka_tool_on_the_same_rec
     assert lat["weights_records"] >= 2 and lat["weights_topic_bytes"] > lat["full_bytes"]
     tool = wt.kafka_tool_consume(bootstrap, lat, repeats=1)
     assert tool["records"] == lat["weights_records"] and tool["MBps"]["median"] > 0
+
+
+def test_topics_plain_kafka_python_row_moves_the_same_bytes_as_ours(bootstrap):
+    import uuid
+
+    from astraflow.benchmarks import topics_throughput as tt
+    from astraflow.topics import TopicSpec, ensure_topics
+    from astraflow.topics.codec import encode
+
+    ours_t, plain_t = (f"af.b{uuid.uuid4().hex[:6]}.{k}" for k in ("ours", "plain"))
+    ensure_topics(bootstrap, [TopicSpec(t, partitions=1) for t in (ours_t, plain_t)])
+    msgs = [tt.trajectory(i) for i in range(20)]
+    value_bytes = sum(len(encode(m)[0]) for m in msgs) / len(msgs)
+    op, oc = tt.ours_typed(bootstrap, ours_t, msgs, 40, value_bytes)
+    pp = tt.plain_produce(bootstrap, plain_t, [encode(m, "bench") for m in msgs], 40, compression_type="zstd",
+                          linger_ms=5)
+    pc = tt.plain_consume(bootstrap, plain_t, 40)
+    assert op["records"] == oc["records"] == pp["records"] == pc["records"] == 40
+    assert pp["bytes"] == pc["bytes"] == pytest.approx(op["bytes"])
+    rounds = [[("w", "consume", c, m) for c, m in (("ours", oc), ("kafka-python", pc), ("kafka tool", pc))]] * 3
+    row, = tt.summarise(rounds)
+    assert row["ours_over_plain"]["median"] == pytest.approx(pc["seconds"] / oc["seconds"])
+    assert row["plain_MB_per_s"]["n"] == 3
