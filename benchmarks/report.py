@@ -88,19 +88,21 @@ def scaling() -> list[str]:
     out = [f"**Trainer scaling** — `python -m astraflow.benchmarks.trainer_scaling` (DeepSpeed on CPU, gloo, ranks "
            f"started by torch's launcher; random-init Qwen3 of {m['parameters'] / 1e6:.0f} M params, fp32 AdamW; the "
            f"same batch of {s['samples']} × {s['tokens_per_sample']} tokens; {s['threads_per_rank']} torch thread per "
-           f"rank; median (min–max) of {s['timed_steps']} steps after a dropped warm-up; load average "
-           f"{d['loadavg_before'][0]:.1f} → {d['loadavg_after'][0]:.1f} on {d['machine']['cpus']} cores)", "",
-           "| ranks | ZeRO | samples/s (min–max) | vs 1 rank | peak RSS per rank | RSS after the steps |",
-           "|---:|---:|---:|---:|---:|---:|"]
+           f"rank; median (min–max) of {s['timed_steps']} steps after a dropped warm-up; 1-minute load average "
+           f"{d['load']['before']['loadavg'][0]:.1f} → {d['load']['after']['loadavg'][0]:.1f} on {d['machine']['cpus']} "
+           "cores)", "",
+           "| ranks | ZeRO | samples/s (min–max) | vs 1 rank | CPU s per step, busiest rank | peak RSS per rank | "
+           "RSS after the steps |", "|---:|---:|---:|---:|---:|---:|---:|"]
     one = {r["zero_stage"]: r for r in d["rows"] if r["ranks"] == 1 and "error" not in r}
     for r in d["rows"]:
         if "error" in r:
-            out.append(f"| {r['ranks']} | {r['zero_stage']} | failed | | | |")
+            out.append(f"| {r['ranks']} | {r['zero_stage']} | failed | | | | |")
             continue
         base = one.get(r["zero_stage"])
         vs = f"{r['samples_per_s'] / base['samples_per_s']:.2f}x" if base else ""
         out.append(f"| {r['ranks']} | {r['zero_stage']} | {r['samples_per_s']:.2f} ({r['samples_per_s_min']:.2f}–"
-                   f"{r['samples_per_s_max']:.2f}) | {vs} | {r['peak_rss_mb']:,.0f} MB | {r['rss_after_mb']:,.0f} MB |")
+                   f"{r['samples_per_s_max']:.2f}) | {vs} | {r['rank_cpu_s']['median']:.1f} | {r['peak_rss_mb']:,.0f} MB | "
+                   f"{r['rss_after_mb']:,.0f} MB |")
     return out + [""]
 
 

@@ -31,13 +31,14 @@ import os
 import resource
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from astraflow.benchmarks.results_io import fmt_spread, load_now, spread, write_results
 
 RESULTS = Path(__file__).resolve().parent / "results" / "trainer_scaling.json"
 VOCAB = 128  # the character tokenizer's size: the model's bulk is its blocks, not embeddings
@@ -170,18 +171,18 @@ def worker(args: argparse.Namespace) -> int:
     batch = make_batch(args.samples)
     before = _weights_digest(trainer) if args.check else None
 
-    def timed_step() -> tuple[float, dict]:
+    def timed_step() -> tuple[float, float, dict]:
         dist.barrier()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         m = trainer.train_step(batch)
-        return time.perf_counter() - t, m
+        return time.perf_counter() - t, time.process_time() - c, m
 
-    warmup_s, first = timed_step()
+    warmup = timed_step()
     timed = [timed_step() for _ in range(args.steps)]
     rec = {
-        "rank": rank, "world": dist.get_world_size(), "init_s": init_s, "warmup_s": warmup_s,
-        "step_s": [s for s, _ in timed], "loss": [m["loss"] for _, m in [(warmup_s, first), *timed]],
-        "grad_norm": [m["grad_norm"] for _, m in [(warmup_s, first), *timed]],
+        "rank": rank, "world": dist.get_world_size(), "init_s": init_s, "warmup_s": warmup[0],
+        "step_s": [s for s, _, _ in timed], "cpu_s": [c for _, c, _ in timed],
+        "loss": [m["loss"] for _, _, m in [warmup, *timed]], "grad_norm": [m["grad_norm"] for _, _, m in [warmup, *timed]],
         "threads": torch.get_num_threads(), "rss_init_mb": rss_init, "rss_after_mb": _rss_mb(),
         "rss_init_split": split_init, "rss_after_split": _rss_split_mb(),
         # Linux reports ru_maxrss in KiB.
@@ -223,7 +224,7 @@ def launch(model: Path, ranks: int, zero: int, *, threads: int, steps: int, samp
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         if device == "cpu":
             env["DS_ACCELERATOR"] = "cpu"
-        load_before = os.getloadavg()[0]
+        load_before = load_now()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
         recs = sorted((json.loads(p.read_text()) for p in Path(out_dir).glob("rank*.json")), key=lambda r: r["rank"])
         if proc.returncode != 0 or len(recs) != ranks:
@@ -232,17 +233,21 @@ def launch(model: Path, ranks: int, zero: int, *, threads: int, steps: int, samp
                                f"{len(recs)}/{ranks} rank results; last output:\n{tail}")
     # A step takes as long as its slowest rank (they meet in every collective).
     step_s = [max(r["step_s"][i] for r in recs) for i in range(steps)]
-    sps = [samples / s for s in step_s]
+    sps = spread([samples / s for s in step_s])
     row = {
         "ranks": ranks, "zero_stage": zero, "threads_per_rank": threads,
-        "samples_per_s": statistics.median(sps), "samples_per_s_min": min(sps), "samples_per_s_max": max(sps),
-        "step_s": step_s, "warmup_step_s": max(r["warmup_s"] for r in recs),
+        "samples_per_s": sps["median"], "samples_per_s_min": sps["min"], "samples_per_s_max": sps["max"],
+        "samples_per_s_spread": sps, "step_s": spread(step_s),
+        # CPU seconds the busiest rank spent on a step: what other processes on the box
+        # cannot inflate much, unlike wall-clock time (waiting in a collective is not CPU).
+        "rank_cpu_s": spread([max(r["cpu_s"][i] for r in recs) for i in range(steps)]),
+        "warmup_step_s": max(r["warmup_s"] for r in recs),
         "peak_rss_mb": max(r["peak_rss_mb"] for r in recs),
         "peak_rss_mb_per_rank": [round(r["peak_rss_mb"], 1) for r in recs],
         "rss_after_mb": max(r["rss_after_mb"] for r in recs), "rss_init_mb": max(r["rss_init_mb"] for r in recs),
         "rss_after_anon_mb": max(r["rss_after_split"].get("anon_mb", 0) for r in recs),
         "init_s": max(r["init_s"] for r in recs), "loss": recs[0]["loss"],
-        "loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0],
+        "load_before": load_before, "load_after": load_now(),
     }
     if device == "cuda":
         row["peak_cuda_mb"] = max(r["peak_cuda_mb"] for r in recs)
@@ -254,7 +259,7 @@ def launch(model: Path, ranks: int, zero: int, *, threads: int, steps: int, samp
     return row
 
 
-TABLE = "{:>5} {:>5} {:>9} {:>17} {:>10} {:>14} {:>13} {:>9}"
+TABLE = "{:>5} {:>5} {:>22} {:>17} {:>10} {:>14} {:>10} {:>9}"
 
 
 def print_table(result: dict) -> None:
@@ -263,14 +268,15 @@ def print_table(result: dict) -> None:
           f"{result['settings']['device']}), batch {result['settings']['samples']} x "
           f"{result['settings']['tokens_per_sample']} tokens, {result['settings']['timed_steps']} timed steps "
           "after 1 warm-up (dropped)")
-    print(TABLE.format("ranks", "ZeRO", "samples/s", "(min-max)", "warm-up s", "peak RSS/rank", "RSS after", "load 1m"))
+    print(TABLE.format("ranks", "ZeRO", "samples/s (min-max)", "CPU s/step/rank", "warm-up s", "peak RSS/rank",
+                       "RSS after", "load 1m"))
     for r in result["rows"]:
         if "error" in r:
             print(TABLE.format(r["ranks"], r["zero_stage"], "failed", "", "", "", "", ""))
             continue
-        print(TABLE.format(r["ranks"], r["zero_stage"], f"{r['samples_per_s']:.2f}",
-                           f"({r['samples_per_s_min']:.2f}-{r['samples_per_s_max']:.2f})", f"{r['warmup_step_s']:.1f}",
-                           f"{r['peak_rss_mb']:.0f} MB", f"{r['rss_after_mb']:.0f} MB", f"{r['loadavg_1m_after']:.1f}"))
+        print(TABLE.format(r["ranks"], r["zero_stage"], fmt_spread(r["samples_per_s_spread"]),
+                           fmt_spread(r["rank_cpu_s"]), f"{r['warmup_step_s']:.1f}", f"{r['peak_rss_mb']:.0f} MB",
+                           f"{r['rss_after_mb']:.0f} MB", f"{r['load_after']['loadavg'][0]:.1f}"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,9 +315,10 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"device": args.device, "samples": args.samples, "tokens_per_sample": 32, "timed_steps": steps,
                      "warmup_steps": 1, "threads_per_rank": args.threads, "quick": args.quick, "optimizer": "AdamW",
                      "dtype": "fp32" if args.device == "cpu" else "bf16"},
-        "uptime_before": _uptime(), "loadavg_before": os.getloadavg(), "rows": [],
+        "trainer_source": _trainer_source(), "uptime_before": _uptime(), "rows": [],
     }
     failed = False
+    load_before = load_now()
     for ranks in args.ranks:
         for zero in args.zero:
             print(f"--- {ranks} rank(s), ZeRO-{zero}", flush=True)
@@ -323,12 +330,20 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"FAILED: {err}", flush=True)
                 row = {"ranks": ranks, "zero_stage": zero, "error": str(err)[-2000:]}
             result["rows"].append(row)
-    result["uptime_after"], result["loadavg_after"] = _uptime(), os.getloadavg()
+    result["uptime_after"] = _uptime()
     print_table(result)
-    from astraflow.benchmarks.results_io import write_results
-
-    write_results(args.out, result)
+    write_results(args.out, result, load_before)
     return 1 if failed else 0
+
+
+def _trainer_source() -> dict:
+    """The commit measured, and whether the trainer had uncommitted changes on top of it."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        git = lambda *a: subprocess.run(["git", *a], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()  # noqa: E731
+        return {"commit": git("rev-parse", "HEAD"), "trainer_modified": bool(git("status", "--porcelain", "engines"))}
+    except (OSError, subprocess.SubprocessError):
+        return {}
 
 
 def _uptime() -> str:
