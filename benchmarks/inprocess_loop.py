@@ -1,0 +1,175 @@
+"""The in-process baseline: the same GRPO job as one plain Python process, no broker.
+
+What a user would write instead of the distributed system, built from the project's own
+parts so that only the plumbing differs: the CPU engine generates (through the same
+``RLVRWorkflow``, so every sample draws from the same seed — ``(job seed, task id,
+sample index)`` — as in ``astraflow run``), the project's ``DeepSpeedTrainer`` (ZeRO
+stage, loss, LR, seed from the job config, as the trainer process builds it) trains, and
+the new weights are copied straight into the engine. The prompts, task ids and batches
+are the ones the dataflow makes for the same config with ``max_staleness: 0``: batch
+``k`` holds tasks ``k*B .. k*B+B-1``, rolled out at version ``k`` in calls of
+``rollout.tasks_per_call`` tasks, as a RaaS node polls them.
+
+Per step it times R (rollout of the batch), T (``train_step``) and W (weights into the
+engine), each alone, since nothing overlaps here. Held-out accuracy (the evaluator's own
+function) is measured at version 0, every ``--eval-every`` versions and at the end,
+outside the timed loop. Knows nothing about Kafka.
+
+    python -m astraflow.benchmarks.inprocess_loop [--config C] [--steps N] [--threads T] [--out J]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = ROOT / "examples" / "arithmetic_grpo.yaml"
+
+
+def job_tasks(cfg, steps: int) -> list:
+    """The tasks the dataflow schedules for ``steps`` batches (prompt offsets as task ids)."""
+    from astraflow.topics import Task
+    from astraflow.workflows.datasets import load_prompts
+
+    if cfg.data.source != "arithmetic":
+        raise ValueError(f"the in-process baseline supports data.source 'arithmetic', not {cfg.data.source!r}")
+    B, r = cfg.dataflow.groups_per_batch, cfg.rollout
+    prompts = load_prompts("arithmetic", cfg.data.num_prompts or 2 * cfg.trainer.steps * B, seed=cfg.data.seed,
+                           max_digits=cfg.data.max_digits, ops=cfg.data.ops)
+    if len(prompts) < steps * B:
+        raise ValueError(f"{len(prompts)} prompts cannot fill {steps} batches of {B}")
+    sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k, "max_new_tokens": r.max_new_tokens}
+    return [Task(task_id=f"t{i:07d}-{p.prompt_id}", prompt_id=p.prompt_id, policy=cfg.policy, prompt=p.text,
+                 answer=p.answer, n_samples=r.n_samples, sampling=sampling, scheduled_version=i // B)
+            for i, p in enumerate(prompts[: steps * B])]
+
+
+def run(cfg, steps: int, threads: int | None = None, eval_every: int = 0,
+        on_batch: Callable[[int, list], None] | None = None) -> dict[str, Any]:
+    """Train ``steps`` versions in this process; returns per-step timings and accuracies.
+
+    ``on_batch(step, groups)`` sees each batch's trajectory groups (outside the timing)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from astraflow.actors.common import make_rollout_engine, make_train_engine, model_path, set_threads, to_train_batch
+    from astraflow.actors.evaluator import heldout_accuracy, heldout_problems
+    from astraflow.topics import Batch
+    from astraflow.workflows.rlvr import RLVRWorkflow
+
+    if cfg.rollout.engine.kind != "cpu":
+        raise ValueError(f"the in-process baseline runs the CPU engine, not rollout.engine.kind "
+                         f"{cfg.rollout.engine.kind!r}")
+    t_start = time.perf_counter()
+    # One budget for both phases: they never run at once here.
+    n_threads = threads or max(cfg.rollout.engine.threads, cfg.trainer.engine.threads, 1)
+    set_threads(n_threads)
+    path = model_path(cfg)
+    engine = make_rollout_engine(cfg, path)
+    trainer = make_train_engine(cfg, path)
+    set_threads(n_threads)  # the engines may set their own; the whole loop keeps one budget
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    workflow = RLVRWorkflow(tokenizer, "inprocess", batch_invariant=cfg.rollout.batch_invariant)
+    problems = heldout_problems(cfg)
+    tasks = job_tasks(cfg, steps)
+    dtype = getattr(torch, cfg.trainer.publish_dtype)
+    B, per_call = cfg.dataflow.groups_per_batch, max(1, cfg.rollout.tasks_per_call)
+    setup_s = time.perf_counter() - t_start
+
+    def evaluate(version: int, loop_s: float) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        acc = heldout_accuracy(cfg, engine, tokenizer, problems)
+        return {"version": version, "accuracy": acc, "loop_s": loop_s, "eval_s": time.perf_counter() - t0}
+
+    evals = [evaluate(0, 0.0)]
+    rows, loop_s = [], 0.0
+    try:
+        for k in range(steps):
+            batch_tasks = tasks[k * B:(k + 1) * B]
+            t0 = time.perf_counter()
+            groups = [g for i in range(0, B, per_call)
+                      for g in workflow.run(batch_tasks[i:i + per_call], engine, seed=cfg.seed)]
+            t1 = time.perf_counter()
+            out = trainer.train_step(to_train_batch(Batch(cfg.policy, k, groups, [])))
+            t2 = time.perf_counter()
+            named = trainer.named_weights()
+            engine.load_weights({n: (v.to(dtype) if v.is_floating_point() else v) for n, v in named.items()}, k + 1)
+            t3 = time.perf_counter()
+            loop_s += t3 - t0
+            if on_batch is not None:
+                on_batch(k, groups)
+            rows.append({"step": k + 1, "R_s": t1 - t0, "T_s": t2 - t1, "W_s": t3 - t2,
+                         "reward": statistics.fmean(s.reward for g in groups for s in g.samples),
+                         "loss": float(out.get("loss", float("nan")))})
+            if (eval_every and (k + 1) % eval_every == 0) or k + 1 == steps:
+                evals.append(evaluate(k + 1, loop_s))
+    finally:
+        trainer.close()
+        engine.close()
+    return summarise(rows, evals, setup_s, n_threads, steps)
+
+
+def summarise(rows: list[dict], evals: list[dict], setup_s: float, threads: int, steps: int) -> dict[str, Any]:
+    """Steady-state per-step means (from step 2 on, as the system's analysis), the
+    accuracy curve against loop time, and the totals."""
+    steady = rows[1:] if len(rows) > 1 else rows
+    mean = lambda key: statistics.fmean(r[key] for r in steady)  # noqa: E731
+    R, T, W = mean("R_s"), mean("T_s"), mean("W_s")
+    return {"steps": steps, "threads": threads, "setup_s": setup_s, "R_s": R, "T_s": T, "W_s": W,
+            "s_per_step": R + T + W, "loop_s": sum(r["R_s"] + r["T_s"] + r["W_s"] for r in rows),
+            "accuracy_initial": evals[0]["accuracy"], "accuracy_final": evals[-1]["accuracy"],
+            "accuracy_curve": evals, "per_step": rows}
+
+
+def time_to_accuracy(curve: list[dict], target: float) -> float | None:
+    """Loop seconds at the first evaluated version whose accuracy reaches ``target``
+    (``None`` if none does)."""
+    for e in curve:
+        if e["version"] > 0 and e["accuracy"] >= target:
+            return e["loop_s"]
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(DEFAULT_CONFIG))
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: the config's per-component threads)")
+    ap.add_argument("--eval-every", type=int, default=0)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    ap.add_argument("--out", type=Path, help="write the result as JSON here")
+    args = ap.parse_args(argv)
+    import yaml
+
+    from astraflow.config import load_config
+
+    overrides = {"mode": "sync", "trainer.steps": args.steps}
+    for pair in args.set:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            ap.error(f"--set expects KEY=VALUE, got {pair!r}")
+        overrides[key] = yaml.safe_load(value)
+    cfg = load_config(args.config, overrides)
+    result = run(cfg, args.steps, args.threads or None, args.eval_every)
+    result["config"] = args.config
+    print(f"in-process: {args.steps} steps, {result['threads']} thread(s): {result['s_per_step']:.3f} s/step "
+          f"(R {result['R_s']:.3f} + T {result['T_s']:.3f} + W {result['W_s']:.3f}), setup {result['setup_s']:.1f} s, "
+          f"accuracy {result['accuracy_initial']:.3f} -> {result['accuracy_final']:.3f}", file=sys.stderr)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
