@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,8 +37,6 @@ from astraflow.recorded import (RecordedVersion, RecordError, batch_span, check_
                                 recorded_metrics, recorded_versions)
 
 __all__ = ["ReplayRequest", "replay", "changed_settings", "WHAT_IF_PREFIXES", "RECORDED"]
-
-log = logging.getLogger(__name__)
 
 #: ``--set`` keys a replay takes: the batches fix everything else (data, rollout, dataflow).
 WHAT_IF_PREFIXES = ("trainer.engine.", "eval.")
@@ -101,6 +98,9 @@ def replay(req: ReplayRequest, say: Callable[[str], None] = print) -> dict:
             + ("unchanged settings, checking every version against the recorded weights" if not changes else
                f"what-if lineage {run.lineage_id} from step {run.branch}: "
                + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changes.items())))
+        if cfg.trainer.ranks > 1 and not changes:
+            say(f"note: the job trained with trainer.ranks={cfg.trainer.ranks}; a one-rank replay sums its "
+                "gradients in another order, so bits may differ where the mathematics agrees")
         run.train()
     finally:
         run.close()
