@@ -1,88 +1,192 @@
-"""Asynchronous vs synchronous RL on the same job, budget and machine, in one run.
+"""Asynchronous vs synchronous RL vs the same job in one plain process, in one run.
 
-Runs the demo job twice through ``astraflow run`` machinery on one embedded broker:
-``mode: async`` (rollout of batch k+1 overlaps training of batch k, ``max_staleness``
->= 1) and ``mode: sync`` (the same components with staleness 0: rollout waits for the
-newest weights, training waits for rollout). From the runs' metrics it reports seconds
-per training step (steady state, start-up excluded), rollout and trainer busy fractions,
-the ideal overlap bound ``(R+T)/max(R,T)`` from the measured rollout time R and training
-time T per step, the achieved speedup, and each run's final held-out accuracy.
+Each repetition runs the demo job (shortened to ``--steps``) three ways on one machine:
+``mode: async`` and ``mode: sync`` through ``astraflow run``'s machinery on one embedded
+broker (separate processes sharing only Kafka), and the in-process baseline
+(``inprocess_loop.py``: the same prompts, seeds, model, batch and LR; the CPU engine and
+the project's ``DeepSpeedTrainer``; no broker) as a fresh Python process, once with the
+components' thread budget (1 thread) and once with every core.
 
-Prints one table and writes ``benchmarks/results/async_vs_sync.json``.
+One reference for every mode: R (rollout of one batch) and T (one ``train_step``) are
+measured **alone** by the 1-thread in-process run of the same repetition. Then
+
+* ``overlap_efficiency`` = max(R, T) / async s per step (1.0: rollout and training
+  overlap perfectly and the plumbing costs nothing);
+* ``sync_efficiency`` = (R + T) / sync s per step;
+* ``ratio_to_inprocess`` = async s per step / in-process s per step;
+* time to the last step (launch → final trained step, start-up included) and the final
+  held-out accuracy of each, and the in-process loop's time to reach the async run's
+  final accuracy (it is evaluated every ``--eval-every`` versions, outside its timing).
+
+Seconds per step are steady state: from the end of step 2 to the end of the last step.
+Every number is a median (min–max) over ``--repeats`` repetitions; ratios are paired
+within a repetition. Prints one table; writes ``benchmarks/results/async_vs_sync.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
-from astraflow.benchmarks.results_io import write_results
+from astraflow.benchmarks.inprocess_loop import time_to_accuracy
+from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
 from astraflow.config import load_config
 from astraflow.launcher import run_job
 from astraflow.topics import EmbeddedBroker
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "async_vs_sync.json"
+SYSTEM_MODES = ("async", "sync")
 
 
 def analyse(run_dir: Path, nodes: int) -> dict:
+    """Steady-state s/step, busy fractions and the run's own R and T, from its metrics."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    step_ts = {}
-    for r in rows:
-        if r["name"] == "trainer.samples":
-            step_ts[int(r["step"])] = r["ts"]
+    step_ts = {int(r["step"]): r["ts"] for r in rows if r["name"] == "trainer.samples"}
     steps = sorted(step_ts)
-    # steady state: from the end of step 2 to the end of the last step
+    if len(steps) < 3:
+        raise RuntimeError(f"{run_dir}: {len(steps)} trained steps; steady state needs at least 3")
     first, last = steps[1], steps[-1]
     window = step_ts[last] - step_ts[first]
     n = last - first
     in_window = [r for r in rows if step_ts[first] < r["ts"] <= step_ts[last]]
     train = sum(r["value"] for r in in_window if r["name"] == "trainer.train_s")
     busy = sum(r["value"] for r in in_window if r["name"] == "raas.busy_s")
-    R, T = busy / n, train / n
     summary = json.loads((run_dir / "summary.json").read_text())
     return {
         "s_per_step": window / n, "steps_measured": n,
         "rollout_busy_frac": busy / (window * nodes), "trainer_busy_frac": train / window,
-        "R_s": R, "T_s": T, "ideal_overlap": (R + T) / max(R, T),
+        # R and T as this run saw them (contended in async: both share the cores)
+        "R_in_run_s": busy / n, "T_in_run_s": train / n,
+        "time_to_first_step_s": summary["time_to_first_step_s"],
+        "time_to_last_step_s": summary["time_to_first_step_s"] + step_ts[last] - step_ts[steps[0]],
         "accuracy_initial": summary["accuracy_initial"], "accuracy_final": summary["accuracy_final"],
         "wall_s": summary["wall_s"], "run_dir": str(run_dir),
     }
 
 
+def run_inprocess(config: str, steps: int, threads: int, eval_every: int) -> dict:
+    """The in-process loop as its own Python process (nothing shared with this one)."""
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "inprocess.json"
+        cmd = [sys.executable, "-m", "astraflow.benchmarks.inprocess_loop", "--config", config,
+               "--steps", str(steps), "--threads", str(threads), "--eval-every", str(eval_every), "--out", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"in-process loop failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+        r = json.loads(out.read_text())
+    r.pop("per_step", None)
+    r["time_to_last_step_s"] = r["setup_s"] + r["loop_s"]
+    return r
+
+
+def one_repetition(args, broker, rep: int) -> dict:
+    out: dict = {}
+    for mode in SYSTEM_MODES:
+        overrides = {"mode": mode, "trainer.steps": args.steps, "eval.every": 0,
+                     "job": f"bench-{mode}-{int(time.time())}-{rep}"}
+        cfg = load_config(args.config, overrides)
+        run_dir = Path(args.run_root) / cfg.job
+        print(f"--- repetition {rep + 1}: {mode} ({cfg.job})", flush=True)
+        load = load_now()
+        run_job(cfg, bootstrap=broker.bootstrap_servers, run_dir=run_dir, progress=False,
+                overrides=[f"{k}={v}" for k, v in overrides.items()])
+        out[mode] = {**analyse(run_dir, cfg.rollout.nodes), "load_before": load["loadavg"]}
+    for label, threads in (("inprocess", 1), ("inprocess_all_cores", os.cpu_count() or 1)):
+        print(f"--- repetition {rep + 1}: {label} ({threads} thread(s))", flush=True)
+        load = load_now()
+        out[label] = {**run_inprocess(args.config, args.steps, threads, args.eval_every),
+                      "load_before": load["loadavg"]}
+    ref = out["inprocess"]
+    # Start-up included, as in the system's time to its last step.
+    loop_s = time_to_accuracy(ref["accuracy_curve"], out["async"]["accuracy_final"])
+    out["inprocess_time_to_async_accuracy_s"] = None if loop_s is None else ref["setup_s"] + loop_s
+    return out
+
+
+def aggregate(reps: list[dict]) -> dict:
+    """Spreads over repetitions; every ratio paired within its repetition."""
+    def s(mode: str, key: str) -> dict:
+        return spread([r[mode][key] for r in reps])
+
+    R, T = s("inprocess", "R_s"), s("inprocess", "T_s")
+    modes = {}
+    for mode in SYSTEM_MODES:
+        modes[mode] = {k: s(mode, k) for k in ("s_per_step", "rollout_busy_frac", "trainer_busy_frac", "R_in_run_s",
+                                               "T_in_run_s", "time_to_first_step_s", "time_to_last_step_s",
+                                               "accuracy_final")}
+        modes[mode]["accuracy_initial"] = reps[0][mode]["accuracy_initial"]
+    for label in ("inprocess", "inprocess_all_cores"):
+        modes[label] = {k: s(label, k) for k in ("s_per_step", "R_s", "T_s", "W_s", "setup_s", "time_to_last_step_s",
+                                                 "accuracy_final")}
+        modes[label]["threads"] = reps[0][label]["threads"]
+        modes[label]["accuracy_initial"] = reps[0][label]["accuracy_initial"]
+    a, sy, ip = modes["async"]["s_per_step"], modes["sync"]["s_per_step"], modes["inprocess"]["s_per_step"]
+    best_alone = spread([max(r["inprocess"]["R_s"], r["inprocess"]["T_s"]) for r in reps])
+    sum_alone = spread([r["inprocess"]["R_s"] + r["inprocess"]["T_s"] for r in reps])
+    reached = [r["inprocess_time_to_async_accuracy_s"] for r in reps]
+    return {
+        "R_alone_s": R, "T_alone_s": T,
+        "overlap_efficiency": ratio_spread(best_alone, a),
+        "sync_efficiency": ratio_spread(sum_alone, sy),
+        "inprocess_s_per_step": ip,
+        "ratio_to_inprocess": ratio_spread(a, ip),
+        "sync_ratio_to_inprocess": ratio_spread(sy, ip),
+        "ratio_to_inprocess_all_cores": ratio_spread(a, modes["inprocess_all_cores"]["s_per_step"]),
+        "speedup_async_over_sync": ratio_spread(sy, a),
+        "ideal_async_speedup_over_inprocess": ratio_spread(sum_alone, best_alone),
+        "inprocess_time_to_async_accuracy_s": reached,
+        "modes": modes,
+    }
+
+
+def print_table(agg: dict) -> None:
+    m = agg["modes"]
+    hdr = (f"{'mode':22} {'s/step':>20} {'time to last step s':>22} {'acc final':>22}")
+    print(hdr)
+    print("-" * len(hdr))
+    for mode in (*SYSTEM_MODES, "inprocess", "inprocess_all_cores"):
+        r = m[mode]
+        print(f"{mode:22} {fmt_spread(r['s_per_step']):>20} {fmt_spread(r['time_to_last_step_s'], '.1f'):>22} "
+              f"{fmt_spread(r['accuracy_final'], '.3f'):>22}")
+    print(f"R alone {fmt_spread(agg['R_alone_s'], '.3f')} s, T alone {fmt_spread(agg['T_alone_s'], '.3f')} s")
+    for key in ("overlap_efficiency", "sync_efficiency", "ratio_to_inprocess", "ratio_to_inprocess_all_cores",
+                "speedup_async_over_sync", "ideal_async_speedup_over_inprocess"):
+        print(f"{key:36} {fmt_spread(agg[key])}")
+    print(f"{'inprocess_time_to_async_accuracy_s':36} {agg['inprocess_time_to_async_accuracy_s']}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "examples" / "arithmetic_grpo.yaml"))
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--eval-every", type=int, default=0, help="in-process evaluations (default: steps / 4)")
+    ap.add_argument("--quick", action="store_true", help="6 steps, 1 repetition (a smoke run, not a result)")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--run-root", default=str(ROOT / "runs" / "bench"))
     args = ap.parse_args(argv)
-    results = {}
+    if args.quick:
+        args.steps, args.repeats = min(args.steps, 6), 1
+    elif args.repeats < 3:
+        ap.error("--repeats must be >= 3 (the tables show median and spread); --quick for a smoke run")
+    if args.steps < 4:
+        ap.error("--steps must be >= 4 (steady state starts after step 2)")
+    args.eval_every = args.eval_every or max(1, args.steps // 4)
+    load_before = load_now()
     with EmbeddedBroker(heap="1g") as broker:
-        for mode in ("async", "sync"):
-            overrides = {"mode": mode, "trainer.steps": args.steps, "eval.every": 0,
-                         "job": f"bench-{mode}-{int(time.time())}"}
-            cfg = load_config(args.config, overrides)
-            run_dir = Path(args.run_root) / cfg.job
-            print(f"--- {mode}: {cfg.job}", flush=True)
-            run_job(cfg, bootstrap=broker.bootstrap_servers, run_dir=run_dir, progress=False,
-                    overrides=[f"{k}={v}" for k, v in overrides.items()])
-            results[mode] = analyse(run_dir, cfg.rollout.nodes)
-    a, s = results["async"], results["sync"]
-    speedup = s["s_per_step"] / a["s_per_step"]
-    hdr = f"{'mode':6} {'s/step':>7} {'rollout busy':>12} {'trainer busy':>12} {'R s':>6} {'T s':>6} {'ideal (R+T)/max':>15} {'speedup':>8} {'acc v0':>7} {'acc final':>9}"
-    print(hdr)
-    print("-" * len(hdr))
-    for mode, r in results.items():
-        sp = f"{speedup:.2f}x" if mode == "async" else "1.00x"
-        print(f"{mode:6} {r['s_per_step']:>7.2f} {r['rollout_busy_frac']:>12.2f} {r['trainer_busy_frac']:>12.2f} "
-              f"{r['R_s']:>6.2f} {r['T_s']:>6.2f} {r['ideal_overlap']:>15.2f} {sp:>8} "
-              f"{r['accuracy_initial']:>7.3f} {r['accuracy_final']:>9.3f}")
-    out = {"benchmark": "async_vs_sync", "steps": args.steps, "config": args.config, "speedup": speedup,
-           "results": results}
-    write_results(args.out, out)
+        reps = [one_repetition(args, broker, rep) for rep in range(args.repeats)]
+    agg = aggregate(reps)
+    print_table(agg)
+    out = {"benchmark": "async_vs_sync", "steps": args.steps, "repeats": args.repeats, "config": args.config,
+           "quick": args.quick, **agg, "repetitions": reps}
+    write_results(args.out, out, load_before)
     return 0
 
 

@@ -120,9 +120,9 @@ def run(cfg, steps: int, threads: int | None = None, eval_every: int = 0,
 
 
 def summarise(rows: list[dict], evals: list[dict], setup_s: float, threads: int, steps: int) -> dict[str, Any]:
-    """Steady-state per-step means (from step 2 on, as the system's analysis), the
-    accuracy curve against loop time, and the totals."""
-    steady = rows[1:] if len(rows) > 1 else rows
+    """Steady-state per-step means (steps 3.., as ``async_vs_sync`` measures the system:
+    from the end of step 2), the accuracy curve against loop time, and the totals."""
+    steady = rows[2:] if len(rows) > 2 else rows
     mean = lambda key: statistics.fmean(r[key] for r in steady)  # noqa: E731
     R, T, W = mean("R_s"), mean("T_s"), mean("W_s")
     return {"steps": steps, "threads": threads, "setup_s": setup_s, "R_s": R, "T_s": T, "W_s": W,

@@ -141,3 +141,28 @@ def test_topics_plain_kafka_python_row_moves_the_same_bytes_as_ours(bootstrap):
     row, = tt.summarise(rounds)
     assert row["ours_over_plain"]["median"] == pytest.approx(pc["seconds"] / oc["seconds"])
     assert row["plain_MB_per_s"]["n"] == 3
+
+
+def test_async_vs_sync_measures_every_mode_against_r_and_t_alone():
+    """One reference for all modes: R and T from the in-process run, not each mode's own."""
+    from astraflow.benchmarks import async_vs_sync
+
+    def system(s_per_step, acc):
+        return {"s_per_step": s_per_step, "rollout_busy_frac": 0.5, "trainer_busy_frac": 0.5, "R_in_run_s": 9.0,
+                "T_in_run_s": 9.0, "time_to_first_step_s": 10.0, "time_to_last_step_s": 30.0,
+                "accuracy_initial": 0.1, "accuracy_final": acc}
+
+    def inproc(R, T, W, threads):
+        return {"s_per_step": R + T + W, "R_s": R, "T_s": T, "W_s": W, "setup_s": 5.0, "time_to_last_step_s": 20.0,
+                "accuracy_initial": 0.1, "accuracy_final": 0.2, "threads": threads}
+
+    reps = [{"async": system(0.5, 0.2), "sync": system(0.8, 0.2), "inprocess": inproc(0.2, 0.4, 0.0, 1),
+             "inprocess_all_cores": inproc(0.1, 0.3, 0.0, 2), "inprocess_time_to_async_accuracy_s": 12.0}
+            for _ in range(3)]
+    agg = async_vs_sync.aggregate(reps)
+    assert agg["overlap_efficiency"]["median"] == pytest.approx(0.4 / 0.5)
+    assert agg["sync_efficiency"]["median"] == pytest.approx(0.6 / 0.8)
+    assert agg["ratio_to_inprocess"]["median"] == pytest.approx(0.5 / 0.6)
+    assert agg["inprocess_s_per_step"]["median"] == pytest.approx(0.6)
+    assert agg["speedup_async_over_sync"]["median"] == pytest.approx(0.8 / 0.5)
+    assert agg["modes"]["inprocess_all_cores"]["threads"] == 2 and agg["R_alone_s"]["n"] == 3
