@@ -90,6 +90,7 @@ class RolloutActor(LoopActor):
                                                "policy.version": self.engine.version})
                  for d in deliveries]
         groups = self._roll_out(tasks, spans)
+        self._emulate_slower_device(time.monotonic() - t0)
         with self.producer.transaction():
             for g, span in zip(groups, spans):
                 with trace.use_span(span):  # the record carries this rollout's trace context
@@ -154,6 +155,26 @@ class RolloutActor(LoopActor):
                         Heartbeat(self.node_id, "raas", self.cfg.policy, self.engine.version, 0, 1,
                                   self._tokens / elapsed, time.time(), epoch=held.epoch if held else 0,
                                   weights_digest=held.digest if held else ""), key=self.node_id, trace=False)
+
+    def _emulate_slower_device(self, took_s: float) -> None:
+        """A topology pool of a slower device kind, emulated on CPU: sleeping (not computing)
+        keeps the emulated node off the cores, so N emulated nodes behave like N devices."""
+        factor = self.cfg.rollout.emulate_slowdown
+        if factor > 1.0:
+            time.sleep((factor - 1.0) * took_s)
+
+    def on_stop(self) -> None:
+        # Asked to stop (retired, or the job is over): the step in flight has committed, and
+        # closing the consumer below leaves the group, so its partitions move at once. The
+        # last heartbeat says so; device-hours accounting closes the node's time here.
+        try:
+            if self.plain is not None and self.engine is not None:
+                self.plain.send(self.topics.control,
+                                Heartbeat(self.node_id, "raas", self.cfg.policy, self.engine.version, 0, 1,
+                                          self._tokens / max(1e-9, time.monotonic() - self._started), time.time(),
+                                          status="stopping"), key=self.node_id, trace=False)
+        finally:
+            super().on_stop()
 
     def teardown(self) -> None:
         close_quietly(self.subscriber, self.consumer, self.producer, self.plain, self.engine)

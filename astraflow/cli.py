@@ -158,7 +158,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_node(args: argparse.Namespace) -> int:
     from astraflow.config import load_config
     from astraflow.node import run_node
+    from astraflow.trainer_group import FlagError
     cfg = load_config(args.config, _overrides(args.set))
+    if args.topology or args.host:
+        if not (args.topology and args.host):
+            raise FlagError("--topology and --host go together: the file, and which of its hosts this is")
+        placed = [f for f in ("role", "node_id", "nnodes", "node_rank", "master_addr", "master_port")
+                  if getattr(args, f) is not None]
+        if placed:
+            raise FlagError(f"--{placed[0].replace('_', '-')} places one node; with --topology the file places "
+                            f"every node of --host {args.host}")
+        from astraflow.topology.launch import run_host
+        return run_host(args.topology, cfg, args.host, bootstrap=args.bootstrap_servers,
+                        run_dir=args.run_dir or str(Path(cfg.run_dir) / cfg.job), overrides=args.set or [])
+    if args.role is None:
+        raise FlagError("--role is required (or --topology FILE --host NAME to start a host's share of a topology)")
     bootstrap = args.bootstrap_servers or cfg.kafka.bootstrap_servers
     if not bootstrap:
         raise SystemExit("astraflow node: --bootstrap-servers is required (or kafka.bootstrap_servers in the config)")
@@ -184,6 +198,22 @@ def _cmd_node(args: argparse.Namespace) -> int:
 def _cmd_topology(args: argparse.Namespace) -> int:
     from astraflow.topology.launch import check_topology
     return check_topology(args.file, job=args.job, overrides=_overrides(args.set), as_json=args.json)
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from astraflow.config import load_config
+    from astraflow.topology.launch import launch
+    summary = launch(args.topology, load_config(args.job, _overrides(args.set)), overrides=args.set or [],
+                     run_dir=args.run_dir, bootstrap=args.bootstrap_servers, progress=not args.quiet)
+    if summary["interrupted"]:
+        print(f"interrupted after {summary['steps_trained']} versions; everything stopped. "
+              f"run dir: {summary['run_dir']}")
+        return 130
+    d = summary["device_hours"]
+    print(f"done: {summary['steps_trained']} versions in {summary['wall_s']:.0f}s; device-hours "
+          f"{d['total']:.4f} (rollout {d['rollout']:.4f}, trainer {d['trainer']:.4f}), cost {d['cost']:.4f}")
+    print(f"run dir: {summary['run_dir']}")
+    return 0
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -312,7 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
     rn.set_defaults(func=_cmd_run)
 
     nd = sub.add_parser("node", help="run one component against any Kafka cluster (multi-host deployments)")
-    nd.add_argument("--role", required=True, choices=["dataflow", "raas", "trainer"])
+    nd.add_argument("--role", choices=["dataflow", "raas", "trainer"])
+    nd.add_argument("--topology", help="a topology file: start every node it places on --host (and the "
+                                       "autoscaler, if it lives there) instead of one --role")
+    nd.add_argument("--host", help="with --topology: which of its hosts this is")
     nd.add_argument("--config", required=True)
     nd.add_argument("--bootstrap-servers")
     nd.add_argument("--run-dir", help="checkpoints and traces (default: <run_dir>/<job>)")
@@ -339,6 +372,16 @@ def build_parser() -> argparse.ArgumentParser:
     tg.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a job-config key (repeatable)")
     tg.add_argument("--json", action="store_true", help="the plan as JSON")
     tg.set_defaults(func=_cmd_topology)
+
+    la = sub.add_parser("launch", help="run a job on the deployment a topology file describes, every node as a "
+                                       "process of this machine (the autoscaler acts when the topology enables it)")
+    la.add_argument("topology")
+    la.add_argument("job")
+    la.add_argument("--bootstrap-servers", help="use an existing Kafka cluster (starts no broker)")
+    la.add_argument("--run-dir", help="run directory (default: <run_dir>/<job>-<time>)")
+    la.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a job-config key (repeatable)")
+    la.add_argument("--quiet", action="store_true", help="no progress bar")
+    la.set_defaults(func=_cmd_launch)
 
     st = sub.add_parser("status", help="a job's versions, RaaS nodes, task lag and trainer wait time")
     st.add_argument("--bootstrap-servers", required=True)

@@ -97,6 +97,13 @@ class RolloutConfig:
                                       "and same-seed sync runs are byte-identical; costs ~2.5x the CPU engine's "
                                       "tokens/s (batched kernels change their reduction order with the row count)")
     heartbeat_s: float = _f(2.0, "heartbeat interval on the control topic")
+    emulate_slowdown: float = _f(1.0, "CPU emulation of a slower device kind: each rollout call is stretched to this "
+                                      "many times its duration (the node sleeps the difference); set per pool by "
+                                      "a topology file's emulate_slowdown; 1 = off")
+
+    def __post_init__(self) -> None:
+        if self.emulate_slowdown < 1.0:
+            raise ValueError(f"rollout.emulate_slowdown must be >= 1 (a slowdown factor), got {self.emulate_slowdown}")
 
 
 @dataclass(frozen=True)
@@ -138,11 +145,16 @@ class TrainerConfig:
                    "and far fewer bf16 elements change per step than fp32 ones, so deltas shrink")
     engine: EngineTrainerConfig = _f(EngineTrainerConfig(), "the DeepSpeed train engine (engines/config.py: lr, loss, "
                                                             "zero_stage, token_budget, threads, ...)")
+    emulate_slowdown: float = _f(1.0, "CPU emulation of a slower device kind: each training step is stretched to "
+                                      "this many times its duration (the trainer sleeps the difference); set by a "
+                                      "topology file's trainer pool; 1 = off")
 
     def __post_init__(self) -> None:
         for key in ("steps", "ranks", "checkpoint_every", "snapshot_every", "keep_checkpoints"):
             if getattr(self, key) < 1:
                 raise ValueError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
+        if self.emulate_slowdown < 1.0:
+            raise ValueError(f"trainer.emulate_slowdown must be >= 1 (a slowdown factor), got {self.emulate_slowdown}")
 
 
 @dataclass(frozen=True)

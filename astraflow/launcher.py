@@ -89,8 +89,13 @@ def node_command(role: str, cfg: JobConfig, bootstrap: str, run_dir: Path, node_
 
 def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str] | None = None,
             run_dir: str | Path | None = None, progress: bool = True, max_restarts: int = 3,
-            timeout_s: float | None = None) -> dict:
-    """Run the job to completion; returns the summary (also written to the run directory)."""
+            timeout_s: float | None = None, extension=None) -> dict:
+    """Run the job to completion; returns the summary (also written to the run directory).
+
+    ``extension`` (``astraflow launch``'s :class:`~astraflow.topology.launch.TopologyRun`)
+    replaces the job config's processes with its own (``processes``), runs beside them
+    (``running``, a context entered once they have started), is ticked by this loop (``tick``:
+    the one thread that owns the process list) and adds to the summary (``summary``)."""
     from astraflow.actors.common import job_topics, model_path
     from astraflow.topics import Consumer, EmbeddedBroker, ensure_topics
 
@@ -113,13 +118,19 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
         _say(progress, f"model: {path}")
         topics = job_topics(cfg)
         ensure_topics(bootstrap, topics.specs())
-        procs = [Proc("dataflow", "dataflow", [], run_dir / "logs" / "dataflow.log"),
-                 Proc("trainer", "trainer", [], run_dir / "logs" / "trainer.log")]
-        procs += [Proc("raas", f"raas-{i}", [], run_dir / "logs" / f"raas-{i}.log") for i in range(cfg.rollout.nodes)]
+        if extension is not None:
+            procs = extension.processes(bootstrap, run_dir)
+        else:
+            procs = [Proc("dataflow", "dataflow", [], run_dir / "logs" / "dataflow.log"),
+                     Proc("trainer", "trainer", [], run_dir / "logs" / "trainer.log")]
+            procs += [Proc("raas", f"raas-{i}", [], run_dir / "logs" / f"raas-{i}.log")
+                      for i in range(cfg.rollout.nodes)]
         for p in procs:
-            p.cmd = node_command(p.role, cfg, bootstrap, run_dir, p.node_id, overrides)
+            p.cmd = p.cmd or node_command(p.role, cfg, bootstrap, run_dir, p.node_id, overrides)
             p.start()
         stack.callback(stop_processes, procs)
+        if extension is not None:
+            stack.enter_context(extension.running(bootstrap, run_dir, procs))
         metrics = stack.enter_context(Consumer(bootstrap, partitions=[TopicPartition(topics.metrics, 0)],
                                                client_id="launcher"))
         metrics.raw.seek_to_beginning()
@@ -133,7 +144,8 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
             for d in metrics.poll(500):
                 _record(state, d.message)
             _update_bar(bar, state, started)
-            error = _supervise(procs, max_restarts, progress)
+            error = (extension.tick(procs) if extension is not None else None) or _supervise(procs, max_restarts,
+                                                                                              progress)
             finished = all(p.done for p in procs if p.role in ("trainer", "dataflow"))
             if finished or error:
                 break
@@ -148,7 +160,8 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
         if bar is not None:
             _update_bar(bar, state, started)
             bar.close()
-    summary = _write_outputs(run_dir, cfg, state, started, procs, interrupted, str(error) if error else None)
+    summary = _write_outputs(run_dir, cfg, state, started, procs, interrupted, str(error) if error else None,
+                             extension.summary() if extension is not None else None)
     if error:
         raise error
     return summary
@@ -251,7 +264,7 @@ def _say(enabled: bool, text: str) -> None:
 
 
 def _write_outputs(run_dir: Path, cfg: JobConfig, state: RunState, started: float, procs: list[Proc],
-                   interrupted: bool, error: str | None) -> dict:
+                   interrupted: bool, error: str | None, extra: dict | None = None) -> dict:
     rows = sorted(state.rows, key=lambda r: r["ts"])
     with open(run_dir / "metrics.jsonl", "w") as f:
         for r in rows:
@@ -284,7 +297,7 @@ def _write_outputs(run_dir: Path, cfg: JobConfig, state: RunState, started: floa
         # trained, averaged over the steps that had such tokens (async steps may have none).
         **_gap_summary([r["value"] for r in rows if r["name"] == "trainer.train_inference_logp_gap"]),
         "restarts": {p.node_id: p.restarts for p in procs if p.restarts},
-        "interrupted": interrupted, "error": error,
+        "interrupted": interrupted, "error": error, **(extra or {}),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _plot(run_dir / "plot.png", rows, cfg)

@@ -250,7 +250,7 @@ class Heartbeat(Message):
     total_slots: int = 0
     tokens_per_s: float = 0.0
     ts: float = 0.0
-    status: str = "alive"  #: "alive" or "stopping"
+    status: str = "alive"  #: "alive", "stopping" (leaving on request) or "starting" (sent for it by its launcher)
     epoch: int = 0  #: lineage epoch of the weights the node holds
     weights_digest: str = ""  #: digest of those weights ("" when unknown)
 

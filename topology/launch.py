@@ -42,3 +42,195 @@ def check_topology(path: str, *, job: str | None = None, overrides: dict | None 
         print(f"warning: {plan.notes[0]}", file=sys.stderr)
     print(f"{path}: valid" + (f" for {job}" if job else ""), file=sys.stderr)
     return 0
+
+
+def node_command_for(cfg: JobConfig, bootstrap: str, run_dir: Path, overrides: list[str]):
+    """``NodePlan -> argv``: the launcher's node command with the node's pool settings and flags."""
+    from astraflow.launcher import node_command
+
+    def command(node) -> list[str]:
+        return (node_command(node.role, cfg, bootstrap, run_dir, node.node_id, [*overrides, *node.overrides])
+                + list(node.flags))
+    return command
+
+
+def make_backend(plan: Plan, cfg: JobConfig, command_for, log_dir: Path):
+    from .backends import CommandBackend, LocalBackend
+    a = plan.autoscaler
+    if a["backend"] == "command":
+        return CommandBackend(a["command"]["start"], a["command"]["stop"], command_for, cfg.job)
+    return LocalBackend(command_for, log_dir, retire_timeout_s=a["retire_timeout_s"])
+
+
+def announce_started(bootstrap: str, cfg: JobConfig, nodes) -> None:
+    """``starting`` heartbeats for nodes just started: their device time begins now, not at their first beat."""
+    from astraflow.actors.common import job_topics
+    from astraflow.topics import Producer
+
+    from .accounting import starting_heartbeat
+    topics = job_topics(cfg)
+    with contextlib.closing(Producer(bootstrap, client_id="launcher")) as p:
+        for n in (n for n in nodes if n.role != "dataflow"):  # the dataflow holds no device and never beats
+            p.send(topics.control, starting_heartbeat(n.node_id, n.role, n.policy, time.time()), key=n.node_id,
+                   trace=False)
+        p.flush()
+
+
+@contextlib.contextmanager
+def autoscaler_running(plan: Plan, cfg: JobConfig, bootstrap: str, backend):
+    """The autoscaler actor under a supervisor (restarted with backoff); yields its :class:`Outcome`."""
+    from astraflow.actors.autoscaler import AutoscalerActor
+    from astraflow.actors.supervisor import ChildSpec, Outcome, Supervisor
+    outcome = Outcome()
+    spec = ChildSpec("autoscaler", lambda sup, name: AutoscalerActor.start(sup, name, plan, cfg, bootstrap, backend),
+                     required=False)
+    ref = Supervisor.start([spec], outcome)
+    try:
+        yield outcome
+    finally:
+        ref.stop(block=True, timeout=60)
+
+
+def recount_device_hours(bootstrap: str, cfg: JobConfig, plan: Plan | None) -> dict:
+    """Device-hours of the whole run, from every heartbeat on ``control`` (the summary's figures)."""
+    from astraflow.actors.common import job_topics
+    from astraflow.topics import Heartbeat
+    from astraflow.topics.replay import read_topic
+
+    from .accounting import DeviceHours
+    hours = DeviceHours(plan)
+    for _, _, m in read_topic(bootstrap, job_topics(cfg).control):
+        if isinstance(m, Heartbeat):
+            hours.observe(m)
+    return hours.totals()
+
+
+class TopologyRun:
+    """What ``astraflow launch`` adds to the launcher's run (see :func:`astraflow.launcher.run_job`)."""
+
+    def __init__(self, plan: Plan, cfg: JobConfig, overrides: list[str]) -> None:
+        self.plan, self.cfg, self.overrides = plan, cfg, overrides
+        self.backend = None
+        self.outcome = None
+        self.extra: dict = {}
+
+    def processes(self, bootstrap: str, run_dir: Path):
+        from astraflow.launcher import Proc
+        command_for = node_command_for(self.cfg, bootstrap, run_dir, self.overrides)
+        self.backend = make_backend(self.plan, self.cfg, command_for, run_dir / "logs")
+        mine = [n for n in self.plan.nodes if n.owner == "host"]
+        announce_started(bootstrap, self.cfg, mine)
+        return [Proc(n.role, n.node_id, command_for(n), run_dir / "logs" / f"{n.node_id}.log") for n in mine]
+
+    @contextlib.contextmanager
+    def running(self, bootstrap: str, run_dir: Path, procs):
+        from astraflow.launcher import stop_processes
+        try:
+            with autoscaler_running(self.plan, self.cfg, bootstrap, self.backend) as self.outcome:
+                yield self
+        finally:
+            # Everything stopped (the nodes' last heartbeats written) before the recount.
+            stop_processes(procs)
+            self.backend.tick(procs)
+            self.extra = {"topology": {"name": self.plan.name, "file": self.plan.source,
+                                       "notes": self.plan.notes},
+                          "device_hours": recount_device_hours(bootstrap, self.cfg, self.plan),
+                          # 0: the node finished its in-flight tasks and left the group on SIGTERM
+                          "retired_exit_codes": dict(getattr(self.backend, "exits", {}))}
+
+    def tick(self, procs):
+        from astraflow.launcher import RunFailed
+        self.backend.tick(procs)
+        if self.outcome is not None and self.outcome.fatal:
+            return RunFailed(f"autoscaler: {self.outcome.fatal}", node_id="autoscaler",
+                             retriable=self.outcome.retriable)
+        return None
+
+    def summary(self) -> dict:
+        return self.extra
+
+
+def launch(topology: str | Path, cfg: JobConfig, *, overrides: list[str] | None = None,
+           run_dir: str | Path | None = None, bootstrap: str | None = None, progress: bool = True,
+           timeout_s: float | None = None) -> dict:
+    """Run the job ``cfg`` (loaded with ``overrides``, which its nodes get too) on the deployment
+    ``topology`` describes, every node a process of this machine."""
+    from astraflow.launcher import run_job
+    overrides = list(overrides or [])
+    plan = load_plan(topology, cfg)
+    check_launchable(plan)
+    cluster = plan.clusters[0]
+    bootstrap = bootstrap or cfg.kafka.bootstrap_servers or (None if cluster.embedded else cluster.name)
+    if progress:
+        print(format_plan(plan), flush=True)
+    return run_job(cfg, bootstrap=bootstrap, overrides=overrides, run_dir=run_dir, progress=progress,
+                   timeout_s=timeout_s, extension=TopologyRun(plan, cfg, overrides))
+
+
+def run_host(topology: str | Path, cfg: JobConfig, host: str, *, bootstrap: str | None, run_dir: str | Path,
+             overrides: list[str] | None = None, max_restarts: int = 3) -> int:
+    """``astraflow node --topology F --host H``: this host's nodes (and the autoscaler, if it lives
+    here) until the host's trainer/dataflow finish — on a host without them, until the trainer
+    reports done — or SIGTERM/SIGINT; returns 0, raises :class:`~astraflow.launcher.RunFailed`."""
+    from astraflow.actors.common import job_topics
+    from astraflow.launcher import Proc, RunFailed, _supervise, stop_processes
+    from astraflow.topics import Consumer, Metric
+    from kafka import TopicPartition
+
+    overrides = list(overrides or [])
+    plan = load_plan(topology, cfg)
+    if host not in plan.host_addresses:
+        raise TopologyError(plan.source, "--host", f"unknown host {host!r} (hosts: {', '.join(plan.host_addresses)})")
+    check_launchable(plan)
+    misplaced = local_backend_misplaced(load_topology(topology))
+    if misplaced:
+        raise TopologyError(plan.source, misplaced[0], f"elastic pool {misplaced[1]} is on host {misplaced[2]}, but "
+                                                       f"the local backend starts nodes on the autoscaler's host "
+                                                       f"({plan.autoscaler_host}); use autoscaler.backend: command")
+    cluster = plan.cluster_of(next(r for r, hosts in plan.region_hosts.items() if host in hosts))
+    bootstrap = bootstrap or cfg.kafka.bootstrap_servers or (None if cluster.embedded else cluster.name)
+    if not bootstrap:
+        raise TopologyError(plan.source, f"regions.{cluster.declared_by}.kafka",
+                            "is 'embedded', which only `astraflow launch` starts (one machine); give the cluster's "
+                            "bootstrap servers there or --bootstrap-servers")
+    run_dir = Path(run_dir)
+    command_for = node_command_for(cfg, bootstrap, run_dir, overrides)
+    mine = [n for n in plan.nodes_on(host) if n.owner == "host"]
+    procs = [Proc(n.role, n.node_id, command_for(n), run_dir / "logs" / f"{n.node_id}.log") for n in mine]
+    here = plan.autoscaler_host == host
+    print(f"host {host}: {', '.join(n.node_id for n in mine) or 'no nodes'}"
+          + ("; the autoscaler" if here else ""), flush=True)
+    stop = {"now": False}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.update(now=True))
+    with contextlib.ExitStack() as stack:
+        announce_started(bootstrap, cfg, mine)
+        for p in procs:
+            p.start()
+        stack.callback(stop_processes, procs)
+        backend = make_backend(plan, cfg, command_for, run_dir / "logs") if here else None
+        outcome = stack.enter_context(autoscaler_running(plan, cfg, bootstrap, backend)) if here else None
+        mains = [p for p in procs if p.role in ("trainer", "dataflow")]
+        done_feed = None
+        if not mains:  # nothing here ends by itself: follow the trainer
+            done_feed = stack.enter_context(Consumer(bootstrap, client_id=f"host.{host}",
+                                                     partitions=[TopicPartition(job_topics(cfg).metrics, 0)]))
+            done_feed.raw.seek_to_beginning()
+        while not stop["now"]:
+            if backend is not None:
+                backend.tick(procs)
+            error = _supervise(procs, max_restarts, True)
+            if error is None and outcome is not None and outcome.fatal:
+                error = RunFailed(f"autoscaler: {outcome.fatal}", node_id="autoscaler", retriable=outcome.retriable)
+            if error is not None:
+                raise error
+            if mains and all(p.done for p in mains):
+                break
+            if done_feed is not None:
+                if any(isinstance(d.message, Metric) and d.message.name == "trainer.done"
+                       for d in done_feed.poll(500)):
+                    break
+            else:
+                time.sleep(0.5)
+    print(f"host {host}: done", flush=True)
+    return 0

@@ -70,7 +70,8 @@ class PoolPlan:
             key = {"raas": "rollout.engine.threads", "trainer": "trainer.engine.threads", "dataflow": "eval.threads"}
             out.append(f"{key[self.component]}={self.threads}")
         if self.emulate_slowdown != 1.0:
-            out.append(f"rollout.emulate_slowdown={self.emulate_slowdown}")
+            section = "rollout" if self.component == "raas" else "trainer"
+            out.append(f"{section}.emulate_slowdown={self.emulate_slowdown}")
         return out
 
 
@@ -213,7 +214,8 @@ def _notes(plan: Plan) -> list[str]:
                      "WAN emulation of their bandwidth/latency comes with the cross-region work")
     for p in plan.pools.values():
         if p.emulate_slowdown != 1.0:
-            notes.append(f"pool {p.name}: EMULATION — its {p.device_kind} nodes run on CPU, every rollout call "
+            what = "rollout call" if p.component == "raas" else "training step"
+            notes.append(f"pool {p.name}: EMULATION — its {p.device_kind} nodes run on CPU, every {what} "
                          f"stretched x{p.emulate_slowdown:g} (sleep)")
     return notes
 

@@ -71,8 +71,9 @@ class Pool:
     speed: float | None = _k(None, "relative throughput of one node (null: 1 / emulate_slowdown); guides placement")
     cost_per_device_hour: float = _k(0.0, "price of one device for an hour; device-hours x this = cost")
     threads: int | None = _k(None, "torch threads per node (null: the job config's)")
-    emulate_slowdown: float = _k(1.0, "raas on CPU: emulate a slower device kind by stretching every rollout call "
-                                      "this many times (the node sleeps the difference); 1 = off")
+    emulate_slowdown: float = _k(1.0, "raas/trainer on CPU: emulate a slower device kind by stretching every "
+                                      "rollout call / training step this many times (sleeping the difference); "
+                                      "1 = off")
     master_port: int | None = _k(None, "trainer on several hosts: host 0's rendezvous port")
 
     def __post_init__(self) -> None:

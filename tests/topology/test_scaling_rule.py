@@ -1,0 +1,92 @@
+"""The autoscaler's rule and its windowed signals, on recorded metric sequences (pure logic)."""
+
+from __future__ import annotations
+
+import pytest
+
+from astraflow.topics import Metric
+from astraflow.topology.scaling import Scaler, Signals, SignalWindow
+
+SPEC = dict(scale_up_wait=0.10, scale_down_wait=0.05, cooldown_s=30.0, confirm=2, target_utilization=0.8)
+
+
+def sig(w, demand=0.0, stale=0):
+    return Signals(w, demand, stale, span_s=60.0, steps=5)
+
+
+def test_scale_up_follows_the_reference_formula_within_max():
+    s = Scaler(1, 8, **SPEC)
+    assert s.decide(sig(0.5), 2, now=100).action == "hold"  # first of two agreeing decisions
+    d = s.decide(sig(0.5), 2, now=105)
+    assert (d.action, d.target) == ("up", 4)  # ceil(2 / (1 - 0.5))
+    s = Scaler(1, 3, **SPEC)
+    s.decide(sig(0.9), 2, now=0)
+    assert s.decide(sig(0.9), 2, now=1).target == 3  # ceil(2 / 0.1) = 20, clamped to max
+    s = Scaler(1, 8, **SPEC)
+    s.decide(sig(0.11), 5, now=0)
+    assert s.decide(sig(0.11), 5, now=1).target == 6  # the formula says 5.6 -> 6; at least G + 1 anyway
+
+
+def test_scale_down_towards_the_demand_consumed_never_below_min():
+    s = Scaler(2, 8, **SPEC)
+    s.decide(sig(0.01, demand=0.4), 6, now=0)
+    d = s.decide(sig(0.01, demand=0.4), 6, now=1)
+    assert (d.action, d.target) == ("down", 2)  # ceil(0.4 / 0.8) = 1, clamped to min 2
+    s = Scaler(1, 8, **SPEC)
+    s.decide(sig(0.01, demand=2.0), 6, now=0)
+    assert s.decide(sig(0.01, demand=2.0), 6, now=1).target == 3  # ceil(2.0 / 0.8)
+
+
+@pytest.mark.parametrize("signals, why", [
+    (sig(0.07), "within"),  # between the thresholds: the hysteresis band
+    (sig(0.01, demand=5.0), "needs all"),  # idle trainer but the pool is busy
+    (sig(0.01, demand=0.1, stale=3), "stale drop"),  # late groups: not the time to shrink
+    (sig(None), "no measurement"),
+    (Signals(0.9, 0.0, 0, 60.0, 5, trainer_done=True), "done"),
+])
+def test_holds(signals, why):
+    s = Scaler(1, 8, **SPEC)
+    for now in range(5):
+        d = s.decide(signals, 4, now=now)
+        assert d.action == "hold" and why in d.reason
+
+
+def test_no_second_action_within_the_cooldown_and_no_flapping():
+    s = Scaler(1, 8, **SPEC)
+    actions = []
+    # the wait fraction swings every 2 s between starving and idle: a naive rule would flap
+    for i in range(60):
+        now = i * 2.0
+        d = s.decide(sig(0.6 if (i // 3) % 2 == 0 else 0.0, demand=0.5), 4, now)
+        if d.action != "hold":
+            actions.append(now)
+    assert len(actions) >= 2 and all(b - a >= SPEC["cooldown_s"] for a, b in zip(actions, actions[1:]))
+    # and a single contrary reading resets the streak: alternating signals never act
+    s = Scaler(1, 8, **SPEC)
+    assert all(s.decide(sig(0.6 if i % 2 else 0.0, demand=0.5), 4, i * 40.0).action == "hold" for i in range(10))
+
+
+def metric(name, value, ts, step=0, component="trainer.policy", **labels):
+    return Metric(component, name, value, step, ts, labels)
+
+
+def test_window_measures_wait_and_demand():
+    w = SignalWindow("policy", 20.0, node_policy=lambda node: "policy" if node.startswith("raas") else None)
+    assert w.signals(now=50).wait_frac is None  # no step yet: model loading is no signal
+    for step, ts in enumerate((100.0, 104.0, 108.0, 112.0, 116.0, 120.0), 1):
+        w.add_metric(metric("trainer.wait_s", 3.0, ts, step))
+        w.add_metric(metric("trainer.train_s", 1.0, ts, step))
+        w.add_metric(metric("raas.busy_s", 2.0, ts, component="raas-0", node="raas-0"))
+        w.add_metric(metric("raas.busy_s", 9.0, ts, component="other-0", node="other-0"))  # another policy's
+    s = w.signals(now=120.0)
+    assert s.wait_frac == pytest.approx(0.75)  # 3 s of every 4 s step waiting
+    assert s.demand == pytest.approx(0.5)  # 2 busy seconds every 4 s
+    # a silence shorter than twice the longest recent step may be a slow step: not counted ...
+    assert w.signals(now=121.5).wait_frac == pytest.approx(13.5 / 20)  # the steps' waits in (101.5, 121.5] only
+    # ... a trainer that stops stepping reads as waiting, not as unknown
+    starving = w.signals(now=135.0)
+    assert starving.wait_frac > 0.75
+    # the window starts after the last action: before it, another pool size was measured
+    assert w.signals(now=125.0, since=118.0).wait_frac is None  # span 7 s < half the window
+    w.add_metric(metric("trainer.done", 6, 121.0))
+    assert w.signals(now=130.0).trainer_done
