@@ -157,3 +157,34 @@ def test_node_retired_mid_rollout_finishes_it_and_loses_nothing(make_job_config,
     assert report.batches == cfg.trainer.steps
     freed = report.drops["failed"] + report.drops["stale"]
     assert report.tasks == report.groups == cfg.trainer.steps * cfg.dataflow.groups_per_batch + freed
+
+
+def test_each_host_starts_its_share_with_node_topology(make_job_config, bootstrap, tmp_path):
+    """Two hosts (on one machine): ``astraflow node --topology F --host H`` on each, nothing else."""
+    import subprocess
+    import sys
+    cfg = make_job_config({"trainer": {"steps": 3}}, name="elastic-hosts")
+    topology = _write(tmp_path, {
+        "name": "two-hosts",
+        "regions": {"dc": {"kafka": bootstrap, "hosts": {"trainer-0": {}, "raas-0": {}}, "pools": {
+            "dataflow": {"component": "dataflow", "hosts": ["trainer-0"]},
+            "trainer": {"component": "trainer", "hosts": ["trainer-0"]},
+            "raas": {"component": "raas", "hosts": ["raas-0"], "count": 1, "threads": 1}}}},
+    })
+    ensure_topics(bootstrap, job_topics(cfg).specs())  # `astraflow run`/`launch` do this; a real cluster has them
+    hosts = {h: subprocess.Popen([sys.executable, "-m", "astraflow", "node", "--topology", topology, "--host", h,
+                                  "--config", cfg.source, "--run-dir", str(tmp_path / h)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for h in ("trainer-0", "raas-0")}
+    try:
+        out = {h: p.communicate(timeout=600)[0] for h, p in hosts.items()}
+    finally:
+        for p in hosts.values():
+            if p.poll() is None:
+                p.kill()
+    assert {h: p.returncode for h, p in hosts.items()} == {"trainer-0": 0, "raas-0": 0}, out
+    assert "host trainer-0: dataflow, trainer; the autoscaler" in out["trainer-0"]
+    # the RaaS host has no trainer of its own: it stopped when the trainer said it was done
+    assert "host raas-0: raas-0" in out["raas-0"] and out["raas-0"].rstrip().endswith("host raas-0: done")
+    report = audit(bootstrap, job_topics(cfg), cfg.policy, cfg.effective_staleness)
+    assert report.ok and report.batches == cfg.trainer.steps, report.violations[:10]
