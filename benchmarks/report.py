@@ -11,6 +11,8 @@ import argparse
 import json
 from pathlib import Path
 
+from astraflow.benchmarks.results_io import fmt_spread as _sp
+
 ROOT = Path(__file__).resolve().parents[1]
 RES = ROOT / "benchmarks" / "results"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -25,15 +27,17 @@ def topics() -> list[str]:
     d = _load("topics_throughput")
     if not d:
         return []
-    out = [f"**Kafka path** — `python benchmarks/topics_throughput.py` (Kafka {d['kafka_version']}, "
+    out = [f"**Kafka path** — `python -m astraflow.benchmarks.topics_throughput` (Kafka {d['kafka_version']}, "
            f"{d['records']:,} trajectory records of ~{d['trajectory_value_bytes']:,} B, "
            f"{d['chunk_total_mib']} MiB of 1 MiB chunks; ours = typed wrappers with orjson, idempotence, "
-           "acks=all, zstd / chunking with sha256; Kafka = its own perf tools, same payloads and settings)", "",
-           "| workload | op | ours rec/s | ours MB/s | Kafka tool rec/s | Kafka tool MB/s | ours/Kafka |",
+           "acks=all, zstd / chunking with sha256; kafka-python = the same client with the same settings and bytes, "
+           "no decoding or checksums; Kafka tool = its own perf tools, same payloads and settings; MB/s median "
+           f"(min–max) of {d['repeats']} rounds{_load_note(d)})", "",
+           "| workload | op | ours MB/s | kafka-python MB/s | Kafka tool MB/s | ours / Kafka tool | ours / kafka-python |",
            "|---|---|---:|---:|---:|---:|---:|"]
     for r in d["rows"]:
-        out.append(f"| {r['workload']} | {r['op']} | {r['ours_records_per_s']:,.0f} | {r['ours_MB_per_s']:.1f} | "
-                   f"{r['kafka_records_per_s']:,.0f} | {r['kafka_MB_per_s']:.1f} | {r['ratio']:.2f} |")
+        out.append(f"| {r['workload']} | {r['op']} | {_sp(r['ours_MB_per_s'], '.1f')} | {_sp(r['plain_MB_per_s'], '.1f')} | "
+                   f"{_sp(r['kafka_MB_per_s'], '.1f')} | {_sp(r['ours_over_kafka'])} | {_sp(r['ours_over_plain'])} |")
     return out + [""]
 
 
@@ -42,14 +46,17 @@ def engine() -> list[str]:
     if not d:
         return []
     out = ["**Rollout engine** — `python -m astraflow.benchmarks.engine_throughput --threads 1` "
-           f"(tiny model, {d['env']['parameters']:,} params, {d['env']['threads']} thread)", "",
-           "| workload (batch 64) | CPU engine tok/s | `transformers.generate` tok/s | speedup |", "|---|---:|---:|---:|"]
+           f"(tiny model, {d['env']['parameters']:,} params, {d['env']['threads']} thread; both sides generate the "
+           f"same rows to the same lengths, so the same tokens; median (min–max) of {d['repeats']} alternating warm "
+           f"calls after a cold one{_load_note(d)})", "",
+           f"| workload (batch {d['batch']}) | tokens | CPU engine tok/s | `transformers.generate` tok/s | speedup |",
+           "|---|---:|---:|---:|---:|"]
     for r in d["generation"]:
-        out.append(f"| {r['workload']} | {r['cpu_engine_tok_per_s']:,.0f} | {r['hf_generate_tok_per_s']:,.0f} | "
-                   f"{r['speedup']:.2f}x |")
-    out += ["", "| DeepSpeed trainer (CPU) | samples/step | s/step | samples/s |", "|---|---:|---:|---:|"]
+        out.append(f"| {r['workload']} | {r['tokens']:,} | {_sp(r['cpu_engine_tok_per_s'], ',.0f')} | "
+                   f"{_sp(r['hf_generate_tok_per_s'], ',.0f')} | {_sp(r['speedup'])}x |")
+    out += ["", "| DeepSpeed trainer (CPU) | samples/step | warm s/step | cold first step s |", "|---|---:|---:|---:|"]
     for r in d["training"]:
-        out.append(f"| ZeRO stage {r['zero_stage']} | {r['samples']} | {r['step_s']:.3f} | {r['samples_per_s']:.0f} |")
+        out.append(f"| ZeRO stage {r['zero_stage']} | {r['samples']} | {_sp(r['step_s'], '.3f')} | {r['cold_step_s']:.3f} |")
     return out + [""]
 
 
@@ -59,24 +66,31 @@ def weights() -> list[str]:
         return []
     rl, syn, lat = d["rl"], d["synthetic"], d["latency"]
     out = ["**Weight transfer** — `python -m astraflow.benchmarks.weight_transfer` (real GRPO steps of the "
-           f"DeepSpeed CPU trainer, {rl['info']['params']:,} params; synthetic {syn['params'] / 1e9:.0f} B-parameter "
-           "bf16 model with 1 % of elements changed)", "",
+           f"DeepSpeed CPU trainer, {rl['info']['params']:,} params; synthetic {syn['params'] / 1e9:g} B-parameter "
+           f"bf16 model with 1 % of elements changed; median (min–max) of {d['repeats']} rounds{_load_note(d)}. The "
+           "entropy estimate is log2 C(n, k) for the change mask plus the order-0 entropy of each byte plane of the "
+           "new values: an estimate, not a bound)", "",
            "| measurement | fp32 (as trained on CPU) | bf16 (as a GPU engine holds it) |", "|---|---:|---:|"]
     f, b = rl["fp32"], rl["bf16"]
-    out.append(f"| changed elements per step (mean) | {f['changed_fraction']:.1%} | {b['changed_fraction']:.1%} |")
-    out.append(f"| delta bytes / full snapshot bytes | {f['delta_over_snapshot']:.3f} | {b['delta_over_snapshot']:.3f} |")
-    out.append(f"| delta bytes / entropy bound | {f['delta_over_entropy_bound']:.3f} | {b['delta_over_entropy_bound']:.3f} |")
-    out += ["", "| 1 B bf16, 1 % changed | GB/s of weights | vs memcpy |", "|---|---:|---:|",
-            f"| memcpy (`numpy.copyto`) | {syn['memcpy_gbps']:.2f} | 1.00 |",
-            f"| delta encode | {syn['delta_encode_gbps']:.2f} | {syn['delta_encode_gbps'] / syn['memcpy_gbps']:.3f} |",
-            f"| delta decode + apply (verified) | {syn['delta_apply_gbps']:.2f} | "
-            f"{syn['delta_apply_gbps'] / syn['memcpy_gbps']:.3f} |",
-            "", "| publish → all subscribers hold it | delta | full snapshot |", "|---|---:|---:|"]
-    for key, label in (("tiny", "tiny model"), ("big", "1 B model")):
+    out.append(f"| changed elements per step | {_sp(f['changed_fraction'], '.1%')} | {_sp(b['changed_fraction'], '.1%')} |")
+    out.append(f"| delta bytes / full snapshot bytes | {_sp(f['delta_over_snapshot'], '.3f')} | "
+               f"{_sp(b['delta_over_snapshot'], '.3f')} |")
+    out.append(f"| delta bytes / entropy estimate | {_sp(f['delta_over_entropy_estimate'], '.3f')} | "
+               f"{_sp(b['delta_over_entropy_estimate'], '.3f')} |")
+    big = f"{syn['params'] / 1e9:g} B"
+    out += ["", f"| {big} bf16, 1 % changed, {syn['threads']} threads | GB/s of weights | vs memcpy |", "|---|---:|---:|",
+            f"| memcpy (`numpy.copyto`, {syn['threads']} threads) | {_sp(syn['memcpy_gbps'])} | 1.00 |",
+            f"| delta encode | {_sp(syn['delta_encode_gbps'])} | {_sp(syn['encode_vs_memcpy'], '.3f')} |",
+            f"| delta decode + apply (verified) | {_sp(syn['delta_apply_gbps'])} | {_sp(syn['decode_vs_memcpy'], '.3f')} |",
+            "", "| publish → all subscribers hold it | delta | full snapshot | snapshot end to end |", "|---|---:|---:|---:|"]
+    for key, label in (("tiny", "tiny model"), ("big", f"{big} model")):
         x = lat.get(key)
         if x:
-            out.append(f"| {label} ({x['subscribers']} subscribers) | {x['delta_s']:.2f} s ({x['delta_bytes'] / 1e6:.1f} MB) | "
-                       f"{x['full_s']:.2f} s ({x['full_bytes'] / 1e6:.1f} MB) |")
+            out.append(f"| {label} ({x['subscribers']} subscribers) | {_sp(x['delta_s'])} s ({x['delta_bytes'] / 1e6:.1f} MB) | "
+                       f"{_sp(x['full_s'])} s ({x['full_bytes'] / 1e6:.1f} MB) | {_sp(x['snapshot_e2e_MBps'], '.1f')} MB/s |")
+    k = d["kafka_tool_consume"]
+    out += ["", f"`kafka-consumer-perf-test` reading the {big} model's {k['records']:,} chunk records from the same broker: "
+            f"{_sp(k['MBps'], '.1f')} MB/s; the snapshot's end-to-end rate is {d['snapshot_e2e_vs_kafka_tool']:.2f} of it."]
     return out + [""]
 
 
@@ -110,16 +124,34 @@ def async_sync() -> list[str]:
     d = _load("async_vs_sync")
     if not d:
         return []
-    out = [f"**Async vs sync** — `python benchmarks/async_vs_sync.py` (the demo job, {d['steps']} steps each, "
-           "same broker and machine; steady state after step 2)", "",
-           "| mode | s/step | rollout busy | trainer busy | R s/step | T s/step | ideal (R+T)/max(R,T) | speedup | "
-           "accuracy v0 → final |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for mode, r in d["results"].items():
-        sp = f"{d['speedup']:.2f}x" if mode == "async" else "1.00x"
-        out.append(f"| {mode} | {r['s_per_step']:.2f} | {r['rollout_busy_frac']:.2f} | {r['trainer_busy_frac']:.2f} | "
-                   f"{r['R_s']:.2f} | {r['T_s']:.2f} | {r['ideal_overlap']:.2f} | {sp} | "
-                   f"{r['accuracy_initial']:.3f} → {r['accuracy_final']:.3f} |")
+    m = d["modes"]
+    out = [f"**Async vs sync vs one process** — `python -m astraflow.benchmarks.async_vs_sync` (the demo job, "
+           f"{d['steps']} steps each; async and sync through `astraflow run` on one broker; in-process = the same "
+           "prompts, seeds, model, batch and LR in one plain Python process (CPU engine + the project's "
+           "DeepSpeedTrainer, no broker); s/step steady state after step 2; median (min–max) of "
+           f"{d['repeats']} repetitions{_load_note(d)}. R and T are one batch's rollout and one train step, each "
+           "measured alone in the in-process run; the system's own busy times are contended and not used as "
+           "references)", "",
+           "| mode | s/step | time to last step s | accuracy v0 → final |", "|---|---:|---:|---|"]
+    labels = {"async": "async (1 RaaS node)", "sync": "sync", "inprocess": "in-process, 1 thread",
+              "inprocess_all_cores": f"in-process, {m['inprocess_all_cores']['threads']} threads"}
+    for mode, label in labels.items():
+        r = m[mode]
+        out.append(f"| {label} | {_sp(r['s_per_step'])} | {_sp(r['time_to_last_step_s'], '.0f')} | "
+                   f"{r['accuracy_initial']:.3f} → {_sp(r['accuracy_final'], '.3f')} |")
+    out += ["", "| R alone s | T alone s | overlap efficiency max(R,T) / async s/step | sync efficiency (R+T) / sync "
+            "s/step | async / in-process s/step | async speedup over sync |", "|---:|---:|---:|---:|---:|---:|",
+            f"| {_sp(d['R_alone_s'], '.3f')} | {_sp(d['T_alone_s'], '.3f')} | {_sp(d['overlap_efficiency'])} | "
+            f"{_sp(d['sync_efficiency'])} | {_sp(d['ratio_to_inprocess'])} | {_sp(d['speedup_async_over_sync'])}x |"]
     return out + [""]
+
+
+def _load_note(d: dict) -> str:
+    load = d.get("load") or {}
+    before, after = (load.get("before") or {}).get("loadavg"), (load.get("after") or {}).get("loadavg")
+    if not before or not after:
+        return ""
+    return f"; 1-minute load average {before[0]:.1f} → {after[0]:.1f} on {d['machine']['cpus']} cores"
 
 
 def demo() -> list[str]:
