@@ -20,7 +20,8 @@ when that is below ``G``; otherwise hold. Targets are clamped to the policy's ``
 max]``; a change needs ``confirm`` consecutive decisions in the same direction
 (hysteresis, with the gap between the two thresholds) and waits out ``cooldown_s`` after
 the previous change. No decision is taken before the trainer's first step (model loading
-is no signal) or after the trainer is done.
+is no signal). Once the trainer is done nothing needs new rollouts: the pools drop to
+their ``min`` at once (the nodes kept there answer any task still in flight).
 
 Pure logic: this module knows nothing about Kafka or processes.
 """
@@ -125,6 +126,9 @@ class Scaler:
         self._streak: tuple[str, int] = ("hold", 0)
 
     def decide(self, s: Signals, current: int, now: float) -> Decision:
+        if s.trainer_done and current > self.lo:
+            self.last_action = now
+            return Decision("down", current, self.lo, "the trainer is done: releasing nodes down to min")
         want, direction, why = self._propose(s, current)
         if direction == "hold":
             self._streak = ("hold", 0)

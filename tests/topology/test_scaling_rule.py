@@ -42,10 +42,10 @@ def test_scale_down_towards_the_demand_consumed_never_below_min():
     (sig(0.01, demand=5.0), "needs all"),  # idle trainer but the pool is busy
     (sig(0.01, demand=0.1, stale=3), "stale drop"),  # late groups: not the time to shrink
     (sig(None), "no measurement"),
-    (Signals(0.9, 0.0, 0, 60.0, 5, trainer_done=True), "done"),
+    (Signals(0.9, 0.0, 0, 60.0, 5, trainer_done=True), "done"),  # already at min: nothing to release
 ])
 def test_holds(signals, why):
-    s = Scaler(1, 8, **SPEC)
+    s = Scaler(4 if signals.trainer_done else 1, 8, **SPEC)
     for now in range(5):
         d = s.decide(signals, 4, now=now)
         assert d.action == "hold" and why in d.reason
@@ -90,3 +90,10 @@ def test_window_measures_wait_and_demand():
     assert w.signals(now=125.0, since=118.0).wait_frac is None  # span 7 s < half the window
     w.add_metric(metric("trainer.done", 6, 121.0))
     assert w.signals(now=130.0).trainer_done
+
+
+def test_a_done_trainer_releases_the_pool_to_min_at_once():
+    s = Scaler(2, 8, **SPEC)
+    s.last_action = 99.0  # inside the cooldown, and no agreeing decisions: a finished job waits for neither
+    d = s.decide(Signals(0.0, 0.0, 0, 60.0, 5, trainer_done=True), 6, now=100.0)
+    assert (d.action, d.target) == ("down", 2) and "trainer is done" in d.reason
