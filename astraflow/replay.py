@@ -98,9 +98,13 @@ def replay(req: ReplayRequest, say: Callable[[str], None] = print) -> dict:
             + ("unchanged settings, checking every version against the recorded weights" if not changes else
                f"what-if lineage {run.lineage_id} from step {run.branch}: "
                + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changes.items())))
-        if cfg.trainer.ranks > 1 and not changes:
-            say(f"note: the job trained with trainer.ranks={cfg.trainer.ranks}; a one-rank replay sums its "
-                "gradients in another order, so bits may differ where the mathematics agrees")
+        regrouped = [k for k in ("threads", "token_budget")
+                     if getattr(req.recorded.trainer.engine, k) != getattr(cfg.trainer.engine, k)]
+        if (cfg.trainer.ranks > 1 or regrouped) and not changes:
+            why = (f"trainer.ranks={cfg.trainer.ranks} in the job" if cfg.trainer.ranks > 1 else
+                   "changed trainer.engine." + " and ".join(regrouped))
+            say(f"note: {why} sums in another order than the recorded trainer did, so bits may differ "
+                "where the mathematics agrees")
         run.train()
     finally:
         run.close()
