@@ -89,6 +89,7 @@ class AutoscalerActor(LoopActor):
             return
         self.next_eval = now + self.spec["interval_s"]
         self._report_hours()
+        self._report_sizes()
         if self.enabled:
             self._decide(now)
 
@@ -157,17 +158,20 @@ class AutoscalerActor(LoopActor):
 
     def _report(self, s: Signals, d: Decision) -> None:
         labels = {"policy": self.policy}
-        values = {"autoscaler.pool_size": d.current, "autoscaler.demand": s.demand,
-                  "autoscaler.stale_drops": s.stale_drops}
+        values = {"autoscaler.demand": s.demand, "autoscaler.stale_drops": s.stale_drops}
         if s.wait_frac is not None:
             values["autoscaler.wait_frac"] = s.wait_frac
         if s.lag is not None:
             values["autoscaler.lag"] = s.lag
         self.metrics.emit_many(values, **labels)
         self.metrics.emit("autoscaler.target", d.target, action=d.action, reason=d.reason, **labels)
+
+    def _report_sizes(self) -> None:
+        """The policy's pool size (also with scaling off: plots and status show it)."""
+        self.metrics.emit("autoscaler.pool_size", self._size(), policy=self.policy)
         for p in self.pools:
             self.metrics.emit("autoscaler.pool_nodes", len(self.backend.members(p.name)) if p.elastic else p.count,
-                              pool=p.name, **labels)
+                              pool=p.name, policy=self.policy)
 
     def _acted(self, d: Decision, nodes: list[str]) -> None:
         log.info("autoscaler: %s %d -> %d (%s): %s", d.action, d.current, d.target, d.reason, ", ".join(nodes))

@@ -16,7 +16,7 @@ from astraflow.topology.backends import BackendError, CommandBackend, LocalBacke
 from astraflow.topology.plan import resolve
 from astraflow.topology.schema import load_topology
 
-from .test_topology_files import BASE, changed, write
+from .test_topology_files import changed, write
 
 
 def beat(node, ts, role="raas", status="alive", policy="policy"):

@@ -9,7 +9,7 @@ import pytest
 from astraflow.cli import main
 from astraflow.errors import EXIT_FATAL
 
-from .test_topology_files import BASE, changed, write
+from .test_topology_files import changed, write
 
 JOB = str(Path(__file__).resolve().parents[2] / "examples" / "arithmetic_grpo.yaml")
 

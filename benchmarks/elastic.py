@@ -1,0 +1,247 @@
+"""Elastic RaaS pools: the same job on a small fixed pool, a large fixed pool, and autoscaling.
+
+The seed's claim: an autoscaled rollout pool costs fewer device-hours than either fixed
+size at equal accuracy (Qwen3-14B math: fixed 6 GPUs 358.0 GPU-h, fixed 11 359.2,
+autoscaling 312.0, −13 %). Here every arm runs the arithmetic demo job through
+``astraflow launch`` on one topology that differs only in the RaaS pool:
+
+* ``fixed_small`` — ``--small`` nodes (default 1);
+* ``fixed_large`` — ``--large`` nodes (default 4);
+* ``autoscaling`` — starts at ``--small``, the autoscaler free between small and large.
+
+Devices are emulated on this CPU-only box (labelled so in the output): the trainer node
+holds ``--trainer-devices`` devices of kind ``h100-emulated`` and every training step is
+stretched x``--trainer-slowdown``; a RaaS node holds one ``a10-emulated`` device and every
+rollout call is stretched x``--raas-slowdown``. The stretch is sleep, so N emulated nodes
+behave like N devices even on 2 cores: only the unstretched compute (1/slowdown of a
+node's busy time) competes for the cores. Every node has one torch thread. Device-hours
+come from the heartbeats (``topology/accounting.py``: from a node's start, boot included,
+to its last beat), so idle nodes and a waiting trainer cost what they would on a cluster.
+
+Per arm: wall time, trainer wait fraction (waiting / (waiting + training) over steps 2..N:
+step 1 waits for every process to boot), rollout / trainer / total device-hours and cost,
+held-out accuracy at the last version, the pool's largest and time-weighted mean size,
+and the conservation audit. Prints one table and writes ``benchmarks/results/elastic.json``
+(``{"fixed_small": {...}, "fixed_large": {...}, "autoscaling": {...}, ...}``) and
+``elastic.png`` (pool size and trainer wait fraction over time, autoscaling arm).
+``--quick`` is a smoke run of a few steps (its numbers mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import yaml
+
+from astraflow.benchmarks.results_io import load_now, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "elastic.json"
+ARMS = ("fixed_small", "fixed_large", "autoscaling")
+
+
+def job_settings(steps: int, problems: int) -> dict:
+    """The job every arm runs (on top of examples/arithmetic_grpo.yaml)."""
+    return {
+        "rollout": {"n_samples": 8, "tasks_per_call": 2, "max_new_tokens": 6, "heartbeat_s": 2.0,
+                    "engine": {"threads": 1}},
+        "dataflow": {"groups_per_batch": 8, "max_staleness": 1},
+        "trainer": {"steps": steps, "checkpoint_every": max(10, steps), "snapshot_every": 10,
+                    "engine": {"threads": 1}},
+        "eval": {"every": 0, "problems": problems, "k": 2, "threads": 1},
+        "kafka": {"task_partitions": 8},
+    }
+
+
+def topology(arm: str, a: argparse.Namespace) -> dict:
+    count = a.large if arm == "fixed_large" else a.small
+    raas = {"component": "raas", "hosts": ["local"], "count": count, "threads": 1,
+            "device": {"kind": "a10-emulated", "count": 1}, "cost_per_device_hour": a.raas_cost,
+            "emulate_slowdown": a.raas_slowdown}
+    if arm == "autoscaling":
+        raas.update(min=a.small, max=a.large)
+    return {
+        "name": f"elastic-{arm}",
+        "regions": {"local": {"kafka": "embedded", "hosts": ["local"], "pools": {
+            "dataflow": {"component": "dataflow", "hosts": ["local"]},
+            "trainer": {"component": "trainer", "hosts": ["local"], "threads": 1,
+                        "device": {"kind": "h100-emulated", "count": a.trainer_devices},
+                        "cost_per_device_hour": a.trainer_cost, "emulate_slowdown": a.trainer_slowdown},
+            "raas": raas}}},
+        "autoscaler": {"enabled": arm == "autoscaling", "interval_s": a.interval, "window_s": a.window,
+                       "cooldown_s": a.cooldown, "confirm": 2},
+    }
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out.get(k, {}), v) if isinstance(v, dict) else v
+    return out
+
+
+def run_arm(arm: str, a: argparse.Namespace, bootstrap: str, run_root: Path) -> dict:
+    from astraflow.actors.common import job_topics
+    from astraflow.chaos.invariants import audit
+    from astraflow.config import load_config
+    from astraflow.topology.launch import launch
+
+    data = _merge(yaml.safe_load((ROOT / "examples" / "arithmetic_grpo.yaml").read_text()),
+                  job_settings(a.steps, a.problems))
+    data.update(job=f"elastic-{arm.replace('_', '-')}-{int(time.time())}", seed=a.seed)
+    run_dir = run_root / data["job"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "job.yaml").write_text(yaml.safe_dump(data))
+    (run_dir / "topology.yaml").write_text(yaml.safe_dump(topology(arm, a), sort_keys=False))
+    cfg = load_config(run_dir / "job.yaml")
+    print(f"[{arm}] launching ({run_dir})", flush=True)
+    summary = launch(run_dir / "topology.yaml", cfg, bootstrap=bootstrap, run_dir=run_dir / "run", progress=False,
+                     timeout_s=a.timeout)
+    rows = [json.loads(line) for line in (run_dir / "run" / "metrics.jsonl").read_text().splitlines()]
+    report = audit(bootstrap, job_topics(cfg), cfg.policy, cfg.effective_staleness)
+    return {**arm_numbers(summary, rows), "audit_ok": report.ok, "run_dir": str(run_dir)}
+
+
+def arm_numbers(summary: dict, rows: list[dict]) -> dict:
+    """One arm's row of the JSON, from its run summary and metrics rows."""
+    d = summary["device_hours"]
+    steps = {}
+    for r in rows:
+        if r["name"] in ("trainer.wait_s", "trainer.train_s") and r["step"] >= 2:
+            steps.setdefault(r["step"], {})[r["name"]] = r["value"]
+    waited = sum(s.get("trainer.wait_s", 0.0) for s in steps.values())
+    trained = sum(s.get("trainer.train_s", 0.0) for s in steps.values())
+    return {
+        "total_device_hours": round(d["total"], 5), "rollout_device_hours": round(d["rollout"], 5),
+        "trainer_device_hours": round(d["trainer"], 5), "cost": round(d["cost"], 4),
+        "wall_s": summary["wall_s"], "trainer_wait_frac": round(waited / (waited + trained), 4) if steps else None,
+        "accuracy": summary["accuracy_final"], "accuracy_initial": summary["accuracy_initial"],
+        "steps_trained": summary["steps_trained"], "time_to_first_step_s": summary["time_to_first_step_s"],
+        **pool_sizes(rows),
+        "scaling_actions": [{"t_s": round(r["ts"] - rows[0]["ts"], 1), "action": r["label.action"],
+                             "from": r["label.current"], "to": r["value"], "reason": r["label.reason"]}
+                            for r in rows if r["name"] == "autoscaler.scaled"],
+    }
+
+
+def pool_sizes(rows: list[dict]) -> dict:
+    """Largest and time-weighted mean RaaS pool size, from the autoscaler's per-decision record."""
+    series = [(r["ts"], r["value"]) for r in rows if r["name"] == "autoscaler.pool_size"]
+    if len(series) < 2:
+        return {"pool_max": series[0][1] if series else None, "pool_mean": series[0][1] if series else None}
+    span = series[-1][0] - series[0][0]
+    mean = sum(v * (t2 - t1) for (t1, v), (t2, _) in zip(series, series[1:])) / span if span > 0 else series[0][1]
+    return {"pool_max": max(v for _, v in series), "pool_mean": round(mean, 3)}
+
+
+def plot(path: Path, rows: list[dict]) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    t0 = min(r["ts"] for r in rows)
+    size = [(r["ts"] - t0, r["value"]) for r in rows if r["name"] == "autoscaler.pool_size"]
+    wait = [(r["ts"] - t0, r["value"]) for r in rows if r["name"] == "autoscaler.wait_frac"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if size:
+        ax.step(*zip(*size), where="post", color="tab:blue", label="RaaS pool size (nodes)")
+    ax.set_xlabel("seconds since launch")
+    ax.set_ylabel("nodes", color="tab:blue")
+    ax2 = ax.twinx()
+    if wait:
+        ax2.plot(*zip(*wait), color="tab:red", label="trainer wait fraction (window)")
+    ax2.set_ylim(0, 1)
+    ax2.set_ylabel("trainer wait fraction", color="tab:red")
+    ax.set_title("autoscaling arm: pool size and trainer wait (devices emulated on CPU)", fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.legend(loc="lower right", bbox_to_anchor=(0.88, 0.15))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def verdict(arms: dict) -> dict:
+    auto = arms["autoscaling"]["total_device_hours"]
+    out = {f"autoscaling_vs_{k}": round(auto / arms[k]["total_device_hours"] - 1, 4)
+           for k in ("fixed_small", "fixed_large")}
+    out["below_both"] = all(v < 0 for v in out.values())
+    accs = [arms[k]["accuracy"] for k in ARMS if arms[k]["accuracy"] is not None]
+    out["accuracy_spread"] = round(max(accs) - min(accs), 4) if accs else None
+    return out
+
+
+def table(result: dict) -> str:
+    lines = [f"{'arm':12} {'wall s':>7} {'wait':>6} {'pool':>9} {'rollout dh':>11} {'trainer dh':>11} "
+             f"{'total dh':>9} {'cost':>7} {'acc':>6}"]
+    for arm in ARMS:
+        r = result[arm]
+        lines.append(f"{arm:12} {r['wall_s']:7.0f} {r['trainer_wait_frac'] or 0:6.2f} "
+                     f"{r['pool_mean'] or 0:4.1f}/{r['pool_max'] or 0:<4.0f} {r['rollout_device_hours']:11.4f} "
+                     f"{r['trainer_device_hours']:11.4f} {r['total_device_hours']:9.4f} {r['cost']:7.3f} "
+                     f"{r['accuracy'] if r['accuracy'] is not None else float('nan'):6.3f}")
+    v = result["verdict"]
+    lines.append(f"autoscaling vs fixed_small {v['autoscaling_vs_fixed_small']:+.1%}, vs fixed_large "
+                 f"{v['autoscaling_vs_fixed_large']:+.1%} total device-hours (seed: -13%)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=30, help="trained steps per arm (~20 min for the three at 30)")
+    ap.add_argument("--small", type=int, default=1, help="fixed_small's nodes, the autoscaler's min")
+    ap.add_argument("--large", type=int, default=4, help="fixed_large's nodes, the autoscaler's max")
+    # The tiny model's rollout call (2 tasks x 8 samples) is ~0.04 s of compute and its training
+    # step ~0.2 s: stretched x30 and x20, a batch is ~5 node-seconds of rollout per ~4 s step,
+    # so one node starves the trainer and four leave half the pool idle.
+    ap.add_argument("--raas-slowdown", type=float, default=30.0, help="emulated RaaS device: rollout stretch")
+    ap.add_argument("--trainer-slowdown", type=float, default=20.0, help="emulated trainer device: step stretch")
+    ap.add_argument("--trainer-devices", type=int, default=4, help="devices the trainer node holds")
+    ap.add_argument("--raas-cost", type=float, default=1.0, help="cost per RaaS device-hour")
+    ap.add_argument("--trainer-cost", type=float, default=1.0, help="cost per trainer device-hour")
+    ap.add_argument("--interval", type=float, default=5.0, help="autoscaler: seconds between decisions")
+    ap.add_argument("--window", type=float, default=30.0, help="autoscaler: measurement window, s")
+    ap.add_argument("--cooldown", type=float, default=45.0, help="autoscaler: seconds between actions")
+    ap.add_argument("--problems", type=int, default=100, help="held-out problems (x2 samples each)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS),
+                    help="arms to run, in this order (the box's load drifts: vary it between runs)")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="per arm, seconds")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 4 steps, tiny evaluation")
+    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--run-root", default=str(ROOT / "runs" / "bench-elastic"))
+    a = ap.parse_args(argv)
+    if a.small < 1 or a.large <= a.small:
+        ap.error(f"need 1 <= --small < --large, got {a.small} and {a.large}")
+    if a.quick:
+        a.steps, a.problems, a.window, a.cooldown, a.interval = 4, 10, 10.0, 10.0, 2.0
+    from astraflow.topics import EmbeddedBroker
+    load_before = load_now()
+    run_root = Path(a.run_root)
+    arms: dict[str, dict] = {}
+    with EmbeddedBroker(run_root / f"kafka-{int(time.time())}", heap="1g") as broker:
+        for arm in a.arms:
+            arms[arm] = run_arm(arm, a, broker.bootstrap_servers, run_root)
+    out = Path(a.out)
+    result = {"benchmark": "elastic", "quick": a.quick, **arms,
+              "settings": {k: v for k, v in vars(a).items() if k not in ("out", "run_root")},
+              "emulation": (f"devices emulated on CPU: trainer step x{a.trainer_slowdown:g}, RaaS rollout call "
+                            f"x{a.raas_slowdown:g} (sleep); one torch thread per node"),
+              "contention": ("only 1/slowdown of a node's busy time is compute, so the cores are shared by at most "
+                             "the trainer's and the nodes' unstretched compute; on a busy 2-core box that compute "
+                             "takes longer in the larger pools, which lengthens every arm's steps somewhat "
+                             "(see load)")}
+    if all(k in arms for k in ARMS):
+        result["verdict"] = verdict(arms)
+        print(table(result))
+    if "autoscaling" in arms:
+        rows = [json.loads(line) for line in
+                (Path(arms["autoscaling"]["run_dir"]) / "run" / "metrics.jsonl").read_text().splitlines()]
+        plot(out.with_suffix(".png"), rows)
+    write_results(out, result, load_before)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
