@@ -319,8 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     failed = False
     load_before = load_now()
-    for ranks in args.ranks:
-        for zero in args.zero:
+    # Stage by stage, the world sizes back to back: load from other processes then hits
+    # the configurations being compared alike.
+    for zero in args.zero:
+        for ranks in args.ranks:
             print(f"--- {ranks} rank(s), ZeRO-{zero}", flush=True)
             try:
                 row = launch(model, ranks, zero, threads=args.threads, steps=steps, samples=args.samples,
@@ -330,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"FAILED: {err}", flush=True)
                 row = {"ranks": ranks, "zero_stage": zero, "error": str(err)[-2000:]}
             result["rows"].append(row)
+    result["rows"].sort(key=lambda r: (r["ranks"], r["zero_stage"]))
     result["uptime_after"] = _uptime()
     print_table(result)
     write_results(args.out, result, load_before)
