@@ -1,6 +1,7 @@
 """The autoscaler actor: sizes a policy's RaaS pools from the topics and acts through a backend.
 
-Reads ``control`` (heartbeats: who is up, for device-hours), ``metrics`` (the trainer's
+Reads ``control`` (heartbeats: who is up, for device-hours; the trainer's, which it sends
+only while waiting for a batch, for the wait still open), ``metrics`` (the trainer's
 per-step wait and train time, every node's busy time, the trainer's ``done``) and
 ``drops.<policy>`` (stale drops), all from their beginning, so a restarted actor rebuilds
 the same picture. Every ``interval_s`` it writes the device-hours so far to ``metrics``
@@ -57,7 +58,7 @@ class AutoscalerActor(LoopActor):
                                                       self.topics.drops(self.policy)))
         self.admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="autoscaler")
         self.hours = DeviceHours(self.plan)
-        self.window = SignalWindow(self.policy, self.spec["window_s"], self._policy_of)
+        self.window = SignalWindow(self.policy, self.spec["window_s"], self._policy_of, self.cfg.rollout.heartbeat_s)
         self.scaler = Scaler(sum(p.min for p in self.pools), sum(p.max for p in self.pools), **self.spec)
         self.next_eval = 0.0
         if self.enabled:
@@ -78,6 +79,7 @@ class AutoscalerActor(LoopActor):
         for d in self.control.poll(100):
             if isinstance(d.message, Heartbeat):
                 self.hours.observe(d.message)
+                self.window.add_heartbeat(d.message)
         for d in self.metrics_in.poll(100):
             if isinstance(d.message, Metric):
                 self.window.add_metric(d.message)

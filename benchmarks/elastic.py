@@ -193,16 +193,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small", type=int, default=1, help="fixed_small's nodes, the autoscaler's min")
     ap.add_argument("--large", type=int, default=4, help="fixed_large's nodes, the autoscaler's max")
     # The tiny model's rollout call (2 tasks x 8 samples) is ~0.04 s of compute and its training
-    # step ~0.2 s: stretched x30 and x20, a batch is ~5 node-seconds of rollout per ~4 s step,
-    # so one node starves the trainer and four leave half the pool idle.
+    # step ~0.2-0.7 s on a loaded box: stretched x30 and x10, a batch is ~5 node-seconds of
+    # rollout per 2-7 s step, so one node starves the trainer and four leave much of the pool idle.
     ap.add_argument("--raas-slowdown", type=float, default=30.0, help="emulated RaaS device: rollout stretch")
-    ap.add_argument("--trainer-slowdown", type=float, default=20.0, help="emulated trainer device: step stretch")
+    ap.add_argument("--trainer-slowdown", type=float, default=10.0, help="emulated trainer device: step stretch")
     ap.add_argument("--trainer-devices", type=int, default=4, help="devices the trainer node holds")
     ap.add_argument("--raas-cost", type=float, default=1.0, help="cost per RaaS device-hour")
     ap.add_argument("--trainer-cost", type=float, default=1.0, help="cost per trainer device-hour")
     ap.add_argument("--interval", type=float, default=5.0, help="autoscaler: seconds between decisions")
-    ap.add_argument("--window", type=float, default=30.0, help="autoscaler: measurement window, s")
-    ap.add_argument("--cooldown", type=float, default=45.0, help="autoscaler: seconds between actions")
+    ap.add_argument("--window", type=float, default=60.0, help="autoscaler: measurement window, s (several steps)")
+    ap.add_argument("--cooldown", type=float, default=60.0, help="autoscaler: seconds between actions (> a node's "
+                                                                  "start-up on this box)")
     ap.add_argument("--problems", type=int, default=100, help="held-out problems (x2 samples each)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS),

@@ -72,6 +72,20 @@ class Backend:
         with self._lock:
             self._members[node.pool].remove(node)
 
+    def retire_all(self) -> list[str]:
+        """Retire every member (the job is over, or its autoscaler stops: none may be orphaned);
+        returns the nodes whose retirement failed."""
+        failed = []
+        with self._lock:
+            members = [n.node_id for ns in self._members.values() for n in ns]
+        for node_id in members:
+            try:
+                self.retire(node_id)
+            except BackendError as e:
+                log.error("%s", e)
+                failed.append(node_id)
+        return failed
+
     def tick(self, procs: list[Proc]) -> None:
         """Called by the runner's loop; only the local backend has work to do there."""
 
@@ -94,6 +108,10 @@ class LocalBackend(Backend):
 
     def _start(self, node: NodePlan) -> None:
         self._requests.put(("start", node))
+
+    def retire_all(self) -> list[str]:
+        """Nothing to do: its processes are in the runner's list, stopped with the others."""
+        return []
 
     def _retire(self, node: NodePlan) -> None:
         self._requests.put(("retire", node))

@@ -130,6 +130,7 @@ class TopologyRun:
                 yield self
         finally:
             # Everything stopped (the nodes' last heartbeats written) before the recount.
+            self.backend.retire_all()
             stop_processes(procs)
             self.backend.tick(procs)
             self.extra = {"topology": {"name": self.plan.name, "file": self.plan.source,
@@ -209,6 +210,11 @@ def run_host(topology: str | Path, cfg: JobConfig, host: str, *, bootstrap: str 
             p.start()
         stack.callback(stop_processes, procs)
         backend = make_backend(plan, cfg, command_for, run_dir / "logs") if here else None
+        if backend is not None:
+            # After the autoscaler has stopped (exits run last first): nodes it started on other
+            # hosts through a command backend would outlive the job otherwise. Local ones are
+            # in `procs`, stopped above.
+            stack.callback(backend.retire_all)
         outcome = stack.enter_context(autoscaler_running(plan, cfg, bootstrap, backend)) if here else None
         mains = [p for p in procs if p.role in ("trainer", "dataflow")]
         done_feed = None

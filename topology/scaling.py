@@ -6,9 +6,10 @@ came before it describes a pool that no longer exists):
 
 * **trainer wait fraction** ``w`` = time the trainer waited for batches / wall time. Each
   step's ``trainer.wait_s`` counts when its metric arrives. A trainer starved of batches
-  reports no steps at all, so once the silence since its last step exceeds twice its
-  longest recent step, the silence beyond one such step counts as waiting too (a shorter
-  silence may be a slow step: train times swing with the load on shared cores);
+  reports no steps at all, so the wait still open counts too: the trainer heartbeats
+  while it polls for a batch, never while it trains, so the span its heartbeats cover
+  since its last step (less one interval: it beats once as it finishes a step) is
+  waiting, however long a step takes on loaded cores;
 * **demand** = the pool's busy time (``raas.busy_s``) / wall time: the node-equivalents
   that actually worked;
 * **stale drops** (groups that came back too late for the staleness bound) in the window.
@@ -33,7 +34,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from astraflow.topics import Metric
+from astraflow.topics import Heartbeat, Metric
 
 
 @dataclass(frozen=True)
@@ -50,12 +51,13 @@ class Signals:
 class SignalWindow:
     """Windowed trainer wait and pool demand of one policy, from ``metrics`` and ``drops``."""
 
-    def __init__(self, policy: str, window_s: float, node_policy: Callable[[str], str | None]) -> None:
-        self.policy, self.window_s, self.node_policy = policy, window_s, node_policy
+    def __init__(self, policy: str, window_s: float, node_policy: Callable[[str], str | None],
+                 heartbeat_s: float = 2.0) -> None:
+        self.policy, self.window_s, self.node_policy, self.heartbeat_s = policy, window_s, node_policy, heartbeat_s
+        self.last_trainer_beat: float | None = None
         self.steps: deque[tuple[float, float, float]] = deque()  # (ts, wait_s, train_s)
         self.busy: deque[tuple[float, float]] = deque()  # (ts, busy_s)
         self.stale: deque[float] = deque()
-        self.recent_train: deque[float] = deque(maxlen=5)
         self.first_step_ts: float | None = None
         self.last_step_ts: float | None = None
         self.done = False
@@ -71,11 +73,14 @@ class SignalWindow:
                 if len(got) == 2:
                     del self._pending[m.step]
                     self.steps.append((m.ts, got["trainer.wait_s"], got["trainer.train_s"]))
-                    self.recent_train.append(got["trainer.train_s"])
                     self.first_step_ts = self.first_step_ts or m.ts
                     self.last_step_ts = max(self.last_step_ts or m.ts, m.ts)
         elif m.name == "raas.busy_s" and self.node_policy(str(m.labels.get("node", m.component))) == self.policy:
             self.busy.append((m.ts, m.value))
+
+    def add_heartbeat(self, hb: Heartbeat) -> None:
+        if hb.role == "trainer" and hb.policy == self.policy and hb.status != "starting":
+            self.last_trainer_beat = max(self.last_trainer_beat or hb.ts, hb.ts)
 
     def add_stale_drop(self, ts: float) -> None:
         self.stale.append(ts)
@@ -89,9 +94,8 @@ class SignalWindow:
         steps = [(ts, w, t) for ts, w, t in self.steps if ts > start]
         # A step's wait ended a train time before its metric: clip it to the span.
         waited = sum(min(w, max(0.0, ts - t - start)) for ts, w, t in steps)
-        longest = max(self.recent_train, default=0.0)
-        if not self.done and self.last_step_ts is not None and now - self.last_step_ts > 2 * longest:
-            waited += max(0.0, now - max(self.last_step_ts + longest, start))
+        if not self.done and self.last_step_ts is not None and self.last_trainer_beat is not None:
+            waited += max(0.0, self.last_trainer_beat - max(self.last_step_ts + self.heartbeat_s, start))
         busy = sum(min(b, ts - start) for ts, b in self.busy if ts > start)
         stale = sum(1 for ts in self.stale if ts > start)
         measurable = span >= self.window_s / 2

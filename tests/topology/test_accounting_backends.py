@@ -120,3 +120,8 @@ def test_command_backend_fills_the_templates_and_reports_failures(plan, tmp_path
     with pytest.raises(BackendError, match=r"stop slow-0: .* exited with 3"):
         b.retire("slow-0")
     assert b.members("slow") == ["slow-0"]  # still running as far as anyone knows
+    # at the end of the job every member is retired; a failure is reported, not raised
+    b.start(plan.node_spec(plan.pools["fast"], b.next_index("fast")))
+    assert b.retire_all() == ["slow-0"]
+    assert b.members("fast") == [] and [c[:2] for c in map(yaml.safe_load, log.read_text().splitlines())][-2:] == [
+        ["stop", "slow-0"], ["stop", "fast-1"]]

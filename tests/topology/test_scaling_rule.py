@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from astraflow.topics import Metric
+from astraflow.topics import Heartbeat, Metric
 from astraflow.topology.scaling import Scaler, Signals, SignalWindow
 
 SPEC = dict(scale_up_wait=0.10, scale_down_wait=0.05, cooldown_s=30.0, confirm=2, target_utilization=0.8)
@@ -81,11 +81,14 @@ def test_window_measures_wait_and_demand():
     s = w.signals(now=120.0)
     assert s.wait_frac == pytest.approx(0.75)  # 3 s of every 4 s step waiting
     assert s.demand == pytest.approx(0.5)  # 2 busy seconds every 4 s
-    # a silence shorter than twice the longest recent step may be a slow step: not counted ...
-    assert w.signals(now=121.5).wait_frac == pytest.approx(13.5 / 20)  # the steps' waits in (101.5, 121.5] only
-    # ... a trainer that stops stepping reads as waiting, not as unknown
-    starving = w.signals(now=135.0)
-    assert starving.wait_frac > 0.75
+    # after its last step the trainer beats once; then silence: it is training (however slowly) ...
+    w.add_heartbeat(Heartbeat("trainer.policy", "trainer", "policy", 6, ts=120.1))
+    assert w.signals(now=135.0).wait_frac == pytest.approx(3.0 / 20)  # the waits of steps 5, 6 within (115, 135]
+    # ... while beats go on, it is polling for a batch that does not come: waiting, not unknown
+    for ts in range(122, 136, 2):
+        w.add_heartbeat(Heartbeat("trainer.policy", "trainer", "policy", 6, ts=float(ts)))
+        w.add_heartbeat(Heartbeat("trainer.other", "trainer", "other", 6, ts=float(ts) + 10))  # not ours
+    assert w.signals(now=135.0).wait_frac == pytest.approx((3.0 + 134 - 122) / 20)
     # the window starts after the last action: before it, another pool size was measured
     assert w.signals(now=125.0, since=118.0).wait_frac is None  # span 7 s < half the window
     w.add_metric(metric("trainer.done", 6, 121.0))
