@@ -75,25 +75,35 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 class Memcpy:
-    """``numpy.copyto`` of the model's bits into one buffer, split over ``threads`` threads
-    (numpy releases the GIL on large copies): the bandwidth the codec is measured against,
-    with the same thread count the codec uses."""
+    """``numpy.copyto`` of the model's bits, split over ``threads`` threads (numpy releases
+    the GIL on large copies): the bandwidth the codec is measured against, with the same
+    thread count the codec uses. Copies into ``dst`` (same names and sizes) when given —
+    the codec benchmark restores its working copy this way — else into one new buffer."""
 
-    def __init__(self, model: Mapping[str, torch.Tensor], threads: int) -> None:
+    def __init__(self, model: Mapping[str, torch.Tensor], threads: int,
+                 dst: Mapping[str, torch.Tensor] | None = None) -> None:
         self.threads = max(1, threads)
-        self.srcs = [tensor_bits(t) for t in model.values()]
-        self.dst = np.empty(sum(s.size for s in self.srcs), np.uint16)
-        self.dst.fill(0)  # fault the pages in first: we want bandwidth, not page-fault cost
-        self.jobs, at = [], 0
-        for s in self.srcs:
-            step = math.ceil(s.size / self.threads)
-            self.jobs += [(at + i, s[i:i + step]) for i in range(0, s.size, step)]
-            at += s.size
+        if dst is None:
+            buf = np.empty(sum(t.numel() for t in model.values()), np.uint16)
+            buf.fill(0)  # fault the pages in first: we want bandwidth, not page-fault cost
+            outs, at = [], 0
+            for t in model.values():
+                outs.append(buf[at:at + t.numel()])
+                at += t.numel()
+        else:
+            outs = [tensor_bits(dst[name]) for name in model]
+        self.nbytes = sum(t.numel() * t.element_size() for t in model.values())
+        self.jobs = []
+        for t, out in zip(model.values(), outs):
+            src = tensor_bits(t)
+            if out.size != src.size:
+                raise ValueError(f"memcpy destination holds {out.size} elements, source {src.size}")
+            step = math.ceil(src.size / self.threads)
+            self.jobs += [(out[i:i + step], src[i:i + step]) for i in range(0, src.size, step)]
 
     def gbps(self) -> float:
-        def copy(job: tuple[int, np.ndarray]) -> None:
-            at, src = job
-            np.copyto(self.dst[at:at + src.size], src)
+        def copy(job: tuple[np.ndarray, np.ndarray]) -> None:
+            np.copyto(*job)
 
         t0 = time.perf_counter()
         if self.threads == 1:
@@ -102,7 +112,7 @@ class Memcpy:
         else:
             with ThreadPoolExecutor(self.threads) as pool:
                 list(pool.map(copy, self.jobs))
-        return self.dst.nbytes / (time.perf_counter() - t0) / 1e9
+        return self.nbytes / (time.perf_counter() - t0) / 1e9
 
 
 def _plane_entropy_bits(values: np.ndarray) -> float:
@@ -161,8 +171,8 @@ def delta_codec(base: dict[str, torch.Tensor], new: dict[str, torch.Tensor], thr
     """
     gb = sum(t.numel() * t.element_size() for t in base.values()) / 1e9
     base_hashes = deltas.tensor_hashes(base, threads)
-    memcpy = Memcpy(base, threads)
     live = {k: v.clone() for k, v in base.items()}
+    memcpy = Memcpy(base, threads, dst=live)  # each memcpy puts the base back into the working copy
     payload, stats = b"", None
 
     def round_() -> tuple[float, float, float]:
@@ -172,8 +182,6 @@ def delta_codec(base: dict[str, torch.Tensor], new: dict[str, torch.Tensor], thr
                                                         base_hashes=base_hashes, threads=threads, level=level))
         payload, stats = ev.to_bytes(), ev.stats
         del ev
-        for k, v in live.items():
-            v.copy_(base[k])
         t_apply, _ = timed(lambda: deltas.apply_in_place(payload, live, base_hashes=base_hashes, threads=threads))
         return m, gb / t_enc, gb / t_apply
 

@@ -166,3 +166,24 @@ def test_async_vs_sync_measures_every_mode_against_r_and_t_alone():
     assert agg["inprocess_s_per_step"]["median"] == pytest.approx(0.6)
     assert agg["speedup_async_over_sync"]["median"] == pytest.approx(0.8 / 0.5)
     assert agg["modes"]["inprocess_all_cores"]["threads"] == 2 and agg["R_alone_s"]["n"] == 3
+
+
+def test_committed_results_have_the_issues_fields_and_render_with_spread():
+    """The README's tables come from these files: each must carry the required numbers,
+    its load, and render as median (min–max)."""
+    from astraflow.benchmarks import report
+
+    wt = json.loads((report.RES / "weight_transfer.json").read_text())
+    for key in ("snapshot_e2e_MBps", "kafka_tool_consume_MBps", "encode_vs_memcpy", "decode_vs_memcpy"):
+        assert isinstance(wt[key], float), key
+    avs = json.loads((report.RES / "async_vs_sync.json").read_text())
+    assert avs["repeats"] >= 3 and not avs["quick"]
+    for key in ("overlap_efficiency", "inprocess_s_per_step", "ratio_to_inprocess"):
+        assert avs[key]["n"] == avs["repeats"], key
+    for name in ("weight_transfer", "async_vs_sync", "engine_throughput", "topics_throughput", "codec_throughput"):
+        data = json.loads((report.RES / f"{name}.json").read_text())
+        assert "loadavg" in data["load"]["before"], name
+    text = report.render()
+    for section in ("**Async vs sync vs one process**", "**Kafka path**", "**Weight transfer**", "**Rollout engine**"):
+        assert section in text
+    assert "entropy bound" not in text and "kafka-python MB/s" in text and " (" in text
