@@ -38,3 +38,15 @@ def test_quick_two_ranks_zero3_agree_and_report(tmp_path, monkeypatch):
     monkeypatch.setattr(report, "RES", out.parent)
     table = "\n".join(report.scaling())
     assert "| 2 | 3 |" in table and "Trainer scaling" in table
+
+
+def test_committed_results_cover_1_and_2_ranks_at_every_stage():
+    """The README table is rendered from this file: the issue's fields, all 8 configs, the
+    full model (not --quick), the load it was measured under."""
+    d = json.loads((report.RES / "trainer_scaling.json").read_text())
+    assert not d["settings"]["quick"] and d["settings"]["timed_steps"] >= 3 and d["model"]["parameters"] > 100e6
+    assert {(r["ranks"], r["zero_stage"]) for r in d["rows"]} == {(n, z) for n in (1, 2) for z in range(4)}
+    for r in d["rows"]:
+        assert r["samples_per_s_min"] <= r["samples_per_s"] <= r["samples_per_s_max"] and r["peak_rss_mb"] > 0
+        assert len(r["peak_rss_mb_per_rank"]) == r["ranks"] and "loadavg" in r["load_before"]
+    assert "loadavg" in d["load"]["before"]
