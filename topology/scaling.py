@@ -15,7 +15,10 @@ came before it describes a pool that no longer exists):
 * **stale drops** (groups that came back too late for the staleness bound) in the window.
 
 :class:`Scaler` is the rule (the reference system's, with the guards it lacked):
-``w > scale_up_wait`` → target ``ceil(G / (1 - w))`` (at least ``G + 1``);
+``w > scale_up_wait`` → target ``ceil(G / (1 - w))`` (at least ``G + 1``), but only while
+the pool is busy (demand / G >= ``scale_up_busy``): a trainer that waits on a pool that
+idles waits for latency (weights reaching the nodes, the staleness bound), which more
+nodes would not shorten;
 ``w < scale_down_wait`` and no stale drops → target ``ceil(demand / target_utilization)``
 when that is below ``G``; otherwise hold. Targets are clamped to the policy's ``[min,
 max]``; a change needs ``confirm`` consecutive decisions in the same direction
@@ -122,8 +125,8 @@ class Scaler:
     """The rule with min/max, hysteresis and cooldown, for one policy's pools (``lo``..``hi`` nodes)."""
 
     def __init__(self, lo: int, hi: int, *, scale_up_wait: float, scale_down_wait: float, cooldown_s: float,
-                 confirm: int, target_utilization: float, **_: object) -> None:
-        self.lo, self.hi = lo, hi
+                 confirm: int, target_utilization: float, scale_up_busy: float = 0.6, **_: object) -> None:
+        self.lo, self.hi, self.busy = lo, hi, scale_up_busy
         self.up, self.down, self.cooldown_s = scale_up_wait, scale_down_wait, cooldown_s
         self.confirm, self.util = confirm, target_utilization
         self.last_action = float("-inf")
@@ -159,6 +162,9 @@ class Scaler:
             return current, "hold", "no measurement yet (the trainer has not stepped, or the window is short)"
         w = s.wait_frac
         if w > self.up:
+            if current and s.demand / current < self.busy:
+                return current, "hold", (f"trainer waits {w:.0%} but the pool is {s.demand / current:.0%} busy "
+                                         f"(< {self.busy:.0%}): latency, not capacity")
             raw = math.ceil(current / (1.0 - w)) if w < 1.0 else self.hi
             return max(current + 1, raw), "up", f"trainer waits {w:.0%} > {self.up:.0%}"
         if w < self.down:

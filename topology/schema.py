@@ -148,6 +148,8 @@ class AutoscalerSpec:
     cooldown_s: float = _k(60.0, "no action within this long of the previous one (new nodes must load first)")
     scale_up_wait: float = _k(0.10, "wait fraction w above this: target = ceil(G / (1 - w))")
     scale_down_wait: float = _k(0.05, "w below this: shrink towards the demand consumed (busy node-equivalents)")
+    scale_up_busy: float = _k(0.6, "grow only while the pool is at least this busy (busy time / nodes): a trainer "
+                                   "waiting on an idle pool waits for latency, not capacity")
     confirm: int = _k(2, "consecutive decisions that must agree before acting (hysteresis)")
     target_utilization: float = _k(0.8, "shrinking keeps busy time / pool size at most this")
     retire_timeout_s: float = _k(120.0, "a retired node still running after this long is killed (its tasks are "
@@ -166,6 +168,8 @@ class AutoscalerSpec:
             raise ValueError(f"cooldown_s must be >= 0, got {self.cooldown_s}")
         if self.confirm < 1:
             raise ValueError(f"confirm must be >= 1, got {self.confirm}")
+        if not 0 <= self.scale_up_busy <= 1:
+            raise ValueError(f"scale_up_busy must be in [0, 1], got {self.scale_up_busy}")
         if not 0 < self.target_utilization <= 1:
             raise ValueError(f"target_utilization must be in (0, 1], got {self.target_utilization}")
 

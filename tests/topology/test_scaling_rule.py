@@ -14,17 +14,22 @@ def sig(w, demand=0.0, stale=0):
     return Signals(w, demand, stale, span_s=60.0, steps=5)
 
 
+def busy(w, nodes):
+    """The trainer waits ``w`` and every one of ``nodes`` is busy all the time."""
+    return sig(w, demand=float(nodes))
+
+
 def test_scale_up_follows_the_reference_formula_within_max():
     s = Scaler(1, 8, **SPEC)
-    assert s.decide(sig(0.5), 2, now=100).action == "hold"  # first of two agreeing decisions
-    d = s.decide(sig(0.5), 2, now=105)
+    assert s.decide(busy(0.5, 2), 2, now=100).action == "hold"  # first of two agreeing decisions
+    d = s.decide(busy(0.5, 2), 2, now=105)
     assert (d.action, d.target) == ("up", 4)  # ceil(2 / (1 - 0.5))
     s = Scaler(1, 3, **SPEC)
-    s.decide(sig(0.9), 2, now=0)
-    assert s.decide(sig(0.9), 2, now=1).target == 3  # ceil(2 / 0.1) = 20, clamped to max
+    s.decide(busy(0.9, 2), 2, now=0)
+    assert s.decide(busy(0.9, 2), 2, now=1).target == 3  # ceil(2 / 0.1) = 20, clamped to max
     s = Scaler(1, 8, **SPEC)
-    s.decide(sig(0.11), 5, now=0)
-    assert s.decide(sig(0.11), 5, now=1).target == 6  # the formula says 5.6 -> 6; at least G + 1 anyway
+    s.decide(busy(0.11, 5), 5, now=0)
+    assert s.decide(busy(0.11, 5), 5, now=1).target == 6  # the formula says 5.6 -> 6; at least G + 1 anyway
 
 
 def test_scale_down_towards_the_demand_consumed_never_below_min():
@@ -39,6 +44,7 @@ def test_scale_down_towards_the_demand_consumed_never_below_min():
 
 @pytest.mark.parametrize("signals, why", [
     (sig(0.07), "within"),  # between the thresholds: the hysteresis band
+    (sig(0.5, demand=1.6), "latency, not capacity"),  # waiting on a pool 40% busy: more nodes would idle
     (sig(0.01, demand=5.0), "needs all"),  # idle trainer but the pool is busy
     (sig(0.01, demand=0.1, stale=3), "stale drop"),  # late groups: not the time to shrink
     (sig(None), "no measurement"),
@@ -57,13 +63,14 @@ def test_no_second_action_within_the_cooldown_and_no_flapping():
     # the wait fraction swings every 2 s between starving and idle: a naive rule would flap
     for i in range(60):
         now = i * 2.0
-        d = s.decide(sig(0.6 if (i // 3) % 2 == 0 else 0.0, demand=0.5), 4, now)
+        d = s.decide(busy(0.6, 4) if (i // 3) % 2 == 0 else sig(0.0, demand=0.5), 4, now)
         if d.action != "hold":
             actions.append(now)
     assert len(actions) >= 2 and all(b - a >= SPEC["cooldown_s"] for a, b in zip(actions, actions[1:]))
     # and a single contrary reading resets the streak: alternating signals never act
     s = Scaler(1, 8, **SPEC)
-    assert all(s.decide(sig(0.6 if i % 2 else 0.0, demand=0.5), 4, i * 40.0).action == "hold" for i in range(10))
+    assert all(s.decide(busy(0.6, 4) if i % 2 else sig(0.0, demand=0.5), 4, i * 40.0).action == "hold"
+               for i in range(10))
 
 
 def metric(name, value, ts, step=0, component="trainer.policy", **labels):
