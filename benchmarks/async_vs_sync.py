@@ -142,6 +142,9 @@ def aggregate(reps: list[dict]) -> dict:
         "speedup_async_over_sync": ratio_spread(sy, a),
         "ideal_async_speedup_over_inprocess": ratio_spread(sum_alone, best_alone),
         "inprocess_time_to_async_accuracy_s": reached,
+        # the load each run started under: the JSON-wide before/after misses what happened between
+        "load_1m_at_run_start": spread([r[m]["load_before"][0] for r in reps for m in (*SYSTEM_MODES, "inprocess",
+                                                                                        "inprocess_all_cores")]),
         "modes": modes,
     }
 

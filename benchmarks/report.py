@@ -147,6 +147,9 @@ def async_sync() -> list[str]:
 
 
 def _load_note(d: dict) -> str:
+    if "load_1m_at_run_start" in d:
+        x = d["load_1m_at_run_start"]
+        return f"; 1-minute load average {x['min']:.1f}–{x['max']:.1f} at the runs' starts on {d['machine']['cpus']} cores"
     load = d.get("load") or {}
     before, after = (load.get("before") or {}).get("loadavg"), (load.get("after") or {}).get("loadavg")
     if not before or not after:

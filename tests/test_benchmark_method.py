@@ -150,11 +150,11 @@ def test_async_vs_sync_measures_every_mode_against_r_and_t_alone():
     def system(s_per_step, acc):
         return {"s_per_step": s_per_step, "rollout_busy_frac": 0.5, "trainer_busy_frac": 0.5, "R_in_run_s": 9.0,
                 "T_in_run_s": 9.0, "time_to_first_step_s": 10.0, "time_to_last_step_s": 30.0,
-                "accuracy_initial": 0.1, "accuracy_final": acc}
+                "accuracy_initial": 0.1, "accuracy_final": acc, "load_before": [1.0, 1.0, 1.0]}
 
     def inproc(R, T, W, threads):
         return {"s_per_step": R + T + W, "R_s": R, "T_s": T, "W_s": W, "setup_s": 5.0, "time_to_last_step_s": 20.0,
-                "accuracy_initial": 0.1, "accuracy_final": 0.2, "threads": threads}
+                "accuracy_initial": 0.1, "accuracy_final": 0.2, "threads": threads, "load_before": [2.0, 1.0, 1.0]}
 
     reps = [{"async": system(0.5, 0.2), "sync": system(0.8, 0.2), "inprocess": inproc(0.2, 0.4, 0.0, 1),
              "inprocess_all_cores": inproc(0.1, 0.3, 0.0, 2), "inprocess_time_to_async_accuracy_s": 12.0}
@@ -166,6 +166,7 @@ def test_async_vs_sync_measures_every_mode_against_r_and_t_alone():
     assert agg["inprocess_s_per_step"]["median"] == pytest.approx(0.6)
     assert agg["speedup_async_over_sync"]["median"] == pytest.approx(0.8 / 0.5)
     assert agg["modes"]["inprocess_all_cores"]["threads"] == 2 and agg["R_alone_s"]["n"] == 3
+    assert (agg["load_1m_at_run_start"]["min"], agg["load_1m_at_run_start"]["max"]) == (1.0, 2.0)
 
 
 def test_committed_results_have_the_issues_fields_and_render_with_spread():
