@@ -14,7 +14,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +37,6 @@ def ratio_spread(num: dict[str, Any], den: dict[str, Any]) -> dict[str, Any]:
     if num["n"] != den["n"]:
         raise ValueError(f"ratio of spreads needs paired runs, got {num['n']} and {den['n']}")
     return spread([a / b for a, b in zip(num["runs"], den["runs"])])
-
-
-def repeat(fn: Callable[[], float], repeats: int, warmup: int = 1) -> dict[str, Any]:
-    """Call ``fn`` (which returns one measurement) ``warmup`` times, kept as ``cold``, then
-    ``repeats`` times into a :func:`spread` (``warm``)."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    cold = [fn() for _ in range(warmup)]
-    return {"cold": cold[0] if cold else None, "warm": spread([fn() for _ in range(repeats)])}
 
 
 def fmt_spread(s: dict[str, Any], fmt: str = ".2f") -> str:

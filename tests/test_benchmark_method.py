@@ -23,12 +23,6 @@ def test_spread_keeps_median_min_max_and_every_run():
         results_io.ratio_spread(results_io.spread([1, 2]), results_io.spread([1]))
 
 
-def test_repeat_keeps_the_cold_run_apart():
-    calls = iter([9.0, 1.0, 2.0, 3.0])
-    out = results_io.repeat(lambda: next(calls), repeats=3)
-    assert out["cold"] == 9.0 and out["warm"]["runs"] == [1.0, 2.0, 3.0]
-
-
 def test_results_record_the_load_they_were_measured_under(tmp_path):
     before = results_io.load_now()
     results_io.write_results(tmp_path / "x.json", {"a": 1}, before)
