@@ -115,11 +115,12 @@ def init_single_process_distributed(backend: str, timeout_s: float = 300.0) -> N
 
     if dist.is_available() and dist.is_initialized():
         return
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
+    if os.environ.get("WORLD_SIZE", "1") == "1":
+        # A world of one meets no peer, so its store takes a fresh port whatever an inherited
+        # environment names: a parent that trained in-process leaves its own, still-bound
+        # MASTER_PORT there, and reusing it fails with EADDRINUSE on every restart.
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1",
+                          LOCAL_RANK="0")
     if backend == "gloo":
         _skip_shm_collectives()
     deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=datetime.timedelta(seconds=timeout_s))

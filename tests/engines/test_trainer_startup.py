@@ -33,3 +33,20 @@ def test_single_rank_cpu_trainer_builds_no_shm_op(tiny_model_path, tmp_path):
     assert "step 0" in proc.stdout
     built = sorted(p.name for p in ext.rglob("*") if p.is_dir())
     assert not any("shm" in name for name in built), built
+
+
+def test_a_single_rank_trainer_ignores_an_inherited_master_port_that_is_taken(tiny_model_path):
+    """A process that trained in-process (a test, a benchmark, a launcher) leaves its own
+    MASTER_PORT in the environment its children inherit, still bound by its store; a
+    one-rank trainer started from there must take a fresh port, not fail EADDRINUSE."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(taken.getsockname()[1]), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+        proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_model_path)], env=env, capture_output=True,
+                              text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "step 0" in proc.stdout
