@@ -114,10 +114,13 @@ def arm_numbers(summary: dict, rows: list[dict]) -> dict:
             steps.setdefault(r["step"], {})[r["name"]] = r["value"]
     waited = sum(s.get("trainer.wait_s", 0.0) for s in steps.values())
     trained = sum(s.get("trainer.train_s", 0.0) for s in steps.values())
+    train_times = sorted(s["trainer.train_s"] for s in steps.values() if "trainer.train_s" in s)
     return {
         "total_device_hours": round(d["total"], 5), "rollout_device_hours": round(d["rollout"], 5),
         "trainer_device_hours": round(d["trainer"], 5), "cost": round(d["cost"], 4),
         "wall_s": summary["wall_s"], "trainer_wait_frac": round(waited / (waited + trained), 4) if steps else None,
+        # the same emulated step on every arm: how much slower it ran shows the cores' contention
+        "trainer_step_s_median": round(train_times[len(train_times) // 2], 3) if train_times else None,
         "accuracy": summary["accuracy_final"], "accuracy_initial": summary["accuracy_initial"],
         "steps_trained": summary["steps_trained"], "time_to_first_step_s": summary["time_to_first_step_s"],
         **pool_sizes(rows),
