@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -52,7 +53,8 @@ class Proc:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        self.popen = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.popen = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      env=component_env())
         log.close()
 
     def alive(self) -> bool:
@@ -67,6 +69,19 @@ class Proc:
         except OSError:
             return ""
         return lines[-1].strip() if lines else ""
+
+
+#: torch.distributed's placement variables. A process that trained in-process (a test, a
+#: benchmark) holds its own; a component inheriting them would take itself for a rank of
+#: that world (a trainer group agent would not start its ranks, a trainer would reuse a
+#: bound port). Components are placed only by their own group agent.
+_TORCH_PLACEMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                    "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def component_env() -> dict[str, str]:
+    """This process's environment without torch's placement variables (see above)."""
+    return {k: v for k, v in os.environ.items() if k not in _TORCH_PLACEMENT and not k.startswith("TORCHELASTIC_")}
 
 
 @dataclass
