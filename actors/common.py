@@ -17,16 +17,17 @@ from astraflow.topics import Batch, JobTopics
 
 
 def job_topics(cfg: JobConfig) -> JobTopics:
-    return JobTopics(job=cfg.job, policies=(cfg.policy,), task_partitions=cfg.kafka.task_partitions,
+    return JobTopics(job=cfg.job, policies=cfg.policy_names, task_partitions=cfg.kafka.task_partitions,
                      trajectory_partitions=cfg.kafka.trajectory_partitions, weights_retention_ms=-1,
                      replication_factor=cfg.kafka.replication_factor,
-                     min_insync_replicas=cfg.kafka.min_insync_replicas)
+                     min_insync_replicas=cfg.kafka.min_insync_replicas,
+                     generation=len(cfg.policy_names) > 1)
 
 
 def model_path(cfg: JobConfig) -> Path:
     """The policy's initial HF model dir (the cached tiny bootstrapped model unless configured)."""
     from astraflow.engines.factory import resolve_model_path
-    return Path(resolve_model_path(cfg.model.path or "", cfg.model.seed))
+    return Path(resolve_model_path(cfg.model.path or "", cfg.model.seed, cfg.model.task))
 
 
 def make_rollout_engine(cfg: JobConfig, path: Path, kind: str | None = None):
@@ -49,12 +50,13 @@ def make_train_engine(cfg: JobConfig, path: Path):
 def to_train_batch(batch: Batch):
     """A topic ``Batch`` as the engine's ``TrainBatch`` (GRPO groups = tasks)."""
     from astraflow.engines.base import TrainBatch, TrainSample
-    samples = [TrainSample(prompt_ids=tuple(g.prompt_ids), completion_ids=tuple(s.tokens),
-                           behaviour_logprobs=tuple(s.logprobs), reward=s.reward, group_id=g.task_id,
-                           version=min(s.versions) if s.versions else 0, token_versions=tuple(s.versions))
+    samples = [TrainSample(prompt_ids=tuple(s.prompt_ids or g.prompt_ids), completion_ids=tuple(s.tokens),
+                           behaviour_logprobs=tuple(s.logprobs), reward=s.reward, group_id=g.group_key,
+                           version=min(s.own_versions(), default=0), token_versions=tuple(s.versions),
+                           loss_mask=tuple(s.loss_mask))
                # Groups arrive in poll order; training them in task order keeps a step's float
                # sums, and so the weights, independent of arrival timing.
-               for g in sorted(batch.groups, key=lambda g: g.task_id) for s in g.samples if s.tokens]
+               for g in sorted(batch.groups, key=lambda g: g.group_key) for s in g.samples if s.tokens and s.trained()]
     return TrainBatch(tuple(samples), step=batch.step)
 
 

@@ -24,6 +24,14 @@ Owns the job's data schedule for one policy:
   records the settlement, so a restart re-reading a group never learns from it twice.
   When the prompts run out the next pass over them begins (``prompt_epoch``).
 
+* **several policies** (``policies:`` + ``workflow.roles``): a task is an episode of the
+  workflow, scheduled on the lead policy's ``tasks.<lead>``; every policy is a *lane* with
+  its own ledger, staleness bound, partial batch and ``batches.<p>``. An episode opens one
+  group per role in each lane that has room under its bound (``Task.train``): a policy
+  whose trainer lags stops training on new episodes instead of holding the others back
+  (``barrier: async``); ``barrier: lockstep`` schedules only when every lane has room and
+  writes batch ``k`` of every policy together.
+
 Nothing lives only in memory: every transaction (tasks + prompt offsets; drops, batch +
 trajectory offsets) also writes the :class:`~astraflow.actors.ledger.Ledger`'s compact
 state and the algorithms' state to ``dataflow-state.<policy>``, so a restarted actor
@@ -57,23 +65,84 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 
 
-class DataflowActor(LoopActor):
-    """Prompts → tasks under the staleness bound; trajectories → batches."""
+class Lane:
+    """One policy's share of the dataflow: its bound, ledger, algorithms and partial batch."""
 
-    def __init__(self, supervisor, name: str, cfg: JobConfig, bootstrap: str) -> None:
-        super().__init__(supervisor, name)
-        self.cfg, self.bootstrap = cfg, bootstrap
-        self.topics = job_topics(cfg)
+    def __init__(self, cfg: JobConfig, roles: list[str], multi_role: bool) -> None:
+        self.cfg, self.policy = cfg, cfg.policy
+        self.roles, self.multi_role = roles, multi_role  #: the workflow roles this policy plays
         self.B = cfg.dataflow.groups_per_batch
         self.staleness = cfg.effective_staleness
         self.epoch = self.version = 0
         self.partial: list[Delivery] = []
-        self._clients: list = []
         self.pipeline = build_pipeline(cfg.dataflow.algorithms, context_of(cfg), cfg.dataflow.force_after_skips)
+        self.ledger: Ledger | None = None
+
+    def keys(self, task_id: str) -> list[str]:
+        """The group keys an episode opens in this lane (``TrajectoryGroup.group_key``)."""
+        return [f"{task_id}/{r}" for r in self.roles] if self.multi_role else [task_id]
+
+    def capacity(self) -> int:
+        """How many more groups the staleness bound (and the training horizon) allows now.
+
+        Without algorithms ``fresh_until(s)`` is ``s * B``; replay slots lower it (batches
+        take fewer fresh groups) and over-sampling raises the bound, not the horizon: the
+        last batches fill by replacements, so no task is left unneeded at the end.
+        """
+        led, fresh_until = self.ledger, self.pipeline.fresh_until
+        bound = fresh_until(self.version + self.staleness + 1) + led.dropped
+        horizon = fresh_until(self.cfg.trainer.steps, oversampled=False) + led.dropped
+        return max(0, min(bound, horizon) - led.tasks_scheduled)
+
+
+class DataflowActor(LoopActor):
+    """Prompts → tasks under the staleness bound; trajectories → batches (one lane per policy)."""
+
+    def __init__(self, supervisor, name: str, cfg: JobConfig, bootstrap: str) -> None:
+        super().__init__(supervisor, name)
+        self.job, self.bootstrap = cfg, bootstrap
+        bound = cfg.role_policies
+        multi_role = len(bound) > 1
+        self.lead = cfg.lead_policy
+        self.lanes = {p: Lane(cfg.view(p), [r for r, q in bound.items() if q == p], multi_role)
+                      for p in cfg.policy_names}
+        self.lockstep = cfg.barrier == "lockstep" and len(self.lanes) > 1
+        self.cfg = cfg.view(self.lead)  # the scheduling lane's view: prompts, tasks, sampling
+        self.topics = job_topics(cfg)
+        self._clients: list = []
+
+    # The lead lane's fields under their single-policy names (tests and tools read them).
+    @property
+    def main(self) -> Lane:
+        return self.lanes[self.lead]
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.main.ledger
+
+    @property
+    def pipeline(self):
+        return self.main.pipeline
+
+    @property
+    def version(self) -> int:
+        return self.main.version
+
+    @property
+    def partial(self) -> list[Delivery]:
+        return self.main.partial
+
+    @property
+    def B(self) -> int:
+        return self.main.B
+
+    @property
+    def staleness(self) -> int:
+        return self.main.staleness
 
     # -- start-up: rebuild state from the topics ---------------------------------------
     def setup(self) -> None:
-        cfg, policy = self.cfg, self.cfg.policy
+        cfg, policy = self.cfg, self.lead
         self.plain = self._keep(Producer(self.bootstrap, client_id=f"dataflow.{policy}"))
         self.txn = self._keep(Producer(self.bootstrap, client_id=f"dataflow.{policy}",
                                        transactional_id=f"af.{cfg.job}.dataflow.{policy}",
@@ -82,17 +151,21 @@ class DataflowActor(LoopActor):
         self.metrics = MetricsEmitter(self.plain, self.topics.metrics, f"dataflow.{policy}")
         self._load_prompts()
         self.prompts_end = self._end_offset(self.topics.prompts)
-        state, self.state_records_read = read_state(self.bootstrap, self.topics.dataflow_state(policy), policy)
-        if state is None and self._end_offset(self.topics.batches(policy)) > 0:
-            raise RuntimeError(f"{self.topics.batches(policy)} holds batches but "
-                               f"{self.topics.dataflow_state(policy)} has no dataflow state: the job was written "
-                               f"by an older astraflow; finish it with that version or start a new job")
-        self.ledger = Ledger(policy, state)
-        self.pipeline.load_state(self.ledger.algorithms)
-        self._restore_composers()
-        if self.pipeline.replay_slots(1) and cfg.trainer.engine.loss == "grpo":
-            log.warning("dataflow: replay with loss 'grpo' clips most replayed (stale) tokens away; "
-                        "decoupled_ppo or m2po correct for the policy lag (trainer.engine.loss)")
+        self.state_records_read = 0
+        for lane in self.lanes.values():
+            p = lane.policy
+            state, read = read_state(self.bootstrap, self.topics.dataflow_state(p), p)
+            self.state_records_read += read
+            if state is None and self._end_offset(self.topics.batches(p)) > 0:
+                raise RuntimeError(f"{self.topics.batches(p)} holds batches but "
+                                   f"{self.topics.dataflow_state(p)} has no dataflow state: the job was written "
+                                   f"by an older astraflow; finish it with that version or start a new job")
+            lane.ledger = Ledger(p, state)
+            lane.pipeline.load_state(lane.ledger.algorithms)
+            self._restore_composers(lane)
+            if lane.pipeline.replay_slots(1) and lane.cfg.trainer.engine.loss == "grpo":
+                log.warning("dataflow: replay with loss 'grpo' clips most replayed (stale) tokens away; "
+                            "decoupled_ppo or m2po correct for the policy lag (trainer.engine.loss)")
         group = f"dataflow.{policy}"
         self.prompts = self._keep(Consumer(self.bootstrap, topics=[self.topics.prompts], group_id=group,
                                            dead_letters=self.dead, client_id=group, expect=(Prompt,)))
@@ -109,16 +182,16 @@ class DataflowActor(LoopActor):
                           state_records_read=self.state_records_read,
                           algorithms_digest=digest(self.pipeline.state()))
 
-    def _restore_composers(self) -> None:
+    def _restore_composers(self, lane: Lane) -> None:
         """A replay buffer holds trained groups: read them back from the last batches."""
-        n = self.pipeline.history
-        if not n or self.ledger.next_step == 0:
+        n = lane.pipeline.history
+        if not n or lane.ledger.next_step == 0:
             return
         fresh = [TrainedGroup(g, src, b.step)
-                 for _, _, b in read_topic(self.bootstrap, self.topics.batches(self.cfg.policy), tail=n)
-                 if isinstance(b, Batch) and b.step < self.ledger.next_step
+                 for _, _, b in read_topic(self.bootstrap, self.topics.batches(lane.policy), tail=n)
+                 if isinstance(b, Batch) and b.step < lane.ledger.next_step
                  for i, (g, src) in enumerate(zip(b.groups, b.sources)) if not b.is_replay(i)]
-        self.pipeline.restore(fresh)
+        lane.pipeline.restore(fresh)
 
     def _keep(self, client):
         self._clients.append(client)
@@ -169,28 +242,32 @@ class DataflowActor(LoopActor):
         # head, versions restart lower in a new epoch, and the bound must follow them down.
         for d in self.versions.poll(0 if self.version else 100):
             msg = d.message
-            if isinstance(msg, VersionAnnouncement) and msg.policy == self.cfg.policy:
-                if (msg.epoch, msg.version) > (self.epoch, self.version):
-                    self.epoch, self.version = msg.epoch, msg.version
-                    self.pipeline.on_version(self.version)
+            lane = self.lanes.get(msg.policy) if isinstance(msg, VersionAnnouncement) else None
+            if lane is not None and (msg.epoch, msg.version) > (lane.epoch, lane.version):
+                lane.epoch, lane.version = msg.epoch, msg.version
+                lane.pipeline.on_version(lane.version)
 
     def capacity(self) -> int:
-        """How many more tasks the staleness bound (and the training horizon) allows now.
+        """How many more tasks may be scheduled now: the lead lane's room (one policy: its bound)."""
+        return self.main.capacity() // len(self.main.keys("t"))
 
-        Without algorithms ``fresh_until(s)`` is ``s * B``; replay slots lower it (batches
-        take fewer fresh groups) and over-sampling raises the bound, not the horizon: the
-        last batches fill by replacements, so no task is left unneeded at the end.
-        """
-        led, fresh_until = self.ledger, self.pipeline.fresh_until
-        bound = fresh_until(self.version + self.staleness + 1) + led.dropped
-        horizon = fresh_until(self.cfg.trainer.steps, oversampled=False) + led.dropped
-        return max(0, min(bound, horizon) - led.tasks_scheduled)
+    def _training_lanes(self) -> list[Lane]:
+        """The lanes the next episode would train: each with room for its groups (lockstep: all or none)."""
+        ready = [lane for lane in self.lanes.values() if lane.capacity() >= len(lane.keys("t"))]
+        if self.lockstep and len(ready) < len(self.lanes):
+            return []
+        return ready
 
     #: polls per step while curators reject prompts (the rest waits for the next step)
     CURATOR_POLLS = 8
 
     def _schedule(self) -> None:
-        room = self.capacity()
+        if len(self.lanes) == 1:
+            room = self.capacity()
+        else:  # episodes while any lane has room; each trains the lanes that have it
+            room = max((lane.capacity() // len(lane.keys("t")) for lane in self.lanes.values()), default=0)
+            if self.lockstep:
+                room = min(lane.capacity() // len(lane.keys("t")) for lane in self.lanes.values())
         if room <= 0:
             return
         tasks: list[Task] = []
@@ -201,36 +278,49 @@ class DataflowActor(LoopActor):
                 continue
             # Dead-lettered prompts advance the offsets but make no task: they take no slot.
             for d in prompts:
-                if self.pipeline.decide(d.message, self.version).schedule:
-                    tasks.append(self._task(d))
-                    self.pipeline.scheduled(tasks[-1].task_id, d.message, self.version)
+                if not self.pipeline.decide(d.message, self.version).schedule:
+                    continue
+                lanes = self._training_lanes() if len(self.lanes) > 1 else [self.main]
+                if not lanes:  # cannot happen: the poll took at most the widest lane's room
+                    raise RuntimeError("dataflow: a polled prompt found no lane with room")
+                task = self._task(d, lanes)
+                tasks.append(task)
+                for lane in lanes:
+                    lane.ledger.scheduled(lane.keys(task.task_id))
+                self.pipeline.scheduled(task.task_id, d.message, self.version)
             if not prompts or len(tasks) >= room:
                 break
         offsets = self.prompts.pending_offsets()
         if not offsets:
             return
-        self.ledger.scheduled(t.task_id for t in tasks)
         with self.txn.transaction():
             for task in tasks:
                 with tracer.start_as_current_span("dataflow.schedule", attributes={
                         "task.id": task.task_id, "prompt.id": task.prompt_id, "policy.version": self.version}):
-                    self.txn.send(self.topics.tasks(self.cfg.policy), task, key=task.task_id)
+                    self.txn.send(self.topics.tasks(self.lead), task, key=task.task_id)
             self._send_state()
             self.txn.send_offsets(self.prompts, offsets)
         self.metrics.emit("dataflow.scheduled", self.ledger.tasks_scheduled, step=self.version)
         if self.pipeline.curators:
             self._emit_algorithm_stats(self.version)
 
-    def _task(self, d: Delivery) -> Task:
+    def _task(self, d: Delivery, lanes: list[Lane]) -> Task:
         r, epoch = self.cfg.rollout, self.ledger.prompt_epoch
         sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k,
                     "max_new_tokens": r.max_new_tokens}
         # A prompt's offset names its task within a pass; later passes add the pass number.
         task_id = f"t{d.offset:07d}-{d.message.prompt_id}" if epoch == 0 else \
             f"t{d.offset:07d}.{epoch}-{d.message.prompt_id}"
-        return Task(task_id=task_id, prompt_id=d.message.prompt_id, policy=self.cfg.policy, prompt=d.message.text,
+        wf = self.job.workflow
+        multi = len(self.job.role_policies) > 1
+        return Task(task_id=task_id, prompt_id=d.message.prompt_id, policy=self.lead, prompt=d.message.text,
                     answer=d.message.answer, n_samples=r.n_samples, sampling=sampling,
-                    scheduled_version=self.version, created_at=time.time())
+                    scheduled_version=self.version, created_at=time.time(), workflow=wf.name,
+                    role=next(iter(self.job.role_policies)),
+                    roles=dict(self.job.role_policies) if multi else {},
+                    train=sorted(role for lane in lanes for role in lane.roles) if multi else [],
+                    params=dict(wf.params), metadata=dict(d.message.metadata),
+                    scheduled_versions={lane.policy: lane.version for lane in self.lanes.values()} if multi else {})
 
     def _prompts_exhausted(self) -> bool:
         tp = TopicPartition(self.topics.prompts, 0)
@@ -252,96 +342,122 @@ class DataflowActor(LoopActor):
 
     def _collect(self) -> None:
         for d in self.trajectories.poll(200):
-            # Another policy's dataflow settles its groups; the shared topic carries both.
-            if d.message.policy != self.cfg.policy or self.ledger.already_settled(d):
+            lane = self.lanes.get(d.message.policy)
+            # Another job's dataflow would settle foreign policies; ours has a lane per policy.
+            if lane is None or lane.ledger.already_settled(d):
                 continue
-            reason = self.ledger.verdict(d)
-            detail = f"task {d.message.task_id} is not open" if reason == "duplicate" else d.message.error
-            if reason is None and (verdict := self.pipeline.verdict(d.message)) is not None:
+            reason = lane.ledger.verdict(d)
+            detail = f"group {d.message.group_key} is not open" if reason == "duplicate" else d.message.error
+            if reason is None and (verdict := lane.pipeline.verdict(d.message)) is not None:
                 reason, detail = verdict[0], f"dropped by {verdict[1]}"
             if reason is None:
-                self.ledger.wait(d)
-                self.partial.append(d)
+                lane.ledger.wait(d)
+                lane.partial.append(d)
             else:
-                self._drop(d, reason, detail)
-        while self._fill_batch():
-            pass
-        if self.ledger.pending_drops:
+                self._drop(lane, d, reason, detail)
+        if self.lockstep:
+            while all(self._ready(lane) for lane in self.lanes.values()):
+                for lane in self.lanes.values():
+                    self._fill_batch(lane)
+        else:
+            for lane in self.lanes.values():
+                while self._ready(lane) and self._fill_batch(lane):
+                    pass
+        if any(lane.ledger.pending_drops for lane in self.lanes.values()):
             with self.txn.transaction():
                 self._send_drops_and_state(self._safe_offsets())
 
-    def _drop(self, d: Delivery, reason: str, detail: str = "") -> None:
-        self.ledger.drop(d, reason, self.ledger.next_step, detail)
+    def _drop(self, lane: Lane, d: Delivery, reason: str, detail: str = "") -> None:
+        lane.ledger.drop(d, reason, lane.ledger.next_step, detail)
         if reason != "duplicate":  # a duplicate's task was settled, and learnt from, by its first group
-            self.pipeline.settled(d.message)
-        self.metrics.emit(f"dataflow.dropped.{reason}", 1, step=self.ledger.next_step, task=d.message.task_id)
+            lane.pipeline.settled(d.message)
+        self.metrics.emit(f"dataflow.dropped.{reason}", 1, step=lane.ledger.next_step, task=d.message.task_id,
+                          policy=lane.policy)
 
     def _oldest_version(self, d: Delivery, default: int) -> int:
-        return min(min(s.versions, default=default) for s in d.message.samples)
+        return min((min(s.own_versions(), default=default) for s in d.message.samples), default=default)
 
-    def _fill_batch(self) -> bool:
-        k = self.ledger.next_step
+    def _ready(self, lane: Lane) -> bool:
+        """Drop what went stale for the next batch; True when the lane can fill it."""
+        k = lane.ledger.next_step
+        if k >= lane.cfg.trainer.steps and len(self.lanes) > 1:
+            return False  # this policy is done; its late groups wait (a finished job has none)
         fresh = []
-        for d in self.partial:
+        for d in lane.partial:
             oldest = self._oldest_version(d, k)
-            if k - oldest > self.staleness:
-                self._drop(d, "stale", f"a token of version {oldest} cannot train at step {k}")
+            if k - oldest > lane.staleness:
+                self._drop(lane, d, "stale", f"a token of version {oldest} cannot train at step {k}")
             else:
                 fresh.append(d)
-        self.partial = fresh
-        if len(self.partial) < self.B - self.pipeline.replay_slots(k):
-            return False
-        plan = self.pipeline.compose(k, [Candidate(d, d.message, self._oldest_version(d, k) + self.staleness, i)
-                                         for i, d in enumerate(self.partial)])
+        lane.partial = fresh
+        return len(lane.partial) >= lane.B - lane.pipeline.replay_slots(k)
+
+    def _fill_batch(self, lane: Lane) -> bool:
+        k = lane.ledger.next_step
+        pipeline, policy = lane.pipeline, lane.policy
+        plan = pipeline.compose(k, [Candidate(d, d.message, self._oldest_version(d, k) + lane.staleness, i)
+                                    for i, d in enumerate(lane.partial)])
         members = [c.item for c in plan.fresh[:plan.fresh_slots]]
         taken = {id(d) for d in members}
-        self.partial = [d for d in self.partial if id(d) not in taken]
+        lane.partial = [d for d in lane.partial if id(d) not in taken]
         groups = [d.message for d in members]
-        self.ledger.batched(members)
+        lane.ledger.batched(members)
         for g in groups:
-            self.pipeline.settled(g)
+            pipeline.settled(g)
         offsets = self._safe_offsets()
         replayed = [r.group for r in plan.replay]
         rewards = [s.reward for g in groups + replayed for s in g.samples]
-        staleness = [k - min(s.versions) for g in groups for s in g.samples if s.versions]
-        stats = {"dropped_total": self.ledger.dropped, "reward_mean": sum(rewards) / len(rewards),
+        staleness = [k - min(s.own_versions()) for g in groups for s in g.samples if s.own_versions()]
+        stats = {"dropped_total": lane.ledger.dropped, "reward_mean": sum(rewards) / len(rewards),
                  "staleness_max": max(staleness, default=0), "staleness_mean": sum(staleness) / max(1, len(staleness)),
                  "created_at": time.time()}
+        team = [g.stats["team_reward"] for g in groups if "team_reward" in g.stats]
+        if team:
+            stats["team_reward"] = sum(team) / len(team)
         if replayed:
             stats["replayed"] = len(replayed)
-        batch = Batch(self.cfg.policy, k, groups + replayed, [d.source for d in members] + [r.source for r in plan.replay],
+        batch = Batch(policy, k, groups + replayed, [d.source for d in members] + [r.source for r in plan.replay],
                       stats, [False] * len(groups) + [True] * len(replayed) if replayed else [])
         links = [Link(sc) for sc in (topic_tracing.span_context(d.headers) for d in members) if sc is not None]
         with tracer.start_as_current_span("dataflow.batch", context=members[0].trace_context, links=links,
-                                          attributes={"batch.step": k, "batch.groups": len(groups)}):
+                                          attributes={"batch.step": k, "batch.groups": len(groups),
+                                                      "policy": policy}):
             with self.txn.transaction():
-                self.txn.send(self.topics.batches(self.cfg.policy), batch, key=str(k))
+                self.txn.send(self.topics.batches(policy), batch, key=str(k))
                 self._send_drops_and_state(offsets)
-        self.pipeline.trained(k, [TrainedGroup(d.message, d.source, k) for d in members])
+        pipeline.trained(k, [TrainedGroup(d.message, d.source, k) for d in members])
+        labels = {"policy": policy} if len(self.lanes) > 1 else {}
         self.metrics.emit_many({"dataflow.batch_reward": batch.stats["reward_mean"],
-                                "dataflow.batch_staleness_max": batch.stats["staleness_max"]}, step=k)
-        if not self.pipeline.empty:
+                                "dataflow.batch_staleness_max": batch.stats["staleness_max"],
+                                **({"dataflow.team_reward": stats["team_reward"]} if team else {})},
+                               step=k, **labels)
+        if not pipeline.empty:
             self._emit_algorithm_stats(k)
         return True
 
     def _send_drops_and_state(self, offsets: dict[TopicPartition, int]) -> None:
         """Inside a transaction: the drops so far, the state, and the offsets past what they settle."""
-        for drop in self.ledger.take_drops():
-            self.txn.send(self.topics.drops(self.cfg.policy), drop, key=drop.task_id)
-        self.ledger.committed(offsets)
+        for lane in self.lanes.values():
+            for drop in lane.ledger.take_drops():
+                self.txn.send(self.topics.drops(lane.policy), drop, key=drop.task_id)
+            lane.ledger.committed(offsets)
         self._send_state()
         self.txn.send_offsets(self.trajectories, offsets)
 
-    def _send_state(self) -> None:
-        self.txn.send(self.topics.dataflow_state(self.cfg.policy), self.ledger.state(self.pipeline.state()),
-                      key=self.cfg.policy)
+    def _send_state(self, lanes=None) -> None:
+        for lane in lanes or self.lanes.values():
+            if lane is not self.main:  # every lane keeps the prompt pass the schedule is on
+                lane.ledger.prompt_epoch = self.main.ledger.prompt_epoch
+            self.txn.send(self.topics.dataflow_state(lane.policy), lane.ledger.state(lane.pipeline.state()),
+                          key=lane.policy)
 
     def _safe_offsets(self) -> dict[TopicPartition, int]:
-        """Commit past everything consumed, except groups still waiting in the partial batch."""
+        """Commit past everything consumed, except groups still waiting in a partial batch."""
         offsets = self.trajectories.pending_offsets()
-        for d in self.partial:
-            tp = TopicPartition(d.topic, d.partition)
-            offsets[tp] = min(offsets.get(tp, d.offset), d.offset)
+        for lane in self.lanes.values():
+            for d in lane.partial:
+                tp = TopicPartition(d.topic, d.partition)
+                offsets[tp] = min(offsets.get(tp, d.offset), d.offset)
         return offsets
 
     def teardown(self) -> None:

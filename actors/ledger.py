@@ -52,30 +52,30 @@ class Ledger:
     def verdict(self, d: Delivery) -> str | None:
         """The drop reason for a newly read group, or None when it may wait for a batch."""
         g: TrajectoryGroup = d.message
-        if g.task_id not in self.open or g.task_id in self.waiting:
+        if g.group_key not in self.open or g.group_key in self.waiting:
             return "duplicate"
         if g.status != "ok" or not g.samples:
             return "failed"
         return None
 
     def wait(self, d: Delivery) -> None:
-        self.waiting.add(d.message.task_id)
+        self.waiting.add(d.message.group_key)
 
     def drop(self, d: Delivery, reason: str, step: int, detail: str = "") -> GroupDrop:
         if reason not in DROP_REASONS:
             raise ValueError(f"unknown drop reason {reason!r}; expected one of {sorted(DROP_REASONS)}")
         g: TrajectoryGroup = d.message
         if DROP_REASONS[reason]:
-            self._settle(g.task_id)
+            self._settle(g.group_key)
             self.dropped += 1
         self._ahead.add((d.topic, d.partition, d.offset))
-        record = GroupDrop(self.policy, g.task_id, d.source, reason, step, detail, time.time())
+        record = GroupDrop(self.policy, g.group_key, d.source, reason, step, detail, time.time())
         self._drops.append(record)
         return record
 
     def batched(self, members: list[Delivery]) -> None:
         for d in members:
-            self._settle(d.message.task_id)
+            self._settle(d.message.group_key)
             self._ahead.add((d.topic, d.partition, d.offset))
         self.next_step += 1
 

@@ -149,7 +149,7 @@ class TrainerActor(LoopActor):
             self.metrics.emit("trainer.peak_rss_mb", rss_mb, step=self.engine.step, rank=self.rank)
             return
         self._report_published()
-        versions = [v for g in batch.groups for s in g.samples for v in s.versions]
+        versions = [v for g in batch.groups for s in g.samples for v in s.own_versions()]
         self.metrics.emit_many({
             **{f"trainer.{k}": float(v) for k, v in out.items() if isinstance(v, (int, float))},
             "trainer.train_s": train_s, "trainer.wait_s": self._wait_s,

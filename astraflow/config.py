@@ -66,6 +66,8 @@ class KafkaConfig:
 class ModelConfig:
     path: str | None = _f(None, "HF model dir; null builds/uses the cached tiny bootstrapped model")
     seed: int = _f(0, "seed of the tiny-model bootstrap")
+    task: str = _f("arithmetic", "what the tiny bootstrapped model is warm-started on (its role): arithmetic, "
+                                 "verifier, code_solver, selector, test_generator (`astraflow model init --list`)")
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,27 @@ class TracingConfig:
 
 
 @dataclass(frozen=True)
+class PolicyConfig:
+    """One policy of a multi-policy job: its model, RaaS pool, batching and trainer. Each
+    section starts from the job's top-level section of the same name (shared defaults)."""
+
+    model: ModelConfig = _f(ModelConfig(), "the policy's initial model")
+    rollout: RolloutConfig = _f(RolloutConfig(), "the policy's RaaS pool and sampling")
+    dataflow: DataflowConfig = _f(DataflowConfig(), "the policy's batches: groups_per_batch, max_staleness, "
+                                                    "algorithms")
+    trainer: TrainerConfig = _f(TrainerConfig(), "the policy's trainer (engine.loss, lr, ...)")
+
+
+@dataclass(frozen=True)
+class WorkflowConfig:
+    name: str = _f("rlvr", "registered workflow that turns a task into trajectories (rlvr, solver_verifier, "
+                           "code_solver_selector, code_solver_testgen, or a user one: README, Workflows)")
+    roles: dict[str, str] = _f({}, "role -> policy; empty: every role of the workflow is played by `policy`")
+    params: dict[str, Any] = _f({}, "the workflow's own parameters (e.g. reward: exact_match | math_answer)")
+    module: str | None = _f(None, "a Python module imported first, to register user workflows and rewards")
+
+
+@dataclass(frozen=True)
 class JobConfig:
     job: str = _f(help="job name; topics are af.<job>.*")
     mode: Literal["async", "sync"] = _f("async", "async overlaps rollout and training; sync alternates them")
@@ -187,6 +210,14 @@ class JobConfig:
     trainer: TrainerConfig = _f(TrainerConfig(), "trainer")
     eval: EvalConfig = _f(EvalConfig(), "evaluation")
     tracing: TracingConfig = _f(TracingConfig(), "tracing")
+    policies: dict[str, PolicyConfig] = _f({}, "multi-policy jobs: name -> {model, rollout, dataflow, trainer}, "
+                                               "each section merged over the top-level one; empty: one policy "
+                                               "named `policy` made of the top-level sections")
+    workflow: WorkflowConfig = _f(WorkflowConfig(), "the episode: a registered workflow and its role -> policy "
+                                                    "binding")
+    barrier: Literal["async", "lockstep"] = _f("async", "async: each policy trains as soon as its own batch is "
+                                                        "full; lockstep: every policy steps together (the "
+                                                        "trainer-centred schedule, for comparison)")
     source: str = field(default="<dict>", compare=False, metadata={"help": "file it was loaded from"})
 
     def __post_init__(self) -> None:
@@ -196,6 +227,81 @@ class JobConfig:
             build_pipeline(self.dataflow.algorithms, context_of(self), self.dataflow.force_after_skips)
         except PipelineError as e:
             raise ConfigError(self.source, f"dataflow.{e.key}", e.problem) from None
+        self._check_workflow()
+
+    def _check_workflow(self) -> None:
+        import importlib
+
+        from astraflow.workflows.api import get_workflow
+        if self.workflow.module:
+            try:
+                importlib.import_module(self.workflow.module)
+            except ImportError as e:
+                raise ConfigError(self.source, "workflow.module", f"cannot import {self.workflow.module!r}: {e}") \
+                    from None
+        try:
+            spec = get_workflow(self.workflow.name)
+        except KeyError as e:
+            raise ConfigError(self.source, "workflow.name", str(e.args[0])) from None
+        names = self.policy_names
+        if self.policies and self.policy not in self.policies:
+            raise ConfigError(self.source, "policy", f"{self.policy!r} is not one of policies ({', '.join(names)})")
+        bound = self.role_policies
+        for role in spec.roles:
+            if role not in bound:
+                raise ConfigError(self.source, f"workflow.roles.{role}",
+                                  f"workflow {spec.name!r} calls role {role!r}: bind it to one of the policies "
+                                  f"({', '.join(names)})")
+        for role, policy in bound.items():
+            if role not in spec.roles:
+                raise ConfigError(self.source, f"workflow.roles.{role}",
+                                  f"workflow {spec.name!r} has no role {role!r} (its roles: {', '.join(spec.roles)})")
+            if policy not in names:
+                raise ConfigError(self.source, f"workflow.roles.{role}",
+                                  f"no policy {policy!r} (policies: {', '.join(names)})")
+        if len(names) > 1:
+            for p in names:
+                if self.policies[p].dataflow.algorithms:
+                    raise ConfigError(self.source, f"policies.{p}.dataflow.algorithms",
+                                      "data algorithms are not supported in multi-policy jobs yet (README, "
+                                      "Multi-policy: what is missing)")
+        idle = [p for p in names if p not in bound.values()]
+        if idle:
+            raise ConfigError(self.source, f"policies.{idle[0]}", "no workflow role is bound to this policy: it "
+                                                                  "would never get data (workflow.roles)")
+
+    # -- policies ----------------------------------------------------------------------
+    @property
+    def policy_names(self) -> tuple[str, ...]:
+        """Every policy of the job; a single-policy job has one, named ``policy``."""
+        return tuple(self.policies) if self.policies else (self.policy,)
+
+    @property
+    def role_policies(self) -> dict[str, str]:
+        """Role -> policy: ``workflow.roles``, or every role of the workflow played by ``policy``."""
+        if self.workflow.roles:
+            return dict(self.workflow.roles)
+        from astraflow.workflows.api import get_workflow
+        return {role: self.policy for role in get_workflow(self.workflow.name).roles}
+
+    @property
+    def lead_policy(self) -> str:
+        """The policy whose pool runs the episodes: the one playing the workflow's first role."""
+        from astraflow.workflows.api import get_workflow
+        return self.role_policies[get_workflow(self.workflow.name).roles[0]]
+
+    def view(self, policy: str) -> "JobConfig":
+        """This job as seen by one policy's components: ``policy``, ``model``, ``rollout``,
+        ``dataflow`` and ``trainer`` are that policy's. A single-policy job is its own view."""
+        if not self.policies:
+            if policy != self.policy:
+                raise KeyError(f"no policy {policy!r} (policies: {self.policy})")
+            return self
+        if policy not in self.policies:
+            raise KeyError(f"no policy {policy!r} (policies: {', '.join(self.policies)})")
+        p = self.policies[policy]
+        return dataclasses.replace(self, policy=policy, model=p.model, rollout=p.rollout, dataflow=p.dataflow,
+                                   trainer=p.trainer)
 
     @property
     def effective_staleness(self) -> int:
@@ -223,11 +329,46 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Jo
     return from_dict(JobConfig, {**data, "source": str(path)}, str(path))
 
 
+POLICY_SECTIONS = ("model", "rollout", "dataflow", "trainer")
+
+
+def _merge(base: Any, over: Any) -> Any:
+    """``over`` on top of ``base``, recursively for mappings."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        return {**base, **{k: _merge(base.get(k), v) if k in base else v for k, v in over.items()}}
+    return over
+
+
+def _with_policy_defaults(data: dict, file: str) -> dict:
+    """Each ``policies.<p>`` section starts from the top-level section of the same name."""
+    policies = data.get("policies")
+    if not policies:
+        return data
+    if not isinstance(policies, dict):
+        raise ConfigError(file, "policies", f"expected a mapping of policy name -> sections, got {policies!r}")
+    merged = {}
+    for name, own in policies.items():
+        own = own or {}
+        if not isinstance(own, dict):
+            raise ConfigError(file, f"policies.{name}", f"expected a mapping of sections, got {own!r}")
+        for key in own:
+            if key not in POLICY_SECTIONS:
+                raise ConfigError(file, f"policies.{name}.{key}",
+                                  f"unknown key (allowed in policies.{name}: {', '.join(POLICY_SECTIONS)})")
+        merged[str(name)] = {k: _merge(data.get(k, {}) or {}, own[k]) if k in own else (data.get(k, {}) or {})
+                             for k in POLICY_SECTIONS}
+    out = {**data, "policies": merged}
+    out.setdefault("policy", next(iter(merged)))
+    return out
+
+
 def from_dict(cls: type, data: Any, file: str = "<dict>", prefix: str = "") -> Any:
     """Build dataclass ``cls`` from plain data, strictly (see :class:`ConfigError`)."""
     where = prefix.rstrip(".") or "<root>"
     if not isinstance(data, dict):
         raise ConfigError(file, where, f"expected a mapping, got {type(data).__name__}")
+    if cls is JobConfig:
+        data = _with_policy_defaults(data, file)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     for key in data:

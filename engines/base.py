@@ -103,6 +103,9 @@ class TrainSample:
         version: policy version that generated the sample (for staleness metrics).
         token_versions: policy version that generated each completion token (the
             trajectory's ``versions``); empty means every token is at ``version``.
+        loss_mask: per completion token, 1 to train on it and 0 for context written by
+            another role or the environment inside the completion (multi-turn episodes);
+            empty means every token is trained on.
     """
 
     prompt_ids: tuple[int, ...]
@@ -113,8 +116,20 @@ class TrainSample:
     advantage: float | None = None
     version: int = 0
     token_versions: tuple[int, ...] = ()
+    loss_mask: tuple[int, ...] = ()
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(self.loss_mask) if self.loss_mask else len(self.completion_ids)
+
+    def mask_values(self) -> tuple[int, ...]:
+        return self.loss_mask or (1,) * len(self.completion_ids)
 
     def __post_init__(self) -> None:
+        if self.loss_mask and len(self.loss_mask) != len(self.completion_ids):
+            raise ValueError(f"{len(self.completion_ids)} completion tokens but {len(self.loss_mask)} loss-mask values")
+        if self.loss_mask and not any(self.loss_mask):
+            raise ValueError("a train sample needs at least one token to train on (loss_mask is all 0)")
         if self.token_versions and len(self.token_versions) != len(self.completion_ids):
             raise ValueError(f"{len(self.completion_ids)} completion tokens but {len(self.token_versions)} token versions")
         if len(self.completion_ids) != len(self.behaviour_logprobs):

@@ -219,7 +219,7 @@ class DeepSpeedTrainer(TrainEngine):
         self._step += 1
 
         elapsed = time.perf_counter() - started
-        n_tokens = float(sum(len(s.completion_ids) for s in samples))
+        n_tokens = float(sum(s.trained_tokens for s in samples))
         n_seqs = float(len(samples))
 
         def total(name: str) -> float:
@@ -248,7 +248,7 @@ class DeepSpeedTrainer(TrainEngine):
             if name in updates[0][1]:
                 metrics[key] = total(name) / (n_tokens * cfg.ppo_epochs)
                 for k, (idx, sums) in enumerate(updates if len(updates) > 1 else ()):
-                    metrics[f"{key}_mb{k}"] = sums[name] / sum(len(samples[i].completion_ids) for i in idx)
+                    metrics[f"{key}_mb{k}"] = sums[name] / sum(samples[i].trained_tokens for i in idx)
         for k, (_, sums) in enumerate(updates if len(updates) > 1 else ()):
             metrics[f"loss_mb{k}"] = sums["loss"]
             metrics[f"grad_norm_mb{k}"] = sums["grad_norm"]
@@ -281,7 +281,9 @@ class DeepSpeedTrainer(TrainEngine):
         if cfg.loss in BATCH_MASKS:
             behav = [torch.tensor(s.behaviour_logprobs, dtype=torch.float32, device=self.device) for s in samples]
             flat_prox, flat_behav = torch.cat(logp_prox), torch.cat(behav)
-            flat = BATCH_MASKS[cfg.loss](flat_prox, flat_behav, torch.ones_like(flat_behav), cfg.loss_params)
+            flat_mask = torch.tensor([m for s in samples for m in s.mask_values()], dtype=torch.float32,
+                                     device=self.device)
+            flat = BATCH_MASKS[cfg.loss](flat_prox, flat_behav, flat_mask, cfg.loss_params)
             keep = list(flat.split([len(b) for b in behav]))
         return StepPlan(advantages=advantages, rewards=rewards, logp_prox=logp_prox, logp_ref=logp_ref,
                         keep=keep, kl_in_reward=kl_seq)
@@ -490,7 +492,7 @@ class DeepSpeedTrainer(TrainEngine):
         kl_term = cfg.kl_coef > 0
         # Normalised by the whole minibatch's counts, on every rank: the shards' losses sum
         # to the one-rank loss.
-        n_tokens = float(sum(len(samples[i].completion_ids) for i in idx))
+        n_tokens = float(sum(samples[i].trained_tokens for i in idx))
         n_seqs = float(len(idx))
         mine = self._shard(idx)
         micro = [[mine[j] for j in m] for m in self._micro_batches([samples[i] for i in mine])] if mine else []
@@ -551,8 +553,9 @@ class DeepSpeedTrainer(TrainEngine):
         for s, lp in zip(samples, logp):
             if lp is None:  # another rank's sample: it adds its own
                 continue
-            gap = (lp.float().cpu() - torch.tensor(s.behaviour_logprobs, dtype=torch.float32)).abs()
-            versions = torch.tensor(s.token_versions or (s.version,) * len(s.completion_ids))
+            own = torch.tensor(s.mask_values(), dtype=torch.bool)  # context tokens have no behaviour logprob
+            gap = (lp.float().cpu() - torch.tensor(s.behaviour_logprobs, dtype=torch.float32)).abs()[own]
+            versions = torch.tensor(s.token_versions or (s.version,) * len(s.completion_ids))[own]
             total += float(gap.sum())
             n_total += gap.numel()
             at_version += float(gap[versions == version].sum())
@@ -592,7 +595,7 @@ class DeepSpeedTrainer(TrainEngine):
         for i, s in enumerate(samples):
             p, c = len(s.prompt_ids), len(s.completion_ids)
             ids[i, : p + c] = torch.tensor(list(s.prompt_ids) + list(s.completion_ids))
-            aligned[0][i, p - 1 : p - 1 + c] = 1.0
+            aligned[0][i, p - 1 : p - 1 + c] = torch.tensor(s.mask_values(), dtype=torch.float32)
             aligned[1][i, p - 1 : p - 1 + c] = torch.tensor(s.behaviour_logprobs)
             for values, out in zip(per_token, aligned[2:]):
                 if values is not None:

@@ -11,7 +11,8 @@ from .codec import decode, encode
 from .exceptions import (BrokerStartError, ChunkError, CorruptChunkError, DecodeError,
                          KafkaRuntimeError, MissingChunkError, ProduceError, TopicConfigMismatch,
                          TopicsError, UnknownMessageType, UnsupportedSchema)
-from .messages import (MESSAGE_TYPES, Batch, ChunkManifest, ChunkRef, DeadLetter, Heartbeat, Message,
+from .messages import (MESSAGE_TYPES, Batch, ChunkManifest, ChunkRef, DeadLetter, GenerationReply,
+                       GenerationRequest, Heartbeat, Message,
                        Metric, Prompt, Sample, SnapshotRequest, SourceOffset, Task, TrajectoryGroup,
                        VersionAnnouncement)
 from .registry import JobTopics, TopicSpec, ensure_topics
@@ -23,5 +24,5 @@ __all__ = [
     "KafkaRuntimeError", "MissingChunkError", "ProduceError", "TopicConfigMismatch", "TopicsError",
     "UnknownMessageType", "UnsupportedSchema", "MESSAGE_TYPES", "Batch", "ChunkManifest", "ChunkRef",
     "DeadLetter", "Heartbeat", "Message", "Metric", "Prompt", "Sample", "SnapshotRequest", "SourceOffset", "Task",
-    "TrajectoryGroup", "VersionAnnouncement", "JobTopics", "TopicSpec", "ensure_topics",
+    "TrajectoryGroup", "VersionAnnouncement", "GenerationRequest", "GenerationReply", "JobTopics", "TopicSpec", "ensure_topics",
 ]

@@ -51,10 +51,13 @@ class Task(Message):
 
     Schema 2 removed ``attempt``: Kafka does not count redeliveries and nothing did, and
     sample seeds derive from ``task_id`` alone, so a redelivered task reproduces its samples.
+    Schema 3 added the episode fields ``roles`` and ``train``: a task is one episode of
+    ``workflow``; it returns one group per role in ``train`` (a policy whose staleness bound
+    is full does not train on it, though its roles still play their part).
     """
 
     TYPE: ClassVar[str] = "task"
-    SCHEMA: ClassVar[int] = 2
+    SCHEMA: ClassVar[int] = 3
     task_id: str
     prompt_id: str
     policy: str
@@ -66,6 +69,11 @@ class Task(Message):
     role: str = "solver"
     scheduled_version: int = 0  #: policy version the dataflow saw when it scheduled the task
     created_at: float = 0.0
+    roles: dict[str, str] = field(default_factory=dict)  #: role -> policy; empty: ``role`` of ``policy``
+    train: list[str] = field(default_factory=list)  #: roles whose groups the episode returns; empty: all
+    params: dict[str, Any] = field(default_factory=dict)  #: the workflow's parameters
+    metadata: dict[str, Any] = field(default_factory=dict)  #: the prompt's metadata (hidden tests, ...)
+    scheduled_versions: dict[str, int] = field(default_factory=dict)  #: per policy, as ``scheduled_version``
 
 
 @dataclass(frozen=True)
@@ -78,14 +86,39 @@ class Sample:
     reward: float
     finish_reason: str  #: "stop" or "length"
     text: str = ""
+    prompt_ids: list[int] = field(default_factory=list)  #: this sample's own context; empty: the group's
+    #: per token: 1 trained on, 0 context written by another role or the environment
+    #: (its logprob and version are 0); empty: every token is trained on
+    loss_mask: list[int] = field(default_factory=list)
+    #: per token: index into the group's ``roles`` of who wrote it; empty: the group's role
+    token_roles: list[int] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)  #: the workflow's per-trajectory facts (attempt, verdict)
+
+    def trained(self) -> int:
+        """Tokens trained on."""
+        return sum(self.loss_mask) if self.loss_mask else len(self.tokens)
+
+    def own_versions(self) -> list[int]:
+        """Versions of the tokens this role generated (context tokens carry none)."""
+        if not self.loss_mask:
+            return self.versions
+        return [v for v, m in zip(self.versions, self.loss_mask) if m]
 
 
 @register
 @dataclass(frozen=True)
 class TrajectoryGroup(Message):
-    """All samples of one task, on ``trajectories``; written in the task-commit transaction."""
+    """All samples of one role in one task (an episode), on ``trajectories``; every role's
+    group of an episode is written in the one transaction that commits the task.
+
+    Schema 2 added the multi-role fields: ``role``, ``roles`` and ``role_policies`` (who wrote
+    the tokens; samples index ``roles`` per token), the per-sample loss mask, and ``stats``
+    (the role's group statistics and the episode's team outcome). Schema 1 records decode
+    with their defaults: one role, every token trained on.
+    """
 
     TYPE: ClassVar[str] = "trajectory-group"
+    SCHEMA: ClassVar[int] = 2
     task_id: str
     prompt_id: str
     policy: str
@@ -97,6 +130,55 @@ class TrajectoryGroup(Message):
     finished_at: float = 0.0
     status: str = "ok"  #: "ok", or "failed" after retries (then ``error`` says why)
     error: str = ""
+    role: str = ""  #: the workflow role these samples train ("" in schema 1: the only one)
+    roles: list[str] = field(default_factory=list)  #: writers indexed by ``Sample.token_roles``
+    role_policies: dict[str, str] = field(default_factory=dict)  #: role -> policy in this episode
+    stats: dict[str, Any] = field(default_factory=dict)  #: reward_mean/std, n, team_reward, workflow metrics
+
+    @property
+    def group_key(self) -> str:
+        """What the dataflow opens and settles: the task for a one-role group, else task/role."""
+        return f"{self.task_id}/{self.role}" if self.role and len(self.role_policies) > 1 else self.task_id
+
+
+@register
+@dataclass(frozen=True)
+class GenerationRequest(Message):
+    """A role's ``generate`` call served by another policy's pool, on ``generate.<policy>``.
+
+    At-least-once: a pool node that dies before answering leaves the request to the next
+    member of ``gen.<policy>``; the episode takes the first reply per ``request_id`` and the
+    seeds make a repeated answer the same sample.
+    """
+
+    TYPE: ClassVar[str] = "generation-request"
+    request_id: str
+    episode_id: str
+    policy: str
+    role: str
+    prompts: list[list[int]]
+    seeds: list[int]
+    sampling: dict[str, Any] = field(default_factory=dict)
+    reply_to: str = ""  #: node id of the episode's runner
+    min_version: int = 0  #: the pool node must hold at least this version (lockstep jobs)
+    ts: float = 0.0
+
+
+@register
+@dataclass(frozen=True)
+class GenerationReply(Message):
+    """The answer to a :class:`GenerationRequest`, on ``replies`` keyed by episode."""
+
+    TYPE: ClassVar[str] = "generation-reply"
+    request_id: str
+    episode_id: str
+    node_id: str
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    versions: list[int]  #: per row: the weight version that generated it
+    finish_reasons: list[str]
+    error: str = ""
+    ts: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,7 @@ class JobTopics:
     weights_retention_bytes: int = -1
     replication_factor: int | None = None
     min_insync_replicas: int | None = None
+    generation: bool = False  #: multi-policy jobs: ``generate.<policy>`` and ``replies`` (remote role calls)
 
     @property
     def prefix(self) -> str:
@@ -151,6 +152,15 @@ class JobTopics:
         """The dataflow's restart state (compacted: the newest record is all a restart reads)."""
         return f"{self.prefix}dataflow-state.{policy}"
 
+    def generate(self, policy: str) -> str:
+        """Generation requests a role of another policy's episode sends to this policy's pool."""
+        return f"{self.prefix}generate.{policy}"
+
+    @property
+    def replies(self) -> str:
+        """Answers to generation requests, keyed by episode."""
+        return self.prefix + "replies"
+
     def specs(self) -> list[TopicSpec]:
         specs = [
             TopicSpec(self.prompts, partitions=1, retention_ms=-1),
@@ -161,6 +171,11 @@ class JobTopics:
             TopicSpec(self.metrics, partitions=1, retention_ms=7 * DAY_MS),
             TopicSpec(self.dlq, partitions=1, retention_ms=-1),
         ]
+        if self.generation:
+            # Requests and replies are worth nothing once their episode is over: short retention.
+            specs.append(TopicSpec(self.replies, partitions=self.trajectory_partitions, retention_ms=HOUR_MS))
+            specs += [TopicSpec(self.generate(p), partitions=self.task_partitions, retention_ms=HOUR_MS)
+                      for p in self.policies]
         for p in self.policies:
             specs += [
                 TopicSpec(self.tasks(p), partitions=self.task_partitions, retention_ms=-1),

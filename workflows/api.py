@@ -1,0 +1,289 @@
+"""The workflow contract: plain Python episodes over named roles.
+
+A workflow is a function registered by name (``@workflow("solver_verifier", roles=...)``).
+It receives one :class:`Episode` (the task, the roles, a tokenizer, its parameters) and may
+use any control flow (retries, several turns, branching). Each ``ep.roles[name].generate``
+call samples completions from the policy the job binds that role to: on this node's engine,
+or, when another policy's pool serves it, over Kafka (:mod:`astraflow.actors.generation`).
+The workflow returns, for every role that generated tokens, that role's
+:class:`Trajectory` list with its own rewards and a loss mask: tokens written by another
+role or by the environment are context and never trained on.
+
+Nothing here knows about Kafka: the rollout actor turns an :class:`EpisodeResult` into one
+trajectory group per role, written in one transaction with the task's offset (the episode
+is the unit of exactly-once). :func:`run_episode` is the whole contract in one call, used
+by the rollout actor, the in-process sequential baseline and tests alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from astraflow.engines.base import Generation, RolloutEngine, SamplingParams
+
+__all__ = ["Turn", "Trajectory", "EpisodeResult", "Episode", "Role", "EngineRole", "WorkflowSpec",
+           "workflow", "get_workflow", "WORKFLOWS", "reward", "get_reward", "REWARDS", "run_episode",
+           "ENV", "role_seed"]
+
+ENV = "env"  #: the writer of tokens that no role generated (feedback, tool output)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What one row of a ``generate`` call produced."""
+
+    prompt_ids: tuple[int, ...]
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    version: int  #: weight version of the policy that generated every token
+    finish_reason: str
+    text: str  #: the tokens decoded (special tokens skipped)
+    role: str
+    policy: str
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One sequence a role is trained on.
+
+    ``prompt_ids`` is context before the first token; ``tokens`` the rest, where
+    ``loss_mask[i] == 1`` marks a token this role generated (trained on, with its
+    ``logprobs[i]`` and ``versions[i]``) and 0 context written by another role or the
+    environment (``token_roles[i]`` says by whom; its logprob and version are 0).
+    """
+
+    prompt_ids: tuple[int, ...]
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    versions: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    token_roles: tuple[str, ...]
+    reward: float
+    finish_reason: str
+    text: str = ""
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        for name in ("logprobs", "versions", "loss_mask", "token_roles"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"trajectory: {n} tokens but {len(getattr(self, name))} {name}")
+        if n and not any(self.loss_mask):
+            raise ValueError("trajectory: no token is trained on (loss_mask is all 0)")
+
+    @classmethod
+    def of(cls, turn: Turn, reward: float, **info: Any) -> "Trajectory":
+        """A single-turn trajectory: the turn's prompt is context, every token is trained on."""
+        n = len(turn.tokens)
+        return cls(turn.prompt_ids, turn.tokens, turn.logprobs, (turn.version,) * n, (1,) * n, (turn.role,) * n,
+                   float(reward), turn.finish_reason, turn.text, dict(info))
+
+    @classmethod
+    def chain(cls, prompt_ids: Sequence[int], parts: Sequence[Turn | tuple[str, Sequence[int]]], role: str,
+              reward: float, **info: Any) -> "Trajectory":
+        """A multi-turn trajectory of ``role``: ``parts`` in order, each a :class:`Turn` (trained on
+        iff written by ``role``) or ``(writer, token ids)`` context from another role or :data:`ENV`."""
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        mask: list[int] = []
+        roles: list[str] = []
+        last, text = "stop", ""
+        for p in parts:
+            if isinstance(p, Turn):
+                own = p.role == role
+                tokens += p.tokens
+                logprobs += p.logprobs if own else [0.0] * len(p.tokens)
+                versions += [p.version if own else 0] * len(p.tokens)
+                mask += [1 if own else 0] * len(p.tokens)
+                roles += [p.role] * len(p.tokens)
+                if own:
+                    last, text = p.finish_reason, p.text
+            else:
+                writer, ids = p
+                tokens += ids
+                logprobs += [0.0] * len(ids)
+                versions += [0] * len(ids)
+                mask += [0] * len(ids)
+                roles += [writer] * len(ids)
+        return cls(tuple(prompt_ids), tuple(tokens), tuple(logprobs), tuple(versions), tuple(mask), tuple(roles),
+                   float(reward), last, text, dict(info))
+
+
+@dataclass
+class EpisodeResult:
+    """A finished episode: per role, its trajectories; the team's outcome; free metrics."""
+
+    trajectories: dict[str, list[Trajectory]]
+    team_reward: float | None = None  #: e.g. correctness of the team's final answer
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Role(Protocol):
+    """``ep.roles[name]``: sample from the policy bound to the role."""
+
+    name: str
+    policy: str
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, seeds: Sequence[int],
+                 max_new_tokens: int | None = None, temperature: float | None = None) -> list[Turn]: ...
+
+
+def role_seed(job_seed: int, episode_id: str, role: str, call: int, row: int) -> int:
+    """The seed of row ``row`` of a role's ``call``-th generate call in an episode: a stable
+    hash of those alone, so a redone episode reproduces its samples wherever it runs."""
+    key = f"{int(job_seed)}\x1f{episode_id}\x1f{role}\x1f{call}\x1f{row}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+
+
+class EngineRole:
+    """A role served by an engine in this process (the local case; also the sequential baseline).
+
+    ``lock`` serialises engine calls when episodes run on several threads; ``before_call``
+    (e.g. the weight subscriber's ``apply_to``) runs under it between requests.
+    """
+
+    def __init__(self, name: str, policy: str, engine: RolloutEngine, tokenizer, sampling: Mapping[str, Any],
+                 lock=None, before_call: Callable[[], None] | None = None) -> None:
+        self.name, self.policy, self.engine, self.tokenizer = name, policy, engine, tokenizer
+        self.sampling, self.lock, self.before_call = dict(sampling), lock, before_call
+
+    def params(self, max_new_tokens: int | None, temperature: float | None) -> SamplingParams:
+        s = self.sampling
+        return SamplingParams(temperature=float(s.get("temperature", 1.0) if temperature is None else temperature),
+                              top_p=float(s.get("top_p", 1.0)), top_k=int(s.get("top_k", 0)),
+                              max_new_tokens=int(max_new_tokens or s.get("max_new_tokens", 8)),
+                              stop_token_ids=(self.tokenizer.eos_token_id,))
+
+    def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None) -> list[Turn]:
+        params = self.params(max_new_tokens, temperature)
+        if self.lock is None:
+            gens = self._call(prompts, params, seeds)
+        else:
+            with self.lock:
+                gens = self._call(prompts, params, seeds)
+        return [self.turn(g) for g in gens]
+
+    def _call(self, prompts, params, seeds) -> list[Generation]:
+        if self.before_call is not None:
+            self.before_call()
+        return self.engine.generate([list(p) for p in prompts], params, seeds=list(seeds))
+
+    def turn(self, g: Generation) -> Turn:
+        return Turn(tuple(g.prompt_ids), tuple(g.tokens), tuple(g.logprobs), g.version, g.finish_reason,
+                    self.tokenizer.decode(list(g.tokens), skip_special_tokens=True), self.name, self.policy)
+
+
+class _SeededRole:
+    """Wraps a role so a workflow never has to invent seeds: call ``k`` row ``j`` draws
+    :func:`role_seed` ``(job seed, episode, role, k, j)`` unless the workflow passes seeds."""
+
+    def __init__(self, role: Role, job_seed: int, episode_id: str) -> None:
+        self._role, self._seed, self._episode, self._calls = role, job_seed, episode_id, 0
+        self.name, self.policy = role.name, role.policy
+        self.turns = 0
+
+    def generate(self, prompts, *, seeds=None, max_new_tokens=None, temperature=None) -> list[Turn]:
+        prompts = [list(p) for p in prompts]
+        if seeds is None:
+            seeds = [role_seed(self._seed, self._episode, self.name, self._calls, j) for j in range(len(prompts))]
+        self._calls += 1
+        out = self._role.generate(prompts, seeds=seeds, max_new_tokens=max_new_tokens, temperature=temperature)
+        self.turns += len(out)
+        return out
+
+
+@dataclass
+class Episode:
+    """What a workflow function receives."""
+
+    episode_id: str  #: the task id: stable across redeliveries
+    prompt: str
+    answer: str
+    n_samples: int  #: the group size the job asks for (samples per role, as the workflow sees fit)
+    roles: Mapping[str, Role]
+    tokenizer: Any
+    params: Mapping[str, Any] = field(default_factory=dict)  #: ``workflow.params`` of the job config
+    metadata: Mapping[str, Any] = field(default_factory=dict)  #: the prompt's metadata (tests, ...)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+EpisodeFn = Callable[[Episode], EpisodeResult]
+
+
+@dataclass(frozen=True)
+class WorkflowSpec:
+    name: str
+    fn: EpisodeFn
+    roles: tuple[str, ...]  #: the role names the workflow calls (the job binds each to a policy)
+    doc: str = ""
+
+
+WORKFLOWS: dict[str, WorkflowSpec] = {}
+REWARDS: dict[str, Callable[..., float]] = {}
+
+
+def workflow(name: str, roles: Sequence[str]) -> Callable[[EpisodeFn], EpisodeFn]:
+    """Register an episode function under ``name``, calling roles ``roles``."""
+    def deco(fn: EpisodeFn) -> EpisodeFn:
+        if name in WORKFLOWS and WORKFLOWS[name].fn is not fn:
+            raise ValueError(f"workflow {name!r} registered twice")
+        WORKFLOWS[name] = WorkflowSpec(name, fn, tuple(roles), (fn.__doc__ or "").strip().split("\n")[0])
+        return fn
+    return deco
+
+
+def reward(name: str) -> Callable[[Callable[..., float]], Callable[..., float]]:
+    """Register a reward function under ``name``."""
+    def deco(fn):
+        if name in REWARDS and REWARDS[name] is not fn:
+            raise ValueError(f"reward {name!r} registered twice")
+        REWARDS[name] = fn
+        return fn
+    return deco
+
+
+def _load_builtin() -> None:
+    # Importing the modules registers their workflows and rewards.
+    from astraflow.workflows import builtin  # noqa: F401
+
+
+def get_workflow(name: str) -> WorkflowSpec:
+    _load_builtin()
+    if name not in WORKFLOWS:
+        raise KeyError(f"unknown workflow {name!r} (registered: {', '.join(sorted(WORKFLOWS))})")
+    return WORKFLOWS[name]
+
+
+def get_reward(name: str) -> Callable[..., float]:
+    _load_builtin()
+    if name not in REWARDS:
+        raise KeyError(f"unknown reward {name!r} (registered: {', '.join(sorted(REWARDS))})")
+    return REWARDS[name]
+
+
+def run_episode(spec: WorkflowSpec, episode: Episode, job_seed: int) -> EpisodeResult:
+    """Run one episode with seeded role handles; check what it returns against the contract."""
+    seeded = {name: _SeededRole(role, job_seed, episode.episode_id) for name, role in episode.roles.items()}
+    missing = set(spec.roles) - set(seeded)
+    if missing:
+        raise KeyError(f"workflow {spec.name!r} needs roles {sorted(missing)} bound to a policy")
+    ep = Episode(episode.episode_id, episode.prompt, episode.answer, episode.n_samples, seeded, episode.tokenizer,
+                 episode.params, episode.metadata)
+    result = spec.fn(ep)
+    if not isinstance(result, EpisodeResult):
+        raise TypeError(f"workflow {spec.name!r} returned {type(result).__name__}, not EpisodeResult")
+    for role, trajs in result.trajectories.items():
+        if role not in seeded:
+            raise KeyError(f"workflow {spec.name!r} returned trajectories for unknown role {role!r}")
+        if trajs and seeded[role].turns == 0:
+            raise ValueError(f"workflow {spec.name!r}: role {role!r} returned trajectories but generated nothing")
+    return result

@@ -1,0 +1,43 @@
+"""The workflows and rewards that ship with AstraFlow; importing this module registers them.
+
+``rlvr`` (one role: generate ``n`` samples, score each) is what a single-policy job runs;
+``solver_verifier`` is the maths solver-verifier team; the code workflows and the maths
+answer checker register themselves from their modules. A user workflow registers the same
+way from any module the job imports (``workflow.module`` in the job config).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+from . import arithmetic
+from .api import Episode, EpisodeResult, Trajectory, get_reward, reward, workflow
+from .seeds import task_seeds
+
+log = logging.getLogger(__name__)
+
+reward("exact_match")(arithmetic.reward)
+
+
+@workflow("rlvr", roles=("solver",))
+def rlvr(ep: Episode) -> EpisodeResult:
+    """Single-turn RL with verifiable rewards: ``n`` samples of the prompt, each scored.
+
+    Seeds are ``task_seeds(job seed, task id, n)``, the same as the batched
+    :class:`~astraflow.workflows.rlvr.RLVRWorkflow`, so both produce the same samples.
+    """
+    score = get_reward(str(ep.params.get("reward", "exact_match")))
+    ids = ep.encode(ep.prompt)
+    seeds = task_seeds(int(ep.params.get("_job_seed", 0)), ep.episode_id, ep.n_samples)
+    turns = ep.roles["solver"].generate([ids] * ep.n_samples, seeds=seeds)
+    trajs = [Trajectory.of(t, score(t.text, ep.answer)) for t in turns]
+    return EpisodeResult({"solver": trajs}, team_reward=sum(t.reward for t in trajs) / len(trajs))
+
+
+for _module in ("solver_verifier", "code_workflows", "math_answers"):
+    try:
+        importlib.import_module(f"astraflow.workflows.{_module}")
+    except ModuleNotFoundError as e:  # an optional module not built yet / its package missing
+        if e.name != f"astraflow.workflows.{_module}":
+            log.debug("workflow module %s not loaded: %s", _module, e)
