@@ -6,6 +6,12 @@ for at least the version a task was scheduled at (the sync schedule relies on th
 runs the workflow, and writes the trajectory groups *and* commits the task offsets in
 one Kafka transaction: a node that dies mid-rollout commits nothing, and the group
 protocol redelivers its tasks to the others. Heartbeats go to ``control``.
+
+A task is an episode of its workflow (:mod:`.episodes`): the one-role ``rlvr`` of a
+single-policy job, or a multi-role one whose roles other policies' pools may play. In a
+multi-policy job every node also serves its policy's ``generate.<policy>`` requests
+(:mod:`.generation`) between its own work and while its episodes wait on other pools; an
+episode is committed with every role's group in the one transaction, or not at all.
 """
 
 from __future__ import annotations
@@ -44,20 +50,34 @@ class RolloutActor(LoopActor):
         self._started = time.monotonic()
         self._last_snapshot_request = -SNAPSHOT_REQUEST_INTERVAL_S
         self.engine = self.consumer = self.producer = self.plain = self.subscriber = None
+        self.client = self.server = self.runner = None
+        self.multi = len(cfg.policy_names) > 1
 
     def setup(self) -> None:
         from transformers import AutoTokenizer
 
+        import threading
+
         from astraflow.actors.weights import WeightSubscriber
-        from astraflow.workflows.rlvr import RLVRWorkflow
+
+        from .episodes import EpisodeRunner
+        from .generation import GenerationClient, GenerationServer
 
         set_threads(self.cfg.rollout.engine.threads)
         path = model_path(self.cfg)
         self.engine = make_rollout_engine(self.cfg, path)
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        self.workflow = RLVRWorkflow(self.tokenizer, self.node_id, tracer=tracer,
-                                     batch_invariant=self.cfg.rollout.batch_invariant)
+        self.engine_lock = threading.Lock()
         self.plain = Producer(self.bootstrap, client_id=self.node_id)
+        dead = DeadLetters(self.plain, self.topics.dlq, self.node_id)
+        if self.multi:
+            self.client = GenerationClient(self.bootstrap, self.topics, self.node_id, dead_letters=dead)
+            self.server = GenerationServer(self.bootstrap, self.topics, self.cfg.policy, self.node_id,
+                                           self._serve_rows, self._sampling_params, dead_letters=dead)
+        self.runner = EpisodeRunner(self.cfg.policy, self.node_id, self.engine, self.tokenizer, self.cfg.seed,
+                                    engine_lock=self.engine_lock, before_call=self._refresh_weights,
+                                    client=self.client, batch_invariant=self.cfg.rollout.batch_invariant,
+                                    tracer=tracer, sampling_of=self._sampling_of)
         self.producer = Producer(self.bootstrap, client_id=self.node_id,
                                  transactional_id=f"af.{self.cfg.job}.raas.{self.node_id}",
                                  transaction_timeout_ms=self.cfg.kafka.transaction_timeout_ms)
@@ -75,8 +95,11 @@ class RolloutActor(LoopActor):
         self._heartbeat(force=True)
 
     def step(self) -> None:
-        self.subscriber.apply_to(self.engine)
-        deliveries = self.consumer.poll(500)
+        with self.engine_lock:
+            self.subscriber.apply_to(self.engine)
+        if self.server is not None:
+            self.server.serve(50)
+        deliveries = self.consumer.poll(50 if self.multi else 500)
         if not deliveries:
             if self.consumer.pending_offsets():  # only dead-lettered records: move past them
                 self.consumer.commit()
@@ -89,12 +112,14 @@ class RolloutActor(LoopActor):
                                    attributes={"task.id": d.message.task_id, "node.id": self.node_id,
                                                "policy.version": self.engine.version})
                  for d in deliveries]
-        groups = self._roll_out(tasks, spans)
+        per_task = self._roll_out(tasks, spans)
+        groups = [g for gs in per_task for g in gs]
         self._emulate_slower_device(time.monotonic() - t0)
         with self.producer.transaction():
-            for g, span in zip(groups, spans):
+            for gs, span in zip(per_task, spans):
                 with trace.use_span(span):  # the record carries this rollout's trace context
-                    self.producer.send(self.topics.trajectories, g, key=g.task_id)
+                    for g in gs:
+                        self.producer.send(self.topics.trajectories, g, key=g.task_id)
             hang_in_transaction(self.node_id)  # test-only fault hook (astraflow.chaos.hooks)
             self.producer.send_offsets(self.consumer)
         for span in spans:
@@ -103,27 +128,61 @@ class RolloutActor(LoopActor):
         self._busy_s += busy
         n_tokens = sum(len(s.tokens) for g in groups for s in g.samples)
         self._tokens += n_tokens
-        self.metrics.emit_many({"raas.tasks": len(groups), "raas.tokens": n_tokens, "raas.busy_s": busy,
-                                "raas.reward": _mean([s.reward for g in groups for s in g.samples])},
-                               step=self.engine.version, node=self.node_id)
+        values = {"raas.tasks": len(tasks), "raas.tokens": n_tokens, "raas.busy_s": busy,
+                  "raas.reward": _mean([s.reward for g in groups for s in g.samples])}
+        team = [m["team_reward"] for m in self.runner.last_metrics if "team_reward" in m]
+        if self.multi and team:
+            values["raas.team_reward"] = _mean(team)
+            for key in sorted({k for m in self.runner.last_metrics for k in m} - {"team_reward"}):
+                values[f"raas.episode.{key}"] = _mean([m[key] for m in self.runner.last_metrics if key in m])
+        if self.client is not None and self.client.calls:
+            values["raas.remote_wait_s_per_call"] = self.client.wait_s / self.client.calls
+        self.metrics.emit_many(values, step=self.engine.version, node=self.node_id, policy=self.cfg.policy)
         self._heartbeat()
 
-    def _roll_out(self, tasks: list[Task], spans) -> list[TrajectoryGroup]:
-        seed = self.cfg.seed  # each sample's seed derives from it and its task id alone
-        try:
-            return self.workflow.run(tasks, self.engine, seed=seed, spans=spans)
-        except Exception as batch_error:  # noqa: BLE001 - isolate the task that breaks the batch
-            log.warning("%s: batched rollout failed (%s); retrying tasks one by one", self.node_id, batch_error)
-        groups = []
-        for task, span in zip(tasks, spans):
-            try:
-                groups += self.workflow.run([task], self.engine, seed=seed, spans=[span])
-            except Exception as e:  # noqa: BLE001 - an explicit failure record, never a lost task
-                span.record_exception(e)
-                groups.append(TrajectoryGroup(task.task_id, task.prompt_id, task.policy, self.node_id, [], [],
-                                              task.scheduled_version, status="failed",
-                                              error=f"{type(e).__name__}: {e}"))
-        return groups
+    def _roll_out(self, tasks: list[Task], spans) -> list[list[TrajectoryGroup]]:
+        """Per task, its groups (one per trained role). The job seed and the task id alone
+        decide each sample's seed. An episode that breaks yields failed groups of its own;
+        when a batched engine call breaks every episode in it, they are retried one by one,
+        so one bad task cannot fail its neighbours."""
+        per_task = self.runner.run(tasks, spans, on_wait=self._while_waiting)
+        broken = [i for i, gs in enumerate(per_task) if gs and all(g.status == "failed" for g in gs)]
+        if len(tasks) > 1 and len(broken) == len(tasks):
+            log.warning("%s: every episode of the poll failed (%s); retrying them one by one", self.node_id,
+                        per_task[0][0].error)
+            per_task = [self.runner.run([t], [s], on_wait=self._while_waiting)[0] for t, s in zip(tasks, spans)]
+        return per_task
+
+    # -- serving other pools -----------------------------------------------------------
+    def _while_waiting(self) -> None:
+        if self.server is not None:
+            self.server.serve(20)
+        else:
+            time.sleep(0.005)
+        self._heartbeat()
+
+    def _refresh_weights(self) -> None:
+        """Between engine calls (under the engine lock): take the newest weights."""
+        self.subscriber.apply_to(self.engine)
+
+    def _serve_rows(self, prompts, params, seeds):
+        with self.engine_lock:
+            self.subscriber.apply_to(self.engine)
+            return self.engine.generate([list(p) for p in prompts], params, seeds=list(seeds))
+
+    def _sampling_params(self, sampling: dict):
+        from astraflow.engines.base import SamplingParams
+        return SamplingParams(temperature=float(sampling.get("temperature", 1.0)),
+                              top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", 0)),
+                              max_new_tokens=int(sampling.get("max_new_tokens", 8)),
+                              stop_token_ids=(self.tokenizer.eos_token_id,))
+
+    def _sampling_of(self, policy: str, task: Task) -> dict:
+        """A role's sampling settings: its own policy's rollout section (the task's for one policy)."""
+        if not self.multi or policy == task.policy:
+            return task.sampling
+        r = self.cfg.view(policy).rollout
+        return {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k, "max_new_tokens": r.max_new_tokens}
 
     def _wait_for_version(self, version: int) -> None:
         deadline = time.monotonic() + WEIGHT_WAIT_LIMIT_S
@@ -177,8 +236,10 @@ class RolloutActor(LoopActor):
             super().on_stop()
 
     def teardown(self) -> None:
-        close_quietly(self.subscriber, self.consumer, self.producer, self.plain, self.engine)
+        close_quietly(self.runner, self.server, self.client, self.subscriber, self.consumer, self.producer,
+                      self.plain, self.engine)
         self.engine = self.consumer = self.producer = self.plain = self.subscriber = None
+        self.client = self.server = self.runner = None
 
 
 def _mean(xs: list[float]) -> float:

@@ -173,6 +173,13 @@ def _cmd_node(args: argparse.Namespace) -> int:
                         run_dir=args.run_dir or str(Path(cfg.run_dir) / cfg.job), overrides=args.set or [])
     if args.role is None:
         raise FlagError("--role is required (or --topology FILE --host NAME to start a host's share of a topology)")
+    if args.policy is not None:
+        if args.policy not in cfg.policy_names:
+            raise FlagError(f"--policy {args.policy}: no such policy in {args.config} "
+                            f"(policies: {', '.join(cfg.policy_names)})")
+        cfg = cfg.view(args.policy)
+    elif len(cfg.policy_names) > 1 and args.role != "dataflow":
+        raise FlagError(f"--role {args.role} serves one policy: give --policy (one of {', '.join(cfg.policy_names)})")
     bootstrap = args.bootstrap_servers or cfg.kafka.bootstrap_servers
     if not bootstrap:
         raise SystemExit("astraflow node: --bootstrap-servers is required (or kafka.bootstrap_servers in the config)")
@@ -350,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     nd.add_argument("--bootstrap-servers")
     nd.add_argument("--run-dir", help="checkpoints and traces (default: <run_dir>/<job>)")
     nd.add_argument("--node-id", help="stable id (RaaS: its transactional id; default: role-pid)")
+    nd.add_argument("--policy", help="multi-policy jobs: which policy this trainer / RaaS node serves")
     nd.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     tr = nd.add_argument_group(
         "trainer ranks", "a trainer world of trainer.ranks x --nnodes > 1 makes this process its host's group "

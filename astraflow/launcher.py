@@ -49,6 +49,7 @@ class Proc:
     popen: subprocess.Popen | None = None
     restarts: int = 0
     done: bool = False
+    policy: str = ""  #: the policy a trainer / RaaS node serves ("" for the dataflow and one-policy jobs)
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -91,12 +92,18 @@ class RunState:
     accuracy: dict[int, float] = field(default_factory=dict)
     samples: float = 0.0
     reward: float | None = None
+    trained_by: dict[str, int] = field(default_factory=dict)  #: policy -> newest trained step
+    reward_by: dict[str, float] = field(default_factory=dict)
+    team: list[tuple[int, float]] = field(default_factory=list)  #: (lead step, team reward of its batch)
+    lead: str = ""
 
 
 def node_command(role: str, cfg: JobConfig, bootstrap: str, run_dir: Path, node_id: str,
                  overrides: list[str]) -> list[str]:
     cmd = [sys.executable, "-m", "astraflow", "node", "--role", role, "--config", cfg.source,
            "--bootstrap-servers", bootstrap, "--run-dir", str(run_dir), "--node-id", node_id]
+    if len(cfg.policy_names) > 1 and role != "dataflow":
+        cmd += ["--policy", cfg.policy]
     for o in overrides:
         cmd += ["--set", o]
     return cmd
@@ -117,31 +124,31 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
     overrides = list(overrides or [])
     run_dir = Path(run_dir or Path(cfg.run_dir) / f"{cfg.job}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
-    state = RunState()
+    state = RunState(lead=cfg.lead_policy)
     started = time.time()
     from astraflow.checks import check_data, check_model
     # Bad data or a missing model fail here in seconds, before any process starts; the
     # components still stop fatally on their own (`astraflow node` runs without us too).
-    check_model(cfg)
+    for policy in cfg.policy_names:
+        check_model(cfg.view(policy))
     check_data(cfg)
     with contextlib.ExitStack() as stack:
         if bootstrap is None:
             _say(progress, "starting the embedded Kafka broker ...")
             broker = stack.enter_context(_broker(EmbeddedBroker(run_dir / "kafka")))
             bootstrap = broker.bootstrap_servers
-        path = model_path(cfg)
-        _say(progress, f"model: {path}")
+        for policy in cfg.policy_names:  # builds a missing tiny model once, before any process needs it
+            path = model_path(cfg.view(policy))
+            _say(progress, f"model: {path}" if len(cfg.policy_names) == 1 else f"model of {policy}: {path}")
         topics = job_topics(cfg)
         ensure_topics(bootstrap, topics.specs())
         if extension is not None:
             procs = extension.processes(bootstrap, run_dir)
         else:
-            procs = [Proc("dataflow", "dataflow", [], run_dir / "logs" / "dataflow.log"),
-                     Proc("trainer", "trainer", [], run_dir / "logs" / "trainer.log")]
-            procs += [Proc("raas", f"raas-{i}", [], run_dir / "logs" / f"raas-{i}.log")
-                      for i in range(cfg.rollout.nodes)]
+            procs = default_processes(cfg, run_dir)
         for p in procs:
-            p.cmd = p.cmd or node_command(p.role, cfg, bootstrap, run_dir, p.node_id, overrides)
+            p.cmd = p.cmd or node_command(p.role, cfg.view(p.policy) if p.policy else cfg, bootstrap, run_dir,
+                                          p.node_id, overrides)
             p.start()
         stack.callback(stop_processes, procs)
         if extension is not None:
@@ -180,6 +187,20 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
     if error:
         raise error
     return summary
+
+
+def default_processes(cfg: JobConfig, run_dir: Path) -> list[Proc]:
+    """One dataflow; per policy a trainer and ``rollout.nodes`` RaaS nodes (one policy: the
+    names ``trainer``, ``raas-<i>``; several: ``trainer-<p>``, ``raas-<p>-<i>``)."""
+    procs = [Proc("dataflow", "dataflow", [], run_dir / "logs" / "dataflow.log")]
+    multi = len(cfg.policy_names) > 1
+    for policy in cfg.policy_names:
+        view, tag = cfg.view(policy), f"-{policy}" if multi else ""
+        procs.append(Proc("trainer", f"trainer{tag}", [], run_dir / "logs" / f"trainer{tag}.log",
+                          policy=policy if multi else ""))
+        procs += [Proc("raas", f"raas{tag}-{i}", [], run_dir / "logs" / f"raas{tag}-{i}.log", policy=policy if multi else "")
+                  for i in range(view.rollout.nodes)]
+    return procs
 
 
 @contextlib.contextmanager
@@ -242,11 +263,16 @@ def _record(state: RunState, m) -> None:
         return
     state.rows.append({"ts": m.ts, "component": m.component, "name": m.name, "value": m.value, "step": m.step,
                        **{f"label.{k}": v for k, v in m.labels.items()}})
+    policy = m.component.split(".", 1)[1] if m.component.startswith("trainer.") else ""
     if m.name == "trainer.samples":
         state.trained = max(state.trained, m.step)
+        state.trained_by[policy] = max(state.trained_by.get(policy, 0), m.step)
         state.samples += m.value
     elif m.name == "trainer.reward":
         state.reward = m.value
+        state.reward_by[policy] = m.value
+    elif m.name == "dataflow.team_reward" and m.labels.get("policy") in (None, state.lead):
+        state.team.append((m.step, m.value))
     elif m.name == "eval.accuracy":
         state.accuracy[m.step] = m.value
 
@@ -255,12 +281,42 @@ def _progress_bar(cfg: JobConfig, enabled: bool):
     if not enabled:
         return None
     from tqdm import tqdm
+    if len(cfg.policy_names) > 1:  # a bar per policy: each trains at its own pace
+        return MultiBar({p: tqdm(total=cfg.view(p).trainer.steps, desc=f"{cfg.job} {p} versions", unit="v",
+                                 mininterval=1.0, dynamic_ncols=True, position=i)
+                         for i, p in enumerate(cfg.policy_names)})
     return tqdm(total=cfg.trainer.steps, desc=f"{cfg.job} [{cfg.mode}] versions", unit="v", mininterval=1.0,
                 dynamic_ncols=True)
 
 
+class MultiBar:
+    """One progress bar per policy, updated and closed together."""
+
+    def __init__(self, bars: dict) -> None:
+        self.bars = bars
+
+    def update_from(self, state: RunState) -> None:
+        for p, bar in self.bars.items():
+            done = state.trained_by.get(p, 0)
+            if done > bar.n:
+                bar.update(done - bar.n)
+            post = {}
+            if p in state.reward_by:
+                post["reward"] = f"{state.reward_by[p]:.2f}"
+            if p == state.lead and state.team:
+                post["team"] = f"{state.team[-1][1]:.2f}"
+            bar.set_postfix(post, refresh=False)
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
+
+
 def _update_bar(bar, state: RunState, started: float) -> None:
     if bar is None:
+        return
+    if isinstance(bar, MultiBar):
+        bar.update_from(state)
         return
     if state.trained > bar.n:
         bar.update(state.trained - bar.n)
@@ -312,6 +368,10 @@ def _write_outputs(run_dir: Path, cfg: JobConfig, state: RunState, started: floa
         # trained, averaged over the steps that had such tokens (async steps may have none).
         **_gap_summary([r["value"] for r in rows if r["name"] == "trainer.train_inference_logp_gap"]),
         "restarts": {p.node_id: p.restarts for p in procs if p.restarts},
+        **({"steps_trained_by_policy": dict(state.trained_by),
+            "team_reward_last": state.team[-1][1] if state.team else None,
+            "team_reward_by_step": {str(k): round(v, 4) for k, v in sorted(state.team)}}
+           if len(cfg.policy_names) > 1 else {}),
         "interrupted": interrupted, "error": error, **(extra or {}),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -330,6 +390,9 @@ def _mean(xs: list[float]) -> float | None:
 
 
 def _plot(path: Path, rows: list[dict], cfg: JobConfig) -> None:
+    if len(cfg.policy_names) > 1:
+        _plot_policies(path, rows, cfg)
+        return
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -347,6 +410,44 @@ def _plot(path: Path, rows: list[dict], cfg: JobConfig) -> None:
     ax.grid(alpha=0.3)
     if reward or acc:  # a run that failed before training has nothing to label
         ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _plot_policies(path: Path, rows: list[dict], cfg: JobConfig) -> None:
+    """A panel per policy (its batch reward by its own versions) and the team's accuracy."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = cfg.policy_names
+    fig, axes = plt.subplots(1, len(names) + 1, figsize=(4.2 * (len(names) + 1), 3.8))
+    for ax, p in zip(axes, names):
+        reward = sorted((r["step"], r["value"]) for r in rows
+                        if r["name"] == "trainer.reward" and r["component"] == f"trainer.{p}")
+        if reward:
+            ax.plot(*zip(*reward), color="tab:blue", label="batch reward")
+        if p == cfg.lead_policy:
+            acc = sorted((r["step"], r["value"]) for r in rows if r["name"] == "eval.accuracy")
+            if acc:
+                ax.plot(*zip(*acc), "o-", color="tab:red", label="held-out accuracy (alone)")
+        ax.set_title(f"policy {p}")
+        ax.set_xlabel(f"{p} version")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(loc="lower right", fontsize=8)
+    team = sorted((r["step"], r["value"]) for r in rows if r["name"] == "dataflow.team_reward"
+                  and r.get("label.policy") == cfg.lead_policy)
+    ax = axes[-1]
+    if team:
+        ax.plot(*zip(*team), color="tab:green", label="team accuracy (final answer)")
+        ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("team")
+    ax.set_xlabel(f"{cfg.lead_policy} batch step")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    fig.suptitle(f"{cfg.job} ({cfg.workflow.name}, barrier {cfg.barrier})")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -36,7 +36,8 @@ def child_specs(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id
         from astraflow.actors.evaluator import EvaluatorActor
         return [ChildSpec("dataflow", lambda sup, name: DataflowActor.start(sup, name, cfg, bootstrap),
                           required=False),
-                ChildSpec("evaluator", lambda sup, name: EvaluatorActor.start(sup, name, cfg, bootstrap),
+                ChildSpec("evaluator", lambda sup, name: EvaluatorActor.start(sup, name, cfg.view(cfg.lead_policy),
+                                                                              bootstrap),
                           required=True)]
     if role == "raas":
         from astraflow.actors.rollout import RolloutActor

@@ -127,7 +127,7 @@ def test_one_trace_connects_schedule_rollout_batch_and_train_step(finished_run):
                    and any(c["parent_id"] == s["context"]["span_id"] and c["name"] == "raas.generate"
                            for c in spans.values()))
     kids = {c["name"] for c in spans.values() if c["parent_id"] == rollout["context"]["span_id"]}
-    assert {"raas.generate", "raas.reward"} <= kids
+    assert {"raas.generate", "raas.workflow"} <= kids  # each role call, and the episode's workflow (rewards)
     assert any(s["name"] == "weights.publish" for s in spans.values())
     assert any(s["name"] == "raas.weights.apply" for s in spans.values())
 

@@ -1,0 +1,272 @@
+"""Run a poll's episodes on a RaaS node: one thread per episode, engine calls coalesced.
+
+A workflow is plain Python that blocks in ``roles[name].generate``; the node runs the
+episodes of one poll on threads of their own and a :class:`CallBatcher` turns their
+concurrent calls on this node's engine into batched engine calls: it waits until every
+episode still running is either waiting on the engine or on another pool (over Kafka,
+:mod:`.generation`), then makes one engine call per sampling setting with the waiting
+rows in episode order. For the one-role ``rlvr`` workflow this is exactly one call with
+every sample of the poll, as a single-policy node has always made; ``batch_invariant``
+gives every call an engine call of its own.
+
+:meth:`EpisodeRunner.run` returns, per task, one trajectory group per role the task
+trains (``Task.train``); a workflow that raises yields a ``failed`` group for each, so
+every policy's dataflow settles what it opened. Nothing is written here: the rollout actor
+sends every group of the poll and commits the task offsets in one transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from opentelemetry import trace
+
+from astraflow.engines.base import Generation, SamplingParams
+from astraflow.topics import Sample, Task, TrajectoryGroup
+from astraflow.workflows.api import ENV, Episode, EngineRole, EpisodeResult, Trajectory, get_workflow, run_episode
+
+log = logging.getLogger(__name__)
+
+
+class CallBatcher:
+    """Coalesces the engine calls of concurrently running episodes (see the module docstring)."""
+
+    def __init__(self, engine, lock: threading.Lock, before_call=None, batch_invariant: bool = False) -> None:
+        self.engine, self.engine_lock, self.before_call = engine, lock, before_call
+        self.batch_invariant = batch_invariant
+        self._cv = threading.Condition()
+        self._pending: dict[int, tuple[list, SamplingParams, list, dict]] = {}
+        self._running = 0  #: episodes neither finished nor waiting on another pool
+        self.calls = 0
+
+    def enter(self) -> None:
+        with self._cv:
+            self._running += 1
+
+    def leave(self) -> None:
+        with self._cv:
+            self._running -= 1
+            self._flush_if_all_waiting()
+
+    def away(self):
+        """Context: the episode waits on another pool, not on this engine."""
+        batcher = self
+
+        class _Away:
+            def __enter__(self):
+                batcher.leave()
+
+            def __exit__(self, *exc):
+                batcher.enter()
+        return _Away()
+
+    def generate(self, index: int, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 seeds: Sequence[int]) -> list[Generation]:
+        slot: dict = {}
+        with self._cv:
+            self._pending[index] = ([list(p) for p in prompts], params, list(seeds), slot)
+            self._flush_if_all_waiting()
+            while "out" not in slot and "error" not in slot:
+                self._cv.wait()
+        if "error" in slot:
+            raise slot["error"]
+        return slot["out"]
+
+    def _flush_if_all_waiting(self) -> None:
+        if not self._pending or len(self._pending) < self._running:
+            return
+        pending, self._pending = sorted(self._pending.items()), {}
+        with self.engine_lock:
+            if self.before_call is not None:
+                self.before_call()
+            if self.batch_invariant:
+                groups = [[item] for item in pending]
+            else:  # one call per sampling setting, rows in episode order
+                by_params: dict[SamplingParams, list] = {}
+                for item in pending:
+                    by_params.setdefault(item[1][1], []).append(item)
+                groups = list(by_params.values())
+            for group in groups:
+                rows = [p for _, (prompts, _, _, _) in group for p in prompts]
+                seeds = [s for _, (_, _, ss, _) in group for s in ss]
+                try:
+                    gens = self.engine.generate(rows, group[0][1][1], seeds=seeds)
+                    self.calls += 1
+                except Exception as e:  # noqa: BLE001 - every episode in the call fails with it
+                    for _, (_, _, _, slot) in group:
+                        slot["error"] = e
+                    continue
+                i = 0
+                for _, (prompts, _, _, slot) in group:
+                    slot["out"] = gens[i:i + len(prompts)]
+                    i += len(prompts)
+        self._cv.notify_all()
+
+
+class _BatchedRole(EngineRole):
+    """A role on this node's engine, through the batcher."""
+
+    def __init__(self, name, policy, batcher: CallBatcher, index: int, tokenizer, sampling, tracer, ctx) -> None:
+        super().__init__(name, policy, batcher.engine, tokenizer, sampling)
+        self.batcher, self.index, self.tracer, self.ctx = batcher, index, tracer, ctx
+
+    def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None):
+        with self.tracer.start_as_current_span("raas.generate", context=self.ctx,
+                                               attributes={"role": self.name, "policy": self.policy,
+                                                           "task.samples": len(prompts)}):
+            gens = self.batcher.generate(self.index, prompts, self.params(max_new_tokens, temperature), seeds)
+        return [self.turn(g) for g in gens]
+
+
+class _RemoteRole:
+    """A role played by another policy's pool (over Kafka)."""
+
+    def __init__(self, name, policy, client, batcher: CallBatcher, episode_id: str, tokenizer, sampling, tracer,
+                 ctx) -> None:
+        self.name, self.policy, self.client, self.batcher = name, policy, client, batcher
+        self.episode_id, self.tokenizer, self.sampling, self.tracer, self.ctx = \
+            episode_id, tokenizer, dict(sampling), tracer, ctx
+
+    def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None):
+        sampling = dict(self.sampling)
+        if max_new_tokens is not None:
+            sampling["max_new_tokens"] = max_new_tokens
+        if temperature is not None:
+            sampling["temperature"] = temperature
+        with self.tracer.start_as_current_span("raas.generate", context=self.ctx,
+                                               attributes={"role": self.name, "policy": self.policy,
+                                                           "remote": True, "task.samples": len(prompts)}):
+            with self.batcher.away():
+                return self.client.generate(self.name, self.policy, self.episode_id, prompts, seeds, sampling,
+                                            self.tokenizer)
+
+
+class EpisodeRunner:
+    """Runs tasks (episodes) of any registered workflow on this node; see the module docstring."""
+
+    def __init__(self, policy: str, node_id: str, engine, tokenizer, job_seed: int, *, engine_lock: threading.Lock,
+                 before_call=None, client=None, batch_invariant: bool = False, tracer=None,
+                 sampling_of=None) -> None:
+        self.policy, self.node_id, self.engine, self.tokenizer = policy, node_id, engine, tokenizer
+        self.job_seed, self.client, self.engine_lock = job_seed, client, engine_lock
+        self.before_call, self.batch_invariant = before_call, batch_invariant
+        self.tracer = tracer or trace.get_tracer(__name__)
+        self.sampling_of = sampling_of or (lambda policy, task: task.sampling)
+        self._pool: ThreadPoolExecutor | None = None
+        self.last_metrics: list[dict] = []
+
+    def run(self, tasks: Sequence[Task], spans: Sequence | None = None, on_wait=None) -> list[list[TrajectoryGroup]]:
+        """Per task, its groups. ``on_wait`` is called repeatedly while the episodes run (the
+        rollout actor serves other pools' requests and heartbeats there)."""
+        spans = list(spans or [None] * len(tasks))
+        batcher = CallBatcher(self.engine, self.engine_lock, self.before_call, self.batch_invariant)
+        if self._pool is None or self._pool._max_workers < len(tasks):  # noqa: SLF001
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+            self._pool = ThreadPoolExecutor(max_workers=max(1, len(tasks)), thread_name_prefix=f"{self.node_id}-ep")
+        for _ in tasks:
+            batcher.enter()
+        futures = [self._pool.submit(self._one, i, t, s, batcher) for i, (t, s) in enumerate(zip(tasks, spans))]
+        while not all(f.done() for f in futures):
+            if on_wait is not None:
+                on_wait()
+            else:
+                time.sleep(0.005)
+            for f in futures:
+                if not f.done():
+                    try:
+                        f.result(timeout=0.01)
+                    except Exception:  # noqa: BLE001 - collected below
+                        pass
+                    break
+        results = [f.result() for f in futures]
+        self.last_metrics = [m for _, m in results]
+        return [groups for groups, _ in results]
+
+    def _one(self, index: int, task: Task, span, batcher: CallBatcher) -> tuple[list[TrajectoryGroup], dict]:
+        started = time.time()
+        ctx = trace.set_span_in_context(span) if span is not None else None
+        roles_of = task.roles or {task.role: task.policy}
+        train = task.train or list(roles_of)
+        try:
+            spec = get_workflow(task.workflow)
+            roles = {}
+            for name, policy in roles_of.items():
+                sampling = self.sampling_of(policy, task)
+                if policy == self.policy:
+                    roles[name] = _BatchedRole(name, policy, batcher, index, self.tokenizer, sampling, self.tracer, ctx)
+                elif self.client is None:
+                    raise RuntimeError(f"role {name!r} of policy {policy!r} needs another pool, but this job has "
+                                       f"no generation topics (one policy)")
+                else:
+                    roles[name] = _RemoteRole(name, policy, self.client, batcher, task.task_id, self.tokenizer,
+                                              sampling, self.tracer, ctx)
+            params = {**task.params, "_job_seed": self.job_seed}
+            ep = Episode(task.task_id, task.prompt, task.answer, task.n_samples, roles, self.tokenizer, params,
+                         task.metadata)
+            with self.tracer.start_as_current_span("raas.workflow", context=ctx,
+                                                   attributes={"workflow": task.workflow, "task.id": task.task_id}):
+                result = run_episode(spec, ep, self.job_seed)
+        except Exception as e:  # noqa: BLE001 - an explicit failure record per role, never a lost task
+            if span is not None:
+                span.record_exception(e)
+            log.warning("%s: episode %s failed: %s", self.node_id, task.task_id, e)
+            return [self._failed(task, role, roles_of, f"{type(e).__name__}: {e}") for role in train], {}
+        finally:
+            batcher.leave()
+        prompt_ids = list(self.tokenizer.encode(task.prompt, add_special_tokens=False))
+        groups = [self._group(task, role, roles_of, prompt_ids, result, started) for role in train]
+        return groups, dict(result.metrics, **({"team_reward": result.team_reward}
+                                                if result.team_reward is not None else {}))
+
+    def _failed(self, task: Task, role: str, roles_of: dict, error: str) -> TrajectoryGroup:
+        return TrajectoryGroup(task.task_id, task.prompt_id, roles_of[role], self.node_id, [], [],
+                               task.scheduled_versions.get(roles_of[role], task.scheduled_version),
+                               status="failed", error=error, role=role if task.roles else "",
+                               role_policies=dict(task.roles))
+
+    def _group(self, task: Task, role: str, roles_of: dict, prompt_ids: list[int], result: EpisodeResult,
+               started: float) -> TrajectoryGroup:
+        trajs: list[Trajectory] = result.trajectories.get(role, [])
+        writers = sorted({w for t in trajs for w in t.token_roles} | {role})
+        index = {w: i for i, w in enumerate(writers)}
+        samples = []
+        for t in trajs:
+            own_only = all(t.loss_mask) and all(w == role for w in t.token_roles)
+            samples.append(Sample(list(t.tokens), list(t.logprobs), list(t.versions), float(t.reward),
+                                  t.finish_reason, t.text,
+                                  prompt_ids=[] if list(t.prompt_ids) == prompt_ids else list(t.prompt_ids),
+                                  loss_mask=[] if own_only else list(t.loss_mask),
+                                  token_roles=[] if own_only else [index[w] for w in t.token_roles],
+                                  info=dict(t.info)))
+        rewards = [s.reward for s in samples]
+        stats = {"n": len(samples), "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+                 "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0}
+        if result.team_reward is not None:
+            stats["team_reward"] = float(result.team_reward)
+        stats.update({f"episode.{k}": float(v) for k, v in result.metrics.items()})
+        policy = roles_of[role]
+        if not samples:
+            return TrajectoryGroup(task.task_id, task.prompt_id, policy, self.node_id, prompt_ids, [],
+                                   task.scheduled_versions.get(policy, task.scheduled_version), started, time.time(),
+                                   status="failed", error=f"workflow {task.workflow!r} returned no trajectory for "
+                                                          f"role {role!r}",
+                                   role=role if task.roles else "", role_policies=dict(task.roles))
+        return TrajectoryGroup(task.task_id, task.prompt_id, policy, self.node_id, prompt_ids, samples,
+                               task.scheduled_versions.get(policy, task.scheduled_version), started, time.time(),
+                               role=role if task.roles else "",
+                               roles=writers if task.roles or len(writers) > 1 else [],
+                               role_policies=dict(task.roles), stats=stats if task.roles else {})
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+__all__ = ["CallBatcher", "EpisodeRunner", "ENV"]

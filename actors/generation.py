@@ -1,0 +1,167 @@
+"""Role calls across pools: a role of one policy's episode served by another policy's pool.
+
+The request path is Kafka, like everything else between components:
+
+* the episode's runner (a RaaS node of the lead policy) sends a
+  :class:`~astraflow.topics.GenerationRequest` to ``generate.<policy>``, keyed by episode,
+  and waits for the :class:`~astraflow.topics.GenerationReply` with its ``request_id`` on
+  ``replies`` (:class:`GenerationClient`; one background thread reads every partition of
+  ``replies`` from where it stood when the node started);
+* every RaaS node of ``policy`` is a member of consumer group ``gen.<policy>`` and serves
+  requests between its own work (:class:`GenerationServer`); it commits a request's offset
+  after sending the reply.
+
+Delivery is at-least-once and that is enough: a server that dies before committing leaves
+the request to the next member, a repeated reply is the same sample (the request carries
+the seeds) and the client keeps the first. The exactly-once unit stays the episode: its
+runner writes every role's groups in one transaction with the task offset, or nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from kafka import TopicPartition
+
+from astraflow.engines.base import Generation, SamplingParams
+from astraflow.topics import Consumer, DeadLetters, GenerationReply, GenerationRequest, JobTopics, Producer
+from astraflow.workflows.api import Turn
+
+log = logging.getLogger(__name__)
+
+#: how long an episode waits for another pool's answer before the episode fails (a failed
+#: episode is recorded, dropped with its reason, and its slot is scheduled again)
+REPLY_TIMEOUT_S = 300.0
+
+
+class RemoteCallFailed(RuntimeError):
+    pass
+
+
+class GenerationClient:
+    """Sends role calls to other pools and hands each reply to the thread waiting for it."""
+
+    def __init__(self, bootstrap: str, topics: JobTopics, node_id: str, dead_letters: DeadLetters | None = None,
+                 timeout_s: float = REPLY_TIMEOUT_S) -> None:
+        self.topics, self.node_id, self.timeout_s = topics, node_id, timeout_s
+        self.producer = Producer(bootstrap, client_id=f"{node_id}.gen-client")
+        parts = [TopicPartition(topics.replies, p) for p in range(topics.trajectory_partitions)]
+        self.consumer = Consumer(bootstrap, partitions=parts, client_id=f"{node_id}.gen-client",
+                                 dead_letters=dead_letters, expect=(GenerationReply,))
+        self.consumer.raw.seek_to_end(*parts)
+        for tp in parts:  # resolve the end positions now: replies to this node's requests come after
+            self.consumer.raw.position(tp)
+        self._waiting: dict[str, tuple[threading.Event, list]] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._nonce = f"{node_id}.{os.getpid()}.{int(time.time() * 1000) % 10**9}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, name=f"{node_id}-replies", daemon=True)
+        self._thread.start()
+        self.calls = 0
+        self.wait_s = 0.0
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            try:
+                deliveries = self.consumer.poll(200)
+            except Exception:  # noqa: BLE001 - a closed client on the way out
+                if self._stop.is_set():
+                    return
+                log.warning("reading %s failed; retrying", self.topics.replies, exc_info=True)
+                time.sleep(0.5)
+                continue
+            for d in deliveries:
+                reply = d.message
+                with self._lock:
+                    slot = self._waiting.pop(reply.request_id, None)
+                if slot is not None:  # else: a duplicate, or the answer to a request of another node
+                    slot[1].append(reply)
+                    slot[0].set()
+
+    def generate(self, role: str, policy: str, episode_id: str, prompts: Sequence[Sequence[int]],
+                 seeds: Sequence[int], sampling: dict, tokenizer, min_version: int = 0) -> list[Turn]:
+        request_id = f"{self._nonce}.{next(self._ids)}"
+        event, box = threading.Event(), []
+        with self._lock:
+            self._waiting[request_id] = (event, box)
+        req = GenerationRequest(request_id, episode_id, policy, role, [list(p) for p in prompts], list(seeds),
+                                dict(sampling), self.node_id, min_version, time.time())
+        t0 = time.monotonic()
+        self.producer.send(self.topics.generate(policy), req, key=episode_id)
+        self.producer.flush()
+        if not event.wait(self.timeout_s):
+            with self._lock:
+                self._waiting.pop(request_id, None)
+            raise RemoteCallFailed(f"role {role!r}: no reply from pool {policy!r} within {self.timeout_s:.0f}s "
+                                   f"(request {request_id})")
+        self.calls += 1
+        self.wait_s += time.monotonic() - t0
+        reply: GenerationReply = box[0]
+        if reply.error:
+            raise RemoteCallFailed(f"role {role!r}: pool {policy!r} node {reply.node_id} failed: {reply.error}")
+        return [Turn(tuple(p), tuple(t), tuple(lp), v, fr, tokenizer.decode(list(t), skip_special_tokens=True),
+                     role, policy)
+                for p, t, lp, v, fr in zip(prompts, reply.tokens, reply.logprobs, reply.versions,
+                                          reply.finish_reasons)]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        for c in (self.consumer, self.producer):
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+class GenerationServer:
+    """Serves ``generate.<policy>`` with this node's engine (consumer group ``gen.<policy>``)."""
+
+    def __init__(self, bootstrap: str, topics: JobTopics, policy: str, node_id: str,
+                 run: Callable[[Sequence[Sequence[int]], SamplingParams, Sequence[int]], list[Generation]],
+                 params: Callable[[dict], SamplingParams], dead_letters: DeadLetters | None = None) -> None:
+        from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
+        self.topics, self.policy, self.node_id, self.run, self.params = topics, policy, node_id, run, params
+        self.producer = Producer(bootstrap, client_id=f"{node_id}.gen-server")
+        self.consumer = Consumer(bootstrap, topics=[topics.generate(policy)], group_id=f"gen.{policy}",
+                                 client_id=f"{node_id}.gen-server", dead_letters=dead_letters, max_poll_records=8,
+                                 session_timeout_ms=10_000, heartbeat_interval_ms=2_000,
+                                 partition_assignment_strategy=[StickyPartitionAssignor],
+                                 expect=(GenerationRequest,))
+        self.served = 0
+        self.rows = 0
+
+    def serve(self, timeout_ms: int = 50) -> int:
+        """Answer what is waiting (at most one poll); returns the requests answered."""
+        deliveries = self.consumer.poll(timeout_ms)
+        for d in deliveries:
+            req: GenerationRequest = d.message
+            try:
+                gens = self.run(req.prompts, self.params(req.sampling), req.seeds)
+                reply = GenerationReply(req.request_id, req.episode_id, self.node_id,
+                                        [list(g.tokens) for g in gens], [list(g.logprobs) for g in gens],
+                                        [g.version for g in gens], [g.finish_reason for g in gens], ts=time.time())
+            except Exception as e:  # noqa: BLE001 - the episode fails with the cause, the node goes on
+                log.warning("%s: generation request %s failed", self.node_id, req.request_id, exc_info=True)
+                reply = GenerationReply(req.request_id, req.episode_id, self.node_id, [], [], [], [],
+                                        error=f"{type(e).__name__}: {e}", ts=time.time())
+            self.producer.send(self.topics.replies, reply, key=req.episode_id)
+            self.served += 1
+            self.rows += len(req.prompts)
+        if deliveries or self.consumer.pending_offsets():
+            self.producer.flush()
+            self.consumer.commit()
+        return len(deliveries)
+
+    def close(self) -> None:
+        for c in (self.consumer, self.producer):
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001
+                pass

@@ -1,0 +1,153 @@
+"""The episode runner: the one-role case is the batched RLVR rollout, multi-role episodes
+return one group per role with loss masks, and a broken episode fails alone."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+
+from astraflow.actors.episodes import CallBatcher, EpisodeRunner
+from astraflow.topics import Task
+from astraflow.workflows.api import Episode, EpisodeResult, Trajectory, WORKFLOWS, workflow
+from astraflow.workflows.rlvr import RLVRWorkflow
+
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 6}
+
+
+@pytest.fixture(scope="module")
+def tok_engine():
+    from transformers import AutoTokenizer
+
+    from astraflow.engines.bootstrap import ensure_tiny_model
+    from astraflow.engines.cpu import CpuEngine
+
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    path = ensure_tiny_model()
+    engine = CpuEngine(path)
+    yield AutoTokenizer.from_pretrained(str(path)), engine
+    engine.close()
+
+
+class CountingEngine:
+    """The real engine, counting its calls (how the batcher coalesced them)."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.calls = engine, []
+
+    def generate(self, prompts, params, seeds=None):
+        self.calls.append(len(prompts))
+        return self.engine.generate(prompts, params, seeds=seeds)
+
+    @property
+    def version(self):
+        return self.engine.version
+
+
+def runner(tok, engine, policy="p", **kw) -> EpisodeRunner:
+    return EpisodeRunner(policy, "node-test", engine, tok, 7, engine_lock=threading.Lock(), **kw)
+
+
+def rlvr_task(i: int, n: int = 4) -> Task:
+    return Task(f"t{i:07d}-p{i}", f"p{i}", "p", f"{i}+{i + 3}=", str(2 * i + 3), n, SAMPLING)
+
+
+def test_one_role_episodes_are_the_batched_rlvr_rollout(tok_engine):
+    tok, engine = tok_engine
+    tasks = [rlvr_task(i) for i in range(5)]
+    counting = CountingEngine(engine)
+    got = runner(tok, counting).run(tasks)
+    want = RLVRWorkflow(tok, "node-test").run(tasks, engine, seed=7)
+    assert counting.calls == [4 * 5], "the five episodes' rows must be coalesced into one engine call"
+    for groups, ref in zip(got, want):
+        (g,) = groups
+        assert (g.task_id, g.role, g.roles, g.stats) == (ref.task_id, "", [], {})
+        assert [(s.tokens, s.logprobs, s.reward, s.loss_mask) for s in g.samples] == \
+               [(s.tokens, s.logprobs, s.reward, []) for s in ref.samples]
+
+
+def test_batch_invariant_calls_the_engine_once_per_episode_call(tok_engine):
+    tok, engine = tok_engine
+    counting = CountingEngine(engine)
+    runner(tok, counting, batch_invariant=True).run([rlvr_task(i) for i in range(3)])
+    assert counting.calls == [4, 4, 4]
+
+
+def test_solver_verifier_returns_a_group_per_role_with_masks(tok_engine):
+    tok, engine = tok_engine
+    roles = {"solver": "p", "verifier": "p"}
+    tasks = [Task(f"t{i:07d}-p{i}", f"p{i}", "p", f"{i}+{i}=", str(2 * i), 6, SAMPLING, workflow="solver_verifier",
+                  roles=roles, train=["solver", "verifier"]) for i in range(3)]
+    out = runner(tok, engine).run(tasks)
+    for task, groups in zip(tasks, out):
+        by_role = {g.role: g for g in groups}
+        assert set(by_role) == {"solver", "verifier"}
+        solver, verifier = by_role["solver"], by_role["verifier"]
+        assert solver.group_key == f"{task.task_id}/solver" and verifier.status == "ok"
+        assert len(verifier.samples) == 6
+        firsts = [s for s in solver.samples if s.info["attempt"] == 1]
+        retries = [s for s in solver.samples if s.info["attempt"] == 2]
+        assert len(firsts) == 6
+        # one retry per rejected first attempt, and only those
+        assert len(retries) == sum(s.info["verdict"] == "reject" for s in verifier.samples)
+        for s in retries:
+            writers = [solver.roles[i] for i in s.token_roles]
+            assert len(s.loss_mask) == len(s.tokens) and 0 < sum(s.loss_mask) < len(s.tokens)
+            # exactly the solver's own second answer is trained on
+            assert all((m == 1) == (w == "solver" and j >= len(s.tokens) - sum(s.loss_mask))
+                       for j, (m, w) in enumerate(zip(s.loss_mask, writers)))
+            assert "verifier" in writers and "env" in writers
+            assert all(v == 0 for v, m in zip(s.versions, s.loss_mask) if not m)
+        for s in verifier.samples:  # verifier reward: verdict parsed and equal to first-attempt correctness
+            right = s.info["verdict"] != "unparsed" and (s.info["verdict"] == "approve") == s.info["first_correct"]
+            assert s.reward == (1.0 if right else 0.0)
+        assert 0.0 <= solver.stats["team_reward"] <= 1.0
+
+
+def test_a_broken_episode_fails_alone_with_a_failed_group_per_trained_role(tok_engine):
+    tok, engine = tok_engine
+    if "test_breaks_on_7" not in WORKFLOWS:
+        @workflow("test_breaks_on_7", roles=("solver",))
+        def breaks(ep: Episode) -> EpisodeResult:
+            turns = ep.roles["solver"].generate([ep.encode(ep.prompt)] * ep.n_samples)
+            if ep.prompt.startswith("7+"):
+                raise ValueError("tool crashed")
+            return EpisodeResult({"solver": [Trajectory.of(t, 0.0) for t in turns]})
+    tasks = [Task(f"t{i:07d}-p{i}", f"p{i}", "p", f"{i}+1=", str(i + 1), 2, SAMPLING, workflow="test_breaks_on_7")
+             for i in (6, 7, 8)]
+    out = runner(tok, engine).run(tasks)
+    assert [g.status for (g,) in out] == ["ok", "failed", "ok"]
+    assert "tool crashed" in out[1][0].error
+
+
+def test_the_batcher_waits_for_every_running_episode_before_calling():
+    class Recorder:
+        version = 0
+
+        def __init__(self):
+            self.calls = []
+
+        def generate(self, prompts, params, seeds=None):
+            self.calls.append([p[0] for p in prompts])
+            from astraflow.engines.base import Generation
+            return [Generation(tuple(p), (1,), (0.0,), "stop") for p in prompts]
+
+    from astraflow.engines.base import SamplingParams
+    eng = Recorder()
+    b = CallBatcher(eng, threading.Lock())
+    for _ in range(3):
+        b.enter()
+    results = {}
+
+    def ep(i):
+        results[i] = b.generate(i, [[i]], SamplingParams(), [i])
+        b.leave()
+
+    threads = [threading.Thread(target=ep, args=(i,)) for i in (2, 0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert eng.calls == [[0, 1, 2]] and sorted(results) == [0, 1, 2]
