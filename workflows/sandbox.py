@@ -339,6 +339,7 @@ def _pids_cgroup(limits: Limits) -> str | None:
     """For root, whom RLIMIT_NPROC never stops: a v1 pids cgroup, where one is writable."""
     if os.geteuid() != 0 or not os.access(_PIDS_HIERARCHY, os.W_OK):
         return None
+    _remove_stale_cgroups()
     path = os.path.join(_PIDS_HIERARCHY, f"astraflow-sandbox-{secrets.token_hex(8)}")
     try:
         os.mkdir(path)
@@ -352,7 +353,8 @@ def _pids_cgroup(limits: Limits) -> str | None:
 
 def _remove_cgroup(path: str) -> None:
     """Kill what is left in the group (a ``setsid`` escapee without namespaces), remove it."""
-    for _ in range(100):  # killed tasks leave the group a moment later
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:  # killed tasks leave the group a moment later
         try:
             os.rmdir(path)
             return
@@ -370,6 +372,18 @@ def _remove_cgroup(path: str) -> None:
         except OSError:
             pass
         time.sleep(0.02)
+
+
+def _remove_stale_cgroups(max_age_s: float = 600.0) -> None:
+    """Groups of runs whose caller died before cleaning up (runs never last this long)."""
+    now = time.time()
+    for name in os.listdir(_PIDS_HIERARCHY):
+        path = os.path.join(_PIDS_HIERARCHY, name)
+        try:
+            if name.startswith("astraflow-sandbox-") and now - os.stat(path).st_mtime > max_age_s:
+                os.rmdir(path)  # fails, harmlessly, while tasks are still in it
+        except OSError:
+            pass
 
 
 def _user_tasks() -> int:
