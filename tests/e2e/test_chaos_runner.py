@@ -1,0 +1,67 @@
+"""``astraflow chaos``: real brokers, real component processes, real faults, then the audit.
+
+One shipped scenario runs through the runner end to end and must pass; a deliberately
+broken component (a rogue writer that sends a batch twice, as a faulty dataflow would)
+must make the same runner fail: the audit names the twice-settled groups and the command
+exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from astraflow.chaos.runner import run_scenario
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = ROOT / "chaos" / "scenarios"
+
+
+@pytest.mark.timeout(900)
+def test_a_sigkilled_raas_node_loses_nothing_through_the_runner(tmp_path):
+    report = run_scenario(SCENARIOS / "raas_sigkill.yaml", run_dir=tmp_path / "run", progress=False,
+                          report_path=tmp_path / "report.json")
+    assert json.loads((tmp_path / "report.json").read_text()) == report
+    assert report["ok"], (report["error"], report["audit"]["violations"], report["weights"])
+    assert report["faults_by_kind"] == {"sigkill": 1} and not report["faults_not_injected"]
+    assert report["samples_lost"] == 0 and report["duplicates_trained"] == 0
+    assert report["audit"]["batches"] == 6
+    assert report["component_restarts"] == {"raas-0": 1}  # the runner's supervisor brought it back
+    fault = report["faults"][0]
+    assert fault["target"] == "raas-0" and fault["recovery_s"] is not None
+    # the restarted node, its peer and the evaluator all ended on the trainer's final weights
+    assert set(report["weights"]["nodes"]) == {"raas-0", "raas-1", "evaluator (dataflow)"}
+    assert report["weights"]["match"]
+    assert report["tasks_redelivered"] <= fault["tasks_at_risk"]
+
+
+@pytest.mark.timeout(900)
+def test_a_rogue_duplicate_batch_fails_the_audit_and_the_runner(tmp_path, bootstrap):
+    scenario = tmp_path / "rogue.yaml"
+    scenario.write_text(yaml.safe_dump({
+        "job": {"config": str(ROOT / "examples" / "arithmetic_grpo.yaml"), "set": {
+            "trainer.steps": 5, "trainer.checkpoint_every": 1, "trainer.engine.threads": 1,
+            "rollout.n_samples": 4, "rollout.max_new_tokens": 6, "rollout.tasks_per_call": 4,
+            "rollout.heartbeat_s": 1.0, "dataflow.groups_per_batch": 4,
+            "eval.every": 0, "eval.problems": 20, "eval.k": 1}},
+        "timeout_s": 600, "settle_s": 30,
+        # the trainer meets a batch step it does not expect and crashes; one restart, then give up
+        "restart": {"delay_s": 1, "max": 1},
+        "faults": [{"at_step": 2, "kind": "rogue_batch"}]}))
+    out = subprocess.run([sys.executable, "-m", "astraflow.chaos_cli", str(scenario), "--bootstrap-servers",
+                          bootstrap, "--run-dir", str(tmp_path / "run"), "--report", str(tmp_path / "report.json")],
+                         capture_output=True, text=True, timeout=840)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert not report["ok"] and not report["audit"]["ok"]
+    assert report["faults_by_kind"] == {"rogue_batch": 1}
+    assert report["duplicates_trained"] >= 1
+    assert any("settled 2 times" in v for v in report["audit"]["violations"]), report["audit"]["violations"]
+    assert "FAIL" in out.stdout and "duplicates trained" in out.stdout
