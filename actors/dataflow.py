@@ -207,7 +207,7 @@ class DataflowActor(LoopActor):
             return
         needed = self.cfg.data.num_prompts or 2 * self.cfg.trainer.steps * self.B
         sources = self.pipeline.sources() or {self.cfg.data.source: 1.0}
-        loaded = {spec: load_prompts(spec, needed if spec == "arithmetic" else self.cfg.data.num_prompts,
+        loaded = {spec: load_prompts(spec, needed if spec in ("arithmetic", "code") else self.cfg.data.num_prompts,
                                      seed=self.cfg.data.seed, max_digits=self.cfg.data.max_digits,
                                      ops=self.cfg.data.ops, base_dir=self._config_dir(),
                                      on_bad_row=bad_row_handler(self.cfg.data.on_bad_row, self.dead))

@@ -29,14 +29,15 @@ def check_data(cfg: JobConfig) -> str:
 
     d = cfg.data
     # The generator yields as many prompts as asked; a file is read to its last row.
-    n = (d.num_prompts or 1) if d.source == "arithmetic" else None
+    generated = d.source in ("arithmetic", "code")
+    n = (d.num_prompts or 1) if generated else None
     bad: list[BadRow] = []
     prompts = load_prompts(d.source, n, seed=d.seed, max_digits=d.max_digits, ops=d.ops,
                            base_dir=data_base_dir(cfg), on_bad_row=bad.append if d.on_bad_row == "skip" else None)
     if not prompts:
         raise DataError(f"data.source {d.source}: no usable rows" + (f" (first bad row: {bad[0].error})" if bad else ""))
-    if d.source == "arithmetic":
-        return "synthetic arithmetic generator"
+    if generated:
+        return f"synthetic {d.source} generator"
     skipped = f", {len(bad)} bad rows to skip into the dlq (first: {bad[0].error})" if bad else ""
     return f"{d.source}: {len(prompts)} rows{skipped}"
 

@@ -72,8 +72,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: str = _f("arithmetic", "'arithmetic' (synthetic generator) or a path to a JSONL/Parquet file "
-                                   "of {prompt, answer}")
+    source: str = _f("arithmetic", "'arithmetic' (synthetic generator), 'code' (program synthesis with hidden "
+                                   "tests) or a path to a JSONL/Parquet file of {prompt, answer}")
     max_digits: int = _f(2, "synthetic: operand digits")
     ops: str = _f("+-", "synthetic: operators")
     seed: int = _f(0, "synthetic: generator seed")

@@ -17,6 +17,13 @@ newest ``dataflow-state.<policy>`` record as a plain ``read_committed`` consumer
   is in a batch ``k`` with ``k - v <= max_staleness`` (replays are stale by design);
 * the dataflow's newest state agrees with the log (tasks scheduled, slots freed by drops,
   next step, nothing open), so the counts it restarts from are the ones the log implies.
+
+Multi-policy jobs (:func:`audit_job`): a task is an episode on the lead policy's
+``tasks.<lead>``; it owes each policy one group per role that policy trains on it
+(``Task.train``), keyed ``<task>/<role>`` (``TrajectoryGroup.group_key``). Each policy is
+audited as above over those keys, and the episodes as a whole: every group of an episode
+was written by one node (its runner's single transaction), never some roles by one run
+and the others by another.
 """
 
 from __future__ import annotations
@@ -59,11 +66,21 @@ class Audit:
         return not self.violations
 
 
-def read_log(bootstrap: str, topics: JobTopics, policy: str) -> JobLog:
+def owed_keys(task: Task, policy: str) -> list[str]:
+    """The group keys ``task`` owes ``policy``: its one group, or one per role it trains there."""
+    if not task.roles:
+        return [task.task_id] if task.policy == policy else []
+    train = task.train or list(task.roles)
+    return [f"{task.task_id}/{r}" for r in train if task.roles.get(r) == policy] if len(task.roles) > 1 else \
+        [task.task_id for r in train if task.roles.get(r) == policy]
+
+
+def read_log(bootstrap: str, topics: JobTopics, policy: str, lead: str | None = None) -> JobLog:
+    """``lead``: the policy whose tasks topic holds the episodes (default ``policy``)."""
     states = [m for _, _, m in read_topic(bootstrap, topics.dataflow_state(policy), tail=64)
               if isinstance(m, DataflowState) and m.policy == policy]
     return JobLog(
-        tasks=[m for _, _, m in read_topic(bootstrap, topics.tasks(policy)) if isinstance(m, Task)],
+        tasks=[m for _, _, m in read_topic(bootstrap, topics.tasks(lead or policy)) if isinstance(m, Task)],
         groups=[(p, o, m) for p, o, m in read_topic(bootstrap, topics.trajectories)
                 if isinstance(m, TrajectoryGroup) and m.policy == policy],
         batches=[m for _, _, m in read_topic(bootstrap, topics.batches(policy)) if isinstance(m, Batch)],
@@ -71,15 +88,35 @@ def read_log(bootstrap: str, topics: JobTopics, policy: str) -> JobLog:
         state=states[-1] if states else None)
 
 
-def audit(bootstrap: str, topics: JobTopics, policy: str, max_staleness: int) -> Audit:
+def audit(bootstrap: str, topics: JobTopics, policy: str, max_staleness: int, lead: str | None = None) -> Audit:
     """Read the job's topics and check them; ``Audit.ok`` when nothing is violated."""
-    return check(read_log(bootstrap, topics, policy), max_staleness)
+    return check(read_log(bootstrap, topics, policy, lead), max_staleness, policy)
 
 
-def check(log: JobLog, max_staleness: int) -> Audit:
+def audit_job(bootstrap: str, cfg) -> dict[str, Audit]:
+    """Every policy of a job config, and its episodes; ``"episodes"`` holds the cross-policy checks."""
+    from astraflow.actors.common import job_topics
+    topics, lead = job_topics(cfg), cfg.lead_policy
+    logs = {p: read_log(bootstrap, topics, p, lead) for p in cfg.policy_names}
+    out = {p: check(log, cfg.view(p).effective_staleness, p) for p, log in logs.items()}
+    episodes = Audit(tasks=len(logs[lead].tasks))
+    writers: dict[str, set[str]] = {}
+    for log in logs.values():
+        for _, _, g in log.groups:
+            writers.setdefault(g.task_id, set()).add(g.node_id)
+    for tid, nodes in sorted(writers.items()):
+        if len(nodes) > 1:
+            episodes.violations.append(f"episode {tid}: its groups were written by {sorted(nodes)}, not by one "
+                                       f"runner in one transaction")
+    out["episodes"] = episodes
+    return out
+
+
+def check(log: JobLog, max_staleness: int, policy: str | None = None) -> Audit:
     a = Audit(tasks=len(log.tasks), groups=len(log.groups), batches=len(log.batches),
               failed_groups=sum(1 for _, _, g in log.groups if g.status != "ok"),
               drops=Counter(d.reason for d in log.drops))
+    log = _owed(log, policy)
     _check_tasks(log, a)
     _check_batches(log, a, max_staleness)
     _check_settlement(log, a)
@@ -87,12 +124,26 @@ def check(log: JobLog, max_staleness: int) -> Audit:
     return a
 
 
+@dataclass
+class _Owed:
+    task_id: str
+
+
+def _owed(log: JobLog, policy: str | None) -> JobLog:
+    """The log with ``tasks`` replaced by the group keys the policy is owed (one per task and
+    role it trains); a single-policy log is unchanged."""
+    if policy is None or not any(t.roles for t in log.tasks):
+        return log
+    keys = [_Owed(k) for t in log.tasks for k in owed_keys(t, policy)]
+    return JobLog(keys, log.groups, log.batches, log.drops, log.state)  # type: ignore[arg-type]
+
+
 def _check_tasks(log: JobLog, a: Audit) -> None:
     task_ids = Counter(t.task_id for t in log.tasks)
     for tid, n in task_ids.items():
         if n > 1:
             a.violations.append(f"task {tid} scheduled {n} times")
-    group_ids = Counter(g.task_id for _, _, g in log.groups)
+    group_ids = Counter(g.group_key for _, _, g in log.groups)
     for tid, n in group_ids.items():
         if n > 1:
             a.violations.append(f"task {tid} has {n} committed trajectory groups")
@@ -115,12 +166,13 @@ def _check_batches(log: JobLog, a: Audit, max_staleness: int) -> None:
                 continue
             a.batched_groups += 1
             for s in g.samples:
-                if s.versions:
-                    lag = b.step - min(s.versions)
+                own = s.own_versions()
+                if own:
+                    lag = b.step - min(own)
                     a.max_staleness_seen = max(a.max_staleness_seen, lag)
                     if lag > max_staleness:
-                        a.violations.append(f"batch {b.step}: group {g.task_id} has a token of version "
-                                            f"{min(s.versions)} (staleness {lag} > {max_staleness})")
+                        a.violations.append(f"batch {b.step}: group {g.group_key} has a token of version "
+                                            f"{min(own)} (staleness {lag} > {max_staleness})")
         if len(b.sources) != len(b.groups):
             a.violations.append(f"batch {b.step}: {len(b.groups)} groups but {len(b.sources)} sources")
 
@@ -134,7 +186,7 @@ def _settlements(log: JobLog, a: Audit) -> dict[Coord, list[str]]:
     for b in log.batches:
         for j, (src, g) in enumerate(zip(b.sources, b.groups)):
             coord = (src.partition, src.offset)
-            if held.get(coord) is None or held[coord].task_id != g.task_id:
+            if held.get(coord) is None or held[coord].group_key != g.group_key:
                 a.violations.append(f"batch {b.step}: source {src} does not hold group {g.task_id}")
                 continue
             if held[coord].status != "ok":
@@ -152,7 +204,7 @@ def _settlements(log: JobLog, a: Audit) -> dict[Coord, list[str]]:
         coord = (d.source.partition, d.source.offset)
         if d.reason not in DROP_REASONS:
             a.violations.append(f"drop record for {d.task_id} has unknown reason {d.reason!r}")
-        if held.get(coord) is None or held[coord].task_id != d.task_id:
+        if held.get(coord) is None or held[coord].group_key != d.task_id:
             a.violations.append(f"drop record ({d.reason}) names {d.task_id} at {coord}, which does not hold it")
             continue
         out.setdefault(coord, []).append(f"drop ({d.reason}, step {d.step})")

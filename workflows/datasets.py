@@ -48,6 +48,11 @@ def load_prompts(source: str, n: int | None, *, seed: int = 0, max_digits: int =
             raise DatasetError("the arithmetic generator needs a prompt count (data.num_prompts)")
         problems = generate_problems(n, seed=seed, split="train", max_digits=max_digits, ops=ops)
         return [Prompt(f"arith-{seed}-{i}", p.prompt, p.answer, "arithmetic") for i, p in enumerate(problems)]
+    if source == "code":  # program synthesis: infer f from examples; hidden tests in the metadata
+        if n is None:
+            raise DatasetError("the code task generator needs a prompt count (data.num_prompts)")
+        from .code_tasks import code_prompts
+        return code_prompts(n, seed)
     path = Path(source)
     if not path.is_absolute():
         path = Path(base_dir) / path
