@@ -15,7 +15,8 @@ the counts the issue asks for, each computed from the log:
   tasks* (at a fault on a RaaS node, the tasks on its assigned partitions past the group's
   committed offset, answered after the fault by another node, or by the node's restarted
   self after a SIGKILL). The second also counts tasks the victim had fetched but not begun;
-  either way the group protocol handed them to someone else;
+  either way the group protocol handed them to someone else. A task with two *committed*
+  groups (an audit violation) was redone too and is counted as well;
 * **recovery time** of each fault: from its injection until the trainer has stepped after
   the fault ended *and* the faulted component works again (a RaaS node heartbeats, having
   rejoined; the trainer steps; the dataflow writes a batch or an evaluation); either alone
@@ -44,7 +45,7 @@ class FaultRecord:
     """One injected fault, as it happened."""
 
     kind: str
-    target: str  #: the node id or broker that took it ("" for disk_full, rogue_batch)
+    target: str  #: the node id, or the broker ("broker-<id>"), that took it; "rogue" for rogue_batch
     planned: str  #: what the schedule said ("step 3", "40s", "random")
     started: float  #: epoch seconds of the injection
     ended: float | None = None  #: when the fault was lifted (a SIGKILL ends as it starts)
@@ -167,8 +168,9 @@ def tasks_redone(log: JobLog, records: list[tuple[int, int, int, Any]], tasks_at
                 node, ts = answer[tid]
                 if ts >= f.started and (node != f.target or f.kind == "sigkill"):
                     redelivered.add(tid)
-    return {"tasks_redone": len(discarded | redelivered), "rollouts_discarded": len(discarded),
-            "tasks_redelivered": len(redelivered)}
+    twice = {tid for tid, n in Counter(g.task_id for _, _, g in log.groups).items() if n > 1}
+    return {"tasks_redone": len(discarded | redelivered | twice), "rollouts_discarded": len(discarded),
+            "tasks_redelivered": len(redelivered), "tasks_answered_twice": len(twice)}
 
 
 # -- recovery and weights -------------------------------------------------------------------
@@ -263,7 +265,7 @@ def format_table(r: dict[str, Any]) -> str:
          + (f"; NOT injected: {', '.join(r['faults_not_injected'])}" if r["faults_not_injected"] else "")),
         ("recovery s (median / max)", f"{r['recovery_s_median']} / {r['recovery_s_max']}"),
         ("tasks redone", f"{r['tasks_redone']} ({r['tasks_redelivered']} redelivered, "
-                         f"{r['rollouts_discarded']} rollouts discarded)"),
+                         f"{r['rollouts_discarded']} rollouts discarded, {r['tasks_answered_twice']} answered twice)"),
         ("samples lost", f"{r['samples_lost']}" + ("" if r["samples_lost"] == 0 else "  <-- must be 0")),
         ("duplicates trained", f"{r['duplicates_trained']}" + ("" if r["duplicates_trained"] == 0
                                                                 else "  <-- must be 0")),

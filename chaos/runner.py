@@ -14,6 +14,7 @@ trainer's.
 from __future__ import annotations
 
 import json
+import queue
 import random
 import signal
 import subprocess
@@ -89,6 +90,8 @@ class ChaosRun:
         self._threads: list[threading.Thread] = []
         self._cancel = threading.Event()
         self._broker_busy = threading.Lock()
+        self._calls: queue.Queue = queue.Queue()  # work fault threads hand to the main thread
+        self._fault_error: str | None = None  # a fault that could not be lifted ends the run
         self.step = -1
 
     # -- the run ------------------------------------------------------------------------
@@ -139,10 +142,11 @@ class ChaosRun:
         rnd = self.sc.random
         next_random = mono0 + rnd.start_s if rnd else None
         while True:
+            self._run_calls()
             for m in h.poll_metrics(500):
                 if m.name == "trainer.samples":
                     self.step = max(self.step, m.step)
-            error = self._supervise(h)
+            error = self._fault_error or self._supervise(h)
             if error:
                 return error
             if {"trainer", "dataflow"} <= self._done:
@@ -210,8 +214,15 @@ class ChaosRun:
             if not self._broker_busy.acquire(blocking=False):
                 self.skipped.append(f"{f.key} {f.kind} at {f.when} (another broker fault is in progress)")
                 return
-            rec = FaultRecord(f.kind, "", planned, time.time(), detail=dict(f.params))
-            self._background(self._broker_fault, f, rec, h, rec=rec)
+            try:
+                node = 1 if f.kind == "disk_full" else self.kafka.pick(f.target, h.topics.batches(self.cfg.policy),
+                                                                       self.rng)
+            except Exception as e:  # noqa: BLE001 - no broker answered: this fault cannot land now
+                self._broker_busy.release()
+                self.skipped.append(f"{f.key} {f.kind} at {f.when} (no broker to pick: {e})")
+                return
+            rec = FaultRecord(f.kind, f"broker-{node}", planned, time.time(), detail=dict(f.params))
+            self._background(self._broker_fault, f, rec, node, rec=rec)
         else:  # rogue_batch
             rec = FaultRecord(f.kind, "rogue", planned, time.time())
             out = subprocess.run([sys.executable, "-m", "astraflow.chaos.rogue", "--bootstrap-servers", h.bootstrap,
@@ -243,22 +254,22 @@ class ChaosRun:
                     proxy.restore()
             self._background(partition, rec=rec)
 
-    def _broker_fault(self, f: Fault, rec: FaultRecord, h: _Harness) -> None:
+    def _broker_fault(self, f: Fault, rec: FaultRecord, node: int) -> None:
         kafka, p = self.kafka, f.params
         try:
             if f.kind == "disk_full":
-                rec.target = "broker-1"
                 rec.detail["ballast_bytes"] = kafka.fill_disk()
                 self._cancel.wait(p["duration_s"])
-                kafka.free_disk()
+                self._in_main(kafka.free_disk)
                 return
-            node = kafka.pick(f.target, h.topics.batches(self.cfg.policy), self.rng)
-            rec.target = f"broker-{node}"
             kafka.kill(node)
             wait = p["down_s"] if f.kind == "broker_restart" else p["restart_after_s"]
             if wait is not None:
                 time.sleep(wait)  # not cancellable: a broker the runner took down always comes back
-                kafka.restart(node)
+                self._in_main(lambda: kafka.restart(node))
+        except Exception as e:  # noqa: BLE001 - the broker stays down: nothing can recover, stop the run
+            self._fault_error = f"{f.kind} on {rec.target or 'the broker'} could not be lifted: {e}"
+            rec.detail["error"] = str(e)
         finally:
             self._broker_busy.release()
 
@@ -274,8 +285,33 @@ class ChaosRun:
 
     def _lift_faults(self) -> None:
         self._cancel.set()
-        for t in self._threads:
-            t.join(300)
+        deadline = time.monotonic() + 300
+        while any(t.is_alive() for t in self._threads) and time.monotonic() < deadline:
+            self._run_calls()
+            time.sleep(0.1)
+        self._run_calls()
+
+    def _in_main(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on the main thread and wait for it. A broker dies with the *thread* that
+        started it (``PR_SET_PDEATHSIG``), so brokers restart from the thread that outlives them."""
+        done: dict[str, Any] = {}
+        event = threading.Event()
+        self._calls.put((fn, done, event))
+        event.wait()
+        if "error" in done:
+            raise done["error"]
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                fn, done, event = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                fn()
+            except BaseException as e:  # noqa: BLE001 - re-raised in the fault's thread
+                done["error"] = e
+            event.set()
 
     def _resolve(self, target: str, h: _Harness) -> str | None:
         if target == "raas":
@@ -308,6 +344,10 @@ class ChaosRun:
                               read_task_partitions(bootstrap, topics.tasks(policy)), self.records, policy)
         for rec in self.records:
             rec.recovery_s = recovery(rec, h.metrics, beats)
+        with open(self.run_dir / "metrics.jsonl", "w") as f:  # what recovery times were read from
+            for m in sorted(h.metrics, key=lambda m: m.ts):
+                f.write(json.dumps({"ts": m.ts, "component": m.component, "name": m.name, "value": m.value,
+                                    "step": m.step, **{f"label.{k}": v for k, v in m.labels.items()}}) + "\n")
         return build_report(scenario=str(self.sc.path), job=self.job, brokers=self.sc.brokers, seed=self.sc.seed,
                             started=started, faults=self.records, skipped=self.skipped, audit=report,
                             counts=conservation_counts(log), redone=redone, weights=weights,

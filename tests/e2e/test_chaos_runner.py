@@ -9,6 +9,7 @@ exits 1.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,28 @@ def test_a_sigkilled_raas_node_loses_nothing_through_the_runner(tmp_path):
     assert set(report["weights"]["nodes"]) == {"raas-0", "raas-1", "evaluator (dataflow)"}
     assert report["weights"]["match"]
     assert report["tasks_redelivered"] <= fault["tasks_at_risk"]
+
+
+SHORT = ["components", "partition", "slow_node", "broker_restart", "broker_loss",
+         # Found by this runner: a single broker whose disk fills while a RaaS transaction commits
+         # kept the trajectory records but lost the task offsets' commit, so the tasks were
+         # redelivered and answered twice (the dataflow dropped the copies as duplicates: nothing
+         # trained twice, nothing lost, but the audit's one-group-per-task law is broken).
+         pytest.param("disk_full", marks=pytest.mark.xfail(
+             reason="single-broker disk full breaks transaction atomicity (tasks answered twice)", strict=False))]
+
+
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("name", SHORT)
+def test_every_shipped_short_scenario_passes(name, tmp_path):
+    """Each fault kind in at least one scenario, with the audit passing (the soak is not run here)."""
+    if name == "disk_full" and os.geteuid() != 0:
+        pytest.skip("disk_full mounts a tmpfs on the broker's data dir: root only")
+    report = run_scenario(SCENARIOS / f"{name}.yaml", run_dir=tmp_path / "run", progress=False)
+    assert report["ok"], (report["error"], report["audit"]["violations"], report["weights"])
+    assert not report["faults_not_injected"]
+    assert report["faults_injected"] == len(report["faults"]) >= 1
+    assert report["samples_lost"] == 0 and report["duplicates_trained"] == 0
 
 
 @pytest.mark.timeout(900)
