@@ -9,6 +9,12 @@ version actually measured, with its lineage epoch and weights digest. After a tr
 resumed behind the announced head the subscriber moves to the new epoch, whose version
 numbers restart below the old head: targets are version numbers, so the evaluator waits
 for the new lineage to reach its next target.
+
+In a multi-policy job the evaluator follows every policy's weights and, next to the lead
+policy's own accuracy (the solver alone), measures the *team*: the workflow run on the
+held-out problems with every role on its policy's newest weights, scored by the episode's
+``team_reward`` (for solver-verifier: the solver's final answer after any retry) as
+``eval.team_accuracy``, labelled with each policy's version.
 """
 
 from __future__ import annotations
@@ -40,6 +46,23 @@ def heldout_accuracy(cfg: JobConfig, engine, tokenizer, problems: list) -> float
                     max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
 
 
+def team_accuracy(cfg: JobConfig, engines: dict, tokenizer, problems: list) -> float:
+    """Mean team reward of the workflow on ``problems``, each role on its policy's engine."""
+    from astraflow.workflows.api import EngineRole, Episode, get_workflow, run_episode
+    spec = get_workflow(cfg.workflow.name)
+    sampling = {"temperature": cfg.eval.temperature, "top_p": 1.0, "top_k": 0}
+    total = 0.0
+    for i, p in enumerate(problems):
+        roles = {role: EngineRole(role, policy, engines[policy], tokenizer,
+                                  {**sampling, "max_new_tokens": cfg.view(policy).rollout.max_new_tokens})
+                 for role, policy in cfg.role_policies.items()}
+        ep = Episode(f"eval-{i}", p.prompt, p.answer, cfg.eval.k, roles, tokenizer,
+                     {**cfg.workflow.params, "_job_seed": cfg.seed + 1000})
+        result = run_episode(spec, ep, cfg.seed + 1000)
+        total += float(result.team_reward or 0.0)
+    return total / len(problems)
+
+
 class EvaluatorActor(LoopActor):
     def __init__(self, supervisor, name: str, cfg: JobConfig, bootstrap: str) -> None:
         super().__init__(supervisor, name)
@@ -47,6 +70,8 @@ class EvaluatorActor(LoopActor):
         self.topics = job_topics(cfg)
         self.next_target = 0
         self.engine = self.subscriber = self.producer = None
+        self.team = len(cfg.policy_names) > 1
+        self.others: dict = {}  #: multi-policy: policy -> (engine, subscriber) of every other policy
 
     def setup(self) -> None:
         from transformers import AutoTokenizer
@@ -63,6 +88,15 @@ class EvaluatorActor(LoopActor):
         self.subscriber = WeightSubscriber(self.bootstrap, self.topics, self.cfg.policy,
                                            initial_version=self.engine.version, node_id="evaluator")
         self.subscriber.start()
+        for p in self.cfg.policy_names if self.team else ():
+            if p == self.cfg.policy:
+                continue
+            view = self.cfg.view(p)
+            engine = make_rollout_engine(view, model_path(view), kind="cpu")
+            sub = WeightSubscriber(self.bootstrap, self.topics, p, initial_version=engine.version,
+                                   node_id=f"evaluator.{p}")
+            sub.start()
+            self.others[p] = (engine, sub)
 
     def step(self) -> None:
         final = self.cfg.trainer.steps
@@ -77,6 +111,17 @@ class EvaluatorActor(LoopActor):
         log.info("eval: version %d accuracy %.3f (%.1fs)", v, acc, time.monotonic() - t0)
         self.metrics.emit("eval.accuracy", acc, step=v, problems=len(self.problems), k=self.cfg.eval.k,
                           epoch=held.epoch if held else 0, weights_digest=held.digest if held else "")
+        if self.team:
+            engines = {self.cfg.policy: self.engine}
+            for p, (engine, sub) in self.others.items():
+                sub.apply_to(engine)
+                engines[p] = engine
+            t0 = time.monotonic()
+            team = team_accuracy(self.cfg, engines, self.tokenizer, self.problems)
+            log.info("eval: team accuracy %.3f at versions %s (%.1fs)", team,
+                     {p: e.version for p, e in engines.items()}, time.monotonic() - t0)
+            self.metrics.emit("eval.team_accuracy", team, step=v, problems=len(self.problems),
+                              **{f"version.{p}": e.version for p, e in engines.items()})
         self.producer.flush()
         every = self.cfg.eval.every or final
         self.next_target = min(final, (v // every + 1) * every) if v < final else final + 1
@@ -84,5 +129,7 @@ class EvaluatorActor(LoopActor):
             self.finished = True
 
     def teardown(self) -> None:
-        close_quietly(self.subscriber, self.producer, self.engine)
+        close_quietly(self.subscriber, self.producer, self.engine,
+                      *[x for pair in self.others.values() for x in reversed(pair)])
         self.engine = self.subscriber = self.producer = None
+        self.others = {}

@@ -96,6 +96,7 @@ class RunState:
     reward_by: dict[str, float] = field(default_factory=dict)
     team: list[tuple[int, float]] = field(default_factory=list)  #: (lead step, team reward of its batch)
     lead: str = ""
+    team_accuracy: dict[int, float] = field(default_factory=dict)  #: lead version -> held-out team accuracy
 
 
 def node_command(role: str, cfg: JobConfig, bootstrap: str, run_dir: Path, node_id: str,
@@ -275,6 +276,8 @@ def _record(state: RunState, m) -> None:
         state.team.append((m.step, m.value))
     elif m.name == "eval.accuracy":
         state.accuracy[m.step] = m.value
+    elif m.name == "eval.team_accuracy":
+        state.team_accuracy[m.step] = m.value
 
 
 def _progress_bar(cfg: JobConfig, enabled: bool):
@@ -305,6 +308,9 @@ class MultiBar:
                 post["reward"] = f"{state.reward_by[p]:.2f}"
             if p == state.lead and state.team:
                 post["team"] = f"{state.team[-1][1]:.2f}"
+            if p == state.lead and state.team_accuracy:
+                v = max(state.team_accuracy)
+                post["team_acc"] = f"{state.team_accuracy[v]:.3f}@v{v}"
             bar.set_postfix(post, refresh=False)
 
     def close(self) -> None:
@@ -370,7 +376,9 @@ def _write_outputs(run_dir: Path, cfg: JobConfig, state: RunState, started: floa
         "restarts": {p.node_id: p.restarts for p in procs if p.restarts},
         **({"steps_trained_by_policy": dict(state.trained_by),
             "team_reward_last": state.team[-1][1] if state.team else None,
-            "team_reward_by_step": {str(k): round(v, 4) for k, v in sorted(state.team)}}
+            "team_reward_by_step": {str(k): round(v, 4) for k, v in sorted(state.team)},
+            "team_accuracy_by_version": {str(k): round(v, 4) for k, v in sorted(state.team_accuracy.items())},
+            "team_accuracy_final": state.team_accuracy[max(state.team_accuracy)] if state.team_accuracy else None}
            if len(cfg.policy_names) > 1 else {}),
         "interrupted": interrupted, "error": error, **(extra or {}),
     }
@@ -441,7 +449,11 @@ def _plot_policies(path: Path, rows: list[dict], cfg: JobConfig) -> None:
                   and r.get("label.policy") == cfg.lead_policy)
     ax = axes[-1]
     if team:
-        ax.plot(*zip(*team), color="tab:green", label="team accuracy (final answer)")
+        ax.plot(*zip(*team), color="tab:green", label="team reward (train batches)")
+    held = sorted((r["step"], r["value"]) for r in rows if r["name"] == "eval.team_accuracy")
+    if held:
+        ax.plot(*zip(*held), "o-", color="tab:purple", label="team accuracy (held-out)")
+    if ax.lines:
         ax.legend(loc="lower right", fontsize=8)
     ax.set_title("team")
     ax.set_xlabel(f"{cfg.lead_policy} batch step")

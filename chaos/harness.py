@@ -30,9 +30,12 @@ class JobHarness:
         self.metrics: list[Metric] = []
         self._consumer: Consumer | None = None
 
-    def start(self, role: str, node_id: str) -> Proc:
-        proc = Proc(role, node_id, node_command(role, self.cfg, self.bootstrap, self.run_dir, node_id, self.overrides),
-                    self.run_dir / "logs" / f"{node_id}.log")
+    def start(self, role: str, node_id: str, policy: str | None = None) -> Proc:
+        """Start a component; ``policy`` names the policy a trainer / RaaS node of a
+        multi-policy job serves."""
+        cfg = self.cfg.view(policy) if policy else self.cfg
+        proc = Proc(role, node_id, node_command(role, cfg, self.bootstrap, self.run_dir, node_id, self.overrides),
+                    self.run_dir / "logs" / f"{node_id}.log", policy=policy or "")
         proc.start()
         self.procs[node_id] = proc
         return proc
@@ -69,12 +72,17 @@ class JobHarness:
     def audit_until_settled(self, timeout: float = 180.0, interval: float = 3.0):
         """Audit the topics until the conservation law holds or ``timeout`` passes; the last
         report either way (surviving nodes may still be answering redelivered tasks)."""
-        from astraflow.chaos.invariants import audit
+        from astraflow.chaos.invariants import audit, audit_job
         deadline = time.monotonic() + timeout
         while True:
-            report = audit(self.bootstrap, self.topics, self.cfg.policy, self.cfg.effective_staleness)
-            if report.ok or time.monotonic() > deadline:
-                return report
+            if len(self.cfg.policy_names) > 1:
+                reports = audit_job(self.bootstrap, self.cfg)
+                if all(r.ok for r in reports.values()) or time.monotonic() > deadline:
+                    return reports
+            else:
+                report = audit(self.bootstrap, self.topics, self.cfg.policy, self.cfg.effective_staleness)
+                if report.ok or time.monotonic() > deadline:
+                    return report
             time.sleep(interval)
 
     def wait_exit(self, node_id: str, timeout: float) -> int:

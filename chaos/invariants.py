@@ -113,10 +113,10 @@ def audit_job(bootstrap: str, cfg) -> dict[str, Audit]:
 
 
 def check(log: JobLog, max_staleness: int, policy: str | None = None) -> Audit:
+    log = _owed(log, policy)  # multi-policy: ``tasks`` counts the groups the episodes owe this policy
     a = Audit(tasks=len(log.tasks), groups=len(log.groups), batches=len(log.batches),
               failed_groups=sum(1 for _, _, g in log.groups if g.status != "ok"),
               drops=Counter(d.reason for d in log.drops))
-    log = _owed(log, policy)
     _check_tasks(log, a)
     _check_batches(log, a, max_staleness)
     _check_settlement(log, a)
