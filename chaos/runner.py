@@ -34,7 +34,7 @@ from astraflow.chaos.scenario import (BROKER_KINDS, PROCESS_KINDS, Fault, Scenar
                                       check_against_job)
 from astraflow.config import JobConfig, load_config
 from astraflow.errors import EXIT_FATAL
-from astraflow.launcher import Proc, node_command
+from astraflow.launcher import Proc
 
 #: A tmpfs this large holds a short scenario's broker data; disk_full fills the rest.
 DISK_MB = 1024
@@ -48,12 +48,12 @@ class _Harness(JobHarness):
         super().__init__(cfg, bootstrap, run_dir, overrides)
         self.bootstrap_for = bootstrap_for
 
-    def start(self, role: str, node_id: str) -> Proc:
-        cmd = node_command(role, self.cfg, self.bootstrap_for(node_id), self.run_dir, node_id, self.overrides)
-        proc = Proc(role, node_id, cmd, self.run_dir / "logs" / f"{node_id}.log")
-        proc.start()
-        self.procs[node_id] = proc
-        return proc
+    def start(self, role: str, node_id: str, *args: Any, **kw: Any) -> Proc:
+        direct, self.bootstrap = self.bootstrap, self.bootstrap_for(node_id)
+        try:  # the base class builds the node's command line from self.bootstrap
+            return super().start(role, node_id, *args, **kw)
+        finally:
+            self.bootstrap = direct
 
 
 class ChaosRun:
