@@ -435,6 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--policy", action="append", help="policy to export (repeatable; default: all)")
     ex.add_argument("--tokenizer", help="HF tokenizer dir to decode token ids where the record holds no text")
     ex.set_defaults(func=_cmd_export)
+    from astraflow.chaos_cli import add_parser as add_chaos_parser
+    add_chaos_parser(sub)
     return p
 
 
