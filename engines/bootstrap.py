@@ -1,16 +1,18 @@
-"""Tiny-model bootstrap: build, warm-start and cache the CPU demo policy.
+"""Tiny-model bootstrap: build, warm-start and cache a CPU policy for one role.
 
 Owns ``astraflow model init`` (``main``) and ``ensure_tiny_model``. A tiny Qwen3 causal LM
 (~2.4 M parameters) with a locally built character tokenizer is trained by a short,
-deterministic supervised run on synthetic arithmetic (``workflows/arithmetic.py``) and
-**stopped early**, as soon as a validation set drawn from the training split reaches
-``target_accuracy``: RL then starts from a policy that solves some but not most problems.
-The result is a plain Hugging Face directory (safetensors + config + tokenizer) plus
-``bootstrap.json`` (spec, seed, measured held-out accuracy, build time). Nothing is
-downloaded.
+deterministic supervised run on a warm-start task (``warm_start.py``: ``arithmetic``, the
+demo's solver, by default; ``verifier``, the code roles, ...) and **stopped early**, as
+soon as a validation set drawn from the training split reaches ``target_accuracy`` (each
+task has its own default): RL then starts from a policy that solves some but not most of
+its role's work. The result is a plain Hugging Face directory (safetensors + config +
+tokenizer) plus ``bootstrap.json`` (task, spec, seed, measured held-out accuracy, build
+time). Nothing is downloaded.
 
 Cache: ``$ASTRAFLOW_CACHE/models`` (default ``~/.cache/astraflow/models``), one directory
-per ``<name>-<hash of spec and seed>``; builds are atomic and serialised by a file lock.
+per ``<name>[-<task>]-s<seed>-<hash of spec, seed and task>``; the default task keeps the
+key it had before tasks existed. Builds are atomic and serialised by a file lock.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ from pathlib import Path
 import torch
 
 from . import char_tokenizer
+from .warm_start import DEFAULT_TASK, WarmStartTask, get_task, task_names
 
-__all__ = ["TinyModelSpec", "ensure_tiny_model", "build_tiny_model", "cache_root", "add_legacy_config_keys", "main"]
+__all__ = ["TinyModelSpec", "default_spec", "ensure_tiny_model", "build_tiny_model", "cache_root",
+           "add_legacy_config_keys", "main"]
 
 FORMAT_VERSION = 2  # bump when the build procedure changes, so old caches are not reused
 MARKER = "bootstrap.json"
@@ -41,8 +45,8 @@ MARKER = "bootstrap.json"
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    """Architecture, task and warm-start schedule of the tiny model (all hashed into the
-    cache key)."""
+    """Architecture, task knobs and warm-start schedule of the tiny model (all hashed into
+    the cache key, with the seed and the warm-start task)."""
 
     name: str = "tiny-qwen3"
     hidden_size: int = 256
@@ -51,7 +55,7 @@ class TinyModelSpec:
     num_heads: int = 4
     num_kv_heads: int = 2
     max_positions: int = 128
-    # Task (workflows/arithmetic.py knobs).
+    # Arithmetic knobs (workflows/arithmetic.py), used by the tasks built on arithmetic.
     max_digits: int = 2
     ops: str = "+"
     # Warm start.
@@ -65,9 +69,19 @@ class TinyModelSpec:
     heldout_problems: int = 400
     threads: int = 2  # fixed so a seed reproduces the same weights on this box
 
-    def key(self, seed: int) -> str:
-        blob = json.dumps({"spec": dataclasses.asdict(self), "seed": seed, "v": FORMAT_VERSION}, sort_keys=True)
-        return f"{self.name}-s{seed}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+    def key(self, seed: int, task: str = DEFAULT_TASK) -> str:
+        payload = {"spec": dataclasses.asdict(self), "seed": seed, "v": FORMAT_VERSION}
+        name = self.name
+        if task != DEFAULT_TASK:  # the default task keeps the key it had before tasks existed
+            payload["task"], payload["task_revision"] = task, get_task(task).revision
+            name = f"{self.name}-{task}"
+        blob = json.dumps(payload, sort_keys=True)
+        return f"{name}-s{seed}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def default_spec(task: str = DEFAULT_TASK) -> TinyModelSpec:
+    """The default spec with the task's own early-stop accuracy."""
+    return dataclasses.replace(TinyModelSpec(), target_accuracy=get_task(task).target_accuracy)
 
 
 def cache_root() -> Path:
@@ -76,20 +90,24 @@ def cache_root() -> Path:
     return base / "models"
 
 
-def ensure_tiny_model(cache_dir: str | Path | None = None, seed: int = 0, spec: TinyModelSpec | None = None) -> Path:
-    """Path of the cached tiny model for ``seed``, building it first if absent."""
-    spec = spec or TinyModelSpec()
+def ensure_tiny_model(cache_dir: str | Path | None = None, seed: int = 0, spec: TinyModelSpec | None = None,
+                      task: str = DEFAULT_TASK) -> Path:
+    """Path of the cached tiny model warm-started on ``task`` for ``seed``, building it
+    first if absent. ``spec`` defaults to :func:`default_spec` of the task."""
+    get_task(task)  # an unknown task fails here, before the cache is touched
+    spec = spec or default_spec(task)
+    key = spec.key(seed, task)
     root = Path(cache_dir) if cache_dir else cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    final = root / spec.key(seed)
+    final = root / key
     if (final / MARKER).exists():
         return final
-    with _file_lock(root / f".{spec.key(seed)}.lock"):
+    with _file_lock(root / f".{key}.lock"):
         if (final / MARKER).exists():  # another process built it while we waited
             return final
-        tmp = root / f".tmp-{spec.key(seed)}-{os.getpid()}"
+        tmp = root / f".tmp-{key}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        build_tiny_model(tmp, seed=seed, spec=spec)
+        build_tiny_model(tmp, seed=seed, spec=spec, task=task)
         shutil.rmtree(final, ignore_errors=True)
         os.rename(tmp, final)
     return final
@@ -127,16 +145,16 @@ def _model_config(spec: TinyModelSpec):
     )
 
 
-def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec | None = None, log=print) -> dict:
-    """Build, warm-start and save the model into ``out_dir``; return the report that is
-    also written to ``out_dir/bootstrap.json``."""
+def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec | None = None, log=print,
+                     task: str = DEFAULT_TASK) -> dict:
+    """Build, warm-start on ``task`` and save the model into ``out_dir``; return the report
+    that is also written to ``out_dir/bootstrap.json``."""
     from transformers import AutoTokenizer, Qwen3ForCausalLM
-
-    from astraflow.workflows.arithmetic import evaluate, generate_problems
 
     from .cpu import CpuEngine
 
-    spec = spec or TinyModelSpec()
+    warm = get_task(task)
+    spec = spec or default_spec(task)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -149,10 +167,10 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec | N
         model = Qwen3ForCausalLM(_model_config(spec))
         n_params = sum(p.numel() for p in model.parameters())
 
-        task = {"max_digits": spec.max_digits, "ops": spec.ops}
-        pool = generate_problems(20_000, seed=seed, split="train", **task)
-        val = generate_problems(spec.eval_problems, seed=seed + 1, split="train", unique=True, **task)
-        inputs, labels = _encode_pool(pool, tokenizer)
+        knobs = {"max_digits": spec.max_digits, "ops": spec.ops}
+        pool = warm.training_pool(20_000, seed, **knobs)
+        val = _distinct(warm, spec.eval_problems, seed + 1, "train", knobs)
+        inputs, labels = _encode_pool(pool, tokenizer, spec.max_positions, task)
 
         opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=0.01)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / spec.warmup_steps))
@@ -171,21 +189,22 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec | N
             step += 1
             if step % spec.eval_every == 0:
                 model.eval()
-                val_acc = evaluate(engine, tokenizer, val, k=1, temperature=0.0)
+                val_acc = _measure(warm, engine, tokenizer, val, k=1, temperature=0.0)
                 curve.append((step, round(loss.item(), 4), val_acc))
                 log(f"bootstrap step {step:5d} loss {loss.item():.4f} val exact-match {val_acc:.3f}")
                 if val_acc >= spec.target_accuracy:
                     break
 
         model.eval()
-        heldout = generate_problems(spec.heldout_problems, seed=seed, split="heldout", unique=True, **task)
-        greedy = evaluate(engine, tokenizer, heldout, k=1, temperature=0.0)
-        sampled = evaluate(engine, tokenizer, heldout, k=4, temperature=0.6, seed=seed)
+        heldout = _distinct(warm, spec.heldout_problems, seed, "heldout", knobs)
+        greedy = _measure(warm, engine, tokenizer, heldout, k=1, temperature=0.0)
+        sampled = _measure(warm, engine, tokenizer, heldout, k=4, temperature=0.6, seed=seed)
         model.save_pretrained(str(out), safe_serialization=True)
         add_legacy_config_keys(out)
         report = {
             "name": spec.name,
-            "key": spec.key(seed),
+            "task": task,
+            "key": spec.key(seed, task),
             "seed": seed,
             "spec": dataclasses.asdict(spec),
             "parameters": n_params,
@@ -198,7 +217,7 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec | N
             "format_version": FORMAT_VERSION,
         }
         (out / MARKER).write_text(json.dumps(report, indent=2))
-        log(f"bootstrap done: {n_params} params, {step} steps, held-out greedy {greedy:.3f}, "
+        log(f"bootstrap done ({task}): {n_params} params, {step} steps, held-out greedy {greedy:.3f}, "
             f"t=0.6 {sampled:.3f}, {report['build_seconds']} s -> {out}")
         return report
     finally:
@@ -221,13 +240,51 @@ def add_legacy_config_keys(model_dir: str | Path) -> None:
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
-def _encode_pool(pool, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ``prompt + answer + <eos>`` rows; labels are -100 on the prompt."""
+def _distinct(warm: WarmStartTask, n: int, seed: int, split: str, knobs: dict) -> list[tuple[str, str]]:
+    """``n`` examples with distinct prompts, for measuring: the first distinct ones of an
+    ever longer draw (a task's draw of ``n`` is the start of a larger draw)."""
+    draw = n
+    while True:
+        out: dict[str, str] = {}
+        for prompt, target in warm.examples(draw, seed, split, **knobs):
+            out.setdefault(prompt, target)
+            if len(out) == n:
+                return list(out.items())
+        if draw >= 64 * n:
+            raise ValueError(f"warm-start task {warm.name!r}: fewer than {n} distinct {split} prompts in "
+                             f"{draw} examples; measure on fewer (eval_problems / heldout_problems)")
+        draw *= 2
+
+
+def _measure(warm: WarmStartTask, engine, tokenizer, examples: list[tuple[str, str]], k: int = 1,
+             temperature: float = 0.6, seed: int = 0, batch_size: int = 256) -> float:
+    """Mean of the task's score over ``k`` completions per example (``temperature=0``:
+    greedy)."""
+    from .base import SamplingParams
+
+    prompts = [tokenizer.encode(p, add_special_tokens=False) for p, _ in examples]
+    budget = warm.max_new_tokens or 1 + max(len(tokenizer.encode(t, add_special_tokens=False)) for _, t in examples)
+    rows = [(i, ids) for i, ids in enumerate(prompts) for _ in range(k)]
+    total = 0.0
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        params = SamplingParams(temperature=temperature, max_new_tokens=budget,
+                                stop_token_ids=(tokenizer.eos_token_id,), seed=seed + start)
+        for (i, _), gen in zip(chunk, engine.generate([ids for _, ids in chunk], params)):
+            total += warm.score(tokenizer.decode(gen.tokens, skip_special_tokens=True), examples[i][1])
+    return total / len(rows)
+
+
+def _encode_pool(pool: list[tuple[str, str]], tokenizer, max_positions: int, task: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``prompt + target + <eos>`` rows; labels are -100 on the prompt."""
     # One batched call: encoding 20k strings one by one costs seconds.
-    prompts = tokenizer([p.prompt for p in pool], add_special_tokens=False)["input_ids"]
-    answers = tokenizer([p.answer for p in pool], add_special_tokens=False)["input_ids"]
+    prompts = tokenizer([p for p, _ in pool], add_special_tokens=False)["input_ids"]
+    answers = tokenizer([t for _, t in pool], add_special_tokens=False)["input_ids"]
     eos = tokenizer.eos_token_id
     width = max(len(p) + len(a) + 1 for p, a in zip(prompts, answers))
+    if width > max_positions:
+        raise ValueError(f"warm-start task {task!r}: an example takes {width} tokens with <eos>, more than the "
+                         f"model's max_positions {max_positions}; shorten the examples or raise max_positions")
     inputs = torch.full((len(pool), width), tokenizer.pad_token_id, dtype=torch.long)
     labels = torch.full((len(pool), width), -100, dtype=torch.long)
     for i, (p, a) in enumerate(zip(prompts, answers)):
@@ -249,11 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     """``astraflow model init|info``."""
     parser = argparse.ArgumentParser(prog="astraflow model", description="Tiny-model bootstrap.")
     sub = parser.add_subparsers(dest="command", required=True)
-    init = sub.add_parser("init", help="build (or reuse from cache) the warm-started tiny model")
+    init = sub.add_parser("init", help="build (or reuse from cache) the warm-started tiny model of a task")
+    init.add_argument("--task", default=DEFAULT_TASK, help=f"warm-start task (default {DEFAULT_TASK}; see --list)")
+    init.add_argument("--list", action="store_true", help="print the warm-start tasks and exit")
     init.add_argument("--out", type=Path, help="also copy the model to this directory")
     init.add_argument("--seed", type=int, default=0)
     init.add_argument("--cache-dir", type=Path, help="models cache (default $ASTRAFLOW_CACHE/models)")
-    init.add_argument("--target-accuracy", type=float, default=TinyModelSpec.target_accuracy)
+    init.add_argument("--target-accuracy", type=float, help="early-stop accuracy (default: the task's own)")
     init.add_argument("--max-steps", type=int, default=TinyModelSpec.max_steps)
     init.add_argument("--force", action="store_true", help="rebuild even if cached")
     info = sub.add_parser("info", help="print a model directory's bootstrap report")
@@ -268,11 +327,21 @@ def main(argv: list[str] | None = None) -> int:
         print(marker.read_text())
         return 0
 
-    spec = dataclasses.replace(TinyModelSpec(), target_accuracy=args.target_accuracy, max_steps=args.max_steps)
+    if args.list:
+        for name in task_names():
+            t = get_task(name)
+            print(f"{name:16s} target accuracy {t.target_accuracy:.2f}  {t.doc}")
+        return 0
+    if args.task not in task_names():
+        print(f"--task: unknown warm-start task {args.task!r}; tasks: {', '.join(task_names())}", file=sys.stderr)
+        return 2
+    spec = dataclasses.replace(default_spec(args.task), max_steps=args.max_steps)
+    if args.target_accuracy is not None:
+        spec = dataclasses.replace(spec, target_accuracy=args.target_accuracy)
     root = args.cache_dir or cache_root()
     if args.force:
-        shutil.rmtree(Path(root) / spec.key(args.seed), ignore_errors=True)
-    path = ensure_tiny_model(root, seed=args.seed, spec=spec)
+        shutil.rmtree(Path(root) / spec.key(args.seed, args.task), ignore_errors=True)
+    path = ensure_tiny_model(root, seed=args.seed, spec=spec, task=args.task)
     if args.out:
         if args.out.exists() and any(args.out.iterdir()):
             print(f"--out {args.out} exists and is not empty; choose an empty directory", file=sys.stderr)
@@ -280,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(path, args.out, dirs_exist_ok=True)
         path = args.out
     report = json.loads((path / MARKER).read_text())
-    print(f"model: {path}")
+    print(f"model: {path}  task: {report.get('task', DEFAULT_TASK)}")
     print(f"parameters: {report['parameters']}  sft steps: {report['sft_steps']}  "
           f"held-out exact match: greedy {report['heldout_accuracy_greedy']:.3f}, "
           f"t=0.6 {report['heldout_accuracy_t0.6_k4']:.3f}")

@@ -20,8 +20,9 @@ from .config import RolloutConfig, SGLangConfig, TrainerConfig, from_dict
 __all__ = ["make_rollout_engine", "make_train_engine", "resolve_model_path", "RolloutConfig", "TrainerConfig", "SGLangConfig"]
 
 
-def resolve_model_path(model_path: str, seed: int = 0) -> Path:
-    """``model_path`` if set, else the cached bootstrapped tiny model."""
+def resolve_model_path(model_path: str, seed: int = 0, task: str = "arithmetic") -> Path:
+    """``model_path`` if set, else the cached tiny model warm-started on ``task``
+    (``engines/warm_start.py``; built on first use)."""
     if model_path:
         path = Path(model_path).expanduser()
         if not (path / "config.json").exists():
@@ -29,7 +30,7 @@ def resolve_model_path(model_path: str, seed: int = 0) -> Path:
         return path
     from .bootstrap import ensure_tiny_model
 
-    return ensure_tiny_model(seed=seed)
+    return ensure_tiny_model(seed=seed, task=task)
 
 
 def make_rollout_engine(cfg: RolloutConfig | Mapping[str, Any] | None = None) -> RolloutEngine:

@@ -1,0 +1,184 @@
+"""Warm-start tasks: what each role's tiny model is supervised on before RL starts.
+
+Owns the registry of warm-start tasks by name. A task gives ``(prompt, target)`` pairs
+(``examples``), deterministic from a seed, with a train split to learn from and a
+held-out split to measure on, and says how a greedy completion scores against its target
+(``score``; by default the completion must equal the target). Each task also carries its
+default early-stop accuracy: the bootstrap stops the supervised run as soon as the model
+reaches it, so RL starts from a policy that solves some but not most of its role's work.
+
+Tasks:
+
+* ``arithmetic`` — the solver of the demo (``12+7=`` -> ``19``), exactly the data the
+  bootstrap has always trained on.
+* ``verifier`` — judges a proposed answer: ``12+7=19|`` -> ``<A>`` (accept) or
+  ``<R>`` (reject). Half the candidates are right; the others are near misses of the kind
+  a tiny solver makes (off by 1-10, swapped or slipped digits). Its training pool is half
+  ``arithmetic``: the verifier learns the sums it judges.
+* ``code_solver``, ``selector``, ``test_generator`` — the roles of the code workflows;
+  their examples come from ``astraflow.workflows.code_workflows.warm_start_examples``,
+  looked up by name when a model is built.
+
+It knows nothing about models, tokenizers or training (``bootstrap.py`` does that).
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from astraflow.errors import FatalError
+from astraflow.workflows.arithmetic import generate_problems
+from astraflow.workflows.arithmetic import reward as arithmetic_reward
+
+__all__ = ["Example", "WarmStartTask", "WarmStartError", "TASKS", "DEFAULT_TASK", "get_task", "task_names",
+           "exact_match", "near_miss", "ACCEPT", "REJECT"]
+
+Example = tuple[str, str]  #: (prompt, target completion)
+SPLITS = ("train", "heldout")
+DEFAULT_TASK = "arithmetic"
+ACCEPT, REJECT = "<A>", "<R>"  #: the verifier's two verdicts
+CODE_WORKFLOWS = "astraflow.workflows.code_workflows"
+
+
+class WarmStartError(FatalError):
+    """An unknown warm-start task, or one whose examples cannot be produced."""
+
+
+def exact_match(completion: str, target: str) -> float:
+    """1.0 iff the completion text equals the target, else 0.0 (the default score)."""
+    return 1.0 if completion == target else 0.0
+
+
+@dataclass(frozen=True)
+class WarmStartTask:
+    """One warm-start task.
+
+    Attributes:
+        name: the registry name (``astraflow model init --task NAME``).
+        doc: one line for ``--list``.
+        make: ``(n, seed, split, max_digits, ops) -> examples``; see :meth:`examples`.
+        target_accuracy: default early-stop accuracy of the bootstrap (greedy, on a
+            validation set from the train split). Low on purpose: RL needs room.
+        score: ``(completion text, target) -> reward in [0, 1]``.
+        max_new_tokens: generation budget when measuring; ``None`` means the longest
+            target of the measured set plus one token for ``<eos>``.
+        mix: tasks whose train examples share the training pool equally with this task's
+            own (the model is still measured on this task alone).
+        revision: bump when the task's examples change, so cached models are rebuilt
+            (part of the cache key of every task but the default one).
+    """
+
+    name: str
+    doc: str
+    make: Callable[[int, int, str, int, str], list[Example]]
+    target_accuracy: float
+    score: Callable[[str, str], float] = exact_match
+    max_new_tokens: int | None = 8
+    mix: tuple[str, ...] = ()
+    revision: int = 1
+
+    def examples(self, n: int, seed: int, split: str = "train", *, max_digits: int = 2, ops: str = "+") -> list[Example]:
+        """``n`` ``(prompt, target)`` pairs of ``split`` (``train`` or ``heldout``), drawn
+        deterministically from ``seed``. A prompt may repeat; the first ``n`` of a larger
+        draw are the draw of ``n``. ``max_digits`` / ``ops`` are the arithmetic knobs of the
+        model spec; tasks not built on arithmetic ignore them."""
+        if split not in SPLITS:
+            raise ValueError(f"warm-start task {self.name!r}: split must be one of {SPLITS}, got {split!r}")
+        out = self.make(n, seed, split, max_digits, ops)
+        if len(out) != n or not all(isinstance(e, tuple) and len(e) == 2 and all(isinstance(s, str) and s for s in e)
+                                    for e in out):
+            raise WarmStartError(f"warm-start task {self.name!r}: examples({n}, {seed}, {split!r}) must return {n} "
+                                 f"(prompt, target) pairs of non-empty strings")
+        return out
+
+    def training_pool(self, n: int, seed: int, **knobs) -> list[Example]:
+        """``n`` train examples: this task's own, or equal shares of it and its ``mix``."""
+        if not self.mix:
+            return self.examples(n, seed, "train", **knobs)
+        share = n // (1 + len(self.mix))
+        pool = self.examples(n - share * len(self.mix), seed, "train", **knobs)
+        for name in self.mix:
+            pool += get_task(name).examples(share, seed, "train", **knobs)
+        return pool
+
+
+def _arithmetic(n: int, seed: int, split: str, max_digits: int, ops: str) -> list[Example]:
+    return [(p.prompt, p.answer) for p in generate_problems(n, seed=seed, split=split, max_digits=max_digits, ops=ops)]
+
+
+def near_miss(answer: str, rng: random.Random) -> str:
+    """A wrong answer close to ``answer``, as a tiny solver gets it wrong: off by 1-10
+    (60%), two adjacent digits swapped (20%) or one digit slipped (20%). Never equal to
+    ``answer``; never negative when ``answer`` is not."""
+    value = int(answer)
+    while True:
+        digits = list(str(abs(value)))
+        kind = rng.random()
+        if kind < 0.6 or (len(digits) < 2 and kind < 0.8):  # nothing to swap in one digit
+            cand = value + rng.choice((-1, 1)) * rng.randint(1, 10)
+        elif kind < 0.8:
+            i = rng.randrange(len(digits) - 1)
+            digits[i], digits[i + 1] = digits[i + 1], digits[i]
+            cand = int("".join(digits)) * (-1 if value < 0 else 1)
+        else:
+            i = rng.randrange(len(digits))
+            digits[i] = rng.choice([d for d in "0123456789" if d != digits[i]])
+            cand = int("".join(digits)) * (-1 if value < 0 else 1)
+        if cand != value and (cand >= 0 or value < 0):
+            return str(cand)
+
+
+def _verifier(n: int, seed: int, split: str, max_digits: int, ops: str) -> list[Example]:
+    # One stream per (seed, split, knobs), one draw per problem in order: prefix-stable.
+    rng = random.Random(f"verifier-{seed}-{split}-{max_digits}-{ops}")
+    out = []
+    for p in generate_problems(n, seed=seed, split=split, max_digits=max_digits, ops=ops):
+        if rng.random() < 0.5:
+            out.append((f"{p.prompt}{p.answer}|", ACCEPT))
+        else:
+            out.append((f"{p.prompt}{near_miss(p.answer, rng)}|", REJECT))
+    return out
+
+
+def _code_role(role: str) -> Callable[[int, int, str, int, str], list[Example]]:
+    def make(n: int, seed: int, split: str, max_digits: int, ops: str) -> list[Example]:
+        try:
+            fn = getattr(importlib.import_module(CODE_WORKFLOWS), "warm_start_examples")
+        except (ImportError, AttributeError) as e:
+            raise WarmStartError(f"warm-start task {role!r} needs {CODE_WORKFLOWS}.warm_start_examples, which is not "
+                                 f"available ({type(e).__name__}: {e}); build another task or add that function") from e
+        return [tuple(e) for e in fn(role, n, seed, split)]
+
+    return make
+
+
+TASKS: dict[str, WarmStartTask] = {t.name: t for t in (
+    WarmStartTask("arithmetic", "solve a+b= (the demo's solver)", _arithmetic, 0.25,
+                  score=arithmetic_reward, max_new_tokens=8),
+    # Trained on verdicts alone (one bit per example) the model stayed at chance for 1725
+    # steps; with the sums it judges learnt alongside it passed 0.65 at step 1650 (seed 0).
+    WarmStartTask("verifier", "judge a+b=c| as <A> (right) or <R> (wrong); half are near misses", _verifier, 0.65,
+                  mix=("arithmetic",)),
+    WarmStartTask("code_solver", "write an expression for f from examples (code workflows)",
+                  _code_role("code_solver"), 0.2, max_new_tokens=None),
+    # A chance-level selector picks right half the time: its bar sits just above that.
+    WarmStartTask("selector", "pick the passing one of two attempts (code workflows)",
+                  _code_role("selector"), 0.6, max_new_tokens=None),
+    WarmStartTask("test_generator", "write test cases for f (code workflows)",
+                  _code_role("test_generator"), 0.2, max_new_tokens=None),
+)}
+
+
+def task_names() -> list[str]:
+    return sorted(TASKS)
+
+
+def get_task(name: str) -> WarmStartTask:
+    """The registered task ``name``; :class:`WarmStartError` listing the tasks otherwise."""
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise WarmStartError(f"unknown warm-start task {name!r}; tasks: {', '.join(task_names())}") from None

@@ -1,0 +1,141 @@
+"""Warm-start tasks: verifier examples, per-task builds and cache keys, unknown tasks."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+import re
+import shutil
+import sys
+
+import pytest
+
+from astraflow.engines.bootstrap import (FORMAT_VERSION, MARKER, TinyModelSpec, default_spec, ensure_tiny_model,
+                                         main)
+from astraflow.engines.factory import resolve_model_path
+from astraflow.engines.warm_start import (ACCEPT, REJECT, TASKS, WarmStartError, get_task, near_miss,
+                                          task_names)
+from astraflow.workflows.arithmetic import split_of
+
+# Small enough to build in seconds; the schedule, not the architecture, is shrunk. One
+# thread: on a loaded box, two spin against other processes (tens of times slower).
+SMALL = dict(max_steps=30, eval_every=15, eval_problems=32, heldout_problems=32, threads=1)
+VERDICT = re.compile(r"^(\d+)\+(\d+)=(-?\d+)\|$")
+
+
+def test_verifier_examples_are_balanced_correct_and_split():
+    task = get_task("verifier")
+    for split in ("train", "heldout"):
+        examples = task.examples(2000, seed=5, split=split)
+        accepted = 0
+        for prompt, target in examples:
+            a, b, c = map(int, VERDICT.match(prompt).groups())
+            assert target == (ACCEPT if c == a + b else REJECT), prompt
+            accepted += target == ACCEPT
+            assert split_of(prompt[: prompt.index("=") + 1]) == split  # the problem's split
+        assert 0.45 <= accepted / len(examples) <= 0.55, accepted
+
+
+def test_verifier_examples_are_deterministic_and_prefix_stable():
+    task = get_task("verifier")
+    assert task.examples(300, seed=2) == task.examples(300, seed=2)
+    assert task.examples(300, seed=2)[:100] == task.examples(100, seed=2)
+    assert task.examples(300, seed=2) != task.examples(300, seed=3)
+
+
+def test_verifier_trains_on_the_arithmetic_it_judges_too():
+    pool = get_task("verifier").training_pool(200, seed=0)
+    assert pool[:100] == get_task("verifier").examples(100, seed=0)
+    assert pool[100:] == get_task("arithmetic").examples(100, seed=0)
+    assert get_task("arithmetic").training_pool(200, seed=0) == get_task("arithmetic").examples(200, seed=0)
+
+
+def test_near_misses_are_wrong_close_and_never_negative():
+    rng = random.Random(0)
+    kinds = {"off_by": 0, "other": 0}
+    for _ in range(3000):
+        answer = rng.randrange(0, 199)
+        miss = int(near_miss(str(answer), rng))
+        assert miss != answer and miss >= 0
+        kinds["off_by" if abs(miss - answer) <= 10 else "other"] += 1
+    # Mostly off by a little, with digit slips that land further away.
+    assert kinds["off_by"] > kinds["other"] > 0
+
+
+def test_unknown_task_is_a_clear_error_listing_the_tasks(tmp_path, capsys):
+    for call in (lambda: get_task("nope"), lambda: ensure_tiny_model(tmp_path, task="nope"),
+                 lambda: ensure_tiny_model(tmp_path, spec=TinyModelSpec(), task="nope"),
+                 lambda: resolve_model_path("", task="nope")):
+        with pytest.raises(WarmStartError) as e:
+            call()
+        assert "'nope'" in str(e.value) and all(name in str(e.value) for name in TASKS)
+    assert not any(tmp_path.iterdir())  # nothing was written to the cache
+    assert main(["init", "--task", "nope", "--cache-dir", str(tmp_path)]) == 2
+    assert "verifier" in capsys.readouterr().err
+
+
+def test_cli_lists_the_tasks(capsys):
+    assert main(["init", "--list"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == task_names()
+    assert {"arithmetic", "verifier", "code_solver", "selector", "test_generator"} <= set(listed)
+
+
+def test_arithmetic_default_key_is_the_key_from_before_tasks():
+    # The key the bootstrap computed before tasks existed, re-derived from its formula.
+    spec = TinyModelSpec()
+    blob = json.dumps({"spec": dataclasses.asdict(spec), "seed": 0, "v": FORMAT_VERSION}, sort_keys=True)
+    before = f"{spec.name}-s0-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+    assert default_spec("arithmetic") == spec
+    assert spec.key(0, task="arithmetic") == spec.key(0) == before
+    assert default_spec("arithmetic").key(0, "arithmetic") == before
+    assert spec.key(0, task="verifier") != before
+
+
+def test_tasks_have_their_own_early_stop_accuracy():
+    assert default_spec("verifier").target_accuracy == get_task("verifier").target_accuracy
+    assert default_spec("verifier").target_accuracy > 0.5  # above chance for a two-way verdict
+    assert default_spec("code_solver").target_accuracy < default_spec("verifier").target_accuracy
+
+
+def test_verifier_model_builds_records_its_task_and_is_cached_apart(tmp_path, monkeypatch):
+    monkeypatch.setenv("ASTRAFLOW_CACHE", str(tmp_path / "cache"))
+    spec = dataclasses.replace(default_spec("verifier"), **SMALL)
+    path = ensure_tiny_model(seed=1, spec=spec, task="verifier")
+    report = json.loads((path / MARKER).read_text())
+    assert report["task"] == "verifier" and report["key"] == path.name == spec.key(1, "verifier")
+    assert report["spec"]["target_accuracy"] == get_task("verifier").target_accuracy
+    assert 0.0 <= report["heldout_accuracy_greedy"] <= 1.0 and report["sft_steps"] <= SMALL["max_steps"]
+    assert path.name != spec.key(1) and path.name != dataclasses.replace(TinyModelSpec(), **SMALL).key(1)
+    assert "verifier" in path.name
+
+    # Cached: the same call returns the same directory without rebuilding it.
+    stamp = (path / "model.safetensors").stat().st_mtime_ns
+    assert ensure_tiny_model(seed=1, spec=spec, task="verifier") == path
+    assert (path / "model.safetensors").stat().st_mtime_ns == stamp
+
+    # The factory resolves an unset model path to the task's cached model.
+    default_dir = path.parent / default_spec("verifier").key(1, "verifier")
+    shutil.copytree(path, default_dir)
+    assert resolve_model_path("", seed=1, task="verifier") == default_dir
+
+
+def test_code_tasks_use_the_code_workflows_examples():
+    for name in ("code_solver", "selector", "test_generator"):
+        train = get_task(name).examples(50, seed=0, split="train")
+        heldout = get_task(name).examples(50, seed=0, split="heldout")
+        assert train == get_task(name).examples(50, seed=0, split="train")
+        assert not {p for p, _ in train} & {p for p, _ in heldout}
+        # Every example fits the tiny model's context with its <eos>.
+        assert max(len(p) + len(t) + 1 for p, t in train + heldout) <= TinyModelSpec().max_positions
+
+
+def test_code_tasks_without_code_workflows_fail_when_built(monkeypatch):
+    # A None entry in sys.modules makes the import fail, as before the module existed.
+    monkeypatch.setitem(sys.modules, "astraflow.workflows.code_workflows", None)
+    assert "selector" in task_names()  # listed and importable all the same
+    for name in ("code_solver", "selector", "test_generator"):
+        with pytest.raises(WarmStartError, match=r"code_workflows\.warm_start_examples"):
+            get_task(name).examples(4, seed=0)
