@@ -234,7 +234,7 @@ REWARDS: dict[str, Callable[..., float]] = {}
 def workflow(name: str, roles: Sequence[str]) -> Callable[[EpisodeFn], EpisodeFn]:
     """Register an episode function under ``name``, calling roles ``roles``."""
     def deco(fn: EpisodeFn) -> EpisodeFn:
-        if name in WORKFLOWS and WORKFLOWS[name].fn is not fn:
+        if name in WORKFLOWS and not _same(WORKFLOWS[name].fn, fn):
             raise ValueError(f"workflow {name!r} registered twice")
         WORKFLOWS[name] = WorkflowSpec(name, fn, tuple(roles), (fn.__doc__ or "").strip().split("\n")[0])
         return fn
@@ -244,11 +244,16 @@ def workflow(name: str, roles: Sequence[str]) -> Callable[[EpisodeFn], EpisodeFn
 def reward(name: str) -> Callable[[Callable[..., float]], Callable[..., float]]:
     """Register a reward function under ``name``."""
     def deco(fn):
-        if name in REWARDS and REWARDS[name] is not fn:
+        if name in REWARDS and not _same(REWARDS[name], fn):
             raise ValueError(f"reward {name!r} registered twice")
         REWARDS[name] = fn
         return fn
     return deco
+
+
+def _same(a, b) -> bool:
+    """The same function, or the same definition imported again (a reloaded module)."""
+    return a is b or (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
 
 
 def _load_builtin() -> None:
