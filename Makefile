@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test kafka install benchmarks clean
+.PHONY: demo test test-all kafka install benchmarks clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=python3.11)")'
@@ -22,9 +22,16 @@ kafka: $(STAMP)
 demo: kafka
 	$(VENV)/bin/astraflow run examples/arithmetic_grpo.yaml
 
+# `make test`: every fast test plus the end-to-end runs marked core (~15 min on 2 cores);
+# `make test-all`: every test, the long end-to-end and chaos runs included.
 test: kafka
-	@$(PY) -m pytest; rc=$$?; \
+	@$(PY) -m pytest -m "not slow or core"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests - treating as a failure"; exit 1; fi; \
+	exit $$rc
+
+test-all: kafka
+	@$(PY) -m pytest; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-all: pytest collected no tests - treating as a failure"; exit 1; fi; \
 	exit $$rc
 
 benchmarks: kafka

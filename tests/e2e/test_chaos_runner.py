@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "chaos" / "scenarios"
 
 
+@pytest.mark.core
 @pytest.mark.timeout(900)
 def test_a_sigkilled_raas_node_loses_nothing_through_the_runner(tmp_path):
     report = run_scenario(SCENARIOS / "raas_sigkill.yaml", run_dir=tmp_path / "run", progress=False,
@@ -68,6 +69,7 @@ def test_every_shipped_short_scenario_passes(name, tmp_path):
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.core
 def test_a_rogue_duplicate_batch_fails_the_audit_and_the_runner(tmp_path, bootstrap):
     scenario = tmp_path / "rogue.yaml"
     scenario.write_text(yaml.safe_dump({

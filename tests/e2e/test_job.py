@@ -17,7 +17,7 @@ from astraflow.topics.replay import read_topic
 from astraflow.launcher import run_job
 from astraflow.topics import DeadLetter, Producer, SnapshotRequest, ensure_topics
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.core]
 
 
 def _inject_bad_records(bootstrap, topics, policy):

@@ -31,6 +31,10 @@ def _config(tmp_path, name: str, extra: dict | None = None):
     data["dataflow"] = {"groups_per_batch": 4, "max_staleness": 1}
     data["trainer"].update({"steps": 4, "checkpoint_every": 1, "snapshot_every": 2})
     data["eval"] = {"every": 0, "problems": 20, "k": 1, "threads": 1}
+    # The system under test is the multi-policy plumbing, not the verifier's skill: the
+    # verifier policy starts from the cached arithmetic model rather than building the
+    # verifier warm start (minutes on 2 cores; tests/engines/test_warm_start.py builds one).
+    data["policies"]["verifier"]["model"] = {"task": "arithmetic"}
     for key, value in (extra or {}).items():
         node = data
         *parents, last = key.split(".")
@@ -59,6 +63,7 @@ def _assert_conserved(reports, cfg) -> None:
         assert reports[p].batches == cfg.view(p).trainer.steps, p
 
 
+@pytest.mark.core
 def test_two_policies_train_and_survive_a_sigkilled_pool(bootstrap, tmp_path):
     cfg = _config(tmp_path, "mp-kill")
     h = _start(cfg, bootstrap, tmp_path)

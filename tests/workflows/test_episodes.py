@@ -151,3 +151,34 @@ def test_the_batcher_waits_for_every_running_episode_before_calling():
     for t in threads:
         t.join(10)
     assert eng.calls == [[0, 1, 2]] and sorted(results) == [0, 1, 2]
+
+
+def test_a_rejected_answer_is_retried_with_the_verdict_as_masked_context(tok_engine):
+    """A verifier that rejects everything (a scripted role: the workflow's rule is under test)."""
+    from astraflow.workflows.api import EngineRole, Turn, get_workflow, run_episode
+
+    tok, engine = tok_engine
+
+    class AlwaysReject:
+        name, policy = "verifier", "verifier"
+
+        def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None):
+            ids = tuple(tok.encode("<R>", add_special_tokens=False))
+            return [Turn(tuple(p), ids, (-0.1,) * len(ids), 3, "stop", "<R>", "verifier", "verifier") for p in prompts]
+
+    roles = {"solver": EngineRole("solver", "solver", engine, tok, SAMPLING), "verifier": AlwaysReject()}
+    ep = Episode("t0000001-p1", "3+4=", "7", 4, roles, tok, {"_job_seed": 7})
+    result = run_episode(get_workflow("solver_verifier"), ep, 7)
+    solver = result.trajectories["solver"]
+    first, retry = solver[0::2], solver[1::2]
+    assert [t.info["attempt"] for t in solver] == [1, 2] * 4 and result.metrics["retries"] == 1.0
+    for f, r in zip(first, retry):
+        own = [tok_id for tok_id, m in zip(r.tokens, r.loss_mask) if m]
+        eos = tok.eos_token_id
+        # the context is: first answer | <R> ; problem  — and only the second answer is trained
+        context = [t for t, m in zip(r.tokens, r.loss_mask) if not m]
+        assert tok.decode(context) == tok.decode([t for t in f.tokens if t != eos]) + "|<R>;3+4="
+        assert "verifier" in r.token_roles and "env" in r.token_roles
+        assert r.reward == (1.0 if tok.decode(own, skip_special_tokens=True).strip() == "7" else 0.0)
+    # a reject is right exactly when the first answer was wrong
+    assert [v.reward for v in result.trajectories["verifier"]] == [1.0 - f.reward for f in first]
