@@ -102,8 +102,15 @@ class EvaluatorActor(LoopActor):
         final = self.cfg.trainer.steps
         self.subscriber.apply_to(self.engine)
         v = self.engine.version
-        if v < self.next_target:
-            self.subscriber.wait_for(max(v + 1, self.next_target), timeout=1.0)
+        for engine, sub in self.others.values():
+            sub.apply_to(engine)
+        # A multi-policy job ends when every policy has trained its last version: the final
+        # (team) evaluation waits for the slowest policy, not just for the lead.
+        all_final = v >= final and all(engine.version >= self.cfg.view(p).trainer.steps
+                                       for p, (engine, _) in self.others.items())
+        at_target = self.next_target <= final and v >= self.next_target
+        if not at_target and not all_final:
+            self.subscriber.wait_for(max(v + 1, self.next_target) if v < final else v + 1, timeout=1.0)
             return
         t0 = time.monotonic()
         acc = heldout_accuracy(self.cfg, self.engine, self.tokenizer, self.problems)
@@ -112,10 +119,7 @@ class EvaluatorActor(LoopActor):
         self.metrics.emit("eval.accuracy", acc, step=v, problems=len(self.problems), k=self.cfg.eval.k,
                           epoch=held.epoch if held else 0, weights_digest=held.digest if held else "")
         if self.team:
-            engines = {self.cfg.policy: self.engine}
-            for p, (engine, sub) in self.others.items():
-                sub.apply_to(engine)
-                engines[p] = engine
+            engines = {self.cfg.policy: self.engine, **{p: e for p, (e, _) in self.others.items()}}
             t0 = time.monotonic()
             team = team_accuracy(self.cfg, engines, self.tokenizer, self.problems)
             log.info("eval: team accuracy %.3f at versions %s (%.1fs)", team,
@@ -124,8 +128,9 @@ class EvaluatorActor(LoopActor):
                               **{f"version.{p}": e.version for p, e in engines.items()})
         self.producer.flush()
         every = self.cfg.eval.every or final
-        self.next_target = min(final, (v // every + 1) * every) if v < final else final + 1
-        if v >= final:
+        if at_target:
+            self.next_target = min(final, (v // every + 1) * every) if v < final else final + 1
+        if all_final:
             self.finished = True
 
     def teardown(self) -> None:
