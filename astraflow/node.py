@@ -67,7 +67,7 @@ def run_node(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: s
     for noisy in ("urllib3", "deepspeed", "torch"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # kafka-python warns about slow selector tasks on a busy 2-core box; errors still show.
-    logging.getLogger("kafka").setLevel(logging.ERROR)
+    logging.getLogger("kafka").setLevel(os.environ.get("ASTRAFLOW_KAFKA_LOG", "ERROR"))
     n = threads_for(role, cfg)
     if n > 0:
         os.environ["OMP_NUM_THREADS"] = str(n)
