@@ -29,7 +29,7 @@ from .validation import local_backend_misplaced, validate_for_job
 def load_plan(topology: str | Path, cfg: JobConfig | None = None) -> Plan:
     t = load_topology(topology)
     if cfg is not None:
-        validate_for_job(t, cfg.policy, cfg.kafka.task_partitions, cfg.source)
+        validate_for_job(t, cfg.policy_names, cfg.kafka.task_partitions, cfg.source)
     return resolve(t, cfg.policy if cfg is not None else None)
 
 
@@ -49,7 +49,8 @@ def node_command_for(cfg: JobConfig, bootstrap: str, run_dir: Path, overrides: l
     from astraflow.launcher import node_command
 
     def command(node) -> list[str]:
-        return (node_command(node.role, cfg, bootstrap, run_dir, node.node_id, [*overrides, *node.overrides])
+        view = cfg.view(node.policy) if len(cfg.policy_names) > 1 and node.policy else cfg
+        return (node_command(node.role, view, bootstrap, run_dir, node.node_id, [*overrides, *node.overrides])
                 + list(node.flags))
     return command
 

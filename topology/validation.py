@@ -42,20 +42,42 @@ def validate(t: Topology) -> None:
     _check_autoscaler(t)
 
 
-def validate_for_job(t: Topology, job_policy: str, task_partitions: int, job_file: str) -> None:
-    """What the job config decides: pools serve its policy, and partitions cover the most nodes."""
-    nodes = 0
+def validate_for_job(t: Topology, job_policy: str | tuple[str, ...], task_partitions: int, job_file: str) -> None:
+    """What the job config decides: pools serve its policies, and partitions cover the most nodes.
+
+    ``job_policy`` is the job's policy, or all of a multi-policy job's policies; there a
+    trainer or RaaS pool must name the policy it serves, and every policy needs both."""
+    policies = (job_policy,) if isinstance(job_policy, str) else tuple(job_policy)
+    multi = len(policies) > 1
+    nodes: dict[str, int] = {}
+    served: dict[str, set[str]] = {}
     for rname, pname, pool in pools(t):
-        if pool.component != "dataflow" and pool.policy not in (None, job_policy):
+        if pool.component == "dataflow":
+            continue
+        if pool.policy is None and multi:
             raise TopologyError(t.source, f"regions.{rname}.pools.{pname}.policy",
-                                f"serves policy {pool.policy!r} but the job ({job_file}) trains {job_policy!r}")
+                                f"the job ({job_file}) trains several policies ({', '.join(policies)}): name the "
+                                f"one this {pool.component} pool serves")
+        policy = pool.policy or policies[0]
+        if policy not in policies:
+            raise TopologyError(t.source, f"regions.{rname}.pools.{pname}.policy",
+                                f"serves policy {pool.policy!r} but the job ({job_file}) trains "
+                                f"{' and '.join(repr(p) for p in policies)}")
+        served.setdefault(policy, set()).add(pool.component)
         if pool.component == "raas":
-            nodes += pool.hi
-    if nodes > task_partitions:
-        raise TopologyError(t.source, "regions.*.pools.*.max",
-                            f"the RaaS pools may run {nodes} nodes but tasks.{job_policy} has {task_partitions} "
-                            f"partitions (kafka.task_partitions in {job_file}); nodes beyond that get no tasks. "
-                            f"Raise kafka.task_partitions or lower the pools' max")
+            nodes[policy] = nodes.get(policy, 0) + pool.hi
+    if multi:
+        for policy in policies:
+            missing = {"trainer", "raas"} - served.get(policy, set())
+            if missing:
+                raise TopologyError(t.source, "regions.*.pools",
+                                    f"policy {policy!r} of {job_file} has no {' and no '.join(sorted(missing))} pool")
+    for policy, n in nodes.items():
+        if n > task_partitions:
+            raise TopologyError(t.source, "regions.*.pools.*.max",
+                                f"the RaaS pools may run {n} nodes but tasks.{policy} has {task_partitions} "
+                                f"partitions (kafka.task_partitions in {job_file}); nodes beyond that get no tasks. "
+                                f"Raise kafka.task_partitions or lower the pools' max")
 
 
 def pools(t: Topology):
