@@ -48,4 +48,5 @@ def test_a_pool_without_a_policy_or_a_policy_without_pools_is_refused(tmp_path):
     with pytest.raises(TopologyError, match="policy 'verifier' of .* has no raas and no trainer pool"):
         load_plan(_variant(tmp_path, lambda p: (p.pop("verifier-raas"), p.pop("verifier-trainer"))), cfg)
     with pytest.raises(TopologyError, match="serves policy 'critic'"):
-        load_plan(_variant(tmp_path, lambda p: p["verifier-raas"].update(policy="critic")), cfg)
+        load_plan(_variant(tmp_path, lambda p: (p["verifier-raas"].update(policy="critic"),
+                                                p["verifier-trainer"].update(policy="critic"))), cfg)
