@@ -37,7 +37,6 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
 from astraflow.chaos.invariants import Audit, JobLog
 from astraflow.topics import Heartbeat, Metric, TrajectoryGroup
-from astraflow.topics import DecodeError, decode
 
 
 @dataclass
@@ -95,28 +94,8 @@ def snapshot_assignment(bootstrap: str, group: str, topic: str, node_id: str) ->
 
 def read_uncommitted(bootstrap: str, topic: str) -> list[tuple[int, int, int, Any]]:
     """``(partition, offset, timestamp_ms, message)`` of every record, aborted ones included."""
-    c = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_uncommitted", enable_auto_commit=False,
-                      client_id="chaos-report", max_partition_fetch_bytes=16 * 1024 * 1024)
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or [])]
-        if not tps:
-            return []
-        c.assign(tps)
-        ends = c.end_offsets(tps)
-        c.seek_to_beginning(*tps)
-        out, idle = [], 0
-        while any(c.position(tp) < ends[tp] for tp in tps) and idle < 5:
-            batch = c.poll(1000)
-            idle = 0 if batch else idle + 1
-            for records in batch.values():
-                for r in records:
-                    try:
-                        out.append((r.partition, r.offset, r.timestamp, decode(r.value, r.headers)))
-                    except DecodeError:
-                        pass
-        return out
-    finally:
-        c.close()
+    from astraflow.topics.replay import read_topic
+    return read_topic(bootstrap, topic, uncommitted=True, timestamps=True)
 
 
 def read_task_partitions(bootstrap: str, topic: str) -> dict[tuple[int, int], str]:

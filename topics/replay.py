@@ -15,9 +15,12 @@ from .messages import Message
 
 
 def read_topic(bootstrap_servers: str, topic: str, *, tail: int | None = None,
-               idle_polls: int = 5) -> list[tuple[int, int, Message]]:
-    """``(partition, offset, message)`` of every committed record (or of the last ``tail`` per partition)."""
-    c = KafkaConsumer(bootstrap_servers=bootstrap_servers, isolation_level="read_committed",
+               idle_polls: int = 5, uncommitted: bool = False, timestamps: bool = False) -> list[tuple]:
+    """``(partition, offset, message)`` of every committed record (or of the last ``tail`` per
+    partition); ``uncommitted`` also reads records of open and aborted transactions,
+    ``timestamps`` adds each record's timestamp (ms): ``(partition, offset, ts, message)``."""
+    c = KafkaConsumer(bootstrap_servers=bootstrap_servers,
+                      isolation_level="read_uncommitted" if uncommitted else "read_committed",
                       enable_auto_commit=False, client_id="astraflow-replay",
                       max_partition_fetch_bytes=16 * 1024 * 1024)
     try:
@@ -29,7 +32,7 @@ def read_topic(bootstrap_servers: str, topic: str, *, tail: int | None = None,
         begins = c.beginning_offsets(tps)
         for tp in tps:
             c.seek(tp, max(begins[tp], ends[tp] - tail) if tail else begins[tp])
-        out: list[tuple[int, int, Message]] = []
+        out: list[tuple] = []
         idle = 0
         while any(c.position(tp) < ends[tp] for tp in tps) and idle < idle_polls:
             batch = c.poll(1000)
@@ -37,7 +40,9 @@ def read_topic(bootstrap_servers: str, topic: str, *, tail: int | None = None,
             for records in batch.values():
                 for r in records:
                     try:
-                        out.append((r.partition, r.offset, decode(r.value, r.headers)))
+                        msg = decode(r.value, r.headers)
+                        out.append((r.partition, r.offset, r.timestamp, msg) if timestamps else
+                                   (r.partition, r.offset, msg))
                     except DecodeError:
                         pass
         return out
