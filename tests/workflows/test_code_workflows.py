@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 
 import pytest
-import torch
 
 from astraflow.workflows.api import ENV, Episode, EngineRole, Turn, get_workflow, run_episode
 from astraflow.workflows.code_tasks import code_prompts, format_cases, hidden_tests
@@ -16,15 +14,8 @@ SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8}
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    from transformers import AutoTokenizer
-
-    from astraflow.engines.factory import make_rollout_engine, resolve_model_path
-
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
-    engine = make_rollout_engine({"kind": "cpu", "threads": min(2, os.cpu_count() or 1)})
-    yield AutoTokenizer.from_pretrained(str(resolve_model_path(""))), engine
-    engine.close()
+def tiny(tokenizer_and_engine):
+    return tokenizer_and_engine
 
 
 class ScriptedRole:

@@ -3,11 +3,9 @@ return one group per role with loss masks, and a broken episode fails alone."""
 
 from __future__ import annotations
 
-import os
 import threading
 
 import pytest
-import torch
 
 from astraflow.actors.episodes import CallBatcher, EpisodeRunner
 from astraflow.topics import Task
@@ -18,17 +16,8 @@ SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 6}
 
 
 @pytest.fixture(scope="module")
-def tok_engine():
-    from transformers import AutoTokenizer
-
-    from astraflow.engines.bootstrap import ensure_tiny_model
-    from astraflow.engines.cpu import CpuEngine
-
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
-    path = ensure_tiny_model()
-    engine = CpuEngine(path)
-    yield AutoTokenizer.from_pretrained(str(path)), engine
-    engine.close()
+def tok_engine(tokenizer_and_engine):
+    return tokenizer_and_engine
 
 
 class CountingEngine:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -12,20 +11,6 @@ from astraflow.workflows.rlvr import RLVRWorkflow
 from astraflow.workflows.seeds import sample_seed, task_seeds
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8}
-
-
-@pytest.fixture(scope="module")
-def tokenizer_and_engine():
-    from transformers import AutoTokenizer
-
-    from astraflow.engines.bootstrap import ensure_tiny_model
-    from astraflow.engines.cpu import CpuEngine
-
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
-    path = ensure_tiny_model()
-    engine = CpuEngine(path)
-    yield AutoTokenizer.from_pretrained(str(path)), engine
-    engine.close()
 
 
 def task(task_id: str, prompt: str, answer: str, n: int = 4) -> Task:
