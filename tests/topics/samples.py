@@ -26,6 +26,10 @@ SAMPLES: dict[str, m.Message] = {
     "heartbeat": m.Heartbeat("raas-0", "raas", "policy", 3, 1, 4, 123.4, 10.0),
     "snapshot-request": m.SnapshotRequest("policy", "raas-0", 3, "chunk 1 corrupt", 12.5),
     "metric": m.Metric("trainer", "loss", 0.25, 3, 11.0, {"policy": "policy"}),
+    "generation-request": m.GenerationRequest("n0.1", "task-1", "verifier", "verifier", [[5, 6]], [11],
+                                              {"temperature": 1.0}, "raas-solver-0", 2, 15.0),
+    "generation-reply": m.GenerationReply("n0.1", "task-1", "raas-verifier-0", [[7, 1]], [[-0.3, -0.1]], [2],
+                                          ["stop"], "", 16.0),
     "dead-letter": m.DeadLetter("af.x.tasks.policy", 2, 17, "DecodeError", "bad", "a2V5", "dmFs",
                                 {"af-type": "task"}, "raas-0", 12.0),
 }
