@@ -1,0 +1,226 @@
+"""The multi-policy benchmark: its sequential baseline does the job's work, and its
+numbers are shaped as documented.
+
+The baseline (``benchmarks/sequential_multi.py``) runs two iterations of the solver-verifier
+team on the tiny models: every episode's samples must be exactly what the workflow gives
+through ``run_episode`` for the same task and seeds on the same weights (with
+``batch_invariant``), the weights must reach the engines between iterations, and without
+``batch_invariant`` an iteration's calls must be coalesced into one per policy and stage.
+The result-shaping functions of ``benchmarks/multi_policy.py`` run on small made-up
+metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from astraflow.benchmarks import multi_policy as mp
+from astraflow.benchmarks import sequential_multi as seq
+from astraflow.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "examples" / "solver_verifier.yaml"
+B, N = 3, 2
+
+
+def _tiny_config(tmp_path: Path, **extra):
+    data = yaml.safe_load(CONFIG.read_text())
+    data["dataflow"]["groups_per_batch"] = B
+    data["rollout"].update(n_samples=N, batch_invariant=True)
+    data["trainer"]["steps"] = 2
+    data["eval"].update(problems=4, k=1)
+    data.update(extra)
+    path = tmp_path / "sv.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_config(path)
+
+
+def test_sequential_baseline_runs_the_workflows_episodes_for_the_same_seeds(tmp_path):
+    from astraflow.workflows.api import run_episode
+    from astraflow.workflows.datasets import load_prompts
+
+    cfg = _tiny_config(tmp_path)
+    prompts = load_prompts("arithmetic", 2 * 2 * B, seed=cfg.data.seed, max_digits=cfg.data.max_digits,
+                           ops=cfg.data.ops)
+    seen = []
+
+    def check(k, team, tasks, results, groups):
+        assert [t.task_id for t in tasks] == [f"t{i:07d}-{prompts[i].prompt_id}" for i in range(k * B, k * B + B)]
+        assert all(t.scheduled_versions == {"solver": k, "verifier": k} for t in tasks)
+        for task, got in zip(tasks, results):
+            # The same episode alone, every role a plain EngineRole on the same weights.
+            want = run_episode(team.spec, team.episode(task, team.roles(task)), cfg.seed)
+            assert set(got.trajectories) == {"solver", "verifier"}
+            for role in got.trajectories:
+                assert [(t.tokens, t.logprobs, t.versions, t.loss_mask, t.reward) for t in got.trajectories[role]] \
+                    == [(t.tokens, t.logprobs, t.versions, t.loss_mask, t.reward) for t in want.trajectories[role]]
+            assert got.team_reward == want.team_reward
+            # every token a role trained on was generated at this iteration's version
+            assert {v for ts in got.trajectories.values() for t in ts for v, m in zip(t.versions, t.loss_mask)
+                    if m} == {k}
+        assert {p: len(g) for p, g in groups.items()} == {"solver": B, "verifier": B}
+        assert sorted(g.group_key for g in groups["verifier"]) == sorted(f"{t.task_id}/verifier" for t in tasks)
+        assert all(len(g.samples) == N for g in groups["verifier"])
+        # Without batch invariance, the calls of all episodes are coalesced per policy and stage.
+        team.batch_invariant = False
+        _, _, batcher = team.rollout(tasks)
+        team.batch_invariant = True
+        assert batcher.calls["verifier"] == 1 and batcher.calls["solver"] in (1, 2)
+        seen.append(k)
+
+    result = seq.run(cfg, 2, on_iteration=check)
+    assert seen == [0, 1]
+    assert [r["iteration"] for r in result["per_iteration"]] == [1, 2]
+    for r in result["per_iteration"]:
+        assert r["samples"]["verifier"] == B * N and r["samples"]["solver"] >= B * N
+        assert r["G_s"] > 0 and r["T_solver_s"] > 0 and r["T_verifier_s"] > 0
+        assert math.isfinite(r["loss_solver"]) and math.isfinite(r["loss_verifier"])
+    assert 0.0 <= result["team_accuracy_final"] <= 1.0 and 0.0 <= result["accuracy_final"] <= 1.0
+
+
+def test_the_baseline_needs_equal_batches_for_every_policy(tmp_path):
+    data = yaml.safe_load(CONFIG.read_text())
+    data["policies"]["verifier"]["dataflow"] = {"groups_per_batch": 4}
+    path = tmp_path / "uneven.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match="groups_per_batch"):
+        seq.SequentialTeam(load_config(path))
+
+
+# -- result shaping -------------------------------------------------------------------------
+def _metric(ts, component, name, value, step):
+    return {"ts": ts, "component": component, "name": name, "value": value, "step": step}
+
+
+def _team_run(tmp_path: Path) -> Path:
+    """A made-up two-policy run: launch at t=100, solver steps every 2 s from 120, verifier
+    every 3 s from 121 (so it finishes last), the evaluator's version-0 pass ends at 125.5."""
+    rows = []
+    for k in range(1, 7):
+        rows.append(_metric(120 + 2 * (k - 1), "trainer.solver", "trainer.samples", 8, k))
+        rows.append(_metric(120 + 2 * (k - 1), "trainer.solver", "trainer.train_s", 0.5, k))
+        rows.append(_metric(121 + 3 * (k - 1), "trainer.verifier", "trainer.samples", 8, k))
+        rows.append(_metric(121 + 3 * (k - 1), "trainer.verifier", "trainer.train_s", 0.5, k))
+    rows += [_metric(125.5, "eval.solver", "eval.team_accuracy", 0.3, 0),
+             _metric(124.0, "eval.solver", "eval.accuracy", 0.2, 0),
+             _metric(140.0, "eval.solver", "eval.team_accuracy", 0.5, 6),
+             _metric(126.0, "raas-solver-0", "raas.busy_s", 4.5, 0),
+             _metric(129.0, "raas-verifier-0", "raas.busy_s", 2.0, 0),
+             _metric(127.0, "dataflow.solver", "dataflow.dropped.stale", 1, 3)]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sorted(rows, key=lambda r: r["ts"])))
+    (run / "summary.json").write_text(json.dumps({"time_to_first_step_s": 20.0, "wall_s": 45.0,
+                                                  "team_accuracy_final": 0.5, "accuracy_final": 0.4,
+                                                  "team_accuracy_by_version": {"0": 0.3, "6": 0.5}}))
+    return run
+
+
+def test_team_runs_are_measured_on_the_policy_that_finishes_last_after_start_up(tmp_path):
+    r = mp.analyse_team(_team_run(tmp_path))
+    assert r["last_policy"] == "verifier" and r["raas_busy_s"] == 6.5 and r["groups_dropped"] == 1.0
+    # verifier: step 3 ends at 127 (the first after the eval at 125.5), step 6 at 136: 9 s / 3 steps
+    assert r["by_policy"]["verifier"] == {"s_per_step": 3.0, "from_step": 3, "to_step": 6}
+    # solver: step 4 ends at 126 (step 3 at 124 is before the eval's end)
+    assert r["by_policy"]["solver"]["from_step"] == 4 and r["by_policy"]["solver"]["s_per_step"] == 2.0
+    assert r["s_per_iter"] == 3.0
+    assert r["time_to_last_step_s"] == pytest.approx(36.0) and r["initial_eval_s"] == pytest.approx(25.5)
+    assert r["team_accuracy"] == 0.5
+
+
+def test_steady_state_starts_after_step_two_without_an_evaluation():
+    ts = {1: 10.0, 2: 11.0, 3: 13.0, 4: 15.0}
+    assert mp.steady_s_per_step(ts) == {"s_per_step": 2.0, "from_step": 2, "to_step": 4}
+    with pytest.raises(ValueError, match="at least 3"):
+        mp.steady_s_per_step({1: 1.0, 2: 2.0})
+
+
+def test_solver_alone_accuracy_is_the_newest_evaluated_version_within_the_time():
+    rows = [_metric(100 + 5 * k, "trainer.solver", "trainer.samples", 8, k) for k in range(1, 9)]
+    rows += [_metric(101, "eval.solver", "eval.accuracy", 0.1, 0), _metric(121, "eval.solver", "eval.accuracy", 0.3, 2),
+             _metric(131, "eval.solver", "eval.accuracy", 0.4, 5), _metric(142, "eval.solver", "eval.accuracy", 0.6, 7)]
+    # launched at 90: within 40 s it trained up to version 6 (ts 130), whose newest evaluated version is 5
+    assert mp.accuracy_at(rows, 90.0, 40.0) == {"accuracy": 0.4, "version_reached": 6, "version_evaluated": 5,
+                                               "steps_trained": 8}
+    assert mp.accuracy_at(rows, 90.0, 5.0)["version_evaluated"] == 0
+
+
+def test_arm_configs_are_the_team_job_and_the_solver_alone(tmp_path):
+    base = yaml.safe_load(CONFIG.read_text())
+    team = mp.team_config(base, "lockstep", 7, "j-team", str(tmp_path))
+    cfg = load_config(mp.write_config(team, tmp_path))
+    assert (cfg.barrier, cfg.eval.every) == ("lockstep", 0)
+    assert {p: cfg.view(p).trainer.steps for p in cfg.policy_names} == {"solver": 7, "verifier": 7}
+    assert base["barrier"] == "async", "the base config must not change"
+    alone = load_config(mp.write_config(mp.solver_alone_config(base, cfg, 30, 2, "j-alone", str(tmp_path)), tmp_path))
+    solver = cfg.view("solver")
+    assert alone.policy_names == ("solver",) and alone.workflow.name == "rlvr"
+    assert alone.workflow.params == {"reward": "exact_match"}
+    assert (alone.model, alone.rollout, alone.dataflow) == (solver.model, solver.rollout, solver.dataflow)
+    assert alone.trainer.engine == solver.trainer.engine and alone.trainer.steps == 30
+    assert (alone.eval.every, alone.eval.problems, alone.seed, alone.data) == (2, cfg.eval.problems, cfg.seed, cfg.data)
+
+
+def _rep(a, b, c, team, alone):
+    kafka = lambda s: {"s_per_iter": s, "time_to_last_step_s": 10 * s, "team_accuracy": team,  # noqa: E731
+                       "team_accuracy_by_version": {"0": 0.3}, "raas_busy_s": 10 * s, "groups_dropped": 0.0,
+                       "load_before": [1.0, 1.0, 1.0]}
+    return {"async": kafka(a), "lockstep": kafka(b),
+            "sequential": {"s_per_iter": c, "time_to_last_step_s": 8 * c, "team_accuracy_final": team - 0.1,
+                           "G_s": 1.0, "T_solver_s": 0.5, "T_verifier_s": 0.4, "W_s": 0.01, "threads": 2,
+                           "load_before": [2.0, 1.0, 1.0]},
+            "solver_alone": {"accuracy": alone, "version_reached": 12, "seconds": 50.0,
+                             "load_before": [3.0, 1.0, 1.0]}}
+
+
+def test_aggregate_pairs_speedups_within_a_repetition_and_notes_say_who_wins(capsys):
+    reps = [_rep(4.0, 5.0, 2.0, 0.5, 0.4), _rep(3.0, 6.0, 3.0, 0.6, 0.45), _rep(5.0, 5.0, 2.5, 0.55, 0.5)]
+    reps[1]["lockstep"]["failed_attempts"] = [{"job": "j", "cause": "hung"}]
+    agg = mp.aggregate(reps)
+    assert agg["failed_runs"] == [{"repetition": 2, "arm": "lockstep", "job": "j", "cause": "hung"}]
+    assert agg["speedup_vs_sequential"]["runs"] == [0.5, 1.0, 0.5]
+    assert agg["speedup_vs_lockstep"]["runs"] == [1.25, 2.0, 1.0]
+    assert agg["s_per_iter"]["async"]["median"] == 4.0 and agg["s_per_iter"]["sequential"]["n"] == 3
+    assert agg["team_accuracy"]["median"] == 0.55 and agg["solver_alone_accuracy"]["median"] == 0.45
+    assert agg["arms"]["sequential"]["T_verifier_s"]["median"] == 0.4
+    assert agg["load_1m_at_arm_start"]["max"] == 3.0
+    notes = mp.notes(agg, 2, 16, 2)
+    assert notes[0].startswith("(c) sequential wins") and "2 cores" in notes[0]
+    assert notes[1].startswith("(a) async beats (b) lockstep")
+    assert "team's held-out accuracy is 0.550 and the solver alone's 0.450" in notes[2] and "12 versions" in notes[2]
+    assert not any(n.startswith("Team training lowered") for n in notes)  # 0.3 at version 0, higher after
+    faster = mp.notes(mp.aggregate([_rep(1.0, 1.0, 2.0, 0.5, 0.4)] * 3), 2, 16, 2)
+    assert faster[0].startswith("(a) async is 2.00x faster") and faster[1].startswith("(b) lockstep is not slower")
+    assert "busy 10 s in (a) against 10 s in (b)" in faster[1]
+    worse = mp.notes(mp.aggregate([_rep(1.0, 1.0, 2.0, 0.2, 0.4)] * 3), 2, 16, 2)
+    assert any(n.startswith("Team training lowered the team's held-out accuracy") and "0.300 at version 0" in n
+               for n in worse)
+    mp.print_table(agg)
+    table = capsys.readouterr().out
+    assert "(c) sequential" in table and "speedup_vs_sequential" in table and "(" in table
+
+
+def test_a_failed_or_hung_arm_is_recorded_and_run_again():
+    from astraflow.launcher import RunFailed
+    jobs = []
+
+    def once(job):
+        jobs.append(job)
+        if len(jobs) == 1:
+            raise RunFailed("run exceeded its 360s timeout")
+        return {"s_per_iter": 1.0}
+
+    r = mp.run_attempts("async", 0, once)
+    assert r["s_per_iter"] == 1.0 and len(jobs) == 2
+    assert r["failed_attempts"] == [{"job": jobs[0], "cause": "run exceeded its 360s timeout"}]
+
+    def never(job):
+        raise mp.NoSteps(f"{job}: no step trained")
+
+    with pytest.raises(RuntimeError, match="failed 2 times"):
+        mp.run_attempts("lockstep", 1, never)
