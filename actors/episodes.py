@@ -34,15 +34,28 @@ log = logging.getLogger(__name__)
 
 
 class CallBatcher:
-    """Coalesces the engine calls of concurrently running episodes (see the module docstring)."""
+    """Coalesces the engine calls of concurrently running episodes (see the module docstring).
 
-    def __init__(self, engine, lock: threading.Lock, before_call=None, batch_invariant: bool = False) -> None:
-        self.engine, self.engine_lock, self.before_call = engine, lock, before_call
-        self.batch_invariant = batch_invariant
+    ``engines`` is this node's engine, or a mapping policy -> engine when one process holds
+    every policy (the sequential baseline); calls name their policy then. Each running
+    episode is counted with :meth:`enter` (or ``episodes=`` up front) and uncounted with
+    :meth:`leave` when it finishes or while it waits on another pool (:meth:`away`).
+    """
+
+    def __init__(self, engines, lock: threading.Lock | None = None, before_call=None,
+                 batch_invariant: bool = False, episodes: int = 0) -> None:
+        self.engines = engines if isinstance(engines, dict) else {None: engines}
+        self.engine_lock = lock or threading.Lock()
+        self.before_call, self.batch_invariant = before_call, batch_invariant
         self._cv = threading.Condition()
-        self._pending: dict[int, tuple[list, SamplingParams, list, dict]] = {}
-        self._running = 0  #: episodes neither finished nor waiting on another pool
-        self.calls = 0
+        self._pending: dict[int, tuple] = {}
+        self._running = episodes  #: episodes neither finished nor waiting on another pool
+        self.calls = dict.fromkeys(self.engines, 0)  #: engine calls made, per policy
+        self.engine_s = dict.fromkeys(self.engines, 0.0)  #: seconds inside each engine
+
+    @property
+    def engine(self):
+        return self.engines[None] if None in self.engines else next(iter(self.engines.values()))
 
     def enter(self) -> None:
         with self._cv:
@@ -66,10 +79,10 @@ class CallBatcher:
         return _Away()
 
     def generate(self, index: int, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 seeds: Sequence[int]) -> list[Generation]:
+                 seeds: Sequence[int], policy: str | None = None) -> list[Generation]:
         slot: dict = {}
         with self._cv:
-            self._pending[index] = ([list(p) for p in prompts], params, list(seeds), slot)
+            self._pending[index] = (policy, [list(p) for p in prompts], params, list(seeds), slot)
             self._flush_if_all_waiting()
             while "out" not in slot and "error" not in slot:
                 self._cv.wait()
@@ -84,25 +97,27 @@ class CallBatcher:
         with self.engine_lock:
             if self.before_call is not None:
                 self.before_call()
-            if self.batch_invariant:
-                groups = [[item] for item in pending]
-            else:  # one call per sampling setting, rows in episode order
-                by_params: dict[SamplingParams, list] = {}
-                for item in pending:
-                    by_params.setdefault(item[1][1], []).append(item)
-                groups = list(by_params.values())
-            for group in groups:
-                rows = [p for _, (prompts, _, _, _) in group for p in prompts]
-                seeds = [s for _, (_, _, ss, _) in group for s in ss]
+            groups: dict = {}  # one call per engine and sampling setting, rows in episode order
+            for item in pending:
+                policy, _, params, _, _ = item[1]
+                groups.setdefault(item[0] if self.batch_invariant else (policy, params), []).append(item)
+            for group in groups.values():
+                policy, _, params, _, _ = group[0][1]
+                key = policy if policy in self.engines else None
+                rows = [p for _, (_, prompts, _, _, _) in group for p in prompts]
+                seeds = [s for _, (_, _, _, ss, _) in group for s in ss]
+                t0 = time.perf_counter()
                 try:
-                    gens = self.engine.generate(rows, group[0][1][1], seeds=seeds)
-                    self.calls += 1
+                    gens = self.engines[key].generate(rows, params, seeds=seeds)
                 except Exception as e:  # noqa: BLE001 - every episode in the call fails with it
-                    for _, (_, _, _, slot) in group:
+                    for _, (*_, slot) in group:
                         slot["error"] = e
                     continue
+                finally:
+                    self.engine_s[key] += time.perf_counter() - t0
+                self.calls[key] += 1
                 i = 0
-                for _, (prompts, _, _, slot) in group:
+                for _, (_, prompts, _, _, slot) in group:
                     slot["out"] = gens[i:i + len(prompts)]
                     i += len(prompts)
         self._cv.notify_all()
@@ -119,7 +134,8 @@ class _BatchedRole(EngineRole):
         with self.tracer.start_as_current_span("raas.generate", context=self.ctx,
                                                attributes={"role": self.name, "policy": self.policy,
                                                            "task.samples": len(prompts)}):
-            gens = self.batcher.generate(self.index, prompts, self.params(max_new_tokens, temperature), seeds)
+            gens = self.batcher.generate(self.index, prompts, self.params(max_new_tokens, temperature), seeds,
+                                         policy=self.policy)
         return [self.turn(g) for g in gens]
 
 
@@ -220,7 +236,7 @@ class EpisodeRunner:
         finally:
             batcher.leave()
         prompt_ids = list(self.tokenizer.encode(task.prompt, add_special_tokens=False))
-        groups = [self._group(task, role, roles_of, prompt_ids, result, started) for role in train]
+        groups = [self.group(task, role, roles_of, prompt_ids, result, started) for role in train]
         return groups, dict(result.metrics, **({"team_reward": result.team_reward}
                                                 if result.team_reward is not None else {}))
 
@@ -230,8 +246,9 @@ class EpisodeRunner:
                                status="failed", error=error, role=role if task.roles else "",
                                role_policies=dict(task.roles))
 
-    def _group(self, task: Task, role: str, roles_of: dict, prompt_ids: list[int], result: EpisodeResult,
-               started: float) -> TrajectoryGroup:
+    def group(self, task: Task, role: str, roles_of: dict, prompt_ids: list[int], result: EpisodeResult,
+              started: float) -> TrajectoryGroup:
+        """The trajectory group of ``role`` in a finished episode (what the node writes)."""
         trajs: list[Trajectory] = result.trajectories.get(role, [])
         writers = sorted({w for t in trajs for w in t.token_roles} | {role})
         index = {w: i for i, w in enumerate(writers)}

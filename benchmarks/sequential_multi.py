@@ -7,7 +7,7 @@ iteration ``k``:
 1. **generate**: the ``B`` episodes of batch ``k`` run the job's workflow through
    :func:`~astraflow.workflows.api.run_episode` with every role an
    :class:`~astraflow.workflows.api.EngineRole` on its policy's CPU engine, all at version
-   ``k``. The episodes run on threads and a :class:`TeamBatcher` coalesces their calls
+   ``k``. The episodes run on threads and a :class:`~astraflow.actors.episodes.CallBatcher` coalesces their calls
    into one engine call per policy and sampling setting (all first answers, then all
    verdicts, then all retries), as a controller batching a whole rollout would;
 2. **train** each policy in turn on its role's ``B`` groups (a ``DeepSpeedTrainer`` per
@@ -47,6 +47,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from astraflow.actors.episodes import CallBatcher
+
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,79 +69,17 @@ def episode_tasks(cfg, steps: int) -> list:
             for i, t in enumerate(job_tasks(cfg.view(lead), steps))]
 
 
-class TeamBatcher:
-    """Coalesces the engine calls of one iteration's episodes, over every policy's engine.
-
-    Unlike the RaaS node's ``CallBatcher`` (one engine; other pools are away), every engine
-    is here: once each unfinished episode waits on some engine, it makes one call per
-    (policy, sampling setting) with the waiting rows in episode order; ``batch_invariant``
-    gives every waiting call an engine call of its own.
-    """
-
-    def __init__(self, engines: dict, episodes: int, batch_invariant: bool = False) -> None:
-        self.engines, self.batch_invariant = engines, batch_invariant
-        self._cv = threading.Condition()
-        self._pending: dict[int, tuple[str, list, Any, list, dict]] = {}
-        self._running = episodes
-        self.calls = dict.fromkeys(engines, 0)  #: engine calls made, per policy
-        self.engine_s = dict.fromkeys(engines, 0.0)  #: seconds inside each policy's engine
-
-    def finish(self) -> None:
-        """An episode is done (or failed): it will call no engine again."""
-        with self._cv:
-            self._running -= 1
-            self._flush_if_all_waiting()
-
-    def generate(self, policy: str, index: int, prompts: Sequence[Sequence[int]], params, seeds: Sequence[int]):
-        slot: dict = {}
-        with self._cv:
-            self._pending[index] = (policy, [list(p) for p in prompts], params, list(seeds), slot)
-            self._flush_if_all_waiting()
-            while "out" not in slot and "error" not in slot:
-                self._cv.wait()
-        if "error" in slot:
-            raise slot["error"]
-        return slot["out"]
-
-    def _flush_if_all_waiting(self) -> None:
-        if not self._pending or len(self._pending) < self._running:
-            return
-        pending, self._pending = sorted(self._pending.items()), {}
-        groups: dict[Any, list] = {}
-        for item in pending:
-            policy, _, params, _, _ = item[1]
-            groups.setdefault(item[0] if self.batch_invariant else (policy, params), []).append(item)
-        for group in groups.values():
-            policy, _, params, _, _ = group[0][1]
-            rows = [p for _, (_, prompts, _, _, _) in group for p in prompts]
-            seeds = [s for _, (_, _, _, ss, _) in group for s in ss]
-            t0 = time.perf_counter()
-            try:
-                gens = self.engines[policy].generate(rows, params, seeds=seeds)
-            except Exception as e:  # noqa: BLE001 - every episode in the call fails with it
-                for _, (*_, slot) in group:
-                    slot["error"] = e
-                continue
-            finally:
-                self.engine_s[policy] += time.perf_counter() - t0
-            self.calls[policy] += 1
-            i = 0
-            for _, (_, prompts, _, _, slot) in group:
-                slot["out"] = gens[i:i + len(prompts)]
-                i += len(prompts)
-        self._cv.notify_all()
-
-
 class _TeamRole:
     """A role on its policy's engine in this process, through the iteration's batcher."""
 
-    def __init__(self, role, batcher: TeamBatcher, index: int) -> None:
+    def __init__(self, role, batcher: CallBatcher, index: int) -> None:
         self.role, self.batcher, self.index = role, batcher, index
         self.name, self.policy = role.name, role.policy
 
     def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None):
         params = self.role.params(max_new_tokens, temperature)
-        return [self.role.turn(g) for g in self.batcher.generate(self.policy, self.index, prompts, params, seeds)]
+        return [self.role.turn(g) for g in self.batcher.generate(self.index, prompts, params, seeds,
+                                                                 policy=self.policy)]
 
 
 class SequentialTeam:
@@ -192,7 +132,7 @@ class SequentialTeam:
         r = self.views[policy].rollout
         return {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k, "max_new_tokens": r.max_new_tokens}
 
-    def roles(self, task, batcher: TeamBatcher | None = None, index: int = 0) -> dict:
+    def roles(self, task, batcher: "CallBatcher | None" = None, index: int = 0) -> dict:
         """The episode's role handles: plain ``EngineRole``s, or through ``batcher``."""
         from astraflow.workflows.api import EngineRole
         roles = {name: EngineRole(name, policy, self.engines[policy], self.tokenizer, self.sampling(policy, task))
@@ -204,17 +144,17 @@ class SequentialTeam:
         return Episode(task.task_id, task.prompt, task.answer, task.n_samples, roles, self.tokenizer,
                        {**task.params, "_job_seed": self.cfg.seed}, task.metadata)
 
-    def rollout(self, tasks: Sequence) -> tuple[list, dict[str, list], TeamBatcher]:
+    def rollout(self, tasks: Sequence) -> tuple[list, dict[str, list], "CallBatcher"]:
         """Run ``tasks``' episodes together; their results, each policy's groups, the batcher."""
         from astraflow.workflows.api import run_episode
-        batcher = TeamBatcher(self.engines, len(tasks), self.batch_invariant)
+        batcher = CallBatcher(self.engines, batch_invariant=self.batch_invariant, episodes=len(tasks))
         started = time.time()
 
         def one(i: int, task):
             try:
                 return run_episode(self.spec, self.episode(task, self.roles(task, batcher, i)), self.cfg.seed)
             finally:
-                batcher.finish()
+                batcher.leave()
 
         futures = [self._pool.submit(one, i, t) for i, t in enumerate(tasks)]
         results = []
@@ -227,7 +167,7 @@ class SequentialTeam:
         for task, result in zip(tasks, results):
             prompt_ids = list(self.tokenizer.encode(task.prompt, add_special_tokens=False))
             for role in task.train:
-                g = self._groups._group(task, role, task.roles, prompt_ids, result, started)  # noqa: SLF001
+                g = self._groups.group(task, role, task.roles, prompt_ids, result, started)
                 if g.status != "ok":
                     raise RuntimeError(f"episode {task.task_id}: role {role!r}: {g.error}")
                 groups[g.policy].append(g)
