@@ -136,24 +136,37 @@ class GenerationServer:
                                  expect=(GenerationRequest,))
         self.served = 0
         self.rows = 0
+        self.calls = 0  #: engine calls made for the requests served
 
     def serve(self, timeout_ms: int = 50) -> int:
-        """Answer what is waiting (at most one poll); returns the requests answered."""
+        """Answer what is waiting (at most one poll); returns the requests answered. The
+        requests of a poll that share sampling settings are answered by one engine call,
+        as a node batches its own episodes' calls."""
         deliveries = self.consumer.poll(timeout_ms)
+        by_sampling: dict[str, list[GenerationRequest]] = {}
         for d in deliveries:
-            req: GenerationRequest = d.message
+            by_sampling.setdefault(repr(sorted(d.message.sampling.items())), []).append(d.message)
+        for reqs in by_sampling.values():
+            rows = [p for r in reqs for p in r.prompts]
+            seeds = [s for r in reqs for s in r.seeds]
             try:
-                gens = self.run(req.prompts, self.params(req.sampling), req.seeds)
+                gens = self.run(rows, self.params(reqs[0].sampling), seeds)
+                error = ""
+            except Exception as e:  # noqa: BLE001 - the episodes fail with the cause, the node goes on
+                log.warning("%s: generation for %d request(s) failed", self.node_id, len(reqs), exc_info=True)
+                gens, error = [], f"{type(e).__name__}: {e}"
+            i = 0
+            for req in reqs:
+                mine = gens[i:i + len(req.prompts)]
+                i += len(req.prompts)
                 reply = GenerationReply(req.request_id, req.episode_id, self.node_id,
-                                        [list(g.tokens) for g in gens], [list(g.logprobs) for g in gens],
-                                        [g.version for g in gens], [g.finish_reason for g in gens], ts=time.time())
-            except Exception as e:  # noqa: BLE001 - the episode fails with the cause, the node goes on
-                log.warning("%s: generation request %s failed", self.node_id, req.request_id, exc_info=True)
-                reply = GenerationReply(req.request_id, req.episode_id, self.node_id, [], [], [], [],
-                                        error=f"{type(e).__name__}: {e}", ts=time.time())
-            self.producer.send(self.topics.replies, reply, key=req.episode_id)
-            self.served += 1
-            self.rows += len(req.prompts)
+                                        [list(g.tokens) for g in mine], [list(g.logprobs) for g in mine],
+                                        [g.version for g in mine], [g.finish_reason for g in mine], error=error,
+                                        ts=time.time())
+                self.producer.send(self.topics.replies, reply, key=req.episode_id)
+                self.served += 1
+                self.rows += len(req.prompts)
+            self.calls += 1
         if deliveries or self.consumer.pending_offsets():
             self.producer.flush()
             self.consumer.commit()

@@ -1,0 +1,130 @@
+"""Role calls across pools over the real broker: requests on ``generate.<p>``, replies on
+``replies``; a poll's requests are one engine call; a dead server's request is served by
+whoever holds its partition once the group changes (the e2e test SIGKILLs a whole pool)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from astraflow.actors.generation import GenerationClient, GenerationServer, RemoteCallFailed
+from astraflow.engines.base import SamplingParams
+from astraflow.topics import JobTopics, ensure_topics
+
+
+@pytest.fixture
+def topics(bootstrap):
+    t = JobTopics(job=f"gen-{uuid.uuid4().hex[:8]}", policies=("solver", "verifier"), task_partitions=2,
+                  trajectory_partitions=2, generation=True)
+    ensure_topics(bootstrap, t.specs())
+    return t
+
+
+@pytest.fixture(scope="module")
+def tok_engine():
+    from transformers import AutoTokenizer
+
+    from astraflow.engines.bootstrap import ensure_tiny_model
+    from astraflow.engines.cpu import CpuEngine
+    path = ensure_tiny_model()
+    engine = CpuEngine(path)
+    yield AutoTokenizer.from_pretrained(str(path)), engine
+    engine.close()
+
+
+def _server(bootstrap, topics, tok, engine, node_id, calls):
+    def run(prompts, params, seeds):
+        calls.append(len(prompts))
+        return engine.generate([list(p) for p in prompts], params, seeds=list(seeds))
+
+    def params(sampling):
+        return SamplingParams(temperature=float(sampling.get("temperature", 1.0)),
+                              max_new_tokens=int(sampling.get("max_new_tokens", 4)),
+                              stop_token_ids=(tok.eos_token_id,))
+    return GenerationServer(bootstrap, topics, "verifier", node_id, run, params)
+
+
+def _serve_until(server, stop: threading.Event):
+    while not stop.is_set():
+        server.serve(50)
+
+
+def test_concurrent_calls_are_answered_from_one_engine_call(bootstrap, topics, tok_engine):
+    tok, engine = tok_engine
+    calls: list[int] = []
+    server = _server(bootstrap, topics, tok, engine, "raas-verifier-0", calls)
+    client = GenerationClient(bootstrap, topics, "raas-solver-0", timeout_s=120)
+    prompts = {i: [tok.encode(f"{i}+1=", add_special_tokens=False)] * 3 for i in range(2)}
+    out: dict = {}
+    sampling = {"temperature": 1.0, "max_new_tokens": 4}
+
+    def call(i):
+        out[i] = client.generate("verifier", "verifier", f"ep{i}", prompts[i], [10 * i + j for j in range(3)],
+                                 sampling, tok)
+    try:
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)  # both requests are on the topic before the server polls
+        stop = threading.Event()
+        srv = threading.Thread(target=_serve_until, args=(server, stop))
+        srv.start()
+        for t in threads:
+            t.join(120)
+        stop.set()
+        srv.join(30)
+    finally:
+        client.close()
+        server.close()
+    assert sorted(out) == [0, 1]
+    assert calls == [6], "the two requests of one poll must be one engine call"
+    for i in range(2):
+        turns = out[i]
+        assert [t.prompt_ids for t in turns] == [tuple(p) for p in prompts[i]]
+        assert all(t.role == "verifier" and t.policy == "verifier" for t in turns)
+        # the reply is the sample the seeds decide: the same rows generated locally agree
+        local = engine.generate(prompts[i], SamplingParams(temperature=1.0, max_new_tokens=4,
+                                                           stop_token_ids=(tok.eos_token_id,)),
+                                seeds=[10 * i + j for j in range(3)])
+        assert [t.tokens for t in turns] == [g.tokens for g in local]
+
+
+def test_a_call_nobody_answers_fails_the_episode_with_its_cause(bootstrap, topics, tok_engine):
+    tok, _ = tok_engine
+    client = GenerationClient(bootstrap, topics, "raas-solver-0", timeout_s=2)
+    try:
+        with pytest.raises(RemoteCallFailed, match="no reply from pool 'verifier' within 2s"):
+            client.generate("verifier", "verifier", "ep9", [[5, 6]], [1], {}, tok)
+    finally:
+        client.close()
+
+
+def test_a_request_is_served_by_whoever_holds_its_partition_after_the_group_changes(bootstrap, topics, tok_engine):
+    tok, engine = tok_engine
+    client = GenerationClient(bootstrap, topics, "raas-solver-0", timeout_s=120)
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(turns=client.generate(
+        "verifier", "verifier", "ep5", [tok.encode("2+2=", add_special_tokens=False)], [3],
+        {"max_new_tokens": 4}, tok)))
+    try:
+        t.start()
+        time.sleep(1.0)
+        # a server that joined the group and leaves it without answering or committing
+        dead = _server(bootstrap, topics, tok, engine, "raas-verifier-dead", [])
+        dead.consumer.raw.poll(0)  # joined, nothing processed
+        calls: list[int] = []
+        alive = _server(bootstrap, topics, tok, engine, "raas-verifier-1", calls)
+        dead.consumer.close()  # leaves the group: its partitions move to the live member
+        stop = threading.Event()
+        srv = threading.Thread(target=_serve_until, args=(alive, stop))
+        srv.start()
+        t.join(120)
+        stop.set()
+        srv.join(30)
+        alive.close()
+    finally:
+        client.close()
+    assert len(result["turns"]) == 1 and calls == [1]
