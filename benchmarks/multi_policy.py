@@ -154,6 +154,10 @@ def analyse_team(run_dir: Path) -> dict:
             # where the RaaS time went: every node's poll-to-commit seconds, and groups rolled out for nothing
             "raas_busy_s": sum(float(r["value"]) for r in rows if r["name"] == "raas.busy_s"),
             "groups_dropped": sum(float(r["value"]) for r in rows if r["name"].startswith("dataflow.dropped.")),
+            # what a role call over Kafka costs the episode: the lead node's running mean of the
+            # wait per remote call (request out, served by the other pool, reply back), last value
+            "remote_wait_s_per_call": next((float(r["value"]) for r in reversed(rows)
+                                            if r["name"] == "raas.remote_wait_s_per_call"), float("nan")),
             "run_dir": str(run_dir)}
 
 
@@ -268,7 +272,8 @@ def aggregate(reps: list[dict]) -> dict:
 
     a, b, c = s("async", "s_per_iter"), s("lockstep", "s_per_iter"), s("sequential", "s_per_iter")
     arms = {arm: {k: s(arm, k) for k in ("s_per_iter", "time_to_last_step_s", "team_accuracy", "raas_busy_s",
-                                         "groups_dropped")} for arm in KAFKA_ARMS}
+                                         "groups_dropped", "remote_wait_s_per_call")
+                  if all(k in r[arm] for r in reps)} for arm in KAFKA_ARMS}
     arms["sequential"] = {"s_per_iter": c, "time_to_last_step_s": s("sequential", "time_to_last_step_s"),
                           "team_accuracy": s("sequential", "team_accuracy_final"),
                           **{k: s("sequential", k) for k in reps[0]["sequential"]

@@ -146,6 +146,34 @@ def async_sync() -> list[str]:
     return out + [""]
 
 
+def multi_policy() -> list[str]:
+    d = _load("multi_policy")
+    if not d:
+        return []
+    s, arms = d["s_per_iter"], d["arms"]
+    out = [f"**Multi-policy** — `python -m astraflow.benchmarks.multi_policy` (solver–verifier, "
+           f"{d['steps']} iterations per arm at equal samples per iteration, median (min–max) of {d['repeats']} "
+           f"repetitions{_load_note(d)}; an iteration = every policy one step)", "",
+           "| arm | s / iteration | held-out team accuracy |", "|---|---:|---:|"]
+    names = {"async": "(a) async multi-policy (Kafka, no barrier)", "lockstep": "(b) `barrier: lockstep`",
+             "sequential": "(c) sequential single controller, one process, no Kafka"}
+    for key, label in names.items():
+        team = arms.get(key, {}).get("team_accuracy")
+        out.append(f"| {label} | {_sp(s[key])} | {_sp(team, '.3f') if team else '–'} |")
+    out += [f"| (d) the solver alone, same wall-clock as (a) | – | solver alone: "
+            f"{_sp(d['solver_alone_accuracy'], '.3f')} |", "",
+            f"Speed-up of (a): {_sp(d['speedup_vs_sequential'])}x vs (c), {_sp(d['speedup_vs_lockstep'])}x vs (b); "
+            f"team accuracy at version 0: {_sp(d['team_accuracy_initial'], '.3f')}. "
+            + (f"A verifier call over Kafka (request on `generate.verifier`, served by the verifier's pool, "
+               f"reply on `replies`) costs the episode {_sp(arms['async']['remote_wait_s_per_call'], '.3f')} s "
+               f"in (a), against {_sp(arms['sequential']['G_verifier_s'], '.3f')} s per iteration for every "
+               f"verifier row of (c) in one engine call. "
+               if "remote_wait_s_per_call" in arms.get("async", {}) and "G_verifier_s" in arms["sequential"]
+               else "")
+            + " ".join(d.get("notes", [])[:1]), ""]
+    return out
+
+
 def _load_note(d: dict) -> str:
     if "load_1m_at_run_start" in d:
         x = d["load_1m_at_run_start"]
@@ -177,7 +205,8 @@ def _gap(d: dict) -> str:
 
 
 def render() -> str:
-    return "\n".join(demo() + async_sync() + topics() + weights() + engine() + scaling()).rstrip() + "\n"
+    return "\n".join(demo() + async_sync() + multi_policy() + topics() + weights() + engine()
+                     + scaling()).rstrip() + "\n"
 
 
 def main() -> int:
