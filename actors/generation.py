@@ -47,9 +47,11 @@ class GenerationClient:
     """Sends role calls to other pools and hands each reply to the thread waiting for it."""
 
     def __init__(self, bootstrap: str, topics: JobTopics, node_id: str, dead_letters: DeadLetters | None = None,
-                 timeout_s: float = REPLY_TIMEOUT_S) -> None:
+                 timeout_s: float = REPLY_TIMEOUT_S, producer: Producer | None = None) -> None:
         self.topics, self.node_id, self.timeout_s = topics, node_id, timeout_s
-        self.producer = Producer(bootstrap, client_id=f"{node_id}.gen-client")
+        # the node's own (non-transactional) producer when given: fewer clients, fewer I/O threads
+        self._own_producer = producer is None
+        self.producer = producer or Producer(bootstrap, client_id=f"{node_id}.gen-client")
         parts = [TopicPartition(topics.replies, p) for p in range(topics.trajectory_partitions)]
         self.consumer = Consumer(bootstrap, partitions=parts, client_id=f"{node_id}.gen-client",
                                  dead_letters=dead_letters, expect=(GenerationReply,))
@@ -113,9 +115,10 @@ class GenerationClient:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        for c in (self.consumer, self.producer):
+        for c in (self.consumer, self.producer if self._own_producer else None):
             try:
-                c.close()
+                if c is not None:
+                    c.close()
             except Exception:  # noqa: BLE001
                 pass
 
@@ -125,10 +128,12 @@ class GenerationServer:
 
     def __init__(self, bootstrap: str, topics: JobTopics, policy: str, node_id: str,
                  run: Callable[[Sequence[Sequence[int]], SamplingParams, Sequence[int]], list[Generation]],
-                 params: Callable[[dict], SamplingParams], dead_letters: DeadLetters | None = None) -> None:
+                 params: Callable[[dict], SamplingParams], dead_letters: DeadLetters | None = None,
+                 producer: Producer | None = None) -> None:
         from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
         self.topics, self.policy, self.node_id, self.run, self.params = topics, policy, node_id, run, params
-        self.producer = Producer(bootstrap, client_id=f"{node_id}.gen-server")
+        self._own_producer = producer is None
+        self.producer = producer or Producer(bootstrap, client_id=f"{node_id}.gen-server")
         self.consumer = Consumer(bootstrap, topics=[topics.generate(policy)], group_id=f"gen.{policy}",
                                  client_id=f"{node_id}.gen-server", dead_letters=dead_letters, max_poll_records=8,
                                  session_timeout_ms=10_000, heartbeat_interval_ms=2_000,
@@ -173,8 +178,9 @@ class GenerationServer:
         return len(deliveries)
 
     def close(self) -> None:
-        for c in (self.consumer, self.producer):
+        for c in (self.consumer, self.producer if self._own_producer else None):
             try:
-                c.close()
+                if c is not None:
+                    c.close()
             except Exception:  # noqa: BLE001
                 pass

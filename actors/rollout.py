@@ -71,9 +71,11 @@ class RolloutActor(LoopActor):
         self.plain = Producer(self.bootstrap, client_id=self.node_id)
         dead = DeadLetters(self.plain, self.topics.dlq, self.node_id)
         if self.multi:
-            self.client = GenerationClient(self.bootstrap, self.topics, self.node_id, dead_letters=dead)
+            self.client = GenerationClient(self.bootstrap, self.topics, self.node_id, dead_letters=dead,
+                                           producer=self.plain)
             self.server = GenerationServer(self.bootstrap, self.topics, self.cfg.policy, self.node_id,
-                                           self._serve_rows, self._sampling_params, dead_letters=dead)
+                                           self._serve_rows, self._sampling_params, dead_letters=dead,
+                                           producer=self.plain)
         self.runner = EpisodeRunner(self.cfg.policy, self.node_id, self.engine, self.tokenizer, self.cfg.seed,
                                     engine_lock=self.engine_lock, before_call=self._refresh_weights,
                                     client=self.client, batch_invariant=self.cfg.rollout.batch_invariant,
