@@ -28,7 +28,7 @@ from opentelemetry import trace
 
 from astraflow.engines.base import Generation, SamplingParams
 from astraflow.topics import Sample, Task, TrajectoryGroup
-from astraflow.workflows.api import ENV, Episode, EngineRole, EpisodeResult, Trajectory, get_workflow, run_episode
+from astraflow.workflows.api import Episode, EngineRole, EpisodeResult, Trajectory, get_workflow, run_episode
 
 log = logging.getLogger(__name__)
 
@@ -286,4 +286,4 @@ class EpisodeRunner:
             self._pool = None
 
 
-__all__ = ["CallBatcher", "EpisodeRunner", "ENV"]
+__all__ = ["CallBatcher", "EpisodeRunner"]
