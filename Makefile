@@ -11,7 +11,8 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=python3.11)")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	# large wheels (torch and its CUDA libraries) over a flaky link: resume interrupted downloads
+	$(PY) -m pip install --quiet --retries 10 --resume-retries 10 -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)
