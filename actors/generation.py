@@ -32,6 +32,8 @@ from astraflow.engines.base import Generation, SamplingParams
 from astraflow.topics import Consumer, DeadLetters, GenerationReply, GenerationRequest, JobTopics, Producer
 from astraflow.workflows.api import Turn
 
+from .common import close_quietly
+
 log = logging.getLogger(__name__)
 
 #: how long an episode waits for another pool's answer before the episode fails (a failed
@@ -115,12 +117,7 @@ class GenerationClient:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        for c in (self.consumer, self.producer if self._own_producer else None):
-            try:
-                if c is not None:
-                    c.close()
-            except Exception:  # noqa: BLE001
-                pass
+        close_quietly(self.consumer, self.producer if self._own_producer else None)
 
 
 class GenerationServer:
@@ -178,9 +175,4 @@ class GenerationServer:
         return len(deliveries)
 
     def close(self) -> None:
-        for c in (self.consumer, self.producer if self._own_producer else None):
-            try:
-                if c is not None:
-                    c.close()
-            except Exception:  # noqa: BLE001
-                pass
+        close_quietly(self.consumer, self.producer if self._own_producer else None)
