@@ -70,10 +70,13 @@ def perf_producer(bootstrap: str, topic: str, n: int, size: int | None, payload_
 
 
 def perf_consumer(bootstrap: str, topic: str, n: int) -> dict:
-    proc = run_tool("kafka-consumer-perf-test", [
-        "--bootstrap-server", bootstrap, "--topic", topic, "--messages", str(n), "--timeout", "60000",
-        "--show-detailed-stats" if False else "--hide-header",
-        "--consumer.config", _consumer_props()], heap="1g", timeout=900)
+    props = _consumer_props()
+    try:
+        proc = run_tool("kafka-consumer-perf-test", [
+            "--bootstrap-server", bootstrap, "--topic", topic, "--messages", str(n), "--timeout", "60000",
+            "--hide-header", "--consumer.config", props], heap="1g", timeout=900)
+    finally:
+        Path(props).unlink(missing_ok=True)
     line = [ln for ln in proc.stdout.splitlines() if ln.strip()][-1]
     f = [x.strip() for x in line.split(",")]
     # start, end, MB, MB/s, nMsg, nMsg/s, rebalance ms, fetch ms, fetch MB/s, fetch nMsg/s

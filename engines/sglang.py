@@ -178,6 +178,9 @@ class SGLangEngine(RolloutEngine):
                 proc.wait(timeout=10)
         if self._own_weights_root:
             shutil.rmtree(self._weights_root, ignore_errors=True)
+        if self._log_path is not None:  # errors quoted its tail already; a stopped server's log is ours to drop
+            shutil.rmtree(self._log_path.parent, ignore_errors=True)
+            self._log_path = None
 
     # --- SGLang-specific ---------------------------------------------------------
 

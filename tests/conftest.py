@@ -23,7 +23,7 @@ def kafka_broker():
     try:
         yield broker
     finally:
-        broker.stop()
+        broker.close()  # its temp data dir too: a test run must not leave ~1 GB of logs behind
 
 
 @pytest.fixture(scope="session")

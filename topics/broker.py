@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -190,11 +191,21 @@ class EmbeddedBroker:
             self._proc.wait()
             self._proc = None
 
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the broker and delete its data dir when this object made it (a temp dir).
+
+        A data dir the caller named is kept: it is their log to restart or replay from. A
+        detached broker (the CLI's ``start``) outlives us, so its dir is never ours to delete.
+        """
+        self.stop(timeout)
+        if self._own_dir and not self.detach:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
     def __enter__(self) -> "EmbeddedBroker":
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self.close()
 
     # -- internals -------------------------------------------------------------------
     def _write_config(self) -> Path:

@@ -12,6 +12,7 @@ how to run the nodes; which replication a job's topics get is :mod:`.registry`'s
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -64,6 +65,7 @@ class EmbeddedCluster:
                  properties: dict[str, str] | None = None) -> None:
         if nodes < 1:
             raise ValueError(f"EmbeddedCluster: nodes must be >= 1, got {nodes}")
+        self._own_dir = data_dir is None and not detach
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="astraflow-kafka-cluster-"))
         self.startup_timeout = startup_timeout
         layout = self._layout(nodes, port)
@@ -141,11 +143,17 @@ class EmbeddedCluster:
         finally:
             admin.close()
 
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop every node and delete the data dir when this object made it (see EmbeddedBroker.close)."""
+        self.stop(timeout)
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
     def __enter__(self) -> "EmbeddedCluster":
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self.close()
 
     # -- internals -------------------------------------------------------------------
     def _layout(self, nodes: int, port: int) -> dict:

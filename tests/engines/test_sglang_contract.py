@@ -101,12 +101,13 @@ def test_launches_server_subprocess_waits_for_health_and_stops_it(tiny_model_pat
     monkeypatch.setenv("PYTHONPATH", str(HERE))
     cfg = SGLangConfig(server_module="sglang_stub", startup_timeout_s=60)
     engine = SGLangEngine(tiny_model_path, cfg, version=3)
-    proc = engine._proc
+    proc, log_dir = engine._proc, engine._log_path.parent
     assert proc is not None and proc.poll() is None
     assert engine.server_version() == "3"
     assert len(engine.generate([[20, 21]], SamplingParams(max_new_tokens=3))[0].tokens) == 3
     engine.close()
     assert proc.poll() is not None
+    assert not log_dir.exists()  # the server's temp log goes with it
 
 
 def test_server_that_dies_at_startup_is_reported(tiny_model_path):

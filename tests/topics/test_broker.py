@@ -31,3 +31,14 @@ def test_kafka_home_without_jars_is_rejected(tmp_path, monkeypatch):
     monkeypatch.setenv("KAFKA_HOME", str(tmp_path))
     with pytest.raises(runtime.KafkaRuntimeError, match="KAFKA_HOME"):
         runtime.libs_dir()
+
+
+def test_a_broker_deletes_the_temp_dir_it_made_but_keeps_a_named_one(tmp_path):
+    with EmbeddedBroker(heap="256m", startup_timeout=90) as own:
+        made = own.data_dir
+        assert (made / "meta" / "meta.properties").exists()
+    assert not made.exists()  # a test run or benchmark must not leave its logs in /tmp
+    named = tmp_path / "kept"
+    with EmbeddedBroker(named, heap="256m", startup_timeout=90):
+        pass
+    assert (named / "meta" / "meta.properties").exists()  # a named dir is the user's log: restart / replay
