@@ -24,7 +24,8 @@ from opentelemetry import trace
 
 from astraflow.chaos.hooks import hang_in_transaction
 from astraflow.config import JobConfig
-from astraflow.topics import Consumer, DeadLetters, Heartbeat, Producer, SnapshotRequest, Task, TrajectoryGroup
+from astraflow.topics import (Consumer, DeadLetters, Heartbeat, Producer, SnapshotRequest, StaleMembershipError, Task,
+                              TrajectoryGroup)
 
 from .common import close_quietly, job_topics, make_rollout_engine, model_path, set_threads
 from .supervisor import LoopActor
@@ -47,6 +48,7 @@ class RolloutActor(LoopActor):
         self._last_hb = 0.0
         self._tokens = 0
         self._busy_s = 0.0
+        self._fenced = 0  # tasks whose results were dropped because the node lost its group membership
         self._started = time.monotonic()
         self._last_snapshot_request = -SNAPSHOT_REQUEST_INTERVAL_S
         self.engine = self.consumer = self.producer = self.plain = self.subscriber = None
@@ -117,13 +119,25 @@ class RolloutActor(LoopActor):
         per_task = self._roll_out(tasks, spans)
         groups = [g for gs in per_task for g in gs]
         self._emulate_slower_device(time.monotonic() - t0)
-        with self.producer.transaction():
-            for gs, span in zip(per_task, spans):
-                with trace.use_span(span):  # the record carries this rollout's trace context
-                    for g in gs:
-                        self.producer.send(self.topics.trajectories, g, key=g.task_id)
-            hang_in_transaction(self.node_id)  # test-only fault hook (astraflow.chaos.hooks)
-            self.producer.send_offsets(self.consumer)
+        try:
+            with self.producer.transaction():
+                for gs, span in zip(per_task, spans):
+                    with trace.use_span(span):  # the record carries this rollout's trace context
+                        for g in gs:
+                            self.producer.send(self.topics.trajectories, g, key=g.task_id)
+                hang_in_transaction(self.node_id)  # test-only fault hook (astraflow.chaos.hooks)
+                self.producer.send_offsets(self.consumer)
+        except StaleMembershipError as e:
+            # Fell out of the group while rolling out (a broker restart, a long pause): the
+            # partition's new owner redoes these tasks; ours were aborted with the transaction.
+            log.warning("%s: %s", self.node_id, e)
+            self._fenced += len(tasks)
+            self.metrics.emit_many({"raas.fenced_tasks": self._fenced}, step=self.engine.version,
+                                   node=self.node_id, policy=self.cfg.policy)
+            for span in spans:
+                span.set_attribute("raas.fenced", True)
+                span.end()
+            return
         for span in spans:
             span.end()
         busy = time.monotonic() - t0

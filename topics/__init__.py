@@ -9,7 +9,8 @@ from .client import Consumer, DeadLetters, Delivery, Producer
 from .cluster import EmbeddedCluster
 from .codec import decode, encode
 from .exceptions import (BrokerStartError, ChunkError, CorruptChunkError, DecodeError,
-                         KafkaRuntimeError, MissingChunkError, ProduceError, TopicConfigMismatch,
+                         KafkaRuntimeError, MissingChunkError, ProduceError, StaleMembershipError,
+                         TopicConfigMismatch,
                          TopicsError, UnknownMessageType, UnsupportedSchema)
 from .messages import (MESSAGE_TYPES, Batch, ChunkManifest, ChunkRef, DeadLetter, GenerationReply,
                        GenerationRequest, Heartbeat, Message,
@@ -21,7 +22,7 @@ __all__ = [
     "EmbeddedBroker", "EmbeddedCluster", "ChunkReader", "write_chunks", "Consumer", "DeadLetters", "Delivery",
     "Producer",
     "decode", "encode", "BrokerStartError", "ChunkError", "CorruptChunkError", "DecodeError",
-    "KafkaRuntimeError", "MissingChunkError", "ProduceError", "TopicConfigMismatch", "TopicsError",
+    "KafkaRuntimeError", "MissingChunkError", "ProduceError", "StaleMembershipError", "TopicConfigMismatch", "TopicsError",
     "UnknownMessageType", "UnsupportedSchema", "MESSAGE_TYPES", "Batch", "ChunkManifest", "ChunkRef",
     "DeadLetter", "Heartbeat", "Message", "Metric", "Prompt", "Sample", "SnapshotRequest", "SourceOffset", "Task",
     "TrajectoryGroup", "VersionAnnouncement", "GenerationRequest", "GenerationReply", "JobTopics", "TopicSpec", "ensure_topics",

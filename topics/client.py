@@ -22,7 +22,7 @@ from kafka.structs import OffsetAndMetadata
 
 from . import tracing
 from .codec import Headers, decode, encode
-from .exceptions import DecodeError, ProduceError
+from .exceptions import DecodeError, ProduceError, StaleMembershipError
 from .messages import DeadLetter, Message, SourceOffset
 
 log = logging.getLogger(__name__)
@@ -126,8 +126,15 @@ class Producer:
         """Commit ``consumer``'s processed offsets inside the current transaction."""
         offs = offsets if offsets is not None else consumer.pending_offsets()
         if offs:
+            # Consume-process-produce (no explicit offsets): commit under the membership the
+            # records were handed out in, checked still current. The broker fences a stale
+            # generation but accepts a transactional commit that names none, and kafka-python
+            # resets to generation -1 when it learns it was kicked out. Explicit offsets are a
+            # single-member group's own bookkeeping (the dataflow; its transactional id fences
+            # an older instance): they go under the current membership.
+            membership = consumer.membership_for(offs) if offsets is None else consumer.group_metadata()
             self._await(self._kp._transaction_manager.send_offsets_to_transaction(
-                {tp: OffsetAndMetadata(o, "", -1) for tp, o in offs.items()}, consumer.group_metadata()),
+                {tp: OffsetAndMetadata(o, "", -1) for tp, o in offs.items()}, membership),
                 "offset commit")
             consumer.mark_committed(offs)
 
@@ -178,6 +185,10 @@ def wait(future, timeout: float, topic: str = ""):
         return future.get(timeout=timeout)
     except Exception as e:  # noqa: BLE001 - kafka-python raises many KafkaError subclasses
         raise ProduceError(f"record to {topic or 'topic'} not acknowledged: {type(e).__name__}: {e}") from e
+
+
+def _same_membership(a: Any, b: Any) -> bool:
+    return (a.generation_id, a.member_id) == (b.generation_id, b.member_id) and a.generation_id >= 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +267,9 @@ class Consumer:
             self._kc.assign(partitions)
         self.dead_letters = dead_letters
         self.expect = expect
+        self._subscribed = bool(topics) and group_id is not None
         self._pending: dict[TopicPartition, int] = {}
+        self._handed_out_in: dict[TopicPartition, Any] = {}  # partition -> group membership at poll
 
     @property
     def raw(self) -> KafkaConsumer:
@@ -266,8 +279,17 @@ class Consumer:
     def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[Delivery]:
         """Decoded records, in partition order; undecodable ones are dead-lettered and skipped."""
         batches = self._kc.poll(timeout_ms=timeout_ms, max_records=max_records)
+        membership = self._kc.group_metadata() if self._subscribed else None
+        if membership is not None:
+            # Records handed out under an older generation are redelivered from the committed
+            # offsets after the rebalance (here or elsewhere): their pending offsets are void.
+            for tp in [tp for tp, m in self._handed_out_in.items() if not _same_membership(m, membership)]:
+                self._pending.pop(tp, None)
+                del self._handed_out_in[tp]
         out: list[Delivery] = []
         for tp, records in batches.items():
+            if membership is not None and records:
+                self._handed_out_in[tp] = membership
             for r in records:
                 headers = list(r.headers or [])
                 try:
@@ -292,6 +314,27 @@ class Consumer:
         for tp, off in offsets.items():
             if self._pending.get(tp) == off:
                 del self._pending[tp]
+                self._handed_out_in.pop(tp, None)
+
+    def membership_for(self, offsets: dict[TopicPartition, int]):
+        """The group membership to commit ``offsets`` under inside a transaction (KIP-447).
+
+        For a subscribed consumer: the generation its records were handed out in, provided the
+        consumer is still a member of exactly that generation; otherwise
+        :class:`StaleMembershipError` (another member may be redoing those records).
+        """
+        current = self._kc.group_metadata()
+        if not self._subscribed:
+            return current
+        fetched = {self._handed_out_in.get(tp) for tp in offsets}
+        if (len(fetched) != 1 or None in fetched or current.generation_id < 0 or not current.member_id
+                or not _same_membership(fetched.pop(), current)):
+            raise StaleMembershipError(
+                f"consumer {self._kc.config['client_id']} of group {current.group_id}: its membership changed "
+                f"since the records at {sorted((tp.topic, tp.partition, o) for tp, o in offsets.items())} were "
+                f"handed out (now generation {current.generation_id}, member {current.member_id!r}); not committing "
+                f"them — the partition's owner redoes them from the committed offset")
+        return current
 
     def commit(self, offsets: dict[TopicPartition, int] | None = None) -> None:
         """Synchronously commit ``offsets`` (default: everything handed out so far)."""

@@ -65,3 +65,13 @@ class ProduceError(TopicsError):
     """A record was not acknowledged by the broker."""
 
     retriable = True
+
+
+class StaleMembershipError(ProduceError):
+    """The consumer lost its group generation between handing records out and committing them.
+
+    Its partitions may already belong to another member, which fetched the old committed
+    offsets and redoes those records; committing them here too would answer them twice.
+    The transaction is aborted; the next poll rejoins the group and starts again from the
+    committed offsets.
+    """

@@ -1,0 +1,84 @@
+"""A RaaS node that fell out of its consumer group must not commit the tasks it holds.
+
+After a broker restart (or a long pause) a member's session can expire: the group
+rebalances, another node gets the partition, fetches the committed offset and redoes the
+task. kafka-python, once it learns it was removed, resets itself to generation -1, and the
+broker accepts a transactional offset commit that names no generation. Without the
+client-side check the old holder commits too, and the task is answered twice.
+"""
+
+import pytest
+from kafka import TopicPartition
+from kafka.structs import OffsetAndMetadata
+
+from astraflow.topics import Prompt, StaleMembershipError
+
+from .samples import GROUP
+
+
+def _drain(consumer, want: int, polls: int = 8):
+    got = []
+    for _ in range(polls):
+        got.extend(consumer.poll(1500))
+        if len(got) >= want:
+            break
+    return got
+
+
+def test_a_member_that_fell_out_cannot_commit_what_the_new_owner_redoes(job_topics, make_producer,
+                                                                          make_consumer):
+    src, dst = job_topics.tasks("policy"), job_topics.trajectories
+    feeder = make_producer()
+    feeder.send(src, Prompt("t0", "x", "y"), partition=0)
+    feeder.flush()
+    tp = TopicPartition(src, 0)
+
+    a = make_consumer(topics=[src], group_id="fence", client_id="node-a")
+    assert [d.message.prompt_id for d in _drain(a, 1)] == ["t0"]
+    # What kafka-python does when its heartbeat learns the member was removed: generation -1.
+    a.raw._coordinator.maybe_leave_group()
+    assert a.raw.group_metadata().generation_id < 0
+
+    b = make_consumer(topics=[src], group_id="fence", client_id="node-b")
+    assert [d.message.prompt_id for d in _drain(b, 1)] == ["t0"]  # the new owner redoes it
+
+    late = make_producer(transactional_id=f"{job_topics.job}-node-a")
+    with pytest.raises(StaleMembershipError, match="membership changed"):
+        with late.transaction():
+            late.send(dst, GROUP, key="t0")
+            late.send_offsets(a)
+    assert b.raw.committed(tp) in (None, -1)  # nothing of node-a's was committed
+    assert a.pending_offsets() == {tp: 1}  # still pending: a later poll voids it after the rejoin
+
+    owner = make_producer(transactional_id=f"{job_topics.job}-node-b")
+    with owner.transaction():
+        owner.send(dst, GROUP, key="t0")
+        owner.send_offsets(b)
+    assert b.raw.committed(tp) == 1
+    out = make_consumer(topics=[dst], group_id="fence-out")
+    assert len(_drain(out, 2, polls=4)) == 1  # one answer for the task
+
+    # Why the check is ours to make: the broker takes a transactional commit under generation -1.
+    raw = make_producer(transactional_id=f"{job_topics.job}-raw")
+    with raw.transaction():
+        raw._kp.send_offsets_to_transaction({tp: OffsetAndMetadata(0, "", -1)}, a.raw.group_metadata())
+    assert b.raw.committed(tp) == 0
+
+
+def test_a_rejoined_member_drops_pending_offsets_of_its_old_generation(job_topics, make_producer, make_consumer):
+    src = job_topics.tasks("policy")
+    feeder = make_producer()
+    for i in range(2):
+        feeder.send(src, Prompt(f"t{i}", "x", "y"), partition=0)
+    feeder.flush()
+    tp = TopicPartition(src, 0)
+    a = make_consumer(topics=[src], group_id="rejoin", client_id="node-a", max_poll_records=1)
+    assert [d.message.prompt_id for d in _drain(a, 1)] == ["t0"]
+    a.raw._coordinator.maybe_leave_group()
+    again = _drain(a, 2)  # rejoins, restarts from the committed offset (none: the beginning)
+    assert [d.message.prompt_id for d in again][:1] == ["t0"]
+    assert a.raw.group_metadata().generation_id >= 0
+    p = make_producer(transactional_id=f"{job_topics.job}-rejoin")
+    with p.transaction():
+        p.send_offsets(a)  # what this generation handed out, nothing older
+    assert a.raw.committed(tp) == len(again)
