@@ -40,9 +40,11 @@ log = logging.getLogger(__name__)
 
 
 class AutoscalerActor(LoopActor):
-    def __init__(self, supervisor, name: str, plan: Plan, cfg: JobConfig, bootstrap: str, backend: Backend) -> None:
+    def __init__(self, supervisor, name: str, plan: Plan, cfg: JobConfig, bootstrap: str, backend: Backend,
+                 report_hours: bool = True) -> None:
         super().__init__(supervisor, name)
         self.plan, self.cfg, self.bootstrap, self.backend = plan, cfg, bootstrap, backend
+        self.report_hours = report_hours  # one actor per job reports device-hours (one per policy runs)
         self.spec = plan.autoscaler
         self.policy = cfg.policy
         self.topics = job_topics(cfg)
@@ -51,8 +53,8 @@ class AutoscalerActor(LoopActor):
         self.producer = self.control = self.metrics_in = self.drops = self.admin = None
 
     def setup(self) -> None:
-        self.producer = Producer(self.bootstrap, client_id="autoscaler")
-        self.metrics = MetricsEmitter(self.producer, self.topics.metrics, "autoscaler")
+        self.producer = Producer(self.bootstrap, client_id=self.name)
+        self.metrics = MetricsEmitter(self.producer, self.topics.metrics, self.name)
         self.control, self.metrics_in, self.drops = (
             self._from_beginning(topic) for topic in (self.topics.control, self.topics.metrics,
                                                       self.topics.drops(self.policy)))
@@ -90,7 +92,8 @@ class AutoscalerActor(LoopActor):
         if now < self.next_eval:
             return
         self.next_eval = now + self.spec["interval_s"]
-        self._report_hours()
+        if self.report_hours:
+            self._report_hours()
         self._report_sizes()
         if self.enabled:
             self._decide(now)
@@ -190,7 +193,7 @@ class AutoscalerActor(LoopActor):
                           cost=t["cost"])
 
     def teardown(self) -> None:
-        if self.producer is not None:
+        if self.producer is not None and self.report_hours:
             try:
                 self._report_hours()
             except Exception:  # noqa: BLE001 - the run's summary recounts from the topics anyway

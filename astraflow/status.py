@@ -47,7 +47,10 @@ def job_status(bootstrap: str, job: str, policies: tuple[str, ...] = ("policy",)
     finally:
         admin.close()
     hours = {m.labels.get("pool"): m for m in metrics if m.name == "devices.hours"}
-    scaler = {m.name: m for m in metrics if m.name.startswith("autoscaler.")}
+    scalers: dict[str, dict] = {}  # policy -> newest autoscaler metric by name (one actor per policy)
+    for m in metrics:
+        if m.name.startswith("autoscaler."):
+            scalers.setdefault(m.labels.get("policy") or "policy", {})[m.name] = m
     waits = [m for m in metrics if m.name == "trainer.wait_s"]
     trains = [m for m in metrics if m.name == "trainer.train_s"]
     return {
@@ -63,10 +66,11 @@ def job_status(bootstrap: str, job: str, policies: tuple[str, ...] = ("policy",)
         # written by the autoscaler actor of `astraflow launch` / `node --topology` (topology/accounting.py)
         "device_hours": {pool: {"kind": m.labels.get("kind"), "device_hours": round(m.value, 4),
                                 "cost": round(float(m.labels.get("cost", 0.0)), 4)} for pool, m in hours.items()},
-        "autoscaler": ({"pool_size": scaler["autoscaler.pool_size"].value,
-                        "wait_frac": scaler["autoscaler.wait_frac"].value if "autoscaler.wait_frac" in scaler else None,
-                        "last_decision": scaler["autoscaler.target"].labels.get("reason")
-                        if "autoscaler.target" in scaler else None} if "autoscaler.pool_size" in scaler else None),
+        "autoscalers": {policy: {"pool_size": sc["autoscaler.pool_size"].value,
+                                 "wait_frac": sc["autoscaler.wait_frac"].value if "autoscaler.wait_frac" in sc else None,
+                                 "last_decision": sc["autoscaler.target"].labels.get("reason")
+                                 if "autoscaler.target" in sc else None}
+                        for policy, sc in sorted(scalers.items()) if "autoscaler.pool_size" in sc},
     }
 
 
@@ -81,9 +85,8 @@ def format_status(s: dict) -> str:
     lines.append(f"  trainer: {s['trainer_train_s_total']}s training, {s['trainer_wait_s_total']}s waiting for batches")
     for pool, h in s.get("device_hours", {}).items():
         lines.append(f"  device-hours {pool}: {h['device_hours']} ({h['kind']}), cost {h['cost']}")
-    if s.get("autoscaler"):
-        a = s["autoscaler"]
-        lines.append(f"  autoscaler: {a['pool_size']:.0f} nodes, trainer wait fraction {a['wait_frac']}; "
+    for policy, a in s.get("autoscalers", {}).items():
+        lines.append(f"  autoscaler ({policy}): {a['pool_size']:.0f} nodes, trainer wait fraction {a['wait_frac']}; "
                      f"last decision: {a['last_decision']}")
     lines.append("  nodes:")
     for n in s["nodes"]:

@@ -77,15 +77,28 @@ def announce_started(bootstrap: str, cfg: JobConfig, nodes) -> None:
         p.flush()
 
 
+def autoscaled_policies(plan: Plan, cfg: JobConfig) -> list[str]:
+    """The policies the autoscaler runs for: those with a RaaS pool, in the job's order."""
+    served = {p.policy or cfg.policy for p in plan.pools.values() if p.component == "raas"}
+    return [p for p in cfg.policy_names if p in served]
+
+
 @contextlib.contextmanager
 def autoscaler_running(plan: Plan, cfg: JobConfig, bootstrap: str, backend):
     """The autoscaler actor under a supervisor (restarted with backoff); yields its :class:`Outcome`."""
     from astraflow.actors.autoscaler import AutoscalerActor
     from astraflow.actors.supervisor import ChildSpec, Outcome, Supervisor
     outcome = Outcome()
-    spec = ChildSpec("autoscaler", lambda sup, name: AutoscalerActor.start(sup, name, plan, cfg, bootstrap, backend),
-                     required=False)
-    ref = Supervisor.start([spec], outcome)
+
+    def spec(policy: str, name: str, hours: bool) -> ChildSpec:
+        view = cfg.view(policy) if len(cfg.policy_names) > 1 else cfg
+        return ChildSpec(name, lambda sup, n: AutoscalerActor.start(sup, n, plan, view, bootstrap, backend,
+                                                                    report_hours=hours), required=False)
+    # One actor per policy with a RaaS pool: each sizes its own pools from its own trainer's
+    # wait and its own task lag; the first also reports the job's device-hours.
+    policies = autoscaled_policies(plan, cfg)
+    ref = Supervisor.start([spec(p, "autoscaler" if len(policies) == 1 else f"autoscaler.{p}", i == 0)
+                            for i, p in enumerate(policies)], outcome)
     try:
         yield outcome
     finally:

@@ -103,7 +103,7 @@ def test_two_regions_on_one_machine_idle_pool_scaled_down_nothing_lost(make_job_
                                              + d["pools"]["raas-us"]["device_hours"])
                                       + 1.0 * d["pools"]["raas-eu"]["device_hours"])
     status = job_status(bootstrap, cfg.job)
-    assert status["device_hours"]["raas-eu"]["kind"] == "a10" and status["autoscaler"]["pool_size"] >= 1
+    assert status["device_hours"]["raas-eu"]["kind"] == "a10" and status["autoscalers"]["policy"]["pool_size"] >= 1
 
 
 def test_slow_pool_is_scaled_up_within_max(make_job_config, bootstrap, tmp_path):

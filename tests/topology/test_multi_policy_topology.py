@@ -50,3 +50,11 @@ def test_a_pool_without_a_policy_or_a_policy_without_pools_is_refused(tmp_path):
     with pytest.raises(TopologyError, match="serves policy 'critic'"):
         load_plan(_variant(tmp_path, lambda p: (p["verifier-raas"].update(policy="critic"),
                                                 p["verifier-trainer"].update(policy="critic"))), cfg)
+
+
+def test_the_autoscaler_runs_for_every_policy_with_a_raas_pool(tmp_path):
+    from astraflow.topology.launch import autoscaled_policies
+    cfg = load_config(JOB)
+    assert autoscaled_policies(load_plan(TOPOLOGY, cfg), cfg) == ["solver", "verifier"]
+    single = load_config(ROOT / "examples" / "arithmetic_grpo.yaml")
+    assert autoscaled_policies(load_plan(ROOT / "examples" / "topology_local.yaml", single), single) == ["policy"]
