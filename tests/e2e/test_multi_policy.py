@@ -124,3 +124,35 @@ def test_a_pool_of_one_policy_refuses_a_missing_policy_flag(tmp_path):
     out = subprocess.run([sys.executable, "-m", "astraflow", "node", "--role", "raas", "--config", cfg.source,
                           "--bootstrap-servers", "127.0.0.1:1"], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "--policy" in out.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.timeout(1200)
+def test_a_multi_policy_topology_runs_one_autoscaler_per_policy(bootstrap, tmp_path):
+    """`astraflow launch` of the solver-verifier topology: each policy's pool is sized by its
+    own autoscaler (its own trainer's wait, its own task lag), within its own bounds."""
+    import json
+
+    from astraflow.chaos.invariants import audit_job
+    from astraflow.topology.launch import launch
+    cfg = _config(tmp_path, "mp-topo", {"trainer.steps": 6})
+    topo = yaml.safe_load((ROOT / "examples" / "topology_solver_verifier.yaml").read_text())
+    topo["regions"]["local"]["pools"]["verifier-raas"].update(min=1, max=2)
+    topo["autoscaler"] = {"enabled": True, "interval_s": 2, "window_s": 16, "cooldown_s": 16, "confirm": 2}
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump(topo))
+    summary = launch(path, cfg, bootstrap=bootstrap, run_dir=tmp_path / "run", progress=False, timeout_s=1000)
+    with open(f"{summary['run_dir']}/metrics.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    sizes = {}
+    for r in rows:
+        if r["name"] == "autoscaler.pool_size":
+            sizes.setdefault(r["label.policy"], []).append(r["value"])
+    assert set(sizes) == {"solver", "verifier"}  # one actor per policy, each reporting its own pool
+    for policy, seen in sizes.items():
+        assert 1 <= min(seen) and max(seen) <= 2, (policy, seen)
+    assert [r["label.policy"] for r in rows if r["name"] == "autoscaler.target"]  # decisions were made
+    # device-hours are counted once, by one of them: every pool appears once per report
+    hours = [r for r in rows if r["name"] == "devices.total_hours"]
+    assert hours and len({r["component"] for r in hours}) == 1
+    reports = audit_job(bootstrap, cfg)
+    _assert_conserved(reports, cfg)
