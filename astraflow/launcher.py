@@ -118,7 +118,10 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
     ``extension`` (``astraflow launch``'s :class:`~astraflow.topology.launch.TopologyRun`)
     replaces the job config's processes with its own (``processes``), runs beside them
     (``running``, a context entered once they have started), is ticked by this loop (``tick``:
-    the one thread that owns the process list) and adds to the summary (``summary``)."""
+    the one thread that owns the process list) and adds to the summary (``summary``). With the
+    embedded broker, its ``broker_setup(broker)`` context is entered before the broker starts
+    (it may add ``server.properties`` to ``broker.extra``, e.g. the listeners of emulated WAN
+    links) and exited after the broker stops."""
     from astraflow.actors.common import job_topics, model_path
     from astraflow.topics import Consumer, EmbeddedBroker, ensure_topics
 
@@ -136,7 +139,10 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
     with contextlib.ExitStack() as stack:
         if bootstrap is None:
             _say(progress, "starting the embedded Kafka broker ...")
-            broker = stack.enter_context(_broker(EmbeddedBroker(run_dir / "kafka")))
+            broker = EmbeddedBroker(run_dir / "kafka")
+            if extension is not None:
+                stack.enter_context(extension.broker_setup(broker))
+            broker = stack.enter_context(_broker(broker))
             bootstrap = broker.bootstrap_servers
         for policy in cfg.policy_names:  # builds a missing tiny model once, before any process needs it
             path = model_path(cfg.view(policy))

@@ -4,10 +4,11 @@
 ``launch`` runs a job on the whole deployment from one machine: the launcher's own run
 (:func:`astraflow.launcher.run_job`: broker, topics, progress, restarts, run directory)
 with the plan's processes instead of the job config's, and the autoscaler actor beside
-them. ``node --topology F --host H`` is one host's share of the same plan on a real
-deployment: its nodes as processes, supervised with the launcher's own functions, and
-the autoscaler when it lives on this host; a host without a trainer or dataflow stops
-when the trainer announces it is done.
+them; with the embedded broker, nodes of a region other than the Kafka cluster's reach it
+through an emulation of their link (:mod:`.wan`). ``node --topology F --host H`` is one
+host's share of the same plan on a real deployment: its nodes as processes, supervised
+with the launcher's own functions, and the autoscaler when it lives on this host; a host
+without a trainer or dataflow stops when the trainer announces it is done.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from astraflow.config import JobConfig, load_config
 
-from .plan import Plan, check_launchable, format_plan, resolve
+from .plan import Plan, check_launchable, format_plan, resolve, without_emulation
 from .schema import TopologyError, load_topology
 from .validation import local_backend_misplaced, validate_for_job
 
@@ -44,13 +45,20 @@ def check_topology(path: str, *, job: str | None = None, overrides: dict | None 
     return 0
 
 
-def node_command_for(cfg: JobConfig, bootstrap: str, run_dir: Path, overrides: list[str]):
-    """``NodePlan -> argv``: the launcher's node command with the node's pool settings and flags."""
+def node_command_for(cfg: JobConfig, bootstrap: str, run_dir: Path, overrides: list[str],
+                     region_bootstrap: dict[str, str] | None = None):
+    """``NodePlan -> argv``: the launcher's node command with the node's pool settings and flags.
+
+    ``region_bootstrap``: region -> the address its nodes reach Kafka at instead of
+    ``bootstrap`` (an emulated link's proxy, :mod:`.wan`); the autoscaler's backend starts
+    nodes through this same function, so its nodes get it too."""
     from astraflow.launcher import node_command
+    region_bootstrap = region_bootstrap or {}
 
     def command(node) -> list[str]:
         view = cfg.view(node.policy) if len(cfg.policy_names) > 1 and node.policy else cfg
-        return (node_command(node.role, view, bootstrap, run_dir, node.node_id, [*overrides, *node.overrides])
+        return (node_command(node.role, view, region_bootstrap.get(node.region, bootstrap), run_dir, node.node_id,
+                             [*overrides, *node.overrides])
                 + list(node.flags))
     return command
 
@@ -126,11 +134,29 @@ class TopologyRun:
         self.plan, self.cfg, self.overrides = plan, cfg, overrides
         self.backend = None
         self.outcome = None
+        self.wan = None  #: the emulated links (:class:`~.wan.WanEmulation`), with the embedded broker
         self.extra: dict = {}
+
+    @contextlib.contextmanager
+    def broker_setup(self, broker):
+        """Before the embedded broker starts: a listener and a shaping proxy per emulated link."""
+        from .wan import EmulatedLink, WanEmulation
+        links = [EmulatedLink(e["region"], e["kafka_region"], e["latency_ms"], e["bandwidth_mbps"])
+                 for e in self.plan.emulated_links()]
+        if not links:
+            yield
+            return
+        self.wan = WanEmulation(links)
+        broker.extra.update(self.wan.broker_properties(broker.port, broker.controller_port))
+        try:
+            yield
+        finally:
+            self.wan.close()
 
     def processes(self, bootstrap: str, run_dir: Path):
         from astraflow.launcher import Proc
-        command_for = node_command_for(self.cfg, bootstrap, run_dir, self.overrides)
+        command_for = node_command_for(self.cfg, bootstrap, run_dir, self.overrides,
+                                       self.wan.bootstrap_for() if self.wan is not None else None)
         self.backend = make_backend(self.plan, self.cfg, command_for, run_dir / "logs")
         mine = [n for n in self.plan.nodes if n.owner == "host"]
         announce_started(bootstrap, self.cfg, mine)
@@ -148,7 +174,9 @@ class TopologyRun:
             stop_processes(procs)
             self.backend.tick(procs)
             self.extra = {"topology": {"name": self.plan.name, "file": self.plan.source,
-                                       "notes": self.plan.notes},
+                                       "notes": self.plan.notes,
+                                       # per link: region, latency, bandwidth, bytes each way through its proxy
+                                       "emulated_links": self.wan.stats() if self.wan is not None else []},
                           "device_hours": recount_device_hours(bootstrap, self.cfg, self.plan),
                           # 0: the node finished its in-flight tasks and left the group on SIGTERM
                           "retired_exit_codes": dict(getattr(self.backend, "exits", {}))}
@@ -176,6 +204,8 @@ def launch(topology: str | Path, cfg: JobConfig, *, overrides: list[str] | None 
     check_launchable(plan)
     cluster = plan.clusters[0]
     bootstrap = bootstrap or cfg.kafka.bootstrap_servers or (None if cluster.embedded else cluster.name)
+    if bootstrap is not None:
+        without_emulation(plan, bootstrap)
     if progress:
         print(format_plan(plan), flush=True)
     return run_job(cfg, bootstrap=bootstrap, overrides=overrides, run_dir=run_dir, progress=progress,

@@ -102,10 +102,32 @@ class Plan:
     host_addresses: dict[str, str]
     region_hosts: dict[str, list[str]]  #: region -> its hosts, in file order
     notes: list[str] = field(default_factory=list)
+    emulate_links: bool = True  #: the topology's ``emulate_links``
 
     @property
     def shared_cluster(self) -> bool:
         return len(self.clusters) == 1
+
+    @property
+    def kafka_region(self) -> str | None:
+        """The region of the one Kafka cluster (the region that declares it); None with several."""
+        return self.clusters[0].declared_by if self.shared_cluster else None
+
+    def emulated_links(self) -> list[dict]:
+        """The links ``astraflow launch`` emulates with its embedded broker: per region of the
+        cluster other than its own, that region's link to the Kafka region (``region``,
+        ``kafka_region``, ``latency_ms``, ``bandwidth_mbps``). Empty when ``emulate_links`` is
+        off or the cluster is not the embedded broker."""
+        if not self.emulate_links or not self.shared_cluster or not self.clusters[0].embedded:
+            return []
+        home = self.kafka_region
+        out = []
+        for region in self.clusters[0].regions:
+            link = next((lk for lk in self.links if set(lk["between"]) == {region, home}), None)
+            if region != home and link is not None:
+                out.append({"region": region, "kafka_region": home, "latency_ms": link["latency_ms"],
+                            "bandwidth_mbps": link["bandwidth_mbps"]})
+        return out
 
     def cluster_of(self, region: str) -> Cluster:
         return next(c for c in self.clusters if region in c.regions)
@@ -132,7 +154,8 @@ class Plan:
                 "clusters": [asdict(c) for c in self.clusters], "shared_cluster": self.shared_cluster,
                 "pools": {n: asdict(p) for n, p in self.pools.items()},
                 "nodes": [asdict(n) for n in self.nodes], "links": self.links,
-                "autoscaler": {**self.autoscaler, "host": self.autoscaler_host}, "notes": self.notes}
+                "autoscaler": {**self.autoscaler, "host": self.autoscaler_host}, "notes": self.notes,
+                "emulate_links": self.emulate_links, "emulated_links": self.emulated_links()}
 
 
 def resolve(t: Topology, job_policy: str | None = None) -> Plan:
@@ -159,7 +182,7 @@ def resolve(t: Topology, job_policy: str | None = None) -> Plan:
                 [{"between": list(link.between), "bandwidth_mbps": link.bandwidth_mbps,
                   "latency_ms": link.latency_ms} for link in t.links],
                 {k: v for k, v in asdict(t.autoscaler).items() if k != "host"}, autoscaler_host(t), addresses,
-                {r: list(region.hosts) for r, region in t.regions.items()})
+                {r: list(region.hosts) for r, region in t.regions.items()}, emulate_links=t.emulate_links)
     plan.notes = _notes(plan)
     misplaced = local_backend_misplaced(t)
     if misplaced:
@@ -210,14 +233,45 @@ def _notes(plan: Plan) -> list[str]:
         notes.append(f"regions {', '.join(plan.clusters[0].regions)} share one Kafka cluster: no replication "
                      f"between them (each record crosses the region link at most once, to or from that cluster)")
     if plan.links:
-        notes.append("links are used for placement (the autoscaler prefers pools near the trainer at equal cost); "
-                     "WAN emulation of their bandwidth/latency comes with the cross-region work")
+        notes.append("links are used for placement (the autoscaler prefers pools near the trainer at equal cost)")
+        notes.append(_emulation_note(plan))
     for p in plan.pools.values():
         if p.emulate_slowdown != 1.0:
             what = "rollout call" if p.component == "raas" else "training step"
             notes.append(f"pool {p.name}: EMULATION — its {p.device_kind} nodes run on CPU, every {what} "
                          f"stretched x{p.emulate_slowdown:g} (sleep)")
     return notes
+
+
+def _emulation_note(plan: Plan) -> str:
+    if not plan.emulate_links:
+        return "links are not emulated (emulate_links: false): every node reaches the broker directly"
+    if not plan.shared_cluster:
+        return "links are not emulated: emulation needs one cluster, the embedded broker"
+    if not plan.clusters[0].embedded:
+        return (f"links are not emulated: the Kafka cluster is external ({plan.clusters[0].name}); emulation "
+                f"needs the embedded broker `astraflow launch` starts")
+    emulated = plan.emulated_links()
+    if not emulated:
+        return f"links are not emulated: no region of the cluster is linked to the Kafka region {plan.kafka_region}"
+    parts = [f"{e['region']} nodes reach the broker in {e['kafka_region']} through a loopback proxy adding "
+             f"{e['latency_ms']:g} ms each way, capped at {e['bandwidth_mbps']:g} Mbit/s per direction"
+             for e in emulated]
+    unlinked = [r for r in plan.clusters[0].regions
+                if r != plan.kafka_region and r not in {e["region"] for e in emulated}]
+    tail = f"; {', '.join(unlinked)} (no link to {plan.kafka_region}) connect directly" if unlinked else ""
+    return "EMULATION of links by `astraflow launch` (embedded broker only): " + "; ".join(parts) + tail
+
+
+def without_emulation(plan: Plan, bootstrap: str) -> None:
+    """``launch`` given an existing cluster (``--bootstrap-servers``) instead of the embedded
+    broker the file names: no links emulated, and a note that says so."""
+    if not plan.emulated_links():
+        return
+    plan.emulate_links = False
+    note = (f"links are not emulated: this run uses the existing cluster {bootstrap} (--bootstrap-servers or "
+            f"kafka.bootstrap_servers), and emulation needs the embedded broker")
+    plan.notes = [note if n.startswith("EMULATION of links") else n for n in plan.notes]
 
 
 def check_launchable(plan: Plan) -> None:
@@ -236,9 +290,12 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"region {rname}: hosts {', '.join(f'{h} ({plan.host_addresses[h]})' for h in hosts)}")
         for p in (p for p in plan.pools.values() if p.region == rname):
             lines.append("  " + _pool_line(p))
+    emulated = [{e["region"], e["kafka_region"]} for e in plan.emulated_links()]
     for link in plan.links:
         a, b = link["between"]
-        lines.append(f"link {a} <-> {b}: {link['bandwidth_mbps']:g} Mbit/s, {link['latency_ms']:g} ms")
+        how = ("  [EMULATED by launch: a shaping proxy to the broker]" if {a, b} in emulated
+               else "  [not emulated]")
+        lines.append(f"link {a} <-> {b}: {link['bandwidth_mbps']:g} Mbit/s, {link['latency_ms']:g} ms{how}")
     a = plan.autoscaler
     if a["enabled"]:
         lines.append(f"autoscaler: on, on host {plan.autoscaler_host}, backend {a['backend']}; every "

@@ -5,7 +5,8 @@ servers, or ``region:<name>`` for the cluster of another region), **hosts**, and
 a component (dataflow / trainer of a policy / RaaS of a policy), how many nodes, where
 they run, the device kind and count of one node, its relative speed and cost per
 device-hour, and for RaaS pools the ``min``/``max`` the autoscaler keeps to. **Links**
-between regions carry bandwidth and latency; the **autoscaler** section turns elastic
+between regions carry bandwidth and latency (used for placement, and emulated by
+``astraflow launch`` unless ``emulate_links: false``); the **autoscaler** section turns elastic
 RaaS pools over to the autoscaler actor and chooses its actuator backend.
 
 This module holds the shapes and per-field checks only; cross-references (hosts of a pool,
@@ -179,6 +180,9 @@ class Topology:
     name: str = _k(help="deployment name")
     regions: dict[str, Region] = _k(help="region name -> region")
     links: tuple[Link, ...] = _k((), "links between regions")
+    emulate_links: bool = _k(True, "`astraflow launch` with the embedded broker: nodes of a region other than the "
+                                   "Kafka cluster's reach the broker through a loopback proxy that adds their "
+                                   "link's latency and caps its bandwidth; false: they connect directly")
     autoscaler: AutoscalerSpec = _k(AutoscalerSpec(), "the elastic autoscaler")
     source: str = field(default="<dict>", compare=False, metadata={"help": "file it was loaded from"})
 

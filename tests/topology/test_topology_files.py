@@ -86,6 +86,7 @@ def error_of(tmp_path, data) -> TopologyError:
      "autoscaler.enabled", "no RaaS pool is elastic"),
     (lambda d: d["regions"]["us"]["pools"]["trainer"].update(hosts=["us-0", "us-1"], count=2),
      "regions.us.pools.trainer.master_port", "needs the port"),
+    (lambda d: d.update(emulate_links="sometimes"), "emulate_links", "expected bool"),
 ])
 def test_validation_errors_name_the_key(tmp_path, edit, key, words):
     e = error_of(tmp_path, changed(edit))
