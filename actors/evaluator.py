@@ -85,8 +85,11 @@ class EvaluatorActor(LoopActor):
         self.problems = heldout_problems(self.cfg)
         self.producer = Producer(self.bootstrap, client_id=f"eval.{self.cfg.policy}")
         self.metrics = MetricsEmitter(self.producer, self.topics.metrics, f"eval.{self.cfg.policy}")
+        # On demand: it evaluates every `eval.every`-th version, so it loads the chain's latest
+        # snapshot when a target is announced instead of applying every delta on the way.
         self.subscriber = WeightSubscriber(self.bootstrap, self.topics, self.cfg.policy,
-                                           initial_version=self.engine.version, node_id="evaluator")
+                                           initial_version=self.engine.version, node_id="evaluator",
+                                           on_demand=True)
         self.subscriber.start()
         for p in self.cfg.policy_names if self.team else ():
             if p == self.cfg.policy:

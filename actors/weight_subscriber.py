@@ -98,13 +98,17 @@ class WeightSubscriber:
         tracer: OpenTelemetry tracer (default: this module's).
         on_fault: called from the subscriber's thread with ``(report, held_version)`` for
             every unrecovered fault (RaaS nodes ask the trainer for a snapshot with it).
+        on_demand: fetch nothing until a version is asked for (:meth:`want`, or
+            :meth:`wait_for`), then move straight to the head: a node that needs only some
+            versions (the evaluator, every ``eval.every``-th) loads the chain's latest
+            snapshot and the few deltas after it instead of applying every delta.
     """
 
     def __init__(self, bootstrap_servers: str, topics: JobTopics, policy: str, *,
                  initial: Mapping[str, torch.Tensor] | None = None, initial_version: int = -1,
                  initial_epoch: int = 0, node_id: str = "", codec_threads: int = 1,
                  tracer: trace.Tracer | None = None,
-                 on_fault: Callable[[str, int], None] | None = None) -> None:
+                 on_fault: Callable[[str, int], None] | None = None, on_demand: bool = False) -> None:
         self.bootstrap_servers, self.topics, self.policy = bootstrap_servers, topics, policy
         self.node_id = node_id or "subscriber"
         self.codec_threads = codec_threads
@@ -132,6 +136,8 @@ class WeightSubscriber:
         self._unrecovered = False  # a fault was reported and no version was reached since
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._on_demand = on_demand
+        self._wanted = -1  # on demand: the lowest version worth fetching; -1: none asked for yet
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> "WeightSubscriber":
@@ -200,9 +206,16 @@ class WeightSubscriber:
                 self._digest = deltas.weights_digest(self._state, self._hashes)
             return self._digest
 
+    def want(self, version: int) -> None:
+        """On demand: move to the head once it reaches ``version`` (the latest ask counts; no-op
+        when following every version)."""
+        with self._lock:
+            self._wanted = version
+
     def wait_for(self, version: int, timeout: float, *, epoch: int | None = None) -> bool:
         """Wait until a version >= ``version`` is held (in ``epoch`` or a newer one, if given); False on timeout."""
         with self._lock:
+            self._wanted = version
             if epoch is None:
                 return self._lock.wait_for(lambda: self._version >= version, timeout)
             return self._lock.wait_for(lambda: (self._epoch, self._version) >= (epoch, version), timeout)
@@ -275,6 +288,8 @@ class WeightSubscriber:
         if (head is None or (head.epoch, head.version) <= (self._epoch, self._version)
                 or time.monotonic() < self._retry_at):
             return
+        if self._on_demand and (self._wanted < 0 or head.version < self._wanted):
+            return  # not asked for yet: announcements are followed, payloads are not fetched
         if not self._advance(reader, head):
             self._retry_at = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, _RETRY_S[1])

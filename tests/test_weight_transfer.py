@@ -312,3 +312,32 @@ def test_a_failed_version_surfaces_on_the_next_call_and_is_never_announced(boots
         assert read_latest_announcement(bootstrap, job_topics.versions, "policy").kind == "snapshot"
     finally:
         pub.close()
+
+
+def test_an_on_demand_subscriber_fetches_only_when_asked_and_jumps_to_the_snapshot(bootstrap, job_topics):
+    """The evaluator's mode: it needs every `eval.every`-th version, not every delta."""
+    trainer = Trainer()
+    history = {0: trainer.named_weights()}
+    pub = WeightPublisher(bootstrap, job_topics, "policy", snapshot_every=4, chunk_size=CHUNK)
+    follower = WeightSubscriber(bootstrap, job_topics, "policy", node_id="follower").start()
+    lazy = WeightSubscriber(bootstrap, job_topics, "policy", node_id="lazy", on_demand=True).start()
+    try:
+        pub.publish(history[0], 0)
+        for v in range(1, 11):
+            trainer.step()
+            history[v] = trainer.named_weights()
+            pub.publish(history[v], v)
+            pub.flush(WAIT)
+            assert follower.wait_for(v, WAIT), follower.faults
+        time.sleep(1.0)  # the lazy one has seen every announcement by now, and fetched nothing
+        assert lazy.version == -1 and lazy.path_counts == {"snapshot": 0, "delta": 0}
+        assert not lazy.wait_for(11, 1.0)  # asking beyond the head fetches nothing either
+        assert lazy.version == -1
+        assert lazy.wait_for(10, WAIT), lazy.faults
+        assert bits_equal(lazy.weights(), history[10]) and lazy.digest() == follower.digest()
+        assert lazy.path_counts == {"snapshot": 1, "delta": 2}  # snapshot 8, deltas 9 and 10
+        assert follower.path_counts == {"snapshot": 1, "delta": 10}
+    finally:
+        for sub in (follower, lazy):
+            sub.close()
+        pub.close()
