@@ -107,7 +107,8 @@ def test_two_regions_on_one_machine_idle_pool_scaled_down_nothing_lost(make_job_
 
 
 def test_slow_pool_is_scaled_up_within_max(make_job_config, bootstrap, tmp_path):
-    cfg = make_job_config({"trainer": {"steps": 24}, "rollout": {"tasks_per_call": 2}}, name="elastic-up")
+    # long enough that the nodes it starts (~10 s to load and join) still find work on a quiet machine
+    cfg = make_job_config({"trainer": {"steps": 60}, "rollout": {"tasks_per_call": 2}}, name="elastic-up")
     topology = _write(tmp_path, {
         "name": "one-region",
         "regions": {"local": {"hosts": ["h"], "pools": {
