@@ -49,7 +49,6 @@ from astraflow.engines.weight_format import PayloadKind, WeightCodecError, read_
 from astraflow.topics import (ChunkError, ChunkManifest, ChunkReader, CorruptChunkError, JobTopics,
                               VersionAnnouncement)
 from astraflow.topics import tracing
-from astraflow.topics.client import CLIENT_DEFAULTS
 
 from .weight_publisher import _announcement, _newer
 
@@ -258,7 +257,7 @@ class WeightSubscriber:
         with contextlib.ExitStack() as stack:
             consumer = KafkaConsumer(bootstrap_servers=self.bootstrap_servers, group_id=None,
                                      enable_auto_commit=False, client_id=f"astraflow-weights-{self.node_id}",
-                                     max_partition_fetch_bytes=8 * 1024 * 1024, **CLIENT_DEFAULTS)
+                                     max_partition_fetch_bytes=8 * 1024 * 1024)
             stack.callback(consumer.close)
             reader = stack.enter_context(ChunkReader(self.bootstrap_servers))
             consumer.assign([tp])

@@ -17,7 +17,7 @@ from typing import Iterable
 
 from kafka import KafkaConsumer, TopicPartition
 
-from .client import CLIENT_DEFAULTS, Producer, wait
+from .client import Producer, wait
 from .codec import Headers, header
 from .exceptions import CorruptChunkError, MissingChunkError
 from .messages import ChunkManifest, ChunkRef
@@ -73,8 +73,7 @@ class ChunkReader:
         self._kc = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None,
                                  enable_auto_commit=False, isolation_level=isolation_level,
                                  max_partition_fetch_bytes=8 * 1024 * 1024,
-                                 fetch_max_bytes=64 * 1024 * 1024, client_id="astraflow-chunks",
-                                 **CLIENT_DEFAULTS)
+                                 fetch_max_bytes=64 * 1024 * 1024, client_id="astraflow-chunks")
         self.poll_timeout_ms = poll_timeout_ms
 
     def read(self, manifest: ChunkManifest) -> bytes:
