@@ -3,7 +3,7 @@
 :class:`WeightPublisher` owns one background thread and a bounded queue. The trainer
 hands over the weights of a version (CPU copies it no longer touches) and goes on
 training; the thread encodes a sparse delta against the previously published version,
-writes it to ``weights.<policy>`` as <= 1 MiB chunks (each with its sha256), waits until
+writes it to ``weights.<policy>`` as <= 1 MiB chunks (each with its BLAKE3 digest), waits until
 every chunk is acknowledged (``acks=all``), and only then announces the version on the
 compacted ``versions`` topic. Every ``snapshot_every`` versions, and on demand, it also
 writes a full snapshot of the same version. That version is announced twice: first as

@@ -10,7 +10,7 @@ announced version, off the rollout path:
   late joiner), or a delta is missing, corrupt or does not fit its weights, it loads the
   chain's snapshot and the deltas after it into fresh tensors and swaps them in.
 
-Every chunk's sha256, the payload's sha256, the delta's base digest, every tensor's
+Every chunk's BLAKE3 digest, the manifest's, the delta's base digest, every tensor's
 result hash and the announced digest of the full weights are checked before a version
 counts as held; a failure is reported in :attr:`WeightSubscriber.faults` with the path
 that recovered. A payload that failed verification is never fetched again: when it lies
@@ -411,7 +411,7 @@ class WeightSubscriber:
                digest: str | None = None) -> bytes:
         """The verified payload of ``version``; ``digest``: the announced digest it must produce."""
         try:
-            payload = reader.read(manifest)  # checks every chunk's sha256 and the whole payload's
+            payload = reader.read(manifest)  # checks the manifest and every chunk's digest
         except ChunkError as e:
             if isinstance(e, CorruptChunkError):
                 self._bad.add(manifest.object_id)

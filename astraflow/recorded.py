@@ -43,7 +43,7 @@ class RecordedVersion:
     version: int
     digest: str  #: ``weights_digest`` of the full weights at this version
     epoch: int = -1  #: lineage epoch (-1: known only from a payload whose announcement was compacted)
-    #: sha256 (hex) of every tensor's bits, when a payload of this version is still on ``weights.<policy>``
+    #: BLAKE3 (hex) of every tensor's bits, when a payload of this version is still on ``weights.<policy>``
     tensors: dict[str, str] | None = None
     sources: tuple[str, ...] = field(default=())  #: where the digest was read: versions, weights, metrics
 

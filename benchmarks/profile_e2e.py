@@ -44,7 +44,7 @@ BUCKETS = [
                        "torch/optim", "of 'torch._C", "torch/functional", "torch/_ops")),
     ("transformers", ("transformers/",)),
     ("deepspeed", ("deepspeed/",)),
-    ("weight codec (zstd, sha256, numpy)", ("zstd", "zstandard", "_hashlib", "hashlib", "sha256", "engines/deltas",
+    ("weight codec (zstd, BLAKE3, numpy)", ("zstd", "zstandard", "blake3", "_hashlib", "hashlib", "sha256", "engines/deltas",
                                             "engines/weight_format", "numpy")),
     ("kafka-python client", ("kafka/",)),
     ("socket / select / locks", ("selectors", "socket", "select.", "ssl", "acquire", "threading.py", "queue.py",

@@ -30,7 +30,7 @@ def topics() -> list[str]:
     out = [f"**Kafka path** — `python -m astraflow.benchmarks.topics_throughput` (Kafka {d['kafka_version']}, "
            f"{d['records']:,} trajectory records of ~{d['trajectory_value_bytes']:,} B, "
            f"{d['chunk_total_mib']} MiB of 1 MiB chunks; ours = typed wrappers with orjson, idempotence, "
-           "acks=all, zstd / chunking with sha256; kafka-python = the same client with the same settings and bytes, "
+           "acks=all, zstd / chunking with BLAKE3; kafka-python = the same client with the same settings and bytes, "
            "no decoding or checksums; Kafka tool = its own perf tools, same payloads and settings; MB/s median "
            f"(min–max) of {d['repeats']} rounds{_load_note(d)})", "",
            "| workload | op | ours MB/s | kafka-python MB/s | Kafka tool MB/s | ours / Kafka tool | ours / kafka-python |",

@@ -6,7 +6,7 @@ One embedded broker (or ``--bootstrap-servers``), one run, two workloads:
     (orjson encode + decode, idempotent, acks=all, zstd), next to
     ``kafka-producer-perf-test`` / ``kafka-consumer-perf-test`` sending the very same
     JSON payloads (``--payload-file``) with the same producer settings;
-(b) 1 MiB weight chunks through ``write_chunks`` / ``ChunkReader`` (sha256 per chunk
+(b) 1 MiB weight chunks through ``write_chunks`` / ``ChunkReader`` (BLAKE3 per chunk
     and per object), next to the perf tools at the same record size, no compression.
 
 A third client, plain kafka-python with the same settings and the same bytes (values

@@ -14,7 +14,6 @@ announcements: it takes tensors and returns bytes, and takes bytes and returns t
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +23,7 @@ from typing import NamedTuple, TypeVar
 import numpy as np
 import torch
 import zstandard as zstd
+from blake3 import blake3
 
 from .weight_format import (
     HEADER_NBYTES,
@@ -215,7 +215,7 @@ def _decompress(frame: memoryview, expected: int, name: str) -> np.ndarray:
 
 
 def _map(fn: Callable[[_T], _R], items: Iterable[_T], threads: int) -> list[_R]:
-    # numpy, hashlib and zstd release the GIL on large buffers, so tensors encode in parallel.
+    # numpy, blake3 and zstd release the GIL on large buffers, so tensors encode in parallel.
     items = list(items)
     if threads <= 1 or len(items) <= 1:
         return [fn(x) for x in items]
@@ -346,7 +346,7 @@ def encode_version(new: Mapping[str, torch.Tensor], version: int, *,
     encoded = _map(lambda k: _encode_tensor(
         k, new[k], None if base is None else base.get(k), bh.get(k), level), names, threads)
 
-    entries, offset, data_hash = [], 0, hashlib.sha256()
+    entries, offset, data_hash = [], 0, blake3()
     for e in encoded:
         entries.append(replace(e.entry, offset=offset))
         offset += len(e.frame)
@@ -387,7 +387,7 @@ def _open(payload: Buffer) -> tuple[PayloadHeader, tuple[TensorEntry, ...], memo
     header, entries = read_table(payload)
     data = memoryview(payload)[header.data_offset :]
     # Checked before anything is applied, so a corrupted payload never half-updates weights.
-    if hashlib.sha256(data).digest() != header.data_hash:
+    if blake3(data).digest() != header.data_hash:
         raise DeltaFormatError("weight payload data checksum mismatch (corrupted or truncated)")
     if digest_from_entries([(e.name, e.dtype, e.shape, e.hash) for e in entries]) != header.digest:
         raise DeltaFormatError("tensor table does not match the header's version digest")

@@ -14,19 +14,21 @@ Layout (all integers little-endian)::
              digest[32]       weights_digest() of the version this payload produces,
              base_digest[32]  weights_digest() of the base it must be applied to (zeros
                               for a snapshot),
-             data_hash[32]    sha256 of the data section,
-             check[16]        sha256(header up to here + table)[:16]
+             data_hash[32]    BLAKE3 of the data section,
+             check[16]        BLAKE3(header up to here + table)[:16]
     table    UTF-8 JSON list, one object per tensor (see `TensorEntry.to_json`)
     data     the tensors' zstd frames back to back, at the offsets the table gives
 
-Checksums are SHA-256 (hashlib): it is hardware-accelerated (SHA-NI / ARMv8 crypto) on the
-machines we run on, measured faster than blake2b here, and every language has it.
+Checksums are BLAKE3 (256-bit; the ``blake3`` package, Rust with SIMD). Hashing every
+tensor is the largest fixed cost of encoding a sparse delta and of verifying one after
+applying it, and on this project's machines BLAKE3 hashes 4.8 GB/s on one thread against
+1.4 GB/s for hardware-accelerated SHA-256 (SHA-NI) and 0.8 GB/s for blake2b. Format 1
+used SHA-256; a reader of format 2 refuses format 1 payloads with a clear error.
 """
 
 from __future__ import annotations
 
 import enum
-import hashlib
 import json
 import struct
 from collections.abc import Mapping
@@ -35,9 +37,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from blake3 import blake3
 
 MAGIC = b"AFWT"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _HEADER = struct.Struct("<4sHBBqqIIQ32s32s32s16s")
 HEADER_NBYTES = _HEADER.size
 _ZERO32 = bytes(32)
@@ -136,12 +139,12 @@ def bits_to_tensor(bits: np.ndarray, dtype: str, shape: tuple[int, ...]) -> torc
 
 
 def hash_bits(bits: np.ndarray) -> bytes:
-    # hashlib releases the GIL on large buffers, so callers may hash tensors in threads.
-    return hashlib.sha256(bits).digest()
+    # blake3 releases the GIL on large buffers, so callers may hash tensors in threads.
+    return blake3(bits.view(np.uint8)).digest()
 
 
 def weights_digest(named: Mapping[str, torch.Tensor], hashes: Mapping[str, bytes] | None = None) -> str:
-    """Hex SHA-256 over every tensor's name, dtype, shape and bits, in name order.
+    """Hex BLAKE3 over every tensor's name, dtype, shape and bits, in name order.
 
     Two processes agree on this digest iff they hold bit-identical weights. `hashes` are
     per-tensor `hash_bits` results already known to the caller (saves a pass over memory).
@@ -159,7 +162,7 @@ def _digest_line(name: str, dtype: str, shape: tuple[int, ...], tensor_hash: byt
 
 
 def digest_from_entries(lines: list[tuple[str, str, tuple[int, ...], bytes]]) -> str:
-    h = hashlib.sha256(b"astraflow-weights-v1\n")
+    h = blake3(b"astraflow-weights-v2\n")
     for name, dtype, shape, th in sorted(lines, key=lambda x: x[0]):
         h.update(_digest_line(name, dtype, shape, th))
     return h.hexdigest()
@@ -177,8 +180,8 @@ class TensorEntry:
     length: int  # of the zstd frame; 0 for SAME
     changed: int  # elements whose bits changed (all of them for a snapshot)
     positions_nbytes: int  # raw bytes of the position section (varint or bitmap); 0 otherwise
-    hash: bytes  # sha256 of the resulting tensor's bits
-    base_hash: bytes  # sha256 of the base tensor's bits; b"" for FULL
+    hash: bytes  # BLAKE3 of the resulting tensor's bits
+    base_hash: bytes  # BLAKE3 of the base tensor's bits; b"" for FULL
 
     @property
     def numel(self) -> int:
@@ -240,7 +243,7 @@ def pack_header_and_table(header: PayloadHeader, entries: list[TensorEntry]) -> 
         len(entries), len(table), header.data_nbytes, bytes.fromhex(header.digest),
         bytes.fromhex(header.base_digest) if header.base_digest else _ZERO32, header.data_hash, bytes(16),
     )[: HEADER_NBYTES - 16]
-    return prefix + hashlib.sha256(prefix + table).digest()[:16] + table
+    return prefix + blake3(prefix + table).digest()[:16] + table
 
 
 def read_header(payload: Buffer) -> PayloadHeader:
@@ -270,7 +273,7 @@ def read_table(payload: Buffer) -> tuple[PayloadHeader, tuple[TensorEntry, ...]]
     if len(view) != header.nbytes:
         raise DeltaFormatError(f"payload is {len(view)} bytes, header says {header.nbytes} (truncated or padded)")
     table = view[HEADER_NBYTES : header.data_offset]
-    check = hashlib.sha256(view[: HEADER_NBYTES - 16]).copy()
+    check = blake3(view[: HEADER_NBYTES - 16])
     check.update(table)
     if check.digest()[:16] != bytes(view[HEADER_NBYTES - 16 : HEADER_NBYTES]):
         raise DeltaFormatError("weight payload header/table checksum mismatch (corrupted)")

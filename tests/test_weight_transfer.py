@@ -205,8 +205,8 @@ def test_corrupt_chunk_is_detected_never_applied_and_recovered_through_a_snapsho
         md = bad.send_raw(topic, bytes(first), key=key, partition=0,
                           headers=[("af-object", object_id.encode()), ("af-chunk", b"0")]).get(10)
         chunks = [type(manifest.chunks[0])(md.partition, md.offset, manifest.chunks[0].size,
-                                           manifest.chunks[0].sha256), *manifest.chunks[1:]]
-        return type(manifest)(manifest.object_id, manifest.topic, manifest.total_bytes, manifest.sha256, chunks)
+                                           manifest.chunks[0].digest), *manifest.chunks[1:]]
+        return type(manifest)(manifest.object_id, manifest.topic, manifest.total_bytes, manifest.digest, chunks)
 
     monkeypatch.setattr(weight_publisher, "write_chunks", write_with_bad_record)
     trainer = Trainer(seed=1)
@@ -244,7 +244,7 @@ def test_corrupt_chunk_is_detected_never_applied_and_recovered_through_a_snapsho
         recovered = "raas-0: recovered: reached version 5 through the snapshot path (snapshot 5)"
         assert wait_until(lambda: recovered in sub.faults), sub.faults
         faults = sub.faults
-        assert any("CorruptChunkError" in f and "sha256" in f and "version 3" in f for f in faults), faults
+        assert any("CorruptChunkError" in f and "BLAKE3" in f and "version 3" in f for f in faults), faults
         assert faults[-1] == recovered
         assert sub.path_counts == {"snapshot": 2, "delta": 2}  # snapshots 0 and 5, deltas 1 and 2
         # every unrecovered fault was reported to the node with the version it held; the recovery was not

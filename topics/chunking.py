@@ -1,20 +1,25 @@
 """Large binary payloads as a sequence of <= 1 MiB records plus a manifest.
 
-:func:`write_chunks` splits a payload, sends every chunk with its index and sha256 in
-headers, waits until all are acknowledged (``acks=all``: durable), and returns a
-:class:`~.messages.ChunkManifest` with each chunk's partition and offset.
-:class:`ChunkReader` seeks to those offsets, verifies each chunk and the whole payload,
-and raises :class:`~.exceptions.MissingChunkError` / :class:`~.exceptions.CorruptChunkError`
+:func:`write_chunks` splits a payload, sends every chunk with its index and BLAKE3 digest
+in headers, waits until all are acknowledged (``acks=all``: durable), and returns a
+:class:`~.messages.ChunkManifest` with each chunk's partition, offset and digest.
+:class:`ChunkReader` seeks to those offsets, verifies each chunk against the manifest, and
+raises :class:`~.exceptions.MissingChunkError` / :class:`~.exceptions.CorruptChunkError`
 so callers can refetch or fall back (e.g. to a weight snapshot). Records stay within
 stock clusters' default 1 MiB limit.
+
+One integrity pass per side: every byte is hashed once when written and once when read
+(per chunk). The manifest's own digest covers the chunk list (sizes and digests, in
+order), so it is computed without a second pass over the payload: a payload whose every
+chunk matches a manifest that matches its digest is the payload the writer hashed.
 """
 
 from __future__ import annotations
 
-import hashlib
 import uuid
-from typing import Iterable
+from collections.abc import Iterable, Sequence
 
+from blake3 import blake3
 from kafka import KafkaConsumer, TopicPartition
 
 from .client import Producer, wait
@@ -27,7 +32,7 @@ DEFAULT_CHUNK_SIZE = 1024 * 1024 - 4096  # headroom for record headers under a 1
 H_OBJECT = "af-object"
 H_INDEX = "af-chunk"
 H_COUNT = "af-chunks"
-H_SHA = "af-sha256"
+H_DIGEST = "af-blake3"
 CHUNK_TYPE = b"chunk"
 
 
@@ -40,6 +45,14 @@ def iter_slices(payload: bytes | bytearray | memoryview, chunk_size: int) -> Ite
         yield view[start:start + chunk_size]
 
 
+def manifest_digest(chunks: Sequence[ChunkRef]) -> str:
+    """BLAKE3 (hex) over the chunks' sizes and digests, in payload order."""
+    h = blake3(b"astraflow-chunks-v2\n")
+    for ref in chunks:
+        h.update(f"{ref.size} {ref.digest}\n".encode())
+    return h.hexdigest()
+
+
 def write_chunks(producer: Producer, topic: str, payload: bytes | bytearray | memoryview, *,
                  key: str | bytes | None = None, object_id: str | None = None,
                  chunk_size: int = DEFAULT_CHUNK_SIZE, partition: int | None = 0,
@@ -47,22 +60,21 @@ def write_chunks(producer: Producer, topic: str, payload: bytes | bytearray | me
     """Write ``payload`` as chunks and return the manifest once every chunk is acknowledged."""
     object_id = object_id or uuid.uuid4().hex
     slices = list(iter_slices(payload, chunk_size))
-    futures, refs_sha, whole = [], [], hashlib.sha256()
+    futures, sent = [], []
     for i, piece in enumerate(slices):
-        whole.update(piece)
-        sha = hashlib.sha256(piece).hexdigest()
+        digest = blake3(piece).hexdigest()
         hdrs: Headers = [("af-type", CHUNK_TYPE), (H_OBJECT, object_id.encode()),
                          (H_INDEX, str(i).encode()), (H_COUNT, str(len(slices)).encode()),
-                         (H_SHA, sha.encode())]
+                         (H_DIGEST, digest.encode())]
         hdrs.extend(headers or [])
         futures.append(producer.send_raw(topic, bytes(piece), key=key, partition=partition, headers=hdrs))
-        refs_sha.append((len(piece), sha))
+        sent.append((len(piece), digest))
     refs = []
-    for fut, (size, sha) in zip(futures, refs_sha):
+    for fut, (size, digest) in zip(futures, sent):
         md = wait(fut, timeout, topic)
-        refs.append(ChunkRef(md.partition, md.offset, size, sha))
-    return ChunkManifest(object_id=object_id, topic=topic, total_bytes=len(memoryview(payload).cast("B")),
-                         sha256=whole.hexdigest(), chunks=refs)
+        refs.append(ChunkRef(md.partition, md.offset, size, digest))
+    return ChunkManifest(object_id=object_id, topic=topic, total_bytes=sum(size for size, _ in sent),
+                         digest=manifest_digest(refs), chunks=refs)
 
 
 class ChunkReader:
@@ -76,8 +88,11 @@ class ChunkReader:
                                  fetch_max_bytes=64 * 1024 * 1024, client_id="astraflow-chunks")
         self.poll_timeout_ms = poll_timeout_ms
 
-    def read(self, manifest: ChunkManifest) -> bytes:
+    def read(self, manifest: ChunkManifest) -> bytearray:
         """The verified payload, or a :class:`ChunkError` naming the bad chunk."""
+        if manifest_digest(manifest.chunks) != manifest.digest:
+            raise CorruptChunkError(f"manifest of object {manifest.object_id} on {manifest.topic}: its chunk "
+                                    f"list does not match its digest {manifest.digest[:16]}…")
         by_tp: dict[TopicPartition, dict[int, int]] = {}
         for i, ref in enumerate(manifest.chunks):
             by_tp.setdefault(TopicPartition(manifest.topic, ref.partition), {})[ref.offset] = i
@@ -85,12 +100,7 @@ class ChunkReader:
         starts = _starts(manifest)
         for tp, wanted in by_tp.items():
             self._fetch_partition(manifest, tp, dict(wanted), out, starts)
-        digest = hashlib.sha256(out).hexdigest()
-        if digest != manifest.sha256:
-            raise CorruptChunkError(
-                f"object {manifest.object_id} on {manifest.topic}: reassembled sha256 {digest} "
-                f"!= manifest {manifest.sha256}")
-        return bytes(out)
+        return out
 
     def _fetch_partition(self, manifest: ChunkManifest, tp: TopicPartition, wanted: dict[int, int],
                          out: bytearray, starts: list[int]) -> None:
@@ -134,9 +144,9 @@ class ChunkReader:
         value = record.value or b""
         if len(value) != ref.size:
             raise CorruptChunkError(f"{where}: {len(value)} bytes, manifest says {ref.size}")
-        sha = hashlib.sha256(value).hexdigest()
-        if sha != ref.sha256:
-            raise CorruptChunkError(f"{where}: sha256 {sha} != manifest {ref.sha256}")
+        digest = blake3(value).hexdigest()
+        if digest != ref.digest:
+            raise CorruptChunkError(f"{where}: BLAKE3 digest {digest[:16]}… != manifest {ref.digest[:16]}…")
 
     def close(self) -> None:
         self._kc.close()

@@ -275,7 +275,7 @@ class ChunkRef:
     partition: int
     offset: int
     size: int
-    sha256: str
+    digest: str  #: BLAKE3 (hex) of the chunk's bytes
 
 
 @dataclass(frozen=True)
@@ -285,7 +285,7 @@ class ChunkManifest:
     object_id: str
     topic: str
     total_bytes: int
-    sha256: str  #: of the whole reassembled payload
+    digest: str  #: ``manifest_digest(chunks)``: BLAKE3 over the chunks' sizes and digests, in order
     chunks: list[ChunkRef]
 
 

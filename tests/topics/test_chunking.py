@@ -1,11 +1,12 @@
 import dataclasses
-import hashlib
 import os
 
 import pytest
+from blake3 import blake3
 from kafka import KafkaAdminClient, TopicPartition
 
 from astraflow.topics import ChunkReader, CorruptChunkError, MissingChunkError, write_chunks
+from astraflow.topics.chunking import manifest_digest
 
 KiB = 1024
 
@@ -23,7 +24,19 @@ def test_chunks_round_trip(job_topics, make_producer, reader):
     m = write_chunks(make_producer(compression_type=None), topic, payload, chunk_size=256 * KiB, key="v1")
     assert len(m.chunks) == 4
     assert [c.size for c in m.chunks] == [256 * KiB] * 3 + [123]
-    assert m.sha256 == hashlib.sha256(payload).hexdigest()
+    starts = [0, 256 * KiB, 512 * KiB, 768 * KiB]
+    assert [c.digest for c in m.chunks] == [blake3(payload[s : s + c.size]).hexdigest() for s, c in zip(starts, m.chunks)]
+    assert m.digest == manifest_digest(m.chunks)
+    assert reader.read(m) == payload
+
+
+def test_a_manifest_whose_chunk_list_was_altered_is_refused(job_topics, make_producer, reader):
+    payload = os.urandom(3 * 40 * KiB)
+    m = write_chunks(make_producer(compression_type=None), job_topics.weights("policy"), payload, chunk_size=40 * KiB)
+    # Two chunks swapped: each still verifies on its own, the payload would come out scrambled.
+    swapped = dataclasses.replace(m, chunks=[m.chunks[1], m.chunks[0], m.chunks[2]])
+    with pytest.raises(CorruptChunkError, match="does not match its digest"):
+        reader.read(swapped)
     assert reader.read(m) == payload
 
 
@@ -51,7 +64,7 @@ def test_corrupt_chunk_is_detected(job_topics, make_producer, reader):
                            headers=[("af-object", b"obj"), ("af-chunk", b"1")]).get(10)
     tampered = dataclasses.replace(
         good, chunks=[good.chunks[0], dataclasses.replace(good.chunks[1], offset=md.offset), good.chunks[2]])
-    with pytest.raises(CorruptChunkError, match=r"chunk 1 .*sha256"):
+    with pytest.raises(CorruptChunkError, match=r"chunk 1 .*BLAKE3 digest"):
         reader.read(tampered)
     # a record from another object at the referenced offset is rejected too
     other = write_chunks(producer, topic, b"x" * (40 * KiB), object_id="other")
