@@ -60,7 +60,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from astraflow.engines import deltas
-from astraflow.topics import ChunkManifest, JobTopics, Producer, VersionAnnouncement, write_chunks
+from astraflow.topics import ChunkManifest, ChunkWriter, JobTopics, Producer, VersionAnnouncement
 from astraflow.topics.chunking import DEFAULT_CHUNK_SIZE
 from astraflow.topics.codec import decode
 from astraflow.topics.exceptions import DecodeError
@@ -94,8 +94,8 @@ class PublishedVersion:
     payload_bytes: int
     chunks: int
     stats: deltas.DeltaStats
-    encode_s: float
-    write_s: float  #: chunks sent and acknowledged
+    encode_s: float  #: encoding, with the chunks of the frames ready so far sent meanwhile (streamed)
+    write_s: float  #: after encoding: the last chunks sent and every chunk acknowledged
 
 
 @dataclass(frozen=True)
@@ -354,23 +354,26 @@ class WeightPublisher:
                     self._trim_before(previous_snapshot)
 
     def _write(self, job: _Job, kind: str, base_version: int) -> tuple[ChunkManifest, Mapping[str, bytes], str]:
-        """Encode and write one payload; returns its manifest, tensor hashes and weights digest."""
+        """Encode and write one payload; returns its manifest, tensor hashes and weights digest.
+
+        Streamed: each tensor's frame is chunked and sent as soon as it is encoded (the
+        codec threads encode the next tensors meanwhile), and the header with the tensor
+        table, known only at the end, is sent last but listed first in the manifest.
+        """
         t0 = time.perf_counter()
         base = self._base if kind == DELTA else None
-        ev = deltas.encode_version(job.named, job.version, base=base, base_version=base_version,
-                                   base_hashes=self._base_hashes if base is not None else None,
-                                   threads=self.codec_threads)
-        header, stats, hashes = ev.header, ev.stats, ev.tensor_hashes
-        payload = ev.to_bytes()
-        del ev  # drop the parts: only the joined payload stays alive while it is written
-        t1 = time.perf_counter()
-        manifest = write_chunks(
-            self._producer, self._weights_topic, payload, key=str(job.version),
+        writer = ChunkWriter(
+            self._producer, self._weights_topic, key=str(job.version), head_last=True,
             object_id=f"{self.policy}-v{job.version}-{kind}-{uuid.uuid4().hex[:8]}", chunk_size=self.chunk_size,
             headers=[("af-version", str(job.version).encode()), ("af-kind", kind.encode())])
-        self.published.append(PublishedVersion(job.version, kind, header.nbytes, len(manifest.chunks), stats,
+        sv = deltas.stream_version(job.named, job.version, writer.write, base=base, base_version=base_version,
+                                   base_hashes=self._base_hashes if base is not None else None,
+                                   threads=self.codec_threads)
+        t1 = time.perf_counter()
+        manifest = writer.close(head=sv.head)
+        self.published.append(PublishedVersion(job.version, kind, sv.header.nbytes, len(manifest.chunks), sv.stats,
                                                t1 - t0, time.perf_counter() - t1))
-        return manifest, hashes, header.digest
+        return manifest, sv.tensor_hashes, sv.header.digest
 
     def _announce(self, ann: VersionAnnouncement) -> VersionAnnouncement:
         # Inside the weights.publish span: send() puts its context in the traceparent header.

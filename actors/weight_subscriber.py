@@ -81,6 +81,35 @@ class _PathFailed(Exception):
     """One path to a version failed; the message is the fault report."""
 
 
+class _ReadAborted(Exception):
+    """The payload being decoded will not arrive (the fetch failed)."""
+
+
+class _Arrival:
+    """How much of a payload has arrived, for a decoder running alongside the fetch."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._have = 0
+        self._aborted = False
+
+    def advance(self, nbytes: int) -> None:
+        with self._cond:
+            self._have = nbytes
+            self._cond.notify_all()
+
+    def abort(self) -> None:
+        with self._cond:
+            self._aborted = True
+            self._cond.notify_all()
+
+    def ready(self, nbytes: int) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._have >= nbytes or self._aborted)
+            if self._have < nbytes:
+                raise _ReadAborted(f"the fetch stopped before byte {nbytes}")
+
+
 class WeightSubscriber:
     """Keeps a verified copy of the newest announced weights of one policy.
 
@@ -363,13 +392,7 @@ class WeightSubscriber:
             raise _PathFailed(f"announcement of version {head.version} names no snapshot")
         if snap.object_id in self._bad:
             raise _PathFailed(f"snapshot {head.snapshot_version} failed verification before")
-        payload = self._fetch(reader, snap, head.snapshot_version, PayloadKind.SNAPSHOT,
-                              self._expect(head, head.snapshot_version))
-        try:
-            state = deltas.decode(payload, threads=self.codec_threads)
-        except WeightCodecError as e:
-            self._bad.add(snap.object_id)
-            raise _PathFailed(f"snapshot {head.snapshot_version} does not decode: {e}") from e
+        payload, state = self._fetch_and_decode_snapshot(reader, snap, head)
         hashes = {e.name: e.hash for e in read_table(payload)[1]}
         del payload
         version, error, intact = head.snapshot_version, None, True
@@ -403,15 +426,51 @@ class WeightSubscriber:
             raise _PathFailed(f"snapshot path stopped at version {version}: {error}")
         self._check_head(head)
 
+    def _fetch_and_decode_snapshot(self, reader: ChunkReader, snap: ChunkManifest,
+                                   head: VersionAnnouncement) -> tuple[bytearray, dict[str, torch.Tensor]]:
+        """Fetch a snapshot and decode it while it arrives: a decoder thread takes each tensor
+        as soon as its chunks are verified (the payload's head is fetched first), so decoding
+        overlaps the transfer instead of following it."""
+        buf = bytearray(snap.total_bytes)
+        arrival = _Arrival()
+        outcome: dict[str, object] = {}
+
+        def decode() -> None:
+            try:
+                outcome["state"] = deltas.decode_streaming(buf, arrival.ready, threads=self.codec_threads)
+            except BaseException as e:  # noqa: BLE001 - handed to the subscriber's thread below
+                outcome["error"] = e
+
+        decoder = threading.Thread(target=decode, name=f"weight-decoder-{self.node_id}", daemon=True)
+        decoder.start()
+        try:
+            payload = self._fetch(reader, snap, head.snapshot_version, PayloadKind.SNAPSHOT,
+                                  self._expect(head, head.snapshot_version), into=buf, on_progress=arrival.advance)
+        except BaseException:
+            arrival.abort()
+            raise
+        finally:
+            decoder.join()
+        error = outcome.get("error")
+        if isinstance(error, WeightCodecError):
+            self._bad.add(snap.object_id)
+            raise _PathFailed(f"snapshot {head.snapshot_version} does not decode: {error}") from error
+        if error is not None:
+            raise error  # type: ignore[misc]
+        return payload, outcome["state"]  # type: ignore[return-value]
+
     @staticmethod
     def _expect(head: VersionAnnouncement, version: int) -> str | None:
         return head.checksum if version == head.version else None
 
     def _fetch(self, reader: ChunkReader, manifest: ChunkManifest, version: int, kind: PayloadKind,
-               digest: str | None = None) -> bytes:
-        """The verified payload of ``version``; ``digest``: the announced digest it must produce."""
+               digest: str | None = None, **read: object) -> bytearray:
+        """The verified payload of ``version``; ``digest``: the announced digest it must produce.
+
+        ``read``: passed to :meth:`ChunkReader.read` (a buffer to fill, a progress callback).
+        """
         try:
-            payload = reader.read(manifest)  # checks the manifest and every chunk's digest
+            payload = reader.read(manifest, **read)  # type: ignore[arg-type]  # checks the manifest and every chunk's digest
         except ChunkError as e:
             if isinstance(e, CorruptChunkError):
                 self._bad.add(manifest.object_id)

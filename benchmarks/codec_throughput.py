@@ -161,7 +161,7 @@ def entropy_estimate(base: Mapping[str, torch.Tensor] | None, new: Mapping[str, 
 
 
 def delta_codec(base: dict[str, torch.Tensor], new: dict[str, torch.Tensor], threads: int, repeats: int,
-                level: int = deltas.DEFAULT_LEVEL) -> dict[str, Any]:
+                level: int | None = deltas.DEFAULT_LEVEL) -> dict[str, Any]:
     """Memcpy, delta encode and delta decode+apply (verified), GB/s of model weights.
 
     Steady state as in the publisher and subscriber: both keep the previous version's
@@ -270,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fraction", type=float, default=0.01, help="share of elements changed")
     ap.add_argument("--values", choices=["random", "ulp"], default="random")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--level", type=int, default=deltas.DEFAULT_LEVEL, help="zstd level")
+    ap.add_argument("--level", type=int, default=deltas.DEFAULT_LEVEL,
+                    help="zstd level (default: the codec's tuned weight parameters)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="1e8 parameters (a smoke run)")
     ap.add_argument("--out", type=Path, default=RESULTS)

@@ -266,11 +266,18 @@ def read_header(payload: Buffer) -> PayloadHeader:
     )
 
 
-def read_table(payload: Buffer) -> tuple[PayloadHeader, tuple[TensorEntry, ...]]:
-    """Parse header and table and check their integrity and the table's offsets."""
+def read_table(payload: Buffer, *, head_only: bool = False) -> tuple[PayloadHeader, tuple[TensorEntry, ...]]:
+    """Parse header and table and check their integrity and the table's offsets.
+
+    ``head_only``: ``payload`` may be just the payload's first bytes (at least the header
+    and table: a payload still arriving); the data section is then not checked.
+    """
     view = memoryview(payload)
     header = read_header(view)
-    if len(view) != header.nbytes:
+    if head_only:
+        if len(view) < header.data_offset:
+            raise DeltaFormatError(f"{len(view)} bytes hold no whole header and table ({header.data_offset})")
+    elif len(view) != header.nbytes:
         raise DeltaFormatError(f"payload is {len(view)} bytes, header says {header.nbytes} (truncated or padded)")
     table = view[HEADER_NBYTES : header.data_offset]
     check = blake3(view[: HEADER_NBYTES - 16])

@@ -176,7 +176,7 @@ def test_followers_late_joiners_and_gappy_nodes_hold_the_trainers_bits(bootstrap
         snap0 = anns[0][0].snapshot_manifest
         tp = TopicPartition(job_topics.weights("policy"), 0)
         kc = KafkaConsumer(bootstrap_servers=bootstrap)
-        assert kc.beginning_offsets([tp])[tp] == snap4.chunks[0].offset
+        assert kc.beginning_offsets([tp])[tp] == min(c.offset for c in snap4.chunks)  # its head is sent last
         kc.close()
         with ChunkReader(bootstrap) as reader:
             with pytest.raises(MissingChunkError, match="was deleted"):
@@ -191,24 +191,24 @@ def test_followers_late_joiners_and_gappy_nodes_hold_the_trainers_bits(bootstrap
 
 def test_corrupt_chunk_is_detected_never_applied_and_recovered_through_a_snapshot(
         bootstrap, job_topics, make_producer, monkeypatch):
-    real_write_chunks = weight_publisher.write_chunks
     bad = make_producer(compression_type=None)
 
-    def write_with_bad_record(producer, topic, payload, *, key=None, object_id=None, **kw):
-        manifest = real_write_chunks(producer, topic, payload, key=key, object_id=object_id, **kw)
-        if key != "3" or "-delta-" not in object_id:
-            return manifest
-        # A bad record with the same key and chunk headers, where the manifest points: what
-        # a broken writer or a damaged log hands the reader.
-        first = bytearray(payload[: manifest.chunks[0].size])
-        first[len(first) // 2] ^= 0x40
-        md = bad.send_raw(topic, bytes(first), key=key, partition=0,
-                          headers=[("af-object", object_id.encode()), ("af-chunk", b"0")]).get(10)
-        chunks = [type(manifest.chunks[0])(md.partition, md.offset, manifest.chunks[0].size,
-                                           manifest.chunks[0].digest), *manifest.chunks[1:]]
-        return type(manifest)(manifest.object_id, manifest.topic, manifest.total_bytes, manifest.digest, chunks)
+    class WriterWithBadRecord(weight_publisher.ChunkWriter):
+        def close(self, head=None):
+            manifest = super().close(head)
+            if self._key != "3" or "-delta-" not in self.object_id:
+                return manifest
+            # A bad record with the same key and chunk headers, where the manifest points: what
+            # a broken writer or a damaged log hands the reader. Chunk 0 is the payload's head.
+            first = bytearray(head[: manifest.chunks[0].size])
+            first[len(first) // 2] ^= 0x40
+            md = bad.send_raw(self.topic, bytes(first), key=self._key, partition=0,
+                              headers=[("af-object", self.object_id.encode()), ("af-chunk", b"0")]).get(10)
+            chunks = [type(manifest.chunks[0])(md.partition, md.offset, manifest.chunks[0].size,
+                                               manifest.chunks[0].digest), *manifest.chunks[1:]]
+            return type(manifest)(manifest.object_id, manifest.topic, manifest.total_bytes, manifest.digest, chunks)
 
-    monkeypatch.setattr(weight_publisher, "write_chunks", write_with_bad_record)
+    monkeypatch.setattr(weight_publisher, "ChunkWriter", WriterWithBadRecord)
     trainer = Trainer(seed=1)
     history = {0: trainer.named_weights()}
     pub = WeightPublisher(bootstrap, job_topics, "policy", snapshot_every=5, chunk_size=CHUNK)

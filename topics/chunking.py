@@ -17,7 +17,7 @@ chunk matches a manifest that matches its digest is the payload the writer hashe
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from blake3 import blake3
 from kafka import KafkaConsumer, TopicPartition
@@ -30,8 +30,8 @@ from .messages import ChunkManifest, ChunkRef
 DEFAULT_CHUNK_SIZE = 1024 * 1024 - 4096  # headroom for record headers under a 1 MiB limit
 
 H_OBJECT = "af-object"
-H_INDEX = "af-chunk"
-H_COUNT = "af-chunks"
+H_INDEX = "af-chunk"  # index in the payload (of a head chunk, with head_last)
+H_DATA_INDEX = "af-data-chunk"  # index among the data chunks sent before the head
 H_DIGEST = "af-blake3"
 CHUNK_TYPE = b"chunk"
 
@@ -53,28 +53,90 @@ def manifest_digest(chunks: Sequence[ChunkRef]) -> str:
     return h.hexdigest()
 
 
+class ChunkWriter:
+    """Sends a payload as chunks while it is still being produced; :meth:`close` returns the manifest.
+
+    :meth:`write` takes the payload's bytes in order, in pieces of any size, and sends each
+    chunk as soon as it is full (the producer batches and sends in the background), so a
+    payload encoded piece by piece is on the wire while the rest is being encoded.
+    With ``head_last=True``, ``close(head)`` sends ``head`` last but places it *first* in
+    the payload: a format whose header describes the data behind it (a weight payload's
+    tensor table) is streamed without holding the data back. The manifest lists chunks in
+    payload order; their offsets need not ascend. Head chunks carry their index in
+    ``af-chunk`` (0 first, as in a payload written in order), data chunks written before
+    the head carry theirs among the data in ``af-data-chunk``, so a reader scanning the
+    log for payload heads (replay) never mistakes data for a head.
+    """
+
+    def __init__(self, producer: Producer, topic: str, *, key: str | bytes | None = None,
+                 object_id: str | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE, partition: int | None = 0,
+                 headers: Headers | None = None, timeout: float = 120.0, head_last: bool = False) -> None:
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self._producer, self.topic, self._key = producer, topic, key
+        self.object_id = object_id or uuid.uuid4().hex
+        self.chunk_size, self._partition, self._timeout = chunk_size, partition, timeout
+        self._headers = list(headers or [])
+        self._head_last = head_last
+        self._buf = bytearray()
+        self._sent: list[tuple[object, int, str]] = []  # (future, size, digest) of data chunks, in order
+        self._closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        while len(view):
+            if not self._buf and len(view) >= self.chunk_size:  # a whole chunk: no staging copy
+                piece, view = view[: self.chunk_size], view[self.chunk_size :]
+                self._send(bytes(piece))
+                continue
+            take = min(len(view), self.chunk_size - len(self._buf))
+            self._buf += view[:take]
+            view = view[take:]
+            if len(self._buf) == self.chunk_size:
+                self._send(bytes(self._buf))
+                self._buf.clear()
+
+    def close(self, head: bytes | bytearray | memoryview | None = None) -> ChunkManifest:
+        """Send what is left (and ``head``), wait for every acknowledgement, return the manifest."""
+        if self._closed:
+            raise RuntimeError(f"chunk writer of {self.object_id} is closed")
+        self._closed = True
+        if self._buf or (not self._sent and not head):
+            self._send(bytes(self._buf))  # the tail; or one empty chunk for an empty payload
+            self._buf.clear()
+        if head is not None and not self._head_last:
+            raise ValueError("close(head=...) needs a writer made with head_last=True")
+        data = self._sent
+        head_sent: list[tuple[object, int, str]] = []
+        if head:
+            self._sent, self._head_last = head_sent, False  # head chunks are numbered from 0 in af-chunk
+            for piece in iter_slices(head, self.chunk_size):
+                self._send(bytes(piece))
+        refs = []
+        for fut, size, digest in [*head_sent, *data]:
+            md = wait(fut, self._timeout, self.topic)
+            refs.append(ChunkRef(md.partition, md.offset, size, digest))
+        return ChunkManifest(object_id=self.object_id, topic=self.topic, total_bytes=sum(r.size for r in refs),
+                             digest=manifest_digest(refs), chunks=refs)
+
+    def _send(self, piece: bytes) -> None:
+        digest = blake3(piece).hexdigest()
+        hdrs: Headers = [("af-type", CHUNK_TYPE), (H_OBJECT, self.object_id.encode()),
+                         (H_DATA_INDEX if self._head_last else H_INDEX, str(len(self._sent)).encode()),
+                         (H_DIGEST, digest.encode()), *self._headers]
+        fut = self._producer.send_raw(self.topic, piece, key=self._key, partition=self._partition, headers=hdrs)
+        self._sent.append((fut, len(piece), digest))
+
+
 def write_chunks(producer: Producer, topic: str, payload: bytes | bytearray | memoryview, *,
                  key: str | bytes | None = None, object_id: str | None = None,
                  chunk_size: int = DEFAULT_CHUNK_SIZE, partition: int | None = 0,
                  headers: Headers | None = None, timeout: float = 120.0) -> ChunkManifest:
     """Write ``payload`` as chunks and return the manifest once every chunk is acknowledged."""
-    object_id = object_id or uuid.uuid4().hex
-    slices = list(iter_slices(payload, chunk_size))
-    futures, sent = [], []
-    for i, piece in enumerate(slices):
-        digest = blake3(piece).hexdigest()
-        hdrs: Headers = [("af-type", CHUNK_TYPE), (H_OBJECT, object_id.encode()),
-                         (H_INDEX, str(i).encode()), (H_COUNT, str(len(slices)).encode()),
-                         (H_DIGEST, digest.encode())]
-        hdrs.extend(headers or [])
-        futures.append(producer.send_raw(topic, bytes(piece), key=key, partition=partition, headers=hdrs))
-        sent.append((len(piece), digest))
-    refs = []
-    for fut, (size, digest) in zip(futures, sent):
-        md = wait(fut, timeout, topic)
-        refs.append(ChunkRef(md.partition, md.offset, size, digest))
-    return ChunkManifest(object_id=object_id, topic=topic, total_bytes=sum(size for size, _ in sent),
-                         digest=manifest_digest(refs), chunks=refs)
+    writer = ChunkWriter(producer, topic, key=key, object_id=object_id, chunk_size=chunk_size,
+                         partition=partition, headers=headers, timeout=timeout)
+    writer.write(payload)
+    return writer.close()
 
 
 class ChunkReader:
@@ -88,22 +150,38 @@ class ChunkReader:
                                  fetch_max_bytes=64 * 1024 * 1024, client_id="astraflow-chunks")
         self.poll_timeout_ms = poll_timeout_ms
 
-    def read(self, manifest: ChunkManifest) -> bytearray:
-        """The verified payload, or a :class:`ChunkError` naming the bad chunk."""
+    def read(self, manifest: ChunkManifest, *, into: bytearray | None = None,
+             on_progress: Callable[[int], None] | None = None) -> bytearray:
+        """The verified payload, or a :class:`ChunkError` naming the bad chunk.
+
+        ``into``: a buffer of ``manifest.total_bytes`` to fill (else a new one). With
+        ``on_progress``, the first chunk (a payload's head) is fetched before the others,
+        and ``on_progress(n)`` is called whenever the verified prefix ``[0, n)`` grows: a
+        decoder on another thread can work on what is there while the rest arrives.
+        """
         if manifest_digest(manifest.chunks) != manifest.digest:
             raise CorruptChunkError(f"manifest of object {manifest.object_id} on {manifest.topic}: its chunk "
                                     f"list does not match its digest {manifest.digest[:16]}…")
+        starts = _starts(manifest)
+        if into is not None and len(into) != manifest.total_bytes:
+            raise ValueError(f"buffer of {len(into)} bytes for a payload of {manifest.total_bytes}")
+        out = bytearray(manifest.total_bytes) if into is None else into
+        prefix = _Prefix(starts, manifest.total_bytes, on_progress)
         by_tp: dict[TopicPartition, dict[int, int]] = {}
         for i, ref in enumerate(manifest.chunks):
+            if on_progress is not None and i == 0:
+                continue
             by_tp.setdefault(TopicPartition(manifest.topic, ref.partition), {})[ref.offset] = i
-        out = bytearray(manifest.total_bytes)
-        starts = _starts(manifest)
+        if on_progress is not None and manifest.chunks:
+            first = manifest.chunks[0]
+            self._fetch_partition(manifest, TopicPartition(manifest.topic, first.partition), {first.offset: 0},
+                                  out, starts, prefix)
         for tp, wanted in by_tp.items():
-            self._fetch_partition(manifest, tp, dict(wanted), out, starts)
+            self._fetch_partition(manifest, tp, dict(wanted), out, starts, prefix)
         return out
 
     def _fetch_partition(self, manifest: ChunkManifest, tp: TopicPartition, wanted: dict[int, int],
-                         out: bytearray, starts: list[int]) -> None:
+                         out: bytearray, starts: list[int], prefix: "_Prefix") -> None:
         self._kc.assign([tp])
         first, last = min(wanted), max(wanted)
         log_start = self._kc.beginning_offsets([tp])[tp]
@@ -127,6 +205,7 @@ class ChunkReader:
                     continue
                 self._check(manifest, i, r, tp)
                 out[starts[i]:starts[i] + len(r.value)] = r.value
+                prefix.add(i)
             if self._kc.position(tp) > last:
                 break
         if wanted:
@@ -156,6 +235,28 @@ class ChunkReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Prefix:
+    """Tracks the chunks placed so far and reports the contiguous verified prefix as it grows."""
+
+    def __init__(self, starts: list[int], total: int, report: Callable[[int], None] | None) -> None:
+        self._ends = [*starts[1:], total]
+        self._have: set[int] = set()
+        self._next = 0  # the first chunk not yet in the prefix
+        self._report = report
+
+    def add(self, i: int) -> None:
+        if self._report is None:
+            return
+        self._have.add(i)
+        grew = False
+        while self._next in self._have:
+            self._have.discard(self._next)
+            self._next += 1
+            grew = True
+        if grew:
+            self._report(self._ends[self._next - 1])
 
 
 def _starts(manifest: ChunkManifest) -> list[int]:

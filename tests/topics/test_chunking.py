@@ -3,7 +3,7 @@ import os
 
 import pytest
 from blake3 import blake3
-from kafka import KafkaAdminClient, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
 from astraflow.topics import ChunkReader, CorruptChunkError, MissingChunkError, write_chunks
 from astraflow.topics.chunking import manifest_digest
@@ -91,3 +91,32 @@ def test_missing_chunks_are_detected(job_topics, bootstrap, make_producer, reade
         admin.close()
     with pytest.raises(MissingChunkError, match="was deleted"):
         reader.read(m)
+
+
+def test_a_streamed_payload_with_its_head_sent_last_reads_back_in_payload_order(job_topics, make_producer, reader):
+    from astraflow.topics import ChunkWriter
+    from astraflow.topics.chunking import H_DATA_INDEX, H_INDEX
+    from astraflow.topics.codec import header
+
+    topic = job_topics.weights("policy")
+    head, data = os.urandom(1000), os.urandom(5 * 40 * KiB + 17)
+    writer = ChunkWriter(make_producer(compression_type=None), topic, chunk_size=40 * KiB, head_last=True,
+                         object_id="streamed")
+    for start in range(0, len(data), 7000):  # pieces that straddle chunk boundaries
+        writer.write(data[start : start + 7000])
+    m = writer.close(head=head)
+    assert [c.size for c in m.chunks] == [1000] + [40 * KiB] * 5 + [17]
+    assert m.chunks[0].offset > max(c.offset for c in m.chunks[1:])  # sent last, listed first
+    assert reader.read(m) == head + data
+    # Only the head chunk is numbered in af-chunk (replay scans the log for payload heads by it).
+    kc = KafkaConsumer(bootstrap_servers=reader._kc.config["bootstrap_servers"], group_id=None)
+    tp = TopicPartition(topic, 0)
+    kc.assign([tp])
+    kc.seek(tp, m.chunks[1].offset)
+    seen = []
+    while len(seen) < len(m.chunks):
+        seen += [(header(r.headers, H_INDEX), header(r.headers, H_DATA_INDEX)) for r in kc.poll(3000).get(tp, [])]
+    kc.close()
+    assert seen[-1] == (b"0", None) and all(i is None and d is not None for i, d in seen[:-1])
+    with pytest.raises(ValueError, match="head_last"):
+        ChunkWriter(make_producer(), topic).close(head=b"x")
