@@ -94,7 +94,7 @@ class RolloutActor(LoopActor):
             partition_assignment_strategy=[StickyPartitionAssignor], expect=(Task,))
         self.subscriber = WeightSubscriber(self.bootstrap, self.topics, self.cfg.policy,
                                            initial=None, initial_version=self.engine.version, node_id=self.node_id,
-                                           on_fault=self._request_snapshot)
+                                           on_fault=self._request_snapshot, prefetch=self.cfg.rollout.prefetch_weights)
         self.subscriber.start()
         self._heartbeat(force=True)
 

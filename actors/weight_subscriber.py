@@ -10,9 +10,10 @@ announced version, off the rollout path:
   late joiner), or a delta is missing, corrupt or does not fit its weights, it loads the
   chain's snapshot and the deltas after it into fresh tensors and swaps them in.
 
-Every chunk's BLAKE3 digest, the manifest's, the delta's base digest, every tensor's
-result hash and the announced digest of the full weights are checked before a version
-counts as held; a failure is reported in :attr:`WeightSubscriber.faults` with the path
+With ``prefetch``, chunks are read while they are written (:mod:`.weight_prefetch`), so a
+payload is mostly in memory when its version is announced; what was missed is fetched then. Every chunk's BLAKE3 digest, the manifest's, the delta's base
+digest, every tensor's result hash and the announced digest of the full weights are
+checked before a version counts as held; a failure is reported in :attr:`WeightSubscriber.faults` with the path
 that recovered. A payload that failed verification is never fetched again: when it lies
 on every path, the subscriber keeps its last good version until a newer snapshot is
 announced.
@@ -50,6 +51,8 @@ from astraflow.topics import (ChunkError, ChunkManifest, ChunkReader, CorruptChu
                               VersionAnnouncement)
 from astraflow.topics import tracing
 
+from .weight_prefetch import DEFAULT_MAX_BYTES as DEFAULT_PREFETCH_BYTES
+from .weight_prefetch import ChunkPrefetcher
 from .weight_publisher import _announcement, _newer
 
 __all__ = ["WeightSubscriber", "WeightEngine", "Held"]
@@ -131,13 +134,19 @@ class WeightSubscriber:
             :meth:`wait_for`), then move straight to the head: a node that needs only some
             versions (the evaluator, every ``eval.every``-th) loads the chain's latest
             snapshot and the few deltas after it instead of applying every delta.
+        prefetch: read payload chunks while they are written (:mod:`.weight_prefetch`), so
+            a version is assembled from memory once announced instead of fetched after its
+            write. Off by default: it pays where the node has its own cores; on one shared
+            2-core machine it only moved the read's CPU into the write (README: the weight path).
+        prefetch_bytes: chunk bytes the prefetcher may hold.
     """
 
     def __init__(self, bootstrap_servers: str, topics: JobTopics, policy: str, *,
                  initial: Mapping[str, torch.Tensor] | None = None, initial_version: int = -1,
                  initial_epoch: int = 0, node_id: str = "", codec_threads: int = 1,
                  tracer: trace.Tracer | None = None,
-                 on_fault: Callable[[str, int], None] | None = None, on_demand: bool = False) -> None:
+                 on_fault: Callable[[str, int], None] | None = None, on_demand: bool = False,
+                 prefetch: bool = False, prefetch_bytes: int = DEFAULT_PREFETCH_BYTES) -> None:
         self.bootstrap_servers, self.topics, self.policy = bootstrap_servers, topics, policy
         self.node_id = node_id or "subscriber"
         self.codec_threads = codec_threads
@@ -166,6 +175,10 @@ class WeightSubscriber:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._on_demand = on_demand
+        self._prefetch = prefetch
+        self._prefetch_bytes = prefetch_bytes
+        self._prefetcher: ChunkPrefetcher | None = None  # the thread's, while connected
+        self._prefetched = 0
         self._wanted = -1  # on demand: the lowest version worth fetching; -1: none asked for yet
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -289,6 +302,11 @@ class WeightSubscriber:
                                      max_partition_fetch_bytes=8 * 1024 * 1024)
             stack.callback(consumer.close)
             reader = stack.enter_context(ChunkReader(self.bootstrap_servers))
+            if self._prefetch:
+                self._prefetcher = ChunkPrefetcher(
+                    self.bootstrap_servers, self.topics.weights(self.policy), node_id=self.node_id,
+                    want_snapshots=lambda: self._state is None, max_bytes=self._prefetch_bytes)
+                stack.callback(self._drop_prefetcher)
             consumer.assign([tp])
             consumer.seek_to_beginning(tp)
             while not self._stop.is_set():
@@ -469,6 +487,10 @@ class WeightSubscriber:
 
         ``read``: passed to :meth:`ChunkReader.read` (a buffer to fill, a progress callback).
         """
+        prefetcher = self._prefetcher
+        if prefetcher is not None:
+            read["cached"] = cached = prefetcher.take(manifest)
+            self._prefetched += len(cached)
         try:
             payload = reader.read(manifest, **read)  # type: ignore[arg-type]  # checks the manifest and every chunk's digest
         except ChunkError as e:
@@ -489,6 +511,16 @@ class WeightSubscriber:
             raise _PathFailed(f"{kind.name.lower()} of version {version} produces weights digest "
                               f"{header.digest[:16]}…, the announcement says {digest[:16]}…")
         return payload
+
+    def _drop_prefetcher(self) -> None:
+        prefetcher, self._prefetcher = self._prefetcher, None
+        if prefetcher is not None:
+            prefetcher.close()
+
+    @property
+    def prefetched_chunks(self) -> int:
+        """Chunks offered by the prefetcher (read during their write) for payloads fetched so far."""
+        return self._prefetched
 
     def _check_head(self, head: VersionAnnouncement) -> None:
         """Belt and braces: the held weights must have the announced digest.

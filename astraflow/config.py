@@ -99,6 +99,10 @@ class RolloutConfig:
                                       "and same-seed sync runs are byte-identical; costs ~2.5x the CPU engine's "
                                       "tokens/s (batched kernels change their reduction order with the row count)")
     heartbeat_s: float = _f(2.0, "heartbeat interval on the control topic")
+    prefetch_weights: bool = _f(False, "read weight chunks while the trainer writes them (one more consumer per "
+                                       "node) instead of after the version is announced: for nodes on other "
+                                       "machines than the trainer; on one shared machine it only moves CPU (see "
+                                       "README, The weight path)")
     emulate_slowdown: float = _f(1.0, "CPU emulation of a slower device kind: each rollout call is stretched to this "
                                       "many times its duration (the node sleeps the difference); set per pool by "
                                       "a topology file's emulate_slowdown; 1 = off")

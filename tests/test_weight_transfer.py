@@ -341,3 +341,41 @@ def test_an_on_demand_subscriber_fetches_only_when_asked_and_jumps_to_the_snapsh
         for sub in (follower, lazy):
             sub.close()
         pub.close()
+
+
+def test_a_subscriber_reads_chunks_while_they_are_written_and_checks_them_like_fetched_ones(
+        bootstrap, job_topics):
+    """Prefetch: chunks come from the tail of weights.<policy>, not a fetch after the announcement.
+
+    A follower started before the first publish assembles every payload it needs (snapshot 0,
+    then each delta) from prefetched chunks; one with prefetch off fetches them all; both
+    hold the trainer's bits. Snapshot chunks of later versions are not kept by a follower.
+    """
+    trainer = Trainer(seed=3)
+    pub = WeightPublisher(bootstrap, job_topics, "policy", snapshot_every=3, chunk_size=CHUNK)
+    on = WeightSubscriber(bootstrap, job_topics, "policy", node_id="prefetching", prefetch=True).start()
+    off = WeightSubscriber(bootstrap, job_topics, "policy", node_id="fetching").start()
+    try:
+        assert wait_until(lambda: on._prefetcher is not None)  # tailing before the first chunk is written
+        history = {0: trainer.named_weights()}
+        pub.publish(history[0], 0)
+        pub.flush(WAIT)
+        for v in range(1, 5):
+            assert on.wait_for(v - 1, WAIT) and off.wait_for(v - 1, WAIT)
+            trainer.step()
+            history[v] = trainer.named_weights()
+            pub.publish(history[v], v)
+            pub.flush(WAIT)
+        for sub in (on, off):
+            assert sub.wait_for(4, WAIT), sub.faults
+            assert bits_equal(sub.weights(), history[4]) and sub.faults == []
+        kinds = [(p.version, p.kind, p.chunks) for p in pub.published]
+        needed = sum(chunks for v, kind, chunks in kinds if kind == "delta" or v == 0)
+        assert on.path_counts == {"snapshot": 1, "delta": 4}
+        assert on.prefetched_chunks == needed  # every chunk it read came from the tail
+        assert off.prefetched_chunks == 0
+        assert on._prefetcher is not None and on._prefetcher._bytes == 0  # snapshot 3 was not kept
+    finally:
+        on.close()
+        off.close()
+        pub.close()

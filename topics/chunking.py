@@ -17,7 +17,7 @@ chunk matches a manifest that matches its digest is the payload the writer hashe
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from blake3 import blake3
 from kafka import KafkaConsumer, TopicPartition
@@ -151,13 +151,17 @@ class ChunkReader:
         self.poll_timeout_ms = poll_timeout_ms
 
     def read(self, manifest: ChunkManifest, *, into: bytearray | None = None,
-             on_progress: Callable[[int], None] | None = None) -> bytearray:
+             on_progress: Callable[[int], None] | None = None,
+             cached: Mapping[int, tuple[bytes, str]] | None = None) -> bytearray:
         """The verified payload, or a :class:`ChunkError` naming the bad chunk.
 
         ``into``: a buffer of ``manifest.total_bytes`` to fill (else a new one). With
         ``on_progress``, the first chunk (a payload's head) is fetched before the others,
         and ``on_progress(n)`` is called whenever the verified prefix ``[0, n)`` grows: a
         decoder on another thread can work on what is there while the rest arrives.
+        ``cached``: chunk records of this object already read (a prefetcher's), by offset,
+        with the BLAKE3 digest of the bytes; each is checked against the manifest like a
+        fetched one, and only the others are fetched.
         """
         if manifest_digest(manifest.chunks) != manifest.digest:
             raise CorruptChunkError(f"manifest of object {manifest.object_id} on {manifest.topic}: its chunk "
@@ -167,12 +171,26 @@ class ChunkReader:
             raise ValueError(f"buffer of {len(into)} bytes for a payload of {manifest.total_bytes}")
         out = bytearray(manifest.total_bytes) if into is None else into
         prefix = _Prefix(starts, manifest.total_bytes, on_progress)
+        placed: set[int] = set()
+        order = sorted(range(len(manifest.chunks)), key=lambda i: i != 0)  # the head first
+        for i in order if cached else ():
+            ref = manifest.chunks[i]
+            hit = cached.get(ref.offset)  # type: ignore[union-attr]
+            if hit is None:
+                continue
+            value, digest = hit
+            where = (f"chunk {i} of object {manifest.object_id} at {manifest.topic}[{ref.partition}]@{ref.offset} "
+                     "(prefetched)")
+            self._verify(where, ref, len(value), digest)
+            out[starts[i]:starts[i] + len(value)] = value
+            prefix.add(i)
+            placed.add(i)
         by_tp: dict[TopicPartition, dict[int, int]] = {}
         for i, ref in enumerate(manifest.chunks):
-            if on_progress is not None and i == 0:
+            if i in placed or (on_progress is not None and i == 0):
                 continue
             by_tp.setdefault(TopicPartition(manifest.topic, ref.partition), {})[ref.offset] = i
-        if on_progress is not None and manifest.chunks:
+        if on_progress is not None and manifest.chunks and 0 not in placed:
             first = manifest.chunks[0]
             self._fetch_partition(manifest, TopicPartition(manifest.topic, first.partition), {first.offset: 0},
                                   out, starts, prefix)
@@ -221,9 +239,14 @@ class ChunkReader:
         if obj is None or obj.decode() != manifest.object_id:
             raise CorruptChunkError(f"{where}: record belongs to object {obj!r}")
         value = record.value or b""
-        if len(value) != ref.size:
+        if len(value) != ref.size:  # before hashing: a wrong size needs no digest to be refused
             raise CorruptChunkError(f"{where}: {len(value)} bytes, manifest says {ref.size}")
-        digest = blake3(value).hexdigest()
+        ChunkReader._verify(where, ref, len(value), blake3(value).hexdigest())
+
+    @staticmethod
+    def _verify(where: str, ref: ChunkRef, size: int, digest: str) -> None:
+        if size != ref.size:
+            raise CorruptChunkError(f"{where}: {size} bytes, manifest says {ref.size}")
         if digest != ref.digest:
             raise CorruptChunkError(f"{where}: BLAKE3 digest {digest[:16]}… != manifest {ref.digest[:16]}…")
 
