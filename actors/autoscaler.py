@@ -150,7 +150,7 @@ class AutoscalerActor(LoopActor):
 
     def _lag(self) -> int | None:
         """Task lag of ``raas.<policy>`` (offsets not yet committed, incl. transaction markers)."""
-        topic, group = self.topics.tasks(self.policy), f"raas.{self.policy}"
+        topic, group = self.topics.tasks(self.policy), self.topics.rollout_group(self.policy)
         try:
             tps = [TopicPartition(topic, i) for i in sorted(self.control.raw.partitions_for_topic(topic) or [])]
             ends = self.control.raw.end_offsets(tps)

@@ -131,7 +131,7 @@ class GenerationServer:
         self.topics, self.policy, self.node_id, self.run, self.params = topics, policy, node_id, run, params
         self._own_producer = producer is None
         self.producer = producer or Producer(bootstrap, client_id=f"{node_id}.gen-server")
-        self.consumer = Consumer(bootstrap, topics=[topics.generate(policy)], group_id=f"gen.{policy}",
+        self.consumer = Consumer(bootstrap, topics=[topics.generate(policy)], group_id=topics.generation_group(policy),
                                  client_id=f"{node_id}.gen-server", dead_letters=dead_letters, max_poll_records=8,
                                  session_timeout_ms=10_000, heartbeat_interval_ms=2_000,
                                  partition_assignment_strategy=[StickyPartitionAssignor],

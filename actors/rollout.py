@@ -87,7 +87,7 @@ class RolloutActor(LoopActor):
                                  transaction_timeout_ms=self.cfg.kafka.transaction_timeout_ms)
         self.metrics = MetricsEmitter(self.plain, self.topics.metrics, self.node_id)
         self.consumer = Consumer(
-            self.bootstrap, topics=[self.topics.tasks(self.cfg.policy)], group_id=f"raas.{self.cfg.policy}",
+            self.bootstrap, topics=[self.topics.tasks(self.cfg.policy)], group_id=self.topics.rollout_group(self.cfg.policy),
             client_id=self.node_id, dead_letters=DeadLetters(self.plain, self.topics.dlq, self.node_id),
             max_poll_records=self.cfg.rollout.tasks_per_call, session_timeout_ms=10_000,
             heartbeat_interval_ms=2_000, max_poll_interval_ms=int(WEIGHT_WAIT_LIMIT_S * 1000) + 60_000,

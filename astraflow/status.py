@@ -39,7 +39,7 @@ def job_status(bootstrap: str, job: str, policies: tuple[str, ...] = ("policy",)
             parts = probe.partitions_for_topic(topic) or set()
             tps = [TopicPartition(topic, i) for i in parts]
             ends = probe.end_offsets(tps) if tps else {}
-            group = f"raas.{p}"
+            group = topics.rollout_group(p)
             committed = admin.list_group_offsets(group).get(group, {}) if tps else {}
             lag[p] = sum(max(0, ends[tp] - (committed[tp].offset if tp in committed and committed[tp].offset >= 0
                                             else 0)) for tp in tps)

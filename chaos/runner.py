@@ -206,7 +206,7 @@ class ChaosRun:
                 return
             rec = FaultRecord(f.kind, node, planned, time.time(), detail=dict(f.params))
             if node.startswith("raas") and f.kind != "slow_node":
-                rec.window = snapshot_assignment(h.bootstrap, f"raas.{self.cfg.policy}",
+                rec.window = snapshot_assignment(h.bootstrap, h.topics.rollout_group(self.cfg.policy),
                                                  h.topics.tasks(self.cfg.policy), node)
                 rec.started = time.time()
             self._process_fault(f, rec, h.procs[node].popen)

@@ -144,6 +144,18 @@ class JobTopics:
     def weights(self, policy: str) -> str:
         return f"{self.prefix}weights.{policy}"
 
+    def rollout_group(self, policy: str) -> str:
+        """Consumer group of ``policy``'s RaaS nodes on its tasks topic.
+
+        Job-scoped like the topics: jobs that share a cluster never share a group, so one
+        job's nodes joining or leaving never rebalances another job's.
+        """
+        return f"{self.prefix}raas.{policy}"
+
+    def generation_group(self, policy: str) -> str:
+        """Consumer group of the nodes serving ``policy``'s role calls from other policies' episodes."""
+        return f"{self.prefix}gen.{policy}"
+
     def drops(self, policy: str) -> str:
         """Drop records: one per trajectory group the dataflow consumed without batching it."""
         return f"{self.prefix}drops.{policy}"

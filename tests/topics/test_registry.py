@@ -57,3 +57,11 @@ def test_explicit_replication_is_created_and_verified(bootstrap, job_name):
         ensure_topics(bootstrap, [TopicSpec(f"af.{job_name}.new", replication=2)])
     with pytest.raises(ValueError, match="min_insync_replicas must be between 1 and the replication factor"):
         TopicSpec(f"af.{job_name}.bad", replication=2, min_insync_replicas=3)
+
+
+def test_consumer_groups_are_job_scoped():
+    a, b = JobTopics(job="job-a", policies=("solver",)), JobTopics(job="job-b", policies=("solver",))
+    assert a.rollout_group("solver") == "af.job-a.raas.solver"
+    assert a.generation_group("solver") == "af.job-a.gen.solver"
+    # two jobs on one cluster with the same policy name never share a group (or rebalance each other)
+    assert len({t.rollout_group("solver") for t in (a, b)} | {t.generation_group("solver") for t in (a, b)}) == 4
