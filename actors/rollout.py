@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 
 WEIGHT_WAIT_LIMIT_S = 600.0
+#: A task consumer outside its group this long is recreated: far above a rebalance here
+#: (session timeout 10 s, joins take seconds), below any test's patience.
+CONSUMER_REJOIN_S = 45.0
 SNAPSHOT_REQUEST_INTERVAL_S = 10.0
 
 
@@ -86,19 +89,43 @@ class RolloutActor(LoopActor):
                                  transactional_id=f"af.{self.cfg.job}.raas.{self.node_id}",
                                  transaction_timeout_ms=self.cfg.kafka.transaction_timeout_ms)
         self.metrics = MetricsEmitter(self.plain, self.topics.metrics, self.node_id)
-        self.consumer = Consumer(
-            self.bootstrap, topics=[self.topics.tasks(self.cfg.policy)], group_id=self.topics.rollout_group(self.cfg.policy),
-            client_id=self.node_id, dead_letters=DeadLetters(self.plain, self.topics.dlq, self.node_id),
-            max_poll_records=self.cfg.rollout.tasks_per_call, session_timeout_ms=10_000,
-            heartbeat_interval_ms=2_000, max_poll_interval_ms=int(WEIGHT_WAIT_LIMIT_S * 1000) + 60_000,
-            partition_assignment_strategy=[StickyPartitionAssignor], expect=(Task,))
+        self.consumer = self._task_consumer()
+        self._rejoins = 0
         self.subscriber = WeightSubscriber(self.bootstrap, self.topics, self.cfg.policy,
                                            initial=None, initial_version=self.engine.version, node_id=self.node_id,
                                            on_fault=self._request_snapshot, prefetch=self.cfg.rollout.prefetch_weights)
         self.subscriber.start()
         self._heartbeat(force=True)
 
+    def _task_consumer(self) -> Consumer:
+        return Consumer(
+            self.bootstrap, topics=[self.topics.tasks(self.cfg.policy)], group_id=self.topics.rollout_group(self.cfg.policy),
+            client_id=self.node_id, dead_letters=DeadLetters(self.plain, self.topics.dlq, self.node_id),
+            max_poll_records=self.cfg.rollout.tasks_per_call, session_timeout_ms=10_000,
+            heartbeat_interval_ms=2_000, max_poll_interval_ms=int(WEIGHT_WAIT_LIMIT_S * 1000) + 60_000,
+            partition_assignment_strategy=[StickyPartitionAssignor], expect=(Task,))
+
+    def _rejoin_if_stuck(self) -> None:
+        """Recreate the task consumer when it has been outside its group for too long.
+
+        Seen in CI and in a benchmark arm: a node's task consumer that never joined (or left
+        and never rejoined) while the node kept polling, so the node sat idle with tasks
+        waiting. Between steps nothing is in flight (tasks are rolled out and committed
+        within a step), so a fresh consumer loses nothing: it resumes from the committed
+        offsets, like a restarted node.
+        """
+        outside = self.consumer.seconds_outside_group()
+        if outside <= CONSUMER_REJOIN_S:
+            return
+        self._rejoins += 1
+        log.warning("%s: task consumer has been outside group %s for %.0f s; recreating it (rejoin %d)",
+                    self.node_id, self.topics.rollout_group(self.cfg.policy), outside, self._rejoins)
+        close_quietly(self.consumer)
+        self.consumer = self._task_consumer()
+        self.metrics.emit_many({"raas.consumer_rejoins": self._rejoins}, step=self.engine.version)
+
     def step(self) -> None:
+        self._rejoin_if_stuck()
         with self.engine_lock:
             self.subscriber.apply_to(self.engine)
         if self.server is not None:

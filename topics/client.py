@@ -270,6 +270,7 @@ class Consumer:
         self._subscribed = bool(topics) and group_id is not None
         self._pending: dict[TopicPartition, int] = {}
         self._handed_out_in: dict[TopicPartition, Any] = {}  # partition -> group membership at poll
+        self._outside_since: float | None = time.monotonic()  # not a group member yet
 
     @property
     def raw(self) -> KafkaConsumer:
@@ -281,6 +282,10 @@ class Consumer:
         batches = self._kc.poll(timeout_ms=timeout_ms, max_records=max_records)
         membership = self._kc.group_metadata() if self._subscribed else None
         if membership is not None:
+            if membership.generation_id >= 0 and membership.member_id:
+                self._outside_since = None
+            elif self._outside_since is None:
+                self._outside_since = time.monotonic()
             # Records handed out under an older generation are redelivered from the committed
             # offsets after the rebalance (here or elsewhere): their pending offsets are void.
             for tp in [tp for tp, m in self._handed_out_in.items() if not _same_membership(m, membership)]:
@@ -345,6 +350,18 @@ class Consumer:
 
     def group_metadata(self):
         return self._kc.group_metadata()
+
+    def seconds_outside_group(self) -> float:
+        """For a subscribed consumer: how long, as of its last :meth:`poll`, it has not been a
+        member of its group (since it was created, if it never joined); 0 while it is one.
+
+        A member that never joins, or leaves and never rejoins, while its process keeps
+        polling is a stuck client (seen with kafka-python under load): callers recreate it
+        once this exceeds what a rebalance can take.
+        """
+        if not self._subscribed or self._outside_since is None:
+            return 0.0
+        return time.monotonic() - self._outside_since
 
     def assignment(self) -> set[TopicPartition]:
         return self._kc.assignment()

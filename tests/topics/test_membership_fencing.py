@@ -82,3 +82,20 @@ def test_a_rejoined_member_drops_pending_offsets_of_its_old_generation(job_topic
     with p.transaction():
         p.send_offsets(a)  # what this generation handed out, nothing older
     assert a.raw.committed(tp) == len(again)
+
+
+def test_a_consumer_reports_how_long_it_has_been_outside_its_group(job_topics, make_consumer):
+    """The signal a RaaS node's watchdog acts on (actors/rollout.py: _rejoin_if_stuck)."""
+    import time
+
+    c = make_consumer(topics=[job_topics.tasks("policy")], group_id="outside", client_id="node-o")
+    time.sleep(0.2)
+    assert c.seconds_outside_group() >= 0.2  # created, never joined: counts from creation
+    for _ in range(20):
+        c.poll(500)
+        if c.group_metadata().generation_id >= 0:
+            break
+    assert c.group_metadata().generation_id >= 0 and c.seconds_outside_group() == 0.0
+    # A consumer with manual assignment has no group to be outside of.
+    manual = make_consumer(partitions=[TopicPartition(job_topics.tasks("policy"), 0)], group_id=None)
+    assert manual.seconds_outside_group() == 0.0
