@@ -166,15 +166,15 @@ class DataflowActor(LoopActor):
             if lane.pipeline.replay_slots(1) and lane.cfg.trainer.engine.loss == "grpo":
                 log.warning("dataflow: replay with loss 'grpo' clips most replayed (stale) tokens away; "
                             "decoupled_ppo or m2po correct for the policy lag (trainer.engine.loss)")
-        group = f"dataflow.{policy}"
+        group, client = self.topics.dataflow_group(policy), f"dataflow.{policy}"
         self.prompts = self._keep(Consumer(self.bootstrap, topics=[self.topics.prompts], group_id=group,
-                                           dead_letters=self.dead, client_id=group, expect=(Prompt,)))
+                                           dead_letters=self.dead, client_id=client, expect=(Prompt,)))
         self.trajectories = self._keep(Consumer(self.bootstrap, topics=[self.topics.trajectories],
                                                 group_id=group + ".trajectories", dead_letters=self.dead,
-                                                client_id=group, max_poll_records=500,
+                                                client_id=client, max_poll_records=500,
                                                 expect=(TrajectoryGroup,)))
         self.versions = self._keep(Consumer(self.bootstrap, partitions=[TopicPartition(self.topics.versions, 0)],
-                                            dead_letters=self.dead, client_id=group))
+                                            dead_letters=self.dead, client_id=client))
         log.info("dataflow: resuming at step %d, %d tasks scheduled, %d dropped, %d open (%d state record(s) read)",
                  self.ledger.next_step, self.ledger.tasks_scheduled, self.ledger.dropped, len(self.ledger.open),
                  self.state_records_read)

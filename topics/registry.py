@@ -152,6 +152,11 @@ class JobTopics:
         """
         return f"{self.prefix}raas.{policy}"
 
+    def dataflow_group(self, policy: str) -> str:
+        """Consumer group of ``policy``'s dataflow lane on ``prompts`` (``+ ".trajectories"`` on
+        ``trajectories``); its transactions commit the lane's offsets under it."""
+        return f"{self.prefix}dataflow.{policy}"
+
     def generation_group(self, policy: str) -> str:
         """Consumer group of the nodes serving ``policy``'s role calls from other policies' episodes."""
         return f"{self.prefix}gen.{policy}"

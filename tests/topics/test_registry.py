@@ -63,5 +63,7 @@ def test_consumer_groups_are_job_scoped():
     a, b = JobTopics(job="job-a", policies=("solver",)), JobTopics(job="job-b", policies=("solver",))
     assert a.rollout_group("solver") == "af.job-a.raas.solver"
     assert a.generation_group("solver") == "af.job-a.gen.solver"
+    assert a.dataflow_group("solver") == "af.job-a.dataflow.solver"
+    assert b.dataflow_group("solver") != a.dataflow_group("solver")
     # two jobs on one cluster with the same policy name never share a group (or rebalance each other)
     assert len({t.rollout_group("solver") for t in (a, b)} | {t.generation_group("solver") for t in (a, b)}) == 4
