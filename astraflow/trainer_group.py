@@ -50,6 +50,9 @@ SHUTDOWN_TIMEOUT_S = 15
 RANK_STOP_GRACE_S = 5.0
 #: How often a rank checks that its agent is still its parent.
 AGENT_WATCH_S = 0.5
+#: The agent's pid, set in the ranks' environment: a rank whose agent died before the rank
+#: began watching (it is already reparented) must not take its new parent for the agent.
+AGENT_PID_ENV = "ASTRAFLOW_AGENT_PID"
 
 
 class FlagError(FatalError, ValueError):
@@ -120,7 +123,8 @@ def rank_node_id(node_id: str, rank: int) -> str:
 
 def start_rank(node_id: str, rank: int) -> None:
     """What a rank does before its actors start: die with its agent, and the test hook."""
-    threading.Thread(target=_watch_agent, args=(node_id, os.getppid()), name="agent-watch", daemon=True).start()
+    agent_pid = int(os.environ.get(AGENT_PID_ENV) or os.getppid())
+    threading.Thread(target=_watch_agent, args=(node_id, agent_pid), name="agent-watch", daemon=True).start()
     hook = os.environ.get(TEST_RANK_FATAL_ENV, "")
     target, _, cause = hook.partition(":")
     if hook and target.strip() == str(rank):
@@ -169,6 +173,7 @@ def run_agent(topo: Topology, rank_cmd: list[str], *, node_id: str, log_dir: str
     log_dir = Path(log_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"  # this group's, not a restart's
     # The ranks' output reaches our own through files tailed line by line: keep both live.
     os.environ["PYTHONUNBUFFERED"] = "1"
+    os.environ[AGENT_PID_ENV] = str(os.getpid())  # the ranks inherit it (see start_rank)
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)
     config = LaunchConfig(
