@@ -88,11 +88,10 @@ class ChunkPrefetcher:
             if first < self._first_position:
                 return {}  # written before this prefetcher started: the reader fetches it
             self._cond.wait_for(lambda: self._position > last or self._stop.is_set(), wait_s)
-            got = self._objects.pop(manifest.object_id, {})
-            self._bytes -= sum(len(v) for v, _ in got.values())
+            got = self._forget(manifest.object_id)
             # Payloads seen before this one are behind the reader: a chain is read in log order.
             for obj in [o for o, recs in self._objects.items() if recs and min(recs) < first]:
-                self._bytes -= sum(len(v) for v, _ in self._objects.pop(obj).values())
+                self._forget(obj)
             self.taken += len(got)
             return got
 
@@ -126,5 +125,10 @@ class ChunkPrefetcher:
             self._objects.setdefault(obj.decode("utf-8", "replace"), {})[record.offset] = (value, digest)
             self._bytes += len(value)
             while self._bytes > self.max_bytes and self._objects:
-                _, dropped = self._objects.popitem(last=False)
-                self._bytes -= sum(len(v) for v, _ in dropped.values())
+                self._forget(next(iter(self._objects)))  # the oldest payload
+
+    def _forget(self, obj: str) -> dict[int, tuple[bytes, str]]:
+        """Drop an object's chunks (the caller holds the lock); returns them."""
+        recs = self._objects.pop(obj, {})
+        self._bytes -= sum(len(v) for v, _ in recs.values())
+        return recs

@@ -299,18 +299,17 @@ def main(argv: list[str] | None = None) -> int:
     del new  # made again (same seed) once the snapshot phase is over: keeps peak RSS down
     gc.collect()
 
+    def big_version(v: int) -> Mapping[str, torch.Tensor]:  # version 0 is the base, then one step each
+        return base if v == 0 else make_step(base, args.fraction, "random", seed=v)
+
     with contextlib.ExitStack() as stack:
         bootstrap = args.bootstrap_servers or stack.enter_context(EmbeddedBroker(heap="1g")).bootstrap_servers
         r["latency"] = {
             "tiny": transfer_latency(bootstrap, "tiny", weights.__getitem__, len(weights), args.subscribers,
                                      args.threads, args.repeats),
-            "big": transfer_latency(bootstrap, "big",
-                                    lambda v: base if v == 0 else make_step(base, args.fraction, "random", seed=v),
-                                    2, 1, args.threads, args.repeats),
-            "big_fanout": transfer_latency(bootstrap, "bigfan",
-                                           lambda v: base if v == 0 else make_step(base, args.fraction, "random",
-                                                                                   seed=v),
-                                           2, args.big_subscribers, args.threads, args.repeats),
+            "big": transfer_latency(bootstrap, "big", big_version, 2, 1, args.threads, args.repeats),
+            "big_fanout": transfer_latency(bootstrap, "bigfan", big_version, 2, args.big_subscribers, args.threads,
+                                           args.repeats),
         }
         r["kafka_tool_consume"] = kafka_tool_consume(bootstrap, r["latency"]["big"], args.repeats)
         r["kafka_tool_produce"] = kafka_tool_produce(bootstrap, r["latency"]["big"], args.repeats)

@@ -440,11 +440,16 @@ def _open(payload: Buffer) -> tuple[PayloadHeader, tuple[TensorEntry, ...], memo
     # Checked before anything is applied, so a corrupted payload never half-updates weights.
     if blake3(data).digest() != header.data_hash:
         raise DeltaFormatError("weight payload data checksum mismatch (corrupted or truncated)")
+    _check_table(header, entries)
+    return header, entries, data
+
+
+def _check_table(header: PayloadHeader, entries: tuple[TensorEntry, ...]) -> None:
+    """The table must produce the header's version digest; a snapshot holds full tensors only."""
     if digest_from_entries([(e.name, e.dtype, e.shape, e.hash) for e in entries]) != header.digest:
         raise DeltaFormatError("tensor table does not match the header's version digest")
     if header.kind == PayloadKind.SNAPSHOT and any(e.encoding != Encoding.FULL for e in entries):
         raise DeltaFormatError("a snapshot may only hold full tensors")
-    return header, entries, data
 
 
 def iter_encoded_tensors(payload: Buffer) -> Iterator[EncodedTensor]:
@@ -564,10 +569,9 @@ def decode_streaming(payload: Buffer, ready: Callable[[int], None], *, verify: b
     header = read_header(memoryview(payload)[:HEADER_NBYTES])
     ready(header.data_offset)
     header, entries = read_table(memoryview(payload)[: header.data_offset], head_only=True)
-    if header.kind != PayloadKind.SNAPSHOT or any(e.encoding != Encoding.FULL for e in entries):
+    if header.kind != PayloadKind.SNAPSHOT:
         raise DeltaFormatError("decode_streaming takes snapshots (full tensors only); use decode for deltas")
-    if digest_from_entries([(e.name, e.dtype, e.shape, e.hash) for e in entries]) != header.digest:
-        raise DeltaFormatError("tensor table does not match the header's version digest")
+    _check_table(header, entries)
     data = memoryview(payload)[header.data_offset : header.nbytes]
     data_hash = blake3()
 

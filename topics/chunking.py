@@ -78,8 +78,9 @@ class ChunkWriter:
         self.chunk_size, self._partition, self._timeout = chunk_size, partition, timeout
         self._headers = list(headers or [])
         self._head_last = head_last
+        self._data_index = H_DATA_INDEX if head_last else H_INDEX  # the header data chunks number in
         self._buf = bytearray()
-        self._sent: list[tuple[object, int, str]] = []  # (future, size, digest) of data chunks, in order
+        self._data: list[tuple[object, int, str]] = []  # (future, size, digest) of data chunks, in order
         self._closed = False
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -87,45 +88,41 @@ class ChunkWriter:
         while len(view):
             if not self._buf and len(view) >= self.chunk_size:  # a whole chunk: no staging copy
                 piece, view = view[: self.chunk_size], view[self.chunk_size :]
-                self._send(bytes(piece))
+                self._send(bytes(piece), self._data, self._data_index)
                 continue
             take = min(len(view), self.chunk_size - len(self._buf))
             self._buf += view[:take]
             view = view[take:]
             if len(self._buf) == self.chunk_size:
-                self._send(bytes(self._buf))
+                self._send(bytes(self._buf), self._data, self._data_index)
                 self._buf.clear()
 
     def close(self, head: bytes | bytearray | memoryview | None = None) -> ChunkManifest:
         """Send what is left (and ``head``), wait for every acknowledgement, return the manifest."""
         if self._closed:
             raise RuntimeError(f"chunk writer of {self.object_id} is closed")
-        self._closed = True
-        if self._buf or (not self._sent and not head):
-            self._send(bytes(self._buf))  # the tail; or one empty chunk for an empty payload
-            self._buf.clear()
         if head is not None and not self._head_last:
             raise ValueError("close(head=...) needs a writer made with head_last=True")
-        data = self._sent
+        self._closed = True
+        if self._buf or (not self._data and not head):
+            self._send(bytes(self._buf), self._data, self._data_index)  # the tail; or one empty chunk
+            self._buf.clear()
         head_sent: list[tuple[object, int, str]] = []
-        if head:
-            self._sent, self._head_last = head_sent, False  # head chunks are numbered from 0 in af-chunk
-            for piece in iter_slices(head, self.chunk_size):
-                self._send(bytes(piece))
+        for piece in iter_slices(head, self.chunk_size) if head else ():
+            self._send(bytes(piece), head_sent, H_INDEX)  # head chunks are numbered from 0 in af-chunk
         refs = []
-        for fut, size, digest in [*head_sent, *data]:
+        for fut, size, digest in [*head_sent, *self._data]:
             md = wait(fut, self._timeout, self.topic)
             refs.append(ChunkRef(md.partition, md.offset, size, digest))
         return ChunkManifest(object_id=self.object_id, topic=self.topic, total_bytes=sum(r.size for r in refs),
                              digest=manifest_digest(refs), chunks=refs)
 
-    def _send(self, piece: bytes) -> None:
+    def _send(self, piece: bytes, sent: list[tuple[object, int, str]], index_header: str) -> None:
         digest = blake3(piece).hexdigest()
         hdrs: Headers = [("af-type", CHUNK_TYPE), (H_OBJECT, self.object_id.encode()),
-                         (H_DATA_INDEX if self._head_last else H_INDEX, str(len(self._sent)).encode()),
-                         (H_DIGEST, digest.encode()), *self._headers]
+                         (index_header, str(len(sent)).encode()), (H_DIGEST, digest.encode()), *self._headers]
         fut = self._producer.send_raw(self.topic, piece, key=self._key, partition=self._partition, headers=hdrs)
-        self._sent.append((fut, len(piece), digest))
+        sent.append((fut, len(piece), digest))
 
 
 def write_chunks(producer: Producer, topic: str, payload: bytes | bytearray | memoryview, *,
