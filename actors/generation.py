@@ -30,6 +30,7 @@ from kafka import TopicPartition
 
 from astraflow.engines.base import Generation, SamplingParams
 from astraflow.topics import Consumer, DeadLetters, GenerationReply, GenerationRequest, JobTopics, Producer
+from astraflow.topics.membership import MembershipWatch
 from astraflow.workflows.api import Turn
 
 from .common import close_quietly
@@ -131,11 +132,16 @@ class GenerationServer:
         self.topics, self.policy, self.node_id, self.run, self.params = topics, policy, node_id, run, params
         self._own_producer = producer is None
         self.producer = producer or Producer(bootstrap, client_id=f"{node_id}.gen-server")
-        self.consumer = Consumer(bootstrap, topics=[topics.generate(policy)], group_id=topics.generation_group(policy),
-                                 client_id=f"{node_id}.gen-server", dead_letters=dead_letters, max_poll_records=8,
-                                 session_timeout_ms=10_000, heartbeat_interval_ms=2_000,
-                                 partition_assignment_strategy=[StickyPartitionAssignor],
-                                 expect=(GenerationRequest,))
+        self._new_consumer = lambda: Consumer(
+            bootstrap, topics=[topics.generate(policy)], group_id=topics.generation_group(policy),
+            client_id=f"{node_id}.gen-server", dead_letters=dead_letters, max_poll_records=8,
+            session_timeout_ms=10_000, heartbeat_interval_ms=2_000,
+            partition_assignment_strategy=[StickyPartitionAssignor], expect=(GenerationRequest,))
+        self.consumer = self._new_consumer()
+        # The consumer wedge of the task consumer (actors/rollout.py) can hit this one too;
+        # nothing is in flight between serve() calls, so a replacement loses nothing.
+        self.watch = MembershipWatch(bootstrap, f"{node_id}.gen-server")
+        self.rejoins = 0
         self.served = 0
         self.rows = 0
         self.calls = 0  #: engine calls made for the requests served
@@ -144,7 +150,17 @@ class GenerationServer:
         """Answer what is waiting (at most one poll); returns the requests answered. The
         requests of a poll that share sampling settings are answered by one engine call,
         as a node batches its own episodes' calls."""
+        reason = self.watch.check(self.consumer)
+        if reason is not None:
+            self.rejoins += 1
+            log.warning("%s: generation consumer of group %s is stuck: %s; recreating it", self.node_id,
+                        self.topics.generation_group(self.policy), reason)
+            close_quietly(self.consumer)
+            self.consumer = self._new_consumer()
+            self.watch.reset()
         deliveries = self.consumer.poll(timeout_ms)
+        if deliveries:
+            self.watch.saw_records()
         by_sampling: dict[str, list[GenerationRequest]] = {}
         for d in deliveries:
             by_sampling.setdefault(repr(sorted(d.message.sampling.items())), []).append(d.message)
@@ -175,4 +191,4 @@ class GenerationServer:
         return len(deliveries)
 
     def close(self) -> None:
-        close_quietly(self.consumer, self.producer if self._own_producer else None)
+        close_quietly(self.consumer, self.watch, self.producer if self._own_producer else None)

@@ -26,6 +26,7 @@ from astraflow.chaos.hooks import hang_in_transaction
 from astraflow.config import JobConfig
 from astraflow.topics import (Consumer, DeadLetters, Heartbeat, Producer, SnapshotRequest, StaleMembershipError, Task,
                               TrajectoryGroup)
+from astraflow.topics.membership import MembershipWatch
 
 from .common import close_quietly, job_topics, make_rollout_engine, model_path, set_threads
 from .supervisor import LoopActor
@@ -35,9 +36,12 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 
 WEIGHT_WAIT_LIMIT_S = 600.0
-#: A task consumer outside its group this long is recreated: far above a rebalance here
-#: (session timeout 10 s, joins take seconds), below any test's patience.
+#: A task consumer that is not a stable member this long makes the node ask the broker
+#: whether it is in its group (far above a rebalance here: session timeout 10 s, joins take
+#: seconds); so does one that handed out nothing for CONSUMER_IDLE_PROBE_S.
 CONSUMER_REJOIN_S = 45.0
+CONSUMER_IDLE_PROBE_S = 30.0
+TASK_SESSION_TIMEOUT_MS = 10_000
 SNAPSHOT_REQUEST_INTERVAL_S = 10.0
 
 
@@ -55,7 +59,7 @@ class RolloutActor(LoopActor):
         self._started = time.monotonic()
         self._last_snapshot_request = -SNAPSHOT_REQUEST_INTERVAL_S
         self.engine = self.consumer = self.producer = self.plain = self.subscriber = None
-        self.client = self.server = self.runner = None
+        self.client = self.server = self.runner = self.watch = None
         self.multi = len(cfg.policy_names) > 1
 
     def setup(self) -> None:
@@ -90,6 +94,8 @@ class RolloutActor(LoopActor):
                                  transaction_timeout_ms=self.cfg.kafka.transaction_timeout_ms)
         self.metrics = MetricsEmitter(self.plain, self.topics.metrics, self.node_id)
         self.consumer = self._task_consumer()
+        self.watch = MembershipWatch(self.bootstrap, self.node_id, unsettled_s=CONSUMER_REJOIN_S,
+                                     idle_s=CONSUMER_IDLE_PROBE_S)
         self._rejoins = 0
         self.subscriber = WeightSubscriber(self.bootstrap, self.topics, self.cfg.policy,
                                            initial=None, initial_version=self.engine.version, node_id=self.node_id,
@@ -101,27 +107,29 @@ class RolloutActor(LoopActor):
         return Consumer(
             self.bootstrap, topics=[self.topics.tasks(self.cfg.policy)], group_id=self.topics.rollout_group(self.cfg.policy),
             client_id=self.node_id, dead_letters=DeadLetters(self.plain, self.topics.dlq, self.node_id),
-            max_poll_records=self.cfg.rollout.tasks_per_call, session_timeout_ms=10_000,
-            heartbeat_interval_ms=2_000, max_poll_interval_ms=int(WEIGHT_WAIT_LIMIT_S * 1000) + 60_000,
+            max_poll_records=self.cfg.rollout.tasks_per_call, session_timeout_ms=TASK_SESSION_TIMEOUT_MS,
+            heartbeat_interval_ms=TASK_SESSION_TIMEOUT_MS // 5, max_poll_interval_ms=int(WEIGHT_WAIT_LIMIT_S * 1000) + 60_000,
             partition_assignment_strategy=[StickyPartitionAssignor], expect=(Task,))
 
     def _rejoin_if_stuck(self) -> None:
-        """Recreate the task consumer when it has been outside its group for too long.
+        """Recreate the task consumer when the broker says it is not in its group.
 
-        Seen in CI and in a benchmark arm: a node's task consumer that never joined (or left
-        and never rejoined) while the node kept polling, so the node sat idle with tasks
-        waiting. Between steps nothing is in flight (tasks are rolled out and committed
-        within a step), so a fresh consumer loses nothing: it resumes from the committed
-        offsets, like a restarted node.
+        Seen in CI: a node's task consumer that never joined (the broker had no such group)
+        while the node kept polling and the client reported a generation, so the node sat
+        idle with tasks waiting. :class:`MembershipWatch` asks the broker when the consumer
+        has been unsettled or idle too long. Between steps nothing is in flight (tasks are
+        rolled out and committed within a step), so a fresh consumer loses nothing: it
+        resumes from the committed offsets, like a restarted node.
         """
-        outside = self.consumer.seconds_outside_group()
-        if outside <= CONSUMER_REJOIN_S:
+        reason = self.watch.check(self.consumer)
+        if reason is None:
             return
         self._rejoins += 1
-        log.warning("%s: task consumer has been outside group %s for %.0f s; recreating it (rejoin %d)",
-                    self.node_id, self.topics.rollout_group(self.cfg.policy), outside, self._rejoins)
+        log.warning("%s: task consumer of group %s is stuck: %s; recreating it (rejoin %d)",
+                    self.node_id, self.topics.rollout_group(self.cfg.policy), reason, self._rejoins)
         close_quietly(self.consumer)
         self.consumer = self._task_consumer()
+        self.watch.reset()
         self.metrics.emit_many({"raas.consumer_rejoins": self._rejoins}, step=self.engine.version)
 
     def step(self) -> None:
@@ -136,6 +144,7 @@ class RolloutActor(LoopActor):
                 self.consumer.commit()
             self._heartbeat()
             return
+        self.watch.saw_records()
         tasks: list[Task] = [d.message for d in deliveries]
         self._wait_for_version(max(t.scheduled_version for t in tasks))
         t0 = time.monotonic()
@@ -279,10 +288,10 @@ class RolloutActor(LoopActor):
             super().on_stop()
 
     def teardown(self) -> None:
-        close_quietly(self.runner, self.server, self.client, self.subscriber, self.consumer, self.producer,
-                      self.plain, self.engine)
+        close_quietly(self.runner, self.server, self.client, self.subscriber, self.consumer, self.watch,
+                      self.producer, self.plain, self.engine)
         self.engine = self.consumer = self.producer = self.plain = self.subscriber = None
-        self.client = self.server = self.runner = None
+        self.client = self.server = self.runner = self.watch = None
 
 
 def _mean(xs: list[float]) -> float:

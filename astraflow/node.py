@@ -68,6 +68,8 @@ def run_node(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: s
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # kafka-python warns about slow selector tasks on a busy 2-core box; errors still show.
     logging.getLogger("kafka").setLevel(os.environ.get("ASTRAFLOW_KAFKA_LOG", "ERROR"))
+    # Group membership changes are rare and what a stuck consumer is diagnosed from.
+    logging.getLogger("kafka.coordinator").setLevel(os.environ.get("ASTRAFLOW_KAFKA_LOG", "INFO"))
     n = threads_for(role, cfg)
     if n > 0:
         os.environ["OMP_NUM_THREADS"] = str(n)

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import InvalidTransactionTimeoutError, KafkaError, KafkaTimeoutError
-from kafka.structs import OffsetAndMetadata
+from kafka.structs import MemberState, OffsetAndMetadata
 
 from . import tracing
 from .codec import Headers, decode, encode
@@ -282,7 +282,7 @@ class Consumer:
         batches = self._kc.poll(timeout_ms=timeout_ms, max_records=max_records)
         membership = self._kc.group_metadata() if self._subscribed else None
         if membership is not None:
-            if membership.generation_id >= 0 and membership.member_id:
+            if membership.generation_id >= 0 and membership.member_id and membership.state == MemberState.STABLE:
                 self._outside_since = None
             elif self._outside_since is None:
                 self._outside_since = time.monotonic()
@@ -353,11 +353,12 @@ class Consumer:
 
     def seconds_outside_group(self) -> float:
         """For a subscribed consumer: how long, as of its last :meth:`poll`, it has not been a
-        member of its group (since it was created, if it never joined); 0 while it is one.
+        stable member of its group — never joined, left, or in a rebalance (counted from its
+        creation if it never joined); 0 while it is one.
 
-        A member that never joins, or leaves and never rejoins, while its process keeps
-        polling is a stuck client (seen with kafka-python under load): callers recreate it
-        once this exceeds what a rebalance can take.
+        Long unsettled is suspicious, not proof (a rebalance waits for the slowest member):
+        :class:`~astraflow.topics.membership.MembershipWatch` asks the broker before anyone
+        recreates the consumer.
         """
         if not self._subscribed or self._outside_since is None:
             return 0.0

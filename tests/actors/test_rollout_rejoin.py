@@ -1,39 +1,65 @@
-"""A RaaS node recreates a task consumer that stays outside its group (the consumer wedge).
+"""A RaaS node recreates a task consumer the broker no longer lists (the consumer wedge).
 
-Seen in CI: a node's task consumer never joined its group while the node kept polling, so
-the node idled with tasks waiting. The node's watchdog recreates the consumer once it has
-been outside the group longer than any rebalance takes; the new one joins and gets the
-waiting task from the committed offset. Real broker, real consumers and producers; the
-stuck state is entered by backdating the consumer's own clock of it (the client bug itself
-cannot be triggered on demand).
+Seen in CI: a node's task consumer sat outside its group (the broker had no such group)
+while the node kept polling and the client reported a generation, so the node idled with
+tasks waiting. The node's watchdog asks the broker when the consumer has been idle or
+unsettled too long and recreates it when the broker does not list it; the new one joins
+and gets the waiting task from the committed offset. Real broker, real consumers and
+producers; the wedge's signature is entered by stopping the consumer's heartbeats (the
+client's own switch) until the broker expels it while the client still says "stable".
 """
 
 import time
 import types
 
+from kafka import KafkaAdminClient
+
 from astraflow.actors import rollout
 from astraflow.actors.telemetry import MetricsEmitter
 from astraflow.config import load_config
 from astraflow.topics import Producer, Task
+from astraflow.topics.membership import MembershipWatch
 
 
-def test_a_task_consumer_stuck_outside_its_group_is_recreated_and_gets_the_waiting_task(
-        bootstrap, job_topics, tmp_path):
+def _listed(bootstrap, group, member) -> bool:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        return any(m["member_id"] == member for m in admin.describe_groups([group])[group].get("members") or ())
+    finally:
+        admin.close()
+
+
+def test_a_task_consumer_the_broker_dropped_is_recreated_and_gets_the_waiting_task(
+        bootstrap, job_topics, tmp_path, monkeypatch):
     cfg = load_config("examples/arithmetic_grpo.yaml")
     node = rollout.RolloutActor.__new__(rollout.RolloutActor)  # only the parts the watchdog uses
     node.bootstrap, node.topics, node.cfg, node.node_id = bootstrap, job_topics, cfg, "raas-w"
     node.plain = Producer(bootstrap, client_id="raas-w")
     node.metrics = MetricsEmitter(node.plain, job_topics.metrics, "raas-w")
     node.engine = types.SimpleNamespace(version=0)  # read for the metric's step only
+    node.watch = MembershipWatch(bootstrap, "raas-w", unsettled_s=rollout.CONSUMER_REJOIN_S, idle_s=1.0)
+    monkeypatch.setattr(rollout, "TASK_SESSION_TIMEOUT_MS", 6_000)  # the broker's minimum: expelled sooner
     node.consumer, node._rejoins = node._task_consumer(), 0
     feeder = Producer(bootstrap, client_id="feeder")
+    group = job_topics.rollout_group(cfg.policy)
     try:
+        for _ in range(40):
+            node.consumer.poll(250)
+            if node.consumer.group_metadata().generation_id >= 0 and node.consumer.seconds_outside_group() == 0:
+                break
+        node._rejoin_if_stuck()
+        assert node._rejoins == 0  # a fresh member: nothing asked
+        stuck = node.consumer
+        member = stuck.group_metadata().member_id
+        stuck.raw._coordinator._disable_heartbeat()
+        deadline = time.monotonic() + 30
+        while _listed(bootstrap, group, member):
+            assert time.monotonic() < deadline, "the broker never expelled the silent member"
+            time.sleep(1)
+        assert stuck.group_metadata().generation_id >= 0  # the client still thinks it is a member
         task = Task("task-1", "p-1", cfg.policy, "1+1=", "2", 2)
         feeder.send_sync(job_topics.tasks(cfg.policy), task, key="task-1")
-        node._rejoin_if_stuck()
-        assert node._rejoins == 0 and node.consumer is not None  # fresh: not stuck yet
-        stuck = node.consumer
-        stuck._outside_since = time.monotonic() - rollout.CONSUMER_REJOIN_S - 1
+        time.sleep(1.1)
         node._rejoin_if_stuck()
         assert node._rejoins == 1 and node.consumer is not stuck
         got = []
@@ -42,10 +68,12 @@ def test_a_task_consumer_stuck_outside_its_group_is_recreated_and_gets_the_waiti
             if got:
                 break
         assert [d.message.task_id for d in got] == ["task-1"]
-        assert node.consumer.group_metadata().group_id == job_topics.rollout_group(cfg.policy)
+        assert node.consumer.group_metadata().group_id == group
+        node.watch.saw_records()
         node._rejoin_if_stuck()
-        assert node._rejoins == 1  # a member now: left alone
+        assert node._rejoins == 1  # a member that just got records: left alone
     finally:
         node.consumer.close()
+        node.watch.close()
         feeder.close()
         node.plain.close()
