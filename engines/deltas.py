@@ -25,6 +25,7 @@ import torch
 import zstandard as zstd
 from blake3 import blake3
 
+from . import native
 from .weight_format import (
     HEADER_NBYTES,
     BaseMismatchError,
@@ -316,11 +317,16 @@ def _dense_diff(base: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 def _choose(base: np.ndarray, new: np.ndarray, same_hash: bool) -> tuple[Encoding, int, tuple[np.ndarray, ...]]:
-    if same_hash:  # equal SHA-256 of the bits: skip the compare pass (frozen tensors)
+    if same_hash:  # equal BLAKE3 of the bits: skip the compare pass (frozen tensors)
         return Encoding.SAME, 0, ()
     n, item = new.size, new.itemsize
     bitmap_nbytes = (n + 7) // 8
-    pos = _sparse_positions(base, new)
+    # One native pass when the kernel is built; the numpy passes below write the same bytes.
+    fast = native.sparse_diff(base, new, limit=bitmap_nbytes, gaps_cap=bitmap_nbytes)
+    if isinstance(fast, tuple):
+        gaps, values = fast
+        return (Encoding.VARINT, values.size, (gaps, values)) if values.size else (Encoding.SAME, 0, ())
+    pos = None if fast == -1 else _sparse_positions(base, new)
     if pos is not None:
         if pos.size == 0:
             return Encoding.SAME, 0, ()

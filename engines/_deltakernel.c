@@ -1,0 +1,107 @@
+/* One-pass sparse diff for the weight-delta encoder (engines/deltas.py, engines/native.py).
+ *
+ * For two equal-length arrays of unsigned integers (a tensor's bits: base and new) it
+ * writes, in a single pass over both, the LEB128 gaps between changed positions (gap =
+ * position - previous position - 1, the first counted from -1) and the new bits of every
+ * changed element: exactly the VARINT sections numpy builds in several passes
+ * (not_equal, flatnonzero, diff, varint lengths and bytes, gather).
+ *
+ * Blocks of 64 bytes are compared as eight 64-bit words first; a block with no change
+ * (most of them after an optimizer step) costs two loads and an xor per word, and in a
+ * block with changes the changed lanes are found by bit arithmetic, not per element.
+ *
+ * Returns k >= 0, the number of changed elements, with *gaps_len set; or
+ *   -1 when k reaches `limit` (the caller stores a bitmap instead),
+ *   -2 when the gap bytes reach `gaps_cap` (a bitmap is smaller).
+ * `values` must hold `limit` elements and `gaps` `gaps_cap` bytes.
+ *
+ * Loaded with ctypes (no Python API here); ctypes releases the GIL for the call, so the
+ * encoder's threads run it in parallel.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#define BLOCK_BYTES 64
+#define WORDS (BLOCK_BYTES / 8)
+
+/* Per 64-bit word of xor'ed bits, the top bit of each lane (element) that differs:
+ * (x & LOW) + LOW carries into a lane's top bit iff the lane's low bits are not all zero,
+ * and `| x` adds the top bit itself. LOW is 0x7F.. repeated per lane. Little-endian:
+ * element j of a word is its j-th lane from the least significant end. */
+#define LANE_TOPS(x, LOW) ((((x) & (LOW)) + (LOW)) | (x)) & ~(LOW)
+
+#define DEFINE_SPARSE_DIFF(NAME, T, LOW)                                                   \
+    int64_t NAME(const T *base, const T *cur, int64_t n, int64_t limit, uint8_t *gaps,     \
+                 int64_t gaps_cap, int64_t *gaps_len, T *values) {                         \
+        const int64_t per_word = 8 / (int64_t)sizeof(T);                                   \
+        const int lane_shift = __builtin_ctz(8 * (unsigned)sizeof(T));                     \
+        const int64_t blocks = n / (per_word * WORDS);                                     \
+        int64_t k = 0, used = 0, last = -1;                                                \
+        for (int64_t blk = 0; blk <= blocks; blk++) {                                      \
+            int64_t i0 = blk * per_word * WORDS;                                           \
+            uint64_t x[WORDS];                                                             \
+            if (blk < blocks) {                                                            \
+                uint64_t acc = 0;                                                          \
+                for (int w = 0; w < WORDS; w++) {                                          \
+                    uint64_t a, b;                                                         \
+                    memcpy(&a, (const uint8_t *)(base + i0) + 8 * w, 8);                   \
+                    memcpy(&b, (const uint8_t *)(cur + i0) + 8 * w, 8);                    \
+                    x[w] = a ^ b;                                                          \
+                    acc |= x[w];                                                           \
+                }                                                                          \
+                if (!acc) continue;                                                        \
+            } else {                                                                       \
+                /* the tail: fewer than a block's elements, compared one by one */         \
+                memset(x, 0, sizeof x);                                                    \
+                for (int64_t i = i0; i < n; i++)                                           \
+                    if (base[i] != cur[i]) {                                               \
+                        int64_t j = i - i0;                                                \
+                        x[j / per_word] |= (uint64_t)1 << (((j % per_word) << lane_shift)  \
+                                                           + (8 * sizeof(T) - 1));         \
+                    }                                                                      \
+            }                                                                              \
+            for (int w = 0; w < WORDS; w++) {                                              \
+                uint64_t m = blk < blocks ? LANE_TOPS(x[w], (uint64_t)(LOW)) : x[w];       \
+                while (m) {                                                                \
+                    int64_t i = i0 + w * per_word + (__builtin_ctzll(m) >> lane_shift);    \
+                    m &= m - 1;                                                            \
+                    if (k + 1 >= limit) return -1;                                         \
+                    uint64_t g = (uint64_t)(i - last - 1);                                 \
+                    last = i;                                                              \
+                    if (used + 10 > gaps_cap) {                                            \
+                        /* room for the longest varint is not left: count exactly */       \
+                        int len = 1;                                                       \
+                        for (uint64_t v = g; v >= 0x80; v >>= 7) len++;                    \
+                        if (used + len >= gaps_cap) return -2;                             \
+                    }                                                                      \
+                    if (g < (1u << 21) && used + 4 <= gaps_cap) {                          \
+                        /* up to 3 bytes without a branch: one 4-byte store */             \
+                        uint32_t two = g >= 0x80, three = g >= 0x4000;                     \
+                        uint32_t word = (uint32_t)(g & 0x7F)                               \
+                                        | (uint32_t)((g >> 7) & 0x7F) << 8                 \
+                                        | (uint32_t)((g >> 14) & 0x7F) << 16               \
+                                        | two << 7 | three << 15;                          \
+                        memcpy(gaps + used, &word, 4);                                     \
+                        used += 1 + two + three;                                           \
+                    } else {                                                               \
+                        while (g >= 0x80) {                                                \
+                            gaps[used++] = (uint8_t)(g & 0x7F) | 0x80;                     \
+                            g >>= 7;                                                       \
+                        }                                                                  \
+                        gaps[used++] = (uint8_t)g;                                         \
+                    }                                                                      \
+                    values[k++] = cur[i];                                                  \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+        *gaps_len = used;                                                                  \
+        return used >= gaps_cap && k ? -2 : k;                                             \
+    }
+
+DEFINE_SPARSE_DIFF(af_sparse_diff_u8, uint8_t, 0x7F7F7F7F7F7F7F7FULL)
+DEFINE_SPARSE_DIFF(af_sparse_diff_u16, uint16_t, 0x7FFF7FFF7FFF7FFFULL)
+DEFINE_SPARSE_DIFF(af_sparse_diff_u32, uint32_t, 0x7FFFFFFF7FFFFFFFULL)
+DEFINE_SPARSE_DIFF(af_sparse_diff_u64, uint64_t, 0x7FFFFFFFFFFFFFFFULL)
+
+/* The kernel's interface version: engines/native.py refuses a library built from another. */
+int64_t af_kernel_abi(void) { return 1; }

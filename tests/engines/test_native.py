@@ -1,0 +1,96 @@
+"""The delta encoder's native kernel writes exactly what its numpy path writes.
+
+engines/_deltakernel.c is built by the project's install (setup.py) and loaded with
+ctypes; ``ASTRAFLOW_NATIVE=0`` switches it off. Every comparison below runs both paths on
+the same arrays: sizes around the kernel's 64-byte blocks (its tail is handled apart),
+every element width, densities either side of the VARINT/BITMAP/FULL thresholds, gaps of
+1 to 4 LEB128 bytes, and the two early exits.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from astraflow.engines import deltas, native
+
+
+def _both(monkeypatch, base, new):
+    monkeypatch.setenv("ASTRAFLOW_NATIVE", "1")
+    fast = deltas._choose(base, new, False)
+    monkeypatch.setenv("ASTRAFLOW_NATIVE", "0")
+    slow = deltas._choose(base, new, False)
+    monkeypatch.setenv("ASTRAFLOW_NATIVE", "1")
+    return fast, slow
+
+
+def _same(a, b) -> bool:
+    return a[0] == b[0] and a[1] == b[1] and len(a[2]) == len(b[2]) and all(
+        x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a[2], b[2]))
+
+
+def test_the_kernel_is_built_by_the_install():
+    assert native.available(), "engines/_deltakernel.c was not built: reinstall (make install) with a C compiler"
+
+
+@pytest.mark.parametrize("bits", [np.uint8, np.uint16, np.uint32, np.uint64])
+def test_native_and_numpy_choose_the_same_encoding_and_bytes(monkeypatch, bits):
+    rng = np.random.default_rng(7)
+    seen = set()
+    for n in (0, 1, 3, 31, 32, 33, 63, 64, 65, 127, 1000, 40_001):
+        for frac in (0.0, 0.0005, 0.01, 0.06, 0.12, 0.125, 0.2, 0.9):
+            base = rng.integers(0, np.iinfo(bits).max, n, dtype=bits, endpoint=True)
+            new = base.copy()
+            if n:
+                new[rng.choice(n, int(n * frac), replace=False)] ^= bits(1)
+                new[-1] ^= bits(2)  # the last element, in the tail or the last block
+            fast, slow = _both(monkeypatch, base, new)
+            assert _same(fast, slow), (bits, n, frac, fast[0], slow[0])
+            seen.add(fast[0])
+    assert seen >= {deltas.Encoding.VARINT, deltas.Encoding.BITMAP, deltas.Encoding.FULL}
+
+
+def test_long_gaps_and_the_gap_bytes_exit(monkeypatch):
+    n = 1 << 23
+    base = np.zeros(n, np.uint16)
+    # gaps of 0, 127, 128, 16383, 16384, 2**21 - 1, 2**21 (1 to 4 LEB128 bytes)
+    new = base.copy()
+    pos, p = [], -1
+    for g in (0, 127, 128, 16383, 16384, (1 << 21) - 1, 1 << 21):
+        p += g + 1
+        pos.append(p)
+    new[pos] = 1
+    fast, slow = _both(monkeypatch, base, new)
+    assert fast[0] == deltas.Encoding.VARINT and _same(fast, slow)
+    gaps = deltas._varint_decode(fast[2][0], len(pos))
+    assert list(gaps) == [0, 127, 128, 16383, 16384, (1 << 21) - 1, 1 << 21]
+
+    # Just under n/8 changes, but one long gap makes the LEB128 gaps reach the bitmap's size:
+    # the kernel gives up (-2) and the bitmap is chosen, as numpy chooses it.
+    n = 100_000
+    base = np.zeros(n, np.uint16)
+    new = base.copy()
+    new[: n // 8 - 2] = 1
+    new[-1] = 1
+    assert native.sparse_diff(base, new, limit=(n + 7) // 8, gaps_cap=(n + 7) // 8) == -2
+    fast, slow = _both(monkeypatch, base, new)
+    assert fast[0] == deltas.Encoding.BITMAP and _same(fast, slow)
+
+    # n/8 changes or more: the kernel stops early (-1).
+    new[: n // 4] = 1
+    assert native.sparse_diff(base, new, limit=(n + 7) // 8, gaps_cap=(n + 7) // 8) == -1
+
+
+def test_a_delta_payload_is_byte_identical_with_and_without_the_kernel(monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    base = {"w": torch.randn(300, 257, generator=g).to(torch.bfloat16), "b": torch.randn(1001, generator=g),
+            "e": torch.randn(64, 64, generator=g).half()}
+    new = {k: v.clone() for k, v in base.items()}
+    new["w"].view(-1)[::97] += 1
+    new["b"][::5] *= 2
+    payloads = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("ASTRAFLOW_NATIVE", flag)
+        payloads.append(deltas.encode_delta(base, new, 0, 1)[0])
+    assert payloads[0] == payloads[1]
+    out = deltas.decode(payloads[0], base)
+    assert all(torch.equal(out[k].view(torch.uint8), new[k].view(torch.uint8)) for k in new)
