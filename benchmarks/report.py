@@ -153,6 +153,30 @@ def async_sync() -> list[str]:
     return out + [""]
 
 
+def publish_dtype() -> list[str]:
+    d = _load("publish_dtype")
+    if not d:
+        return []
+    out = [f"**Publishing fp32 vs bf16 to the fp32 CPU engine** — `python -m astraflow.benchmarks.publish_dtype` "
+           f"(the demo job, {d['steps']} steps, the same seeds for both; s/step, bytes and accuracy from an async run, "
+           "the train–inference log-prob gap — mean |logp_trainer − logp_behaviour| over tokens generated at the "
+           "version the trainer held — from a sync run, where every step has such tokens; median (min–max) of "
+           f"{d['repeats']} repetitions{_load_note(d)})", "",
+           "| published | s/step | delta bytes / version | elements changed | publisher encode s | "
+           "train–inference logp gap | accuracy v0 → final |", "|---|---:|---:|---:|---:|---:|---|"]
+    for dtype in ("float32", "bfloat16"):
+        r = d["dtypes"][dtype]
+        gap = _sp(r["logp_gap"], ".1e") if r.get("logp_gap") else "–"
+        out.append(f"| {dtype} | {_sp(r['s_per_step'])} | {_sp(r['delta_bytes'], ',.0f')} | "
+                   f"{_sp(r['delta_changed_frac'], '.3f')} | {_sp(r['delta_encode_s'], '.3f')} | {gap} | "
+                   f"{r['accuracy_initial']:.3f} → {_sp(r['accuracy_final'], '.3f')} |")
+    ratio = d.get("bf16_over_fp32_logp_gap")
+    out += ["", f"bf16 / fp32, paired by repetition: s/step {_sp(d['bf16_over_fp32_s_per_step'])}, bytes per "
+                f"version {_sp(d['bf16_over_fp32_delta_bytes'])}"
+                + (f", log-prob gap {_sp(ratio, ',.0f')}x" if ratio else "") + ".", ""]
+    return out
+
+
 def multi_policy() -> list[str]:
     d = _load("multi_policy")
     if not d:
@@ -212,7 +236,7 @@ def _gap(d: dict) -> str:
 
 
 def render() -> str:
-    return "\n".join(demo() + async_sync() + multi_policy() + topics() + weights() + engine()
+    return "\n".join(demo() + async_sync() + publish_dtype() + multi_policy() + topics() + weights() + engine()
                      + scaling()).rstrip() + "\n"
 
 

@@ -163,6 +163,23 @@ def test_async_vs_sync_measures_every_mode_against_r_and_t_alone():
     assert (agg["load_1m_at_run_start"]["min"], agg["load_1m_at_run_start"]["max"]) == (1.0, 2.0)
 
 
+def test_publish_dtype_pairs_the_dtypes_by_repetition_and_takes_the_gap_from_the_sync_run():
+    from astraflow.benchmarks import publish_dtype
+
+    def run(s_per_step, nbytes, gap):
+        return {"s_per_step": s_per_step, "delta_bytes": nbytes, "delta_changed_frac": 0.5, "delta_encode_s": 0.1,
+                "snapshot_bytes": 1e6, "accuracy_final": 0.2, "accuracy_initial": 0.1, "time_to_first_step_s": 9.0,
+                "logp_gap": gap, "logp_gap_steps": 10, "load_before": [1.0 + s_per_step, 1.0, 1.0]}
+
+    reps = [{"float32": run(0.6 + i / 10, 8e6, 1e-7), "bfloat16": run(0.3 + i / 10, 2e6, 1e-3)} for i in range(3)]
+    agg = publish_dtype.aggregate(reps)
+    assert agg["bf16_over_fp32_s_per_step"]["runs"] == pytest.approx([0.3 / 0.6, 0.4 / 0.7, 0.5 / 0.8])
+    assert agg["bf16_over_fp32_delta_bytes"]["median"] == pytest.approx(0.25)
+    assert agg["bf16_over_fp32_logp_gap"]["median"] == pytest.approx(1e4)
+    reps[1]["bfloat16"]["logp_gap"] = None  # a run without a comparable token: no paired ratio
+    assert publish_dtype.aggregate(reps)["bf16_over_fp32_logp_gap"] is None
+
+
 def test_committed_results_have_the_issues_fields_and_render_with_spread():
     """The README's tables come from these files: each must carry the required numbers,
     its load, and render as median (min–max)."""
@@ -175,7 +192,8 @@ def test_committed_results_have_the_issues_fields_and_render_with_spread():
     assert avs["repeats"] >= 3 and not avs["quick"]
     for key in ("overlap_efficiency", "inprocess_s_per_step", "ratio_to_inprocess"):
         assert avs[key]["n"] == avs["repeats"], key
-    for name in ("weight_transfer", "async_vs_sync", "engine_throughput", "topics_throughput", "codec_throughput"):
+    for name in ("weight_transfer", "async_vs_sync", "engine_throughput", "topics_throughput", "codec_throughput",
+                 "publish_dtype"):
         data = json.loads((report.RES / f"{name}.json").read_text())
         assert "loadavg" in data["load"]["before"], name
     text = report.render()

@@ -1,0 +1,153 @@
+"""Publishing fp32 vs bf16 weights to the fp32 CPU engine, side by side in one run.
+
+The trainer trains in fp32; ``trainer.publish_dtype`` says what the rollout engines get.
+bf16 halves every element and, because most fp32 updates of one AdamW step do not move
+the bf16 rounding, changes far fewer elements per version, so deltas stay sparse instead
+of falling back to full tensors. The price is a train–inference mismatch: the engine
+samples with rounded weights while the trainer scores the same tokens with its own. This
+benchmark measures both sides on the demo job (async, the same seeds, prompts and steps for
+both dtypes, the two run alternately in each repetition):
+
+* per published version: payload bytes, changed fraction, publisher encode seconds;
+* ``train_inference_logp_gap`` — the trainer's metric of the mismatch alone: mean
+  |log p_trainer − log p_behaviour| over tokens generated at the version the trainer held
+  (engines/deepspeed_trainer.py ``_logp_gaps``), per step, its median over a **sync** run
+  of the same job (in async mode almost every token is a version or more stale, so the
+  metric has nothing to compare on most steps);
+* from an async run: steady-state s/step (after step 2) and the final held-out accuracy.
+
+Every number is a median (min–max) over ``--repeats`` repetitions; ratios are paired
+within a repetition. Prints one table; writes ``benchmarks/results/publish_dtype.json``.
+
+    python -m astraflow.benchmarks.publish_dtype               # 40 steps, 3 repetitions
+    python -m astraflow.benchmarks.publish_dtype --quick       # 6 steps, 1 repetition (smoke)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from astraflow.benchmarks.async_vs_sync import analyse
+from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
+from astraflow.config import load_config
+from astraflow.launcher import run_job
+from astraflow.topics import EmbeddedBroker
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "publish_dtype.json"
+DTYPES = ("float32", "bfloat16")
+
+
+def weight_stats(run_dir: Path) -> dict:
+    """Per-version weight payload numbers and the mismatch metric, medians over the run."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    def values(name: str) -> list[float]:
+        return [float(r["value"]) for r in rows if r["name"] == name]
+
+    delta_bytes, gap = values("weights.delta_bytes"), values("trainer.train_inference_logp_gap")
+    if not delta_bytes:
+        raise RuntimeError(f"{run_dir}: no weights.delta_bytes metric; was any version published?")
+    return {
+        "delta_bytes": statistics.median(delta_bytes),
+        "delta_changed_frac": statistics.median(values("weights.delta_changed_frac")),
+        "delta_encode_s": statistics.median(values("weights.delta_encode_s")),
+        "snapshot_bytes": statistics.median(values("weights.snapshot_bytes") or [0.0]),
+        "logp_gap": statistics.median(gap) if gap else None,
+        "logp_gap_steps": len(gap),
+    }
+
+
+def _run(args, broker, rep: int, dtype: str, mode: str) -> tuple[Path, int]:
+    overrides = {"mode": mode, "trainer.steps": args.steps, "eval.every": 0, "trainer.publish_dtype": dtype,
+                 "job": f"bench-dtype-{mode}-{dtype}-{int(time.time())}-{rep}"}
+    cfg = load_config(args.config, overrides)
+    run_dir = Path(args.run_root) / cfg.job
+    print(f"--- repetition {rep + 1}: publish {dtype}, {mode} ({cfg.job})", flush=True)
+    run_job(cfg, bootstrap=broker.bootstrap_servers, run_dir=run_dir, progress=False,
+            overrides=[f"{k}={v}" for k, v in overrides.items()])
+    return run_dir, cfg.rollout.nodes
+
+
+def one_repetition(args, broker, rep: int) -> dict:
+    """Per dtype: an async run (speed, bytes, accuracy) and a sync run (the mismatch: in sync
+    mode every token is generated at the version the trainer holds, so every step has one)."""
+    out: dict = {}
+    order = DTYPES if rep % 2 == 0 else DTYPES[::-1]  # neither dtype always runs on a warmer box
+    for dtype in order:
+        load = load_now()
+        run_dir, nodes = _run(args, broker, rep, dtype, "async")
+        stats = {**analyse(run_dir, nodes), **weight_stats(run_dir), "load_before": load["loadavg"]}
+        gap = weight_stats(_run(args, broker, rep, dtype, "sync")[0])
+        stats.update(logp_gap=gap["logp_gap"], logp_gap_steps=gap["logp_gap_steps"])
+        out[dtype] = stats
+    return out
+
+
+def aggregate(reps: list[dict]) -> dict:
+    keys = ("s_per_step", "delta_bytes", "delta_changed_frac", "delta_encode_s", "snapshot_bytes", "accuracy_final",
+            "time_to_first_step_s")
+    per = {d: {k: spread([r[d][k] for r in reps]) for k in keys} for d in DTYPES}
+    for d in DTYPES:
+        gaps = [r[d]["logp_gap"] for r in reps if r[d]["logp_gap"] is not None]
+        per[d]["logp_gap"] = spread(gaps) if gaps else None
+        per[d]["accuracy_initial"] = reps[0][d]["accuracy_initial"]
+    f32, b16 = per["float32"], per["bfloat16"]
+    return {
+        "dtypes": per,
+        "bf16_over_fp32_s_per_step": ratio_spread(b16["s_per_step"], f32["s_per_step"]),
+        "bf16_over_fp32_delta_bytes": ratio_spread(b16["delta_bytes"], f32["delta_bytes"]),
+        "bf16_over_fp32_logp_gap": (ratio_spread(b16["logp_gap"], f32["logp_gap"])
+                                    if b16["logp_gap"] and f32["logp_gap"]
+                                    and b16["logp_gap"]["n"] == f32["logp_gap"]["n"] else None),
+        "load_1m_at_run_start": spread([r[d]["load_before"][0] for r in reps for d in DTYPES]),
+    }
+
+
+def print_table(agg: dict) -> None:
+    hdr = (f"{'published':10} {'s/step':>18} {'delta bytes/version':>26} {'changed':>20} {'encode s':>20} "
+           f"{'logp gap':>26} {'acc final':>20}")
+    print(hdr)
+    print("-" * len(hdr))
+    for d in DTYPES:
+        r = agg["dtypes"][d]
+        gap = fmt_spread(r["logp_gap"], ".2e") if r["logp_gap"] else "–"
+        print(f"{d:10} {fmt_spread(r['s_per_step']):>18} {fmt_spread(r['delta_bytes'], ',.0f'):>26} "
+              f"{fmt_spread(r['delta_changed_frac'], '.3f'):>20} {fmt_spread(r['delta_encode_s'], '.4f'):>20} "
+              f"{gap:>26} {fmt_spread(r['accuracy_final'], '.3f'):>20}")
+    for key in ("bf16_over_fp32_s_per_step", "bf16_over_fp32_delta_bytes", "bf16_over_fp32_logp_gap"):
+        print(f"{key:30} {fmt_spread(agg[key], '.3f') if agg[key] else '–'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(ROOT / "examples" / "arithmetic_grpo.yaml"))
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="6 steps, 1 repetition (a smoke run, not a result)")
+    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--run-root", default=str(ROOT / "runs" / "bench"))
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.steps, args.repeats = min(args.steps, 6), 1
+    elif args.repeats < 3:
+        ap.error("--repeats must be >= 3 (the tables show median and spread); --quick for a smoke run")
+    if args.steps < 4:
+        ap.error("--steps must be >= 4 (steady state starts after step 2)")
+    load_before = load_now()
+    with EmbeddedBroker(heap="1g") as broker:
+        reps = [one_repetition(args, broker, rep) for rep in range(args.repeats)]
+    agg = aggregate(reps)
+    print_table(agg)
+    out = {"benchmark": "publish_dtype", "steps": args.steps, "repeats": args.repeats, "config": args.config,
+           "quick": args.quick, **agg, "repetitions": reps}
+    write_results(args.out, out, load_before)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
