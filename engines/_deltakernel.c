@@ -98,10 +98,25 @@
         return used >= gaps_cap && k ? -2 : k;                                             \
     }
 
+/* How many elements differ: one vectorised pass, for tensors where most elements change
+ * (fp32 after an AdamW step), so the encoder can choose the full tensor without building a
+ * bitmap and gathering values it would throw away. */
+#define DEFINE_COUNT_DIFF(NAME, T)                                                         \
+    int64_t NAME(const T *base, const T *cur, int64_t n) {                                 \
+        int64_t k = 0;                                                                     \
+        for (int64_t i = 0; i < n; i++) k += base[i] != cur[i];                            \
+        return k;                                                                          \
+    }
+
+DEFINE_COUNT_DIFF(af_count_diff_u8, uint8_t)
+DEFINE_COUNT_DIFF(af_count_diff_u16, uint16_t)
+DEFINE_COUNT_DIFF(af_count_diff_u32, uint32_t)
+DEFINE_COUNT_DIFF(af_count_diff_u64, uint64_t)
+
 DEFINE_SPARSE_DIFF(af_sparse_diff_u8, uint8_t, 0x7F7F7F7F7F7F7F7FULL)
 DEFINE_SPARSE_DIFF(af_sparse_diff_u16, uint16_t, 0x7FFF7FFF7FFF7FFFULL)
 DEFINE_SPARSE_DIFF(af_sparse_diff_u32, uint32_t, 0x7FFFFFFF7FFFFFFFULL)
 DEFINE_SPARSE_DIFF(af_sparse_diff_u64, uint64_t, 0x7FFFFFFFFFFFFFFFULL)
 
 /* The kernel's interface version: engines/native.py refuses a library built from another. */
-int64_t af_kernel_abi(void) { return 1; }
+int64_t af_kernel_abi(void) { return 2; }

@@ -15,6 +15,7 @@ announcements: it takes tensors and returns bytes, and takes bytes and returns t
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -205,10 +206,16 @@ def _unplanes_into(raw: np.ndarray, out: np.ndarray) -> None:
         out |= raw[j * k : (j + 1) * k]
 
 
+_local = threading.local()  # a compressor per thread and level: zstd contexts are not thread-safe
+
+
 def _compressor(level: int | None) -> zstd.ZstdCompressor:
-    if level is None:
-        return zstd.ZstdCompressor(compression_params=_WEIGHT_PARAMS)
-    return zstd.ZstdCompressor(level=level, write_checksum=True)
+    cache = _local.__dict__.setdefault("compressors", {})
+    c = cache.get(level)
+    if c is None:  # making one allocates its context (~45 us): once per thread, not per tensor
+        c = cache[level] = (zstd.ZstdCompressor(compression_params=_WEIGHT_PARAMS) if level is None
+                            else zstd.ZstdCompressor(level=level, write_checksum=True))
+    return c
 
 
 def _compress(level: int | None, *sections: np.ndarray) -> bytes:
@@ -278,6 +285,7 @@ def _encode_tensor(name: str, new_t: torch.Tensor, base_t: torch.Tensor | None,
 
 
 _CHUNK = 1 << 20  # elements per compare/scatter block; a multiple of 8 so bitmaps split on bytes
+_DENSE_PROBE = 1 << 14  # elements counted first: a prefix with 1/8 or more changed looks dense
 
 
 def _sparse_positions(base: np.ndarray, new: np.ndarray) -> np.ndarray | None:
@@ -321,11 +329,21 @@ def _choose(base: np.ndarray, new: np.ndarray, same_hash: bool) -> tuple[Encodin
         return Encoding.SAME, 0, ()
     n, item = new.size, new.itemsize
     bitmap_nbytes = (n + 7) // 8
-    # One native pass when the kernel is built; the numpy passes below write the same bytes.
-    fast = native.sparse_diff(base, new, limit=bitmap_nbytes, gaps_cap=bitmap_nbytes)
+    # With the native kernel (engines/_deltakernel.c): a count when a prefix says most elements
+    # changed (fp32 after AdamW: the full tensor wins and nothing needs gathering), else one
+    # pass that writes the varint sections. The numpy passes below write the same bytes.
+    probe = min(n, _DENSE_PROBE)
+    head = native.count_diff(base[:probe], new[:probe])
+    k = native.count_diff(base, new) if head is not None and head * 8 >= probe > 0 else None
+    fast = -1 if k is not None and k >= bitmap_nbytes else \
+        native.sparse_diff(base, new, limit=bitmap_nbytes, gaps_cap=bitmap_nbytes)
     if isinstance(fast, tuple):
         gaps, values = fast
         return (Encoding.VARINT, values.size, (gaps, values)) if values.size else (Encoding.SAME, 0, ())
+    if fast == -1:  # n/8 or more changed: the full tensor if it is not bigger than bitmap + values
+        k = native.count_diff(base, new) if k is None else k
+        if bitmap_nbytes + k * item >= n * item:
+            return Encoding.FULL, k, ()
     pos = None if fast == -1 else _sparse_positions(base, new)
     if pos is not None:
         if pos.size == 0:

@@ -18,8 +18,9 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-_ABI = 1
+_ABI = 2
 _FUNCS = {1: "af_sparse_diff_u8", 2: "af_sparse_diff_u16", 4: "af_sparse_diff_u32", 8: "af_sparse_diff_u64"}
+_COUNT = {1: "af_count_diff_u8", 2: "af_count_diff_u16", 4: "af_count_diff_u32", 8: "af_count_diff_u64"}
 _lib: ctypes.CDLL | None = None
 _tried = False
 
@@ -49,6 +50,10 @@ def _load() -> ctypes.CDLL | None:
             fn.restype = ctypes.c_int64
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                            ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p]
+        for name in _COUNT.values():
+            fn = getattr(lib, name)
+            fn.restype = ctypes.c_int64
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         _lib = lib
         return lib
     return None
@@ -57,6 +62,19 @@ def _load() -> ctypes.CDLL | None:
 def available() -> bool:
     """True when the kernel is built and not switched off (``ASTRAFLOW_NATIVE=0``)."""
     return os.environ.get("ASTRAFLOW_NATIVE", "1") != "0" and _load() is not None
+
+
+def _check(base: np.ndarray, new: np.ndarray) -> None:
+    if base.shape != new.shape or base.dtype != new.dtype or not (base.flags.c_contiguous and new.flags.c_contiguous):
+        raise ValueError("the kernel needs two contiguous arrays of one dtype and size")
+
+
+def count_diff(base: np.ndarray, new: np.ndarray) -> int | None:
+    """How many elements of ``base`` and ``new`` differ (one pass); ``None`` without the kernel."""
+    if not available() or new.itemsize not in _COUNT:
+        return None
+    _check(base, new)
+    return int(getattr(_lib, _COUNT[new.itemsize])(base.ctypes.data, new.ctypes.data, new.size))
 
 
 def sparse_diff(base: np.ndarray, new: np.ndarray, limit: int, gaps_cap: int
@@ -70,8 +88,7 @@ def sparse_diff(base: np.ndarray, new: np.ndarray, limit: int, gaps_cap: int
     """
     if not available() or new.itemsize not in _FUNCS:
         return None
-    if base.shape != new.shape or base.dtype != new.dtype or not (base.flags.c_contiguous and new.flags.c_contiguous):
-        raise ValueError("sparse_diff needs two contiguous arrays of one dtype and size")
+    _check(base, new)
     values = np.empty(max(limit, 0), new.dtype)
     gaps = np.empty(max(gaps_cap, 0), np.uint8)
     used = ctypes.c_int64(0)

@@ -94,3 +94,16 @@ def test_a_delta_payload_is_byte_identical_with_and_without_the_kernel(monkeypat
     assert payloads[0] == payloads[1]
     out = deltas.decode(payloads[0], base)
     assert all(torch.equal(out[k].view(torch.uint8), new[k].view(torch.uint8)) for k in new)
+
+
+def test_a_dense_looking_prefix_still_gets_the_encoding_the_whole_tensor_needs(monkeypatch):
+    n = 1 << 20
+    base = np.arange(n, dtype=np.uint32)
+    new = base.copy()
+    new[: deltas._DENSE_PROBE] += 1  # the probed prefix all changed, the rest not: sparse overall
+    fast, slow = _both(monkeypatch, base, new)
+    assert fast[0] == deltas.Encoding.VARINT and _same(fast, slow)
+    new[:] += 1  # every element changed (fp32 after AdamW): full tensor, counted, nothing gathered
+    fast, slow = _both(monkeypatch, base, new)
+    assert fast == (deltas.Encoding.FULL, n, ()) and _same(fast, slow)
+    assert native.count_diff(base, new) == n and native.count_diff(base, base) == 0
