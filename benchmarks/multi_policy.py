@@ -49,6 +49,7 @@ from pathlib import Path
 
 import yaml
 
+from astraflow.benchmarks.job_bench import check_repetitions
 from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -397,12 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.reanalyse:
         return reanalyse(Path(args.reanalyse))
-    if args.quick:
-        args.steps, args.repeats = min(args.steps, 5), 1
-    elif args.repeats < 3:
-        ap.error("--repeats must be >= 3 (the table shows median and spread); --quick for a smoke run")
-    if args.steps < 4:
-        ap.error("--steps must be >= 4 (steady state starts after step 2)")
+    check_repetitions(ap, args, quick_steps=5)
     args.alone_steps = 20 * args.steps  # more than (d) can train in (a)'s time: it is stopped by the clock
     base = yaml.safe_load(Path(args.config).read_text())
     load_before = load_now()

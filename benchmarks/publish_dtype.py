@@ -25,17 +25,16 @@ within a repetition. Prints one table; writes ``benchmarks/results/publish_dtype
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 from pathlib import Path
 
 from astraflow.benchmarks.async_vs_sync import analyse
-from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
+from astraflow.benchmarks.job_bench import job_arguments, run_repetitions
+from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread
 from astraflow.config import load_config
 from astraflow.launcher import run_job
-from astraflow.topics import EmbeddedBroker
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "publish_dtype.json"
@@ -124,29 +123,8 @@ def print_table(agg: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default=str(ROOT / "examples" / "arithmetic_grpo.yaml"))
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="6 steps, 1 repetition (a smoke run, not a result)")
-    ap.add_argument("--out", default=str(RESULTS))
-    ap.add_argument("--run-root", default=str(ROOT / "runs" / "bench"))
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.steps, args.repeats = min(args.steps, 6), 1
-    elif args.repeats < 3:
-        ap.error("--repeats must be >= 3 (the tables show median and spread); --quick for a smoke run")
-    if args.steps < 4:
-        ap.error("--steps must be >= 4 (steady state starts after step 2)")
-    load_before = load_now()
-    with EmbeddedBroker(heap="1g") as broker:
-        reps = [one_repetition(args, broker, rep) for rep in range(args.repeats)]
-    agg = aggregate(reps)
-    print_table(agg)
-    out = {"benchmark": "publish_dtype", "steps": args.steps, "repeats": args.repeats, "config": args.config,
-           "quick": args.quick, **agg, "repetitions": reps}
-    write_results(args.out, out, load_before)
-    return 0
+    args = job_arguments(__doc__.splitlines()[0], RESULTS, argv)
+    return run_repetitions("publish_dtype", args, one_repetition, aggregate, print_table)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,59 @@
+"""What the benchmarks that run the demo job several times share: their command line and
+their run loop (repetitions on one embedded broker, one table, one JSON).
+
+Used by ``async_vs_sync.py`` and ``publish_dtype.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+from astraflow.benchmarks.results_io import load_now, write_results
+from astraflow.topics import EmbeddedBroker
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def job_arguments(description: str, results: Path, argv: list[str] | None,
+                  extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    """``--config --steps --repeats --quick --out --run-root`` (plus ``extra``'s), checked:
+    at least 3 repetitions unless ``--quick`` (6 steps, 1 repetition), at least 4 steps."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--config", default=str(ROOT / "examples" / "arithmetic_grpo.yaml"))
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="6 steps, 1 repetition (a smoke run, not a result)")
+    ap.add_argument("--out", default=str(results))
+    ap.add_argument("--run-root", default=str(ROOT / "runs" / "bench"))
+    if extra is not None:
+        extra(ap)
+    args = ap.parse_args(argv)
+    check_repetitions(ap, args, quick_steps=6)
+    return args
+
+
+def check_repetitions(ap: argparse.ArgumentParser, args: argparse.Namespace, quick_steps: int) -> None:
+    """``--quick``: ``quick_steps`` steps, 1 repetition; otherwise at least 3 repetitions (every
+    table shows median and spread) and at least 4 steps (steady state starts after step 2)."""
+    if args.quick:
+        args.steps, args.repeats = min(args.steps, quick_steps), 1
+    elif args.repeats < 3:
+        ap.error("--repeats must be >= 3 (the tables show median and spread); --quick for a smoke run")
+    if args.steps < 4:
+        ap.error("--steps must be >= 4 (steady state starts after step 2)")
+
+
+def run_repetitions(name: str, args: argparse.Namespace, one_repetition: Callable[..., dict],
+                    aggregate: Callable[[list[dict]], dict], print_table: Callable[[dict], None]) -> int:
+    """Every repetition on one embedded broker, then the table and ``args.out``."""
+    load_before = load_now()
+    with EmbeddedBroker(heap="1g") as broker:
+        reps = [one_repetition(args, broker, rep) for rep in range(args.repeats)]
+    agg = aggregate(reps)
+    print_table(agg)
+    out = {"benchmark": name, "steps": args.steps, "repeats": args.repeats, "config": args.config,
+           "quick": args.quick, **agg, "repetitions": reps}
+    write_results(args.out, out, load_before)
+    return 0
