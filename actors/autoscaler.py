@@ -149,7 +149,7 @@ class AutoscalerActor(LoopActor):
         self.metrics.emit("autoscaler.backend_error", 1, error=str(e))
 
     def _lag(self) -> int | None:
-        """Task lag of ``raas.<policy>`` (offsets not yet committed, incl. transaction markers)."""
+        """Task lag of the policy's RaaS group (offsets not yet committed, incl. transaction markers)."""
         topic, group = self.topics.tasks(self.policy), self.topics.rollout_group(self.policy)
         try:
             tps = [TopicPartition(topic, i) for i in sorted(self.control.raw.partitions_for_topic(topic) or [])]

@@ -140,8 +140,7 @@ class GenerationServer:
         self.consumer = self._new_consumer()
         # The consumer wedge of the task consumer (actors/rollout.py) can hit this one too;
         # nothing is in flight between serve() calls, so a replacement loses nothing.
-        self.watch = MembershipWatch(bootstrap, f"{node_id}.gen-server")
-        self.rejoins = 0
+        self.watch = MembershipWatch(bootstrap, f"{node_id}.gen-server")  # .renewals: consumers replaced
         self.served = 0
         self.rows = 0
         self.calls = 0  #: engine calls made for the requests served
@@ -150,14 +149,7 @@ class GenerationServer:
         """Answer what is waiting (at most one poll); returns the requests answered. The
         requests of a poll that share sampling settings are answered by one engine call,
         as a node batches its own episodes' calls."""
-        reason = self.watch.check(self.consumer)
-        if reason is not None:
-            self.rejoins += 1
-            log.warning("%s: generation consumer of group %s is stuck: %s; recreating it", self.node_id,
-                        self.topics.generation_group(self.policy), reason)
-            close_quietly(self.consumer)
-            self.consumer = self._new_consumer()
-            self.watch.reset()
+        self.consumer = self.watch.renew(self.consumer, self._new_consumer)
         deliveries = self.consumer.poll(timeout_ms)
         if deliveries:
             self.watch.saw_records()

@@ -96,7 +96,6 @@ class RolloutActor(LoopActor):
         self.consumer = self._task_consumer()
         self.watch = MembershipWatch(self.bootstrap, self.node_id, unsettled_s=CONSUMER_REJOIN_S,
                                      idle_s=CONSUMER_IDLE_PROBE_S)
-        self._rejoins = 0
         self.subscriber = WeightSubscriber(self.bootstrap, self.topics, self.cfg.policy,
                                            initial=None, initial_version=self.engine.version, node_id=self.node_id,
                                            on_fault=self._request_snapshot, prefetch=self.cfg.rollout.prefetch_weights)
@@ -121,16 +120,10 @@ class RolloutActor(LoopActor):
         rolled out and committed within a step), so a fresh consumer loses nothing: it
         resumes from the committed offsets, like a restarted node.
         """
-        reason = self.watch.check(self.consumer)
-        if reason is None:
-            return
-        self._rejoins += 1
-        log.warning("%s: task consumer of group %s is stuck: %s; recreating it (rejoin %d)",
-                    self.node_id, self.topics.rollout_group(self.cfg.policy), reason, self._rejoins)
-        close_quietly(self.consumer)
-        self.consumer = self._task_consumer()
-        self.watch.reset()
-        self.metrics.emit_many({"raas.consumer_rejoins": self._rejoins}, step=self.engine.version)
+        consumer = self.watch.renew(self.consumer, self._task_consumer)
+        if consumer is not self.consumer:
+            self.consumer = consumer
+            self.metrics.emit_many({"raas.consumer_rejoins": self.watch.renewals}, step=self.engine.version)
 
     def step(self) -> None:
         self._rejoin_if_stuck()

@@ -6,10 +6,10 @@ reported a generation and a member id — so nothing the client says can be trus
 reveal it. The group coordinator is the source of truth: :class:`MembershipWatch` asks it
 (DescribeGroups) whether the consumer's member id is in its group whenever the client's own
 view is suspicious (not a stable member for ``unsettled_s``) or the consumer has handed out
-nothing for ``idle_s`` (a member the broker has dropped gets no records). Its owner
-recreates the consumer when :meth:`MembershipWatch.check` says so; a fresh consumer resumes
-from the committed offsets, so an owner that commits everything it handed out before
-calling ``check`` loses nothing.
+nothing for ``idle_s`` (a member the broker has dropped gets no records).
+:meth:`MembershipWatch.renew` replaces the consumer when the broker does not list it; a fresh
+consumer resumes from the committed offsets, so an owner that commits everything it handed
+out before calling it loses nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ class MembershipWatch:
         self._admin: KafkaAdminClient | None = None
         self._last_records = self._last_probe = clock()
         self.probes = 0
+        self.renewals = 0  #: consumers replaced by :meth:`renew`
 
     def saw_records(self) -> None:
         """The consumer handed out records: it is fetching, no need to ask for a while."""
@@ -80,6 +81,23 @@ class MembershipWatch:
         return (f"the broker does not list member {meta.member_id} (generation {meta.generation_id}, "
                 f"{'not stable for %.0f s' % unsettled if unsettled else 'stable as far as the client knows'}, "
                 f"nothing handed out for {now - self._last_records:.0f} s)")
+
+    def renew(self, consumer: Consumer, make: Callable[[], Consumer]) -> Consumer:
+        """``consumer`` while :meth:`check` finds nothing; otherwise it is closed and a new one
+        from ``make`` is returned (the caller must have committed what it handed out)."""
+        reason = self.check(consumer)
+        if reason is None:
+            return consumer
+        self.renewals += 1
+        log.warning("%s: consumer of group %s is stuck: %s; recreating it (renewal %d)", self.client_id,
+                    consumer.group_metadata().group_id, reason, self.renewals)
+        try:
+            consumer.close()
+        except Exception:  # noqa: BLE001 - a stuck client may fail to leave; the new one joins anyway
+            log.warning("%s: closing the stuck consumer failed", self.client_id, exc_info=True)
+        fresh = make()
+        self.reset()
+        return fresh
 
     def _ask_broker(self, group_id: str, member_id: str) -> bool:
         if self._admin is None:

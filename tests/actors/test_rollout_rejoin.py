@@ -39,7 +39,7 @@ def test_a_task_consumer_the_broker_dropped_is_recreated_and_gets_the_waiting_ta
     node.engine = types.SimpleNamespace(version=0)  # read for the metric's step only
     node.watch = MembershipWatch(bootstrap, "raas-w", unsettled_s=rollout.CONSUMER_REJOIN_S, idle_s=1.0)
     monkeypatch.setattr(rollout, "TASK_SESSION_TIMEOUT_MS", 6_000)  # the broker's minimum: expelled sooner
-    node.consumer, node._rejoins = node._task_consumer(), 0
+    node.consumer = node._task_consumer()
     feeder = Producer(bootstrap, client_id="feeder")
     group = job_topics.rollout_group(cfg.policy)
     try:
@@ -48,7 +48,7 @@ def test_a_task_consumer_the_broker_dropped_is_recreated_and_gets_the_waiting_ta
             if node.consumer.group_metadata().generation_id >= 0 and node.consumer.seconds_outside_group() == 0:
                 break
         node._rejoin_if_stuck()
-        assert node._rejoins == 0  # a fresh member: nothing asked
+        assert node.watch.renewals == 0  # a fresh member: nothing asked
         stuck = node.consumer
         member = stuck.group_metadata().member_id
         stuck.raw._coordinator._disable_heartbeat()
@@ -61,7 +61,7 @@ def test_a_task_consumer_the_broker_dropped_is_recreated_and_gets_the_waiting_ta
         feeder.send_sync(job_topics.tasks(cfg.policy), task, key="task-1")
         time.sleep(1.1)
         node._rejoin_if_stuck()
-        assert node._rejoins == 1 and node.consumer is not stuck
+        assert node.watch.renewals == 1 and node.consumer is not stuck
         got = []
         for _ in range(40):
             got += node.consumer.poll(500)
@@ -71,7 +71,7 @@ def test_a_task_consumer_the_broker_dropped_is_recreated_and_gets_the_waiting_ta
         assert node.consumer.group_metadata().group_id == group
         node.watch.saw_records()
         node._rejoin_if_stuck()
-        assert node._rejoins == 1  # a member that just got records: left alone
+        assert node.watch.renewals == 1  # a member that just got records: left alone
     finally:
         node.consumer.close()
         node.watch.close()
