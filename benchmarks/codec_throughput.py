@@ -195,7 +195,7 @@ def delta_codec(base: dict[str, torch.Tensor], new: dict[str, torch.Tensor], thr
             "memcpy_gbps": mem, "delta_encode_gbps": enc, "delta_apply_gbps": dec,
             "encode_vs_memcpy": ratio_spread(enc, mem), "decode_vs_memcpy": ratio_spread(dec, mem),
             "changed_elements": stats.changed_elements, "changed_fraction": stats.changed_fraction,
-            "delta_bytes": len(payload), "delta_encodings": sorted({e.value for e in stats.encodings.values()}),
+            "delta_bytes": len(payload), "delta_encodings": sorted({t.label for t in stats.tensors}),
             "entropy_estimate": est, "delta_over_entropy_estimate": len(payload) / est["bytes"]}
 
 

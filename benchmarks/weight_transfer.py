@@ -107,7 +107,7 @@ def delta_sizes(weights: list[dict[str, torch.Tensor]], dtype: torch.dtype | Non
         est = entropy_estimate(seq[v - 1], seq[v])
         per_step.append({"version": v, "changed_fraction": ev.stats.changed_fraction, "delta_bytes": ev.nbytes,
                          "entropy_estimate_bytes": est["bytes"], "entropy_estimate_mask_bytes": est["mask_bytes"],
-                         "encodings": sorted({e.value for e in ev.stats.encodings.values()})})
+                         "encodings": sorted({t.label for t in ev.stats.tensors})})
     return {"dtype": str(next(iter(seq[0].values())).dtype).removeprefix("torch."), "snapshot_bytes": snap.nbytes,
             "raw_bytes": snap.stats.raw_nbytes, "steps": per_step,
             "changed_fraction": spread([s["changed_fraction"] for s in per_step]),

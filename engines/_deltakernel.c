@@ -3,8 +3,9 @@
  * For two equal-length arrays of unsigned integers (a tensor's bits: base and new) it
  * writes, in a single pass over both, the LEB128 gaps between changed positions (gap =
  * position - previous position - 1, the first counted from -1) and the new bits of every
- * changed element: exactly the VARINT sections numpy builds in several passes
- * (not_equal, flatnonzero, diff, varint lengths and bytes, gather).
+ * changed element, and the base's bits there (from which the encoder may store the change
+ * as a difference instead): exactly what numpy builds in several passes (not_equal,
+ * flatnonzero, diff, varint lengths and bytes, gathers).
  *
  * Blocks of 64 bytes are compared as eight 64-bit words first; a block with no change
  * (most of them after an optimizer step) costs two loads and an xor per word, and in a
@@ -13,7 +14,7 @@
  * Returns k >= 0, the number of changed elements, with *gaps_len set; or
  *   -1 when k reaches `limit` (the caller stores a bitmap instead),
  *   -2 when the gap bytes reach `gaps_cap` (a bitmap is smaller).
- * `values` must hold `limit` elements and `gaps` `gaps_cap` bytes.
+ * `values` and `base_values` must hold `limit` elements and `gaps` `gaps_cap` bytes.
  *
  * Loaded with ctypes (no Python API here); ctypes releases the GIL for the call, so the
  * encoder's threads run it in parallel.
@@ -32,7 +33,7 @@
 
 #define DEFINE_SPARSE_DIFF(NAME, T, LOW)                                                   \
     int64_t NAME(const T *base, const T *cur, int64_t n, int64_t limit, uint8_t *gaps,     \
-                 int64_t gaps_cap, int64_t *gaps_len, T *values) {                         \
+                 int64_t gaps_cap, int64_t *gaps_len, T *values, T *base_values) {         \
         const int64_t per_word = 8 / (int64_t)sizeof(T);                                   \
         const int lane_shift = __builtin_ctz(8 * (unsigned)sizeof(T));                     \
         const int64_t blocks = n / (per_word * WORDS);                                     \
@@ -90,6 +91,7 @@
                         }                                                                  \
                         gaps[used++] = (uint8_t)g;                                         \
                     }                                                                      \
+                    base_values[k] = base[i];                                              \
                     values[k++] = cur[i];                                                  \
                 }                                                                          \
             }                                                                              \
@@ -118,5 +120,44 @@ DEFINE_SPARSE_DIFF(af_sparse_diff_u16, uint16_t, 0x7FFF7FFF7FFF7FFFULL)
 DEFINE_SPARSE_DIFF(af_sparse_diff_u32, uint32_t, 0x7FFFFFFF7FFFFFFFULL)
 DEFINE_SPARSE_DIFF(af_sparse_diff_u64, uint64_t, 0x7FFFFFFFFFFFFFFFULL)
 
+/* Changed values stored as differences (engines/deltas.py, ValueCoding.DIFF): an optimizer
+ * step moves most weights by a few units in the last place, so the difference of the bit
+ * patterns is a small integer where the new bits are not (fp32 after AdamW: every element
+ * changes, in its low mantissa bits only). Per element, d = cur - base modulo 2^w (exact and invertible
+ * for any bits, NaN payloads included), zigzagged so small steps either way are small
+ * unsigned numbers, z = (d << 1) ^ -(d >> (w-1)), written as byte planes: out[j*n + i] is
+ * byte j of z_i. Its high planes are mostly zero, which zstd stores in a few bits each.
+ * Unsigned arithmetic throughout: the casts keep C's integer promotion out of the
+ * narrow widths. One pass; the numpy path (engines/deltas.py) writes the same bytes. */
+#define DEFINE_DIFF_PLANES(NAME, T)                                                        \
+    void NAME(const T *base, const T *cur, int64_t n, uint8_t *out) {                      \
+        const int top = 8 * (int)sizeof(T) - 1;                                            \
+        for (int64_t i = 0; i < n; i++) {                                                  \
+            T d = (T)(cur[i] - base[i]);                                                   \
+            T z = (T)((T)(d << 1) ^ (T)(0 - (T)(d >> top)));                               \
+            for (int j = 0; j < (int)sizeof(T); j++) out[(int64_t)j * n + i] = (uint8_t)(z >> (8 * j)); \
+        }                                                                                  \
+    }
+
+/* The inverse, in place: inout[i] += unzigzag(byte planes of z_i). */
+#define DEFINE_ADD_DIFF_PLANES(NAME, T)                                                    \
+    void NAME(const uint8_t *planes, int64_t n, T *inout) {                                \
+        for (int64_t i = 0; i < n; i++) {                                                  \
+            T z = 0;                                                                       \
+            for (int j = 0; j < (int)sizeof(T); j++) z |= (T)((T)planes[(int64_t)j * n + i] << (8 * j)); \
+            inout[i] = (T)(inout[i] + (T)((T)(z >> 1) ^ (T)(0 - (T)(z & 1))));             \
+        }                                                                                  \
+    }
+
+DEFINE_DIFF_PLANES(af_diff_planes_u8, uint8_t)
+DEFINE_DIFF_PLANES(af_diff_planes_u16, uint16_t)
+DEFINE_DIFF_PLANES(af_diff_planes_u32, uint32_t)
+DEFINE_DIFF_PLANES(af_diff_planes_u64, uint64_t)
+
+DEFINE_ADD_DIFF_PLANES(af_add_diff_planes_u8, uint8_t)
+DEFINE_ADD_DIFF_PLANES(af_add_diff_planes_u16, uint16_t)
+DEFINE_ADD_DIFF_PLANES(af_add_diff_planes_u32, uint32_t)
+DEFINE_ADD_DIFF_PLANES(af_add_diff_planes_u64, uint64_t)
+
 /* The kernel's interface version: engines/native.py refuses a library built from another. */
-int64_t af_kernel_abi(void) { return 2; }
+int64_t af_kernel_abi(void) { return 3; }

@@ -18,9 +18,12 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-_ABI = 2
-_FUNCS = {1: "af_sparse_diff_u8", 2: "af_sparse_diff_u16", 4: "af_sparse_diff_u32", 8: "af_sparse_diff_u64"}
-_COUNT = {1: "af_count_diff_u8", 2: "af_count_diff_u16", 4: "af_count_diff_u32", 8: "af_count_diff_u64"}
+_ABI = 3
+_WIDTHS = {1: "u8", 2: "u16", 4: "u32", 8: "u64"}
+_FUNCS = {w: f"af_sparse_diff_{s}" for w, s in _WIDTHS.items()}
+_COUNT = {w: f"af_count_diff_{s}" for w, s in _WIDTHS.items()}
+_DIFF = {w: f"af_diff_planes_{s}" for w, s in _WIDTHS.items()}
+_ADD_DIFF = {w: f"af_add_diff_planes_{s}" for w, s in _WIDTHS.items()}
 _lib: ctypes.CDLL | None = None
 _tried = False
 
@@ -49,11 +52,19 @@ def _load() -> ctypes.CDLL | None:
             fn = getattr(lib, name)
             fn.restype = ctypes.c_int64
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                           ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p]
+                           ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p, ctypes.c_void_p]
         for name in _COUNT.values():
             fn = getattr(lib, name)
             fn.restype = ctypes.c_int64
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        for name in _DIFF.values():
+            fn = getattr(lib, name)
+            fn.restype = None
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        for name in _ADD_DIFF.values():
+            fn = getattr(lib, name)
+            fn.restype = None
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         _lib = lib
         return lib
     return None
@@ -77,12 +88,35 @@ def count_diff(base: np.ndarray, new: np.ndarray) -> int | None:
     return int(getattr(_lib, _COUNT[new.itemsize])(base.ctypes.data, new.ctypes.data, new.size))
 
 
+def diff_planes(base: np.ndarray, new: np.ndarray) -> np.ndarray | None:
+    """The DIFF encoding's raw bytes: zigzag(new - base mod 2^w) as byte planes, one pass
+    (``uint8``, ``new.nbytes`` long); ``None`` without the kernel."""
+    if not available() or new.itemsize not in _DIFF:
+        return None
+    _check(base, new)
+    out = np.empty(new.nbytes, np.uint8)
+    getattr(_lib, _DIFF[new.itemsize])(base.ctypes.data, new.ctypes.data, new.size, out.ctypes.data)
+    return out
+
+
+def add_diff_planes(planes: np.ndarray, inout: np.ndarray) -> bool:
+    """``inout += unzigzag(planes)`` modulo 2^w in place (the inverse of :func:`diff_planes`);
+    False without the kernel (the caller does it with numpy)."""
+    if not available() or inout.itemsize not in _ADD_DIFF:
+        return False
+    if not (inout.flags.c_contiguous and inout.flags.writeable and planes.flags.c_contiguous
+            and planes.dtype == np.uint8 and planes.size == inout.nbytes):
+        raise ValueError("the kernel needs contiguous uint8 planes of the output's byte size and a writeable output")
+    getattr(_lib, _ADD_DIFF[inout.itemsize])(planes.ctypes.data, inout.size, inout.ctypes.data)
+    return True
+
+
 def sparse_diff(base: np.ndarray, new: np.ndarray, limit: int, gaps_cap: int
-                ) -> tuple[np.ndarray, np.ndarray] | int | None:
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | int | None:
     """One pass over ``base`` and ``new`` (equal-size contiguous unsigned arrays).
 
-    Returns ``(gap_bytes, values)`` — the LEB128 gaps between changed positions and the
-    new bits there — when fewer than ``limit`` elements changed and the gaps take fewer
+    Returns ``(gap_bytes, values, base_values)`` — the LEB128 gaps between changed
+    positions, the new bits there and the base's — when fewer than ``limit`` elements changed and the gaps take fewer
     than ``gaps_cap`` bytes; ``-1`` when ``limit`` or more changed; ``-2`` when the gaps
     would take ``gaps_cap`` bytes or more; ``None`` when the kernel is not available.
     """
@@ -90,10 +124,12 @@ def sparse_diff(base: np.ndarray, new: np.ndarray, limit: int, gaps_cap: int
         return None
     _check(base, new)
     values = np.empty(max(limit, 0), new.dtype)
+    base_values = np.empty(max(limit, 0), new.dtype)
     gaps = np.empty(max(gaps_cap, 0), np.uint8)
     used = ctypes.c_int64(0)
     k = getattr(_lib, _FUNCS[new.itemsize])(base.ctypes.data, new.ctypes.data, new.size, limit, gaps.ctypes.data,
-                                             gaps_cap, ctypes.byref(used), values.ctypes.data)
+                                             gaps_cap, ctypes.byref(used), values.ctypes.data,
+                                             base_values.ctypes.data)
     if k < 0:
         return int(k)
-    return gaps[: used.value], values[:k]
+    return gaps[: used.value], values[:k], base_values[:k]

@@ -23,7 +23,8 @@ Checksums are BLAKE3 (256-bit; the ``blake3`` package, Rust with SIMD). Hashing 
 tensor is the largest fixed cost of encoding a sparse delta and of verifying one after
 applying it, and on this project's machines BLAKE3 hashes 4.8 GB/s on one thread against
 1.4 GB/s for hardware-accelerated SHA-256 (SHA-NI) and 0.8 GB/s for blake2b. Format 1
-used SHA-256; a reader of format 2 refuses format 1 payloads with a clear error.
+used SHA-256; this build refuses format 1 payloads with a clear error. Format 3 added values
+stored as differences from the base (`ValueCoding.DIFF`); format 2 payloads are still read.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ import torch
 from blake3 import blake3
 
 MAGIC = b"AFWT"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # written; 3 added ValueCoding.DIFF
+READABLE_FORMATS = (2, 3)  # format 2 is format 3 with the new bits stored only
 _HEADER = struct.Struct("<4sHBBqqIIQ32s32s32s16s")
 HEADER_NBYTES = _HEADER.size
 _ZERO32 = bytes(32)
@@ -83,12 +85,22 @@ class PayloadKind(enum.IntEnum):
 
 
 class Encoding(str, enum.Enum):
-    """How one tensor's new bits are stored."""
+    """Which elements of one tensor are stored (their values: `ValueCoding`)."""
 
     SAME = "same"  # bit-identical to the base; no data
     FULL = "full"  # every element, byte planes, zstd
-    VARINT = "varint"  # LEB128 gaps between changed positions + their new values, zstd
-    BITMAP = "bitmap"  # one bit per element (LSB first) + the new values, zstd
+    VARINT = "varint"  # LEB128 gaps between changed positions + their values, zstd
+    BITMAP = "bitmap"  # one bit per element (LSB first) + the changed elements' values, zstd
+
+
+class ValueCoding(str, enum.Enum):
+    """How the stored elements' values are written (format 3; format 2 has BITS only)."""
+
+    BITS = "bits"  # the new bits
+    # zigzag(new bits - base bits, modulo 2^width): exact for any bits, and small where an
+    # optimizer step moved a weight by a few units in the last place, so the high byte
+    # planes are almost all zero. Needs the base, so never in a snapshot.
+    DIFF = "diff"
 
 
 class _DType(NamedTuple):
@@ -181,7 +193,13 @@ class TensorEntry:
     changed: int  # elements whose bits changed (all of them for a snapshot)
     positions_nbytes: int  # raw bytes of the position section (varint or bitmap); 0 otherwise
     hash: bytes  # BLAKE3 of the resulting tensor's bits
-    base_hash: bytes  # BLAKE3 of the base tensor's bits; b"" for FULL
+    base_hash: bytes  # BLAKE3 of the base tensor's bits; b"" in a snapshot
+    values: ValueCoding = ValueCoding.BITS
+
+    @property
+    def needs_base(self) -> bool:
+        """Whether decoding starts from the base tensor's bits (every delta encoding but full bits)."""
+        return self.encoding != Encoding.FULL or self.values == ValueCoding.DIFF
 
     @property
     def numel(self) -> int:
@@ -197,6 +215,7 @@ class TensorEntry:
             "enc": self.encoding.value, "off": self.offset, "len": self.length,
             "k": self.changed, "pos": self.positions_nbytes,
             "hash": self.hash.hex(), "base": self.base_hash.hex(),
+            **({"vals": self.values.value} if self.values != ValueCoding.BITS else {}),
         }
 
     @classmethod
@@ -206,6 +225,7 @@ class TensorEntry:
             encoding=Encoding(d["enc"]), offset=int(d["off"]), length=int(d["len"]),
             changed=int(d["k"]), positions_nbytes=int(d["pos"]),
             hash=bytes.fromhex(d["hash"]), base_hash=bytes.fromhex(d["base"]),
+            values=ValueCoding(d.get("vals", ValueCoding.BITS.value)),
         )
         if entry.dtype not in _DTYPES or min(entry.shape, default=0) < 0:
             raise DeltaFormatError(f"tensor {entry.name!r}: bad dtype/shape {entry.dtype} {entry.shape}")
@@ -255,14 +275,16 @@ def read_header(payload: Buffer) -> PayloadHeader:
      digest, base_digest, data_hash, _check) = _HEADER.unpack_from(view)
     if magic != MAGIC:
         raise DeltaFormatError(f"not a weight payload (magic {bytes(magic)!r}, expected {MAGIC!r})")
-    if fmt != FORMAT_VERSION:
-        raise DeltaFormatError(f"weight payload format {fmt}; this build reads format {FORMAT_VERSION}")
+    if fmt not in READABLE_FORMATS:
+        raise DeltaFormatError(f"weight payload format {fmt}; this build reads formats "
+                               f"{', '.join(map(str, READABLE_FORMATS))}")
     if kind not in (0, 1):
         raise DeltaFormatError(f"unknown payload kind {kind}")
     return PayloadHeader(
         kind=PayloadKind(kind), version=version, base_version=base_version, n_tensors=n,
         table_nbytes=table_len, data_nbytes=data_len, digest=digest.hex(),
         base_digest=base_digest.hex() if kind == PayloadKind.DELTA else "", data_hash=data_hash,
+        format_version=fmt,
     )
 
 
@@ -290,6 +312,8 @@ def read_table(payload: Buffer, *, head_only: bool = False) -> tuple[PayloadHead
         raise DeltaFormatError(f"unreadable tensor table: {e}") from e
     if len(entries) != header.n_tensors or len({e.name for e in entries}) != len(entries):
         raise DeltaFormatError("tensor table count mismatch or duplicate names")
+    if header.format_version < 3 and any(e.values != ValueCoding.BITS for e in entries):
+        raise DeltaFormatError(f"a format-{header.format_version} payload cannot hold values stored as differences")
     end = 0
     for e in entries:
         if e.offset != end or e.length < 0:

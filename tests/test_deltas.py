@@ -358,3 +358,100 @@ def test_decode_streaming_decodes_while_bytes_arrive_and_checks_like_decode() ->
     delta = d.encode_version({k: v + 1 for k, v in named.items()}, 10, base=named, base_version=9).to_bytes()
     with pytest.raises(d.DeltaFormatError, match="snapshots"):
         d.decode_streaming(delta, lambda n: None)
+
+
+def optimizer_step(t: torch.Tensor, seed: int, lr: float = 2e-4) -> torch.Tensor:
+    """An AdamW-like update: every element moves by about ``lr`` (every fp32 element changes)."""
+    g = torch.Generator().manual_seed(seed)
+    step = lr * torch.sign(torch.randn(t.shape, generator=g)) * (0.2 + torch.rand(t.shape, generator=g))
+    return (t.float() - step).to(t.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_small_dense_update_is_stored_as_its_difference(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(0)
+    base = {"w": (0.02 * torch.randn(300, 211, generator=g)).to(dtype)}
+    new = {"w": optimizer_step(base["w"], 1, lr=2e-4 if dtype == torch.float32 else 5e-4)}
+    # bits where the integer difference wraps around, and where it crosses sign and exponent
+    specials = {0: (0, -1), 1: (-1, 0), 2: (0x7F80, -0x7F81) if dtype != torch.float32 else (0x7F800000, -0x7F800001)}
+    for i, (a, b) in specials.items():
+        tensor_bits(base["w"]).view(tensor_bits(base["w"]).dtype.str.replace("u", "i"))[i] = a
+        tensor_bits(new["w"]).view(tensor_bits(new["w"]).dtype.str.replace("u", "i"))[i] = b
+    changed = int(np.count_nonzero(tensor_bits(base["w"]) != tensor_bits(new["w"])))
+    assert changed > 0.9 * base["w"].numel()
+
+    payload, stats = d.encode_delta(base, new, 0, 1)
+    assert stats.encodings == {"w": d.Encoding.FULL} and stats.value_codings == {"w": d.ValueCoding.DIFF}
+    assert stats.changed_elements == changed
+    full = d.encode_version(new, 1).stats.tensors[0].encoded_nbytes  # the same tensor stored in full
+    assert stats.tensors[0].encoded_nbytes < 0.8 * full
+    assert_same_weights(d.decode(payload, base), new)
+    live = {"w": base["w"].clone()}
+    storage = live["w"].data_ptr()
+    d.apply_in_place(payload, live)
+    assert_same_weights(live, new)
+    assert live["w"].data_ptr() == storage
+    with pytest.raises(d.BaseMismatchError):  # a difference means nothing on another base
+        d.decode(payload, {"w": new["w"]})
+
+
+def test_a_wholesale_change_is_stored_in_full_when_that_is_smaller() -> None:
+    rng = np.random.default_rng(5)
+    base = {"w": random_tensor(rng, torch.float32, (20_000,))}
+    new = {"w": torch.ones(20_000)}  # compresses to almost nothing; its difference from random bits does not
+    payload, stats = d.encode_delta(base, new, 0, 1)
+    assert stats.value_codings == {"w": d.ValueCoding.BITS} and stats.encoded_nbytes < 2_000
+    assert_same_weights(d.decode(payload, base), new)
+
+
+def _new_bits_only(level, positions, values, base_values):  # what format 2 wrote
+    return d.ValueCoding.BITS, d._compress(level, *(() if positions is None else (positions,)), d._planes(values))
+
+
+def test_format_2_payloads_are_still_read_and_cannot_hold_differences(monkeypatch: pytest.MonkeyPatch) -> None:
+    from astraflow.engines import weight_format
+    g = torch.Generator().manual_seed(2)
+    base = {"w": torch.randn(4000, generator=g), "s": torch.randn(4000, generator=g)}
+    new = {"w": optimizer_step(base["w"], 3), "s": base["s"].clone()}
+    new["s"][::100] = optimizer_step(new["s"][::100], 4)
+    monkeypatch.setattr(weight_format, "FORMAT_VERSION", 2)
+    inconsistent, _ = d.encode_delta(base, new, 0, 1)  # format 2 in the header, differences inside
+    monkeypatch.setattr(d, "_values_frame", _new_bits_only)
+    old, stats = d.encode_delta(base, new, 0, 1)  # what the previous build wrote
+    assert stats.encodings == {"w": d.Encoding.FULL, "s": d.Encoding.VARINT}
+    monkeypatch.setattr(weight_format, "FORMAT_VERSION", 1)
+    format_1 = d.encode_snapshot(base, 0)
+    monkeypatch.undo()
+    assert d.read_header(old).format_version == 2
+    assert_same_weights(d.decode(old, base), new)
+    with pytest.raises(d.DeltaFormatError, match="format-2 payload cannot hold values stored as differences"):
+        d.decode(inconsistent, base)
+    with pytest.raises(d.DeltaFormatError, match="format 1; this build reads formats 2, 3"):
+        d.decode(format_1)
+    current, stats = d.encode_delta(base, new, 0, 1)
+    assert d.read_header(current).format_version == 3
+    assert stats.value_codings == {"w": d.ValueCoding.DIFF, "s": d.ValueCoding.DIFF}
+    assert len(current) < 0.8 * len(old)
+    assert_same_weights(d.decode(current, base), new)
+
+
+@pytest.mark.parametrize(("share", "encoding"), [(0.01, d.Encoding.VARINT), (0.35, d.Encoding.BITMAP)])
+def test_sparse_changes_store_their_values_as_differences(monkeypatch: pytest.MonkeyPatch, share: float,
+                                                          encoding: d.Encoding) -> None:
+    # bf16 after a small step: a share of the weights moved by a unit or two in the last place
+    g = torch.Generator().manual_seed(1)
+    base = {"w": (0.02 * torch.randn(400, 300, generator=g)).to(torch.bfloat16)}
+    new = {"w": base["w"].clone()}
+    bits = tensor_bits(new["w"])
+    pos = np.random.default_rng(0).choice(bits.size, round(share * bits.size), replace=False)
+    bits[pos] += np.where(np.arange(pos.size) % 3 == 0, 0xFFFF, 1).astype(np.uint16)  # -1 or +1, wrapping
+    payload, stats = d.encode_delta(base, new, 0, 1)
+    assert stats.encodings == {"w": encoding} and stats.value_codings == {"w": d.ValueCoding.DIFF}
+    assert stats.changed_elements == pos.size
+    assert_same_weights(d.decode(payload, base), new)
+    live = {"w": base["w"].clone()}
+    d.apply_in_place(payload, live)
+    assert_same_weights(live, new)
+    monkeypatch.setattr(d, "_values_frame", _new_bits_only)
+    as_bits, _ = d.encode_delta(base, new, 0, 1)
+    assert len(payload) < 0.8 * len(as_bits)

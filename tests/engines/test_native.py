@@ -83,14 +83,18 @@ def test_long_gaps_and_the_gap_bytes_exit(monkeypatch):
 def test_a_delta_payload_is_byte_identical_with_and_without_the_kernel(monkeypatch):
     g = torch.Generator().manual_seed(3)
     base = {"w": torch.randn(300, 257, generator=g).to(torch.bfloat16), "b": torch.randn(1001, generator=g),
-            "e": torch.randn(64, 64, generator=g).half()}
+            "e": torch.randn(64, 64, generator=g).half(), "d": torch.randn(5000, generator=g)}
     new = {k: v.clone() for k, v in base.items()}
     new["w"].view(-1)[::97] += 1
     new["b"][::5] *= 2
+    new["d"] += 1e-4 * torch.randn(5000, generator=g)  # every element, a little: DIFF
     payloads = []
     for flag in ("1", "0"):
         monkeypatch.setenv("ASTRAFLOW_NATIVE", flag)
-        payloads.append(deltas.encode_delta(base, new, 0, 1)[0])
+        payload, stats = deltas.encode_delta(base, new, 0, 1)
+        payloads.append(payload)
+        assert stats.encodings["d"] == deltas.Encoding.FULL and stats.encodings["b"] == deltas.Encoding.BITMAP
+        assert stats.value_codings["d"] == deltas.ValueCoding.DIFF
     assert payloads[0] == payloads[1]
     out = deltas.decode(payloads[0], base)
     assert all(torch.equal(out[k].view(torch.uint8), new[k].view(torch.uint8)) for k in new)
@@ -107,3 +111,27 @@ def test_a_dense_looking_prefix_still_gets_the_encoding_the_whole_tensor_needs(m
     fast, slow = _both(monkeypatch, base, new)
     assert fast == (deltas.Encoding.FULL, n, ()) and _same(fast, slow)
     assert native.count_diff(base, new) == n and native.count_diff(base, base) == 0
+
+
+@pytest.mark.parametrize("bits", [np.uint8, np.uint16, np.uint32, np.uint64])
+def test_diff_planes_native_and_numpy_write_the_same_bytes_and_invert(monkeypatch, bits):
+    rng = np.random.default_rng(9)
+    top = np.iinfo(bits).max
+    for n in (0, 1, 7, 64, 1001):
+        base = rng.integers(0, top, size=n, dtype=bits, endpoint=True)
+        step = rng.integers(-3, 4, size=n).astype(np.int64).astype(bits)  # small steps either way, wrapping
+        for new in (base + step, rng.integers(0, top, size=n, dtype=bits, endpoint=True)):
+            new[:2] = (top, 0)[: new.size]  # wrap-around differences
+            out = []
+            for flag in ("1", "0"):
+                monkeypatch.setenv("ASTRAFLOW_NATIVE", flag)
+                planes = deltas._diff_planes(base, new)
+                back = base.copy()
+                deltas._add_diff_planes(planes, back)
+                assert np.array_equal(back, new)
+                out.append(planes)
+            assert out[0].dtype == np.uint8 and np.array_equal(out[0], out[1])
+    # zigzag: a step of +1 is 2, -1 is 1, so a small update leaves the high planes zero
+    monkeypatch.setenv("ASTRAFLOW_NATIVE", "1")
+    planes = deltas._diff_planes(np.array([5, 5, 5], bits), np.array([6, 4, 5], bits))
+    assert list(planes[:3]) == [2, 1, 0] and not planes[3:].any()
