@@ -68,6 +68,23 @@ def set_threads(n: int) -> None:
         os.environ["OMP_NUM_THREADS"] = str(n)
 
 
+def lower_thread_priority(increment: int) -> None:
+    """Add ``increment`` to the calling thread's niceness (0: leave it); threads it starts later inherit it.
+
+    On Linux niceness is per thread: called first thing in a process (``astraflow node`` does,
+    for ``trainer.cpu_nice``) it covers every thread the process will have, like ``nice -n``;
+    threads already running keep theirs. Raising niceness needs no privilege.
+    """
+    if increment <= 0:
+        return
+    import threading
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
+    except (OSError, AttributeError) as e:  # not Linux, or a sandbox that refuses it: run as before
+        logging.getLogger(__name__).warning("could not lower this thread's CPU priority by %d: %s", increment, e)
+
+
 def close_quietly(*resources) -> None:
     """Close clients/engines on the way out; one failing close must not keep the others open."""
     for r in resources:

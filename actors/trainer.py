@@ -47,6 +47,12 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 
 
+def _niceness() -> int:
+    """This thread's niceness (``trainer.cpu_nice`` on top of what the node was started with)."""
+    import threading
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
 class TrainerActor(LoopActor):
     def __init__(self, supervisor, name: str, cfg: JobConfig, bootstrap: str, run_dir: str) -> None:
         super().__init__(supervisor, name)
@@ -83,7 +89,7 @@ class TrainerActor(LoopActor):
         if not self.leader:
             self._weights()  # rank 0's publisher resumes from the gathered weights: join the gather
             self.metrics.emit("trainer.rank_ready", self.rank, step=self.engine.step, rank=self.rank,
-                              pid=os.getpid(), world_size=self.world)
+                              pid=os.getpid(), world_size=self.world, nice=_niceness())
             return
         # Snapshot requests from nodes that cannot reach the newest version by deltas.
         self.control = Consumer(self.bootstrap, partitions=[TopicPartition(self.topics.control, 0)],
@@ -99,7 +105,7 @@ class TrainerActor(LoopActor):
         self.metrics.emit("trainer.resumed_step", self.engine.step, step=self.engine.step, epoch=epoch,
                           announced_head=-1 if head is None else head)
         self.metrics.emit("trainer.rank_ready", self.rank, step=self.engine.step, rank=self.rank, pid=os.getpid(),
-                          world_size=self.world)
+                          world_size=self.world, nice=_niceness())
 
     def step(self) -> None:
         if self.engine.step >= self.cfg.trainer.steps:
@@ -138,12 +144,16 @@ class TrainerActor(LoopActor):
             train_s = time.monotonic() - t_train
             self.offset = d.offset + 1
             self.lineage.append([batch.step, d.offset])
-            if self.engine.step % self.cfg.trainer.checkpoint_every == 0 or self.engine.step >= self.cfg.trainer.steps:
-                self._checkpoint()
+            # Publish first: the rollout path waits for these weights, and the publisher's thread
+            # encodes them while this one checkpoints. A crash in between leaves the announced
+            # head past the checkpoint, which resume() handles (a new lineage epoch) as it does
+            # for the versions between checkpoints.
             weights = self._weights()
             if self.leader:
                 self.publisher.publish(weights, self.engine.step, snapshot=self._snapshot_next)
                 self._snapshot_next = False
+            if self.engine.step % self.cfg.trainer.checkpoint_every == 0 or self.engine.step >= self.cfg.trainer.steps:
+                self._checkpoint()
         rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
         if not self.leader:
             self.metrics.emit("trainer.peak_rss_mb", rss_mb, step=self.engine.step, rank=self.rank)

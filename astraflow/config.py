@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,6 +21,9 @@ import yaml
 from astraflow.engines.config import RolloutConfig as EngineRolloutConfig
 from astraflow.engines.config import TrainerConfig as EngineTrainerConfig
 from astraflow.errors import FatalError
+
+
+_TOPIC_SAFE = re.compile(r"[A-Za-z0-9._-]{1,120}")
 
 
 class ConfigError(FatalError, ValueError):
@@ -151,6 +155,10 @@ class TrainerConfig:
                    "and far fewer bf16 elements change per step than fp32 ones, so deltas shrink")
     engine: EngineTrainerConfig = _f(EngineTrainerConfig(), "the DeepSpeed train engine (engines/config.py: lr, loss, "
                                                             "zero_stage, token_budget, threads, ...)")
+    cpu_nice: int = _f(0, "niceness added to the trainer node's process (0-19; 0: unchanged), like starting it "
+                          "with `nice -n`. Where the trainer shares cores with the rollout nodes, dataflow and "
+                          "broker, its next step waits on their path (generate, batch): a positive value lets that "
+                          "path run first and the trainer take the cores' remaining time")
     emulate_slowdown: float = _f(1.0, "CPU emulation of a slower device kind: each training step is stretched to "
                                       "this many times its duration (the trainer sleeps the difference); set by a "
                                       "topology file's trainer pool; 1 = off")
@@ -159,6 +167,8 @@ class TrainerConfig:
         for key in ("steps", "ranks", "checkpoint_every", "snapshot_every", "keep_checkpoints"):
             if getattr(self, key) < 1:
                 raise ValueError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
+        if not 0 <= self.cpu_nice <= 19:
+            raise ValueError(f"trainer.cpu_nice must be in 0..19 (a niceness increment), got {self.cpu_nice}")
         if self.emulate_slowdown < 1.0:
             raise ValueError(f"trainer.emulate_slowdown must be >= 1 (a slowdown factor), got {self.emulate_slowdown}")
 
@@ -225,6 +235,12 @@ class JobConfig:
     source: str = field(default="<dict>", compare=False, metadata={"help": "file it was loaded from"})
 
     def __post_init__(self) -> None:
+        # Names that become parts of Kafka topic names (af.<job>.tasks.<policy>, ...): refused
+        # here, not by the broker once the components are already starting.
+        for key, name in (("job", self.job), ("policy", self.policy), *((f"policies.{p}", p) for p in self.policies)):
+            if not isinstance(name, str) or not _TOPIC_SAFE.fullmatch(name):
+                raise ConfigError(self.source, key, f"{name!r} is part of Kafka topic names: use only ASCII letters, "
+                                                    "digits, '.', '_' and '-'")
         # Cross-section checks of the data algorithms (batch size, group size) at load time.
         from astraflow.algorithms.pipeline import PipelineError, build_pipeline, context_of
         try:

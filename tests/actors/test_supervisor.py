@@ -118,6 +118,9 @@ def test_stop_event_ends_a_never_finishing_actor():
     ("mode: async\n", "job: required key is missing"),
     ("job: x\nmode: turbo\n", "mode: must be one of ['async', 'sync']"),
     ("job: x\ntrainer:\n  engine:\n    loss: nope\n", "trainer.engine: trainer.loss must be one of"),
+    ("job: x\ntrainer:\n  cpu_nice: 25\n", "trainer.cpu_nice must be in 0..19"),
+    ("job: 'run:2'\n", "job: 'run:2' is part of Kafka topic names"),
+    ("job: x\npolicy: a/b\n", "policy: 'a/b' is part of Kafka topic names"),
 ])
 def test_bad_config_names_key_and_file(tmp_path, bad, needle):
     from astraflow.config import ConfigError, load_config
@@ -140,3 +143,28 @@ def test_example_configs_load():
     for p in examples:
         cfg = load_config(p)
         assert cfg.job and cfg.trainer.steps > 0
+
+
+def test_lower_thread_priority_lowers_only_the_calling_thread():
+    import os
+
+    from astraflow.actors.common import lower_thread_priority
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen = {}
+
+    def worker():
+        tid = threading.get_native_id()
+        before = os.getpriority(os.PRIO_PROCESS, tid)
+        lower_thread_priority(5)
+        child = threading.Thread(target=lambda: seen.setdefault("child", os.getpriority(
+            os.PRIO_PROCESS, threading.get_native_id())))
+        child.start()
+        child.join()
+        seen.update(before=before, after=os.getpriority(os.PRIO_PROCESS, tid))
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen["after"] == min(19, seen["before"] + 5)
+    assert seen["child"] == seen["after"]  # threads it starts later inherit it
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine  # the others keep theirs

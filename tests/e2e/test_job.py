@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import glob
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +83,14 @@ def test_trainer_answers_a_snapshot_request_with_an_extra_snapshot(finished_run)
     snapshots = {r["step"] for r in rows if r["name"] == "weights.snapshot_bytes"}
     scheduled = {v for v in range(cfg.trainer.steps + 1) if v % cfg.trainer.snapshot_every == 0}
     assert snapshots - scheduled  # an off-schedule snapshot answered the request
+
+
+def test_the_trainer_node_runs_at_the_configured_niceness(finished_run):
+    cfg, _, _, run_dir = finished_run
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    ready = [r for r in rows if r["name"] == "trainer.rank_ready"]
+    assert cfg.trainer.cpu_nice > 0 and ready  # the demo config sets it; the nodes inherit this process's
+    assert {r["label.nice"] for r in ready} == {min(19, os.getpriority(os.PRIO_PROCESS, 0) + cfg.trainer.cpu_nice)}
 
 
 def test_run_directory_has_summary_metrics_and_plot(finished_run):
