@@ -68,21 +68,29 @@ def set_threads(n: int) -> None:
         os.environ["OMP_NUM_THREADS"] = str(n)
 
 
-def lower_thread_priority(increment: int) -> None:
-    """Add ``increment`` to the calling thread's niceness (0: leave it); threads it starts later inherit it.
+def lower_priority(increment: int) -> None:
+    """Add ``increment`` to the niceness of every thread of this process (0: leave it), like
+    ``renice``; threads started later inherit their starter's. Raising niceness needs no privilege.
 
-    On Linux niceness is per thread: called first thing in a process (``astraflow node`` does,
-    for ``trainer.cpu_nice``) it covers every thread the process will have, like ``nice -n``;
-    threads already running keep theirs. Raising niceness needs no privilege.
+    Linux keeps niceness per thread, so each of ``/proc/self/task`` is set; elsewhere only the
+    calling thread is (and a refusal is logged, not raised: the node runs as before).
     """
     if increment <= 0:
         return
     import threading
-    tid = threading.get_native_id()
     try:
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
-    except (OSError, AttributeError) as e:  # not Linux, or a sandbox that refuses it: run as before
-        logging.getLogger(__name__).warning("could not lower this thread's CPU priority by %d: %s", increment, e)
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [threading.get_native_id()]
+    for tid in tids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
+        except ProcessLookupError:
+            continue  # the thread ended meanwhile
+        except (OSError, AttributeError) as e:
+            logging.getLogger(__name__).warning("could not lower thread %d's CPU priority by %d: %s", tid,
+                                                increment, e)
+            return
 
 
 def close_quietly(*resources) -> None:

@@ -39,7 +39,8 @@ from astraflow.config import JobConfig
 from astraflow.engines.checkpoints import CheckpointStore
 from astraflow.topics import Batch, Consumer, DeadLetters, Heartbeat, Producer, SnapshotRequest
 
-from .common import close_quietly, job_topics, make_train_engine, model_path, set_threads, to_train_batch
+from .common import (close_quietly, job_topics, lower_priority, make_train_engine, model_path, set_threads,
+                     to_train_batch)
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 
@@ -88,6 +89,7 @@ class TrainerActor(LoopActor):
         self.consumer.raw.seek(tp, self.offset)
         if not self.leader:
             self._weights()  # rank 0's publisher resumes from the gathered weights: join the gather
+            lower_priority(self.cfg.trainer.cpu_nice)
             self.metrics.emit("trainer.rank_ready", self.rank, step=self.engine.step, rank=self.rank,
                               pid=os.getpid(), world_size=self.world, nice=_niceness())
             return
@@ -104,6 +106,9 @@ class TrainerActor(LoopActor):
         epoch = self.publisher.resume(self._weights(), self.engine.step)
         self.metrics.emit("trainer.resumed_step", self.engine.step, step=self.engine.step, epoch=epoch,
                           announced_head=-1 if head is None else head)
+        # Steady state only: at full priority the start-up (DeepSpeed, the first weights) is not
+        # starved by the evaluator's first evaluation and the rollout nodes' start.
+        lower_priority(self.cfg.trainer.cpu_nice)
         self.metrics.emit("trainer.rank_ready", self.rank, step=self.engine.step, rank=self.rank, pid=os.getpid(),
                           world_size=self.world, nice=_niceness())
 

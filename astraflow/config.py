@@ -155,10 +155,10 @@ class TrainerConfig:
                    "and far fewer bf16 elements change per step than fp32 ones, so deltas shrink")
     engine: EngineTrainerConfig = _f(EngineTrainerConfig(), "the DeepSpeed train engine (engines/config.py: lr, loss, "
                                                             "zero_stage, token_budget, threads, ...)")
-    cpu_nice: int = _f(0, "niceness added to the trainer node's process (0-19; 0: unchanged), like starting it "
-                          "with `nice -n`. Where the trainer shares cores with the rollout nodes, dataflow and "
-                          "broker, its next step waits on their path (generate, batch): a positive value lets that "
-                          "path run first and the trainer take the cores' remaining time")
+    cpu_nice: int = _f(0, "niceness added to the trainer node's process once it is ready to train (0-19; 0: "
+                          "unchanged), like `renice`. Where the trainer shares cores with the rollout nodes, "
+                          "dataflow and broker, its next step waits on their path (generate, batch): a positive "
+                          "value lets that path run first and the trainer take the cores' remaining time")
     emulate_slowdown: float = _f(1.0, "CPU emulation of a slower device kind: each training step is stretched to "
                                       "this many times its duration (the trainer sleeps the difference); set by a "
                                       "topology file's trainer pool; 1 = off")

@@ -75,9 +75,6 @@ def run_node(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: s
         os.environ["OMP_NUM_THREADS"] = str(n)
         import torch
         torch.set_num_threads(n)
-    if role == "trainer":  # before any thread starts: every thread of the node inherits it
-        from astraflow.actors.common import lower_thread_priority
-        lower_thread_priority(cfg.trainer.cpu_nice)
 
     from astraflow.actors.supervisor import Outcome, run_supervised
     from astraflow.actors.telemetry import setup_tracing

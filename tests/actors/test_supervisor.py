@@ -145,26 +145,27 @@ def test_example_configs_load():
         assert cfg.job and cfg.trainer.steps > 0
 
 
-def test_lower_thread_priority_lowers_only_the_calling_thread():
+def test_lower_priority_lowers_every_thread_of_the_process():
+    import json
     import os
-
-    from astraflow.actors.common import lower_thread_priority
-    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    seen = {}
-
-    def worker():
-        tid = threading.get_native_id()
-        before = os.getpriority(os.PRIO_PROCESS, tid)
-        lower_thread_priority(5)
-        child = threading.Thread(target=lambda: seen.setdefault("child", os.getpriority(
-            os.PRIO_PROCESS, threading.get_native_id())))
-        child.start()
-        child.join()
-        seen.update(before=before, after=os.getpriority(os.PRIO_PROCESS, tid))
-
-    t = threading.Thread(target=worker)
-    t.start()
-    t.join()
-    assert seen["after"] == min(19, seen["before"] + 5)
-    assert seen["child"] == seen["after"]  # threads it starts later inherit it
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine  # the others keep theirs
+    import subprocess
+    import sys
+    # in a child: niceness only goes up without privileges, and this process must keep its own
+    code = """
+import json, os, threading
+from astraflow.actors.common import lower_priority
+nice = lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+seen, go, done = {}, threading.Event(), threading.Event()
+def other():
+    go.wait(); seen["other"] = nice(); done.set()
+t = threading.Thread(target=other); t.start()
+before = nice()
+lower_priority(5)
+go.set(); done.wait()
+later = threading.Thread(target=lambda: seen.setdefault("later", nice())); later.start(); later.join()
+print(json.dumps({"before": before, "main": nice(), **seen}))
+"""
+    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    expected = min(19, out["before"] + 5)
+    assert out == {"before": out["before"], "main": expected, "other": expected, "later": expected}
+    assert os.getpriority(os.PRIO_PROCESS, 0) == out["before"]  # this process is untouched

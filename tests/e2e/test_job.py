@@ -89,7 +89,7 @@ def test_the_trainer_node_runs_at_the_configured_niceness(finished_run):
     cfg, _, _, run_dir = finished_run
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     ready = [r for r in rows if r["name"] == "trainer.rank_ready"]
-    assert cfg.trainer.cpu_nice > 0 and ready  # the demo config sets it; the nodes inherit this process's
+    assert cfg.trainer.cpu_nice > 0 and ready  # the demo config sets it; the nodes start at this process's
     assert {r["label.nice"] for r in ready} == {min(19, os.getpriority(os.PRIO_PROCESS, 0) + cfg.trainer.cpu_nice)}
 
 
