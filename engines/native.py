@@ -89,8 +89,8 @@ def count_diff(base: np.ndarray, new: np.ndarray) -> int | None:
 
 
 def diff_planes(base: np.ndarray, new: np.ndarray) -> np.ndarray | None:
-    """The DIFF encoding's raw bytes: zigzag(new - base mod 2^w) as byte planes, one pass
-    (``uint8``, ``new.nbytes`` long); ``None`` without the kernel."""
+    """Values stored as differences (``ValueCoding.DIFF``): zigzag(new - base mod 2^w) as byte
+    planes, one pass (``uint8``, ``new.nbytes`` long); ``None`` without the kernel."""
     if not available() or new.itemsize not in _DIFF:
         return None
     _check(base, new)
@@ -116,8 +116,8 @@ def sparse_diff(base: np.ndarray, new: np.ndarray, limit: int, gaps_cap: int
     """One pass over ``base`` and ``new`` (equal-size contiguous unsigned arrays).
 
     Returns ``(gap_bytes, values, base_values)`` — the LEB128 gaps between changed
-    positions, the new bits there and the base's — when fewer than ``limit`` elements changed and the gaps take fewer
-    than ``gaps_cap`` bytes; ``-1`` when ``limit`` or more changed; ``-2`` when the gaps
+    positions, the new bits there and the base's — when fewer than ``limit`` elements
+    changed and the gaps take fewer than ``gaps_cap`` bytes; ``-1`` when ``limit`` or more changed; ``-2`` when the gaps
     would take ``gaps_cap`` bytes or more; ``None`` when the kernel is not available.
     """
     if not available() or new.itemsize not in _FUNCS:
