@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 from astraflow.config import JobConfig
@@ -68,9 +69,10 @@ def set_threads(n: int) -> None:
         os.environ["OMP_NUM_THREADS"] = str(n)
 
 
-def lower_priority(increment: int) -> None:
-    """Add ``increment`` to the niceness of every thread of this process (0: leave it), like
-    ``renice``; threads started later inherit their starter's. Raising niceness needs no privilege.
+def lower_priority(increment: int, keep: Collection[int] = ()) -> None:
+    """Add ``increment`` to the niceness of every thread of this process but those in ``keep``
+    (OS thread ids) — 0 leaves it alone — like ``renice``; threads started later inherit their
+    starter's. Raising niceness needs no privilege.
 
     Linux keeps niceness per thread, so each of ``/proc/self/task`` is set; elsewhere only the
     calling thread is (and a refusal is logged, not raised: the node runs as before).
@@ -83,6 +85,8 @@ def lower_priority(increment: int) -> None:
     except OSError:
         tids = [threading.get_native_id()]
     for tid in tids:
+        if tid in keep:
+            continue
         try:
             os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
         except ProcessLookupError:

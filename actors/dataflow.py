@@ -340,8 +340,14 @@ class DataflowActor(LoopActor):
     def _emit_algorithm_stats(self, step: int) -> None:
         self.metrics.emit_many({f"dataflow.algorithms.{k}": v for k, v in self.pipeline.stats().items()}, step=step)
 
+    #: How long one step waits for trajectories. Short because the same loop follows the version
+    #: announcements (nothing can wake this poll for another consumer's record): a version that
+    #: lands meanwhile is acted on up to this much later, and that delay is on the path of the
+    #: next batch (announce → tasks → rollout → batch) the trainer waits for.
+    COLLECT_POLL_MS = 20
+
     def _collect(self) -> None:
-        for d in self.trajectories.poll(200):
+        for d in self.trajectories.poll(self.COLLECT_POLL_MS):
             lane = self.lanes.get(d.message.policy)
             # Another job's dataflow would settle foreign policies; ours has a lane per policy.
             if lane is None or lane.ledger.already_settled(d):

@@ -48,10 +48,11 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 
 
-def _niceness() -> int:
-    """This thread's niceness (``trainer.cpu_nice`` on top of what the node was started with)."""
+def _niceness(tid: int | None = None) -> int:
+    """A thread's niceness (``trainer.cpu_nice`` on top of what the node was started with);
+    this thread's by default."""
     import threading
-    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id() if tid is None else tid)
 
 
 class TrainerActor(LoopActor):
@@ -107,10 +108,13 @@ class TrainerActor(LoopActor):
         self.metrics.emit("trainer.resumed_step", self.engine.step, step=self.engine.step, epoch=epoch,
                           announced_head=-1 if head is None else head)
         # Steady state only: at full priority the start-up (DeepSpeed, the first weights) is not
-        # starved by the evaluator's first evaluation and the rollout nodes' start.
-        lower_priority(self.cfg.trainer.cpu_nice)
+        # starved by the evaluator's first evaluation and the rollout nodes' start. The
+        # publisher's threads keep theirs: the next batch's rollout waits for what they send.
+        kept = self.publisher.thread_ids()
+        lower_priority(self.cfg.trainer.cpu_nice, keep=kept)
         self.metrics.emit("trainer.rank_ready", self.rank, step=self.engine.step, rank=self.rank, pid=os.getpid(),
-                          world_size=self.world, nice=_niceness())
+                          world_size=self.world, nice=_niceness(),
+                          publisher_nice=max(_niceness(t) for t in kept), publisher_threads=len(kept))
 
     def step(self) -> None:
         if self.engine.step >= self.cfg.trainer.steps:

@@ -274,6 +274,13 @@ class WeightPublisher:
                                    f"after {timeout}s; is the broker slow or down?")
         self._raise_error()
 
+    def thread_ids(self) -> list[int]:
+        """The OS threads that carry a version to the broker: the publisher's own (its codec
+        threads are started from it) and its producer's I/O thread. The rollout path waits on
+        them, so a trainer that lowers its priority leaves these alone."""
+        ids = [self._thread.native_id, self._producer.network_thread_id]
+        return [i for i in ids if i is not None]
+
     def close(self, timeout: float | None = 120.0) -> None:
         """Publish what is queued, stop the thread, close the clients; raises a pending error."""
         if self._closed:

@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from astraflow.benchmarks.critical_path import STAGES, batch_paths, summarize
 from astraflow.benchmarks.inprocess_loop import time_to_accuracy
 from astraflow.benchmarks.job_bench import job_arguments, run_repetitions
 from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread
@@ -96,7 +97,8 @@ def one_repetition(args, broker, rep: int) -> dict:
         load = load_now()
         run_job(cfg, bootstrap=broker.bootstrap_servers, run_dir=run_dir, progress=False,
                 overrides=[f"{k}={v}" for k, v in overrides.items()])
-        out[mode] = {**analyse(run_dir, cfg.rollout.nodes), "load_before": load["loadavg"]}
+        out[mode] = {**analyse(run_dir, cfg.rollout.nodes), "load_before": load["loadavg"],
+                     "critical_path": summarize(batch_paths(broker.bootstrap_servers, cfg, run_dir))}
     for label, threads in (("inprocess", 1), ("inprocess_all_cores", os.cpu_count() or 1)):
         print(f"--- repetition {rep + 1}: {label} ({threads} thread(s))", flush=True)
         load = load_now()
@@ -121,6 +123,8 @@ def aggregate(reps: list[dict]) -> dict:
                                                "T_in_run_s", "time_to_first_step_s", "time_to_last_step_s",
                                                "accuracy_final")}
         modes[mode]["accuracy_initial"] = reps[0][mode]["accuracy_initial"]
+        modes[mode]["critical_path"] = {k: spread([r[mode]["critical_path"][k] for r in reps])
+                                        for k in (*STAGES, "path_s") if all(k in r[mode]["critical_path"] for r in reps)}
     for label in ("inprocess", "inprocess_all_cores"):
         modes[label] = {k: s(label, k) for k in ("s_per_step", "R_s", "T_s", "W_s", "setup_s", "time_to_last_step_s",
                                                  "accuracy_final")}
@@ -162,6 +166,10 @@ def print_table(agg: dict) -> None:
                 "speedup_async_over_sync", "ideal_async_speedup_over_inprocess"):
         print(f"{key:36} {fmt_spread(agg[key])}")
     print(f"{'inprocess_time_to_async_accuracy_s':36} {agg['inprocess_time_to_async_accuracy_s']}")
+    path = m["async"]["critical_path"]
+    if path:  # the batch the trainer waits for (critical_path.py), medians over batches then repetitions
+        print("async path to a batch: " + ", ".join(f"{k[:-2]} {path[k]['median']:.3f}" for k in (*STAGES, "path_s")
+                                                    if k in path) + " s")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -144,7 +144,9 @@ def test_async_vs_sync_measures_every_mode_against_r_and_t_alone():
     def system(s_per_step, acc):
         return {"s_per_step": s_per_step, "rollout_busy_frac": 0.5, "trainer_busy_frac": 0.5, "R_in_run_s": 9.0,
                 "T_in_run_s": 9.0, "time_to_first_step_s": 10.0, "time_to_last_step_s": 30.0,
-                "accuracy_initial": 0.1, "accuracy_final": acc, "load_before": [1.0, 1.0, 1.0]}
+                "accuracy_initial": 0.1, "accuracy_final": acc, "load_before": [1.0, 1.0, 1.0],
+                "critical_path": {"publish_s": 0.1, "schedule_s": 0.02, "to_rollout_s": 0.05, "rollout_s": s_per_step / 2,
+                                  "batch_s": 0.03, "pickup_s": 0.1, "path_s": 0.2 + s_per_step / 2, "batches": 30}}
 
     def inproc(R, T, W, threads):
         return {"s_per_step": R + T + W, "R_s": R, "T_s": T, "W_s": W, "setup_s": 5.0, "time_to_last_step_s": 20.0,
@@ -161,6 +163,9 @@ def test_async_vs_sync_measures_every_mode_against_r_and_t_alone():
     assert agg["speedup_async_over_sync"]["median"] == pytest.approx(0.8 / 0.5)
     assert agg["modes"]["inprocess_all_cores"]["threads"] == 2 and agg["R_alone_s"]["n"] == 3
     assert (agg["load_1m_at_run_start"]["min"], agg["load_1m_at_run_start"]["max"]) == (1.0, 2.0)
+    path = agg["modes"]["async"]["critical_path"]
+    assert path["rollout_s"]["median"] == pytest.approx(0.25) and path["path_s"]["n"] == 3
+    assert "batches" not in path  # a count, not a stage
 
 
 def test_publish_dtype_pairs_the_dtypes_by_repetition_and_takes_the_gap_from_the_sync_run():

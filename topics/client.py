@@ -103,6 +103,12 @@ class Producer:
     def flush(self, timeout: float | None = None) -> None:
         self._kp.flush(timeout)
 
+    @property
+    def network_thread_id(self) -> int | None:
+        """The OS thread id of the client's I/O thread (it sends every batch), None if unknown."""
+        sender = getattr(self._kp, "_sender", None)  # kafka-python's network thread
+        return getattr(sender, "native_id", None)
+
     # -- transactions ----------------------------------------------------------------
     @contextlib.contextmanager
     def transaction(self) -> Iterator["Producer"]:

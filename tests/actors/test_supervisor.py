@@ -145,7 +145,7 @@ def test_example_configs_load():
         assert cfg.job and cfg.trainer.steps > 0
 
 
-def test_lower_priority_lowers_every_thread_of_the_process():
+def test_lower_priority_lowers_every_thread_of_the_process_but_the_kept():
     import json
     import os
     import subprocess
@@ -158,14 +158,22 @@ nice = lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 seen, go, done = {}, threading.Event(), threading.Event()
 def other():
     go.wait(); seen["other"] = nice(); done.set()
+kept_go, kept_done = threading.Event(), threading.Event()
+def kept():
+    kept_go.wait(); seen["kept"] = nice()
+    child = threading.Thread(target=lambda: seen.setdefault("kept_child", nice())); child.start(); child.join()
+    kept_done.set()
 t = threading.Thread(target=other); t.start()
+k = threading.Thread(target=kept); k.start()
 before = nice()
-lower_priority(5)
-go.set(); done.wait()
+lower_priority(5, keep=[k.native_id])
+go.set(); done.wait(); kept_go.set(); kept_done.wait()
 later = threading.Thread(target=lambda: seen.setdefault("later", nice())); later.start(); later.join()
 print(json.dumps({"before": before, "main": nice(), **seen}))
 """
     out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     expected = min(19, out["before"] + 5)
-    assert out == {"before": out["before"], "main": expected, "other": expected, "later": expected}
+    assert out == {"before": out["before"], "main": expected, "other": expected, "later": expected,
+                   # a kept thread (the weight publisher's) and what it starts (its codec threads)
+                   "kept": out["before"], "kept_child": out["before"]}
     assert os.getpriority(os.PRIO_PROCESS, 0) == out["before"]  # this process is untouched

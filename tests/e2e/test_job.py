@@ -91,6 +91,27 @@ def test_the_trainer_node_runs_at_the_configured_niceness(finished_run):
     ready = [r for r in rows if r["name"] == "trainer.rank_ready"]
     assert cfg.trainer.cpu_nice > 0 and ready  # the demo config sets it; the nodes start at this process's
     assert {r["label.nice"] for r in ready} == {min(19, os.getpriority(os.PRIO_PROCESS, 0) + cfg.trainer.cpu_nice)}
+    # ...but the weight publisher's threads (its own and its producer's) keep the node's start value:
+    # the next batch's rollout waits for the weights they send
+    lead = [r for r in ready if "label.publisher_nice" in r]
+    assert [(r["label.publisher_nice"], r["label.publisher_threads"]) for r in lead] == \
+        [(os.getpriority(os.PRIO_PROCESS, 0), 2)]
+
+
+def test_the_benchmarks_critical_path_reads_every_stage_of_a_real_run(finished_run, bootstrap):
+    """benchmarks/critical_path.py on this run's own records: one row per steady-state batch, each
+    stage in causal order (a stage's end is never before its start, up to the records' 1 ms grain)."""
+    from astraflow.benchmarks.critical_path import STAGES, batch_paths, summarize
+    cfg, _, _, run_dir = finished_run
+    rows = batch_paths(bootstrap, cfg, run_dir)
+    assert [r["step"] for r in rows] == list(range(3, cfg.trainer.steps))
+    for r in rows:
+        assert r["step"] - cfg.effective_staleness <= r["version"] <= r["step"], r
+        for stage in ("schedule_s", "to_rollout_s", "rollout_s", "batch_s"):
+            assert -0.001 <= r[stage] < 60, (stage, r)
+    summary = summarize(rows)
+    assert summary["batches"] == len(rows) and set(STAGES) < set(summary)
+    assert summary["path_s"] >= summary["rollout_s"] > 0
 
 
 def test_run_directory_has_summary_metrics_and_plot(finished_run):
