@@ -169,12 +169,15 @@ class DataflowActor(LoopActor):
         group, client = self.topics.dataflow_group(policy), f"dataflow.{policy}"
         self.prompts = self._keep(Consumer(self.bootstrap, topics=[self.topics.prompts], group_id=group,
                                            dead_letters=self.dead, client_id=client, expect=(Prompt,)))
-        self.trajectories = self._keep(Consumer(self.bootstrap, topics=[self.topics.trajectories],
+        # One consumer for both inputs the loop waits on, so a poll returns on whichever comes
+        # first: a group finished, or a version announced (which lets more tasks be scheduled,
+        # on the path of the batch after next). ``versions`` offsets are never committed: each
+        # assignment re-reads the compacted topic from its start, like the plain reader it was.
+        self.trajectories = self._keep(Consumer(self.bootstrap, topics=[self.topics.trajectories, self.topics.versions],
                                                 group_id=group + ".trajectories", dead_letters=self.dead,
                                                 client_id=client, max_poll_records=500,
-                                                expect=(TrajectoryGroup,)))
-        self.versions = self._keep(Consumer(self.bootstrap, partitions=[TopicPartition(self.topics.versions, 0)],
-                                            dead_letters=self.dead, client_id=client))
+                                                expect={self.topics.trajectories: (TrajectoryGroup,),
+                                                        self.topics.versions: (VersionAnnouncement,)}))
         log.info("dataflow: resuming at step %d, %d tasks scheduled, %d dropped, %d open (%d state record(s) read)",
                  self.ledger.next_step, self.ledger.tasks_scheduled, self.ledger.dropped, len(self.ledger.open),
                  self.state_records_read)
@@ -233,19 +236,16 @@ class DataflowActor(LoopActor):
 
     # -- the loop ----------------------------------------------------------------------
     def step(self) -> None:
-        self._follow_versions()
         self._schedule()
         self._collect()
 
-    def _follow_versions(self) -> None:
+    def _follow(self, msg: VersionAnnouncement) -> None:
         # The newest lineage wins (epoch first): after a trainer resumed behind its announced
         # head, versions restart lower in a new epoch, and the bound must follow them down.
-        for d in self.versions.poll(0 if self.version else 100):
-            msg = d.message
-            lane = self.lanes.get(msg.policy) if isinstance(msg, VersionAnnouncement) else None
-            if lane is not None and (msg.epoch, msg.version) > (lane.epoch, lane.version):
-                lane.epoch, lane.version = msg.epoch, msg.version
-                lane.pipeline.on_version(lane.version)
+        lane = self.lanes.get(msg.policy)
+        if lane is not None and (msg.epoch, msg.version) > (lane.epoch, lane.version):
+            lane.epoch, lane.version = msg.epoch, msg.version
+            lane.pipeline.on_version(lane.version)
 
     def capacity(self) -> int:
         """How many more tasks may be scheduled now: the lead lane's room (one policy: its bound)."""
@@ -340,14 +340,14 @@ class DataflowActor(LoopActor):
     def _emit_algorithm_stats(self, step: int) -> None:
         self.metrics.emit_many({f"dataflow.algorithms.{k}": v for k, v in self.pipeline.stats().items()}, step=step)
 
-    #: How long one step waits for trajectories. Short because the same loop follows the version
-    #: announcements (nothing can wake this poll for another consumer's record): a version that
-    #: lands meanwhile is acted on up to this much later, and that delay is on the path of the
-    #: next batch (announce → tasks → rollout → batch) the trainer waits for.
-    COLLECT_POLL_MS = 20
+    #: How long one step waits for a group or a version when neither has come.
+    COLLECT_POLL_MS = 200
 
     def _collect(self) -> None:
         for d in self.trajectories.poll(self.COLLECT_POLL_MS):
+            if d.topic == self.topics.versions:
+                self._follow(d.message)
+                continue
             lane = self.lanes.get(d.message.policy)
             # Another job's dataflow would settle foreign policies; ours has a lane per policy.
             if lane is None or lane.ledger.already_settled(d):
@@ -459,7 +459,7 @@ class DataflowActor(LoopActor):
 
     def _safe_offsets(self) -> dict[TopicPartition, int]:
         """Commit past everything consumed, except groups still waiting in a partial batch."""
-        offsets = self.trajectories.pending_offsets()
+        offsets = {tp: o for tp, o in self.trajectories.pending_offsets().items() if tp.topic != self.topics.versions}
         for lane in self.lanes.values():
             for d in lane.partial:
                 tp = TopicPartition(d.topic, d.partition)

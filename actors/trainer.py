@@ -114,7 +114,7 @@ class TrainerActor(LoopActor):
         lower_priority(self.cfg.trainer.cpu_nice, keep=kept)
         self.metrics.emit("trainer.rank_ready", self.rank, step=self.engine.step, rank=self.rank, pid=os.getpid(),
                           world_size=self.world, nice=_niceness(),
-                          publisher_nice=max(_niceness(t) for t in kept), publisher_threads=len(kept))
+                          publisher_nice=max((_niceness(t) for t in kept), default=_niceness()), publisher_threads=len(kept))
 
     def step(self) -> None:
         if self.engine.step >= self.cfg.trainer.steps:

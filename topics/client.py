@@ -13,6 +13,7 @@ import base64
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
@@ -245,8 +246,8 @@ class Consumer:
     """Typed consumer with manual commits.
 
     Either ``topics`` (group subscription) or ``partitions`` (manual assignment).
-    With ``expect``, a record of any other message type is dead-lettered like an
-    undecodable one. ``pending_offsets()`` are the positions after every record handed out (and every
+    With ``expect`` (message types, or per topic a mapping of topic to types), a record of
+    any other message type is dead-lettered like an undecodable one. ``pending_offsets()`` are the positions after every record handed out (and every
     record dead-lettered) since the last commit; :meth:`commit` commits them, or a
     transactional producer commits them with :meth:`Producer.send_offsets`.
     """
@@ -255,7 +256,8 @@ class Consumer:
                  partitions: Iterable[TopicPartition] = (), group_id: str | None = None,
                  dead_letters: DeadLetters | None = None, isolation_level: str = "read_committed",
                  auto_offset_reset: str = "earliest", client_id: str = "astraflow",
-                 max_partition_fetch_bytes: int = 4 * MiB, expect: tuple[type[Message], ...] = (),
+                 max_partition_fetch_bytes: int = 4 * MiB,
+                 expect: tuple[type[Message], ...] | Mapping[str, tuple[type[Message], ...]] = (),
                  **config: Any) -> None:
         settings: dict[str, Any] = dict(
             bootstrap_servers=bootstrap_servers, group_id=group_id, client_id=client_id,
@@ -268,6 +270,11 @@ class Consumer:
         self._kc = KafkaConsumer(**settings)
         topics, partitions = list(topics), list(partitions)
         if topics:
+            # Know every topic's partitions before the first join: a join without them assigns
+            # nothing, and in the rejoin that follows kafka-python 3.0 has been seen to end up
+            # with no assignment at all (the dataflow's prompt consumer, topics just created).
+            for topic in topics:
+                self._kc.partitions_for_topic(topic)
             self._kc.subscribe(topics)
         elif partitions:
             self._kc.assign(partitions)
@@ -305,8 +312,9 @@ class Consumer:
                 headers = list(r.headers or [])
                 try:
                     msg = decode(r.value, headers)
-                    if self.expect and not isinstance(msg, self.expect):
-                        raise DecodeError(f"{r.topic} carries {', '.join(t.TYPE for t in self.expect)} records, "
+                    allowed = self.expect.get(r.topic, ()) if isinstance(self.expect, Mapping) else self.expect
+                    if allowed and not isinstance(msg, allowed):
+                        raise DecodeError(f"{r.topic} carries {', '.join(t.TYPE for t in allowed)} records, "
                                           f"not {msg.TYPE}")
                 except DecodeError as e:
                     if self.dead_letters is None:

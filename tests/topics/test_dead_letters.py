@@ -79,3 +79,28 @@ def test_records_of_an_unexpected_type_are_dead_lettered_with_their_bytes(job_to
     letter = letters[0].message
     assert letter.error_type == "DecodeError" and "not prompt" in letter.error
     assert base64.b64decode(letter.value) == value  # the original bytes, not a placeholder
+
+
+def test_expected_types_can_differ_per_topic(job_topics, make_producer, make_consumer):
+    """One consumer on two topics (the dataflow's: trajectories and versions), each with its own
+    record type: a record that is right for the other topic is still dead-lettered."""
+    from astraflow.topics import Task
+    producer = make_producer()
+    task = Task("t-1", "p-1", "policy", "1+1=", "2", 4)
+    producer.send_sync(job_topics.prompts, GOOD, key="p-good")  # right
+    producer.send_sync(job_topics.prompts, task, key="t-1")  # a task on the prompts topic: wrong
+    producer.send_sync(job_topics.tasks("policy"), task, key="t-1", partition=0)  # right
+    producer.send_sync(job_topics.tasks("policy"), GOOD, key="p-good", partition=0)  # wrong
+    dlq = DeadLetters(make_producer(), job_topics.dlq, consumer_name="two-topics")
+    consumer = make_consumer(partitions=[TopicPartition(job_topics.prompts, 0),
+                                         TopicPartition(job_topics.tasks("policy"), 0)],
+                             dead_letters=dlq, expect={job_topics.prompts: (Prompt,),
+                                                       job_topics.tasks("policy"): (Task,)})
+    got = []
+    for _ in range(10):
+        got += consumer.poll(1000)
+        if len(got) + dlq.count >= 4:
+            break
+    assert sorted((d.topic, type(d.message).__name__) for d in got) == \
+        sorted([(job_topics.prompts, "Prompt"), (job_topics.tasks("policy"), "Task")])
+    assert dlq.count == 2
