@@ -30,21 +30,42 @@ def read_topic(bootstrap_servers: str, topic: str, *, tail: int | None = None,
         c.assign(tps)
         ends = c.end_offsets(tps)
         begins = c.beginning_offsets(tps)
-        for tp in tps:
-            c.seek(tp, max(begins[tp], ends[tp] - tail) if tail else begins[tp])
+        if not tail:
+            return _drain(c, {tp: begins[tp] for tp in tps}, ends, idle_polls, timestamps)
+        # Transaction markers take offsets too (a transactional topic's last offset is one), so
+        # the last `tail` offsets can hold fewer records: widen the window until they are found.
         out: list[tuple] = []
-        idle = 0
-        while any(c.position(tp) < ends[tp] for tp in tps) and idle < idle_polls:
-            batch = c.poll(1000)
-            idle = 0 if batch else idle + 1
-            for records in batch.values():
-                for r in records:
-                    try:
-                        msg = decode(r.value, r.headers)
-                        out.append((r.partition, r.offset, r.timestamp, msg) if timestamps else
-                                   (r.partition, r.offset, msg))
-                    except DecodeError:
-                        pass
+        for tp in tps:
+            span = tail
+            while True:
+                start = max(begins[tp], ends[tp] - span)
+                got = _drain(c, {tp: start}, ends, idle_polls, timestamps)
+                if len(got) >= tail or start == begins[tp]:
+                    out.extend(got[-tail:])
+                    break
+                span *= 2
         return out
     finally:
         c.close()
+
+
+def _drain(c: KafkaConsumer, starts: dict[TopicPartition, int], ends: dict[TopicPartition, int],
+           idle_polls: int, timestamps: bool) -> list[tuple]:
+    """Read ``starts``' partitions from those offsets to ``ends``, decoding what decodes."""
+    c.assign(list(starts))
+    for tp, offset in starts.items():
+        c.seek(tp, offset)
+    out: list[tuple] = []
+    idle = 0
+    while any(c.position(tp) < ends[tp] for tp in starts) and idle < idle_polls:
+        batch = c.poll(1000)
+        idle = 0 if batch else idle + 1
+        for records in batch.values():
+            for r in records:
+                try:
+                    msg = decode(r.value, r.headers)
+                    out.append((r.partition, r.offset, r.timestamp, msg) if timestamps else
+                               (r.partition, r.offset, msg))
+                except DecodeError:
+                    pass
+    return out

@@ -111,3 +111,26 @@ def test_close_with_unsent_records_stops_the_producer_instead_of_raising(bootstr
     p._kp._sender.join(10)
     assert not p._kp._sender.is_alive()
     assert future.is_done and not future.succeeded()
+
+
+def test_the_last_records_of_a_transactional_topic_skip_its_markers(bootstrap, job_topics, make_producer):
+    """Each transaction leaves a commit (or abort) marker at an offset of its own, so the topic's
+    last offset is never a record: ``read_topic(tail=n)`` still returns its last n records (the
+    chaos runner's rogue writer and the dataflow's replay buffer read batches this way)."""
+    from astraflow.topics.replay import read_topic
+    p = make_producer(client_id="tx", transactional_id=f"{job_topics.job}-tail")
+    topic = job_topics.prompts
+    for i in range(5):
+        with p.transaction():
+            p.send(topic, Prompt(f"p{i}", "a", "1"))
+    try:
+        with p.transaction():
+            p.send(topic, Prompt("aborted", "b", "2"))
+            p.flush()
+            raise RuntimeError("fail mid-transaction")
+    except RuntimeError:
+        pass
+    tail = lambda n: [m.prompt_id for _, _, m in read_topic(bootstrap, topic, tail=n)]  # noqa: E731
+    assert tail(1) == ["p4"]
+    assert tail(3) == ["p2", "p3", "p4"]
+    assert tail(9) == [f"p{i}" for i in range(5)]
