@@ -14,18 +14,23 @@ def _drain(consumer, want: int | None = None, polls: int = 6):
     return got
 
 
+def _abort_one(p, topic: str, msg) -> None:
+    """Write ``msg`` in a transaction that fails after the record reached the broker."""
+    try:
+        with p.transaction():
+            p.send(topic, msg)
+            p.flush()
+            raise RuntimeError("fail mid-transaction")
+    except RuntimeError:
+        pass
+
+
 def test_aborted_records_invisible_to_read_committed(job_topics, make_producer, make_consumer):
     p = make_producer(client_id="tx", transactional_id=f"{job_topics.job}-tx")
     topic = job_topics.prompts
     with p.transaction():
         p.send(topic, Prompt("kept-1", "a", "1"))
-    try:
-        with p.transaction():
-            p.send(topic, Prompt("aborted", "b", "2"))
-            p.flush()
-            raise RuntimeError("fail mid-transaction")
-    except RuntimeError:
-        pass
+    _abort_one(p, topic, Prompt("aborted", "b", "2"))
     with p.transaction():
         p.send(topic, Prompt("kept-2", "c", "3"))
 
@@ -123,13 +128,7 @@ def test_the_last_records_of_a_transactional_topic_skip_its_markers(bootstrap, j
     for i in range(5):
         with p.transaction():
             p.send(topic, Prompt(f"p{i}", "a", "1"))
-    try:
-        with p.transaction():
-            p.send(topic, Prompt("aborted", "b", "2"))
-            p.flush()
-            raise RuntimeError("fail mid-transaction")
-    except RuntimeError:
-        pass
+    _abort_one(p, topic, Prompt("aborted", "b", "2"))
     tail = lambda n: [m.prompt_id for _, _, m in read_topic(bootstrap, topic, tail=n)]  # noqa: E731
     assert tail(1) == ["p4"]
     assert tail(3) == ["p2", "p3", "p4"]
