@@ -27,7 +27,6 @@ def read_topic(bootstrap_servers: str, topic: str, *, tail: int | None = None,
         tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or [])]
         if not tps:
             return []
-        c.assign(tps)
         ends = c.end_offsets(tps)
         begins = c.beginning_offsets(tps)
         if not tail:
