@@ -18,12 +18,14 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-_ABI = 3
+_ABI = 4
 _WIDTHS = {1: "u8", 2: "u16", 4: "u32", 8: "u64"}
 _FUNCS = {w: f"af_sparse_diff_{s}" for w, s in _WIDTHS.items()}
 _COUNT = {w: f"af_count_diff_{s}" for w, s in _WIDTHS.items()}
 _DIFF = {w: f"af_diff_planes_{s}" for w, s in _WIDTHS.items()}
 _ADD_DIFF = {w: f"af_add_diff_planes_{s}" for w, s in _WIDTHS.items()}
+_SPLIT = {w: f"af_split_planes_{s}" for w, s in _WIDTHS.items() if w > 1}
+_JOIN = {w: f"af_join_planes_{s}" for w, s in _WIDTHS.items() if w > 1}
 _lib: ctypes.CDLL | None = None
 _tried = False
 
@@ -65,6 +67,14 @@ def _load() -> ctypes.CDLL | None:
             fn = getattr(lib, name)
             fn.restype = None
             fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        for name in _SPLIT.values():
+            fn = getattr(lib, name)
+            fn.restype = None
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        for name in _JOIN.values():
+            fn = getattr(lib, name)
+            fn.restype = None
+            fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64, ctypes.c_void_p]
         _lib = lib
         return lib
     return None
@@ -108,6 +118,31 @@ def add_diff_planes(planes: np.ndarray, inout: np.ndarray) -> bool:
             and planes.dtype == np.uint8 and planes.size == inout.nbytes):
         raise ValueError("the kernel needs contiguous uint8 planes of the output's byte size and a writeable output")
     getattr(_lib, _ADD_DIFF[inout.itemsize])(planes.ctypes.data, inout.size, inout.ctypes.data)
+    return True
+
+
+def split_planes(values: np.ndarray) -> np.ndarray | None:
+    """Byte planes of ``values`` (``uint8``, ``values.nbytes`` long: every element's byte 0,
+    then every byte 1, ...), one pass; ``None`` without the kernel or for 1-byte elements."""
+    if not available() or values.itemsize not in _SPLIT:
+        return None
+    if not values.flags.c_contiguous:
+        raise ValueError("the kernel needs a contiguous array")
+    out = np.empty(values.nbytes, np.uint8)
+    getattr(_lib, _SPLIT[values.itemsize])(values.ctypes.data, values.size, out.ctypes.data)
+    return out
+
+
+def join_planes(planes: list[np.ndarray], out: np.ndarray) -> bool:
+    """``out[i]`` = the bytes ``planes[j][i]``, byte j from plane j (the inverse of
+    :func:`split_planes`; each plane its own buffer); False without the kernel."""
+    if not available() or out.itemsize not in _JOIN:
+        return False
+    if not (out.flags.c_contiguous and out.flags.writeable and len(planes) == out.itemsize
+            and all(p.dtype == np.uint8 and p.flags.c_contiguous and p.size == out.size for p in planes)):
+        raise ValueError("the kernel needs one contiguous uint8 plane per byte of a writeable output's elements")
+    pointers = (ctypes.c_void_p * len(planes))(*(p.ctypes.data for p in planes))
+    getattr(_lib, _JOIN[out.itemsize])(pointers, out.size, out.ctypes.data)
     return True
 
 

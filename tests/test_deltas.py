@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from astraflow.engines import deltas as d
+from astraflow.engines import weight_format
 from astraflow.engines.weight_format import HEADER_NBYTES, tensor_bits
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -409,7 +410,6 @@ def _new_bits_only(level, positions, values, base_values):  # what format 2 wrot
 
 
 def test_format_2_payloads_are_still_read_and_cannot_hold_differences(monkeypatch: pytest.MonkeyPatch) -> None:
-    from astraflow.engines import weight_format
     g = torch.Generator().manual_seed(2)
     base = {"w": torch.randn(4000, generator=g), "s": torch.randn(4000, generator=g)}
     new = {"w": optimizer_step(base["w"], 3), "s": base["s"].clone()}
@@ -429,7 +429,7 @@ def test_format_2_payloads_are_still_read_and_cannot_hold_differences(monkeypatc
     with pytest.raises(d.DeltaFormatError, match="format 1; this build reads formats 2, 3"):
         d.decode(format_1)
     current, stats = d.encode_delta(base, new, 0, 1)
-    assert d.read_header(current).format_version == 3
+    assert d.read_header(current).format_version == weight_format.FORMAT_VERSION >= 3
     assert stats.value_codings == {"w": d.ValueCoding.DIFF, "s": d.ValueCoding.DIFF}
     assert len(current) < 0.8 * len(old)
     assert_same_weights(d.decode(current, base), new)
@@ -455,3 +455,75 @@ def test_sparse_changes_store_their_values_as_differences(monkeypatch: pytest.Mo
     monkeypatch.setattr(d, "_values_frame", _new_bits_only)
     as_bits, _ = d.encode_delta(base, new, 0, 1)
     assert len(payload) < 0.8 * len(as_bits)
+
+
+def gaussian(seed: int, dtype: torch.dtype, n: int) -> torch.Tensor:
+    """Weights as a model holds them (the sign/exponent byte compresses, the mantissa does not)."""
+    return (torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 0.02).to(dtype)
+
+
+def _one_frame(level, values):  # what formats 2 and 3 wrote for a full tensor of new bits
+    return (), (d._compress(level, d._planes(values)),)
+
+
+def test_a_full_tensor_stores_its_mantissa_planes_raw_and_compresses_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    n = 3 * d._PLANE_PROBE + 5  # past the probe: the whole plane follows the probe's decision
+    named = {"bf16": gaussian(1, torch.bfloat16, n), "fp32": gaussian(2, torch.float32, n),
+             "ones": torch.ones(n, dtype=torch.bfloat16), "tiny": gaussian(3, torch.float16, 3)}
+    snap = d.encode_snapshot(named, 4)
+    header, entries = d.read_table(snap)
+    planes = {e.name: e.planes for e in entries}
+    assert header.format_version == 4
+    assert planes["bf16"][0] == n and planes["bf16"][1] < 0.5 * n  # mantissa raw, sign/exponent compressed
+    assert planes["fp32"][:2] == (n, n) and planes["fp32"][3] < 0.5 * n
+    assert all(p < 0.01 * n for p in planes["ones"])  # every plane of a constant tensor compresses
+    assert planes["tiny"] == (3, 3)  # a frame would be bigger than 3 bytes: stored raw
+    assert_same_weights(d.decode(snap), named)
+    live = {k: torch.zeros_like(v) for k, v in named.items()}
+    d.apply_in_place(snap, live)
+    assert_same_weights(live, named)
+    assert_same_weights(d.decode_streaming(snap, lambda _n: None, threads=2), named)
+    # no bigger than one zstd frame of all planes (what format 3 wrote), and read like it
+    monkeypatch.setattr(d, "_plane_sections", _one_frame)
+    monkeypatch.setattr(weight_format, "FORMAT_VERSION", 3)
+    format_3 = d.encode_snapshot(named, 4)
+    monkeypatch.undo()
+    assert all(not e.planes for e in d.read_table(format_3)[1])
+    assert_same_weights(d.decode(format_3), named)
+    assert len(snap) <= 1.01 * len(format_3)
+
+
+def test_a_corrupt_raw_plane_or_plane_table_is_refused() -> None:
+    n = 5000
+    named = {"w": gaussian(4, torch.bfloat16, n)}
+    snap = d.encode_snapshot(named, 1)
+    header, (entry,) = d.read_table(snap)
+    frame = memoryview(snap)[header.data_offset : header.data_offset + entry.length]
+    assert entry.planes[0] == n
+    bad = bytearray(frame)
+    bad[n // 2] ^= 0x01  # one mantissa bit of the raw plane: no zstd checksum covers it
+    with pytest.raises(d.DeltaFormatError, match="decoded bits do not match"):
+        d.decode_tensor(entry, memoryview(bytes(bad)))
+    bad = bytearray(frame)
+    bad[n + 5] ^= 0x40  # inside the zstd frame of the sign/exponent plane
+    with pytest.raises(d.DeltaFormatError, match="plane 1"):
+        d.decode_tensor(entry, memoryview(bytes(bad)))
+
+    def repacked(e, fmt: int = weight_format.FORMAT_VERSION) -> bytes:
+        import dataclasses
+        old = weight_format.FORMAT_VERSION
+        weight_format.FORMAT_VERSION = fmt
+        try:
+            head = weight_format.pack_header_and_table(header, [dataclasses.replace(entry, **e)])
+        finally:
+            weight_format.FORMAT_VERSION = old
+        return head + bytes(memoryview(snap)[header.data_offset :])
+
+    assert_same_weights(d.decode(repacked({})), named)  # the repacking itself is sound
+    for change, message in [({"planes": (n, entry.planes[1] - 1)}, "do not fit"),
+                            ({"planes": (n,)}, "do not fit"),
+                            ({"planes": (entry.length, 0)}, "do not fit")]:
+        with pytest.raises(d.DeltaFormatError, match=message):
+            d.decode(repacked(change))
+    with pytest.raises(d.DeltaFormatError, match="format-3 payload"):
+        d.decode(repacked({}, fmt=3))

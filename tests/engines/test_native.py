@@ -135,3 +135,26 @@ def test_diff_planes_native_and_numpy_write_the_same_bytes_and_invert(monkeypatc
     monkeypatch.setenv("ASTRAFLOW_NATIVE", "1")
     planes = deltas._diff_planes(np.array([5, 5, 5], bits), np.array([6, 4, 5], bits))
     assert list(planes[:3]) == [2, 1, 0] and not planes[3:].any()
+
+
+@pytest.mark.parametrize("bits", [np.uint8, np.uint16, np.uint32, np.uint64])
+def test_byte_planes_native_and_numpy_write_the_same_bytes_and_invert(monkeypatch, bits):
+    rng = np.random.default_rng(11)
+    top = np.iinfo(bits).max
+    for n in (0, 1, 7, 64, 1001):
+        values = rng.integers(0, top, size=n, dtype=bits, endpoint=True)
+        values[:2] = (top, 0)[: values.size]
+        out = []
+        for flag in ("1", "0"):
+            monkeypatch.setenv("ASTRAFLOW_NATIVE", flag)
+            planes = deltas._planes(values)
+            # from separate buffers, as format 4 hands them over (some raw, inside the payload)
+            back = np.empty_like(values)
+            deltas._join_planes([planes[j * n : (j + 1) * n].copy() for j in range(values.itemsize)], back)
+            assert np.array_equal(back, values)
+            out.append(planes)
+        assert out[0].dtype == np.uint8 and np.array_equal(out[0], out[1])
+        # plane j holds byte j of every element, least significant first
+        assert np.array_equal(out[0][:n], (values & 0xFF).astype(np.uint8))
+        if values.itemsize > 1:
+            assert np.array_equal(out[0][-n:] if n else out[0][:0], (values >> (8 * (values.itemsize - 1))).astype(np.uint8))
