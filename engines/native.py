@@ -18,7 +18,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-_ABI = 4
+_ABI = 5
 _WIDTHS = {1: "u8", 2: "u16", 4: "u32", 8: "u64"}
 _FUNCS = {w: f"af_sparse_diff_{s}" for w, s in _WIDTHS.items()}
 _COUNT = {w: f"af_count_diff_{s}" for w, s in _WIDTHS.items()}
@@ -67,6 +67,8 @@ def _load() -> ctypes.CDLL | None:
             fn = getattr(lib, name)
             fn.restype = None
             fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        lib.af_set_simd.restype = ctypes.c_int64
+        lib.af_set_simd.argtypes = [ctypes.c_int64]
         for name in _SPLIT.values():
             fn = getattr(lib, name)
             fn.restype = None
@@ -119,6 +121,13 @@ def add_diff_planes(planes: np.ndarray, inout: np.ndarray) -> bool:
         raise ValueError("the kernel needs contiguous uint8 planes of the output's byte size and a writeable output")
     getattr(_lib, _ADD_DIFF[inout.itemsize])(planes.ctypes.data, inout.size, inout.ctypes.data)
     return True
+
+
+def set_simd(on: bool) -> bool:
+    """Let :func:`sparse_diff` use its AVX-512 pass where the CPU has one (the default) or not
+    (tests of the portable pass); returns whether it is on. False without the kernel."""
+    lib = _load()
+    return bool(lib.af_set_simd(int(on))) if lib is not None else False
 
 
 def split_planes(values: np.ndarray) -> np.ndarray | None:

@@ -7,6 +7,9 @@ every element width, densities either side of the VARINT/BITMAP/FULL thresholds,
 1 to 4 LEB128 bytes, and the two early exits.
 """
 
+import os
+import platform
+
 import numpy as np
 import pytest
 import torch
@@ -15,8 +18,16 @@ from astraflow.engines import deltas, native
 
 
 def _both(monkeypatch, base, new):
+    """The kernel's choice (its AVX-512 pass where the CPU has one, and its portable pass must
+    agree byte for byte) and numpy's."""
     monkeypatch.setenv("ASTRAFLOW_NATIVE", "1")
     fast = deltas._choose(base, new, False)
+    native.set_simd(False)
+    try:
+        portable = deltas._choose(base, new, False)
+    finally:
+        native.set_simd(True)
+    assert _same(fast, portable), (fast[:2], portable[:2])
     monkeypatch.setenv("ASTRAFLOW_NATIVE", "0")
     slow = deltas._choose(base, new, False)
     monkeypatch.setenv("ASTRAFLOW_NATIVE", "1")
@@ -30,6 +41,14 @@ def _same(a, b) -> bool:
 
 def test_the_kernel_is_built_by_the_install():
     assert native.available(), "engines/_deltakernel.c was not built: reinstall (make install) with a C compiler"
+
+
+def test_the_simd_pass_is_used_where_the_cpu_has_it():
+    flags = open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else []
+    expected = platform.machine() == "x86_64" and "avx512f" in flags and "avx512bw" in flags
+    assert native.set_simd(True) is expected
+    assert native.set_simd(False) is False
+    assert native.set_simd(True) is expected
 
 
 @pytest.mark.parametrize("bits", [np.uint8, np.uint16, np.uint32, np.uint64])
