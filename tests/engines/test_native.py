@@ -132,15 +132,26 @@ def test_a_dense_looking_prefix_still_gets_the_encoding_the_whole_tensor_needs(m
     assert native.count_diff(base, new) == n and native.count_diff(base, base) == 0
 
 
+PLANE_SIZES = (0, 1, 7, 64, 1001)
+
+
+def _random_bits(rng, bits, n, *, extremes=True):
+    """n random elements of `bits`; with `extremes`, the first two its maximum and 0."""
+    top = np.iinfo(bits).max
+    a = rng.integers(0, top, size=n, dtype=bits, endpoint=True)
+    if extremes:
+        a[:2] = (top, 0)[: a.size]
+    return a
+
+
 @pytest.mark.parametrize("bits", [np.uint8, np.uint16, np.uint32, np.uint64])
 def test_diff_planes_native_and_numpy_write_the_same_bytes_and_invert(monkeypatch, bits):
     rng = np.random.default_rng(9)
-    top = np.iinfo(bits).max
-    for n in (0, 1, 7, 64, 1001):
-        base = rng.integers(0, top, size=n, dtype=bits, endpoint=True)
+    for n in PLANE_SIZES:
+        base = _random_bits(rng, bits, n, extremes=False)
         step = rng.integers(-3, 4, size=n).astype(np.int64).astype(bits)  # small steps either way, wrapping
-        for new in (base + step, rng.integers(0, top, size=n, dtype=bits, endpoint=True)):
-            new[:2] = (top, 0)[: new.size]  # wrap-around differences
+        for new in (base + step, _random_bits(rng, bits, n)):
+            new[:2] = (np.iinfo(bits).max, 0)[: new.size]  # wrap-around differences
             out = []
             for flag in ("1", "0"):
                 monkeypatch.setenv("ASTRAFLOW_NATIVE", flag)
@@ -159,11 +170,8 @@ def test_diff_planes_native_and_numpy_write_the_same_bytes_and_invert(monkeypatc
 @pytest.mark.parametrize("bits", [np.uint8, np.uint16, np.uint32, np.uint64])
 def test_byte_planes_native_and_numpy_write_the_same_bytes_and_invert(monkeypatch, bits):
     rng = np.random.default_rng(11)
-    top = np.iinfo(bits).max
-    for n in (0, 1, 7, 64, 1001):
-        values = rng.integers(0, top, size=n, dtype=bits, endpoint=True)
-        values[:2] = (top, 0)[: values.size]
-        out = []
+    for values in (_random_bits(rng, bits, n) for n in PLANE_SIZES):
+        n, out = values.size, []
         for flag in ("1", "0"):
             monkeypatch.setenv("ASTRAFLOW_NATIVE", flag)
             planes = deltas._planes(values)
