@@ -18,11 +18,12 @@ One run, one table:
     topics. ``snapshot_e2e_MBps`` is the snapshot's payload bytes over that time with one
     subscriber (the headline: Kafka's consumer tool is one consumer too; a fan-out row
     has ``--big-subscribers``); ``kafka_tool_consume_MBps`` is ``kafka-consumer-perf-test``
-    reading the very same chunk records from the same broker right after, and
+    reading the very same chunk records from the same broker right after each round, and
     ``kafka_tool_produce_MBps`` is ``kafka-producer-perf-test`` writing as many 1 MiB
-    records with the publisher's settings. A version is announced only once durable, so
-    publish -> applied is at best the tools' produce time plus their consume time
-    (``kafka_tools_in_series_MBps``).
+    records with the publisher's settings, also after each round. A version is announced
+    only once durable, so publish -> applied is at best the tools' produce time plus their
+    consume time (``kafka_tools_in_series_MBps``). The ratios are paired within each round,
+    then their median and spread reported (``*_paired``).
 
     python -m astraflow.benchmarks.weight_transfer                 # 1 B parameters
     python -m astraflow.benchmarks.weight_transfer --quick         # 1e8, a smoke run
@@ -119,7 +120,7 @@ def delta_sizes(weights: list[dict[str, torch.Tensor]], dtype: torch.dtype | Non
 
 
 def transfer_latency(bootstrap: str, label: str, version: Callable[[int], Mapping[str, torch.Tensor]], count: int,
-                     subscribers: int, threads: int, repeats: int) -> dict[str, Any]:
+                     subscribers: int, threads: int, repeats: int, *, with_tools: bool = False) -> dict[str, Any]:
     """Seconds from ``publish()`` until every subscriber holds the version, ``repeats`` times.
 
     Each repetition uses fresh topics, a cold publisher and empty subscribers: version 0
@@ -127,9 +128,41 @@ def transfer_latency(bootstrap: str, label: str, version: Callable[[int], Mappin
     1..count-1 as deltas that they apply in place. ``version(v)`` makes the weights of
     version v when they are needed (saves RAM). The last repetition's weights topic is
     left for :func:`kafka_tool_consume`.
+
+    ``with_tools``: right after each repetition, Kafka's consumer tool reads that
+    repetition's chunk records and its producer tool writes as many 1 MiB records, so each
+    ratio of the snapshot's rate to the tools' is paired within one repetition (this machine's
+    write rate drifts by 2x and more between minutes; a ratio of medians taken minutes apart
+    would carry that drift).
     """
-    runs = [_transfer_once(bootstrap, label, version, count, subscribers, threads) for _ in range(repeats)]
+    runs = []
+    for _ in range(repeats):
+        run = _transfer_once(bootstrap, label, version, count, subscribers, threads)
+        if with_tools:
+            run["tool_consume_MBps"] = _tool_consume_once(bootstrap, run["weights_topic"], run["weights_records"])
+            run["tool_produce_MBps"] = _tool_produce_once(bootstrap, run["full_bytes"])
+        runs.append(run)
     full_s = spread([r["full_s"] for r in runs])
+    result = _latency_summary(runs, subscribers, repeats, full_s)
+    if with_tools:
+        snap = [r["full_bytes"] / r["full_s"] / MB for r in runs]
+        cons = [r["tool_consume_MBps"] for r in runs]
+        prod = [r["tool_produce_MBps"] for r in runs]
+        series = [1 / (1 / p + 1 / c) for p, c in zip(prod, cons)]
+        result["tools"] = {
+            "consume": {"topic": runs[-1]["weights_topic"], "records": runs[-1]["weights_records"],
+                        "MBps": spread(cons)},
+            "produce": {"records": _tool_records(runs[-1]["full_bytes"]), "record_bytes": _chunk_size(),
+                        "MBps": spread(prod)},
+            "in_series_MBps": spread(series),
+            "snapshot_vs_consume": spread([a / b for a, b in zip(snap, cons)]),
+            "snapshot_vs_in_series": spread([a / b for a, b in zip(snap, series)]),
+        }
+    return result
+
+
+def _latency_summary(runs: list[dict[str, Any]], subscribers: int, repeats: int,
+                     full_s: dict[str, Any]) -> dict[str, Any]:
     snap_bytes = runs[-1]["full_bytes"]
     return {"subscribers": subscribers, "repeats": repeats, "full_s": full_s,
             "delta_s": spread([s for r in runs for s in r["delta_s"]]),
@@ -186,32 +219,50 @@ def _transfer_once(bootstrap: str, label: str, version: Callable[[int], Mapping[
             "weights_topic_bytes": sum(p.payload_bytes for p in published)}
 
 
-def kafka_tool_consume(bootstrap: str, latency: dict[str, Any], repeats: int) -> dict[str, Any]:
-    """``kafka-consumer-perf-test`` reading the weights topic the last transfer wrote."""
+def _tool_consume_once(bootstrap: str, topic: str, records: int) -> float:
+    """``kafka-consumer-perf-test`` reading ``records`` records of ``topic``: MB/s."""
     from astraflow.benchmarks.topics_throughput import perf_consumer
 
-    runs = [perf_consumer(bootstrap, latency["weights_topic"], latency["weights_records"]) for _ in range(repeats)]
-    return {"topic": latency["weights_topic"], "records": latency["weights_records"],
-            "MBps": spread([r["bytes"] / r["seconds"] / MB for r in runs]), "raw": [r["raw"] for r in runs]}
+    r = perf_consumer(bootstrap, topic, records)
+    return r["bytes"] / r["seconds"] / MB
+
+
+def _chunk_size() -> int:
+    from astraflow.topics.chunking import DEFAULT_CHUNK_SIZE
+
+    return DEFAULT_CHUNK_SIZE
+
+
+def _tool_records(payload_bytes: int) -> int:
+    return max(1, payload_bytes // _chunk_size())
+
+
+def _tool_produce_once(bootstrap: str, payload_bytes: int) -> float:
+    """``kafka-producer-perf-test`` writing as many 1 MiB records as ``payload_bytes`` fill, with
+    the publisher's settings (acks=all, idempotent, uncompressed), to a fresh topic: MB/s."""
+    from astraflow.benchmarks.topics_throughput import perf_producer
+    from astraflow.topics import TopicSpec
+
+    topic = f"af.wtprod{uuid.uuid4().hex[:6]}"
+    ensure_topics(bootstrap, [TopicSpec(topic, 1, max_message_bytes=4 * 1024 * 1024)])
+    r = perf_producer(bootstrap, topic, _tool_records(payload_bytes), _chunk_size(), None,
+                      {"acks": "all", "enable.idempotence": "true", "compression.type": "none",
+                       "max.request.size": str(4 * 1024 * 1024), "linger.ms": "0"})
+    return r["records_per_s"] * _chunk_size() / MB
+
+
+def kafka_tool_consume(bootstrap: str, latency: dict[str, Any], repeats: int) -> dict[str, Any]:
+    """``kafka-consumer-perf-test`` reading the weights topic the last transfer wrote."""
+    runs = [_tool_consume_once(bootstrap, latency["weights_topic"], latency["weights_records"])
+            for _ in range(repeats)]
+    return {"topic": latency["weights_topic"], "records": latency["weights_records"], "MBps": spread(runs)}
 
 
 def kafka_tool_produce(bootstrap: str, latency: dict[str, Any], repeats: int) -> dict[str, Any]:
     """``kafka-producer-perf-test`` writing as many 1 MiB records as the snapshot has chunks, with
     the publisher's settings (acks=all, idempotent, uncompressed): the ceiling for the write part."""
-    from astraflow.benchmarks.topics_throughput import perf_producer
-    from astraflow.topics import TopicSpec
-    from astraflow.topics.chunking import DEFAULT_CHUNK_SIZE
-
-    n = max(1, latency["full_bytes"] // DEFAULT_CHUNK_SIZE)
-    runs = []
-    for _ in range(repeats):
-        topic = f"af.wtprod{uuid.uuid4().hex[:6]}"
-        ensure_topics(bootstrap, [TopicSpec(topic, 1, max_message_bytes=4 * 1024 * 1024)])
-        r = perf_producer(bootstrap, topic, n, DEFAULT_CHUNK_SIZE, None,
-                          {"acks": "all", "enable.idempotence": "true", "compression.type": "none",
-                           "max.request.size": str(4 * 1024 * 1024), "linger.ms": "0"})
-        runs.append(r["records_per_s"] * DEFAULT_CHUNK_SIZE / MB)
-    return {"records": n, "record_bytes": DEFAULT_CHUNK_SIZE, "MBps": spread(runs)}
+    runs = [_tool_produce_once(bootstrap, latency["full_bytes"]) for _ in range(repeats)]
+    return {"records": _tool_records(latency["full_bytes"]), "record_bytes": _chunk_size(), "MBps": spread(runs)}
 
 
 # ---------------------------------------------------------------- main
@@ -255,11 +306,12 @@ def print_table(r: dict[str, Any]) -> None:
             ("  snapshot end to end", f"{fmt_spread(lat['snapshot_e2e_MBps'], '.1f')} MB/s of payload"),
         ]
     k, kp = r["kafka_tool_consume"], r["kafka_tool_produce"]
-    rows += [(f"kafka-consumer-perf-test on those {k['records']} chunk records", f"{fmt_spread(k['MBps'], '.1f')} MB/s"),
+    rows += [(f"kafka-consumer-perf-test on each round's {k['records']} chunk records", f"{fmt_spread(k['MBps'], '.1f')} MB/s"),
              (f"kafka-producer-perf-test, {kp['records']} records of 1 MiB", f"{fmt_spread(kp['MBps'], '.1f')} MB/s"),
-             ("snapshot end to end / Kafka consumer tool", f"{r['snapshot_e2e_vs_kafka_tool']:.3f}"),
-             ("snapshot end to end / the tools in series (produce, then consume)",
-              f"{r['snapshot_e2e_vs_kafka_tools_in_series']:.3f}"),
+             ("snapshot end to end / Kafka consumer tool (paired per round)",
+              fmt_spread(r["snapshot_e2e_vs_kafka_tool_paired"], ".3f")),
+             ("snapshot end to end / the tools in series (produce, then consume; paired)",
+              fmt_spread(r["snapshot_e2e_vs_kafka_tools_in_series_paired"], ".3f")),
              ("peak RSS (publisher + subscribers + models)", f"{r['peak_rss_gb']:.1f} GB")]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
@@ -307,22 +359,26 @@ def main(argv: list[str] | None = None) -> int:
         r["latency"] = {
             "tiny": transfer_latency(bootstrap, "tiny", weights.__getitem__, len(weights), args.subscribers,
                                      args.threads, args.repeats),
-            "big": transfer_latency(bootstrap, "big", big_version, 2, 1, args.threads, args.repeats),
+            "big": transfer_latency(bootstrap, "big", big_version, 2, 1, args.threads, args.repeats, with_tools=True),
             "big_fanout": transfer_latency(bootstrap, "bigfan", big_version, 2, args.big_subscribers, args.threads,
                                            args.repeats),
         }
-        r["kafka_tool_consume"] = kafka_tool_consume(bootstrap, r["latency"]["big"], args.repeats)
-        r["kafka_tool_produce"] = kafka_tool_produce(bootstrap, r["latency"]["big"], args.repeats)
+        tools = r["latency"]["big"].pop("tools")
+        r["kafka_tool_consume"], r["kafka_tool_produce"] = tools["consume"], tools["produce"]
     big, syn = r["latency"]["big"], r["synthetic"]
     # The issue's headline numbers, each from this run (medians; the spreads are above).
     r["snapshot_e2e_MBps"] = big["snapshot_e2e_MBps"]["median"]
     r["kafka_tool_consume_MBps"] = r["kafka_tool_consume"]["MBps"]["median"]
-    r["snapshot_e2e_vs_kafka_tool"] = r["snapshot_e2e_MBps"] / r["kafka_tool_consume_MBps"]
+    # Ratios paired within each repetition (the tools ran right after it), then the median.
+    r["snapshot_e2e_vs_kafka_tool_paired"] = tools["snapshot_vs_consume"]
+    r["snapshot_e2e_vs_kafka_tool"] = tools["snapshot_vs_consume"]["median"]
     # Publish -> applied includes writing: the tools' own produce-then-consume time is the
     # fair ceiling for a path that announces a version only once it is durable.
     r["kafka_tool_produce_MBps"] = r["kafka_tool_produce"]["MBps"]["median"]
-    r["kafka_tools_in_series_MBps"] = 1 / (1 / r["kafka_tool_produce_MBps"] + 1 / r["kafka_tool_consume_MBps"])
-    r["snapshot_e2e_vs_kafka_tools_in_series"] = r["snapshot_e2e_MBps"] / r["kafka_tools_in_series_MBps"]
+    r["kafka_tools_in_series"] = tools["in_series_MBps"]
+    r["kafka_tools_in_series_MBps"] = tools["in_series_MBps"]["median"]
+    r["snapshot_e2e_vs_kafka_tools_in_series_paired"] = tools["snapshot_vs_in_series"]
+    r["snapshot_e2e_vs_kafka_tools_in_series"] = tools["snapshot_vs_in_series"]["median"]
     r["encode_vs_memcpy"] = syn["encode_vs_memcpy"]["median"]
     r["decode_vs_memcpy"] = syn["decode_vs_memcpy"]["median"]
     r["peak_rss_gb"] = rss_gb()

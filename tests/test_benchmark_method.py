@@ -107,11 +107,18 @@ def test_weight_transfer_reports_snapshot_e2e_and_the_kafka_tool_on_the_same_rec
 
     base = ct.make_model(100_000, 2, seed=0)
     lat = wt.transfer_latency(bootstrap, "t", lambda v: base if v == 0 else ct.make_step(base, 0.01, "random", v),
-                              2, subscribers=1, threads=1, repeats=1)
-    assert lat["snapshot_e2e_MBps"]["median"] == pytest.approx(lat["full_bytes"] / lat["full_s"]["median"] / 1e6)
+                              2, subscribers=1, threads=1, repeats=2, with_tools=True)
+    assert lat["snapshot_e2e_MBps"]["runs"] == pytest.approx([lat["full_bytes"] / s / 1e6 for s in lat["full_s"]["runs"]])
     assert lat["weights_records"] >= 2 and lat["weights_topic_bytes"] > lat["full_bytes"]
     tool = wt.kafka_tool_consume(bootstrap, lat, repeats=1)
     assert tool["records"] == lat["weights_records"] and tool["MBps"]["median"] > 0
+    # The tools ran after each round: every ratio pairs one round's snapshot with that round's tools.
+    tools = lat["tools"]
+    snap, cons, prod = (x["runs"] for x in (lat["snapshot_e2e_MBps"], tools["consume"]["MBps"], tools["produce"]["MBps"]))
+    assert len(snap) == len(cons) == len(prod) == 2 and min(cons + prod) > 0
+    assert tools["snapshot_vs_consume"]["runs"] == pytest.approx([s / c for s, c in zip(snap, cons)])
+    series = [1 / (1 / p + 1 / c) for p, c in zip(prod, cons)]
+    assert tools["snapshot_vs_in_series"]["runs"] == pytest.approx([s / x for s, x in zip(snap, series)])
 
 
 def test_topics_plain_kafka_python_row_moves_the_same_bytes_as_ours(bootstrap):
