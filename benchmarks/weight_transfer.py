@@ -134,9 +134,17 @@ def transfer_latency(bootstrap: str, label: str, version: Callable[[int], Mappin
     ratio of the snapshot's rate to the tools' is paired within one repetition (this machine's
     write rate drifts by 2x and more between minutes; a ratio of medians taken minutes apart
     would carry that drift).
+
+    Every round, and every run of the producer tool, starts once the machine's dirty pages
+    are written back (``os.sync()``, untimed): this VM's disk sustains only ~80–120 MB/s of
+    buffered writes (``dd ... conv=fdatasync``, 4 GB), so once earlier rounds' gigabytes fill
+    the kernel's dirty-page allowance every writer — the broker for us and for Kafka's
+    producer tool alike — is throttled to the disk, and later rounds measured that instead
+    (producer tool 187 → 97 MB/s within one run).
     """
     runs = []
     for _ in range(repeats):
+        _write_back()
         run = _transfer_once(bootstrap, label, version, count, subscribers, threads)
         if with_tools:
             run["tool_consume_MBps"] = _tool_consume_once(bootstrap, run["weights_topic"], run["weights_records"])
@@ -219,6 +227,11 @@ def _transfer_once(bootstrap: str, label: str, version: Callable[[int], Mapping[
             "weights_topic_bytes": sum(p.payload_bytes for p in published)}
 
 
+def _write_back() -> None:
+    """Write dirty pages back before a timed write, so each starts from the same state."""
+    os.sync()
+
+
 def _tool_consume_once(bootstrap: str, topic: str, records: int) -> float:
     """``kafka-consumer-perf-test`` reading ``records`` records of ``topic``: MB/s."""
     from astraflow.benchmarks.topics_throughput import perf_consumer
@@ -245,6 +258,7 @@ def _tool_produce_once(bootstrap: str, payload_bytes: int) -> float:
 
     topic = f"af.wtprod{uuid.uuid4().hex[:6]}"
     ensure_topics(bootstrap, [TopicSpec(topic, 1, max_message_bytes=4 * 1024 * 1024)])
+    _write_back()
     r = perf_producer(bootstrap, topic, _tool_records(payload_bytes), _chunk_size(), None,
                       {"acks": "all", "enable.idempotence": "true", "compression.type": "none",
                        "max.request.size": str(4 * 1024 * 1024), "linger.ms": "0"})
