@@ -53,6 +53,7 @@ from astraflow.benchmarks.codec_throughput import delta_codec, entropy_estimate,
 from astraflow.benchmarks.results_io import fmt_spread, load_now, spread, write_results
 from astraflow.engines import deltas
 from astraflow.topics import EmbeddedBroker, JobTopics, ensure_topics
+from astraflow.topics.chunking import DEFAULT_CHUNK_SIZE
 
 RESULTS = Path(__file__).resolve().parent / "results" / "weight_transfer.json"
 GB, MB = 1e9, 1e6
@@ -150,17 +151,16 @@ def transfer_latency(bootstrap: str, label: str, version: Callable[[int], Mappin
             run["tool_consume_MBps"] = _tool_consume_once(bootstrap, run["weights_topic"], run["weights_records"])
             run["tool_produce_MBps"] = _tool_produce_once(bootstrap, run["full_bytes"])
         runs.append(run)
-    full_s = spread([r["full_s"] for r in runs])
-    result = _latency_summary(runs, subscribers, repeats, full_s)
+    result = _latency_summary(runs, subscribers, repeats)
     if with_tools:
-        snap = [r["full_bytes"] / r["full_s"] / MB for r in runs]
+        snap = result["snapshot_e2e_MBps"]["runs"]
         cons = [r["tool_consume_MBps"] for r in runs]
         prod = [r["tool_produce_MBps"] for r in runs]
         series = [1 / (1 / p + 1 / c) for p, c in zip(prod, cons)]
         result["tools"] = {
             "consume": {"topic": runs[-1]["weights_topic"], "records": runs[-1]["weights_records"],
                         "MBps": spread(cons)},
-            "produce": {"records": _tool_records(runs[-1]["full_bytes"]), "record_bytes": _chunk_size(),
+            "produce": {"records": _tool_records(runs[-1]["full_bytes"]), "record_bytes": DEFAULT_CHUNK_SIZE,
                         "MBps": spread(prod)},
             "in_series_MBps": spread(series),
             "snapshot_vs_consume": spread([a / b for a, b in zip(snap, cons)]),
@@ -169,10 +169,9 @@ def transfer_latency(bootstrap: str, label: str, version: Callable[[int], Mappin
     return result
 
 
-def _latency_summary(runs: list[dict[str, Any]], subscribers: int, repeats: int,
-                     full_s: dict[str, Any]) -> dict[str, Any]:
+def _latency_summary(runs: list[dict[str, Any]], subscribers: int, repeats: int) -> dict[str, Any]:
     snap_bytes = runs[-1]["full_bytes"]
-    return {"subscribers": subscribers, "repeats": repeats, "full_s": full_s,
+    return {"subscribers": subscribers, "repeats": repeats, "full_s": spread([r["full_s"] for r in runs]),
             "delta_s": spread([s for r in runs for s in r["delta_s"]]),
             "full_bytes": snap_bytes, "raw_bytes": runs[-1]["raw_bytes"], "delta_bytes": runs[-1]["delta_bytes"],
             "snapshot_e2e_MBps": spread([r["full_bytes"] / r["full_s"] / MB for r in runs]),
@@ -240,14 +239,8 @@ def _tool_consume_once(bootstrap: str, topic: str, records: int) -> float:
     return r["bytes"] / r["seconds"] / MB
 
 
-def _chunk_size() -> int:
-    from astraflow.topics.chunking import DEFAULT_CHUNK_SIZE
-
-    return DEFAULT_CHUNK_SIZE
-
-
 def _tool_records(payload_bytes: int) -> int:
-    return max(1, payload_bytes // _chunk_size())
+    return max(1, payload_bytes // DEFAULT_CHUNK_SIZE)
 
 
 def _tool_produce_once(bootstrap: str, payload_bytes: int) -> float:
@@ -259,10 +252,10 @@ def _tool_produce_once(bootstrap: str, payload_bytes: int) -> float:
     topic = f"af.wtprod{uuid.uuid4().hex[:6]}"
     ensure_topics(bootstrap, [TopicSpec(topic, 1, max_message_bytes=4 * 1024 * 1024)])
     _write_back()
-    r = perf_producer(bootstrap, topic, _tool_records(payload_bytes), _chunk_size(), None,
+    r = perf_producer(bootstrap, topic, _tool_records(payload_bytes), DEFAULT_CHUNK_SIZE, None,
                       {"acks": "all", "enable.idempotence": "true", "compression.type": "none",
                        "max.request.size": str(4 * 1024 * 1024), "linger.ms": "0"})
-    return r["records_per_s"] * _chunk_size() / MB
+    return r["records_per_s"] * DEFAULT_CHUNK_SIZE / MB
 
 
 def kafka_tool_consume(bootstrap: str, latency: dict[str, Any], repeats: int) -> dict[str, Any]:
@@ -270,13 +263,6 @@ def kafka_tool_consume(bootstrap: str, latency: dict[str, Any], repeats: int) ->
     runs = [_tool_consume_once(bootstrap, latency["weights_topic"], latency["weights_records"])
             for _ in range(repeats)]
     return {"topic": latency["weights_topic"], "records": latency["weights_records"], "MBps": spread(runs)}
-
-
-def kafka_tool_produce(bootstrap: str, latency: dict[str, Any], repeats: int) -> dict[str, Any]:
-    """``kafka-producer-perf-test`` writing as many 1 MiB records as the snapshot has chunks, with
-    the publisher's settings (acks=all, idempotent, uncompressed): the ceiling for the write part."""
-    runs = [_tool_produce_once(bootstrap, latency["full_bytes"]) for _ in range(repeats)]
-    return {"records": _tool_records(latency["full_bytes"]), "record_bytes": _chunk_size(), "MBps": spread(runs)}
 
 
 # ---------------------------------------------------------------- main

@@ -270,15 +270,15 @@ def _plane_sections(level: int | None, values: np.ndarray) -> tuple[tuple[int, .
     Returns the sections' lengths (`TensorEntry.planes`) and the sections; a raw one is a
     view of the planes buffer (no copy), so the sink streams it straight out.
     """
-    n = values.size
+    n, zc = values.size, _compressor(level)
     planes = _planes(values)
     sections: list[Buffer] = []
     for j in range(values.itemsize):
         plane = planes[j * n : (j + 1) * n]
         section: Buffer = memoryview(plane)
         probe = plane[:_PLANE_PROBE]
-        if len(_compressor(level).compress(probe)) <= _RAW_PLANE_ABOVE * probe.size:
-            frame = _compressor(level).compress(plane)
+        if len(zc.compress(probe)) <= _RAW_PLANE_ABOVE * probe.size:
+            frame = zc.compress(plane)
             if len(frame) < n:
                 section = frame
         sections.append(section)
