@@ -12,9 +12,10 @@ import abc
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
-import torch
+if TYPE_CHECKING:  # annotations only: config loading (launcher, CLI) imports this module without torch
+    import torch
 
 __all__ = [
     "SamplingParams",
@@ -29,7 +30,7 @@ __all__ = [
 ]
 
 FinishReason = Literal["stop", "length"]
-NamedTensors = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+NamedTensors: TypeAlias = "Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]"
 
 
 @dataclass(frozen=True, slots=True)

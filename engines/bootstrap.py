@@ -30,11 +30,13 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from . import char_tokenizer
 from .warm_start import DEFAULT_TASK, WarmStartTask, get_task, task_names
+
+if TYPE_CHECKING:  # the cache lookup (every launcher and node) needs no torch; building does
+    import torch
 
 __all__ = ["TinyModelSpec", "default_spec", "ensure_tiny_model", "build_tiny_model", "cache_root",
            "add_legacy_config_keys", "main"]
@@ -149,6 +151,7 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec | N
                      task: str = DEFAULT_TASK) -> dict:
     """Build, warm-start on ``task`` and save the model into ``out_dir``; return the report
     that is also written to ``out_dir/bootstrap.json``."""
+    import torch
     from transformers import AutoTokenizer, Qwen3ForCausalLM
 
     from .cpu import CpuEngine
@@ -277,6 +280,7 @@ def _measure(warm: WarmStartTask, engine, tokenizer, examples: list[tuple[str, s
 
 def _encode_pool(pool: list[tuple[str, str]], tokenizer, max_positions: int, task: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ``prompt + target + <eos>`` rows; labels are -100 on the prompt."""
+    import torch
     # One batched call: encoding 20k strings one by one costs seconds.
     prompts = tokenizer([p for p, _ in pool], add_special_tokens=False)["input_ids"]
     answers = tokenizer([t for _, t in pool], add_special_tokens=False)["input_ids"]
@@ -295,6 +299,7 @@ def _encode_pool(pool: list[tuple[str, str]], tokenizer, max_positions: int, tas
 
 
 def _sft_loss(model, inputs: torch.Tensor, labels: torch.Tensor, pad_id: int) -> torch.Tensor:
+    import torch
     # Trim all-padding columns of this batch; right padding needs no attention mask
     # because causal attention never looks right.
     width = int((inputs != pad_id).sum(-1).max())

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .losses import LOSS_PARAMS, RETIRED_LOSSES
+from .loss_names import LOSS_PARAMS, RETIRED_LOSSES
 
 __all__ = ["RolloutConfig", "SGLangConfig", "TrainerConfig", "from_dict"]
 

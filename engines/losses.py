@@ -16,6 +16,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .loss_names import LOSS_PARAMS, RETIRED_LOSSES  # noqa: F401 - re-exported: the names beside the math
+
 __all__ = [
     "grpo_advantages",
     "ppo_clip_loss",
@@ -273,17 +275,6 @@ def _m2po(logp, logp_prox, logp_behav, advantages, mask, params, keep):
 # source is the trainer's choice, not the loss's). ``keep`` is the loss's batch-level
 # token selection (``BATCH_MASKS``), or None for losses without one.
 POLICY_LOSSES = {"grpo": _ppo, "decoupled_ppo": _decoupled, "m2po": _m2po}
-LOSS_PARAMS = {
-    "grpo": {"clip_eps", "clip_eps_high"},
-    "decoupled_ppo": {"clip_eps", "iw_cap"},
-    "m2po": {"tau"},
-}
 # Losses that select tokens over the whole batch before any update:
 # name -> fn(logp_prox, logp_behav, mask, params) -> keep (same shape, 0/1).
 BATCH_MASKS = {"m2po": lambda logp_prox, logp_behav, mask, params: m2po_mask(logp_prox, logp_behav, mask, params.get("tau", 0.04))[0]}
-# Names that once meant something else, with what to use instead.
-RETIRED_LOSSES = {
-    "ppo": "'ppo' was an alias of 'grpo' and has been removed: use 'grpo' (PPO-clip against the "
-           "behaviour policy, group-relative advantages) or 'decoupled_ppo' (PPO-clip around the "
-           "proximal policy, importance-weighted for stale samples)",
-}
