@@ -84,9 +84,19 @@ def lower_priority(increment: int, keep: Collection[int] = ()) -> None:
         tids = [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:
         tids = [threading.get_native_id()]
+    _renice([t for t in tids if t not in keep], increment)
+
+
+def lower_thread_priority(increment: int) -> None:
+    """Add ``increment`` to the calling thread's niceness alone (Linux keeps it per thread);
+    the threads it starts afterwards inherit it, the process's other threads keep theirs."""
+    if increment > 0:
+        import threading
+        _renice([threading.get_native_id()], increment)
+
+
+def _renice(tids: list[int], increment: int) -> None:
     for tid in tids:
-        if tid in keep:
-            continue
         try:
             os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
         except ProcessLookupError:

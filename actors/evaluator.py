@@ -20,12 +20,14 @@ held-out problems with every role on its policy's newest weights, scored by the 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 
 from astraflow.config import JobConfig
 from astraflow.topics import Producer
 
-from .common import close_quietly, job_topics, make_rollout_engine, model_path, set_threads
+from .common import close_quietly, job_topics, lower_thread_priority, make_rollout_engine, model_path, set_threads
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 
@@ -78,6 +80,9 @@ class EvaluatorActor(LoopActor):
 
         from astraflow.actors.weights import WeightSubscriber
 
+        # First: the imports and model load below, every evaluation and the threads started here
+        # (its subscriber's, its clients') run at this niceness, the dataflow's threads at theirs.
+        lower_thread_priority(self.cfg.eval.cpu_nice)
         set_threads(self.cfg.eval.threads)
         path = model_path(self.cfg)
         self.engine = make_rollout_engine(self.cfg, path, kind="cpu")
@@ -120,7 +125,8 @@ class EvaluatorActor(LoopActor):
         held = self.subscriber.held_by(self.engine)
         log.info("eval: version %d accuracy %.3f (%.1fs)", v, acc, time.monotonic() - t0)
         self.metrics.emit("eval.accuracy", acc, step=v, problems=len(self.problems), k=self.cfg.eval.k,
-                          epoch=held.epoch if held else 0, weights_digest=held.digest if held else "")
+                          epoch=held.epoch if held else 0, weights_digest=held.digest if held else "",
+                          nice=os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         if self.team:
             engines = {self.cfg.policy: self.engine, **{p: e for p, (e, _) in self.others.items()}}
             t0 = time.monotonic()

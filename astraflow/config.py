@@ -180,6 +180,14 @@ class EvalConfig:
     k: int = _f(4, "samples per problem (pass@1 averaged over k)")
     temperature: float = _f(0.6, "evaluation temperature")
     threads: int = _f(1, "torch threads of the evaluator")
+    cpu_nice: int = _f(10, "niceness added to the evaluator's threads (0-19; 0: unchanged), like `renice`: it only "
+                           "measures, so where it shares cores with the dataflow, rollout nodes and trainer (the "
+                           "dataflow node hosts it) it takes what they leave; a busy machine makes it evaluate "
+                           "a later version of a target (the metric says which)")
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.cpu_nice <= 19:
+            raise ValueError(f"eval.cpu_nice must be in 0..19 (a niceness increment), got {self.cpu_nice}")
 
 
 @dataclass(frozen=True)

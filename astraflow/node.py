@@ -73,8 +73,9 @@ def run_node(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: s
     n = threads_for(role, cfg)
     if n > 0:
         os.environ["OMP_NUM_THREADS"] = str(n)
-        import torch
-        torch.set_num_threads(n)
+        if role != "dataflow":  # the dataflow's torch is its evaluator's, which imports it at its own niceness
+            import torch
+            torch.set_num_threads(n)
 
     from astraflow.actors.supervisor import Outcome, run_supervised
     from astraflow.actors.telemetry import setup_tracing

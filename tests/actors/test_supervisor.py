@@ -177,3 +177,32 @@ print(json.dumps({"before": before, "main": nice(), **seen}))
                    # a kept thread (the weight publisher's) and what it starts (its codec threads)
                    "kept": out["before"], "kept_child": out["before"]}
     assert os.getpriority(os.PRIO_PROCESS, 0) == out["before"]  # this process is untouched
+
+
+def test_lower_thread_priority_lowers_the_calling_thread_and_what_it_starts_only():
+    import json
+    import subprocess
+    import sys
+    # the evaluator's way: its actor thread and the threads it starts, not the dataflow beside it
+    code = """
+import json, os, threading
+from astraflow.actors.common import lower_thread_priority
+nice = lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+seen = {}
+peer_go, peer_done = threading.Event(), threading.Event()
+def peer():
+    peer_go.wait(); seen["peer"] = nice(); peer_done.set()
+def evaluator():
+    lower_thread_priority(7)
+    seen["self"] = nice()
+    child = threading.Thread(target=lambda: seen.setdefault("child", nice())); child.start(); child.join()
+p = threading.Thread(target=peer); p.start()
+before = nice()
+e = threading.Thread(target=evaluator); e.start(); e.join()
+peer_go.set(); peer_done.wait()
+print(json.dumps({"before": before, "main": nice(), **seen}))
+"""
+    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    lowered = min(19, out["before"] + 7)
+    assert out == {"before": out["before"], "main": out["before"], "peer": out["before"], "self": lowered,
+                   "child": lowered}

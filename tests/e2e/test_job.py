@@ -98,6 +98,14 @@ def test_the_trainer_node_runs_at_the_configured_niceness(finished_run):
         [(os.getpriority(os.PRIO_PROCESS, 0), 2)]
 
 
+def test_the_evaluator_runs_at_its_configured_niceness(finished_run):
+    cfg, _, _, run_dir = finished_run
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if r["name"] == "eval.accuracy"]
+    assert cfg.eval.cpu_nice > 0 and evals
+    assert {r["label.nice"] for r in evals} == {min(19, os.getpriority(os.PRIO_PROCESS, 0) + cfg.eval.cpu_nice)}
+
+
 def test_the_benchmarks_critical_path_reads_every_stage_of_a_real_run(finished_run, bootstrap):
     """benchmarks/critical_path.py on this run's own records: one row per steady-state batch, each
     stage in causal order (a stage's end is never before its start, up to the records' 1 ms grain)."""
