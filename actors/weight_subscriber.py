@@ -48,7 +48,7 @@ from opentelemetry import trace
 from astraflow.engines import deltas
 from astraflow.engines.weight_format import PayloadKind, WeightCodecError, read_table
 from astraflow.topics import (ChunkError, ChunkManifest, ChunkReader, CorruptChunkError, JobTopics,
-                              VersionAnnouncement)
+                              ReleasableBuffer, VersionAnnouncement)
 from astraflow.topics import tracing
 
 from .weight_prefetch import DEFAULT_MAX_BYTES as DEFAULT_PREFETCH_BYTES
@@ -445,17 +445,19 @@ class WeightSubscriber:
         self._check_head(head)
 
     def _fetch_and_decode_snapshot(self, reader: ChunkReader, snap: ChunkManifest,
-                                   head: VersionAnnouncement) -> tuple[bytearray, dict[str, torch.Tensor]]:
+                                   head: VersionAnnouncement) -> tuple[memoryview, dict[str, torch.Tensor]]:
         """Fetch a snapshot and decode it while it arrives: a decoder thread takes each tensor
         as soon as its chunks are verified (the payload's head is fetched first), so decoding
-        overlaps the transfer instead of following it."""
-        buf = bytearray(snap.total_bytes)
+        overlaps the transfer instead of following it, and gives each decoded tensor's bytes
+        back to the OS, so the payload is never held whole beside the tensors it becomes."""
+        buf = ReleasableBuffer(snap.total_bytes)
         arrival = _Arrival()
         outcome: dict[str, object] = {}
 
         def decode() -> None:
             try:
-                outcome["state"] = deltas.decode_streaming(buf, arrival.ready, threads=self.codec_threads)
+                outcome["state"] = deltas.decode_streaming(buf.view, arrival.ready, threads=self.codec_threads,
+                                                           release=buf.release)
             except BaseException as e:  # noqa: BLE001 - handed to the subscriber's thread below
                 outcome["error"] = e
 
@@ -463,7 +465,8 @@ class WeightSubscriber:
         decoder.start()
         try:
             payload = self._fetch(reader, snap, head.snapshot_version, PayloadKind.SNAPSHOT,
-                                  self._expect(head, head.snapshot_version), into=buf, on_progress=arrival.advance)
+                                  self._expect(head, head.snapshot_version), into=buf.view,
+                                  on_progress=arrival.advance)
         except BaseException:
             arrival.abort()
             raise
@@ -482,7 +485,7 @@ class WeightSubscriber:
         return head.checksum if version == head.version else None
 
     def _fetch(self, reader: ChunkReader, manifest: ChunkManifest, version: int, kind: PayloadKind,
-               digest: str | None = None, **read: object) -> bytearray:
+               digest: str | None = None, **read: object) -> bytearray | memoryview:
         """The verified payload of ``version``; ``digest``: the announced digest it must produce.
 
         ``read``: passed to :meth:`ChunkReader.read` (a buffer to fill, a progress callback).

@@ -711,7 +711,7 @@ def decode(payload: Buffer, base: Mapping[str, torch.Tensor] | None = None, *,
 
 
 def decode_streaming(payload: Buffer, ready: Callable[[int], None], *, verify: bool = True,
-                     threads: int = 1) -> dict[str, torch.Tensor]:
+                     threads: int = 1, release: Callable[[int, int], None] | None = None) -> dict[str, torch.Tensor]:
     """Decode a snapshot while its bytes are still arriving in ``payload``.
 
     ``ready(n)`` must return once ``payload[:n]`` holds the payload's first ``n`` bytes (and
@@ -720,6 +720,10 @@ def decode_streaming(payload: Buffer, ready: Callable[[int], None], *, verify: b
     :func:`decode`: the data checksum and the table's version digest before returning, and
     each tensor against the trainer's checksum. Only snapshots: a delta is checked against
     its base before anything is written, which needs the whole payload.
+
+    ``release(start, end)``, if given, is called once a tensor is decoded with its frame's
+    byte range in ``payload``: nothing reads those bytes again (the data checksum took them
+    before the decode), so a caller may free them (:class:`~astraflow.topics.ReleasableBuffer`).
     """
     ready(HEADER_NBYTES)
     header = read_header(memoryview(payload)[:HEADER_NBYTES])
@@ -738,8 +742,12 @@ def decode_streaming(payload: Buffer, ready: Callable[[int], None], *, verify: b
             yield e
 
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="weight-codec") as pool:
-        futures = [pool.submit(decode_tensor, e, data[e.offset : e.offset + e.length], verify=verify)
-                   for e in frames()]
+        futures = []
+        for e in frames():
+            futures.append(f := pool.submit(decode_tensor, e, data[e.offset : e.offset + e.length], verify=verify))
+            if release is not None:
+                start = header.data_offset + e.offset
+                f.add_done_callback(lambda _, a=start, b=start + e.length: release(a, b))
         tensors = [f.result() for f in futures]
     if data_hash.digest() != header.data_hash:
         raise DeltaFormatError("weight payload data checksum mismatch (corrupted or truncated)")

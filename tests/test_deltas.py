@@ -10,7 +10,7 @@ import torch
 
 from astraflow.engines import deltas as d
 from astraflow.engines import weight_format
-from astraflow.engines.weight_format import HEADER_NBYTES, tensor_bits
+from astraflow.engines.weight_format import HEADER_NBYTES, read_table, tensor_bits
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 BITS = {torch.bfloat16: np.uint16, torch.float16: np.uint16, torch.float32: np.uint32}
@@ -344,12 +344,23 @@ def test_decode_streaming_decodes_while_bytes_arrive_and_checks_like_decode() ->
                 have[0] = min(len(payload), start + 1000)
                 cond.notify_all()
 
+    released: list[tuple[int, int]] = []
+
+    def release(start: int, end: int) -> None:  # what a ReleasableBuffer gives back: zero it here
+        released.append((start, end))
+        buf[start:end] = bytes(end - start)
+
     feeder = threading.Thread(target=arrive)
     feeder.start()
-    out = d.decode_streaming(buf, ready, threads=2)
+    out = d.decode_streaming(buf, ready, threads=2, release=release)
     feeder.join()
     assert_same_weights(out, named)
     assert len(set(asked)) > len(named)  # header, table, then one wait per tensor: not one wait for all
+    # every tensor's frame was released once, after it was decoded and checksummed (the bytes
+    # were zeroed on release and every tensor and the data checksum still came out right)
+    header, entries = read_table(payload)
+    assert sorted(released) == [(header.data_offset + e.offset, header.data_offset + e.offset + e.length)
+                                for e in entries]
     # a flipped data byte: the tensor check or the data checksum refuses it
     bad = bytearray(payload)
     bad[-10] ^= 1

@@ -343,6 +343,43 @@ def test_an_on_demand_subscriber_fetches_only_when_asked_and_jumps_to_the_snapsh
         pub.close()
 
 
+def test_a_joining_subscriber_gives_each_decoded_tensors_payload_bytes_back(bootstrap, job_topics, monkeypatch):
+    """The snapshot path never holds the payload whole beside the tensors it becomes."""
+    from astraflow.actors import weight_subscriber
+    from astraflow.topics import ReleasableBuffer
+
+    buffers: list[ReleasableBuffer] = []
+    calls: list[tuple[int, int]] = []
+
+    class Recorded(ReleasableBuffer):
+        def __init__(self, nbytes: int) -> None:
+            super().__init__(nbytes)
+            buffers.append(self)
+
+        def release(self, start: int, end: int) -> None:
+            calls.append((start, end))
+            super().release(start, end)
+
+    monkeypatch.setattr(weight_subscriber, "ReleasableBuffer", Recorded)
+    gen = torch.Generator().manual_seed(5)
+    named = {f"layer{i}.weight": torch.randn(256, 512, generator=gen).to(torch.bfloat16) for i in range(4)}
+    pub = WeightPublisher(bootstrap, job_topics, "policy", chunk_size=CHUNK)
+    sub = WeightSubscriber(bootstrap, job_topics, "policy", node_id="joiner").start()
+    try:
+        pub.publish(named, 0)
+        pub.flush(WAIT)
+        assert sub.wait_for(0, WAIT), sub.faults
+        assert bits_equal(sub.weights(), named) and sub.path_counts == {"snapshot": 1, "delta": 0}
+    finally:
+        sub.close()
+        pub.close()
+    [buf] = buffers
+    assert len(calls) == len(named)  # one range per tensor frame
+    # every whole page of the tensor data went back: what stays is the head's page and, per
+    # frame, at most the two pages it shares with its neighbours
+    assert buf.nbytes > 500_000 and buf.released >= buf.nbytes - 2 * 4096 * len(named) - 4096
+
+
 def test_a_subscriber_reads_chunks_while_they_are_written_and_checks_them_like_fetched_ones(
         bootstrap, job_topics):
     """Prefetch: chunks come from the tail of weights.<policy>, not a fetch after the announcement.

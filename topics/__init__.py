@@ -4,7 +4,7 @@ Components of a job share nothing but the topics defined here (:class:`JobTopics
 """
 
 from .broker import EmbeddedBroker
-from .chunking import ChunkReader, ChunkWriter, write_chunks
+from .chunking import ChunkReader, ChunkWriter, ReleasableBuffer, write_chunks
 from .client import Consumer, DeadLetters, Delivery, Producer
 from .cluster import EmbeddedCluster
 from .codec import decode, encode
@@ -19,7 +19,7 @@ from .messages import (MESSAGE_TYPES, Batch, ChunkManifest, ChunkRef, DeadLetter
 from .registry import JobTopics, TopicSpec, ensure_topics
 
 __all__ = [
-    "EmbeddedBroker", "EmbeddedCluster", "ChunkReader", "ChunkWriter", "write_chunks", "Consumer", "DeadLetters", "Delivery",
+    "EmbeddedBroker", "EmbeddedCluster", "ChunkReader", "ChunkWriter", "ReleasableBuffer", "write_chunks", "Consumer", "DeadLetters", "Delivery",
     "Producer",
     "decode", "encode", "BrokerStartError", "ChunkError", "CorruptChunkError", "DecodeError",
     "KafkaRuntimeError", "MissingChunkError", "ProduceError", "StaleMembershipError", "TopicConfigMismatch", "TopicsError",

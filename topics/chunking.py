@@ -16,6 +16,7 @@ chunk matches a manifest that matches its digest is the payload the writer hashe
 
 from __future__ import annotations
 
+import mmap
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -147,12 +148,13 @@ class ChunkReader:
                                  fetch_max_bytes=64 * 1024 * 1024, client_id="astraflow-chunks")
         self.poll_timeout_ms = poll_timeout_ms
 
-    def read(self, manifest: ChunkManifest, *, into: bytearray | None = None,
+    def read(self, manifest: ChunkManifest, *, into: bytearray | memoryview | None = None,
              on_progress: Callable[[int], None] | None = None,
-             cached: Mapping[int, tuple[bytes, str]] | None = None) -> bytearray:
+             cached: Mapping[int, tuple[bytes, str]] | None = None) -> bytearray | memoryview:
         """The verified payload, or a :class:`ChunkError` naming the bad chunk.
 
-        ``into``: a buffer of ``manifest.total_bytes`` to fill (else a new one). With
+        ``into``: a writable buffer of ``manifest.total_bytes`` to fill (a ``bytearray``, or
+        a :class:`ReleasableBuffer`'s view), else a new ``bytearray``. With
         ``on_progress``, the first chunk (a payload's head) is fetched before the others,
         and ``on_progress(n)`` is called whenever the verified prefix ``[0, n)`` grows: a
         decoder on another thread can work on what is there while the rest arrives.
@@ -255,6 +257,34 @@ class ChunkReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ReleasableBuffer:
+    """A payload's bytes in memory that can be given back to the OS range by range.
+
+    For a reader that consumes a large payload while it arrives (a weight snapshot decoded
+    tensor by tensor): :class:`ChunkReader` fills :attr:`view` (``into=``), and
+    :meth:`release` drops the whole pages inside a consumed range, so the payload is never
+    held whole — a snapshot needs its tensors' memory plus what is in flight, not that plus
+    the payload again. An anonymous private mapping: pages are taken on first write (no
+    zero-filled copy of the payload up front) and ``MADV_DONTNEED`` frees them; a released
+    page reads back as zeros. Pages shared with an unreleased neighbour stay. The mapping
+    goes when the last view of it does.
+    """
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self._map = mmap.mmap(-1, max(1, nbytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.view = memoryview(self._map)[:nbytes]  #: the payload's bytes
+        self.released = 0  #: bytes given back so far (whole pages)
+
+    def release(self, start: int, end: int) -> None:
+        """Give back the whole pages inside ``[start, end)``: the caller is done with those bytes."""
+        page = mmap.PAGESIZE
+        lo, hi = -(-start // page) * page, min(end, self.nbytes) // page * page
+        if hi > lo:
+            self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            self.released += hi - lo
 
 
 class _Prefix:

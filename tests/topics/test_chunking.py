@@ -120,3 +120,25 @@ def test_a_streamed_payload_with_its_head_sent_last_reads_back_in_payload_order(
     assert seen[-1] == (b"0", None) and all(i is None and d is not None for i, d in seen[:-1])
     with pytest.raises(ValueError, match="head_last"):
         ChunkWriter(make_producer(), topic).close(head=b"x")
+
+
+def test_a_releasable_buffer_is_filled_by_the_reader_and_gives_whole_pages_back(job_topics, make_producer, reader):
+    import mmap
+
+    from astraflow.topics import ReleasableBuffer
+
+    payload = os.urandom(3 * 256 * KiB + 5000)
+    m = write_chunks(make_producer(compression_type=None), job_topics.weights("policy"), payload,
+                     chunk_size=256 * KiB)
+    buf = ReleasableBuffer(len(payload))
+    got = reader.read(m, into=buf.view)
+    assert got is buf.view and bytes(buf.view) == payload
+    page = mmap.PAGESIZE
+    start, end = 100, 5 * page + 7  # pages 1..4 lie wholly inside; pages 0 and 5 are shared
+    buf.release(start, end)
+    assert buf.released == 4 * page
+    after = bytes(buf.view)
+    assert after[page : 5 * page] == bytes(4 * page)  # given back: reads as fresh zero pages
+    assert after[:page] == payload[:page] and after[5 * page :] == payload[5 * page :]
+    buf.release(len(payload) - 10, len(payload) + 10 * page)  # the tail page is partial: nothing to give
+    assert buf.released == 4 * page
