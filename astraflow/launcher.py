@@ -250,8 +250,14 @@ def _cause(line: str) -> str:
 
 
 def stop_processes(procs: list[Proc], timeout: float = 30.0) -> None:
+    """SIGTERM every running component, wait up to ``timeout`` for all, SIGKILL what is left.
+
+    A process already asked to stop (``done`` and still alive: a node the autoscaler retired,
+    finishing its in-flight tasks) is waited for, not signalled again: a second SIGTERM that
+    lands while its interpreter shuts down, after Python has put the default handler back,
+    kills it (exit -15) instead of letting it leave cleanly."""
     for p in procs:
-        if p.alive():
+        if p.alive() and not p.done:
             p.popen.terminate()
     deadline = time.monotonic() + timeout
     for p in procs:

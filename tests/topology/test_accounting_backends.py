@@ -91,6 +91,32 @@ def test_local_backend_starts_and_retires_processes_through_the_runner_loop(plan
         b.retire("fast-0")
 
 
+# Leaves cleanly 1.5 s after SIGTERM; like a Python node whose interpreter is shutting down by
+# then, a second SIGTERM meanwhile meets the default handler and kills it (exit -15).
+WINDING_DOWN = [sys.executable, "-c", "import signal, sys, time\n"
+                "def stop(*_):\n    signal.signal(signal.SIGTERM, signal.SIG_DFL)\n    time.sleep(1.5)\n"
+                "    sys.exit(0)\n"
+                "signal.signal(signal.SIGTERM, stop)\nprint('ready', flush=True)\ntime.sleep(120)"]
+
+
+def test_the_jobs_end_does_not_signal_a_retiring_node_again(plan, tmp_path):
+    """The run can end while a retired node still finishes its in-flight work: stopping the
+    job waits for it instead of sending a second SIGTERM into its shutdown."""
+    from astraflow.launcher import stop_processes
+
+    b = LocalBackend(lambda node: WINDING_DOWN, tmp_path / "logs")
+    procs = []
+    b.start(plan.node_spec(plan.pools["fast"], 0))
+    b.tick(procs)
+    assert _until(lambda: "ready" in procs[0].log_path.read_text())
+    b.retire("fast-0")
+    b.tick(procs)  # SIGTERM: it starts winding down
+    time.sleep(0.3)
+    stop_processes(procs)  # the job ends meanwhile
+    b.tick(procs)
+    assert b.exits["fast-0"] == 0
+
+
 def test_local_backend_kills_a_node_that_outlives_its_retire_timeout(plan, tmp_path):
     b = LocalBackend(lambda node: STUBBORN, tmp_path / "logs", retire_timeout_s=0.5)
     procs = []
