@@ -72,10 +72,10 @@ def run_node(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: s
     logging.getLogger("kafka.coordinator").setLevel(os.environ.get("ASTRAFLOW_KAFKA_LOG", "INFO"))
     n = threads_for(role, cfg)
     if n > 0:
+        # Before anything imports torch here: OpenMP sizes its pool from it. torch itself is
+        # imported, and its thread count set, by the actor that computes (`set_threads` in its
+        # setup), on that actor's thread and so at that thread's niceness (the evaluator's).
         os.environ["OMP_NUM_THREADS"] = str(n)
-        if role != "dataflow":  # the dataflow's torch is its evaluator's, which imports it at its own niceness
-            import torch
-            torch.set_num_threads(n)
 
     from astraflow.actors.supervisor import Outcome, run_supervised
     from astraflow.actors.telemetry import setup_tracing
