@@ -95,6 +95,13 @@ def lower_thread_priority(increment: int) -> None:
         _renice([threading.get_native_id()], increment)
 
 
+def niceness(tid: int | None = None) -> int:
+    """A thread's niceness (the calling thread's by default): what it runs at after
+    :func:`lower_priority` / :func:`lower_thread_priority`, reported in metrics."""
+    import threading
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id() if tid is None else tid)
+
+
 def _renice(tids: list[int], increment: int) -> None:
     for tid in tids:
         try:

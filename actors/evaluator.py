@@ -20,14 +20,13 @@ held-out problems with every role on its policy's newest weights, scored by the 
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 
 from astraflow.config import JobConfig
 from astraflow.topics import Producer
 
-from .common import close_quietly, job_topics, lower_thread_priority, make_rollout_engine, model_path, set_threads
+from .common import (close_quietly, job_topics, lower_thread_priority, make_rollout_engine, model_path, niceness,
+                     set_threads)
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 
@@ -126,7 +125,7 @@ class EvaluatorActor(LoopActor):
         log.info("eval: version %d accuracy %.3f (%.1fs)", v, acc, time.monotonic() - t0)
         self.metrics.emit("eval.accuracy", acc, step=v, problems=len(self.problems), k=self.cfg.eval.k,
                           epoch=held.epoch if held else 0, weights_digest=held.digest if held else "",
-                          nice=os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+                          nice=niceness())
         if self.team:
             engines = {self.cfg.policy: self.engine, **{p: e for p, (e, _) in self.others.items()}}
             t0 = time.monotonic()

@@ -39,20 +39,13 @@ from astraflow.config import JobConfig
 from astraflow.engines.checkpoints import CheckpointStore
 from astraflow.topics import Batch, Consumer, DeadLetters, Heartbeat, Producer, SnapshotRequest
 
-from .common import (close_quietly, job_topics, lower_priority, make_train_engine, model_path, set_threads,
-                     to_train_batch)
+from .common import (close_quietly, job_topics, lower_priority, make_train_engine, model_path, niceness,
+                     set_threads, to_train_batch)
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
-
-
-def _niceness(tid: int | None = None) -> int:
-    """A thread's niceness (``trainer.cpu_nice`` on top of what the node was started with);
-    this thread's by default."""
-    import threading
-    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id() if tid is None else tid)
 
 
 class TrainerActor(LoopActor):
@@ -92,7 +85,7 @@ class TrainerActor(LoopActor):
             self._weights()  # rank 0's publisher resumes from the gathered weights: join the gather
             lower_priority(self.cfg.trainer.cpu_nice)
             self.metrics.emit("trainer.rank_ready", self.rank, step=self.engine.step, rank=self.rank,
-                              pid=os.getpid(), world_size=self.world, nice=_niceness())
+                              pid=os.getpid(), world_size=self.world, nice=niceness())
             return
         # Snapshot requests from nodes that cannot reach the newest version by deltas.
         self.control = Consumer(self.bootstrap, partitions=[TopicPartition(self.topics.control, 0)],
@@ -113,8 +106,8 @@ class TrainerActor(LoopActor):
         kept = self.publisher.thread_ids()
         lower_priority(self.cfg.trainer.cpu_nice, keep=kept)
         self.metrics.emit("trainer.rank_ready", self.rank, step=self.engine.step, rank=self.rank, pid=os.getpid(),
-                          world_size=self.world, nice=_niceness(),
-                          publisher_nice=max((_niceness(t) for t in kept), default=_niceness()), publisher_threads=len(kept))
+                          world_size=self.world, nice=niceness(),
+                          publisher_nice=max((niceness(t) for t in kept), default=niceness()), publisher_threads=len(kept))
 
     def step(self) -> None:
         if self.engine.step >= self.cfg.trainer.steps:
