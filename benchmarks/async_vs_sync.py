@@ -5,7 +5,9 @@ Each repetition runs the demo job (shortened to ``--steps``) three ways on one m
 broker (separate processes sharing only Kafka), and the in-process baseline
 (``inprocess_loop.py``: the same prompts, seeds, model, batch and LR; the CPU engine and
 the project's ``DeepSpeedTrainer``; no broker) as a fresh Python process, once with the
-components' thread budget (1 thread) and once with every core.
+components' thread budget (1 thread) and once with every core; and that loop with async's
+schedule (``--staleness 1 --overlap``: batch k + 1 rolls out on a second thread, with
+version k, while batch k trains; 1 thread per side, as the trainer and the RaaS node have).
 
 One reference for every mode: R (rollout of one batch) and T (one ``train_step``) are
 measured **alone** by the 1-thread in-process run of the same repetition. Then
@@ -14,6 +16,10 @@ measured **alone** by the 1-thread in-process run of the same repetition. Then
   overlap perfectly and the plumbing costs nothing);
 * ``sync_efficiency`` = (R + T) / sync s per step;
 * ``ratio_to_inprocess`` = async s per step / in-process s per step;
+* ``inprocess_overlap_efficiency`` = max(R, T) / the overlapped loop's s per step: what
+  overlapping costs on this machine's shared cores with no plumbing at all, so
+  ``overlap_efficiency`` / ``inprocess_overlap_efficiency`` is the share the plumbing leaves;
+* ``ratio_to_inprocess_overlapped`` = async s per step / the overlapped loop's;
 * time to the last step (launch → final trained step, start-up included) and the final
   held-out accuracy of each, and the in-process loop's time to reach the async run's
   final accuracy (it is evaluated every ``--eval-every`` versions, outside its timing).
@@ -71,12 +77,18 @@ def analyse(run_dir: Path, nodes: int) -> dict:
     }
 
 
-def run_inprocess(config: str, steps: int, threads: int, eval_every: int) -> dict:
+# label -> (threads, extra arguments) of the in-process runs; threads=None: every core
+INPROCESS = {"inprocess": (1, ()), "inprocess_all_cores": (None, ()),
+             "inprocess_overlapped": (1, ("--staleness", "1", "--overlap"))}
+
+
+def run_inprocess(config: str, steps: int, threads: int, eval_every: int, extra: tuple[str, ...] = ()) -> dict:
     """The in-process loop as its own Python process (nothing shared with this one)."""
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "inprocess.json"
         cmd = [sys.executable, "-m", "astraflow.benchmarks.inprocess_loop", "--config", config,
-               "--steps", str(steps), "--threads", str(threads), "--eval-every", str(eval_every), "--out", str(out)]
+               "--steps", str(steps), "--threads", str(threads), "--eval-every", str(eval_every), "--out", str(out),
+               *extra]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"in-process loop failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
@@ -99,10 +111,11 @@ def one_repetition(args, broker, rep: int) -> dict:
                 overrides=[f"{k}={v}" for k, v in overrides.items()])
         out[mode] = {**analyse(run_dir, cfg.rollout.nodes), "load_before": load["loadavg"],
                      "critical_path": summarize(batch_paths(broker.bootstrap_servers, cfg, run_dir))}
-    for label, threads in (("inprocess", 1), ("inprocess_all_cores", os.cpu_count() or 1)):
-        print(f"--- repetition {rep + 1}: {label} ({threads} thread(s))", flush=True)
+    for label, (threads, extra) in INPROCESS.items():
+        threads = threads or os.cpu_count() or 1
+        print(f"--- repetition {rep + 1}: {label} ({threads} thread(s){' per side' if extra else ''})", flush=True)
         load = load_now()
-        out[label] = {**run_inprocess(args.config, args.steps, threads, args.eval_every),
+        out[label] = {**run_inprocess(args.config, args.steps, threads, args.eval_every, extra),
                       "load_before": load["loadavg"]}
     ref = out["inprocess"]
     # Start-up included, as in the system's time to its last step.
@@ -125,18 +138,23 @@ def aggregate(reps: list[dict]) -> dict:
         modes[mode]["accuracy_initial"] = reps[0][mode]["accuracy_initial"]
         modes[mode]["critical_path"] = {k: spread([r[mode]["critical_path"][k] for r in reps])
                                         for k in (*STAGES, "path_s") if all(k in r[mode]["critical_path"] for r in reps)}
-    for label in ("inprocess", "inprocess_all_cores"):
+    for label in INPROCESS:
         modes[label] = {k: s(label, k) for k in ("s_per_step", "R_s", "T_s", "W_s", "setup_s", "time_to_last_step_s",
                                                  "accuracy_final")}
         modes[label]["threads"] = reps[0][label]["threads"]
         modes[label]["accuracy_initial"] = reps[0][label]["accuracy_initial"]
     a, sy, ip = modes["async"]["s_per_step"], modes["sync"]["s_per_step"], modes["inprocess"]["s_per_step"]
+    ov = modes["inprocess_overlapped"]["s_per_step"]
     best_alone = spread([max(r["inprocess"]["R_s"], r["inprocess"]["T_s"]) for r in reps])
     sum_alone = spread([r["inprocess"]["R_s"] + r["inprocess"]["T_s"] for r in reps])
     reached = [r["inprocess_time_to_async_accuracy_s"] for r in reps]
     return {
         "R_alone_s": R, "T_alone_s": T,
         "overlap_efficiency": ratio_spread(best_alone, a),
+        # the same overlap with no plumbing: what this machine's shared cores allow
+        "inprocess_overlap_efficiency": ratio_spread(best_alone, ov),
+        "inprocess_overlapped_s_per_step": ov,
+        "ratio_to_inprocess_overlapped": ratio_spread(a, ov),
         "sync_efficiency": ratio_spread(sum_alone, sy),
         "inprocess_s_per_step": ip,
         "ratio_to_inprocess": ratio_spread(a, ip),
@@ -146,8 +164,7 @@ def aggregate(reps: list[dict]) -> dict:
         "ideal_async_speedup_over_inprocess": ratio_spread(sum_alone, best_alone),
         "inprocess_time_to_async_accuracy_s": reached,
         # the load each run started under: the JSON-wide before/after misses what happened between
-        "load_1m_at_run_start": spread([r[m]["load_before"][0] for r in reps for m in (*SYSTEM_MODES, "inprocess",
-                                                                                        "inprocess_all_cores")]),
+        "load_1m_at_run_start": spread([r[m]["load_before"][0] for r in reps for m in (*SYSTEM_MODES, *INPROCESS)]),
         "modes": modes,
     }
 
@@ -157,12 +174,13 @@ def print_table(agg: dict) -> None:
     hdr = (f"{'mode':22} {'s/step':>20} {'time to last step s':>22} {'acc final':>22}")
     print(hdr)
     print("-" * len(hdr))
-    for mode in (*SYSTEM_MODES, "inprocess", "inprocess_all_cores"):
+    for mode in (*SYSTEM_MODES, *INPROCESS):
         r = m[mode]
         print(f"{mode:22} {fmt_spread(r['s_per_step']):>20} {fmt_spread(r['time_to_last_step_s'], '.1f'):>22} "
               f"{fmt_spread(r['accuracy_final'], '.3f'):>22}")
     print(f"R alone {fmt_spread(agg['R_alone_s'], '.3f')} s, T alone {fmt_spread(agg['T_alone_s'], '.3f')} s")
-    for key in ("overlap_efficiency", "sync_efficiency", "ratio_to_inprocess", "ratio_to_inprocess_all_cores",
+    for key in ("overlap_efficiency", "inprocess_overlap_efficiency", "sync_efficiency", "ratio_to_inprocess",
+                "ratio_to_inprocess_overlapped", "ratio_to_inprocess_all_cores",
                 "speedup_async_over_sync", "ideal_async_speedup_over_inprocess"):
         print(f"{key:36} {fmt_spread(agg[key])}")
     print(f"{'inprocess_time_to_async_accuracy_s':36} {agg['inprocess_time_to_async_accuracy_s']}")

@@ -15,7 +15,16 @@ engine), each alone, since nothing overlaps here. Held-out accuracy (the evaluat
 function) is measured at version 0, every ``--eval-every`` versions and at the end,
 outside the timed loop. Knows nothing about Kafka.
 
-    python -m astraflow.benchmarks.inprocess_loop [--config C] [--steps N] [--threads T] [--out J]
+``--staleness 1`` rolls batch ``k + 1`` out with version ``k`` (what ``mode: async`` with
+``max_staleness: 1`` does), and ``--overlap`` runs that rollout on a second thread while
+batch ``k`` trains: the async job as one process, each side with ``--threads`` torch
+threads — what a user who wants the overlap without a broker would write, and the machine's
+own ceiling for overlapping R and T (what the two sides cost each other on shared cores,
+with no plumbing at all). With and without ``--overlap`` the work is the same: the same
+groups, byte for byte (``tests/e2e/test_inprocess_baseline.py``); only the schedule differs.
+
+    python -m astraflow.benchmarks.inprocess_loop [--config C] [--steps N] [--threads T]
+        [--staleness 0|1] [--overlap] [--out J]
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +46,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / "examples" / "arithmetic_grpo.yaml"
 
 
-def job_tasks(cfg, steps: int) -> list:
-    """The tasks the dataflow schedules for ``steps`` batches (prompt offsets as task ids)."""
+def job_tasks(cfg, steps: int, staleness: int = 0) -> list:
+    """The tasks the dataflow schedules for ``steps`` batches (prompt offsets as task ids);
+    batch ``k``'s at version ``k - staleness`` (at least 0)."""
     from astraflow.topics import Task
     from astraflow.workflows.datasets import load_prompts
 
@@ -50,15 +61,20 @@ def job_tasks(cfg, steps: int) -> list:
         raise ValueError(f"{len(prompts)} prompts cannot fill {steps} batches of {B}")
     sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k, "max_new_tokens": r.max_new_tokens}
     return [Task(task_id=f"t{i:07d}-{p.prompt_id}", prompt_id=p.prompt_id, policy=cfg.policy, prompt=p.text,
-                 answer=p.answer, n_samples=r.n_samples, sampling=sampling, scheduled_version=i // B)
+                 answer=p.answer, n_samples=r.n_samples, sampling=sampling,
+                 scheduled_version=max(0, i // B - staleness))
             for i, p in enumerate(prompts[: steps * B])]
 
 
 def run(cfg, steps: int, threads: int | None = None, eval_every: int = 0,
-        on_batch: Callable[[int, list], None] | None = None) -> dict[str, Any]:
+        on_batch: Callable[[int, list], None] | None = None, *, staleness: int = 0,
+        overlap: bool = False) -> dict[str, Any]:
     """Train ``steps`` versions in this process; returns per-step timings and accuracies.
 
-    ``on_batch(step, groups)`` sees each batch's trajectory groups (outside the timing)."""
+    ``staleness`` 1: batch ``k + 1`` is rolled out with version ``k``, after batch ``k``
+    trains, or (``overlap``) on a second thread while it trains; ``threads`` is then each
+    side's torch threads. ``on_batch(step, groups)`` sees each batch's trajectory groups
+    (outside the timing)."""
     import torch
     from transformers import AutoTokenizer
 
@@ -70,8 +86,12 @@ def run(cfg, steps: int, threads: int | None = None, eval_every: int = 0,
     if cfg.rollout.engine.kind != "cpu":
         raise ValueError(f"the in-process baseline runs the CPU engine, not rollout.engine.kind "
                          f"{cfg.rollout.engine.kind!r}")
+    if staleness not in (0, 1):
+        raise ValueError(f"staleness must be 0 or 1, got {staleness}")
+    if overlap and not staleness:
+        raise ValueError("overlap needs staleness 1: batch k + 1 is rolled out while batch k trains")
     t_start = time.perf_counter()
-    # One budget for both phases: they never run at once here.
+    # One budget for both phases when they never run at once; each side's when they overlap.
     n_threads = threads or max(cfg.rollout.engine.threads, cfg.trainer.engine.threads, 1)
     set_threads(n_threads)
     path = model_path(cfg)
@@ -81,9 +101,12 @@ def run(cfg, steps: int, threads: int | None = None, eval_every: int = 0,
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     workflow = RLVRWorkflow(tokenizer, "inprocess", batch_invariant=cfg.rollout.batch_invariant)
     problems = heldout_problems(cfg)
-    tasks = job_tasks(cfg, steps)
+    tasks = job_tasks(cfg, steps, staleness)
     dtype = getattr(torch, cfg.trainer.publish_dtype)
     B, per_call = cfg.dataflow.groups_per_batch, max(1, cfg.rollout.tasks_per_call)
+    # torch's intra-op thread count is per OS thread: the rollout thread sets its own.
+    pool = (ThreadPoolExecutor(1, thread_name_prefix="inprocess-rollout", initializer=torch.set_num_threads,
+                               initargs=(n_threads,)) if overlap else None)
     setup_s = time.perf_counter() - t_start
 
     def evaluate(version: int, loop_s: float) -> dict[str, Any]:
@@ -91,32 +114,51 @@ def run(cfg, steps: int, threads: int | None = None, eval_every: int = 0,
         acc = heldout_accuracy(cfg, engine, tokenizer, problems)
         return {"version": version, "accuracy": acc, "loop_s": loop_s, "eval_s": time.perf_counter() - t0}
 
+    def rollout(k: int) -> tuple[list, float]:
+        t0 = time.perf_counter()
+        batch_tasks = tasks[k * B:(k + 1) * B]
+        groups = [g for i in range(0, B, per_call)
+                  for g in workflow.run(batch_tasks[i:i + per_call], engine, seed=cfg.seed)]
+        return groups, time.perf_counter() - t0
+
     evals = [evaluate(0, 0.0)]
     rows, loop_s = [], 0.0
     try:
+        ready = None
+        if staleness:  # batch 0 goes out with version 0, before the first step
+            ready = rollout(0)
+            loop_s += ready[1]
         for k in range(steps):
-            batch_tasks = tasks[k * B:(k + 1) * B]
             t0 = time.perf_counter()
-            groups = [g for i in range(0, B, per_call)
-                      for g in workflow.run(batch_tasks[i:i + per_call], engine, seed=cfg.seed)]
+            groups, R = ready if staleness else rollout(k)
+            ahead = pool.submit(rollout, k + 1) if pool is not None and k + 1 < steps else None
             t1 = time.perf_counter()
             out = trainer.train_step(to_train_batch(Batch(cfg.policy, k, groups, [])))
             t2 = time.perf_counter()
+            if staleness and k + 1 < steps:  # batch k + 1, with version k still in the engine
+                ready = ahead.result() if ahead is not None else rollout(k + 1)
+                R = ready[1]
+            t3 = time.perf_counter()
             named = trainer.named_weights()
             engine.load_weights({n: (v.to(dtype) if v.is_floating_point() else v) for n, v in named.items()}, k + 1)
-            t3 = time.perf_counter()
-            loop_s += t3 - t0
+            t4 = time.perf_counter()
+            loop_s += t4 - t0
             if on_batch is not None:
                 on_batch(k, groups)
-            rows.append({"step": k + 1, "R_s": t1 - t0, "T_s": t2 - t1, "W_s": t3 - t2,
+            # R: the rollout this step ran (batch k + 1's when stale), timed on its own thread
+            rows.append({"step": k + 1, "R_s": R, "T_s": t2 - t1, "W_s": t4 - t3, "step_s": t4 - t0,
                          "reward": statistics.fmean(s.reward for g in groups for s in g.samples),
                          "loss": float(out.get("loss", float("nan")))})
             if (eval_every and (k + 1) % eval_every == 0) or k + 1 == steps:
                 evals.append(evaluate(k + 1, loop_s))
     finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
         trainer.close()
         engine.close()
-    return summarise(rows, evals, setup_s, n_threads, steps)
+    result = summarise(rows, evals, setup_s, n_threads, steps)
+    result.update(staleness=staleness, overlap=overlap)
+    return result
 
 
 def summarise(rows: list[dict], evals: list[dict], setup_s: float, threads: int, steps: int) -> dict[str, Any]:
@@ -125,8 +167,9 @@ def summarise(rows: list[dict], evals: list[dict], setup_s: float, threads: int,
     steady = rows[2:] if len(rows) > 2 else rows
     mean = lambda key: statistics.fmean(r[key] for r in steady)  # noqa: E731
     R, T, W = mean("R_s"), mean("T_s"), mean("W_s")
+    # A step's wall time: R + T + W in turn, about max(R, T) + W when they overlap.
     return {"steps": steps, "threads": threads, "setup_s": setup_s, "R_s": R, "T_s": T, "W_s": W,
-            "s_per_step": R + T + W, "loop_s": sum(r["R_s"] + r["T_s"] + r["W_s"] for r in rows),
+            "s_per_step": mean("step_s"), "loop_s": sum(r["step_s"] for r in rows),
             "accuracy_initial": evals[0]["accuracy"], "accuracy_final": evals[-1]["accuracy"],
             "accuracy_curve": evals, "per_step": rows}
 
@@ -146,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: the config's per-component threads)")
     ap.add_argument("--eval-every", type=int, default=0)
+    ap.add_argument("--staleness", type=int, default=0, choices=(0, 1),
+                    help="1: batch k + 1 is rolled out with version k (as async with max_staleness 1)")
+    ap.add_argument("--overlap", action="store_true",
+                    help="with --staleness 1: roll out on a second thread while the batch before trains")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     ap.add_argument("--out", type=Path, help="write the result as JSON here")
     args = ap.parse_args(argv)
@@ -160,10 +207,15 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--set expects KEY=VALUE, got {pair!r}")
         overrides[key] = yaml.safe_load(value)
     cfg = load_config(args.config, overrides)
-    result = run(cfg, args.steps, args.threads or None, args.eval_every)
+    if args.overlap and not args.staleness:
+        ap.error("--overlap needs --staleness 1")
+    result = run(cfg, args.steps, args.threads or None, args.eval_every, staleness=args.staleness,
+                 overlap=args.overlap)
     result["config"] = args.config
-    print(f"in-process: {args.steps} steps, {result['threads']} thread(s): {result['s_per_step']:.3f} s/step "
-          f"(R {result['R_s']:.3f} + T {result['T_s']:.3f} + W {result['W_s']:.3f}), setup {result['setup_s']:.1f} s, "
+    how = "overlapped" if args.overlap else "in turn"
+    print(f"in-process: {args.steps} steps, staleness {args.staleness}, {result['threads']} thread(s) per side: "
+          f"{result['s_per_step']:.3f} s/step (R {result['R_s']:.3f}, T {result['T_s']:.3f}, W {result['W_s']:.3f}, "
+          f"{how}), setup {result['setup_s']:.1f} s, "
           f"accuracy {result['accuracy_initial']:.3f} -> {result['accuracy_final']:.3f}", file=sys.stderr)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
