@@ -12,11 +12,14 @@ One embedded broker (or ``--bootstrap-servers``), one run, two workloads:
 A third client, plain kafka-python with the same settings and the same bytes (values
 and headers encoded beforehand; no decoding, no checksums), shows what our wrappers
 cost on top of the client library they use, apart from what kafka-python costs
-against Kafka's Java clients. Every client runs ``--repeats`` times on fresh topics,
-in turn, so load from other processes hits all three alike: median (min–max).
+against Kafka's Java clients. Importing ``astraflow.topics`` gives kafka-python larger
+socket reads (``topics/socket_reads.py``), so plain kafka-python consumes with them too; a
+fourth consumer, plain kafka-python with its stock 4 KiB reads, shows what they gain. Every
+client runs ``--repeats`` times on fresh topics, in turn, so load from other processes hits
+all alike: median (min–max).
 
-Prints one table (MB/s, ours/Kafka tool, ours/kafka-python) and writes JSON to
-``benchmarks/results/topics_throughput.json``.
+Prints one table (MB/s, ours/Kafka tool, ours/kafka-python, larger/stock reads) and writes
+JSON to ``benchmarks/results/topics_throughput.json``.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pathlib import Path
 
 from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
 from astraflow.topics import (ChunkReader, Consumer, EmbeddedBroker, Producer, Sample, TopicSpec,
-                              TrajectoryGroup, ensure_topics, write_chunks)
+                              TrajectoryGroup, ensure_topics, socket_reads, write_chunks)
 from astraflow.topics.codec import encode
 from astraflow.topics.runtime import kafka_version, run_tool
 
@@ -158,6 +161,15 @@ def plain_consume(bootstrap: str, topic: str, n: int) -> dict:
     return {"records": got, "bytes": nbytes, "seconds": dt}
 
 
+def stock_consume(bootstrap: str, topic: str, n: int) -> dict:
+    """:func:`plain_consume` with kafka-python's own 4 KiB socket reads."""
+    socket_reads.uninstall()
+    try:
+        return plain_consume(bootstrap, topic, n)
+    finally:
+        socket_reads.install()
+
+
 def ours_chunks(bootstrap: str, topic: str, payload: bytes, chunk: int) -> tuple[dict, dict]:
     with Producer(bootstrap, client_id="bench-chunks", compression_type=None, linger_ms=0,
                   max_request_size=4 * 1024 * 1024) as p:
@@ -183,6 +195,7 @@ def one_round(bootstrap: str, names: dict[str, str], args, msgs, value_bytes: fl
     encoded = [encode(m, "bench") for m in msgs]
     pp = plain_produce(bootstrap, names["plain4k"], encoded, args.records, compression_type="zstd", linger_ms=5)
     pc = plain_consume(bootstrap, names["plain4k"], args.records)
+    sc = stock_consume(bootstrap, names["plain4k"], args.records)
     kp = perf_producer(bootstrap, names["kafka4k"], args.records, None, str(payload_file),
                        {"acks": "all", "enable.idempotence": "true", "compression.type": "zstd",
                         "linger.ms": "5", "batch.size": str(256 * 1024)})
@@ -190,6 +203,7 @@ def one_round(bootstrap: str, names: dict[str, str], args, msgs, value_bytes: fl
     kc = perf_consumer(bootstrap, names["kafka4k"], args.records)
     out += [(typed, "produce", "ours", op), (typed, "consume", "ours", oc),
             (typed, "produce", "kafka-python", pp), (typed, "consume", "kafka-python", pc),
+            (typed, "consume", "kafka-python stock reads", sc),
             (typed, "produce", "kafka tool", kp), (typed, "consume", "kafka tool", kc)]
 
     cw, cr = ours_chunks(bootstrap, names["ourschunks"], payload, chunk)
@@ -198,6 +212,7 @@ def one_round(bootstrap: str, names: dict[str, str], args, msgs, value_bytes: fl
     pw = plain_produce(bootstrap, names["plainchunks"], pieces, n_chunks, compression_type=None, linger_ms=0,
                        max_request_size=4 * 1024 * 1024)
     pr = plain_consume(bootstrap, names["plainchunks"], n_chunks)
+    sr = stock_consume(bootstrap, names["plainchunks"], n_chunks)
     kp2 = perf_producer(bootstrap, names["kafkachunks"], n_chunks, chunk, None,
                         {"acks": "all", "enable.idempotence": "true", "compression.type": "none",
                          "max.request.size": str(4 * 1024 * 1024), "linger.ms": "0"})
@@ -205,11 +220,12 @@ def one_round(bootstrap: str, names: dict[str, str], args, msgs, value_bytes: fl
     kc2 = perf_consumer(bootstrap, names["kafkachunks"], n_chunks)
     out += [(chunks, "produce", "ours", cw), (chunks, "consume", "ours", cr),
             (chunks, "produce", "kafka-python", pw), (chunks, "consume", "kafka-python", pr),
+            (chunks, "consume", "kafka-python stock reads", sr),
             (chunks, "produce", "kafka tool", kp2), (chunks, "consume", "kafka tool", kc2)]
     return out
 
 
-CLIENTS = {"ours": "ours", "kafka-python": "plain", "kafka tool": "kafka"}
+CLIENTS = {"ours": "ours", "kafka-python": "plain", "kafka tool": "kafka", "kafka-python stock reads": "stock"}
 
 
 def summarise(rounds: list[list[tuple[str, str, str, dict]]]) -> list[dict]:
@@ -223,25 +239,31 @@ def summarise(rounds: list[list[tuple[str, str, str, dict]]]) -> list[dict]:
     for (workload, op), by_client in runs.items():
         row: dict = {"workload": workload, "op": op}
         for client, prefix in CLIENTS.items():
-            ms = by_client[client]
+            ms = by_client.get(client)
+            if not ms:  # stock reads: consumers only
+                continue
             row[f"{prefix}_MB_per_s"] = spread([m["bytes"] / m["seconds"] / MB for m in ms])
             row[f"{prefix}_records_per_s"] = spread([m["records"] / m["seconds"] for m in ms])
         row["ours_over_kafka"] = ratio_spread(row["ours_records_per_s"], row["kafka_records_per_s"])
         row["ours_over_plain"] = ratio_spread(row["ours_records_per_s"], row["plain_records_per_s"])
         row["plain_over_kafka"] = ratio_spread(row["plain_records_per_s"], row["kafka_records_per_s"])
+        if "stock_records_per_s" in row:  # the same records read the same way but for the socket reads
+            row["plain_over_stock"] = ratio_spread(row["plain_records_per_s"], row["stock_records_per_s"])
         table.append(row)
     return table
 
 
 def print_table(table: list[dict]) -> None:
     hdr = (f"{'workload':26} {'op':8} {'ours MB/s':>20} {'kafka-python MB/s':>20} {'Kafka tool MB/s':>20} "
-           f"{'ours/tool':>18} {'ours/kafka-python':>18}")
+           f"{'ours/tool':>18} {'ours/kafka-python':>18} {'4 KiB reads MB/s':>20} {'larger/4 KiB reads':>18}")
     print(hdr)
     print("-" * len(hdr))
     for r in table:
         print(f"{r['workload']:26} {r['op']:8} {fmt_spread(r['ours_MB_per_s'], '.1f'):>20} "
               f"{fmt_spread(r['plain_MB_per_s'], '.1f'):>20} {fmt_spread(r['kafka_MB_per_s'], '.1f'):>20} "
-              f"{fmt_spread(r['ours_over_kafka']):>18} {fmt_spread(r['ours_over_plain']):>18}")
+              f"{fmt_spread(r['ours_over_kafka']):>18} {fmt_spread(r['ours_over_plain']):>18} "
+              f"{fmt_spread(r['stock_MB_per_s'], '.1f') if 'stock_MB_per_s' in r else '-':>20} "
+              f"{fmt_spread(r['plain_over_stock']) if 'plain_over_stock' in r else '-':>18}")
 
 
 def main(argv: list[str] | None = None) -> int:

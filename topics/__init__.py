@@ -1,7 +1,12 @@
 """The dataflow layer: Kafka topics, typed messages, producers/consumers, the embedded broker.
 
 Components of a job share nothing but the topics defined here (:class:`JobTopics`).
+Importing it gives kafka-python's connections larger socket reads (:mod:`.socket_reads`).
 """
+
+from . import socket_reads
+
+socket_reads.install()
 
 from .broker import EmbeddedBroker
 from .chunking import ChunkReader, ChunkWriter, ReleasableBuffer, write_chunks
