@@ -119,7 +119,9 @@ def test_the_benchmarks_critical_path_reads_every_stage_of_a_real_run(finished_r
             assert -0.001 <= r[stage] < 60, (stage, r)
     summary = summarize(rows)
     assert summary["batches"] == len(rows) and set(STAGES) < set(summary)
-    assert summary["path_s"] >= summary["rollout_s"] > 0
+    # a median of sums against a median of one term: each other stage may read up to 1 ms below 0
+    grain = 0.001 * (len(STAGES) - 2)  # the stages of path_s other than rollout_s (pickup_s is not in it)
+    assert summary["path_s"] >= summary["rollout_s"] - grain and summary["rollout_s"] > 0
 
 
 def test_run_directory_has_summary_metrics_and_plot(finished_run):
