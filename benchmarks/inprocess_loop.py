@@ -135,8 +135,8 @@ def run(cfg, steps: int, threads: int | None = None, eval_every: int = 0,
             t1 = time.perf_counter()
             out = trainer.train_step(to_train_batch(Batch(cfg.policy, k, groups, [])))
             t2 = time.perf_counter()
-            if staleness and k + 1 < steps:  # batch k + 1, with version k still in the engine
-                ready = ahead.result() if ahead is not None else rollout(k + 1)
+            if staleness:  # batch k + 1, with version k still in the engine (none after the last step)
+                ready = (ahead.result() if ahead is not None else rollout(k + 1)) if k + 1 < steps else ([], 0.0)
                 R = ready[1]
             t3 = time.perf_counter()
             named = trainer.named_weights()
@@ -156,15 +156,18 @@ def run(cfg, steps: int, threads: int | None = None, eval_every: int = 0,
             pool.shutdown(wait=True)
         trainer.close()
         engine.close()
-    result = summarise(rows, evals, setup_s, n_threads, steps)
+    # With staleness the last step rolls nothing out (there is no next batch): not a steady step.
+    result = summarise(rows, evals, setup_s, n_threads, steps, drop_last=bool(staleness))
     result.update(staleness=staleness, overlap=overlap)
     return result
 
 
-def summarise(rows: list[dict], evals: list[dict], setup_s: float, threads: int, steps: int) -> dict[str, Any]:
+def summarise(rows: list[dict], evals: list[dict], setup_s: float, threads: int, steps: int,
+              drop_last: bool = False) -> dict[str, Any]:
     """Steady-state per-step means (steps 3.., as ``async_vs_sync`` measures the system:
-    from the end of step 2), the accuracy curve against loop time, and the totals."""
-    steady = rows[2:] if len(rows) > 2 else rows
+    from the end of step 2; without the last with ``drop_last``), the accuracy curve against
+    loop time, and the totals."""
+    steady = rows[2:len(rows) - int(drop_last)] or rows
     mean = lambda key: statistics.fmean(r[key] for r in steady)  # noqa: E731
     R, T, W = mean("R_s"), mean("T_s"), mean("W_s")
     # A step's wall time: R + T + W in turn, about max(R, T) + W when they overlap.
