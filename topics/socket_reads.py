@@ -5,14 +5,15 @@ kafka-python 3.0 reads a connection 4 KiB at a time: ``_sock_recv`` loops over
 chunks (1 MiB records, up to 64 MiB a response) is then hundreds of Python-level
 iterations per MiB, and on this project's 2-core machine that loop, not the broker, bounded
 how fast a consumer reads: plain ``KafkaConsumer`` reading 400 MiB of 1 MiB records from a
-local broker, 3 interleaved runs each, 237–330 MB/s and 1.08–1.49 CPU s stock against
-463–596 MB/s and 0.53–0.71 CPU s with 1 MiB reads (``kafka-consumer-perf-test`` reads
-~600 MB/s there).
+local broker, 4 interleaved runs each, 238–267 MB/s and 1.38–1.49 CPU s stock against
+265–592 MB/s and 0.55–1.38 CPU s with 256 KiB reads (1 MiB reads were no better;
+``kafka-consumer-perf-test`` reads ~400–600 MB/s there). The spread is how much data has
+arrived when the reader wakes up: a reader that keeps up finds little per wake-up either way.
 
 :func:`install` replaces ``_sock_recv`` of the TCP and SSL transports with the same loop
-over ``recv_into`` a per-connection buffer of :data:`RECV_BYTES`: the same bytes in the same
-order, the same end conditions (the socket would block, the peer closed it, an error), one
-copy per read instead of a join of many. It is installed when :mod:`astraflow.topics` is
+over ``recv`` of up to :data:`RECV_BYTES`: the same bytes in the same order, the same end
+conditions (the socket would block, the peer closed it, an error), a few reads per fetch
+instead of hundreds. It is installed when :mod:`astraflow.topics` is
 imported, only on the kafka-python versions it was written against (:data:`SUPPORTED`), so a
 kafka-python upgrade falls back to the stock reads (with a warning) instead of patching code
 it has not seen. ``ASTRAFLOW_KAFKA_STOCK_RECV=1`` keeps the stock reads.
