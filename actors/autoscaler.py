@@ -25,14 +25,14 @@ import time
 from kafka import KafkaAdminClient, TopicPartition
 
 from astraflow.config import JobConfig
-from astraflow.topics import Consumer, Heartbeat, Metric, Producer
+from astraflow.topics import Consumer, Heartbeat, Metric, Producer, job_topics
 from astraflow.topics.messages import GroupDrop
 from astraflow.topology.accounting import DeviceHours, starting_heartbeat
 from astraflow.topology.backends import Backend, BackendError
 from astraflow.topology.plan import NodePlan, Plan, PoolPlan, grow_order
 from astraflow.topology.scaling import Decision, Scaler, SignalWindow, Signals
 
-from .common import close_quietly, job_topics
+from .common import close_quietly
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 

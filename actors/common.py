@@ -1,4 +1,4 @@
-"""What every component process shares: its job's topics, its engines and its model.
+"""What every component process shares: its engines and its model (its topics: :func:`astraflow.topics.job_topics`).
 
 Small helpers that turn a :class:`~astraflow.config.JobConfig` into the objects the actors
 use, so each actor module reads like its algorithm. The job-level ``model`` section is
@@ -14,15 +14,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from astraflow.config import JobConfig
-from astraflow.topics import Batch, JobTopics
-
-
-def job_topics(cfg: JobConfig) -> JobTopics:
-    return JobTopics(job=cfg.job, policies=cfg.policy_names, task_partitions=cfg.kafka.task_partitions,
-                     trajectory_partitions=cfg.kafka.trajectory_partitions, weights_retention_ms=-1,
-                     replication_factor=cfg.kafka.replication_factor,
-                     min_insync_replicas=cfg.kafka.min_insync_replicas,
-                     generation=len(cfg.policy_names) > 1)
+from astraflow.topics import Batch
 
 
 def model_path(cfg: JobConfig) -> Path:

@@ -53,10 +53,10 @@ from astraflow.algorithms.pipeline import context_of, digest
 from astraflow.config import JobConfig
 from astraflow.topics import (Batch, Consumer, DeadLetters, Delivery, Producer, Prompt, Task,
                               TrajectoryGroup, VersionAnnouncement)
-from astraflow.topics import tracing as topic_tracing
+from astraflow.topics import tracing as topic_tracing, job_topics
 from astraflow.topics.replay import read_topic
 
-from .common import close_quietly, job_topics
+from .common import close_quietly
 from .ledger import Ledger, read_state
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter

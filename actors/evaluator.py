@@ -23,10 +23,9 @@ import logging
 import time
 
 from astraflow.config import JobConfig
-from astraflow.topics import Producer
+from astraflow.topics import Producer, job_topics
 
-from .common import (close_quietly, job_topics, lower_thread_priority, make_rollout_engine, model_path, niceness,
-                     set_threads)
+from .common import close_quietly, lower_thread_priority, make_rollout_engine, model_path, niceness, set_threads
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 

@@ -28,7 +28,8 @@ from astraflow.topics import (Consumer, DeadLetters, Heartbeat, Producer, Snapsh
                               TrajectoryGroup)
 from astraflow.topics.membership import MembershipWatch
 
-from .common import close_quietly, job_topics, make_rollout_engine, model_path, set_threads
+from astraflow.topics import job_topics
+from .common import close_quietly, make_rollout_engine, model_path, set_threads
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 

@@ -37,10 +37,9 @@ from opentelemetry import trace
 
 from astraflow.config import JobConfig
 from astraflow.engines.checkpoints import CheckpointStore
-from astraflow.topics import Batch, Consumer, DeadLetters, Heartbeat, Producer, SnapshotRequest
+from astraflow.topics import Batch, Consumer, DeadLetters, Heartbeat, Producer, SnapshotRequest, job_topics
 
-from .common import (close_quietly, job_topics, lower_priority, make_train_engine, model_path, niceness,
-                     set_threads, to_train_batch)
+from .common import close_quietly, lower_priority, make_train_engine, model_path, niceness, set_threads, to_train_batch
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 

@@ -122,8 +122,8 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
     embedded broker, its ``broker_setup(broker)`` context is entered before the broker starts
     (it may add ``server.properties`` to ``broker.extra``, e.g. the listeners of emulated WAN
     links) and exited after the broker stops."""
-    from astraflow.actors.common import job_topics, model_path
-    from astraflow.topics import Consumer, EmbeddedBroker, ensure_topics
+    from astraflow.actors.common import model_path
+    from astraflow.topics import Consumer, EmbeddedBroker, ensure_topics, job_topics
 
     overrides = list(overrides or [])
     run_dir = Path(run_dir or Path(cfg.run_dir) / f"{cfg.job}-{time.strftime('%Y%m%d-%H%M%S')}")

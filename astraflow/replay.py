@@ -69,7 +69,8 @@ def changed_settings(recorded: JobConfig, cfg: JobConfig) -> dict[str, list]:
 
 def replay(req: ReplayRequest, say: Callable[[str], None] = print) -> dict:
     """Run the replay; returns its summary (also written to the run directory)."""
-    from astraflow.actors.common import job_topics, set_threads
+    from astraflow.topics import job_topics
+    from astraflow.actors.common import set_threads
 
     cfg, job, policy = req.cfg, req.cfg.job, req.cfg.policy
     topics = job_topics(cfg)

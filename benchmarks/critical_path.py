@@ -23,9 +23,8 @@ import json
 from pathlib import Path
 from statistics import median
 
-from astraflow.actors.common import job_topics
 from astraflow.config import JobConfig
-from astraflow.topics import Batch, Task, TrajectoryGroup, VersionAnnouncement
+from astraflow.topics import Batch, Task, TrajectoryGroup, VersionAnnouncement, job_topics
 from astraflow.topics.replay import read_topic
 
 STAGES = ("publish_s", "schedule_s", "to_rollout_s", "rollout_s", "batch_s", "pickup_s")

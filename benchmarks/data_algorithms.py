@@ -86,10 +86,9 @@ def run_arm(arm: str, seed: int, job: dict, bootstrap: str, run_root: Path) -> d
 
 def analyse(cfg, bootstrap: str, summary: dict) -> dict:
     """Per-version rollouts, drops, skips and the audit, from the run's topics."""
-    from astraflow.actors.common import job_topics
     from astraflow.actors.ledger import read_state
     from astraflow.chaos.invariants import audit
-    from astraflow.topics import Batch, TrajectoryGroup
+    from astraflow.topics import Batch, TrajectoryGroup, job_topics
     from astraflow.topics.messages import GroupDrop
     from astraflow.topics.replay import read_topic
 

@@ -84,7 +84,7 @@ def _merge(base: dict, extra: dict) -> dict:
 
 
 def run_arm(arm: str, a: argparse.Namespace, bootstrap: str, run_root: Path) -> dict:
-    from astraflow.actors.common import job_topics
+    from astraflow.topics import job_topics
     from astraflow.chaos.invariants import audit
     from astraflow.config import load_config
     from astraflow.topology.launch import launch

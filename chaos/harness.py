@@ -25,7 +25,7 @@ class JobHarness:
         self.cfg, self.bootstrap, self.run_dir = cfg, bootstrap, Path(run_dir)
         self.overrides = list(overrides or [])
         self.procs: dict[str, Proc] = {}
-        from astraflow.actors.common import job_topics
+        from astraflow.topics import job_topics
         self.topics = job_topics(cfg)
         self.metrics: list[Metric] = []
         self._consumer: Consumer | None = None

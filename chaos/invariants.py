@@ -95,7 +95,7 @@ def audit(bootstrap: str, topics: JobTopics, policy: str, max_staleness: int, le
 
 def audit_job(bootstrap: str, cfg) -> dict[str, Audit]:
     """Every policy of a job config, and its episodes; ``"episodes"`` holds the cross-policy checks."""
-    from astraflow.actors.common import job_topics
+    from astraflow.topics import job_topics
     topics, lead = job_topics(cfg), cfg.lead_policy
     logs = {p: read_log(bootstrap, topics, p, lead) for p in cfg.policy_names}
     out = {p: check(log, cfg.view(p).effective_staleness, p) for p, log in logs.items()}

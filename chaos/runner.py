@@ -378,5 +378,5 @@ def _role(node: str) -> str:
 
 
 def _topics(cfg: JobConfig):
-    from astraflow.actors.common import job_topics
+    from astraflow.topics import job_topics
     return job_topics(cfg)

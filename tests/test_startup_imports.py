@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
 import sys
-from astraflow.actors.common import job_topics, model_path
+from astraflow.topics import job_topics
+from astraflow.actors.common import model_path
 from astraflow.checks import check_data, check_model
 from astraflow.config import load_config
 import astraflow.launcher

@@ -21,7 +21,7 @@ from .messages import (MESSAGE_TYPES, Batch, ChunkManifest, ChunkRef, DeadLetter
                        GenerationRequest, Heartbeat, Message,
                        Metric, Prompt, Sample, SnapshotRequest, SourceOffset, Task, TrajectoryGroup,
                        VersionAnnouncement)
-from .registry import JobTopics, TopicSpec, ensure_topics
+from .registry import JobTopics, TopicSpec, ensure_topics, job_topics
 
 __all__ = [
     "EmbeddedBroker", "EmbeddedCluster", "ChunkReader", "ChunkWriter", "ReleasableBuffer", "write_chunks", "Consumer", "DeadLetters", "Delivery",
@@ -30,5 +30,5 @@ __all__ = [
     "KafkaRuntimeError", "MissingChunkError", "ProduceError", "StaleMembershipError", "TopicConfigMismatch", "TopicsError",
     "UnknownMessageType", "UnsupportedSchema", "MESSAGE_TYPES", "Batch", "ChunkManifest", "ChunkRef",
     "DeadLetter", "Heartbeat", "Message", "Metric", "Prompt", "Sample", "SnapshotRequest", "SourceOffset", "Task",
-    "TrajectoryGroup", "VersionAnnouncement", "GenerationRequest", "GenerationReply", "JobTopics", "TopicSpec", "ensure_topics",
+    "TrajectoryGroup", "VersionAnnouncement", "GenerationRequest", "GenerationReply", "JobTopics", "TopicSpec", "ensure_topics", "job_topics",
 ]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Iterable
+from typing import Iterable, Protocol, Sequence
 
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
@@ -77,6 +77,34 @@ class TopicSpec:
             raise TopicsError(f"topic {self.name}: min.insync.replicas {min_isr} exceeds its replication factor "
                               f"{factor}; no write could ever be acknowledged (lower kafka.min_insync_replicas)")
         return replace(self, replication=factor, min_insync_replicas=min_isr)
+
+
+class KafkaSettings(Protocol):
+    """The part of a job's ``kafka`` config section its topics are made from."""
+
+    task_partitions: int
+    trajectory_partitions: int
+    replication_factor: int | None
+    min_insync_replicas: int | None
+
+
+class JobSettings(Protocol):
+    """What :func:`job_topics` reads of a job config (``astraflow.config.JobConfig``): the
+    topics layer knows the shape, not the config module."""
+
+    job: str
+    policy_names: Sequence[str]
+    kafka: KafkaSettings
+
+
+def job_topics(cfg: JobSettings) -> "JobTopics":
+    """The topics of the job ``cfg`` describes (every one of its policies; the remote-role
+    topics when it has several)."""
+    return JobTopics(job=cfg.job, policies=tuple(cfg.policy_names), task_partitions=cfg.kafka.task_partitions,
+                     trajectory_partitions=cfg.kafka.trajectory_partitions, weights_retention_ms=-1,
+                     replication_factor=cfg.kafka.replication_factor,
+                     min_insync_replicas=cfg.kafka.min_insync_replicas,
+                     generation=len(cfg.policy_names) > 1)
 
 
 @dataclass(frozen=True)

@@ -73,8 +73,7 @@ def make_backend(plan: Plan, cfg: JobConfig, command_for, log_dir: Path):
 
 def announce_started(bootstrap: str, cfg: JobConfig, nodes) -> None:
     """``starting`` heartbeats for nodes just started: their device time begins now, not at their first beat."""
-    from astraflow.actors.common import job_topics
-    from astraflow.topics import Producer
+    from astraflow.topics import Producer, job_topics
 
     from .accounting import starting_heartbeat
     topics = job_topics(cfg)
@@ -115,8 +114,7 @@ def autoscaler_running(plan: Plan, cfg: JobConfig, bootstrap: str, backend):
 
 def recount_device_hours(bootstrap: str, cfg: JobConfig, plan: Plan | None) -> dict:
     """Device-hours of the whole run, from every heartbeat on ``control`` (the summary's figures)."""
-    from astraflow.actors.common import job_topics
-    from astraflow.topics import Heartbeat
+    from astraflow.topics import Heartbeat, job_topics
     from astraflow.topics.replay import read_topic
 
     from .accounting import DeviceHours
@@ -217,9 +215,8 @@ def run_host(topology: str | Path, cfg: JobConfig, host: str, *, bootstrap: str 
     """``astraflow node --topology F --host H``: this host's nodes (and the autoscaler, if it lives
     here) until the host's trainer/dataflow finish — on a host without them, until the trainer
     reports done — or SIGTERM/SIGINT; returns 0, raises :class:`~astraflow.launcher.RunFailed`."""
-    from astraflow.actors.common import job_topics
     from astraflow.launcher import Proc, RunFailed, _supervise, stop_processes
-    from astraflow.topics import Consumer, Metric
+    from astraflow.topics import Consumer, Metric, job_topics
     from kafka import TopicPartition
 
     overrides = list(overrides or [])

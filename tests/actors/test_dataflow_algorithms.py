@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from astraflow.actors.common import job_topics
+from astraflow.topics import job_topics
 from astraflow.actors.dataflow import DataflowActor
 from astraflow.actors.ledger import read_state
 from astraflow.chaos.invariants import audit

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from astraflow.actors.common import job_topics
+from astraflow.topics import job_topics
 from astraflow.actors.dataflow import DataflowActor
 from astraflow.chaos.invariants import audit_job
 from astraflow.config import JobConfig, from_dict

@@ -7,10 +7,9 @@ import threading
 import pytest
 from kafka import KafkaAdminClient, TopicPartition
 
-from astraflow.actors.common import job_topics
 from astraflow.chaos.invariants import audit
 from astraflow.launcher import run_job
-from astraflow.topics import Consumer, EmbeddedCluster, Metric
+from astraflow.topics import Consumer, EmbeddedCluster, Metric, job_topics
 
 pytestmark = pytest.mark.slow
 

@@ -10,10 +10,9 @@ import json
 
 import pytest
 
-from astraflow.actors.common import job_topics
 from astraflow.chaos.harness import JobHarness
 from astraflow.chaos.invariants import audit
-from astraflow.topics import ensure_topics
+from astraflow.topics import ensure_topics, job_topics
 
 pytestmark = pytest.mark.slow
 

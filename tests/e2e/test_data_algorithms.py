@@ -12,11 +12,10 @@ from collections import defaultdict
 
 import pytest
 
-from astraflow.actors.common import job_topics
 from astraflow.actors.ledger import read_state
 from astraflow.algorithms.pipeline import digest
 from astraflow.chaos.harness import JobHarness
-from astraflow.topics import Batch, Task, TrajectoryGroup, ensure_topics
+from astraflow.topics import Batch, Task, TrajectoryGroup, ensure_topics, job_topics
 from astraflow.topics.messages import DROP_REASONS, GroupDrop
 from astraflow.topics.replay import read_topic
 

@@ -12,9 +12,8 @@ import dataclasses
 
 import pytest
 
-from astraflow.actors.common import job_topics
 from astraflow.launcher import run_job
-from astraflow.topics import TrajectoryGroup
+from astraflow.topics import TrajectoryGroup, job_topics
 from astraflow.topics.codec import encode
 from astraflow.topics.replay import read_topic
 

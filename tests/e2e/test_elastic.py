@@ -14,11 +14,10 @@ import time
 import pytest
 import yaml
 
-from astraflow.actors.common import job_topics
 from astraflow.chaos.harness import JobHarness
 from astraflow.chaos.invariants import audit
 from astraflow.status import job_status
-from astraflow.topics import Heartbeat, ensure_topics
+from astraflow.topics import Heartbeat, ensure_topics, job_topics
 from astraflow.topics.replay import read_topic
 from astraflow.topology.backends import retire_process
 from astraflow.topology.launch import launch

@@ -133,9 +133,8 @@ def test_config_check_passes_a_good_config(make_job_config, tmp_path):
 def test_skip_sends_bad_rows_to_the_dlq_and_publishes_the_rest(bootstrap, make_job_config, tmp_path):
     import time
 
-    from astraflow.actors.common import job_topics
     from astraflow.actors.dataflow import DataflowActor
-    from astraflow.topics import DeadLetter, Prompt, ensure_topics
+    from astraflow.topics import DeadLetter, Prompt, ensure_topics, job_topics
     from astraflow.topics.replay import read_topic
 
     (tmp_path / "d.jsonl").write_text(BAD_ROWS)

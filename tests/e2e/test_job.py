@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.actors.common import job_topics
 from astraflow.chaos.invariants import audit
 from astraflow.topics.replay import read_topic
 from astraflow.launcher import run_job
-from astraflow.topics import DeadLetter, Producer, SnapshotRequest, ensure_topics
+from astraflow.topics import DeadLetter, Producer, SnapshotRequest, ensure_topics, job_topics
 
 pytestmark = [pytest.mark.slow, pytest.mark.core]
 

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from astraflow.actors.common import job_topics
 from astraflow.chaos.harness import JobHarness
-from astraflow.topics import Batch, Task, ensure_topics
+from astraflow.topics import Batch, Task, ensure_topics, job_topics
 from astraflow.topics.replay import read_topic
 
 pytestmark = pytest.mark.slow

@@ -11,10 +11,9 @@ import time
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
-from astraflow.actors.common import job_topics
 from astraflow.chaos.harness import JobHarness
 from astraflow.chaos.hooks import HANG_IN_TXN, HANG_MARK
-from astraflow.topics import ensure_topics
+from astraflow.topics import ensure_topics, job_topics
 
 pytestmark = pytest.mark.slow
 

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.actors.common import job_topics
 from astraflow.launcher import run_job
 from astraflow.recorded import end_offsets, recorded_versions
-from astraflow.topics import Batch, TrajectoryGroup
+from astraflow.topics import Batch, TrajectoryGroup, job_topics
 from astraflow.topics.replay import read_topic
 
 pytestmark = pytest.mark.slow

@@ -11,11 +11,10 @@ import time
 
 import pytest
 
-from astraflow.actors.common import job_topics
 from astraflow.actors.weights import read_latest_announcement
 from astraflow.chaos.harness import JobHarness
 from astraflow.engines.checkpoints import PAUSE_ENV, CheckpointStore
-from astraflow.topics import Heartbeat, VersionAnnouncement, ensure_topics
+from astraflow.topics import Heartbeat, VersionAnnouncement, ensure_topics, job_topics
 from astraflow.topics.replay import read_topic
 
 pytestmark = pytest.mark.slow

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.actors.common import job_topics
 from astraflow.chaos.harness import JobHarness
 from astraflow.engines.checkpoints import CheckpointStore
 from astraflow.errors import EXIT_FATAL
 from astraflow.launcher import Proc, node_command
-from astraflow.topics import ensure_topics
+from astraflow.topics import ensure_topics, job_topics
 from astraflow.trainer_group import TEST_RANK_FATAL_ENV, free_port
 
 from .test_chaos import _assert_conserved

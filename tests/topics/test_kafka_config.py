@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from astraflow.actors.common import job_topics
+from astraflow.topics import job_topics
 from astraflow.config import ConfigError, load_config
 
 
