@@ -259,8 +259,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     import dataclasses
 
     from astraflow.config import load_config
-    from astraflow.recorded import RecordError
-    from astraflow.replay import WHAT_IF_PREFIXES, ReplayRequest, replay
+    from astraflow.replay import WHAT_IF_PREFIXES, RecordError, ReplayRequest, replay
     if not args.config:
         raise RecordError("astraflow replay needs --config: a job's topics record its batches and weights, not its "
                           "config; pass the file `astraflow run` used, with its --set overrides written into it")
@@ -298,7 +297,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from astraflow.export import export_trajectories
+    from astraflow.replay import export_trajectories
     meta = export_trajectories(args.bootstrap_servers, args.job, args.out, policy=args.policy,
                                tokenizer=args.tokenizer)
     print(f"exported {meta['rows']} samples of {meta['groups']} groups ({meta['groups_trained']} trained, "

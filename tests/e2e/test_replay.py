@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.launcher import run_job
-from astraflow.recorded import end_offsets, recorded_versions
+from astraflow.replay.recorded import end_offsets, recorded_versions
 from astraflow.topics import Batch, TrajectoryGroup, job_topics
 from astraflow.topics.replay import read_topic
 

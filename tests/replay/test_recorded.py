@@ -14,11 +14,11 @@ from kafka import KafkaAdminClient, TopicPartition
 from astraflow.actors.weights import WeightPublisher
 from astraflow.cli import _overrides, main
 from astraflow.engines.deltas import tensor_hashes, weights_digest
-from astraflow.recorded import RecordError, read_batches, recorded_versions
+from astraflow.replay.recorded import RecordError, read_batches, recorded_versions
 from astraflow.topics import Batch
 from tests.test_weight_transfer import Trainer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def job_config(tmp_path: Path, job: str) -> Path:

@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from astraflow.recorded import RecordError, check_job, end_offsets, iter_records, policies
+from astraflow.replay.recorded import RecordError, check_job, end_offsets, iter_records, policies
 from astraflow.topics import Batch, JobTopics, Task, TrajectoryGroup
 from astraflow.topics.messages import GroupDrop
 

@@ -10,7 +10,7 @@ rebuilds the optimizer state exactly), into a run directory of its own (checkpoi
 
 * **Unchanged settings** (verify): after every step the weights, cast to the published
   dtype, are compared bit for bit with the digest the job announced for that version
-  (:mod:`astraflow.recorded`); the first divergence stops the replay and names the step,
+  (:mod:`.recorded`); the first divergence stops the replay and names the step,
   the version and, where the payload still holds per-tensor hashes, the tensors.
 * **Changed settings** (``--set trainer.engine.KEY=VALUE``: LR, loss, KL, clipping; a
   what-if): the same batches train a new lineage from the branch step on, off-policy
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from astraflow.config import JobConfig
 from astraflow.engines.checkpoints import CheckpointError, CheckpointStore
-from astraflow.recorded import (RecordedVersion, RecordError, batch_span, check_job, check_kept, read_batches,
+from astraflow.replay.recorded import (RecordedVersion, RecordError, batch_span, check_job, check_kept, read_batches,
                                 recorded_metrics, recorded_versions)
 
 __all__ = ["ReplayRequest", "replay", "changed_settings", "WHAT_IF_PREFIXES", "RECORDED"]
@@ -110,7 +110,7 @@ def replay(req: ReplayRequest, say: Callable[[str], None] = print) -> dict:
     finally:
         run.close()
     summary = run.summary(run_dir, time.time() - started)
-    from astraflow.replay_report import write_outputs
+    from astraflow.replay.outputs import write_outputs
     write_outputs(run_dir, summary, run.rows, recorded_metrics(req.bootstrap, topics, policy))
     return summary
 
