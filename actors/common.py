@@ -19,7 +19,7 @@ from astraflow.topics import Batch
 
 def model_path(cfg: JobConfig) -> Path:
     """The policy's initial HF model dir (the cached tiny bootstrapped model unless configured)."""
-    from astraflow.engines.factory import resolve_model_path
+    from astraflow.models.bootstrap import resolve_model_path
     return Path(resolve_model_path(cfg.model.path or "", cfg.model.seed, cfg.model.task))
 
 

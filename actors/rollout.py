@@ -22,13 +22,12 @@ import time
 from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from opentelemetry import trace
 
-from astraflow.chaos.hooks import hang_in_transaction
 from astraflow.config import JobConfig
 from astraflow.topics import (Consumer, DeadLetters, Heartbeat, Producer, SnapshotRequest, StaleMembershipError, Task,
-                              TrajectoryGroup)
+                              TrajectoryGroup, job_topics)
 from astraflow.topics.membership import MembershipWatch
 
-from astraflow.topics import job_topics
+from . import fault_points
 from .common import close_quietly, make_rollout_engine, model_path, set_threads
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
@@ -155,7 +154,7 @@ class RolloutActor(LoopActor):
                     with trace.use_span(span):  # the record carries this rollout's trace context
                         for g in gs:
                             self.producer.send(self.topics.trajectories, g, key=g.task_id)
-                hang_in_transaction(self.node_id)  # test-only fault hook (astraflow.chaos.hooks)
+                fault_points.reach(fault_points.IN_TRANSACTION, self.node_id)
                 self.producer.send_offsets(self.consumer)
         except StaleMembershipError as e:
             # Fell out of the group while rolling out (a broker restart, a long pause): the

@@ -3,7 +3,7 @@
 ``dataflow.algorithms`` is a list; each entry is a name (``- edf``) or a mapping with a
 ``name`` and that algorithm's parameters (``- {name: replay, ratio: 0.3}``). Parameters
 are parsed as strictly as the rest of the job config: an unknown algorithm, an unknown
-key or a bad value is a :class:`~astraflow.config.ConfigError` naming the file and the
+key or a bad value is a :class:`~astraflow.typed_config.ConfigError` naming the file and the
 dotted key (``dataflow.algorithms[2].ratio``). A new algorithm subclasses one of the
 three interfaces in :mod:`.base`, gives itself a ``name`` and a ``Params`` dataclass, and
 is added with :func:`register`.
@@ -14,10 +14,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from astraflow.config import AlgorithmSpec, ConfigError, from_dict
+from astraflow.typed_config import ConfigError, from_dict
 from astraflow.topics.messages import DROP_REASONS
 
-from .base import Algorithm, BatchComposer, GroupFilter, PromptCurator
+from .base import Algorithm, AlgorithmSpec, BatchComposer, GroupFilter, PromptCurator
 from .curriculum import Curriculum
 from .dynamic_sampling import DynamicSampling
 from .filter_solved import FilterSolved

@@ -251,7 +251,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_model(args: argparse.Namespace) -> int:
-    from astraflow.engines.bootstrap import main as model_main
+    from astraflow.models.bootstrap import main as model_main
     return model_main(args.args)
 
 

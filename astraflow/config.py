@@ -1,37 +1,30 @@
 """Job configuration: typed sections, loaded from YAML and validated at load time.
 
 Every section is a frozen dataclass whose fields carry ``metadata={"help": ...}``.
-:func:`load_config` is strict: an unknown key, a missing required key or a value of the
-wrong type raises :class:`ConfigError` naming the dotted key and the file.
+:func:`load_config` is strict (the shared loader, :mod:`astraflow.typed_config`): an
+unknown key, a missing required key or a value of the wrong type raises
+:class:`ConfigError` naming the dotted key and the file. Beyond the types it checks what
+spans sections: data-algorithm pipelines, workflow and role bindings, topic-safe names.
+The components read it; it sits above the engines, workflows and algorithms whose
+settings and names it validates, and below the actors.
 """
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
 import re
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
+from astraflow.algorithms.base import AlgorithmSpec
 from astraflow.engines.config import RolloutConfig as EngineRolloutConfig
 from astraflow.engines.config import TrainerConfig as EngineTrainerConfig
-from astraflow.errors import FatalError
+from astraflow.typed_config import ConfigError, from_dict, load_yaml
 
 
 _TOPIC_SAFE = re.compile(r"[A-Za-z0-9._-]{1,120}")
-
-
-class ConfigError(FatalError, ValueError):
-    """Invalid job configuration; names the file and the dotted key."""
-
-    def __init__(self, file: str, key: str, problem: str) -> None:
-        self.file, self.key, self.problem = file, key, problem
-        super().__init__(f"{file}: {key}: {problem}")
 
 
 def _f(default: Any = dataclasses.MISSING, help: str = "", **kw: Any) -> Any:  # noqa: A002
@@ -114,19 +107,6 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if self.emulate_slowdown < 1.0:
             raise ValueError(f"rollout.emulate_slowdown must be >= 1 (a slowdown factor), got {self.emulate_slowdown}")
-
-
-@dataclass(frozen=True)
-class AlgorithmSpec:
-    """One ``dataflow.algorithms`` entry: a registered data algorithm and its parsed parameters."""
-
-    name: str
-    params: Any
-
-    @classmethod
-    def from_config(cls, value: Any, file: str, key: str) -> "AlgorithmSpec":
-        from astraflow.algorithms.registry import parse_spec
-        return parse_spec(value, file, key)
 
 
 @dataclass(frozen=True)
@@ -242,6 +222,11 @@ class JobConfig:
                                                         "trainer-centred schedule, for comparison)")
     source: str = field(default="<dict>", compare=False, metadata={"help": "file it was loaded from"})
 
+    @classmethod
+    def normalize_config(cls, data: dict, file: str) -> dict:
+        """Before the keys are checked: each ``policies.<p>`` section starts from the top-level one."""
+        return _with_policy_defaults(data, file)
+
     def __post_init__(self) -> None:
         # Names that become parts of Kafka topic names (af.<job>.tasks.<policy>, ...): refused
         # here, not by the broker once the components are already starting.
@@ -340,14 +325,7 @@ class JobConfig:
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> JobConfig:
     """Read and validate a YAML job config; ``overrides`` are dotted keys (``trainer.steps``)."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(str(path), "<file>", "no such file") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(str(path), "<file>", f"not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(str(path), "<root>", "expected a mapping of sections")
+    data = load_yaml(path, "a mapping of sections")
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, last = dotted.split(".")
@@ -388,84 +366,6 @@ def _with_policy_defaults(data: dict, file: str) -> dict:
     out = {**data, "policies": merged}
     out.setdefault("policy", next(iter(merged)))
     return out
-
-
-def from_dict(cls: type, data: Any, file: str = "<dict>", prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from plain data, strictly (see :class:`ConfigError`)."""
-    where = prefix.rstrip(".") or "<root>"
-    if not isinstance(data, dict):
-        raise ConfigError(file, where, f"expected a mapping, got {type(data).__name__}")
-    if cls is JobConfig:
-        data = _with_policy_defaults(data, file)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    for key in data:
-        if key not in fields:
-            raise ConfigError(file, prefix + str(key),
-                              f"unknown key (allowed in {where}: {', '.join(sorted(fields))})")
-    kwargs = {}
-    for name, f in fields.items():
-        key = prefix + name
-        if name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ConfigError(file, key, "required key is missing")
-            continue
-        kwargs[name] = _coerce(hints[name], data[name], file, key)
-    try:
-        return cls(**kwargs)
-    except ConfigError:
-        raise
-    except (ValueError, TypeError) as e:
-        raise ConfigError(file, where, str(e)) from None
-
-
-def _coerce(tp: Any, value: Any, file: str, key: str) -> Any:
-    origin = typing.get_origin(tp)
-    if hasattr(tp, "from_config"):  # an entry that parses itself (a data algorithm and its parameters)
-        return tp.from_config(value, file, key)
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, file, key + ".")
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(a, value, file, key)
-            except ConfigError as e:
-                errors.append(e.problem)
-        raise ConfigError(file, key, "; ".join(errors))
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(file, key, f"expected a list, got {type(value).__name__} {value!r}")
-        args = typing.get_args(tp)
-        items = args[:1] * len(value) if len(args) == 2 and args[1] is Ellipsis else args
-        if len(items) != len(value):
-            raise ConfigError(file, key, f"expected {len(items)} items, got {len(value)}")
-        return tuple(_coerce(a, v, file, f"{key}[{i}]") for i, (a, v) in enumerate(zip(items, value)))
-    if origin in (dict, collections.abc.Mapping) or tp in (dict,):
-        if not isinstance(value, dict):
-            raise ConfigError(file, key, f"expected a mapping, got {type(value).__name__} {value!r}")
-        args = typing.get_args(tp)
-        vt = args[1] if len(args) == 2 else Any
-        return {str(k): _coerce(vt, v, file, f"{key}.{k}") for k, v in value.items()}
-    if origin is Literal:
-        allowed = typing.get_args(tp)
-        if value not in allowed:
-            raise ConfigError(file, key, f"must be one of {list(allowed)}, got {value!r}")
-        return value
-    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if tp is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if tp in (str, bool) and isinstance(value, tp):
-        return value
-    if tp is Any:
-        return value
-    raise ConfigError(file, key, f"expected {getattr(tp, '__name__', tp)}, got {type(value).__name__} {value!r}")
 
 
 def describe(cls: type = JobConfig, prefix: str = "") -> list[tuple[str, str, str]]:

@@ -1,6 +1,7 @@
 """One component process: ``astraflow node --role dataflow|raas|trainer``.
 
-Sets the process's thread budget, installs tracing, and runs the role's actors under a
+Sets the process's thread budget, installs tracing (and a test's fault points, when its
+environment asks for them: :mod:`astraflow.chaos.hooks`), and runs the role's actors under a
 supervisor until they finish, the process is asked to stop (SIGTERM / Ctrl-C), or the
 supervisor gives up on an actor — then it exits non-zero with the reason as its last
 stderr line: 1 after retriable failures used up the restarts (a fresh process may fare
@@ -79,6 +80,9 @@ def run_node(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: s
 
     from astraflow.actors.supervisor import Outcome, run_supervised
     from astraflow.actors.telemetry import setup_tracing
+    from astraflow.chaos.hooks import install_from_env
+    for point in install_from_env():  # a test's fault at a named moment (nothing in a production run)
+        log.warning("test fault installed at %s", point)
     provider = setup_tracing(node_id, run_dir, cfg.tracing.otlp_endpoint, cfg.tracing.otlp_protocol)
     stop = threading.Event()
 

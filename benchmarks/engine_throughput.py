@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from astraflow.engines.base import SamplingParams, TrainBatch, TrainSample
-    from astraflow.engines.bootstrap import ensure_tiny_model
+    from astraflow.models.bootstrap import ensure_tiny_model
     from astraflow.engines.config import TrainerConfig
     from astraflow.engines.cpu import CpuEngine
     from astraflow.workflows.arithmetic import generate_problems, reward

@@ -68,7 +68,7 @@ QUICK = ModelSpec("qwen3-tiny", hidden_size=64, intermediate_size=128, num_layer
 
 
 def bench_model_root() -> Path:
-    from astraflow.engines.bootstrap import cache_root
+    from astraflow.models.bootstrap import cache_root
 
     return cache_root().parent / "bench-models"
 

@@ -68,7 +68,8 @@ def rl_steps(steps: int, prompts: int, samples: int, seed: int) -> tuple[list[di
 
     from astraflow.engines.base import SamplingParams, TrainBatch, TrainSample
     from astraflow.engines.cpu import CpuEngine
-    from astraflow.engines.factory import make_train_engine, resolve_model_path
+    from astraflow.engines.factory import make_train_engine
+    from astraflow.models.bootstrap import resolve_model_path
     from astraflow.workflows import arithmetic
 
     path = resolve_model_path("", seed)

@@ -4,8 +4,9 @@
 or the SGLang engine (``kind: sglang``); ``make_train_engine(cfg)`` returns the DeepSpeed
 trainer. ``cfg`` is a ``RolloutConfig`` / ``TrainerConfig`` or the equivalent mapping
 (the ``rollout:`` / ``trainer:`` section of a job config; keys documented on those
-classes, unknown keys rejected). An empty ``model_path`` means the bootstrapped tiny
-model (built and cached on first use).
+classes, unknown keys rejected) with ``model_path`` a Hugging Face model directory; which
+one a job uses (its configured path, or the cached tiny model) is decided in
+:mod:`astraflow.models.bootstrap`, above the engines.
 """
 
 from __future__ import annotations
@@ -17,25 +18,26 @@ from typing import Any
 from .base import RolloutEngine, TrainEngine
 from .config import RolloutConfig, SGLangConfig, TrainerConfig, from_dict
 
-__all__ = ["make_rollout_engine", "make_train_engine", "resolve_model_path", "RolloutConfig", "TrainerConfig", "SGLangConfig"]
+__all__ = ["make_rollout_engine", "make_train_engine", "model_dir", "RolloutConfig", "TrainerConfig", "SGLangConfig"]
 
 
-def resolve_model_path(model_path: str, seed: int = 0, task: str = "arithmetic") -> Path:
-    """``model_path`` if set, else the cached tiny model warm-started on ``task``
-    (``engines/warm_start.py``; built on first use)."""
-    if model_path:
-        path = Path(model_path).expanduser()
-        if not (path / "config.json").exists():
-            raise FileNotFoundError(f"model_path {path} has no config.json; run `astraflow model init --out {path}` or fix the path")
-        return path
-    from .bootstrap import ensure_tiny_model
+def model_dir(model_path: str | Path) -> Path:
+    """``model_path`` as a Hugging Face model directory (it must hold a ``config.json``).
 
-    return ensure_tiny_model(seed=seed, task=task)
+    Engines load a directory they are given; which model a job uses (its configured path or
+    the cached tiny model) is decided above them (:func:`astraflow.models.bootstrap.resolve_model_path`)."""
+    if not str(model_path):
+        raise FileNotFoundError("model_path is empty: give the engine a Hugging Face model directory (a job "
+                                "resolves its `model` section to one; `astraflow model init --out DIR` builds one)")
+    path = Path(model_path).expanduser()
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"model_path {path} has no config.json; run `astraflow model init --out {path}` or fix the path")
+    return path
 
 
 def make_rollout_engine(cfg: RolloutConfig | Mapping[str, Any] | None = None) -> RolloutEngine:
     cfg = from_dict(RolloutConfig, cfg, "rollout")
-    path = resolve_model_path(cfg.model_path, cfg.seed)
+    path = model_dir(cfg.model_path)
     if cfg.kind == "cpu":
         from .cpu import CpuEngine
 
@@ -49,4 +51,4 @@ def make_train_engine(cfg: TrainerConfig | Mapping[str, Any] | None = None) -> T
     cfg = from_dict(TrainerConfig, cfg, "trainer")
     from .deepspeed_trainer import DeepSpeedTrainer
 
-    return DeepSpeedTrainer(resolve_model_path(cfg.model_path, cfg.seed), cfg)
+    return DeepSpeedTrainer(model_dir(cfg.model_path), cfg)

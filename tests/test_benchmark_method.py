@@ -35,7 +35,7 @@ def test_results_record_the_load_they_were_measured_under(tmp_path):
 def tiny_lm():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from astraflow.engines.bootstrap import ensure_tiny_model
+    from astraflow.models.bootstrap import ensure_tiny_model
     path = ensure_tiny_model()
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     return path, model, AutoTokenizer.from_pretrained(str(path))

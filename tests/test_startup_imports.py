@@ -34,7 +34,7 @@ print("torch loaded:", "torch" in sys.modules)
 
 
 def test_the_launcher_path_before_the_broker_imports_no_torch(tmp_path):
-    from astraflow.engines.bootstrap import ensure_tiny_model
+    from astraflow.models.bootstrap import ensure_tiny_model
 
     ensure_tiny_model()  # built (torch) here if missing: the launcher only looks it up
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT / "examples" / "arithmetic_grpo.yaml")],

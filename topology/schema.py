@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
-from astraflow.config import ConfigError, from_dict
+from astraflow.typed_config import ConfigError, from_dict, load_yaml
 
 COMPONENTS = ("dataflow", "trainer", "raas")
 EMBEDDED = "embedded"
@@ -191,14 +189,7 @@ def load_topology(path: str | Path) -> Topology:
     """Read, type-check and cross-check a topology file (:class:`TopologyError` names file and key)."""
     from .validation import validate
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise TopologyError(str(path), "<file>", "no such file") from None
-    except yaml.YAMLError as e:
-        raise TopologyError(str(path), "<file>", f"not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise TopologyError(str(path), "<root>", "expected a mapping with name and regions")
+    data = load_yaml(path, "a mapping with name and regions", TopologyError)
     topo = parse_topology(data, str(path))
     validate(topo)
     return topo

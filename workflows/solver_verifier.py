@@ -10,7 +10,7 @@ text as context. Rewards:
 * verifier: 1 iff its verdict parsed and equals the correctness of the first attempt;
 * team: the correctness of the solver's final answer (the retry when there was one).
 
-Prompt formats (what the warm-started tiny models learn, ``engines/warm_start.py``):
+Prompt formats (what the warm-started tiny models learn, ``models/warm_start.py``):
 solver ``12+7=`` -> ``19``; verifier ``12+7=19|`` -> ``<A>``; retry
 ``12+7=18|<R>;12+7=`` -> the second answer.
 """

@@ -27,7 +27,7 @@ def topics(bootstrap):
 def tok_engine():
     from transformers import AutoTokenizer
 
-    from astraflow.engines.bootstrap import ensure_tiny_model
+    from astraflow.models.bootstrap import ensure_tiny_model
     from astraflow.engines.cpu import CpuEngine
     path = ensure_tiny_model()
     engine = CpuEngine(path)

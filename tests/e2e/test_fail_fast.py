@@ -41,7 +41,7 @@ def bad_data_config(make_job_config, tmp_path):
 
 
 def test_bad_row_stops_the_run_with_its_cause_as_the_last_line(bootstrap, bad_data_config, tmp_path):
-    from astraflow.engines.bootstrap import ensure_tiny_model
+    from astraflow.models.bootstrap import ensure_tiny_model
     ensure_tiny_model()  # built once per machine; not part of what this test bounds
     # Before: 6 in-process retries x 4 process restarts (minutes), then a traceback.
     r = _astraflow("run", bad_data_config.source, "--bootstrap-servers", bootstrap, "--quiet",

@@ -151,7 +151,7 @@ def test_sigkilled_rank_stops_its_group_and_the_restarted_group_resumes(make_job
 
 
 def test_fatal_rank_stops_the_run_with_its_cause_as_the_last_line(make_job_config, bootstrap, tmp_path):
-    from astraflow.engines.bootstrap import ensure_tiny_model
+    from astraflow.models.bootstrap import ensure_tiny_model
     ensure_tiny_model()
     cfg = make_job_config({**GROUP, "trainer": {**GROUP["trainer"], "ranks": 2}}, name="ranks-fatal")
     run_dir = tmp_path / "run"
@@ -172,7 +172,7 @@ def _consolidated_digest(step_dir: Path) -> str:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoModelForCausalLM
 
-    from astraflow.engines.bootstrap import ensure_tiny_model
+    from astraflow.models.bootstrap import ensure_tiny_model
     from astraflow.engines.deepspeed_trainer import CKPT_TAG
     from astraflow.engines.deltas import weights_digest
 

@@ -14,7 +14,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 @pytest.fixture(scope="session")
 def tiny_model_path():
     """The cached warm-started tiny model (built once, ~1 min on 2 cores, then reused)."""
-    from astraflow.engines.bootstrap import ensure_tiny_model
+    from astraflow.models.bootstrap import ensure_tiny_model
 
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     return ensure_tiny_model()

@@ -45,7 +45,7 @@ def trainer(path, zero_stage: int, **overrides):
 
 
 def main(out: Path) -> None:
-    from astraflow.engines.bootstrap import ensure_tiny_model
+    from astraflow.models.bootstrap import ensure_tiny_model
 
     torch.set_num_threads(1)
     path = ensure_tiny_model()

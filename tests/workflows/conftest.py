@@ -13,7 +13,7 @@ def tokenizer_and_engine():
     """``(tokenizer, CpuEngine)`` of the cached warm-started tiny model (built once)."""
     from transformers import AutoTokenizer
 
-    from astraflow.engines.bootstrap import ensure_tiny_model
+    from astraflow.models.bootstrap import ensure_tiny_model
     from astraflow.engines.cpu import CpuEngine
 
     torch.set_num_threads(min(2, os.cpu_count() or 1))

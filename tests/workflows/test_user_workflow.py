@@ -33,7 +33,7 @@ def test_the_readme_workflow_registers_binds_and_runs(readme_module, tmp_path):
     from transformers import AutoTokenizer
 
     from astraflow.actors.episodes import EpisodeRunner
-    from astraflow.engines.bootstrap import ensure_tiny_model
+    from astraflow.models.bootstrap import ensure_tiny_model
     from astraflow.engines.cpu import CpuEngine
     from astraflow.topics import Task
     path = ensure_tiny_model()

@@ -1,6 +1,7 @@
 """Tiny-model bootstrap: build, warm-start and cache a CPU policy for one role.
 
-Owns ``astraflow model init`` (``main``) and ``ensure_tiny_model``. A tiny Qwen3 causal LM
+Owns ``astraflow model init`` (``main``), ``ensure_tiny_model`` and ``resolve_model_path``
+(a job's model: its configured directory, or this cached tiny model). A tiny Qwen3 causal LM
 (~2.4 M parameters) with a locally built character tokenizer is trained by a short,
 deterministic supervised run on a warm-start task (``warm_start.py``: ``arithmetic``, the
 demo's solver, by default; ``verifier``, the code roles, ...) and **stopped early**, as
@@ -38,7 +39,7 @@ from .warm_start import DEFAULT_TASK, WarmStartTask, get_task, task_names
 if TYPE_CHECKING:  # the cache lookup (every launcher and node) needs no torch; building does
     import torch
 
-__all__ = ["TinyModelSpec", "default_spec", "ensure_tiny_model", "build_tiny_model", "cache_root",
+__all__ = ["TinyModelSpec", "default_spec", "ensure_tiny_model", "resolve_model_path", "build_tiny_model", "cache_root",
            "add_legacy_config_keys", "main"]
 
 FORMAT_VERSION = 2  # bump when the build procedure changes, so old caches are not reused
@@ -90,6 +91,15 @@ def cache_root() -> Path:
     env = os.environ.get("ASTRAFLOW_CACHE")
     base = Path(env) if env else Path.home() / ".cache" / "astraflow"
     return base / "models"
+
+
+def resolve_model_path(model_path: str, seed: int = 0, task: str = DEFAULT_TASK) -> Path:
+    """``model_path`` if set (checked: :func:`astraflow.engines.factory.model_dir`), else the
+    cached tiny model warm-started on ``task`` (built on first use)."""
+    if model_path:
+        from astraflow.engines.factory import model_dir
+        return model_dir(model_path)
+    return ensure_tiny_model(seed=seed, task=task)
 
 
 def ensure_tiny_model(cache_dir: str | Path | None = None, seed: int = 0, spec: TinyModelSpec | None = None,
@@ -154,7 +164,7 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec | N
     import torch
     from transformers import AutoTokenizer, Qwen3ForCausalLM
 
-    from .cpu import CpuEngine
+    from astraflow.engines.cpu import CpuEngine
 
     warm = get_task(task)
     spec = spec or default_spec(task)
@@ -263,7 +273,7 @@ def _measure(warm: WarmStartTask, engine, tokenizer, examples: list[tuple[str, s
              temperature: float = 0.6, seed: int = 0, batch_size: int = 256) -> float:
     """Mean of the task's score over ``k`` completions per example (``temperature=0``:
     greedy)."""
-    from .base import SamplingParams
+    from astraflow.engines.base import SamplingParams
 
     prompts = [tokenizer.encode(p, add_special_tokens=False) for p, _ in examples]
     budget = warm.max_new_tokens or 1 + max(len(tokenizer.encode(t, add_special_tokens=False)) for _, t in examples)

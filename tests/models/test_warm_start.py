@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
-from astraflow.engines.bootstrap import (FORMAT_VERSION, MARKER, TinyModelSpec, default_spec, ensure_tiny_model,
+from astraflow.models.bootstrap import (FORMAT_VERSION, MARKER, TinyModelSpec, default_spec, ensure_tiny_model,
                                          main)
-from astraflow.engines.factory import resolve_model_path
-from astraflow.engines.warm_start import (ACCEPT, REJECT, TASKS, WarmStartError, get_task, near_miss,
+from astraflow.models.bootstrap import resolve_model_path
+from astraflow.models.warm_start import (ACCEPT, REJECT, TASKS, WarmStartError, get_task, near_miss,
                                           task_names)
 from astraflow.workflows.arithmetic import split_of
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from astraflow.engines.bootstrap import MARKER, TinyModelSpec, build_tiny_model, ensure_tiny_model, main
+from astraflow.models.bootstrap import MARKER, TinyModelSpec, build_tiny_model, ensure_tiny_model, main
 
 BAND = (0.10, 0.50)
 
