@@ -90,13 +90,13 @@ class GenerationClient:
                     slot[0].set()
 
     def generate(self, role: str, policy: str, episode_id: str, prompts: Sequence[Sequence[int]],
-                 seeds: Sequence[int], sampling: dict, tokenizer, min_version: int = 0) -> list[Turn]:
+                 seeds: Sequence[int], sampling: dict, tokenizer) -> list[Turn]:
         request_id = f"{self._nonce}.{next(self._ids)}"
         event, box = threading.Event(), []
         with self._lock:
             self._waiting[request_id] = (event, box)
         req = GenerationRequest(request_id, episode_id, policy, role, [list(p) for p in prompts], list(seeds),
-                                dict(sampling), self.node_id, min_version, time.time())
+                                dict(sampling), ts=time.time())
         t0 = time.monotonic()
         self.producer.send(self.topics.generate(policy), req, key=episode_id)
         self.producer.flush()

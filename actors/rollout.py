@@ -256,8 +256,8 @@ class RolloutActor(LoopActor):
         elapsed = max(1e-9, now - self._started)
         held = self.subscriber.held_by(self.engine)  # the lineage the engine rolls out with
         self.plain.send(self.topics.control,
-                        Heartbeat(self.node_id, "raas", self.cfg.policy, self.engine.version, 0, 1,
-                                  self._tokens / elapsed, time.time(), epoch=held.epoch if held else 0,
+                        Heartbeat(self.node_id, "raas", self.cfg.policy, self.engine.version,
+                                  tokens_per_s=self._tokens / elapsed, ts=time.time(), epoch=held.epoch if held else 0,
                                   weights_digest=held.digest if held else ""), key=self.node_id, trace=False)
 
     def _emulate_slower_device(self, took_s: float) -> None:
@@ -274,9 +274,9 @@ class RolloutActor(LoopActor):
         try:
             if self.plain is not None and self.engine is not None:
                 self.plain.send(self.topics.control,
-                                Heartbeat(self.node_id, "raas", self.cfg.policy, self.engine.version, 0, 1,
-                                          self._tokens / max(1e-9, time.monotonic() - self._started), time.time(),
-                                          status="stopping"), key=self.node_id, trace=False)
+                                Heartbeat(self.node_id, "raas", self.cfg.policy, self.engine.version,
+                                          tokens_per_s=self._tokens / max(1e-9, time.monotonic() - self._started),
+                                          ts=time.time(), status="stopping"), key=self.node_id, trace=False)
         finally:
             super().on_stop()
 

@@ -84,11 +84,14 @@ def build(cls: type, data: Any) -> Any:
     if not isinstance(data, dict):
         raise DecodeError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
     plan = _plan(cls)
-    unknown = data.keys() - plan.keys()
+    retired = getattr(cls, "RETIRED", frozenset())
+    unknown = data.keys() - plan.keys() - retired
     if unknown:
         raise DecodeError(f"{cls.__name__}: unknown field(s) {sorted(unknown)}")
     kwargs = {}
     for name, value in data.items():
+        if name in retired:
+            continue
         conv = plan[name]
         kwargs[name] = conv(value) if conv is not None and value is not None else value
     try:

@@ -29,6 +29,9 @@ class Message:
 
     TYPE: ClassVar[str] = ""
     SCHEMA: ClassVar[int] = 1
+    #: Fields this type no longer has that records written before may still carry: accepted
+    #: and ignored on decode, never written (removing a field breaks no reader either way).
+    RETIRED: ClassVar[frozenset[str]] = frozenset()
 
 
 @register
@@ -148,10 +151,13 @@ class GenerationRequest(Message):
 
     At-least-once: a pool node that dies before answering leaves the request to the next
     member of ``gen.<policy>``; the episode takes the first reply per ``request_id`` and the
-    seeds make a repeated answer the same sample.
+    seeds make a repeated answer the same sample. Retired: ``reply_to`` (replies find their
+    episode by key and ``request_id``) and ``min_version`` (written, never enforced: a
+    lockstep job's barrier is the dataflow's).
     """
 
     TYPE: ClassVar[str] = "generation-request"
+    RETIRED: ClassVar[frozenset[str]] = frozenset({"reply_to", "min_version"})
     request_id: str
     episode_id: str
     policy: str
@@ -159,8 +165,6 @@ class GenerationRequest(Message):
     prompts: list[list[int]]
     seeds: list[int]
     sampling: dict[str, Any] = field(default_factory=dict)
-    reply_to: str = ""  #: node id of the episode's runner
-    min_version: int = 0  #: the pool node must hold at least this version (lockstep jobs)
     ts: float = 0.0
 
 
@@ -320,16 +324,16 @@ class VersionAnnouncement(Message):
 @register
 @dataclass(frozen=True)
 class Heartbeat(Message):
-    """Liveness and load of a component, on ``control``. Schema 2 added ``epoch`` and ``weights_digest``."""
+    """Liveness and load of a component, on ``control``. Schema 2 added ``epoch`` and ``weights_digest``.
+    Retired: ``busy_slots`` / ``total_slots`` (never set by any node, never read)."""
 
     TYPE: ClassVar[str] = "heartbeat"
     SCHEMA: ClassVar[int] = 2
+    RETIRED: ClassVar[frozenset[str]] = frozenset({"busy_slots", "total_slots"})
     node_id: str
     role: str  #: "raas", "trainer", "dataflow"
     policy: str
     version: int  #: policy version the node holds
-    busy_slots: int = 0
-    total_slots: int = 0
     tokens_per_s: float = 0.0
     ts: float = 0.0
     status: str = "alive"  #: "alive", "stopping" (leaving on request) or "starting" (sent for it by its launcher)

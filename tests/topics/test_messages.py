@@ -46,3 +46,15 @@ def test_strict_decoding_rejects_unknown_and_missing_fields():
     del data["answer"]
     with pytest.raises(DecodeError, match="answer"):
         decode(orjson.dumps(data), headers)
+
+
+@pytest.mark.parametrize("af_type,old", [("heartbeat", {"busy_slots": 0, "total_slots": 1}),
+                                         ("generation-request", {"reply_to": "raas-solver-0", "min_version": 2})])
+def test_records_written_with_retired_fields_still_decode_and_new_ones_omit_them(af_type, old):
+    msg = SAMPLES[af_type]
+    value, headers = encode(msg)
+    data = orjson.loads(value)
+    assert not set(old) & set(data)  # never written again
+    assert decode(orjson.dumps({**data, **old}), headers) == msg  # what older nodes wrote is read as before
+    with pytest.raises(DecodeError, match="unknown field"):  # retiring a field is not a licence for any field
+        decode(orjson.dumps({**data, **old, "surprise": 1}), headers)
