@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-all kafka install benchmarks clean
+.PHONY: demo test test-all kafka install layers benchmarks clean
 
 $(STAMP): pyproject.toml setup.py engines/_deltakernel.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=python3.11)")'
@@ -23,9 +23,9 @@ kafka: $(STAMP)
 demo: kafka
 	$(VENV)/bin/astraflow run examples/arithmetic_grpo.yaml
 
-# `make test`: every fast test plus the end-to-end runs marked core (~15 min on 2 cores);
-# `make test-all`: every test, the long end-to-end and chaos runs included.
-test: kafka
+# `make test`: the layer check, then every fast test plus the end-to-end runs marked core
+# (~15 min on 2 cores); `make test-all`: every test, the long end-to-end and chaos runs included.
+test: kafka layers
 	@$(PY) -m pytest -m "not slow or core"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests - treating as a failure"; exit 1; fi; \
 	exit $$rc
@@ -34,6 +34,10 @@ test-all: kafka
 	@$(PY) -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-all: pytest collected no tests - treating as a failure"; exit 1; fi; \
 	exit $$rc
+
+# A lower layer never imports a higher one: import-linter's contract in pyproject.toml.
+layers: $(STAMP)
+	$(PY) tools/import_layers.py
 
 benchmarks: kafka
 	$(PY) benchmarks/topics_throughput.py

@@ -1,0 +1,65 @@
+"""The layer contract (``[tool.importlinter]`` in pyproject.toml) holds, and it can fail.
+
+``make test`` runs ``tools/import_layers.py`` first; these tests run the same check on a
+copy of the installed layout with one module added, so each shows a kind of breach the
+contract must catch: a lower layer importing a higher one (at the top of a module, or
+lazily inside a function) and a new folder placed in no layer.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("import_layers", ROOT / "tools" / "import_layers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def layers():
+    return _tool()
+
+
+def _with(layers, tmp_path: Path, files: dict[str, str]):
+    tree = layers.mirror(tmp_path / "tree")
+    for rel, text in files.items():
+        path = tree / "astraflow" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return layers.lint(tree)
+
+
+def test_the_layers_hold(layers, tmp_path):
+    result = _with(layers, tmp_path, {})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Contracts: 1 kept, 0 broken." in result.stdout
+    # Every installed package was seen, not only the thin top the editable install maps.
+    assert all((tmp_path / "tree" / n.replace(".", "/") / "__init__.py").exists() for n in layers.package_dirs())
+
+
+def test_a_backwards_import_breaks_the_contract(layers, tmp_path):
+    result = _with(layers, tmp_path, {"topics/_probe.py": "from astraflow.actors import dataflow\n"})
+    assert result.returncode == 1
+    assert "astraflow.topics is not allowed to import astraflow.actors" in result.stdout
+    assert "astraflow.topics._probe -> astraflow.actors.dataflow" in result.stdout
+
+
+def test_a_lazy_backwards_import_breaks_it_too(layers, tmp_path):
+    probe = "def later():\n    from astraflow.chaos import hooks\n    return hooks\n"
+    result = _with(layers, tmp_path, {"engines/_probe.py": probe})
+    assert result.returncode == 1
+    assert "astraflow.engines._probe -> astraflow.chaos.hooks" in result.stdout
+
+
+def test_a_new_folder_must_be_given_a_layer(layers, tmp_path):
+    result = _with(layers, tmp_path, {"newroom/__init__.py": '"""A folder nobody placed."""\n'})
+    assert result.returncode == 1
+    assert "astraflow.newroom" in result.stdout and "not listed as layers" in result.stdout
