@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test test-all kafka install layers benchmarks clean
 
-$(STAMP): pyproject.toml setup.py engines/_deltakernel.c
+$(STAMP): pyproject.toml setup.py weights/_deltakernel.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=python3.11)")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -43,4 +43,4 @@ benchmarks: kafka
 	$(PY) benchmarks/topics_throughput.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info engines/_deltakernel*.so
+	rm -rf $(VENV) build *.egg-info weights/_deltakernel*.so

@@ -1,11 +1,11 @@
 """Build step for the one native kernel; everything else is in pyproject.toml.
 
-The kernel (engines/_deltakernel.c, loaded with ctypes by engines/native.py) is optional:
+The kernel (weights/_deltakernel.c, loaded with ctypes by weights/native.py) is optional:
 without a C compiler the build skips it and the delta encoder uses its numpy path, which
 writes the same bytes.
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("astraflow.engines._deltakernel", ["engines/_deltakernel.c"],
+setup(ext_modules=[Extension("astraflow.weights._deltakernel", ["weights/_deltakernel.c"],
                              extra_compile_args=["-O3"], optional=True)])

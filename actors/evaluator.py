@@ -76,7 +76,7 @@ class EvaluatorActor(LoopActor):
     def setup(self) -> None:
         from transformers import AutoTokenizer
 
-        from astraflow.actors.weights import WeightSubscriber
+        from astraflow.weights import WeightSubscriber
 
         # First: the imports and model load below, every evaluation and the threads started here
         # (its subscriber's, its clients') run at this niceness, the dataflow's threads at theirs.

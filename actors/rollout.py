@@ -67,7 +67,7 @@ class RolloutActor(LoopActor):
 
         import threading
 
-        from astraflow.actors.weights import WeightSubscriber
+        from astraflow.weights import WeightSubscriber
 
         from .episodes import EpisodeRunner
         from .generation import GenerationClient, GenerationServer

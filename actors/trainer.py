@@ -8,7 +8,7 @@ an atomic pointer publishes (:mod:`astraflow.engines.checkpoints`: a kill during
 leaves the previous checkpoint in force). A restarted trainer loads the checkpoint the
 pointer names and seeks to the stored offset, so every batch contributes to the weights
 exactly once and none is skipped. After each step the weights (a CPU copy) go to the
-:class:`~astraflow.actors.weights.WeightPublisher`, whose thread encodes, writes and
+:class:`~astraflow.weights.WeightPublisher`, whose thread encodes, writes and
 announces them while the next step runs. A trainer that resumed behind the announced
 head announces its weights as a new lineage epoch (see the publisher), so every node
 drops the versions the crashed trainer announced after its checkpoint.
@@ -59,7 +59,7 @@ class TrainerActor(LoopActor):
         self._last_hb = 0.0
 
     def setup(self) -> None:
-        from astraflow.actors.weights import WeightPublisher
+        from astraflow.weights import WeightPublisher
 
         set_threads(self.cfg.trainer.engine.threads)
         self.engine = make_train_engine(self.cfg, model_path(self.cfg))
@@ -114,7 +114,7 @@ class TrainerActor(LoopActor):
             if self.leader:
                 self.publisher.flush(timeout=300)
                 self._report_published()
-                from astraflow.engines.deltas import weights_digest
+                from astraflow.weights.codec import weights_digest
                 self.metrics.emit("trainer.done", self.engine.step, step=self.engine.step,
                                   epoch=self.publisher.epoch, weights_digest=weights_digest(weights))
                 self._heartbeat(force=True)

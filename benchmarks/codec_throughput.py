@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
-from astraflow.engines import deltas
-from astraflow.engines.weight_format import tensor_bits
+from astraflow.weights import codec
+from astraflow.weights.format import tensor_bits
 
 RESULTS = Path(__file__).resolve().parent / "results" / "codec_throughput.json"
 
@@ -161,7 +161,7 @@ def entropy_estimate(base: Mapping[str, torch.Tensor] | None, new: Mapping[str, 
 
 
 def delta_codec(base: dict[str, torch.Tensor], new: dict[str, torch.Tensor], threads: int, repeats: int,
-                level: int | None = deltas.DEFAULT_LEVEL) -> dict[str, Any]:
+                level: int | None = codec.DEFAULT_LEVEL) -> dict[str, Any]:
     """Memcpy, delta encode and delta decode+apply (verified), GB/s of model weights.
 
     Steady state as in the publisher and subscriber: both keep the previous version's
@@ -170,7 +170,7 @@ def delta_codec(base: dict[str, torch.Tensor], new: dict[str, torch.Tensor], thr
     measurements taken seconds apart.
     """
     gb = sum(t.numel() * t.element_size() for t in base.values()) / 1e9
-    base_hashes = deltas.tensor_hashes(base, threads)
+    base_hashes = codec.tensor_hashes(base, threads)
     live = {k: v.clone() for k, v in base.items()}
     memcpy = Memcpy(base, threads, dst=live)  # each memcpy puts the base back into the working copy
     payload, stats = b"", None
@@ -178,11 +178,11 @@ def delta_codec(base: dict[str, torch.Tensor], new: dict[str, torch.Tensor], thr
     def round_() -> tuple[float, float, float]:
         nonlocal payload, stats
         m = memcpy.gbps()
-        t_enc, ev = timed(lambda: deltas.encode_version(new, 1, base=base, base_version=0,
-                                                        base_hashes=base_hashes, threads=threads, level=level))
+        t_enc, ev = timed(lambda: codec.encode_version(new, 1, base=base, base_version=0,
+                                                       base_hashes=base_hashes, threads=threads, level=level))
         payload, stats = ev.to_bytes(), ev.stats
         del ev
-        t_apply, _ = timed(lambda: deltas.apply_in_place(payload, live, base_hashes=base_hashes, threads=threads))
+        t_apply, _ = timed(lambda: codec.apply_in_place(payload, live, base_hashes=base_hashes, threads=threads))
         return m, gb / t_enc, gb / t_apply
 
     cold = round_()
@@ -205,24 +205,24 @@ def snapshot_and_options(base: dict[str, torch.Tensor], new: dict[str, torch.Ten
     gb = sum(t.numel() * t.element_size() for t in base.values()) / 1e9
 
     def snap_round() -> tuple[float, float, int]:
-        t, snap = timed(lambda: deltas.encode_version(base, 0, level=level, threads=threads))
+        t, snap = timed(lambda: codec.encode_version(base, 0, level=level, threads=threads))
         nbytes, data = snap.nbytes, snap.to_bytes()
         del snap
-        t_dec, _ = timed(lambda: deltas.decode(data, threads=threads))
+        t_dec, _ = timed(lambda: codec.decode(data, threads=threads))
         return gb / t, gb / t_dec, nbytes
 
     snaps = [snap_round() for _ in range(repeats + 1)][1:]  # the first is cold
-    payload = deltas.encode_version(new, 1, base=base, base_version=0, threads=threads).to_bytes()
-    base_hashes = deltas.tensor_hashes(base, threads)
+    payload = codec.encode_version(new, 1, base=base, base_version=0, threads=threads).to_bytes()
+    base_hashes = codec.tensor_hashes(base, threads)
     live = {k: v.clone() for k, v in base.items()}
 
     def apply(**kw) -> float:
         for k, v in live.items():
             v.copy_(base[k])
-        return gb / timed(lambda: deltas.apply_in_place(payload, live, threads=threads, **kw))[0]
+        return gb / timed(lambda: codec.apply_in_place(payload, live, threads=threads, **kw))[0]
 
-    hashing_enc = [gb / timed(lambda: deltas.encode_version(new, 1, base=base, base_version=0,
-                                                            threads=threads))[0] for _ in range(repeats)]
+    hashing_enc = [gb / timed(lambda: codec.encode_version(new, 1, base=base, base_version=0,
+                                                           threads=threads))[0] for _ in range(repeats)]
     return {"snapshot_encode_gbps": spread([s[0] for s in snaps]), "snapshot_decode_gbps": spread([s[1] for s in snaps]),
             "snapshot_bytes": snaps[0][2], "snapshot_entropy_estimate": entropy_estimate(None, base),
             "delta_encode_gbps_hashing_base": spread(hashing_enc),
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fraction", type=float, default=0.01, help="share of elements changed")
     ap.add_argument("--values", choices=["random", "ulp"], default="random")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--level", type=int, default=deltas.DEFAULT_LEVEL,
+    ap.add_argument("--level", type=int, default=codec.DEFAULT_LEVEL,
                     help="zstd level (default: the codec's tuned weight parameters)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="1e8 parameters (a smoke run)")

@@ -44,15 +44,15 @@ BUCKETS = [
                        "torch/optim", "of 'torch._C", "torch/functional", "torch/_ops")),
     ("transformers", ("transformers/",)),
     ("deepspeed", ("deepspeed/",)),
-    ("weight codec (zstd, BLAKE3, numpy)", ("zstd", "zstandard", "blake3", "_hashlib", "hashlib", "sha256", "engines/deltas",
-                                            "engines/weight_format", "numpy")),
+    ("weight codec (zstd, BLAKE3, numpy)", ("zstd", "zstandard", "blake3", "_hashlib", "hashlib", "sha256", "weights/codec",
+                                            "weights/format", "numpy")),
     ("kafka-python client", ("kafka/",)),
     ("socket / select / locks", ("selectors", "socket", "select.", "ssl", "acquire", "threading.py", "queue.py",
                                  "'wait'", "sleep")),
     ("record encode/decode (orjson)", ("orjson", "topics/codec", "topics/messages", "dataclasses")),
     ("tracing (opentelemetry)", ("opentelemetry",)),
     ("actors / astraflow", ("/actors/", "/astraflow/", "/topics/", "/workflows/", "/algorithms/", "/engines/",
-                            "pykka")),
+                            "/weights/", "pykka")),
     ("logging", ("logging/",)),
 ]
 

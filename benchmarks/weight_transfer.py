@@ -48,12 +48,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from astraflow.actors.weights import WeightPublisher, WeightSubscriber
 from astraflow.benchmarks.codec_throughput import delta_codec, entropy_estimate, make_model, make_step
 from astraflow.benchmarks.results_io import fmt_spread, load_now, spread, write_results
-from astraflow.engines import deltas
 from astraflow.topics import EmbeddedBroker, JobTopics, ensure_topics
 from astraflow.topics.chunking import DEFAULT_CHUNK_SIZE
+from astraflow.weights import WeightPublisher, WeightSubscriber, codec
 
 RESULTS = Path(__file__).resolve().parent / "results" / "weight_transfer.json"
 GB, MB = 1e9, 1e6
@@ -103,10 +102,10 @@ def rl_steps(steps: int, prompts: int, samples: int, seed: int) -> tuple[list[di
 def delta_sizes(weights: list[dict[str, torch.Tensor]], dtype: torch.dtype | None) -> dict[str, Any]:
     """Per step: changed fraction, delta/snapshot bytes, delta/entropy estimate (spreads over steps)."""
     seq = [{k: v.to(dtype) for k, v in w.items()} if dtype is not None else w for w in weights]
-    snap = deltas.encode_version(seq[-1], len(seq) - 1)
+    snap = codec.encode_version(seq[-1], len(seq) - 1)
     per_step = []
     for v in range(1, len(seq)):
-        ev = deltas.encode_version(seq[v], v, base=seq[v - 1], base_version=v - 1)
+        ev = codec.encode_version(seq[v], v, base=seq[v - 1], base_version=v - 1)
         est = entropy_estimate(seq[v - 1], seq[v])
         per_step.append({"version": v, "changed_fraction": ev.stats.changed_fraction, "delta_bytes": ev.nbytes,
                          "entropy_estimate_bytes": est["bytes"], "entropy_estimate_mask_bytes": est["mask_bytes"],
@@ -209,7 +208,7 @@ def _transfer_once(bootstrap: str, label: str, version: Callable[[int], Mapping[
             else:
                 delta.append(took)
             pub.flush(60)
-        digest = deltas.weights_digest(named)
+        digest = codec.weights_digest(named)
         assert all(s.digest() == digest for s in subs), "a subscriber does not hold the trainer's bits"
         assert all(not s.faults for s in subs), [s.faults for s in subs]
         published = list(pub.published)

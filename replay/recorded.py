@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
-from astraflow.engines.weight_format import HEADER_NBYTES, TensorEntry, WeightCodecError, read_header
 from astraflow.errors import FatalError
 from astraflow.topics import Batch, JobTopics, Message, Metric, VersionAnnouncement
 from astraflow.topics.chunking import H_INDEX, H_OBJECT
 from astraflow.topics.codec import decode, header
 from astraflow.topics.exceptions import DecodeError
 from astraflow.topics.replay import read_topic
+from astraflow.weights.format import HEADER_NBYTES, TensorEntry, WeightCodecError, read_header
 
 __all__ = ["RecordError", "RecordedVersion", "batch_span", "check_job", "check_kept", "end_offsets", "iter_records",
            "policies", "read_batches", "recorded_metrics", "recorded_versions"]

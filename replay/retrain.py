@@ -172,7 +172,7 @@ class _Run:
                           "another job or lineage: replay from one of this job's checkpoints")
 
     def _check_start(self, version: int, weights: dict, what: str, hint: str) -> None:
-        from astraflow.engines.deltas import weights_digest
+        from astraflow.weights.codec import weights_digest
         rec = self.recorded.get(version)
         digest = weights_digest(weights)
         if rec is None:
@@ -208,7 +208,7 @@ class _Run:
     # -- the replay ------------------------------------------------------------------
     def train(self) -> None:
         from astraflow.actors.common import to_train_batch
-        from astraflow.engines.deltas import tensor_hashes, weights_digest
+        from astraflow.weights.codec import tensor_hashes, weights_digest
 
         if self.req.evaluate and not self.req.from_step:  # else at the branch step
             self._evaluate(self._weights())

@@ -70,7 +70,7 @@ def test_entropy_estimate_counts_mask_and_value_bytes():
     import numpy as np
 
     from astraflow.benchmarks import codec_throughput as ct
-    from astraflow.engines.weight_format import tensor_bits
+    from astraflow.weights.format import tensor_bits
 
     n = 1 << 16
     base = {"w": torch.zeros(n, dtype=torch.bfloat16)}

@@ -119,7 +119,7 @@ class JobTopics:
         weights_retention_ms / weights_retention_bytes: broker-side retention of
             ``weights.<policy>``. Keep both at -1 (the default): the weight publisher trims
             the topic itself so the newest announced snapshot is never deleted (see
-            ``astraflow.actors.weight_publisher``). Time or size limits can delete the
+            ``astraflow.weights.publisher``). Time or size limits can delete the
             snapshot a late-joining node needs while the trainer is paused.
         replication_factor / min_insync_replicas: of every topic; None: chosen from the
             cluster when a topic is created (see :meth:`TopicSpec.for_cluster`).

@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from astraflow.actors.weights import read_latest_announcement
 from astraflow.chaos.harness import JobHarness
 from astraflow.engines.checkpoints import PAUSE_ENV, CheckpointStore
 from astraflow.topics import Heartbeat, VersionAnnouncement, ensure_topics, job_topics
 from astraflow.topics.replay import read_topic
+from astraflow.weights import read_latest_announcement
 
 pytestmark = pytest.mark.slow
 

@@ -174,7 +174,7 @@ def _consolidated_digest(step_dir: Path) -> str:
 
     from astraflow.models.bootstrap import ensure_tiny_model
     from astraflow.engines.deepspeed_trainer import CKPT_TAG
-    from astraflow.engines.deltas import weights_digest
+    from astraflow.weights.codec import weights_digest
 
     full = get_fp32_state_dict_from_zero_checkpoint(str(step_dir), tag=CKPT_TAG)
     model = AutoModelForCausalLM.from_pretrained(str(ensure_tiny_model()), dtype=torch.float32)

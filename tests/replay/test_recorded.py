@@ -11,12 +11,12 @@ import pytest
 import yaml
 from kafka import KafkaAdminClient, TopicPartition
 
-from astraflow.actors.weights import WeightPublisher
 from astraflow.cli import _overrides, main
-from astraflow.engines.deltas import tensor_hashes, weights_digest
 from astraflow.replay.recorded import RecordError, read_batches, recorded_versions
 from astraflow.topics import Batch
-from tests.test_weight_transfer import Trainer
+from astraflow.weights import WeightPublisher
+from astraflow.weights.codec import tensor_hashes, weights_digest
+from tests.weights.test_weight_transfer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,9 +1,11 @@
-"""The delta encoder's native kernel (engines/_deltakernel.c), loaded with ctypes.
+"""The delta encoder's native kernel (weights/_deltakernel.c), loaded with ctypes.
 
-Built by ``pip install`` (setup.py; optional: without a C compiler it is skipped). When it
-is missing, or ``ASTRAFLOW_NATIVE=0`` is set, :func:`sparse_diff` returns ``None`` and the
-encoder takes its numpy path, which writes the same bytes (tests/engines/test_native.py
-checks both paths against each other).
+Built by ``pip install`` (setup.py, as ``astraflow.weights._deltakernel`` next to this
+file; optional: without a C compiler it is skipped). When it is missing, or
+``ASTRAFLOW_NATIVE=0`` is set, :func:`sparse_diff` returns ``None`` and the encoder
+(:mod:`.codec`) takes its numpy path, which writes the same bytes (tests/weights/test_native.py
+checks both paths against each other). This module only loads the library and wraps its
+calls over numpy arrays; it knows nothing about the payload format, tensors or Kafka.
 """
 
 from __future__ import annotations

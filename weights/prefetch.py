@@ -15,6 +15,9 @@ that follows every version takes every delta; snapshot chunks are kept only whil
 owner says it needs one (a node that holds no weights yet), since a follower never reads
 them (Kafka still sends them to this consumer: a follower's extra read is one snapshot
 every ``snapshot_every`` versions, discarded after the record check).
+
+It reads chunks and their record headers only: it does not decode payloads (that is
+:mod:`.codec`) or follow announcements (its owner, :mod:`.subscriber`, does).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 This module owns the header, the tensor table, the bit views of tensors and the digests
 that prove two processes hold bit-identical weights. It does not encode or apply deltas
-(that is `engines/deltas.py`) and knows nothing about Kafka: a payload is plain bytes that
-the transport layer may chunk however it likes.
+(that is `weights/codec.py`) and knows nothing about Kafka: a payload is plain bytes that
+the transport layer (the publisher and subscriber beside it) may chunk however it likes.
 
 Layout (all integers little-endian)::
 

@@ -19,12 +19,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from astraflow.actors import weight_publisher
-from astraflow.actors.weights import WeightPublisher, WeightPublishError, WeightSubscriber, read_latest_announcement
 from astraflow.engines.cpu import CpuEngine
-from astraflow.engines.deltas import weights_digest
 from astraflow.topics import ChunkReader, MissingChunkError, VersionAnnouncement
 from astraflow.topics.codec import decode
+from astraflow.weights import WeightPublisher, WeightPublishError, WeightSubscriber, publisher, read_latest_announcement
+from astraflow.weights.codec import weights_digest
 
 CHUNK = 16 * 1024  # small chunks: every payload spans several records
 WAIT = 30.0
@@ -193,7 +192,7 @@ def test_corrupt_chunk_is_detected_never_applied_and_recovered_through_a_snapsho
         bootstrap, job_topics, make_producer, monkeypatch):
     bad = make_producer(compression_type=None)
 
-    class WriterWithBadRecord(weight_publisher.ChunkWriter):
+    class WriterWithBadRecord(publisher.ChunkWriter):
         def close(self, head=None):
             manifest = super().close(head)
             if self._key != "3" or "-delta-" not in self.object_id:
@@ -208,7 +207,7 @@ def test_corrupt_chunk_is_detected_never_applied_and_recovered_through_a_snapsho
                                                manifest.chunks[0].digest), *manifest.chunks[1:]]
             return type(manifest)(manifest.object_id, manifest.topic, manifest.total_bytes, manifest.digest, chunks)
 
-    monkeypatch.setattr(weight_publisher, "ChunkWriter", WriterWithBadRecord)
+    monkeypatch.setattr(publisher, "ChunkWriter", WriterWithBadRecord)
     trainer = Trainer(seed=1)
     history = {0: trainer.named_weights()}
     pub = WeightPublisher(bootstrap, job_topics, "policy", snapshot_every=5, chunk_size=CHUNK)
@@ -276,7 +275,7 @@ def test_restarted_publisher_continues_the_chain(bootstrap, job_topics, caplog):
     try:
         assert restarted.last_announced == 3
         before = len(announcements(bootstrap, job_topics.versions))
-        with caplog.at_level(logging.INFO, logger=weight_publisher.__name__):
+        with caplog.at_level(logging.INFO, logger=publisher.__name__):
             restarted.publish(history[3], 3)  # the trainer resumed from the checkpoint of step 3
             altered = {k: t.clone() for k, t in history[3].items()}
             next(iter(altered.values())).view(torch.int16)[0] ^= 1
@@ -345,7 +344,7 @@ def test_an_on_demand_subscriber_fetches_only_when_asked_and_jumps_to_the_snapsh
 
 def test_a_joining_subscriber_gives_each_decoded_tensors_payload_bytes_back(bootstrap, job_topics, monkeypatch):
     """The snapshot path never holds the payload whole beside the tensors it becomes."""
-    from astraflow.actors import weight_subscriber
+    from astraflow.weights import subscriber
     from astraflow.topics import ReleasableBuffer
 
     buffers: list[ReleasableBuffer] = []
@@ -360,7 +359,7 @@ def test_a_joining_subscriber_gives_each_decoded_tensors_payload_bytes_back(boot
             calls.append((start, end))
             super().release(start, end)
 
-    monkeypatch.setattr(weight_subscriber, "ReleasableBuffer", Recorded)
+    monkeypatch.setattr(subscriber, "ReleasableBuffer", Recorded)
     gen = torch.Generator().manual_seed(5)
     named = {f"layer{i}.weight": torch.randn(256, 512, generator=gen).to(torch.bfloat16) for i in range(4)}
     pub = WeightPublisher(bootstrap, job_topics, "policy", chunk_size=CHUNK)

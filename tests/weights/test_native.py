@@ -1,6 +1,6 @@
 """The delta encoder's native kernel writes exactly what its numpy path writes.
 
-engines/_deltakernel.c is built by the project's install (setup.py) and loaded with
+weights/_deltakernel.c is built by the project's install (setup.py) and loaded with
 ctypes; ``ASTRAFLOW_NATIVE=0`` switches it off. Every comparison below runs both paths on
 the same arrays: sizes around the kernel's 64-byte blocks (its tail is handled apart),
 every element width, densities either side of the VARINT/BITMAP/FULL thresholds, gaps of
@@ -14,22 +14,22 @@ import numpy as np
 import pytest
 import torch
 
-from astraflow.engines import deltas, native
+from astraflow.weights import codec, native
 
 
 def _both(monkeypatch, base, new):
     """The kernel's choice (its AVX-512 pass where the CPU has one, and its portable pass must
     agree byte for byte) and numpy's."""
     monkeypatch.setenv("ASTRAFLOW_NATIVE", "1")
-    fast = deltas._choose(base, new, False)
+    fast = codec._choose(base, new, False)
     native.set_simd(False)
     try:
-        portable = deltas._choose(base, new, False)
+        portable = codec._choose(base, new, False)
     finally:
         native.set_simd(True)
     assert _same(fast, portable), (fast[:2], portable[:2])
     monkeypatch.setenv("ASTRAFLOW_NATIVE", "0")
-    slow = deltas._choose(base, new, False)
+    slow = codec._choose(base, new, False)
     monkeypatch.setenv("ASTRAFLOW_NATIVE", "1")
     return fast, slow
 
@@ -40,7 +40,7 @@ def _same(a, b) -> bool:
 
 
 def test_the_kernel_is_built_by_the_install():
-    assert native.available(), "engines/_deltakernel.c was not built: reinstall (make install) with a C compiler"
+    assert native.available(), "weights/_deltakernel.c was not built: reinstall (make install) with a C compiler"
 
 
 def test_the_simd_pass_is_used_where_the_cpu_has_it():
@@ -65,7 +65,7 @@ def test_native_and_numpy_choose_the_same_encoding_and_bytes(monkeypatch, bits):
             fast, slow = _both(monkeypatch, base, new)
             assert _same(fast, slow), (bits, n, frac, fast[0], slow[0])
             seen.add(fast[0])
-    assert seen >= {deltas.Encoding.VARINT, deltas.Encoding.BITMAP, deltas.Encoding.FULL}
+    assert seen >= {codec.Encoding.VARINT, codec.Encoding.BITMAP, codec.Encoding.FULL}
 
 
 def test_long_gaps_and_the_gap_bytes_exit(monkeypatch):
@@ -79,8 +79,8 @@ def test_long_gaps_and_the_gap_bytes_exit(monkeypatch):
         pos.append(p)
     new[pos] = 1
     fast, slow = _both(monkeypatch, base, new)
-    assert fast[0] == deltas.Encoding.VARINT and _same(fast, slow)
-    gaps = deltas._varint_decode(fast[2][0], len(pos))
+    assert fast[0] == codec.Encoding.VARINT and _same(fast, slow)
+    gaps = codec._varint_decode(fast[2][0], len(pos))
     assert list(gaps) == [0, 127, 128, 16383, 16384, (1 << 21) - 1, 1 << 21]
 
     # Just under n/8 changes, but one long gap makes the LEB128 gaps reach the bitmap's size:
@@ -92,7 +92,7 @@ def test_long_gaps_and_the_gap_bytes_exit(monkeypatch):
     new[-1] = 1
     assert native.sparse_diff(base, new, limit=(n + 7) // 8, gaps_cap=(n + 7) // 8) == -2
     fast, slow = _both(monkeypatch, base, new)
-    assert fast[0] == deltas.Encoding.BITMAP and _same(fast, slow)
+    assert fast[0] == codec.Encoding.BITMAP and _same(fast, slow)
 
     # n/8 changes or more: the kernel stops early (-1).
     new[: n // 4] = 1
@@ -110,12 +110,12 @@ def test_a_delta_payload_is_byte_identical_with_and_without_the_kernel(monkeypat
     payloads = []
     for flag in ("1", "0"):
         monkeypatch.setenv("ASTRAFLOW_NATIVE", flag)
-        payload, stats = deltas.encode_delta(base, new, 0, 1)
+        payload, stats = codec.encode_delta(base, new, 0, 1)
         payloads.append(payload)
-        assert stats.encodings["d"] == deltas.Encoding.FULL and stats.encodings["b"] == deltas.Encoding.BITMAP
-        assert stats.value_codings["d"] == deltas.ValueCoding.DIFF
+        assert stats.encodings["d"] == codec.Encoding.FULL and stats.encodings["b"] == codec.Encoding.BITMAP
+        assert stats.value_codings["d"] == codec.ValueCoding.DIFF
     assert payloads[0] == payloads[1]
-    out = deltas.decode(payloads[0], base)
+    out = codec.decode(payloads[0], base)
     assert all(torch.equal(out[k].view(torch.uint8), new[k].view(torch.uint8)) for k in new)
 
 
@@ -123,12 +123,12 @@ def test_a_dense_looking_prefix_still_gets_the_encoding_the_whole_tensor_needs(m
     n = 1 << 20
     base = np.arange(n, dtype=np.uint32)
     new = base.copy()
-    new[: deltas._DENSE_PROBE] += 1  # the probed prefix all changed, the rest not: sparse overall
+    new[: codec._DENSE_PROBE] += 1  # the probed prefix all changed, the rest not: sparse overall
     fast, slow = _both(monkeypatch, base, new)
-    assert fast[0] == deltas.Encoding.VARINT and _same(fast, slow)
+    assert fast[0] == codec.Encoding.VARINT and _same(fast, slow)
     new[:] += 1  # every element changed (fp32 after AdamW): full tensor, counted, nothing gathered
     fast, slow = _both(monkeypatch, base, new)
-    assert fast == (deltas.Encoding.FULL, n, ()) and _same(fast, slow)
+    assert fast == (codec.Encoding.FULL, n, ()) and _same(fast, slow)
     assert native.count_diff(base, new) == n and native.count_diff(base, base) == 0
 
 
@@ -155,15 +155,15 @@ def test_diff_planes_native_and_numpy_write_the_same_bytes_and_invert(monkeypatc
             out = []
             for flag in ("1", "0"):
                 monkeypatch.setenv("ASTRAFLOW_NATIVE", flag)
-                planes = deltas._diff_planes(base, new)
+                planes = codec._diff_planes(base, new)
                 back = base.copy()
-                deltas._add_diff_planes(planes, back)
+                codec._add_diff_planes(planes, back)
                 assert np.array_equal(back, new)
                 out.append(planes)
             assert out[0].dtype == np.uint8 and np.array_equal(out[0], out[1])
     # zigzag: a step of +1 is 2, -1 is 1, so a small update leaves the high planes zero
     monkeypatch.setenv("ASTRAFLOW_NATIVE", "1")
-    planes = deltas._diff_planes(np.array([5, 5, 5], bits), np.array([6, 4, 5], bits))
+    planes = codec._diff_planes(np.array([5, 5, 5], bits), np.array([6, 4, 5], bits))
     assert list(planes[:3]) == [2, 1, 0] and not planes[3:].any()
 
 
@@ -174,10 +174,10 @@ def test_byte_planes_native_and_numpy_write_the_same_bytes_and_invert(monkeypatc
         n, out = values.size, []
         for flag in ("1", "0"):
             monkeypatch.setenv("ASTRAFLOW_NATIVE", flag)
-            planes = deltas._planes(values)
+            planes = codec._planes(values)
             # from separate buffers, as format 4 hands them over (some raw, inside the payload)
             back = np.empty_like(values)
-            deltas._join_planes([planes[j * n : (j + 1) * n].copy() for j in range(values.itemsize)], back)
+            codec._join_planes([planes[j * n : (j + 1) * n].copy() for j in range(values.itemsize)], back)
             assert np.array_equal(back, values)
             out.append(planes)
         assert out[0].dtype == np.uint8 and np.array_equal(out[0], out[1])

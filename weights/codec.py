@@ -12,8 +12,10 @@ the new bits for fp32 and 0.26x for bf16's changed values — unless storing the
 compresses smaller (values replaced wholesale). Snapshots hold every tensor's new bits.
 
 This module owns encoding and decoding/applying; the byte layout and checksums live in
-`engines/weight_format.py`. It knows nothing about Kafka, chunking or version
-announcements: it takes tensors and returns bytes, and takes bytes and returns tensors.
+`weights/format.py`, the optional C kernel of its hot passes in `weights/native.py`. It
+knows nothing about Kafka, chunking or version announcements (that is the publisher and
+the subscriber beside it): it takes tensors and returns bytes, and takes bytes and
+returns tensors.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import zstandard as zstd
 from blake3 import blake3
 
 from . import native
-from .weight_format import (
+from .format import (
     HEADER_NBYTES,
     BaseMismatchError,
     Buffer,
@@ -439,7 +441,7 @@ def _choose(base: np.ndarray, new: np.ndarray, same_hash: bool) -> tuple[Encodin
         return Encoding.SAME, 0, ()
     n, item = new.size, new.itemsize
     bitmap_nbytes = (n + 7) // 8
-    # With the native kernel (engines/_deltakernel.c): a count when a prefix says most elements
+    # With the native kernel (weights/_deltakernel.c): a count when a prefix says most elements
     # changed (fp32 after AdamW: the full tensor wins and nothing needs gathering), else one
     # pass that writes the varint sections. The numpy passes below write the same bytes.
     probe = min(n, _DENSE_PROBE)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from astraflow.engines import deltas as d
-from astraflow.engines import weight_format
-from astraflow.engines.weight_format import HEADER_NBYTES, read_table, tensor_bits
+from astraflow.weights import codec as d
+from astraflow.weights import format as weight_format
+from astraflow.weights.format import HEADER_NBYTES, read_table, tensor_bits
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 BITS = {torch.bfloat16: np.uint16, torch.float16: np.uint16, torch.float32: np.uint32}

@@ -41,6 +41,10 @@ zombie trainer of the old epoch is fenced off. So each epoch is one contiguous h
 starts with a snapshot. Trajectories carry their behaviour log-probs, so samples generated
 by old-epoch weights stay correct to train on: the loss weighs them by their own
 behaviour policy, and the dataflow's staleness bound (by version number) still applies.
+
+The bytes of a payload come from :mod:`.codec`; this module owns the transport (chunks,
+acknowledgements, announcements, trimming, epochs). It knows no job config and nothing
+about training: the trainer actor that hosts it hands over CPU copies of its weights.
 """
 
 from __future__ import annotations
@@ -59,11 +63,12 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from astraflow.engines import deltas
 from astraflow.topics import ChunkManifest, ChunkWriter, JobTopics, Producer, VersionAnnouncement
 from astraflow.topics.chunking import DEFAULT_CHUNK_SIZE
 from astraflow.topics.codec import decode
 from astraflow.topics.exceptions import DecodeError
+
+from . import codec
 
 __all__ = ["WeightPublisher", "WeightPublishError", "PublishedVersion", "read_latest_announcement"]
 
@@ -93,7 +98,7 @@ class PublishedVersion:
     kind: str  #: "snapshot" or "delta"
     payload_bytes: int
     chunks: int
-    stats: deltas.DeltaStats
+    stats: codec.DeltaStats
     encode_s: float  #: encoding, with the chunks of the frames ready so far sent meanwhile (streamed)
     write_s: float  #: after encoding: the last chunks sent and every chunk acknowledged
 
@@ -230,8 +235,8 @@ class WeightPublisher:
         if head is None:
             self.publish(named, version, snapshot=True)
             return self._epoch
-        hashes = deltas.tensor_hashes(named, threads=self.codec_threads)
-        if version == head.version and deltas.weights_digest(named, hashes) == head.checksum:
+        hashes = codec.tensor_hashes(named, threads=self.codec_threads)
+        if version == head.version and codec.weights_digest(named, hashes) == head.checksum:
             log.info("%s: resuming at the announced head (version %d of epoch %d, same weights)", self.policy,
                      version, head.epoch)
             self._base, self._base_hashes = named, hashes
@@ -373,9 +378,9 @@ class WeightPublisher:
             self._producer, self._weights_topic, key=str(job.version), head_last=True,
             object_id=f"{self.policy}-v{job.version}-{kind}-{uuid.uuid4().hex[:8]}", chunk_size=self.chunk_size,
             headers=[("af-version", str(job.version).encode()), ("af-kind", kind.encode())])
-        sv = deltas.stream_version(job.named, job.version, writer.write, base=base, base_version=base_version,
-                                   base_hashes=self._base_hashes if base is not None else None,
-                                   threads=self.codec_threads)
+        sv = codec.stream_version(job.named, job.version, writer.write, base=base, base_version=base_version,
+                                  base_hashes=self._base_hashes if base is not None else None,
+                                  threads=self.codec_threads)
         t1 = time.perf_counter()
         manifest = writer.close(head=sv.head)
         self.published.append(PublishedVersion(job.version, kind, sv.header.nbytes, len(manifest.chunks), sv.stats,
@@ -392,7 +397,7 @@ class WeightPublisher:
 
     def _skip_announced(self, job: _Job) -> None:
         known = self._announced.get(job.version)
-        digest = deltas.weights_digest(job.named)
+        digest = codec.weights_digest(job.named)
         if known is not None and known != digest:
             log.warning("%s: version %d was already announced with weights digest %s… but the trainer now "
                         "holds %s… for it; keeping the announced weights (a restarted trainer must call "

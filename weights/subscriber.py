@@ -10,7 +10,7 @@ announced version, off the rollout path:
   late joiner), or a delta is missing, corrupt or does not fit its weights, it loads the
   chain's snapshot and the deltas after it into fresh tensors and swaps them in.
 
-With ``prefetch``, chunks are read while they are written (:mod:`.weight_prefetch`), so a
+With ``prefetch``, chunks are read while they are written (:mod:`.prefetch`), so a
 payload is mostly in memory when its version is announced; what was missed is fetched then. Every chunk's BLAKE3 digest, the manifest's, the delta's base
 digest, every tensor's result hash and the announced digest of the full weights are
 checked before a version counts as held; a failure is reported in :attr:`WeightSubscriber.faults` with the path
@@ -20,7 +20,7 @@ announced.
 
 Lineage epochs: versions are ordered by ``(epoch, version)``. When a trainer resumes
 behind the announced head it opens a new epoch with a snapshot (see
-:mod:`.weight_publisher`); the subscriber then takes the snapshot path to the new epoch
+:mod:`.publisher`); the subscriber then takes the snapshot path to the new epoch
 even when its number is lower than the version it holds, dropping the old epoch's
 weights, and from then on ignores announcements of older epochs (a fenced trainer).
 
@@ -45,15 +45,15 @@ from kafka import KafkaConsumer, TopicPartition
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from astraflow.engines import deltas
-from astraflow.engines.weight_format import PayloadKind, WeightCodecError, read_table
 from astraflow.topics import (ChunkError, ChunkManifest, ChunkReader, CorruptChunkError, JobTopics,
                               ReleasableBuffer, VersionAnnouncement)
 from astraflow.topics import tracing
 
-from .weight_prefetch import DEFAULT_MAX_BYTES as DEFAULT_PREFETCH_BYTES
-from .weight_prefetch import ChunkPrefetcher
-from .weight_publisher import _announcement, _newer
+from . import codec
+from .format import PayloadKind, WeightCodecError, read_table
+from .prefetch import DEFAULT_MAX_BYTES as DEFAULT_PREFETCH_BYTES
+from .prefetch import ChunkPrefetcher
+from .publisher import _announcement, _newer
 
 __all__ = ["WeightSubscriber", "WeightEngine", "Held"]
 
@@ -134,7 +134,7 @@ class WeightSubscriber:
             :meth:`wait_for`), then move straight to the head: a node that needs only some
             versions (the evaluator, every ``eval.every``-th) loads the chain's latest
             snapshot and the few deltas after it instead of applying every delta.
-        prefetch: read payload chunks while they are written (:mod:`.weight_prefetch`), so
+        prefetch: read payload chunks while they are written (:mod:`.prefetch`), so
             a version is assembled from memory once announced instead of fetched after its
             write. Off by default: it pays where the node has its own cores; on one shared
             2-core machine it only moved the read's CPU into the write (README: the weight path).
@@ -245,7 +245,7 @@ class WeightSubscriber:
             if self._state is None:
                 return None
             if self._digest is None:
-                self._digest = deltas.weights_digest(self._state, self._hashes)
+                self._digest = codec.weights_digest(self._state, self._hashes)
             return self._digest
 
     def want(self, version: int) -> None:
@@ -386,9 +386,9 @@ class WeightSubscriber:
                 assert self._state is not None
                 try:
                     # Verifies the base digest and the data before writing anything.
-                    hashes = deltas.apply_in_place(payload, self._state, base_hashes=self._hashes,
-                                                   threads=self.codec_threads)
-                except deltas.BaseMismatchError as e:
+                    hashes = codec.apply_in_place(payload, self._state, base_hashes=self._hashes,
+                                                  threads=self.codec_threads)
+                except codec.BaseMismatchError as e:
                     raise _PathFailed(f"delta to version {version} does not fit the held version "
                                       f"{self._version}: {e}") from e
                 except WeightCodecError as e:
@@ -419,8 +419,8 @@ class WeightSubscriber:
                 if manifest.object_id in self._bad:
                     raise _PathFailed(f"delta to version {dv} failed verification before")
                 payload = self._fetch(reader, manifest, dv, PayloadKind.DELTA, self._expect(head, dv))
-                hashes = deltas.apply_in_place(payload, state, base_hashes=hashes, threads=self.codec_threads)
-            except (_PathFailed, deltas.BaseMismatchError) as e:
+                hashes = codec.apply_in_place(payload, state, base_hashes=hashes, threads=self.codec_threads)
+            except (_PathFailed, codec.BaseMismatchError) as e:
                 error = e  # raised before anything was written: `state` still holds `version`
                 break
             except WeightCodecError as e:
@@ -456,8 +456,8 @@ class WeightSubscriber:
 
         def decode() -> None:
             try:
-                outcome["state"] = deltas.decode_streaming(buf.view, arrival.ready, threads=self.codec_threads,
-                                                           release=buf.release)
+                outcome["state"] = codec.decode_streaming(buf.view, arrival.ready, threads=self.codec_threads,
+                                                          release=buf.release)
             except BaseException as e:  # noqa: BLE001 - handed to the subscriber's thread below
                 outcome["error"] = e
 
@@ -501,7 +501,7 @@ class WeightSubscriber:
                 self._bad.add(manifest.object_id)
             raise _PathFailed(f"{kind.name.lower()} of version {version}: {type(e).__name__}: {e}") from e
         try:
-            header = deltas.read_header(payload)
+            header = codec.read_header(payload)
         except WeightCodecError as e:
             self._bad.add(manifest.object_id)
             raise _PathFailed(f"{kind.name.lower()} of version {version} is not a weight payload: {e}") from e

@@ -13,11 +13,10 @@ import logging
 import torch
 from transformers import Qwen3ForCausalLM
 
-from astraflow.actors import weight_subscriber
-from astraflow.actors.weights import WeightPublisher, WeightSubscriber, read_latest_announcement
 from astraflow.engines.cpu import CpuEngine
-from astraflow.engines.deltas import weights_digest
-from tests.test_weight_transfer import CHUNK, WAIT, Trainer, announcements, bits_equal, tiny_config, wait_until
+from astraflow.weights import WeightPublisher, WeightSubscriber, read_latest_announcement, subscriber
+from astraflow.weights.codec import weights_digest
+from tests.weights.test_weight_transfer import CHUNK, WAIT, Trainer, announcements, bits_equal, tiny_config, wait_until
 
 
 def _fork(trainer: Trainer, seed: int) -> Trainer:
@@ -62,7 +61,7 @@ def test_a_resume_behind_the_head_opens_a_new_epoch_that_every_node_follows(boot
         final = weights_digest(new[7])
 
         # A zombie of the old epoch goes on announcing; nobody may follow it.
-        with caplog.at_level(logging.WARNING, logger=weight_subscriber.__name__):
+        with caplog.at_level(logging.WARNING, logger=subscriber.__name__):
             trainer.step()
             pub.publish(trainer.named_weights(), 7)
             pub.flush(WAIT)

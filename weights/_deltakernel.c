@@ -1,4 +1,4 @@
-/* One-pass sparse diff for the weight-delta encoder (engines/deltas.py, engines/native.py).
+/* One-pass sparse diff for the weight-delta encoder (weights/codec.py, weights/native.py).
  *
  * For two equal-length arrays of unsigned integers (a tensor's bits: base and new) it
  * writes, in a single pass over both, the LEB128 gaps between changed positions (gap =
@@ -226,7 +226,7 @@ DEFINE_SPARSE_DIFF_API(u16, uint16_t)
 DEFINE_SPARSE_DIFF_API(u32, uint32_t)
 DEFINE_SPARSE_DIFF_API(u64, uint64_t)
 
-/* Changed values stored as differences (engines/deltas.py, ValueCoding.DIFF): an optimizer
+/* Changed values stored as differences (weights/codec.py, ValueCoding.DIFF): an optimizer
  * step moves most weights by a few units in the last place, so the difference of the bit
  * patterns is a small integer where the new bits are not (fp32 after AdamW: every element
  * changes, in its low mantissa bits only). Per element, d = cur - base modulo 2^w (exact and invertible
@@ -234,7 +234,7 @@ DEFINE_SPARSE_DIFF_API(u64, uint64_t)
  * unsigned numbers, z = (d << 1) ^ -(d >> (w-1)), written as byte planes: out[j*n + i] is
  * byte j of z_i. Its high planes are mostly zero, which zstd stores in a few bits each.
  * Unsigned arithmetic throughout: the casts keep C's integer promotion out of the
- * narrow widths. One pass; the numpy path (engines/deltas.py) writes the same bytes. */
+ * narrow widths. One pass; the numpy path (weights/codec.py) writes the same bytes. */
 #define DEFINE_DIFF_PLANES(NAME, T)                                                        \
     void NAME(const T *base, const T *cur, int64_t n, uint8_t *out) {                      \
         const int top = 8 * (int)sizeof(T) - 1;                                            \
@@ -265,7 +265,7 @@ DEFINE_ADD_DIFF_PLANES(af_add_diff_planes_u16, uint16_t)
 DEFINE_ADD_DIFF_PLANES(af_add_diff_planes_u32, uint32_t)
 DEFINE_ADD_DIFF_PLANES(af_add_diff_planes_u64, uint64_t)
 
-/* Byte planes of new bits (engines/deltas.py, `_planes`): out[j*n + i] is byte j of in[i],
+/* Byte planes of new bits (weights/codec.py, `_planes`): out[j*n + i] is byte j of in[i],
  * so a tensor's sign/exponent bytes sit together, apart from its near-random mantissa bytes.
  * One pass with the byte loop unrolled per width, in place of numpy's shift-and-cast per
  * plane (a temporary array each, ~6x slower here). */
@@ -298,5 +298,5 @@ DEFINE_JOIN_PLANES(af_join_planes_u16, uint16_t)
 DEFINE_JOIN_PLANES(af_join_planes_u32, uint32_t)
 DEFINE_JOIN_PLANES(af_join_planes_u64, uint64_t)
 
-/* The kernel's interface version: engines/native.py refuses a library built from another. */
+/* The kernel's interface version: weights/native.py refuses a library built from another. */
 int64_t af_kernel_abi(void) { return 5; }

@@ -1,0 +1,30 @@
+"""Weight transfer: zstd-compressed sparse weight deltas and periodic full snapshots on a
+dedicated topic, from the trainer's publisher to the RaaS nodes' subscribers.
+
+The room holds, low to high:
+
+* :mod:`.format` — the binary layout of one version (header, tensor table, frames) and the
+  BLAKE3 digests that prove two processes hold bit-identical weights;
+* :mod:`.codec` — encoding and decoding/applying snapshots and bit-exact sparse deltas, as
+  pure functions over tensors (tensors in, bytes out; bytes in, tensors out);
+* :mod:`.native` — the codec's optional C kernel (``_deltakernel.c``, loaded with ctypes);
+  without it the codec's numpy path writes the same bytes;
+* :mod:`.publisher` — the trainer's side: encode, chunk, make durable, announce, trim;
+* :mod:`.prefetch` — chunks read while they are written, before their version is announced;
+* :mod:`.subscriber` — a node's side: follow announcements, assemble verified versions.
+
+The two ends share nothing but ``weights.<policy>`` (chunked snapshots and sparse deltas)
+and the compacted ``versions`` topic (one announcement per version, latest per policy).
+The protocol and the retention rule are described in :mod:`.publisher`; how a node
+reaches a version (delta path, snapshot path, verification) in :mod:`.subscriber`.
+
+It builds on the topics (chunking, messages, clients) and nothing above them: it knows
+no job config, no actors (the trainer and rollout actors host a publisher and a
+subscriber), no training and no rollouts; an engine is only a :class:`WeightEngine`.
+"""
+
+from .publisher import PublishedVersion, WeightPublisher, WeightPublishError, read_latest_announcement
+from .subscriber import WeightEngine, WeightSubscriber
+
+__all__ = ["WeightPublisher", "WeightPublishError", "PublishedVersion", "read_latest_announcement",
+           "WeightSubscriber", "WeightEngine"]
