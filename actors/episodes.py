@@ -9,10 +9,14 @@ rows in episode order. For the one-role ``rlvr`` workflow this is exactly one ca
 every sample of the poll, as a single-policy node has always made; ``batch_invariant``
 gives every call an engine call of its own.
 
-:meth:`EpisodeRunner.run` returns, per task, one trajectory group per role the task
-trains (``Task.train``); a workflow that raises yields a ``failed`` group for each, so
-every policy's dataflow settles what it opened. Nothing is written here: the rollout actor
-sends every group of the poll and commits the task offsets in one transaction.
+:meth:`EpisodeRunner.roll_out` is a poll's tasks in and, per task, one trajectory group
+per role the task trains (``Task.train``) out; a workflow that raises yields a ``failed``
+group for each, so every policy's dataflow settles what it opened. It needs an engine and
+a tokenizer, not Kafka (only the multi-policy remote roles go through a
+:class:`~astraflow.actors.generation.GenerationClient` it is handed), so it is the one
+episode code path of the RaaS node and of the in-process baseline
+(``benchmarks/inprocess_loop.py``). Nothing is written here: the rollout actor sends every
+group of the poll and commits the task offsets in one transaction.
 """
 
 from __future__ import annotations
@@ -175,6 +179,22 @@ class EpisodeRunner:
         self.sampling_of = sampling_of or (lambda policy, task: task.sampling)
         self._pool: ThreadPoolExecutor | None = None
         self.last_metrics: list[dict] = []
+
+    def roll_out(self, tasks: Sequence[Task], spans: Sequence | None = None,
+                 on_wait=None) -> list[list[TrajectoryGroup]]:
+        """A poll's tasks in, per task its groups (one per trained role) out: what a RaaS
+        node writes for a poll, and what the in-process baseline trains on. The job seed
+        and the task id alone decide each sample's seed. An episode that breaks yields
+        failed groups of its own; when a batched engine call breaks every episode in it,
+        they are retried one by one, so one bad task cannot fail its neighbours."""
+        spans = list(spans or [None] * len(tasks))
+        per_task = self.run(tasks, spans, on_wait=on_wait)
+        broken = [i for i, gs in enumerate(per_task) if gs and all(g.status == "failed" for g in gs)]
+        if len(tasks) > 1 and len(broken) == len(tasks):
+            log.warning("%s: every episode of the poll failed (%s); retrying them one by one", self.node_id,
+                        per_task[0][0].error)
+            per_task = [self.run([t], [s], on_wait=on_wait)[0] for t, s in zip(tasks, spans)]
+        return per_task
 
     def run(self, tasks: Sequence[Task], spans: Sequence | None = None, on_wait=None) -> list[list[TrajectoryGroup]]:
         """Per task, its groups. ``on_wait`` is called repeatedly while the episodes run (the

@@ -186,17 +186,10 @@ class RolloutActor(LoopActor):
         self._heartbeat()
 
     def _roll_out(self, tasks: list[Task], spans) -> list[list[TrajectoryGroup]]:
-        """Per task, its groups (one per trained role). The job seed and the task id alone
-        decide each sample's seed. An episode that breaks yields failed groups of its own;
-        when a batched engine call breaks every episode in it, they are retried one by one,
-        so one bad task cannot fail its neighbours."""
-        per_task = self.runner.run(tasks, spans, on_wait=self._while_waiting)
-        broken = [i for i, gs in enumerate(per_task) if gs and all(g.status == "failed" for g in gs)]
-        if len(tasks) > 1 and len(broken) == len(tasks):
-            log.warning("%s: every episode of the poll failed (%s); retrying them one by one", self.node_id,
-                        per_task[0][0].error)
-            per_task = [self.runner.run([t], [s], on_wait=self._while_waiting)[0] for t, s in zip(tasks, spans)]
-        return per_task
+        """Per task, its groups (one per trained role): :meth:`EpisodeRunner.roll_out
+        <astraflow.actors.episodes.EpisodeRunner.roll_out>`, serving other pools and
+        heartbeating while the episodes run."""
+        return self.runner.roll_out(tasks, spans, on_wait=self._while_waiting)
 
     # -- serving other pools -----------------------------------------------------------
     def _while_waiting(self) -> None:
@@ -217,10 +210,7 @@ class RolloutActor(LoopActor):
 
     def _sampling_params(self, sampling: dict):
         from astraflow.engines.base import SamplingParams
-        return SamplingParams(temperature=float(sampling.get("temperature", 1.0)),
-                              top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k", 0)),
-                              max_new_tokens=int(sampling.get("max_new_tokens", 8)),
-                              stop_token_ids=(self.tokenizer.eos_token_id,))
+        return SamplingParams.from_mapping(sampling, stop_token_ids=(self.tokenizer.eos_token_id,))
 
     def _sampling_of(self, policy: str, task: Task) -> dict:
         """A role's sampling settings: its own policy's rollout section (the task's for one policy)."""

@@ -1,11 +1,13 @@
 """The in-process baseline: the same GRPO job as one plain Python process, no broker.
 
 What a user would write instead of the distributed system, built from the project's own
-parts so that only the plumbing differs: the CPU engine generates (through the same
-``RLVRWorkflow``, so every sample draws from the same seed — ``(job seed, task id,
-sample index)`` — as in ``astraflow run``), the project's ``DeepSpeedTrainer`` (ZeRO
-stage, loss, LR, seed from the job config, as the trainer process builds it) trains, and
-the new weights are copied straight into the engine. The prompts, task ids and batches
+parts so that only the plumbing differs: the CPU engine generates through a RaaS node's own
+episode code (:meth:`EpisodeRunner.roll_out <astraflow.actors.episodes.EpisodeRunner.roll_out>`
+running the job's registered workflow and reward, so every sample draws from the same seed
+— ``(job seed, task id, sample index)`` — and is batched into engine calls as in
+``astraflow run``), the project's ``DeepSpeedTrainer`` (ZeRO stage, loss, LR, seed from the
+job config, as the trainer process builds it) trains, and the new weights are copied
+straight into the engine. The prompts, task ids and batches
 are the ones the dataflow makes for the same config with ``max_staleness: 0``: batch
 ``k`` holds tasks ``k*B .. k*B+B-1``, rolled out at version ``k`` in calls of
 ``rollout.tasks_per_call`` tasks, as a RaaS node polls them.
@@ -47,8 +49,9 @@ DEFAULT_CONFIG = ROOT / "examples" / "arithmetic_grpo.yaml"
 
 
 def job_tasks(cfg, steps: int, staleness: int = 0) -> list:
-    """The tasks the dataflow schedules for ``steps`` batches (prompt offsets as task ids);
-    batch ``k``'s at version ``k - staleness`` (at least 0)."""
+    """The tasks the dataflow schedules for ``steps`` batches (prompt offsets as task ids;
+    the job's workflow, its first role and ``workflow.params``); batch ``k``'s at version
+    ``k - staleness`` (at least 0)."""
     from astraflow.topics import Task
     from astraflow.workflows.datasets import load_prompts
 
@@ -62,7 +65,8 @@ def job_tasks(cfg, steps: int, staleness: int = 0) -> list:
     sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k, "max_new_tokens": r.max_new_tokens}
     return [Task(task_id=f"t{i:07d}-{p.prompt_id}", prompt_id=p.prompt_id, policy=cfg.policy, prompt=p.text,
                  answer=p.answer, n_samples=r.n_samples, sampling=sampling,
-                 scheduled_version=max(0, i // B - staleness))
+                 scheduled_version=max(0, i // B - staleness), workflow=cfg.workflow.name,
+                 role=next(iter(cfg.role_policies)), params=dict(cfg.workflow.params))
             for i, p in enumerate(prompts[: steps * B])]
 
 
@@ -75,13 +79,15 @@ def run(cfg, steps: int, threads: int | None = None, eval_every: int = 0,
     trains, or (``overlap``) on a second thread while it trains; ``threads`` is then each
     side's torch threads. ``on_batch(step, groups)`` sees each batch's trajectory groups
     (outside the timing)."""
+    import threading
+
     import torch
     from transformers import AutoTokenizer
 
     from astraflow.actors.common import make_rollout_engine, make_train_engine, model_path, set_threads, to_train_batch
+    from astraflow.actors.episodes import EpisodeRunner
     from astraflow.actors.evaluator import heldout_accuracy, heldout_problems
     from astraflow.topics import Batch
-    from astraflow.workflows.rlvr import RLVRWorkflow
 
     if cfg.rollout.engine.kind != "cpu":
         raise ValueError(f"the in-process baseline runs the CPU engine, not rollout.engine.kind "
@@ -99,12 +105,16 @@ def run(cfg, steps: int, threads: int | None = None, eval_every: int = 0,
     trainer = make_train_engine(cfg, path)
     set_threads(n_threads)  # the engines may set their own; the whole loop keeps one budget
     tokenizer = AutoTokenizer.from_pretrained(str(path))
-    workflow = RLVRWorkflow(tokenizer, "inprocess", batch_invariant=cfg.rollout.batch_invariant)
+    # A RaaS node's episode runner (actors/rollout.py builds it the same way for one policy).
+    runner = EpisodeRunner(cfg.policy, "inprocess", engine, tokenizer, cfg.seed, engine_lock=threading.Lock(),
+                           batch_invariant=cfg.rollout.batch_invariant)
     problems = heldout_problems(cfg)
     tasks = job_tasks(cfg, steps, staleness)
     dtype = getattr(torch, cfg.trainer.publish_dtype)
     B, per_call = cfg.dataflow.groups_per_batch, max(1, cfg.rollout.tasks_per_call)
-    # torch's intra-op thread count is per OS thread: the rollout thread sets its own.
+    # torch's intra-op thread count is per OS thread, taken from the process-wide setting at
+    # a thread's first op: the rollout thread sets its own; the runner's episode threads (the
+    # engine calls run there) start after set_threads above.
     pool = (ThreadPoolExecutor(1, thread_name_prefix="inprocess-rollout", initializer=torch.set_num_threads,
                                initargs=(n_threads,)) if overlap else None)
     setup_s = time.perf_counter() - t_start
@@ -117,8 +127,12 @@ def run(cfg, steps: int, threads: int | None = None, eval_every: int = 0,
     def rollout(k: int) -> tuple[list, float]:
         t0 = time.perf_counter()
         batch_tasks = tasks[k * B:(k + 1) * B]
-        groups = [g for i in range(0, B, per_call)
-                  for g in workflow.run(batch_tasks[i:i + per_call], engine, seed=cfg.seed)]
+        groups = [g for i in range(0, B, per_call)  # in polls of tasks_per_call tasks, as a node
+                  for per_task in runner.roll_out(batch_tasks[i:i + per_call]) for g in per_task]
+        failed = [g for g in groups if g.status != "ok"]
+        if failed:  # the system's dataflow would schedule these again; here there is no one to
+            raise RuntimeError(f"in-process baseline: {len(failed)} episode(s) of batch {k} failed, "
+                               f"first {failed[0].task_id}: {failed[0].error}")
         return groups, time.perf_counter() - t0
 
     evals = [evaluate(0, 0.0)]
@@ -154,6 +168,7 @@ def run(cfg, steps: int, threads: int | None = None, eval_every: int = 0,
     finally:
         if pool is not None:
             pool.shutdown(wait=True)
+        runner.close()
         trainer.close()
         engine.close()
     # With staleness the last step rolls nothing out (there is no next batch): not a steady step.

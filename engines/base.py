@@ -67,6 +67,20 @@ class SamplingParams:
         # Accept any iterable (lists arrive from JSON) but store a hashable tuple.
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
+    @classmethod
+    def from_mapping(cls, sampling: Mapping[str, object], *, stop_token_ids: Iterable[int] = (),
+                     max_new_tokens: int | None = None, temperature: float | None = None) -> SamplingParams:
+        """The params a sampling mapping asks for: the ``temperature``, ``top_p``, ``top_k``
+        and ``max_new_tokens`` keys of a task's or a generation request's ``sampling``
+        (missing keys: 1.0, 1.0, 0, 8; other keys are ignored), stopping at
+        ``stop_token_ids``. ``temperature`` (when not ``None``) and ``max_new_tokens``
+        (when truthy) override the mapping's, as a workflow's role call may."""
+        s = sampling
+        return cls(temperature=float(s.get("temperature", 1.0) if temperature is None else temperature),
+                   top_p=float(s.get("top_p", 1.0)), top_k=int(s.get("top_k", 0)),
+                   max_new_tokens=int(max_new_tokens or s.get("max_new_tokens", 8)),
+                   stop_token_ids=tuple(stop_token_ids))
+
 
 @dataclass(frozen=True, slots=True)
 class Generation:

@@ -152,11 +152,8 @@ class EngineRole:
         self.sampling, self.lock, self.before_call = dict(sampling), lock, before_call
 
     def params(self, max_new_tokens: int | None, temperature: float | None) -> SamplingParams:
-        s = self.sampling
-        return SamplingParams(temperature=float(s.get("temperature", 1.0) if temperature is None else temperature),
-                              top_p=float(s.get("top_p", 1.0)), top_k=int(s.get("top_k", 0)),
-                              max_new_tokens=int(max_new_tokens or s.get("max_new_tokens", 8)),
-                              stop_token_ids=(self.tokenizer.eos_token_id,))
+        return SamplingParams.from_mapping(self.sampling, stop_token_ids=(self.tokenizer.eos_token_id,),
+                                           max_new_tokens=max_new_tokens, temperature=temperature)
 
     def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None) -> list[Turn]:
         params = self.params(max_new_tokens, temperature)

@@ -3,7 +3,9 @@
 ``rlvr`` (one role: generate ``n`` samples, score each) is what a single-policy job runs;
 ``solver_verifier`` is the maths solver-verifier team; the code workflows and the maths
 answer checker register themselves from their modules. A user workflow registers the same
-way from any module the job imports (``workflow.module`` in the job config).
+way from any module the job imports (``workflow.module`` in the job config). Nothing here
+knows where an episode runs or how its calls are batched: the episode runner
+(``astraflow.actors.episodes``) runs these for RaaS nodes and the in-process baselines.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ reward("exact_match")(arithmetic.reward)
 def rlvr(ep: Episode) -> EpisodeResult:
     """Single-turn RL with verifiable rewards: ``n`` samples of the prompt, each scored.
 
-    Seeds are ``task_seeds(job seed, task id, n)``, the same as the batched
-    :class:`~astraflow.workflows.rlvr.RLVRWorkflow`, so both produce the same samples.
+    Sample ``j`` draws from ``sample_seed(job seed, task id, j)`` (:func:`.seeds.task_seeds`),
+    so its tokens depend on nothing else: not on the node, the poll's other tasks or how
+    the runner batches their calls (RaaS nodes and the in-process baseline alike).
     """
     score = get_reward(str(ep.params.get("reward", "exact_match")))
     ids = ep.encode(ep.prompt)

@@ -167,3 +167,15 @@ def test_bad_seeds_are_rejected(cpu_engine, tokenizer):
         cpu_engine.generate(rows, SamplingParams(), seeds=[1])
     with pytest.raises(ValueError, match=r"\[0, 2\*\*63\)"):
         cpu_engine.generate(rows, SamplingParams(), seeds=[1, -3])
+
+
+def test_sampling_params_from_a_sampling_mapping():
+    # A task's (or a generation request's) sampling: missing keys default, other keys ignored.
+    assert SamplingParams.from_mapping({}) == SamplingParams(1.0, 1.0, 0, 8)
+    full = {"temperature": "0.7", "top_p": 0.9, "top_k": 5.0, "max_new_tokens": 12, "seed": 3}
+    assert SamplingParams.from_mapping(full, stop_token_ids=[2]) == SamplingParams(0.7, 0.9, 5, 12, (2,))
+    # a role call's overrides: a temperature unless None (0 is greedy), max_new_tokens unless falsy
+    assert SamplingParams.from_mapping(full, temperature=0.0, max_new_tokens=4) == SamplingParams(0.0, 0.9, 5, 4)
+    assert SamplingParams.from_mapping(full, temperature=None, max_new_tokens=0) == SamplingParams(0.7, 0.9, 5, 12)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams.from_mapping({"top_p": 0})

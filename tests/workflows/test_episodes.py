@@ -8,9 +8,11 @@ import threading
 import pytest
 
 from astraflow.actors.episodes import CallBatcher, EpisodeRunner
+from astraflow.engines.base import SamplingParams
 from astraflow.topics import Task
+from astraflow.workflows import arithmetic
 from astraflow.workflows.api import Episode, EpisodeResult, Trajectory, WORKFLOWS, workflow
-from astraflow.workflows.rlvr import RLVRWorkflow
+from astraflow.workflows.seeds import task_seeds
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 6}
 
@@ -48,13 +50,21 @@ def test_one_role_episodes_are_the_batched_rlvr_rollout(tok_engine):
     tasks = [rlvr_task(i) for i in range(5)]
     counting = CountingEngine(engine)
     got = runner(tok, counting).run(tasks)
-    want = RLVRWorkflow(tok, "node-test").run(tasks, engine, seed=7)
     assert counting.calls == [4 * 5], "the five episodes' rows must be coalesced into one engine call"
-    for groups, ref in zip(got, want):
+    # The batched RLVR rollout by hand: every sample of the poll in one call, each row seeded
+    # (job seed, task id, sample index), scored by the exact-match reward.
+    prompts = [tok.encode(t.prompt, add_special_tokens=False) for t in tasks]
+    gens = engine.generate([ids for t, ids in zip(tasks, prompts) for _ in range(t.n_samples)],
+                           SamplingParams.from_mapping(SAMPLING, stop_token_ids=(tok.eos_token_id,)),
+                           seeds=[s for t in tasks for s in task_seeds(7, t.task_id, t.n_samples)])
+    for i, (task, groups) in enumerate(zip(tasks, got)):
         (g,) = groups
-        assert (g.task_id, g.role, g.roles, g.stats) == (ref.task_id, "", [], {})
-        assert [(s.tokens, s.logprobs, s.reward, s.loss_mask) for s in g.samples] == \
-               [(s.tokens, s.logprobs, s.reward, []) for s in ref.samples]
+        want = gens[4 * i:4 * i + 4]
+        assert (g.task_id, g.prompt_ids, g.role, g.roles, g.stats) == (task.task_id, prompts[i], "", [], {})
+        assert [(s.tokens, s.logprobs, s.versions, s.reward, s.loss_mask) for s in g.samples] == \
+               [(list(w.tokens), list(w.logprobs), [w.version] * len(w.tokens),
+                 arithmetic.reward(tok.decode(list(w.tokens), skip_special_tokens=True), task.answer), [])
+                for w in want]
 
 
 def test_batch_invariant_calls_the_engine_once_per_episode_call(tok_engine):

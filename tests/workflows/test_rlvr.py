@@ -1,20 +1,48 @@
-"""RLVR workflow: a task's samples depend on (job seed, task id, sample index) only."""
+"""The ``rlvr`` workflow as a RaaS node runs it (the episode runner): a task's samples depend
+on (job seed, task id, sample index) only."""
 
 from __future__ import annotations
 
+import threading
 
-import pytest
 import torch
 
+from astraflow.actors.episodes import EpisodeRunner
 from astraflow.topics import Task
-from astraflow.workflows.rlvr import RLVRWorkflow
 from astraflow.workflows.seeds import sample_seed, task_seeds
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8}
 
 
-def task(task_id: str, prompt: str, answer: str, n: int = 4) -> Task:
-    return Task(task_id, f"p-{task_id}", "policy", prompt, answer, n, SAMPLING)
+def task(task_id: str, prompt: str, answer: str, n: int = 4, sampling: dict = SAMPLING) -> Task:
+    return Task(task_id, f"p-{task_id}", "policy", prompt, answer, n, sampling)
+
+
+def roll_out(tok, engine, tasks, seed: int, batch_invariant: bool = False) -> list:
+    """One group per task (the one-role workflow trains its one role), as a node's poll makes them."""
+    runner = EpisodeRunner("policy", "raas-test", engine, tok, seed, engine_lock=threading.Lock(),
+                           batch_invariant=batch_invariant)
+    try:
+        out = runner.roll_out(tasks)
+    finally:
+        runner.close()
+    assert all(len(groups) == 1 and groups[0].status == "ok" for groups in out)
+    return [groups[0] for groups in out]
+
+
+class CountingEngine:
+    """The real engine, counting the rows of each call."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.calls = engine, []
+
+    def generate(self, prompts, params, seeds=None):
+        self.calls.append(len(prompts))
+        return self.engine.generate(prompts, params, seeds=seeds)
+
+    @property
+    def version(self):
+        return self.engine.version
 
 
 def values(group) -> tuple:
@@ -34,16 +62,15 @@ def test_sample_seeds_are_a_stable_hash_of_job_seed_task_and_index():
 
 def test_a_group_does_not_depend_on_the_tasks_sharing_its_poll(tokenizer_and_engine):
     tok, engine = tokenizer_and_engine
-    wf = RLVRWorkflow(tok, "raas-test", batch_invariant=True)
     a, b, c = task("ta", "12+34=", "46"), task("tb", "7+5=", "12", n=3), task("tc", "98+76=12 and 3+4=", "7")
-    alone = wf.run([a], engine, seed=7)[0]
-    first = wf.run([a, b, c], engine, seed=7)
-    last = wf.run([c, b, a], engine, seed=7)
+    alone = roll_out(tok, engine, [a], 7, batch_invariant=True)[0]
+    first = roll_out(tok, engine, [a, b, c], 7, batch_invariant=True)
+    last = roll_out(tok, engine, [c, b, a], 7, batch_invariant=True)
     # Byte-identical, logprob bits included, wherever the task sits in the poll.
     assert values(first[0]) == values(alone) == values(last[2])
     assert values(first[1]) == values(last[1]) and values(first[2]) == values(last[0])
     assert len({tuple(s.tokens) for s in alone.samples}) > 1  # samples differ from each other
-    other_job = wf.run([a], engine, seed=8)[0]
+    other_job = roll_out(tok, engine, [a], 8, batch_invariant=True)[0]
     assert [s.tokens for s in other_job.samples] != [s.tokens for s in alone.samples]
 
 
@@ -51,12 +78,16 @@ def test_one_call_for_all_tasks_samples_the_same_tokens(tokenizer_and_engine):
     """One call for all tasks (the default) trades the logprob bits, not the seeds, for throughput."""
     tok, engine = tokenizer_and_engine
     tasks = [task("ta", "12+34=", "46"), task("tb", "7+5=", "12"), task("tc", "98+76=12 and 3+4=", "7")]
-    isolated = RLVRWorkflow(tok, "raas-test", batch_invariant=True).run(tasks, engine, seed=3)
-    batched = RLVRWorkflow(tok, "raas-test").run(tasks, engine, seed=3)
+    isolated = roll_out(tok, engine, tasks, 3, batch_invariant=True)
+    batched = roll_out(tok, engine, tasks, 3)
     for g, h in zip(isolated, batched):
         assert [s.tokens for s in g.samples] == [s.tokens for s in h.samples]
         for s, t in zip(g.samples, h.samples):
             torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(t.logprobs), atol=1e-4, rtol=1e-4)
-    with pytest.raises(ValueError, match="share sampling params"):
-        mixed = [tasks[0], Task("td", "p-td", "policy", "1+1=", "2", 2, dict(SAMPLING, temperature=0.5))]
-        RLVRWorkflow(tok, "raas-test").run(mixed, engine)
+    # Tasks of other sampling settings in one poll: one call per setting, rows in poll order.
+    counting = CountingEngine(engine)
+    mixed = [tasks[0], task("td", "1+1=", "2", n=2, sampling=dict(SAMPLING, temperature=0.5)), tasks[1]]
+    groups = roll_out(tok, counting, mixed, 3)
+    assert counting.calls == [4 + 4, 2]
+    assert [s.tokens for s in groups[0].samples] == [s.tokens for s in batched[0].samples]
+    assert [s.tokens for s in groups[2].samples] == [s.tokens for s in batched[1].samples]
