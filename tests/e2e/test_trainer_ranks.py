@@ -173,7 +173,7 @@ def _consolidated_digest(step_dir: Path) -> str:
     from transformers import AutoModelForCausalLM
 
     from astraflow.engines.bootstrap import ensure_tiny_model
-    from astraflow.engines.deepspeed_trainer import CKPT_TAG
+    from astraflow.engines.deepspeed_checkpoint import CKPT_TAG
     from astraflow.engines.deltas import weights_digest
 
     full = get_fp32_state_dict_from_zero_checkpoint(str(step_dir), tag=CKPT_TAG)
