@@ -11,7 +11,7 @@ both dtypes, the two run alternately in each repetition):
 * per published version: payload bytes, changed fraction, publisher encode seconds;
 * ``train_inference_logp_gap`` — the trainer's metric of the mismatch alone: mean
   |log p_trainer − log p_behaviour| over tokens generated at the version the trainer held
-  (engines/deepspeed_trainer.py ``_logp_gaps``), per step, its median over a **sync** run
+  (engines/trainer_logprobs.py ``logp_gaps``), per step, its median over a **sync** run
   of the same job (in async mode almost every token is a version or more stale, so the
   metric has nothing to compare on most steps);
 * from an async run: steady-state s/step (after step 2) and the final held-out accuracy.

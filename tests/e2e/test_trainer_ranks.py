@@ -172,8 +172,8 @@ def _consolidated_digest(step_dir: Path) -> str:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoModelForCausalLM
 
+    from astraflow.engines.deepspeed_checkpoint import CKPT_TAG
     from astraflow.models.bootstrap import ensure_tiny_model
-    from astraflow.engines.deepspeed_trainer import CKPT_TAG
     from astraflow.weights.codec import weights_digest
 
     full = get_fp32_state_dict_from_zero_checkpoint(str(step_dir), tag=CKPT_TAG)

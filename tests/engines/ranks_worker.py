@@ -86,7 +86,7 @@ def main(out: Path) -> None:
     if rank == 0:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        from astraflow.engines.deepspeed_trainer import CKPT_TAG
+        from astraflow.engines.deepspeed_checkpoint import CKPT_TAG
         consolidated = get_fp32_state_dict_from_zero_checkpoint(str(out / "ckpt_publish"), tag=CKPT_TAG)
         torch.save({"published": published, "consolidated": dict(consolidated)}, out / "zero3.pt")
         (out / "meta.json").write_text(json.dumps(meta))

@@ -1,0 +1,115 @@
+"""The DeepSpeed trainer's files inside one checkpoint directory, and resuming from them.
+
+Owns what a trainer writes into the directory it is given (DeepSpeed's checkpoint under
+the tag ``CKPT_TAG``: every rank its own ZeRO optimizer/parameter shards, plus a client
+state of the version, the caller's ``extra_state`` such as consumed Kafka offsets, and
+the torch/CUDA RNG; and ``WORLD_FILE``, the world size and ZeRO stage it was saved
+with) and how a trainer loads them back: exactly with the world size it was saved with,
+or, when the world size changed under ZeRO 1-3, by consolidating the parameters from all
+shards with DeepSpeed's ``zero_to_fp32`` (resharding; the optimizer moments restart).
+
+It does not know where the directory comes from or when a save is complete:
+``checkpoints.CheckpointStore`` owns the step-tagged directories, their atomic commit
+and the pointer to the latest one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from .distributed import Ranks
+
+__all__ = ["CKPT_TAG", "WORLD_FILE", "Restored", "save", "load"]
+
+CKPT_TAG = "latest_step"
+#: Beside DeepSpeed's files: the world size and ZeRO stage a checkpoint was saved with.
+WORLD_FILE = "astraflow_world.json"
+
+
+class Restored(NamedTuple):
+    """What ``load`` gives back to the trainer."""
+
+    step: int  #: the trainer's version when it saved
+    extra_state: dict[str, object]  #: the caller's state as given to ``save``
+    resharded: bool  #: the world size changed: parameters consolidated, optimizer moments zero
+
+
+def _saved_layout(directory: Path) -> dict | None:
+    """``{"world", "zero_stage"}`` a checkpoint was saved with (None: saved before it was recorded)."""
+    try:
+        return json.loads((directory / WORLD_FILE).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def save(engine, directory: str | Path, extra_state: Mapping[str, object], *, step: int, ranks: Ranks,
+         zero_stage: int, device: torch.device) -> None:
+    """DeepSpeed's checkpoint of this rank (a collective: every rank calls it with the
+    same directory; under ZeRO each writes its own optimizer/parameter shards)."""
+    client = {
+        "extra_state": dict(extra_state),
+        "af_step": step,
+        "af_world": ranks.world,
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
+    }
+    engine.save_checkpoint(str(directory), tag=CKPT_TAG, client_state=client)
+    if ranks.rank == 0:  # read before loading: a world-size change loads differently
+        (Path(directory) / WORLD_FILE).write_text(json.dumps({"world": ranks.world, "zero_stage": zero_stage}))
+
+
+def load(engine, directory: str | Path, *, ranks: Ranks, zero_stage: int, device: torch.device) -> Restored:
+    """Resume from ``save``'s files. With the world size it was saved with, everything is
+    restored exactly (DeepSpeed's own load: every rank its shards). With another world
+    size, ZeRO 1-3 shards do not fit: the parameters are consolidated from all shards
+    with DeepSpeed's ``zero_to_fp32`` and loaded, the step, extra state and RNG are
+    restored, and the optimizer's moments start from zero (a warning says so;
+    ``resharded`` is true). ZeRO-0 checkpoints hold no shards and load exactly at any
+    world size."""
+    saved = _saved_layout(Path(directory))
+    resharded = bool(saved and saved["world"] != ranks.world and saved["zero_stage"] > 0)
+    if resharded:
+        client = _load_consolidated(engine, Path(directory), saved, ranks, zero_stage)
+    else:
+        path, client = engine.load_checkpoint(str(directory), tag=CKPT_TAG)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory} (tag {CKPT_TAG!r})")
+    step = int(client["af_step"])
+    torch.set_rng_state(client["torch_rng"])
+    if client.get("cuda_rng") is not None and device.type == "cuda":
+        torch.cuda.set_rng_state_all(client["cuda_rng"])
+    return Restored(step, dict(client["extra_state"]), resharded)
+
+
+def _load_consolidated(engine, directory: Path, saved: dict, ranks: Ranks, zero_stage: int) -> dict:
+    import logging
+
+    import deepspeed
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    logging.getLogger(__name__).warning(
+        "checkpoint %s was saved by %d rank(s) under ZeRO-%d and is loaded by %d: parameters are consolidated "
+        "from its shards; the optimizer moments restart from zero", directory, saved["world"],
+        saved["zero_stage"], ranks.world)
+    full = get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=CKPT_TAG)
+    module = engine.module
+    for name, p in module.named_parameters():
+        if name not in full:
+            raise KeyError(f"{directory}: the consolidated checkpoint has no parameter {name!r}")
+        partitioned = hasattr(p, "ds_id")
+        with deepspeed.zero.GatheredParameters([p], modifier_rank=0) if partitioned else contextlib.nullcontext():
+            if not partitioned or ranks.rank == 0:
+                with torch.no_grad():
+                    p.data.copy_(full[name].to(p.device, p.dtype))
+    if zero_stage > 0:
+        engine.optimizer._restore_from_bit16_weights()  # the fp32 master partitions follow
+    states = sorted((directory / CKPT_TAG).glob("*mp_rank_00_model_states.pt"))
+    if not states:
+        raise FileNotFoundError(f"no DeepSpeed model states under {directory / CKPT_TAG}")
+    return torch.load(states[0], map_location="cpu", weights_only=False)

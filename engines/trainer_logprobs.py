@@ -1,0 +1,131 @@
+"""The trainer's token log-probs, and how far they are from the behaviour ones.
+
+Owns how a forward's logits become per-token log-probs under the rollout's sampling
+distribution (temperature, top-k, top-p, as the engine recorded them; a token outside
+the truncated support is floored at ``LOGP_FLOOR``), under the full tempered softmax (what
+KL terms compare) and the entropy; the no-grad pass that computes them per sample over a
+whole batch (each rank its shard, packed by token budget, then all-gathered); and the
+gap metrics between trainer and behaviour log-probs. Trainer log-probs are those of the
+sampling distribution so that they agree with the behaviour ones; the step reports the
+residual gap on tokens generated at the trained version.
+
+It does not know about optimizers, losses or DeepSpeed: the model is anything whose
+forward returns ``.logits``, and a caller whose model's forward enters collectives
+supplies the pass that keeps a short rank in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .config import TrainerConfig
+from .distributed import Ranks
+from .packing import collate, pack_rows, row_tokens
+from .sampling import sampling_logprobs
+
+__all__ = ["LOGP_FLOOR", "token_logprobs", "batch_logprobs", "logp_gaps"]
+
+# Trainer log-prob of a token outside the truncated sampling support (see ``token_logprobs``):
+# e^-100 is 0 in every ratio, yet finite, so masked products stay 0 rather than NaN.
+LOGP_FLOOR = -100.0
+
+
+def token_logprobs(model, ids: torch.Tensor, mask: torch.Tensor, cfg: TrainerConfig, full: bool = False,
+                   entropy: bool = False, sampled: bool = True
+                   ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Log-probs of the next tokens under the rollout's sampling distribution
+    (temperature, top-k, top-p: ``sampling.sampling_logprobs``, what the engine
+    recorded), under the full tempered softmax (``full``: what KL terms compare,
+    since truncated distributions have no finite KL to one another), and the entropy
+    of the latter. Positions outside ``mask`` are 0. Of ``cfg`` only the sampling
+    settings count (``temperature``, ``top_p``, ``top_k``)."""
+    # Right padding needs no attention mask: causal attention never looks right, and
+    # padded positions are masked out of the loss.
+    logits = model(input_ids=ids).logits[:, :-1]
+    target = ids[:, 1:].unsqueeze(-1)
+    on = mask > 0
+    truncated = cfg.top_p < 1.0 or cfg.top_k > 0
+    full_all = torch.log_softmax(logits.float() / cfg.temperature, dim=-1) if (truncated or not sampled) else None
+    logp = None
+    if sampled:
+        sampled_all = sampling_logprobs(logits, cfg.temperature, cfg.top_p, cfg.top_k)
+        full_all = sampled_all if full_all is None else full_all
+        # A token outside the trainer's truncated support (a stale sample the current
+        # weights would no longer draw) has logp -inf: floor it so its ratio is 0 and
+        # no inf * 0 turns a loss into NaN; its gradient is 0 either way.
+        logp = torch.where(on, sampled_all.gather(-1, target).squeeze(-1).clamp(min=LOGP_FLOOR), 0.0)
+    logp_full = torch.where(on, full_all.gather(-1, target).squeeze(-1), 0.0) if full else None
+    ent = None
+    if entropy:
+        with torch.no_grad():
+            ent = -(full_all.exp() * full_all).sum(-1)
+    return logp, logp_full, ent
+
+
+@torch.no_grad()
+def batch_logprobs(model, samples, cfg: TrainerConfig, ranks: Ranks, device: torch.device, full: bool,
+                   sampled: bool = True, keep_step: Callable[[], None] | None = None
+                   ) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None]:
+    """Per-sample completion-token log-probs of ``model`` in eval mode, micro-batched
+    by budget: under the sampling distribution (``sampled``) and the full tempered
+    softmax (``full``). Each rank computes its shard (``ranks.shard``) and every rank
+    gets the whole batch's values. When ``model``'s forward enters collectives (the
+    DeepSpeed engine under ZeRO-3), ``keep_step`` is a zero-loss forward the caller
+    supplies: it runs once for each micro-batch this rank has fewer than its peers."""
+    was_training = model.training
+    model.eval()
+    out_sampled: dict[int, torch.Tensor] = {}
+    out_full: dict[int, torch.Tensor] = {}
+    micro = pack_rows(samples, ranks.shard(list(range(len(samples)))), cfg.token_budget)
+    try:
+        if keep_step is not None:
+            for _ in range(len(micro), ranks.common_count(len(micro))):
+                keep_step()
+        for rows in micro:
+            part = [samples[i] for i in rows]
+            ids, mask, _ = collate(part, device)
+            logp, logp_full, _ = token_logprobs(model, ids, mask, cfg, full=full, sampled=sampled)
+            for j, i in enumerate(rows):
+                if sampled:
+                    out_sampled[i] = row_tokens(logp, j, part[j])
+                if full:
+                    out_full[i] = row_tokens(logp_full, j, part[j])
+    finally:
+        model.train(was_training)
+    if ranks.world > 1:  # every rank needs the whole batch's values (advantages, KL shaping, batch masks)
+        for part in ranks.all_gather(({i: t.cpu() for i, t in out_sampled.items()},
+                                      {i: t.cpu() for i, t in out_full.items()})):
+            out_sampled.update({i: t.to(device) for i, t in part[0].items()})
+            out_full.update({i: t.to(device) for i, t in part[1].items()})
+    return ([out_sampled[i] for i in range(len(samples))] if sampled else None,
+            [out_full[i] for i in range(len(samples))] if full else None)
+
+
+def logp_gaps(samples, logp: list[torch.Tensor], version: int, ranks: Ranks) -> dict[str, float]:
+    """Mean |logp_trainer - logp_behaviour| over all tokens (``behav_logp_gap``:
+    staleness plus mismatch) and over the tokens generated at ``version``, the
+    weights the trainer held before this step (``train_inference_logp_gap``: the
+    training-inference mismatch alone). The latter is absent when no token of the
+    batch was generated at ``version`` (nothing to compare). ``logp`` is None for the
+    samples of other ranks, which add their own."""
+    total = at_version = 0.0
+    n_total = n_at = 0
+    for s, lp in zip(samples, logp):
+        if lp is None:  # another rank's sample: it adds its own
+            continue
+        own = torch.tensor(s.mask_values(), dtype=torch.bool)  # context tokens have no behaviour logprob
+        gap = (lp.float().cpu() - torch.tensor(s.behaviour_logprobs, dtype=torch.float32)).abs()[own]
+        versions = torch.tensor(s.token_versions or (s.version,) * len(s.completion_ids))[own]
+        total += float(gap.sum())
+        n_total += gap.numel()
+        at_version += float(gap[versions == version].sum())
+        n_at += int((versions == version).sum())
+    if ranks.world > 1:
+        parts = ranks.all_gather((total, n_total, at_version, n_at))
+        total, n_total, at_version, n_at = (sum(p[j] for p in parts) for j in range(4))
+    out = {"behav_logp_gap": total / max(n_total, 1)}
+    if n_at:
+        out["train_inference_logp_gap"] = at_version / n_at
+    return out
