@@ -209,7 +209,7 @@ def _cmd_topology(args: argparse.Namespace) -> int:
 
 def _cmd_launch(args: argparse.Namespace) -> int:
     from astraflow.config import load_config
-    from astraflow.topology.launch import launch
+    from astraflow.launcher import launch
     summary = launch(args.topology, load_config(args.job, _overrides(args.set)), overrides=args.set or [],
                      run_dir=args.run_dir, bootstrap=args.bootstrap_servers, progress=not args.quiet)
     if summary["interrupted"]:

@@ -271,7 +271,7 @@ def run_trainer_group(cfg, topo: Topology, *, bootstrap: str, run_dir: str, node
                       overrides: list[str]) -> int:
     """``astraflow node --role trainer`` as its host's group agent (see the module docstring)."""
     from astraflow.checks import check_model
-    from astraflow.launcher import node_command
+    from astraflow.topology.processes import node_command
 
     check_model(cfg)  # a bad path fails here once, not in every rank after the rendezvous
     Path(run_dir).mkdir(parents=True, exist_ok=True)

@@ -87,7 +87,7 @@ def run_arm(arm: str, a: argparse.Namespace, bootstrap: str, run_root: Path) -> 
     from astraflow.topics import job_topics
     from astraflow.chaos.invariants import audit
     from astraflow.config import load_config
-    from astraflow.topology.launch import launch
+    from astraflow.launcher import launch
 
     data = _merge(yaml.safe_load((ROOT / "examples" / "arithmetic_grpo.yaml").read_text()),
                   job_settings(a.steps, a.problems))

@@ -182,7 +182,7 @@ ATTEMPTS = 2
 
 def run_attempts(arm: str, rep: int, run_once) -> dict:
     """``run_once(job) -> result`` until one try succeeds; failed tries are kept in the result."""
-    from astraflow.launcher import RunFailed
+    from astraflow.topology.processes import RunFailed
     failed = []
     for attempt in range(1, ATTEMPTS + 1):
         job = f"bench-mp-{arm}-{int(time.time())}-{rep}-{attempt}"
@@ -210,7 +210,8 @@ def run_team(base: dict, barrier: str, args, rep: int) -> dict:
 def run_solver_alone(base: dict, args, rep: int, seconds: float) -> dict:
     """Arm (d) for ``seconds`` of wall-clock (plus a grace for its evaluator), then stopped."""
     from astraflow.config import load_config
-    from astraflow.launcher import RunFailed, run_job
+    from astraflow.launcher import run_job
+    from astraflow.topology.processes import RunFailed
 
     def once(job: str) -> dict:
         data = solver_alone_config(base, load_config(args.config), args.alone_steps, args.alone_eval_every, job,

@@ -1,8 +1,9 @@
 """Start, kill and restart a job's component processes by hand (chaos tests).
 
-The same ``astraflow node`` processes ``astraflow run`` starts, without the launcher's
-automatic restarts, so a test decides what dies and when, then watches the ``metrics``
-topic for progress.
+The same ``astraflow node`` processes ``astraflow run`` starts
+(:mod:`astraflow.topology.processes`), without the automatic restarts of its
+:func:`~astraflow.topology.processes.supervise`, so a test decides what dies and when,
+then watches the ``metrics`` topic for progress.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Callable
 from kafka import TopicPartition
 
 from astraflow.config import JobConfig
-from astraflow.launcher import Proc, node_command, stop_processes
 from astraflow.topics import Consumer, Metric
+from astraflow.topology.processes import Proc, node_command, stop_processes
 
 
 class JobHarness:

@@ -34,7 +34,7 @@ from astraflow.chaos.scenario import (BROKER_KINDS, PROCESS_KINDS, Fault, Scenar
                                       check_against_job)
 from astraflow.config import JobConfig, load_config
 from astraflow.errors import EXIT_FATAL
-from astraflow.launcher import Proc
+from astraflow.topology.processes import Proc
 
 #: A tmpfs this large holds a short scenario's broker data; disk_full fills the rest.
 DISK_MB = 1024

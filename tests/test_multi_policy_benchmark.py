@@ -209,7 +209,7 @@ def test_aggregate_pairs_speedups_within_a_repetition_and_notes_say_who_wins(cap
 
 
 def test_a_failed_or_hung_arm_is_recorded_and_run_again():
-    from astraflow.launcher import RunFailed
+    from astraflow.topology.processes import RunFailed
     jobs = []
 
     def once(job):

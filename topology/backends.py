@@ -9,7 +9,7 @@ lost even when it is killed instead: uncommitted tasks are redelivered.
 
 * :class:`LocalBackend` (default): node processes on this machine. Requests are queued
   and carried out by :meth:`LocalBackend.tick`, which the runner's loop calls, so that one
-  thread owns the process list (the launcher's ``Proc`` objects and its supervision).
+  thread owns the process list (:class:`.processes.Proc` objects and their supervision).
 * :class:`CommandBackend`: shell command templates for real deployments, e.g. a cluster
   scheduler's CLI or ``ssh HOST systemd-run ...``; the stop command must deliver SIGTERM.
 """
@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Callable
 
 from astraflow.errors import RetriableError
-from astraflow.launcher import Proc
-
 from .plan import NodePlan
+from .processes import Proc
 
 log = logging.getLogger(__name__)
 

@@ -1,14 +1,15 @@
-"""``astraflow topology check``, ``astraflow launch`` and ``astraflow node --topology``.
+"""``astraflow topology check``, ``astraflow launch``'s additions and ``astraflow node --topology``.
 
 ``check`` loads a topology (and optionally a job config), resolves its plan and prints it.
-``launch`` runs a job on the whole deployment from one machine: the launcher's own run
-(:func:`astraflow.launcher.run_job`: broker, topics, progress, restarts, run directory)
-with the plan's processes instead of the job config's, and the autoscaler actor beside
-them; with the embedded broker, nodes of a region other than the Kafka cluster's reach it
-through an emulation of their link (:mod:`.wan`). ``node --topology F --host H`` is one
-host's share of the same plan on a real deployment: its nodes as processes, supervised
-with the launcher's own functions, and the autoscaler when it lives on this host; a host
-without a trainer or dataflow stops when the trainer announces it is done.
+:class:`TopologyRun` is what ``astraflow launch`` (:func:`astraflow.launcher.launch`) adds
+to the launcher's own run (:func:`astraflow.launcher.run_job`: broker, topics, progress,
+restarts, run directory): the plan's processes instead of the job config's, and the
+autoscaler actor beside them; with the embedded broker, nodes of a region other than the
+Kafka cluster's reach it through an emulation of their link (:mod:`.wan`). ``node
+--topology F --host H`` (:func:`run_host`) is one host's share of the same plan on a real
+deployment: its nodes as processes, supervised with :mod:`.processes`, and the autoscaler
+when it lives on this host; a host without a trainer or dataflow stops when the trainer
+announces it is done.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from pathlib import Path
 
 from astraflow.config import JobConfig, load_config
 
-from .plan import Plan, check_launchable, format_plan, resolve, without_emulation
+from .plan import Plan, check_launchable, format_plan, resolve
+from .processes import Proc, RunFailed, node_command, stop_processes, supervise
 from .schema import TopologyError, load_topology
 from .validation import local_backend_misplaced, validate_for_job
 
@@ -47,12 +49,11 @@ def check_topology(path: str, *, job: str | None = None, overrides: dict | None 
 
 def node_command_for(cfg: JobConfig, bootstrap: str, run_dir: Path, overrides: list[str],
                      region_bootstrap: dict[str, str] | None = None):
-    """``NodePlan -> argv``: the launcher's node command with the node's pool settings and flags.
+    """``NodePlan -> argv``: :func:`.processes.node_command` with the node's pool settings and flags.
 
     ``region_bootstrap``: region -> the address its nodes reach Kafka at instead of
     ``bootstrap`` (an emulated link's proxy, :mod:`.wan`); the autoscaler's backend starts
     nodes through this same function, so its nodes get it too."""
-    from astraflow.launcher import node_command
     region_bootstrap = region_bootstrap or {}
 
     def command(node) -> list[str]:
@@ -93,8 +94,9 @@ def autoscaled_policies(plan: Plan, cfg: JobConfig) -> list[str]:
 @contextlib.contextmanager
 def autoscaler_running(plan: Plan, cfg: JobConfig, bootstrap: str, backend):
     """The autoscaler actor under a supervisor (restarted with backoff); yields its :class:`Outcome`."""
-    from astraflow.actors.autoscaler import AutoscalerActor
     from astraflow.actors.supervisor import ChildSpec, Outcome, Supervisor
+
+    from .autoscaler import AutoscalerActor
     outcome = Outcome()
 
     def spec(policy: str, name: str, hours: bool) -> ChildSpec:
@@ -126,7 +128,8 @@ def recount_device_hours(bootstrap: str, cfg: JobConfig, plan: Plan | None) -> d
 
 
 class TopologyRun:
-    """What ``astraflow launch`` adds to the launcher's run (see :func:`astraflow.launcher.run_job`)."""
+    """What ``astraflow launch`` (:func:`astraflow.launcher.launch`) adds to the launcher's run
+    (see :func:`astraflow.launcher.run_job`)."""
 
     def __init__(self, plan: Plan, cfg: JobConfig, overrides: list[str]) -> None:
         self.plan, self.cfg, self.overrides = plan, cfg, overrides
@@ -152,7 +155,6 @@ class TopologyRun:
             self.wan.close()
 
     def processes(self, bootstrap: str, run_dir: Path):
-        from astraflow.launcher import Proc
         command_for = node_command_for(self.cfg, bootstrap, run_dir, self.overrides,
                                        self.wan.bootstrap_for() if self.wan is not None else None)
         self.backend = make_backend(self.plan, self.cfg, command_for, run_dir / "logs")
@@ -162,7 +164,6 @@ class TopologyRun:
 
     @contextlib.contextmanager
     def running(self, bootstrap: str, run_dir: Path, procs):
-        from astraflow.launcher import stop_processes
         try:
             with autoscaler_running(self.plan, self.cfg, bootstrap, self.backend) as self.outcome:
                 yield self
@@ -180,7 +181,6 @@ class TopologyRun:
                           "retired_exit_codes": dict(getattr(self.backend, "exits", {}))}
 
     def tick(self, procs):
-        from astraflow.launcher import RunFailed
         self.backend.tick(procs)
         if self.outcome is not None and self.outcome.fatal:
             return RunFailed(f"autoscaler: {self.outcome.fatal}", node_id="autoscaler",
@@ -191,31 +191,11 @@ class TopologyRun:
         return self.extra
 
 
-def launch(topology: str | Path, cfg: JobConfig, *, overrides: list[str] | None = None,
-           run_dir: str | Path | None = None, bootstrap: str | None = None, progress: bool = True,
-           timeout_s: float | None = None) -> dict:
-    """Run the job ``cfg`` (loaded with ``overrides``, which its nodes get too) on the deployment
-    ``topology`` describes, every node a process of this machine."""
-    from astraflow.launcher import run_job
-    overrides = list(overrides or [])
-    plan = load_plan(topology, cfg)
-    check_launchable(plan)
-    cluster = plan.clusters[0]
-    bootstrap = bootstrap or cfg.kafka.bootstrap_servers or (None if cluster.embedded else cluster.name)
-    if bootstrap is not None:
-        without_emulation(plan, bootstrap)
-    if progress:
-        print(format_plan(plan), flush=True)
-    return run_job(cfg, bootstrap=bootstrap, overrides=overrides, run_dir=run_dir, progress=progress,
-                   timeout_s=timeout_s, extension=TopologyRun(plan, cfg, overrides))
-
-
 def run_host(topology: str | Path, cfg: JobConfig, host: str, *, bootstrap: str | None, run_dir: str | Path,
              overrides: list[str] | None = None, max_restarts: int = 3) -> int:
     """``astraflow node --topology F --host H``: this host's nodes (and the autoscaler, if it lives
     here) until the host's trainer/dataflow finish — on a host without them, until the trainer
-    reports done — or SIGTERM/SIGINT; returns 0, raises :class:`~astraflow.launcher.RunFailed`."""
-    from astraflow.launcher import Proc, RunFailed, _supervise, stop_processes
+    reports done — or SIGTERM/SIGINT; returns 0, raises :class:`~.processes.RunFailed`."""
     from astraflow.topics import Consumer, Metric, job_topics
     from kafka import TopicPartition
 
@@ -266,7 +246,7 @@ def run_host(topology: str | Path, cfg: JobConfig, host: str, *, bootstrap: str 
         while not stop["now"]:
             if backend is not None:
                 backend.tick(procs)
-            error = _supervise(procs, max_restarts, True)
+            error = supervise(procs, max_restarts, True)
             if error is None and outcome is not None and outcome.fatal:
                 error = RunFailed(f"autoscaler: {outcome.fatal}", node_id="autoscaler", retriable=outcome.retriable)
             if error is not None:

@@ -16,11 +16,11 @@ import yaml
 
 from astraflow.chaos.harness import JobHarness
 from astraflow.chaos.invariants import audit
+from astraflow.launcher import launch
 from astraflow.status import job_status
 from astraflow.topics import Heartbeat, ensure_topics, job_topics
 from astraflow.topics.replay import read_topic
 from astraflow.topology.backends import retire_process
-from astraflow.topology.launch import launch
 
 pytestmark = pytest.mark.slow
 

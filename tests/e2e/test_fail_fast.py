@@ -55,7 +55,8 @@ def test_bad_row_stops_the_run_with_its_cause_as_the_last_line(bootstrap, bad_da
 def test_fatal_component_is_not_restarted_and_stops_the_job(bootstrap, bad_data_config, tmp_path, monkeypatch):
     """The path a preflight cannot cover: the dataflow process itself meets the bad row."""
     import astraflow.checks
-    from astraflow.launcher import RunFailed, run_job
+    from astraflow.launcher import run_job
+    from astraflow.topology.processes import RunFailed
     monkeypatch.setattr(astraflow.checks, "check_data", lambda cfg: "not checked")
     run_dir = tmp_path / "run"
     with pytest.raises(RunFailed) as e:
@@ -70,7 +71,7 @@ def test_fatal_component_is_not_restarted_and_stops_the_job(bootstrap, bad_data_
 
 
 def test_launcher_restarts_crashes_but_not_fatal_exits(tmp_path):
-    from astraflow.launcher import Proc, _supervise
+    from astraflow.topology.processes import Proc, supervise
 
     def proc(name: str, code: int, line: str) -> Proc:
         p = Proc("raas", name, [sys.executable, "-c", f"import sys; print({line!r}, file=sys.stderr); sys.exit({code})"],
@@ -80,13 +81,13 @@ def test_launcher_restarts_crashes_but_not_fatal_exits(tmp_path):
         return p
 
     crashed = proc("raas-0", 1, "Traceback: a broker blip")
-    assert _supervise([crashed], max_restarts=3, progress=False) is None
+    assert supervise([crashed], max_restarts=3, progress=False) is None
     assert crashed.restarts == 1
     crashed.popen.wait()
 
     fatal = proc("raas-1", EXIT_FATAL, "astraflow node raas-1: fatal: model.path /m: no such directory")
     first = fatal.popen
-    failure = _supervise([fatal], max_restarts=3, progress=False)
+    failure = supervise([fatal], max_restarts=3, progress=False)
     assert failure is not None and not failure.retriable
     assert (failure.node_id, failure.cause) == ("raas-1", "model.path /m: no such directory")
     assert fatal.restarts == 0 and fatal.popen is first

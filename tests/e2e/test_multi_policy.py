@@ -132,7 +132,7 @@ def test_a_multi_policy_topology_runs_one_autoscaler_per_policy(bootstrap, tmp_p
     import json
 
     from astraflow.chaos.invariants import audit_job
-    from astraflow.topology.launch import launch
+    from astraflow.launcher import launch
     cfg = _config(tmp_path, "mp-topo", {"trainer.steps": 6})
     topo = yaml.safe_load((ROOT / "examples" / "topology_solver_verifier.yaml").read_text())
     topo["regions"]["local"]["pools"]["verifier-raas"].update(min=1, max=2)

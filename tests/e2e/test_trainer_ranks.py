@@ -18,8 +18,8 @@ import pytest
 from astraflow.chaos.harness import JobHarness
 from astraflow.engines.checkpoints import CheckpointStore
 from astraflow.errors import EXIT_FATAL
-from astraflow.launcher import Proc, node_command
 from astraflow.topics import ensure_topics, job_topics
+from astraflow.topology.processes import Proc, node_command
 from astraflow.trainer_group import TEST_RANK_FATAL_ENV, free_port
 
 from .test_chaos import _assert_conserved

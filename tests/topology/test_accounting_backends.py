@@ -9,11 +9,11 @@ import time
 import pytest
 import yaml
 
-from astraflow.launcher import _supervise
 from astraflow.topics import Heartbeat
 from astraflow.topology.accounting import DeviceHours, starting_heartbeat
 from astraflow.topology.backends import BackendError, CommandBackend, LocalBackend
 from astraflow.topology.plan import resolve
+from astraflow.topology.processes import supervise
 from astraflow.topology.schema import load_topology
 
 from .test_topology_files import changed, write
@@ -86,7 +86,7 @@ def test_local_backend_starts_and_retires_processes_through_the_runner_loop(plan
     assert b.members("fast") == []
     assert _until(lambda: (b.tick(procs), "fast-0" in b.exits)[1])
     assert b.exits["fast-0"] == 0  # it stopped on SIGTERM, cleanly
-    assert _supervise(procs, 3, False) is None and not procs[0].alive()  # a retired node is not restarted
+    assert supervise(procs, 3, False) is None and not procs[0].alive()  # a retired node is not restarted
     with pytest.raises(KeyError):
         b.retire("fast-0")
 
@@ -102,7 +102,7 @@ WINDING_DOWN = [sys.executable, "-c", "import signal, sys, time\n"
 def test_the_jobs_end_does_not_signal_a_retiring_node_again(plan, tmp_path):
     """The run can end while a retired node still finishes its in-flight work: stopping the
     job waits for it instead of sending a second SIGTERM into its shutdown."""
-    from astraflow.launcher import stop_processes
+    from astraflow.topology.processes import stop_processes
 
     b = LocalBackend(lambda node: WINDING_DOWN, tmp_path / "logs")
     procs = []

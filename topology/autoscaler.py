@@ -6,14 +6,14 @@ per-step wait and train time, every node's busy time, the trainer's ``done``) an
 ``drops.<policy>`` (stale drops), all from their beginning, so a restarted actor rebuilds
 the same picture. Every ``interval_s`` it writes the device-hours so far to ``metrics``
 (``devices.hours`` per pool, ``devices.total_hours``) and, when the topology enables
-scaling, asks :class:`~astraflow.topology.scaling.Scaler` for a decision and carries it
-out: growing the cheapest pool per unit of speed that is below its ``max`` (nearest the
-trainer at equal cost), retiring the newest node of the dearest pool above its ``min``.
+scaling, asks :class:`~.scaling.Scaler` for a decision and carries it out: growing the
+cheapest pool per unit of speed that is below its ``max`` (nearest the trainer at equal
+cost), retiring the newest node of the dearest pool above its ``min``.
 Each decision is a metric too (``autoscaler.*``: wait fraction, demand, lag, pool size,
 target and the reason), which is what ``status``, plots and tests read.
 
-Which nodes exist is the backend's record (:mod:`astraflow.topology.backends`), not this
-actor's, so an in-process restart neither forgets nor duplicates nodes. Nodes of fixed
+Which nodes exist is the backend's record (:mod:`.backends`), not this actor's, so an
+in-process restart neither forgets nor duplicates nodes. Nodes of fixed
 pools belong to their host's runner and are only counted here.
 """
 
@@ -24,17 +24,17 @@ import time
 
 from kafka import KafkaAdminClient, TopicPartition
 
+from astraflow.actors.common import close_quietly
+from astraflow.actors.supervisor import LoopActor
+from astraflow.actors.telemetry import MetricsEmitter
 from astraflow.config import JobConfig
 from astraflow.topics import Consumer, Heartbeat, Metric, Producer, job_topics
 from astraflow.topics.messages import GroupDrop
-from astraflow.topology.accounting import DeviceHours, starting_heartbeat
-from astraflow.topology.backends import Backend, BackendError
-from astraflow.topology.plan import NodePlan, Plan, PoolPlan, grow_order
-from astraflow.topology.scaling import Decision, Scaler, SignalWindow, Signals
 
-from .common import close_quietly
-from .supervisor import LoopActor
-from .telemetry import MetricsEmitter
+from .accounting import DeviceHours, starting_heartbeat
+from .backends import Backend, BackendError
+from .plan import NodePlan, Plan, PoolPlan, grow_order
+from .scaling import Decision, Scaler, SignalWindow, Signals
 
 log = logging.getLogger(__name__)
 
