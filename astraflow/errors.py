@@ -67,3 +67,13 @@ def one_line(exc: BaseException) -> str:
     """The error as one line (multi-line messages keep their first line)."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def last_words_cause(line: str) -> str:
+    """The cause a stopped process printed as its last line (``astraflow node X: fatal:
+    CAUSE`` or ``astraflow: error: CAUSE`` -> ``CAUSE``); any other line as it is."""
+    if line.startswith("astraflow"):
+        for sep in (": fatal: ", ": error: "):
+            if sep in line:
+                return line.split(sep, 1)[1]
+    return line

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from astraflow.errors import EXIT_FATAL, FatalError
+from astraflow.errors import EXIT_FATAL, FatalError, last_words_cause
 
 log = logging.getLogger("astraflow.trainer_group")
 
@@ -216,12 +216,12 @@ def group_failure(failures: dict, log_dir: Path) -> tuple[bool, str]:
     for r in ranks:
         f = failures[r]
         if f.exitcode == EXIT_FATAL:
-            return True, _cause(_last_line(log_dir, f.local_rank)) or f"trainer rank {r} failed fatally (see its log)"
+            return True, last_words_cause(_last_line(log_dir, f.local_rank)) or f"trainer rank {r} failed fatally (see its log)"
     # Peers of a fatal rank may have failed before it exited: its log still says so.
     for stderr in sorted(Path(log_dir).glob("*/attempt_*/*/stderr.log")):
         line = _tail(stderr)
         if line.startswith("astraflow node ") and ": fatal: " in line:
-            return True, _cause(line)
+            return True, last_words_cause(line)
 
     def first(r: int) -> tuple:
         code = failures[r].exitcode
@@ -233,7 +233,7 @@ def group_failure(failures: dict, log_dir: Path) -> tuple[bool, str]:
         how = f"was killed by {f.signal_name()}"
     else:
         line = _last_line(log_dir, f.local_rank)
-        how = f"exited with code {f.exitcode}" + (f": {_cause(line)}" if line else "")
+        how = f"exited with code {f.exitcode}" + (f": {last_words_cause(line)}" if line else "")
     return False, f"trainer rank {r} (pid {f.pid}) {how}; the group's other ranks were stopped"
 
 
@@ -256,15 +256,6 @@ def _tail(path: Path) -> str:
     except OSError:
         return ""
     return lines[-1].strip() if lines else ""
-
-
-def _cause(line: str) -> str:
-    """``astraflow node X: fatal: CAUSE`` or ``astraflow: error: CAUSE`` -> ``CAUSE``."""
-    if line.startswith("astraflow"):
-        for sep in (": fatal: ", ": error: "):
-            if sep in line:
-                return line.split(sep, 1)[1]
-    return line
 
 
 def run_trainer_group(cfg, topo: Topology, *, bootstrap: str, run_dir: str, node_id: str,

@@ -44,3 +44,11 @@ def test_explicit_cause_decides_and_handling_errors_do_not_inherit_it():
     assert fatal_cause(_raised(wrapped)) is bad
     assert fatal_cause(_raised(while_handling)) is None
     assert fatal_cause(_raised(retriable_wrapper)) is None
+
+
+def test_the_cause_is_read_back_from_a_stopped_process_last_line():
+    from astraflow.errors import last_words_cause
+    assert last_words_cause("astraflow node raas-0: fatal: examples/d.jsonl:2: not JSON") == "examples/d.jsonl:2: not JSON"
+    assert last_words_cause("astraflow: error: unknown job x") == "unknown job x"
+    assert last_words_cause("Traceback (most recent call last):") == "Traceback (most recent call last):"
+    assert last_words_cause("") == ""

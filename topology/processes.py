@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from astraflow.errors import EXIT_FATAL, AstraflowError
+from astraflow.errors import EXIT_FATAL, AstraflowError, last_words_cause
 
 if TYPE_CHECKING:
     from astraflow.config import JobConfig
@@ -107,7 +107,8 @@ def supervise(procs: list[Proc], max_restarts: int, progress: bool) -> RunFailed
             continue
         if code == EXIT_FATAL:
             _say(progress, f"{p.node_id} stopped with a fatal error; stopping the job")
-            return RunFailed(_cause(p.last_line()), node_id=p.node_id, log_path=p.log_path, retriable=False)
+            return RunFailed(last_words_cause(p.last_line()) or "no output (see its log)", node_id=p.node_id,
+                             log_path=p.log_path, retriable=False)
         if p.restarts >= max_restarts:
             return RunFailed(f"exited with code {code} {p.restarts + 1} times; last words: {p.last_line()}",
                              node_id=p.node_id, log_path=p.log_path)
@@ -120,15 +121,6 @@ def supervise(procs: list[Proc], max_restarts: int, progress: bool) -> RunFailed
 def _say(enabled: bool, text: str) -> None:
     if enabled:
         print(text, flush=True)
-
-
-def _cause(line: str) -> str:
-    """``astraflow node X: fatal: CAUSE`` or ``astraflow: error: CAUSE`` → ``CAUSE``; other lines as they are."""
-    if line.startswith("astraflow"):
-        for sep in (": fatal: ", ": error: "):
-            if sep in line:
-                return line.split(sep, 1)[1]
-    return line or "no output (see its log)"
 
 
 def stop_processes(procs: list[Proc], timeout: float = 30.0) -> None:

@@ -11,6 +11,8 @@ from astraflow.actors.episodes import EpisodeRunner
 from astraflow.topics import Task
 from astraflow.workflows.seeds import sample_seed, task_seeds
 
+from .test_episodes import CountingEngine  # the real engine, counting the rows of each call
+
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8}
 
 
@@ -28,21 +30,6 @@ def roll_out(tok, engine, tasks, seed: int, batch_invariant: bool = False) -> li
         runner.close()
     assert all(len(groups) == 1 and groups[0].status == "ok" for groups in out)
     return [groups[0] for groups in out]
-
-
-class CountingEngine:
-    """The real engine, counting the rows of each call."""
-
-    def __init__(self, engine) -> None:
-        self.engine, self.calls = engine, []
-
-    def generate(self, prompts, params, seeds=None):
-        self.calls.append(len(prompts))
-        return self.engine.generate(prompts, params, seeds=seeds)
-
-    @property
-    def version(self):
-        return self.engine.version
 
 
 def values(group) -> tuple:
