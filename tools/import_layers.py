@@ -49,7 +49,7 @@ def lint(tree: Path, pyproject: Path = ROOT / "pyproject.toml") -> subprocess.Co
     """``lint-imports`` over ``tree`` with the contracts in ``pyproject``; output captured."""
     # The console script's own code, run from ``tree`` so that its ``astraflow`` is the one found.
     cmd = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command as c; "
-                                 "sys.exit(c())", "--config", str(pyproject), "--no-cache"]
+                                 "sys.exit(c())", "--config", str(pyproject), "--no-cache", "--no-logo"]
     env = {**os.environ, "PYTHONPATH": str(tree)}
     return subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
 
