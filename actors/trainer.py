@@ -153,6 +153,9 @@ class TrainerActor(LoopActor):
             if self.leader:
                 self.publisher.publish(weights, self.engine.step, snapshot=self._snapshot_next)
                 self._snapshot_next = False
+                # The moment the rollout path's wait for this version starts (its metric ts), before
+                # the checkpoint below: what the critical path measures the publish stage from.
+                self.metrics.emit("trainer.handed_off", 1.0, step=self.engine.step)
             if self.engine.step % self.cfg.trainer.checkpoint_every == 0 or self.engine.step >= self.cfg.trainer.steps:
                 self._checkpoint()
         rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

@@ -14,7 +14,9 @@ still spent on earlier steps, or its own poll when it was waiting.
 Read after the run from the job's own records (every time is this machine's clock): the
 announcements and their record timestamps on ``versions``, task records on ``tasks.<policy>``,
 each group's ``started_at`` / ``finished_at``, batch records, and the trainer's metrics (a
-step's ``trainer.samples`` is emitted right after the step hands its weights to the publisher).
+step's ``trainer.handed_off`` is emitted as the step hands its weights to the publisher, before
+its checkpoint; ``trainer.samples`` comes after the checkpoint, so a run whose trainer checkpoints
+every step would read the checkpoint's time as a negative publish stage).
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ def batch_paths(bootstrap: str, cfg: JobConfig, run_dir: Path, first_step: int =
     batches = {m.step: (ts / 1000, m) for _, _, ts, m in read_topic(bootstrap, topics.batches(policy), timestamps=True)
                if isinstance(m, Batch)}
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    # trainer.samples at step v is emitted after the step that made version v
-    handed_off = {int(r["step"]): r["ts"] for r in rows if r["name"] == "trainer.samples"}
+    # trainer.handed_off at step v is emitted as the step that made version v hands it off
+    handed_off = {int(r["step"]): r["ts"] for r in rows if r["name"] == "trainer.handed_off"}
     train_s = {int(r["step"]) - 1: r["value"] for r in rows if r["name"] == "trainer.train_s"}
     out = []
     for k in sorted(batches):
