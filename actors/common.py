@@ -23,10 +23,17 @@ def model_path(cfg: JobConfig) -> Path:
     return Path(resolve_model_path(cfg.model.path or "", cfg.model.seed, cfg.model.task))
 
 
-def make_rollout_engine(cfg: JobConfig, path: Path, kind: str | None = None):
+def make_rollout_engine(cfg: JobConfig, path: Path, kind: str | None = None, device=None, name: str = "raas"):
+    """The rollout engine of ``cfg`` (``kind`` overrides the engine kind), on ``device``
+    (default ``rollout.device``): an emulated device wraps it (:mod:`astraflow.emulation`)."""
     from astraflow.engines.factory import make_rollout_engine as make
     engine_cfg = dataclasses.replace(cfg.rollout.engine, model_path=str(path), kind=kind or cfg.rollout.engine.kind)
-    return make(engine_cfg)
+    engine = make(engine_cfg)
+    device = device or cfg.rollout.device
+    if device.emulated:
+        from astraflow.emulation import EmulatedDevice, EmulatedRolloutEngine
+        engine = EmulatedRolloutEngine(engine, EmulatedDevice(device, name))
+    return engine
 
 
 def make_train_engine(cfg: JobConfig, path: Path):
@@ -37,7 +44,11 @@ def make_train_engine(cfg: JobConfig, path: Path):
                                      top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
                                      seed=e.seed or cfg.seed,
                                      total_steps=e.total_steps or cfg.trainer.steps)
-    return make(engine_cfg)
+    engine = make(engine_cfg)
+    if cfg.trainer.device.emulated:
+        from astraflow.emulation import EmulatedDevice, EmulatedTrainEngine
+        engine = EmulatedTrainEngine(engine, EmulatedDevice(cfg.trainer.device, f"trainer.{cfg.policy}"))
+    return engine
 
 
 def to_train_batch(batch: Batch):

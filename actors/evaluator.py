@@ -83,7 +83,7 @@ class EvaluatorActor(LoopActor):
         lower_thread_priority(self.cfg.eval.cpu_nice)
         set_threads(self.cfg.eval.threads)
         path = model_path(self.cfg)
-        self.engine = make_rollout_engine(self.cfg, path, kind="cpu")
+        self.engine = make_rollout_engine(self.cfg, path, kind="cpu", device=self.cfg.eval.device, name="evaluator")
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.problems = heldout_problems(self.cfg)
         self.producer = Producer(self.bootstrap, client_id=f"eval.{self.cfg.policy}")
@@ -98,7 +98,8 @@ class EvaluatorActor(LoopActor):
             if p == self.cfg.policy:
                 continue
             view = self.cfg.view(p)
-            engine = make_rollout_engine(view, model_path(view), kind="cpu")
+            engine = make_rollout_engine(view, model_path(view), kind="cpu", device=self.cfg.eval.device,
+                                         name=f"evaluator.{p}")
             sub = WeightSubscriber(self.bootstrap, self.topics, p, initial_version=engine.version,
                                    node_id=f"evaluator.{p}")
             sub.start()

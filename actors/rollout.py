@@ -74,7 +74,7 @@ class RolloutActor(LoopActor):
 
         set_threads(self.cfg.rollout.engine.threads)
         path = model_path(self.cfg)
-        self.engine = make_rollout_engine(self.cfg, path)
+        self.engine = make_rollout_engine(self.cfg, path, name=self.node_id)
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.engine_lock = threading.Lock()
         self.plain = Producer(self.bootstrap, client_id=self.node_id)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from astraflow.algorithms.base import AlgorithmSpec
+from astraflow.emulation.device import DeviceConfig
 from astraflow.engines.config import RolloutConfig as EngineRolloutConfig
 from astraflow.engines.config import TrainerConfig as EngineTrainerConfig
 from astraflow.typed_config import ConfigError, from_dict, load_yaml
@@ -100,6 +101,9 @@ class RolloutConfig:
                                        "node) instead of after the version is announced: for nodes on other "
                                        "machines than the trainer; on one shared machine it only moves CPU (see "
                                        "README, The weight path)")
+    device: DeviceConfig = _f(DeviceConfig(), "the device each RaaS node stands for: cpu, or an emulated accelerator "
+                                              "(emulation/profiles.yaml) that holds each engine call for its "
+                                              "modelled time")
     emulate_slowdown: float = _f(1.0, "CPU emulation of a slower device kind: each rollout call is stretched to this "
                                       "many times its duration (the node sleeps the difference); set per pool by "
                                       "a topology file's emulate_slowdown; 1 = off")
@@ -139,6 +143,9 @@ class TrainerConfig:
                           "unchanged), like `renice`. Where the trainer shares cores with the rollout nodes, "
                           "dataflow and broker, its next step waits on their path (generate, batch): a positive "
                           "value lets that path run first and the trainer take the cores' remaining time")
+    device: DeviceConfig = _f(DeviceConfig(), "the device(s) the trainer stands for: cpu, or an emulated accelerator "
+                                              "whose train steps are held for their modelled time on device.count "
+                                              "devices (data parallel)")
     emulate_slowdown: float = _f(1.0, "CPU emulation of a slower device kind: each training step is stretched to "
                                       "this many times its duration (the trainer sleeps the difference); set by a "
                                       "topology file's trainer pool; 1 = off")
@@ -160,6 +167,7 @@ class EvalConfig:
     k: int = _f(4, "samples per problem (pass@1 averaged over k)")
     temperature: float = _f(0.6, "evaluation temperature")
     threads: int = _f(1, "torch threads of the evaluator")
+    device: DeviceConfig = _f(DeviceConfig(), "the device the evaluator stands for: cpu, or an emulated accelerator")
     cpu_nice: int = _f(10, "niceness added to the evaluator's threads (0-19; 0: unchanged), like `renice`: it only "
                            "measures, so where it shares cores with the dataflow, rollout nodes and trainer (the "
                            "dataflow node hosts it) it takes what they leave; a busy machine makes it evaluate "

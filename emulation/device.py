@@ -1,0 +1,122 @@
+"""An emulated device: hold each call until its modelled time has passed, and account for it.
+
+:class:`DeviceConfig` is the ``device`` section of a rollout pool, a trainer or the
+evaluator (``kind: cpu`` runs as it is; ``kind: emulated`` prices every call with the cost
+model of ``profile``). :class:`EmulatedDevice` is the clock: the caller does the real work
+(the tiny model's tokens, log-probs, gradients), says what it did, and the device sleeps —
+never spins — until ``modelled seconds x dilation`` have passed since the call began. The
+CPU the real work took is measured against that hold: emulation is only an instrument for
+the schedule while the real compute is a small part of each hold, so a device whose calls
+cost more than ``max_cpu_fraction`` of their hold warns, once, and its stats say so. Every
+number it reports is in modelled seconds and labelled emulated. It knows nothing about
+Kafka or which component holds it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .cost import CostModel
+from .profile import load_profile, profile_names
+
+__all__ = ["DeviceConfig", "EmulatedDevice", "CallStats"]
+
+log = logging.getLogger(__name__)
+
+
+def _f(default, help: str):  # noqa: A002
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    kind: Literal["cpu", "emulated"] = _f("cpu", "cpu: the work runs as it is; emulated: each call is held for the "
+                                                 "time the profile's cost model gives (emulation/profiles.yaml)")
+    profile: str = _f("", "emulated: the profile (device kind x model shape), e.g. h100-qwen3-8b")
+    count: int = _f(1, "emulated: devices this component stands for (a trainer's data-parallel width)")
+    dilation: float = _f(1.0, "emulated: wall seconds per modelled second (0.05 runs 20x faster than the device)")
+    token_scale: int = _f(1, "emulated: modelled tokens per real token (the tiny model's lengths scaled to the "
+                             "emulated model's)")
+    max_cpu_fraction: float = _f(0.2, "emulated: warn when a call's real CPU time exceeds this share of its hold")
+
+    def __post_init__(self) -> None:
+        if self.kind == "emulated":
+            if self.profile not in profile_names():
+                raise ValueError(f"device.profile {self.profile!r} is not a profile of emulation/profiles.yaml "
+                                 f"({', '.join(profile_names())})")
+            if self.count < 1 or self.dilation <= 0 or self.token_scale < 1:
+                raise ValueError("device.count and device.token_scale must be >= 1 and device.dilation > 0")
+
+    @property
+    def emulated(self) -> bool:
+        return self.kind == "emulated"
+
+
+@dataclass
+class CallStats:
+    """Totals of one kind of call (``generate``, ``train``, ``weight_load``)."""
+
+    calls: int = 0
+    modelled_s: float = 0.0  #: what the device would have taken
+    held_s: float = 0.0  #: wall time the calls took (modelled x dilation, or more on an overrun)
+    cpu_s: float = 0.0  #: the real work's CPU time
+    overruns: int = 0  #: calls whose real work outlasted their hold
+
+    @property
+    def cpu_fraction(self) -> float:
+        return self.cpu_s / self.held_s if self.held_s > 0 else 0.0
+
+
+class EmulatedDevice:
+    """The clock and the accounts of one emulated device (thread-safe)."""
+
+    def __init__(self, cfg: DeviceConfig, name: str = "device") -> None:
+        if not cfg.emulated:
+            raise ValueError("EmulatedDevice needs device.kind: emulated")
+        self.cfg, self.name = cfg, name
+        self.cost = CostModel(load_profile(cfg.profile), token_scale=cfg.token_scale)
+        self.stats: dict[str, CallStats] = {}
+        self._lock = threading.Lock()
+        self._warned = False
+
+    @contextmanager
+    def hold(self, kind: str):
+        """Time one call: yields ``price(modelled_s)``, which the caller calls once it knows
+        what the work was; on exit the call is held until its modelled time (dilated) is up."""
+        t0, c0 = time.monotonic(), time.process_time()
+        priced: list[float] = []
+        yield priced.append
+        cpu = time.process_time() - c0
+        modelled = sum(priced)
+        target = modelled * self.cfg.dilation
+        left = target - (time.monotonic() - t0)
+        if left > 0:
+            time.sleep(left)
+        held = time.monotonic() - t0
+        with self._lock:
+            s = self.stats.setdefault(kind, CallStats())
+            s.calls += 1
+            s.modelled_s += modelled
+            s.held_s += held
+            s.cpu_s += cpu
+            s.overruns += left < 0
+            warn = not self._warned and target > 0 and cpu > self.cfg.max_cpu_fraction * held
+            self._warned = self._warned or warn
+        if warn:
+            log.warning("emulated %s (%s): a %s call's real CPU time was %.0f%% of its hold (%.3f of %.3f s); above "
+                        "%.0f%% the emulation measures the CPU, not the device: raise device.dilation",
+                        self.name, self.cfg.profile, kind, 100 * cpu / held, cpu, held, 100 * self.cfg.max_cpu_fraction)
+
+    def summary(self) -> dict:
+        """Per kind of call: calls, modelled / held / CPU seconds, CPU fraction, overruns (labelled emulated)."""
+        with self._lock:
+            return {"emulated": True, "profile": self.cfg.profile, "devices": self.cfg.count,
+                    "dilation": self.cfg.dilation, "token_scale": self.cfg.token_scale,
+                    **{k: {"calls": s.calls, "modelled_s": round(s.modelled_s, 6), "held_s": round(s.held_s, 6),
+                           "cpu_s": round(s.cpu_s, 6), "cpu_fraction": round(s.cpu_fraction, 4),
+                           "overruns": s.overruns} for k, s in self.stats.items()}}

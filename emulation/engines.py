@@ -1,0 +1,91 @@
+"""Engines on an emulated device: the real engine computes, the device's clock prices it.
+
+:class:`EmulatedRolloutEngine` wraps any ``RolloutEngine`` (the CPU engine with the tiny
+model): ``generate`` returns the real tokens and log-probs, held until the modelled time of
+its prefill and continuous-batching decode has passed; ``load_weights`` is held for the
+modelled model's weight load. :class:`EmulatedTrainEngine` wraps a ``TrainEngine`` (the
+DeepSpeed trainer): a ``train_step`` learns for real and is held for the modelled step on
+the device's ``count`` devices (data parallel), forward + backward over the batch's tokens
+once per PPO epoch plus the forward-only passes the step makes. Everything else is the
+wrapped engine's. They know nothing about Kafka or the components that hold them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from astraflow.engines.base import Generation, NamedTensors, RolloutEngine, SamplingParams, TrainBatch, TrainEngine
+
+from .device import EmulatedDevice
+
+__all__ = ["EmulatedRolloutEngine", "EmulatedTrainEngine"]
+
+
+class EmulatedRolloutEngine(RolloutEngine):
+    def __init__(self, inner: RolloutEngine, device: EmulatedDevice) -> None:
+        self.inner, self.device = inner, device
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
+        with self.device.hold("generate") as price:
+            out = self.inner.generate(prompts, params, seeds=seeds)
+            price(self.device.cost.generate_s([len(p) for p in prompts], [len(g.tokens) for g in out]))
+        return out
+
+    def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        with self.device.hold("weight_load") as price:
+            self.inner.load_weights(named_tensors, version)
+            price(self.device.cost.weight_load_s())
+
+    @property
+    def version(self) -> int:
+        return self.inner.version
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, name: str):  # what only the wrapped engine has (e.g. its model, for the evaluator)
+        return getattr(self.inner, name)
+
+
+class EmulatedTrainEngine(TrainEngine):
+    def __init__(self, inner: TrainEngine, device: EmulatedDevice) -> None:
+        self.inner, self.device = inner, device
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        with self.device.hold("train") as price:
+            out = self.inner.train_step(batch)
+            price(self._modelled(batch))
+        return out
+
+    def _modelled(self, batch: TrainBatch) -> float:
+        cfg = getattr(self.inner, "cfg", None)
+        epochs = getattr(cfg, "ppo_epochs", 1)
+        # The no-grad passes a step makes before its updates (see DeepSpeedTrainer.prepare):
+        # proximal log-probs with several updates or the KL in the reward; the reference model's.
+        passes = int(epochs * getattr(cfg, "minibatches", 1) > 1 or getattr(cfg, "kl_in_reward_coef", 0) > 0)
+        passes += int(getattr(cfg, "kl_coef", 0) > 0 or getattr(cfg, "kl_in_reward_coef", 0) > 0)
+        tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in batch.samples)
+        return self.device.cost.train_step_s(tokens * epochs, tokens * passes, devices=self.device.cfg.count)
+
+    def named_weights(self, *args, **kwargs):
+        return self.inner.named_weights(*args, **kwargs)
+
+    def save_checkpoint(self, directory, extra_state):
+        return self.inner.save_checkpoint(directory, extra_state)
+
+    def load_checkpoint(self, directory):
+        return self.inner.load_checkpoint(directory)
+
+    def export_hf(self, directory):
+        return self.inner.export_hf(directory)
+
+    @property
+    def step(self) -> int:
+        return self.inner.step
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, name: str):  # rank, world, barrier, cfg, ... of the wrapped trainer
+        return getattr(self.inner, name)

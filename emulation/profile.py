@@ -1,0 +1,153 @@
+"""Emulation profiles: a device kind and a model shape, every number with its source.
+
+Owns reading ``profiles.yaml`` (beside this module, or a file given by name): the device
+peaks (dense BF16 FLOP/s, HBM bandwidth, memory), the model shapes (layers, widths, heads,
+vocabulary) and the efficiencies the cost model applies to the peaks. Every value is
+``{value, source}``; a missing field, a missing source or a value of the wrong type is a
+:class:`ProfileError` naming the file and the dotted key. It knows nothing about engines or
+time: :mod:`.cost` turns a profile into seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from astraflow.typed_config import ConfigError, load_yaml
+
+__all__ = ["ProfileError", "DeviceSpec", "ModelSpec", "Efficiency", "Profile", "PROFILES_FILE", "load_profile",
+           "profile_names"]
+
+PROFILES_FILE = Path(__file__).with_name("profiles.yaml")
+
+
+class ProfileError(ConfigError):
+    """An emulation profile that is missing, unknown or incomplete; names the file and the key."""
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    name: str
+    bf16_dense_flops: float  #: FLOP/s
+    hbm_bytes_per_s: float
+    memory_bytes: float
+    interconnect_bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tied_embeddings: bool
+
+    @property
+    def params(self) -> int:
+        """Parameters of the shape (attention and MLP weights, embeddings; norms are negligible)."""
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        layer = h * q + 2 * h * kv + q * h + 3 * h * self.intermediate_size
+        embed = self.vocab_size * h * (1 if self.tied_embeddings else 2)
+        return self.num_layers * layer + embed
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of KV cache one token of context holds (bf16 keys and values, every layer)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 2
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    decode_bandwidth: float  #: share of HBM bandwidth a decode step reaches
+    prefill_flops: float  #: share of dense peak a prefill reaches
+    decode_step_overhead_s: float  #: fixed cost of one decode step (scheduler, sampling, launches)
+    train_flops: float  #: model FLOPs utilisation of training
+    train_flops_per_token_per_param: float  #: forward + backward
+    train_scaling: float  #: data-parallel efficiency per doubling of devices
+    weight_sync_bytes_per_s: float  #: trainer -> rollout weight transfer, engine update included
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    device: DeviceSpec
+    model: ModelSpec
+    efficiency: Efficiency
+    sources: dict[str, str]  #: dotted key -> where its number comes from
+    file: str
+
+
+def _values(cls: type, section: Any, file: str, key: str, sources: dict[str, str], name: str | None = None):
+    """``cls`` from a mapping of ``{value, source}`` entries, strictly."""
+    if not isinstance(section, dict):
+        raise ProfileError(file, key, f"expected a mapping, got {section!r}")
+    kwargs: dict[str, Any] = {} if name is None else {"name": name}
+    for f in dataclasses.fields(cls):
+        if f.name == "name":
+            continue
+        entry_key = f"{key}.{f.name}"
+        entry = section.get(f.name)
+        if entry is None:
+            raise ProfileError(file, entry_key, "required field is missing")
+        if not isinstance(entry, dict) or "value" not in entry:
+            raise ProfileError(file, entry_key, f"expected {{value: ..., source: ...}}, got {entry!r}")
+        if not isinstance(entry.get("source"), str) or not entry["source"].strip():
+            raise ProfileError(file, f"{entry_key}.source", "every number needs its source")
+        value, tp = entry["value"], f.type
+        try:
+            if tp == "bool":
+                if not isinstance(value, bool):
+                    raise TypeError
+            elif tp == "int":
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise TypeError
+            else:
+                value = float(value)
+                if not value > 0 and f.name != "decode_step_overhead_s":
+                    raise ValueError
+        except (TypeError, ValueError):
+            raise ProfileError(file, f"{entry_key}.value", f"expected a positive {tp}, got {entry['value']!r}") from None
+        kwargs[f.name] = value
+        sources[entry_key] = entry["source"]
+    unknown = set(section) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise ProfileError(file, key, f"unknown field(s) {sorted(unknown)}")
+    return cls(**kwargs)
+
+
+def _file(path: str | Path | None) -> tuple[dict, str]:
+    path = Path(path) if path else PROFILES_FILE
+    return load_yaml(path, "a mapping with devices, models, profiles and efficiency", ProfileError), str(path)
+
+
+def profile_names(path: str | Path | None = None) -> list[str]:
+    data, _ = _file(path)
+    return sorted(data.get("profiles") or {})
+
+
+def load_profile(name: str, path: str | Path | None = None) -> Profile:
+    """The profile ``name`` of the profiles file (the shipped one by default)."""
+    data, file = _file(path)
+    profiles = data.get("profiles") or {}
+    if name not in profiles:
+        raise ProfileError(file, "profiles", f"unknown profile {name!r}; profiles: {', '.join(sorted(profiles))}")
+    entry = profiles[name]
+    if not isinstance(entry, dict) or not {"device", "model"} <= set(entry):
+        raise ProfileError(file, f"profiles.{name}", "expected {device: NAME, model: NAME}")
+    sources: dict[str, str] = {}
+    picked = []
+    for section, cls in (("devices", DeviceSpec), ("models", ModelSpec)):
+        ref = entry["device" if section == "devices" else "model"]
+        table = data.get(section) or {}
+        if ref not in table:
+            raise ProfileError(file, f"profiles.{name}", f"names {section[:-1]} {ref!r}, which {section} does not have "
+                                                         f"({', '.join(sorted(table)) or 'none'})")
+        picked.append(_values(cls, table[ref], file, f"{section}.{ref}", sources, name=ref))
+    eff = _values(Efficiency, data.get("efficiency"), file, "efficiency", sources)
+    return Profile(name, picked[0], picked[1], eff, sources, file)

@@ -1,0 +1,151 @@
+"""Emulated accelerators: the cost model reads its numbers from the profile file, a bad
+profile is a clear error, and an emulated call is held for its modelled time while the real
+work (the tiny model on CPU) costs a small share of it."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from astraflow.emulation import (CostModel, DeviceConfig, EmulatedDevice, EmulatedRolloutEngine,
+                                 EmulatedTrainEngine, ProfileError, load_profile, profile_names)
+from astraflow.emulation.profile import PROFILES_FILE
+from astraflow.engines.base import SamplingParams, TrainBatch, TrainSample
+
+
+def _profiles(tmp_path: Path, edit) -> Path:
+    data = yaml.safe_load(PROFILES_FILE.read_text())
+    edit(data)
+    path = tmp_path / "profiles.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_the_shipped_profiles_cover_h100_and_h200_for_both_model_shapes():
+    assert {"h100-qwen3-8b", "h200-qwen3-8b", "h100-qwen3-1.7b", "h200-qwen3-1.7b"} <= set(profile_names())
+    p = load_profile("h100-qwen3-8b")
+    assert 8.1e9 < p.model.params < 8.3e9  # Qwen3-8B's 8.2 B parameters, from its shape
+    assert 1.6e9 < load_profile("h100-qwen3-1.7b").model.params < 1.8e9
+    assert all(s.strip() for s in p.sources.values())
+    assert {"devices.H100-SXM.hbm_bytes_per_s", "models.qwen3-8b.num_kv_heads", "efficiency.train_flops"} <= set(p.sources)
+
+
+def test_the_cost_model_takes_its_numbers_from_the_profile_file(tmp_path):
+    base = CostModel(load_profile("h100-qwen3-8b"))
+    faster = CostModel(load_profile("h100-qwen3-8b", _profiles(
+        tmp_path, lambda d: d["devices"]["H100-SXM"]["hbm_bytes_per_s"].update(value=2 * 3.35e12))))
+    overhead = base.profile.efficiency.decode_step_overhead_s
+    # A memory-bound decode step: twice the bandwidth halves all but its fixed overhead.
+    assert (faster.decode_step_s(8, 8 * 512) - overhead) == pytest.approx((base.decode_step_s(8, 8 * 512) - overhead) / 2)
+    assert faster.train_step_s(1000) == base.train_step_s(1000)  # training is priced by FLOPs, not bandwidth
+    # H200 differs from H100 by its bandwidth alone here: decode faster, training the same.
+    h200 = CostModel(load_profile("h200-qwen3-8b"))
+    assert h200.decode_step_s(8, 4096) < base.decode_step_s(8, 4096) and h200.train_step_s(1000) == base.train_step_s(1000)
+
+
+def test_decode_is_priced_at_the_batch_and_context_each_step_ran():
+    c = CostModel(load_profile("h100-qwen3-8b"))
+    # Two rows of a 4-token prompt: one stops after 1 token, the other runs 3 steps.
+    expected = c.prefill_s(8) + c.decode_step_s(2, 4 + 4) + c.decode_step_s(1, 5) + c.decode_step_s(1, 6)
+    assert c.generate_s([4, 4], [1, 3]) == pytest.approx(expected)
+    # A real token standing for k modelled ones: k steps per real step, contexts scaled.
+    k = CostModel(load_profile("h100-qwen3-8b"), token_scale=10)
+    assert k.generate_s([4], [1]) == pytest.approx(c.prefill_s(40) + sum(c.decode_step_s(1, 40 + j) for j in range(10)))
+    assert c.generate_s([], []) == 0.0
+
+
+def test_training_on_k_devices_is_data_parallel_with_the_profiles_scaling():
+    c = CostModel(load_profile("h100-qwen3-8b"))
+    s = c.profile.efficiency.train_scaling
+    assert c.train_step_s(4096, devices=4) == pytest.approx(c.train_step_s(4096) / (4 * s ** 2))
+    assert c.train_step_s(4096, forward_only_tokens=4096) == pytest.approx(c.train_step_s(4096) * 8 / 6)
+    assert c.weight_load_s() == pytest.approx(2 * c.params / c.profile.efficiency.weight_sync_bytes_per_s)
+
+
+def test_a_profile_missing_a_field_or_a_source_is_an_error_naming_it(tmp_path):
+    missing = _profiles(tmp_path, lambda d: d["devices"]["H100-SXM"].pop("hbm_bytes_per_s"))
+    with pytest.raises(ProfileError, match=r"profiles\.yaml: devices\.H100-SXM\.hbm_bytes_per_s: required field"):
+        load_profile("h100-qwen3-8b", missing)
+    unsourced = _profiles(tmp_path, lambda d: d["efficiency"]["train_flops"].pop("source"))
+    with pytest.raises(ProfileError, match=r"efficiency\.train_flops\.source: every number needs its source"):
+        load_profile("h100-qwen3-8b", unsourced)
+    with pytest.raises(ProfileError, match="unknown profile 'a100-x'.*h100-qwen3-8b"):
+        load_profile("a100-x")
+
+
+def test_an_unknown_profile_in_a_job_config_names_the_key_and_the_file(tmp_path):
+    from astraflow.config import ConfigError, load_config
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"job": "emu", "rollout": {"device": {"kind": "emulated", "profile": "tpu-v9"}}}))
+    with pytest.raises(ConfigError, match=r"job\.yaml: rollout\.device: .*'tpu-v9'"):
+        load_config(job)
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(yaml.safe_dump({"job": "emu", "trainer": {"device": {"kind": "emulated", "profile": "h200-qwen3-8b",
+                                                                       "count": 4}}}))
+    cfg = load_config(ok)
+    assert cfg.trainer.device.emulated and cfg.trainer.device.count == 4 and not cfg.rollout.device.emulated
+
+
+def _device(profile: str = "h100-qwen3-8b", **kw) -> EmulatedDevice:
+    return EmulatedDevice(DeviceConfig(kind="emulated", profile=profile, **kw), "test")
+
+
+def test_an_emulated_generate_returns_the_real_tokens_held_for_their_modelled_time(cpu_engine, tokenizer):
+    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in ("12+7=", "3+40=", "55+5=", "9+9=")]
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, stop_token_ids=(tokenizer.eos_token_id,))
+    seeds = [1, 2, 3, 4]
+    real = cpu_engine.generate(prompts, params, seeds=seeds)
+    # Scaled so the hold is ~1 s, far above what the tiny model's call costs.
+    probe = CostModel(load_profile("h100-qwen3-8b"), token_scale=50)
+    modelled = probe.generate_s([len(p) for p in prompts], [len(g.tokens) for g in real])
+    device = _device(token_scale=50, dilation=1.0 / modelled)
+    engine = EmulatedRolloutEngine(cpu_engine, device)
+    t0 = time.monotonic()
+    out = engine.generate(prompts, params, seeds=seeds)
+    held = time.monotonic() - t0
+    assert [(g.tokens, g.logprobs) for g in out] == [(g.tokens, g.logprobs) for g in real]  # the real work
+    stats = device.summary()["generate"]
+    assert stats["calls"] == 1 and stats["modelled_s"] == pytest.approx(modelled, rel=1e-6)
+    assert held >= 1.0 and stats["held_s"] >= 1.0  # never released before its modelled (dilated) time
+    assert stats["cpu_s"] < 0.2 * stats["held_s"] and stats["cpu_fraction"] < 0.2  # the hold sleeps
+    assert engine.version == cpu_engine.version
+
+
+def test_a_call_whose_real_work_outweighs_its_hold_is_reported(cpu_engine, tokenizer, caplog):
+    prompts = [tokenizer.encode("12+7=", add_special_tokens=False)] * 8
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, stop_token_ids=(tokenizer.eos_token_id,), seed=3)
+    device = _device(dilation=1e-6)  # a hold of microseconds: the CPU is all there is
+    with caplog.at_level("WARNING", logger="astraflow.emulation.device"):
+        EmulatedRolloutEngine(cpu_engine, device).generate(prompts, params)
+    stats = device.summary()["generate"]
+    assert stats["overruns"] == 1 and stats["cpu_fraction"] > 0.2
+    assert any("measures the CPU, not the device" in r.message for r in caplog.records)
+
+
+def test_an_emulated_train_step_learns_for_real_and_is_priced_on_k_devices(tiny_model_path, tokenizer, cpu_engine):
+    from astraflow.engines.config import TrainerConfig
+    from astraflow.engines.deepspeed_trainer import DeepSpeedTrainer
+
+    ids = tuple(tokenizer.encode("12+7=", add_special_tokens=False))
+    gens = cpu_engine.generate([list(ids)] * 4, SamplingParams(temperature=1.0, max_new_tokens=4, seed=5))
+    batch = TrainBatch(tuple(TrainSample(ids, g.tokens, g.logprobs, reward=float(i % 2), group_id=0)
+                             for i, g in enumerate(gens)))
+    tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in batch.samples)
+    inner = DeepSpeedTrainer(tiny_model_path, TrainerConfig(lr=1e-3, seed=0))
+    before = {k: v.clone() for k, v in inner.named_weights().items()}
+    one = CostModel(load_profile("h100-qwen3-8b"), token_scale=200)
+    device = _device(token_scale=200, count=4, dilation=1.0)
+    engine = EmulatedTrainEngine(inner, device)
+    metrics = engine.train_step(batch)
+    stats = device.summary()["train"]
+    assert engine.step == 1 and "loss" in metrics
+    assert any(not (before[k] == v).all() for k, v in engine.named_weights().items())  # the weights moved
+    expected = one.train_step_s(tokens, devices=4)  # one epoch, one update: no forward-only pass
+    assert stats["modelled_s"] == pytest.approx(expected, rel=1e-6)
+    assert expected == pytest.approx(one.train_step_s(tokens) / (4 * one.profile.efficiency.train_scaling ** 2))
+    assert stats["held_s"] >= expected and not math.isnan(stats["cpu_fraction"])
+    engine.close()
