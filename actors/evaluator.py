@@ -126,6 +126,7 @@ class EvaluatorActor(LoopActor):
         self.metrics.emit("eval.accuracy", acc, step=v, problems=len(self.problems), k=self.cfg.eval.k,
                           epoch=held.epoch if held else 0, weights_digest=held.digest if held else "",
                           nice=niceness())
+        self.metrics.emit_device(self.engine, step=v)
         if self.team:
             engines = {self.cfg.policy: self.engine, **{p: e for p, (e, _) in self.others.items()}}
             t0 = time.monotonic()

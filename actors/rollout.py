@@ -249,6 +249,7 @@ class RolloutActor(LoopActor):
                         Heartbeat(self.node_id, "raas", self.cfg.policy, self.engine.version,
                                   tokens_per_s=self._tokens / elapsed, ts=time.time(), epoch=held.epoch if held else 0,
                                   weights_digest=held.digest if held else ""), key=self.node_id, trace=False)
+        self.metrics.emit_device(self.engine, step=self.engine.version, node=self.node_id)
 
     def _emulate_slower_device(self, took_s: float) -> None:
         """A topology pool of a slower device kind, emulated on CPU: sleeping (not computing)

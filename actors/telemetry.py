@@ -73,3 +73,16 @@ class MetricsEmitter:
     def emit_many(self, values: dict[str, float], step: int = 0, **labels: Any) -> None:
         for name, value in values.items():
             self.emit(name, value, step, **labels)
+
+    def emit_device(self, engine: Any, step: int = 0, **labels: Any) -> None:
+        """An emulated engine's device totals so far (``emulated.<call>.modelled_s``, ``held_s``,
+        ``cpu_fraction``, ``calls``: modelled seconds, labelled with the profile); nothing for
+        an engine on its real device."""
+        device = getattr(engine, "device", None)
+        summary = device.summary() if hasattr(device, "summary") else None
+        if not summary:
+            return
+        for call, s in summary.items():
+            if isinstance(s, dict):
+                self.emit_many({f"emulated.{call}.{k}": s[k] for k in ("modelled_s", "held_s", "cpu_fraction", "calls")},
+                               step, profile=summary["profile"], devices=summary["devices"], **labels)

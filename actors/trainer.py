@@ -173,6 +173,7 @@ class TrainerActor(LoopActor):
             "trainer.batch_offset": float(d.offset),
             "trainer.peak_rss_mb": rss_mb,
         }, step=self.engine.step)
+        self.metrics.emit_device(self.engine, step=self.engine.step)
         self._wait_s = 0.0
         self._heartbeat()
 

@@ -151,6 +151,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 130
     print(f"done: {summary['steps_trained']} versions in {summary['wall_s']:.0f}s; held-out accuracy "
           + " -> ".join(f"v{v}:{a:.3f}" for v, a in acc.items()))
+    for component, d in summary.get("emulated", {}).items():
+        calls = ", ".join(f"{call} {s.get('modelled_s', 0):.1f} s (CPU {100 * s.get('cpu_fraction', 0):.0f}% of holds)"
+                          for call, s in d.items() if isinstance(s, dict))
+        print(f"EMULATED {component} on {d['profile']} x{d['devices']:g}: modelled {calls}")
     print(f"run dir: {summary['run_dir']}")
     return 0
 

@@ -19,6 +19,12 @@ if TYPE_CHECKING:
     from astraflow.config import JobConfig
 
 
+def _emulated(rows: list[dict]) -> str:
+    """A title's label when any device of the run was emulated (its times are modelled)."""
+    profiles = sorted({str(r.get("label.profile")) for r in rows if r["name"].startswith("emulated.")})
+    return f" — EMULATED devices: {', '.join(profiles)}" if profiles else ""
+
+
 def plot_run(path: Path, rows: list[dict], cfg: JobConfig) -> None:
     if len(cfg.policy_names) > 1:
         _plot_policies(path, rows, cfg)
@@ -36,7 +42,7 @@ def plot_run(path: Path, rows: list[dict], cfg: JobConfig) -> None:
     ax.set_xlabel("policy version")
     ax.set_ylabel("reward / accuracy")
     ax.set_ylim(0, 1)
-    ax.set_title(f"{cfg.job} ({cfg.mode})")
+    ax.set_title(f"{cfg.job} ({cfg.mode}){_emulated(rows)}")
     ax.grid(alpha=0.3)
     if reward or acc:  # a run that failed before training has nothing to label
         ax.legend(loc="lower right")
@@ -81,7 +87,7 @@ def _plot_policies(path: Path, rows: list[dict], cfg: JobConfig) -> None:
     ax.set_xlabel(f"{cfg.lead_policy} batch step")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    fig.suptitle(f"{cfg.job} ({cfg.workflow.name}, barrier {cfg.barrier})")
+    fig.suptitle(f"{cfg.job} ({cfg.workflow.name}, barrier {cfg.barrier}){_emulated(rows)}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

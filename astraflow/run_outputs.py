@@ -106,11 +106,25 @@ def write_outputs(run_dir: Path, cfg: JobConfig, state: RunState, started: float
             "team_accuracy_by_version": {str(k): round(v, 4) for k, v in sorted(state.team_accuracy.items())},
             "team_accuracy_final": state.team_accuracy[max(state.team_accuracy)] if state.team_accuracy else None}
            if len(cfg.policy_names) > 1 else {}),
+        **_emulated_summary(rows),
         "interrupted": interrupted, "error": error, **(extra or {}),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_run(run_dir / "plot.png", rows, cfg)
     return summary
+
+
+def _emulated_summary(rows: list[dict]) -> dict:
+    """``{"emulated": {component: {"profile", "devices", call: {modelled_s, held_s, cpu_fraction,
+    calls}}}}`` from each component's last ``emulated.*`` totals; nothing when no device was emulated.
+    Modelled seconds are what the emulated devices would have taken, not this machine's time."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        if r["name"].startswith("emulated."):
+            _, call, stat = r["name"].split(".", 2)
+            comp = out.setdefault(r["component"], {"profile": r.get("label.profile"), "devices": r.get("label.devices")})
+            comp.setdefault(call, {})[stat] = r["value"]
+    return {"emulated": out} if out else {}
 
 
 def _gap_summary(gaps: list[float]) -> dict:
