@@ -147,7 +147,6 @@ class RolloutActor(LoopActor):
                  for d in deliveries]
         per_task = self._roll_out(tasks, spans)
         groups = [g for gs in per_task for g in gs]
-        self._emulate_slower_device(time.monotonic() - t0)
         try:
             with self.producer.transaction():
                 for gs, span in zip(per_task, spans):
@@ -250,13 +249,6 @@ class RolloutActor(LoopActor):
                                   tokens_per_s=self._tokens / elapsed, ts=time.time(), epoch=held.epoch if held else 0,
                                   weights_digest=held.digest if held else ""), key=self.node_id, trace=False)
         self.metrics.emit_device(self.engine, step=self.engine.version, node=self.node_id)
-
-    def _emulate_slower_device(self, took_s: float) -> None:
-        """A topology pool of a slower device kind, emulated on CPU: sleeping (not computing)
-        keeps the emulated node off the cores, so N emulated nodes behave like N devices."""
-        factor = self.cfg.rollout.emulate_slowdown
-        if factor > 1.0:
-            time.sleep((factor - 1.0) * took_s)
 
     def on_stop(self) -> None:
         # Asked to stop (retired, or the job is over): the step in flight has committed, and

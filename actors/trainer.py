@@ -140,8 +140,6 @@ class TrainerActor(LoopActor):
                                           attributes={"trainer.step": batch.step, "batch.offset": d.offset}):
             t_train = time.monotonic()
             out = self.engine.train_step(to_train_batch(batch))
-            if self.cfg.trainer.emulate_slowdown > 1.0:  # a slower device kind, emulated on CPU (topology files)
-                time.sleep((self.cfg.trainer.emulate_slowdown - 1.0) * (time.monotonic() - t_train))
             train_s = time.monotonic() - t_train
             self.offset = d.offset + 1
             self.lineage.append([batch.step, d.offset])

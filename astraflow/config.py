@@ -104,13 +104,6 @@ class RolloutConfig:
     device: DeviceConfig = _f(DeviceConfig(), "the device each RaaS node stands for: cpu, or an emulated accelerator "
                                               "(emulation/profiles.yaml) that holds each engine call for its "
                                               "modelled time")
-    emulate_slowdown: float = _f(1.0, "CPU emulation of a slower device kind: each rollout call is stretched to this "
-                                      "many times its duration (the node sleeps the difference); set per pool by "
-                                      "a topology file's emulate_slowdown; 1 = off")
-
-    def __post_init__(self) -> None:
-        if self.emulate_slowdown < 1.0:
-            raise ValueError(f"rollout.emulate_slowdown must be >= 1 (a slowdown factor), got {self.emulate_slowdown}")
 
 
 @dataclass(frozen=True)
@@ -146,9 +139,6 @@ class TrainerConfig:
     device: DeviceConfig = _f(DeviceConfig(), "the device(s) the trainer stands for: cpu, or an emulated accelerator "
                                               "whose train steps are held for their modelled time on device.count "
                                               "devices (data parallel)")
-    emulate_slowdown: float = _f(1.0, "CPU emulation of a slower device kind: each training step is stretched to "
-                                      "this many times its duration (the trainer sleeps the difference); set by a "
-                                      "topology file's trainer pool; 1 = off")
 
     def __post_init__(self) -> None:
         for key in ("steps", "ranks", "checkpoint_every", "snapshot_every", "keep_checkpoints"):
@@ -156,8 +146,6 @@ class TrainerConfig:
                 raise ValueError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
         if not 0 <= self.cpu_nice <= 19:
             raise ValueError(f"trainer.cpu_nice must be in 0..19 (a niceness increment), got {self.cpu_nice}")
-        if self.emulate_slowdown < 1.0:
-            raise ValueError(f"trainer.emulate_slowdown must be >= 1 (a slowdown factor), got {self.emulate_slowdown}")
 
 
 @dataclass(frozen=True)

@@ -59,8 +59,8 @@ def job_settings(steps: int, problems: int) -> dict:
 def topology(arm: str, a: argparse.Namespace) -> dict:
     count = a.large if arm == "fixed_large" else a.small
     raas = {"component": "raas", "hosts": ["local"], "count": count, "threads": 1,
-            "device": {"kind": "a10-emulated", "count": 1}, "cost_per_device_hour": a.raas_cost,
-            "emulate_slowdown": a.raas_slowdown}
+            "device": {"kind": "a10-emulated", "count": 1, "slowdown": a.raas_slowdown},
+            "cost_per_device_hour": a.raas_cost}
     if arm == "autoscaling":
         raas.update(min=a.small, max=a.large)
     return {
@@ -68,8 +68,8 @@ def topology(arm: str, a: argparse.Namespace) -> dict:
         "regions": {"local": {"kafka": "embedded", "hosts": ["local"], "pools": {
             "dataflow": {"component": "dataflow", "hosts": ["local"]},
             "trainer": {"component": "trainer", "hosts": ["local"], "threads": 1,
-                        "device": {"kind": "h100-emulated", "count": a.trainer_devices},
-                        "cost_per_device_hour": a.trainer_cost, "emulate_slowdown": a.trainer_slowdown},
+                        "device": {"kind": "h100-emulated", "count": a.trainer_devices, "slowdown": a.trainer_slowdown},
+                        "cost_per_device_hour": a.trainer_cost},
             "raas": raas}}},
         "autoscaler": {"enabled": arm == "autoscaling", "interval_s": a.interval, "window_s": a.window,
                        "cooldown_s": a.cooldown, "confirm": 2},

@@ -4,7 +4,10 @@
 evaluator (``kind: cpu`` runs as it is; ``kind: emulated`` prices every call with the cost
 model of ``profile``). :class:`EmulatedDevice` is the clock: the caller does the real work
 (the tiny model's tokens, log-probs, gradients), says what it did, and the device sleeps —
-never spins — until ``modelled seconds x dilation`` have passed since the call began. The
+never spins — until ``modelled seconds x dilation`` have passed since the call began. A
+device with a ``slowdown`` instead of a profile prices a call at ``slowdown`` times its own
+measured time: a slower device kind relative to this CPU (the one emulation a topology's
+cheap pools need without a cost profile). The
 CPU the real work took is measured against that hold: emulation is only an instrument for
 the schedule while the real compute is a small part of each hold, so a device whose calls
 cost more than ``max_cpu_fraction`` of their hold warns, once, and its stats say so. Every
@@ -36,8 +39,11 @@ def _f(default, help: str):  # noqa: A002
 @dataclass(frozen=True)
 class DeviceConfig:
     kind: Literal["cpu", "emulated"] = _f("cpu", "cpu: the work runs as it is; emulated: each call is held for the "
-                                                 "time the profile's cost model gives (emulation/profiles.yaml)")
+                                                 "time the profile's cost model gives (emulation/profiles.yaml), or "
+                                                 "for `slowdown` times its own")
     profile: str = _f("", "emulated: the profile (device kind x model shape), e.g. h100-qwen3-8b")
+    slowdown: float = _f(1.0, "emulated without a profile: a device kind this many times slower than this CPU; each "
+                              "call is held for slowdown x its measured time")
     count: int = _f(1, "emulated: devices this component stands for (a trainer's data-parallel width)")
     dilation: float = _f(1.0, "emulated: wall seconds per modelled second (0.05 runs 20x faster than the device)")
     token_scale: int = _f(1, "emulated: modelled tokens per real token (the tiny model's lengths scaled to the "
@@ -45,12 +51,19 @@ class DeviceConfig:
     max_cpu_fraction: float = _f(0.2, "emulated: warn when a call's real CPU time exceeds this share of its hold")
 
     def __post_init__(self) -> None:
+        if self.slowdown < 1.0:
+            raise ValueError(f"device.slowdown must be >= 1 (a slowdown factor), got {self.slowdown}")
+        if self.count < 1 or self.dilation <= 0 or self.token_scale < 1:
+            raise ValueError("device.count and device.token_scale must be >= 1 and device.dilation > 0")
         if self.kind == "emulated":
-            if self.profile not in profile_names():
+            if bool(self.profile) == (self.slowdown > 1.0):
+                raise ValueError("an emulated device takes either a profile (a cost model) or a slowdown > 1 "
+                                 "(its measured time stretched), not both or neither")
+            if self.profile and self.profile not in profile_names():
                 raise ValueError(f"device.profile {self.profile!r} is not a profile of emulation/profiles.yaml "
                                  f"({', '.join(profile_names())})")
-            if self.count < 1 or self.dilation <= 0 or self.token_scale < 1:
-                raise ValueError("device.count and device.token_scale must be >= 1 and device.dilation > 0")
+        elif self.profile or self.slowdown != 1.0:
+            raise ValueError("device.profile and device.slowdown need device.kind: emulated")
 
     @property
     def emulated(self) -> bool:
@@ -79,7 +92,8 @@ class EmulatedDevice:
         if not cfg.emulated:
             raise ValueError("EmulatedDevice needs device.kind: emulated")
         self.cfg, self.name = cfg, name
-        self.cost = CostModel(load_profile(cfg.profile), token_scale=cfg.token_scale)
+        #: None for a slowdown device: its calls are priced by their own measured time
+        self.cost = CostModel(load_profile(cfg.profile), token_scale=cfg.token_scale) if cfg.profile else None
         self.stats: dict[str, CallStats] = {}
         self._lock = threading.Lock()
         self._warned = False
@@ -87,12 +101,13 @@ class EmulatedDevice:
     @contextmanager
     def hold(self, kind: str):
         """Time one call: yields ``price(modelled_s)``, which the caller calls once it knows
-        what the work was; on exit the call is held until its modelled time (dilated) is up."""
+        what the work was (a slowdown device prices it itself: ``slowdown`` x the work's
+        time); on exit the call is held until its modelled time (dilated) is up."""
         t0, c0 = time.monotonic(), time.process_time()
         priced: list[float] = []
         yield priced.append
         cpu = time.process_time() - c0
-        modelled = sum(priced)
+        modelled = sum(priced) if self.cost is not None else self.cfg.slowdown * (time.monotonic() - t0)
         target = modelled * self.cfg.dilation
         left = target - (time.monotonic() - t0)
         if left > 0:
@@ -115,7 +130,8 @@ class EmulatedDevice:
     def summary(self) -> dict:
         """Per kind of call: calls, modelled / held / CPU seconds, CPU fraction, overruns (labelled emulated)."""
         with self._lock:
-            return {"emulated": True, "profile": self.cfg.profile, "devices": self.cfg.count,
+            return {"emulated": True, "profile": self.cfg.profile or f"slowdown x{self.cfg.slowdown:g}",
+                    "devices": self.cfg.count,
                     "dilation": self.cfg.dilation, "token_scale": self.cfg.token_scale,
                     **{k: {"calls": s.calls, "modelled_s": round(s.modelled_s, 6), "held_s": round(s.held_s, 6),
                            "cpu_s": round(s.cpu_s, 6), "cpu_fraction": round(s.cpu_fraction, 4),

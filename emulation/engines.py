@@ -29,13 +29,15 @@ class EmulatedRolloutEngine(RolloutEngine):
                  seeds: Sequence[int] | None = None) -> list[Generation]:
         with self.device.hold("generate") as price:
             out = self.inner.generate(prompts, params, seeds=seeds)
-            price(self.device.cost.generate_s([len(p) for p in prompts], [len(g.tokens) for g in out]))
+            if self.device.cost is not None:
+                price(self.device.cost.generate_s([len(p) for p in prompts], [len(g.tokens) for g in out]))
         return out
 
     def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
         with self.device.hold("weight_load") as price:
             self.inner.load_weights(named_tensors, version)
-            price(self.device.cost.weight_load_s())
+            if self.device.cost is not None:
+                price(self.device.cost.weight_load_s())
 
     @property
     def version(self) -> int:
@@ -55,7 +57,8 @@ class EmulatedTrainEngine(TrainEngine):
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         with self.device.hold("train") as price:
             out = self.inner.train_step(batch)
-            price(self._modelled(batch))
+            if self.device.cost is not None:
+                price(self._modelled(batch))
         return out
 
     def _modelled(self, batch: TrainBatch) -> float:

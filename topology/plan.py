@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from .schema import EMBEDDED, REGION_REF, Topology, TopologyError
+from .schema import EMBEDDED, REGION_REF, Device, Topology, TopologyError
 from .validation import autoscaler_host, local_backend_misplaced, pools
 
 #: The job's policy when a pool names none and no job is given.
@@ -50,7 +50,7 @@ class PoolPlan:
     devices_per_node: int
     speed: float
     cost_per_device_hour: float
-    emulate_slowdown: float
+    device: Device  #: its nodes' devices (emulated or not: ``Device.device_config``)
     threads: int | None
 
     @property
@@ -69,9 +69,11 @@ class PoolPlan:
         if self.threads is not None:
             key = {"raas": "rollout.engine.threads", "trainer": "trainer.engine.threads", "dataflow": "eval.threads"}
             out.append(f"{key[self.component]}={self.threads}")
-        if self.emulate_slowdown != 1.0:
-            section = "rollout" if self.component == "raas" else "trainer"
-            out.append(f"{section}.emulate_slowdown={self.emulate_slowdown}")
+        if self.device.emulated:  # the node's engine calls are held for their emulated time
+            section = {"raas": "rollout", "trainer": "trainer", "dataflow": "eval"}[self.component]
+            d = self.device.device_config()
+            out += [f"{section}.device.{k}={getattr(d, k)}" for k in ("kind", "profile", "slowdown", "count", "dilation",
+                                                                     "token_scale") if getattr(d, k) not in ("", None)]
         return out
 
 
@@ -167,7 +169,7 @@ def resolve(t: Topology, job_policy: str | None = None) -> Plan:
         policy = None if p.component == "dataflow" else (p.policy or job_policy)
         pool_plans[pname] = PoolPlan(
             pname, p.component, rname, p.hosts, policy, p.count, p.lo, p.hi, scaling and p.elastic,
-            p.device.kind, p.device.count, p.node_speed, p.cost_per_device_hour, p.emulate_slowdown, p.threads)
+            p.device.kind, p.device.count, p.node_speed, p.cost_per_device_hour, p.device, p.threads)
     nodes: list[NodePlan] = []
     for rname, pname, p in pools(t):
         pp = pool_plans[pname]
@@ -236,10 +238,11 @@ def _notes(plan: Plan) -> list[str]:
         notes.append("links are used for placement (the autoscaler prefers pools near the trainer at equal cost)")
         notes.append(_emulation_note(plan))
     for p in plan.pools.values():
-        if p.emulate_slowdown != 1.0:
-            what = "rollout call" if p.component == "raas" else "training step"
-            notes.append(f"pool {p.name}: EMULATION — its {p.device_kind} nodes run on CPU, every {what} "
-                         f"stretched x{p.emulate_slowdown:g} (sleep)")
+        if p.device.emulated:
+            what = {"raas": "engine call", "trainer": "training step", "dataflow": "evaluation call"}[p.component]
+            how = (f"held for its modelled time on {p.device.emulate}" if p.device.emulate
+                   else f"stretched x{p.device.slowdown:g}")
+            notes.append(f"pool {p.name}: EMULATION — its {p.device_kind} nodes run on CPU, every {what} {how} (sleep)")
     return notes
 
 
@@ -325,8 +328,9 @@ def _pool_line(p: PoolPlan) -> str:
                                    f", {p.min}..{p.max} (autoscaler off)" if p.min < p.max else ", fixed")
     line = (f"{p.name}: {p.component} of {p.policy or JOB_POLICY}, {size} {where}; {p.devices_per_node} x "
             f"{p.device_kind} per node, speed {p.speed:.3g}, {p.cost_per_device_hour:g}/device-hour")
-    if p.emulate_slowdown != 1.0:
-        line += f"  [EMULATED on CPU: slowdown x{p.emulate_slowdown:g}]"
+    if p.device.emulated:
+        line += (f"  [EMULATED on CPU: {p.device.emulate}]" if p.device.emulate
+                 else f"  [EMULATED on CPU: slowdown x{p.device.slowdown:g}]")
     return line
 
 

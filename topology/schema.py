@@ -45,12 +45,34 @@ def _k(default: Any = dataclasses.MISSING, help: str = "") -> Any:  # noqa: A002
 class Device:
     kind: str = _k("cpu", "device kind of one node (h100, a10, cpu, ...): the label device-hours are counted under")
     count: int = _k(1, "devices one node holds")
+    emulate: str | None = _k(None, "run the node on CPU as this emulated device: a profile of emulation/profiles.yaml "
+                                   "(e.g. h100-qwen3-8b) whose cost model holds each call for its modelled time")
+    slowdown: float = _k(1.0, "run the node on CPU as a device kind this many times slower than it: each call held "
+                              "for slowdown x its own time; 1 = off")
+    dilation: float = _k(1.0, "with emulate: wall seconds per modelled second")
+    token_scale: int = _k(1, "with emulate: modelled tokens per real token")
 
     def __post_init__(self) -> None:
         if not self.kind.strip():
             raise ValueError("device.kind is empty")
         if self.count < 0:
             raise ValueError(f"device.count must be >= 0, got {self.count}")
+        if self.emulated:
+            self.device_config()  # the job config's device section checks the rest (profile names, bounds)
+        elif self.dilation != 1.0 or self.token_scale != 1:
+            raise ValueError("device.dilation and device.token_scale apply to an emulated device (emulate: PROFILE)")
+
+    @property
+    def emulated(self) -> bool:
+        return self.emulate is not None or self.slowdown != 1.0
+
+    def device_config(self):
+        """The job config's ``device`` section a node of this device gets (``kind: cpu`` if not emulated)."""
+        from astraflow.emulation import DeviceConfig
+        if not self.emulated:
+            return DeviceConfig()
+        return DeviceConfig(kind="emulated", profile=self.emulate or "", slowdown=self.slowdown,
+                            count=max(1, self.count), dilation=self.dilation, token_scale=self.token_scale)
 
 
 @dataclass(frozen=True)
@@ -67,12 +89,9 @@ class Pool:
     min: int | None = _k(None, "raas: fewest nodes the autoscaler keeps (null: count)")
     max: int | None = _k(None, "raas: most nodes the autoscaler starts (null: count); min < max makes it elastic")
     device: Device = _k(Device(), "the devices of one node")
-    speed: float | None = _k(None, "relative throughput of one node (null: 1 / emulate_slowdown); guides placement")
+    speed: float | None = _k(None, "relative throughput of one node (null: 1 / device.slowdown); guides placement")
     cost_per_device_hour: float = _k(0.0, "price of one device for an hour; device-hours x this = cost")
     threads: int | None = _k(None, "torch threads per node (null: the job config's)")
-    emulate_slowdown: float = _k(1.0, "raas/trainer on CPU: emulate a slower device kind by stretching every "
-                                      "rollout call / training step this many times (sleeping the difference); "
-                                      "1 = off")
     master_port: int | None = _k(None, "trainer on several hosts: host 0's rendezvous port")
 
     def __post_init__(self) -> None:
@@ -86,8 +105,6 @@ class Pool:
             raise ValueError(f"cost_per_device_hour must be >= 0, got {self.cost_per_device_hour}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
-        if self.emulate_slowdown < 1:
-            raise ValueError(f"emulate_slowdown must be >= 1 (a slowdown factor), got {self.emulate_slowdown}")
 
     @property
     def lo(self) -> int:
@@ -103,7 +120,7 @@ class Pool:
 
     @property
     def node_speed(self) -> float:
-        return self.speed if self.speed is not None else 1.0 / self.emulate_slowdown
+        return self.speed if self.speed is not None else 1.0 / self.device.slowdown
 
 
 @dataclass(frozen=True)

@@ -131,8 +131,6 @@ def _check_pool(f: str, key: str, pool) -> None:
         for k in ("min", "max"):
             if getattr(pool, k) is not None:
                 raise TopologyError(f, f"{key}.{k}", f"only RaaS pools are elastic; a {c} pool has a fixed count")
-    if c == "dataflow" and pool.emulate_slowdown != 1.0:
-        raise TopologyError(f, f"{key}.emulate_slowdown", "slowdown emulation applies to RaaS and trainer pools")
     if c == "dataflow" and (pool.count != 1 or len(pool.hosts) != 1):
         raise TopologyError(f, f"{key}.count", f"a job has one dataflow: count 1 on one host "
                                                f"(got count {pool.count} on {len(pool.hosts)} host(s))")

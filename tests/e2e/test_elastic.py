@@ -1,6 +1,6 @@
 """Topologies launched for real on one machine, and the autoscaler acting on real runs.
 
-Device kinds are emulated on CPU (a pool's or the trainer's ``emulate_slowdown``): a slow
+Device kinds are emulated on CPU (a pool's or the trainer's ``device.slowdown``): a slow
 RaaS pool starves the trainer, which the autoscaler answers by starting nodes; a slow
 trainer leaves an oversized pool idle, which it answers by retiring nodes. Each run ends
 with the conservation audit: a retired node's tasks are answered exactly once.
@@ -67,8 +67,8 @@ def test_two_regions_on_one_machine_idle_pool_scaled_down_nothing_lost(make_job_
             "us": {"kafka": "embedded", "hosts": ["us-0"], "pools": {
                 "dataflow": {"component": "dataflow", "hosts": ["us-0"]},
                 # an emulated slow trainer device: the pool below is more than it needs
-                "trainer": {"component": "trainer", "hosts": ["us-0"], "device": {"kind": "h100"},
-                            "cost_per_device_hour": 4.0, "emulate_slowdown": 10.0},
+                "trainer": {"component": "trainer", "hosts": ["us-0"], "device": {"kind": "h100", "slowdown": 10.0},
+                            "cost_per_device_hour": 4.0},
                 "raas-us": {"component": "raas", "hosts": ["us-0"], "count": 1, "threads": 1,
                             "device": {"kind": "h100"}, "cost_per_device_hour": 4.0}}},
             "eu": {"kafka": "region:us", "hosts": ["eu-0"], "pools": {
@@ -115,7 +115,7 @@ def test_slow_pool_is_scaled_up_within_max(make_job_config, bootstrap, tmp_path)
             "trainer": {"component": "trainer", "hosts": ["h"]},
             # an emulated slow device kind: one node starves the trainer
             "raas": {"component": "raas", "hosts": ["h"], "count": 1, "min": 1, "max": 3, "threads": 1,
-                     "device": {"kind": "a10"}, "emulate_slowdown": 6.0}}}},
+                     "device": {"kind": "a10", "slowdown": 6.0}}}}},
         "autoscaler": FAST_SCALER,
     })
     summary = launch(topology, cfg, bootstrap=bootstrap, run_dir=tmp_path / "run", progress=False, timeout_s=900)
@@ -133,7 +133,7 @@ def test_slow_pool_is_scaled_up_within_max(make_job_config, bootstrap, tmp_path)
 
 def test_node_retired_mid_rollout_finishes_it_and_loses_nothing(make_job_config, bootstrap, tmp_path):
     # every rollout call stretched x6, so a busy node is inside one almost all the time
-    cfg = make_job_config({"trainer": {"steps": 6}, "rollout": {"tasks_per_call": 2, "emulate_slowdown": 6.0}},
+    cfg = make_job_config({"trainer": {"steps": 6}, "rollout": {"tasks_per_call": 2, "device": {"kind": "emulated", "slowdown": 6.0}}},
                           name="elastic-retire")
     ensure_topics(bootstrap, job_topics(cfg).specs())
     h = JobHarness(cfg, bootstrap, tmp_path / "run")

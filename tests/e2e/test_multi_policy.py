@@ -96,7 +96,7 @@ def test_two_policies_train_and_survive_a_sigkilled_pool(bootstrap, tmp_path):
 def test_a_slow_trainer_does_not_hold_back_the_other_policy(bootstrap, tmp_path):
     # The verifier's trainer takes 8x as long per step: without a global barrier the solver
     # trains on, and episodes it schedules while the verifier's bound is full train only it.
-    cfg = _config(tmp_path, "mp-slow", {"policies.verifier.trainer": {"emulate_slowdown": 8.0},
+    cfg = _config(tmp_path, "mp-slow", {"policies.verifier.trainer.device": {"kind": "emulated", "slowdown": 8.0},
                                         "trainer.steps": 6})
     h = _start(cfg, bootstrap, tmp_path)
     try:

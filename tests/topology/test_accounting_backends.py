@@ -134,7 +134,7 @@ def test_command_backend_fills_the_templates_and_reports_failures(plan, tmp_path
                       "open(out, 'a').write(json.dumps(rest) + '\\n')\n"
                       "sys.exit(3 if rest[0] == 'stop' and rest[1].startswith('slow') else 0)\n")
     log = tmp_path / "calls.jsonl"
-    node_cmd = ["astraflow", "node", "--role", "raas", "--set", "rollout.emulate_slowdown=2.0", "--note", "a b"]
+    node_cmd = ["astraflow", "node", "--role", "raas", "--set", "rollout.device.slowdown=2.0", "--note", "a b"]
     b = CommandBackend(f"{sys.executable} {script} {log} start {{node_id}} {{host}} {{address}} {{cmd}}",
                        f"{sys.executable} {script} {log} stop {{node_id}} {{pool}}", lambda node: node_cmd, job="j")
     b.start(plan.node_spec(plan.pools["slow"], 0))

@@ -27,8 +27,7 @@ BASE = {
                                   "device": {"kind": "h100"}, "cost_per_device_hour": 4.0}}},
         "eu": {"kafka": "region:us", "hosts": {"eu-0": {"address": "10.0.0.9"}},
                "pools": {"slow": {"component": "raas", "hosts": ["eu-0"], "count": 1, "min": 0, "max": 2,
-                                  "device": {"kind": "a10"}, "cost_per_device_hour": 1.0,
-                                  "emulate_slowdown": 2.0}}},
+                                  "device": {"kind": "a10", "slowdown": 2.0}, "cost_per_device_hour": 1.0}}},
     },
     "links": [{"between": ["us", "eu"], "bandwidth_mbps": 1000, "latency_ms": 40}],
     "autoscaler": {"enabled": True, "cooldown_s": 10},
@@ -122,7 +121,7 @@ def test_plan_places_nodes_and_hands_elastic_pools_to_the_autoscaler(tmp_path):
     assert nodes["trainer"].owner == "host" and nodes["trainer"].policy == "policy"
     assert nodes["slow-0"].address == "10.0.0.9"
     # the emulated pool's nodes are told their slowdown; its speed follows from it
-    assert "rollout.emulate_slowdown=2.0" in nodes["slow-0"].overrides
+    assert {"rollout.device.kind=emulated", "rollout.device.slowdown=2.0"} <= set(nodes["slow-0"].overrides)
     assert plan.pools["slow"].speed == 0.5
     # cheapest per unit of speed first: slow costs 1.0/0.5 = 2 per speed-hour, fast 4
     assert [p.name for p in grow_order(plan, "policy")] == ["slow", "fast"]
