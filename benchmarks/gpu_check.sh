@@ -9,10 +9,12 @@
 # prints a table. A data-parallel stage starts the trainer with torch's launcher (NCCL):
 # 2 ranks at ZeRO-2 and ZeRO-3 with >= 2 GPUs (every rank must end with the same
 # weights), or 1 rank at ZeRO-3 with the 2-rank part printed as skipped on 1 GPU. Every stage prints PASS/FAIL; the script exits non-zero on any FAIL.
-# Output: benchmarks/results/gpu_check.json and benchmarks/results/gpu_check.txt.
+# Output: benchmarks/results/gpu_check.json and benchmarks/results/gpu_check.txt. A last stage
+# measures the emulation profile's efficiencies (benchmarks/gpu_profile.py) into
+# benchmarks/results/gpu_profile.json.
 #
 # Needs: a CUDA GPU, this repo installed (pip install -e '.[gpu]'), sglang importable.
-# Usage: bash benchmarks/gpu_check.sh [python]      (budget: ~5-8 min, most of it startup)
+# Usage: bash benchmarks/gpu_check.sh [python]      (budget: ~8-12 min, most of it startup)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${1:-${PYTHON:-python}}"
@@ -33,7 +35,8 @@ for m in ("sglang", "deepspeed", "transformers", "astraflow.engines.sglang"):
 PY
 
 export AF_GPU_WORK="$WORK" AF_GPU_OUT="$OUT_DIR"
-timeout 560 "$PY" - <<'PY' 2>&1 | tee "$OUT_DIR/gpu_check.txt"
+check_rc=0
+timeout 560 "$PY" - <<'PY' 2>&1 | tee "$OUT_DIR/gpu_check.txt" || check_rc=$?
 import json, math, os, sys, time, traceback
 from pathlib import Path
 
@@ -202,3 +205,12 @@ results["ok"] = not failed
 print(f"wrote {out_dir / 'gpu_check.json'}; overall: {'PASS' if not failed else 'FAIL'}")
 sys.exit(1 if failed else 0)
 PY
+
+# The emulation profile's efficiencies measured on this GPU (decode bandwidth share, prefill
+# and training FLOPs shares, weight load): benchmarks/results/gpu_profile.json, which the
+# emulated devices then prefer to the estimates of emulation/profiles.yaml.
+echo "== emulation profile (benchmarks/gpu_profile.py)"
+profile_rc=0
+timeout 300 "$PY" benchmarks/gpu_profile.py 2>&1 | tee "$OUT_DIR/gpu_profile.txt" || profile_rc=$?
+[ "$profile_rc" -eq 0 ] && echo "PASS emulation profile" || echo "FAIL emulation profile (rc $profile_rc)"
+exit $(( check_rc != 0 || profile_rc != 0 ))

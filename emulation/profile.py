@@ -21,6 +21,9 @@ __all__ = ["ProfileError", "DeviceSpec", "ModelSpec", "Efficiency", "Profile", "
            "profile_names"]
 
 PROFILES_FILE = Path(__file__).with_name("profiles.yaml")
+#: What ``benchmarks/gpu_profile.py`` measured on a real GPU: preferred to the estimates for its device kind.
+MEASURED_FILE = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu_profile.json"
+_MEASURED_KEYS = ("decode_bandwidth", "prefill_flops", "train_flops", "weight_sync_bytes_per_s")
 
 
 class ProfileError(ConfigError):
@@ -131,8 +134,10 @@ def profile_names(path: str | Path | None = None) -> list[str]:
     return sorted(data.get("profiles") or {})
 
 
-def load_profile(name: str, path: str | Path | None = None) -> Profile:
-    """The profile ``name`` of the profiles file (the shipped one by default)."""
+def load_profile(name: str, path: str | Path | None = None, measured: str | Path | None = MEASURED_FILE) -> Profile:
+    """The profile ``name`` of the profiles file (the shipped one by default); efficiencies a
+    real GPU of its device kind measured (``measured``, when that file exists and is not a
+    smoke run) replace the file's estimates, and their sources say so."""
     data, file = _file(path)
     profiles = data.get("profiles") or {}
     if name not in profiles:
@@ -150,4 +155,21 @@ def load_profile(name: str, path: str | Path | None = None) -> Profile:
                                                          f"({', '.join(sorted(table)) or 'none'})")
         picked.append(_values(cls, table[ref], file, f"{section}.{ref}", sources, name=ref))
     eff = _values(Efficiency, data.get("efficiency"), file, "efficiency", sources)
+    eff = _with_measured(eff, picked[0].name, measured, sources)
     return Profile(name, picked[0], picked[1], eff, sources, file)
+
+
+def _with_measured(eff: Efficiency, device: str, measured: str | Path | None, sources: dict[str, str]) -> Efficiency:
+    import json
+    if measured is None or not Path(measured).is_file():
+        return eff
+    try:
+        m = json.loads(Path(measured).read_text())
+    except (OSError, ValueError) as e:
+        raise ProfileError(str(measured), "<file>", f"not readable JSON: {e}") from None
+    if m.get("smoke") or m.get("device_kind") != device:
+        return eff
+    got = {k: float(v) for k, v in (m.get("efficiency") or {}).items() if k in _MEASURED_KEYS and float(v) > 0}
+    for k in got:
+        sources[f"efficiency.{k}"] = f"measured on {m.get('gpu')} on {m.get('measured_at')} ({Path(measured).name})"
+    return dataclasses.replace(eff, **got)

@@ -163,3 +163,19 @@ def test_an_emulated_train_step_learns_for_real_and_is_priced_on_k_devices(tiny_
     assert expected == pytest.approx(one.train_step_s(tokens) / (4 * one.profile.efficiency.train_scaling ** 2))
     assert stats["held_s"] >= expected and not math.isnan(stats["cpu_fraction"])
     engine.close()
+
+
+def test_efficiencies_measured_on_a_gpu_replace_the_estimates_for_its_device_kind(tmp_path):
+    import json
+    measured = tmp_path / "gpu_profile.json"
+    measured.write_text(json.dumps({"gpu": "NVIDIA H200", "device_kind": "H200-SXM", "measured_at": "2026-12-01",
+                                    "smoke": False, "efficiency": {"decode_bandwidth": 0.55, "train_flops": 0.31}}))
+    h200 = load_profile("h200-qwen3-8b", measured=measured)
+    assert (h200.efficiency.decode_bandwidth, h200.efficiency.train_flops) == (0.55, 0.31)
+    assert h200.sources["efficiency.train_flops"].startswith("measured on NVIDIA H200 on 2026-12-01")
+    estimate = load_profile("h200-qwen3-8b", measured=None).efficiency
+    assert h200.efficiency.prefill_flops == estimate.prefill_flops  # not measured: the estimate stays
+    h100 = load_profile("h100-qwen3-8b", measured=measured).efficiency
+    assert h100 == load_profile("h100-qwen3-8b", measured=None).efficiency  # another device kind's measurements
+    measured.write_text(json.dumps({"device_kind": "H200-SXM", "smoke": True, "efficiency": {"train_flops": 0.9}}))
+    assert load_profile("h200-qwen3-8b", measured=measured).efficiency == estimate  # a CPU smoke run measures nothing

@@ -1,0 +1,183 @@
+"""Measure an emulation profile's efficiencies on a real GPU (``gpu_check.sh``'s profile stage).
+
+For each model shape of ``emulation/profiles.yaml`` that fits, a random-init Qwen3 of that
+shape (``transformers``, bf16, SDPA attention; nothing downloaded) is timed on this GPU:
+
+* **decode**: one step (a forward of one new token per row over a KV cache) at batch sizes
+  1-128 and contexts 512-4096 → the share of HBM bandwidth reached, ``decode_bandwidth`` =
+  (weight bytes + KV bytes read) / step time / the device's HBM peak; the smallest batch's
+  surplus over that is ``decode_step_overhead_s``;
+* **prefill**: a batch of 2048-token prompts → ``prefill_flops`` = 2·N·tokens / time / peak;
+* **training**: forward + backward + AdamW step on 2048-token rows (the smaller shape only
+  when the larger one's optimizer state would not fit) → ``train_flops`` = 6·N·tokens / time
+  / peak;
+* **weight load**: the bf16 state dict from pinned host memory to the device and into the
+  model (``load_state_dict``) → ``weight_sync_bytes_per_s``.
+
+Plain PyTorch/HF kernels, not SGLang's or FSDP's: the numbers bound what the cited estimates
+claim rather than reproduce a tuned stack, and the JSON says which kernels measured them.
+Writes ``benchmarks/results/gpu_profile.json`` (``--out``), which ``emulation/profile.py``
+prefers to the estimates for the GPU it names. ``--cpu-smoke`` runs every stage on a tiny
+shape on the CPU (it checks the script, its numbers mean nothing and go to a temp file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu_profile.json"
+
+
+def _timed(fn, device, repeats: int = 5) -> float:
+    import torch
+    fn()  # warm-up (allocator, kernels)
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _model(shape, device, dtype):
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    cfg = Qwen3Config(hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+                      num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads,
+                      num_key_value_heads=shape.num_kv_heads, head_dim=shape.head_dim, vocab_size=shape.vocab_size,
+                      tie_word_embeddings=shape.tied_embeddings, max_position_embeddings=8192,
+                      attn_implementation="sdpa")
+    with torch.device(device):
+        model = Qwen3ForCausalLM(cfg).to(dtype)
+    return model.eval()
+
+
+def measure_shape(shape, device, dtype, peak_flops: float, hbm: float, quick: bool) -> dict:
+    import torch
+    from transformers import DynamicCache
+    model = _model(shape, device, dtype)
+    n = shape.params
+    out: dict = {"params": n, "kernels": "transformers Qwen3ForCausalLM, SDPA attention, torch " + torch.__version__}
+    batches, contexts = ((1, 4), (32,)) if quick else ((1, 8, 32, 128), (512, 2048, 4096))
+    decode = []
+    with torch.no_grad():
+        for ctx in contexts:
+            for b in batches:
+                ids = torch.randint(0, shape.vocab_size, (b, ctx), device=device)
+                cache = DynamicCache()
+                model(input_ids=ids, past_key_values=cache, use_cache=True)
+                step_ids = torch.randint(0, shape.vocab_size, (b, 1), device=device)
+
+                def step():
+                    model(input_ids=step_ids, past_key_values=cache, use_cache=True)
+                    cache.crop(-1)  # drop the new token: the same context for the next repeat
+                t = _timed(step, device)
+                read = 2 * n + shape.kv_bytes_per_token * b * ctx
+                decode.append({"batch": b, "context": ctx, "step_s": t, "bandwidth_share": read / t / hbm})
+                del cache
+        out["decode"] = decode
+        rows, length = (2, 128) if quick else (8, 2048)
+        ids = torch.randint(0, shape.vocab_size, (rows, length), device=device)
+        t = _timed(lambda: model(input_ids=ids), device, repeats=3)
+        out["prefill"] = {"tokens": rows * length, "seconds": t, "flops_share": 2 * n * rows * length / t / peak_flops}
+    return out | _train_and_load(model, shape, device, dtype, peak_flops, quick)
+
+
+def _train_and_load(model, shape, device, dtype, peak_flops: float, quick: bool) -> dict:
+    import torch
+    out: dict = {}
+    n = shape.params
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else float("inf")
+    if 16 * n < free:  # bf16 weights + grads + fp32 Adam moments and master copy ~ 16 bytes per parameter
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device.type == "cuda")
+        rows, length = (2, 64) if quick else (4, 2048)
+        ids = torch.randint(0, shape.vocab_size, (rows, length), device=device)
+
+        def step():
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        t = _timed(step, device, repeats=3)
+        out["train"] = {"tokens": rows * length, "seconds": t, "flops_share": 6 * n * rows * length / t / peak_flops}
+        del opt
+        model.eval()
+    else:
+        out["train"] = {"skipped": f"needs ~{16 * n / 1e9:.0f} GB for weights, grads and Adam state; {free / 1e9:.0f} free"}
+    state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+    if device.type == "cuda":
+        state = {k: v.pin_memory() for k, v in state.items()}
+    nbytes = sum(v.numel() * v.element_size() for v in state.values())
+    t = _timed(lambda: model.load_state_dict(state, strict=False), device, repeats=3)
+    out["weight_load"] = {"bytes": nbytes, "seconds": t, "bytes_per_s": nbytes / t}
+    return out
+
+
+def efficiencies(shapes: dict) -> dict:
+    """The profile's efficiency entries from the measurements (the largest shape that has each)."""
+    out = {}
+    for name, m in shapes.items():
+        big = [d for d in m["decode"] if d["batch"] >= 8] or m["decode"]
+        out.setdefault("decode_bandwidth", statistics.median(d["bandwidth_share"] for d in big))
+        small = min(m["decode"], key=lambda d: (d["batch"], d["context"]))
+        out.setdefault("decode_step_overhead_s_upper", small["step_s"])
+        out.setdefault("prefill_flops", m["prefill"]["flops_share"])
+        if "flops_share" in m.get("train", {}):
+            out.setdefault("train_flops", m["train"]["flops_share"])
+        out.setdefault("weight_sync_bytes_per_s", m["weight_load"]["bytes_per_s"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--device-kind", default=None, help="profiles.yaml device whose peaks the shares are of "
+                                                        "(default: from the GPU's name: H100 / H200)")
+    ap.add_argument("--cpu-smoke", action="store_true", help="tiny shape on the CPU: checks the script only")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from astraflow.emulation.profile import ModelSpec, load_profile, profile_names
+    smoke = args.cpu_smoke
+    device = torch.device("cpu" if smoke else "cuda")
+    if not smoke and not torch.cuda.is_available():
+        print("gpu_profile: no CUDA device (use --cpu-smoke to check the script)", file=sys.stderr)
+        return 2
+    gpu = "cpu (smoke)" if smoke else torch.cuda.get_device_name(0)
+    kind = args.device_kind or ("H200-SXM" if "H200" in gpu else "H100-SXM")
+    profiles = [load_profile(p) for p in profile_names() if load_profile(p).device.name == kind]
+    dev = profiles[0].device
+    if smoke:
+        shapes = {"tiny": ModelSpec("tiny", 64, 128, 2, 4, 2, 16, 512, True)}
+    else:
+        shapes = {p.model.name: p.model for p in sorted(profiles, key=lambda p: p.model.params)}
+    measured = {name: measure_shape(shape, device, torch.bfloat16 if not smoke else torch.float32,
+                                    dev.bf16_dense_flops, dev.hbm_bytes_per_s, smoke)
+                for name, shape in shapes.items()}
+    result = {"gpu": gpu, "device_kind": kind, "measured_at": time.strftime("%Y-%m-%d"), "smoke": smoke,
+              "shapes": measured, "efficiency": efficiencies(measured)}
+    out = Path(tempfile.mkdtemp()) / "gpu_profile.json" if smoke else args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"{'efficiency':32} {'measured':>12}")
+    for k, v in result["efficiency"].items():
+        print(f"{k:32} {v:12.4g}")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
