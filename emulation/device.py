@@ -44,7 +44,8 @@ class DeviceConfig:
     profile: str = _f("", "emulated: the profile (device kind x model shape), e.g. h100-qwen3-8b")
     slowdown: float = _f(1.0, "emulated without a profile: a device kind this many times slower than this CPU; each "
                               "call is held for slowdown x its measured time")
-    count: int = _f(1, "emulated: devices this component stands for (a trainer's data-parallel width)")
+    count: int = _f(1, "emulated: devices this component stands for: a trainer's data-parallel width, or a RaaS "
+                       "node's engine replicas (a call's rows dealt out over them)")
     dilation: float = _f(1.0, "emulated: wall seconds per modelled second (0.05 runs 20x faster than the device)")
     token_scale: int = _f(1, "emulated: modelled tokens per real token (the tiny model's lengths scaled to the "
                              "emulated model's)")

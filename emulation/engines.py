@@ -2,8 +2,9 @@
 
 :class:`EmulatedRolloutEngine` wraps any ``RolloutEngine`` (the CPU engine with the tiny
 model): ``generate`` returns the real tokens and log-probs, held until the modelled time of
-its prefill and continuous-batching decode has passed; ``load_weights`` is held for the
-modelled model's weight load. :class:`EmulatedTrainEngine` wraps a ``TrainEngine`` (the
+its prefill and continuous-batching decode has passed — on a device of ``count`` devices the
+rows are dealt out over them (engine replicas) and the slowest share decides; ``load_weights``
+is held for the modelled model's weight load (every replica loads at once). :class:`EmulatedTrainEngine` wraps a ``TrainEngine`` (the
 DeepSpeed trainer): a ``train_step`` learns for real and is held for the modelled step on
 the device's ``count`` devices (data parallel), forward + backward over the batch's tokens
 once per PPO epoch plus the forward-only passes the step makes. Everything else is the
@@ -30,8 +31,16 @@ class EmulatedRolloutEngine(RolloutEngine):
         with self.device.hold("generate") as price:
             out = self.inner.generate(prompts, params, seeds=seeds)
             if self.device.cost is not None:
-                price(self.device.cost.generate_s([len(p) for p in prompts], [len(g.tokens) for g in out]))
+                price(self._modelled(prompts, out))
         return out
+
+    def _modelled(self, prompts, out: list[Generation]) -> float:
+        """The call on ``device.count`` devices: its rows dealt out in turn (engine replicas, data
+        parallel), each device decoding its share by continuous batching; the slowest finishes it."""
+        k = min(self.device.cfg.count, len(prompts)) or 1
+        lens = [(len(p), len(g.tokens)) for p, g in zip(prompts, out)]
+        return max(self.device.cost.generate_s([p for p, _ in lens[d::k]], [n for _, n in lens[d::k]])
+                   for d in range(k))
 
     def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
         with self.device.hold("weight_load") as price:

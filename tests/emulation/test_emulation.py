@@ -179,3 +179,17 @@ def test_efficiencies_measured_on_a_gpu_replace_the_estimates_for_its_device_kin
     assert h100 == load_profile("h100-qwen3-8b", measured=None).efficiency  # another device kind's measurements
     measured.write_text(json.dumps({"device_kind": "H200-SXM", "smoke": True, "efficiency": {"train_flops": 0.9}}))
     assert load_profile("h200-qwen3-8b", measured=measured).efficiency == estimate  # a CPU smoke run measures nothing
+
+
+def test_a_rollout_device_of_k_devices_deals_a_calls_rows_out_over_them(engine_1t, tokenizer):
+    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in ("12+7=", "3+40=", "55+5=", "9+9=", "1+1=")]
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, stop_token_ids=(tokenizer.eos_token_id,))
+    one, three = _device(dilation=1e-3), _device(dilation=1e-3, count=3)
+    out = EmulatedRolloutEngine(engine_1t, one).generate(prompts, params, seeds=[1, 2, 3, 4, 5])
+    EmulatedRolloutEngine(engine_1t, three).generate(prompts, params, seeds=[1, 2, 3, 4, 5])
+    cost = one.cost
+    lens = [(len(p), len(g.tokens)) for p, g in zip(prompts, out)]
+    shares = [lens[d::3] for d in range(3)]  # rows 0,3 | 1,4 | 2 on the three devices
+    expected = max(cost.generate_s([p for p, _ in s], [n for _, n in s]) for s in shares)
+    assert three.stats["generate"].modelled_s == pytest.approx(expected, rel=1e-9)
+    assert expected < one.stats["generate"].modelled_s
