@@ -252,6 +252,12 @@ class JobConfig:
             spec = get_workflow(self.workflow.name)
         except KeyError as e:
             raise ConfigError(self.source, "workflow.name", str(e.args[0])) from None
+        if "reward" in self.workflow.params:  # the built-in workflows score with the reward it names
+            from astraflow.workflows.api import get_reward
+            try:
+                get_reward(str(self.workflow.params["reward"]))
+            except KeyError as e:
+                raise ConfigError(self.source, "workflow.params.reward", str(e.args[0])) from None
         names = self.policy_names
         if self.policies and self.policy not in self.policies:
             raise ConfigError(self.source, "policy", f"{self.policy!r} is not one of policies ({', '.join(names)})")

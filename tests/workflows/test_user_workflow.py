@@ -65,3 +65,10 @@ def test_unbound_or_unknown_roles_are_config_errors(readme_module):
                               "workflow": {"name": "rlvr", "roles": {"solver": "writer"}}})
     with pytest.raises(ConfigError, match="policies.writer.rolout: unknown key"):
         from_dict(JobConfig, {"job": "x", "policies": {"writer": {"rolout": {}}}})
+
+
+def test_a_mistyped_reward_name_is_a_config_error_before_anything_starts():
+    # It used to pass `config check` and fail every episode of the run instead.
+    with pytest.raises(ConfigError, match=r"workflow.params.reward: unknown reward 'nosuch' \(registered: .*exact_match"):
+        from_dict(JobConfig, {"job": "x", "workflow": {"name": "rlvr", "params": {"reward": "nosuch"}}})
+    assert from_dict(JobConfig, {"job": "x", "workflow": {"name": "rlvr", "params": {"reward": "exact_match"}}})
