@@ -93,8 +93,11 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
         metrics.raw.seek_to_beginning()
         bar = progress_bar(cfg, progress)
         stop = {"now": False}
-        previous = signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
-        stack.callback(signal.signal, signal.SIGINT, previous)
+        # Ctrl-C, and the SIGTERM systemd, CI runners and `kill` send: both stop every component
+        # (the exit stack below) instead of leaving them re-parented to PID 1.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.signal(sig, lambda *_: stop.update(now=True))
+            stack.callback(signal.signal, sig, previous)
         say(progress, f"run dir: {run_dir}  (logs in {run_dir / 'logs'})")
         interrupted, error = False, None
         while True:

@@ -155,3 +155,32 @@ def test_skip_sends_bad_rows_to_the_dlq_and_publishes_the_rest(bootstrap, make_j
     [letter] = [m for _, _, m in read_topic(bootstrap, topics.dlq) if isinstance(m, DeadLetter)]
     assert (letter.source_topic, letter.offset) == (f"file:{tmp_path / 'd.jsonl'}", 2)
     assert "d.jsonl:2: not JSON" in letter.error
+
+
+def test_sigterm_stops_every_component_of_the_run(bootstrap, make_job_config, tmp_path):
+    """systemd, CI runners and `kill` send SIGTERM: the run stops its components as on Ctrl-C
+    (before, they were re-parented to PID 1 and a RaaS node retried the broker for minutes)."""
+    import time
+
+    import psutil
+    cfg = make_job_config({"trainer": {"steps": 200}}, name="sigterm")
+    p = subprocess.Popen([sys.executable, "-m", "astraflow", "run", cfg.source, "--bootstrap-servers", bootstrap,
+                          "--quiet", "--run-dir", str(tmp_path / "run")], text=True, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        launcher = psutil.Process(p.pid)
+        deadline = time.monotonic() + 120
+        while len([c for c in launcher.children() if "node" in c.cmdline()]) < 3 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        children = [c for c in launcher.children() if "node" in c.cmdline()]
+        assert len(children) == 3, [c.cmdline() for c in launcher.children()]  # dataflow, trainer, raas-0
+        time.sleep(3)  # the run under way
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=90)
+    except BaseException:
+        os.killpg(p.pid, signal.SIGKILL)
+        raise
+    assert p.returncode == 130, out
+    assert "interrupted after" in out and "everything stopped" in out, out
+    gone, alive = psutil.wait_procs(children, timeout=5)
+    assert not alive, [c.pid for c in alive]
