@@ -72,6 +72,8 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
                 stack.enter_context(extension.broker_setup(broker))
             broker = stack.enter_context(_broker(broker))
             bootstrap = broker.bootstrap_servers
+            # what `astraflow status --bootstrap-servers` and other Kafka clients reach it at
+            say(progress, f"kafka: {bootstrap} (embedded; its log: {broker.log_path})")
         for policy in cfg.policy_names:  # builds a missing tiny model once, before any process needs it
             path = model_path(cfg.view(policy))
             say(progress, f"model: {path}" if len(cfg.policy_names) == 1 else f"model of {policy}: {path}")

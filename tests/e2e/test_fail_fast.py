@@ -157,15 +157,17 @@ def test_skip_sends_bad_rows_to_the_dlq_and_publishes_the_rest(bootstrap, make_j
     assert "d.jsonl:2: not JSON" in letter.error
 
 
-def test_sigterm_stops_every_component_of_the_run(bootstrap, make_job_config, tmp_path):
+def test_sigterm_stops_every_component_of_the_run(make_job_config, tmp_path):
     """systemd, CI runners and `kill` send SIGTERM: the run stops its components as on Ctrl-C
     (before, they were re-parented to PID 1 and a RaaS node retried the broker for minutes)."""
+    import re
     import time
 
     import psutil
     cfg = make_job_config({"trainer": {"steps": 200}}, name="sigterm")
-    p = subprocess.Popen([sys.executable, "-m", "astraflow", "run", cfg.source, "--bootstrap-servers", bootstrap,
-                          "--quiet", "--run-dir", str(tmp_path / "run")], text=True, stdin=subprocess.DEVNULL,
+    # its own embedded broker, whose address the run prints for `astraflow status` and other clients
+    p = subprocess.Popen([sys.executable, "-m", "astraflow", "run", cfg.source, "--run-dir", str(tmp_path / "run")],
+                         text=True, stdin=subprocess.DEVNULL,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         launcher = psutil.Process(p.pid)
@@ -182,5 +184,6 @@ def test_sigterm_stops_every_component_of_the_run(bootstrap, make_job_config, tm
         raise
     assert p.returncode == 130, out
     assert "interrupted after" in out and "everything stopped" in out, out
+    assert re.search(r"^kafka: 127\.0\.0\.1:\d+ \(embedded; its log: .*/run/kafka/server\.log\)$", out, re.M), out
     gone, alive = psutil.wait_procs(children, timeout=5)
     assert not alive, [c.pid for c in alive]
