@@ -26,11 +26,20 @@ Owns the job's data schedule for one policy:
 
 * **several policies** (``policies:`` + ``workflow.roles``): a task is an episode of the
   workflow, scheduled on the lead policy's ``tasks.<lead>``; every policy is a *lane* with
-  its own ledger, staleness bound, partial batch and ``batches.<p>``. An episode opens one
-  group per role in each lane that has room under its bound (``Task.train``): a policy
-  whose trainer lags stops training on new episodes instead of holding the others back
-  (``barrier: async``); ``barrier: lockstep`` schedules only when every lane has room and
-  writes batch ``k`` of every policy together.
+  its own ledger, staleness bound, partial batch and ``batches.<p>``. Every role of an
+  episode generates, so an episode is *admitted* only when each lane it trains has room
+  under its bound, and it opens one group per role in each of them (``Task.train``): no
+  role's generation is rolled out for a lane that cannot take it. The lanes it trains are
+  every lane still short of its training horizon; a lane that has scheduled every group
+  its steps need sits out (its role still plays), which happens only at the end of a job,
+  while another lane replaces groups it dropped. A lane whose trainer lags holds what it
+  was given (groups waiting in its partial batch, batches its trainer has not reached),
+  and that backlog is bounded by the lane's own staleness bound: nothing is admitted past
+  it, since a group there, rolled out on the weights the lane's pool has now, would train
+  more than ``max_staleness`` versions later and be dropped as ``stale``. So the tightest
+  lane paces admission, and each lane still writes a batch as soon as its own is full
+  (``barrier: async``); ``barrier: lockstep`` admits only when every lane (finished ones
+  included) has room and writes batch ``k`` of every policy together.
 
 Nothing lives only in memory: every transaction (tasks + prompt offsets; drops, batch +
 trajectory offsets) also writes the :class:`~astraflow.actors.ledger.Ledger`'s compact
@@ -82,8 +91,8 @@ class Lane:
         """The group keys an episode opens in this lane (``TrajectoryGroup.group_key``)."""
         return [f"{task_id}/{r}" for r in self.roles] if self.multi_role else [task_id]
 
-    def capacity(self) -> int:
-        """How many more groups the staleness bound (and the training horizon) allows now.
+    def _limits(self) -> tuple[int, int]:
+        """The staleness bound and the training horizon, in groups scheduled.
 
         Without algorithms ``fresh_until(s)`` is ``s * B``; replay slots lower it (batches
         take fewer fresh groups) and over-sampling raises the bound, not the horizon: the
@@ -92,7 +101,21 @@ class Lane:
         led, fresh_until = self.ledger, self.pipeline.fresh_until
         bound = fresh_until(self.version + self.staleness + 1) + led.dropped
         horizon = fresh_until(self.cfg.trainer.steps, oversampled=False) + led.dropped
-        return max(0, min(bound, horizon) - led.tasks_scheduled)
+        return bound, horizon
+
+    def capacity(self) -> int:
+        """How many more groups the staleness bound (and the training horizon) allows now."""
+        bound, horizon = self._limits()
+        return max(0, min(bound, horizon) - self.ledger.tasks_scheduled)
+
+    def has_room(self) -> bool:
+        """Room for the groups of one more episode."""
+        return self.capacity() >= len(self.keys("t"))
+
+    def schedules(self) -> bool:
+        """True while the training horizon lacks an episode's groups: the lane trains the
+        next episode (when its bound has room) rather than sitting it out."""
+        return self._limits()[1] - self.ledger.tasks_scheduled >= len(self.keys("t"))
 
 
 class DataflowActor(LoopActor):
@@ -252,22 +275,29 @@ class DataflowActor(LoopActor):
         return self.main.capacity() // len(self.main.keys("t"))
 
     def _training_lanes(self) -> list[Lane]:
-        """The lanes the next episode would train: each with room for its groups (lockstep: all or none)."""
-        ready = [lane for lane in self.lanes.values() if lane.capacity() >= len(lane.keys("t"))]
-        if self.lockstep and len(ready) < len(self.lanes):
-            return []
-        return ready
+        """The lanes the next episode trains, or none while it may not be admitted.
+
+        Async: every lane still scheduling (:meth:`Lane.schedules`), and only when each of
+        them has room under its bound (an episode generates every role, so admitting one a
+        lane cannot take would roll out that lane's part for nothing). Lockstep: every
+        lane, all or none.
+        """
+        if self.lockstep:
+            ready = [lane for lane in self.lanes.values() if lane.has_room()]
+            return ready if len(ready) == len(self.lanes) else []
+        training = [lane for lane in self.lanes.values() if lane.schedules()]
+        return training if all(lane.has_room() for lane in training) else []
+
+    def _episode_room(self) -> int:
+        """How many episodes may be admitted now (several policies): the tightest lane's room."""
+        lanes = self.lanes.values() if self.lockstep else [lane for lane in self.lanes.values() if lane.schedules()]
+        return min((lane.capacity() // len(lane.keys("t")) for lane in lanes), default=0)
 
     #: polls per step while curators reject prompts (the rest waits for the next step)
     CURATOR_POLLS = 8
 
     def _schedule(self) -> None:
-        if len(self.lanes) == 1:
-            room = self.capacity()
-        else:  # episodes while any lane has room; each trains the lanes that have it
-            room = max((lane.capacity() // len(lane.keys("t")) for lane in self.lanes.values()), default=0)
-            if self.lockstep:
-                room = min(lane.capacity() // len(lane.keys("t")) for lane in self.lanes.values())
+        room = self.capacity() if len(self.lanes) == 1 else self._episode_room()
         if room <= 0:
             return
         tasks: list[Task] = []
@@ -281,7 +311,7 @@ class DataflowActor(LoopActor):
                 if not self.pipeline.decide(d.message, self.version).schedule:
                     continue
                 lanes = self._training_lanes() if len(self.lanes) > 1 else [self.main]
-                if not lanes:  # cannot happen: the poll took at most the widest lane's room
+                if not lanes:  # cannot happen: the poll took at most the tightest lane's room
                     raise RuntimeError("dataflow: a polled prompt found no lane with room")
                 task = self._task(d, lanes)
                 tasks.append(task)

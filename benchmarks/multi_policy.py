@@ -155,6 +155,8 @@ def analyse_team(run_dir: Path) -> dict:
             # where the RaaS time went: every node's poll-to-commit seconds, and groups rolled out for nothing
             "raas_busy_s": sum(float(r["value"]) for r in rows if r["name"] == "raas.busy_s"),
             "groups_dropped": sum(float(r["value"]) for r in rows if r["name"].startswith("dataflow.dropped.")),
+            # episodes rolled out: the lead pool's committed polls (every role of each one generated)
+            "episodes": sum(float(r["value"]) for r in rows if r["name"] == "raas.tasks"),
             # what a role call over Kafka costs the episode: the lead node's running mean of the
             # wait per remote call (request out, served by the other pool, reply back), last value
             "remote_wait_s_per_call": next((float(r["value"]) for r in reversed(rows)
@@ -202,9 +204,18 @@ def run_team(base: dict, barrier: str, args, rep: int) -> dict:
         path = write_config(team_config(base, barrier, args.steps, job, str(args.run_root)), Path(args.run_root))
         run_dir = Path(args.run_root) / job
         load = load_now()
-        run_job(load_config(path), run_dir=run_dir, progress=False, timeout_s=args.run_timeout)
-        return {**analyse_team(run_dir), "load_before": load["loadavg"]}
+        cfg = load_config(path)
+        run_job(cfg, run_dir=run_dir, progress=False, timeout_s=args.run_timeout)
+        return with_trained_groups({**analyse_team(run_dir), "load_before": load["loadavg"]}, cfg)
     return run_attempts(barrier, rep, once)
+
+
+def with_trained_groups(result: dict, cfg) -> dict:
+    """Add the fresh groups each policy trained (steps x groups per batch; the lead's) and the
+    episodes rolled out per trained group (1.0: no episode's roles were rolled out for nothing)."""
+    lead = cfg.view(cfg.lead_policy)
+    trained = lead.trainer.steps * lead.dataflow.groups_per_batch
+    return {**result, "trained_groups": trained, "episodes_per_trained_group": result["episodes"] / trained}
 
 
 def run_solver_alone(base: dict, args, rep: int, seconds: float) -> dict:
@@ -274,7 +285,7 @@ def aggregate(reps: list[dict]) -> dict:
 
     a, b, c = s("async", "s_per_iter"), s("lockstep", "s_per_iter"), s("sequential", "s_per_iter")
     arms = {arm: {k: s(arm, k) for k in ("s_per_iter", "time_to_last_step_s", "team_accuracy", "raas_busy_s",
-                                         "groups_dropped", "remote_wait_s_per_call")
+                                         "groups_dropped", "remote_wait_s_per_call", "episodes_per_trained_group")
                   if all(k in r[arm] for r in reps)} for arm in KAFKA_ARMS}
     arms["sequential"] = {"s_per_iter": c, "time_to_last_step_s": s("sequential", "time_to_last_step_s"),
                           "team_accuracy": s("sequential", "team_accuracy_final"),
@@ -330,18 +341,21 @@ def notes(agg: dict, threads: int, steps: int, eval_every: int) -> list[str]:
                    f"sequential ({a:.2f} vs {c:.2f} s/iter) even on 2 cores.")
     if b > a:
         out.append(f"(a) async beats (b) lockstep by {agg['speedup_vs_lockstep']['median']:.2f}x: without the "
-                   f"barrier the faster policy does not wait for the slower one's batch and step.")
+                   f"barrier each policy writes its batch as soon as its own groups are in, not when every "
+                   f"policy's are.")
     else:
         arms = agg["arms"]
         out.append(f"(b) lockstep is not slower than (a) async here ({b:.2f} vs {a:.2f} s/iter). Both policies "
                    f"get their groups from the same episodes, so with equal batch sizes their batches fill at "
-                   f"about the same moment and the barrier rarely holds one back. For the same episodes the RaaS "
-                   f"nodes were busy {arms['async']['raas_busy_s']['median']:.0f} s in (a) against "
-                   f"{arms['lockstep']['raas_busy_s']['median']:.0f} s in (b), and (a) dropped "
-                   f"{arms['async']['groups_dropped']['median']:.0f} stale group(s) (replaced by new episodes) against "
-                   f"{arms['lockstep']['groups_dropped']['median']:.0f}: async keeps up to max_staleness versions "
-                   f"of episodes in flight, whose rollouts then compete with both trainers for the 2 cores. Why "
-                   f"the nodes' time grows that much is not established here.")
+                   f"about the same moment and the barrier rarely holds one back. The RaaS nodes were busy "
+                   f"{arms['async']['raas_busy_s']['median']:.0f} s in (a) against "
+                   f"{arms['lockstep']['raas_busy_s']['median']:.0f} s in (b)"
+                   + (f", rolling out {arms['async']['episodes_per_trained_group']['median']:.2f} against "
+                      f"{arms['lockstep']['episodes_per_trained_group']['median']:.2f} episodes per trained group"
+                      if "episodes_per_trained_group" in arms["async"] and "episodes_per_trained_group" in
+                      arms["lockstep"] else "")
+                   + f", and (a) dropped {arms['async']['groups_dropped']['median']:.0f} group(s) (replaced by new "
+                   f"episodes) against {arms['lockstep']['groups_dropped']['median']:.0f}.")
     team, alone = agg["team_accuracy"]["median"], agg["solver_alone_accuracy"]["median"]
     d = agg["arms"]["solver_alone"]
     out.append(f"At equal wall-clock ({d['seconds']['median']:.0f} s from launch) the team's held-out accuracy is "
@@ -421,8 +435,10 @@ def reanalyse(path: Path) -> int:
     reps = out["repetitions"]
     for r in reps:
         for arm in KAFKA_ARMS:
-            kept = {k: r[arm][k] for k in ("load_before", "failed_attempts") if k in r[arm]}
+            kept = {k: r[arm][k] for k in ("load_before", "failed_attempts", "trained_groups") if k in r[arm]}
             r[arm] = {**analyse_team(Path(r[arm]["run_dir"])), **kept}
+            if "trained_groups" in kept:
+                r[arm]["episodes_per_trained_group"] = r[arm]["episodes"] / kept["trained_groups"]
     agg = aggregate(reps)
     print_table(agg)
     out.update(agg, method=__doc__, definitions=DEFINITIONS,

@@ -114,7 +114,8 @@ def _team_run(tmp_path: Path) -> Path:
              _metric(140.0, "eval.solver", "eval.team_accuracy", 0.5, 6),
              _metric(126.0, "raas-solver-0", "raas.busy_s", 4.5, 0),
              _metric(129.0, "raas-verifier-0", "raas.busy_s", 2.0, 0),
-             _metric(127.0, "dataflow.solver", "dataflow.dropped.stale", 1, 3)]
+             _metric(127.0, "dataflow.solver", "dataflow.dropped.stale", 1, 3),
+             _metric(126.0, "raas-solver-0", "raas.tasks", 8, 0), _metric(130.0, "raas-solver-0", "raas.tasks", 5, 1)]
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sorted(rows, key=lambda r: r["ts"])))
@@ -134,6 +135,16 @@ def test_team_runs_are_measured_on_the_policy_that_finishes_last_after_start_up(
     assert r["s_per_iter"] == 3.0
     assert r["time_to_last_step_s"] == pytest.approx(36.0) and r["initial_eval_s"] == pytest.approx(25.5)
     assert r["team_accuracy"] == 0.5
+
+
+def test_team_runs_count_the_episodes_rolled_out_per_trained_group(tmp_path):
+    r = mp.analyse_team(_team_run(tmp_path))
+    assert r["episodes"] == 13.0  # every committed poll of the lead pool
+    base = yaml.safe_load(CONFIG.read_text())
+    cfg = load_config(mp.write_config(mp.team_config(base, "async", 2, "j-team", str(tmp_path)), tmp_path))
+    out = mp.with_trained_groups(r, cfg)
+    assert out["trained_groups"] == 2 * cfg.dataflow.groups_per_batch
+    assert out["episodes_per_trained_group"] == 13.0 / out["trained_groups"]
 
 
 def test_steady_state_starts_after_step_two_without_an_evaluation():

@@ -55,8 +55,11 @@ class Task(Message):
     Schema 2 removed ``attempt``: Kafka does not count redeliveries and nothing did, and
     sample seeds derive from ``task_id`` alone, so a redelivered task reproduces its samples.
     Schema 3 added the episode fields ``roles`` and ``train``: a task is one episode of
-    ``workflow``; it returns one group per role in ``train`` (a policy whose staleness bound
-    is full does not train on it, though its roles still play their part).
+    ``workflow``; it returns one group per role in ``train``. Every role plays its part
+    whether trained or not; the dataflow leaves out of ``train`` only a policy that already
+    has every group its training needs (an episode that replaces another policy's dropped
+    group at the end of a job). Records of earlier jobs may also leave out a policy whose
+    staleness bound was full, as the dataflow's admission then did.
     """
 
     TYPE: ClassVar[str] = "task"

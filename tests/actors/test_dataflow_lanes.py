@@ -2,7 +2,9 @@
 
 The dataflow actor runs in the test's thread against the real broker; the test plays the
 episode runners (one group per role an episode trains) and the two trainers (version
-announcements per policy), so the schedule can be checked exactly.
+announcements per policy), so the schedule can be checked exactly. Every role of an
+episode generates, so an episode is admitted only when every lane it trains can take its
+groups: one episode per trained group, whichever trainer lags.
 """
 
 from __future__ import annotations
@@ -43,14 +45,18 @@ class Peers:
         return sorted((m for _, _, m in read_topic(self.bootstrap, self.topics.tasks("solver")) if isinstance(m, Task)),
                       key=lambda t: t.task_id)
 
-    def answer_all(self, versions: dict[str, int]) -> None:
-        """Run every new episode: a group per trained role, in one go (as one runner would)."""
+    def answer_all(self, versions: dict[str, int], version_of=None) -> None:
+        """Run every new episode: a group per trained role, in one go (as one runner would).
+
+        ``version_of(task, policy)``, when given, names the version a policy's pool generated
+        that episode's role with (None: ``versions``), e.g. a pool still on old weights."""
         for t in self.tasks():
             if t.task_id in self.answered:
                 continue
             self.answered.add(t.task_id)
             for role in t.train:
-                v = versions[ROLES[role]]
+                v = version_of(t, ROLES[role]) if version_of is not None else None
+                v = versions[ROLES[role]] if v is None else v
                 g = TrajectoryGroup(t.task_id, t.prompt_id, ROLES[role], "raas-test", [1, 2],
                                     [Sample([7, 8, 9], [-0.5, 0.0, -0.5], [v, 0, v], 1.0, "stop", loss_mask=[1, 0, 1],
                                             token_roles=[0, 1, 0])],
@@ -96,28 +102,112 @@ def run(bootstrap, tmp_path):
         peers.close()
 
 
-def test_a_stuck_policy_does_not_hold_back_the_other(run, bootstrap):
+def both_trainers(peers: Peers, versions: dict[str, int], verifier_lag: int = 0) -> None:
+    """The trainers: each announces a version per batch of its own, the verifier's
+    ``verifier_lag`` batches behind until the solver has trained every step."""
+    solver, verifier = len(peers.batches("solver")), len(peers.batches("verifier"))
+    trained = {"solver": solver, "verifier": verifier if solver >= STEPS else max(0, verifier - verifier_lag)}
+    for policy, v in trained.items():
+        if v > versions[policy]:
+            versions[policy] = v
+            peers.announce(policy, v)
+
+
+def train_to_the_end(actor, peers, versions, until, what: str, verifier_lag: int = 0, version_of=None,
+                     max_steps: int = 400) -> None:
+    for _ in range(max_steps):
+        if until():
+            return
+        actor.step()
+        peers.answer_all(versions, version_of)
+        both_trainers(peers, versions, verifier_lag)
+    raise AssertionError(f"dataflow never reached: {what}")
+
+
+def test_a_lagging_policy_paces_the_episodes_and_none_is_rolled_out_for_nothing(run, bootstrap):
+    """The verifier's trainer runs a batch behind the solver's throughout (and the dataflow
+    restarts halfway): every episode trains both policies, so the job rolls out one episode
+    per trained group, as many as lockstep would."""
+    cfg, actor, peers = run("async")
+    versions = {"solver": 0, "verifier": 0}
+    done = lambda: all(len(peers.batches(p)) == STEPS for p in ROLES.values())  # noqa: E731
+    train_to_the_end(actor, peers, versions, lambda: len(peers.batches("solver")) >= STEPS // 2, "half the steps",
+                     verifier_lag=1)
+    actor.teardown()  # a restart: the admission rule reads nothing the state record lacks
+    actor = DataflowActor(None, "dataflow", cfg, bootstrap)
+    actor.setup()
+    try:
+        train_to_the_end(actor, peers, versions, done, "every step of both policies", verifier_lag=1)
+        for _ in range(5):
+            actor.step()
+    finally:
+        actor.teardown()
+    tasks = peers.tasks()
+    assert [t.train for t in tasks] == [["solver", "verifier"]] * (STEPS * B), \
+        [t.train for t in tasks]  # the old admission rolled out solver-only episodes here
+    assert len({t.task_id for t in tasks}) == STEPS * B
+    reports = audit_job(bootstrap, cfg)
+    for name, r in reports.items():
+        assert r.ok, (name, r.violations)
+    assert reports["solver"].batched_groups == reports["verifier"].batched_groups == STEPS * B
+    assert not reports["solver"].drops and not reports["verifier"].drops
+
+
+def test_a_stuck_policy_holds_back_the_episodes_it_could_not_train(run, bootstrap):
     cfg, actor, peers = run("async")
     versions = {"solver": 0, "verifier": 0}  # the verifier's trainer never announces a version
-    for step in range(STEPS):
-        drive(actor, lambda: len(peers.tasks()) >= (step + 1) * B, f"episodes for solver step {step}")
-        peers.answer_all(versions)
-        drive(actor, lambda: len(peers.batches("solver")) >= step + 1, f"solver batch {step}")
-        versions["solver"] = step + 1
-        peers.announce("solver", step + 1)
-    tasks = peers.tasks()
-    both = [t for t in tasks if t.train == ["solver", "verifier"]]
-    alone = [t for t in tasks if t.train == ["solver"]]
-    # the verifier's bound at version 0 with staleness 1 is two batches of groups
-    assert len(both) == 2 * B and len(alone) == len(tasks) - 2 * B > 0
-    assert all(t.roles == ROLES and t.workflow == "solver_verifier" for t in tasks)
-    assert len(peers.batches("solver")) == STEPS and len(peers.batches("verifier")) == 2
+    drive(actor, lambda: len(peers.tasks()) >= 2 * B, "the episodes of two batches")
+    peers.answer_all(versions)
+    drive(actor, lambda: len(peers.batches("solver")) >= 2 and len(peers.batches("verifier")) >= 2,
+          "two batches of each policy")
+    for v in (1, 2):
+        versions["solver"] = v
+        peers.announce("solver", v)
+    for _ in range(30):  # the solver's bound has room, the verifier's (version 0, staleness 1) has none
+        actor.step()
+    # an episode the verifier could not train would roll out its role for nothing: none is admitted
+    assert len(peers.tasks()) == 2 * B
+    assert all(t.train == ["solver", "verifier"] for t in peers.tasks())
+    assert [b.step for b in peers.batches("solver")] == [b.step for b in peers.batches("verifier")] == [0, 1]
     reports = audit_job(bootstrap, cfg)
-    assert reports["solver"].ok, reports["solver"].violations
-    assert reports["episodes"].ok
-    # the verifier lane has nothing open and nothing unsettled
-    assert reports["verifier"].ok, reports["verifier"].violations
-    assert all(g.group_key.endswith("/verifier") for b in peers.batches("verifier") for g in b.groups)
+    assert all(r.ok for r in reports.values()), {n: r.violations for n, r in reports.items()}
+    versions["verifier"] = 1
+    peers.announce("verifier", 1)
+    drive(actor, lambda: len(peers.tasks()) == 3 * B, "episodes once the verifier has room")
+    assert all(t.train == ["solver", "verifier"] for t in peers.tasks())
+
+
+def test_each_lane_batches_on_its_own_and_only_a_lane_that_dropped_takes_a_replacement(run, bootstrap):
+    """A verifier group generated on old weights is stale for its batch: the solver's batch
+    does not wait for its replacement (no barrier), and the one episode that replaces it,
+    scheduled once the solver has every group it needs, trains the verifier alone."""
+    cfg, actor, peers = run("async")
+    versions = {"solver": 0, "verifier": 0}
+    stale_task: list[str] = []
+
+    def version_of(task: Task, policy: str):
+        if policy == "verifier" and not stale_task and int(task.task_id[1:8]) >= 3 * B:
+            stale_task.append(task.task_id)  # the first episode of the last batch, from a pool still on version 0
+            return 0
+        return None
+
+    # the solver's last batch is written while the verifier's waits for a replacement episode
+    train_to_the_end(actor, peers, versions, lambda: len(peers.batches("solver")) == STEPS, "the solver's last batch",
+                     version_of=version_of)
+    assert stale_task and len(peers.batches("verifier")) == STEPS - 1
+    train_to_the_end(actor, peers, versions, lambda: all(len(peers.batches(p)) == STEPS for p in ROLES.values()),
+                     "every step of both policies")
+    for _ in range(5):
+        actor.step()
+    tasks = peers.tasks()
+    assert len(tasks) == STEPS * B + 1
+    assert [t.train for t in tasks] == [["solver", "verifier"]] * (STEPS * B) + [["verifier"]]
+    reports = audit_job(bootstrap, cfg)
+    for name, r in reports.items():
+        assert r.ok, (name, r.violations)
+    assert dict(reports["verifier"].drops) == {"stale": 1} and not reports["solver"].drops
+    drops = [m for _, _, m in read_topic(bootstrap, peers.topics.drops("verifier"))]
+    assert [(d.task_id, d.reason) for d in drops] == [(f"{stale_task[0]}/verifier", "stale")]
 
 
 def test_lockstep_schedules_only_what_every_policy_can_train(run, bootstrap):

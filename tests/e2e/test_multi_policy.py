@@ -7,6 +7,7 @@ each episode owes it, and that every episode's groups came from one runner.
 
 from __future__ import annotations
 
+import math
 import uuid
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import yaml
 
 from astraflow.chaos.harness import JobHarness
 from astraflow.topics import Batch, Task, ensure_topics, job_topics
+from astraflow.topics.messages import DROP_REASONS
 from astraflow.topics.replay import read_topic
 
 pytestmark = pytest.mark.slow
@@ -93,9 +95,11 @@ def test_two_policies_train_and_survive_a_sigkilled_pool(bootstrap, tmp_path):
     assert team and all(0.0 <= m.value <= 1.0 for m in team)
 
 
-def test_a_slow_trainer_does_not_hold_back_the_other_policy(bootstrap, tmp_path):
-    # The verifier's trainer takes 8x as long per step: without a global barrier the solver
-    # trains on, and episodes it schedules while the verifier's bound is full train only it.
+def test_a_slow_trainer_paces_the_episodes_and_every_episode_is_trained(bootstrap, tmp_path):
+    # The verifier's trainer takes 8x as long per step. Every role of an episode generates, so
+    # an episode is admitted only when both policies' bounds have room: the solver gets no
+    # further ahead than the verifier's bound allows, and the job rolls out one episode per
+    # trained group (plus at most one per group dropped as failed or stale).
     cfg = _config(tmp_path, "mp-slow", {"policies.verifier.trainer.device": {"kind": "emulated", "slowdown": 8.0},
                                         "trainer.steps": 6})
     h = _start(cfg, bootstrap, tmp_path)
@@ -106,13 +110,23 @@ def test_a_slow_trainer_does_not_hold_back_the_other_policy(bootstrap, tmp_path)
         verifier_at_solver_done = max(verifier_steps, default=0)
         h.wait_for(lambda m: m.name == "trainer.done" and m.component == "trainer.verifier", 1200, "verifier done")
         reports = h.audit_until_settled()
+        while h.poll_metrics(1000):  # every node's raas.tasks, to the end
+            pass
     finally:
         h.stop_all()
     _assert_conserved(reports, cfg)
-    assert verifier_at_solver_done < cfg.trainer.steps - cfg.dataflow.max_staleness - 1, \
+    steps, B, s = cfg.trainer.steps, cfg.dataflow.groups_per_batch, cfg.dataflow.max_staleness
+    freed = {p: sum(n for reason, n in reports[p].drops.items() if DROP_REASONS[reason]) for p in cfg.policy_names}
+    # the solver's last episode was admitted only once the verifier's bound had room for it
+    assert verifier_at_solver_done >= steps - s - 1 - math.ceil(freed["verifier"] / B), \
         f"the verifier was at version {verifier_at_solver_done} when the solver finished"
     tasks = [m for _, _, m in read_topic(bootstrap, job_topics(cfg).tasks("solver")) if isinstance(m, Task)]
-    assert any(t.train == ["solver"] for t in tasks), "no episode trained the solver alone"
+    both = [t for t in tasks if t.train == ["solver", "verifier"]]
+    # a task trains one policy only when the other has every group it needs and this one replaces a drop
+    assert len(tasks) - len(both) <= sum(freed.values())
+    assert steps * B <= len(tasks) <= steps * B + sum(freed.values())
+    rolled_out = sum(m.value for m in h.metrics if m.name == "raas.tasks")
+    assert rolled_out == len(tasks), f"{rolled_out} episodes rolled out for {len(tasks)} tasks"
     assert sum("verifier" in t.train for t in tasks) == reports["verifier"].tasks
 
 
