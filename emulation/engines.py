@@ -4,10 +4,11 @@
 model): ``generate`` returns the real tokens and log-probs, held until the modelled time of
 its prefill and continuous-batching decode has passed — on a device of ``count`` devices the
 rows are dealt out over them (engine replicas) and the slowest share decides; ``load_weights``
-is held for the modelled model's weight load (every replica loads at once). :class:`EmulatedTrainEngine` wraps a ``TrainEngine`` (the
-DeepSpeed trainer): a ``train_step`` learns for real and is held for the modelled step on
-the device's ``count`` devices (data parallel), forward + backward over the batch's tokens
-once per PPO epoch plus the forward-only passes the step makes. Everything else is the
+is held for the modelled model's weight load (every replica loads at once).
+:class:`EmulatedTrainEngine` wraps a ``TrainEngine`` (the DeepSpeed trainer): a ``train_step``
+learns for real and is held for the modelled step on the device's ``count`` devices (data
+parallel), forward + backward over the batch's tokens once per PPO epoch plus the
+forward-only passes the trainer says its step makes (``proximal_pass``, its reference model). Everything else is the
 wrapped engine's. They know nothing about Kafka or the components that hold them.
 """
 
@@ -71,12 +72,10 @@ class EmulatedTrainEngine(TrainEngine):
         return out
 
     def _modelled(self, batch: TrainBatch) -> float:
-        cfg = getattr(self.inner, "cfg", None)
-        epochs = getattr(cfg, "ppo_epochs", 1)
-        # The no-grad passes a step makes before its updates (see DeepSpeedTrainer.prepare):
-        # proximal log-probs with several updates or the KL in the reward; the reference model's.
-        passes = int(epochs * getattr(cfg, "minibatches", 1) > 1 or getattr(cfg, "kl_in_reward_coef", 0) > 0)
-        passes += int(getattr(cfg, "kl_coef", 0) > 0 or getattr(cfg, "kl_in_reward_coef", 0) > 0)
+        epochs = getattr(getattr(self.inner, "cfg", None), "ppo_epochs", 1)
+        # the forward-only passes the trainer's step makes: the proximal one, the reference model's
+        passes = int(getattr(self.inner, "proximal_pass", False))
+        passes += int(getattr(self.inner, "ref_model", None) is not None)
         tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in batch.samples)
         return self.device.cost.train_step_s(tokens * epochs, tokens * passes, devices=self.device.cfg.count)
 

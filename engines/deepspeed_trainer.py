@@ -212,7 +212,7 @@ class DeepSpeedTrainer(TrainEngine):
         cfg = self.cfg
         samples = batch.samples
         logp_prox = full_old = logp_ref = None
-        if self._updates > 1 or cfg.loss in BATCH_MASKS or cfg.kl_in_reward_coef > 0:
+        if self.proximal_pass:
             logp_prox, full_old = batch_logprobs(self.engine, samples, cfg, self.ranks, self.device,
                                                  full=cfg.kl_in_reward_coef > 0,
                                                  keep_step=lambda: self._idle_pass(backward=False))
@@ -312,6 +312,12 @@ class DeepSpeedTrainer(TrainEngine):
     @property
     def _updates(self) -> int:
         return self.cfg.ppo_epochs * self.cfg.minibatches
+
+    @property
+    def proximal_pass(self) -> bool:
+        """A step scores its batch under the weights before its first update (one no-grad pass):
+        several updates per batch, a batch-level token mask, or KL in the reward."""
+        return self._updates > 1 or self.cfg.loss in BATCH_MASKS or self.cfg.kl_in_reward_coef > 0
 
     def _apply_lr(self) -> float:
         """Set the rate of every optimizer step of the current batch: the schedule is a

@@ -163,6 +163,12 @@ def test_an_emulated_train_step_learns_for_real_and_is_priced_on_k_devices(tiny_
     assert expected == pytest.approx(one.train_step_s(tokens) / (4 * one.profile.efficiency.train_scaling ** 2))
     assert stats["held_s"] >= expected and not math.isnan(stats["cpu_fraction"])
     engine.close()
+    # Two updates per batch: the trainer scores the batch once without gradients first, and so does the price.
+    two = EmulatedTrainEngine(DeepSpeedTrainer(tiny_model_path, TrainerConfig(lr=1e-3, seed=0, minibatches=2)),
+                              _device(token_scale=200, count=4, dilation=1e-3))
+    assert two.inner.proximal_pass and two.train_step(batch)["updates"] == 2
+    assert two.device.stats["train"].modelled_s == pytest.approx(one.train_step_s(tokens, tokens, devices=4), rel=1e-9)
+    two.close()
 
 
 def test_efficiencies_measured_on_a_gpu_replace_the_estimates_for_its_device_kind(tmp_path):
