@@ -138,19 +138,28 @@ def _overrides(pairs: list[str] | None) -> dict:
 _SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
+def done_line(summary: dict, lead: str) -> str:
+    """The run's last word on what it learnt: held-out accuracy from -> to; for a team, the
+    team's first (the job's result) and the lead policy's alone beside it."""
+    fmt = lambda curve: " -> ".join(f"v{v}:{a:.3f}" for v, a in curve.items()) or "not measured"  # noqa: E731
+    head = f"done: {summary['steps_trained']} versions in {summary['wall_s']:.0f}s; held-out accuracy"
+    team = summary.get("team_accuracy_by_version")
+    if team is None:
+        return f"{head} {fmt(summary['accuracy_by_version'])}"
+    return f"{head} of the team {fmt(team)}; of {lead} alone {fmt(summary['accuracy_by_version'])}"
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from astraflow.config import load_config
     from astraflow.launcher import run_job
     cfg = load_config(args.config, _overrides(args.set))
     summary = run_job(cfg, bootstrap=args.bootstrap_servers or cfg.kafka.bootstrap_servers,
                       overrides=args.set or [], run_dir=args.run_dir, progress=not args.quiet)
-    acc = summary["accuracy_by_version"]
     if summary["interrupted"]:
         print(f"interrupted after {summary['steps_trained']} versions; everything stopped. "
               f"run dir: {summary['run_dir']}")
         return 130
-    print(f"done: {summary['steps_trained']} versions in {summary['wall_s']:.0f}s; held-out accuracy "
-          + " -> ".join(f"v{v}:{a:.3f}" for v, a in acc.items()))
+    print(done_line(summary, cfg.lead_policy))
     for component, d in summary.get("emulated", {}).items():
         calls = ", ".join(f"{call} {s.get('modelled_s', 0):.1f} s (CPU {100 * s.get('cpu_fraction', 0):.0f}% of holds)"
                           for call, s in d.items() if isinstance(s, dict))

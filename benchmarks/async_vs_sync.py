@@ -193,8 +193,21 @@ def print_table(agg: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     def eval_every(ap) -> None:
         ap.add_argument("--eval-every", type=int, default=0, help="in-process evaluations (default: steps / 4)")
+        ap.add_argument("--emulated", action="store_true", help="async vs sync on emulated accelerators "
+                                                                "(async_vs_sync_emulated.py): the JSON's emulated section")
+        ap.add_argument("--profile", default="h100-qwen3-8b", help="--emulated: emulation profile")
+        ap.add_argument("--rollout-devices", type=int, default=4, help="--emulated: the RaaS node's devices")
+        ap.add_argument("--trainer-devices", type=int, default=4, help="--emulated: the trainer's devices")
+        ap.add_argument("--dilation", type=float, default=0.3, help="--emulated: wall seconds per modelled second")
+        ap.add_argument("--token-scale", type=int, default=512, help="--emulated: modelled tokens per generated one")
+        ap.add_argument("--prompt-token-scale", type=int, default=16, help="--emulated: modelled tokens per prompt one")
 
     args = job_arguments(__doc__.splitlines()[0], RESULTS, argv, eval_every)
+    if args.emulated:
+        from astraflow.benchmarks import async_vs_sync_emulated
+        if args.steps == 40:  # the CPU default; modelled steps take longer
+            args.steps = 8
+        return async_vs_sync_emulated.main(args)
     args.eval_every = args.eval_every or max(1, args.steps // 4)
     return run_repetitions("async_vs_sync", args, one_repetition, aggregate, print_table)
 

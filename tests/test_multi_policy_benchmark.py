@@ -238,3 +238,13 @@ def test_a_failed_or_hung_arm_is_recorded_and_run_again():
 
     with pytest.raises(RuntimeError, match="failed 2 times"):
         mp.run_attempts("lockstep", 1, never)
+
+
+def test_a_team_runs_last_line_gives_the_teams_accuracy_first_and_the_lead_alone_beside_it():
+    from astraflow.cli import done_line
+    one = {"steps_trained": 40, "wall_s": 191.2, "accuracy_by_version": {"0": 0.155, "40": 0.235}}
+    assert done_line(one, "policy") == "done: 40 versions in 191s; held-out accuracy v0:0.155 -> v40:0.235"
+    team = {**one, "team_accuracy_by_version": {"0": 0.145, "40": 0.02}}
+    line = done_line(team, "solver")
+    assert "of the team v0:0.145 -> v40:0.020" in line and line.endswith("of solver alone v0:0.155 -> v40:0.235")
+    assert "of the team not measured" in done_line({**team, "team_accuracy_by_version": {}}, "solver")
