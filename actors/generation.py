@@ -9,7 +9,10 @@ The request path is Kafka, like everything else between components:
   ``replies`` from where it stood when the node started);
 * every RaaS node of ``policy`` is a member of consumer group ``gen.<policy>`` and serves
   requests between its own work (:class:`GenerationServer`); it commits a request's offset
-  after sending the reply.
+  after sending the reply. A commit the group refuses because it rebalanced meanwhile
+  (``CommitFailedError``: the member was kicked out or its session expired) is the task
+  path's fencing: the server counts those requests ``fenced``, not served, and goes on;
+  their new owner answers them again.
 
 Delivery is at-least-once and that is enough: a server that dies before committing leaves
 the request to the next member, a repeated reply is the same sample (the request carries
@@ -29,7 +32,8 @@ from collections.abc import Callable, Sequence
 from kafka import TopicPartition
 
 from astraflow.engines.base import Generation, SamplingParams
-from astraflow.topics import Consumer, DeadLetters, GenerationReply, GenerationRequest, JobTopics, Producer
+from astraflow.topics import (Consumer, DeadLetters, GenerationReply, GenerationRequest, JobTopics, Producer,
+                              StaleMembershipError)
 from astraflow.topics.membership import MembershipWatch
 from astraflow.workflows.api import Turn
 
@@ -141,8 +145,9 @@ class GenerationServer:
         # The consumer wedge of the task consumer (actors/rollout.py) can hit this one too;
         # nothing is in flight between serve() calls, so a replacement loses nothing.
         self.watch = MembershipWatch(bootstrap, f"{node_id}.gen-server")  # .renewals: consumers replaced
-        self.served = 0
+        self.served = 0  #: requests answered and committed
         self.rows = 0
+        self.fenced = 0  #: requests answered but not committed: the group rebalanced (redone by their new owner)
         self.calls = 0  #: engine calls made for the requests served
 
     def serve(self, timeout_ms: int = 50) -> int:
@@ -174,12 +179,22 @@ class GenerationServer:
                                         [g.version for g in mine], [g.finish_reason for g in mine], error=error,
                                         ts=time.time())
                 self.producer.send(self.topics.replies, reply, key=req.episode_id)
-                self.served += 1
-                self.rows += len(req.prompts)
             self.calls += 1
         if deliveries or self.consumer.pending_offsets():
             self.producer.flush()
-            self.consumer.commit()
+            try:
+                self.consumer.commit()
+            except StaleMembershipError as e:
+                # The group rebalanced while these were answered (this member was kicked out,
+                # its session expired): their partitions' owner is handed them again from the
+                # committed offset and answers them too. Our replies are out already and the
+                # episode keeps the first per request_id, so the repeat is dropped there; here
+                # they count as fenced, not served. The next poll rejoins.
+                log.warning("%s: %s", self.node_id, e)
+                self.fenced += len(deliveries)
+                return 0
+        self.served += len(deliveries)
+        self.rows += sum(len(d.message.prompts) for d in deliveries)
         return len(deliveries)
 
     def close(self) -> None:

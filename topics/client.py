@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.errors import InvalidTransactionTimeoutError, KafkaError, KafkaTimeoutError
+from kafka.errors import (CommitFailedError, IllegalGenerationError, InvalidTransactionTimeoutError, KafkaError,
+                          KafkaTimeoutError, RebalanceInProgressError, UnknownMemberIdError)
 from kafka.structs import MemberState, OffsetAndMetadata
 
 from . import tracing
@@ -330,6 +331,10 @@ class Consumer:
         return dict(self._pending)
 
     def mark_committed(self, offsets: dict[TopicPartition, int]) -> None:
+        self._forget(offsets)
+
+    def _forget(self, offsets: dict[TopicPartition, int]) -> None:
+        """Drop pending offsets: committed, or void (another member redoes their records)."""
         for tp, off in offsets.items():
             if self._pending.get(tp) == off:
                 del self._pending[tp]
@@ -356,11 +361,38 @@ class Consumer:
         return current
 
     def commit(self, offsets: dict[TopicPartition, int] | None = None) -> None:
-        """Synchronously commit ``offsets`` (default: everything handed out so far)."""
-        offs = offsets if offsets is not None else self.pending_offsets()
-        if offs:
+        """Synchronously commit ``offsets`` (default: everything handed out so far).
+
+        A subscribed consumer that lost its group membership since it handed the records out
+        (a rebalance: kicked out for a slow poll, a session that expired, a broker restart)
+        raises :class:`StaleMembershipError`, as the transactional path does, instead of
+        kafka-python's ``CommitFailedError`` / ``RebalanceInProgressError``: the partition's
+        owner after the rebalance is handed the same records from the committed offset, so
+        the caller drops what it did for them (nothing is lost; they are redone once). The
+        void offsets are forgotten here, so the next commit does not try them again.
+        """
+        explicit = offsets is not None
+        offs = offsets if explicit else self.pending_offsets()
+        if not offs:
+            return
+        try:
+            if self._subscribed and not explicit:
+                self.membership_for(offs)  # handed out under the membership still current
             self._kc.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in offs.items()})
-            self.mark_committed(offs)
+        except StaleMembershipError:
+            self._forget(offs)
+            raise
+        except (CommitFailedError, RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError) as e:
+            if not self._subscribed:
+                raise
+            self._forget(offs)
+            meta = self._kc.group_metadata()
+            raise StaleMembershipError(
+                f"consumer {self._kc.config['client_id']} of group {meta.group_id}: the group rebalanced before "
+                f"the offsets {sorted((tp.topic, tp.partition, o) for tp, o in offs.items())} were committed "
+                f"({type(e).__name__}: {e}); not committed — the partition's owner redoes them from the "
+                f"committed offset") from e
+        self.mark_committed(offs)
 
     def group_metadata(self):
         return self._kc.group_metadata()
