@@ -17,7 +17,9 @@ by the rollout actor, the in-process sequential baseline and tests alike.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -26,7 +28,7 @@ from astraflow.engines.base import Generation, RolloutEngine, SamplingParams
 
 __all__ = ["Turn", "Trajectory", "EpisodeResult", "Episode", "Role", "EngineRole", "WorkflowSpec",
            "workflow", "get_workflow", "WORKFLOWS", "reward", "get_reward", "REWARDS", "run_episode",
-           "ENV", "role_seed"]
+           "ENV", "role_seed", "ConcurrentGenerateError"]
 
 ENV = "env"  #: the writer of tokens that no role generated (feedback, tool output)
 
@@ -122,8 +124,21 @@ class EpisodeResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+class ConcurrentGenerateError(RuntimeError):
+    """A workflow called ``generate`` while another call of the same episode was in flight."""
+
+
 class Role(Protocol):
-    """``ep.roles[name]``: sample from the policy bound to the role."""
+    """``ep.roles[name]``: sample from the policy bound to the role.
+
+    An episode's ``generate`` calls are sequential: a call made (from another thread) while
+    another call of the same episode, on any of its roles, is still running raises
+    :class:`ConcurrentGenerateError`. Batch rows into one call instead (``prompts`` takes
+    any number); the node already batches the calls of concurrent *episodes*. Why: the node
+    coalesces calls by counting, per episode, whether it waits on an engine or another pool,
+    and the seeds of call ``k`` follow the order of the calls, which threads would make
+    depend on timing (a redone episode must reproduce its samples).
+    """
 
     name: str
     policy: str
@@ -178,19 +193,46 @@ class _SeededRole:
     """Wraps a role so a workflow never has to invent seeds: call ``k`` row ``j`` draws
     :func:`role_seed` ``(job seed, episode, role, k, j)`` unless the workflow passes seeds."""
 
-    def __init__(self, role: Role, job_seed: int, episode_id: str) -> None:
+    def __init__(self, role: Role, job_seed: int, episode_id: str, guard: "_OneCallAtATime | None" = None) -> None:
         self._role, self._seed, self._episode, self._calls = role, job_seed, episode_id, 0
         self.name, self.policy = role.name, role.policy
+        self._guard = guard or _OneCallAtATime(episode_id)
         self.turns = 0
 
     def generate(self, prompts, *, seeds=None, max_new_tokens=None, temperature=None) -> list[Turn]:
-        prompts = [list(p) for p in prompts]
-        if seeds is None:
-            seeds = [role_seed(self._seed, self._episode, self.name, self._calls, j) for j in range(len(prompts))]
-        self._calls += 1
-        out = self._role.generate(prompts, seeds=seeds, max_new_tokens=max_new_tokens, temperature=temperature)
-        self.turns += len(out)
-        return out
+        with self._guard.call(self.name):
+            prompts = [list(p) for p in prompts]
+            if seeds is None:
+                seeds = [role_seed(self._seed, self._episode, self.name, self._calls, j) for j in range(len(prompts))]
+            self._calls += 1
+            out = self._role.generate(prompts, seeds=seeds, max_new_tokens=max_new_tokens, temperature=temperature)
+            self.turns += len(out)
+            return out
+
+
+class _OneCallAtATime:
+    """The episode's ``generate`` calls, one at a time (see :class:`Role`): a second call while
+    one is in flight raises :class:`ConcurrentGenerateError` at once, never waits."""
+
+    def __init__(self, episode_id: str) -> None:
+        self.episode_id = episode_id
+        self._lock = threading.Lock()
+        self._busy: str | None = None
+
+    @contextlib.contextmanager
+    def call(self, role: str):
+        with self._lock:
+            if self._busy is not None:
+                raise ConcurrentGenerateError(
+                    f"episode {self.episode_id}: role {role!r} called generate while a call of role "
+                    f"{self._busy!r} of the same episode is still in flight; an episode's generate calls must be "
+                    f"sequential (pass several prompts to one call to batch them)")
+            self._busy = role
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._busy = None
 
 
 @dataclass
@@ -274,7 +316,8 @@ def get_reward(name: str) -> Callable[..., float]:
 
 def run_episode(spec: WorkflowSpec, episode: Episode, job_seed: int) -> EpisodeResult:
     """Run one episode with seeded role handles; check what it returns against the contract."""
-    seeded = {name: _SeededRole(role, job_seed, episode.episode_id) for name, role in episode.roles.items()}
+    guard = _OneCallAtATime(episode.episode_id)
+    seeded = {name: _SeededRole(role, job_seed, episode.episode_id, guard) for name, role in episode.roles.items()}
     missing = set(spec.roles) - set(seeded)
     if missing:
         raise KeyError(f"workflow {spec.name!r} needs roles {sorted(missing)} bound to a policy")

@@ -4,6 +4,7 @@ return one group per role with loss masks, and a broken episode fails alone."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -181,3 +182,76 @@ def test_a_rejected_answer_is_retried_with_the_verdict_as_masked_context(tok_eng
         assert r.reward == (1.0 if tok.decode(own, skip_special_tokens=True).strip() == "7" else 0.0)
     # a reject is right exactly when the first answer was wrong
     assert [v.reward for v in result.trajectories["verifier"]] == [1.0 - f.reward for f in first]
+
+
+def test_two_concurrent_calls_of_one_episode_are_refused_and_the_first_still_returns(tok_engine):
+    """Before: the second call overwrote the first in the batcher and the first waited forever."""
+    tok, engine = tok_engine
+    second_tried = threading.Event()
+    if "test_two_threads" not in WORKFLOWS:
+        @workflow("test_two_threads", roles=("solver",))
+        def two_threads(ep: Episode) -> EpisodeResult:
+            solver = ep.roles["solver"]
+            if ep.prompt.startswith("1+"):  # the other episode: calls once the first has tried its second
+                second_tried.wait(10)
+                turns = solver.generate([ep.encode(ep.prompt)])
+                return EpisodeResult({"solver": [Trajectory.of(t, 0.0) for t in turns]})
+            out: dict = {}
+
+            def call(name):
+                try:
+                    out[name] = solver.generate([ep.encode(ep.prompt)])
+                except Exception as e:  # noqa: BLE001 - inspected below
+                    out[name] = e
+                finally:
+                    if name == "second":
+                        second_tried.set()
+            first = threading.Thread(target=call, args=("first",), daemon=True)
+            first.start()
+            time.sleep(0.5)  # the first call is waiting for the other episode's
+            second = threading.Thread(target=call, args=("second",), daemon=True)
+            second.start()
+            second.join(20)
+            first.join(20)
+            if first.is_alive():
+                raise RuntimeError("the first call never returned")
+            assert isinstance(out["first"], list) and len(out["first"]) == 1
+            raise out["second"] if isinstance(out["second"], Exception) else RuntimeError("second call accepted")
+    tasks = [Task(f"t{i:07d}-p{i}", f"p{i}", "p", f"{i}+1=", str(i + 1), 1, SAMPLING, workflow="test_two_threads")
+             for i in (0, 1)]
+    out = runner(tok, engine).run(tasks)
+    (g0,), (g1,) = out
+    assert g1.status == "ok"
+    assert g0.status == "failed"
+    assert "ConcurrentGenerateError" in g0.error and "must be sequential" in g0.error, g0.error
+
+
+def test_a_call_waits_for_the_other_episodes_at_most_the_bound():
+    from astraflow.engines.base import Generation
+
+    class Instant:
+        version = 0
+
+        def generate(self, prompts, params, seeds=None):
+            return [Generation(tuple(p), (1,), (0.0,), "stop") for p in prompts]
+
+    b = CallBatcher(Instant(), threading.Lock(), episodes=2)  # episode 1 never calls
+    b.timeout_s = 1.0
+    got: dict = {}
+
+    def call():
+        try:
+            got["out"] = b.generate(0, [[3]], SamplingParams(), [1])
+        except Exception as e:  # noqa: BLE001 - inspected below
+            got["error"] = e
+    t = threading.Thread(target=call, daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    t.join(15)
+    assert not t.is_alive(), "the call waited forever"
+    from astraflow.actors.episodes import EngineWaitTimeout
+    assert isinstance(got.get("error"), EngineWaitTimeout) and time.monotonic() - t0 < 10
+    assert "waited 1s for the batched engine call" in str(got["error"])
+    assert "1 of the 2 running episode(s) never called generate" in str(got["error"])
+    b.leave()  # episode 1 finishes: the batcher is usable again, nothing of episode 0 left in it
+    assert [g.tokens for g in b.generate(0, [[4]], SamplingParams(), [2])] == [(1,)]
