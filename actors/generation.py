@@ -5,8 +5,13 @@ The request path is Kafka, like everything else between components:
 * the episode's runner (a RaaS node of the lead policy) sends a
   :class:`~astraflow.topics.GenerationRequest` to ``generate.<policy>``, keyed by episode,
   and waits for the :class:`~astraflow.topics.GenerationReply` with its ``request_id`` on
-  ``replies`` (:class:`GenerationClient`; one background thread reads every partition of
-  ``replies`` from where it stood when the node started);
+  ``replies`` (:class:`GenerationClient`; one background thread reads the node's own
+  partition of ``replies``, ``JobTopics.reply_partition(node id)``, from where it stood
+  when the node started). The request names that partition and the server answers there,
+  with the request id in the record's ``af-request`` header: a node fetches only its
+  partition and decodes only the replies it waits for (another node's that shares the
+  partition, or a repeated answer, is passed over undecoded), so what a node reads does
+  not grow with the number of nodes;
 * every RaaS node of ``policy`` is a member of consumer group ``gen.<policy>`` and serves
   requests between its own work (:class:`GenerationServer`); it commits a request's offset
   after sending the reply. A commit the group refuses because it rebalanced meanwhile
@@ -34,12 +39,16 @@ from kafka import TopicPartition
 from astraflow.engines.base import Generation, SamplingParams
 from astraflow.topics import (Consumer, DeadLetters, GenerationReply, GenerationRequest, JobTopics, Producer,
                               StaleMembershipError)
+from astraflow.topics.codec import header
 from astraflow.topics.membership import MembershipWatch
 from astraflow.workflows.api import Turn
 
 from .common import close_quietly
 
 log = logging.getLogger(__name__)
+
+#: header of a reply record: the ``request_id`` it answers (read before the value is decoded)
+H_REQUEST = "af-request"
 
 #: how long an episode waits for another pool's answer before the episode fails (a failed
 #: episode is recorded, dropped with its reason, and its slot is scheduled again)
@@ -59,13 +68,14 @@ class GenerationClient:
         # the node's own (non-transactional) producer when given: fewer clients, fewer I/O threads
         self._own_producer = producer is None
         self.producer = producer or Producer(bootstrap, client_id=f"{node_id}.gen-client")
-        parts = [TopicPartition(topics.replies, p) for p in range(topics.trajectory_partitions)]
+        self.partition = topics.reply_partition(node_id)
+        parts = [TopicPartition(topics.replies, self.partition)]
+        self._waiting: dict[str, tuple[threading.Event, list]] = {}
         self.consumer = Consumer(bootstrap, partitions=parts, client_id=f"{node_id}.gen-client",
-                                 dead_letters=dead_letters, expect=(GenerationReply,))
+                                 dead_letters=dead_letters, expect=(GenerationReply,), accept=self._awaited)
         self.consumer.raw.seek_to_end(*parts)
         for tp in parts:  # resolve the end positions now: replies to this node's requests come after
             self.consumer.raw.position(tp)
-        self._waiting: dict[str, tuple[threading.Event, list]] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._nonce = f"{node_id}.{os.getpid()}.{int(time.time() * 1000) % 10**9}"
@@ -74,6 +84,15 @@ class GenerationClient:
         self._thread.start()
         self.calls = 0
         self.wait_s = 0.0
+
+    def _awaited(self, key: bytes | None, headers: list[tuple[str, bytes]]) -> bool:
+        """Decode a reply only if a call of this node waits for it (by its ``af-request``
+        header; a reply without one, from an older server, is decoded to find out)."""
+        request_id = header(headers, H_REQUEST)
+        if request_id is None:
+            return True
+        with self._lock:
+            return request_id.decode("utf-8", "replace") in self._waiting
 
     def _read(self) -> None:
         while not self._stop.is_set():
@@ -100,7 +119,7 @@ class GenerationClient:
         with self._lock:
             self._waiting[request_id] = (event, box)
         req = GenerationRequest(request_id, episode_id, policy, role, [list(p) for p in prompts], list(seeds),
-                                dict(sampling), ts=time.time())
+                                dict(sampling), ts=time.time(), reply_partition=self.partition)
         t0 = time.monotonic()
         self.producer.send(self.topics.generate(policy), req, key=episode_id)
         self.producer.flush()
@@ -178,7 +197,9 @@ class GenerationServer:
                                         [list(g.tokens) for g in mine], [list(g.logprobs) for g in mine],
                                         [g.version for g in mine], [g.finish_reason for g in mine], error=error,
                                         ts=time.time())
-                self.producer.send(self.topics.replies, reply, key=req.episode_id)
+                self.producer.send(self.topics.replies, reply, key=req.episode_id,
+                                   partition=req.reply_partition if req.reply_partition >= 0 else None,
+                                   headers=[(H_REQUEST, req.request_id.encode())])
             self.calls += 1
         if deliveries or self.consumer.pending_offsets():
             self.producer.flush()

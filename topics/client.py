@@ -13,7 +13,7 @@ import base64
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
@@ -248,7 +248,9 @@ class Consumer:
 
     Either ``topics`` (group subscription) or ``partitions`` (manual assignment).
     With ``expect`` (message types, or per topic a mapping of topic to types), a record of
-    any other message type is dead-lettered like an undecodable one. ``pending_offsets()`` are the positions after every record handed out (and every
+    any other message type is dead-lettered like an undecodable one. With ``accept``
+    (``accept(key, headers) -> bool``), a record it refuses is passed over before its value
+    is decoded (a reader of a shared topic that wants only its own records). ``pending_offsets()`` are the positions after every record handed out (and every
     record dead-lettered) since the last commit; :meth:`commit` commits them, or a
     transactional producer commits them with :meth:`Producer.send_offsets`.
     """
@@ -259,6 +261,7 @@ class Consumer:
                  auto_offset_reset: str = "earliest", client_id: str = "astraflow",
                  max_partition_fetch_bytes: int = 4 * MiB,
                  expect: tuple[type[Message], ...] | Mapping[str, tuple[type[Message], ...]] = (),
+                 accept: Callable[[bytes | None, list[tuple[str, bytes]]], bool] | None = None,
                  **config: Any) -> None:
         settings: dict[str, Any] = dict(
             bootstrap_servers=bootstrap_servers, group_id=group_id, client_id=client_id,
@@ -281,6 +284,8 @@ class Consumer:
             self._kc.assign(partitions)
         self.dead_letters = dead_letters
         self.expect = expect
+        self.accept = accept
+        self.skipped = 0  #: records ``accept`` passed over undecoded
         self._subscribed = bool(topics) and group_id is not None
         self._pending: dict[TopicPartition, int] = {}
         self._handed_out_in: dict[TopicPartition, Any] = {}  # partition -> group membership at poll
@@ -311,6 +316,10 @@ class Consumer:
                 self._handed_out_in[tp] = membership
             for r in records:
                 headers = list(r.headers or [])
+                if self.accept is not None and not self.accept(r.key, headers):
+                    self.skipped += 1  # not this reader's: never decoded, its offset still counts
+                    self._pending[tp] = r.offset + 1
+                    continue
                 try:
                     msg = decode(r.value, headers)
                     allowed = self.expect.get(r.topic, ()) if isinstance(self.expect, Mapping) else self.expect

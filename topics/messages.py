@@ -156,10 +156,17 @@ class GenerationRequest(Message):
     member of ``gen.<policy>``; the episode takes the first reply per ``request_id`` and the
     seeds make a repeated answer the same sample. Retired: ``reply_to`` (replies find their
     episode by key and ``request_id``) and ``min_version`` (written, never enforced: a
-    lockstep job's barrier is the dataflow's).
+    lockstep job's barrier is the dataflow's). There is no version floor on the wire: a
+    server answers with the weights it holds when it serves the request and each reply row
+    says which version that was (:attr:`GenerationReply.versions`).
+
+    Schema 2 added ``reply_partition``: the requester reads only that partition of
+    ``replies`` (``JobTopics.reply_partition`` of its node id), so a node's reply traffic
+    does not grow with the number of requesting nodes; -1 (schema 1 records) answers by key.
     """
 
     TYPE: ClassVar[str] = "generation-request"
+    SCHEMA: ClassVar[int] = 2
     RETIRED: ClassVar[frozenset[str]] = frozenset({"reply_to", "min_version"})
     request_id: str
     episode_id: str
@@ -169,12 +176,15 @@ class GenerationRequest(Message):
     seeds: list[int]
     sampling: dict[str, Any] = field(default_factory=dict)
     ts: float = 0.0
+    reply_partition: int = -1  #: the partition of ``replies`` to answer on; -1: the key's
 
 
 @register
 @dataclass(frozen=True)
 class GenerationReply(Message):
-    """The answer to a :class:`GenerationRequest`, on ``replies`` keyed by episode."""
+    """The answer to a :class:`GenerationRequest`, on ``replies`` keyed by episode, in the
+    request's ``reply_partition``; the record's ``af-request`` header repeats ``request_id``
+    so a requester passes over other requesters' replies without decoding them."""
 
     TYPE: ClassVar[str] = "generation-reply"
     request_id: str

@@ -220,3 +220,63 @@ def test_a_commit_refused_by_a_rebalance_is_fenced_and_the_new_owner_answers_onc
     finally:
         probe.close()
     assert client.calls == 1
+
+
+def test_a_node_reads_only_its_reply_partition_and_decodes_only_its_own_replies(bootstrap, topics, tok_engine,
+                                                                                  monkeypatch):
+    """Before: every node read every partition of ``replies`` and decoded every reply of every
+    node (then dropped the others' by request id), a cost that grows with the pool."""
+    import collections
+
+    from astraflow.topics import client as client_mod
+
+    tok, engine = tok_engine
+    real_decode = client_mod.decode
+    decoded: collections.Counter = collections.Counter()
+
+    def counting_decode(value, headers):
+        msg = real_decode(value, headers)
+        decoded[(threading.current_thread().name, type(msg).__name__)] += 1
+        return msg
+    monkeypatch.setattr(client_mod, "decode", counting_decode)
+
+    # Two requesters that share a reply partition (the header check is what keeps them apart)
+    # and one on another partition.
+    pick = getattr(topics, "reply_partition", lambda node: 0)
+    names = [f"raas-solver-{i}" for i in range(64)]
+    quiet = names[0]
+    busy = next(n for n in names[1:] if pick(n) == pick(quiet))
+    other = next((n for n in names[1:] if pick(n) != pick(quiet)), names[-1])
+    clients = {n: GenerationClient(bootstrap, topics, n, timeout_s=120) for n in (quiet, busy, other)}
+    calls: list[int] = []
+    server = _server(bootstrap, topics, tok, engine, "raas-verifier-0", calls)
+    stop = threading.Event()
+    srv = threading.Thread(target=_serve_until, args=(server, stop))
+    out: dict = {}
+    prompt = [tok.encode("1+2=", add_special_tokens=False)]
+
+    def call(node, i):
+        out[(node, i)] = clients[node].generate("verifier", "verifier", f"ep-{node}-{i}", prompt, [i],
+                                                {"max_new_tokens": 2}, tok)
+    callers = [threading.Thread(target=call, args=(busy, i)) for i in range(5)]
+    callers += [threading.Thread(target=call, args=(other, i)) for i in range(3)]
+    callers.append(threading.Thread(target=call, args=(quiet, 0)))
+    try:
+        srv.start()
+        for t in callers:
+            t.start()
+        for t in callers:
+            t.join(120)
+        time.sleep(1.0)  # every reply is on the topic and has been read by now
+    finally:
+        stop.set()
+        srv.join(30)
+        server.close()
+        for c in clients.values():
+            c.close()
+    assert len(out) == 9 and all(len(turns) == 1 for turns in out.values())
+    for node, mine in ((quiet, 1), (busy, 5), (other, 3)):
+        assert decoded[(f"{node}-replies", "GenerationReply")] == mine, (node, dict(decoded))
+        assert {tp.partition for tp in clients[node].consumer.assignment()} == {pick(node)}
+    # the quiet node shares its partition with the busy one: it passed over those 5 undecoded
+    assert clients[quiet].consumer.skipped == 5 and clients[other].consumer.skipped == 0
