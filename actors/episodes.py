@@ -36,7 +36,7 @@ from opentelemetry import trace
 from astraflow.engines.base import Generation, SamplingParams
 from astraflow.topics import Sample, Task, TrajectoryGroup
 from astraflow.workflows.api import (ConcurrentGenerateError, Episode, EngineRole, EpisodeResult, Trajectory,
-                                    get_workflow, run_episode)
+                                    call_sampling, get_workflow, run_episode)
 
 log = logging.getLogger(__name__)
 
@@ -182,11 +182,8 @@ class _RemoteRole:
             episode_id, tokenizer, dict(sampling), tracer, ctx
 
     def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None):
-        sampling = dict(self.sampling)
-        if max_new_tokens is not None:
-            sampling["max_new_tokens"] = max_new_tokens
-        if temperature is not None:
-            sampling["temperature"] = temperature
+        sampling = call_sampling(self.name, self.policy, self.sampling, max_new_tokens=max_new_tokens,
+                                 temperature=temperature)
         with self.tracer.start_as_current_span("raas.generate", context=self.ctx,
                                                attributes={"role": self.name, "policy": self.policy,
                                                            "remote": True, "task.samples": len(prompts)}):

@@ -28,7 +28,7 @@ from astraflow.engines.base import Generation, RolloutEngine, SamplingParams
 
 __all__ = ["Turn", "Trajectory", "EpisodeResult", "Episode", "Role", "EngineRole", "WorkflowSpec",
            "workflow", "get_workflow", "WORKFLOWS", "reward", "get_reward", "REWARDS", "run_episode",
-           "ENV", "role_seed", "ConcurrentGenerateError"]
+           "ENV", "role_seed", "ConcurrentGenerateError", "SamplingOverrideError", "call_sampling"]
 
 ENV = "env"  #: the writer of tokens that no role generated (feedback, tool output)
 
@@ -128,6 +128,37 @@ class ConcurrentGenerateError(RuntimeError):
     """A workflow called ``generate`` while another call of the same episode was in flight."""
 
 
+class SamplingOverrideError(ValueError):
+    """A ``generate`` call asked for sampling the policy's trainer cannot reproduce."""
+
+
+def call_sampling(role: str, policy: str, sampling: Mapping[str, Any], *, max_new_tokens: int | None = None,
+                  temperature: float | None = None) -> dict[str, Any]:
+    """The sampling settings of one ``generate`` call of ``role``: the policy's own
+    (``sampling``: its ``rollout`` section, as the task or the node carries it), with
+    ``max_new_tokens`` when given and not 0 (a length cap changes no token's probability).
+
+    ``temperature`` may only repeat the policy's; any other value raises
+    :class:`SamplingOverrideError`. The trainer of ``policy`` recomputes the logprob of every
+    generated token at its ``rollout.temperature`` / ``top_p`` / ``top_k`` and weighs it by
+    the ratio to the behaviour logprob the sample carries; a token drawn at another
+    temperature would be weighted by the ratio of two different distributions, silently.
+    To sample a role hotter or colder, set that role's policy's ``rollout.temperature``.
+    """
+    out = dict(sampling)
+    if temperature is not None:
+        have = float(sampling.get("temperature", 1.0))
+        if float(temperature) != have:
+            raise SamplingOverrideError(
+                f"role {role!r} (policy {policy!r}): generate(temperature={temperature}) differs from the policy's "
+                f"rollout.temperature {have}; the trainer computes importance ratios at the rollout temperature, "
+                f"so per-call temperatures are refused — set policies.{policy}.rollout.temperature (or "
+                f"rollout.temperature) instead")
+    if max_new_tokens:
+        out["max_new_tokens"] = int(max_new_tokens)
+    return out
+
+
 class Role(Protocol):
     """``ep.roles[name]``: sample from the policy bound to the role.
 
@@ -144,7 +175,11 @@ class Role(Protocol):
     policy: str
 
     def generate(self, prompts: Sequence[Sequence[int]], *, seeds: Sequence[int],
-                 max_new_tokens: int | None = None, temperature: float | None = None) -> list[Turn]: ...
+                 max_new_tokens: int | None = None, temperature: float | None = None) -> list[Turn]:
+        """One completion per row of ``prompts``. ``max_new_tokens`` caps this call's length;
+        ``temperature`` is accepted only equal to the policy's rollout temperature (see
+        :func:`call_sampling`: anything else raises :class:`SamplingOverrideError`)."""
+        ...
 
 
 def role_seed(job_seed: int, episode_id: str, role: str, call: int, row: int) -> int:
@@ -167,8 +202,9 @@ class EngineRole:
         self.sampling, self.lock, self.before_call = dict(sampling), lock, before_call
 
     def params(self, max_new_tokens: int | None, temperature: float | None) -> SamplingParams:
-        return SamplingParams.from_mapping(self.sampling, stop_token_ids=(self.tokenizer.eos_token_id,),
-                                           max_new_tokens=max_new_tokens, temperature=temperature)
+        sampling = call_sampling(self.name, self.policy, self.sampling, max_new_tokens=max_new_tokens,
+                                 temperature=temperature)
+        return SamplingParams.from_mapping(sampling, stop_token_ids=(self.tokenizer.eos_token_id,))
 
     def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None) -> list[Turn]:
         params = self.params(max_new_tokens, temperature)

@@ -255,3 +255,40 @@ def test_a_call_waits_for_the_other_episodes_at_most_the_bound():
     assert "1 of the 2 running episode(s) never called generate" in str(got["error"])
     b.leave()  # episode 1 finishes: the batcher is usable again, nothing of episode 0 left in it
     assert [g.tokens for g in b.generate(0, [[4]], SamplingParams(), [2])] == [(1,)]
+
+
+def test_a_per_call_temperature_the_trainer_cannot_reproduce_is_refused(tok_engine):
+    """The trainer recomputes logprobs at the policy's rollout temperature: a sample drawn at
+    another would be trained on wrong importance ratios. Before: accepted silently."""
+    tok, engine = tok_engine
+
+    class RecordingClient:  # the remote path must refuse before anything is sent
+        def __init__(self):
+            self.sent = []
+
+        def generate(self, role, policy, episode_id, prompts, seeds, sampling, tokenizer):
+            self.sent.append(sampling)
+            raise AssertionError("nothing should be sent")
+
+    if "test_per_call_temperature" not in WORKFLOWS:
+        @workflow("test_per_call_temperature", roles=("solver", "verifier"))
+        def hot(ep: Episode) -> EpisodeResult:
+            role = ep.roles[ep.params["role"]]
+            turns = role.generate([ep.encode(ep.prompt)], temperature=ep.params["t"], max_new_tokens=3)
+            assert all(len(t.tokens) <= 3 for t in turns)
+            return EpisodeResult({role.name: [Trajectory.of(t, 0.0) for t in turns]})
+
+    def task(i, role, t, roles):
+        return Task(f"t{i:07d}-p{i}", f"p{i}", "p", f"{i}+1=", str(i + 1), 1, SAMPLING,
+                    workflow="test_per_call_temperature", roles=roles, train=[role], params={"role": role, "t": t})
+    local = {"solver": "p", "verifier": "p"}
+    remote = {"solver": "p", "verifier": "q"}
+    client = RecordingClient()
+    out = runner(tok, engine, client=client).run([task(0, "solver", 0.5, local), task(1, "solver", 1.0, local),
+                                                   task(2, "verifier", 0.5, remote)])
+    (hot_local,), (same,), (hot_remote,) = out
+    assert same.status == "ok"  # repeating the rollout temperature is allowed
+    for g in (hot_local, hot_remote):
+        assert g.status == "failed", g
+        assert "SamplingOverrideError" in g.error and "rollout.temperature 1.0" in g.error, g.error
+    assert client.sent == []
