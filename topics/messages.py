@@ -92,7 +92,10 @@ class Sample:
     reward: float
     finish_reason: str  #: "stop" or "length"
     text: str = ""
-    prompt_ids: list[int] = field(default_factory=list)  #: this sample's own context; empty: the group's
+    #: this sample's context (the tokens before ``tokens``); empty: the group's ``prompt_ids``
+    #: (the task's prompt), which is what nodes write when the two are equal. A sample never
+    #: has an empty context: its first token is trained as predicted from the one before.
+    prompt_ids: list[int] = field(default_factory=list)
     #: per token: 1 trained on, 0 context written by another role or the environment
     #: (its logprob and version are 0); empty: every token is trained on
     loss_mask: list[int] = field(default_factory=list)
@@ -129,7 +132,7 @@ class TrajectoryGroup(Message):
     prompt_id: str
     policy: str
     node_id: str
-    prompt_ids: list[int]
+    prompt_ids: list[int]  #: the task's prompt, tokenized: the context of every sample that names none of its own
     samples: list[Sample]
     scheduled_version: int = 0
     started_at: float = 0.0

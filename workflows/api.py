@@ -55,6 +55,13 @@ class Trajectory:
     ``loss_mask[i] == 1`` marks a token this role generated (trained on, with its
     ``logprobs[i]`` and ``versions[i]``) and 0 context written by another role or the
     environment (``token_roles[i]`` says by whom; its logprob and version are 0).
+
+    ``prompt_ids`` is never empty: the first token is trained as predicted from the one
+    before it, so a trajectory without context cannot be trained, and on the topic an
+    empty :attr:`Sample.prompt_ids <astraflow.topics.Sample.prompt_ids>` means "the task's
+    prompt" — a context-free trajectory would be trained after the task prompt it never
+    saw. Building one raises ``ValueError``; a chain that begins with context passes that
+    context as its ``prompt_ids``.
     """
 
     prompt_ids: tuple[int, ...]
@@ -69,6 +76,10 @@ class Trajectory:
     info: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError("trajectory: prompt_ids is empty; a trajectory needs the context its first token "
+                             "was generated from (e.g. ep.encode(ep.prompt), or the chain's leading context) — an "
+                             "empty prompt would be read as the task's prompt at training time")
         n = len(self.tokens)
         for name in ("logprobs", "versions", "loss_mask", "token_roles"):
             if len(getattr(self, name)) != n:

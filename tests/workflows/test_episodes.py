@@ -292,3 +292,50 @@ def test_a_per_call_temperature_the_trainer_cannot_reproduce_is_refused(tok_engi
         assert g.status == "failed", g
         assert "SamplingOverrideError" in g.error and "rollout.temperature 1.0" in g.error, g.error
     assert client.sent == []
+
+
+def test_an_empty_sample_prompt_means_the_task_prompt_and_a_context_free_trajectory_is_refused(
+        tok_engine, job_topics, make_producer, make_consumer):
+    """The rule, end to end over the broker: a node writes ``Sample.prompt_ids = []`` only for a
+    trajectory whose context is the task's prompt; the trainer's batch restores that prompt,
+    and keeps any other context as written. Before: a chain built with no prompt was written
+    with ``prompt_ids = []`` too, and trained after the task prompt it never saw."""
+    from kafka import TopicPartition
+
+    from astraflow.actors.common import to_train_batch
+    from astraflow.topics import Batch
+    from astraflow.workflows.api import ENV
+
+    tok, engine = tok_engine
+    if "test_contexts" not in WORKFLOWS:
+        @workflow("test_contexts", roles=("solver",))
+        def contexts(ep: Episode) -> EpisodeResult:
+            solver = ep.roles["solver"]
+            own = ep.encode("9-9=")
+            on_task, on_own = solver.generate([ep.encode(ep.prompt), own])
+            if ep.params.get("no_prompt"):
+                return EpisodeResult({"solver": [Trajectory.chain((), [(ENV, own), on_own], "solver", 0.0)]})
+            return EpisodeResult({"solver": [Trajectory.of(on_task, 0.0),
+                                             Trajectory.chain(own, [on_own], "solver", 0.0)]})
+    tasks = [Task(f"t{i:07d}-p{i}", f"p{i}", "p", f"{i}+2=", str(i + 2), 1, SAMPLING, workflow="test_contexts",
+                  params={"no_prompt": i == 1}) for i in (0, 1)]
+    (ok,), (no_prompt,) = runner(tok, engine).run(tasks)
+    assert no_prompt.status == "failed" and "prompt_ids is empty" in no_prompt.error, no_prompt
+    task_prompt = tok.encode(tasks[0].prompt, add_special_tokens=False)
+    assert ok.status == "ok" and ok.prompt_ids == task_prompt
+    assert [s.prompt_ids for s in ok.samples] == [[], tok.encode("9-9=", add_special_tokens=False)]
+
+    producer = make_producer()
+    producer.send_sync(job_topics.trajectories, ok, key=ok.task_id, partition=0)
+    consumer = make_consumer(partitions=[TopicPartition(job_topics.trajectories, 0)])
+    got = []
+    for _ in range(20):
+        got += consumer.poll(500)
+        if got:
+            break
+    (d,) = got
+    batch = to_train_batch(Batch("p", 0, [d.message], [d.source]))
+    assert [list(s.prompt_ids) for s in batch.samples] == [task_prompt, tok.encode("9-9=", add_special_tokens=False)]
+    from astraflow.workflows.api import Turn
+    with pytest.raises(ValueError, match="prompt_ids is empty"):
+        Trajectory.chain((), [(ENV, [5, 6]), Turn((5, 6), (7,), (-0.1,), 0, "stop", "x", "solver", "p")], "solver", 0.0)
