@@ -145,7 +145,15 @@ class GenerationClient:
 
 
 class GenerationServer:
-    """Serves ``generate.<policy>`` with this node's engine (consumer group ``gen.<policy>``)."""
+    """Serves ``generate.<policy>`` with this node's engine (consumer group ``gen.<policy>``).
+
+    Versions: a request names no version (``min_version`` was retired: written, never
+    enforced). The server answers with the weights its node holds when it serves the
+    request (``run`` takes the newest the subscriber has, between engine calls) and every
+    reply row carries the version that generated it, which the episode keeps per token
+    (``Turn.version``); the serving policy's dataflow bounds the staleness of those tokens
+    like any other, and a lockstep job's barrier is the dataflow's, not the server's.
+    """
 
     def __init__(self, bootstrap: str, topics: JobTopics, policy: str, node_id: str,
                  run: Callable[[Sequence[Sequence[int]], SamplingParams, Sequence[int]], list[Generation]],
