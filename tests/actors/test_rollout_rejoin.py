@@ -81,8 +81,9 @@ def test_a_task_consumer_the_broker_dropped_is_recreated_and_gets_the_waiting_ta
 
 def test_a_commit_refused_by_a_rebalance_does_not_crash_the_node(bootstrap, job_topics, monkeypatch):
     """A node polls only an undecodable task (dead-lettered) and commits past it with a plain
-    commit; the group rebalanced meanwhile (its session expired: the broker expelled it while
-    the client still says "stable"), so kafka-python raises CommitFailedError. The node must
+    commit; the group rebalanced between that poll and the commit (its session expired: the
+    broker expelled it while the client still says "stable"), so kafka-python raises
+    CommitFailedError. The node must
     go on (the task path's fencing: nothing of its own to keep), rejoin, be handed the record
     again and commit past it once."""
     import threading
@@ -111,12 +112,24 @@ def test_a_commit_refused_by_a_rebalance_does_not_crash_the_node(bootstrap, job_
             node.consumer.poll(250)
             if node.consumer.group_metadata().generation_id >= 0 and node.consumer.assignment():
                 break
-        member = node.consumer.group_metadata().member_id
-        node.consumer.raw._coordinator._disable_heartbeat()
-        deadline = time.monotonic() + 30
-        while _listed(bootstrap, group, member):
-            assert time.monotonic() < deadline, "the broker never expelled the silent member"
-            time.sleep(0.5)
+        consumer = node.consumer
+        real_poll = consumer.poll
+
+        def poll_then_expelled(timeout_ms=1000, max_records=None):
+            """The rebalance lands between the poll that handed the record out and the commit:
+            the member goes silent until the broker expels it (its session expired)."""
+            out = real_poll(timeout_ms, max_records)
+            if consumer.pending_offsets() and not expelled:
+                member = consumer.group_metadata().member_id
+                consumer.raw._coordinator._disable_heartbeat()
+                deadline = time.monotonic() + 30
+                while _listed(bootstrap, group, member):
+                    assert time.monotonic() < deadline, "the broker never expelled the silent member"
+                    time.sleep(0.5)
+                expelled.append(member)
+            return out
+        expelled: list = []
+        consumer.poll = poll_then_expelled
         node.plain.send_raw(topic, b"\x00garbage", key=b"bad", partition=0,
                             headers=[("af-type", b"task")]).get(10)
         letters = node.consumer.dead_letters
@@ -124,7 +137,7 @@ def test_a_commit_refused_by_a_rebalance_does_not_crash_the_node(bootstrap, job_
         while letters.count == 0:
             assert time.monotonic() < deadline, "the undecodable task never arrived"
             node.step()  # before the fix: CommitFailedError out of here, and the actor crashes
-        assert node.consumer.pending_offsets() == {}
+        assert expelled and node.consumer.pending_offsets() == {}
         deadline = time.monotonic() + 60
         tp = TopicPartition(topic, 0)
         while node.consumer.raw.committed(tp) != 1:  # rejoined, handed the record again, committed past it
@@ -138,8 +151,8 @@ def test_a_commit_refused_by_a_rebalance_does_not_crash_the_node(bootstrap, job_
     dlq = Consumer(bootstrap, partitions=[TopicPartition(job_topics.dlq, 0)])
     try:
         got = []
-        for _ in range(10):
-            got += [d.message for d in dlq.poll(500)]
+        for _ in range(20):
+            got += [d.message for d in dlq.poll(1000)]
             if len(got) >= 2:
                 break
         assert [(m.source_topic, m.partition, m.offset) for m in got if isinstance(m, DeadLetter)] == \
