@@ -84,5 +84,6 @@ class MetricsEmitter:
             return
         for call, s in summary.items():
             if isinstance(s, dict):
-                self.emit_many({f"emulated.{call}.{k}": s[k] for k in ("modelled_s", "held_s", "cpu_fraction", "calls")},
+                self.emit_many({f"emulated.{call}.{k}": s[k]
+                                for k in ("modelled_s", "held_s", "cpu_fraction", "calls", "overruns")},
                                step, profile=summary["profile"], devices=summary["devices"], **labels)

@@ -12,7 +12,9 @@ shape (``transformers``, bf16, SDPA attention; nothing downloaded) is timed on t
   when the larger one's optimizer state would not fit) → ``train_flops`` = 6·N·tokens / time
   / peak;
 * **weight load**: the bf16 state dict from pinned host memory to the device and into the
-  model (``load_state_dict``) → ``weight_sync_bytes_per_s``.
+  model (``load_state_dict``) → ``weight_sync_bytes_per_s``;
+* **offload**: a 1 GiB pinned host buffer copied to the device and back → ``offload_bandwidth``
+  = bytes each way / time / the device's host-link peak (what a colocated policy's swap costs).
 
 Plain PyTorch/HF kernels, not SGLang's or FSDP's: the numbers bound what the cited estimates
 claim rather than reproduce a tuned stack, and the JSON says which kernels measured them.
@@ -63,7 +65,7 @@ def _model(shape, device, dtype):
     return model.eval()
 
 
-def measure_shape(shape, device, dtype, peak_flops: float, hbm: float, quick: bool) -> dict:
+def measure_shape(shape, device, dtype, peak_flops: float, hbm: float, host_link: float, quick: bool) -> dict:
     import torch
     from transformers import DynamicCache
     model = _model(shape, device, dtype)
@@ -91,7 +93,9 @@ def measure_shape(shape, device, dtype, peak_flops: float, hbm: float, quick: bo
         ids = torch.randint(0, shape.vocab_size, (rows, length), device=device)
         t = _timed(lambda: model(input_ids=ids), device, repeats=3)
         out["prefill"] = {"tokens": rows * length, "seconds": t, "flops_share": 2 * n * rows * length / t / peak_flops}
-    return out | _train_and_load(model, shape, device, dtype, peak_flops, quick)
+    out = out | _train_and_load(model, shape, device, dtype, peak_flops, quick)
+    out["offload"] = measure_host_link(device, host_link, quick)
+    return out
 
 
 def _train_and_load(model, shape, device, dtype, peak_flops: float, quick: bool) -> dict:
@@ -125,6 +129,20 @@ def _train_and_load(model, shape, device, dtype, peak_flops: float, quick: bool)
     return out
 
 
+def measure_host_link(device, peak_bytes_per_s: float, quick: bool) -> dict:
+    """Host -> device and device -> host copies of one pinned buffer; each way's share of the link's peak."""
+    import torch
+    n = (1 << 20) if quick else (1 << 30)
+    host = torch.empty(n, dtype=torch.uint8)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    dev = torch.empty(n, dtype=torch.uint8, device=device)
+    up = _timed(lambda: dev.copy_(host, non_blocking=True), device, repeats=5)
+    down = _timed(lambda: host.copy_(dev, non_blocking=True), device, repeats=5)
+    return {"bytes": n, "to_device_s": up, "to_host_s": down,
+            "bandwidth_share": (2 * n / (up + down)) / peak_bytes_per_s}
+
+
 def efficiencies(shapes: dict) -> dict:
     """The profile's efficiency entries from the measurements (the largest shape that has each)."""
     out = {}
@@ -137,6 +155,7 @@ def efficiencies(shapes: dict) -> dict:
         if "flops_share" in m.get("train", {}):
             out.setdefault("train_flops", m["train"]["flops_share"])
         out.setdefault("weight_sync_bytes_per_s", m["weight_load"]["bytes_per_s"])
+        out.setdefault("offload_bandwidth", m["offload"]["bandwidth_share"])
     return out
 
 
@@ -165,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         shapes = {p.model.name: p.model for p in sorted(profiles, key=lambda p: p.model.params)}
     measured = {name: measure_shape(shape, device, torch.bfloat16 if not smoke else torch.float32,
-                                    dev.bf16_dense_flops, dev.hbm_bytes_per_s, smoke)
+                                    dev.bf16_dense_flops, dev.hbm_bytes_per_s, dev.host_link_bytes_per_s, smoke)
                 for name, shape in shapes.items()}
     result = {"gpu": gpu, "device_kind": kind, "measured_at": time.strftime("%Y-%m-%d"), "smoke": smoke,
               "shapes": measured, "efficiency": efficiencies(measured)}

@@ -408,11 +408,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="5 iterations, 1 repetition (a smoke run, not a result)")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--run-root", default=str(ROOT / "runs" / "bench-multi-policy"))
+    ap.add_argument("--emulated", action="store_true",
+                    help="Table 2 at the seed's scale on emulated accelerators (multi_policy_emulated.py): "
+                         "writes multi_policy_emulated.json")
+    ap.add_argument("--devices", type=int, default=8, help="--emulated: devices in all")
+    ap.add_argument("--profile", default="h100-qwen3-8b", help="--emulated: emulation profile")
+    ap.add_argument("--dilation", type=float, default=0.3, help="--emulated: wall seconds per modelled second")
+    ap.add_argument("--token-scale", type=int, default=512, help="--emulated: modelled tokens per generated token")
+    ap.add_argument("--prompt-token-scale", type=int, default=16, help="--emulated: modelled tokens per prompt token")
+    ap.add_argument("--eval-problems", type=int, default=50, help="--emulated: held-out problems (start and end)")
     ap.add_argument("--reanalyse", metavar="JSON", help="measure nothing: re-read the Kafka arms' run directories "
                                                         "named in this result, aggregate again and rewrite it")
     args = ap.parse_args(argv)
     if args.reanalyse:
         return reanalyse(Path(args.reanalyse))
+    if args.emulated:
+        from astraflow.benchmarks import multi_policy_emulated
+        if args.out == str(RESULTS):
+            args.out = str(multi_policy_emulated.RESULTS)
+        if args.steps == ap.get_default("steps"):
+            args.steps = 5
+        check_repetitions(ap, args, quick_steps=4)
+        return multi_policy_emulated.main(args)
     check_repetitions(ap, args, quick_steps=5)
     args.alone_steps = 20 * args.steps  # more than (d) can train in (a)'s time: it is stopped by the clock
     base = yaml.safe_load(Path(args.config).read_text())

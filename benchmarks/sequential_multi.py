@@ -180,8 +180,29 @@ class SequentialTeam:
         out = {}
         for p, trainer in self.trainers.items():
             t0 = time.perf_counter()
+            self._swap(trainer)
             res = trainer.train_step(to_train_batch(Batch(p, step, groups[p], [])))
             out[p] = {"T_s": time.perf_counter() - t0, "loss": float(res.get("loss", float("nan")))}
+        return out
+
+    def _swap(self, trainer) -> None:
+        """On emulated devices, the policies share every device, so each policy's states are
+        swapped to host memory and back once per iteration (the cost model's ``swap_s``);
+        on the CPU everything stays in memory and nothing is charged."""
+        device = getattr(trainer, "device", None)
+        if len(self.trainers) > 1 and device is not None and device.cost is not None:
+            with device.hold("swap") as price:
+                price(device.cost.swap_s(device.cfg.count))
+
+    def emulated(self) -> dict[str, dict]:
+        """Every emulated device's totals (``{}`` on the CPU), by component; an engine's also
+        every call's row lengths (``rows``)."""
+        out = {}
+        for kind, parts in (("raas", self.engines), ("trainer", self.trainers)):
+            for p, e in parts.items():
+                if getattr(e, "device", None) is not None:
+                    out[f"{kind}.{p}"] = {**e.device.summary(),
+                                          **({"rows": e.rows} if hasattr(e, "rows") else {})}
         return out
 
     def publish(self, version: int) -> float:
@@ -246,9 +267,11 @@ def run(cfg, steps: int, threads: int | None = None, evaluate: bool = True,
                          "samples": {p: sum(len(g.samples) for g in groups[p]) for p in groups},
                          "s": (t1 - t0) + (time.perf_counter() - t2)})
         final = team.evaluate() if evaluate else {}
+        emulated = team.emulated()
     finally:
         team.close()
-    return summarise(rows, final, setup_s, team.threads, steps, list(cfg.policy_names))
+    out = summarise(rows, final, setup_s, team.threads, steps, list(cfg.policy_names))
+    return {**out, "emulated": emulated} if emulated else out
 
 
 def summarise(rows: list[dict], final: dict, setup_s: float, threads: int, steps: int,

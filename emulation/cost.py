@@ -7,17 +7,23 @@ Owns the formulas; every number in them comes from a :class:`~.profile.Profile`:
   ``overhead + max((2·N + kv·C) / (HBM · decode_bandwidth), 2·N·b / (peak · prefill_flops))``
   — the weights and the KV cache read once per step (memory-bound), or the step's FLOPs when
   the batch is large enough to be compute-bound (``kv``: KV bytes per token of context);
-* a **generate call** is continuous batching of its rows: every row is prefilled, then each
-  step decodes the rows still running, so a call's decode steps run at the batch size and
-  context length the rows had at that step;
+* a **generate call** is continuous batching of its rows: rows are admitted while the KV
+  cache (the device's usable memory less the weights) holds their context, each admitted
+  row is prefilled, then each step decodes the rows still running, so a call's decode steps
+  run at the batch size and context length the rows had at that step;
 * a **training step** over ``T`` tokens forward and backward (and ``F`` forward-only, the
   no-grad passes) on ``k`` devices: ``(6·N·T + 2·N·F) / (peak · train_flops · k · s(k))``
   with ``s(k) = train_scaling ** log2(k)`` (data parallel, ZeRO/FSDP);
-* a **weight load**: the model's bf16 bytes at ``weight_sync_bytes_per_s``.
+* a **weight load**: the model's bf16 bytes at ``weight_sync_bytes_per_s``;
+* a **swap** of a colocated policy (what a trainer-centred system pays to keep several
+  policies on the same devices): its training states (bf16 weights and gradients, fp32
+  master weights and Adam moments: 16 bytes per parameter, sharded over ``k`` devices) and
+  its rollout engine's bf16 weights (a replica per device) copied to host memory and back
+  once, each device over its own host link at ``host_link x offload_bandwidth``.
 
 ``token_scale`` lets one real token stand for several modelled ones (the tiny model writes
-a few tokens where the emulated model would write hundreds): every length is multiplied by
-it. It knows nothing about engines, sleeping or Kafka.
+a few tokens where the emulated model would write hundreds): every generated length is
+multiplied by it, and every prompt length by ``prompt_token_scale`` (by default the same). It knows nothing about engines, sleeping or Kafka.
 """
 
 from __future__ import annotations
@@ -35,10 +41,15 @@ __all__ = ["CostModel"]
 class CostModel:
     profile: Profile
     token_scale: int = 1
+    prompt_token_scale: int = 0  #: 0: token_scale
 
     def __post_init__(self) -> None:
         if self.token_scale < 1:
             raise ValueError(f"token_scale must be >= 1, got {self.token_scale}")
+        if self.prompt_token_scale < 0:
+            raise ValueError(f"prompt_token_scale must be >= 0, got {self.prompt_token_scale}")
+        if not self.prompt_token_scale:
+            object.__setattr__(self, "prompt_token_scale", self.token_scale)
 
     @property
     def params(self) -> int:
@@ -49,8 +60,9 @@ class CostModel:
         return 2 * self.params  # bf16
 
     def prefill_s(self, tokens: int) -> float:
+        """Prefill of ``tokens`` real prompt tokens."""
         d, e = self.profile.device, self.profile.efficiency
-        return 2.0 * self.params * tokens * self.token_scale / (d.bf16_dense_flops * e.prefill_flops)
+        return 2.0 * self.params * tokens * self.prompt_token_scale / (d.bf16_dense_flops * e.prefill_flops)
 
     def decode_step_s(self, batch: int, context_tokens: float) -> float:
         """One decode step of ``batch`` rows holding ``context_tokens`` of context in all (modelled tokens)."""
@@ -61,30 +73,74 @@ class CostModel:
         compute = 2.0 * self.params * batch / (d.bf16_dense_flops * e.prefill_flops)
         return e.decode_step_overhead_s + max(memory, compute)
 
+    def kv_capacity_tokens(self) -> float:
+        """Modelled tokens of context one device's KV cache holds: its usable memory less the weights."""
+        d, e, m = self.profile.device, self.profile.efficiency, self.profile.model
+        return max(0.0, d.memory_bytes * e.usable_memory_fraction - self.weight_bytes) / m.kv_bytes_per_token
+
+    def min_train_devices(self) -> int:
+        """The fewest devices whose usable memory holds the training states (ZeRO-3 shards them)."""
+        d, e = self.profile.device, self.profile.efficiency
+        return max(1, math.ceil(self.TRAIN_STATE_BYTES_PER_PARAM * self.params / (d.memory_bytes * e.usable_memory_fraction)))
+
     def generate_s(self, prompt_lens: Sequence[int], output_lens: Sequence[int]) -> float:
-        """One call: its rows prefilled together, then decoded by continuous batching (real lengths in)."""
+        """One call on one device: continuous batching of its rows (real lengths in). Rows are
+        admitted in order while the KV cache holds their final context (a row alone always
+        runs); an admitted row is prefilled, then every step decodes the running rows at the
+        batch and context they hold; a finished row frees its room for the next."""
         if len(prompt_lens) != len(output_lens):
             raise ValueError("generate_s: one output length per prompt")
-        if not prompt_lens:
-            return 0.0
-        k = self.token_scale
-        total = self.prefill_s(sum(prompt_lens))
-        for t in range(max(output_lens, default=0)):
-            running = [p for p, n in zip(prompt_lens, output_lens) if n > t]
-            # The k modelled steps this real step stands for: context grows by one token per
-            # running row and step; a step's memory time is linear in it, so the mean is exact.
-            context = sum(k * (p + t) for p in running) + len(running) * (k - 1) / 2
-            total += k * self.decode_step_s(len(running), context)
+        k, kp = self.token_scale, self.prompt_token_scale
+        capacity = self.kv_capacity_tokens()
+        waiting = list(zip(prompt_lens, output_lens))[::-1]
+        running: list[list[int]] = []  # [prompt, length, generated]
+        reserved, total = 0.0, 0.0
+        while waiting or running:
+            admitted = 0
+            while waiting and (not running or reserved + kp * waiting[-1][0] + k * waiting[-1][1] <= capacity):
+                p, n = waiting.pop()
+                reserved += kp * p + k * n
+                admitted += p
+                running.append([p, n, 0])
+            total += self.prefill_s(admitted)
+            live = [r for r in running if r[2] < r[1]]
+            if live:
+                # The k modelled steps this real step stands for: context grows by one token per
+                # running row and step; a step's memory time is linear in it, so the mean is exact.
+                context = sum(kp * p + k * j for p, _, j in live) + len(live) * (k - 1) / 2
+                total += k * self.decode_step_s(len(live), context)
+                for r in live:
+                    r[2] += 1
+            for r in [r for r in running if r[2] >= r[1]]:
+                running.remove(r)
+                reserved -= kp * r[0] + k * r[1]
         return total
 
-    def train_step_s(self, tokens: int, forward_only_tokens: int = 0, devices: int = 1) -> float:
-        """A step over ``tokens`` trained (forward + backward) and ``forward_only_tokens`` scored, on ``devices``."""
+    def modelled_tokens(self, prompt_tokens: int, completion_tokens: int) -> int:
+        """Modelled tokens of rows holding these real prompt and completion tokens."""
+        return self.prompt_token_scale * prompt_tokens + self.token_scale * completion_tokens
+
+    def train_step_s(self, tokens: float, forward_only_tokens: float = 0, devices: int = 1) -> float:
+        """A step over ``tokens`` trained (forward + backward) and ``forward_only_tokens`` scored, on
+        ``devices``; both in modelled tokens (:meth:`modelled_tokens`)."""
         if devices < 1:
             raise ValueError(f"devices must be >= 1, got {devices}")
         d, e = self.profile.device, self.profile.efficiency
-        flops = self.params * self.token_scale * (e.train_flops_per_token_per_param * tokens + 2.0 * forward_only_tokens)
+        flops = self.params * (e.train_flops_per_token_per_param * tokens + 2.0 * forward_only_tokens)
         scaling = e.train_scaling ** math.log2(devices)
         return flops / (d.bf16_dense_flops * e.train_flops * devices * scaling)
 
     def weight_load_s(self) -> float:
         return self.weight_bytes / self.profile.efficiency.weight_sync_bytes_per_s
+
+    #: bytes of training state per parameter: bf16 weights + bf16 gradients + fp32 master + Adam m and v
+    TRAIN_STATE_BYTES_PER_PARAM = 2 + 2 + 4 + 4 + 4
+
+    def swap_s(self, devices: int = 1) -> float:
+        """One colocated policy off its ``devices`` to host memory and back (training states
+        sharded over them, the rollout weights a replica on each); the devices copy at once."""
+        if devices < 1:
+            raise ValueError(f"devices must be >= 1, got {devices}")
+        per_device = self.TRAIN_STATE_BYTES_PER_PARAM * self.params / devices + self.weight_bytes
+        link = self.profile.device.host_link_bytes_per_s * self.profile.efficiency.offload_bandwidth
+        return 2.0 * per_device / link

@@ -49,13 +49,17 @@ class DeviceConfig:
     dilation: float = _f(1.0, "emulated: wall seconds per modelled second (0.05 runs 20x faster than the device)")
     token_scale: int = _f(1, "emulated: modelled tokens per real token (the tiny model's lengths scaled to the "
                              "emulated model's)")
+    prompt_token_scale: int = _f(0, "emulated: modelled tokens per real prompt token (0: token_scale); the tiny "
+                                    "model's prompts and answers are both short, the emulated model's prompts "
+                                    "are often far shorter than its answers")
     max_cpu_fraction: float = _f(0.2, "emulated: warn when a call's real CPU time exceeds this share of its hold")
 
     def __post_init__(self) -> None:
         if self.slowdown < 1.0:
             raise ValueError(f"device.slowdown must be >= 1 (a slowdown factor), got {self.slowdown}")
-        if self.count < 1 or self.dilation <= 0 or self.token_scale < 1:
-            raise ValueError("device.count and device.token_scale must be >= 1 and device.dilation > 0")
+        if self.count < 1 or self.dilation <= 0 or self.token_scale < 1 or self.prompt_token_scale < 0:
+            raise ValueError("device.count and device.token_scale must be >= 1, device.prompt_token_scale >= 0 "
+                             "and device.dilation > 0")
         if self.kind == "emulated":
             if bool(self.profile) == (self.slowdown > 1.0):
                 raise ValueError("an emulated device takes either a profile (a cost model) or a slowdown > 1 "
@@ -94,7 +98,8 @@ class EmulatedDevice:
             raise ValueError("EmulatedDevice needs device.kind: emulated")
         self.cfg, self.name = cfg, name
         #: None for a slowdown device: its calls are priced by their own measured time
-        self.cost = CostModel(load_profile(cfg.profile), token_scale=cfg.token_scale) if cfg.profile else None
+        self.cost = CostModel(load_profile(cfg.profile), token_scale=cfg.token_scale,
+                                                  prompt_token_scale=cfg.prompt_token_scale or cfg.token_scale) if cfg.profile else None
         self.stats: dict[str, CallStats] = {}
         self._lock = threading.Lock()
         self._warned = False
@@ -134,6 +139,7 @@ class EmulatedDevice:
             return {"emulated": True, "profile": self.cfg.profile or f"slowdown x{self.cfg.slowdown:g}",
                     "devices": self.cfg.count,
                     "dilation": self.cfg.dilation, "token_scale": self.cfg.token_scale,
+                    "prompt_token_scale": self.cfg.prompt_token_scale or self.cfg.token_scale,
                     **{k: {"calls": s.calls, "modelled_s": round(s.modelled_s, 6), "held_s": round(s.held_s, 6),
                            "cpu_s": round(s.cpu_s, 6), "cpu_fraction": round(s.cpu_fraction, 4),
                            "overruns": s.overruns} for k, s in self.stats.items()}}

@@ -20,12 +20,15 @@ from astraflow.engines.base import Generation, NamedTensors, RolloutEngine, Samp
 
 from .device import EmulatedDevice
 
-__all__ = ["EmulatedRolloutEngine", "EmulatedTrainEngine"]
+__all__ = ["EmulatedRolloutEngine", "EmulatedTrainEngine", "dealt_s"]
 
 
 class EmulatedRolloutEngine(RolloutEngine):
     def __init__(self, inner: RolloutEngine, device: EmulatedDevice) -> None:
         self.inner, self.device = inner, device
+        #: every call's rows as (prompt, completion) real lengths: what a different placement
+        #: of the same work would cost (:meth:`CostModel.generate_s` on another device count)
+        self.rows: list[list[tuple[int, int]]] = []
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  seeds: Sequence[int] | None = None) -> list[Generation]:
@@ -38,10 +41,9 @@ class EmulatedRolloutEngine(RolloutEngine):
     def _modelled(self, prompts, out: list[Generation]) -> float:
         """The call on ``device.count`` devices: its rows dealt out in turn (engine replicas, data
         parallel), each device decoding its share by continuous batching; the slowest finishes it."""
-        k = min(self.device.cfg.count, len(prompts)) or 1
         lens = [(len(p), len(g.tokens)) for p, g in zip(prompts, out)]
-        return max(self.device.cost.generate_s([p for p, _ in lens[d::k]], [n for _, n in lens[d::k]])
-                   for d in range(k))
+        self.rows.append(lens)
+        return dealt_s(self.device.cost, lens, self.device.cfg.count)
 
     def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
         with self.device.hold("weight_load") as price:
@@ -60,6 +62,13 @@ class EmulatedRolloutEngine(RolloutEngine):
         return getattr(self.inner, name)
 
 
+def dealt_s(cost, rows: Sequence[tuple[int, int]], devices: int) -> float:
+    """One call's ``(prompt, completion)`` rows dealt out in turn over ``devices`` (engine
+    replicas), each decoding its share by continuous batching; the slowest finishes the call."""
+    k = min(devices, len(rows)) or 1
+    return max(cost.generate_s([p for p, _ in rows[d::k]], [n for _, n in rows[d::k]]) for d in range(k))
+
+
 class EmulatedTrainEngine(TrainEngine):
     def __init__(self, inner: TrainEngine, device: EmulatedDevice) -> None:
         self.inner, self.device = inner, device
@@ -76,8 +85,10 @@ class EmulatedTrainEngine(TrainEngine):
         # the forward-only passes the trainer's step makes: the proximal one, the reference model's
         passes = int(getattr(self.inner, "proximal_pass", False))
         passes += int(getattr(self.inner, "ref_model", None) is not None)
-        tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in batch.samples)
-        return self.device.cost.train_step_s(tokens * epochs, tokens * passes, devices=self.device.cfg.count)
+        cost = self.device.cost
+        tokens = cost.modelled_tokens(sum(len(s.prompt_ids) for s in batch.samples),
+                                      sum(len(s.completion_ids) for s in batch.samples))
+        return cost.train_step_s(tokens * epochs, tokens * passes, devices=self.device.cfg.count)
 
     def named_weights(self, *args, **kwargs):
         return self.inner.named_weights(*args, **kwargs)

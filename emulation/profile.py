@@ -23,7 +23,7 @@ __all__ = ["ProfileError", "DeviceSpec", "ModelSpec", "Efficiency", "Profile", "
 PROFILES_FILE = Path(__file__).with_name("profiles.yaml")
 #: What ``benchmarks/gpu_profile.py`` measured on a real GPU: preferred to the estimates for its device kind.
 MEASURED_FILE = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu_profile.json"
-_MEASURED_KEYS = ("decode_bandwidth", "prefill_flops", "train_flops", "weight_sync_bytes_per_s")
+_MEASURED_KEYS = ("decode_bandwidth", "prefill_flops", "train_flops", "weight_sync_bytes_per_s", "offload_bandwidth")
 
 
 class ProfileError(ConfigError):
@@ -37,6 +37,7 @@ class DeviceSpec:
     hbm_bytes_per_s: float
     memory_bytes: float
     interconnect_bytes_per_s: float
+    host_link_bytes_per_s: float  #: device <-> host memory, each way (PCIe)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,8 @@ class Efficiency:
     train_flops_per_token_per_param: float  #: forward + backward
     train_scaling: float  #: data-parallel efficiency per doubling of devices
     weight_sync_bytes_per_s: float  #: trainer -> rollout weight transfer, engine update included
+    offload_bandwidth: float  #: share of the host link a device <-> host copy of model states reaches
+    usable_memory_fraction: float  #: share of device memory for weights, KV cache and training states
 
 
 @dataclass(frozen=True)

@@ -72,8 +72,8 @@ class PoolPlan:
         if self.device.emulated:  # the node's engine calls are held for their emulated time
             section = {"raas": "rollout", "trainer": "trainer", "dataflow": "eval"}[self.component]
             d = self.device.device_config()
-            out += [f"{section}.device.{k}={getattr(d, k)}" for k in ("kind", "profile", "slowdown", "count", "dilation",
-                                                                     "token_scale") if getattr(d, k) not in ("", None)]
+            keys = ("kind", "profile", "slowdown", "count", "dilation", "token_scale", "prompt_token_scale")
+            out += [f"{section}.device.{k}={getattr(d, k)}" for k in keys if getattr(d, k) not in ("", None)]
         return out
 
 

@@ -50,7 +50,8 @@ class Device:
     slowdown: float = _k(1.0, "run the node on CPU as a device kind this many times slower than it: each call held "
                               "for slowdown x its own time; 1 = off")
     dilation: float = _k(1.0, "with emulate: wall seconds per modelled second")
-    token_scale: int = _k(1, "with emulate: modelled tokens per real token")
+    token_scale: int = _k(1, "with emulate: modelled tokens per real generated token")
+    prompt_token_scale: int = _k(0, "with emulate: modelled tokens per real prompt token (0: token_scale)")
 
     def __post_init__(self) -> None:
         if not self.kind.strip():
@@ -59,8 +60,9 @@ class Device:
             raise ValueError(f"device.count must be >= 0, got {self.count}")
         if self.emulated:
             self.device_config()  # the job config's device section checks the rest (profile names, bounds)
-        elif self.dilation != 1.0 or self.token_scale != 1:
-            raise ValueError("device.dilation and device.token_scale apply to an emulated device (emulate: PROFILE)")
+        elif self.dilation != 1.0 or self.token_scale != 1 or self.prompt_token_scale:
+            raise ValueError("device.dilation, device.token_scale and device.prompt_token_scale apply to an emulated "
+                             "device (emulate: PROFILE)")
 
     @property
     def emulated(self) -> bool:
@@ -72,7 +74,8 @@ class Device:
         if not self.emulated:
             return DeviceConfig()
         return DeviceConfig(kind="emulated", profile=self.emulate or "", slowdown=self.slowdown,
-                            count=max(1, self.count), dilation=self.dilation, token_scale=self.token_scale)
+                            count=max(1, self.count), dilation=self.dilation, token_scale=self.token_scale,
+                            prompt_token_scale=self.prompt_token_scale)
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,18 @@ def test_decode_is_priced_at_the_batch_and_context_each_step_ran():
     k = CostModel(load_profile("h100-qwen3-8b"), token_scale=10)
     assert k.generate_s([4], [1]) == pytest.approx(c.prefill_s(40) + sum(c.decode_step_s(1, 40 + j) for j in range(10)))
     assert c.generate_s([], []) == 0.0
+    # Prompts scaled apart from answers: prefill and the context every step holds.
+    p = CostModel(load_profile("h100-qwen3-8b"), token_scale=10, prompt_token_scale=2)
+    assert p.generate_s([4], [1]) == pytest.approx(c.prefill_s(8) + sum(c.decode_step_s(1, 8 + j) for j in range(10)))
+    assert p.modelled_tokens(4, 1) == 18
+
+
+def test_a_colocated_swap_moves_the_sharded_training_states_and_a_weight_replica_each_way():
+    c = CostModel(load_profile("h100-qwen3-8b"))
+    link = c.profile.device.host_link_bytes_per_s * c.profile.efficiency.offload_bandwidth
+    assert c.profile.sources["devices.H100-SXM.host_link_bytes_per_s"].startswith("NVIDIA H100")
+    assert c.swap_s(8) == pytest.approx(2 * (16 * c.params / 8 + 2 * c.params) / link)
+    assert c.swap_s(1) > c.swap_s(8)
 
 
 def test_training_on_k_devices_is_data_parallel_with_the_profiles_scaling():
@@ -148,10 +160,12 @@ def test_an_emulated_train_step_learns_for_real_and_is_priced_on_k_devices(tiny_
     gens = cpu_engine.generate([list(ids)] * 4, SamplingParams(temperature=1.0, max_new_tokens=4, seed=5))
     batch = TrainBatch(tuple(TrainSample(ids, g.tokens, g.logprobs, reward=float(i % 2), group_id=0)
                              for i, g in enumerate(gens)))
-    tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in batch.samples)
+    one = CostModel(load_profile("h100-qwen3-8b"), token_scale=200)
+    tokens = one.modelled_tokens(sum(len(s.prompt_ids) for s in batch.samples),
+                                 sum(len(s.completion_ids) for s in batch.samples))
+    assert tokens == 200 * sum(len(s.prompt_ids) + len(s.completion_ids) for s in batch.samples)
     inner = DeepSpeedTrainer(tiny_model_path, TrainerConfig(lr=1e-3, seed=0))
     before = {k: v.clone() for k, v in inner.named_weights().items()}
-    one = CostModel(load_profile("h100-qwen3-8b"), token_scale=200)
     device = _device(token_scale=200, count=4, dilation=1.0)
     engine = EmulatedTrainEngine(inner, device)
     metrics = engine.train_step(batch)
@@ -199,3 +213,34 @@ def test_a_rollout_device_of_k_devices_deals_a_calls_rows_out_over_them(engine_1
     expected = max(cost.generate_s([p for p, _ in s], [n for _, n in s]) for s in shares)
     assert three.stats["generate"].modelled_s == pytest.approx(expected, rel=1e-9)
     assert expected < one.stats["generate"].modelled_s
+
+
+def test_rows_beyond_the_kv_cache_wait_for_room_and_cost_more_than_rows_that_fit():
+    c = CostModel(load_profile("h100-qwen3-8b"), token_scale=512, prompt_token_scale=16)
+    per_row = 16 * 5 + 512 * 3  # a row's final context, modelled tokens
+    fit = int(c.kv_capacity_tokens() // per_row)
+    assert 0 < fit < 512
+    # Within the capacity every row decodes at once; one row past it waits for a full second wave.
+    one_wave = c.generate_s([5] * fit, [3] * fit)
+    assert c.generate_s([5] * (fit + 1), [3] * (fit + 1)) > one_wave + c.generate_s([5], [3]) * 0.9
+    assert c.kv_capacity_tokens() == pytest.approx(
+        (c.profile.device.memory_bytes * c.profile.efficiency.usable_memory_fraction - 2 * c.params)
+        / c.profile.model.kv_bytes_per_token)
+    # An 8B policy's training states (16 bytes per parameter) do not fit one 80 GB device.
+    assert c.min_train_devices() == 2
+
+
+def test_the_device_split_balances_the_priced_stages_and_gives_every_trainer_room_for_its_states():
+    from astraflow.benchmarks.multi_policy_emulated import choose_split
+
+    c = CostModel(load_profile("h100-qwen3-8b"), token_scale=512, prompt_token_scale=16)
+    rows = {"a": [[(5, 3)] * 256], "b": [[(5, 1)] * 256]}
+    work = {"a": {"trainer": 40.0, "weight_load": 0.5}, "b": {"trainer": 1.0, "weight_load": 0.5}}
+    out = choose_split(work, rows, 8, c, steps=1)
+    split = out["split"]
+    assert sum(d for parts in split.values() for d in parts.values()) == 8
+    assert min(parts["trainer"] for parts in split.values()) >= c.min_train_devices() == 2
+    assert split["a"]["trainer"] > split["b"]["trainer"]  # the heavier trainer gets the devices
+    assert out["priced_bound_s_per_iter"] == pytest.approx(max(out["priced_stage_s"].values()))
+    with pytest.raises(ValueError, match="cannot hold"):
+        choose_split(work, rows, 5, c, steps=1)  # two trainers of >= 2 and two pools need 6

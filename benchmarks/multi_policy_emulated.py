@@ -1,0 +1,333 @@
+"""Table 2 at the seed's scale on emulated accelerators (``multi_policy.py --emulated``).
+
+The solver-verifier team of ``examples/solver_verifier.yaml`` in the seed's shape (256
+samples per batch: 32 prompts x 8 samples; 4 PPO minibatches per step) on ``--devices``
+emulated devices of ``--profile`` (default 8 x H100 with the Qwen3-8B shape). The tiny
+model computes every token, log-prob and gradient; every engine call is held for the time
+the profile's cost model gives for it (``emulation/cost.py``), ``--dilation`` wall seconds per
+modelled second, each real token standing for ``--token-scale`` modelled ones. Every time
+here is **modelled seconds** (wall / dilation), emulated, not a GPU measurement.
+
+Arms, per repetition, same config, seeds and prompts:
+
+* **(c) trainer-centred**: ``sequential_multi.py`` (one controller, no broker) with every
+  policy's engine and trainer on all the devices: generate every role for the batch (each
+  role's calls of the batch coalesced, its rows dealt over the devices), then train each
+  policy in turn on all the devices, swapping the other policy's states to host memory and
+  back (``CostModel.swap_s``) and loading the new weights into the engines (verl's pipeline);
+* **(a) ours**: ``run_job`` with disjoint devices per pool and trainer, ``barrier: async``;
+* **(b) lockstep**: the same devices, ``barrier: lockstep``.
+
+**Device split of (a)/(b)** (printed): from the first (c) run, each policy's modelled
+generation seconds ``G_p`` and training seconds ``T_p`` per iteration on all ``N`` devices;
+a pool of ``d`` devices is priced by the cost model on (c)'s own calls dealt over ``d``
+devices, and a trainer of ``d`` devices ``T_p x N s(N) / (d s(d))`` (``s``: the profile's
+data-parallel scaling); the split of ``N`` into the four parts that minimises the largest
+priced stage is taken. A pool's node takes a batch's tasks (32) per call and deals their rows over its devices, as
+(c) deals a batch's rows over all of them: fewer devices decode more rows each, at the
+batch size a memory-bound decode step prices (``emulation/cost.py``).
+
+**Lower bound** per arm: the busiest resource's modelled work per iteration. (c): all its
+devices are one resource, so the sum of every call's modelled seconds per iteration. (a),
+(b): per pool and trainer, its modelled seconds over the run scaled to one batch of
+episodes (pools: x batch / episodes rolled out; trainers: / steps); the largest.
+**Scheduling efficiency** = bound / measured s per iteration (1.0: the busiest resource
+never waits). s per iteration as ``multi_policy.py`` measures it (Kafka arms: from the
+trainers' step times, steady state; (c): mean of iterations 3..), / dilation.
+
+Prints one table; writes ``benchmarks/results/multi_policy_emulated.json``.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "multi_policy_emulated.json"
+#: the seed's shape: 256 samples per batch, 8 per prompt, 4 PPO minibatches
+SEED_SHAPE = {"groups_per_batch": 32, "n_samples": 8, "minibatches": 4}
+STAGES = ("rollout", "trainer")
+
+
+# -- configs ---------------------------------------------------------------------------
+def device(args, count: int) -> dict:
+    return {"kind": "emulated", "profile": args.profile, "count": count, "dilation": args.dilation,
+            "token_scale": args.token_scale, "prompt_token_scale": args.prompt_token_scale}
+
+
+def shaped(base: dict, args) -> dict:
+    """``base`` in the seed's shape, evaluated only at the start and the end, on few problems
+    (the evaluator runs on the CPU: accuracy is not what this benchmark measures)."""
+    data = copy.deepcopy(base)
+    data.setdefault("dataflow", {})["groups_per_batch"] = SEED_SHAPE["groups_per_batch"]
+    data.setdefault("rollout", {})["n_samples"] = SEED_SHAPE["n_samples"]
+    data.setdefault("trainer", {}).setdefault("engine", {})["minibatches"] = SEED_SHAPE["minibatches"]
+    data["trainer"]["steps"] = args.steps
+    data["eval"] = {**data.get("eval", {}), "every": 0, "problems": args.eval_problems, "k": 1}
+    return data
+
+
+def colocated_config(base: dict, args) -> dict:
+    """(c): every policy's engine and trainer on all ``args.devices``."""
+    data = shaped(base, args)
+    data["rollout"]["device"] = device(args, args.devices)
+    data["trainer"]["device"] = device(args, args.devices)
+    return data
+
+
+def split_config(base: dict, args, split: dict[str, dict[str, int]], barrier: str, job: str, run_dir: str) -> dict:
+    """(a) / (b): each policy's pool and trainer on their own devices (``split[policy][stage]``)."""
+    data = shaped(base, args)
+    data.update(job=job, barrier=barrier, run_dir=run_dir)
+    for p, parts in split.items():
+        sec = data.setdefault("policies", {}).setdefault(p, {})
+        sec.setdefault("rollout", {}).update(device=device(args, parts["rollout"]), nodes=1,
+                                             tasks_per_call=SEED_SHAPE["groups_per_batch"])
+        sec.setdefault("trainer", {})["device"] = device(args, parts["trainer"])
+    return data
+
+
+# -- the device split -------------------------------------------------------------------
+def work_by_policy(emulated: dict, steps: int) -> dict[str, dict[str, float]]:
+    """(c)'s modelled seconds per iteration, per policy: generation (its engine's calls and
+    weight loads) and training (its trainer's steps)."""
+    out: dict[str, dict[str, float]] = {}
+    for comp, d in emulated.items():
+        kind, policy = comp.split(".", 1)
+        # a disjoint trainer swaps nothing: (c)'s swaps are not (a)'s work
+        per = lambda c: d.get(c, {}).get("modelled_s", 0.0) / steps  # noqa: E731
+        if kind == "raas":
+            out.setdefault(policy, {}).update(rollout=per("generate") + per("weight_load"),
+                                              weight_load=per("weight_load"))
+        else:
+            out.setdefault(policy, {})["trainer"] = per("train")
+    return out
+
+
+def choose_split(work: dict[str, dict[str, float]], rows: dict[str, list], devices: int, cost,
+                 steps: int) -> dict:
+    """The split of ``devices`` over every policy's pool and trainer that minimises the largest
+    priced stage (see the module's method); every candidate's price is kept for the record.
+
+    A pool of ``d`` devices is priced by the cost model on (c)'s own calls (``rows``: each
+    call's real row lengths), each call dealt over ``d`` devices (a pool's node takes a
+    batch's tasks per call), plus its weight loads; a trainer of ``d`` devices by (c)'s
+    training seconds rescaled to ``d``-way data parallel."""
+    from astraflow.emulation.engines import dealt_s
+
+    scaling = cost.profile.efficiency.train_scaling
+    s = lambda d: scaling ** math.log2(d)  # noqa: E731
+    keys = [(p, st) for p in sorted(work) for st in STAGES]
+    cache: dict[tuple[str, str, int], float] = {}
+
+    def price(p: str, st: str, d: int) -> float:
+        if (p, st, d) not in cache:
+            if st == "rollout":
+                cache[p, st, d] = (sum(dealt_s(cost, call, d) for call in rows[p]) / steps
+                                   + work[p]["weight_load"])
+            else:
+                cache[p, st, d] = work[p]["trainer"] * devices * s(devices) / (d * s(d))
+        return cache[p, st, d]
+
+    need = cost.min_train_devices()  # a trainer's states must fit its devices' memory
+    best = None
+    for cut in itertools.combinations(range(1, devices), len(keys) - 1):
+        parts = [b - a for a, b in zip((0, *cut), (*cut, devices))]
+        if any(st == "trainer" and d < need for (_, st), d in zip(keys, parts)):
+            continue
+        stages = {f"{p}.{st}": price(p, st, d) for (p, st), d in zip(keys, parts)}
+        cand = (max(stages.values()), parts, stages)
+        if best is None or cand[0] < best[0]:
+            best = cand
+    if best is None:
+        raise ValueError(f"{devices} devices cannot hold {len(work)} pools and trainers of >= {need} devices each")
+    bound, parts, stages = best
+    split: dict[str, dict[str, int]] = {}
+    for (p, st), d in zip(keys, parts):
+        split.setdefault(p, {})[st] = d
+    return {"split": split, "priced_stage_s": stages, "priced_bound_s_per_iter": bound,
+            "min_train_devices": need,
+            "rule": "minimise the largest priced stage: a pool of d devices = the cost model on (c)'s calls dealt "
+                    "over d devices, a trainer of d >= min_train_devices devices = (c)'s training time * "
+                    "N*s(N)/(d*s(d))"}
+
+
+# -- the arms ---------------------------------------------------------------------------
+def run_colocated(base: dict, args, rep: int) -> dict:
+    """(c) as its own Python process on its config file; modelled seconds."""
+    with tempfile.TemporaryDirectory() as d:
+        cfg_path = Path(d) / "colocated.yaml"
+        data = colocated_config(base, args)
+        data["job"] = f"bench-mpe-colocated-{rep}"
+        cfg_path.write_text(yaml.safe_dump(data, sort_keys=False))
+        out = Path(d) / "sequential.json"
+        cmd = [sys.executable, "-m", "astraflow.benchmarks.sequential_multi", "--config", str(cfg_path),
+               "--steps", str(args.steps), "--threads", "1", "--no-eval", "--out", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"(c) failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+        r = json.loads(out.read_text())
+    emulated, steps = r["emulated"], args.steps
+    rows = {comp.split(".", 1)[1]: d.pop("rows") for comp, d in emulated.items() if "rows" in d}
+    total = sum(c.get("modelled_s", 0.0) for d in emulated.values() for c in d.values() if isinstance(c, dict))
+    steady = r["per_iteration"][2:] or r["per_iteration"]
+    return {"s_per_iter": r["s_per_iter"] / args.dilation,
+            "lower_bound_s_per_iter": total / steps,
+            "phases_s_per_iter": {k: r[k] / args.dilation for k in r if k.startswith(("G_", "T_", "W_"))
+                                  and k.endswith("_s")},
+            "work_by_policy": work_by_policy(emulated, steps), "cpu_fraction": cpu_fractions(emulated),
+            "overruns": overruns(emulated),
+            "iterations": len(r["per_iteration"]), "steady_iterations": len(steady), "emulated": emulated,
+            "_rows": rows}
+
+
+def cpu_fractions(emulated: dict) -> dict[str, float]:
+    """Per component, the real work's CPU seconds over its held seconds (all calls)."""
+    out = {}
+    for comp, d in emulated.items():
+        calls = [c for c in d.values() if isinstance(c, dict)]
+        held = sum(c.get("held_s", 0.0) for c in calls)
+        cpu = sum(c.get("cpu_fraction", 0.0) * c.get("held_s", 0.0) for c in calls)
+        out[comp] = round(cpu / held, 4) if held else 0.0
+    return out
+
+
+def overruns(emulated: dict) -> int:
+    """Calls whose real work outlasted their hold (the instrument measured the CPU there)."""
+    return int(sum(c.get("overruns", 0) for d in emulated.values() for c in d.values() if isinstance(c, dict)))
+
+
+def resource_work(summary: dict, episodes: float, groups_per_batch: int, steps: int) -> dict[str, float]:
+    """Per pool and trainer of a Kafka arm, its modelled seconds per iteration: pools' over the
+    episodes they rolled out scaled to a batch, trainers' per step."""
+    out = {}
+    for comp, d in summary.get("emulated", {}).items():
+        total = sum(c.get("modelled_s", 0.0) for c in d.values() if isinstance(c, dict))
+        if comp.startswith("trainer"):
+            out[comp] = total / steps
+        elif episodes:
+            out[comp] = total * groups_per_batch / episodes
+    return out
+
+
+def run_split(base: dict, args, split: dict, barrier: str, rep: int) -> dict:
+    from astraflow.benchmarks.multi_policy import analyse_team, run_attempts, write_config
+    from astraflow.config import load_config
+    from astraflow.launcher import run_job
+
+    def once(job: str) -> dict:
+        path = write_config(split_config(base, args, split, barrier, job, str(args.run_root)), Path(args.run_root))
+        run_dir = Path(args.run_root) / job
+        cfg = load_config(path)
+        run_job(cfg, run_dir=run_dir, progress=False, timeout_s=args.run_timeout)
+        r = analyse_team(run_dir)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        work = resource_work(summary, r["episodes"], SEED_SHAPE["groups_per_batch"], args.steps)
+        return {"s_per_iter": r["s_per_iter"] / args.dilation, "lower_bound_s_per_iter": max(work.values()),
+                "work_by_resource": work, "busiest": max(work, key=work.get),
+                "cpu_fraction": cpu_fractions(summary.get("emulated", {})),
+                "overruns": overruns(summary.get("emulated", {})),
+                "episodes_per_trained_group": r["episodes"] / (args.steps * SEED_SHAPE["groups_per_batch"]),
+                "by_policy": r["by_policy"], "run_dir": str(run_dir), "wall_s": r["wall_s"]}
+    return run_attempts(f"emulated-{barrier}", rep, once)
+
+
+# -- results ----------------------------------------------------------------------------
+ARMS = {"async": "(a) ours, async", "lockstep": "(b) lockstep", "colocated": "(c) trainer-centred"}
+
+
+def aggregate(reps: list[dict]) -> dict:
+    arms = {}
+    for arm in ARMS:
+        per = [r[arm] for r in reps]
+        arms[arm] = {"s_per_iter": spread([x["s_per_iter"] for x in per]),
+                     "lower_bound_s_per_iter": spread([x["lower_bound_s_per_iter"] for x in per]),
+                     "scheduling_efficiency": spread([x["lower_bound_s_per_iter"] / x["s_per_iter"] for x in per]),
+                     "max_cpu_fraction": spread([max(x["cpu_fraction"].values()) for x in per]),
+                     "overruns": spread([x["overruns"] for x in per])}
+    a, b, c = (arms[k]["s_per_iter"] for k in ("async", "lockstep", "colocated"))
+    for arm, s in (("async", a), ("lockstep", b)):
+        arms[arm]["speedup_vs_sequential"] = ratio_spread(c, s)
+    arms["async"]["speedup_vs_lockstep"] = ratio_spread(b, a)
+    return {"arms": arms, "speedup_vs_sequential": arms["async"]["speedup_vs_sequential"],
+            "speedup_vs_lockstep": arms["async"]["speedup_vs_lockstep"]}
+
+
+def print_table(agg: dict, split: dict, args) -> None:
+    print(f"EMULATED: {args.devices} x {args.profile} (modelled seconds; dilation {args.dilation}, "
+          f"token_scale {args.token_scale}); split of (a)/(b): "
+          + ", ".join(f"{p} pool {d['rollout']} + trainer {d['trainer']}" for p, d in split["split"].items()))
+    hdr = f"{'arm':24} {'s/iter':>22} {'lower bound s/iter':>22} {'sched. efficiency':>20} {'vs (c)':>18}"
+    print(hdr)
+    print("-" * len(hdr))
+    for arm, label in ARMS.items():
+        r = agg["arms"][arm]
+        vs = fmt_spread(r["speedup_vs_sequential"]) if "speedup_vs_sequential" in r else "1"
+        print(f"{label:24} {fmt_spread(r['s_per_iter'], '.1f'):>22} {fmt_spread(r['lower_bound_s_per_iter'], '.1f'):>22} "
+              f"{fmt_spread(r['scheduling_efficiency']):>20} {vs:>18}")
+    print(f"(a) vs (b): {fmt_spread(agg['speedup_vs_lockstep'])}")
+
+
+def notes(agg: dict, split: dict, args) -> list[str]:
+    arms = agg["arms"]
+    a, b, c = (arms[k]["s_per_iter"]["median"] for k in ("async", "lockstep", "colocated"))
+    sp = agg["speedup_vs_sequential"]["median"]
+    out = [f"Emulated, not measured on GPUs: {args.devices} x {args.profile}, times from the cost model "
+           f"(emulation/profiles.yaml); the tiny model does the real work, so the plumbing (Kafka, dataflow, "
+           f"weight transfer) is real and counted, in modelled seconds (its wall time / {args.dilation})."]
+    out.append(f"(a) {a:.1f} s/iter, (b) {b:.1f}, (c) {c:.1f}: (a) is {sp:.2f}x faster than (c) "
+               + ("(the seed's 2.7x reached)." if sp >= 2.7 else
+                  f"(the seed reports 2.7x; this cost model gives {sp:.2f}x, see the gap below)."))
+    lb_c = arms["colocated"]["lower_bound_s_per_iter"]["median"]
+    lb_a = arms["async"]["lower_bound_s_per_iter"]["median"]
+    out.append(f"Bounds: (c) cannot go below {lb_c:.1f} s/iter (all its work in series on the devices it shares); "
+               f"the split's busiest resource bounds (a) at {lb_a:.1f}, so the cost model itself caps (a)/(c) near "
+               f"{lb_c / lb_a:.2f}x. Where (c) loses is what the model charges it: training each policy on all "
+               f"devices at the profile's data-parallel scaling, decoding at low batch per device, swapping each "
+               f"policy's states off the devices, and every phase waiting for the other.")
+    return out
+
+
+def main(args) -> int:
+    base = yaml.safe_load(Path(args.config).read_text())
+    load_before = load_now()
+    reps, split = [], None
+    for rep in range(args.repeats):
+        print(f"--- repetition {rep + 1}: (c) trainer-centred on {args.devices} emulated devices", flush=True)
+        c = run_colocated(base, args, rep)
+        rows = c.pop("_rows")
+        if split is None:
+            from astraflow.emulation.cost import CostModel
+            from astraflow.emulation.profile import load_profile
+            cost = CostModel(load_profile(args.profile), args.token_scale, args.prompt_token_scale)
+            split = choose_split(c["work_by_policy"], rows, args.devices, cost, args.steps)
+            print(f"    split: {split['split']} (priced bound {split['priced_bound_s_per_iter']:.1f} s/iter)", flush=True)
+        out = {"colocated": c}
+        for barrier in ("async", "lockstep"):
+            print(f"--- repetition {rep + 1}: ({'a' if barrier == 'async' else 'b'}) {barrier}", flush=True)
+            out[barrier] = run_split(base, args, split["split"], barrier, rep)
+        reps.append(out)
+    agg = aggregate(reps)
+    print_table(agg, split, args)
+    result = {"benchmark": "multi_policy_emulated", "emulated": True, "profile": args.profile,
+              "devices": args.devices, "dilation": args.dilation, "token_scale": args.token_scale,
+              "prompt_token_scale": args.prompt_token_scale,
+              "steps": args.steps, "repeats": args.repeats, "config": args.config, "quick": args.quick,
+              "shape": SEED_SHAPE, "seed_reference": {"trainer_centred_s_per_iter": 212.64, "ours_s_per_iter": 77.65,
+                                                      "speedup": 2.74, "hardware": "8 x H100, Qwen3-8B"},
+              "device_split": split, "method": __doc__, "notes": notes(agg, split, args), **agg,
+              "repetitions": reps, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    write_results(args.out, result, load_before)
+    return 0
