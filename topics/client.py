@@ -13,12 +13,13 @@ import base64
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.errors import InvalidTransactionTimeoutError, KafkaError, KafkaTimeoutError
+from kafka.errors import (CommitFailedError, IllegalGenerationError, InvalidTransactionTimeoutError, KafkaError,
+                          KafkaTimeoutError, RebalanceInProgressError, UnknownMemberIdError)
 from kafka.structs import MemberState, OffsetAndMetadata
 
 from . import tracing
@@ -247,7 +248,9 @@ class Consumer:
 
     Either ``topics`` (group subscription) or ``partitions`` (manual assignment).
     With ``expect`` (message types, or per topic a mapping of topic to types), a record of
-    any other message type is dead-lettered like an undecodable one. ``pending_offsets()`` are the positions after every record handed out (and every
+    any other message type is dead-lettered like an undecodable one. With ``accept``
+    (``accept(key, headers) -> bool``), a record it refuses is passed over before its value
+    is decoded (a reader of a shared topic that wants only its own records). ``pending_offsets()`` are the positions after every record handed out (and every
     record dead-lettered) since the last commit; :meth:`commit` commits them, or a
     transactional producer commits them with :meth:`Producer.send_offsets`.
     """
@@ -258,6 +261,7 @@ class Consumer:
                  auto_offset_reset: str = "earliest", client_id: str = "astraflow",
                  max_partition_fetch_bytes: int = 4 * MiB,
                  expect: tuple[type[Message], ...] | Mapping[str, tuple[type[Message], ...]] = (),
+                 accept: Callable[[bytes | None, list[tuple[str, bytes]]], bool] | None = None,
                  **config: Any) -> None:
         settings: dict[str, Any] = dict(
             bootstrap_servers=bootstrap_servers, group_id=group_id, client_id=client_id,
@@ -280,6 +284,8 @@ class Consumer:
             self._kc.assign(partitions)
         self.dead_letters = dead_letters
         self.expect = expect
+        self.accept = accept
+        self.skipped = 0  #: records ``accept`` passed over undecoded
         self._subscribed = bool(topics) and group_id is not None
         self._pending: dict[TopicPartition, int] = {}
         self._handed_out_in: dict[TopicPartition, Any] = {}  # partition -> group membership at poll
@@ -310,6 +316,10 @@ class Consumer:
                 self._handed_out_in[tp] = membership
             for r in records:
                 headers = list(r.headers or [])
+                if self.accept is not None and not self.accept(r.key, headers):
+                    self.skipped += 1  # not this reader's: never decoded, its offset still counts
+                    self._pending[tp] = r.offset + 1
+                    continue
                 try:
                     msg = decode(r.value, headers)
                     allowed = self.expect.get(r.topic, ()) if isinstance(self.expect, Mapping) else self.expect
@@ -330,6 +340,10 @@ class Consumer:
         return dict(self._pending)
 
     def mark_committed(self, offsets: dict[TopicPartition, int]) -> None:
+        self._forget(offsets)
+
+    def _forget(self, offsets: dict[TopicPartition, int]) -> None:
+        """Drop pending offsets: committed, or void (another member redoes their records)."""
         for tp, off in offsets.items():
             if self._pending.get(tp) == off:
                 del self._pending[tp]
@@ -356,11 +370,38 @@ class Consumer:
         return current
 
     def commit(self, offsets: dict[TopicPartition, int] | None = None) -> None:
-        """Synchronously commit ``offsets`` (default: everything handed out so far)."""
-        offs = offsets if offsets is not None else self.pending_offsets()
-        if offs:
+        """Synchronously commit ``offsets`` (default: everything handed out so far).
+
+        A subscribed consumer that lost its group membership since it handed the records out
+        (a rebalance: kicked out for a slow poll, a session that expired, a broker restart)
+        raises :class:`StaleMembershipError`, as the transactional path does, instead of
+        kafka-python's ``CommitFailedError`` / ``RebalanceInProgressError``: the partition's
+        owner after the rebalance is handed the same records from the committed offset, so
+        the caller drops what it did for them (nothing is lost; they are redone once). The
+        void offsets are forgotten here, so the next commit does not try them again.
+        """
+        explicit = offsets is not None
+        offs = offsets if explicit else self.pending_offsets()
+        if not offs:
+            return
+        try:
+            if self._subscribed and not explicit:
+                self.membership_for(offs)  # handed out under the membership still current
             self._kc.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in offs.items()})
-            self.mark_committed(offs)
+        except StaleMembershipError:
+            self._forget(offs)
+            raise
+        except (CommitFailedError, RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError) as e:
+            if not self._subscribed:
+                raise
+            self._forget(offs)
+            meta = self._kc.group_metadata()
+            raise StaleMembershipError(
+                f"consumer {self._kc.config['client_id']} of group {meta.group_id}: the group rebalanced before "
+                f"the offsets {sorted((tp.topic, tp.partition, o) for tp, o in offs.items())} were committed "
+                f"({type(e).__name__}: {e}); not committed — the partition's owner redoes them from the "
+                f"committed offset") from e
+        self.mark_committed(offs)
 
     def group_metadata(self):
         return self._kc.group_metadata()
