@@ -5,6 +5,8 @@ and ``SCHEMA`` (the ``af-schema`` header, bumped on any incompatible change). On
 registry, :data:`MESSAGE_TYPES`, maps ``af-type`` to class. Encoding lives in
 :mod:`.codec`; this module holds only the shapes and what each field means.
 Lists stay lists (not tuples) because they are decoded straight from JSON arrays.
+A message class is a plain dataclass: no ``__init__`` of its own, since decoding fills a
+record's fields in without calling it (a ``__post_init__`` makes decoding call it).
 """
 
 from __future__ import annotations
@@ -397,6 +399,6 @@ class DeadLetter(Message):
     error: str
     key: str | None  #: base64 of the original key
     value: str  #: base64 of the original value
-    headers: dict[str, str] = field(default_factory=dict)  #: original headers (bytes as latin-1)
+    headers: dict[str, str | None] = field(default_factory=dict)  #: original headers (bytes as latin-1; null: null)
     consumer: str = ""  #: who gave up on it
     ts: float = 0.0
