@@ -7,7 +7,10 @@ episode still running is either waiting on the engine or on another pool (over K
 :mod:`.generation`), then makes one engine call per sampling setting with the waiting
 rows in episode order. For the one-role ``rlvr`` workflow this is exactly one call with
 every sample of the poll, as a single-policy node has always made; ``batch_invariant``
-gives every call an engine call of its own.
+gives every call an engine call of its own. An episode's own calls are sequential (a
+concurrent second one raises :class:`~astraflow.workflows.api.ConcurrentGenerateError`),
+and a call waits at most :data:`CALL_WAIT_S` for the others (:class:`EngineWaitTimeout`
+fails that episode alone).
 
 :meth:`EpisodeRunner.roll_out` is a poll's tasks in and, per task, one trajectory group
 per role the task trains (``Task.train``) out; a workflow that raises yields a ``failed``
@@ -32,9 +35,20 @@ from opentelemetry import trace
 
 from astraflow.engines.base import Generation, SamplingParams
 from astraflow.topics import Sample, Task, TrajectoryGroup
-from astraflow.workflows.api import Episode, EngineRole, EpisodeResult, Trajectory, get_workflow, run_episode
+from astraflow.workflows.api import (ConcurrentGenerateError, Episode, EngineRole, EpisodeResult, Trajectory,
+                                    call_sampling, get_workflow, run_episode)
 
 log = logging.getLogger(__name__)
+
+
+#: how long a ``generate`` call waits for the batched engine call it joins (the time every
+#: other running episode of the poll may spend outside ``generate``; the engine call itself
+#: runs under the batcher's lock and is not counted)
+CALL_WAIT_S = 600.0
+
+
+class EngineWaitTimeout(TimeoutError):
+    """A ``generate`` call waited longer than the batcher's bound for its engine call."""
 
 
 class CallBatcher:
@@ -47,8 +61,9 @@ class CallBatcher:
     """
 
     def __init__(self, engines, lock: threading.Lock | None = None, before_call=None,
-                 batch_invariant: bool = False, episodes: int = 0) -> None:
+                 batch_invariant: bool = False, episodes: int = 0, timeout_s: float | None = None) -> None:
         self.engines = engines if isinstance(engines, dict) else {None: engines}
+        self.timeout_s = CALL_WAIT_S if timeout_s is None else timeout_s
         self.engine_lock = lock or threading.Lock()
         self.before_call, self.batch_invariant = before_call, batch_invariant
         self._cv = threading.Condition()
@@ -86,10 +101,24 @@ class CallBatcher:
                  seeds: Sequence[int], policy: str | None = None) -> list[Generation]:
         slot: dict = {}
         with self._cv:
+            if index in self._pending:
+                raise ConcurrentGenerateError(
+                    f"episode {index} of this poll called the engine while its previous call is still waiting; an "
+                    f"episode's generate calls must be sequential")
             self._pending[index] = (policy, [list(p) for p in prompts], params, list(seeds), slot)
             self._flush_if_all_waiting()
+            deadline = time.monotonic() + self.timeout_s
             while "out" not in slot and "error" not in slot:
-                self._cv.wait()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    del self._pending[index]
+                    raise EngineWaitTimeout(
+                        f"episode {index} of this poll: its generate call (policy {policy or 'of this node'}, "
+                        f"{len(prompts)} row(s)) waited {self.timeout_s:.0f}s for the batched engine call, which is "
+                        f"made once every running episode waits on an engine or another pool; "
+                        f"{self._running - len(self._pending) - 1} of the {self._running} running episode(s) never "
+                        f"called generate nor finished (a workflow stuck outside generate?)")
+                self._cv.wait(left)
         if "error" in slot:
             raise slot["error"]
         return slot["out"]
@@ -153,11 +182,8 @@ class _RemoteRole:
             episode_id, tokenizer, dict(sampling), tracer, ctx
 
     def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None):
-        sampling = dict(self.sampling)
-        if max_new_tokens is not None:
-            sampling["max_new_tokens"] = max_new_tokens
-        if temperature is not None:
-            sampling["temperature"] = temperature
+        sampling = call_sampling(self.name, self.policy, self.sampling, max_new_tokens=max_new_tokens,
+                                 temperature=temperature)
         with self.tracer.start_as_current_span("raas.generate", context=self.ctx,
                                                attributes={"role": self.name, "policy": self.policy,
                                                            "remote": True, "task.samples": len(prompts)}):
@@ -306,4 +332,4 @@ class EpisodeRunner:
             self._pool = None
 
 
-__all__ = ["CallBatcher", "EpisodeRunner"]
+__all__ = ["CALL_WAIT_S", "CallBatcher", "EngineWaitTimeout", "EpisodeRunner"]

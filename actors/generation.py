@@ -5,11 +5,19 @@ The request path is Kafka, like everything else between components:
 * the episode's runner (a RaaS node of the lead policy) sends a
   :class:`~astraflow.topics.GenerationRequest` to ``generate.<policy>``, keyed by episode,
   and waits for the :class:`~astraflow.topics.GenerationReply` with its ``request_id`` on
-  ``replies`` (:class:`GenerationClient`; one background thread reads every partition of
-  ``replies`` from where it stood when the node started);
+  ``replies`` (:class:`GenerationClient`; one background thread reads the node's own
+  partition of ``replies``, ``JobTopics.reply_partition(node id)``, from where it stood
+  when the node started). The request names that partition and the server answers there,
+  with the request id in the record's ``af-request`` header: a node fetches only its
+  partition and decodes only the replies it waits for (another node's that shares the
+  partition, or a repeated answer, is passed over undecoded), so what a node reads does
+  not grow with the number of nodes;
 * every RaaS node of ``policy`` is a member of consumer group ``gen.<policy>`` and serves
   requests between its own work (:class:`GenerationServer`); it commits a request's offset
-  after sending the reply.
+  after sending the reply. A commit the group refuses because it rebalanced meanwhile
+  (``CommitFailedError``: the member was kicked out or its session expired) is the task
+  path's fencing: the server counts those requests ``fenced``, not served, and goes on;
+  their new owner answers them again.
 
 Delivery is at-least-once and that is enough: a server that dies before committing leaves
 the request to the next member, a repeated reply is the same sample (the request carries
@@ -29,13 +37,18 @@ from collections.abc import Callable, Sequence
 from kafka import TopicPartition
 
 from astraflow.engines.base import Generation, SamplingParams
-from astraflow.topics import Consumer, DeadLetters, GenerationReply, GenerationRequest, JobTopics, Producer
+from astraflow.topics import (Consumer, DeadLetters, GenerationReply, GenerationRequest, JobTopics, Producer,
+                              StaleMembershipError)
+from astraflow.topics.codec import header
 from astraflow.topics.membership import MembershipWatch
 from astraflow.workflows.api import Turn
 
 from .common import close_quietly
 
 log = logging.getLogger(__name__)
+
+#: header of a reply record: the ``request_id`` it answers (read before the value is decoded)
+H_REQUEST = "af-request"
 
 #: how long an episode waits for another pool's answer before the episode fails (a failed
 #: episode is recorded, dropped with its reason, and its slot is scheduled again)
@@ -55,13 +68,14 @@ class GenerationClient:
         # the node's own (non-transactional) producer when given: fewer clients, fewer I/O threads
         self._own_producer = producer is None
         self.producer = producer or Producer(bootstrap, client_id=f"{node_id}.gen-client")
-        parts = [TopicPartition(topics.replies, p) for p in range(topics.trajectory_partitions)]
+        self.partition = topics.reply_partition(node_id)
+        parts = [TopicPartition(topics.replies, self.partition)]
+        self._waiting: dict[str, tuple[threading.Event, list]] = {}
         self.consumer = Consumer(bootstrap, partitions=parts, client_id=f"{node_id}.gen-client",
-                                 dead_letters=dead_letters, expect=(GenerationReply,))
+                                 dead_letters=dead_letters, expect=(GenerationReply,), accept=self._awaited)
         self.consumer.raw.seek_to_end(*parts)
         for tp in parts:  # resolve the end positions now: replies to this node's requests come after
             self.consumer.raw.position(tp)
-        self._waiting: dict[str, tuple[threading.Event, list]] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._nonce = f"{node_id}.{os.getpid()}.{int(time.time() * 1000) % 10**9}"
@@ -70,6 +84,15 @@ class GenerationClient:
         self._thread.start()
         self.calls = 0
         self.wait_s = 0.0
+
+    def _awaited(self, key: bytes | None, headers: list[tuple[str, bytes]]) -> bool:
+        """Decode a reply only if a call of this node waits for it (by its ``af-request``
+        header; a reply without one, from an older server, is decoded to find out)."""
+        request_id = header(headers, H_REQUEST)
+        if request_id is None:
+            return True
+        with self._lock:
+            return request_id.decode("utf-8", "replace") in self._waiting
 
     def _read(self) -> None:
         while not self._stop.is_set():
@@ -96,7 +119,7 @@ class GenerationClient:
         with self._lock:
             self._waiting[request_id] = (event, box)
         req = GenerationRequest(request_id, episode_id, policy, role, [list(p) for p in prompts], list(seeds),
-                                dict(sampling), ts=time.time())
+                                dict(sampling), ts=time.time(), reply_partition=self.partition)
         t0 = time.monotonic()
         self.producer.send(self.topics.generate(policy), req, key=episode_id)
         self.producer.flush()
@@ -122,7 +145,15 @@ class GenerationClient:
 
 
 class GenerationServer:
-    """Serves ``generate.<policy>`` with this node's engine (consumer group ``gen.<policy>``)."""
+    """Serves ``generate.<policy>`` with this node's engine (consumer group ``gen.<policy>``).
+
+    Versions: a request names no version (``min_version`` was retired: written, never
+    enforced). The server answers with the weights its node holds when it serves the
+    request (``run`` takes the newest the subscriber has, between engine calls) and every
+    reply row carries the version that generated it, which the episode keeps per token
+    (``Turn.version``); the serving policy's dataflow bounds the staleness of those tokens
+    like any other, and a lockstep job's barrier is the dataflow's, not the server's.
+    """
 
     def __init__(self, bootstrap: str, topics: JobTopics, policy: str, node_id: str,
                  run: Callable[[Sequence[Sequence[int]], SamplingParams, Sequence[int]], list[Generation]],
@@ -141,8 +172,9 @@ class GenerationServer:
         # The consumer wedge of the task consumer (actors/rollout.py) can hit this one too;
         # nothing is in flight between serve() calls, so a replacement loses nothing.
         self.watch = MembershipWatch(bootstrap, f"{node_id}.gen-server")  # .renewals: consumers replaced
-        self.served = 0
+        self.served = 0  #: requests answered and committed
         self.rows = 0
+        self.fenced = 0  #: requests answered but not committed: the group rebalanced (redone by their new owner)
         self.calls = 0  #: engine calls made for the requests served
 
     def serve(self, timeout_ms: int = 50) -> int:
@@ -173,13 +205,25 @@ class GenerationServer:
                                         [list(g.tokens) for g in mine], [list(g.logprobs) for g in mine],
                                         [g.version for g in mine], [g.finish_reason for g in mine], error=error,
                                         ts=time.time())
-                self.producer.send(self.topics.replies, reply, key=req.episode_id)
-                self.served += 1
-                self.rows += len(req.prompts)
+                self.producer.send(self.topics.replies, reply, key=req.episode_id,
+                                   partition=req.reply_partition if req.reply_partition >= 0 else None,
+                                   headers=[(H_REQUEST, req.request_id.encode())])
             self.calls += 1
         if deliveries or self.consumer.pending_offsets():
             self.producer.flush()
-            self.consumer.commit()
+            try:
+                self.consumer.commit()
+            except StaleMembershipError as e:
+                # The group rebalanced while these were answered (this member was kicked out,
+                # its session expired): their partitions' owner is handed them again from the
+                # committed offset and answers them too. Our replies are out already and the
+                # episode keeps the first per request_id, so the repeat is dropped there; here
+                # they count as fenced, not served. The next poll rejoins.
+                log.warning("%s: %s", self.node_id, e)
+                self.fenced += len(deliveries)
+                return 0
+        self.served += len(deliveries)
+        self.rows += sum(len(d.message.prompts) for d in deliveries)
         return len(deliveries)
 
     def close(self) -> None:

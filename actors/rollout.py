@@ -134,7 +134,12 @@ class RolloutActor(LoopActor):
         deliveries = self.consumer.poll(50 if self.multi else 500)
         if not deliveries:
             if self.consumer.pending_offsets():  # only dead-lettered records: move past them
-                self.consumer.commit()
+                try:
+                    self.consumer.commit()
+                except StaleMembershipError as e:
+                    # Rebalanced since the poll: the partition's owner is handed those records
+                    # again and dead-letters them itself; nothing of ours to keep.
+                    log.warning("%s: %s", self.node_id, e)
             self._heartbeat()
             return
         self.watch.saw_records()
@@ -181,6 +186,8 @@ class RolloutActor(LoopActor):
                 values[f"raas.episode.{key}"] = _mean([m[key] for m in self.runner.last_metrics if key in m])
         if self.client is not None and self.client.calls:
             values["raas.remote_wait_s_per_call"] = self.client.wait_s / self.client.calls
+        if self.server is not None and self.server.fenced:
+            values["raas.gen_fenced_requests"] = self.server.fenced
         self.metrics.emit_many(values, step=self.engine.version, node=self.node_id, policy=self.cfg.policy)
         self._heartbeat()
 

@@ -189,8 +189,8 @@ class SequentialTeam:
         """On emulated devices, the policies share every device, so each policy's states are
         swapped to host memory and back once per iteration (the cost model's ``swap_s``);
         on the CPU everything stays in memory and nothing is charged."""
-        device = getattr(trainer, "device", None)
-        if len(self.trainers) > 1 and device is not None and device.cost is not None:
+        device = getattr(trainer, "device", None)  # an emulated trainer's clock (a CPU trainer's is a torch.device)
+        if len(self.trainers) > 1 and getattr(device, "cost", None) is not None:
             with device.hold("swap") as price:
                 price(device.cost.swap_s(device.cfg.count))
 
@@ -200,7 +200,7 @@ class SequentialTeam:
         out = {}
         for kind, parts in (("raas", self.engines), ("trainer", self.trainers)):
             for p, e in parts.items():
-                if getattr(e, "device", None) is not None:
+                if hasattr(getattr(e, "device", None), "summary"):
                     out[f"{kind}.{p}"] = {**e.device.summary(),
                                           **({"rows": e.rows} if hasattr(e, "rows") else {})}
         return out

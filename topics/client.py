@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import gc
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from collections.abc import Callable, Mapping
+from typing import Any, Iterable, Iterator, NamedTuple
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.errors import InvalidTransactionTimeoutError, KafkaError, KafkaTimeoutError
+from kafka.errors import (CommitFailedError, IllegalGenerationError, InvalidTransactionTimeoutError, KafkaError,
+                          KafkaTimeoutError, RebalanceInProgressError, UnknownMemberIdError)
 from kafka.structs import MemberState, OffsetAndMetadata
 
 from . import tracing
@@ -194,20 +195,44 @@ def wait(future, timeout: float, topic: str = ""):
         raise ProduceError(f"record to {topic or 'topic'} not acknowledged: {type(e).__name__}: {e}") from e
 
 
+def _pause_collection() -> bool:
+    """Pause automatic garbage collection while a fetched batch is parsed and decoded;
+    True if this call paused it (then :func:`_resume_collection` resumes it).
+
+    A polled batch is tens of thousands of new containers that outlive the poll (2,000
+    trajectory records: 32,000 lists of tokens, logprobs, versions, ...). Collected while
+    they are made, they are traversed again and again: by the young collections every 700
+    of them, by the middle generation's, and by the full collections their growth sets
+    off, each of which walks every long-lived object of the process too; that cost more
+    than decoding them. Paused, the collector meets the batch once, when it next runs.
+    The pause spans only work that does not wait, it makes no reference cycles (nothing
+    is left to leak), and a collector the application disabled stays disabled.
+    No allocation here: one would set off the very collection this defers.
+    """
+    if gc.isenabled():
+        gc.disable()
+        return True
+    return False
+
+
+def _resume_collection(paused: bool) -> None:
+    if paused:
+        gc.enable()
+
+
 def _same_membership(a: Any, b: Any) -> bool:
     return (a.generation_id, a.member_id) == (b.generation_id, b.member_id) and a.generation_id >= 0
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """A decoded record and where it came from."""
+class Delivery(NamedTuple):
+    """A decoded record and where it came from (a named tuple: one is made per record)."""
 
     topic: str
     partition: int
     offset: int
-    key: str | None
+    key: str | None  #: the record's key as text (undecodable bytes replaced)
     message: Message
-    headers: list[tuple[str, bytes]]
+    headers: list[tuple[str, bytes]]  #: as kafka-python read them (a value may be None)
     timestamp_ms: int
 
     @property
@@ -233,7 +258,7 @@ class DeadLetters:
             error_type=type(error).__name__, error=str(error),
             key=base64.b64encode(key).decode() if key is not None else None,
             value=base64.b64encode(value or b"").decode(),
-            headers={k: v.decode("latin-1") for k, v in headers or ()},
+            headers={k: v.decode("latin-1") if v is not None else None for k, v in headers or ()},
             consumer=self.consumer_name, ts=time.time())
         # Durable before the consumer may commit past the bad record.
         self.producer.send_sync(self.topic, letter, key=topic, trace=False)
@@ -247,7 +272,9 @@ class Consumer:
 
     Either ``topics`` (group subscription) or ``partitions`` (manual assignment).
     With ``expect`` (message types, or per topic a mapping of topic to types), a record of
-    any other message type is dead-lettered like an undecodable one. ``pending_offsets()`` are the positions after every record handed out (and every
+    any other message type is dead-lettered like an undecodable one. With ``accept``
+    (``accept(key, headers) -> bool``), a record it refuses is passed over before its value
+    is decoded (a reader of a shared topic that wants only its own records). ``pending_offsets()`` are the positions after every record handed out (and every
     record dead-lettered) since the last commit; :meth:`commit` commits them, or a
     transactional producer commits them with :meth:`Producer.send_offsets`.
     """
@@ -258,6 +285,7 @@ class Consumer:
                  auto_offset_reset: str = "earliest", client_id: str = "astraflow",
                  max_partition_fetch_bytes: int = 4 * MiB,
                  expect: tuple[type[Message], ...] | Mapping[str, tuple[type[Message], ...]] = (),
+                 accept: Callable[[bytes | None, list[tuple[str, bytes]]], bool] | None = None,
                  **config: Any) -> None:
         settings: dict[str, Any] = dict(
             bootstrap_servers=bootstrap_servers, group_id=group_id, client_id=client_id,
@@ -280,6 +308,8 @@ class Consumer:
             self._kc.assign(partitions)
         self.dead_letters = dead_letters
         self.expect = expect
+        self.accept = accept
+        self.skipped = 0  #: records ``accept`` passed over undecoded
         self._subscribed = bool(topics) and group_id is not None
         self._pending: dict[TopicPartition, int] = {}
         self._handed_out_in: dict[TopicPartition, Any] = {}  # partition -> group membership at poll
@@ -291,9 +321,23 @@ class Consumer:
         return self._kc
 
     def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[Delivery]:
-        """Decoded records, in partition order; undecodable ones are dead-lettered and skipped."""
-        batches = self._kc.poll(timeout_ms=timeout_ms, max_records=max_records)
-        membership = self._kc.group_metadata() if self._subscribed else None
+        """Decoded records, in partition order; undecodable ones are dead-lettered and skipped.
+
+        Records already fetched are parsed and decoded with the garbage collector paused
+        (:func:`_pause_collection`); waiting for more and writing dead letters are not.
+        """
+        paused = _pause_collection()
+        try:
+            batches = self._kc.poll(timeout_ms=0, max_records=max_records)  # what is already fetched
+            if not batches and timeout_ms > 0:
+                _resume_collection(paused)  # wait with the collector running
+                paused = False
+                batches = self._kc.poll(timeout_ms=timeout_ms, max_records=max_records)
+                paused = _pause_collection()
+            membership = self._kc.group_metadata() if self._subscribed else None
+            out, rejected = self._decode(batches)
+        finally:
+            _resume_collection(paused)
         if membership is not None:
             if membership.generation_id >= 0 and membership.member_id and membership.state == MemberState.STABLE:
                 self._outside_since = None
@@ -304,32 +348,59 @@ class Consumer:
             for tp in [tp for tp, m in self._handed_out_in.items() if not _same_membership(m, membership)]:
                 self._pending.pop(tp, None)
                 del self._handed_out_in[tp]
-        out: list[Delivery] = []
         for tp, records in batches.items():
-            if membership is not None and records:
+            if not records:
+                continue
+            if membership is not None:
                 self._handed_out_in[tp] = membership
+            if rejected:
+                self._reject(tp, records, rejected)
+            self._pending[tp] = records[-1].offset + 1
+        return out
+
+    def _decode(self, batches: Mapping[TopicPartition, list]) -> tuple[list[Delivery], dict[int, DecodeError]]:
+        """The deliveries of ``batches``, and by record id why each of the others is none."""
+        out: list[Delivery] = []
+        rejected: dict[int, DecodeError] = {}
+        expect, accept = self.expect, self.accept
+        for tp, records in batches.items():
+            allowed = expect.get(tp.topic, ()) if isinstance(expect, Mapping) else expect
             for r in records:
-                headers = list(r.headers or [])
+                headers = r.headers or []  # kafka-python's own list, one per record
+                if accept is not None and not accept(r.key, headers):
+                    self.skipped += 1  # not this reader's: never decoded, its offset still counts (poll)
+                    continue
                 try:
                     msg = decode(r.value, headers)
-                    allowed = self.expect.get(r.topic, ()) if isinstance(self.expect, Mapping) else self.expect
                     if allowed and not isinstance(msg, allowed):
                         raise DecodeError(f"{r.topic} carries {', '.join(t.TYPE for t in allowed)} records, "
                                           f"not {msg.TYPE}")
                 except DecodeError as e:
-                    if self.dead_letters is None:
-                        raise
-                    self.dead_letters.put(r.topic, r.partition, r.offset, r.key, r.value, headers, e)
+                    rejected[id(r)] = e
                 else:
                     key = r.key.decode("utf-8", "replace") if r.key is not None else None
                     out.append(Delivery(r.topic, r.partition, r.offset, key, msg, headers, r.timestamp))
-                self._pending[tp] = r.offset + 1
-        return out
+        return out, rejected
+
+    def _reject(self, tp: TopicPartition, records: list, rejected: dict[int, DecodeError]) -> None:
+        """Dead-letter ``records`` that are in ``rejected``, in order; without a dead-letter
+        topic, raise the first one's error (the records before it count as handed out)."""
+        for r in records:
+            error = rejected.get(id(r))
+            if error is not None:
+                if self.dead_letters is None:
+                    raise error
+                self.dead_letters.put(r.topic, r.partition, r.offset, r.key, r.value, r.headers or [], error)
+            self._pending[tp] = r.offset + 1
 
     def pending_offsets(self) -> dict[TopicPartition, int]:
         return dict(self._pending)
 
     def mark_committed(self, offsets: dict[TopicPartition, int]) -> None:
+        self._forget(offsets)
+
+    def _forget(self, offsets: dict[TopicPartition, int]) -> None:
+        """Drop pending offsets: committed, or void (another member redoes their records)."""
         for tp, off in offsets.items():
             if self._pending.get(tp) == off:
                 del self._pending[tp]
@@ -356,11 +427,38 @@ class Consumer:
         return current
 
     def commit(self, offsets: dict[TopicPartition, int] | None = None) -> None:
-        """Synchronously commit ``offsets`` (default: everything handed out so far)."""
-        offs = offsets if offsets is not None else self.pending_offsets()
-        if offs:
+        """Synchronously commit ``offsets`` (default: everything handed out so far).
+
+        A subscribed consumer that lost its group membership since it handed the records out
+        (a rebalance: kicked out for a slow poll, a session that expired, a broker restart)
+        raises :class:`StaleMembershipError`, as the transactional path does, instead of
+        kafka-python's ``CommitFailedError`` / ``RebalanceInProgressError``: the partition's
+        owner after the rebalance is handed the same records from the committed offset, so
+        the caller drops what it did for them (nothing is lost; they are redone once). The
+        void offsets are forgotten here, so the next commit does not try them again.
+        """
+        explicit = offsets is not None
+        offs = offsets if explicit else self.pending_offsets()
+        if not offs:
+            return
+        try:
+            if self._subscribed and not explicit:
+                self.membership_for(offs)  # handed out under the membership still current
             self._kc.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in offs.items()})
-            self.mark_committed(offs)
+        except StaleMembershipError:
+            self._forget(offs)
+            raise
+        except (CommitFailedError, RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError) as e:
+            if not self._subscribed:
+                raise
+            self._forget(offs)
+            meta = self._kc.group_metadata()
+            raise StaleMembershipError(
+                f"consumer {self._kc.config['client_id']} of group {meta.group_id}: the group rebalanced before "
+                f"the offsets {sorted((tp.topic, tp.partition, o) for tp, o in offs.items())} were committed "
+                f"({type(e).__name__}: {e}); not committed — the partition's owner redoes them from the "
+                f"committed offset") from e
+        self.mark_committed(offs)
 
     def group_metadata(self):
         return self._kc.group_metadata()

@@ -2,8 +2,15 @@
 
 Values are orjson JSON, readable by any Kafka tool; the type and schema travel in the
 ``af-type`` / ``af-schema`` headers, so a plain consumer still sees plain JSON.
-Decoding is strict: an unknown type, a newer schema, unknown or missing fields raise a
+Decoding is strict: an unknown type, a newer schema, unknown or missing fields, a field
+that should hold a record (or a list of them) but does not, raise a
 :class:`~.exceptions.DecodeError` subclass (consumers turn those into dead letters).
+
+Decoding is on every consumer's hot path, so each message class gets a :class:`_Builder`
+once: a record written by this code (every field, in field order) becomes its message
+with no copy, the dict orjson made becoming the instance's ``__dict__``; anything else
+takes the checked path, which also puts fields in class order (orjson encodes a
+dataclass in ``__dict__`` order, so a message decoded and sent on keeps its bytes).
 """
 
 from __future__ import annotations
@@ -52,69 +59,153 @@ def header(headers: typing.Iterable[tuple[str, bytes]] | None, name: str) -> byt
     return None
 
 
+#: (af-type, af-schema) header values already checked -> the builder of their class. Bounded:
+#: forged records could name endless spellings of an accepted schema (``b"01"``, ``b"-7"``).
+_checked: dict[tuple[Any, Any], "_Builder"] = {}
+_CHECKED_MAX = 256
+_ABSENT = object()  #: a header the record does not have (a header's value may be null)
+
+
 def decode(value: bytes | None, headers: typing.Iterable[tuple[str, bytes]] | None) -> Message:
     """The typed message a record carries, or a :class:`DecodeError`."""
-    raw_type = header(headers, H_TYPE)
-    if raw_type is None:
+    raw_type = raw_schema = _ABSENT  # the first of each counts, as with :func:`header`
+    for k, v in headers or ():
+        if k == H_TYPE:
+            if raw_type is _ABSENT:
+                raw_type = v
+        elif k == H_SCHEMA and raw_schema is _ABSENT:
+            raw_schema = v
+    builder = _checked.get((raw_type, raw_schema)) or _check(raw_type, raw_schema)
+    if value is None:
+        raise DecodeError(f"{builder.cls.TYPE} record has no value")
+    try:
+        data = orjson.loads(value)
+    except orjson.JSONDecodeError as e:
+        raise DecodeError(f"value is not JSON: {e}") from None
+    return builder(data)
+
+
+def _check(raw_type: Any, raw_schema: Any) -> "_Builder":
+    """The builder for records with these header values, or the :class:`DecodeError` they deserve."""
+    if raw_type is _ABSENT:
         raise DecodeError("record has no af-type header")
+    if raw_type is None:
+        raise DecodeError("record's af-type header has no value")
     af_type = raw_type.decode("utf-8", "replace")
     cls = MESSAGE_TYPES.get(af_type)
     if cls is None:
         raise UnknownMessageType(f"unknown af-type {af_type!r} (known: {sorted(MESSAGE_TYPES)})")
-    raw_schema = header(headers, H_SCHEMA)
     try:
-        schema = int(raw_schema) if raw_schema is not None else 1
-    except ValueError:
+        schema = 1 if raw_schema is _ABSENT else int(raw_schema)
+    except (TypeError, ValueError):
         raise DecodeError(f"af-schema header {raw_schema!r} is not an integer") from None
     if schema > cls.SCHEMA:
         raise UnsupportedSchema(
             f"{af_type} schema {schema} is newer than this code supports ({cls.SCHEMA}); upgrade astraflow"
         )
-    if value is None:
-        raise DecodeError(f"{af_type} record has no value")
-    try:
-        data = orjson.loads(value)
-    except orjson.JSONDecodeError as e:
-        raise DecodeError(f"value is not JSON: {e}") from None
-    return build(cls, data)
+    builder = _builder(cls)
+    if len(_checked) < _CHECKED_MAX:
+        _checked[(raw_type, raw_schema)] = builder
+    return builder
 
 
 def build(cls: type, data: Any) -> Any:
-    """Construct dataclass ``cls`` (recursively) from decoded JSON, strictly."""
-    if not isinstance(data, dict):
-        raise DecodeError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
-    plan = _plan(cls)
-    retired = getattr(cls, "RETIRED", frozenset())
-    unknown = data.keys() - plan.keys() - retired
-    if unknown:
-        raise DecodeError(f"{cls.__name__}: unknown field(s) {sorted(unknown)}")
-    kwargs = {}
-    for name, value in data.items():
-        if name in retired:
-            continue
-        conv = plan[name]
-        kwargs[name] = conv(value) if conv is not None and value is not None else value
-    try:
-        return cls(**kwargs)
-    except TypeError as e:
-        raise DecodeError(f"{cls.__name__}: {e}") from None
+    """Construct dataclass ``cls`` (recursively) from decoded JSON, strictly.
+
+    ``data`` is taken over, not copied: its dicts may become the new objects' attributes.
+    """
+    return _builder(cls)(data)
+
+
+_new = object.__new__
+_set = object.__setattr__
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class _Builder:
+    """How to turn a decoded JSON object into dataclass ``cls``, worked out once per class."""
+
+    cls: type
+    names: tuple[str, ...]  #: every field, in class order
+    known: frozenset[str]  #: the same, as a set
+    required: frozenset[str]  #: fields without a default
+    defaults: dict[str, Callable[[], Any]]  #: field -> its default (a factory, or a constant's getter)
+    retired: frozenset[str]  #: accepted and dropped (:attr:`Message.RETIRED`)
+    #: fields holding records: (field, builder, whether a list of them)
+    nested: tuple[tuple[str, "_Builder", bool], ...]
+    #: whether an instance is just its fields in ``__dict__`` (the generated ``__init__``,
+    #: no ``__post_init__``, no slots): then it is made without calling ``__init__``
+    direct: bool
+
+    def __call__(self, data: Any) -> Any:
+        if type(data) is not dict:
+            raise DecodeError(f"{self.cls.__name__}: expected a JSON object, got {type(data).__name__}")
+        if tuple(data) != self.names:  # not as this code writes it: check and order the fields
+            data = self._complete(data)
+        for name, builder, many in self.nested:
+            value = data[name]
+            if value is None:
+                continue
+            if not many:
+                data[name] = builder(value)
+            elif type(value) is list:
+                data[name] = [builder(x) for x in value]
+            else:
+                raise DecodeError(f"{self.cls.__name__}.{name}: expected a JSON array, got {type(value).__name__}")
+        if self.direct:
+            obj = _new(self.cls)
+            _set(obj, "__dict__", data)
+            return obj
+        try:
+            return self.cls(**data)
+        except TypeError as e:
+            raise DecodeError(f"{self.cls.__name__}: {e}") from None
+
+    def _complete(self, data: dict) -> dict:
+        """``data``'s fields in class order with the defaults of those it lacks; unknown or
+        missing required fields raise :class:`DecodeError`."""
+        keys = data.keys()
+        unknown = keys - self.known - self.retired
+        if unknown:
+            raise DecodeError(f"{self.cls.__name__}: unknown field(s) {sorted(unknown)}")
+        missing = self.required - keys
+        if missing:
+            raise DecodeError(f"{self.cls.__name__}: missing field(s) {sorted(missing)}")
+        return {name: data[name] if name in data else self.defaults[name]() for name in self.names}
 
 
 @functools.cache
-def _plan(cls: type) -> dict[str, Callable[[Any], Any] | None]:
+def _builder(cls: type) -> _Builder:
     hints = typing.get_type_hints(cls)
-    return {f.name: _converter(hints[f.name]) for f in dataclasses.fields(cls)}
+    fields = dataclasses.fields(cls)
+    defaults: dict[str, Callable[[], Any]] = {}
+    for f in fields:
+        if f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory
+        elif f.default is not dataclasses.MISSING:
+            defaults[f.name] = functools.partial(_same, f.default)
+    nested = tuple((f.name, *n) for f in fields if (n := _nested(hints[f.name])) is not None)
+    direct = (all(f.init for f in fields) and not hasattr(cls, "__post_init__")
+              and not hasattr(cls, "__slots__") and cls.__dataclass_params__.init)
+    names = tuple(f.name for f in fields)
+    return _Builder(cls, names, frozenset(names), frozenset(names) - defaults.keys(),
+                    defaults, frozenset(getattr(cls, "RETIRED", frozenset())), nested, direct)
 
 
-def _converter(tp: Any) -> Callable[[Any], Any] | None:
+def _same(value: Any) -> Any:
+    return value
+
+
+def _nested(tp: Any) -> tuple[_Builder, bool] | None:
+    """The builder for a field of type ``tp`` that holds records (optionally a list of them)."""
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _converter(inner[0]) if len(inner) == 1 else None
+        return _nested(inner[0]) if len(inner) == 1 else None
     if dataclasses.is_dataclass(tp):
-        return functools.partial(build, tp)
+        return _builder(tp), False
     if origin is list:
         (item,) = typing.get_args(tp) or (Any,)
         if dataclasses.is_dataclass(item):
-            return lambda seq: [build(item, x) for x in seq]
+            return _builder(item), True
     return None

@@ -72,6 +72,8 @@ class StaleMembershipError(ProduceError):
 
     Its partitions may already belong to another member, which fetched the old committed
     offsets and redoes those records; committing them here too would answer them twice.
-    The transaction is aborted; the next poll rejoins the group and starts again from the
-    committed offsets.
+    The transaction is aborted (a plain :meth:`Consumer.commit
+    <astraflow.topics.client.Consumer.commit>` raises it too, for kafka-python's
+    ``CommitFailedError`` and its kin, and forgets the void offsets); the next poll rejoins
+    the group and starts again from the committed offsets.
     """

@@ -5,6 +5,8 @@ and ``SCHEMA`` (the ``af-schema`` header, bumped on any incompatible change). On
 registry, :data:`MESSAGE_TYPES`, maps ``af-type`` to class. Encoding lives in
 :mod:`.codec`; this module holds only the shapes and what each field means.
 Lists stay lists (not tuples) because they are decoded straight from JSON arrays.
+A message class is a plain dataclass: no ``__init__`` of its own, since decoding fills a
+record's fields in without calling it (a ``__post_init__`` makes decoding call it).
 """
 
 from __future__ import annotations
@@ -92,7 +94,10 @@ class Sample:
     reward: float
     finish_reason: str  #: "stop" or "length"
     text: str = ""
-    prompt_ids: list[int] = field(default_factory=list)  #: this sample's own context; empty: the group's
+    #: this sample's context (the tokens before ``tokens``); empty: the group's ``prompt_ids``
+    #: (the task's prompt), which is what nodes write when the two are equal. A sample never
+    #: has an empty context: its first token is trained as predicted from the one before.
+    prompt_ids: list[int] = field(default_factory=list)
     #: per token: 1 trained on, 0 context written by another role or the environment
     #: (its logprob and version are 0); empty: every token is trained on
     loss_mask: list[int] = field(default_factory=list)
@@ -129,7 +134,7 @@ class TrajectoryGroup(Message):
     prompt_id: str
     policy: str
     node_id: str
-    prompt_ids: list[int]
+    prompt_ids: list[int]  #: the task's prompt, tokenized: the context of every sample that names none of its own
     samples: list[Sample]
     scheduled_version: int = 0
     started_at: float = 0.0
@@ -156,10 +161,17 @@ class GenerationRequest(Message):
     member of ``gen.<policy>``; the episode takes the first reply per ``request_id`` and the
     seeds make a repeated answer the same sample. Retired: ``reply_to`` (replies find their
     episode by key and ``request_id``) and ``min_version`` (written, never enforced: a
-    lockstep job's barrier is the dataflow's).
+    lockstep job's barrier is the dataflow's). There is no version floor on the wire: a
+    server answers with the weights it holds when it serves the request and each reply row
+    says which version that was (:attr:`GenerationReply.versions`).
+
+    Schema 2 added ``reply_partition``: the requester reads only that partition of
+    ``replies`` (``JobTopics.reply_partition`` of its node id), so a node's reply traffic
+    does not grow with the number of requesting nodes; -1 (schema 1 records) answers by key.
     """
 
     TYPE: ClassVar[str] = "generation-request"
+    SCHEMA: ClassVar[int] = 2
     RETIRED: ClassVar[frozenset[str]] = frozenset({"reply_to", "min_version"})
     request_id: str
     episode_id: str
@@ -169,12 +181,15 @@ class GenerationRequest(Message):
     seeds: list[int]
     sampling: dict[str, Any] = field(default_factory=dict)
     ts: float = 0.0
+    reply_partition: int = -1  #: the partition of ``replies`` to answer on; -1: the key's
 
 
 @register
 @dataclass(frozen=True)
 class GenerationReply(Message):
-    """The answer to a :class:`GenerationRequest`, on ``replies`` keyed by episode."""
+    """The answer to a :class:`GenerationRequest`, on ``replies`` keyed by episode, in the
+    request's ``reply_partition``; the record's ``af-request`` header repeats ``request_id``
+    so a requester passes over other requesters' replies without decoding them."""
 
     TYPE: ClassVar[str] = "generation-reply"
     request_id: str
@@ -384,6 +399,6 @@ class DeadLetter(Message):
     error: str
     key: str | None  #: base64 of the original key
     value: str  #: base64 of the original value
-    headers: dict[str, str] = field(default_factory=dict)  #: original headers (bytes as latin-1)
+    headers: dict[str, str | None] = field(default_factory=dict)  #: original headers (bytes as latin-1; null: null)
     consumer: str = ""  #: who gave up on it
     ts: float = 0.0

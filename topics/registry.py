@@ -15,6 +15,7 @@ least ``min.insync.replicas`` brokers.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Protocol, Sequence
@@ -203,8 +204,15 @@ class JobTopics:
 
     @property
     def replies(self) -> str:
-        """Answers to generation requests, keyed by episode."""
+        """Answers to generation requests, keyed by episode, each in the partition its
+        requester reads (:meth:`reply_partition`)."""
         return self.prefix + "replies"
+
+    def reply_partition(self, requester: str) -> int:
+        """The one partition of ``replies`` node ``requester`` reads its answers from: a stable
+        hash of its id over the topic's partitions (``trajectory_partitions``)."""
+        digest = hashlib.blake2b(requester.encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") % self.trajectory_partitions
 
     def specs(self) -> list[TopicSpec]:
         specs = [

@@ -17,7 +17,9 @@ by the rollout actor, the in-process sequential baseline and tests alike.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -26,7 +28,7 @@ from astraflow.engines.base import Generation, RolloutEngine, SamplingParams
 
 __all__ = ["Turn", "Trajectory", "EpisodeResult", "Episode", "Role", "EngineRole", "WorkflowSpec",
            "workflow", "get_workflow", "WORKFLOWS", "reward", "get_reward", "REWARDS", "run_episode",
-           "ENV", "role_seed"]
+           "ENV", "role_seed", "ConcurrentGenerateError", "SamplingOverrideError", "call_sampling"]
 
 ENV = "env"  #: the writer of tokens that no role generated (feedback, tool output)
 
@@ -53,6 +55,13 @@ class Trajectory:
     ``loss_mask[i] == 1`` marks a token this role generated (trained on, with its
     ``logprobs[i]`` and ``versions[i]``) and 0 context written by another role or the
     environment (``token_roles[i]`` says by whom; its logprob and version are 0).
+
+    ``prompt_ids`` is never empty: the first token is trained as predicted from the one
+    before it, so a trajectory without context cannot be trained, and on the topic an
+    empty :attr:`Sample.prompt_ids <astraflow.topics.Sample.prompt_ids>` means "the task's
+    prompt" — a context-free trajectory would be trained after the task prompt it never
+    saw. Building one raises ``ValueError``; a chain that begins with context passes that
+    context as its ``prompt_ids``.
     """
 
     prompt_ids: tuple[int, ...]
@@ -67,6 +76,10 @@ class Trajectory:
     info: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError("trajectory: prompt_ids is empty; a trajectory needs the context its first token "
+                             "was generated from (e.g. ep.encode(ep.prompt), or the chain's leading context) — an "
+                             "empty prompt would be read as the task's prompt at training time")
         n = len(self.tokens)
         for name in ("logprobs", "versions", "loss_mask", "token_roles"):
             if len(getattr(self, name)) != n:
@@ -122,14 +135,62 @@ class EpisodeResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+class ConcurrentGenerateError(RuntimeError):
+    """A workflow called ``generate`` while another call of the same episode was in flight."""
+
+
+class SamplingOverrideError(ValueError):
+    """A ``generate`` call asked for sampling the policy's trainer cannot reproduce."""
+
+
+def call_sampling(role: str, policy: str, sampling: Mapping[str, Any], *, max_new_tokens: int | None = None,
+                  temperature: float | None = None) -> dict[str, Any]:
+    """The sampling settings of one ``generate`` call of ``role``: the policy's own
+    (``sampling``: its ``rollout`` section, as the task or the node carries it), with
+    ``max_new_tokens`` when given and not 0 (a length cap changes no token's probability).
+
+    ``temperature`` may only repeat the policy's; any other value raises
+    :class:`SamplingOverrideError`. The trainer of ``policy`` recomputes the logprob of every
+    generated token at its ``rollout.temperature`` / ``top_p`` / ``top_k`` and weighs it by
+    the ratio to the behaviour logprob the sample carries; a token drawn at another
+    temperature would be weighted by the ratio of two different distributions, silently.
+    To sample a role hotter or colder, set that role's policy's ``rollout.temperature``.
+    """
+    out = dict(sampling)
+    if temperature is not None:
+        have = float(sampling.get("temperature", 1.0))
+        if float(temperature) != have:
+            raise SamplingOverrideError(
+                f"role {role!r} (policy {policy!r}): generate(temperature={temperature}) differs from the policy's "
+                f"rollout.temperature {have}; the trainer computes importance ratios at the rollout temperature, "
+                f"so per-call temperatures are refused — set policies.{policy}.rollout.temperature (or "
+                f"rollout.temperature) instead")
+    if max_new_tokens:
+        out["max_new_tokens"] = int(max_new_tokens)
+    return out
+
+
 class Role(Protocol):
-    """``ep.roles[name]``: sample from the policy bound to the role."""
+    """``ep.roles[name]``: sample from the policy bound to the role.
+
+    An episode's ``generate`` calls are sequential: a call made (from another thread) while
+    another call of the same episode, on any of its roles, is still running raises
+    :class:`ConcurrentGenerateError`. Batch rows into one call instead (``prompts`` takes
+    any number); the node already batches the calls of concurrent *episodes*. Why: the node
+    coalesces calls by counting, per episode, whether it waits on an engine or another pool,
+    and the seeds of call ``k`` follow the order of the calls, which threads would make
+    depend on timing (a redone episode must reproduce its samples).
+    """
 
     name: str
     policy: str
 
     def generate(self, prompts: Sequence[Sequence[int]], *, seeds: Sequence[int],
-                 max_new_tokens: int | None = None, temperature: float | None = None) -> list[Turn]: ...
+                 max_new_tokens: int | None = None, temperature: float | None = None) -> list[Turn]:
+        """One completion per row of ``prompts``. ``max_new_tokens`` caps this call's length;
+        ``temperature`` is accepted only equal to the policy's rollout temperature (see
+        :func:`call_sampling`: anything else raises :class:`SamplingOverrideError`)."""
+        ...
 
 
 def role_seed(job_seed: int, episode_id: str, role: str, call: int, row: int) -> int:
@@ -152,8 +213,9 @@ class EngineRole:
         self.sampling, self.lock, self.before_call = dict(sampling), lock, before_call
 
     def params(self, max_new_tokens: int | None, temperature: float | None) -> SamplingParams:
-        return SamplingParams.from_mapping(self.sampling, stop_token_ids=(self.tokenizer.eos_token_id,),
-                                           max_new_tokens=max_new_tokens, temperature=temperature)
+        sampling = call_sampling(self.name, self.policy, self.sampling, max_new_tokens=max_new_tokens,
+                                 temperature=temperature)
+        return SamplingParams.from_mapping(sampling, stop_token_ids=(self.tokenizer.eos_token_id,))
 
     def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None) -> list[Turn]:
         params = self.params(max_new_tokens, temperature)
@@ -178,19 +240,46 @@ class _SeededRole:
     """Wraps a role so a workflow never has to invent seeds: call ``k`` row ``j`` draws
     :func:`role_seed` ``(job seed, episode, role, k, j)`` unless the workflow passes seeds."""
 
-    def __init__(self, role: Role, job_seed: int, episode_id: str) -> None:
+    def __init__(self, role: Role, job_seed: int, episode_id: str, guard: "_OneCallAtATime | None" = None) -> None:
         self._role, self._seed, self._episode, self._calls = role, job_seed, episode_id, 0
         self.name, self.policy = role.name, role.policy
+        self._guard = guard or _OneCallAtATime(episode_id)
         self.turns = 0
 
     def generate(self, prompts, *, seeds=None, max_new_tokens=None, temperature=None) -> list[Turn]:
-        prompts = [list(p) for p in prompts]
-        if seeds is None:
-            seeds = [role_seed(self._seed, self._episode, self.name, self._calls, j) for j in range(len(prompts))]
-        self._calls += 1
-        out = self._role.generate(prompts, seeds=seeds, max_new_tokens=max_new_tokens, temperature=temperature)
-        self.turns += len(out)
-        return out
+        with self._guard.call(self.name):
+            prompts = [list(p) for p in prompts]
+            if seeds is None:
+                seeds = [role_seed(self._seed, self._episode, self.name, self._calls, j) for j in range(len(prompts))]
+            self._calls += 1
+            out = self._role.generate(prompts, seeds=seeds, max_new_tokens=max_new_tokens, temperature=temperature)
+            self.turns += len(out)
+            return out
+
+
+class _OneCallAtATime:
+    """The episode's ``generate`` calls, one at a time (see :class:`Role`): a second call while
+    one is in flight raises :class:`ConcurrentGenerateError` at once, never waits."""
+
+    def __init__(self, episode_id: str) -> None:
+        self.episode_id = episode_id
+        self._lock = threading.Lock()
+        self._busy: str | None = None
+
+    @contextlib.contextmanager
+    def call(self, role: str):
+        with self._lock:
+            if self._busy is not None:
+                raise ConcurrentGenerateError(
+                    f"episode {self.episode_id}: role {role!r} called generate while a call of role "
+                    f"{self._busy!r} of the same episode is still in flight; an episode's generate calls must be "
+                    f"sequential (pass several prompts to one call to batch them)")
+            self._busy = role
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._busy = None
 
 
 @dataclass
@@ -274,7 +363,8 @@ def get_reward(name: str) -> Callable[..., float]:
 
 def run_episode(spec: WorkflowSpec, episode: Episode, job_seed: int) -> EpisodeResult:
     """Run one episode with seeded role handles; check what it returns against the contract."""
-    seeded = {name: _SeededRole(role, job_seed, episode.episode_id) for name, role in episode.roles.items()}
+    guard = _OneCallAtATime(episode.episode_id)
+    seeded = {name: _SeededRole(role, job_seed, episode.episode_id, guard) for name, role in episode.roles.items()}
     missing = set(spec.roles) - set(seeded)
     if missing:
         raise KeyError(f"workflow {spec.name!r} needs roles {sorted(missing)} bound to a policy")

@@ -128,3 +128,155 @@ def test_a_request_is_served_by_whoever_holds_its_partition_after_the_group_chan
     finally:
         client.close()
     assert len(result["turns"]) == 1 and calls == [1]
+
+
+def _listed(bootstrap, group: str, member: str) -> bool:
+    from kafka import KafkaAdminClient
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        return any(m["member_id"] == member for m in admin.describe_groups([group])[group].get("members") or ())
+    finally:
+        admin.close()
+
+
+def _joined(server, polls: int = 60) -> None:
+    for _ in range(polls):
+        server.serve(250)
+        meta = server.consumer.group_metadata()
+        if meta.generation_id >= 0 and server.consumer.assignment():
+            return
+    raise AssertionError(f"{server.node_id} never joined its group")
+
+
+def test_a_commit_refused_by_a_rebalance_is_fenced_and_the_new_owner_answers_once(bootstrap, topics, tok_engine):
+    """The group rebalances while a server answers (here: it stops heartbeating and the broker
+    expels it, as it does a member whose session expired): its synchronous commit is refused
+    (kafka-python's CommitFailedError). The server must not crash: the request is counted
+    fenced, the partition's new owner answers it from the committed offset, and the episode
+    keeps one answer (the repeat reply is dropped by request id)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    tok, engine = tok_engine
+    group = topics.generation_group("verifier")
+    holder: dict = {}
+
+    def expelled_while_generating(prompts, params, seeds):
+        a = holder["a"]
+        member = a.consumer.group_metadata().member_id
+        a.consumer.raw._coordinator._disable_heartbeat()  # the client still believes it is a member
+        deadline = time.monotonic() + 40
+        while _listed(bootstrap, group, member):
+            assert time.monotonic() < deadline, "the broker never expelled the silent member"
+            time.sleep(0.5)
+        holder["ran"] = True
+        return engine.generate([list(p) for p in prompts], params, seeds=list(seeds))
+
+    def params(sampling):
+        return SamplingParams(temperature=1.0, max_new_tokens=int(sampling.get("max_new_tokens", 4)),
+                              stop_token_ids=(tok.eos_token_id,))
+
+    a = holder["a"] = GenerationServer(bootstrap, topics, "verifier", "raas-verifier-a", expelled_while_generating,
+                                       params)
+    client = GenerationClient(bootstrap, topics, "raas-solver-0", timeout_s=120)
+    result: dict = {}
+    caller = threading.Thread(target=lambda: result.update(turns=client.generate(
+        "verifier", "verifier", "ep-fence", [tok.encode("3+3=", add_special_tokens=False)], [4],
+        {"max_new_tokens": 4}, tok)))
+    b = None
+    try:
+        _joined(a)
+        caller.start()
+        deadline = time.monotonic() + 60
+        while "ran" not in holder:
+            assert time.monotonic() < deadline, "server a never got the request"
+            a.serve(500)  # before the fix: CommitFailedError out of here
+        assert (a.fenced, a.served) == (1, 0)
+        assert a.consumer.pending_offsets() == {}  # the void offset is not tried again
+        caller.join(60)
+        assert len(result["turns"]) == 1  # a's reply arrived before its commit was refused
+
+        calls_b: list[int] = []
+        b = _server(bootstrap, topics, tok, engine, "raas-verifier-b", calls_b)
+        deadline = time.monotonic() + 60
+        while not b.served:
+            assert time.monotonic() < deadline, "the request's new owner never got it"
+            b.serve(250)
+        assert calls_b == [1] and b.fenced == 0
+        a.serve(100)  # a goes on (rejoining); nothing to answer again: b committed it
+        assert a.served + b.served == 1
+    finally:
+        caller.join(5)
+        client.close()
+        a.close()
+        if b is not None:
+            b.close()
+
+    # Conservation on the topics: the request's offset committed once; two replies for it
+    # on ``replies`` (at-least-once), of which the episode took one.
+    probe = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    try:
+        parts = [TopicPartition(topics.generate("verifier"), p) for p in range(topics.task_partitions)]
+        assert sum(probe.committed(tp) or 0 for tp in parts) == 1
+    finally:
+        probe.close()
+    assert client.calls == 1
+
+
+def test_a_node_reads_only_its_reply_partition_and_decodes_only_its_own_replies(bootstrap, topics, tok_engine,
+                                                                                  monkeypatch):
+    """Before: every node read every partition of ``replies`` and decoded every reply of every
+    node (then dropped the others' by request id), a cost that grows with the pool."""
+    import collections
+
+    from astraflow.topics import client as client_mod
+
+    tok, engine = tok_engine
+    real_decode = client_mod.decode
+    decoded: collections.Counter = collections.Counter()
+
+    def counting_decode(value, headers):
+        msg = real_decode(value, headers)
+        decoded[(threading.current_thread().name, type(msg).__name__)] += 1
+        return msg
+    monkeypatch.setattr(client_mod, "decode", counting_decode)
+
+    # Two requesters that share a reply partition (the header check is what keeps them apart)
+    # and one on another partition.
+    pick = getattr(topics, "reply_partition", lambda node: 0)
+    names = [f"raas-solver-{i}" for i in range(64)]
+    quiet = names[0]
+    busy = next(n for n in names[1:] if pick(n) == pick(quiet))
+    other = next((n for n in names[1:] if pick(n) != pick(quiet)), names[-1])
+    clients = {n: GenerationClient(bootstrap, topics, n, timeout_s=120) for n in (quiet, busy, other)}
+    calls: list[int] = []
+    server = _server(bootstrap, topics, tok, engine, "raas-verifier-0", calls)
+    stop = threading.Event()
+    srv = threading.Thread(target=_serve_until, args=(server, stop))
+    out: dict = {}
+    prompt = [tok.encode("1+2=", add_special_tokens=False)]
+
+    def call(node, i):
+        out[(node, i)] = clients[node].generate("verifier", "verifier", f"ep-{node}-{i}", prompt, [i],
+                                                {"max_new_tokens": 2}, tok)
+    callers = [threading.Thread(target=call, args=(busy, i)) for i in range(5)]
+    callers += [threading.Thread(target=call, args=(other, i)) for i in range(3)]
+    callers.append(threading.Thread(target=call, args=(quiet, 0)))
+    try:
+        srv.start()
+        for t in callers:
+            t.start()
+        for t in callers:
+            t.join(120)
+        time.sleep(1.0)  # every reply is on the topic and has been read by now
+    finally:
+        stop.set()
+        srv.join(30)
+        server.close()
+        for c in clients.values():
+            c.close()
+    assert len(out) == 9 and all(len(turns) == 1 for turns in out.values())
+    for node, mine in ((quiet, 1), (busy, 5), (other, 3)):
+        assert decoded[(f"{node}-replies", "GenerationReply")] == mine, (node, dict(decoded))
+        assert {tp.partition for tp in clients[node].consumer.assignment()} == {pick(node)}
+    # the quiet node shares its partition with the busy one: it passed over those 5 undecoded
+    assert clients[quiet].consumer.skipped == 5 and clients[other].consumer.skipped == 0

@@ -77,3 +77,86 @@ def test_a_task_consumer_the_broker_dropped_is_recreated_and_gets_the_waiting_ta
         node.watch.close()
         feeder.close()
         node.plain.close()
+
+
+def test_a_commit_refused_by_a_rebalance_does_not_crash_the_node(bootstrap, job_topics, monkeypatch):
+    """A node polls only an undecodable task (dead-lettered) and commits past it with a plain
+    commit; the group rebalanced between that poll and the commit (its session expired: the
+    broker expelled it while the client still says "stable"), so kafka-python raises
+    CommitFailedError. The node must
+    go on (the task path's fencing: nothing of its own to keep), rejoin, be handed the record
+    again and commit past it once."""
+    import threading
+
+    from kafka import TopicPartition
+
+    from astraflow.topics import Consumer, DeadLetter
+
+    cfg = load_config("examples/arithmetic_grpo.yaml")
+    node = rollout.RolloutActor.__new__(rollout.RolloutActor)  # only the parts step() uses with no task
+    node.bootstrap, node.topics, node.cfg, node.node_id = bootstrap, job_topics, cfg, "raas-f"
+    node.multi, node.server = False, None
+    node.plain = Producer(bootstrap, client_id="raas-f")
+    node.metrics = MetricsEmitter(node.plain, job_topics.metrics, "raas-f")
+    node.engine = types.SimpleNamespace(version=0)
+    node.engine_lock = threading.Lock()
+    node.subscriber = types.SimpleNamespace(apply_to=lambda engine: None)
+    node._heartbeat = lambda force=False: None
+    node.watch = MembershipWatch(bootstrap, "raas-f", unsettled_s=rollout.CONSUMER_REJOIN_S, idle_s=600)
+    monkeypatch.setattr(rollout, "TASK_SESSION_TIMEOUT_MS", 6_000)  # the broker's minimum: expelled sooner
+    node.consumer = node._task_consumer()
+    group = job_topics.rollout_group(cfg.policy)
+    topic = job_topics.tasks(cfg.policy)
+    try:
+        for _ in range(40):
+            node.consumer.poll(250)
+            if node.consumer.group_metadata().generation_id >= 0 and node.consumer.assignment():
+                break
+        consumer = node.consumer
+        real_poll = consumer.poll
+
+        def poll_then_expelled(timeout_ms=1000, max_records=None):
+            """The rebalance lands between the poll that handed the record out and the commit:
+            the member goes silent until the broker expels it (its session expired)."""
+            out = real_poll(timeout_ms, max_records)
+            if consumer.pending_offsets() and not expelled:
+                member = consumer.group_metadata().member_id
+                consumer.raw._coordinator._disable_heartbeat()
+                deadline = time.monotonic() + 30
+                while _listed(bootstrap, group, member):
+                    assert time.monotonic() < deadline, "the broker never expelled the silent member"
+                    time.sleep(0.5)
+                expelled.append(member)
+            return out
+        expelled: list = []
+        consumer.poll = poll_then_expelled
+        node.plain.send_raw(topic, b"\x00garbage", key=b"bad", partition=0,
+                            headers=[("af-type", b"task")]).get(10)
+        letters = node.consumer.dead_letters
+        deadline = time.monotonic() + 30
+        while letters.count == 0:
+            assert time.monotonic() < deadline, "the undecodable task never arrived"
+            node.step()  # before the fix: CommitFailedError out of here, and the actor crashes
+        assert expelled and node.consumer.pending_offsets() == {}
+        deadline = time.monotonic() + 60
+        tp = TopicPartition(topic, 0)
+        while node.consumer.raw.committed(tp) != 1:  # rejoined, handed the record again, committed past it
+            assert time.monotonic() < deadline, "the node never committed past the record after rejoining"
+            node.step()
+        assert node.consumer.group_metadata().generation_id >= 0
+    finally:
+        node.consumer.close()
+        node.watch.close()
+    # the record was dead-lettered once per hand-out (at-least-once), committed past once
+    dlq = Consumer(bootstrap, partitions=[TopicPartition(job_topics.dlq, 0)])
+    try:
+        got = []
+        for _ in range(20):
+            got += [d.message for d in dlq.poll(1000)]
+            if len(got) >= 2:
+                break
+        assert [(m.source_topic, m.partition, m.offset) for m in got if isinstance(m, DeadLetter)] == \
+               [(topic, 0, 0)] * 2
+    finally:
+        dlq.close()
+        node.plain.close()

@@ -27,7 +27,7 @@ SAMPLES: dict[str, m.Message] = {
     "snapshot-request": m.SnapshotRequest("policy", "raas-0", 3, "chunk 1 corrupt", 12.5),
     "metric": m.Metric("trainer", "loss", 0.25, 3, 11.0, {"policy": "policy"}),
     "generation-request": m.GenerationRequest("n0.1", "task-1", "verifier", "verifier", [[5, 6]], [11],
-                                              {"temperature": 1.0}, ts=15.0),
+                                              {"temperature": 1.0}, ts=15.0, reply_partition=1),
     "generation-reply": m.GenerationReply("n0.1", "task-1", "raas-verifier-0", [[7, 1]], [[-0.3, -0.1]], [2],
                                           ["stop"], "", 16.0),
     "dead-letter": m.DeadLetter("af.x.tasks.policy", 2, 17, "DecodeError", "bad", "a2V5", "dmFs",

@@ -1,9 +1,16 @@
 import base64
 
+import gc
+
+import orjson
 import pytest
 from kafka import TopicPartition
 
 from astraflow.topics import DeadLetter, DeadLetters, DecodeError, Prompt
+from astraflow.topics import client as topics_client
+from astraflow.topics.codec import encode
+
+from .samples import GROUP
 
 GOOD = Prompt("p-good", "1+1=", "2")
 
@@ -17,6 +24,9 @@ def test_bad_records_go_to_dlq_with_coordinates_and_consumer_continues(job_topic
         (b'{"x": 1}', [("af-type", b"no-such-type")], "UnknownMessageType"),
         (b'{"prompt_id": "p"}', [("af-type", b"prompt"), ("af-schema", b"99")], "UnsupportedSchema"),
         (b'{"prompt_id": "p"}', [], "DecodeError"),
+        # a forged group whose samples are no list: once a TypeError that stopped the consumer
+        (orjson.dumps({**orjson.loads(encode(GROUP)[0]), "samples": 5}), [("af-type", b"trajectory-group")],
+         "DecodeError"),
     ]
     for value, headers, _ in bad:
         producer.send_raw(topic, value, key=b"k", headers=headers)
@@ -47,6 +57,86 @@ def test_bad_records_go_to_dlq_with_coordinates_and_consumer_continues(job_topic
     assert [base64.b64decode(x.value) for x in letters] == [b[0] for b in bad]
     assert all(x.consumer == "c1" and x.partition == 0 for x in letters)
     assert "newer than this code supports" in letters[2].error
+    assert "samples: expected a JSON array" in letters[4].error
+
+
+def test_bad_records_between_good_ones_are_dead_lettered_in_place(job_topics, make_producer, make_consumer):
+    """One poll: every good record is handed out in order, each bad one dead-lettered with
+    its own offset, and the position covers them all."""
+    producer = make_producer()
+    topic = job_topics.prompts
+    for i in range(5):
+        if i % 2:
+            producer.send_raw(topic, b"junk", key=b"k", headers=[("af-type", b"prompt")], partition=0)
+        else:
+            producer.send(topic, Prompt(f"p{i}", "q", "a"), key=f"p{i}", partition=0)
+    producer.flush()
+    dlq = DeadLetters(make_producer(), job_topics.dlq, consumer_name="mixed")
+    consumer = make_consumer(partitions=[TopicPartition(topic, 0)], dead_letters=dlq)
+    got = []
+    for _ in range(10):
+        got += consumer.poll(2000)
+        if len(got) + dlq.count >= 5:
+            break
+    assert [(d.offset, d.message.prompt_id, d.key) for d in got] == [(0, "p0", "p0"), (2, "p2", "p2"),
+                                                                      (4, "p4", "p4")]
+    assert dlq.count == 2 and consumer.pending_offsets() == {TopicPartition(topic, 0): 5}
+    reader = make_consumer(topics=[job_topics.dlq], group_id="dlq-reader")
+    letters = []
+    while len(letters) < 2:
+        batch = reader.poll(5000)
+        assert batch
+        letters += [d.message for d in batch]
+    assert [(x.offset, x.error_type) for x in letters] == [(1, "DecodeError"), (3, "DecodeError")]
+
+
+def test_poll_pauses_the_collector_only_while_it_decodes(job_topics, make_producer, make_consumer, monkeypatch):
+    """Decoding runs with automatic collection paused; writing a dead letter (it waits for the
+    broker) and whatever follows the poll run with it on, and an application's own
+    ``gc.disable()`` is left as it was."""
+    producer = make_producer()
+    topic = job_topics.prompts
+    producer.send(topic, Prompt("p0", "q", "a"), partition=0)
+    producer.send_raw(topic, b"junk", headers=[("af-type", b"prompt")], partition=0).get(10)
+    seen = {"decode": [], "dead letter": []}
+    real_decode, real_put = topics_client.decode, DeadLetters.put
+
+    def decode(value, headers):
+        seen["decode"].append(gc.isenabled())
+        return real_decode(value, headers)
+
+    def put(self, *args):
+        seen["dead letter"].append(gc.isenabled())
+        return real_put(self, *args)
+
+    monkeypatch.setattr(topics_client, "decode", decode)
+    monkeypatch.setattr(DeadLetters, "put", put)
+    dlq = DeadLetters(make_producer(), job_topics.dlq)
+    consumer = make_consumer(partitions=[TopicPartition(topic, 0)], dead_letters=dlq)
+    got = []
+    for _ in range(10):
+        got += consumer.poll(2000)
+        assert gc.isenabled()
+        if got and dlq.count:
+            break
+    assert len(got) == 1 and dlq.count == 1
+    assert seen["decode"] and not any(seen["decode"]) and seen["dead letter"] == [True]
+
+    strict = make_consumer(partitions=[TopicPartition(topic, 0)])  # no dead-letter topic: raises
+    with pytest.raises(DecodeError):
+        for _ in range(10):
+            strict.poll(2000)
+    assert gc.isenabled()
+
+    gc.disable()
+    try:
+        again = make_consumer(partitions=[TopicPartition(topic, 0)], dead_letters=dlq)
+        for _ in range(10):
+            if again.poll(2000):
+                break
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_decode_error_without_dlq_raises(job_topics, make_producer, make_consumer):

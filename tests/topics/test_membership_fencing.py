@@ -99,3 +99,24 @@ def test_a_consumer_reports_how_long_it_has_been_outside_its_group(job_topics, m
     # A consumer with manual assignment has no group to be outside of.
     manual = make_consumer(partitions=[TopicPartition(job_topics.tasks("policy"), 0)], group_id=None)
     assert manual.seconds_outside_group() == 0.0
+
+
+def test_a_plain_commit_after_falling_out_is_stale_membership_and_forgets_the_void_offsets(
+        job_topics, make_producer, make_consumer):
+    """The synchronous commit (generation servers, a node moving past dead letters) fences like
+    the transactional one: StaleMembershipError, not kafka-python's CommitFailedError, and the
+    void offsets are dropped, so the next commit does not try them again."""
+    src = job_topics.tasks("policy")
+    make_producer().send(src, Prompt("t0", "x", "y"), partition=0).get(10)
+    tp = TopicPartition(src, 0)
+    a = make_consumer(topics=[src], group_id="fence-sync", client_id="node-a")
+    assert [d.message.prompt_id for d in _drain(a, 1)] == ["t0"]
+    a.raw._coordinator.maybe_leave_group()  # what a poll-interval expiry makes kafka-python do
+    with pytest.raises(StaleMembershipError, match="membership changed"):
+        a.commit()
+    assert a.pending_offsets() == {}
+    a.commit()  # nothing left to commit: no error
+    b = make_consumer(topics=[src], group_id="fence-sync", client_id="node-b")
+    assert [d.message.prompt_id for d in _drain(b, 1)] == ["t0"]  # the new owner redoes it
+    b.commit()
+    assert b.raw.committed(tp) == 1

@@ -1,3 +1,5 @@
+import dataclasses
+
 import orjson
 import pytest
 
@@ -58,3 +60,101 @@ def test_records_written_with_retired_fields_still_decode_and_new_ones_omit_them
     assert decode(orjson.dumps({**data, **old}), headers) == msg  # what older nodes wrote is read as before
     with pytest.raises(DecodeError, match="unknown field"):  # retiring a field is not a licence for any field
         decode(orjson.dumps({**data, **old, "surprise": 1}), headers)
+
+
+@pytest.mark.parametrize("af_type", sorted(SAMPLES))
+def test_decoded_messages_are_their_fields_in_class_order_and_re_encode_to_the_same_bytes(af_type):
+    """Decoding skips ``__init__`` for a record written by this code; what it makes must be
+    indistinguishable from the constructed message, down to the bytes it encodes to."""
+    msg = SAMPLES[af_type]
+    value, headers = encode(msg)
+    back = decode(value, headers)
+    assert back == msg and repr(back) == repr(msg) and type(back) is type(msg)
+    assert encode(back)[0] == value
+    assert list(vars(back)) == [f.name for f in dataclasses.fields(msg)]
+
+
+def test_a_record_with_fields_reordered_or_left_to_their_defaults_decodes_in_class_order():
+    from astraflow.topics import Heartbeat
+    msg = Heartbeat("raas-0", "raas", "policy", 3)
+    value, headers = encode(msg)
+    data = orjson.loads(value)
+    shuffled = dict(reversed(list(data.items())))
+    minimal = {k: data[k] for k in ("node_id", "role", "policy", "version")}
+    for variant in (shuffled, minimal):
+        back = decode(orjson.dumps(variant), headers)
+        assert back == msg and encode(back)[0] == value
+
+
+def test_defaults_decoded_from_a_record_are_not_shared_between_messages():
+    value, headers = encode(SAMPLES["prompt"])
+    data = orjson.loads(value)
+    del data["metadata"]
+    a, b = (decode(orjson.dumps(data), headers) for _ in range(2))
+    assert a.metadata == {} and a.metadata is not b.metadata
+
+
+@pytest.mark.parametrize("field,bad,match", [
+    ("samples", 5, "samples: expected a JSON array, got int"),  # once a TypeError that killed the consumer
+    ("samples", "abc", "expected a JSON array, got str"),
+    ("samples", [7], "Sample: expected a JSON object, got int"),
+    ("samples", [{"tokens": [1]}], "Sample: missing field"),
+    ("prompt_ids", None, None),  # a null where a list belongs is not checked (never was): it decodes
+])
+def test_nested_records_of_the_wrong_shape_are_decode_errors(field, bad, match):
+    value, headers = encode(SAMPLES["trajectory-group"])
+    data = orjson.loads(value)
+    data[field] = bad
+    if match is None:
+        assert getattr(decode(orjson.dumps(data), headers), field) is None
+        return
+    with pytest.raises(DecodeError, match=match):
+        decode(orjson.dumps(data), headers)
+
+
+@pytest.mark.parametrize("headers,match", [
+    ([("af-type", None)], "af-type header has no value"),
+    ([("af-type", b"prompt"), ("af-schema", None)], "is not an integer"),
+    ([("af-type", b"prompt"), ("af-schema", b"one")], "is not an integer"),
+    ([("af-producer", b"x")], "no af-type header"),
+])
+def test_forged_type_headers_are_decode_errors(headers, match):
+    value, _ = encode(SAMPLES["prompt"])
+    with pytest.raises(DecodeError, match=match):
+        decode(value, headers)
+
+
+def test_schema_checks_are_remembered_only_for_the_header_values_checked():
+    """Accepted (af-type, af-schema) pairs are cached; a newer schema of the same type, or the
+    first of two headers, is still what counts."""
+    from astraflow.topics.exceptions import UnsupportedSchema
+    value, headers = encode(SAMPLES["task"])
+    assert decode(value, headers) == SAMPLES["task"]
+    for schema in (b"4", b"99"):
+        with pytest.raises(UnsupportedSchema):
+            decode(value, [("af-type", b"task"), ("af-schema", schema)])
+        with pytest.raises(UnsupportedSchema):  # the first af-schema header is the one read
+            decode(value, [("af-type", b"task"), ("af-schema", schema), ("af-schema", b"1")])
+    assert decode(value, [("af-type", b"task")]) == SAMPLES["task"]  # no af-schema: schema 1
+
+
+def test_the_cache_of_checked_headers_is_bounded():
+    from astraflow.topics import codec
+    value, _ = encode(SAMPLES["prompt"])
+    for i in range(codec._CHECKED_MAX + 50):
+        decode(value, [("af-type", b"prompt"), ("af-schema", f"-{i}".encode())])
+    assert len(codec._checked) <= codec._CHECKED_MAX
+
+
+def test_a_dead_letter_keeps_a_null_header_value():
+    """Kafka headers may carry null values (kafka-python cannot send one, other clients can)."""
+    from astraflow.topics import DeadLetters
+
+    class Sink:
+        def send_sync(self, *args, **kw):
+            pass
+
+    letter = DeadLetters(Sink(), "dlq").put("t", 0, 7, None, b"{}", [("af-type", None), ("x", b"\xff")],
+                                            DecodeError("record's af-type header has no value"))
+    assert letter.headers == {"af-type": None, "x": "\xff"}
+    assert decode(*encode(letter)) == letter

@@ -4,6 +4,7 @@ return one group per role with loss masks, and a broken episode fails alone."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -181,3 +182,160 @@ def test_a_rejected_answer_is_retried_with_the_verdict_as_masked_context(tok_eng
         assert r.reward == (1.0 if tok.decode(own, skip_special_tokens=True).strip() == "7" else 0.0)
     # a reject is right exactly when the first answer was wrong
     assert [v.reward for v in result.trajectories["verifier"]] == [1.0 - f.reward for f in first]
+
+
+def test_two_concurrent_calls_of_one_episode_are_refused_and_the_first_still_returns(tok_engine):
+    """Before: the second call overwrote the first in the batcher and the first waited forever."""
+    tok, engine = tok_engine
+    second_tried = threading.Event()
+    if "test_two_threads" not in WORKFLOWS:
+        @workflow("test_two_threads", roles=("solver",))
+        def two_threads(ep: Episode) -> EpisodeResult:
+            solver = ep.roles["solver"]
+            if ep.prompt.startswith("1+"):  # the other episode: calls once the first has tried its second
+                second_tried.wait(10)
+                turns = solver.generate([ep.encode(ep.prompt)])
+                return EpisodeResult({"solver": [Trajectory.of(t, 0.0) for t in turns]})
+            out: dict = {}
+
+            def call(name):
+                try:
+                    out[name] = solver.generate([ep.encode(ep.prompt)])
+                except Exception as e:  # noqa: BLE001 - inspected below
+                    out[name] = e
+                finally:
+                    if name == "second":
+                        second_tried.set()
+            first = threading.Thread(target=call, args=("first",), daemon=True)
+            first.start()
+            time.sleep(0.5)  # the first call is waiting for the other episode's
+            second = threading.Thread(target=call, args=("second",), daemon=True)
+            second.start()
+            second.join(20)
+            first.join(20)
+            if first.is_alive():
+                raise RuntimeError("the first call never returned")
+            assert isinstance(out["first"], list) and len(out["first"]) == 1
+            raise out["second"] if isinstance(out["second"], Exception) else RuntimeError("second call accepted")
+    tasks = [Task(f"t{i:07d}-p{i}", f"p{i}", "p", f"{i}+1=", str(i + 1), 1, SAMPLING, workflow="test_two_threads")
+             for i in (0, 1)]
+    out = runner(tok, engine).run(tasks)
+    (g0,), (g1,) = out
+    assert g1.status == "ok"
+    assert g0.status == "failed"
+    assert "ConcurrentGenerateError" in g0.error and "must be sequential" in g0.error, g0.error
+
+
+def test_a_call_waits_for_the_other_episodes_at_most_the_bound():
+    from astraflow.engines.base import Generation
+
+    class Instant:
+        version = 0
+
+        def generate(self, prompts, params, seeds=None):
+            return [Generation(tuple(p), (1,), (0.0,), "stop") for p in prompts]
+
+    b = CallBatcher(Instant(), threading.Lock(), episodes=2)  # episode 1 never calls
+    b.timeout_s = 1.0
+    got: dict = {}
+
+    def call():
+        try:
+            got["out"] = b.generate(0, [[3]], SamplingParams(), [1])
+        except Exception as e:  # noqa: BLE001 - inspected below
+            got["error"] = e
+    t = threading.Thread(target=call, daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    t.join(15)
+    assert not t.is_alive(), "the call waited forever"
+    from astraflow.actors.episodes import EngineWaitTimeout
+    assert isinstance(got.get("error"), EngineWaitTimeout) and time.monotonic() - t0 < 10
+    assert "waited 1s for the batched engine call" in str(got["error"])
+    assert "1 of the 2 running episode(s) never called generate" in str(got["error"])
+    b.leave()  # episode 1 finishes: the batcher is usable again, nothing of episode 0 left in it
+    assert [g.tokens for g in b.generate(0, [[4]], SamplingParams(), [2])] == [(1,)]
+
+
+def test_a_per_call_temperature_the_trainer_cannot_reproduce_is_refused(tok_engine):
+    """The trainer recomputes logprobs at the policy's rollout temperature: a sample drawn at
+    another would be trained on wrong importance ratios. Before: accepted silently."""
+    tok, engine = tok_engine
+
+    class RecordingClient:  # the remote path must refuse before anything is sent
+        def __init__(self):
+            self.sent = []
+
+        def generate(self, role, policy, episode_id, prompts, seeds, sampling, tokenizer):
+            self.sent.append(sampling)
+            raise AssertionError("nothing should be sent")
+
+    if "test_per_call_temperature" not in WORKFLOWS:
+        @workflow("test_per_call_temperature", roles=("solver", "verifier"))
+        def hot(ep: Episode) -> EpisodeResult:
+            role = ep.roles[ep.params["role"]]
+            turns = role.generate([ep.encode(ep.prompt)], temperature=ep.params["t"], max_new_tokens=3)
+            assert all(len(t.tokens) <= 3 for t in turns)
+            return EpisodeResult({role.name: [Trajectory.of(t, 0.0) for t in turns]})
+
+    def task(i, role, t, roles):
+        return Task(f"t{i:07d}-p{i}", f"p{i}", "p", f"{i}+1=", str(i + 1), 1, SAMPLING,
+                    workflow="test_per_call_temperature", roles=roles, train=[role], params={"role": role, "t": t})
+    local = {"solver": "p", "verifier": "p"}
+    remote = {"solver": "p", "verifier": "q"}
+    client = RecordingClient()
+    out = runner(tok, engine, client=client).run([task(0, "solver", 0.5, local), task(1, "solver", 1.0, local),
+                                                   task(2, "verifier", 0.5, remote)])
+    (hot_local,), (same,), (hot_remote,) = out
+    assert same.status == "ok"  # repeating the rollout temperature is allowed
+    for g in (hot_local, hot_remote):
+        assert g.status == "failed", g
+        assert "SamplingOverrideError" in g.error and "rollout.temperature 1.0" in g.error, g.error
+    assert client.sent == []
+
+
+def test_an_empty_sample_prompt_means_the_task_prompt_and_a_context_free_trajectory_is_refused(
+        tok_engine, job_topics, make_producer, make_consumer):
+    """The rule, end to end over the broker: a node writes ``Sample.prompt_ids = []`` only for a
+    trajectory whose context is the task's prompt; the trainer's batch restores that prompt,
+    and keeps any other context as written. Before: a chain built with no prompt was written
+    with ``prompt_ids = []`` too, and trained after the task prompt it never saw."""
+    from kafka import TopicPartition
+
+    from astraflow.actors.common import to_train_batch
+    from astraflow.topics import Batch
+    from astraflow.workflows.api import ENV
+
+    tok, engine = tok_engine
+    if "test_contexts" not in WORKFLOWS:
+        @workflow("test_contexts", roles=("solver",))
+        def contexts(ep: Episode) -> EpisodeResult:
+            solver = ep.roles["solver"]
+            own = ep.encode("9-9=")
+            on_task, on_own = solver.generate([ep.encode(ep.prompt), own])
+            if ep.params.get("no_prompt"):
+                return EpisodeResult({"solver": [Trajectory.chain((), [(ENV, own), on_own], "solver", 0.0)]})
+            return EpisodeResult({"solver": [Trajectory.of(on_task, 0.0),
+                                             Trajectory.chain(own, [on_own], "solver", 0.0)]})
+    tasks = [Task(f"t{i:07d}-p{i}", f"p{i}", "p", f"{i}+2=", str(i + 2), 1, SAMPLING, workflow="test_contexts",
+                  params={"no_prompt": i == 1}) for i in (0, 1)]
+    (ok,), (no_prompt,) = runner(tok, engine).run(tasks)
+    assert no_prompt.status == "failed" and "prompt_ids is empty" in no_prompt.error, no_prompt
+    task_prompt = tok.encode(tasks[0].prompt, add_special_tokens=False)
+    assert ok.status == "ok" and ok.prompt_ids == task_prompt
+    assert [s.prompt_ids for s in ok.samples] == [[], tok.encode("9-9=", add_special_tokens=False)]
+
+    producer = make_producer()
+    producer.send_sync(job_topics.trajectories, ok, key=ok.task_id, partition=0)
+    consumer = make_consumer(partitions=[TopicPartition(job_topics.trajectories, 0)])
+    got = []
+    for _ in range(20):
+        got += consumer.poll(500)
+        if got:
+            break
+    (d,) = got
+    batch = to_train_batch(Batch("p", 0, [d.message], [d.source]))
+    assert [list(s.prompt_ids) for s in batch.samples] == [task_prompt, tok.encode("9-9=", add_special_tokens=False)]
+    from astraflow.workflows.api import Turn
+    with pytest.raises(ValueError, match="prompt_ids is empty"):
+        Trajectory.chain((), [(ENV, [5, 6]), Turn((5, 6), (7,), (-0.1,), 0, "stop", "x", "solver", "p")], "solver", 0.0)
