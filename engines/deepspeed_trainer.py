@@ -279,7 +279,8 @@ class DeepSpeedTrainer(TrainEngine):
         same directory; under ZeRO each writes its own optimizer/parameter shards), with
         the version, ``extra_state`` and the RNG (``deepspeed_checkpoint.save``)."""
         deepspeed_checkpoint.save(self.engine, directory, extra_state, step=self._step, ranks=self.ranks,
-                                  zero_stage=self.cfg.zero_stage, device=self.device)
+                                  zero_stage=self.cfg.zero_stage, device=self.device,
+                                  sub_group_size=self.cfg.sub_group_size)
 
     def load_checkpoint(self, directory: str | Path) -> dict[str, object]:
         """Resume from ``save_checkpoint``'s files (``deepspeed_checkpoint.load``): exactly
@@ -287,7 +288,8 @@ class DeepSpeedTrainer(TrainEngine):
         parameters are consolidated from the shards, the optimizer's moments start from
         zero and ``resharded`` becomes true. Returns the saved ``extra_state``."""
         restored = deepspeed_checkpoint.load(self.engine, directory, ranks=self.ranks,
-                                             zero_stage=self.cfg.zero_stage, device=self.device)
+                                             zero_stage=self.cfg.zero_stage, device=self.device,
+                                             sub_group_size=self.cfg.sub_group_size)
         self.resharded = restored.resharded
         self._step = restored.step
         return restored.extra_state

@@ -79,3 +79,32 @@ def test_a_bad_size_in_a_job_file_names_the_dotted_key():
     with pytest.raises(ConfigError, match=r"trainer\.reduce_bucket_size must be a whole number of elements >= 1"):
         load_config(example, {"trainer.engine.reduce_bucket_size": 0})
 
+
+def test_a_zero3_checkpoint_split_into_other_sub_groups_names_the_size_to_set(tiny_model_path, tmp_path):
+    """ZeRO-3 keeps its optimizer state per sub-group, so a checkpoint resumes only under the
+    ``sub_group_size`` that split it; another one is a fatal error naming the value to set
+    (DeepSpeed's own is torch's bare 'parameter group that doesn't match'), and that value
+    resumes it exactly."""
+    import json
+
+    from astraflow.engines.base import TrainBatch, TrainSample
+    from astraflow.engines.deepspeed_checkpoint import WORLD_FILE, CheckpointLayoutError
+    from astraflow.engines.deepspeed_trainer import DeepSpeedTrainer
+    from astraflow.errors import FatalError
+
+    def trainer(sub_group_size):
+        return DeepSpeedTrainer(tiny_model_path, TrainerConfig(zero_stage=3, threads=1, lr=1e-3,
+                                                               sub_group_size=sub_group_size))
+
+    batch = TrainBatch(tuple(TrainSample((5, 6, 7), (8, 9), (-1.0, -1.0), reward=float(i % 2), group_id=0)
+                             for i in range(4)))
+    saved = trainer(1_000_000_000)  # one sub-group (what checkpoints before the key used)
+    saved.train_step(batch)
+    saved.save_checkpoint(tmp_path / "ckpt", {"offset": 7})
+    assert json.loads((tmp_path / "ckpt" / WORLD_FILE).read_text())["sub_group_size"] == 1_000_000_000
+    with pytest.raises(CheckpointLayoutError, match=r"set trainer\.engine\.sub_group_size: 1000000000") as err:
+        trainer(100_000).load_checkpoint(tmp_path / "ckpt")  # many sub-groups
+    assert isinstance(err.value, FatalError)
+    resumed = trainer(1_000_000_000)
+    assert resumed.load_checkpoint(tmp_path / "ckpt") == {"offset": 7} and resumed.step == 1
+    assert resumed.train_step(batch)["loss"] == pytest.approx(saved.train_step(batch)["loss"], abs=1e-6)
