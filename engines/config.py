@@ -165,7 +165,8 @@ class TrainerConfig:
     stage3_max_reuse_distance: int = _help(10_000_000, "ZeRO-3: keep a gathered parameter if it is used again "
                                                        "within this many elements [1e9]")
     sub_group_size: int = _help(10_000_000, "ZeRO-3: optimizer step tile, in elements: the step's flat gradient "
-                                            "and AdamW temporaries are this size [1e9]")
+                                            "and AdamW temporaries are this size; a checkpoint resumes only under "
+                                            "the size it was saved with [1e9]")
 
     def __post_init__(self) -> None:
         if self.collective_timeout_s <= 0:
