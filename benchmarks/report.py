@@ -107,6 +107,15 @@ def weights() -> list[str]:
     return out + [""]
 
 
+def _zero_sizes(settings: dict) -> str:
+    """Which ZeRO bucket/live-parameter sizes a scaling run used (runs before they were keys: DeepSpeed's)."""
+    if settings.get("zero_sizes", "deepspeed") == "deepspeed":
+        return "DeepSpeed's default ZeRO buckets (5·10⁸ elements) and live parameters (10⁹)"
+    z = settings["zero_optimization"]
+    return (f"the trainer's ZeRO sizes ({z['reduce_bucket_size']:.0e}-element buckets, {z['stage3_max_live_parameters']:.0e} "
+            f"live parameters, {z['sub_group_size']:.0e}-element sub-groups)").replace("e+0", "e")
+
+
 def scaling() -> list[str]:
     d = _load("trainer_scaling")
     if not d:
@@ -115,7 +124,7 @@ def scaling() -> list[str]:
     out = [f"**Trainer scaling** — `python -m astraflow.benchmarks.trainer_scaling` (DeepSpeed on CPU, gloo, ranks "
            f"started by torch's launcher; random-init Qwen3 of {m['parameters'] / 1e6:.0f} M params, fp32 AdamW; the "
            f"same batch of {s['samples']} × {s['tokens_per_sample']} tokens; {s['threads_per_rank']} torch thread per "
-           f"rank; median (min–max) of {s['timed_steps']} steps after a dropped warm-up; 1-minute load average "
+           f"rank; {_zero_sizes(s)}; median (min–max) of {s['timed_steps']} steps after a dropped warm-up; 1-minute load average "
            f"{d['load']['before']['loadavg'][0]:.1f} → {d['load']['after']['loadavg'][0]:.1f} on {d['machine']['cpus']} "
            "cores)", "",
            "| ranks | ZeRO | samples/s (min–max) | vs 1 rank | CPU s per step, busiest rank | peak RSS per rank | "

@@ -17,6 +17,11 @@ which is what ``benchmarks/gpu_check.sh`` runs on GPUs.
 
     python -m astraflow.benchmarks.trainer_scaling            # 8 configs, about a minute each on 2 cores
     python -m astraflow.benchmarks.trainer_scaling --quick    # tiny model, 1 timed step: smoke test
+    python -m astraflow.benchmarks.trainer_scaling --ranks 2 --zero 3 --zero-sizes deepspeed --out /tmp/z3.json
+
+``--zero-sizes`` picks the ZeRO bucket and live-parameter sizes: the trainer config's
+CPU-sized defaults (``trainer``) or DeepSpeed's own GPU-sized ones (``deepspeed``, what the
+trainer used before they were config keys); the ones used are in the results' settings.
 
 Prints one table; writes ``benchmarks/results/trainer_scaling.json``.
 """
@@ -41,6 +46,20 @@ from pathlib import Path
 from astraflow.benchmarks.results_io import fmt_spread, load_now, spread, write_results
 
 RESULTS = Path(__file__).resolve().parent / "results" / "trainer_scaling.json"
+#: DeepSpeed 0.19's zero_optimization defaults for the trainer's ZERO_SIZE_KEYS (sized for GPU jobs).
+DEEPSPEED_ZERO_SIZES = {"reduce_bucket_size": 500_000_000, "allgather_bucket_size": 500_000_000,
+                        "stage3_prefetch_bucket_size": 50_000_000, "stage3_param_persistence_threshold": 100_000,
+                        "stage3_max_live_parameters": 1_000_000_000, "stage3_max_reuse_distance": 1_000_000_000,
+                        "sub_group_size": 1_000_000_000}
+
+
+def zero_sizes(which: str) -> dict[str, int]:
+    """The ZeRO sizes a run uses: the trainer config's defaults or DeepSpeed's own."""
+    if which == "deepspeed":
+        return dict(DEEPSPEED_ZERO_SIZES)
+    from astraflow.engines.config import ZERO_SIZE_KEYS, TrainerConfig
+
+    return {key: getattr(TrainerConfig(), key) for key in ZERO_SIZE_KEYS}
 VOCAB = 128  # the character tokenizer's size: the model's bulk is its blocks, not embeddings
 
 
@@ -164,7 +183,7 @@ def worker(args: argparse.Namespace) -> int:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     t0 = time.perf_counter()
     cfg = TrainerConfig(zero_stage=args.zero, threads=args.threads, token_budget=args.token_budget, lr=1e-5,
-                        device=args.device, seed=1)
+                        device=args.device, seed=1, **zero_sizes(args.zero_sizes))
     trainer = DeepSpeedTrainer(args.model, cfg)
     init_s = time.perf_counter() - t0
     rss_init, split_init = _rss_mb(), _rss_split_mb()
@@ -211,14 +230,15 @@ def _free_port() -> int:
 
 
 def launch(model: Path, ranks: int, zero: int, *, threads: int, steps: int, samples: int = 8,
-           token_budget: int = 4096, device: str = "cpu", check: bool = False, timeout_s: float = 1200) -> dict:
+           token_budget: int = 4096, device: str = "cpu", check: bool = False, timeout_s: float = 1200,
+           sizes: str = "trainer") -> dict:
     """Run one configuration with torch's launcher; return its row (rank records included)."""
     with tempfile.TemporaryDirectory(prefix="af-scaling-") as out_dir:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(ranks),
                "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "--max-restarts", "0",
                "-m", "astraflow.benchmarks.trainer_scaling", "--worker", "--model", str(model), "--zero", str(zero),
                "--threads", str(threads), "--steps", str(steps), "--samples", str(samples),
-               "--token-budget", str(token_budget), "--device", device, "--out-dir", out_dir]
+               "--token-budget", str(token_budget), "--device", device, "--zero-sizes", sizes, "--out-dir", out_dir]
         if check:
             cmd.append("--check")
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
@@ -292,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=8, help="samples per (global) batch")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--check", action="store_true", help="assert finite losses and equal weights on every rank")
+    ap.add_argument("--zero-sizes", choices=("trainer", "deepspeed"), default="trainer",
+                    help="ZeRO bucket/live-parameter sizes: the trainer config's defaults or DeepSpeed's own")
     ap.add_argument("--model-root", type=Path, default=None, help="cache of benchmark models")
     ap.add_argument("--out", type=Path, default=RESULTS)
     # In-rank flags (set by ``launch``).
@@ -314,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         "model": {"name": spec.name, "parameters": params, "spec": dataclasses.asdict(spec), "path": str(model)},
         "settings": {"device": args.device, "samples": args.samples, "tokens_per_sample": 32, "timed_steps": steps,
                      "warmup_steps": 1, "threads_per_rank": args.threads, "quick": args.quick, "optimizer": "AdamW",
-                     "dtype": "fp32" if args.device == "cpu" else "bf16"},
+                     "dtype": "fp32" if args.device == "cpu" else "bf16",
+                     "zero_sizes": args.zero_sizes, "zero_optimization": zero_sizes(args.zero_sizes)},
         "trainer_source": _trainer_source(), "uptime_before": _uptime(), "rows": [],
     }
     failed = False
@@ -326,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--- {ranks} rank(s), ZeRO-{zero}", flush=True)
             try:
                 row = launch(model, ranks, zero, threads=args.threads, steps=steps, samples=args.samples,
-                             device=args.device, check=args.check)
+                             device=args.device, check=args.check, sizes=args.zero_sizes)
             except (RuntimeError, AssertionError, subprocess.TimeoutExpired) as err:
                 failed = True
                 print(f"FAILED: {err}", flush=True)

@@ -13,9 +13,15 @@ from typing import Any, TypeVar
 
 from .loss_names import LOSS_PARAMS, RETIRED_LOSSES
 
-__all__ = ["RolloutConfig", "SGLangConfig", "TrainerConfig", "from_dict"]
+__all__ = ["RolloutConfig", "SGLangConfig", "TrainerConfig", "ZERO_SIZE_KEYS", "from_dict"]
 
 T = TypeVar("T")
+
+#: TrainerConfig fields passed verbatim as DeepSpeed ``zero_optimization`` keys (each stage
+#: reads the ones that apply to it and ignores the rest).
+ZERO_SIZE_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
+                  "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                  "sub_group_size")
 
 
 def _help(default: Any, text: str) -> Any:
@@ -104,7 +110,10 @@ class TrainerConfig:
     is the reference for both), ``temperature``, ``top_p``, ``top_k`` (the rollout's
     sampling, so trainer logprobs are those of the distribution tokens were drawn from),
     ``seed``, ``device`` (auto | cpu | cuda), ``bf16`` (GPU only), ``threads``,
-    ``collective_timeout_s`` (across ranks).
+    ``collective_timeout_s`` (across ranks), and DeepSpeed's ``zero_optimization`` sizes
+    under their DeepSpeed names (``ZERO_SIZE_KEYS``: bucket and live-parameter sizes in
+    elements, CPU-sized by default; DeepSpeed's own defaults, 5e8-element buckets and 1e9
+    live parameters, are sized for GPU jobs and cost GBs of fp32 on CPU).
 
     Steps and versions: one batch is one version (``step``) whatever ``ppo_epochs`` x
     ``minibatches`` optimizer steps it takes; ``warmup_steps``, ``total_steps`` and the
@@ -143,10 +152,30 @@ class TrainerConfig:
     threads: int = _help(0, "torch threads (0: torch's default)")
     collective_timeout_s: float = _help(300.0, "bound on every collective across ranks: a rank whose peer died "
                                                "fails after this instead of hanging")
+    # DeepSpeed zero_optimization sizes, in elements (DeepSpeed's names; its defaults in brackets).
+    reduce_bucket_size: int = _help(10_000_000, "ZeRO 1-3: gradient elements reduced per collective; ZeRO-3 touches "
+                                                "up to this much of its bucket buffer [DeepSpeed: 5e8]")
+    allgather_bucket_size: int = _help(10_000_000, "ZeRO 1-2: parameter elements all-gathered per collective after "
+                                                   "each optimizer step [5e8]")
+    stage3_prefetch_bucket_size: int = _help(10_000_000, "ZeRO-3: parameter elements fetched ahead of use [5e7]")
+    stage3_param_persistence_threshold: int = _help(100_000, "ZeRO-3: parameters smaller than this stay whole on "
+                                                             "every rank, never partitioned [1e5]")
+    stage3_max_live_parameters: int = _help(10_000_000, "ZeRO-3: gathered parameter elements a rank may hold "
+                                                        "before releasing [1e9: the whole model]")
+    stage3_max_reuse_distance: int = _help(10_000_000, "ZeRO-3: keep a gathered parameter if it is used again "
+                                                       "within this many elements [1e9]")
+    sub_group_size: int = _help(10_000_000, "ZeRO-3: optimizer step tile, in elements: the step's flat gradient "
+                                            "and AdamW temporaries are this size; a checkpoint resumes only under "
+                                            "the size it was saved with [1e9]")
 
     def __post_init__(self) -> None:
         if self.collective_timeout_s <= 0:
             raise ValueError(f"trainer.collective_timeout_s must be > 0, got {self.collective_timeout_s}")
+        for key in ZERO_SIZE_KEYS:
+            value, least = getattr(self, key), 1 if key == "reduce_bucket_size" else 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"trainer.{key} must be a whole number of elements >= {least} (e.g. 10_000_000; "
+                                 f"YAML reads 1e7 as a string), got {value!r}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"trainer.zero_stage must be 0..3, got {self.zero_stage}")
         if self.loss in RETIRED_LOSSES:

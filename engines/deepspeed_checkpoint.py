@@ -3,10 +3,13 @@
 Owns what a trainer writes into the directory it is given (DeepSpeed's checkpoint under
 the tag ``CKPT_TAG``: every rank its own ZeRO optimizer/parameter shards, plus a client
 state of the version, the caller's ``extra_state`` such as consumed Kafka offsets, and
-the torch/CUDA RNG; and ``WORLD_FILE``, the world size and ZeRO stage it was saved
-with) and how a trainer loads them back: exactly with the world size it was saved with,
-or, when the world size changed under ZeRO 1-3, by consolidating the parameters from all
-shards with DeepSpeed's ``zero_to_fp32`` (resharding; the optimizer moments restart).
+the torch/CUDA RNG; and ``WORLD_FILE``, the world size, ZeRO stage and ZeRO-3
+``sub_group_size`` it was saved with) and how a trainer loads them back: exactly with the
+world size it was saved with, or, when the world size changed under ZeRO 1-3, by
+consolidating the parameters from all shards with DeepSpeed's ``zero_to_fp32``
+(resharding; the optimizer moments restart). A ZeRO-3 optimizer state split into other
+sub-groups than the loading trainer's (another ``sub_group_size``) is a
+:class:`CheckpointLayoutError` naming the value to set.
 
 It does not know where the directory comes from or when a save is complete:
 ``checkpoints.CheckpointStore`` owns the step-tagged directories, their atomic commit
@@ -23,13 +26,20 @@ from typing import NamedTuple
 
 import torch
 
+from ..errors import FatalError
 from .distributed import Ranks
 
-__all__ = ["CKPT_TAG", "WORLD_FILE", "Restored", "save", "load"]
+__all__ = ["CKPT_TAG", "WORLD_FILE", "CheckpointLayoutError", "Restored", "save", "load"]
 
 CKPT_TAG = "latest_step"
-#: Beside DeepSpeed's files: the world size and ZeRO stage a checkpoint was saved with.
+#: Beside DeepSpeed's files: the world size, ZeRO stage and sub_group_size a checkpoint was saved with.
 WORLD_FILE = "astraflow_world.json"
+#: What checkpoints saved before ``sub_group_size`` was recorded used: DeepSpeed's default.
+DEEPSPEED_SUB_GROUP_SIZE = 1_000_000_000
+
+
+class CheckpointLayoutError(FatalError, ValueError):
+    """The checkpoint's optimizer state is laid out for another trainer config."""
 
 
 class Restored(NamedTuple):
@@ -41,7 +51,8 @@ class Restored(NamedTuple):
 
 
 def _saved_layout(directory: Path) -> dict | None:
-    """``{"world", "zero_stage"}`` a checkpoint was saved with (None: saved before it was recorded)."""
+    """``{"world", "zero_stage", "sub_group_size"}`` a checkpoint was saved with (None: saved
+    before it was recorded; ``sub_group_size`` is absent from those saved before it was)."""
     try:
         return json.loads((directory / WORLD_FILE).read_text())
     except FileNotFoundError:
@@ -49,7 +60,7 @@ def _saved_layout(directory: Path) -> dict | None:
 
 
 def save(engine, directory: str | Path, extra_state: Mapping[str, object], *, step: int, ranks: Ranks,
-         zero_stage: int, device: torch.device) -> None:
+         zero_stage: int, device: torch.device, sub_group_size: int = DEEPSPEED_SUB_GROUP_SIZE) -> None:
     """DeepSpeed's checkpoint of this rank (a collective: every rank calls it with the
     same directory; under ZeRO each writes its own optimizer/parameter shards)."""
     client = {
@@ -61,23 +72,37 @@ def save(engine, directory: str | Path, extra_state: Mapping[str, object], *, st
     }
     engine.save_checkpoint(str(directory), tag=CKPT_TAG, client_state=client)
     if ranks.rank == 0:  # read before loading: a world-size change loads differently
-        (Path(directory) / WORLD_FILE).write_text(json.dumps({"world": ranks.world, "zero_stage": zero_stage}))
+        (Path(directory) / WORLD_FILE).write_text(json.dumps({"world": ranks.world, "zero_stage": zero_stage,
+                                                              "sub_group_size": sub_group_size}))
 
 
-def load(engine, directory: str | Path, *, ranks: Ranks, zero_stage: int, device: torch.device) -> Restored:
+def load(engine, directory: str | Path, *, ranks: Ranks, zero_stage: int, device: torch.device,
+         sub_group_size: int = DEEPSPEED_SUB_GROUP_SIZE) -> Restored:
     """Resume from ``save``'s files. With the world size it was saved with, everything is
     restored exactly (DeepSpeed's own load: every rank its shards). With another world
     size, ZeRO 1-3 shards do not fit: the parameters are consolidated from all shards
     with DeepSpeed's ``zero_to_fp32`` and loaded, the step, extra state and RNG are
     restored, and the optimizer's moments start from zero (a warning says so;
     ``resharded`` is true). ZeRO-0 checkpoints hold no shards and load exactly at any
-    world size."""
+    world size. At the same world size, a ZeRO-3 optimizer state that another
+    ``sub_group_size`` split into other sub-groups does not fit either: that is a
+    :class:`CheckpointLayoutError` naming the value it was saved with."""
     saved = _saved_layout(Path(directory))
     resharded = bool(saved and saved["world"] != ranks.world and saved["zero_stage"] > 0)
     if resharded:
         client = _load_consolidated(engine, Path(directory), saved, ranks, zero_stage)
     else:
-        path, client = engine.load_checkpoint(str(directory), tag=CKPT_TAG)
+        try:
+            path, client = engine.load_checkpoint(str(directory), tag=CKPT_TAG)
+        except ValueError as e:
+            # torch's Optimizer.load_state_dict on DeepSpeed's per-sub-group flat partitions.
+            if zero_stage != 3 or "parameter group" not in str(e):
+                raise
+            was = (saved or {}).get("sub_group_size", DEEPSPEED_SUB_GROUP_SIZE)
+            raise CheckpointLayoutError(
+                f"{directory}: its ZeRO-3 optimizer state is split into the sub-groups of "
+                f"trainer.engine.sub_group_size {was}, not {sub_group_size}: set trainer.engine.sub_group_size: "
+                f"{was} to resume from it") from e
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory} (tag {CKPT_TAG!r})")
     step = int(client["af_step"])

@@ -52,14 +52,14 @@ import torch
 
 from . import deepspeed_checkpoint
 from .base import TrainBatch, TrainEngine
-from .config import TrainerConfig
+from .config import ZERO_SIZE_KEYS, TrainerConfig
 from .distributed import Ranks, init_single_process_distributed
 from .hf_export import export_hf
 from .losses import BATCH_MASKS, POLICY_LOSSES, aggregate, grpo_advantages, kl_penalty, kl_shaped_rewards
 from .packing import collate, minibatches, pack_rows, row_tokens
 from .trainer_logprobs import batch_logprobs, logp_gaps, token_logprobs
 
-__all__ = ["DeepSpeedTrainer", "StepPlan"]
+__all__ = ["DeepSpeedTrainer", "StepPlan", "zero_optimization"]
 
 # Per-token diagnostics a loss may return -> the metric reporting their token fraction.
 _TOKEN_STATS = {"clipped": "clipped_frac", "iw_capped": "iw_capped_frac", "m2po_masked": "m2po_masked_frac", "kl": "kl"}
@@ -80,6 +80,12 @@ class StepPlan:
     logp_ref: list[torch.Tensor] | None  #: full tempered log-probs under the reference
     keep: list[torch.Tensor] | None  #: the loss's batch-level token selection (M2PO)
     kl_in_reward: torch.Tensor | None  #: [N] per-sequence k1 subtracted from the rewards
+
+
+def zero_optimization(cfg: TrainerConfig) -> dict[str, int]:
+    """DeepSpeed's ``zero_optimization`` section: the stage and the bucket and live-parameter
+    sizes (``ZERO_SIZE_KEYS``, in elements) from the config."""
+    return {"stage": cfg.zero_stage, **{key: getattr(cfg, key) for key in ZERO_SIZE_KEYS}}
 
 
 def _cpu32(t: torch.Tensor) -> torch.Tensor:
@@ -125,7 +131,7 @@ class DeepSpeedTrainer(TrainEngine):
             "train_micro_batch_size_per_gpu": 1,
             "gradient_accumulation_steps": 1,
             "gradient_clipping": cfg.grad_clip,
-            "zero_optimization": {"stage": cfg.zero_stage},
+            "zero_optimization": zero_optimization(cfg),
             "zero_allow_untested_optimizer": True,
             "bf16": {"enabled": self.bf16},
             "steps_per_print": 1 << 30,
@@ -273,7 +279,8 @@ class DeepSpeedTrainer(TrainEngine):
         same directory; under ZeRO each writes its own optimizer/parameter shards), with
         the version, ``extra_state`` and the RNG (``deepspeed_checkpoint.save``)."""
         deepspeed_checkpoint.save(self.engine, directory, extra_state, step=self._step, ranks=self.ranks,
-                                  zero_stage=self.cfg.zero_stage, device=self.device)
+                                  zero_stage=self.cfg.zero_stage, device=self.device,
+                                  sub_group_size=self.cfg.sub_group_size)
 
     def load_checkpoint(self, directory: str | Path) -> dict[str, object]:
         """Resume from ``save_checkpoint``'s files (``deepspeed_checkpoint.load``): exactly
@@ -281,7 +288,8 @@ class DeepSpeedTrainer(TrainEngine):
         parameters are consolidated from the shards, the optimizer's moments start from
         zero and ``resharded`` becomes true. Returns the saved ``extra_state``."""
         restored = deepspeed_checkpoint.load(self.engine, directory, ranks=self.ranks,
-                                             zero_stage=self.cfg.zero_stage, device=self.device)
+                                             zero_stage=self.cfg.zero_stage, device=self.device,
+                                             sub_group_size=self.cfg.sub_group_size)
         self.resharded = restored.resharded
         self._step = restored.step
         return restored.extra_state

@@ -40,10 +40,12 @@ def init_single_process_distributed(backend: str, timeout_s: float = 300.0) -> N
 
     if dist.is_available() and dist.is_initialized():
         return
-    if os.environ.get("WORLD_SIZE", "1") == "1":
+    if os.environ.get("WORLD_SIZE", "1") == "1" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         # A world of one meets no peer, so its store takes a fresh port whatever an inherited
         # environment names: a parent that trained in-process leaves its own, still-bound
-        # MASTER_PORT there, and reusing it fails with EADDRINUSE on every restart.
+        # MASTER_PORT there, and reusing it fails with EADDRINUSE on every restart. Not under
+        # torch's launcher (even with one process): its agent serves the store at the
+        # MASTER_PORT it exported, and a fresh port would make the rank a client of no server.
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1",
                           LOCAL_RANK="0")
     if backend == "gloo":

@@ -35,6 +35,7 @@ def test_quick_two_ranks_zero3_agree_and_report(tmp_path, monkeypatch):
     assert len(row["peak_rss_mb_per_rank"]) == 2 and row["peak_rss_mb"] > 0
     assert row["samples_per_s_min"] <= row["samples_per_s"] <= row["samples_per_s_max"]
     assert d["settings"]["timed_steps"] == 1 and d["model"]["parameters"] > 0
+    assert d["settings"]["zero_sizes"] == "trainer" and d["settings"]["zero_optimization"]["sub_group_size"] > 0
     monkeypatch.setattr(report, "RES", out.parent)
     table = "\n".join(report.scaling())
     assert "| 2 | 3 |" in table and "Trainer scaling" in table
@@ -50,3 +51,8 @@ def test_committed_results_cover_1_and_2_ranks_at_every_stage():
         assert r["samples_per_s_min"] <= r["samples_per_s"] <= r["samples_per_s_max"] and r["peak_rss_mb"] > 0
         assert len(r["peak_rss_mb_per_rank"]) == r["ranks"] and "loadavg" in r["load_before"]
     assert "loadavg" in d["load"]["before"]
+    # Issue 27: with the trainer's CPU-sized ZeRO buckets and live parameters (not DeepSpeed's
+    # GPU-sized defaults), ZeRO-3 on 2 ranks peaks below ZeRO-0 on 1 rank, per rank.
+    peak = {(r["ranks"], r["zero_stage"]): max(r["peak_rss_mb_per_rank"]) for r in d["rows"]}
+    assert d["settings"]["zero_sizes"] == "trainer" and peak[(2, 3)] < peak[(1, 0)]
+    assert "the trainer's ZeRO sizes" in "\n".join(report.scaling())

@@ -50,3 +50,24 @@ def test_a_single_rank_trainer_ignores_an_inherited_master_port_that_is_taken(ti
                               text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "step 0" in proc.stdout
+
+
+def test_a_single_rank_trainer_under_torch_launcher_joins_its_agent_store(tiny_model_path, tmp_path):
+    """``torch.distributed.run --nproc-per-node 1`` (the scaling benchmark's one-rank configs):
+    the agent serves the store at the MASTER_PORT it exported and the rank is its client, so
+    the rank must keep that port; a fresh one left it waiting for a server that never came."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "one_rank.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1",
+                           "--master-addr", "127.0.0.1", "--master-port", str(port), "--max-restarts", "0",
+                           str(script), str(tiny_model_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "step 0" in proc.stdout
