@@ -51,14 +51,20 @@ RESULTS = ROOT / "benchmarks" / "results" / "async_vs_sync.json"
 SYSTEM_MODES = ("async", "sync")
 
 
-def analyse(run_dir: Path, nodes: int) -> dict:
-    """Steady-state s/step, busy fractions and the run's own R and T, from its metrics."""
+def steady_steps(run_dir: Path) -> tuple[list[dict], dict[int, float], int, int]:
+    """A run's metrics, each trained step's time, and the steady window's first and last step
+    (the end of step 2 to the end of the last step)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     step_ts = {int(r["step"]): r["ts"] for r in rows if r["name"] == "trainer.samples"}
     steps = sorted(step_ts)
     if len(steps) < 3:
         raise RuntimeError(f"{run_dir}: {len(steps)} trained steps; steady state needs at least 3")
-    first, last = steps[1], steps[-1]
+    return rows, step_ts, steps[1], steps[-1]
+
+
+def analyse(run_dir: Path, nodes: int) -> dict:
+    """Steady-state s/step, busy fractions and the run's own R and T, from its metrics."""
+    rows, step_ts, first, last = steady_steps(run_dir)
     window = step_ts[last] - step_ts[first]
     n = last - first
     in_window = [r for r in rows if step_ts[first] < r["ts"] <= step_ts[last]]
@@ -71,7 +77,7 @@ def analyse(run_dir: Path, nodes: int) -> dict:
         # R and T as this run saw them (contended in async: both share the cores)
         "R_in_run_s": busy / n, "T_in_run_s": train / n,
         "time_to_first_step_s": summary["time_to_first_step_s"],
-        "time_to_last_step_s": summary["time_to_first_step_s"] + step_ts[last] - step_ts[steps[0]],
+        "time_to_last_step_s": summary["time_to_first_step_s"] + step_ts[last] - step_ts[min(step_ts)],
         "accuracy_initial": summary["accuracy_initial"], "accuracy_final": summary["accuracy_final"],
         "wall_s": summary["wall_s"], "run_dir": str(run_dir),
     }

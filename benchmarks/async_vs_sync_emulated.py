@@ -39,24 +39,22 @@ def overrides(args, mode: str, job: str) -> dict:
 
 
 def analyse(run_dir: Path, dilation: float, groups_per_batch: int) -> dict:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    step_ts = {int(r["step"]): r["ts"] for r in rows if r["name"] == "trainer.samples"}
-    steps = sorted(step_ts)
-    if len(steps) < 3:
-        raise RuntimeError(f"{run_dir}: {len(steps)} trained steps; steady state needs at least 3")
-    first, last = steps[1], steps[-1]
+    from astraflow.benchmarks.async_vs_sync import steady_steps
+    from astraflow.benchmarks.multi_policy_emulated import overruns, resource_work
+    rows, step_ts, first, last = steady_steps(run_dir)
+    steps = max(step_ts)
     summary = json.loads((run_dir / "summary.json").read_text())
     episodes = sum(float(r["value"]) for r in rows if r["name"] == "raas.tasks")
     em = summary.get("emulated", {})
-    total = lambda comp: sum(c.get("modelled_s", 0.0) for c in comp.values() if isinstance(c, dict))  # noqa: E731
-    R = sum(total(c) for k, c in em.items() if not k.startswith("trainer")) * groups_per_batch / episodes
-    T = sum(total(c) for k, c in em.items() if k.startswith("trainer")) / max(steps)
-    cpu = {k: max((x.get("cpu_fraction", 0.0) for x in c.values() if isinstance(x, dict)), default=0.0)
-           for k, c in em.items()}
-    over = int(sum(x.get("overruns", 0) for c in em.values() for x in c.values() if isinstance(x, dict)))
+    work = resource_work(summary, episodes, groups_per_batch, steps)
+    R = sum(w for k, w in work.items() if not k.startswith("trainer"))
+    T = sum(w for k, w in work.items() if k.startswith("trainer"))
+    # the largest CPU share of any one kind of call's holds
+    cpu = max((x.get("cpu_fraction", 0.0) for c in em.values() for x in c.values() if isinstance(x, dict)),
+              default=0.0)
     return {"s_per_step": (step_ts[last] - step_ts[first]) / (last - first) / dilation, "R_s": R, "T_s": T,
-            "episodes_per_trained_group": episodes / (max(steps) * groups_per_batch),
-            "max_cpu_fraction": max(cpu.values(), default=0.0), "overruns": over,
+            "episodes_per_trained_group": episodes / (steps * groups_per_batch),
+            "max_cpu_fraction": cpu, "overruns": overruns(em),
             "accuracy_final": summary.get("accuracy_final"), "run_dir": str(run_dir)}
 
 

@@ -181,7 +181,7 @@ def run_colocated(base: dict, args, rep: int) -> dict:
         r = json.loads(out.read_text())
     emulated, steps = r["emulated"], args.steps
     rows = {comp.split(".", 1)[1]: d.pop("rows") for comp, d in emulated.items() if "rows" in d}
-    total = sum(c.get("modelled_s", 0.0) for d in emulated.values() for c in d.values() if isinstance(c, dict))
+    total = sum(modelled_s(d) for d in emulated.values())
     steady = r["per_iteration"][2:] or r["per_iteration"]
     return {"s_per_iter": r["s_per_iter"] / args.dilation,
             "lower_bound_s_per_iter": total / steps,
@@ -193,6 +193,11 @@ def run_colocated(base: dict, args, rep: int) -> dict:
                                              for comp, d in emulated.items() if "generate" in d},
             "iterations": len(r["per_iteration"]), "steady_iterations": len(steady), "emulated": emulated,
             "_rows": rows}
+
+
+def modelled_s(component: dict) -> float:
+    """One component's modelled seconds over all its kinds of call (an ``emulated`` summary entry)."""
+    return sum(c.get("modelled_s", 0.0) for c in component.values() if isinstance(c, dict))
 
 
 def cpu_fractions(emulated: dict) -> dict[str, float]:
@@ -216,7 +221,7 @@ def resource_work(summary: dict, episodes: float, groups_per_batch: int, steps: 
     episodes they rolled out scaled to a batch, trainers' per step."""
     out = {}
     for comp, d in summary.get("emulated", {}).items():
-        total = sum(c.get("modelled_s", 0.0) for c in d.values() if isinstance(c, dict))
+        total = modelled_s(d)
         if comp.startswith("trainer"):
             out[comp] = total / steps
         elif episodes:
@@ -305,8 +310,8 @@ def notes(agg: dict, split: dict, args) -> list[str]:
     priced = split["priced_bound_s_per_iter"]
     calls_a = agg["arms"]["async"].get("generate_calls_per_iteration", {})
     out.append(f"Priced before running, with (c)'s own calls (a batch's rows per call), the split's busiest stage is "
-               f"{priced:.1f} s/iter ({lb_c_priced(agg) / priced:.2f}x below (c)'s bound); (a)'s pools did "
-               f"{lb_a_ratio(agg, priced):.2f}x that work in its run"
+               f"{priced:.1f} s/iter ({lb_c / priced:.2f}x below (c)'s bound); (a)'s pools did "
+               f"{lb_a / priced:.2f}x that work in its run"
                + (" because their calls were smaller: " + ", ".join(f"{k} {v['median']:.1f}" for k, v in calls_a.items())
                   + " generate calls per iteration against (c)'s "
                   + ", ".join(f"{k} {v['median']:.1f}" for k, v in
@@ -316,18 +321,10 @@ def notes(agg: dict, split: dict, args) -> list[str]:
                     "what a continuously batching server (SGLang) would overlap" if calls_a else "") + ".")
     out.append(f"Bounds: (c) cannot go below {lb_c:.1f} s/iter (all its work in series on the devices it shares); "
                f"the busiest resource of (a), at the work it really did, bounds it at {lb_a:.1f}, so no schedule of "
-               f"that work beats (c) by more than {lb_c / lb_a:.2f}x. Where (c) loses is what the model charges it: training each policy on all "
-               f"devices at the profile's data-parallel scaling, decoding at low batch per device, swapping each "
+               f"that work beats (c) by more than {lb_c / lb_a:.2f}x. Where (c) loses is what the model charges it: "
+               f"training each policy on all devices at the profile's data-parallel scaling, decoding at low batch per device, swapping each "
                f"policy's states off the devices, and every phase waiting for the other.")
     return out
-
-
-def lb_c_priced(agg: dict) -> float:
-    return agg["arms"]["colocated"]["lower_bound_s_per_iter"]["median"]
-
-
-def lb_a_ratio(agg: dict, priced: float) -> float:
-    return agg["arms"]["async"]["lower_bound_s_per_iter"]["median"] / priced
 
 
 def main(args) -> int:

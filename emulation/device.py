@@ -47,7 +47,7 @@ class DeviceConfig:
     count: int = _f(1, "emulated: devices this component stands for: a trainer's data-parallel width, or a RaaS "
                        "node's engine replicas (a call's rows dealt out over them)")
     dilation: float = _f(1.0, "emulated: wall seconds per modelled second (0.05 runs 20x faster than the device)")
-    token_scale: int = _f(1, "emulated: modelled tokens per real token (the tiny model's lengths scaled to the "
+    token_scale: int = _f(1, "emulated: modelled tokens per real generated token (the tiny model's lengths scaled to the "
                              "emulated model's)")
     prompt_token_scale: int = _f(0, "emulated: modelled tokens per real prompt token (0: token_scale); the tiny "
                                     "model's prompts and answers are both short, the emulated model's prompts "
