@@ -112,6 +112,9 @@ class SequentialTeam:
         self.views = {p: cfg.view(p) for p in cfg.policy_names}
         paths = {p: model_path(v) for p, v in self.views.items()}
         self.engines = {p: make_rollout_engine(v, paths[p]) for p, v in self.views.items()}
+        for engine in self.engines.values():
+            if hasattr(engine, "rows"):  # an emulated engine: keep every call's rows (the benchmarks re-price them)
+                engine.rows = []
         self.trainers = {p: make_train_engine(v, paths[p]) for p, v in self.views.items()}
         set_threads(self.threads)  # the engines may set their own; the whole loop keeps one budget
         # The lead's node runs the episodes with its own tokenizer for every role, as here.
@@ -202,7 +205,7 @@ class SequentialTeam:
             for p, e in parts.items():
                 if hasattr(getattr(e, "device", None), "summary"):
                     out[f"{kind}.{p}"] = {**e.device.summary(),
-                                          **({"rows": e.rows} if hasattr(e, "rows") else {})}
+                                          **({"rows": e.rows} if getattr(e, "rows", None) is not None else {})}
         return out
 
     def publish(self, version: int) -> float:

@@ -26,9 +26,10 @@ __all__ = ["EmulatedRolloutEngine", "EmulatedTrainEngine", "dealt_s"]
 class EmulatedRolloutEngine(RolloutEngine):
     def __init__(self, inner: RolloutEngine, device: EmulatedDevice) -> None:
         self.inner, self.device = inner, device
-        #: every call's rows as (prompt, completion) real lengths: what a different placement
-        #: of the same work would cost (:meth:`CostModel.generate_s` on another device count)
-        self.rows: list[list[tuple[int, int]]] = []
+        #: set to a list to record every call's rows as (prompt, completion) real lengths: what
+        #: a different placement of the same work would cost (:func:`dealt_s` on another device
+        #: count); None (a node's default) keeps nothing, so a long run does not grow
+        self.rows: list[list[tuple[int, int]]] | None = None
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  seeds: Sequence[int] | None = None) -> list[Generation]:
@@ -42,7 +43,8 @@ class EmulatedRolloutEngine(RolloutEngine):
         """The call on ``device.count`` devices: its rows dealt out in turn (engine replicas, data
         parallel), each device decoding its share by continuous batching; the slowest finishes it."""
         lens = [(len(p), len(g.tokens)) for p, g in zip(prompts, out)]
-        self.rows.append(lens)
+        if self.rows is not None:
+            self.rows.append(lens)
         return dealt_s(self.device.cost, lens, self.device.cfg.count)
 
     def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
