@@ -7,6 +7,7 @@ Each test gets its own job name (so its own topics) through ``job_topics``.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 
 import pytest
@@ -29,6 +30,36 @@ def kafka_broker():
 @pytest.fixture(scope="session")
 def bootstrap(kafka_broker) -> str:
     return os.environ.get("ASTRAFLOW_TEST_BOOTSTRAP") or kafka_broker.bootstrap_servers
+
+
+@pytest.fixture
+def group_members(bootstrap):
+    """``members(group)``: the member ids the broker lists for a consumer group now."""
+    from kafka import KafkaAdminClient
+
+    def members(group: str) -> set[str]:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        try:
+            return {m["member_id"] for m in admin.describe_groups([group])[group].get("members") or ()}
+        finally:
+            admin.close()
+    return members
+
+
+@pytest.fixture
+def expel_silently(group_members):
+    """``expel(consumer, group, timeout_s, pause_s)``: stop the consumer's heartbeats (the client
+    still believes it is a member) and wait until the broker drops it from ``group``, as it does
+    a member whose session expired; the member id it had."""
+    def expel(consumer, group: str, timeout_s: float = 30.0, pause_s: float = 1.0) -> str:
+        member = consumer.group_metadata().member_id
+        consumer.raw._coordinator._disable_heartbeat()
+        deadline = time.monotonic() + timeout_s
+        while member in group_members(group):
+            assert time.monotonic() < deadline, "the broker never expelled the silent member"
+            time.sleep(pause_s)
+        return member
+    return expel
 
 
 @pytest.fixture

@@ -12,8 +12,6 @@ client's own switch) until the broker expels it while the client still says "sta
 import time
 import types
 
-from kafka import KafkaAdminClient
-
 from astraflow.actors import rollout
 from astraflow.actors.telemetry import MetricsEmitter
 from astraflow.config import load_config
@@ -21,16 +19,8 @@ from astraflow.topics import Producer, Task
 from astraflow.topics.membership import MembershipWatch
 
 
-def _listed(bootstrap, group, member) -> bool:
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        return any(m["member_id"] == member for m in admin.describe_groups([group])[group].get("members") or ())
-    finally:
-        admin.close()
-
-
 def test_a_task_consumer_the_broker_dropped_is_recreated_and_gets_the_waiting_task(
-        bootstrap, job_topics, tmp_path, monkeypatch):
+        bootstrap, job_topics, tmp_path, monkeypatch, expel_silently):
     cfg = load_config("examples/arithmetic_grpo.yaml")
     node = rollout.RolloutActor.__new__(rollout.RolloutActor)  # only the parts the watchdog uses
     node.bootstrap, node.topics, node.cfg, node.node_id = bootstrap, job_topics, cfg, "raas-w"
@@ -50,12 +40,7 @@ def test_a_task_consumer_the_broker_dropped_is_recreated_and_gets_the_waiting_ta
         node._rejoin_if_stuck()
         assert node.watch.renewals == 0  # a fresh member: nothing asked
         stuck = node.consumer
-        member = stuck.group_metadata().member_id
-        stuck.raw._coordinator._disable_heartbeat()
-        deadline = time.monotonic() + 30
-        while _listed(bootstrap, group, member):
-            assert time.monotonic() < deadline, "the broker never expelled the silent member"
-            time.sleep(1)
+        expel_silently(stuck, group, timeout_s=30, pause_s=1)
         assert stuck.group_metadata().generation_id >= 0  # the client still thinks it is a member
         task = Task("task-1", "p-1", cfg.policy, "1+1=", "2", 2)
         feeder.send_sync(job_topics.tasks(cfg.policy), task, key="task-1")
@@ -79,7 +64,7 @@ def test_a_task_consumer_the_broker_dropped_is_recreated_and_gets_the_waiting_ta
         node.plain.close()
 
 
-def test_a_commit_refused_by_a_rebalance_does_not_crash_the_node(bootstrap, job_topics, monkeypatch):
+def test_a_commit_refused_by_a_rebalance_does_not_crash_the_node(bootstrap, job_topics, monkeypatch, expel_silently):
     """A node polls only an undecodable task (dead-lettered) and commits past it with a plain
     commit; the group rebalanced between that poll and the commit (its session expired: the
     broker expelled it while the client still says "stable"), so kafka-python raises
@@ -120,13 +105,7 @@ def test_a_commit_refused_by_a_rebalance_does_not_crash_the_node(bootstrap, job_
             the member goes silent until the broker expels it (its session expired)."""
             out = real_poll(timeout_ms, max_records)
             if consumer.pending_offsets() and not expelled:
-                member = consumer.group_metadata().member_id
-                consumer.raw._coordinator._disable_heartbeat()
-                deadline = time.monotonic() + 30
-                while _listed(bootstrap, group, member):
-                    assert time.monotonic() < deadline, "the broker never expelled the silent member"
-                    time.sleep(0.5)
-                expelled.append(member)
+                expelled.append(expel_silently(consumer, group, timeout_s=30, pause_s=0.5))
             return out
         expelled: list = []
         consumer.poll = poll_then_expelled

@@ -9,8 +9,6 @@ client still says generation ≥ 0, stable.
 
 import time
 
-from kafka import KafkaAdminClient
-
 from astraflow.topics.membership import MembershipWatch
 
 
@@ -23,16 +21,8 @@ def _join(consumer, polls: int = 40) -> None:
     raise AssertionError(f"{meta} never became a stable member")
 
 
-def _members(bootstrap: str, group: str) -> set[str]:
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        return {m["member_id"] for m in admin.describe_groups([group])[group].get("members") or ()}
-    finally:
-        admin.close()
-
-
 def test_a_member_the_broker_dropped_is_reported_though_the_client_says_it_is_stable(
-        bootstrap, job_topics, make_consumer):
+        bootstrap, job_topics, make_consumer, expel_silently):
     c = make_consumer(topics=[job_topics.tasks("policy")], group_id="watch-dropped", client_id="node-d",
                       session_timeout_ms=6_000, heartbeat_interval_ms=1_000)
     _join(c)
@@ -44,12 +34,7 @@ def test_a_member_the_broker_dropped_is_reported_though_the_client_says_it_is_st
         assert watch.check(c) is None and watch.probes == 1  # idle: asked, and the broker lists it
         assert watch.check(c) is None and watch.probes == 1  # at most one question per idle_s
 
-        member = c.group_metadata().member_id
-        c.raw._coordinator._disable_heartbeat()
-        deadline = time.monotonic() + 30
-        while member in _members(bootstrap, "watch-dropped"):
-            assert time.monotonic() < deadline, "the broker never expelled the silent member"
-            time.sleep(1)
+        member = expel_silently(c, "watch-dropped", timeout_s=30, pause_s=1)
         c.poll(100)
         meta = c.group_metadata()
         assert meta.generation_id >= 0 and meta.member_id == member and c.seconds_outside_group() == 0.0
@@ -61,7 +46,7 @@ def test_a_member_the_broker_dropped_is_reported_though_the_client_says_it_is_st
 
 
 def test_a_member_waiting_in_a_rebalance_another_member_holds_up_is_left_alone(
-        bootstrap, job_topics, make_consumer):
+        bootstrap, job_topics, make_consumer, group_members):
     topic = job_topics.tasks("policy")
     a = make_consumer(topics=[topic], group_id="watch-held", client_id="node-a", max_poll_interval_ms=60_000)
     _join(a)
@@ -72,7 +57,7 @@ def test_a_member_waiting_in_a_rebalance_another_member_holds_up_is_left_alone(
         for _ in range(12):
             b.poll(250)
         assert b.seconds_outside_group() > 1.0 and b.group_metadata().member_id
-        assert b.group_metadata().member_id in _members(bootstrap, "watch-held")
+        assert b.group_metadata().member_id in group_members("watch-held")
         assert watch.check(b) is None and watch.probes == 1  # unsettled, asked, listed: wait
         for _ in range(40):  # a rejoins; the rebalance completes for both
             a.poll(100)
