@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from opentelemetry import trace
 
 from astraflow.engines.base import Generation, SamplingParams
+from astraflow.engines.gate import EngineGate
 from astraflow.topics import Sample, Task, TrajectoryGroup
 from astraflow.workflows.api import (ConcurrentGenerateError, Episode, EngineRole, EpisodeResult, Trajectory,
                                     call_sampling, get_workflow, run_episode)
@@ -60,15 +61,22 @@ class CallBatcher:
     :meth:`leave` when it finishes or while it waits on another pool (:meth:`away`).
     """
 
-    def __init__(self, engines, lock: threading.Lock | None = None, before_call=None,
+    def __init__(self, engines, lock: threading.Lock | EngineGate | None = None, before_call=None,
                  batch_invariant: bool = False, episodes: int = 0, timeout_s: float | None = None) -> None:
         self.engines = engines if isinstance(engines, dict) else {None: engines}
         self.timeout_s = CALL_WAIT_S if timeout_s is None else timeout_s
         self.engine_lock = lock or threading.Lock()
+        #: the engine batches concurrent calls itself (``EngineGate.concurrent``): a call is
+        #: made as soon as every running episode waits on the engine, counting the ones whose
+        #: call is in flight, and it runs outside the batcher's lock, so episodes that come back
+        #: from another pool one by one join the engine's batch instead of waiting for a turn
+        self.concurrent = isinstance(lock, EngineGate) and lock.concurrent
         self.before_call, self.batch_invariant = before_call, batch_invariant
         self._cv = threading.Condition()
+        self._stats = threading.Lock()
         self._pending: dict[int, tuple] = {}
         self._running = episodes  #: episodes neither finished nor waiting on another pool
+        self._in_flight = 0  #: running episodes whose call is in an engine call now (concurrent)
         self.calls = dict.fromkeys(self.engines, 0)  #: engine calls made, per policy
         self.engine_s = dict.fromkeys(self.engines, 0.0)  #: seconds inside each engine
 
@@ -83,7 +91,9 @@ class CallBatcher:
     def leave(self) -> None:
         with self._cv:
             self._running -= 1
-            self._flush_if_all_waiting()
+            batch = self._flush_if_all_waiting()
+        if batch:  # the leaving episode goes on (to another pool, or out): the call gets a thread of its own
+            threading.Thread(target=self._call_outside, args=(batch,), name="batcher-call", daemon=True).start()
 
     def away(self):
         """Context: the episode waits on another pool, not on this engine."""
@@ -106,54 +116,85 @@ class CallBatcher:
                     f"episode {index} of this poll called the engine while its previous call is still waiting; an "
                     f"episode's generate calls must be sequential")
             self._pending[index] = (policy, [list(p) for p in prompts], params, list(seeds), slot)
-            self._flush_if_all_waiting()
+            batch = self._flush_if_all_waiting()
+        if batch:
+            self._call_outside(batch)
+        with self._cv:
             deadline = time.monotonic() + self.timeout_s
             while "out" not in slot and "error" not in slot:
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 and index in self._pending:  # (a call in flight is the engine's time: not counted)
                     del self._pending[index]
                     raise EngineWaitTimeout(
                         f"episode {index} of this poll: its generate call (policy {policy or 'of this node'}, "
                         f"{len(prompts)} row(s)) waited {self.timeout_s:.0f}s for the batched engine call, which is "
                         f"made once every running episode waits on an engine or another pool; "
-                        f"{self._running - len(self._pending) - 1} of the {self._running} running episode(s) never "
-                        f"called generate nor finished (a workflow stuck outside generate?)")
-                self._cv.wait(left)
+                        f"{self._running - len(self._pending) - self._in_flight - 1} of the {self._running} running "
+                        f"episode(s) never called generate nor finished (a workflow stuck outside generate?)")
+                self._cv.wait(max(left, 0.05))
         if "error" in slot:
             raise slot["error"]
         return slot["out"]
 
-    def _flush_if_all_waiting(self) -> None:
-        if not self._pending or len(self._pending) < self._running:
-            return
+    def _flush_if_all_waiting(self) -> list | None:
+        """Under ``_cv``: once every running episode waits, take the waiting calls. A plain
+        engine is called here, under the lock; a concurrent one's batch is returned, for the
+        caller to make outside it (:meth:`_call_outside`)."""
+        if not self._pending or len(self._pending) + self._in_flight < self._running:
+            return None
         pending, self._pending = sorted(self._pending.items()), {}
-        with self.engine_lock:
-            if self.before_call is not None:
-                self.before_call()
-            groups: dict = {}  # one call per engine and sampling setting, rows in episode order
-            for item in pending:
-                policy, _, params, _, _ = item[1]
-                groups.setdefault(item[0] if self.batch_invariant else (policy, params), []).append(item)
-            for group in groups.values():
-                policy, _, params, _, _ = group[0][1]
-                key = policy if policy in self.engines else None
-                rows = [p for _, (_, prompts, _, _, _) in group for p in prompts]
-                seeds = [s for _, (_, _, _, ss, _) in group for s in ss]
-                t0 = time.perf_counter()
-                try:
-                    gens = self.engines[key].generate(rows, params, seeds=seeds)
-                except Exception as e:  # noqa: BLE001 - every episode in the call fails with it
-                    for _, (*_, slot) in group:
-                        slot["error"] = e
-                    continue
-                finally:
+        if not self.concurrent:
+            with self.engine_lock:
+                if self.before_call is not None:
+                    self.before_call()
+                self._call(pending)
+            self._cv.notify_all()
+            return None
+        self._in_flight += len(pending)
+        return pending
+
+    def _call_outside(self, pending: list) -> None:
+        try:
+            with self.engine_lock.try_exclusive() as alone:
+                if alone and self.before_call is not None:  # new weights only while no call is in flight
+                    self.before_call()
+            with self.engine_lock.call():
+                self._call(pending)
+        finally:
+            with self._cv:
+                self._in_flight -= len(pending)
+                batch = self._flush_if_all_waiting()
+                self._cv.notify_all()
+            if batch:
+                self._call_outside(batch)
+
+    def _call(self, pending: list) -> None:
+        """One engine call per engine and sampling setting, rows in episode order; fills the slots."""
+        groups: dict = {}
+        for item in pending:
+            policy, _, params, _, _ = item[1]
+            groups.setdefault(item[0] if self.batch_invariant else (policy, params), []).append(item)
+        for group in groups.values():
+            policy, _, params, _, _ = group[0][1]
+            key = policy if policy in self.engines else None
+            rows = [p for _, (_, prompts, _, _, _) in group for p in prompts]
+            seeds = [s for _, (_, _, _, ss, _) in group for s in ss]
+            t0 = time.perf_counter()
+            try:
+                gens = self.engines[key].generate(rows, params, seeds=seeds)
+            except Exception as e:  # noqa: BLE001 - every episode in the call fails with it
+                for _, (*_, slot) in group:
+                    slot["error"] = e
+                continue
+            finally:
+                with self._stats:
                     self.engine_s[key] += time.perf_counter() - t0
+            with self._stats:
                 self.calls[key] += 1
-                i = 0
-                for _, (_, prompts, _, _, slot) in group:
-                    slot["out"] = gens[i:i + len(prompts)]
-                    i += len(prompts)
-        self._cv.notify_all()
+            i = 0
+            for _, (_, prompts, _, _, slot) in group:
+                slot["out"] = gens[i:i + len(prompts)]
+                i += len(prompts)
 
 
 class _BatchedRole(EngineRole):

@@ -33,6 +33,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from kafka import TopicPartition
 
@@ -53,6 +54,10 @@ H_REQUEST = "af-request"
 #: how long an episode waits for another pool's answer before the episode fails (a failed
 #: episode is recorded, dropped with its reason, and its slot is scheduled again)
 REPLY_TIMEOUT_S = 300.0
+
+#: engine calls a server keeps in flight at once on an engine that batches concurrent calls
+#: (each a poll's requests of one sampling setting); it stops polling while that many run
+MAX_CALLS_IN_FLIGHT = 8
 
 
 class RemoteCallFailed(RuntimeError):
@@ -158,7 +163,7 @@ class GenerationServer:
     def __init__(self, bootstrap: str, topics: JobTopics, policy: str, node_id: str,
                  run: Callable[[Sequence[Sequence[int]], SamplingParams, Sequence[int]], list[Generation]],
                  params: Callable[[dict], SamplingParams], dead_letters: DeadLetters | None = None,
-                 producer: Producer | None = None) -> None:
+                 producer: Producer | None = None, concurrent: bool = False) -> None:
         from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
         self.topics, self.policy, self.node_id, self.run, self.params = topics, policy, node_id, run, params
         self._own_producer = producer is None
@@ -176,12 +181,29 @@ class GenerationServer:
         self.rows = 0
         self.fenced = 0  #: requests answered but not committed: the group rebalanced (redone by their new owner)
         self.calls = 0  #: engine calls made for the requests served
+        #: an engine that batches concurrent calls itself is handed each poll's call at once, on
+        #: a thread of its own, while the next poll goes on; offsets are committed once every
+        #: request polled so far has its reply sent (at-least-once, as before)
+        self.concurrent = concurrent
+        self._workers = ThreadPoolExecutor(MAX_CALLS_IN_FLIGHT, thread_name_prefix=f"{node_id}-serve") \
+            if concurrent else None
+        self._in_flight: list[Future] = []
+        self._count = threading.Lock()
+        self._uncommitted: list = []  #: deliveries polled whose offsets are not committed yet
 
     def serve(self, timeout_ms: int = 50) -> int:
-        """Answer what is waiting (at most one poll); returns the requests answered. The
-        requests of a poll that share sampling settings are answered by one engine call,
-        as a node batches its own episodes' calls."""
-        self.consumer = self.watch.renew(self.consumer, self._new_consumer)
+        """Answer what is waiting (at most one poll); returns the requests answered (committed).
+        The requests of a poll that share sampling settings are answered by one engine call,
+        as a node batches its own episodes' calls; a concurrent engine's calls run on while
+        this returns."""
+        for f in [f for f in self._in_flight if f.done()]:
+            f.result()  # a reply that could not be sent fails the step, as it does when served inline
+        self._in_flight = [f for f in self._in_flight if not f.done()]
+        if not self._in_flight and not self._uncommitted:  # nothing of the consumer's is pending
+            self.consumer = self.watch.renew(self.consumer, self._new_consumer)
+        if len(self._in_flight) >= MAX_CALLS_IN_FLIGHT:
+            time.sleep(timeout_ms / 1000)
+            return 0
         deliveries = self.consumer.poll(timeout_ms)
         if deliveries:
             self.watch.saw_records()
@@ -189,26 +211,14 @@ class GenerationServer:
         for d in deliveries:
             by_sampling.setdefault(repr(sorted(d.message.sampling.items())), []).append(d.message)
         for reqs in by_sampling.values():
-            rows = [p for r in reqs for p in r.prompts]
-            seeds = [s for r in reqs for s in r.seeds]
-            try:
-                gens = self.run(rows, self.params(reqs[0].sampling), seeds)
-                error = ""
-            except Exception as e:  # noqa: BLE001 - the episodes fail with the cause, the node goes on
-                log.warning("%s: generation for %d request(s) failed", self.node_id, len(reqs), exc_info=True)
-                gens, error = [], f"{type(e).__name__}: {e}"
-            i = 0
-            for req in reqs:
-                mine = gens[i:i + len(req.prompts)]
-                i += len(req.prompts)
-                reply = GenerationReply(req.request_id, req.episode_id, self.node_id,
-                                        [list(g.tokens) for g in mine], [list(g.logprobs) for g in mine],
-                                        [g.version for g in mine], [g.finish_reason for g in mine], error=error,
-                                        ts=time.time())
-                self.producer.send(self.topics.replies, reply, key=req.episode_id,
-                                   partition=req.reply_partition if req.reply_partition >= 0 else None,
-                                   headers=[(H_REQUEST, req.request_id.encode())])
-            self.calls += 1
+            if self._workers is not None:
+                self._in_flight.append(self._workers.submit(self._answer, reqs))
+            else:
+                self._answer(reqs)
+        self._uncommitted.extend(deliveries)
+        if self._in_flight:
+            return 0
+        deliveries, self._uncommitted = self._uncommitted, []
         if deliveries or self.consumer.pending_offsets():
             self.producer.flush()
             try:
@@ -226,5 +236,34 @@ class GenerationServer:
         self.rows += sum(len(d.message.prompts) for d in deliveries)
         return len(deliveries)
 
+    def _answer(self, reqs: list[GenerationRequest]) -> None:
+        """One engine call for requests sharing sampling settings, a reply for each (an error
+        reply when the call fails: the episodes fail with the cause, the node goes on)."""
+        rows = [p for r in reqs for p in r.prompts]
+        seeds = [s for r in reqs for s in r.seeds]
+        try:
+            gens = self.run(rows, self.params(reqs[0].sampling), seeds)
+            error = ""
+        except Exception as e:  # noqa: BLE001
+            log.warning("%s: generation for %d request(s) failed", self.node_id, len(reqs), exc_info=True)
+            gens, error = [], f"{type(e).__name__}: {e}"
+        i = 0
+        for req in reqs:
+            mine = gens[i:i + len(req.prompts)]
+            i += len(req.prompts)
+            reply = GenerationReply(req.request_id, req.episode_id, self.node_id,
+                                    [list(g.tokens) for g in mine], [list(g.logprobs) for g in mine],
+                                    [g.version for g in mine], [g.finish_reason for g in mine], error=error,
+                                    ts=time.time())
+            self.producer.send(self.topics.replies, reply, key=req.episode_id,
+                               partition=req.reply_partition if req.reply_partition >= 0 else None,
+                               headers=[(H_REQUEST, req.request_id.encode())])
+        if self.concurrent:  # answered off the node's thread: on the way now, not at the next commit
+            self.producer.flush()
+        with self._count:
+            self.calls += 1
+
     def close(self) -> None:
+        if self._workers is not None:
+            self._workers.shutdown(wait=True, cancel_futures=False)
         close_quietly(self.consumer, self.watch, self.producer if self._own_producer else None)

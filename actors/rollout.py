@@ -65,8 +65,7 @@ class RolloutActor(LoopActor):
     def setup(self) -> None:
         from transformers import AutoTokenizer
 
-        import threading
-
+        from astraflow.engines.gate import EngineGate
         from astraflow.weights import WeightSubscriber
 
         from .episodes import EpisodeRunner
@@ -76,7 +75,7 @@ class RolloutActor(LoopActor):
         path = model_path(self.cfg)
         self.engine = make_rollout_engine(self.cfg, path, name=self.node_id)
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        self.engine_lock = threading.Lock()
+        self.engine_lock = EngineGate(self.engine)  # shared by calls when the engine batches them itself
         self.plain = Producer(self.bootstrap, client_id=self.node_id)
         dead = DeadLetters(self.plain, self.topics.dlq, self.node_id)
         if self.multi:
@@ -84,7 +83,7 @@ class RolloutActor(LoopActor):
                                            producer=self.plain)
             self.server = GenerationServer(self.bootstrap, self.topics, self.cfg.policy, self.node_id,
                                            self._serve_rows, self._sampling_params, dead_letters=dead,
-                                           producer=self.plain)
+                                           producer=self.plain, concurrent=self.engine_lock.concurrent)
         self.runner = EpisodeRunner(self.cfg.policy, self.node_id, self.engine, self.tokenizer, self.cfg.seed,
                                     engine_lock=self.engine_lock, before_call=self._refresh_weights,
                                     client=self.client, batch_invariant=self.cfg.rollout.batch_invariant,
@@ -210,8 +209,10 @@ class RolloutActor(LoopActor):
         self.subscriber.apply_to(self.engine)
 
     def _serve_rows(self, prompts, params, seeds):
-        with self.engine_lock:
-            self.subscriber.apply_to(self.engine)
+        with self.engine_lock.try_exclusive() as alone:
+            if alone:  # new weights only while no call is in flight
+                self.subscriber.apply_to(self.engine)
+        with self.engine_lock.call():
             return self.engine.generate([list(p) for p in prompts], params, seeds=list(seeds))
 
     def _sampling_params(self, sampling: dict):

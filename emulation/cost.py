@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from .profile import Profile
 
-__all__ = ["CostModel"]
+__all__ = ["ContinuousBatch", "CostModel"]
 
 
 @dataclass(frozen=True)
@@ -84,36 +84,16 @@ class CostModel:
         return max(1, math.ceil(self.TRAIN_STATE_BYTES_PER_PARAM * self.params / (d.memory_bytes * e.usable_memory_fraction)))
 
     def generate_s(self, prompt_lens: Sequence[int], output_lens: Sequence[int]) -> float:
-        """One call on one device: continuous batching of its rows (real lengths in). Rows are
-        admitted in order while the KV cache holds their final context (a row alone always
-        runs); an admitted row is prefilled, then every step decodes the running rows at the
-        batch and context they hold; a finished row frees its room for the next."""
+        """One call on one device: continuous batching of its rows (real lengths in), run to
+        the end by :class:`ContinuousBatch`."""
         if len(prompt_lens) != len(output_lens):
             raise ValueError("generate_s: one output length per prompt")
-        k, kp = self.token_scale, self.prompt_token_scale
-        capacity = self.kv_capacity_tokens()
-        waiting = list(zip(prompt_lens, output_lens))[::-1]
-        running: list[list[int]] = []  # [prompt, length, generated]
-        reserved, total = 0.0, 0.0
-        while waiting or running:
-            admitted = 0
-            while waiting and (not running or reserved + kp * waiting[-1][0] + k * waiting[-1][1] <= capacity):
-                p, n = waiting.pop()
-                reserved += kp * p + k * n
-                admitted += p
-                running.append([p, n, 0])
-            total += self.prefill_s(admitted)
-            live = [r for r in running if r[2] < r[1]]
-            if live:
-                # The k modelled steps this real step stands for: context grows by one token per
-                # running row and step; a step's memory time is linear in it, so the mean is exact.
-                context = sum(kp * p + k * j for p, _, j in live) + len(live) * (k - 1) / 2
-                total += k * self.decode_step_s(len(live), context)
-                for r in live:
-                    r[2] += 1
-            for r in [r for r in running if r[2] >= r[1]]:
-                running.remove(r)
-                reserved -= kp * r[0] + k * r[1]
+        batch = ContinuousBatch(self)
+        for p, n in zip(prompt_lens, output_lens):
+            batch.add(None, p, n)
+        total = 0.0
+        while not batch.idle:
+            total += batch.step()[0]
         return total
 
     def modelled_tokens(self, prompt_tokens: int, completion_tokens: int) -> int:
@@ -144,3 +124,72 @@ class CostModel:
         per_device = self.TRAIN_STATE_BYTES_PER_PARAM * self.params / devices + self.weight_bytes
         link = self.profile.device.host_link_bytes_per_s * self.profile.efficiency.offload_bandwidth
         return 2.0 * per_device / link
+
+
+class ContinuousBatch:
+    """One device's continuous batching, one real decode step at a time (bookkeeping only).
+
+    Rows wait in arrival order and are admitted while the KV cache holds their final context
+    (a row alone always runs); an admitted row is prefilled in the step it is admitted, then
+    every step decodes the rows still running at the batch and context they hold; a finished
+    row frees its room for the next. A real step stands for ``token_scale`` modelled ones, so
+    rows that arrive while a step runs join at the next step. :meth:`CostModel.generate_s` is
+    one call run to the end; an emulated engine that takes several calls at once keeps one
+    per device and adds each call's rows as they come (``emulation/batching.py``).
+    """
+
+    __slots__ = ("cost", "capacity", "waiting", "running", "reserved")
+
+    def __init__(self, cost: CostModel) -> None:
+        self.cost, self.capacity = cost, cost.kv_capacity_tokens()
+        self.waiting: list[list] = []  #: [tag, prompt, length, generated], oldest first
+        self.running: list[list] = []
+        self.reserved = 0.0  #: modelled tokens of context the running rows will hold
+
+    def add(self, tag, prompt: int, length: int) -> None:
+        """A row of ``prompt`` real prompt tokens that will generate ``length`` real tokens."""
+        self.waiting.append([tag, prompt, length, 0])
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def load(self) -> float:
+        """Modelled tokens of context held or waiting (where a router sends the next row)."""
+        c = self.cost
+        return self.reserved + sum(c.prompt_token_scale * r[1] + c.token_scale * r[2] for r in self.waiting)
+
+    def footprint(self, row: list) -> float:
+        return self.cost.prompt_token_scale * row[1] + self.cost.token_scale * row[2]
+
+    def step(self) -> tuple[float, list]:
+        """Admit what fits, prefill it, decode one real step of the running rows: the step's
+        modelled seconds and the tags of the rows it finished."""
+        c, k, kp = self.cost, self.cost.token_scale, self.cost.prompt_token_scale
+        admitted = 0
+        while self.waiting and (not self.running or self.reserved + self.footprint(self.waiting[0]) <= self.capacity):
+            row = self.waiting.pop(0)
+            self.reserved += self.footprint(row)
+            admitted += row[1]
+            self.running.append(row)
+        took = c.prefill_s(admitted)
+        live = [r for r in self.running if r[3] < r[2]]
+        if live:
+            # The k modelled steps this real step stands for: context grows by one token per
+            # running row and step; a step's memory time is linear in it, so the mean is exact.
+            context = sum(kp * r[1] + k * r[3] for r in live) + len(live) * (k - 1) / 2
+            took += k * c.decode_step_s(len(live), context)
+            for r in live:
+                r[3] += 1
+        done = [r for r in self.running if r[3] >= r[2]]
+        for r in done:
+            self.running.remove(r)
+            self.reserved -= self.footprint(r)
+        return took, [r[0] for r in done]
+
+    def copy(self) -> ContinuousBatch:
+        other = ContinuousBatch.__new__(ContinuousBatch)
+        other.cost, other.capacity, other.reserved = self.cost, self.capacity, self.reserved
+        other.waiting = [list(r) for r in self.waiting]
+        other.running = [list(r) for r in self.running]
+        return other

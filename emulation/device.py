@@ -84,6 +84,7 @@ class CallStats:
     held_s: float = 0.0  #: wall time the calls took (modelled x dilation, or more on an overrun)
     cpu_s: float = 0.0  #: the real work's CPU time
     overruns: int = 0  #: calls whose real work outlasted their hold
+    joined: int = 0  #: calls that joined other calls in flight (a device that batches concurrent calls)
 
     @property
     def cpu_fraction(self) -> float:
@@ -118,14 +119,21 @@ class EmulatedDevice:
         left = target - (time.monotonic() - t0)
         if left > 0:
             time.sleep(left)
-        held = time.monotonic() - t0
+        self.account(kind, modelled, time.monotonic() - t0, cpu, overrun=left < 0, target=target)
+
+    def account(self, kind: str, modelled: float, held: float, cpu: float, *, overrun: bool, target: float,
+                joined: bool = False) -> None:
+        """Add one call to the accounts (:meth:`hold` does; an engine that schedules its calls
+        itself, :class:`~.batching.BatchingClock`, calls it with the device work the call added
+        as ``modelled`` and whether it ``joined`` calls in flight)."""
         with self._lock:
             s = self.stats.setdefault(kind, CallStats())
             s.calls += 1
             s.modelled_s += modelled
             s.held_s += held
             s.cpu_s += cpu
-            s.overruns += left < 0
+            s.overruns += overrun
+            s.joined += joined
             warn = not self._warned and target > 0 and cpu > self.cfg.max_cpu_fraction * held
             self._warned = self._warned or warn
         if warn:
@@ -142,4 +150,4 @@ class EmulatedDevice:
                     "prompt_token_scale": self.cfg.prompt_token_scale or self.cfg.token_scale,
                     **{k: {"calls": s.calls, "modelled_s": round(s.modelled_s, 6), "held_s": round(s.held_s, 6),
                            "cpu_s": round(s.cpu_s, 6), "cpu_fraction": round(s.cpu_fraction, 4),
-                           "overruns": s.overruns} for k, s in self.stats.items()}}
+                           "overruns": s.overruns, **({"joined": s.joined} if s.joined else {})} for k, s in self.stats.items()}}

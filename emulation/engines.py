@@ -4,7 +4,11 @@
 model): ``generate`` returns the real tokens and log-probs, held until the modelled time of
 its prefill and continuous-batching decode has passed — on a device of ``count`` devices the
 rows are dealt out over them (engine replicas) and the slowest share decides; ``load_weights``
-is held for the modelled model's weight load (every replica loads at once).
+is held for the modelled model's weight load (every replica loads at once). With a cost
+profile it takes several calls at once (``concurrent_calls``), as a rollout server does: the
+real work of one call at a time, under a lock, and every call's rows on one continuous-batching
+schedule of the ``count`` devices (:class:`~.batching.BatchingClock`), so a call that arrives
+while others decode joins their batch instead of waiting for its own.
 :class:`EmulatedTrainEngine` wraps a ``TrainEngine`` (the DeepSpeed trainer): a ``train_step``
 learns for real and is held for the modelled step on the device's ``count`` devices (data
 parallel), forward + backward over the batch's tokens once per PPO epoch plus the
@@ -14,10 +18,13 @@ wrapped engine's. They know nothing about Kafka or the components that hold them
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
 
 from astraflow.engines.base import Generation, NamedTensors, RolloutEngine, SamplingParams, TrainBatch, TrainEngine
 
+from .batching import BatchingClock
 from .device import EmulatedDevice
 
 __all__ = ["EmulatedRolloutEngine", "EmulatedTrainEngine", "dealt_s"]
@@ -30,13 +37,40 @@ class EmulatedRolloutEngine(RolloutEngine):
         #: a different placement of the same work would cost (:func:`dealt_s` on another device
         #: count); None (a node's default) keeps nothing, so a long run does not grow
         self.rows: list[list[tuple[int, int]]] | None = None
+        #: several calls at once on a shared schedule (a cost profile); a slowdown device
+        #: stretches each call's own time, so it takes one at a time
+        self.concurrent_calls = device.cost is not None
+        self.clock = BatchingClock(device.cost, device.cfg.count, device.cfg.dilation) if self.concurrent_calls else None
+        self._compute = threading.Lock()  # the wrapped engine computes one call at a time
+        self._accounted_busy = 0.0
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  seeds: Sequence[int] | None = None) -> list[Generation]:
+        if self.clock is not None:
+            return self._scheduled(prompts, params, seeds)
         with self.device.hold("generate") as price:
             out = self.inner.generate(prompts, params, seeds=seeds)
             if self.device.cost is not None:
                 price(self._modelled(prompts, out))
+        return out
+
+    def _scheduled(self, prompts, params: SamplingParams, seeds) -> list[Generation]:
+        """A call on the shared schedule: computed now, held until its rows are decoded there."""
+        t0, arrived = time.monotonic(), self.clock.now()
+        with self._compute:
+            c0 = time.process_time()
+            out = self.inner.generate(prompts, params, seeds=seeds)
+            cpu = time.process_time() - c0
+        lens = [(len(p), len(g.tokens)) for p, g in zip(prompts, out)]
+        computed = time.monotonic() - t0
+        timing = self.clock.run(lens, arrived)
+        with self._compute:
+            if self.rows is not None:
+                self.rows.append(lens)
+            work, self._accounted_busy = self.clock.busy_s - self._accounted_busy, self.clock.busy_s
+        held = time.monotonic() - t0
+        self.device.account("generate", work, held, cpu, overrun=computed > timing.latency_s * self.device.cfg.dilation,
+                            target=timing.latency_s * self.device.cfg.dilation, joined=timing.joined)
         return out
 
     def _modelled(self, prompts, out: list[Generation]) -> float:

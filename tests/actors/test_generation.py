@@ -266,3 +266,49 @@ def test_a_node_reads_only_its_reply_partition_and_decodes_only_its_own_replies(
         assert {tp.partition for tp in clients[node].consumer.assignment()} == {pick(node)}
     # the quiet node shares its partition with the busy one: it passed over those 5 undecoded
     assert clients[quiet].consumer.skipped == 5 and clients[other].consumer.skipped == 0
+
+
+def test_a_concurrent_engine_is_handed_the_next_polls_requests_while_a_call_runs(bootstrap, topics, tok_engine):
+    """A server on an engine that batches concurrent calls (``concurrent=True``) keeps polling
+    while a call runs: the second request is answered while the first call is still in the
+    engine, and both are committed once both replies are out."""
+    tok, engine = tok_engine
+    first_in, release, calls, overlap = threading.Event(), threading.Event(), [], []
+
+    def run(prompts, params, seeds):
+        calls.append(len(prompts))
+        if len(calls) == 1:
+            first_in.set()
+            release.wait(60)  # the first call stays in the engine until the second is answered
+        else:
+            overlap.append(not release.is_set())
+        return engine.generate([list(p) for p in prompts], params, seeds=list(seeds))
+
+    server = GenerationServer(bootstrap, topics, "verifier", "raas-verifier-c", run,
+                              lambda s: SamplingParams(temperature=1.0, max_new_tokens=4,
+                                                       stop_token_ids=(tok.eos_token_id,)), concurrent=True)
+    client = GenerationClient(bootstrap, topics, "raas-solver-c", timeout_s=120)
+    prompt = [tok.encode("3+1=", add_special_tokens=False)]
+    out: dict = {}
+    stop = threading.Event()
+    srv = threading.Thread(target=_serve_until, args=(server, stop))
+    try:
+        srv.start()
+        a = threading.Thread(target=lambda: out.setdefault(0, client.generate("verifier", "verifier", "ep0", prompt,
+                                                                               [1], {}, tok)))
+        a.start()
+        assert first_in.wait(60)
+        out[1] = client.generate("verifier", "verifier", "ep1", prompt, [2], {}, tok)  # answered meanwhile
+        assert server.served == 0  # nothing committed while a call is in flight
+        release.set()
+        a.join(60)
+        deadline = time.monotonic() + 30
+        while server.served < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        release.set()
+        stop.set()
+        srv.join(30)
+        client.close()
+        server.close()
+    assert overlap == [True] and sorted(out) == [0, 1] and server.served == 2 and server.calls == 2

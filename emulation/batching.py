@@ -1,0 +1,120 @@
+"""Several generate calls at once on an emulated device: one continuous batch per device.
+
+A real rollout server (SGLang) takes requests as they come and batches every request in
+flight, step by step; a request that arrives while others decode joins their batch at the
+next step. :class:`BatchingClock` is that schedule for an emulated rollout engine of
+``count`` devices (engine replicas): it keeps one :class:`~.cost.ContinuousBatch` per device
+on one modelled timeline (``modelled = wall / dilation`` since the clock began), sends each
+row of a call to the device holding the least context (a router), and holds the calling
+thread until the modelled step that finishes the call's last row has passed. An arrival
+changes the schedule of the calls in flight (their steps decode a larger batch), so every
+waiting call recomputes its finish when one comes.
+
+Steps are applied once they have started (a step that began before ``now`` is committed
+with the batch it had), so the timeline never runs ahead of what the engine was given.
+:attr:`busy_s` is the modelled time at least one device had rows: the work the device
+group did, which overlapping calls share (their latencies would count it twice). It knows
+nothing about engines, Kafka or which component holds it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from .cost import ContinuousBatch, CostModel
+
+__all__ = ["BatchingClock", "CallTiming"]
+
+
+class CallTiming(NamedTuple):
+    """What one call cost on the shared schedule (modelled seconds)."""
+
+    latency_s: float  #: from its arrival to its last row's finish on the schedule
+    joined: bool  #: it arrived while other calls' rows were in flight
+
+
+class _Device:
+    __slots__ = ("batch", "t")
+
+    def __init__(self, cost: CostModel) -> None:
+        self.batch = ContinuousBatch(cost)
+        self.t = 0.0  #: modelled time at which its next step starts
+
+
+class BatchingClock:
+    """The shared continuous-batching schedule of ``devices`` emulated devices (thread-safe)."""
+
+    def __init__(self, cost: CostModel, devices: int, dilation: float) -> None:
+        if devices < 1 or dilation <= 0:
+            raise ValueError("BatchingClock needs devices >= 1 and dilation > 0")
+        self.cost, self.dilation = cost, dilation
+        self._devices = [_Device(cost) for _ in range(devices)]
+        self._cv = threading.Condition()
+        self._wall0 = time.monotonic()
+        self._ids = itertools.count()
+        self._left: dict[int, int] = {}  #: call id -> its rows not yet finished
+        self._done_at: dict[int, float] = {}  #: call id -> when its latest finished row finished
+        self._busy_until = 0.0
+        self.busy_s = 0.0  #: modelled seconds at least one device had rows
+
+    def now(self) -> float:
+        return (time.monotonic() - self._wall0) / self.dilation
+
+    def run(self, rows: Sequence[tuple[int, int]], arrived: float) -> CallTiming:
+        """Schedule one call's ``(prompt, completion)`` real lengths, arrived at modelled time
+        ``arrived`` (:meth:`now` when the call began), and block until they are all decoded."""
+        with self._cv:
+            self._advance(arrived)
+            joined = any(not d.batch.idle for d in self._devices)
+            call = next(self._ids)
+            self._left[call] = len(rows)
+            for p, n in rows:
+                dev = min(self._devices, key=lambda d: d.batch.load())
+                if dev.batch.idle:
+                    dev.t = max(dev.t, arrived)
+                dev.batch.add(call, p, n)
+            self._cv.notify_all()  # the calls in flight have a new schedule
+            while self._left[call]:
+                finish = self._finish_of(call)
+                wait = finish * self.dilation - (time.monotonic() - self._wall0)
+                if wait > 0:
+                    self._cv.wait(wait)
+                self._advance(self.now())
+            del self._left[call]
+            finished = self._done_at.pop(call, arrived)
+        return CallTiming(max(0.0, finished - arrived), joined)
+
+    def _advance(self, to: float) -> None:
+        """Apply every step that starts by modelled time ``to``, in start order across devices."""
+        while True:
+            ready = [d for d in self._devices if not d.batch.idle and d.t <= to]
+            if not ready:
+                return
+            dev = min(ready, key=lambda d: d.t)
+            took, done = dev.batch.step()
+            start, end = dev.t, dev.t + took
+            self.busy_s += max(0.0, end - max(start, self._busy_until))
+            self._busy_until = max(self._busy_until, end)
+            dev.t = end
+            for call in done:
+                self._left[call] -= 1
+                self._done_at[call] = end
+
+    def _finish_of(self, call: int) -> float:
+        """When ``call``'s last row finishes if nothing else arrives (a dry run on copies)."""
+        finish = 0.0
+        for d in self._devices:
+            mine = sum(1 for r in d.batch.waiting + d.batch.running if r[0] == call)
+            if not mine:
+                continue
+            batch, t = d.batch.copy(), d.t
+            while mine:
+                took, done = batch.step()
+                t += took
+                mine -= sum(1 for tag in done if tag == call)
+            finish = max(finish, t)
+        return finish
