@@ -84,6 +84,6 @@ class MetricsEmitter:
             return
         for call, s in summary.items():
             if isinstance(s, dict):
-                self.emit_many({f"emulated.{call}.{k}": s[k]
-                                for k in ("modelled_s", "held_s", "cpu_fraction", "calls", "overruns")},
+                self.emit_many({f"emulated.{call}.{k}": s.get(k, 0)
+                                for k in ("modelled_s", "held_s", "cpu_fraction", "calls", "overruns", "joined")},
                                step, profile=summary["profile"], devices=summary["devices"], **labels)

@@ -2,7 +2,10 @@
 
 A real rollout server (SGLang) takes requests as they come and batches every request in
 flight, step by step; a request that arrives while others decode joins their batch at the
-next step. :class:`BatchingClock` is that schedule for an emulated rollout engine of
+next step. A call joins the schedule when it arrives (:meth:`BatchingClock.admit`), each
+row at its sampling's ``max_new_tokens``, and is settled to the lengths the real work
+generated once that is done (:meth:`BatchingClock.run`): the real work of concurrent calls
+runs one at a time, so the schedule must not wait for it to learn who is in the batch. :class:`BatchingClock` is that schedule for an emulated rollout engine of
 ``count`` devices (engine replicas): it keeps one :class:`~.cost.ContinuousBatch` per device
 on one modelled timeline (``modelled = wall / dilation`` since the clock began), sends each
 row of a call to the device holding the least context (a router), and holds the calling
@@ -58,26 +61,39 @@ class BatchingClock:
         self._ids = itertools.count()
         self._left: dict[int, int] = {}  #: call id -> its rows not yet finished
         self._done_at: dict[int, float] = {}  #: call id -> when its latest finished row finished
+        self._rows: dict[int, list] = {}  #: call id -> (device, row) of rows not settled yet
+        self._joined: dict[int, bool] = {}
         self._busy_until = 0.0
         self.busy_s = 0.0  #: modelled seconds at least one device had rows
 
     def now(self) -> float:
         return (time.monotonic() - self._wall0) / self.dilation
 
-    def run(self, rows: Sequence[tuple[int, int]], arrived: float) -> CallTiming:
-        """Schedule one call's ``(prompt, completion)`` real lengths, arrived at modelled time
-        ``arrived`` (:meth:`now` when the call began), and block until they are all decoded."""
+    def admit(self, prompts: Sequence[int], max_tokens: int, arrived: float) -> int:
+        """A call arrives at modelled time ``arrived`` with rows of these real prompt lengths,
+        each generating at most ``max_tokens``: its rows join the schedule now, before the
+        real work says how long they are (:meth:`run` settles that); returns the call's id."""
         with self._cv:
             self._advance(arrived)
-            joined = any(not d.batch.idle for d in self._devices)
             call = next(self._ids)
-            self._left[call] = len(rows)
-            for p, n in rows:
+            self._joined[call] = any(not d.batch.idle for d in self._devices)
+            self._rows[call] = []
+            self._left[call] = len(prompts)
+            for p in prompts:
                 dev = min(self._devices, key=lambda d: d.batch.load())
                 if dev.batch.idle:
                     dev.t = max(dev.t, arrived)
-                dev.batch.add(call, p, n)
+                self._rows[call].append((dev, dev.batch.add(call, p, max_tokens)))
             self._cv.notify_all()  # the calls in flight have a new schedule
+        return call
+
+    def run(self, call: int, lengths: Sequence[int], arrived: float) -> CallTiming:
+        """Settle ``call``'s rows to the lengths the real work generated (at most what
+        :meth:`admit` was told) and block until they are all decoded."""
+        with self._cv:
+            for (dev, row), n in zip(self._rows.pop(call), lengths):
+                dev.batch.settle(row, n)
+            self._cv.notify_all()
             while self._left[call]:
                 finish = self._finish_of(call)
                 wait = finish * self.dilation - (time.monotonic() - self._wall0)
@@ -86,7 +102,16 @@ class BatchingClock:
                 self._advance(self.now())
             del self._left[call]
             finished = self._done_at.pop(call, arrived)
-        return CallTiming(max(0.0, finished - arrived), joined)
+            return CallTiming(max(0.0, finished - arrived), self._joined.pop(call))
+
+    def cancel(self, call: int) -> None:
+        """The real work failed: the call's rows leave the schedule."""
+        with self._cv:
+            for dev, row in self._rows.pop(call, []):
+                dev.batch.settle(row, 0)
+            self._left.pop(call, None)
+            self._joined.pop(call, None)
+            self._cv.notify_all()
 
     def _advance(self, to: float) -> None:
         """Apply every step that starts by modelled time ``to``, in start order across devices."""
@@ -101,8 +126,9 @@ class BatchingClock:
             self._busy_until = max(self._busy_until, end)
             dev.t = end
             for call in done:
-                self._left[call] -= 1
-                self._done_at[call] = end
+                if call in self._left:  # (not a cancelled call's)
+                    self._left[call] -= 1
+                    self._done_at[call] = end
 
     def _finish_of(self, call: int) -> float:
         """When ``call``'s last row finishes if nothing else arrives (a dry run on copies)."""

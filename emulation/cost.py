@@ -146,9 +146,22 @@ class ContinuousBatch:
         self.running: list[list] = []
         self.reserved = 0.0  #: modelled tokens of context the running rows will hold
 
-    def add(self, tag, prompt: int, length: int) -> None:
-        """A row of ``prompt`` real prompt tokens that will generate ``length`` real tokens."""
-        self.waiting.append([tag, prompt, length, 0])
+    def add(self, tag, prompt: int, length: int) -> list:
+        """A row of ``prompt`` real prompt tokens that will generate ``length`` real tokens (or
+        at most that many, :meth:`settle`); returns the row."""
+        row = [tag, prompt, length, 0]
+        self.waiting.append(row)
+        return row
+
+    def settle(self, row: list, length: int) -> None:
+        """The row generates ``length`` tokens (not more than it was added with): a running row
+        gives back the room it no longer needs, and one already that long finishes at the next
+        step."""
+        if length > row[2]:
+            raise ValueError(f"settle: a row added for at most {row[2]} tokens cannot generate {length}")
+        if any(r is row for r in self.running):
+            self.reserved -= self.cost.token_scale * (row[2] - length)
+        row[2] = length
 
     @property
     def idle(self) -> bool:
@@ -182,9 +195,9 @@ class ContinuousBatch:
             for r in live:
                 r[3] += 1
         done = [r for r in self.running if r[3] >= r[2]]
-        for r in done:
-            self.running.remove(r)
-            self.reserved -= self.footprint(r)
+        if done:
+            self.running = [r for r in self.running if r[3] < r[2]]
+            self.reserved -= sum(self.footprint(r) for r in done)
         return took, [r[0] for r in done]
 
     def copy(self) -> ContinuousBatch:

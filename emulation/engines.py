@@ -55,15 +55,21 @@ class EmulatedRolloutEngine(RolloutEngine):
         return out
 
     def _scheduled(self, prompts, params: SamplingParams, seeds) -> list[Generation]:
-        """A call on the shared schedule: computed now, held until its rows are decoded there."""
+        """A call on the shared schedule: in the batch from its arrival, computed (one call at a
+        time), settled to the lengths it generated and held until its rows are decoded there."""
         t0, arrived = time.monotonic(), self.clock.now()
-        with self._compute:
-            c0 = time.process_time()
-            out = self.inner.generate(prompts, params, seeds=seeds)
-            cpu = time.process_time() - c0
+        call = self.clock.admit([len(p) for p in prompts], params.max_new_tokens, arrived)
+        try:
+            with self._compute:
+                c0 = time.process_time()
+                out = self.inner.generate(prompts, params, seeds=seeds)
+                cpu = time.process_time() - c0
+        except BaseException:
+            self.clock.cancel(call)
+            raise
         lens = [(len(p), len(g.tokens)) for p, g in zip(prompts, out)]
         computed = time.monotonic() - t0
-        timing = self.clock.run(lens, arrived)
+        timing = self.clock.run(call, [n for _, n in lens], arrived)
         with self._compute:
             if self.rows is not None:
                 self.rows.append(lens)

@@ -23,7 +23,8 @@ def _staggered(clock: BatchingClock, calls: int, gap_s: float) -> list:
 
     def one(i):
         time.sleep(i * gap_s)
-        out.append(clock.run(ROWS, clock.now()))
+        arrived = clock.now()
+        out.append(clock.run(clock.admit([p for p, _ in ROWS], 30, arrived), [n for _, n in ROWS], arrived))
     threads = [threading.Thread(target=one, args=(i,)) for i in range(calls)]
     for t in threads:
         t.start()
@@ -52,12 +53,37 @@ def test_calls_that_arrive_while_others_decode_share_their_steps():
 def test_one_call_on_the_shared_schedule_costs_what_the_cost_model_says():
     clock = BatchingClock(COST, 2, 0.001)
     rows = [(20, n) for n in (5, 30, 12, 30, 8, 30)]
-    timing = clock.run(rows, clock.now())
+    arrived = clock.now()
+    timing = clock.run(clock.admit([p for p, _ in rows], 30, arrived), [n for _, n in rows], arrived)
     by_device = [rows[i::2] for i in range(2)]  # the router spreads them over the two devices
     expected = max(COST.generate_s([p for p, _ in d], [n for _, n in d]) for d in by_device)
     assert not timing.joined
     assert abs(timing.latency_s - expected) < 0.35 * expected  # routed by load, not dealt in turn
     assert abs(clock.busy_s - timing.latency_s) < 1e-6 * expected
+
+
+def test_a_call_is_in_the_batch_from_its_arrival_though_its_real_work_ends_later():
+    """The real work of concurrent calls runs one at a time; a call whose work finishes late
+    was still in the batch since it arrived (admitted at its max_new_tokens, settled after)."""
+    dilation = 0.002
+    clock = BatchingClock(COST, 1, dilation)
+    a_at = clock.now()
+    a = clock.admit([20] * 8, 30, a_at)
+    b_at = clock.now()
+    b = clock.admit([20] * 8, 30, b_at)
+    out = {}
+    tb = threading.Thread(target=lambda: out.setdefault("b", (time.sleep(0.3), clock.run(b, [30] * 8, b_at))[1]))
+    tb.start()  # b's lengths are known 0.3 s (150 modelled s) after it arrived
+    out["a"] = clock.run(a, [10] * 8, a_at)  # a settles at once, shorter than its bound
+    tb.join(30)
+    both = COST.generate_s([20] * 16, [10] * 8 + [30] * 8)
+    assert out["b"].joined and not out["a"].joined
+    assert abs(clock.busy_s - both) < 0.05 * both  # one batch of 16 rows, not a then b
+    assert out["a"].latency_s < out["b"].latency_s < 1.05 * both
+    c_at = clock.now()
+    c = clock.admit([20] * 4, 30, c_at)
+    clock.cancel(c)  # its real work failed: gone from the schedule, nobody waits for it
+    assert abs(clock.busy_s - both) < 0.05 * both + COST.prefill_s(80)
 
 
 def test_the_gate_lets_calls_share_a_concurrent_engine_and_a_weight_load_waits_for_them():
@@ -99,7 +125,8 @@ class _Engine:
 
     def generate(self, prompts, params, seeds=None):
         self.calls.append(len(prompts))
-        return [Generation(tuple(p), (1,) * 30, (0.0,) * 30, "length") for p in prompts]
+        n = params.max_new_tokens
+        return [Generation(tuple(p), (1,) * n, (0.0,) * n, "length") for p in prompts]
 
     def load_weights(self, named, version):
         pass
@@ -126,7 +153,7 @@ def test_episodes_back_from_another_pool_one_by_one_join_the_calls_in_flight():
         batcher.enter()
         with batcher.away():  # on another pool's call; they come back a tenth of a call apart
             time.sleep(0.1 * alone_s * i)
-        results[i] = batcher.generate(i, [[1]] * 8, SamplingParams(), list(range(8)))
+        results[i] = batcher.generate(i, [[1]] * 8, SamplingParams(max_new_tokens=30), list(range(8)))
         batcher.leave()
     threads = [threading.Thread(target=episode, args=(i,)) for i in range(6)]
     for t in threads:
@@ -147,7 +174,7 @@ def test_episodes_back_from_another_pool_one_by_one_join_the_calls_in_flight():
         batcher2.enter()
         with batcher2.away():
             time.sleep(0.1 * alone_s * i)
-        batcher2.generate(i, [[1]] * 8, SamplingParams(), list(range(8)))
+        batcher2.generate(i, [[1]] * 8, SamplingParams(max_new_tokens=30), list(range(8)))
         batcher2.leave()
     threads = [threading.Thread(target=episode2, args=(i,)) for i in range(6)]
     for t in threads:

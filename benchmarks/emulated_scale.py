@@ -1,0 +1,170 @@
+"""The demo job at 8 to 64 emulated devices: does the schedule scale? (``emulated_scale.py``).
+
+Weak scaling of the single-policy demo job (``examples/arithmetic_grpo.yaml``, async) on
+``N`` emulated devices of ``--profile`` (default H100 with the Qwen3-8B shape), N in
+``--devices`` (8, 16, 32, 64): half the devices roll out, on RaaS nodes of at most
+``--devices-per-node`` (each node one process whose engine stands for that many replicas),
+half train (one data-parallel trainer); the batch grows with N (16 prompts x 8 samples per 8
+devices), so each device has the same work at every N. The tiny model does every token and
+gradient; every engine call is held for its modelled time (``emulation/cost.py``), ``dilation``
+wall seconds per modelled second, raised with N (``--dilation`` x N / 8) so the real work
+stays a small share of each hold on this machine's cores. Every time is **modelled seconds,
+emulated**, not a GPU measurement.
+
+Per device count, ``--repeats`` runs, same seeds: **samples/s** (samples trained per modelled
+second, steady state: end of step 2 to the last step); the **lower bound** per step, the
+busiest resource's modelled work per step from the run's own accounts (each RaaS node's
+generate and weight loads scaled to one batch of episodes, the trainer's steps); the
+**scheduling efficiency** = bound / measured s per step; and **where the rest goes**: the
+trainer's wait for its next batch (``trainer.wait_s``, the dataflow and Kafka path) and
+the nodes' weight loads, per step. **Linearity** = samples/s at N / (samples/s at 8 x N/8).
+
+Prints one table; writes ``benchmarks/results/emulated_scale.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "emulated_scale.json"
+CONFIG = ROOT / "examples" / "arithmetic_grpo.yaml"
+#: prompts per batch per 8 devices (the demo's batch at 8)
+GROUPS_PER_8 = 16
+
+
+def layout(n: int, per_node: int) -> dict:
+    """Rollout and trainer devices of ``n``, and the RaaS nodes that hold the rollout ones."""
+    rollout, trainer = n // 2, n - n // 2
+    nodes = max(1, -(-rollout // per_node))
+    if rollout % nodes:
+        raise ValueError(f"{rollout} rollout devices do not split evenly over {nodes} nodes of <= {per_node}")
+    groups = GROUPS_PER_8 * n // 8
+    return {"devices": n, "rollout_devices": rollout, "trainer_devices": trainer, "nodes": nodes,
+            "devices_per_node": rollout // nodes, "groups_per_batch": groups, "tasks_per_call": groups // nodes}
+
+
+def overrides(args, lay: dict, job: str) -> dict:
+    dilation = args.dilation * lay["devices"] / 8
+    dev = lambda n: {"kind": "emulated", "profile": args.profile, "count": n, "dilation": dilation,  # noqa: E731
+                     "token_scale": args.token_scale, "prompt_token_scale": args.prompt_token_scale}
+    return {"mode": "async", "job": job, "trainer.steps": args.steps, "eval.every": 0, "eval.problems": 50,
+            "eval.k": 1, "trainer.cpu_nice": 0, "rollout.nodes": lay["nodes"],
+            "rollout.tasks_per_call": lay["tasks_per_call"], "dataflow.groups_per_batch": lay["groups_per_batch"],
+            "kafka.task_partitions": max(8, lay["nodes"]),
+            "rollout.device": dev(lay["devices_per_node"]), "trainer.device": dev(lay["trainer_devices"])}
+
+
+def analyse(run_dir: Path, dilation: float, lay: dict, n_samples: int) -> dict:
+    from astraflow.benchmarks.async_vs_sync import steady_steps
+    from astraflow.benchmarks.multi_policy_emulated import cpu_fractions, overruns, resource_work
+    rows, step_ts, first, last = steady_steps(run_dir)
+    steps = max(step_ts)
+    per_step = (step_ts[last] - step_ts[first]) / (last - first) / dilation
+    summary = json.loads((run_dir / "summary.json").read_text())
+    episodes = sum(float(r["value"]) for r in rows if r["name"] == "raas.tasks")
+    em = summary.get("emulated", {})
+    work = resource_work(summary, episodes, lay["groups_per_batch"], steps)
+    window = [r for r in rows if step_ts[first] < r["ts"] <= step_ts[last]]
+    wait = sum(float(r["value"]) for r in window if r["name"] == "trainer.wait_s") / (last - first) / dilation
+    loads = sum(c.get("weight_load", {}).get("modelled_s", 0.0) for k, c in em.items() if not k.startswith("trainer"))
+    bound = max(work.values())
+    return {"s_per_step": per_step, "samples_per_s": lay["groups_per_batch"] * n_samples / per_step,
+            "lower_bound_s_per_step": bound, "scheduling_efficiency": bound / per_step,
+            "busiest": max(work, key=work.get), "work_by_resource": work,
+            "trainer_wait_s_per_step": wait,
+            "weight_load_s_per_step_per_node": loads / max(1, lay["nodes"]) / steps,
+            "episodes_per_trained_group": episodes / (steps * lay["groups_per_batch"]),
+            "cpu_fraction": cpu_fractions(em), "overruns": overruns(em), "run_dir": str(run_dir),
+            "wall_s": summary.get("wall_s")}
+
+
+def one(args, broker, lay: dict, rep: int) -> dict:
+    from astraflow.config import load_config
+    from astraflow.launcher import run_job
+    job = f"bench-scale-{lay['devices']}-{int(time.time())}-{rep}"
+    ov = overrides(args, lay, job)
+    cfg = load_config(args.config, ov)
+    run_dir = Path(args.run_root) / job
+    print(f"--- {lay['devices']} devices, repetition {rep + 1}: {lay['nodes']} node(s) x "
+          f"{lay['devices_per_node']} + trainer {lay['trainer_devices']} ({job})", flush=True)
+    run_job(cfg, bootstrap=broker.bootstrap_servers, run_dir=run_dir, progress=False, timeout_s=args.run_timeout,
+            overrides=[f"{k}={json.dumps(v) if isinstance(v, dict) else v}" for k, v in ov.items()])
+    return analyse(run_dir, ov["rollout.device"]["dilation"], lay, cfg.rollout.n_samples)
+
+
+KEYS = ("s_per_step", "samples_per_s", "lower_bound_s_per_step", "scheduling_efficiency",
+        "trainer_wait_s_per_step", "weight_load_s_per_step_per_node", "episodes_per_trained_group")
+
+
+def aggregate(rows: dict[int, list[dict]]) -> dict:
+    out = {}
+    base = spread([r["samples_per_s"] for r in rows[min(rows)]])
+    for n, reps in rows.items():
+        agg = {k: spread([r[k] for r in reps]) for k in KEYS}
+        agg["max_cpu_fraction"] = spread([max(r["cpu_fraction"].values(), default=0.0) for r in reps])
+        agg["overruns"] = spread([r["overruns"] for r in reps])
+        ideal = {**base, **{k: v * n / min(rows) for k, v in base.items() if k in ("median", "min", "max")},
+                 "runs": [v * n / min(rows) for v in base["runs"]]}
+        agg["linearity"] = ratio_spread(agg["samples_per_s"], ideal)
+        out[str(n)] = agg
+    return out
+
+
+def print_table(agg: dict, args) -> None:
+    print(f"EMULATED: the demo job (async) on N x {args.profile}, half rollout, half trainer; modelled seconds")
+    hdr = (f"{'N':>3} {'samples/s':>22} {'s/step':>20} {'bound s/step':>20} {'sched. eff.':>20} "
+           f"{'linearity':>20} {'trainer wait s':>18}")
+    print(hdr)
+    print("-" * len(hdr))
+    for n, r in agg.items():
+        print(f"{n:>3} {fmt_spread(r['samples_per_s'], '.1f'):>22} {fmt_spread(r['s_per_step'], '.1f'):>20} "
+              f"{fmt_spread(r['lower_bound_s_per_step'], '.1f'):>20} {fmt_spread(r['scheduling_efficiency']):>20} "
+              f"{fmt_spread(r['linearity']):>20} {fmt_spread(r['trainer_wait_s_per_step'], '.1f'):>18}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(CONFIG))
+    ap.add_argument("--devices", default="8,16,32,64", help="device counts, comma-separated")
+    ap.add_argument("--devices-per-node", type=int, default=8, help="emulated devices one RaaS node process holds")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--profile", default="h100-qwen3-8b")
+    ap.add_argument("--dilation", type=float, default=0.3, help="wall seconds per modelled second at 8 devices")
+    ap.add_argument("--token-scale", type=int, default=512)
+    ap.add_argument("--prompt-token-scale", type=int, default=16)
+    ap.add_argument("--run-timeout", type=float, default=1200.0)
+    ap.add_argument("--quick", action="store_true", help="8 and 16 devices, 4 steps, 1 repetition (a smoke run)")
+    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--run-root", default=str(ROOT / "runs" / "bench-emulated-scale"))
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.devices, args.steps, args.repeats = "8,16", 4, 1
+    counts = [int(x) for x in args.devices.split(",")]
+    lays = {n: layout(n, args.devices_per_node) for n in counts}
+    from astraflow.topics import EmbeddedBroker
+    load_before = load_now()
+    rows: dict[int, list[dict]] = {n: [] for n in counts}
+    with EmbeddedBroker(heap="1g") as broker:
+        for rep in range(args.repeats):  # interleaved, so a change in the machine's load hits every N
+            for n in counts:
+                rows[n].append(one(args, broker, lays[n], rep))
+    agg = aggregate(rows)
+    print_table(agg, args)
+    write_results(Path(args.out), {
+        "benchmark": "emulated_scale", "emulated": True, "profile": args.profile, "steps": args.steps,
+        "repeats": args.repeats, "quick": args.quick, "dilation_at_8": args.dilation,
+        "token_scale": args.token_scale, "prompt_token_scale": args.prompt_token_scale,
+        "layouts": {str(n): lay for n, lay in lays.items()}, "method": __doc__, "by_devices": agg,
+        "repetitions": {str(n): r for n, r in rows.items()}}, load_before)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
