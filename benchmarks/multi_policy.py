@@ -41,6 +41,7 @@ import argparse
 import copy
 import dataclasses
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -161,7 +162,38 @@ def analyse_team(run_dir: Path) -> dict:
             # wait per remote call (request out, served by the other pool, reply back), last value
             "remote_wait_s_per_call": next((float(r["value"]) for r in reversed(rows)
                                             if r["name"] == "raas.remote_wait_s_per_call"), float("nan")),
+            "remote_calls": remote_calls(run_dir),
             "run_dir": str(run_dir)}
+
+
+def _span_s(span: dict) -> float:
+    from datetime import datetime
+    at = lambda k: datetime.fromisoformat(span[k].replace("Z", "+00:00")).timestamp()  # noqa: E731
+    return at("end_time") - at("start_time")
+
+
+def remote_calls(run_dir: Path) -> dict:
+    """What a role served by another policy's pool costs, from the run's own traces: every
+    ``raas.generate`` span of a remote role (request out, served, reply back; wall seconds),
+    its median and p95, and remote calls per episode (``raas.workflow`` spans)."""
+    durations: list[float] = []
+    episodes = 0
+    for f in sorted((run_dir / "traces").glob("raas-*.jsonl")):
+        for line in f.read_text().splitlines():
+            try:
+                span = json.loads(line)
+            except ValueError:
+                continue  # a span cut off by a stopped node
+            if span.get("name") == "raas.workflow":
+                episodes += 1
+            elif span.get("name") == "raas.generate" and span.get("attributes", {}).get("remote"):
+                durations.append(_span_s(span))
+    if not durations:
+        return {"calls": 0, "episodes": episodes}
+    durations.sort()
+    return {"calls": len(durations), "episodes": episodes, "median_s": statistics.median(durations),
+            "p95_s": durations[min(len(durations) - 1, int(0.95 * len(durations)))],
+            "hops_per_episode": len(durations) / episodes if episodes else float("nan")}
 
 
 def accuracy_at(rows: list[dict], start: float, seconds: float) -> dict:
@@ -287,6 +319,10 @@ def aggregate(reps: list[dict]) -> dict:
     arms = {arm: {k: s(arm, k) for k in ("s_per_iter", "time_to_last_step_s", "team_accuracy", "raas_busy_s",
                                          "groups_dropped", "remote_wait_s_per_call", "episodes_per_trained_group")
                   if all(k in r[arm] for r in reps)} for arm in KAFKA_ARMS}
+    for arm in KAFKA_ARMS:  # a role served by the other pool: wall seconds per call and hops per episode
+        if all(r[arm].get("remote_calls", {}).get("calls") for r in reps):
+            arms[arm]["remote_calls"] = {k: spread([r[arm]["remote_calls"][k] for r in reps])
+                                         for k in ("median_s", "p95_s", "hops_per_episode")}
     arms["sequential"] = {"s_per_iter": c, "time_to_last_step_s": s("sequential", "time_to_last_step_s"),
                           "team_accuracy": s("sequential", "team_accuracy_final"),
                           **{k: s("sequential", k) for k in reps[0]["sequential"]

@@ -252,7 +252,10 @@ def run_split(base: dict, args, split: dict, barrier: str, rep: int) -> dict:
                 "cpu_fraction": cpu_fractions(summary.get("emulated", {})),
                 "overruns": overruns(summary.get("emulated", {})),
                 "episodes_per_trained_group": r["episodes"] / (args.steps * SEED_SHAPE["groups_per_batch"]),
-                "by_policy": r["by_policy"], "run_dir": str(run_dir), "wall_s": r["wall_s"]}
+                "by_policy": r["by_policy"], "run_dir": str(run_dir), "wall_s": r["wall_s"],
+                # a role served by the other pool: median / p95 seconds per call (modelled) and hops per episode
+                "remote_calls": {k: (v / args.dilation if k.endswith("_s") else v)
+                                 for k, v in r["remote_calls"].items()}}
     return run_attempts(f"emulated-{barrier}", rep, once)
 
 
@@ -269,6 +272,9 @@ def aggregate(reps: list[dict]) -> dict:
                      "scheduling_efficiency": spread([x["lower_bound_s_per_iter"] / x["s_per_iter"] for x in per]),
                      "max_cpu_fraction": spread([max(x["cpu_fraction"].values()) for x in per]),
                      "overruns": spread([x["overruns"] for x in per])}
+        if all(x.get("remote_calls", {}).get("calls") for x in per):  # the Kafka arms
+            arms[arm]["remote_calls"] = {k: spread([x["remote_calls"][k] for x in per])
+                                         for k in ("median_s", "p95_s", "hops_per_episode")}
         comps = per[0].get("generate_calls_per_iteration", {})
         arms[arm]["generate_calls_per_iteration"] = {
             k: spread([x["generate_calls_per_iteration"].get(k, 0.0) for x in per]) for k in comps}
