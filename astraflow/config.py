@@ -173,6 +173,14 @@ class TracingConfig:
 
 
 @dataclass(frozen=True)
+class SandboxConfig:
+    allow_unisolated: bool = _f(False, "where the kernel gives no user/mount/network namespaces, run model-written "
+                                       "code anyway, with rlimits, an audit hook and (as root) uid 65534 only: no "
+                                       "filesystem or network isolation (README, Security). false: such code "
+                                       "does not run and scores 0 with reason no_isolation")
+
+
+@dataclass(frozen=True)
 class PolicyConfig:
     """One policy of a multi-policy job: its model, RaaS pool, batching and trainer. Each
     section starts from the job's top-level section of the same name (shared defaults)."""
@@ -208,6 +216,7 @@ class JobConfig:
     trainer: TrainerConfig = _f(TrainerConfig(), "trainer")
     eval: EvalConfig = _f(EvalConfig(), "evaluation")
     tracing: TracingConfig = _f(TracingConfig(), "tracing")
+    sandbox: SandboxConfig = _f(SandboxConfig(), "the sandbox model-written code runs in (workflows/sandbox.py)")
     policies: dict[str, PolicyConfig] = _f({}, "multi-policy jobs: name -> {model, rollout, dataflow, trainer}, "
                                                "each section merged over the top-level one; empty: one policy "
                                                "named `policy` made of the top-level sections")
