@@ -445,6 +445,8 @@ def _run(args: list[str], *, stdin: str, limits: Limits, namespaces: bool,
         result = _result(data, truncated, timed_out, limits, namespaces, start)
         if with_results:
             lines = data["results"].decode("utf-8", "replace").split("\n")
+            if truncated["results"]:
+                lines.pop()  # cut at the cap: a partial line, not a malformed one
             return result, lines
         return result
     finally:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import socket
-import tempfile
 
 import psutil
 import pytest
@@ -23,10 +22,6 @@ SMALL = Limits(cpu_s=1, wall_s=20, memory_mb=128, processes=16, file_mb=0.1, out
 needs_namespaces = pytest.mark.skipif(not namespaces_available(),
                                       reason="no user/network/mount namespaces here")
 pytestmark = pytest.mark.usefixtures("no_sandbox_leftovers")
-
-
-def sandbox_dirs() -> set[str]:
-    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("astraflow-sandbox-")}
 
 
 def test_a_normal_program_reads_stdin_and_prints():
@@ -78,10 +73,11 @@ def test_memory_bomb_hits_the_memory_limit():
 
 
 def test_huge_file_hits_the_file_limit_and_the_work_dir_is_removed():
-    before = sandbox_dirs()
-    result = run_python("with open('big', 'wb') as f:\n    f.write(b'x' * 10**6)", limits=SMALL)
+    program = "import os\nprint(os.getcwd(), flush=True)\nwith open('big', 'wb') as f:\n    f.write(b'x' * 10**6)"
+    result = run_python(program, limits=SMALL)
     assert result.reason == "file_limit"
-    assert sandbox_dirs() <= before
+    run_dir = os.path.dirname(result.stdout.strip())  # the same path inside and out
+    assert os.path.basename(run_dir).startswith("astraflow-sandbox-") and not os.path.exists(run_dir)
 
 
 def test_abort_and_segfault_are_crashes():

@@ -395,3 +395,10 @@ def test_opted_in_without_namespaces_a_root_caller_gives_the_program_nothing(vic
     assert got["pidfd kill"] == got["setuid 0"] == ["PermissionError", "Operation not permitted"]
     assert got["ctypes"] == ["PermissionError", "sandbox: ctypes.dlopen is not allowed"]
     assert got["sethostname"] == ["PermissionError", "sandbox: socket.sethostname is not allowed"]
+
+
+def test_a_result_cut_at_the_results_cap_fails_its_case_only():
+    program = "def f(x):\n    return 'a' * (9 << 20) if x == 5 else x + 1"
+    result = check_function(program, "f", CASES, limits=Limits(cpu_s=2, wall_s=20, memory_mb=256))
+    assert result.passed == [True, True, False] and result.reason == "wrong_answer"
+    assert "no result" in result.detail
