@@ -30,10 +30,13 @@ from astraflow.topics import Batch, Task, TrajectoryGroup, VersionAnnouncement, 
 from astraflow.topics.replay import read_topic
 
 STAGES = ("publish_s", "schedule_s", "to_rollout_s", "rollout_s", "batch_s", "pickup_s")
+#: the stages of one batch's ``path_s`` (publish → batch written); pickup is the trainer's side
+PATH_STAGES = STAGES[:-1]
 
 
 def batch_paths(bootstrap: str, cfg: JobConfig, run_dir: Path, first_step: int = 3) -> list[dict]:
-    """One row per batch ``k >= first_step`` (start-up excluded): each stage in seconds."""
+    """One row per batch ``k >= first_step`` (start-up excluded): each stage in seconds, and
+    the batch's ``path_s`` (the sum of its :data:`PATH_STAGES`)."""
     topics, policy = job_topics(cfg), cfg.policy
     announced: dict[int, float] = {}
     for _, _, ts, m in read_topic(bootstrap, topics.versions, timestamps=True):
@@ -67,14 +70,17 @@ def batch_paths(bootstrap: str, cfg: JobConfig, run_dir: Path, first_step: int =
                     "to_rollout_s": started - scheduled, "rollout_s": finished - started,
                     "batch_s": written - finished,
                     "pickup_s": handed_off[k + 1] - train_s[k] - written})
+        out[-1]["path_s"] = sum(out[-1][s] for s in PATH_STAGES)
     return out
 
 
 def summarize(paths: list[dict]) -> dict:
-    """Median of each stage and of the whole path (publish → batch written) over the batches."""
+    """Median of each stage and of each batch's whole path (publish → batch written) over the
+    batches. Medians of different stages come from different batches, so they do not add up:
+    compare stages within a row of :func:`batch_paths`, not across these medians."""
     if not paths:
         return {"batches": 0}
     out: dict = {stage: median(p[stage] for p in paths) for stage in STAGES}
-    out["path_s"] = median(sum(p[s] for s in STAGES if s != "pickup_s") for p in paths)
+    out["path_s"] = median(p["path_s"] for p in paths)
     out["batches"] = len(paths)
     return out
