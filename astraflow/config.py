@@ -52,7 +52,8 @@ class KafkaConfig:
     transaction_timeout_ms: int = _f(30_000, "a producer that dies inside a transaction blocks read_committed "
                                              "readers of its partitions until the broker aborts it after this "
                                              "long; at most the broker's transaction.max.timeout.ms (900000)",
-                                             bounds=Bounds(1_000, 900_000))
+                                             bounds=Bounds(1_000, 900_000, why="at most the broker's "
+                                                           "transaction.max.timeout.ms, 900000 by default"))
 
     def __post_init__(self) -> None:
         if self.bootstrap_servers is not None:
@@ -241,7 +242,7 @@ class JobConfig:
         # Names that become parts of Kafka topic names (af.<job>.tasks.<policy>, ...) and of
         # paths (<run_dir>/<job>-<time>, checkpoint and weight dirs per policy): refused here,
         # not by the broker or the file system once the components are already starting.
-        for key, name in (("job", self.job), ("policy", self.policy), *((f"policies.{p}", p) for p in self.policies)):
+        for key, name in (("job", self.job), *((f"policies.{p}", p) for p in self.policies), ("policy", self.policy)):
             problem = check_name(name)
             if problem:
                 raise ConfigError(self.source, key, problem)

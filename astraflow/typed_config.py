@@ -46,13 +46,14 @@ class ConfigError(FatalError, ValueError):
 @dataclass(frozen=True)
 class Bounds:
     """The range ``[lo, hi]`` a numeric key accepts; ``lo_open`` / ``hi_open`` exclude an end
-    (a temperature above 0, an Adam beta below 1). Applies to each number of a list or a
-    mapping of numbers too."""
+    (a temperature above 0, an Adam beta below 1); ``why`` is added to the error where an end
+    is not obvious. Applies to each number of a list or a mapping of numbers too."""
 
     lo: float
     hi: float
     lo_open: bool = False
     hi_open: bool = False
+    why: str = ""
 
     def admits(self, value: float) -> bool:
         return ((self.lo < value if self.lo_open else self.lo <= value)
@@ -122,6 +123,8 @@ def load_yaml(path: str | Path, root: str = "a mapping", error: type[ConfigError
         if node is not None:
             _refuse_duplicate_keys(node, str(path), error)
         data = loader.construct_document(node) if node is not None else None
+    except ConfigError:
+        raise
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -177,7 +180,7 @@ def _check_bounds(bounds: Bounds, value: Any, file: str, key: str) -> None:
         for k, v in value.items():
             _check_bounds(bounds, v, file, f"{key}.{k}")
     elif isinstance(value, (int, float)) and not isinstance(value, bool) and not bounds.admits(value):
-        raise ConfigError(file, key, f"must be {bounds}, got {_short(value)}")
+        raise ConfigError(file, key, f"must be {bounds}, got {_short(value)}" + (f" ({bounds.why})" if bounds.why else ""))
 
 
 def _short(value: Any) -> str:
