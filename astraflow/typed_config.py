@@ -81,7 +81,19 @@ def check_name(name: object) -> str | None:
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, minus its silent last-one-wins on a key given twice."""
+    """PyYAML's safe loader, minus its silent last-one-wins on a key given twice: the node tree
+    is checked before it is constructed, so the error names the dotted key and both lines."""
+
+    def __init__(self, text: str, file: str, error: type[ConfigError]) -> None:
+        super().__init__(text)
+        self.file, self.error = file, error
+
+    def get_single_data(self) -> Any:
+        node = self.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicate_keys(node, self.file, self.error)
+        return self.construct_document(node)
 
 
 def _refuse_duplicate_keys(node: yaml.Node, file: str, error: type[ConfigError], prefix: str = "") -> None:
@@ -117,12 +129,9 @@ def load_yaml(path: str | Path, root: str = "a mapping", error: type[ConfigError
         raise error(str(path), "<file>", f"not a text file ({e.reason} at byte {e.start})") from None
     except OSError as e:
         raise error(str(path), "<file>", f"cannot be read: {e.strerror or e}") from None
-    loader = _StrictLoader(text)
+    loader = _StrictLoader(text, str(path), error)
     try:
-        node = loader.get_single_node()
-        if node is not None:
-            _refuse_duplicate_keys(node, str(path), error)
-        data = loader.construct_document(node) if node is not None else None
+        data = loader.get_single_data()
     except ConfigError:
         raise
     except yaml.MarkedYAMLError as e:

@@ -15,8 +15,9 @@ Read after the run from the job's own records (every time is this machine's cloc
 announcements and their record timestamps on ``versions``, task records on ``tasks.<policy>``,
 each group's ``started_at`` / ``finished_at``, batch records, and the trainer's metrics (a
 step's ``trainer.handed_off`` is emitted as the step hands its weights to the publisher, before
-its checkpoint; ``trainer.samples`` comes after the checkpoint, so a run whose trainer checkpoints
-every step would read the checkpoint's time as a negative publish stage).
+its checkpoint, and is taken as no later than the version's announcement; ``trainer.samples``
+comes after the checkpoint, so a run whose trainer checkpoints every step would read the
+checkpoint's time as a negative publish stage).
 """
 
 from __future__ import annotations
@@ -49,8 +50,13 @@ def batch_paths(bootstrap: str, cfg: JobConfig, run_dir: Path, first_step: int =
     batches = {m.step: (ts / 1000, m) for _, _, ts, m in read_topic(bootstrap, topics.batches(policy), timestamps=True)
                if isinstance(m, Batch)}
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    # trainer.handed_off at step v is emitted as the step that made version v hands it off
+    # trainer.handed_off at step v is stamped just after the step that made version v hands it
+    # to the publisher. The trainer's thread runs niced and the publisher's threads do not, so
+    # on a busy machine the publisher can announce v before the trainer's thread is scheduled
+    # again to stamp it (a run read publish_s <= -13 ms): the hand-off was no later than the
+    # announcement, so that bounds it.
     handed_off = {int(r["step"]): r["ts"] for r in rows if r["name"] == "trainer.handed_off"}
+    handed_off = {v: min(ts, announced.get(v, ts)) for v, ts in handed_off.items()}
     train_s = {int(r["step"]) - 1: r["value"] for r in rows if r["name"] == "trainer.train_s"}
     out = []
     for k in sorted(batches):
