@@ -390,7 +390,8 @@ def _with_policy_defaults(data: dict, file: str) -> dict:
 
 
 def describe(cls: type = JobConfig, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, default, help) for every key: the README's config reference."""
+    """(dotted key, default, help) for every key: the README's config reference. A number's
+    help ends with the range it is loaded within."""
     rows = []
     for f in dataclasses.fields(cls):
         if cls is JobConfig and f.name == "source":
@@ -405,5 +406,6 @@ def describe(cls: type = JobConfig, prefix: str = "") -> list[tuple[str, str, st
                 default = f.default_factory()
             else:
                 default = "(required)"
-            rows.append((prefix + f.name, repr(default), f.metadata.get("help", "")))
+            bounds = f.metadata.get("bounds")
+            rows.append((prefix + f.name, repr(default), f.metadata.get("help", "") + (f" ({bounds})" if bounds else "")))
     return rows
