@@ -84,7 +84,7 @@ class _StrictLoader(yaml.SafeLoader):
     """PyYAML's safe loader, minus its silent last-one-wins on a key given twice: the node tree
     is checked before it is constructed, so the error names the dotted key and both lines."""
 
-    def __init__(self, text: str, file: str, error: type[ConfigError]) -> None:
+    def __init__(self, text: str, file: str, error: type[Exception]) -> None:
         super().__init__(text)
         self.file, self.error = file, error
 
@@ -96,7 +96,7 @@ class _StrictLoader(yaml.SafeLoader):
         return self.construct_document(node)
 
 
-def _refuse_duplicate_keys(node: yaml.Node, file: str, error: type[ConfigError], prefix: str = "") -> None:
+def _refuse_duplicate_keys(node: yaml.Node, file: str, error: type[Exception], prefix: str = "") -> None:
     if isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             _refuse_duplicate_keys(item, file, error, f"{prefix}[{i}]")
@@ -114,7 +114,7 @@ def _refuse_duplicate_keys(node: yaml.Node, file: str, error: type[ConfigError],
         _refuse_duplicate_keys(value_node, file, error, dotted)
 
 
-def load_yaml(path: str | Path, root: str = "a mapping", error: type[ConfigError] = ConfigError) -> dict:
+def load_yaml(path: str | Path, root: str = "a mapping", error: type[Exception] = ConfigError) -> dict:
     """The mapping a YAML file holds; ``error`` (naming the file) when it is missing, not a
     readable file, not YAML, has a key twice, or is not a mapping (``root`` says what the
     root should be)."""
@@ -132,7 +132,7 @@ def load_yaml(path: str | Path, root: str = "a mapping", error: type[ConfigError
     loader = _StrictLoader(text, str(path), error)
     try:
         data = loader.get_single_data()
-    except ConfigError:
+    except (ConfigError, error):  # a key given twice, already naming it
         raise
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark

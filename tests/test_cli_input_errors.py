@@ -59,7 +59,7 @@ def test_config_check_reports_a_bad_config_as_one_line_naming_file_and_key(tmp_p
 
 def test_a_directory_as_the_config_file_is_one_line(tmp_path):
     for args in (("config", "check", str(tmp_path)), ("run", str(tmp_path)),
-                 ("topology", "check", str(tmp_path))):
+                 ("topology", "check", str(tmp_path)), ("chaos", str(tmp_path), "--check")):
         proc = _astraflow(*args)
         assert proc.returncode == EXIT_FATAL
         assert _one_line(proc) == f"astraflow: error: {tmp_path}: <file>: is a directory; give the YAML file"

@@ -234,3 +234,19 @@ def test_a_reachable_broker_passes_and_a_closed_port_fails_within_the_bound(boot
             wait_reachable(f"127.0.0.1:{port}", "kafka.bootstrap_servers of job.yaml", timeout_s=0.5)
     assert str(e.value).startswith(f"kafka.bootstrap_servers of job.yaml 127.0.0.1:{port}: no broker accepted")
     assert "within 0.5 s" in str(e.value) and e.value.retriable
+
+
+@pytest.mark.parametrize("text,key,words", [
+    ("job: {config: JOB}\nseed: 1\nseed: 2\n", "seed", "given twice (lines 2 and 3)"),
+    ("job: {config: JOB}\nname: ../../etc\n", "name", "is part of Kafka topic names and file paths"),
+    ("job: {config: JOB}\ntimeout_s: .inf\n", "timeout_s", "must be a finite number"),
+    ("job: {config: JOB}\nsettle_s: .nan\n", "settle_s", "must be a finite number"),
+])
+def test_chaos_scenarios_share_the_strict_loader(tmp_path, text, key, words):
+    from astraflow.chaos.scenario import ScenarioError, load_scenario
+    path = tmp_path / "sc.yaml"
+    path.write_text(text.replace("JOB", str(ROOT / "examples" / "arithmetic_grpo.yaml")))
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(path)
+    assert (e.value.file, e.value.key) == (str(path), key), str(e.value)
+    assert words in e.value.problem, str(e.value)
