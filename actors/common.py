@@ -64,6 +64,13 @@ def to_train_batch(batch: Batch):
     return TrainBatch(tuple(samples), step=batch.step)
 
 
+def configure_sandbox(cfg: JobConfig) -> None:
+    """Before any episode runs: whether model-written code may run without namespaces here
+    (``sandbox.allow_unisolated``; the sandbox refuses by default)."""
+    from astraflow.workflows import sandbox
+    sandbox.configure(allow_unisolated=cfg.sandbox.allow_unisolated)
+
+
 def set_threads(n: int) -> None:
     """Keep a process to its share of the cores (torch intra-op and OpenMP)."""
     import torch

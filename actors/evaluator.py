@@ -25,7 +25,8 @@ import time
 from astraflow.config import JobConfig
 from astraflow.topics import Producer, job_topics
 
-from .common import close_quietly, lower_thread_priority, make_rollout_engine, model_path, niceness, set_threads
+from .common import (close_quietly, configure_sandbox, lower_thread_priority, make_rollout_engine, model_path,
+                     niceness, set_threads)
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 
@@ -82,6 +83,7 @@ class EvaluatorActor(LoopActor):
         # (its subscriber's, its clients') run at this niceness, the dataflow's threads at theirs.
         lower_thread_priority(self.cfg.eval.cpu_nice)
         set_threads(self.cfg.eval.threads)
+        configure_sandbox(self.cfg)
         path = model_path(self.cfg)
         self.engine = make_rollout_engine(self.cfg, path, kind="cpu", device=self.cfg.eval.device, name="evaluator")
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))

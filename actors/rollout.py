@@ -28,7 +28,7 @@ from astraflow.topics import (Consumer, DeadLetters, Heartbeat, Producer, Snapsh
 from astraflow.topics.membership import MembershipWatch
 
 from . import fault_points
-from .common import close_quietly, make_rollout_engine, model_path, set_threads
+from .common import close_quietly, configure_sandbox, make_rollout_engine, model_path, set_threads
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 
@@ -72,6 +72,7 @@ class RolloutActor(LoopActor):
         from .generation import GenerationClient, GenerationServer
 
         set_threads(self.cfg.rollout.engine.threads)
+        configure_sandbox(self.cfg)
         path = model_path(self.cfg)
         self.engine = make_rollout_engine(self.cfg, path, name=self.node_id)
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from astraflow.topics.messages import Prompt, SourceOffset, TrajectoryGroup
+from astraflow.typed_config import Bounds
 
 
 @dataclass(frozen=True)
@@ -71,11 +72,13 @@ class Outcome:
         return sum(1 for r in self.rewards if r > 0) / len(self.rewards) if self.rewards else 0.0
 
 
-def param(default: Any, help: str) -> Any:  # noqa: A002 - the config reference's word
-    """A config key of an algorithm's ``Params``: its default and the help ``config keys`` shows."""
+def param(default: Any, help: str, bounds: Bounds | None = None) -> Any:  # noqa: A002 - the config reference's word
+    """A config key of an algorithm's ``Params``: its default, the help ``config keys`` shows
+    and, for a number, the :class:`~astraflow.typed_config.Bounds` it is loaded within."""
+    meta = {"help": help, **({"bounds": bounds} if bounds else {})}
     if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 def uniform(*parts: Any) -> float:

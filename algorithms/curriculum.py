@@ -19,6 +19,7 @@ from typing import Any
 
 from astraflow.errors import DataError
 from astraflow.topics.messages import Prompt
+from astraflow.typed_config import Bounds
 
 from .base import Outcome, PromptCurator, param
 
@@ -33,10 +34,13 @@ class CurriculumError(DataError, ValueError):
 class CurriculumParams:
     key: str = param("digits", "difficulty: 'digits' (operand digit count of an arithmetic prompt) or a numeric "
                                "dataset column")
-    levels: tuple[float, ...] = param((1.0, 2.0, 3.0), "ascending difficulty bounds; level i schedules difficulty <= levels[i]")
-    threshold: float = param(0.6, "running accuracy on the frontier band that opens the next level")
-    alpha: float = param(0.1, "weight of the newest group in the running accuracy EWMA")
-    min_groups: int = param(16, "frontier groups finished before a level may open the next")
+    levels: tuple[float, ...] = param((1.0, 2.0, 3.0), "ascending difficulty bounds; level i schedules difficulty <= levels[i]",
+                                      bounds=Bounds(-1e12, 1e12))
+    threshold: float = param(0.6, "running accuracy on the frontier band that opens the next level",
+                             bounds=Bounds(0, 1, lo_open=True))
+    alpha: float = param(0.1, "weight of the newest group in the running accuracy EWMA",
+                         bounds=Bounds(0, 1, lo_open=True))
+    min_groups: int = param(16, "frontier groups finished before a level may open the next", bounds=Bounds(1, 10**6))
 
     def __post_init__(self) -> None:
         if not self.levels or list(self.levels) != sorted(set(self.levels)):

@@ -16,13 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from astraflow.topics.messages import TrajectoryGroup
+from astraflow.typed_config import Bounds
 
 from .base import GroupFilter, param
 
 
 @dataclass(frozen=True)
 class DynamicSamplingParams:
-    oversample: float = param(1.0, "groups rolled out per group a batch needs (>= 1; 1: replace drops only)")
+    oversample: float = param(1.0, "groups rolled out per group a batch needs (>= 1; 1: replace drops only)",
+                              bounds=Bounds(1, 4))
 
     def __post_init__(self) -> None:
         if not 1.0 <= self.oversample <= 4.0:

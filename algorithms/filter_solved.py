@@ -14,15 +14,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from astraflow.topics.messages import Prompt
+from astraflow.typed_config import Bounds
 
 from .base import Outcome, PromptCurator, param
 
 
 @dataclass(frozen=True)
 class FilterSolvedParams:
-    threshold: float = param(0.95, "skip a prompt whose success-rate EWMA is at least this")
-    alpha: float = param(0.1, "weight of the newest group in the EWMA (s <- (1-alpha) s + alpha mean(r > 0))")
-    initial: float = param(0.0, "EWMA of a prompt never rolled out")
+    threshold: float = param(0.95, "skip a prompt whose success-rate EWMA is at least this",
+                             bounds=Bounds(0, 1, lo_open=True))
+    alpha: float = param(0.1, "weight of the newest group in the EWMA (s <- (1-alpha) s + alpha mean(r > 0))",
+                         bounds=Bounds(0, 1, lo_open=True))
+    initial: float = param(0.0, "EWMA of a prompt never rolled out", bounds=Bounds(0, 1))
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold <= 1.0:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from astraflow.topics.messages import Prompt
+from astraflow.typed_config import Bounds
 
 from .base import Outcome, PromptCurator, param, uniform
 
@@ -27,14 +28,15 @@ KINDS = ("easy", "hard")
 
 @dataclass(frozen=True)
 class GresoParams:
-    p0: float = param(0.5, "initial base of the schedule probability p_kind ** z, for both kinds")
-    target_easy: float = param(0.083, "target share of considered prompts skipped as easy")
-    target_hard: float = param(0.167, "target share of considered prompts skipped as hard")
-    floor_easy: float = param(0.10, "an easy prompt is scheduled with at least this probability")
-    floor_hard: float = param(0.40, "a hard prompt is scheduled with at least this probability")
-    step: float = param(0.01, "how far p_easy / p_hard move per policy version")
-    p_min: float = param(0.01, "lower clamp of p_easy / p_hard")
-    p_max: float = param(0.99, "upper clamp of p_easy / p_hard")
+    p0: float = param(0.5, "initial base of the schedule probability p_kind ** z, for both kinds", bounds=Bounds(0, 1))
+    target_easy: float = param(0.083, "target share of considered prompts skipped as easy", bounds=Bounds(0, 1))
+    target_hard: float = param(0.167, "target share of considered prompts skipped as hard", bounds=Bounds(0, 1))
+    floor_easy: float = param(0.10, "an easy prompt is scheduled with at least this probability", bounds=Bounds(0, 1))
+    floor_hard: float = param(0.40, "a hard prompt is scheduled with at least this probability", bounds=Bounds(0, 1))
+    step: float = param(0.01, "how far p_easy / p_hard move per policy version",
+                        bounds=Bounds(0, 1, lo_open=True, hi_open=True))
+    p_min: float = param(0.01, "lower clamp of p_easy / p_hard", bounds=Bounds(0, 1))
+    p_max: float = param(0.99, "upper clamp of p_easy / p_hard", bounds=Bounds(0, 1))
 
     def __post_init__(self) -> None:
         for key in ("p0", "target_easy", "target_hard", "floor_easy", "floor_hard", "p_min", "p_max"):

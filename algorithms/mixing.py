@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.topics.messages import Prompt
+from astraflow.typed_config import Bounds
 
 from .base import Outcome, PromptCurator, param
 
@@ -29,7 +30,7 @@ def source_name(spec: str) -> str:
 @dataclass(frozen=True)
 class MixingParams:
     sources: dict[str, float] = param({}, "source (arithmetic or a dataset path, relative to the config file) -> "
-                                          "weight; replaces data.source")
+                                          "weight; replaces data.source", bounds=Bounds(0, 1e6, lo_open=True))
 
     def __post_init__(self) -> None:
         if len(self.sources) < 2:

@@ -24,13 +24,17 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
+from astraflow.typed_config import Bounds
+
 from .base import BatchComposer, BatchPlan, Context, TrainedGroup, param
 
 
 @dataclass(frozen=True)
 class ReplayParams:
-    ratio: float = param(0.5, "share of each batch taken from the replay buffer (round(ratio * B) groups)")
-    capacity: int | None = param(None, "groups the buffer holds (the newest trained fresh); null: 4 * B")
+    ratio: float = param(0.5, "share of each batch taken from the replay buffer (round(ratio * B) groups)",
+                         bounds=Bounds(0, 1, lo_open=True, hi_open=True))
+    capacity: int | None = param(None, "groups the buffer holds (the newest trained fresh); null: 4 * B",
+                                 bounds=Bounds(1, 10**7))
     sampling: Literal["recent", "uniform"] = param("recent", "recent: the newest groups in the buffer; uniform: "
                                                              "drawn without replacement")
 

@@ -32,8 +32,11 @@ def check_data(cfg: JobConfig) -> str:
     generated = d.source in ("arithmetic", "code")
     n = (d.num_prompts or 1) if generated else None
     bad: list[BadRow] = []
-    prompts = load_prompts(d.source, n, seed=d.seed, max_digits=d.max_digits, ops=d.ops,
-                           base_dir=data_base_dir(cfg), on_bad_row=bad.append if d.on_bad_row == "skip" else None)
+    try:
+        prompts = load_prompts(d.source, n, seed=d.seed, max_digits=d.max_digits, ops=d.ops, base_dir=data_base_dir(cfg),
+                               on_bad_row=bad.append if d.on_bad_row == "skip" else None)
+    except DataError as e:  # the job file too: the row's file alone does not say which config chose it
+        raise DataError(f"{cfg.source}: {e}") from None
     if not prompts:
         raise DataError(f"data.source {d.source}: no usable rows" + (f" (first bad row: {bad[0].error})" if bad else ""))
     if generated:

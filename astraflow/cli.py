@@ -16,6 +16,34 @@ import time
 from pathlib import Path
 
 from . import __version__
+from .errors import FatalError
+
+
+class InputError(FatalError, ValueError):
+    """A command-line argument is unusable; the message names it."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the argument (the usage is one --help away)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _name(value: str) -> str:
+    """A job, policy or node name from the command line: a safe topic- and path-part."""
+    from astraflow.typed_config import check_name
+    problem = check_name(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
+def _reachable(servers: str, source: str) -> None:
+    """A clear error within the bound instead of a client's 30 s timeout and traceback."""
+    from astraflow.topics.bootstrap import wait_reachable
+    wait_reachable(servers, source)
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
@@ -127,9 +155,12 @@ def _overrides(pairs: list[str] | None) -> dict:
     out = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--set expects KEY=VALUE, got {pair!r}")
-        parsed = yaml.safe_load(value)
+        if not sep or not key:
+            raise InputError(f"--set expects KEY=VALUE, got {pair!r}")
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise InputError(f"--set {pair}: the value is not YAML ({getattr(e, 'problem', None) or e})") from None
         # YAML 1.1 reads 1e-3 (no dot) as a string; on the command line it means a number.
         out[key] = float(parsed) if isinstance(parsed, str) and _SCIENTIFIC.fullmatch(parsed) else parsed
     return out
@@ -153,6 +184,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from astraflow.config import load_config
     from astraflow.launcher import run_job
     cfg = load_config(args.config, _overrides(args.set))
+    if not args.bootstrap_servers and cfg.kafka.bootstrap_servers:
+        _reachable(cfg.kafka.bootstrap_servers, f"kafka.bootstrap_servers of {args.config}")
     summary = run_job(cfg, bootstrap=args.bootstrap_servers or cfg.kafka.bootstrap_servers,
                       overrides=args.set or [], run_dir=args.run_dir, progress=not args.quiet)
     if summary["interrupted"]:
@@ -196,6 +229,8 @@ def _cmd_node(args: argparse.Namespace) -> int:
     bootstrap = args.bootstrap_servers or cfg.kafka.bootstrap_servers
     if not bootstrap:
         raise SystemExit("astraflow node: --bootstrap-servers is required (or kafka.bootstrap_servers in the config)")
+    if not args.bootstrap_servers:
+        _reachable(bootstrap, f"kafka.bootstrap_servers of {args.config}")
     run_dir = args.run_dir or str(Path(cfg.run_dir) / cfg.job)
     group = {"nnodes": args.nnodes, "node_rank": args.node_rank, "master_addr": args.master_addr,
              "master_port": args.master_port}
@@ -319,7 +354,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="astraflow", description=__doc__.splitlines()[0])
+    p = _Parser(prog="astraflow", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"astraflow {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -343,8 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     kt.set_defaults(func=_cmd_kafka)
 
     tp = sub.add_parser("topics", help="create (or verify) a job's topics on a cluster")
-    tp.add_argument("--job", required=True)
-    tp.add_argument("--policy", action="append", help="policy name (repeatable; default: policy)")
+    tp.add_argument("--job", required=True, type=_name)
+    tp.add_argument("--policy", action="append", type=_name, help="policy name (repeatable; default: policy)")
     tp.add_argument("--bootstrap-servers", required=True)
     tp.set_defaults(func=_cmd_topics)
 
@@ -368,8 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     nd.add_argument("--config", required=True)
     nd.add_argument("--bootstrap-servers")
     nd.add_argument("--run-dir", help="checkpoints and traces (default: <run_dir>/<job>)")
-    nd.add_argument("--node-id", help="stable id (RaaS: its transactional id; default: role-pid)")
-    nd.add_argument("--policy", help="multi-policy jobs: which policy this trainer / RaaS node serves")
+    nd.add_argument("--node-id", type=_name, help="stable id (RaaS: its transactional id; default: role-pid)")
+    nd.add_argument("--policy", type=_name, help="multi-policy jobs: which policy this trainer / RaaS node serves")
     nd.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     tr = nd.add_argument_group(
         "trainer ranks", "a trainer world of trainer.ranks x --nnodes > 1 makes this process its host's group "
@@ -405,8 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="a job's versions, RaaS nodes, task lag and trainer wait time")
     st.add_argument("--bootstrap-servers", required=True)
-    st.add_argument("--job", required=True)
-    st.add_argument("--policy", action="append", help="policy name (repeatable; default: policy)")
+    st.add_argument("--job", required=True, type=_name)
+    st.add_argument("--policy", action="append", type=_name, help="policy name (repeatable; default: policy)")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_cmd_status)
 
@@ -422,10 +457,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("replay", help="re-train a job from its recorded batches (no rollout): check its weights bit "
                                        "for bit, or with --set a what-if lineage on the same batches")
-    rp.add_argument("--job", required=True, help="the job whose topics are read (never written)")
+    rp.add_argument("--job", required=True, type=_name, help="the job whose topics are read (never written)")
     rp.add_argument("--bootstrap-servers", required=True)
     rp.add_argument("--config", help="the job's config file (required: topics do not record it)")
-    rp.add_argument("--policy", help="policy to replay (default: the config's)")
+    rp.add_argument("--policy", type=_name, help="policy to replay (default: the config's)")
     start = rp.add_mutually_exclusive_group()
     start.add_argument("--from-step", type=int, help="branch at step K (steps before it retrain with the recorded "
                                                      "settings, rebuilding the optimizer state exactly)")
@@ -441,10 +476,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     ex = sub.add_parser("export", help="a job's recorded trajectories as a Parquet dataset (rewards, versions, "
                                        "behaviour log-probs, batch steps)")
-    ex.add_argument("--job", required=True)
+    ex.add_argument("--job", required=True, type=_name)
     ex.add_argument("--bootstrap-servers", required=True)
     ex.add_argument("--out", required=True, help="directory for part-*.parquet and export.json (new or empty)")
-    ex.add_argument("--policy", action="append", help="policy to export (repeatable; default: all)")
+    ex.add_argument("--policy", action="append", type=_name, help="policy to export (repeatable; default: all)")
     ex.add_argument("--tokenizer", help="HF tokenizer dir to decode token ids where the record holds no text")
     ex.set_defaults(func=_cmd_export)
     from astraflow.chaos_cli import add_parser as add_chaos_parser
@@ -455,18 +490,24 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "bootstrap_servers", None):
+            _reachable(args.bootstrap_servers, "--bootstrap-servers")
         return args.func(args)
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # noqa: BLE001 - a CLI reports errors as one clear line
-        from astraflow.errors import EXIT_FATAL, AstraflowError
+        from astraflow.errors import EXIT_FATAL, AstraflowError, one_line
+        if type(e).__module__.split(".")[0] == "kafka":  # the cluster's answer, not a bug here
+            print(f"astraflow: error: Kafka at {getattr(args, 'bootstrap_servers', None) or 'the cluster'}: "
+                  f"{type(e).__name__}: {one_line(e)}", file=sys.stderr, flush=True)
+            return 1
         if not isinstance(e, AstraflowError):
             raise
         log_path = getattr(e, "log_path", None)
         if log_path:
             print(f"astraflow: {getattr(e, 'node_id', None) or 'job'} stopped; its log: {log_path}", file=sys.stderr)
         # The cause is the last line: that is where a user (and a launcher) looks.
-        print(f"astraflow: error: {e}", file=sys.stderr, flush=True)
+        print(f"astraflow: error: {one_line(e)}", file=sys.stderr, flush=True)
         return 1 if e.retriable else EXIT_FATAL
 
 

@@ -12,7 +12,6 @@ settings and names it validates, and below the actors.
 from __future__ import annotations
 
 import dataclasses
-import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,33 +21,44 @@ from astraflow.algorithms.base import AlgorithmSpec
 from astraflow.emulation.device import DeviceConfig
 from astraflow.engines.config import RolloutConfig as EngineRolloutConfig
 from astraflow.engines.config import TrainerConfig as EngineTrainerConfig
-from astraflow.typed_config import ConfigError, from_dict, load_yaml
+from astraflow.typed_config import Bounds, ConfigError, check_name, from_dict, load_yaml
 
 
-_TOPIC_SAFE = re.compile(r"[A-Za-z0-9._-]{1,120}")
-
-
-def _f(default: Any = dataclasses.MISSING, help: str = "", **kw: Any) -> Any:  # noqa: A002
+def _f(default: Any = dataclasses.MISSING, help: str = "", bounds: Bounds | None = None,  # noqa: A002
+       **kw: Any) -> Any:
+    meta = {"help": help, **({"bounds": bounds} if bounds else {})}
     if isinstance(default, (dict, list)):
         value = default
-        return field(default_factory=lambda: type(value)(value), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
+        return field(default_factory=lambda: type(value)(value), metadata=meta, **kw)
+    return field(default=default, metadata=meta, **kw)
+
+
+#: Bounds shared by many keys: seeds (what numpy and torch both take), niceness increments.
+SEED = Bounds(0, 2**32 - 1)
+NICE = Bounds(0, 19)
 
 
 @dataclass(frozen=True)
 class KafkaConfig:
     bootstrap_servers: str | None = _f(None, "existing cluster; null starts the embedded broker")
-    task_partitions: int = _f(8, "partitions of tasks.<policy> (>= most RaaS nodes of a policy)")
-    trajectory_partitions: int = _f(4, "partitions of the trajectories topic")
+    task_partitions: int = _f(8, "partitions of tasks.<policy> (>= most RaaS nodes of a policy)",
+                              bounds=Bounds(1, 10_000))
+    trajectory_partitions: int = _f(4, "partitions of the trajectories topic", bounds=Bounds(1, 10_000))
     replication_factor: int | None = _f(None, "copies of each partition of the job's topics; null: min(3, brokers "
-                                              "in the cluster when a topic is created)")
+                                              "in the cluster when a topic is created)", bounds=Bounds(1, 100))
     min_insync_replicas: int | None = _f(None, "copies an acks=all write needs; null: replication_factor - 1 "
-                                               "(at least 1), so losing one broker stops nothing")
+                                               "(at least 1), so losing one broker stops nothing",
+                                               bounds=Bounds(1, 100))
     transaction_timeout_ms: int = _f(30_000, "a producer that dies inside a transaction blocks read_committed "
                                              "readers of its partitions until the broker aborts it after this "
-                                             "long; at most the broker's transaction.max.timeout.ms (900000)")
+                                             "long; at most the broker's transaction.max.timeout.ms (900000)",
+                                             bounds=Bounds(1_000, 900_000, why="at most the broker's "
+                                                           "transaction.max.timeout.ms, 900000 by default"))
 
     def __post_init__(self) -> None:
+        if self.bootstrap_servers is not None:
+            from astraflow.topics.bootstrap import parse_bootstrap
+            parse_bootstrap(self.bootstrap_servers, "kafka.bootstrap_servers")
         if self.replication_factor is not None and self.replication_factor < 1:
             raise ValueError(f"kafka.replication_factor must be >= 1, got {self.replication_factor}")
         if self.min_insync_replicas is not None and not (
@@ -63,7 +73,7 @@ class KafkaConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     path: str | None = _f(None, "HF model dir; null builds/uses the cached tiny bootstrapped model")
-    seed: int = _f(0, "seed of the tiny-model bootstrap")
+    seed: int = _f(0, "seed of the tiny-model bootstrap", bounds=SEED)
     task: str = _f("arithmetic", "what the tiny bootstrapped model is warm-started on (its role): arithmetic, "
                                  "verifier, code_solver, selector, test_generator (`astraflow model init --list`)")
 
@@ -72,10 +82,10 @@ class ModelConfig:
 class DataConfig:
     source: str = _f("arithmetic", "'arithmetic' (synthetic generator), 'code' (program synthesis with hidden "
                                    "tests) or a path to a JSONL/Parquet file of {prompt, answer}")
-    max_digits: int = _f(2, "synthetic: operand digits")
+    max_digits: int = _f(2, "synthetic: operand digits", bounds=Bounds(1, 18))
     ops: str = _f("+-", "synthetic: operators")
-    seed: int = _f(0, "synthetic: generator seed")
-    num_prompts: int | None = _f(None, "prompts to load (null: enough for trainer.steps)")
+    seed: int = _f(0, "synthetic: generator seed", bounds=SEED)
+    num_prompts: int | None = _f(None, "prompts to load (null: enough for trainer.steps)", bounds=Bounds(1, 10**9))
     on_bad_row: Literal["fail", "skip"] = _f("fail", "a file row that is not JSON or lacks prompt/answer: 'fail' "
                                                      "stops the job naming file:line; 'skip' sends it to the "
                                                      "dlq topic (source file:<path>, offset = line) and goes on")
@@ -85,18 +95,18 @@ class DataConfig:
 class RolloutConfig:
     engine: EngineRolloutConfig = _f(EngineRolloutConfig(), "the rollout engine (engines/config.py: kind cpu|sglang, "
                                                              "threads, sglang server options); model from `model`")
-    nodes: int = _f(1, "RaaS node processes `astraflow run` starts")
-    n_samples: int = _f(8, "samples per prompt (the GRPO group size)")
-    temperature: float = _f(1.0, "sampling temperature")
-    top_p: float = _f(1.0, "nucleus sampling mass")
-    top_k: int = _f(0, "top-k (0: off)")
-    max_new_tokens: int = _f(8, "generation length limit")
-    tasks_per_call: int = _f(4, "tasks a node polls and rolls out together")
+    nodes: int = _f(1, "RaaS node processes `astraflow run` starts", bounds=Bounds(1, 1024))
+    n_samples: int = _f(8, "samples per prompt (the GRPO group size)", bounds=Bounds(1, 4096))
+    temperature: float = _f(1.0, "sampling temperature", bounds=Bounds(0, 100, lo_open=True))
+    top_p: float = _f(1.0, "nucleus sampling mass", bounds=Bounds(0, 1, lo_open=True))
+    top_k: int = _f(0, "top-k (0: off)", bounds=Bounds(0, 1_000_000))
+    max_new_tokens: int = _f(8, "generation length limit", bounds=Bounds(1, 1_000_000))
+    tasks_per_call: int = _f(4, "tasks a node polls and rolls out together", bounds=Bounds(1, 100_000))
     batch_invariant: bool = _f(False, "true generates each task's samples in a call of their own, so a task's "
                                       "logprob bits (not only its seeds) never depend on which tasks share a poll "
                                       "and same-seed sync runs are byte-identical; costs ~2.5x the CPU engine's "
                                       "tokens/s (batched kernels change their reduction order with the row count)")
-    heartbeat_s: float = _f(2.0, "heartbeat interval on the control topic")
+    heartbeat_s: float = _f(2.0, "heartbeat interval on the control topic", bounds=Bounds(0, 3_600, lo_open=True))
     prefetch_weights: bool = _f(False, "read weight chunks while the trainer writes them (one more consumer per "
                                        "node) instead of after the version is announced: for nodes on other "
                                        "machines than the trainer; on one shared machine it only moves CPU (see "
@@ -108,25 +118,30 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class DataflowConfig:
-    groups_per_batch: int = _f(8, "trajectory groups (prompts) per training batch")
-    max_staleness: int = _f(1, "a sample generated at version v trains at version <= v + max_staleness")
+    groups_per_batch: int = _f(8, "trajectory groups (prompts) per training batch", bounds=Bounds(1, 100_000))
+    max_staleness: int = _f(1, "a sample generated at version v trains at version <= v + max_staleness",
+                            bounds=Bounds(0, 10_000))
     algorithms: tuple[AlgorithmSpec, ...] = _f((), "data algorithms, in order within each hook: a name or "
                                                    "{name: ..., <params>}; curators greso, filter_solved, curriculum, "
                                                    "mixing; filter dynamic_sampling; composers replay, edf, fifo "
                                                    "(their parameters: README, Data algorithms)")
     force_after_skips: int = _f(64, "after this many consecutive prompts rejected by curators, the next one is "
-                                    "scheduled anyway (the anti-stall rule; metric dataflow.algorithms.forced)")
+                                    "scheduled anyway (the anti-stall rule; metric dataflow.algorithms.forced)",
+                                    bounds=Bounds(1, 10**9))
 
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    steps: int = _f(20, "optimizer steps (= policy versions) to train")
+    steps: int = _f(20, "optimizer steps (= policy versions) to train", bounds=Bounds(1, 10**7))
     ranks: int = _f(1, "trainer processes (DeepSpeed data-parallel ranks) per host; the world is ranks x "
                        "`astraflow node --nnodes`. Above 1, the trainer node starts its ranks with torch's "
-                       "launcher and a rank's death restarts the whole group; each rank uses engine.threads")
-    checkpoint_every: int = _f(1, "checkpoint every K steps (with the consumed batch offset)")
-    keep_checkpoints: int = _f(2, "complete checkpoints kept on disk (the newest is resumed from)")
-    snapshot_every: int = _f(10, "full weight snapshot every K versions (sparse deltas between)")
+                       "launcher and a rank's death restarts the whole group; each rank uses engine.threads",
+                       bounds=Bounds(1, 4096))
+    checkpoint_every: int = _f(1, "checkpoint every K steps (with the consumed batch offset)", bounds=Bounds(1, 10**7))
+    keep_checkpoints: int = _f(2, "complete checkpoints kept on disk (the newest is resumed from)",
+                               bounds=Bounds(1, 10_000))
+    snapshot_every: int = _f(10, "full weight snapshot every K versions (sparse deltas between)",
+                             bounds=Bounds(1, 10**7))
     publish_dtype: Literal["float32", "bfloat16", "float16"] = _f(
         "float32", "dtype of the published weights (what rollout engines load); bfloat16 is what GPU engines hold, "
                    "and far fewer bf16 elements change per step than fp32 ones, so deltas shrink")
@@ -135,7 +150,7 @@ class TrainerConfig:
     cpu_nice: int = _f(0, "niceness added to the trainer node's process once it is ready to train (0-19; 0: "
                           "unchanged), like `renice`. Where the trainer shares cores with the rollout nodes, "
                           "dataflow and broker, its next step waits on their path (generate, batch): a positive "
-                          "value lets that path run first and the trainer take the cores' remaining time")
+                          "value lets that path run first and the trainer take the cores' remaining time", bounds=NICE)
     device: DeviceConfig = _f(DeviceConfig(), "the device(s) the trainer stands for: cpu, or an emulated accelerator "
                                               "whose train steps are held for their modelled time on device.count "
                                               "devices (data parallel)")
@@ -150,16 +165,16 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    every: int = _f(5, "evaluate every E versions (0: only first and last)")
-    problems: int = _f(200, "held-out problems")
-    k: int = _f(4, "samples per problem (pass@1 averaged over k)")
-    temperature: float = _f(0.6, "evaluation temperature")
-    threads: int = _f(1, "torch threads of the evaluator")
+    every: int = _f(5, "evaluate every E versions (0: only first and last)", bounds=Bounds(0, 10**7))
+    problems: int = _f(200, "held-out problems", bounds=Bounds(1, 10**6))
+    k: int = _f(4, "samples per problem (pass@1 averaged over k)", bounds=Bounds(1, 4096))
+    temperature: float = _f(0.6, "evaluation temperature", bounds=Bounds(0, 100))
+    threads: int = _f(1, "torch threads of the evaluator", bounds=Bounds(0, 1024))
     device: DeviceConfig = _f(DeviceConfig(), "the device the evaluator stands for: cpu, or an emulated accelerator")
     cpu_nice: int = _f(10, "niceness added to the evaluator's threads (0-19; 0: unchanged), like `renice`: it only "
                            "measures, so where it shares cores with the dataflow, rollout nodes and trainer (the "
                            "dataflow node hosts it) it takes what they leave; a busy machine makes it evaluate "
-                           "a later version of a target (the metric says which)")
+                           "a later version of a target (the metric says which)", bounds=NICE)
 
     def __post_init__(self) -> None:
         if not 0 <= self.cpu_nice <= 19:
@@ -170,6 +185,14 @@ class EvalConfig:
 class TracingConfig:
     otlp_endpoint: str | None = _f(None, "OTLP endpoint; null writes spans as JSONL in the run dir")
     otlp_protocol: Literal["http", "grpc"] = _f("http", "OTLP transport")
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    allow_unisolated: bool = _f(False, "where the kernel gives no user/mount/network namespaces, run model-written "
+                                       "code anyway, with rlimits, an audit hook and (as root) uid 65534 only: no "
+                                       "filesystem or network isolation (README, Security). false: such code "
+                                       "does not run and scores 0 with reason no_isolation")
 
 
 @dataclass(frozen=True)
@@ -198,7 +221,7 @@ class JobConfig:
     job: str = _f(help="job name; topics are af.<job>.*")
     mode: Literal["async", "sync"] = _f("async", "async overlaps rollout and training; sync alternates them")
     policy: str = _f("policy", "policy name")
-    seed: int = _f(0, "job seed")
+    seed: int = _f(0, "job seed", bounds=SEED)
     run_dir: str = _f("runs", "where run directories are created")
     kafka: KafkaConfig = _f(KafkaConfig(), "Kafka")
     model: ModelConfig = _f(ModelConfig(), "model")
@@ -208,6 +231,7 @@ class JobConfig:
     trainer: TrainerConfig = _f(TrainerConfig(), "trainer")
     eval: EvalConfig = _f(EvalConfig(), "evaluation")
     tracing: TracingConfig = _f(TracingConfig(), "tracing")
+    sandbox: SandboxConfig = _f(SandboxConfig(), "the sandbox model-written code runs in (workflows/sandbox.py)")
     policies: dict[str, PolicyConfig] = _f({}, "multi-policy jobs: name -> {model, rollout, dataflow, trainer}, "
                                                "each section merged over the top-level one; empty: one policy "
                                                "named `policy` made of the top-level sections")
@@ -224,12 +248,13 @@ class JobConfig:
         return _with_policy_defaults(data, file)
 
     def __post_init__(self) -> None:
-        # Names that become parts of Kafka topic names (af.<job>.tasks.<policy>, ...): refused
-        # here, not by the broker once the components are already starting.
-        for key, name in (("job", self.job), ("policy", self.policy), *((f"policies.{p}", p) for p in self.policies)):
-            if not isinstance(name, str) or not _TOPIC_SAFE.fullmatch(name):
-                raise ConfigError(self.source, key, f"{name!r} is part of Kafka topic names: use only ASCII letters, "
-                                                    "digits, '.', '_' and '-'")
+        # Names that become parts of Kafka topic names (af.<job>.tasks.<policy>, ...) and of
+        # paths (<run_dir>/<job>-<time>, checkpoint and weight dirs per policy): refused here,
+        # not by the broker or the file system once the components are already starting.
+        for key, name in (("job", self.job), *((f"policies.{p}", p) for p in self.policies), ("policy", self.policy)):
+            problem = check_name(name)
+            if problem:
+                raise ConfigError(self.source, key, problem)
         # Cross-section checks of the data algorithms (batch size, group size) at load time.
         from astraflow.algorithms.pipeline import PipelineError, build_pipeline, context_of
         try:
@@ -331,8 +356,11 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Jo
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, last = dotted.split(".")
-        for p in parents:
+        for i, p in enumerate(parents):
             node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(str(path), ".".join(parents[:i + 1]), f"is not a section, so {dotted} cannot be "
+                                                                        "set (an override of a key inside it)")
         node[last] = value
     return from_dict(JobConfig, {**data, "source": str(path)}, str(path))
 
@@ -371,7 +399,8 @@ def _with_policy_defaults(data: dict, file: str) -> dict:
 
 
 def describe(cls: type = JobConfig, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, default, help) for every key: the README's config reference."""
+    """(dotted key, default, help) for every key: the README's config reference. A number's
+    help ends with the range it is loaded within."""
     rows = []
     for f in dataclasses.fields(cls):
         if cls is JobConfig and f.name == "source":
@@ -386,5 +415,6 @@ def describe(cls: type = JobConfig, prefix: str = "") -> list[tuple[str, str, st
                 default = f.default_factory()
             else:
                 default = "(required)"
-            rows.append((prefix + f.name, repr(default), f.metadata.get("help", "")))
+            bounds = f.metadata.get("bounds")
+            rows.append((prefix + f.name, repr(default), f.metadata.get("help", "") + (f" ({bounds})" if bounds else "")))
     return rows

@@ -6,16 +6,25 @@ unknown key, a missing required key or a value of the wrong type raises
 without this module knowing it: a field type with a ``from_config(value, file, key)``
 classmethod parses its own entries (a data algorithm and its parameters), and a section
 with a ``normalize_config(data, file)`` classmethod reshapes its raw mapping first (a job's
-per-policy defaults). :func:`load_yaml` reads a file into the mapping. It knows nothing
-about what the sections mean.
+per-policy defaults). It knows nothing about what the sections mean.
+
+Numbers are bounded where they are declared: a numeric field's ``metadata["bounds"]`` is a
+:class:`Bounds` (``field(..., metadata={"help": ..., "bounds": Bounds(1, 10**9)})``), and a
+value outside it, or any float that is not finite, is refused naming the key. A name that
+becomes part of a path or a topic name is checked with :func:`check_name`.
+:func:`load_yaml` reads a file into the mapping; a key given twice in one mapping is an
+error naming the key, the file and both lines (PyYAML would keep the last silently).
 """
 
 from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import math
+import re
 import types
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,7 +32,7 @@ import yaml
 
 from astraflow.errors import FatalError
 
-__all__ = ["ConfigError", "from_dict", "load_yaml"]
+__all__ = ["Bounds", "ConfigError", "NAME_PATTERN", "check_name", "from_dict", "load_yaml"]
 
 
 class ConfigError(FatalError, ValueError):
@@ -34,16 +43,106 @@ class ConfigError(FatalError, ValueError):
         super().__init__(f"{file}: {key}: {problem}")
 
 
-def load_yaml(path: str | Path, root: str = "a mapping", error: type[ConfigError] = ConfigError) -> dict:
-    """The mapping a YAML file holds; ``error`` (naming the file) when it is missing, not YAML,
-    or not a mapping (``root`` says what the root should be)."""
+@dataclass(frozen=True)
+class Bounds:
+    """The range ``[lo, hi]`` a numeric key accepts; ``lo_open`` / ``hi_open`` exclude an end
+    (a temperature above 0, an Adam beta below 1); ``why`` is added to the error where an end
+    is not obvious. Applies to each number of a list or a mapping of numbers too."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+    hi_open: bool = False
+    why: str = ""
+
+    def admits(self, value: float) -> bool:
+        return ((self.lo < value if self.lo_open else self.lo <= value)
+                and (value < self.hi if self.hi_open else value <= self.hi))
+
+    def __str__(self) -> str:
+        return f"in {'(' if self.lo_open else '['}{_num(self.lo)}, {_num(self.hi)}{')' if self.hi_open else ']'}"
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+#: A name that becomes a path part or a topic-name part: starts with a letter or digit (so
+#: never ``.``, ``..``, a hidden file or a flag), then letters, digits, ``.``, ``_``, ``-``.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,119}")
+
+
+def check_name(name: object) -> str | None:
+    """Why ``name`` cannot be a path or topic-name part, or None when it can."""
+    if isinstance(name, str) and NAME_PATTERN.fullmatch(name):
+        return None
+    return (f"{name!r} is part of Kafka topic names and file paths: use 1-120 ASCII letters, digits, "
+            "'.', '_' and '-', starting with a letter or digit")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, minus its silent last-one-wins on a key given twice: the node tree
+    is checked before it is constructed, so the error names the dotted key and both lines."""
+
+    def __init__(self, text: str, file: str, error: type[Exception]) -> None:
+        super().__init__(text)
+        self.file, self.error = file, error
+
+    def get_single_data(self) -> Any:
+        node = self.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicate_keys(node, self.file, self.error)
+        return self.construct_document(node)
+
+
+def _refuse_duplicate_keys(node: yaml.Node, file: str, error: type[Exception], prefix: str = "") -> None:
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, file, error, f"{prefix}[{i}]")
+    if not isinstance(node, yaml.MappingNode):
+        return
+    first: dict[str, int] = {}
+    for key_node, value_node in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+            continue
+        key, line = key_node.value, key_node.start_mark.line + 1
+        dotted = f"{prefix}.{key}" if prefix else key
+        if key in first:
+            raise error(file, dotted, f"given twice (lines {first[key]} and {line}); keep one")
+        first[key] = line
+        _refuse_duplicate_keys(value_node, file, error, dotted)
+
+
+def load_yaml(path: str | Path, root: str = "a mapping", error: type[Exception] = ConfigError) -> dict:
+    """The mapping a YAML file holds; ``error`` (naming the file) when it is missing, not a
+    readable file, not YAML, has a key twice, or is not a mapping (``root`` says what the
+    root should be)."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise error(str(path), "<file>", "no such file") from None
-    except yaml.YAMLError as e:
-        raise error(str(path), "<file>", f"not valid YAML: {e}") from None
+    except IsADirectoryError:
+        raise error(str(path), "<file>", "is a directory; give the YAML file") from None
+    except UnicodeDecodeError as e:
+        raise error(str(path), "<file>", f"not a text file ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise error(str(path), "<file>", f"cannot be read: {e.strerror or e}") from None
+    loader = _StrictLoader(text, str(path), error)
+    try:
+        data = loader.get_single_data()
+    except (ConfigError, error):  # a key given twice, already naming it
+        raise
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise error(str(path), "<file>", f"not valid YAML{where}: "
+                                         + "; ".join(filter(None, (e.problem, e.context)))) from None
+    except (yaml.YAMLError, ValueError) as e:  # ValueError: an int past Python's 4300-digit limit
+        raise error(str(path), "<file>", f"not valid YAML: {' '.join(str(e).split())}") from None
+    finally:
+        loader.dispose()
     if not isinstance(data, dict):
         raise error(str(path), "<root>", f"expected {root}")
     return data
@@ -71,12 +170,31 @@ def from_dict(cls: type, data: Any, file: str = "<dict>", prefix: str = "") -> A
                 raise ConfigError(file, key, "required key is missing")
             continue
         kwargs[name] = _coerce(hints[name], data[name], file, key)
+        bounds = f.metadata.get("bounds")
+        if bounds is not None:
+            _check_bounds(bounds, kwargs[name], file, key)
     try:
         return cls(**kwargs)
     except ConfigError:
         raise
     except (ValueError, TypeError) as e:
         raise ConfigError(file, where, str(e)) from None
+
+
+def _check_bounds(bounds: Bounds, value: Any, file: str, key: str) -> None:
+    if isinstance(value, (tuple, list)):
+        for i, v in enumerate(value):
+            _check_bounds(bounds, v, file, f"{key}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_bounds(bounds, v, file, f"{key}.{k}")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and not bounds.admits(value):
+        raise ConfigError(file, key, f"must be {bounds}, got {_short(value)}" + (f" ({bounds.why})" if bounds.why else ""))
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
 def _coerce(tp: Any, value: Any, file: str, key: str) -> Any:
@@ -118,7 +236,13 @@ def _coerce(tp: Any, value: Any, file: str, key: str) -> Any:
             raise ConfigError(file, key, f"must be one of {list(allowed)}, got {value!r}")
         return value
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond any float
+            number = math.inf
+        if not math.isfinite(number):
+            raise ConfigError(file, key, f"must be a finite number, got {_short(value)}")
+        return number
     if tp is int and isinstance(value, int) and not isinstance(value, bool):
         return value
     if tp in (str, bool) and isinstance(value, tp):

@@ -15,8 +15,9 @@ Read after the run from the job's own records (every time is this machine's cloc
 announcements and their record timestamps on ``versions``, task records on ``tasks.<policy>``,
 each group's ``started_at`` / ``finished_at``, batch records, and the trainer's metrics (a
 step's ``trainer.handed_off`` is emitted as the step hands its weights to the publisher, before
-its checkpoint; ``trainer.samples`` comes after the checkpoint, so a run whose trainer checkpoints
-every step would read the checkpoint's time as a negative publish stage).
+its checkpoint, and is taken as no later than the version's announcement; ``trainer.samples``
+comes after the checkpoint, so a run whose trainer checkpoints every step would read the
+checkpoint's time as a negative publish stage).
 """
 
 from __future__ import annotations
@@ -30,10 +31,13 @@ from astraflow.topics import Batch, Task, TrajectoryGroup, VersionAnnouncement, 
 from astraflow.topics.replay import read_topic
 
 STAGES = ("publish_s", "schedule_s", "to_rollout_s", "rollout_s", "batch_s", "pickup_s")
+#: the stages of one batch's ``path_s`` (publish → batch written); pickup is the trainer's side
+PATH_STAGES = STAGES[:-1]
 
 
 def batch_paths(bootstrap: str, cfg: JobConfig, run_dir: Path, first_step: int = 3) -> list[dict]:
-    """One row per batch ``k >= first_step`` (start-up excluded): each stage in seconds."""
+    """One row per batch ``k >= first_step`` (start-up excluded): each stage in seconds, and
+    the batch's ``path_s`` (the sum of its :data:`PATH_STAGES`)."""
     topics, policy = job_topics(cfg), cfg.policy
     announced: dict[int, float] = {}
     for _, _, ts, m in read_topic(bootstrap, topics.versions, timestamps=True):
@@ -46,8 +50,13 @@ def batch_paths(bootstrap: str, cfg: JobConfig, run_dir: Path, first_step: int =
     batches = {m.step: (ts / 1000, m) for _, _, ts, m in read_topic(bootstrap, topics.batches(policy), timestamps=True)
                if isinstance(m, Batch)}
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    # trainer.handed_off at step v is emitted as the step that made version v hands it off
+    # trainer.handed_off at step v is stamped just after the step that made version v hands it
+    # to the publisher. The trainer's thread runs niced and the publisher's threads do not, so
+    # on a busy machine the publisher can announce v before the trainer's thread is scheduled
+    # again to stamp it (a run read publish_s <= -13 ms): the hand-off was no later than the
+    # announcement, so that bounds it.
     handed_off = {int(r["step"]): r["ts"] for r in rows if r["name"] == "trainer.handed_off"}
+    handed_off = {v: min(ts, announced.get(v, ts)) for v, ts in handed_off.items()}
     train_s = {int(r["step"]) - 1: r["value"] for r in rows if r["name"] == "trainer.train_s"}
     out = []
     for k in sorted(batches):
@@ -67,14 +76,17 @@ def batch_paths(bootstrap: str, cfg: JobConfig, run_dir: Path, first_step: int =
                     "to_rollout_s": started - scheduled, "rollout_s": finished - started,
                     "batch_s": written - finished,
                     "pickup_s": handed_off[k + 1] - train_s[k] - written})
+        out[-1]["path_s"] = sum(out[-1][s] for s in PATH_STAGES)
     return out
 
 
 def summarize(paths: list[dict]) -> dict:
-    """Median of each stage and of the whole path (publish → batch written) over the batches."""
+    """Median of each stage and of each batch's whole path (publish → batch written) over the
+    batches. Medians of different stages come from different batches, so they do not add up:
+    compare stages within a row of :func:`batch_paths`, not across these medians."""
     if not paths:
         return {"batches": 0}
     out: dict = {stage: median(p[stage] for p in paths) for stage in STAGES}
-    out["path_s"] = median(sum(p[s] for s in STAGES if s != "pickup_s") for p in paths)
+    out["path_s"] = median(p["path_s"] for p in paths)
     out["batches"] = len(paths)
     return out

@@ -84,7 +84,8 @@ def run(cfg, steps: int, threads: int | None = None, eval_every: int = 0,
     import torch
     from transformers import AutoTokenizer
 
-    from astraflow.actors.common import make_rollout_engine, make_train_engine, model_path, set_threads, to_train_batch
+    from astraflow.actors.common import (configure_sandbox, make_rollout_engine, make_train_engine, model_path,
+                                         set_threads, to_train_batch)
     from astraflow.actors.episodes import EpisodeRunner
     from astraflow.actors.evaluator import heldout_accuracy, heldout_problems
     from astraflow.topics import Batch
@@ -100,6 +101,7 @@ def run(cfg, steps: int, threads: int | None = None, eval_every: int = 0,
     # One budget for both phases when they never run at once; each side's when they overlap.
     n_threads = threads or max(cfg.rollout.engine.threads, cfg.trainer.engine.threads, 1)
     set_threads(n_threads)
+    configure_sandbox(cfg)
     path = model_path(cfg)
     engine = make_rollout_engine(cfg, path)
     trainer = make_train_engine(cfg, path)

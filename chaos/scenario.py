@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from astraflow.errors import FatalError
+from astraflow.typed_config import check_name, load_yaml
 
 #: Faults on one component process, and the parameters each kind takes (with defaults).
 PROCESS_KINDS: dict[str, dict[str, float]] = {
@@ -140,15 +141,11 @@ def load_scenario(path: str | Path) -> Scenario:
     """Read and check a scenario file (not yet against its job: see :func:`check_against_job`)."""
     path = Path(path)
     file = str(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ScenarioError(file, "<file>", "no such file") from None
-    except yaml.YAMLError as e:
-        raise ScenarioError(file, "<file>", f"not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ScenarioError(file, "<root>", "expected a mapping (job, faults, ...)")
+    data = load_yaml(path, "a mapping (job, faults, ...)", ScenarioError)  # job configs' strict loader
     _only(file, "", data, _TOP_KEYS)
+    name = str(data.get("name") or path.stem)
+    if check_name(name):  # the run dir is named after it
+        raise ScenarioError(file, "name", check_name(name))
     if "job" not in data:
         raise ScenarioError(file, "job", "required key is missing (the job config, relative to this file)")
     job_config, overrides = _job(file, path, data["job"])
@@ -157,7 +154,7 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(file, "brokers", f"must be 1 or 3, got {brokers!r}")
     restart = _restart(file, data.get("restart", {}))
     faults, rnd = _faults(file, data.get("faults", []))
-    sc = Scenario(name=str(data.get("name") or path.stem), path=path, job_config=job_config, overrides=overrides,
+    sc = Scenario(name=name, path=path, job_config=job_config, overrides=overrides,
                   brokers=brokers, seed=_int(file, "seed", data.get("seed", 0)),
                   duration_s=None if data.get("duration_s") is None else _pos(file, "duration_s", data["duration_s"]),
                   timeout_s=_pos(file, "timeout_s", data.get("timeout_s", 1800.0)),
@@ -342,6 +339,8 @@ def _only(file: str, prefix: str, data: dict, allowed: tuple[str, ...]) -> None:
 def _num(file: str, key: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ScenarioError(file, key, f"expected a number, got {value!r}")
+    if not abs(value) < 1e15:  # also nan and inf
+        raise ScenarioError(file, key, f"must be a finite number below 1e15, got {value!r:.40}")
     if value < 0:
         raise ScenarioError(file, key, f"must be >= 0, got {value}")
     return float(value)

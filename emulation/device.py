@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
+from astraflow.typed_config import Bounds
+
 from .cost import CostModel
 from .profile import load_profile, profile_names
 
@@ -32,8 +34,8 @@ __all__ = ["DeviceConfig", "EmulatedDevice", "CallStats"]
 log = logging.getLogger(__name__)
 
 
-def _f(default, help: str):  # noqa: A002
-    return field(default=default, metadata={"help": help})
+def _f(default, help: str, bounds: Bounds | None = None):  # noqa: A002
+    return field(default=default, metadata={"help": help, **({"bounds": bounds} if bounds else {})})
 
 
 @dataclass(frozen=True)
@@ -43,16 +45,18 @@ class DeviceConfig:
                                                  "for `slowdown` times its own")
     profile: str = _f("", "emulated: the profile (device kind x model shape), e.g. h100-qwen3-8b")
     slowdown: float = _f(1.0, "emulated without a profile: a device kind this many times slower than this CPU; each "
-                              "call is held for slowdown x its measured time")
+                              "call is held for slowdown x its measured time", bounds=Bounds(1, 1e6))
     count: int = _f(1, "emulated: devices this component stands for: a trainer's data-parallel width, or a RaaS "
-                       "node's engine replicas (a call's rows dealt out over them)")
-    dilation: float = _f(1.0, "emulated: wall seconds per modelled second (0.05 runs 20x faster than the device)")
+                       "node's engine replicas (a call's rows dealt out over them)", bounds=Bounds(1, 100_000))
+    dilation: float = _f(1.0, "emulated: wall seconds per modelled second (0.05 runs 20x faster than the device)",
+                         bounds=Bounds(0, 1e6, lo_open=True))
     token_scale: int = _f(1, "emulated: modelled tokens per real generated token (the tiny model's lengths scaled to the "
-                             "emulated model's)")
+                             "emulated model's)", bounds=Bounds(1, 10**6))
     prompt_token_scale: int = _f(0, "emulated: modelled tokens per real prompt token (0: token_scale); the tiny "
                                     "model's prompts and answers are both short, the emulated model's prompts "
-                                    "are often far shorter than its answers")
-    max_cpu_fraction: float = _f(0.2, "emulated: warn when a call's real CPU time exceeds this share of its hold")
+                                    "are often far shorter than its answers", bounds=Bounds(0, 10**6))
+    max_cpu_fraction: float = _f(0.2, "emulated: warn when a call's real CPU time exceeds this share of its hold",
+                                 bounds=Bounds(0, 1, lo_open=True))
 
     def __post_init__(self) -> None:
         if self.slowdown < 1.0:

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from astraflow.typed_config import Bounds
+
 from .loss_names import LOSS_PARAMS, RETIRED_LOSSES
 
 __all__ = ["RolloutConfig", "SGLangConfig", "TrainerConfig", "ZERO_SIZE_KEYS", "from_dict"]
@@ -24,9 +26,13 @@ ZERO_SIZE_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetc
                   "sub_group_size")
 
 
-def _help(default: Any, text: str) -> Any:
-    """A field with its ``astraflow config keys`` help text."""
-    return field(default=default, metadata={"help": text})
+def _help(default: Any, text: str, bounds: Bounds | None = None) -> Any:
+    """A field with its ``astraflow config keys`` help text (and, for a number, its bounds)."""
+    return field(default=default, metadata={"help": text, **({"bounds": bounds} if bounds else {})})
+
+
+SEED = Bounds(0, 2**32 - 1)  #: what numpy and torch both take
+TIMEOUT_S = Bounds(0, 86_400, lo_open=True)
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any] | T | None, where: str = "config") -> T:
@@ -52,16 +58,17 @@ class SGLangConfig:
     """Server options for ``kind: sglang``."""
 
     host: str = field(default="127.0.0.1", metadata={"help": "interface the server binds"})
-    port: int = field(default=0, metadata={"help": "0 picks a free port"})
+    port: int = _help(0, "0 picks a free port", bounds=Bounds(0, 65_535))
     url: str = field(default="", metadata={"help": "use an already running server; launch nothing"})
-    tp_size: int = _help(1, "tensor-parallel GPUs per server")
-    mem_fraction_static: float = _help(0.8, "GPU memory share for weights + KV cache")
+    tp_size: int = _help(1, "tensor-parallel GPUs per server", bounds=Bounds(1, 1024))
+    mem_fraction_static: float = _help(0.8, "GPU memory share for weights + KV cache",
+                                       bounds=Bounds(0, 1, lo_open=True))
     weight_transport: str = field(default="disk", metadata={"help": "disk | tensor"})
     weights_dir: str = field(default="", metadata={"help": "where disk updates are written (default: a temp dir)"})
     server_module: str = field(default="sglang.launch_server", metadata={"help": "module run with python -m (tests point it at a stub)"})
     send_seed: bool = field(default=False, metadata={"help": "send each row's seed as sampling_seed (needs an SGLang that accepts it)"})
-    startup_timeout_s: float = _help(600.0, "how long the server may take to become ready")
-    request_timeout_s: float = _help(600.0, "per /generate request")
+    startup_timeout_s: float = _help(600.0, "how long the server may take to become ready", bounds=TIMEOUT_S)
+    request_timeout_s: float = _help(600.0, "per /generate request", bounds=TIMEOUT_S)
     extra_args: tuple[str, ...] = _help((), "more sglang.launch_server arguments, verbatim")
 
     def __post_init__(self) -> None:
@@ -81,8 +88,8 @@ class RolloutConfig:
 
     kind: str = _help("cpu", "cpu (embedded torch engine) | sglang (GPU server)")
     model_path: str = _help("", "HF model dir (empty: the job's `model`)")
-    threads: int = _help(0, "CPU engine torch threads (0: torch's default)")
-    seed: int = _help(0, "bootstrap seed when model_path is empty")
+    threads: int = _help(0, "CPU engine torch threads (0: torch's default)", bounds=Bounds(0, 1024))
+    seed: int = _help(0, "bootstrap seed when model_path is empty", bounds=SEED)
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
 
     def __post_init__(self) -> None:
@@ -122,51 +129,58 @@ class TrainerConfig:
     """
 
     model_path: str = _help("", "HF model dir (empty: the job's `model`)")
-    zero_stage: int = _help(0, "DeepSpeed ZeRO stage 0-3")
-    lr: float = _help(1e-4, "AdamW learning rate")
-    weight_decay: float = _help(0.0, "AdamW weight decay")
-    betas: tuple[float, float] = _help((0.9, 0.999), "AdamW betas")
-    warmup_steps: int = _help(0, "linear LR warm-up, in versions")
+    zero_stage: int = _help(0, "DeepSpeed ZeRO stage 0-3", bounds=Bounds(0, 3))
+    lr: float = _help(1e-4, "AdamW learning rate", bounds=Bounds(0, 10))
+    weight_decay: float = _help(0.0, "AdamW weight decay", bounds=Bounds(0, 10))
+    betas: tuple[float, float] = _help((0.9, 0.999), "AdamW betas", bounds=Bounds(0, 1, hi_open=True))
+    warmup_steps: int = _help(0, "linear LR warm-up, in versions", bounds=Bounds(0, 10**7))
     lr_schedule: str = _help("constant", "constant | cosine (after warm-up, over total_steps)")
-    total_steps: int = _help(0, "cosine horizon in versions (0: the job's trainer.steps)")
-    grad_clip: float = _help(1.0, "max global gradient norm (0: off)")
-    token_budget: int = _help(4096, "padded tokens per micro-batch (a memory knob: losses are normalised over the whole minibatch)")
-    ppo_epochs: int = _help(1, "passes over each batch (PPO epochs)")
+    total_steps: int = _help(0, "cosine horizon in versions (0: the job's trainer.steps)", bounds=Bounds(0, 10**7))
+    grad_clip: float = _help(1.0, "max global gradient norm (0: off)", bounds=Bounds(0, 1e6))
+    token_budget: int = _help(4096, "padded tokens per micro-batch (a memory knob: losses are normalised over the whole minibatch)",
+                              bounds=Bounds(1, 10**9))
+    ppo_epochs: int = _help(1, "passes over each batch (PPO epochs)", bounds=Bounds(1, 1000))
     minibatches: int = _help(1, "optimizer steps per pass: the batch split by sample index; proximal log-probs "
-                                "come from one no-grad pass before the first")
+                                "come from one no-grad pass before the first", bounds=Bounds(1, 100_000))
     loss: str = _help("grpo", "grpo (PPO-clip vs the behaviour policy, group advantages) | decoupled_ppo | m2po")
     loss_params: Mapping[str, float] = field(default_factory=dict, metadata={
-        "help": "clip_eps, clip_eps_high (grpo); clip_eps, iw_cap (decoupled_ppo); tau (m2po)"})
+        "help": "clip_eps, clip_eps_high (grpo); clip_eps, iw_cap (decoupled_ppo); tau (m2po)",
+        "bounds": Bounds(0, 1e6)})
     aggregation: str = _help("token", "token | sequence loss aggregation")
     normalize_std: bool = _help(True, "GRPO: divide advantages by the group's reward std")
-    kl_coef: float = _help(0.0, "KL loss term against the initial policy (0: off)")
+    kl_coef: float = _help(0.0, "KL loss term against the initial policy (0: off)", bounds=Bounds(0, 1000))
     kl_estimator: str = _help("k3", "k3 (low variance; expected gradient of KL(ref||pi)) | k2 (of KL(pi||ref))")
     kl_in_reward_coef: float = _help(0.0, "k1 KL summed per sequence, subtracted from its reward before "
-                                          "advantages (verl's use_kl_in_reward; 0: off)")
-    temperature: float = _help(1.0, "set from rollout.temperature by the job")
-    top_p: float = _help(1.0, "set from rollout.top_p by the job: trainer log-probs use the sampled distribution")
-    top_k: int = _help(0, "set from rollout.top_k by the job")
-    seed: int = _help(0, "torch seed (0: the job's seed)")
+                                          "advantages (verl's use_kl_in_reward; 0: off)", bounds=Bounds(0, 1000))
+    temperature: float = _help(1.0, "set from rollout.temperature by the job", bounds=Bounds(0, 100, lo_open=True))
+    top_p: float = _help(1.0, "set from rollout.top_p by the job: trainer log-probs use the sampled distribution",
+                         bounds=Bounds(0, 1, lo_open=True))
+    top_k: int = _help(0, "set from rollout.top_k by the job", bounds=Bounds(0, 1_000_000))
+    seed: int = _help(0, "torch seed (0: the job's seed)", bounds=SEED)
     device: str = _help("auto", "auto | cpu | cuda")
     bf16: bool = _help(True, "bf16 on GPU (CPU always trains fp32)")
-    threads: int = _help(0, "torch threads (0: torch's default)")
+    threads: int = _help(0, "torch threads (0: torch's default)", bounds=Bounds(0, 1024))
     collective_timeout_s: float = _help(300.0, "bound on every collective across ranks: a rank whose peer died "
-                                               "fails after this instead of hanging")
+                                               "fails after this instead of hanging", bounds=TIMEOUT_S)
     # DeepSpeed zero_optimization sizes, in elements (DeepSpeed's names; its defaults in brackets).
     reduce_bucket_size: int = _help(10_000_000, "ZeRO 1-3: gradient elements reduced per collective; ZeRO-3 touches "
-                                                "up to this much of its bucket buffer [DeepSpeed: 5e8]")
+                                                "up to this much of its bucket buffer [DeepSpeed: 5e8]",
+                                                bounds=Bounds(1, 10**12))
     allgather_bucket_size: int = _help(10_000_000, "ZeRO 1-2: parameter elements all-gathered per collective after "
-                                                   "each optimizer step [5e8]")
-    stage3_prefetch_bucket_size: int = _help(10_000_000, "ZeRO-3: parameter elements fetched ahead of use [5e7]")
+                                                   "each optimizer step [5e8]", bounds=Bounds(0, 10**12))
+    stage3_prefetch_bucket_size: int = _help(10_000_000, "ZeRO-3: parameter elements fetched ahead of use [5e7]",
+                                             bounds=Bounds(0, 10**12))
     stage3_param_persistence_threshold: int = _help(100_000, "ZeRO-3: parameters smaller than this stay whole on "
-                                                             "every rank, never partitioned [1e5]")
+                                                             "every rank, never partitioned [1e5]",
+                                                             bounds=Bounds(0, 10**12))
     stage3_max_live_parameters: int = _help(10_000_000, "ZeRO-3: gathered parameter elements a rank may hold "
-                                                        "before releasing [1e9: the whole model]")
+                                                        "before releasing [1e9: the whole model]",
+                                                        bounds=Bounds(0, 10**12))
     stage3_max_reuse_distance: int = _help(10_000_000, "ZeRO-3: keep a gathered parameter if it is used again "
-                                                       "within this many elements [1e9]")
+                                                       "within this many elements [1e9]", bounds=Bounds(0, 10**12))
     sub_group_size: int = _help(10_000_000, "ZeRO-3: optimizer step tile, in elements: the step's flat gradient "
                                             "and AdamW temporaries are this size; a checkpoint resumes only under "
-                                            "the size it was saved with [1e9]")
+                                            "the size it was saved with [1e9]", bounds=Bounds(0, 10**12))
 
     def __post_init__(self) -> None:
         if self.collective_timeout_s <= 0:

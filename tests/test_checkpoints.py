@@ -76,7 +76,7 @@ def test_keep_checkpoints_is_validated_at_load_time(tmp_path):
 
     path = tmp_path / "job.yaml"
     path.write_text("job: j\ntrainer:\n  keep_checkpoints: 0\n")
-    with pytest.raises(ConfigError, match=r"job.yaml: trainer: trainer.keep_checkpoints must be >= 1, got 0"):
+    with pytest.raises(ConfigError, match=r"job.yaml: trainer.keep_checkpoints: must be in \[1, 10000\], got 0"):
         load_config(path)
     path.write_text("job: j\n")
     assert load_config(path).trainer.keep_checkpoints == 2

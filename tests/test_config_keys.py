@@ -15,3 +15,6 @@ def test_every_key_has_help_and_a_default():
     assert not missing_help, missing_help
     assert dict((k, d) for k, d, _ in rows)["trainer.engine.loss_params"] == "{}"  # a factory default, not "(required)"
     assert [k for k, d, _ in rows if d == "'(required)'"] == ["job"]
+    helps = {k: h for k, _, h in rows}
+    assert helps["dataflow.groups_per_batch"].endswith("(in [1, 100000])")
+    assert helps["rollout.temperature"].endswith("(in (0, 100])")

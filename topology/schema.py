@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from astraflow.typed_config import ConfigError, from_dict, load_yaml
+from astraflow.typed_config import Bounds, ConfigError, from_dict, load_yaml
 
 COMPONENTS = ("dataflow", "trainer", "raas")
 EMBEDDED = "embedded"
@@ -34,24 +34,30 @@ class TopologyError(ConfigError):
     """An invalid topology file; names the file and the dotted key."""
 
 
-def _k(default: Any = dataclasses.MISSING, help: str = "") -> Any:  # noqa: A002
+def _k(default: Any = dataclasses.MISSING, help: str = "", bounds: Bounds | None = None) -> Any:  # noqa: A002
+    meta = {"help": help, **({"bounds": bounds} if bounds else {})}
     if isinstance(default, (dict, tuple)) or dataclasses.is_dataclass(default):
         value = default
-        return field(default_factory=lambda: value, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=lambda: value, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+PERIOD_S = Bounds(0, 86_400, lo_open=True)
+SHARE = Bounds(0, 1)
 
 
 @dataclass(frozen=True)
 class Device:
     kind: str = _k("cpu", "device kind of one node (h100, a10, cpu, ...): the label device-hours are counted under")
-    count: int = _k(1, "devices one node holds")
+    count: int = _k(1, "devices one node holds", bounds=Bounds(0, 100_000))
     emulate: str | None = _k(None, "run the node on CPU as this emulated device: a profile of emulation/profiles.yaml "
                                    "(e.g. h100-qwen3-8b) whose cost model holds each call for its modelled time")
     slowdown: float = _k(1.0, "run the node on CPU as a device kind this many times slower than it: each call held "
-                              "for slowdown x its own time; 1 = off")
-    dilation: float = _k(1.0, "with emulate: wall seconds per modelled second")
-    token_scale: int = _k(1, "with emulate: modelled tokens per real generated token")
-    prompt_token_scale: int = _k(0, "with emulate: modelled tokens per real prompt token (0: token_scale)")
+                              "for slowdown x its own time; 1 = off", bounds=Bounds(1, 1e6))
+    dilation: float = _k(1.0, "with emulate: wall seconds per modelled second", bounds=Bounds(0, 1e6, lo_open=True))
+    token_scale: int = _k(1, "with emulate: modelled tokens per real generated token", bounds=Bounds(1, 10**6))
+    prompt_token_scale: int = _k(0, "with emulate: modelled tokens per real prompt token (0: token_scale)",
+                                 bounds=Bounds(0, 10**6))
 
     def __post_init__(self) -> None:
         if not self.kind.strip():
@@ -88,14 +94,18 @@ class Pool:
     component: Literal["dataflow", "trainer", "raas"] = _k(help="what its nodes run")
     hosts: tuple[str, ...] = _k(help="hosts of its region its nodes run on, round-robin")
     policy: str | None = _k(None, "trainer/raas: the policy served (null: the job's policy)")
-    count: int = _k(1, "nodes started at launch (a trainer: hosts of its rank group, one agent each)")
-    min: int | None = _k(None, "raas: fewest nodes the autoscaler keeps (null: count)")
-    max: int | None = _k(None, "raas: most nodes the autoscaler starts (null: count); min < max makes it elastic")
+    count: int = _k(1, "nodes started at launch (a trainer: hosts of its rank group, one agent each)",
+                    bounds=Bounds(0, 10_000))
+    min: int | None = _k(None, "raas: fewest nodes the autoscaler keeps (null: count)", bounds=Bounds(0, 10_000))
+    max: int | None = _k(None, "raas: most nodes the autoscaler starts (null: count); min < max makes it elastic",
+                         bounds=Bounds(0, 10_000))
     device: Device = _k(Device(), "the devices of one node")
-    speed: float | None = _k(None, "relative throughput of one node (null: 1 / device.slowdown); guides placement")
-    cost_per_device_hour: float = _k(0.0, "price of one device for an hour; device-hours x this = cost")
-    threads: int | None = _k(None, "torch threads per node (null: the job config's)")
-    master_port: int | None = _k(None, "trainer on several hosts: host 0's rendezvous port")
+    speed: float | None = _k(None, "relative throughput of one node (null: 1 / device.slowdown); guides placement",
+                             bounds=Bounds(0, 1e6, lo_open=True))
+    cost_per_device_hour: float = _k(0.0, "price of one device for an hour; device-hours x this = cost",
+                                     bounds=Bounds(0, 1e6))
+    threads: int | None = _k(None, "torch threads per node (null: the job config's)", bounds=Bounds(1, 1024))
+    master_port: int | None = _k(None, "trainer on several hosts: host 0's rendezvous port", bounds=Bounds(1, 65_535))
 
     def __post_init__(self) -> None:
         if not self.hosts:
@@ -137,8 +147,8 @@ class Region:
 @dataclass(frozen=True)
 class Link:
     between: tuple[str, str] = _k(help="the two regions it joins")
-    bandwidth_mbps: float = _k(help="bandwidth, Mbit/s")
-    latency_ms: float = _k(0.0, "one-way latency, ms")
+    bandwidth_mbps: float = _k(help="bandwidth, Mbit/s", bounds=Bounds(0, 1e9, lo_open=True))
+    latency_ms: float = _k(0.0, "one-way latency, ms", bounds=Bounds(0, 1e6))
 
     def __post_init__(self) -> None:
         if self.bandwidth_mbps <= 0:
@@ -162,17 +172,21 @@ class AutoscalerSpec:
     backend: Literal["local", "command"] = _k("local", "local: node processes on its own host; command: the "
                                                        "command templates (e.g. a cluster scheduler's CLI)")
     command: CommandTemplates | None = _k(None, "backend command: the start/stop templates")
-    interval_s: float = _k(5.0, "seconds between decisions")
-    window_s: float = _k(60.0, "the trainer wait fraction and the pool's busy time are measured over this window")
-    cooldown_s: float = _k(60.0, "no action within this long of the previous one (new nodes must load first)")
-    scale_up_wait: float = _k(0.10, "wait fraction w above this: target = ceil(G / (1 - w))")
-    scale_down_wait: float = _k(0.05, "w below this: shrink towards the demand consumed (busy node-equivalents)")
+    interval_s: float = _k(5.0, "seconds between decisions", bounds=PERIOD_S)
+    window_s: float = _k(60.0, "the trainer wait fraction and the pool's busy time are measured over this window",
+                         bounds=PERIOD_S)
+    cooldown_s: float = _k(60.0, "no action within this long of the previous one (new nodes must load first)",
+                           bounds=Bounds(0, 86_400))
+    scale_up_wait: float = _k(0.10, "wait fraction w above this: target = ceil(G / (1 - w))", bounds=SHARE)
+    scale_down_wait: float = _k(0.05, "w below this: shrink towards the demand consumed (busy node-equivalents)",
+                                bounds=SHARE)
     scale_up_busy: float = _k(0.6, "grow only while the pool is at least this busy (busy time / nodes): a trainer "
-                                   "waiting on an idle pool waits for latency, not capacity")
-    confirm: int = _k(2, "consecutive decisions that must agree before acting (hysteresis)")
-    target_utilization: float = _k(0.8, "shrinking keeps busy time / pool size at most this")
+                                   "waiting on an idle pool waits for latency, not capacity", bounds=SHARE)
+    confirm: int = _k(2, "consecutive decisions that must agree before acting (hysteresis)", bounds=Bounds(1, 1000))
+    target_utilization: float = _k(0.8, "shrinking keeps busy time / pool size at most this",
+                                   bounds=Bounds(0, 1, lo_open=True))
     retire_timeout_s: float = _k(120.0, "a retired node still running after this long is killed (its tasks are "
-                                        "redelivered)")
+                                        "redelivered)", bounds=PERIOD_S)
 
     def __post_init__(self) -> None:
         if self.backend == "command" and self.command is None:

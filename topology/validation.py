@@ -13,18 +13,19 @@ Each failure is a :class:`~.schema.TopologyError` naming the file and the dotted
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 
-from .schema import EMBEDDED, REGION_REF, Topology, TopologyError
+from astraflow.topics.bootstrap import BadBootstrapServers, parse_bootstrap
+from astraflow.typed_config import check_name
 
-_HOSTPORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+from .schema import EMBEDDED, REGION_REF, Topology, TopologyError
 
 
 def validate(t: Topology) -> None:
     f = t.source
     if not t.regions:
         raise TopologyError(f, "regions", "no regions; a topology needs at least one")
+    _check_names(t)
     _unique_names(t)
     for rname, region in t.regions.items():
         if not region.hosts:
@@ -87,6 +88,19 @@ def pools(t: Topology):
             yield rname, pname, pool
 
 
+def _check_names(t: Topology) -> None:
+    """Region, host and pool names become node ids, log and trace file names; policies topic names."""
+    for rname, region in t.regions.items():
+        named = [(f"regions.{rname}", rname), *((f"regions.{rname}.hosts.{h}", h) for h in region.hosts),
+                 *((f"regions.{rname}.pools.{p}", p) for p in region.pools),
+                 *((f"regions.{rname}.pools.{p}.policy", pool.policy) for p, pool in region.pools.items()
+                   if pool.policy is not None)]
+        for key, name in named:
+            problem = check_name(name)
+            if problem:
+                raise TopologyError(t.source, key, problem)
+
+
 def _unique_names(t: Topology) -> None:
     seen: dict[str, str] = {}
     for rname, region in t.regions.items():
@@ -119,10 +133,11 @@ def _check_kafka(t: Topology, rname: str) -> None:
             raise TopologyError(t.source, key, f"names region {other!r}, whose kafka is itself a reference; name "
                                                f"the region that declares the cluster")
         return
-    bad = [s for s in kafka.split(",") if not _HOSTPORT.match(s.strip())]
-    if bad:
+    try:
+        parse_bootstrap(kafka, "bootstrap servers")
+    except BadBootstrapServers as e:
         raise TopologyError(t.source, key, f"{kafka!r} is neither 'embedded', 'region:<name>' nor bootstrap "
-                                           f"servers host:port[,host:port] (bad: {bad[0]!r})")
+                                           f"servers host:port[,host:port] ({e})") from None
 
 
 def _check_pool(f: str, key: str, pool) -> None:

@@ -58,6 +58,9 @@ def load_prompts(source: str, n: int | None, *, seed: int = 0, max_digits: int =
         path = Path(base_dir) / path
     if not path.exists():
         raise DatasetError(f"dataset file {path} does not exist (data.source)")
+    if not path.is_file():
+        raise DatasetError(f"dataset file {path} is not a file (data.source: give a JSONL or Parquet file, or "
+                           f"'arithmetic' / 'code')")
     out: list[Prompt] = []
     for index, (line, row, raw) in enumerate(_read_rows(path)):
         if n is not None and len(out) >= n:
@@ -116,7 +119,11 @@ def _read_rows(path: Path) -> list[tuple[int, Any, bytes]]:
             raise DatasetError(f"{path}: not a readable Parquet file: {e}") from None
         return [(i, row, orjson.dumps(row, default=str)) for i, row in enumerate(table.to_pylist(), 1)]
     rows: list[tuple[int, Any, bytes]] = []
-    for lineno, line in enumerate(path.read_bytes().splitlines(), 1):
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DatasetError(f"dataset file {path} cannot be read: {e.strerror or e} (data.source)") from None
+    for lineno, line in enumerate(data.splitlines(), 1):
         if line.strip():
             try:
                 rows.append((lineno, orjson.loads(line), line))

@@ -118,7 +118,7 @@ def test_stop_event_ends_a_never_finishing_actor():
     ("mode: async\n", "job: required key is missing"),
     ("job: x\nmode: turbo\n", "mode: must be one of ['async', 'sync']"),
     ("job: x\ntrainer:\n  engine:\n    loss: nope\n", "trainer.engine: trainer.loss must be one of"),
-    ("job: x\ntrainer:\n  cpu_nice: 25\n", "trainer.cpu_nice must be in 0..19"),
+    ("job: x\ntrainer:\n  cpu_nice: 25\n", "trainer.cpu_nice: must be in [0, 19], got 25"),
     ("job: 'run:2'\n", "job: 'run:2' is part of Kafka topic names"),
     ("job: x\npolicy: a/b\n", "policy: 'a/b' is part of Kafka topic names"),
 ])

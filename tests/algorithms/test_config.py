@@ -34,7 +34,7 @@ def test_the_default_config_has_no_algorithm(tmp_path):
     (["greso", "gerso"], "dataflow.algorithms[1].name", "unknown algorithm 'gerso'"),
     ([{"name": "greso", "p_easy": 0.3}], "dataflow.algorithms[0].p_easy", "unknown key"),
     ([{"name": "replay", "ratio": "half"}], "dataflow.algorithms[0].ratio", "expected float"),
-    ([{"name": "replay", "ratio": 1.2}], "dataflow.algorithms[0]", "replay.ratio must be in (0, 1)"),
+    ([{"name": "replay", "ratio": 1.2}], "dataflow.algorithms[0].ratio", "must be in (0, 1), got 1.2"),
     ([{"name": "replay", "ratio": 0.05}], "dataflow.algorithms[0]", "rounds to 0 replayed groups"),
     ([{"name": "replay", "sampling": "lifo"}], "dataflow.algorithms[0].sampling", "must be one of"),
     ([{"name": "mixing", "sources": {"a.jsonl": 1}}], "dataflow.algorithms[0]", "at least two sources"),

@@ -107,20 +107,29 @@ def test_the_evaluator_runs_at_its_configured_niceness(finished_run):
 
 def test_the_benchmarks_critical_path_reads_every_stage_of_a_real_run(finished_run, bootstrap):
     """benchmarks/critical_path.py on this run's own records: one row per steady-state batch, each
-    stage in causal order (a stage's end is never before its start, up to the records' 1 ms grain)."""
-    from astraflow.benchmarks.critical_path import STAGES, batch_paths, summarize
+    stage in causal order (a stage's end is never before its start, up to the records' 1 ms grain),
+    so each batch's path is at least its own rollout. Checked per batch, then summarized. (The old
+    check, median path >= median rollout - 4 ms, failed once at 0.0246 vs 0.0409: the median is
+    monotone, so some batch had read a publish stage <= -13 ms, a hand-off stamped after its
+    announcement, which the niced trainer thread can do; critical_path.py bounds it by that.)"""
+    from statistics import median
+
+    from astraflow.benchmarks.critical_path import PATH_STAGES, STAGES, batch_paths, summarize
     cfg, _, _, run_dir = finished_run
     rows = batch_paths(bootstrap, cfg, run_dir)
     assert [r["step"] for r in rows] == list(range(3, cfg.trainer.steps))
+    grain = 0.001 * 3  # schedule, to_rollout and batch may each read 1 ms below 0 (the records' grain)
     for r in rows:
         assert r["step"] - cfg.effective_staleness <= r["version"] <= r["step"], r
+        assert 0 <= r["publish_s"] < 60, r
         for stage in ("schedule_s", "to_rollout_s", "rollout_s", "batch_s"):
             assert -0.001 <= r[stage] < 60, (stage, r)
+        assert r["path_s"] == pytest.approx(sum(r[s] for s in PATH_STAGES)), r
+        assert r["path_s"] >= r["rollout_s"] - grain and r["rollout_s"] > 0, r
     summary = summarize(rows)
     assert summary["batches"] == len(rows) and set(STAGES) < set(summary)
-    # a median of sums against a median of one term: each other stage may read up to 1 ms below 0
-    grain = 0.001 * (len(STAGES) - 2)  # the stages of path_s other than rollout_s (pickup_s is not in it)
-    assert summary["path_s"] >= summary["rollout_s"] - grain and summary["rollout_s"] > 0
+    assert summary["path_s"] == median(r["path_s"] for r in rows)
+    assert summary["rollout_s"] == median(r["rollout_s"] for r in rows)
 
 
 def test_run_directory_has_summary_metrics_and_plot(finished_run):

@@ -76,7 +76,7 @@ def test_a_bad_size_in_a_job_file_names_the_dotted_key():
     # YAML reads 1e7 as the string '1e7'.
     with pytest.raises(ConfigError, match=r"trainer\.engine\.stage3_max_live_parameters: expected int, got str"):
         load_config(example, {"trainer.engine.stage3_max_live_parameters": "1e7"})
-    with pytest.raises(ConfigError, match=r"trainer\.reduce_bucket_size must be a whole number of elements >= 1"):
+    with pytest.raises(ConfigError, match=r"trainer\.engine\.reduce_bucket_size: must be in \[1, 1000000000000\]"):
         load_config(example, {"trainer.engine.reduce_bucket_size": 0})
 
 

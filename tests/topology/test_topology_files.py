@@ -70,7 +70,7 @@ def error_of(tmp_path, data) -> TopologyError:
     (lambda d: d["regions"]["eu"].update(kafka="region:mars"), "regions.eu.kafka", "region 'mars'"),
     (lambda d: d["regions"]["eu"].update(kafka="not a server"), "regions.eu.kafka", "bootstrap servers"),
     (lambda d: d["links"][0].update(between=["us", "asia"]), "links[0].between", "unknown region 'asia'"),
-    (lambda d: d["links"][0].update(bandwidth_mbps=0), "links[0]", "bandwidth_mbps must be > 0"),
+    (lambda d: d["links"][0].update(bandwidth_mbps=0), "links[0].bandwidth_mbps", "must be in (0, 1000000000], got 0"),
     (lambda d: d["regions"]["eu"]["pools"].update(fast={"component": "raas", "hosts": ["eu-0"]}),
      "regions.eu.pools.fast", "pool names are unique"),
     (lambda d: d["regions"]["us"]["pools"].pop("trainer"), "regions.*.pools", "no trainer pool"),

@@ -1,0 +1,116 @@
+"""Every input error of the CLI is one line on stderr naming the input, never a traceback:
+bad config values and files, bad flags, bad or unreachable bootstrap servers. Each case
+runs ``python -m astraflow`` as a process, as a user would."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from astraflow.errors import EXIT_FATAL
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _astraflow(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "astraflow", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)
+
+
+def _one_line(proc: subprocess.CompletedProcess) -> str:
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def _closed_port() -> int:
+    """A port nothing listens on (bound for a moment by this process, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+CONFIG_CASES = {
+    "groups_per_batch_0": ("job: x\ndataflow:\n  groups_per_batch: 0\n", "dataflow.groups_per_batch: must be in"),
+    "lr_inf": ("job: x\ntrainer:\n  engine:\n    lr: .inf\n", "trainer.engine.lr: must be a finite number, got inf"),
+    "temperature_nan": ("job: x\nrollout:\n  temperature: .nan\n", "rollout.temperature: must be a finite number"),
+    "duplicate_key": ("job: x\ntrainer:\n  steps: 3\n  steps: 4\n", "trainer.steps: given twice (lines 3 and 4)"),
+    "policy_dotdot": ("job: x\npolicy: ..\n", "policy: '..' is part of Kafka topic names and file paths"),
+    "bootstrap_notaport": ("job: x\nkafka:\n  bootstrap_servers: 'host:notaport'\n", "has port 'notaport'"),
+    "data_source_dir": ("job: x\ndata:\n  source: /etc\n", "dataset file /etc is not a file (data.source"),
+    "not_yaml": ("job: [x\n", "<file>: not valid YAML at line 2, column 1"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONFIG_CASES))
+def test_config_check_reports_a_bad_config_as_one_line_naming_file_and_key(tmp_path, case):
+    text, words = CONFIG_CASES[case]
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    proc = _astraflow("config", "check", str(path))
+    line = _one_line(proc)
+    assert proc.returncode == EXIT_FATAL and line.startswith(f"astraflow: error: {path}: ") and words in line, line
+
+
+def test_a_directory_as_the_config_file_is_one_line(tmp_path):
+    for args in (("config", "check", str(tmp_path)), ("run", str(tmp_path)),
+                 ("topology", "check", str(tmp_path)), ("chaos", str(tmp_path), "--check")):
+        proc = _astraflow(*args)
+        assert proc.returncode == EXIT_FATAL
+        assert _one_line(proc) == f"astraflow: error: {tmp_path}: <file>: is a directory; give the YAML file"
+
+
+def test_a_bad_override_is_one_line_naming_it():
+    example = str(ROOT / "examples" / "arithmetic_grpo.yaml")
+    for pair, words in (("trainer.steps=[", "--set trainer.steps=[: the value is not YAML"),
+                        ("trainer.steps", "--set expects KEY=VALUE, got 'trainer.steps'"),
+                        ("trainer.steps=1e38", "trainer.steps: expected int, got float 1e+38"),
+                        ("trainer.engine.lr=.inf", "trainer.engine.lr: must be a finite number")):
+        proc = _astraflow("config", "check", example, "--set", pair)
+        line = _one_line(proc)
+        assert proc.returncode == EXIT_FATAL and words in line, line
+
+
+def test_bad_flags_are_one_line_naming_the_flag():
+    for args, words in ((("status", "--bootstrap-servers", "x:1", "--job", ".."),
+                         "astraflow status: error: argument --job: '..' is part of Kafka topic names"),
+                        (("broker", "start", "--port", "x"), "argument --port: invalid int value: 'x'"),
+                        (("status", "--job", "j"), "the following arguments are required: --bootstrap-servers")):
+        proc = _astraflow(*args)
+        line = _one_line(proc)
+        assert proc.returncode == 2 and words in line and line.endswith("--help)"), line
+
+
+def test_a_bootstrap_that_is_not_host_port_is_one_line_naming_the_flag():
+    proc = _astraflow("status", "--bootstrap-servers", "host:notaport", "--job", "j")
+    assert proc.returncode == EXIT_FATAL
+    assert _one_line(proc) == ("astraflow: error: --bootstrap-servers: 'host:notaport' has port 'notaport'; a port is "
+                               "a number 1-65535 (in 'host:notaport')")
+
+
+def test_an_unreachable_bootstrap_is_one_line_within_its_bound(tmp_path):
+    """The probe's bound (10 s) passes well before the Kafka client's own 30 s timeout would; the
+    subprocess timeout is only a guard against a hang."""
+    port = _closed_port()
+    proc = _astraflow("status", "--bootstrap-servers", f"127.0.0.1:{port}", "--job", "j", timeout=60)
+    line = _one_line(proc)
+    assert proc.returncode == 1  # retriable: the broker may yet start
+    assert line.startswith(f"astraflow: error: --bootstrap-servers 127.0.0.1:{port}: no broker accepted a "
+                           "connection within 10 s") and "Connection refused" in line, line
+    # from the config file: named as such
+    path = tmp_path / "job.yaml"
+    path.write_text(f"job: x\nkafka:\n  bootstrap_servers: '127.0.0.1:{port}'\n")
+    proc = _astraflow("run", str(path), timeout=60)
+    line = _one_line(proc)
+    assert line.startswith(f"astraflow: error: kafka.bootstrap_servers of {path} 127.0.0.1:{port}: no broker"), line
+
+
+def test_a_reachable_bootstrap_is_not_refused(bootstrap):
+    proc = _astraflow("status", "--bootstrap-servers", bootstrap, "--job", "nobody-ran-this", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert '"job": "nobody-ran-this"' in proc.stdout
