@@ -66,7 +66,15 @@ def test_a_forged_group_fails_the_runs_audit_and_its_exit_status(bootstrap, make
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("astraflow: error: the conservation audit of the finished job failed: trajectory group "
                            "for unknown task forged-task-0"), last
-    # the same finding fails an audit of the running job too (it is definitive, not work in flight)
-    from astraflow.job_audit import audit_now
-    verdict, pending = audit_now(bootstrap, cfg, final=False, version=2)
-    assert not verdict.ok and not pending and verdict.violations == ("trajectory group for unknown task forged-task-0",)
+    # the same finding fails an audit of the running job too (it is definitive, not work in flight):
+    # with audit.every_versions the launcher's loop gets the error that stops the job
+    import dataclasses
+
+    from astraflow.config import AuditConfig
+    from astraflow.job_audit import AuditFailed, PeriodicAudit
+    periodic = PeriodicAudit(bootstrap, dataclasses.replace(cfg, audit=AuditConfig(every_versions=1)))
+    assert periodic.tick(0) is None and periodic.tick(2) is None  # none due at v0; the one due at v2 runs aside
+    failed = periodic.finish()
+    assert isinstance(failed, AuditFailed) and "the running job at v2" in str(failed)
+    assert [(v.final, v.version, v.violations) for v in periodic.verdicts] == \
+        [(False, 2, ("trajectory group for unknown task forged-task-0",))]
