@@ -176,6 +176,9 @@ class GenerationServer:
         self.rows = 0
         self.fenced = 0  #: requests answered but not committed: the group rebalanced (redone by their new owner)
         self.calls = 0  #: engine calls made for the requests served
+        #: seconds spent answering (engine calls, replies, their commit), not polling an empty topic:
+        #: the pool's work for other policies' episodes, which its autoscaler counts as demand
+        self.busy_s = 0.0
 
     def serve(self, timeout_ms: int = 50) -> int:
         """Answer what is waiting (at most one poll); returns the requests answered. The
@@ -185,6 +188,7 @@ class GenerationServer:
         deliveries = self.consumer.poll(timeout_ms)
         if deliveries:
             self.watch.saw_records()
+        t0 = time.monotonic()
         by_sampling: dict[str, list[GenerationRequest]] = {}
         for d in deliveries:
             by_sampling.setdefault(repr(sorted(d.message.sampling.items())), []).append(d.message)
@@ -221,7 +225,9 @@ class GenerationServer:
                 # they count as fenced, not served. The next poll rejoins.
                 log.warning("%s: %s", self.node_id, e)
                 self.fenced += len(deliveries)
+                self.busy_s += time.monotonic() - t0
                 return 0
+        self.busy_s += time.monotonic() - t0 if deliveries else 0.0
         self.served += len(deliveries)
         self.rows += sum(len(d.message.prompts) for d in deliveries)
         return len(deliveries)
