@@ -189,7 +189,12 @@ class GenerationServer:
             if concurrent else None
         self._in_flight: list[Future] = []
         self._count = threading.Lock()
+        self._answering, self._busy_from = 0, 0.0  #: calls being answered now, since when
         self._uncommitted: list = []  #: deliveries polled whose offsets are not committed yet
+        #: seconds spent answering (engine calls and replies, while any is under way; their commit), not
+        #: polling an empty topic:
+        #: the pool's work for other policies' episodes, which its autoscaler counts as demand
+        self.busy_s = 0.0
 
     def serve(self, timeout_ms: int = 50) -> int:
         """Answer what is waiting (at most one poll); returns the requests answered (committed).
@@ -219,6 +224,7 @@ class GenerationServer:
         if self._in_flight:
             return 0
         deliveries, self._uncommitted = self._uncommitted, []
+        t0 = time.monotonic()
         if deliveries or self.consumer.pending_offsets():
             self.producer.flush()
             try:
@@ -231,14 +237,30 @@ class GenerationServer:
                 # they count as fenced, not served. The next poll rejoins.
                 log.warning("%s: %s", self.node_id, e)
                 self.fenced += len(deliveries)
+                self.busy_s += time.monotonic() - t0
                 return 0
+        self.busy_s += time.monotonic() - t0 if deliveries else 0.0
         self.served += len(deliveries)
         self.rows += sum(len(d.message.prompts) for d in deliveries)
         return len(deliveries)
 
     def _answer(self, reqs: list[GenerationRequest]) -> None:
         """One engine call for requests sharing sampling settings, a reply for each (an error
-        reply when the call fails: the episodes fail with the cause, the node goes on)."""
+        reply when the call fails: the episodes fail with the cause, the node goes on). The time
+        while at least one call is being answered counts as :attr:`busy_s`."""
+        with self._count:
+            if not self._answering:
+                self._busy_from = time.monotonic()
+            self._answering += 1
+        try:
+            self._answer_now(reqs)
+        finally:
+            with self._count:
+                self._answering -= 1
+                if not self._answering:
+                    self.busy_s += time.monotonic() - self._busy_from
+
+    def _answer_now(self, reqs: list[GenerationRequest]) -> None:
         rows = [p for r in reqs for p in r.prompts]
         seeds = [s for r in reqs for s in r.seeds]
         try:

@@ -55,6 +55,7 @@ class RolloutActor(LoopActor):
         self._last_hb = 0.0
         self._tokens = 0
         self._busy_s = 0.0
+        self._serve_busy_s = 0.0  # serving other policies' episodes outside a rollout of its own, not yet reported
         self._fenced = 0  # tasks whose results were dropped because the node lost its group membership
         self._started = time.monotonic()
         self._last_snapshot_request = -SNAPSHOT_REQUEST_INTERVAL_S
@@ -130,8 +131,15 @@ class RolloutActor(LoopActor):
         with self.engine_lock:
             self.subscriber.apply_to(self.engine)
         if self.server is not None:
-            self.server.serve(50)
-        deliveries = self.consumer.poll(50 if self.multi else 500)
+            before = self.server.busy_s
+            answered = self.server.serve(50)
+            # Inside a rollout of its own (``_while_waiting``) serving is already part of raas.busy_s.
+            self._serve_busy_s += self.server.busy_s - before
+        else:
+            answered = 0
+        # A node that just answered role calls looks for tasks without waiting: more calls are
+        # likely queued, and a pool that mostly serves (the verifier's) would idle here each time.
+        deliveries = self.consumer.poll(0 if answered else 50 if self.multi else 500)
         if not deliveries:
             if self.consumer.pending_offsets():  # only dead-lettered records: move past them
                 try:
@@ -258,6 +266,10 @@ class RolloutActor(LoopActor):
                                   tokens_per_s=self._tokens / elapsed, ts=time.time(), epoch=held.epoch if held else 0,
                                   weights_digest=held.digest if held else ""), key=self.node_id, trace=False)
         self.metrics.emit_device(self.engine, step=self.engine.version, node=self.node_id)
+        if self._serve_busy_s > 0:  # a pool that serves other policies' episodes is busy too (its autoscaler's demand)
+            self.metrics.emit_many({"raas.serve_busy_s": self._serve_busy_s}, step=self.engine.version,
+                                   node=self.node_id, policy=self.cfg.policy)
+            self._serve_busy_s = 0.0
 
     def on_stop(self) -> None:
         # Asked to stop (retired, or the job is over): the step in flight has committed, and

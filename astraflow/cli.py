@@ -171,13 +171,32 @@ _SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 def done_line(summary: dict, lead: str) -> str:
     """The run's last word on what it learnt: held-out accuracy from -> to; for a team, the
-    team's first (the job's result) and the lead policy's alone beside it."""
+    team's first (the job's result) and the lead policy's alone beside it; then the
+    conservation audit's verdict, when the run audited."""
     fmt = lambda curve: " -> ".join(f"v{v}:{a:.3f}" for v, a in curve.items()) or "not measured"  # noqa: E731
     head = f"done: {summary['steps_trained']} versions in {summary['wall_s']:.0f}s; held-out accuracy"
     team = summary.get("team_accuracy_by_version")
     if team is None:
-        return f"{head} {fmt(summary['accuracy_by_version'])}"
-    return f"{head} of the team {fmt(team)}; of {lead} alone {fmt(summary['accuracy_by_version'])}"
+        line = f"{head} {fmt(summary['accuracy_by_version'])}"
+    else:
+        line = f"{head} of the team {fmt(team)}; of {lead} alone {fmt(summary['accuracy_by_version'])}"
+    return _with_audit(line, summary)
+
+
+def _with_audit(line: str, summary: dict) -> str:
+    from astraflow.job_audit import audit_line
+    verdict = audit_line(summary)
+    return f"{line}; {verdict}" if verdict else line
+
+
+def _audit_exit(summary: dict) -> int:
+    """A finished run whose audit failed exits non-zero, the cause as its last line."""
+    if summary.get("audit", {}).get("ok") is False:
+        from astraflow.job_audit import AuditFailed, Verdict
+        a = summary["audit"]
+        failed = [d for d in a.get("during", []) if not d["ok"]] or [a["final"]]
+        raise AuditFailed(Verdict.from_dict(failed[0]))
+    return 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -198,7 +217,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                           for call, s in d.items() if isinstance(s, dict))
         print(f"EMULATED {component} on {d['profile']} x{d['devices']:g}: modelled {calls}")
     print(f"run dir: {summary['run_dir']}")
-    return 0
+    return _audit_exit(summary)
 
 
 def _cmd_node(args: argparse.Namespace) -> int:
@@ -265,10 +284,11 @@ def _cmd_launch(args: argparse.Namespace) -> int:
               f"run dir: {summary['run_dir']}")
         return 130
     d = summary["device_hours"]
-    print(f"done: {summary['steps_trained']} versions in {summary['wall_s']:.0f}s; device-hours "
-          f"{d['total']:.4f} (rollout {d['rollout']:.4f}, trainer {d['trainer']:.4f}), cost {d['cost']:.4f}")
+    print(_with_audit(f"done: {summary['steps_trained']} versions in {summary['wall_s']:.0f}s; device-hours "
+                      f"{d['total']:.4f} (rollout {d['rollout']:.4f}, trainer {d['trainer']:.4f}), "
+                      f"cost {d['cost']:.4f}", summary))
     print(f"run dir: {summary['run_dir']}")
-    return 0
+    return _audit_exit(summary)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

@@ -196,6 +196,23 @@ class SandboxConfig:
 
 
 @dataclass(frozen=True)
+class AuditConfig:
+    """The conservation audit `astraflow run` / `launch` run on the job's topics."""
+
+    every_versions: int = _f(0, "also audit the running job every N trained versions (0: only once it has "
+                                "finished); a violation no later record can repair stops the job",
+                            bounds=Bounds(0, 10_000_000))
+    settle_s: float = _f(30.0, "the audit at the end waits up to this long for work still in flight to settle "
+                               "(a transaction a killed node left open) before its verdict", bounds=Bounds(0, 3600))
+
+    def __post_init__(self) -> None:
+        if self.every_versions < 0:
+            raise ValueError(f"audit.every_versions must be >= 0 (0: only at the end), got {self.every_versions}")
+        if not 0 <= self.settle_s <= 3600:
+            raise ValueError(f"audit.settle_s must be in [0, 3600] seconds, got {self.settle_s}")
+
+
+@dataclass(frozen=True)
 class PolicyConfig:
     """One policy of a multi-policy job: its model, RaaS pool, batching and trainer. Each
     section starts from the job's top-level section of the same name (shared defaults)."""
@@ -232,6 +249,8 @@ class JobConfig:
     eval: EvalConfig = _f(EvalConfig(), "evaluation")
     tracing: TracingConfig = _f(TracingConfig(), "tracing")
     sandbox: SandboxConfig = _f(SandboxConfig(), "the sandbox model-written code runs in (workflows/sandbox.py)")
+    audit: AuditConfig = _f(AuditConfig(), "the conservation audit of the job's topics (at the end, and every N "
+                                           "versions)")
     policies: dict[str, PolicyConfig] = _f({}, "multi-policy jobs: name -> {model, rollout, dataflow, trainer}, "
                                                "each section merged over the top-level one; empty: one policy "
                                                "named `policy` made of the top-level sections")

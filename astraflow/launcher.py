@@ -14,6 +14,11 @@ bad config, missing model) is not restarted: the job stops at once and
 :class:`~astraflow.topology.processes.RunFailed` carries the cause, the last line the
 component wrote.
 
+Once the job has finished (and every ``audit.every_versions`` while it runs) the
+conservation audit reads its topics (:mod:`astraflow.job_audit`); the verdict is the
+summary's ``audit``, and a violation found while it runs stops the job
+(:class:`~astraflow.job_audit.AuditFailed`).
+
 :func:`launch` is the same run on a topology's deployment: the plan's processes instead of
 the job config's, and the autoscaler beside them
 (:class:`~astraflow.topology.launch.TopologyRun`).
@@ -33,6 +38,7 @@ from pathlib import Path
 from kafka import TopicPartition
 
 from astraflow.config import JobConfig
+from astraflow.job_audit import PeriodicAudit, audit_summary, final_audit
 from astraflow.progress import progress_bar, say, update_bar
 from astraflow.run_outputs import RunState, record, write_outputs
 from astraflow.topology.processes import Proc, RunFailed, node_command, stop_processes, supervise
@@ -102,12 +108,14 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
             stack.callback(signal.signal, sig, previous)
         say(progress, f"run dir: {run_dir}  (logs in {run_dir / 'logs'})")
         interrupted, error = False, None
+        auditor = PeriodicAudit(bootstrap, cfg)
         while True:
             for d in metrics.poll(500):
                 record(state, d.message)
             update_bar(bar, state, started)
             error = (extension.tick(procs) if extension is not None else None) or supervise(procs, max_restarts,
-                                                                                             progress)
+                                                                                             progress) \
+                or auditor.tick(state.trained)
             finished = all(p.done for p in procs if p.role in ("trainer", "dataflow"))
             if finished or error:
                 break
@@ -122,8 +130,16 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
         if bar is not None:
             update_bar(bar, state, started)
             bar.close()
+        if not (interrupted or error):
+            error = auditor.finish()  # the running job's audit in flight: a violation it found fails the run
+        verdict = None
+        if not (interrupted or error):  # finished: the broker is still up, the trainer and dataflow are done
+            say(progress, "auditing the job's topics (conservation) ...")
+            verdict = final_audit(bootstrap, cfg, state.trained)
+        audit = audit_summary(verdict, auditor.verdicts,
+                              None if verdict else "interrupted" if interrupted else "the job did not finish")
     summary = write_outputs(run_dir, cfg, state, started, procs, interrupted, str(error) if error else None,
-                            extension.summary() if extension is not None else None)
+                            {"audit": audit, **(extension.summary() if extension is not None else {})})
     if error:
         raise error
     return summary

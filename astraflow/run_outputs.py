@@ -91,7 +91,8 @@ def write_outputs(run_dir: Path, cfg: JobConfig, state: RunState, started: float
         "accuracy_initial": acc.get(min(acc)) if acc else None,
         "accuracy_final": acc.get(max(acc)) if acc else None,
         "trainer_train_s": round(total("trainer.train_s"), 3), "trainer_wait_s": round(total("trainer.wait_s"), 3),
-        "raas_busy_s": round(total("raas.busy_s"), 3), "samples_trained": int(total("trainer.samples")),
+        "raas_busy_s": round(total("raas.busy_s"), 3), "raas_serve_busy_s": round(total("raas.serve_busy_s"), 3),
+        "samples_trained": int(total("trainer.samples")),
         "weights_delta_bytes_mean": _mean([r["value"] for r in rows if r["name"] == "weights.delta_bytes"]),
         "weights_snapshot_bytes_mean": _mean([r["value"] for r in rows if r["name"] == "weights.snapshot_bytes"]),
         "weights_delta_changed_frac_mean": _mean([r["value"] for r in rows

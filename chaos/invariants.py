@@ -24,6 +24,15 @@ Multi-policy jobs (:func:`audit_job`): a task is an episode on the lead policy's
 audited as above over those keys, and the episodes as a whole: every group of an episode
 was written by one node (its runner's single transaction), never some roles by one run
 and the others by another.
+
+A running job (``astraflow run``'s audit every ``audit.every_versions``) is audited on the
+same records: :attr:`Audit.unsettled` are the findings of work still in flight (a task
+without its group yet, a group not yet batched or dropped, a dataflow state behind the
+log), which a finished job must not show and a running one may; every other violation
+(:attr:`Audit.definitive`: a task scheduled twice, two groups for one task, a group for a
+task never scheduled, a group trained twice, a gap in the batch steps, ...) stays one
+whatever comes next. The log is read effects first (state, batches, drops, groups, tasks),
+so a record read always finds what caused it.
 """
 
 from __future__ import annotations
@@ -60,10 +69,29 @@ class Audit:
     drops: Counter = field(default_factory=Counter)  #: drop records by reason
     max_staleness_seen: int = 0
     violations: list[str] = field(default_factory=list)
+    #: the violations that only say "not settled yet" (also in ``violations``)
+    unsettled: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.violations
+
+    @property
+    def definitive(self) -> list[str]:
+        """The violations no later record can repair: what fails a running job's audit too."""
+        pending = Counter(self.unsettled)
+        out = []
+        for v in self.violations:
+            if pending[v]:
+                pending[v] -= 1
+            else:
+                out.append(v)
+        return out
+
+    def not_settled(self, finding: str) -> None:
+        """A violation of a finished job that a running one shows while work is in flight."""
+        self.violations.append(finding)
+        self.unsettled.append(finding)
 
 
 def owed_keys(task: Task, policy: str) -> list[str]:
@@ -76,16 +104,19 @@ def owed_keys(task: Task, policy: str) -> list[str]:
 
 
 def read_log(bootstrap: str, topics: JobTopics, policy: str, lead: str | None = None) -> JobLog:
-    """``lead``: the policy whose tasks topic holds the episodes (default ``policy``)."""
+    """``lead``: the policy whose tasks topic holds the episodes (default ``policy``).
+
+    Effects before causes: a batch or drop read here names a group committed before it, so
+    before ``trajectories`` is read; a group, a task committed before ``tasks`` is read. On a
+    running job that keeps "names a record that is not there" a real finding."""
     states = [m for _, _, m in read_topic(bootstrap, topics.dataflow_state(policy), tail=64)
               if isinstance(m, DataflowState) and m.policy == policy]
-    return JobLog(
-        tasks=[m for _, _, m in read_topic(bootstrap, topics.tasks(lead or policy)) if isinstance(m, Task)],
-        groups=[(p, o, m) for p, o, m in read_topic(bootstrap, topics.trajectories)
-                if isinstance(m, TrajectoryGroup) and m.policy == policy],
-        batches=[m for _, _, m in read_topic(bootstrap, topics.batches(policy)) if isinstance(m, Batch)],
-        drops=[m for _, _, m in read_topic(bootstrap, topics.drops(policy)) if isinstance(m, GroupDrop)],
-        state=states[-1] if states else None)
+    batches = [m for _, _, m in read_topic(bootstrap, topics.batches(policy)) if isinstance(m, Batch)]
+    drops = [m for _, _, m in read_topic(bootstrap, topics.drops(policy)) if isinstance(m, GroupDrop)]
+    groups = [(p, o, m) for p, o, m in read_topic(bootstrap, topics.trajectories)
+              if isinstance(m, TrajectoryGroup) and m.policy == policy]
+    tasks = [m for _, _, m in read_topic(bootstrap, topics.tasks(lead or policy)) if isinstance(m, Task)]
+    return JobLog(tasks=tasks, groups=groups, batches=batches, drops=drops, state=states[-1] if states else None)
 
 
 def audit(bootstrap: str, topics: JobTopics, policy: str, max_staleness: int, lead: str | None = None) -> Audit:
@@ -151,7 +182,7 @@ def _check_tasks(log: JobLog, a: Audit) -> None:
             a.violations.append(f"trajectory group for unknown task {tid}")
     for tid in task_ids:
         if tid not in group_ids:
-            a.violations.append(f"task {tid} has no trajectory group")
+            a.not_settled(f"task {tid} has no trajectory group")
 
 
 def _check_batches(log: JobLog, a: Audit, max_staleness: int) -> None:
@@ -216,7 +247,7 @@ def _check_settlement(log: JobLog, a: Audit) -> None:
     for p, o, g in log.groups:
         where = settled.get((p, o), [])
         if not where:
-            a.violations.append(f"group {g.task_id} at trajectories[{p}]@{o} is neither batched nor dropped")
+            a.not_settled(f"group {g.task_id} at trajectories[{p}]@{o} is neither batched nor dropped")
         elif len(where) > 1:
             a.violations.append(f"group {g.task_id} at trajectories[{p}]@{o} is settled {len(where)} times: "
                                 f"{', '.join(where)}")
@@ -226,13 +257,13 @@ def _check_state(log: JobLog, a: Audit) -> None:
     s = log.state
     if s is None:
         if log.tasks or log.batches or log.drops:
-            a.violations.append("no dataflow state record, but the dataflow wrote tasks, batches or drops")
+            a.not_settled("no dataflow state record, but the dataflow wrote tasks, batches or drops")
         return
     freed = sum(1 for d in log.drops if DROP_REASONS.get(d.reason))
     for what, counted, logged in (("tasks scheduled", s.tasks_scheduled, len(log.tasks)),
                                   ("slots freed by drops", s.groups_dropped, freed),
                                   ("next step", s.next_step, len(log.batches))):
         if counted != logged:
-            a.violations.append(f"dataflow state says {counted} {what}, the log shows {logged}")
+            a.not_settled(f"dataflow state says {counted} {what}, the log shows {logged}")
     if s.open_tasks:
-        a.violations.append(f"dataflow state has {len(s.open_tasks)} open task(s), e.g. {s.open_tasks[:3]}")
+        a.not_settled(f"dataflow state has {len(s.open_tasks)} open task(s), e.g. {s.open_tasks[:3]}")

@@ -248,3 +248,22 @@ def test_a_team_runs_last_line_gives_the_teams_accuracy_first_and_the_lead_alone
     line = done_line(team, "solver")
     assert "of the team v0:0.145 -> v40:0.020" in line and line.endswith("of solver alone v0:0.155 -> v40:0.235")
     assert "of the team not measured" in done_line({**team, "team_accuracy_by_version": {}}, "solver")
+
+
+def test_the_remote_call_cost_comes_from_the_runs_own_spans(tmp_path):
+    import json
+
+    from astraflow.benchmarks.multi_policy import remote_calls
+
+    def span(name, start, end, **attrs):
+        return json.dumps({"name": name, "start_time": f"2026-12-01T10:00:{start:06.3f}Z",
+                           "end_time": f"2026-12-01T10:00:{end:06.3f}Z", "attributes": attrs})
+    (tmp_path / "traces").mkdir()
+    lines = [span("raas.workflow", 0, 9)] * 2 + [
+        span("raas.generate", 1, 1 + d, role="verifier", remote=True) for d in (0.5, 1.0, 2.0)] + [
+        span("raas.generate", 0, 5, role="solver"), '{"name": "raas.gen']  # a local call; a span cut off
+    (tmp_path / "traces" / "raas-solver-0-1.jsonl").write_text("\n".join(lines))
+    (tmp_path / "traces" / "trainer-solver-1.jsonl").write_text(span("raas.generate", 0, 50, remote=True))
+    out = remote_calls(tmp_path)
+    assert out["calls"] == 3 and out["episodes"] == 2 and out["hops_per_episode"] == 1.5
+    assert abs(out["median_s"] - 1.0) < 1e-6 and abs(out["p95_s"] - 2.0) < 1e-6

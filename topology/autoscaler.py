@@ -2,7 +2,8 @@
 
 Reads ``control`` (heartbeats: who is up, for device-hours; the trainer's, which it sends
 only while waiting for a batch, for the wait still open), ``metrics`` (the trainer's
-per-step wait and train time, every node's busy time, the trainer's ``done``) and
+per-step wait and train time, every node's busy time: its own rollouts and the role calls
+it serves for other policies' episodes, the trainer's ``done``) and
 ``drops.<policy>`` (stale drops), all from their beginning, so a restarted actor rebuilds
 the same picture. Every ``interval_s`` it writes the device-hours so far to ``metrics``
 (``devices.hours`` per pool, ``devices.total_hours``) and, when the topology enables

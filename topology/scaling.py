@@ -10,8 +10,10 @@ came before it describes a pool that no longer exists):
   while it polls for a batch, never while it trains, so the span its heartbeats cover
   since its last step (less one interval: it beats once as it finishes a step) is
   waiting, however long a step takes on loaded cores;
-* **demand** = the pool's busy time (``raas.busy_s``) / wall time: the node-equivalents
-  that actually worked;
+* **demand** = the pool's busy time / wall time: the node-equivalents that actually
+  worked. Busy is a node's own rollouts (``raas.busy_s``) and its answers to other
+  policies' episodes' role calls outside them (``raas.serve_busy_s``): a verifier pool
+  serves only those, and would otherwise read as idle and shrink to its minimum;
 * **stale drops** (groups that came back too late for the staleness bound) in the window.
 
 :class:`Scaler` is the rule (the reference system's, with the guards it lacked):
@@ -78,8 +80,11 @@ class SignalWindow:
                     self.steps.append((m.ts, got["trainer.wait_s"], got["trainer.train_s"]))
                     self.first_step_ts = self.first_step_ts or m.ts
                     self.last_step_ts = max(self.last_step_ts or m.ts, m.ts)
-        elif m.name == "raas.busy_s" and self.node_policy(str(m.labels.get("node", m.component))) == self.policy:
+        elif m.name in self.BUSY and self.node_policy(str(m.labels.get("node", m.component))) == self.policy:
             self.busy.append((m.ts, m.value))
+
+    #: a node's busy time: its own rollouts, and serving other policies' episodes outside them
+    BUSY = frozenset({"raas.busy_s", "raas.serve_busy_s"})
 
     def add_heartbeat(self, hb: Heartbeat) -> None:
         if hb.role == "trainer" and hb.policy == self.policy and hb.status != "starting":

@@ -45,6 +45,7 @@ def finished_run(bootstrap, tmp_path_factory):
     data["trainer"]["steps"] = 6
     data["trainer"]["snapshot_every"] = 4  # scheduled snapshots at 0 and 4 only
     data["trainer"]["publish_dtype"] = "bfloat16"  # as GPU engines hold weights: sparse deltas
+    data["audit"] = {"every_versions": 2}  # the running job audits itself too: no false alarm mid-run
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(data))
     cfg = load_config(path)
@@ -67,6 +68,17 @@ def test_every_task_once_no_group_twice_staleness_bounded(finished_run, bootstra
     assert report.tasks >= report.batched_groups
     assert report.max_staleness_seen <= cfg.effective_staleness
     assert summary["steps_trained"] == cfg.trainer.steps
+
+
+def test_the_run_audited_itself_while_running_and_at_the_end(finished_run):
+    cfg, _, summary, run_dir = finished_run
+    audit = summary["audit"]
+    assert audit["ok"] is True and audit["final"]["ok"] and audit["final"]["violations"] == []
+    assert audit["final"]["counts"]["policy"]["batches"] == cfg.trainer.steps
+    during = audit["during"]
+    assert during and all(v["ok"] and not v["final"] for v in during), during
+    assert all(v["version"] >= 2 for v in during) and len(during) <= cfg.trainer.steps // 2
+    assert json.loads((run_dir / "summary.json").read_text())["audit"] == audit
 
 
 def test_weights_travel_as_sparse_bf16_deltas(finished_run):

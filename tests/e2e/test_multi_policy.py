@@ -169,3 +169,8 @@ def test_a_multi_policy_topology_runs_one_autoscaler_per_policy(bootstrap, tmp_p
     assert hours and len({r["component"] for r in hours}) == 1
     reports = audit_job(bootstrap, cfg)
     _assert_conserved(reports, cfg)
+    # launch audited the job itself: every policy and the episodes, the same verdict
+    audit = summary["audit"]
+    assert audit["ok"] is True and set(audit["final"]["counts"]) == {"solver", "verifier", "episodes"}, audit
+    # the verifier pool answers the solver's role calls: its nodes' serving time is demand
+    assert any(r["name"] == "raas.serve_busy_s" and r["label.policy"] == "verifier" for r in rows)

@@ -107,3 +107,20 @@ def test_a_done_trainer_releases_the_pool_to_min_at_once():
     s.last_action = 99.0  # inside the cooldown, and no agreeing decisions: a finished job waits for neither
     d = s.decide(Signals(0.0, 0.0, 0, 60.0, 5, trainer_done=True), 6, now=100.0)
     assert (d.action, d.target) == ("down", 2) and "trainer is done" in d.reason
+
+
+def test_serving_other_policies_episodes_is_demand():
+    """A verifier pool has no tasks of its own: its nodes answer the solver's episodes' role
+    calls (``raas.serve_busy_s``). That is its demand, beside any rollouts of its own; an
+    idle window would shrink the pool to its minimum while the solver waits on it."""
+    w = SignalWindow("verifier", 20.0, node_policy=lambda node: node.split("-")[0])
+    for step, ts in enumerate((100.0, 104.0, 108.0, 112.0, 116.0, 120.0), 1):
+        w.add_metric(metric("trainer.wait_s", 3.0, ts, step, component="trainer.verifier"))
+        w.add_metric(metric("trainer.train_s", 1.0, ts, step, component="trainer.verifier"))
+        w.add_metric(metric("raas.serve_busy_s", 3.6, ts, component="verifier-raas-0", node="verifier-raas-0"))
+        w.add_metric(metric("raas.busy_s", 0.4, ts, component="verifier-raas-0", node="verifier-raas-0"))
+        w.add_metric(metric("raas.serve_busy_s", 4.0, ts, component="solver-raas-0", node="solver-raas-0"))
+    s = w.signals(now=120.0)
+    assert s.demand == pytest.approx(1.0)  # (3.6 + 0.4) busy seconds every 4 s; the solver node's are not ours
+    scaler = Scaler(1, 2, **SPEC)
+    assert [scaler.decide(s, 1, now=now).action for now in (120, 121)] == ["hold", "up"]
