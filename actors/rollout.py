@@ -128,8 +128,9 @@ class RolloutActor(LoopActor):
 
     def step(self) -> None:
         self._rejoin_if_stuck()
-        with self.engine_lock:
-            self.subscriber.apply_to(self.engine)
+        if self._newer_weights():  # (waits for the calls in flight: a load needs the engine idle)
+            with self.engine_lock:
+                self.subscriber.apply_to(self.engine)
         if self.server is not None:
             before = self.server.busy_s
             answered = self.server.serve(50)
@@ -213,6 +214,14 @@ class RolloutActor(LoopActor):
             time.sleep(0.005)
         self._heartbeat()
 
+    def _newer_weights(self) -> bool:
+        """The subscriber holds a version the engine has not loaded (asked without the engine:
+        a step takes the engine alone only to load, never while served calls run for nothing)."""
+        held = self.subscriber.held_by(self.engine)
+        if held is None:
+            return self.subscriber.version > self.engine.version
+        return (self.subscriber.epoch, self.subscriber.version) > (held.epoch, held.version)
+
     def _refresh_weights(self) -> None:
         """Between engine calls (under the engine lock): take the newest weights."""
         self.subscriber.apply_to(self.engine)
@@ -242,7 +251,8 @@ class RolloutActor(LoopActor):
                 raise TimeoutError(f"{self.node_id}: weights version {version} did not arrive within "
                                    f"{WEIGHT_WAIT_LIMIT_S:.0f}s (have {self.engine.version})")
             self.subscriber.wait_for(version, timeout=1.0)
-            self.subscriber.apply_to(self.engine)
+            with self.engine_lock:
+                self.subscriber.apply_to(self.engine)
             self._heartbeat()
 
     def _request_snapshot(self, report: str, held_version: int) -> None:
