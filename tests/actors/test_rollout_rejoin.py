@@ -85,7 +85,8 @@ def test_a_commit_refused_by_a_rebalance_does_not_crash_the_node(bootstrap, job_
     node.metrics = MetricsEmitter(node.plain, job_topics.metrics, "raas-f")
     node.engine = types.SimpleNamespace(version=0)
     node.engine_lock = threading.Lock()
-    node.subscriber = types.SimpleNamespace(apply_to=lambda engine: None)
+    node.subscriber = types.SimpleNamespace(apply_to=lambda engine: None, held_by=lambda engine: None, version=0,
+                                            epoch=0)
     node._heartbeat = lambda force=False: None
     node.watch = MembershipWatch(bootstrap, "raas-f", unsettled_s=rollout.CONSUMER_REJOIN_S, idle_s=600)
     monkeypatch.setattr(rollout, "TASK_SESSION_TIMEOUT_MS", 6_000)  # the broker's minimum: expelled sooner
