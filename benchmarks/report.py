@@ -271,6 +271,22 @@ def async_sync_emulated() -> list[str]:
     return out
 
 
+def emulated_scale() -> list[str]:
+    d = _load("emulated_scale")
+    if not d or d.get("quick"):
+        return []
+    out = [f"**Scale, EMULATED** — `python -m astraflow.benchmarks.emulated_scale` (the demo job, async, on N emulated "
+           f"{d['profile']} devices: half rollout on RaaS nodes of up to 8, half training; the batch grows with N; "
+           f"{d['steps']} steps; **modelled seconds**; median (min–max) of {d['repeats']} repetitions)", "",
+           "| devices (emulated) | samples/s | s/step | lower bound s/step | scheduling efficiency | linearity vs 8 |",
+           "|---:|---:|---:|---:|---:|---:|"]
+    for n, r in d["by_devices"].items():
+        out.append(f"| {n} | {_sp(r['samples_per_s'], '.1f')} | {_sp(r['s_per_step'], '.1f')} | "
+                   f"{_sp(r['lower_bound_s_per_step'], '.1f')} | {_sp(r['scheduling_efficiency'])} | "
+                   f"{_sp(r['linearity'])} |")
+    return out + [""]
+
+
 def _load_note(d: dict) -> str:
     if "load_1m_at_run_start" in d:
         x = d["load_1m_at_run_start"]
@@ -303,7 +319,7 @@ def _gap(d: dict) -> str:
 
 def render() -> str:
     return "\n".join(demo() + async_sync() + async_sync_emulated() + publish_dtype() + multi_policy()
-                     + multi_policy_emulated() + topics() + weights() + engine()
+                     + multi_policy_emulated() + emulated_scale() + topics() + weights() + engine()
                      + scaling()).rstrip() + "\n"
 
 
