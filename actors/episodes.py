@@ -245,51 +245,77 @@ class EpisodeRunner:
         self.tracer = tracer or trace.get_tracer(__name__)
         self.sampling_of = sampling_of or (lambda policy, task: task.sampling)
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        self._reserved = 0  #: episodes running or about to, over every poll in flight
         self.last_metrics: list[dict] = []
 
     def roll_out(self, tasks: Sequence[Task], spans: Sequence | None = None,
-                 on_wait=None) -> list[list[TrajectoryGroup]]:
+                 on_wait=None, metrics_out: list | None = None) -> list[list[TrajectoryGroup]]:
         """A poll's tasks in, per task its groups (one per trained role) out: what a RaaS
         node writes for a poll, and what the in-process baseline trains on. The job seed
         and the task id alone decide each sample's seed. An episode that breaks yields
         failed groups of its own; when a batched engine call breaks every episode in it,
-        they are retried one by one, so one bad task cannot fail its neighbours."""
+        they are retried one by one, so one bad task cannot fail its neighbours. Several
+        polls may be rolled out at once from different threads (a node with
+        ``polls_in_flight`` above 1); ``metrics_out`` receives this poll's episode metrics."""
         spans = list(spans or [None] * len(tasks))
-        per_task = self.run(tasks, spans, on_wait=on_wait)
+        per_task, metrics = self.run(tasks, spans, on_wait=on_wait, _with_metrics=True)
         broken = [i for i, gs in enumerate(per_task) if gs and all(g.status == "failed" for g in gs)]
         if len(tasks) > 1 and len(broken) == len(tasks):
             log.warning("%s: every episode of the poll failed (%s); retrying them one by one", self.node_id,
                         per_task[0][0].error)
-            per_task = [self.run([t], [s], on_wait=on_wait)[0] for t, s in zip(tasks, spans)]
+            per_task, metrics = [], []
+            for t, s in zip(tasks, spans):
+                gs, ms = self.run([t], [s], on_wait=on_wait, _with_metrics=True)
+                per_task += gs
+                metrics += ms
+        if metrics_out is not None:
+            metrics_out.extend(metrics)
+        self.last_metrics = metrics
         return per_task
 
-    def run(self, tasks: Sequence[Task], spans: Sequence | None = None, on_wait=None) -> list[list[TrajectoryGroup]]:
+    def run(self, tasks: Sequence[Task], spans: Sequence | None = None, on_wait=None, _with_metrics: bool = False):
         """Per task, its groups. ``on_wait`` is called repeatedly while the episodes run (the
         rollout actor serves other pools' requests and heartbeats there)."""
         spans = list(spans or [None] * len(tasks))
         batcher = CallBatcher(self.engine, self.engine_lock, self.before_call, self.batch_invariant)
-        if self._pool is None or self._pool._max_workers < len(tasks):  # noqa: SLF001
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-            self._pool = ThreadPoolExecutor(max_workers=max(1, len(tasks)), thread_name_prefix=f"{self.node_id}-ep")
-        for _ in tasks:
-            batcher.enter()
-        futures = [self._pool.submit(self._one, i, t, s, batcher) for i, (t, s) in enumerate(zip(tasks, spans))]
-        while not all(f.done() for f in futures):
-            if on_wait is not None:
-                on_wait()
-            else:
-                time.sleep(0.005)
-            for f in futures:
-                if not f.done():
-                    try:
-                        f.result(timeout=0.01)
-                    except Exception:  # noqa: BLE001 - collected below
-                        pass
-                    break
-        results = [f.result() for f in futures]
-        self.last_metrics = [m for _, m in results]
-        return [groups for groups, _ in results]
+        pool = self._reserve(len(tasks))
+        try:
+            for _ in tasks:
+                batcher.enter()
+            futures = [pool.submit(self._one, i, t, s, batcher) for i, (t, s) in enumerate(zip(tasks, spans))]
+            while not all(f.done() for f in futures):
+                if on_wait is not None:
+                    on_wait()
+                else:
+                    time.sleep(0.005)
+                for f in futures:
+                    if not f.done():
+                        try:
+                            f.result(timeout=0.01)
+                        except Exception:  # noqa: BLE001 - collected below
+                            pass
+                        break
+            results = [f.result() for f in futures]
+        finally:
+            with self._pool_lock:
+                self._reserved -= len(tasks)
+        metrics = [m for _, m in results]
+        if not _with_metrics:
+            self.last_metrics = metrics
+            return [groups for groups, _ in results]
+        return [groups for groups, _ in results], metrics
+
+    def _reserve(self, n: int) -> ThreadPoolExecutor:
+        """The episode threads' pool, large enough for ``n`` more episodes than are running."""
+        with self._pool_lock:
+            self._reserved += n
+            if self._pool is None or self._pool._max_workers < self._reserved:  # noqa: SLF001
+                if self._pool is not None:  # episodes of another poll may still run on it: they finish
+                    self._pool.shutdown(wait=False)
+                self._pool = ThreadPoolExecutor(max_workers=max(1, self._reserved),
+                                                thread_name_prefix=f"{self.node_id}-ep")
+            return self._pool
 
     def _one(self, index: int, task: Task, span, batcher: CallBatcher) -> tuple[list[TrajectoryGroup], dict]:
         started = time.time()

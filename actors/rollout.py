@@ -101,6 +101,12 @@ class RolloutActor(LoopActor):
                                            initial=None, initial_version=self.engine.version, node_id=self.node_id,
                                            on_fault=self._request_snapshot, prefetch=self.cfg.rollout.prefetch_weights)
         self.subscriber.start()
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+        self._polls: deque = deque()  #: (tasks, spans, offsets, future, metrics) of the polls in flight, oldest first
+        self._refused = False  #: a poll's commit was fenced: the rest in flight are dropped, then a fresh consumer
+        self._busy_from = 0.0
+        self._poll_threads = ThreadPoolExecutor(self.cfg.rollout.polls_in_flight, thread_name_prefix=f"{self.node_id}-poll")
         self._heartbeat(force=True)
 
     def _task_consumer(self) -> Consumer:
@@ -127,6 +133,8 @@ class RolloutActor(LoopActor):
             self.metrics.emit_many({"raas.consumer_rejoins": self.watch.renewals}, step=self.engine.version)
 
     def step(self) -> None:
+        if self.cfg.rollout.polls_in_flight > 1:
+            return self._pipelined_step()
         self._rejoin_if_stuck()
         if self._newer_weights():  # (waits for the calls in flight: a load needs the engine idle)
             with self.engine_lock:
@@ -160,45 +168,129 @@ class RolloutActor(LoopActor):
                                                "policy.version": self.engine.version})
                  for d in deliveries]
         per_task = self._roll_out(tasks, spans)
-        groups = [g for gs in per_task for g in gs]
         try:
-            with self.producer.transaction():
-                for gs, span in zip(per_task, spans):
-                    with trace.use_span(span):  # the record carries this rollout's trace context
-                        for g in gs:
-                            self.producer.send(self.topics.trajectories, g, key=g.task_id)
-                fault_points.reach(fault_points.IN_TRANSACTION, self.node_id)
-                self.producer.send_offsets(self.consumer)
+            self._commit(per_task, spans)
         except StaleMembershipError as e:
-            # Fell out of the group while rolling out (a broker restart, a long pause): the
-            # partition's new owner redoes these tasks; ours were aborted with the transaction.
-            log.warning("%s: %s", self.node_id, e)
-            self._fenced += len(tasks)
-            self.metrics.emit_many({"raas.fenced_tasks": self._fenced}, step=self.engine.version,
-                                   node=self.node_id, policy=self.cfg.policy)
-            for span in spans:
-                span.set_attribute("raas.fenced", True)
-                span.end()
+            self._fenced_poll(e, tasks, spans)
             return
+        self._report(tasks, per_task, spans, time.monotonic() - t0, self.runner.last_metrics)
+
+    def _commit(self, per_task: list[list[TrajectoryGroup]], spans, offsets=None) -> None:
+        """A poll's groups and its task offsets in one transaction (``offsets``: a snapshot of
+        the consumer's pending offsets taken at that poll, when later polls are in flight)."""
+        with self.producer.transaction():
+            for gs, span in zip(per_task, spans):
+                with trace.use_span(span):  # the record carries this rollout's trace context
+                    for g in gs:
+                        self.producer.send(self.topics.trajectories, g, key=g.task_id)
+            fault_points.reach(fault_points.IN_TRANSACTION, self.node_id)
+            self.producer.send_offsets(self.consumer, offsets, handed_out=offsets is not None)
+
+    def _fenced_poll(self, e: Exception, tasks: list[Task], spans) -> None:
+        # Fell out of the group while rolling out (a broker restart, a long pause): the
+        # partition's new owner redoes these tasks; ours were aborted with the transaction.
+        log.warning("%s: %s", self.node_id, e)
+        self._fenced += len(tasks)
+        self.metrics.emit_many({"raas.fenced_tasks": self._fenced}, step=self.engine.version,
+                               node=self.node_id, policy=self.cfg.policy)
+        for span in spans:
+            span.set_attribute("raas.fenced", True)
+            span.end()
+
+    def _report(self, tasks: list[Task], per_task, spans, busy: float, episode_metrics: list[dict]) -> None:
+        groups = [g for gs in per_task for g in gs]
         for span in spans:
             span.end()
-        busy = time.monotonic() - t0
         self._busy_s += busy
         n_tokens = sum(len(s.tokens) for g in groups for s in g.samples)
         self._tokens += n_tokens
         values = {"raas.tasks": len(tasks), "raas.tokens": n_tokens, "raas.busy_s": busy,
                   "raas.reward": _mean([s.reward for g in groups for s in g.samples])}
-        team = [m["team_reward"] for m in self.runner.last_metrics if "team_reward" in m]
+        team = [m["team_reward"] for m in episode_metrics if "team_reward" in m]
         if self.multi and team:
             values["raas.team_reward"] = _mean(team)
-            for key in sorted({k for m in self.runner.last_metrics for k in m} - {"team_reward"}):
-                values[f"raas.episode.{key}"] = _mean([m[key] for m in self.runner.last_metrics if key in m])
+            for key in sorted({k for m in episode_metrics for k in m} - {"team_reward"}):
+                values[f"raas.episode.{key}"] = _mean([m[key] for m in episode_metrics if key in m])
         if self.client is not None and self.client.calls:
             values["raas.remote_wait_s_per_call"] = self.client.wait_s / self.client.calls
         if self.server is not None and self.server.fenced:
             values["raas.gen_fenced_requests"] = self.server.fenced
         self.metrics.emit_many(values, step=self.engine.version, node=self.node_id, policy=self.cfg.policy)
         self._heartbeat()
+
+    # -- several polls in flight (rollout.polls_in_flight > 1) ---------------------------
+    def _pipelined_step(self) -> None:
+        """One turn of a node with several polls in flight: load new weights, serve other
+        pools, commit the polls that finished (in the order they were polled: a poll's
+        offsets are committed only after every earlier poll's), and start a poll when there
+        is room. The episodes of each poll run on a thread of their own (the engine batches
+        their calls); everything Kafka stays on this thread."""
+        limit = self.cfg.rollout.polls_in_flight
+        if not self._polls:
+            self._rejoin_if_stuck()  # nothing in flight: a fresh consumer loses nothing
+        if self._newer_weights():
+            with self.engine_lock:
+                self.subscriber.apply_to(self.engine)
+        answered = 0
+        if self.server is not None:
+            before = self.server.busy_s
+            answered = self.server.serve(20 if self._polls else 50)
+            if not self._polls:  # serving during its own polls is inside their raas.busy_s
+                self._serve_busy_s += self.server.busy_s - before
+        self._commit_finished_polls()
+        if len(self._polls) < limit and not self._refused:
+            deliveries = self.consumer.poll(0 if answered or self._polls else 50 if self.multi else 500)
+            if deliveries:
+                self._start_poll(deliveries)
+            elif not self._polls and self.consumer.pending_offsets():  # only dead-lettered records
+                try:
+                    self.consumer.commit()
+                except StaleMembershipError as e:
+                    log.warning("%s: %s", self.node_id, e)
+        elif self.server is None:
+            time.sleep(0.01)
+        self._heartbeat()
+
+    def _start_poll(self, deliveries) -> None:
+        self.watch.saw_records()
+        tasks: list[Task] = [d.message for d in deliveries]
+        offsets = self.consumer.pending_offsets()  # everything handed out so far: committed with this poll
+        self._wait_for_version(max(t.scheduled_version for t in tasks))
+        spans = [tracer.start_span("raas.rollout", context=d.trace_context,
+                                   attributes={"task.id": d.message.task_id, "node.id": self.node_id,
+                                               "policy.version": self.engine.version})
+                 for d in deliveries]
+        if not self._polls:
+            self._busy_from = time.monotonic()
+        metrics: list[dict] = []
+        future = self._poll_threads.submit(self.runner.roll_out, tasks, spans, None, metrics)
+        self._polls.append((tasks, spans, offsets, future, metrics))
+        self.metrics.emit_many({"raas.polls_in_flight": len(self._polls)}, step=self.engine.version,
+                               node=self.node_id, policy=self.cfg.policy)
+
+    def _commit_finished_polls(self) -> None:
+        while self._polls and self._polls[0][3].done():
+            tasks, spans, offsets, future, metrics = self._polls.popleft()
+            per_task = future.result()  # a rollout that raised fails the step, as it does inline
+            if self._refused:
+                self._fenced_poll(StaleMembershipError("an earlier poll of this membership was fenced"),
+                                  tasks, spans)
+            else:
+                try:
+                    self._commit(per_task, spans, offsets)
+                except StaleMembershipError as e:
+                    self._refused = True  # every later poll was handed out before the rebalance too
+                    self._fenced_poll(e, tasks, spans)
+                else:
+                    now = time.monotonic()  # the time at least one poll was in flight, once
+                    busy, self._busy_from = now - self._busy_from, now
+                    self._report(tasks, per_task, spans, busy, metrics)
+        if self._refused and not self._polls:
+            # Their new owner redoes every poll that was in flight; this node starts again from
+            # the committed offsets with a fresh consumer (its positions were past them).
+            close_quietly(self.consumer)
+            self.consumer = self._task_consumer()
+            self._refused = False
 
     def _roll_out(self, tasks: list[Task], spans) -> list[list[TrajectoryGroup]]:
         """Per task, its groups (one per trained role): :meth:`EpisodeRunner.roll_out
@@ -295,6 +387,8 @@ class RolloutActor(LoopActor):
             super().on_stop()
 
     def teardown(self) -> None:
+        if getattr(self, "_poll_threads", None) is not None:
+            self._poll_threads.shutdown(wait=False, cancel_futures=True)
         close_quietly(self.runner, self.server, self.client, self.subscriber, self.consumer, self.watch,
                       self.producer, self.plain, self.engine)
         self.engine = self.consumer = self.producer = self.plain = self.subscriber = None

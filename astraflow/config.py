@@ -102,6 +102,10 @@ class RolloutConfig:
     top_k: int = _f(0, "top-k (0: off)", bounds=Bounds(0, 1_000_000))
     max_new_tokens: int = _f(8, "generation length limit", bounds=Bounds(1, 1_000_000))
     tasks_per_call: int = _f(4, "tasks a node polls and rolls out together", bounds=Bounds(1, 100_000))
+    polls_in_flight: int = _f(1, "polls of tasks a node rolls out at once: above 1 the next poll starts while "
+                                 "the last one's episodes wait (on another pool's role calls, on the engine), "
+                                 "and polls commit in order; worth it on an engine that batches concurrent "
+                                 "calls (SGLang, an emulated device) in a multi-policy job", bounds=Bounds(1, 16))
     batch_invariant: bool = _f(False, "true generates each task's samples in a call of their own, so a task's "
                                       "logprob bits (not only its seeds) never depend on which tasks share a poll "
                                       "and same-seed sync runs are byte-identical; costs ~2.5x the CPU engine's "

@@ -448,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="Table 2 at the seed's scale on emulated accelerators (multi_policy_emulated.py): "
                          "writes multi_policy_emulated.json")
     ap.add_argument("--devices", type=int, default=8, help="--emulated: devices in all")
+    ap.add_argument("--polls-in-flight", type=int, default=2,
+                    help="--emulated: polls a RaaS node of (a)/(b) rolls out at once (rollout.polls_in_flight)")
     ap.add_argument("--profile", default="h100-qwen3-8b", help="--emulated: emulation profile")
     ap.add_argument("--dilation", type=float, default=0.3, help="--emulated: wall seconds per modelled second")
     ap.add_argument("--token-scale", type=int, default=512, help="--emulated: modelled tokens per generated token")

@@ -23,8 +23,10 @@ generation seconds ``G_p`` and training seconds ``T_p`` per iteration on all ``N
 a pool of ``d`` devices is priced by the cost model on (c)'s own calls dealt over ``d``
 devices, and a trainer of ``d`` devices ``T_p x N s(N) / (d s(d))`` (``s``: the profile's
 data-parallel scaling); the split of ``N`` into the four parts that minimises the largest
-priced stage is taken. A pool's node takes a batch's tasks (32) per call and deals their rows over its devices, as
-(c) deals a batch's rows over all of them: fewer devices decode more rows each, at the
+priced stage is taken. A pool's node takes a batch's tasks (32) per poll, with up to ``--polls-in-flight`` polls
+at once (the next batch's first calls run while the last one's episodes wait on the other
+pool), and its engine batches every call in flight over its devices, as (c) deals a
+batch's rows over all of them: fewer devices decode more rows each, at the
 batch size a memory-bound decode step prices (``emulation/cost.py``).
 
 **Lower bound** per arm: the busiest resource's modelled work per iteration. (c): all its
@@ -94,7 +96,8 @@ def split_config(base: dict, args, split: dict[str, dict[str, int]], barrier: st
     for p, parts in split.items():
         sec = data.setdefault("policies", {}).setdefault(p, {})
         sec.setdefault("rollout", {}).update(device=device(args, parts["rollout"]), nodes=1,
-                                             tasks_per_call=SEED_SHAPE["groups_per_batch"])
+                                             tasks_per_call=SEED_SHAPE["groups_per_batch"],
+                                             polls_in_flight=args.polls_in_flight)
         sec.setdefault("trainer", {})["device"] = device(args, parts["trainer"])
     return data
 
@@ -355,8 +358,8 @@ def main(args) -> int:
     agg = aggregate(reps)
     print_table(agg, split, args)
     result = {"benchmark": "multi_policy_emulated", "emulated": True, "profile": args.profile,
-              "devices": args.devices, "dilation": args.dilation, "token_scale": args.token_scale,
-              "prompt_token_scale": args.prompt_token_scale,
+              "devices": args.devices, "polls_in_flight": args.polls_in_flight, "dilation": args.dilation,
+              "token_scale": args.token_scale, "prompt_token_scale": args.prompt_token_scale,
               "steps": args.steps, "repeats": args.repeats, "config": args.config, "quick": args.quick,
               "shape": SEED_SHAPE, "seed_reference": {"trainer_centred_s_per_iter": 212.64, "ours_s_per_iter": 77.65,
                                                       "speedup": 2.74, "hardware": "8 x H100, Qwen3-8B"},

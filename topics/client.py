@@ -130,8 +130,14 @@ class Producer:
             raise
         self._await(self._kp._transaction_manager.begin_commit(), "commit")
 
-    def send_offsets(self, consumer: "Consumer", offsets: dict[TopicPartition, int] | None = None) -> None:
-        """Commit ``consumer``'s processed offsets inside the current transaction."""
+    def send_offsets(self, consumer: "Consumer", offsets: dict[TopicPartition, int] | None = None, *,
+                     handed_out: bool = False) -> None:
+        """Commit ``consumer``'s processed offsets inside the current transaction.
+
+        ``handed_out``: ``offsets`` are a subscribed consumer's own, taken from
+        ``pending_offsets()`` after an earlier poll (a node with several polls in flight
+        commits them in order), so they are checked against the membership they were handed
+        out in, like the default."""
         offs = offsets if offsets is not None else consumer.pending_offsets()
         if offs:
             # Consume-process-produce (no explicit offsets): commit under the membership the
@@ -140,7 +146,7 @@ class Producer:
             # resets to generation -1 when it learns it was kicked out. Explicit offsets are a
             # single-member group's own bookkeeping (the dataflow; its transactional id fences
             # an older instance): they go under the current membership.
-            membership = consumer.membership_for(offs) if offsets is None else consumer.group_metadata()
+            membership = consumer.membership_for(offs) if offsets is None or handed_out else consumer.group_metadata()
             self._await(self._kp._transaction_manager.send_offsets_to_transaction(
                 {tp: OffsetAndMetadata(o, "", -1) for tp, o in offs.items()}, membership),
                 "offset commit")

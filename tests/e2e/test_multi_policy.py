@@ -174,3 +174,29 @@ def test_a_multi_policy_topology_runs_one_autoscaler_per_policy(bootstrap, tmp_p
     assert audit["ok"] is True and set(audit["final"]["counts"]) == {"solver", "verifier", "episodes"}, audit
     # the verifier pool answers the solver's role calls: its nodes' serving time is demand
     assert any(r["name"] == "raas.serve_busy_s" and r["label.policy"] == "verifier" for r in rows)
+
+
+def test_a_node_with_two_polls_in_flight_commits_them_in_order_and_loses_nothing(bootstrap, tmp_path):
+    # On an engine that batches concurrent calls (an emulated device with a cost profile), a
+    # node starts its next poll while the last one's episodes wait on the verifier pool; the
+    # polls commit in order, every policy's conservation holds and each batch is trained.
+    device = {"kind": "emulated", "profile": "h100-qwen3-8b", "count": 1, "dilation": 0.02, "token_scale": 64,
+              "prompt_token_scale": 4}
+    cfg = _config(tmp_path, "mp-pipe", {"rollout.polls_in_flight": 2, "rollout.tasks_per_call": 2,
+                                        "rollout.device": device})
+    h = _start(cfg, bootstrap, tmp_path)
+    try:
+        for p in cfg.policy_names:
+            h.wait_for(lambda m, p=p: m.name == "trainer.done" and m.component == f"trainer.{p}", 900,
+                       f"trainer.done of {p}")
+        reports = h.audit_until_settled()
+        while h.poll_metrics(1000):
+            pass
+    finally:
+        h.stop_all()
+    _assert_conserved(reports, cfg)
+    in_flight = [m.value for m in h.metrics if m.name == "raas.polls_in_flight" and m.labels.get("node") == "raas-solver-0"]
+    assert max(in_flight) == 2, in_flight  # the second poll started before the first committed
+    tasks = [m for _, _, m in read_topic(bootstrap, job_topics(cfg).tasks("solver")) if isinstance(m, Task)]
+    rolled_out = sum(m.value for m in h.metrics if m.name == "raas.tasks")
+    assert rolled_out == len(tasks), f"{rolled_out} episodes committed for {len(tasks)} tasks"
