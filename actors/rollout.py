@@ -78,7 +78,7 @@ class RolloutActor(LoopActor):
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.engine_lock = threading.Lock()
         self.plain = Producer(self.bootstrap, client_id=self.node_id)
-        dead = DeadLetters(self.plain, self.topics.dlq, self.node_id)
+        dead = DeadLetters(self.plain, self.topics.dlq, self.node_id, recall=self.bootstrap)
         if self.multi:
             self.client = GenerationClient(self.bootstrap, self.topics, self.node_id, dead_letters=dead,
                                            producer=self.plain)
@@ -105,7 +105,8 @@ class RolloutActor(LoopActor):
     def _task_consumer(self) -> Consumer:
         return Consumer(
             self.bootstrap, topics=[self.topics.tasks(self.cfg.policy)], group_id=self.topics.rollout_group(self.cfg.policy),
-            client_id=self.node_id, dead_letters=DeadLetters(self.plain, self.topics.dlq, self.node_id),
+            client_id=self.node_id, dead_letters=DeadLetters(self.plain, self.topics.dlq, self.node_id,
+                                                              recall=self.bootstrap),
             max_poll_records=self.cfg.rollout.tasks_per_call, session_timeout_ms=TASK_SESSION_TIMEOUT_MS,
             heartbeat_interval_ms=TASK_SESSION_TIMEOUT_MS // 5, max_poll_interval_ms=int(WEIGHT_WAIT_LIMIT_S * 1000) + 60_000,
             partition_assignment_strategy=[StickyPartitionAssignor], expect=(Task,))
