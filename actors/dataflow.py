@@ -180,7 +180,7 @@ class DataflowActor(LoopActor):
         self.state_records_read = 0
         for lane in self.lanes.values():
             p = lane.policy
-            state, read = read_state(self.bootstrap, self.topics.dataflow_state(p), p)
+            state, read = read_state(self.bootstrap, self.topics.dataflow_state(p), p, dead_letters=self.dead)
             self.state_records_read += read
             if state is None and self._end_offset(self.topics.batches(p)) > 0:
                 raise RuntimeError(f"{self.topics.batches(p)} holds batches but "

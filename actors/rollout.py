@@ -98,7 +98,8 @@ class RolloutActor(LoopActor):
                                      idle_s=CONSUMER_IDLE_PROBE_S)
         self.subscriber = WeightSubscriber(self.bootstrap, self.topics, self.cfg.policy,
                                            initial=None, initial_version=self.engine.version, node_id=self.node_id,
-                                           on_fault=self._request_snapshot, prefetch=self.cfg.rollout.prefetch_weights)
+                                           on_fault=self._request_snapshot, prefetch=self.cfg.rollout.prefetch_weights,
+                                           dead_letters=dead)
         self.subscriber.start()
         self._heartbeat(force=True)
 

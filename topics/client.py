@@ -14,6 +14,7 @@ import contextlib
 import gc
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Iterable, Iterator, NamedTuple
@@ -281,11 +282,33 @@ class DeadLetters:
         self.repeats = 0  #: records refused again that already had a letter (not written twice)
         self._recall = recall
         self._given_up: set[tuple[str, int, int]] | None = None if recall else set()
+        self._make: Callable[[], Producer] | None = None
+        self._lock = threading.Lock()  # one node's readers (tasks, replies, versions) share one
+
+    @classmethod
+    def own(cls, bootstrap_servers: str, topic: str, consumer_name: str) -> "DeadLetters":
+        """Letters for a reader that writes nothing else (the launcher, the autoscaler): their
+        producer is made at the first letter, so a run without poison opens no extra
+        client; :meth:`close` closes it. Recalls what ``consumer_name`` dead-lettered before."""
+        letters = cls(None, topic, consumer_name, recall=bootstrap_servers)  # type: ignore[arg-type]
+        letters._make = lambda: Producer(bootstrap_servers, client_id=f"{consumer_name}.dlq")
+        return letters
+
+    def close(self) -> None:
+        """Close the producer :meth:`own` made (a producer given to the constructor is the caller's)."""
+        if self._make is not None and self.producer is not None:
+            self.producer.close()
+            self.producer = None
 
     def put(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
             headers: Iterable[tuple[str, bytes]] | None, error: Exception) -> DeadLetter | None:
         """Write the letter of one record (durably, before the consumer may commit past it);
         None when this consumer dead-lettered that record before."""
+        with self._lock:
+            return self._put(topic, partition, offset, key, value, headers, error)
+
+    def _put(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
+             headers: Iterable[tuple[str, bytes]] | None, error: Exception) -> DeadLetter | None:
         if self._given_up is None:
             self._given_up = self._read_given_up()
         where = (topic, partition, offset)
@@ -294,6 +317,8 @@ class DeadLetters:
             log.warning("%s[%d]@%d was dead-lettered before: passed over again (%s)", topic, partition, offset, error)
             return None
         letter = dead_letter(topic, partition, offset, key, value, headers, error, self.consumer_name)
+        if self.producer is None and self._make is not None:
+            self.producer = self._make()
         source = f"{topic}/{partition}/{offset}".encode()
         self.producer.send_sync(self.topic, letter, key=topic, trace=False,
                                 headers=[(H_SOURCE, source), (H_CONSUMER, self.consumer_name.encode())])
