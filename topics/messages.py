@@ -28,6 +28,19 @@ def _non_negative(name: str, values: Sequence[int]) -> None:
         raise ValueError(f"{name} holds {min(values)}; ids, versions and steps are >= 0")
 
 
+def _check_sampling(sampling: dict[str, Any]) -> None:
+    """The sampling keys engines read, when present: numbers in their ranges."""
+    for key, lo, hi, whole in (("temperature", 0.0, None, False), ("top_p", 0.0, 1.0, False),
+                               ("top_k", 0, None, True), ("max_new_tokens", 1, None, True)):
+        if key not in sampling:
+            continue
+        v = sampling[key]
+        if type(v) not in ((int,) if whole else (int, float)) or v < lo or (hi is not None and v > hi) \
+                or (key == "top_p" and v == 0):
+            raise ValueError(f"sampling[{key!r}] is {v!r:.40}; it is {'an int' if whole else 'a number'} "
+                             f">= {lo}" + (f" and <= {hi}" if hi is not None else ""))
+
+
 def _same_length(name: str, values: Sequence, other: str, n: int, may_be_empty: bool = False) -> None:
     if len(values) != n and not (may_be_empty and not values):
         raise ValueError(f"{name} has {len(values)} entries but {other} has {n}"
@@ -99,6 +112,12 @@ class Task(Message):
     params: dict[str, Any] = field(default_factory=dict)  #: the workflow's parameters
     metadata: dict[str, Any] = field(default_factory=dict)  #: the prompt's metadata (hidden tests, ...)
     scheduled_versions: dict[str, int] = field(default_factory=dict)  #: per policy, as ``scheduled_version``
+
+    def validate(self) -> None:
+        if self.n_samples < 1:
+            raise ValueError(f"n_samples is {self.n_samples}; a task asks for at least one sample")
+        _non_negative("scheduled_version", [self.scheduled_version, *self.scheduled_versions.values()])
+        _check_sampling(self.sampling)
 
 
 @dataclass(frozen=True)
@@ -227,6 +246,7 @@ class GenerationRequest(Message):
     reply_partition: int = -1  #: the partition of ``replies`` to answer on; -1: the key's
 
     def validate(self) -> None:
+        _check_sampling(self.sampling)
         _same_length("seeds", self.seeds, "prompts", len(self.prompts))
         for row in self.prompts:
             _non_negative("prompts", row)
