@@ -146,7 +146,11 @@ class RolloutActor(LoopActor):
             return
         self.watch.saw_records()
         tasks: list[Task] = [d.message for d in deliveries]
-        self._wait_for_version(max(t.scheduled_version for t in tasks))
+        try:
+            self._wait_for_version(max(t.scheduled_version for t in tasks))
+        except TimeoutError as e:
+            self._answer_failed(tasks, str(e))
+            raise
         t0 = time.monotonic()
         spans = [tracer.start_span("raas.rollout", context=d.trace_context,
                                    attributes={"task.id": d.message.task_id, "node.id": self.node_id,
@@ -236,6 +240,20 @@ class RolloutActor(LoopActor):
             self.subscriber.wait_for(version, timeout=1.0)
             self.subscriber.apply_to(self.engine)
             self._heartbeat()
+
+    def _answer_failed(self, tasks: list[Task], error: str) -> None:
+        """Commit a failure record for each of ``tasks`` before the node restarts over a version
+        that never came: a task scheduled at a version no trainer announces (a forged one)
+        is answered once, not waited for again by every restart of every node it reaches.
+        The dataflow drops failed groups and schedules replacements for them."""
+        try:
+            with self.producer.transaction():
+                for task in tasks:
+                    for g in self.runner.failed_groups(task, error):
+                        self.producer.send(self.topics.trajectories, g, key=g.task_id)
+                self.producer.send_offsets(self.consumer)
+        except Exception:  # noqa: BLE001 - the wait's error is the one to report; the tasks are redelivered
+            log.warning("%s: could not answer %d task(s) as failed", self.node_id, len(tasks), exc_info=True)
 
     def _request_snapshot(self, report: str, held_version: int) -> None:
         """Runs on the subscriber's thread: ask the trainer for a snapshot, at most every 10 s."""
