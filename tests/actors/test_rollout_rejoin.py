@@ -129,6 +129,9 @@ def test_a_commit_refused_by_a_rebalance_does_not_crash_the_node(bootstrap, job_
         node.watch.close()
     # handed out twice, dead-lettered once (the second time its letter was recalled), committed past once
     from astraflow.topics.replay import read_topic
-    got = [m for _, _, m in read_topic(bootstrap, job_topics.dlq)]  # the whole topic, to its end
-    assert [(m.source_topic, m.partition, m.offset) for m in got if isinstance(m, DeadLetter)] == [(topic, 0, 0)]
+    try:
+        got = [m for _, _, m in read_topic(bootstrap, job_topics.dlq)]  # the whole topic, to its end
+        assert [(m.source_topic, m.partition, m.offset) for m in got if isinstance(m, DeadLetter)] == \
+               [(topic, 0, 0)]
+    finally:
         node.plain.close()
