@@ -84,3 +84,30 @@ def test_poison_groups_and_announcements_are_dead_lettered_once_and_batching_goe
         actor.teardown()
         peers.close()
         raw.close()
+
+
+def test_garbage_behind_the_dataflow_state_is_dead_lettered_and_the_state_before_it_is_read(bootstrap,
+                                                                                             job_topics):
+    """A restart reads the newest state record; one that does not decode is no state this code
+    wrote: it goes to the DLQ and the search goes on behind it (once it failed every restart)."""
+    import pytest
+
+    from astraflow.actors.ledger import read_state
+    from astraflow.topics import DeadLetters, DecodeError
+    from astraflow.topics.messages import DataflowState
+    topic = job_topics.dataflow_state("policy")
+    producer = Producer(bootstrap, client_id="state")
+    try:
+        producer.send_sync(topic, DataflowState("policy", 3, 6, 0), key="policy")
+        producer.send_raw(topic, b"{]", key=b"policy", headers=[("af-type", b"dataflow-state")]).get(10)
+        with pytest.raises(DecodeError, match="does not decode"):
+            read_state(bootstrap, topic, "policy")
+        dead = DeadLetters(producer, job_topics.dlq, "dataflow.policy", recall=bootstrap)
+        for _ in range(2):  # a second restart: the same record, no second letter
+            state, _ = read_state(bootstrap, topic, "policy", dead_letters=dead)
+            assert state == DataflowState("policy", 3, 6, 0)
+        assert (dead.count, dead.repeats) == (1, 1)
+        (letter,) = [m for _, _, m in read_topic(bootstrap, job_topics.dlq) if isinstance(m, DeadLetter)]
+        assert (letter.source_topic, letter.offset) == (topic, 1)
+    finally:
+        producer.close()
