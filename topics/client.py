@@ -360,7 +360,7 @@ def dead_letter(topic: str, partition: int, offset: int, key: bytes | None, valu
 
 def read_headers(bootstrap_servers: str, topic: str, names: tuple[str, ...], timeout_s: float = 30.0) -> list[tuple]:
     """For every record now on ``topic`` (all partitions, from the beginning): the values of
-    its headers ``names`` (None where it has none); values are never fetched into messages."""
+    its headers ``names`` (None where it has none); no value is decoded."""
     kc = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
                        client_id="astraflow-headers", isolation_level="read_committed")
     try:

@@ -135,7 +135,7 @@ class _Builder:
     defaults: dict[str, Callable[[], Any]]  #: field -> its default (a factory, or a constant's getter)
     retired: frozenset[str]  #: accepted and dropped (:attr:`Message.RETIRED`)
     #: fields holding records: (field, builder, whether a list of them)
-    nested: tuple[tuple[str, "_Builder", bool], ...]
+    nested: tuple[tuple[str, "_Builder", bool, bool], ...]  #: ... and whether it may be null
     #: whether an instance is just its fields in ``__dict__`` (the generated ``__init__``,
     #: no ``__post_init__``, no slots): then it is made without calling ``__init__``
     direct: bool
@@ -151,10 +151,13 @@ class _Builder:
             if not check(data[name]):
                 raise InvalidRecord(f"{self.cls.__name__}.{name}: expected {self.hints[name]}, got "
                                     f"{describe(data[name])}")
-        for name, builder, many in self.nested:
+        for name, builder, many, optional in self.nested:
             value = data[name]
             if value is None:
-                continue
+                if optional:
+                    continue
+                raise InvalidRecord(f"{self.cls.__name__}.{name}: expected "
+                                    f"{'a JSON array' if many else 'a JSON object'}, got null")
             if not many:
                 data[name] = builder(value)
             elif type(value) is list:
@@ -218,16 +221,17 @@ def _same(value: Any) -> Any:
     return value
 
 
-def _nested(tp: Any) -> tuple[_Builder, bool] | None:
-    """The builder for a field of type ``tp`` that holds records (optionally a list of them)."""
+def _nested(tp: Any, optional: bool = False) -> tuple[_Builder, bool, bool] | None:
+    """The builder for a field of type ``tp`` that holds records (or a list of them), whether
+    it is a list, and whether the field may be null (``X | None``)."""
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _nested(inner[0]) if len(inner) == 1 else None
+        return _nested(inner[0], type(None) in typing.get_args(tp)) if len(inner) == 1 else None
     if dataclasses.is_dataclass(tp):
-        return _builder(tp), False
+        return _builder(tp), False, optional
     if origin is list:
         (item,) = typing.get_args(tp) or (Any,)
         if dataclasses.is_dataclass(item):
-            return _builder(item), True
+            return _builder(item), True, optional
     return None

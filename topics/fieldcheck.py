@@ -8,8 +8,9 @@ codec runs on every decoded value: ``str``, ``int`` (not ``bool``, not ``1.0``),
 infinity, so a decoded float is always finite), ``bool``, optional, lists and string-keyed
 dicts of those. Lists of numbers, the bulk of a trajectory, are checked by summing them
 (a C loop: a string or a null raises, one float in a list of ints makes the total a float;
-``true``/``false`` count as the 1 and 0 Python says they are, which no bound is fooled by). Fields holding records are the codec's
-own business (it builds them); ``Any`` is not checked.
+``true``/``false`` count as the 1 and 0 Python says they are, which no bound is fooled
+by). Fields holding records are the codec's own business (it builds them, and refuses a
+null where the field is not optional); ``Any`` is not checked.
 
 It knows nothing about Kafka or about what a field means: bounds that depend on meaning
 are the message classes' ``validate`` methods (:mod:`.messages`).

@@ -101,6 +101,7 @@ def test_defaults_decoded_from_a_record_are_not_shared_between_messages():
     ("samples", [7], "Sample: expected a JSON object, got int"),
     ("samples", [{"tokens": [1]}], "Sample: missing field"),
     ("prompt_ids", None, "prompt_ids: expected list\\[int\\], got NoneType"),  # once decoded, unchecked
+    ("samples", None, "samples: expected a JSON array, got null"),  # once decoded: a group of no list
 ])
 def test_nested_records_of_the_wrong_shape_are_decode_errors(field, bad, match):
     value, headers = encode(SAMPLES["trajectory-group"])
@@ -201,3 +202,13 @@ def test_numbers_that_are_not_finite_never_decode():
         bad = encode(m.Metric("trainer", "loss", x))
         with pytest.raises(DecodeError, match="Metric.value: expected float, got NoneType"):
             decode(*bad)
+
+
+def test_a_null_record_is_accepted_only_where_the_field_is_optional():
+    value, headers = encode(SAMPLES["version"])
+    data = orjson.loads(value)
+    data["snapshot_manifest"] = None  # ChunkManifest | None
+    assert decode(orjson.dumps(data), headers).snapshot_manifest is None
+    data["manifest"] = None  # ChunkManifest: once decoded, and the subscriber failed on it
+    with pytest.raises(DecodeError, match="VersionAnnouncement.manifest: expected a JSON object, got null"):
+        decode(orjson.dumps(data), headers)
