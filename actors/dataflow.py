@@ -167,17 +167,20 @@ class DataflowActor(LoopActor):
     def setup(self) -> None:
         cfg, policy = self.cfg, self.lead
         self.plain = self._keep(Producer(self.bootstrap, client_id=f"dataflow.{policy}"))
+        # It writes the batches: its records may be as large as batches.<policy> takes.
         self.txn = self._keep(Producer(self.bootstrap, client_id=f"dataflow.{policy}",
+                                       max_request_size=self.topics.max_message_bytes(
+                                           *(self.topics.batches(p) for p in self.lanes)),
                                        transactional_id=f"af.{cfg.job}.dataflow.{policy}",
                                        transaction_timeout_ms=cfg.kafka.transaction_timeout_ms))
-        self.dead = DeadLetters(self.plain, self.topics.dlq, f"dataflow.{policy}")
+        self.dead = DeadLetters(self.plain, self.topics.dlq, f"dataflow.{policy}", recall=self.bootstrap)
         self.metrics = MetricsEmitter(self.plain, self.topics.metrics, f"dataflow.{policy}")
         self._load_prompts()
         self.prompts_end = self._end_offset(self.topics.prompts)
         self.state_records_read = 0
         for lane in self.lanes.values():
             p = lane.policy
-            state, read = read_state(self.bootstrap, self.topics.dataflow_state(p), p)
+            state, read = read_state(self.bootstrap, self.topics.dataflow_state(p), p, dead_letters=self.dead)
             self.state_records_read += read
             if state is None and self._end_offset(self.topics.batches(p)) > 0:
                 raise RuntimeError(f"{self.topics.batches(p)} holds batches but "

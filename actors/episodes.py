@@ -353,6 +353,11 @@ class EpisodeRunner:
         return groups, dict(result.metrics, **({"team_reward": result.team_reward}
                                                 if result.team_reward is not None else {}))
 
+    def failed_groups(self, task: Task, error: str) -> list[TrajectoryGroup]:
+        """The failure records of a task not rolled out (one per role it trains), with ``error``."""
+        roles_of = task.roles or {task.role: task.policy}
+        return [self._failed(task, role, roles_of, error) for role in task.train or list(roles_of)]
+
     def _failed(self, task: Task, role: str, roles_of: dict, error: str) -> TrajectoryGroup:
         return TrajectoryGroup(task.task_id, task.prompt_id, roles_of[role], self.node_id, [], [],
                                task.scheduled_versions.get(roles_of[role], task.scheduled_version),

@@ -23,7 +23,7 @@ import logging
 import time
 
 from astraflow.config import JobConfig
-from astraflow.topics import Producer, job_topics
+from astraflow.topics import DeadLetters, Producer, job_topics
 
 from .common import (close_quietly, configure_sandbox, lower_thread_priority, make_rollout_engine, model_path,
                      niceness, set_threads)
@@ -90,11 +90,12 @@ class EvaluatorActor(LoopActor):
         self.problems = heldout_problems(self.cfg)
         self.producer = Producer(self.bootstrap, client_id=f"eval.{self.cfg.policy}")
         self.metrics = MetricsEmitter(self.producer, self.topics.metrics, f"eval.{self.cfg.policy}")
+        dead = DeadLetters(self.producer, self.topics.dlq, f"eval.{self.cfg.policy}", recall=self.bootstrap)
         # On demand: it evaluates every `eval.every`-th version, so it loads the chain's latest
         # snapshot when a target is announced instead of applying every delta on the way.
         self.subscriber = WeightSubscriber(self.bootstrap, self.topics, self.cfg.policy,
                                            initial_version=self.engine.version, node_id="evaluator",
-                                           on_demand=True)
+                                           on_demand=True, dead_letters=dead)
         self.subscriber.start()
         for p in self.cfg.policy_names if self.team else ():
             if p == self.cfg.policy:
@@ -103,7 +104,7 @@ class EvaluatorActor(LoopActor):
             engine = make_rollout_engine(view, model_path(view), kind="cpu", device=self.cfg.eval.device,
                                          name=f"evaluator.{p}")
             sub = WeightSubscriber(self.bootstrap, self.topics, p, initial_version=engine.version,
-                                   node_id=f"evaluator.{p}")
+                                   node_id=f"evaluator.{p}", dead_letters=dead)
             sub.start()
             self.others[p] = (engine, sub)
 

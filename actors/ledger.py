@@ -17,7 +17,7 @@ from typing import Iterable
 
 from kafka import KafkaConsumer, TopicPartition
 
-from astraflow.topics import DecodeError, Delivery, SourceOffset, TrajectoryGroup, decode
+from astraflow.topics import DeadLetters, DecodeError, Delivery, SourceOffset, TrajectoryGroup, decode
 from astraflow.topics.messages import DROP_REASONS, DataflowState, GroupDrop
 
 
@@ -104,13 +104,16 @@ class Ledger:
                              self.prompt_epoch, algorithms or {})
 
 
-def read_state(bootstrap_servers: str, topic: str, policy: str, *,
-               idle_polls: int = 5) -> tuple[DataflowState | None, int]:
+def read_state(bootstrap_servers: str, topic: str, policy: str, *, idle_polls: int = 5,
+               dead_letters: DeadLetters | None = None) -> tuple[DataflowState | None, int]:
     """The newest committed state of ``policy`` on ``topic`` and how many records it took to find it.
 
     Reads backwards from the end in growing windows: each transaction ends with its state
     record, so the first window (two offsets: the record and its commit marker) almost
-    always holds it; aborted transactions at the tail only widen the window.
+    always holds it; aborted transactions at the tail only widen the window. A record that
+    does not decode is none of the dataflow's (its states are written by this code, in
+    its transactions): it goes to ``dead_letters`` and the search goes on behind it,
+    instead of a restart that fails on it forever; without ``dead_letters`` it raises.
     """
     c = KafkaConsumer(bootstrap_servers=bootstrap_servers, isolation_level="read_committed",
                       enable_auto_commit=False, client_id=f"dataflow-state.{policy}")
@@ -134,8 +137,11 @@ def read_state(bootstrap_servers: str, topic: str, policy: str, *,
                     try:
                         msg = decode(r.value, r.headers)
                     except DecodeError as e:
-                        raise DecodeError(f"{topic}@{r.offset}: the dataflow's state record does not decode "
-                                          f"({e}); restore the topic or start a new job") from e
+                        if dead_letters is None:
+                            raise DecodeError(f"{topic}@{r.offset}: the dataflow's state record does not decode "
+                                              f"({e}); restore the topic or start a new job") from e
+                        dead_letters.put(r.topic, r.partition, r.offset, r.key, r.value, r.headers, e)
+                        continue
                     if isinstance(msg, DataflowState) and msg.policy == policy:
                         newest = msg
             if newest is not None or start == begin:

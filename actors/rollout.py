@@ -79,7 +79,7 @@ class RolloutActor(LoopActor):
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.engine_lock = EngineGate(self.engine)  # shared by calls when the engine batches them itself
         self.plain = Producer(self.bootstrap, client_id=self.node_id)
-        dead = DeadLetters(self.plain, self.topics.dlq, self.node_id)
+        dead = DeadLetters(self.plain, self.topics.dlq, self.node_id, recall=self.bootstrap)
         if self.multi:
             self.client = GenerationClient(self.bootstrap, self.topics, self.node_id, dead_letters=dead,
                                            producer=self.plain)
@@ -99,7 +99,8 @@ class RolloutActor(LoopActor):
                                      idle_s=CONSUMER_IDLE_PROBE_S)
         self.subscriber = WeightSubscriber(self.bootstrap, self.topics, self.cfg.policy,
                                            initial=None, initial_version=self.engine.version, node_id=self.node_id,
-                                           on_fault=self._request_snapshot, prefetch=self.cfg.rollout.prefetch_weights)
+                                           on_fault=self._request_snapshot, prefetch=self.cfg.rollout.prefetch_weights,
+                                           dead_letters=dead)
         self.subscriber.start()
         from collections import deque
         from concurrent.futures import ThreadPoolExecutor
@@ -112,7 +113,8 @@ class RolloutActor(LoopActor):
     def _task_consumer(self) -> Consumer:
         return Consumer(
             self.bootstrap, topics=[self.topics.tasks(self.cfg.policy)], group_id=self.topics.rollout_group(self.cfg.policy),
-            client_id=self.node_id, dead_letters=DeadLetters(self.plain, self.topics.dlq, self.node_id),
+            client_id=self.node_id, dead_letters=DeadLetters(self.plain, self.topics.dlq, self.node_id,
+                                                              recall=self.bootstrap),
             max_poll_records=self.cfg.rollout.tasks_per_call, session_timeout_ms=TASK_SESSION_TIMEOUT_MS,
             heartbeat_interval_ms=TASK_SESSION_TIMEOUT_MS // 5, max_poll_interval_ms=int(WEIGHT_WAIT_LIMIT_S * 1000) + 60_000,
             partition_assignment_strategy=[StickyPartitionAssignor], expect=(Task,))
@@ -161,7 +163,11 @@ class RolloutActor(LoopActor):
             return
         self.watch.saw_records()
         tasks: list[Task] = [d.message for d in deliveries]
-        self._wait_for_version(max(t.scheduled_version for t in tasks))
+        try:
+            self._wait_for_version(max(t.scheduled_version for t in tasks))
+        except TimeoutError as e:
+            self._answer_failed(tasks, str(e))
+            raise
         t0 = time.monotonic()
         spans = [tracer.start_span("raas.rollout", context=d.trace_context,
                                    attributes={"task.id": d.message.task_id, "node.id": self.node_id,
@@ -346,6 +352,20 @@ class RolloutActor(LoopActor):
             with self.engine_lock:
                 self.subscriber.apply_to(self.engine)
             self._heartbeat()
+
+    def _answer_failed(self, tasks: list[Task], error: str) -> None:
+        """Commit a failure record for each of ``tasks`` before the node restarts over a version
+        that never came: a task scheduled at a version no trainer announces (a forged one)
+        is answered once, not waited for again by every restart of every node it reaches.
+        The dataflow drops failed groups and schedules replacements for them."""
+        try:
+            with self.producer.transaction():
+                for task in tasks:
+                    for g in self.runner.failed_groups(task, error):
+                        self.producer.send(self.topics.trajectories, g, key=g.task_id)
+                self.producer.send_offsets(self.consumer)
+        except Exception:  # noqa: BLE001 - the wait's error is the one to report; the tasks are redelivered
+            log.warning("%s: could not answer %d task(s) as failed", self.node_id, len(tasks), exc_info=True)
 
     def _request_snapshot(self, report: str, held_version: int) -> None:
         """Runs on the subscriber's thread: ask the trainer for a snapshot, at most every 10 s."""

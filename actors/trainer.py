@@ -13,6 +13,13 @@ announces them while the next step runs. A trainer that resumed behind the annou
 head announces its weights as a new lineage epoch (see the publisher), so every node
 drops the versions the crashed trainer announced after its checkpoint.
 
+No record makes it crash. Every record it reads is checked before it is used (the codec
+checks types and the schema's bounds; :func:`refusal` what only the trainer knows: the
+batch is its policy's, its step is the next one, every token id is inside the model's
+vocabulary, enough samples for its minibatches) and a refused one is dead-lettered, once, and passed over: a repeated or
+forged earlier step is never trained again, a gap waits for the step that is missing.
+What the trainer reads on ``control`` gets the same treatment.
+
 A trainer of N ranks (``trainer.ranks``; torch's launcher starts one process per rank, see
 :mod:`astraflow.trainer_group`) runs this actor in every rank. Every rank reads the same
 batch record by the same offset (each has its own consumer, no group) and trains its
@@ -31,13 +38,15 @@ import os
 import resource
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from kafka import TopicPartition
 from opentelemetry import trace
 
 from astraflow.config import JobConfig
 from astraflow.engines.checkpoints import CheckpointStore
-from astraflow.topics import Batch, Consumer, DeadLetters, Heartbeat, Producer, SnapshotRequest, job_topics
+from astraflow.topics import (Batch, Consumer, DeadLetters, Delivery, Heartbeat, Producer, SnapshotRequest,
+                              job_topics)
 
 from .common import close_quietly, lower_priority, make_train_engine, model_path, niceness, set_threads, to_train_batch
 from .supervisor import LoopActor
@@ -76,9 +85,11 @@ class TrainerActor(LoopActor):
         self.producer = Producer(self.bootstrap, client_id=client)
         self.metrics = MetricsEmitter(self.producer, self.topics.metrics, f"trainer.{self.cfg.policy}")
         tp = TopicPartition(self.topics.batches(self.cfg.policy), 0)
-        self.consumer = Consumer(self.bootstrap, partitions=[tp], client_id=client,
-                                 dead_letters=DeadLetters(self.producer, self.topics.dlq, "trainer"),
-                                 max_poll_records=1)
+        self.limits = model_limits(model_path(self.cfg))
+        # One record per poll: each is judged against the step the batches before it left.
+        self.dead = DeadLetters(self.producer, self.topics.dlq, client, recall=self.bootstrap)
+        self.consumer = Consumer(self.bootstrap, partitions=[tp], client_id=client, dead_letters=self.dead,
+                                 max_poll_records=1, expect=(Batch,), validate=self._check_batch)
         self.consumer.raw.seek(tp, self.offset)
         if not self.leader:
             self._weights()  # rank 0's publisher resumes from the gathered weights: join the gather
@@ -88,7 +99,8 @@ class TrainerActor(LoopActor):
             return
         # Snapshot requests from nodes that cannot reach the newest version by deltas.
         self.control = Consumer(self.bootstrap, partitions=[TopicPartition(self.topics.control, 0)],
-                                client_id=f"trainer.{self.cfg.policy}")
+                                client_id=f"trainer.{self.cfg.policy}", dead_letters=self.dead,
+                                expect=(Heartbeat, SnapshotRequest))
         self.control.raw.seek_to_beginning()
         self._snapshot_next = False
         self._catch_up_control()
@@ -131,11 +143,6 @@ class TrainerActor(LoopActor):
             return
         d = deliveries[0]
         batch = d.message
-        if not isinstance(batch, Batch):
-            raise TypeError(f"{d.topic}@{d.offset}: expected a batch, got {type(batch).__name__}")
-        if batch.step != self.engine.step:
-            raise RuntimeError(f"batch at {d.topic}@{d.offset} is step {batch.step} but the trainer is at step "
-                               f"{self.engine.step}: the batches topic and the checkpoint disagree")
         with tracer.start_as_current_span("trainer.step", context=d.trace_context,
                                           attributes={"trainer.step": batch.step, "batch.offset": d.offset}):
             t_train = time.monotonic()
@@ -174,6 +181,14 @@ class TrainerActor(LoopActor):
         self.metrics.emit_device(self.engine, step=self.engine.step)
         self._wait_s = 0.0
         self._heartbeat()
+
+    def _check_batch(self, d: Delivery) -> None:
+        """The consumer's check of each batch as it is handed out (a refusal dead-letters it)."""
+        reason = refusal(d.message, self.cfg.policy, self.engine.step, self.limits,
+                         max(1, self.cfg.trainer.engine.minibatches))
+        if reason:
+            self.metrics.emit("trainer.batches_refused", 1, step=self.engine.step, offset=d.offset)
+            raise ValueError(f"batch at {d.topic}@{d.offset} refused: {reason}")
 
     def _catch_up_control(self, limit_s: float = 10.0) -> None:
         """Read the requests already on ``control`` before training, so none waits a step."""
@@ -241,3 +256,52 @@ class TrainerActor(LoopActor):
         # The publisher first: close() publishes what is queued before the clients go away.
         close_quietly(self.publisher, self.consumer, self.control, self.producer, self.engine)
         self.engine = self.consumer = self.control = self.producer = self.publisher = None
+
+
+
+class ModelLimits(NamedTuple):
+    """What a batch must fit of the model it trains (from the model's ``config.json``)."""
+
+    vocab: int  #: token ids are in ``[0, vocab)``
+
+
+def model_limits(path: Path) -> ModelLimits:
+    """The :class:`ModelLimits` of the HF model at ``path``."""
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    if not isinstance(vocab, int) or vocab <= 0:
+        raise ValueError(f"{path}/config.json names no vocab_size; the trainer cannot bound token ids")
+    return ModelLimits(vocab)
+
+
+def refusal(batch: Batch, policy: str, step: int, limits: ModelLimits, min_samples: int = 1) -> str:
+    """Why a trainer of ``policy`` at ``step`` (the next step it trains) of a model with
+    ``limits``, which needs ``min_samples`` samples per batch (its minibatches), must not
+    train ``batch``; "" when it may.
+
+    A step below ``step`` is one already trained (a repeat, or a forgery of an old one); one
+    above it is a gap (the missing batch comes first, or the job's batches disagree with
+    the checkpoint). A token id outside ``[0, vocab)`` would index past the embedding.
+    """
+    if batch.policy != policy:
+        return f"it is policy {batch.policy[:60]!r}'s, this trainer trains {policy!r}"
+    if batch.step < step:
+        return f"step {batch.step} was trained already (this trainer is at step {step})"
+    if batch.step > step:
+        return f"step {batch.step} leaves a gap: this trainer trains step {step} next"
+    trainable = 0
+    for g in batch.groups:
+        for s in g.samples:
+            context = s.prompt_ids or g.prompt_ids
+            if not s.tokens:
+                continue
+            if not context:
+                return f"task {g.task_id[:60]!r}: a sample has no context (no prompt_ids of its own or its group's)"
+            for name, ids in (("tokens", s.tokens), ("prompt_ids", context)):
+                if not 0 <= min(ids) <= max(ids) < limits.vocab:
+                    return (f"task {g.task_id[:60]!r}: {name} holds ids {min(ids)}..{max(ids)}, outside the "
+                            f"model's vocabulary of {limits.vocab}")
+            trainable += bool(s.trained())
+    if trainable < min_samples:
+        return f"it has {trainable} sample(s) to train, the trainer needs at least {min_samples} (its minibatches)"
+    return ""

@@ -57,7 +57,7 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
     (it may add ``server.properties`` to ``broker.extra``, e.g. the listeners of emulated WAN
     links) and exited after the broker stops."""
     from astraflow.actors.common import model_path
-    from astraflow.topics import Consumer, EmbeddedBroker, ensure_topics, job_topics
+    from astraflow.topics import Consumer, DeadLetters, EmbeddedBroker, Metric, ensure_topics, job_topics
 
     overrides = list(overrides or [])
     run_dir = Path(run_dir or Path(cfg.run_dir) / f"{cfg.job}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -96,8 +96,10 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
         stack.callback(stop_processes, procs)
         if extension is not None:
             stack.enter_context(extension.running(bootstrap, run_dir, procs))
+        dead = DeadLetters.own(bootstrap, topics.dlq, "launcher")
+        stack.callback(dead.close)
         metrics = stack.enter_context(Consumer(bootstrap, partitions=[TopicPartition(topics.metrics, 0)],
-                                               client_id="launcher"))
+                                               client_id="launcher", dead_letters=dead, expect=(Metric,)))
         metrics.raw.seek_to_beginning()
         bar = progress_bar(cfg, progress)
         stop = {"now": False}

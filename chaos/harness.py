@@ -17,7 +17,7 @@ from typing import Callable
 from kafka import TopicPartition
 
 from astraflow.config import JobConfig
-from astraflow.topics import Consumer, Metric
+from astraflow.topics import Consumer, DeadLetters, Metric
 from astraflow.topology.processes import Proc, node_command, stop_processes
 
 
@@ -48,8 +48,9 @@ class JobHarness:
 
     def poll_metrics(self, timeout_ms: int = 500) -> list[Metric]:
         if self._consumer is None:
+            self._dead = DeadLetters.own(self.bootstrap, self.topics.dlq, "harness")
             self._consumer = Consumer(self.bootstrap, partitions=[TopicPartition(self.topics.metrics, 0)],
-                                      client_id="harness")
+                                      client_id="harness", dead_letters=self._dead, expect=(Metric,))
             self._consumer.raw.seek_to_beginning()
         new = [d.message for d in self._consumer.poll(timeout_ms) if isinstance(d.message, Metric)]
         self.metrics += new
@@ -94,3 +95,4 @@ class JobHarness:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+            self._dead.close()

@@ -15,6 +15,7 @@ import dataclasses
 import sys
 
 from astraflow.topics import Batch, Producer
+from astraflow.topics.registry import BATCH_RECORD_MAX_BYTES
 from astraflow.topics.replay import read_topic
 
 
@@ -24,7 +25,7 @@ def duplicate_last_batch(bootstrap: str, topic: str) -> int:
     if not batches:
         raise SystemExit(f"rogue: no batch on {topic} yet")
     copy = dataclasses.replace(batches[-1], step=batches[-1].step + 1)
-    producer = Producer(bootstrap, client_id="rogue", max_request_size=16 * 1024 * 1024)
+    producer = Producer(bootstrap, client_id="rogue", max_request_size=BATCH_RECORD_MAX_BYTES)
     try:
         producer.send_sync(topic, copy, key=str(copy.step), trace=False)
     finally:

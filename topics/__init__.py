@@ -13,7 +13,7 @@ from .chunking import ChunkReader, ChunkWriter, ReleasableBuffer, write_chunks
 from .client import Consumer, DeadLetters, Delivery, Producer
 from .cluster import EmbeddedCluster
 from .codec import decode, encode
-from .exceptions import (BrokerStartError, ChunkError, CorruptChunkError, DecodeError,
+from .exceptions import (BrokerStartError, ChunkError, CorruptChunkError, DecodeError, InvalidRecord,
                          KafkaRuntimeError, MissingChunkError, ProduceError, StaleMembershipError,
                          TopicConfigMismatch,
                          TopicsError, UnknownMessageType, UnsupportedSchema)
@@ -26,7 +26,7 @@ from .registry import JobTopics, TopicSpec, ensure_topics, job_topics
 __all__ = [
     "EmbeddedBroker", "EmbeddedCluster", "ChunkReader", "ChunkWriter", "ReleasableBuffer", "write_chunks", "Consumer", "DeadLetters", "Delivery",
     "Producer",
-    "decode", "encode", "BrokerStartError", "ChunkError", "CorruptChunkError", "DecodeError",
+    "decode", "encode", "BrokerStartError", "ChunkError", "CorruptChunkError", "DecodeError", "InvalidRecord",
     "KafkaRuntimeError", "MissingChunkError", "ProduceError", "StaleMembershipError", "TopicConfigMismatch", "TopicsError",
     "UnknownMessageType", "UnsupportedSchema", "MESSAGE_TYPES", "Batch", "ChunkManifest", "ChunkRef",
     "DeadLetter", "Heartbeat", "Message", "Metric", "Prompt", "Sample", "SnapshotRequest", "SourceOffset", "Task",

@@ -12,7 +12,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import gc
+import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Iterable, Iterator, NamedTuple
@@ -24,8 +26,9 @@ from kafka.structs import MemberState, OffsetAndMetadata
 
 from . import tracing
 from .codec import Headers, decode, encode
-from .exceptions import DecodeError, ProduceError, StaleMembershipError
+from .exceptions import DecodeError, InvalidRecord, ProduceError, StaleMembershipError
 from .messages import DeadLetter, Message, SourceOffset
+from .registry import RECORD_MAX_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +52,15 @@ class Producer:
             dies inside one, ``read_committed`` readers of its partitions wait this long
             (plus the broker's abort sweep) before the broker aborts it. kafka-python's
             default of 60 s would stall a job's consumers twice as long.
-        max_request_size: bytes; chunked payloads are <= 1 MiB plus headers.
+        max_request_size: bytes; the ``max.message.bytes`` of the topics it writes
+            (:meth:`~.registry.JobTopics.max_message_bytes`; every topic's but batches' is
+            :data:`~.registry.RECORD_MAX_BYTES`). Chunked payloads are <= 1 MiB plus headers.
         **config: further ``KafkaProducer`` settings.
     """
 
     def __init__(self, bootstrap_servers: str, *, client_id: str = "astraflow",
                  transactional_id: str | None = None, transaction_timeout_ms: int = TRANSACTION_TIMEOUT_MS,
-                 max_request_size: int = 2 * MiB, linger_ms: int = 5, **config: Any) -> None:
+                 max_request_size: int = RECORD_MAX_BYTES, linger_ms: int = 5, **config: Any) -> None:
         self.client_id = client_id
         settings: dict[str, Any] = dict(
             bootstrap_servers=bootstrap_servers, client_id=client_id, acks="all",
@@ -250,27 +255,137 @@ class Delivery(NamedTuple):
         return tracing.extract(self.headers)
 
 
-class DeadLetters:
-    """Writes records that could not be processed to the job's ``dlq`` topic."""
+#: The most of an original record's value a dead letter carries (its size and SHA-256 name
+#: the whole): a letter must fit its producer's limit whatever the record's size, or the
+#: consumer that gives up on a record too big to retell could not give up on it at all.
+DEAD_LETTER_VALUE_BYTES = 64 * 1024
+#: The most of its key and of each header value (and the headers it keeps), for the same reason.
+DEAD_LETTER_FIELD_BYTES = 1024
+DEAD_LETTER_HEADERS = 32
+DEAD_LETTER_ERROR_CHARS = 4096
+#: Record headers of a dead letter: where its record came from, and who gave up on it, so a
+#: restarted consumer finds the records it already dead-lettered without decoding letters.
+H_SOURCE = "af-source"
+H_CONSUMER = "af-consumer"
 
-    def __init__(self, producer: Producer, topic: str, consumer_name: str = "") -> None:
+
+class DeadLetters:
+    """Writes records that could not be processed to the job's ``dlq`` topic, each once.
+
+    A letter keeps the record's coordinates, why it was refused, its size, its SHA-256 and
+    at most :data:`DEAD_LETTER_VALUE_BYTES` of its value (``truncated`` says whether that
+    is all of it). With ``recall`` (the bootstrap servers), the first letter this object
+    writes is preceded by reading back which records ``consumer_name`` dead-lettered
+    before (the ``af-source`` headers of the topic): a consumer restarted from offsets
+    behind a record it already gave up on (a trainer resuming at its checkpoint, a
+    reader that starts from the beginning) passes it over again without a second letter.
+    """
+
+    def __init__(self, producer: Producer, topic: str, consumer_name: str = "", *,
+                 recall: str | None = None) -> None:
         self.producer, self.topic, self.consumer_name = producer, topic, consumer_name
-        self.count = 0
+        self.count = 0  #: letters written by this object
+        self.repeats = 0  #: records refused again that already had a letter (not written twice)
+        self._recall = recall
+        self._given_up: set[tuple[str, int, int]] | None = None if recall else set()
+        self._make: Callable[[], Producer] | None = None
+        self._lock = threading.Lock()  # one node's readers (tasks, replies, versions) share one
+
+    @classmethod
+    def own(cls, bootstrap_servers: str, topic: str, consumer_name: str) -> "DeadLetters":
+        """Letters for a reader that writes nothing else (the launcher, the autoscaler): their
+        producer is made at the first letter, so a run without poison opens no extra
+        client; :meth:`close` closes it. Recalls what ``consumer_name`` dead-lettered before."""
+        letters = cls(None, topic, consumer_name, recall=bootstrap_servers)  # type: ignore[arg-type]
+        letters._make = lambda: Producer(bootstrap_servers, client_id=f"{consumer_name}.dlq")
+        return letters
+
+    def close(self) -> None:
+        """Close the producer :meth:`own` made (a producer given to the constructor is the caller's)."""
+        if self._make is not None and self.producer is not None:
+            self.producer.close()
+            self.producer = None
 
     def put(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
-            headers: Iterable[tuple[str, bytes]] | None, error: Exception) -> DeadLetter:
-        letter = DeadLetter(
-            source_topic=topic, partition=partition, offset=offset,
-            error_type=type(error).__name__, error=str(error),
-            key=base64.b64encode(key).decode() if key is not None else None,
-            value=base64.b64encode(value or b"").decode(),
-            headers={k: v.decode("latin-1") if v is not None else None for k, v in headers or ()},
-            consumer=self.consumer_name, ts=time.time())
-        # Durable before the consumer may commit past the bad record.
-        self.producer.send_sync(self.topic, letter, key=topic, trace=False)
+            headers: Iterable[tuple[str, bytes]] | None, error: Exception) -> DeadLetter | None:
+        """Write the letter of one record (durably, before the consumer may commit past it);
+        None when this consumer dead-lettered that record before."""
+        with self._lock:
+            return self._put(topic, partition, offset, key, value, headers, error)
+
+    def _put(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
+             headers: Iterable[tuple[str, bytes]] | None, error: Exception) -> DeadLetter | None:
+        if self._given_up is None:
+            self._given_up = self._read_given_up()
+        where = (topic, partition, offset)
+        if where in self._given_up:
+            self.repeats += 1
+            log.warning("%s[%d]@%d was dead-lettered before: passed over again (%s)", topic, partition, offset, error)
+            return None
+        letter = dead_letter(topic, partition, offset, key, value, headers, error, self.consumer_name)
+        if self.producer is None and self._make is not None:
+            self.producer = self._make()
+        source = f"{topic}/{partition}/{offset}".encode()
+        self.producer.send_sync(self.topic, letter, key=topic, trace=False,
+                                headers=[(H_SOURCE, source), (H_CONSUMER, self.consumer_name.encode())])
+        self._given_up.add(where)
         self.count += 1
         log.warning("dead-lettered %s[%d]@%d: %s", topic, partition, offset, error)
         return letter
+
+    def _read_given_up(self) -> set[tuple[str, int, int]]:
+        """The coordinates of every record ``consumer_name`` dead-lettered on ``topic`` so far."""
+        out: set[tuple[str, int, int]] = set()
+        try:
+            for source, consumer in read_headers(self._recall, self.topic, (H_SOURCE, H_CONSUMER)):
+                if consumer == self.consumer_name.encode() and source:
+                    t, p, o = source.decode("utf-8", "replace").rsplit("/", 2)
+                    out.add((t, int(p), int(o)))
+        except Exception as e:  # noqa: BLE001 - at worst a record gets a second letter
+            log.warning("could not read back the dead letters of %s on %s (%s: %s); a record dead-lettered "
+                        "before may get a second letter", self.consumer_name, self.topic, type(e).__name__, e)
+        return out
+
+
+def dead_letter(topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
+                headers: Iterable[tuple[str, bytes]] | None, error: Exception, consumer: str = "") -> DeadLetter:
+    """The letter of one record, bounded whatever the record's size (see :data:`DEAD_LETTER_VALUE_BYTES`)."""
+    value = value or b""
+    kept = list(headers or ())[:DEAD_LETTER_HEADERS]
+    return DeadLetter(
+        source_topic=topic, partition=partition, offset=offset,
+        error_type=type(error).__name__, error=str(error)[:DEAD_LETTER_ERROR_CHARS],
+        key=base64.b64encode(key[:DEAD_LETTER_FIELD_BYTES]).decode() if key is not None else None,
+        value=base64.b64encode(value[:DEAD_LETTER_VALUE_BYTES]).decode(),
+        headers={k[:DEAD_LETTER_FIELD_BYTES]: v[:DEAD_LETTER_FIELD_BYTES].decode("latin-1") if v is not None else None
+                 for k, v in kept},
+        consumer=consumer, ts=time.time(), value_size=len(value), value_sha256=hashlib.sha256(value).hexdigest(),
+        truncated=len(value) > DEAD_LETTER_VALUE_BYTES or (key is not None and len(key) > DEAD_LETTER_FIELD_BYTES)
+        or len(kept) < len(list(headers or ())))
+
+
+def read_headers(bootstrap_servers: str, topic: str, names: tuple[str, ...], timeout_s: float = 30.0) -> list[tuple]:
+    """For every record now on ``topic`` (all partitions, from the beginning): the values of
+    its headers ``names`` (None where it has none); no value is decoded."""
+    kc = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
+                       client_id="astraflow-headers", isolation_level="read_committed")
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(kc.partitions_for_topic(topic) or [])]
+        kc.assign(tps)
+        kc.seek_to_beginning(*tps)
+        ends = kc.end_offsets(tps)
+        out: list[tuple] = []
+        deadline = time.monotonic() + timeout_s
+        while any(kc.position(tp) < ends[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                raise KafkaTimeoutError(f"reading {topic} to its end took over {timeout_s:.0f}s")
+            for records in kc.poll(timeout_ms=500).values():
+                for r in records:
+                    hs = dict(reversed(r.headers or []))  # the first of a name counts
+                    out.append(tuple(hs.get(n) for n in names))
+        return out
+    finally:
+        kc.close()
 
 
 class Consumer:
@@ -280,7 +395,12 @@ class Consumer:
     With ``expect`` (message types, or per topic a mapping of topic to types), a record of
     any other message type is dead-lettered like an undecodable one. With ``accept``
     (``accept(key, headers) -> bool``), a record it refuses is passed over before its value
-    is decoded (a reader of a shared topic that wants only its own records). ``pending_offsets()`` are the positions after every record handed out (and every
+    is decoded (a reader of a shared topic that wants only its own records). With
+    ``validate`` (``validate(delivery)``, raising :class:`~.exceptions.InvalidRecord` or
+    ``ValueError``), a decoded record the reader's own knowledge refuses (a token beyond its
+    model's vocabulary, a step it already trained) is dead-lettered like an undecodable one,
+    as it is handed out: a reader that takes one record per poll judges each against the
+    state the records before it left. ``pending_offsets()`` are the positions after every record handed out (and every
     record dead-lettered) since the last commit; :meth:`commit` commits them, or a
     transactional producer commits them with :meth:`Producer.send_offsets`.
     """
@@ -292,6 +412,7 @@ class Consumer:
                  max_partition_fetch_bytes: int = 4 * MiB,
                  expect: tuple[type[Message], ...] | Mapping[str, tuple[type[Message], ...]] = (),
                  accept: Callable[[bytes | None, list[tuple[str, bytes]]], bool] | None = None,
+                 validate: Callable[["Delivery"], None] | None = None,
                  **config: Any) -> None:
         settings: dict[str, Any] = dict(
             bootstrap_servers=bootstrap_servers, group_id=group_id, client_id=client_id,
@@ -315,6 +436,7 @@ class Consumer:
         self.dead_letters = dead_letters
         self.expect = expect
         self.accept = accept
+        self.validate = validate
         self.skipped = 0  #: records ``accept`` passed over undecoded
         self._subscribed = bool(topics) and group_id is not None
         self._pending: dict[TopicPartition, int] = {}
@@ -368,7 +490,7 @@ class Consumer:
         """The deliveries of ``batches``, and by record id why each of the others is none."""
         out: list[Delivery] = []
         rejected: dict[int, DecodeError] = {}
-        expect, accept = self.expect, self.accept
+        expect, accept, validate = self.expect, self.accept, self.validate
         for tp, records in batches.items():
             allowed = expect.get(tp.topic, ()) if isinstance(expect, Mapping) else expect
             for r in records:
@@ -381,11 +503,17 @@ class Consumer:
                     if allowed and not isinstance(msg, allowed):
                         raise DecodeError(f"{r.topic} carries {', '.join(t.TYPE for t in allowed)} records, "
                                           f"not {msg.TYPE}")
+                    key = r.key.decode("utf-8", "replace") if r.key is not None else None
+                    delivery = Delivery(r.topic, r.partition, r.offset, key, msg, headers, r.timestamp)
+                    if validate is not None:
+                        try:
+                            validate(delivery)
+                        except ValueError as e:
+                            raise InvalidRecord(str(e)) from None
                 except DecodeError as e:
                     rejected[id(r)] = e
                 else:
-                    key = r.key.decode("utf-8", "replace") if r.key is not None else None
-                    out.append(Delivery(r.topic, r.partition, r.offset, key, msg, headers, r.timestamp))
+                    out.append(delivery)
         return out, rejected
 
     def _reject(self, tp: TopicPartition, records: list, rejected: dict[int, DecodeError]) -> None:

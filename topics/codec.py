@@ -3,8 +3,10 @@
 Values are orjson JSON, readable by any Kafka tool; the type and schema travel in the
 ``af-type`` / ``af-schema`` headers, so a plain consumer still sees plain JSON.
 Decoding is strict: an unknown type, a newer schema, unknown or missing fields, a field
-that should hold a record (or a list of them) but does not, raise a
-:class:`~.exceptions.DecodeError` subclass (consumers turn those into dead letters).
+that should hold a record (or a list of them) but does not, a value of the wrong scalar
+type (:mod:`.fieldcheck`) and a record its class's ``validate`` refuses (a bound: lengths
+that must agree, a step below 0) raise a :class:`~.exceptions.DecodeError` subclass
+(consumers turn those into dead letters, so no component meets such a record).
 
 Decoding is on every consumer's hot path, so each message class gets a :class:`_Builder`
 once: a record written by this code (every field, in field order) becomes its message
@@ -23,7 +25,8 @@ from typing import Any, Callable, Union
 
 import orjson
 
-from .exceptions import DecodeError, UnknownMessageType, UnsupportedSchema
+from .exceptions import DecodeError, InvalidRecord, UnknownMessageType, UnsupportedSchema
+from .fieldcheck import Check, checker, describe
 from .messages import MESSAGE_TYPES, Message
 
 H_TYPE = "af-type"
@@ -132,20 +135,29 @@ class _Builder:
     defaults: dict[str, Callable[[], Any]]  #: field -> its default (a factory, or a constant's getter)
     retired: frozenset[str]  #: accepted and dropped (:attr:`Message.RETIRED`)
     #: fields holding records: (field, builder, whether a list of them)
-    nested: tuple[tuple[str, "_Builder", bool], ...]
+    nested: tuple[tuple[str, "_Builder", bool, bool], ...]  #: ... and whether it may be null
     #: whether an instance is just its fields in ``__dict__`` (the generated ``__init__``,
     #: no ``__post_init__``, no slots): then it is made without calling ``__init__``
     direct: bool
+    checks: tuple[tuple[str, Check], ...]  #: (field, its scalar type check), for fields that have one
+    validate: bool  #: whether the class has a ``validate`` method (its bounds) to call on each instance
 
     def __call__(self, data: Any) -> Any:
         if type(data) is not dict:
             raise DecodeError(f"{self.cls.__name__}: expected a JSON object, got {type(data).__name__}")
         if tuple(data) != self.names:  # not as this code writes it: check and order the fields
             data = self._complete(data)
-        for name, builder, many in self.nested:
+        for name, check in self.checks:
+            if not check(data[name]):
+                raise InvalidRecord(f"{self.cls.__name__}.{name}: expected {self.hints[name]}, got "
+                                    f"{describe(data[name])}")
+        for name, builder, many, optional in self.nested:
             value = data[name]
             if value is None:
-                continue
+                if optional:
+                    continue
+                raise InvalidRecord(f"{self.cls.__name__}.{name}: expected "
+                                    f"{'a JSON array' if many else 'a JSON object'}, got null")
             if not many:
                 data[name] = builder(value)
             elif type(value) is list:
@@ -155,11 +167,22 @@ class _Builder:
         if self.direct:
             obj = _new(self.cls)
             _set(obj, "__dict__", data)
-            return obj
-        try:
-            return self.cls(**data)
-        except TypeError as e:
-            raise DecodeError(f"{self.cls.__name__}: {e}") from None
+        else:
+            try:
+                obj = self.cls(**data)
+            except TypeError as e:
+                raise DecodeError(f"{self.cls.__name__}: {e}") from None
+        if self.validate:
+            try:
+                obj.validate()
+            except ValueError as e:
+                raise InvalidRecord(f"{self.cls.__name__}: {e}") from None
+        return obj
+
+    @property
+    def hints(self) -> dict[str, str]:
+        """Field -> its type as the error names it (only worked out for an error)."""
+        return {f.name: str(f.type) for f in dataclasses.fields(self.cls)}
 
     def _complete(self, data: dict) -> dict:
         """``data``'s fields in class order with the defaults of those it lacks; unknown or
@@ -188,24 +211,27 @@ def _builder(cls: type) -> _Builder:
     direct = (all(f.init for f in fields) and not hasattr(cls, "__post_init__")
               and not hasattr(cls, "__slots__") and cls.__dataclass_params__.init)
     names = tuple(f.name for f in fields)
+    checks = tuple((f.name, c) for f in fields if (c := checker(hints[f.name])) is not None)
     return _Builder(cls, names, frozenset(names), frozenset(names) - defaults.keys(),
-                    defaults, frozenset(getattr(cls, "RETIRED", frozenset())), nested, direct)
+                    defaults, frozenset(getattr(cls, "RETIRED", frozenset())), nested, direct,
+                    checks, callable(getattr(cls, "validate", None)))
 
 
 def _same(value: Any) -> Any:
     return value
 
 
-def _nested(tp: Any) -> tuple[_Builder, bool] | None:
-    """The builder for a field of type ``tp`` that holds records (optionally a list of them)."""
+def _nested(tp: Any, optional: bool = False) -> tuple[_Builder, bool, bool] | None:
+    """The builder for a field of type ``tp`` that holds records (or a list of them), whether
+    it is a list, and whether the field may be null (``X | None``)."""
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _nested(inner[0]) if len(inner) == 1 else None
+        return _nested(inner[0], type(None) in typing.get_args(tp)) if len(inner) == 1 else None
     if dataclasses.is_dataclass(tp):
-        return _builder(tp), False
+        return _builder(tp), False, optional
     if origin is list:
         (item,) = typing.get_args(tp) or (Any,)
         if dataclasses.is_dataclass(item):
-            return _builder(item), True
+            return _builder(item), True, optional
     return None

@@ -39,6 +39,11 @@ class DecodeError(TopicsError):
     """A record could not be turned into a typed message (it goes to the DLQ)."""
 
 
+class InvalidRecord(DecodeError):
+    """A record decodes but breaks its schema: a value of the wrong type, or out of its bounds
+    (it goes to the DLQ, naming the field)."""
+
+
 class UnknownMessageType(DecodeError):
     """The ``af-type`` header names no registered message class."""
 

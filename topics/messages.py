@@ -7,14 +7,44 @@ registry, :data:`MESSAGE_TYPES`, maps ``af-type`` to class. Encoding lives in
 Lists stay lists (not tuples) because they are decoded straight from JSON arrays.
 A message class is a plain dataclass: no ``__init__`` of its own, since decoding fills a
 record's fields in without calling it (a ``__post_init__`` makes decoding call it).
+
+The codec checks every field's scalar type against its annotation; a class's
+``validate()`` adds the bounds only its meaning gives (lists that must be as long as each
+other, ids and steps that cannot be negative) and raises ``ValueError`` naming the field:
+decoding turns that into a dead letter. Bounds that need a component's knowledge (the
+model's vocabulary, the trainer's last step) are checked by that component.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 MESSAGE_TYPES: dict[str, type["Message"]] = {}
+
+
+def _non_negative(name: str, values: Sequence[int]) -> None:
+    if values and min(values) < 0:
+        raise ValueError(f"{name} holds {min(values)}; ids, versions and steps are >= 0")
+
+
+def _check_sampling(sampling: dict[str, Any]) -> None:
+    """The sampling keys engines read, when present: numbers in their ranges."""
+    for key, lo, hi, whole in (("temperature", 0.0, None, False), ("top_p", 0.0, 1.0, False),
+                               ("top_k", 0, None, True), ("max_new_tokens", 1, None, True)):
+        if key not in sampling:
+            continue
+        v = sampling[key]
+        if type(v) not in ((int,) if whole else (int, float)) or v < lo or (hi is not None and v > hi) \
+                or (key == "top_p" and v == 0):
+            raise ValueError(f"sampling[{key!r}] is {v!r:.40}; it is {'an int' if whole else 'a number'} "
+                             f">= {lo}" + (f" and <= {hi}" if hi is not None else ""))
+
+
+def _same_length(name: str, values: Sequence, other: str, n: int, may_be_empty: bool = False) -> None:
+    if len(values) != n and not (may_be_empty and not values):
+        raise ValueError(f"{name} has {len(values)} entries but {other} has {n}"
+                         + ("; leave it empty or give one per entry" if may_be_empty else ""))
 
 
 def register(cls: type["Message"]) -> type["Message"]:
@@ -83,6 +113,12 @@ class Task(Message):
     metadata: dict[str, Any] = field(default_factory=dict)  #: the prompt's metadata (hidden tests, ...)
     scheduled_versions: dict[str, int] = field(default_factory=dict)  #: per policy, as ``scheduled_version``
 
+    def validate(self) -> None:
+        if self.n_samples < 1:
+            raise ValueError(f"n_samples is {self.n_samples}; a task asks for at least one sample")
+        _non_negative("scheduled_version", [self.scheduled_version, *self.scheduled_versions.values()])
+        _check_sampling(self.sampling)
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -104,6 +140,17 @@ class Sample:
     #: per token: index into the group's ``roles`` of who wrote it; empty: the group's role
     token_roles: list[int] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)  #: the workflow's per-trajectory facts (attempt, verdict)
+
+    def validate(self) -> None:
+        n = len(self.tokens)
+        _same_length("logprobs", self.logprobs, "tokens", n)
+        _same_length("versions", self.versions, "tokens", n)
+        _same_length("loss_mask", self.loss_mask, "tokens", n, may_be_empty=True)
+        _same_length("token_roles", self.token_roles, "tokens", n, may_be_empty=True)
+        # Token ids are bounded by the model's vocabulary where it is known (the trainer);
+        # checking them here too would double the cost of decoding a trajectory.
+        if self.loss_mask and not set(self.loss_mask) <= {0, 1}:
+            raise ValueError(f"loss_mask holds {sorted(set(self.loss_mask) - {0, 1})[:5]}; only 0 and 1 mean anything")
 
     def trained(self) -> int:
         """Tokens trained on."""
@@ -146,6 +193,21 @@ class TrajectoryGroup(Message):
     role_policies: dict[str, str] = field(default_factory=dict)  #: role -> policy in this episode
     stats: dict[str, Any] = field(default_factory=dict)  #: reward_mean/std, n, team_reward, workflow metrics
 
+    #: the group statistics the dataflow computes with: numbers when present
+    NUMERIC_STATS: ClassVar[tuple[str, ...]] = ("reward_mean", "reward_std", "n", "team_reward")
+
+    def validate(self) -> None:
+        if self.status not in ("ok", "failed"):
+            raise ValueError(f"status is {self.status[:40]!r}; it is 'ok' or 'failed'")
+        for i, s in enumerate(self.samples):
+            if s.token_roles and not 0 <= min(s.token_roles) <= max(s.token_roles) < max(1, len(self.roles)):
+                raise ValueError(f"samples[{i}].token_roles names writers {min(s.token_roles)}..{max(s.token_roles)} "
+                                 f"but the group has {len(self.roles)} role(s)")
+        for k in self.NUMERIC_STATS:
+            v = self.stats.get(k)
+            if v is not None and type(v) not in (int, float):
+                raise ValueError(f"stats[{k!r}] is {type(v).__name__}, not a number")
+
     @property
     def group_key(self) -> str:
         """What the dataflow opens and settles: the task for a one-role group, else task/role."""
@@ -183,6 +245,12 @@ class GenerationRequest(Message):
     ts: float = 0.0
     reply_partition: int = -1  #: the partition of ``replies`` to answer on; -1: the key's
 
+    def validate(self) -> None:
+        _check_sampling(self.sampling)
+        _same_length("seeds", self.seeds, "prompts", len(self.prompts))
+        for row in self.prompts:
+            _non_negative("prompts", row)
+
 
 @register
 @dataclass(frozen=True)
@@ -201,6 +269,15 @@ class GenerationReply(Message):
     finish_reasons: list[str]
     error: str = ""
     ts: float = 0.0
+
+    def validate(self) -> None:
+        n = len(self.tokens)
+        _same_length("logprobs", self.logprobs, "tokens", n)
+        _same_length("versions", self.versions, "tokens", n)
+        _same_length("finish_reasons", self.finish_reasons, "tokens", n)
+        for i, (row, lp) in enumerate(zip(self.tokens, self.logprobs)):
+            _same_length(f"logprobs[{i}]", lp, f"tokens[{i}]", len(row))
+            _non_negative(f"tokens[{i}]", row)
 
 
 @dataclass(frozen=True)
@@ -230,6 +307,12 @@ class Batch(Message):
     sources: list[SourceOffset]  #: the trajectory records this batch consumed
     stats: dict[str, Any] = field(default_factory=dict)
     replay: list[bool] = field(default_factory=list)  #: per group: replayed (True) or fresh; empty: all fresh
+
+    def validate(self) -> None:
+        if self.step < 0:
+            raise ValueError(f"step is {self.step}; steps count from 0")
+        _same_length("sources", self.sources, "groups", len(self.groups))
+        _same_length("replay", self.replay, "groups", len(self.groups), may_be_empty=True)
 
     def is_replay(self, i: int) -> bool:
         return i < len(self.replay) and self.replay[i]
@@ -338,6 +421,11 @@ class VersionAnnouncement(Message):
     created_at: float = 0.0
     epoch: int = 0  #: lineage epoch; every payload of the chain belongs to it
 
+    def validate(self) -> None:
+        if self.kind not in ("snapshot", "delta"):
+            raise ValueError(f"kind is {self.kind[:40]!r}; it is 'snapshot' or 'delta'")
+        _same_length("delta_versions", self.delta_versions, "deltas", len(self.deltas), may_be_empty=True)
+
 
 @register
 @dataclass(frozen=True)
@@ -389,16 +477,25 @@ class Metric(Message):
 @register
 @dataclass(frozen=True)
 class DeadLetter(Message):
-    """A record that could not be processed, with where it came from and why."""
+    """A record that could not be processed, with where it came from and why.
+
+    Schema 2 bounded it: ``value`` holds at most a prefix of the original (64 KiB), and
+    ``value_size`` / ``value_sha256`` name the whole, so a letter fits any producer's limit
+    whatever the record it tells of (schema 1 letters carry the whole value; -1, "").
+    """
 
     TYPE: ClassVar[str] = "dead-letter"
+    SCHEMA: ClassVar[int] = 2
     source_topic: str
     partition: int
     offset: int
     error_type: str
     error: str
     key: str | None  #: base64 of the original key
-    value: str  #: base64 of the original value
+    value: str  #: base64 of the original value, or of its first 64 KiB (``truncated``)
     headers: dict[str, str | None] = field(default_factory=dict)  #: original headers (bytes as latin-1; null: null)
     consumer: str = ""  #: who gave up on it
     ts: float = 0.0
+    value_size: int = -1  #: bytes of the original value (-1: schema 1, ``value`` is all of it)
+    value_sha256: str = ""  #: hex SHA-256 of the original value
+    truncated: bool = False  #: value, key or headers were cut to their bounds

@@ -28,6 +28,13 @@ from .cluster import replication_for
 from .exceptions import TopicConfigMismatch, TopicsError
 
 MiB = 1024 * 1024
+#: The largest record a topic takes (its ``max.message.bytes``) and so the largest record a
+#: producer writing to it may send (its ``max_request_size``): one number for both sides, so
+#: whatever a topic holds a consumer of it can also have dead-lettered (a letter is bounded:
+#: ``client.DEAD_LETTER_VALUE_BYTES``) and no producer accepts a record its topic refuses.
+RECORD_MAX_BYTES = 4 * MiB
+#: ``batches.<policy>``'s: one record is a whole training batch.
+BATCH_RECORD_MAX_BYTES = 16 * MiB
 HOUR_MS = 3600 * 1000
 DAY_MS = 24 * HOUR_MS
 WEIGHTS_SEGMENT_BYTES = 64 * MiB
@@ -42,7 +49,7 @@ class TopicSpec:
     cleanup_policy: str = "delete"  #: "delete" or "compact"
     retention_ms: int = 7 * DAY_MS  #: -1: keep forever
     retention_bytes: int = -1  #: per partition; -1: unbounded
-    max_message_bytes: int = 4 * MiB
+    max_message_bytes: int = RECORD_MAX_BYTES  #: and the ``max_request_size`` of its producers
     extra: dict[str, str] = field(default_factory=dict)
     replication: int | None = None  #: copies of each partition; None: chosen from the cluster at creation
     min_insync_replicas: int | None = None  #: None: replication - 1 (at least 1) at creation
@@ -214,6 +221,15 @@ class JobTopics:
         digest = hashlib.blake2b(requester.encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little") % self.trajectory_partitions
 
+    def max_message_bytes(self, *topics: str) -> int:
+        """The largest record any of ``topics`` takes: the ``max_request_size`` of a producer
+        that writes to them (a name this job does not have is refused)."""
+        limits = {s.name: s.max_message_bytes for s in self.specs()}
+        unknown = [t for t in topics if t not in limits]
+        if unknown:
+            raise TopicsError(f"{unknown} are not topics of job {self.job}")
+        return max((limits[t] for t in topics), default=RECORD_MAX_BYTES)
+
     def specs(self) -> list[TopicSpec]:
         specs = [
             TopicSpec(self.prompts, partitions=1, retention_ms=-1),
@@ -233,7 +249,8 @@ class JobTopics:
             specs += [
                 TopicSpec(self.tasks(p), partitions=self.task_partitions, retention_ms=-1),
                 # One partition: the ordered, replayable record of training.
-                TopicSpec(self.batches(p), partitions=1, retention_ms=-1, max_message_bytes=16 * MiB),
+                TopicSpec(self.batches(p), partitions=1, retention_ms=-1,
+                          max_message_bytes=BATCH_RECORD_MAX_BYTES),
                 # Small segments so the publisher's delete_records trims free disk soon.
                 TopicSpec(self.weights(p), partitions=1, retention_ms=self.weights_retention_ms,
                           retention_bytes=self.weights_retention_bytes,

@@ -29,7 +29,7 @@ from astraflow.actors.common import close_quietly
 from astraflow.actors.supervisor import LoopActor
 from astraflow.actors.telemetry import MetricsEmitter
 from astraflow.config import JobConfig
-from astraflow.topics import Consumer, Heartbeat, Metric, Producer, job_topics
+from astraflow.topics import Consumer, DeadLetters, Heartbeat, Metric, Producer, SnapshotRequest, job_topics
 from astraflow.topics.messages import GroupDrop
 
 from .accounting import DeviceHours, starting_heartbeat
@@ -55,10 +55,12 @@ class AutoscalerActor(LoopActor):
 
     def setup(self) -> None:
         self.producer = Producer(self.bootstrap, client_id=self.name)
+        self.dead = DeadLetters(self.producer, self.topics.dlq, self.name, recall=self.bootstrap)
         self.metrics = MetricsEmitter(self.producer, self.topics.metrics, self.name)
         self.control, self.metrics_in, self.drops = (
-            self._from_beginning(topic) for topic in (self.topics.control, self.topics.metrics,
-                                                      self.topics.drops(self.policy)))
+            self._from_beginning(topic, expect) for topic, expect in (
+                (self.topics.control, (Heartbeat, SnapshotRequest)), (self.topics.metrics, (Metric,)),
+                (self.topics.drops(self.policy), (GroupDrop,))))
         self.admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="autoscaler")
         self.hours = DeviceHours(self.plan)
         self.window = SignalWindow(self.policy, self.spec["window_s"], self._policy_of, self.cfg.rollout.heartbeat_s)
@@ -69,8 +71,9 @@ class AutoscalerActor(LoopActor):
                 while pool.elastic and len(self.backend.members(pool.name)) < pool.count:
                     self._start(pool)
 
-    def _from_beginning(self, topic: str) -> Consumer:
-        c = Consumer(self.bootstrap, partitions=[TopicPartition(topic, 0)], client_id="autoscaler")
+    def _from_beginning(self, topic: str, expect: tuple) -> Consumer:
+        c = Consumer(self.bootstrap, partitions=[TopicPartition(topic, 0)], client_id="autoscaler",
+                     dead_letters=self.dead, expect=expect)
         c.raw.seek_to_beginning()
         return c
 

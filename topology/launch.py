@@ -196,7 +196,7 @@ def run_host(topology: str | Path, cfg: JobConfig, host: str, *, bootstrap: str 
     """``astraflow node --topology F --host H``: this host's nodes (and the autoscaler, if it lives
     here) until the host's trainer/dataflow finish — on a host without them, until the trainer
     reports done — or SIGTERM/SIGINT; returns 0, raises :class:`~.processes.RunFailed`."""
-    from astraflow.topics import Consumer, Metric, job_topics
+    from astraflow.topics import Consumer, DeadLetters, Metric, job_topics
     from kafka import TopicPartition
 
     overrides = list(overrides or [])
@@ -240,8 +240,11 @@ def run_host(topology: str | Path, cfg: JobConfig, host: str, *, bootstrap: str 
         mains = [p for p in procs if p.role in ("trainer", "dataflow")]
         done_feed = None
         if not mains:  # nothing here ends by itself: follow the trainer
-            done_feed = stack.enter_context(Consumer(bootstrap, client_id=f"host.{host}",
-                                                     partitions=[TopicPartition(job_topics(cfg).metrics, 0)]))
+            dead = DeadLetters.own(bootstrap, job_topics(cfg).dlq, f"host.{host}")
+            stack.callback(dead.close)
+            done_feed = stack.enter_context(Consumer(bootstrap, client_id=f"host.{host}", dead_letters=dead,
+                                                     partitions=[TopicPartition(job_topics(cfg).metrics, 0)],
+                                                     expect=(Metric,)))
             done_feed.raw.seek_to_beginning()
         while not stop["now"]:
             if backend is not None:

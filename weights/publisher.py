@@ -63,7 +63,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from astraflow.topics import ChunkManifest, ChunkWriter, JobTopics, Producer, VersionAnnouncement
+from astraflow.topics import ChunkManifest, ChunkWriter, DeadLetters, JobTopics, Producer, VersionAnnouncement
 from astraflow.topics.chunking import DEFAULT_CHUNK_SIZE
 from astraflow.topics.codec import decode
 from astraflow.topics.exceptions import DecodeError
@@ -140,14 +140,18 @@ def read_latest_announcement(bootstrap_servers: str, versions_topic: str, policy
     return latest
 
 
-def _announcement(record, policy: str) -> VersionAnnouncement | None:
-    """The record's announcement if it is one for ``policy``; undecodable ones are logged."""
+def _announcement(record, policy: str, dead_letters: DeadLetters | None = None) -> VersionAnnouncement | None:
+    """The record's announcement if it is one for ``policy``; undecodable ones are logged and
+    passed over, and dead-lettered when ``dead_letters`` is given."""
     if record.key is not None and record.key.decode("utf-8", "replace") != policy:
         return None
     try:
         msg = decode(record.value, record.headers)
     except DecodeError as e:
         log.warning("skipping undecodable record %s[%d]@%d: %s", record.topic, record.partition, record.offset, e)
+        if dead_letters is not None:
+            dead_letters.put(record.topic, record.partition, record.offset, record.key, record.value,
+                             record.headers, e)
         return None
     return msg if isinstance(msg, VersionAnnouncement) and msg.policy == policy else None
 

@@ -45,7 +45,7 @@ from kafka import KafkaConsumer, TopicPartition
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from astraflow.topics import (ChunkError, ChunkManifest, ChunkReader, CorruptChunkError, JobTopics,
+from astraflow.topics import (ChunkError, DeadLetters, ChunkManifest, ChunkReader, CorruptChunkError, JobTopics,
                               ReleasableBuffer, VersionAnnouncement)
 from astraflow.topics import tracing
 
@@ -146,8 +146,10 @@ class WeightSubscriber:
                  initial_epoch: int = 0, node_id: str = "", codec_threads: int = 1,
                  tracer: trace.Tracer | None = None,
                  on_fault: Callable[[str, int], None] | None = None, on_demand: bool = False,
-                 prefetch: bool = False, prefetch_bytes: int = DEFAULT_PREFETCH_BYTES) -> None:
+                 prefetch: bool = False, prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
+                 dead_letters: DeadLetters | None = None) -> None:
         self.bootstrap_servers, self.topics, self.policy = bootstrap_servers, topics, policy
+        self.dead_letters = dead_letters  #: where announcements that do not decode go
         self.node_id = node_id or "subscriber"
         self.codec_threads = codec_threads
         self._tracer = tracer or trace.get_tracer(__name__)
@@ -320,7 +322,7 @@ class WeightSubscriber:
             if not records:
                 break
             for r in records:
-                ann = _announcement(r, self.policy)
+                ann = _announcement(r, self.policy, self.dead_letters)
                 if ann is None:
                     continue
                 if self._head is None or _newer(ann, self._head):

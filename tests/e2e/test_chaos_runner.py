@@ -75,7 +75,8 @@ def test_a_rogue_duplicate_batch_fails_the_audit_and_the_runner(tmp_path, bootst
             "rollout.heartbeat_s": 1.0, "dataflow.groups_per_batch": 4,
             "eval.every": 0, "eval.problems": 20, "eval.k": 1}},
         "timeout_s": 600, "settle_s": 30,
-        # the trainer meets a batch step it does not expect and crashes; one restart, then give up
+        # the copy takes the next step's number: the trainer trains it (groups twice), then
+        # dead-letters the dataflow's real batch of that step as a repeat and trains on
         "restart": {"delay_s": 1, "max": 1},
         "faults": [{"at_step": 2, "kind": "rogue_batch"}]}))
     out = subprocess.run([sys.executable, "-m", "astraflow.chaos_cli", str(scenario), "--bootstrap-servers",

@@ -21,12 +21,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.core]
 
 
 def _inject_bad_records(bootstrap, topics, policy):
-    """Garbage on the task and trajectory topics before the job starts: must reach the DLQ."""
+    """Garbage on the task, trajectory, control and metrics topics before the job starts: must
+    reach the DLQ (control is read by the trainer, metrics by the launcher: once, each of
+    those stopped its reader)."""
     ensure_topics(bootstrap, topics.specs())
     p = Producer(bootstrap, client_id="vandal")
     p.send_raw(topics.tasks(policy), b"\x00garbage", key=b"bad-task", headers=[("af-type", b"task")]).get(10)
     p.send_raw(topics.trajectories, b'{"task_id": 1}', key=b"bad-traj",
                headers=[("af-type", b"trajectory-group"), ("af-schema", b"7")]).get(10)
+    p.send_raw(topics.control, b"{]", key=b"bad-control").get(10)
+    p.send_raw(topics.metrics, b"{]", key=b"bad-metric", headers=[("af-type", b"metric")]).get(10)
     p.close()
 
 
@@ -157,7 +161,10 @@ def test_bad_records_went_to_the_dlq_and_the_run_continued(finished_run, bootstr
     cfg, topics, summary, _ = finished_run
     letters = [m for _, _, m in read_topic(bootstrap, topics.dlq) if isinstance(m, DeadLetter)]
     by_topic = {m.source_topic: m for m in letters}
-    assert set(by_topic) == {topics.tasks(cfg.policy), topics.trajectories}
+    assert set(by_topic) == {topics.tasks(cfg.policy), topics.trajectories, topics.control, topics.metrics}
+    # one letter per record and reader, however often a reader re-read it
+    assert sorted((m.source_topic, m.consumer) for m in letters if m.source_topic in (topics.control, topics.metrics)) \
+        == [(topics.control, "trainer.policy"), (topics.metrics, "launcher")]
     assert base64.b64decode(by_topic[topics.tasks(cfg.policy)].value) == b"\x00garbage"
     assert by_topic[topics.trajectories].error_type == "UnsupportedSchema"
     assert by_topic[topics.trajectories].offset == 0

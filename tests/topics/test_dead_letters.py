@@ -194,3 +194,90 @@ def test_expected_types_can_differ_per_topic(job_topics, make_producer, make_con
     assert sorted((d.topic, type(d.message).__name__) for d in got) == \
         sorted([(job_topics.prompts, "Prompt"), (job_topics.tasks("policy"), "Task")])
     assert dlq.count == 2
+
+
+def _letters(bootstrap, topic):
+    from astraflow.topics.replay import read_topic
+    return [m for _, _, m in read_topic(bootstrap, topic) if isinstance(m, DeadLetter)]
+
+
+def test_a_record_as_large_as_its_topic_takes_is_dead_lettered_with_its_size_hash_and_a_prefix(
+        bootstrap, job_topics, make_producer, make_consumer):
+    """Once a 3 MB garbage record on ``trajectories`` stopped its consumer: its letter (the
+    whole value, base64) was over the producer's limit, so it could not be written. A letter
+    now holds a bounded prefix and names the whole by size and SHA-256."""
+    import hashlib
+    import os
+    from astraflow.topics import TrajectoryGroup
+    from astraflow.topics.client import DEAD_LETTER_VALUE_BYTES
+    topic = job_topics.trajectories
+    limit = job_topics.max_message_bytes(topic)
+    garbage = os.urandom(limit - 64 * 1024)  # random: zstd cannot shrink it below the limit
+    raw = make_producer(max_request_size=limit)
+    raw.send_raw(topic, garbage, key=b"k" * 5000, headers=[("af-type", b"trajectory-group"), ("x", b"y" * 5000)],
+                 partition=0).get(30)
+    raw.send_sync(topic, GROUP, key="task-1", partition=0)
+    dlq = DeadLetters(make_producer(), job_topics.dlq, consumer_name="dataflow.policy")  # the default limit
+    consumer = make_consumer(partitions=[TopicPartition(topic, 0)], dead_letters=dlq,
+                             expect=(TrajectoryGroup,))
+    got = []
+    for _ in range(20):
+        got += consumer.poll(2000)
+        if got:
+            break
+    assert [d.offset for d in got] == [1] and dlq.count == 1
+    (letter,) = _letters(bootstrap, job_topics.dlq)
+    assert (letter.source_topic, letter.partition, letter.offset) == (topic, 0, 0)
+    assert letter.error_type == "DecodeError" and "not JSON" in letter.error
+    assert letter.value_size == len(garbage) and letter.value_sha256 == hashlib.sha256(garbage).hexdigest()
+    assert base64.b64decode(letter.value) == garbage[:DEAD_LETTER_VALUE_BYTES] and letter.truncated
+    assert len(base64.b64decode(letter.key)) == 1024 and len(letter.headers["x"]) == 1024
+
+
+def test_every_topic_takes_what_its_producers_may_send_and_refuses_more_at_the_producer(
+        job_topics, make_producer):
+    """One limit per topic for both sides: a producer made with a topic's limit gets a record
+    of nearly that size acknowledged, and one over it refused before it leaves the producer."""
+    import os
+    from kafka.errors import MessageSizeTooLargeError
+    from astraflow.topics.registry import BATCH_RECORD_MAX_BYTES, RECORD_MAX_BYTES
+    specs = {s.name: s.max_message_bytes for s in job_topics.specs()}
+    assert specs[job_topics.batches("policy")] == BATCH_RECORD_MAX_BYTES
+    assert {v for k, v in specs.items() if k != job_topics.batches("policy")} == {RECORD_MAX_BYTES}
+    from astraflow.topics.client import Producer
+    assert Producer.__init__.__kwdefaults__["max_request_size"] == RECORD_MAX_BYTES
+    for topic in (job_topics.trajectories, job_topics.batches("policy")):
+        limit = job_topics.max_message_bytes(topic)
+        producer = make_producer(max_request_size=limit)
+        producer.send_raw(topic, os.urandom(limit - 16 * 1024), partition=0).get(60)
+        with pytest.raises(MessageSizeTooLargeError):  # kafka-python refuses it in send()
+            producer.send_raw(topic, os.urandom(limit + 1), partition=0)
+
+
+def test_a_consumer_restarted_behind_a_record_it_dead_lettered_writes_no_second_letter(
+        bootstrap, job_topics, make_producer, make_consumer):
+    """A reader that starts again before a poison record (no commit past it yet, or one that
+    reads a topic from its beginning) passes it over without a second letter; another
+    reader that gives up on the same record writes its own."""
+    topic = job_topics.prompts
+    producer = make_producer()
+    producer.send_raw(topic, b"{]", key=b"k", headers=[("af-type", b"prompt")], partition=0).get(10)
+    producer.send_sync(topic, GOOD, key="p-good", partition=0)
+
+    def read(name: str) -> DeadLetters:
+        dlq = DeadLetters(make_producer(), job_topics.dlq, consumer_name=name, recall=bootstrap)
+        consumer = make_consumer(partitions=[TopicPartition(topic, 0)], dead_letters=dlq)
+        got = []
+        for _ in range(20):
+            got += consumer.poll(1000)
+            if got:
+                break
+        assert [d.message for d in got] == [GOOD]
+        consumer.close()
+        return dlq
+
+    first, again, other = read("reader"), read("reader"), read("another")
+    assert (first.count, first.repeats) == (1, 0)
+    assert (again.count, again.repeats) == (0, 1)
+    assert (other.count, other.repeats) == (1, 0)
+    assert sorted(x.consumer for x in _letters(bootstrap, job_topics.dlq)) == ["another", "reader"]

@@ -4,6 +4,7 @@ import orjson
 import pytest
 
 from astraflow.topics import MESSAGE_TYPES, decode, encode
+from astraflow.topics import messages as m
 from astraflow.topics.exceptions import DecodeError
 
 from .samples import SAMPLES
@@ -99,15 +100,13 @@ def test_defaults_decoded_from_a_record_are_not_shared_between_messages():
     ("samples", "abc", "expected a JSON array, got str"),
     ("samples", [7], "Sample: expected a JSON object, got int"),
     ("samples", [{"tokens": [1]}], "Sample: missing field"),
-    ("prompt_ids", None, None),  # a null where a list belongs is not checked (never was): it decodes
+    ("prompt_ids", None, "prompt_ids: expected list\\[int\\], got NoneType"),  # once decoded, unchecked
+    ("samples", None, "samples: expected a JSON array, got null"),  # once decoded: a group of no list
 ])
 def test_nested_records_of_the_wrong_shape_are_decode_errors(field, bad, match):
     value, headers = encode(SAMPLES["trajectory-group"])
     data = orjson.loads(value)
     data[field] = bad
-    if match is None:
-        assert getattr(decode(orjson.dumps(data), headers), field) is None
-        return
     with pytest.raises(DecodeError, match=match):
         decode(orjson.dumps(data), headers)
 
@@ -158,3 +157,58 @@ def test_a_dead_letter_keeps_a_null_header_value():
                                             DecodeError("record's af-type header has no value"))
     assert letter.headers == {"af-type": None, "x": "\xff"}
     assert decode(*encode(letter)) == letter
+
+
+@pytest.mark.parametrize("kind,path,bad,match", [
+    ("trajectory-group", ("samples", 0, "reward"), "lots", r"Sample.reward: expected float, got str"),
+    ("trajectory-group", ("samples", 0, "tokens"), [1, 2.5, 3], r"Sample.tokens: expected list\[int\], got a list"),
+    ("trajectory-group", ("samples", 0, "logprobs"), [-0.1, None, -0.3], r"Sample.logprobs: expected list\[float\]"),
+    ("trajectory-group", ("samples", 0, "logprobs"), [-0.1], "logprobs has 1 entries but tokens has 3"),
+    ("trajectory-group", ("samples", 0, "loss_mask"), [1, 2, 1], "loss_mask holds"),
+    ("trajectory-group", ("status",), "maybe", "status is 'maybe'"),
+    ("trajectory-group", ("stats",), {"team_reward": "high"}, r"stats\['team_reward'\] is str"),
+    ("batch", ("step",), -1, "step is -1"),
+    ("batch", ("step",), True, r"Batch.step: expected int, got bool"),
+    ("batch", ("sources",), [], "sources has 0 entries but groups has 1"),
+    ("heartbeat", ("version",), "3", r"Heartbeat.version: expected int, got str"),
+    ("prompt", ("answer",), 4, r"Prompt.answer: expected str, got int"),
+    ("task", ("n_samples",), 0, "n_samples is 0"),
+    ("task", ("sampling",), {"temperature": "hot"}, r"sampling\['temperature'\] is 'hot'"),
+    ("task", ("sampling",), {"max_new_tokens": 0}, r"sampling\['max_new_tokens'\] is 0"),
+    ("version", ("kind",), "rumour", "kind is 'rumour'"),
+    ("dead-letter", ("headers",), {"x": 5}, r"DeadLetter.headers: expected dict\[str, str \| None\]"),
+])
+def test_values_of_the_wrong_type_or_out_of_bounds_are_invalid_records(kind, path, bad, match):
+    """Scalar types inside otherwise valid records are checked, and each type's bounds: a
+    consumer dead-letters these instead of handing them to code that would fail on them."""
+    from astraflow.topics import InvalidRecord
+    value, headers = encode(SAMPLES[kind])
+    data = target = orjson.loads(value)
+    for step in path[:-1]:
+        target = target[step]
+    target[path[-1]] = bad
+    with pytest.raises(InvalidRecord, match=match):
+        decode(orjson.dumps(data), headers)
+
+
+def test_numbers_that_are_not_finite_never_decode():
+    """JSON has no NaN; orjson refuses a number that overflows to infinity, and writes a NaN
+    or an infinity as null, which a float field refuses: a decoded float is finite."""
+    import math
+    value, headers = encode(SAMPLES["metric"])
+    with pytest.raises(DecodeError, match="not JSON"):
+        decode(value.replace(b'"value":0.25', b'"value":1e999'), headers)
+    for x in (math.nan, math.inf):
+        bad = encode(m.Metric("trainer", "loss", x))
+        with pytest.raises(DecodeError, match="Metric.value: expected float, got NoneType"):
+            decode(*bad)
+
+
+def test_a_null_record_is_accepted_only_where_the_field_is_optional():
+    value, headers = encode(SAMPLES["version"])
+    data = orjson.loads(value)
+    data["snapshot_manifest"] = None  # ChunkManifest | None
+    assert decode(orjson.dumps(data), headers).snapshot_manifest is None
+    data["manifest"] = None  # ChunkManifest: once decoded, and the subscriber failed on it
+    with pytest.raises(DecodeError, match="VersionAnnouncement.manifest: expected a JSON object, got null"):
+        decode(orjson.dumps(data), headers)
