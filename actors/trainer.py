@@ -156,11 +156,12 @@ class TrainerActor(LoopActor):
             # for the versions between checkpoints.
             weights = self._weights()
             if self.leader:
+                # The moment the rollout path's wait for this version starts (its metric ts): before
+                # the publish call, which runs behind a niced trainer's back and may announce the
+                # version before a later emit (the critical path measures the publish stage from it).
+                self.metrics.emit("trainer.handed_off", 1.0, step=self.engine.step)
                 self.publisher.publish(weights, self.engine.step, snapshot=self._snapshot_next)
                 self._snapshot_next = False
-                # The moment the rollout path's wait for this version starts (its metric ts), before
-                # the checkpoint below: what the critical path measures the publish stage from.
-                self.metrics.emit("trainer.handed_off", 1.0, step=self.engine.step)
             if self.engine.step % self.cfg.trainer.checkpoint_every == 0 or self.engine.step >= self.cfg.trainer.steps:
                 self._checkpoint()
         rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
