@@ -71,7 +71,10 @@ def batch_paths(bootstrap: str, cfg: JobConfig, run_dir: Path, first_step: int =
         scheduled = min(tasks[i][1] for i in ids)
         started = min(groups[i].started_at for i in ids)
         finished = max(groups[i].finished_at for i in ids)
-        out.append({"step": k, "version": v,
+        # the oldest weights any trained token came from (what the staleness bound holds; a task
+        # can roll out on newer weights than it was scheduled at)
+        token_v = min((min(sm.versions) for i in ids for sm in groups[i].samples if sm.versions), default=v)
+        out.append({"step": k, "version": v, "token_version": token_v,
                     "publish_s": announced[v] - handed_off[v], "schedule_s": scheduled - announced[v],
                     "to_rollout_s": started - scheduled, "rollout_s": finished - started,
                     "batch_s": written - finished,
