@@ -70,6 +70,7 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
     for policy in cfg.policy_names:
         check_model(cfg.view(policy))
     check_data(cfg)
+    _run_keys(cfg, run_dir, progress)
     with contextlib.ExitStack() as stack:
         if bootstrap is None:
             say(progress, "starting the embedded Kafka broker ...")
@@ -143,6 +144,18 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
     if error:
         raise error
     return summary
+
+
+def _run_keys(cfg: JobConfig, run_dir: Path, progress: bool) -> None:
+    """Make the run's signing keys before any process starts (each finds them by the run dir)."""
+    from astraflow.actors.signing import run_key_paths, with_run_keys
+    from astraflow.weights.signing import key_id, load_public_key
+    keyed = with_run_keys(cfg, run_dir)
+    for policy in cfg.policy_names:
+        private, public = run_key_paths(run_dir, policy)
+        if keyed.view(policy).trainer.verify_key == str(public.resolve()):
+            say(progress, f"signing key of {policy}: {private} (key {key_id(load_public_key(public))}, generated "
+                          "for this run: trainer.signing_key)")
 
 
 def default_processes(cfg: JobConfig, run_dir: Path) -> list[Proc]:
