@@ -158,7 +158,7 @@ class TrainerConfig:
                                        "signs this policy's version announcements with; a relative path is "
                                        "relative to the config file. null: `astraflow run` / `astraflow node` use "
                                        "<run dir>/keys/<policy>.ed25519, created if absent (fine on one host; "
-                                       "on several, configure the key: README, Security)")
+                                       "on several, configure the key: docs/security.md, Signed weights)")
     verify_key: str | None = _f(None, "public key (PEM) the RaaS nodes, the evaluator and the dataflow check this "
                                       "policy's announcements against; null: the public half of signing_key")
     require_signatures: bool = _f(True, "readers count only announcements signed by verify_key (a forged or "
