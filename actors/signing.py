@@ -127,7 +127,7 @@ class VersionGate:
         self.verifiers = {p: verifier_for(cfg.view(p)) for p in cfg.policy_names}
         self.dead_letters, self.metrics = dead_letters, metrics
         self.rejected: dict[str, int] = {}  #: by reason
-        self._seen: set[tuple[str, int, int]] = set()
+        self._judged: dict[tuple[str, int], int] = {}  # (topic, partition) -> newest offset checked
 
     def admits(self, d) -> bool:
         """Whether the delivered announcement ``d`` may move its policy's version; False for
@@ -138,13 +138,15 @@ class VersionGate:
         verifier = self.verifiers.get(policy) if isinstance(policy, str) else None
         if verifier is None:
             return False
+        tp = (d.topic, d.partition)
+        seen = d.offset <= self._judged.get(tp, -1)  # read before this rebalance: handled then
+        self._judged[tp] = max(d.offset, self._judged.get(tp, -1))
         try:
             verifier.check_message(d.topic, d.message, d.headers)
             return True
         except SignatureError as e:
-            if (d.topic, d.partition, d.offset) in self._seen:
+            if seen:
                 return False
-            self._seen.add((d.topic, d.partition, d.offset))
             self.rejected[e.reason] = self.rejected.get(e.reason, 0) + 1
             log.warning("dataflow: refusing the announcement at %s[%d]@%d of policy %s: %s", d.topic, d.partition,
                         d.offset, policy, e)

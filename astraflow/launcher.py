@@ -14,6 +14,10 @@ bad config, missing model) is not restarted: the job stops at once and
 :class:`~astraflow.topology.processes.RunFailed` carries the cause, the last line the
 component wrote.
 
+A policy with no signing key configured (and ``trainer.require_signatures``, the default)
+gets the run's own Ed25519 pair in ``<run dir>/keys/`` before anything starts; every
+component finds it through the run dir (:mod:`astraflow.actors.signing`).
+
 Once the job has finished (and every ``audit.every_versions`` while it runs) the
 conservation audit reads its topics (:mod:`astraflow.job_audit`); the verdict is the
 summary's ``audit``, and a violation found while it runs stops the job

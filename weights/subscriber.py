@@ -204,7 +204,7 @@ class WeightSubscriber:
         self._verifier = verifier if verifier is not None and verifier.checks else None
         self._dead_letters, self._on_reject = dead_letters, on_reject
         self._rejected: dict[str, int] = {}  # by reason; guarded by _lock
-        self._rejected_at: set[tuple[int, int]] = set()  # (partition, offset) already refused here
+        self._judged: dict[int, int] = {}  # partition -> newest offset whose signature was checked
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> "WeightSubscriber":
@@ -376,18 +376,19 @@ class WeightSubscriber:
         """Whether ``ann`` may count: signed by the policy's trainer (or nothing is checked)."""
         if self._verifier is None:
             return True
+        # The topic is re-read from its start on every reconnect: a record at or below the
+        # newest offset checked before was refused, counted and dead-lettered then.
+        seen = record.offset <= self._judged.get(record.partition, -1)
+        self._judged[record.partition] = max(record.offset, self._judged.get(record.partition, -1))
         try:
             self._verifier.check(record.topic, record.value, record.headers)
             return True
         except SignatureError as e:
-            self._refuse(record, ann, e)
+            if not seen:
+                self._refuse(record, ann, e)
             return False
 
     def _refuse(self, record, ann: VersionAnnouncement, error: SignatureError) -> None:
-        where = (record.partition, record.offset)
-        if where in self._rejected_at:
-            return  # read again after a reconnect: refused, counted and dead-lettered already
-        self._rejected_at.add(where)
         with self._lock:
             self._rejected[error.reason] = self._rejected.get(error.reason, 0) + 1
         log.warning("%s: refusing the announcement at %s[%d]@%d (version %s of lineage epoch %s): %s; keeping "
