@@ -67,6 +67,7 @@ from astraflow.topics.replay import read_topic
 
 from .common import close_quietly
 from .ledger import Ledger, read_state
+from .signing import VersionGate
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 
@@ -175,6 +176,7 @@ class DataflowActor(LoopActor):
                                        transaction_timeout_ms=cfg.kafka.transaction_timeout_ms))
         self.dead = DeadLetters(self.plain, self.topics.dlq, f"dataflow.{policy}", recall=self.bootstrap)
         self.metrics = MetricsEmitter(self.plain, self.topics.metrics, f"dataflow.{policy}")
+        self.versions_gate = VersionGate(self.job, self.dead, self.metrics)  # only signed versions count
         self._load_prompts()
         self.prompts_end = self._end_offset(self.topics.prompts)
         self.state_records_read = 0
@@ -379,7 +381,8 @@ class DataflowActor(LoopActor):
     def _collect(self) -> None:
         for d in self.trajectories.poll(self.COLLECT_POLL_MS):
             if d.topic == self.topics.versions:
-                self._follow(d.message)
+                if self.versions_gate.admits(d):
+                    self._follow(d.message)
                 continue
             lane = self.lanes.get(d.message.policy)
             # Another job's dataflow would settle foreign policies; ours has a lane per policy.

@@ -27,6 +27,7 @@ from astraflow.topics import DeadLetters, Producer, job_topics
 
 from .common import (close_quietly, configure_sandbox, lower_thread_priority, make_rollout_engine, model_path,
                      niceness, set_threads)
+from .signing import verifier_for
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 
@@ -91,11 +92,16 @@ class EvaluatorActor(LoopActor):
         self.producer = Producer(self.bootstrap, client_id=f"eval.{self.cfg.policy}")
         self.metrics = MetricsEmitter(self.producer, self.topics.metrics, f"eval.{self.cfg.policy}")
         dead = DeadLetters(self.producer, self.topics.dlq, f"eval.{self.cfg.policy}", recall=self.bootstrap)
+
+        def signed(view: JobConfig) -> dict:  # only the policy's trainer's announcements count
+            return {"verifier": verifier_for(view), "dead_letters": dead,
+                    "on_reject": lambda r: self.metrics.emit("eval.versions_rejected", 1, reason=r.reason,
+                                                             policy=r.policy, epoch=r.epoch, version=r.version)}
         # On demand: it evaluates every `eval.every`-th version, so it loads the chain's latest
         # snapshot when a target is announced instead of applying every delta on the way.
         self.subscriber = WeightSubscriber(self.bootstrap, self.topics, self.cfg.policy,
                                            initial_version=self.engine.version, node_id="evaluator",
-                                           on_demand=True, dead_letters=dead)
+                                           on_demand=True, **signed(self.cfg))
         self.subscriber.start()
         for p in self.cfg.policy_names if self.team else ():
             if p == self.cfg.policy:
@@ -104,7 +110,7 @@ class EvaluatorActor(LoopActor):
             engine = make_rollout_engine(view, model_path(view), kind="cpu", device=self.cfg.eval.device,
                                          name=f"evaluator.{p}")
             sub = WeightSubscriber(self.bootstrap, self.topics, p, initial_version=engine.version,
-                                   node_id=f"evaluator.{p}", dead_letters=dead)
+                                   node_id=f"evaluator.{p}", **signed(view))
             sub.start()
             self.others[p] = (engine, sub)
 

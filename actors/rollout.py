@@ -29,6 +29,7 @@ from astraflow.topics.membership import MembershipWatch
 
 from . import fault_points
 from .common import close_quietly, configure_sandbox, make_rollout_engine, model_path, set_threads
+from .signing import verifier_for
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 
@@ -100,7 +101,10 @@ class RolloutActor(LoopActor):
         self.subscriber = WeightSubscriber(self.bootstrap, self.topics, self.cfg.policy,
                                            initial=None, initial_version=self.engine.version, node_id=self.node_id,
                                            on_fault=self._request_snapshot, prefetch=self.cfg.rollout.prefetch_weights,
-                                           dead_letters=dead)
+                                           verifier=verifier_for(self.cfg), dead_letters=dead,
+                                           on_reject=lambda r: self.metrics.emit(
+                                               "raas.versions_rejected", 1, step=self.engine.version,
+                                               reason=r.reason, epoch=r.epoch, version=r.version))
         self.subscriber.start()
         from collections import deque
         from concurrent.futures import ThreadPoolExecutor

@@ -49,6 +49,7 @@ from astraflow.topics import (Batch, Consumer, DeadLetters, Delivery, Heartbeat,
                               job_topics)
 
 from .common import close_quietly, lower_priority, make_train_engine, model_path, niceness, set_threads, to_train_batch
+from .signing import trainer_keys
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 
@@ -104,9 +105,11 @@ class TrainerActor(LoopActor):
         self.control.raw.seek_to_beginning()
         self._snapshot_next = False
         self._catch_up_control()
+        # Signed announcements (actors/signing.py): readers refuse any other, whatever epoch it claims.
+        signer, verifier = trainer_keys(self.cfg)
         self.publisher = WeightPublisher(self.bootstrap, self.topics, self.cfg.policy,
                                          snapshot_every=self.cfg.trainer.snapshot_every,
-                                         producer_id=f"trainer.{self.cfg.policy}")
+                                         producer_id=f"trainer.{self.cfg.policy}", signer=signer, verifier=verifier)
         head = self.publisher.last_announced
         epoch = self.publisher.resume(self._weights(), self.engine.step)
         self.metrics.emit("trainer.resumed_step", self.engine.step, step=self.engine.step, epoch=epoch,

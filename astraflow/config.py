@@ -158,6 +158,17 @@ class TrainerConfig:
     device: DeviceConfig = _f(DeviceConfig(), "the device(s) the trainer stands for: cpu, or an emulated accelerator "
                                               "whose train steps are held for their modelled time on device.count "
                                               "devices (data parallel)")
+    signing_key: str | None = _f(None, "Ed25519 private key (PEM; `openssl genpkey -algorithm ed25519`) the trainer "
+                                       "signs this policy's version announcements with; a relative path is "
+                                       "relative to the config file. null: `astraflow run` / `astraflow node` use "
+                                       "<run dir>/keys/<policy>.ed25519, created if absent (fine on one host; "
+                                       "on several, configure the key: docs/security.md, Signed weights)")
+    verify_key: str | None = _f(None, "public key (PEM) the RaaS nodes, the evaluator and the dataflow check this "
+                                      "policy's announcements against; null: the public half of signing_key")
+    require_signatures: bool = _f(True, "readers count only announcements signed by verify_key (a forged or "
+                                        "unsigned one is dead-lettered, the job goes on). false: unsigned "
+                                        "ones count too (jobs written before signing, tests); with no key "
+                                        "configured either, nothing is checked")
 
     def __post_init__(self) -> None:
         for key in ("steps", "ranks", "checkpoint_every", "snapshot_every", "keep_checkpoints"):

@@ -14,6 +14,10 @@ bad config, missing model) is not restarted: the job stops at once and
 :class:`~astraflow.topology.processes.RunFailed` carries the cause, the last line the
 component wrote.
 
+A policy with no signing key configured (and ``trainer.require_signatures``, the default)
+gets the run's own Ed25519 pair in ``<run dir>/keys/`` before anything starts; every
+component finds it through the run dir (:mod:`astraflow.actors.signing`).
+
 Once the job has finished (and every ``audit.every_versions`` while it runs) the
 conservation audit reads its topics (:mod:`astraflow.job_audit`); the verdict is the
 summary's ``audit``, and a violation found while it runs stops the job
@@ -70,6 +74,7 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
     for policy in cfg.policy_names:
         check_model(cfg.view(policy))
     check_data(cfg)
+    _run_keys(cfg, run_dir, progress)
     with contextlib.ExitStack() as stack:
         if bootstrap is None:
             say(progress, "starting the embedded Kafka broker ...")
@@ -145,6 +150,18 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
     if error:
         raise error
     return summary
+
+
+def _run_keys(cfg: JobConfig, run_dir: Path, progress: bool) -> None:
+    """Make the run's signing keys before any process starts (each finds them by the run dir)."""
+    from astraflow.actors.signing import run_key_paths, with_run_keys
+    from astraflow.weights.signing import key_id, load_public_key
+    keyed = with_run_keys(cfg, run_dir)
+    for policy in cfg.policy_names:
+        private, public = run_key_paths(run_dir, policy)
+        if keyed.view(policy).trainer.verify_key == str(public.resolve()):
+            say(progress, f"signing key of {policy}: {private} (key {key_id(load_public_key(public))}, generated "
+                          "for this run: trainer.signing_key)")
 
 
 def default_processes(cfg: JobConfig, run_dir: Path) -> list[Proc]:

@@ -63,6 +63,8 @@ def run_node(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: s
         node_id = rank_node_id(node_id, rank)
         start_rank(node_id, rank)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
+    from astraflow.actors.signing import with_run_keys
+    cfg = with_run_keys(cfg, run_dir)  # no key configured: the run's own pair, shared through its run dir
     logging.basicConfig(level=os.environ.get("ASTRAFLOW_LOG", "INFO"),
                         format=f"%(asctime)s {node_id} %(levelname)s %(name)s: %(message)s")
     for noisy in ("urllib3", "deepspeed", "torch"):

@@ -9,6 +9,7 @@ The room holds, low to high:
   pure functions over tensors (tensors in, bytes out; bytes in, tensors out);
 * :mod:`.native` — the codec's optional C kernel (``_deltakernel.c``, loaded with ctypes);
   without it the codec's numpy path writes the same bytes;
+* :mod:`.signing` — Ed25519 signatures on announcements (who may move a policy's weights);
 * :mod:`.publisher` — the trainer's side: encode, chunk, make durable, announce, trim;
 * :mod:`.prefetch` — chunks read while they are written, before their version is announced;
 * :mod:`.subscriber` — a node's side: follow announcements, assemble verified versions.
@@ -23,8 +24,27 @@ no job config, no actors (the trainer and rollout actors host a publisher and a
 subscriber), no training and no rollouts; an engine is only a :class:`WeightEngine`.
 """
 
-from .publisher import PublishedVersion, WeightPublisher, WeightPublishError, read_latest_announcement
-from .subscriber import WeightEngine, WeightSubscriber
+from __future__ import annotations
 
-__all__ = ["WeightPublisher", "WeightPublishError", "PublishedVersion", "read_latest_announcement",
-           "WeightSubscriber", "WeightEngine"]
+import importlib
+from typing import Any
+
+#: name -> the module that defines it. Loaded on first use, so a process that only signs or
+#: checks announcements (the launcher making a run's keys, the dataflow) imports no torch.
+_EXPORTS = {
+    "WeightPublisher": ".publisher", "WeightPublishError": ".publisher", "PublishedVersion": ".publisher",
+    "read_latest_announcement": ".publisher", "WeightSubscriber": ".subscriber", "WeightEngine": ".subscriber",
+    "AnnouncementSigner": ".signing", "AnnouncementVerifier": ".signing", "Rejection": ".signing",
+    "SignatureError": ".signing",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value

@@ -42,6 +42,11 @@ starts with a snapshot. Trajectories carry their behaviour log-probs, so samples
 by old-epoch weights stay correct to train on: the loss weighs them by their own
 behaviour policy, and the dataflow's staleness bound (by version number) still applies.
 
+Signatures (:mod:`.signing`): an epoch is a fence only if no one else can raise it. With a
+``signer`` every announcement carries the trainer's Ed25519 signature over its exact bytes
+(and so over every manifest in it); readers with the policy's public key refuse anything
+else. The head a publisher resumes from is read through the same check.
+
 The bytes of a payload come from :mod:`.codec`; this module owns the transport (chunks,
 acknowledgements, announcements, trimming, epochs). It knows no job config and nothing
 about training: the trainer actor that hosts it hands over CPU copies of its weights.
@@ -69,6 +74,7 @@ from astraflow.topics.codec import decode
 from astraflow.topics.exceptions import DecodeError
 
 from . import codec
+from .signing import AnnouncementSigner, AnnouncementVerifier, SignatureError
 
 __all__ = ["WeightPublisher", "WeightPublishError", "PublishedVersion", "read_latest_announcement"]
 
@@ -116,8 +122,13 @@ _STOP = object()
 
 
 def read_latest_announcement(bootstrap_servers: str, versions_topic: str, policy: str,
-                             timeout: float = 30.0) -> VersionAnnouncement | None:
-    """The newest announcement of ``policy`` on the ``versions`` topic, or None."""
+                             timeout: float = 30.0,
+                             verifier: AnnouncementVerifier | None = None) -> VersionAnnouncement | None:
+    """The newest announcement of ``policy`` on the ``versions`` topic, or None.
+
+    With ``verifier``, only announcements it accepts count (:mod:`.signing`); the others
+    are logged and passed over, so a forged head cannot set the epoch a trainer resumes in.
+    """
     tp = TopicPartition(versions_topic, 0)
     kc = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
                        client_id=f"astraflow-versions-{policy}", max_partition_fetch_bytes=8 * 1024 * 1024)
@@ -133,6 +144,8 @@ def read_latest_announcement(bootstrap_servers: str, versions_topic: str, policy
                                    "is the broker reachable?")
             for r in kc.poll(timeout_ms=500).get(tp, []):
                 ann = _announcement(r, policy)
+                if ann is not None and verifier is not None and not _verified(verifier, r, ann):
+                    continue
                 if ann is not None and (latest is None or _newer(ann, latest)):
                     latest = ann
     finally:
@@ -156,6 +169,16 @@ def _announcement(record, policy: str, dead_letters: DeadLetters | None = None) 
     return msg if isinstance(msg, VersionAnnouncement) and msg.policy == policy else None
 
 
+def _verified(verifier: AnnouncementVerifier, record, ann: VersionAnnouncement) -> bool:
+    try:
+        verifier.check(record.topic, record.value, record.headers)
+    except SignatureError as e:
+        log.warning("%s: passing over the announcement at %s[%d]@%d (version %s of epoch %s): %s", ann.policy,
+                    record.topic, record.partition, record.offset, ann.version, ann.epoch, e)
+        return False
+    return True
+
+
 def _newer(a: VersionAnnouncement, b: VersionAnnouncement) -> bool:
     # A newer epoch wins whatever its version (the fence); a snapshot version is announced
     # twice and the second (its own snapshot) is the newer head.
@@ -177,12 +200,17 @@ class WeightPublisher:
         codec_threads: threads the codec may use (it runs off the trainer's critical path).
         trim: delete records before the previous snapshot (the retention rule above).
         chunk_size: bytes per chunk record (default fits a stock 1 MiB record limit).
+        signer: signs every announcement (:mod:`.signing`); None: announcements go out
+            unsigned, and readers that require signatures refuse them.
+        verifier: checks the announced head read at start (the one :meth:`resume` continues
+            or fences); None: any head counts.
     """
 
     def __init__(self, bootstrap_servers: str, topics: JobTopics, policy: str, *, snapshot_every: int = 10,
                  queue_size: int = 2, producer_id: str = "publisher", tracer: trace.Tracer | None = None,
                  write_deltas: bool = True, codec_threads: int = 1, trim: bool = True,
-                 chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
+                 chunk_size: int = DEFAULT_CHUNK_SIZE, signer: AnnouncementSigner | None = None,
+                 verifier: AnnouncementVerifier | None = None) -> None:
         if snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
         if queue_size < 1:
@@ -192,7 +220,8 @@ class WeightPublisher:
         self.codec_threads, self.trim, self.chunk_size = codec_threads, trim, chunk_size
         self._tracer = tracer or trace.get_tracer(__name__)
         self._weights_topic = topics.weights(policy)
-        self._head = read_latest_announcement(bootstrap_servers, topics.versions, policy)
+        self._signer = signer
+        self._head = read_latest_announcement(bootstrap_servers, topics.versions, policy, verifier=verifier)
         # Digests of versions announced before this process started, for the restart check.
         self._announced: dict[int, str] = {self._head.version: self._head.checksum} if self._head else {}
         self._epoch = self._head.epoch if self._head is not None else 0
@@ -393,7 +422,9 @@ class WeightPublisher:
 
     def _announce(self, ann: VersionAnnouncement) -> VersionAnnouncement:
         # Inside the weights.publish span: send() puts its context in the traceparent header.
-        self._producer.send_sync(self.topics.versions, ann, key=self.policy)
+        # The signature covers the bytes send() writes (encoding is deterministic).
+        signed = self._signer.headers_for(self.topics.versions, ann) if self._signer is not None else None
+        self._producer.send_sync(self.topics.versions, ann, key=self.policy, headers=signed)
         self._head = ann
         log.debug("%s: announced version %d (%s, %d bytes)", self.policy, ann.version, ann.kind,
                   ann.manifest.total_bytes)

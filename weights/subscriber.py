@@ -24,6 +24,14 @@ behind the announced head it opens a new epoch with a snapshot (see
 even when its number is lower than the version it holds, dropping the old epoch's
 weights, and from then on ignores announcements of older epochs (a fenced trainer).
 
+Signatures: with a ``verifier`` (:mod:`.signing`) an announcement counts only when the
+policy's trainer signed it. Anything else (unsigned, signed by another key, altered) never
+becomes the head, whatever epoch it claims: it is counted in
+:attr:`WeightSubscriber.rejected`, written to the dead-letter topic with its reason (once
+per record and process: the compacted topic is re-read on every reconnect) and handed to
+``on_reject``; the node keeps following the real lineage. It is no fault: asking the
+trainer for a snapshot would let anyone who can write ``versions`` make it write snapshots.
+
 The rollout side calls :meth:`WeightSubscriber.apply_to` between requests; it copies the
 held version into the engine under the subscriber's lock, so an engine never sees a
 half-applied version. This module does not talk to engines otherwise, and knows nothing
@@ -45,7 +53,7 @@ from kafka import KafkaConsumer, TopicPartition
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from astraflow.topics import (ChunkError, DeadLetters, ChunkManifest, ChunkReader, CorruptChunkError, JobTopics,
+from astraflow.topics import (ChunkError, ChunkManifest, ChunkReader, CorruptChunkError, DeadLetters, JobTopics,
                               ReleasableBuffer, VersionAnnouncement)
 from astraflow.topics import tracing
 
@@ -54,6 +62,7 @@ from .format import PayloadKind, WeightCodecError, read_table
 from .prefetch import DEFAULT_MAX_BYTES as DEFAULT_PREFETCH_BYTES
 from .prefetch import ChunkPrefetcher
 from .publisher import _announcement, _newer
+from .signing import AnnouncementVerifier, Rejection, SignatureError
 
 __all__ = ["WeightSubscriber", "WeightEngine", "Held"]
 
@@ -78,6 +87,11 @@ class Held(NamedTuple):
     epoch: int
     version: int
     digest: str
+
+
+def _claimed(n: object) -> int:
+    """A number a refused record claims, for metrics: -1 unless it is an int (nothing checked its types)."""
+    return n if type(n) is int else -1
 
 
 class _PathFailed(Exception):
@@ -139,6 +153,11 @@ class WeightSubscriber:
             write. Off by default: it pays where the node has its own cores; on one shared
             2-core machine it only moved the read's CPU into the write (README: the weight path).
         prefetch_bytes: chunk bytes the prefetcher may hold.
+        verifier: accept only announcements it passes (:mod:`.signing`); None: every
+            announcement counts (tests, benchmarks; components always pass one).
+        dead_letters: where refused announcements go, with their reason.
+        on_reject: called from the subscriber's thread with each :class:`~.signing.Rejection`
+            (a node counts them in its metrics).
     """
 
     def __init__(self, bootstrap_servers: str, topics: JobTopics, policy: str, *,
@@ -147,9 +166,9 @@ class WeightSubscriber:
                  tracer: trace.Tracer | None = None,
                  on_fault: Callable[[str, int], None] | None = None, on_demand: bool = False,
                  prefetch: bool = False, prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
-                 dead_letters: DeadLetters | None = None) -> None:
+                 verifier: AnnouncementVerifier | None = None, dead_letters: DeadLetters | None = None,
+                 on_reject: Callable[[Rejection], None] | None = None) -> None:
         self.bootstrap_servers, self.topics, self.policy = bootstrap_servers, topics, policy
-        self.dead_letters = dead_letters  #: where announcements that do not decode go
         self.node_id = node_id or "subscriber"
         self.codec_threads = codec_threads
         self._tracer = tracer or trace.get_tracer(__name__)
@@ -182,6 +201,10 @@ class WeightSubscriber:
         self._prefetcher: ChunkPrefetcher | None = None  # the thread's, while connected
         self._prefetched = 0
         self._wanted = -1  # on demand: the lowest version worth fetching; -1: none asked for yet
+        self._verifier = verifier if verifier is not None and verifier.checks else None
+        self._dead_letters, self._on_reject = dead_letters, on_reject
+        self._rejected: dict[str, int] = {}  # by reason; guarded by _lock
+        self._judged: dict[int, int] = {}  # partition -> newest offset whose signature was checked
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> "WeightSubscriber":
@@ -229,6 +252,12 @@ class WeightSubscriber:
         """Fault reports, oldest first: what failed and which path recovered."""
         with self._lock:
             return list(self._faults)
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        """Announcements refused for their signature, by reason (``unsigned``, ``wrong_key``, ...)."""
+        with self._lock:
+            return dict(self._rejected)
 
     @property
     def path_counts(self) -> dict[str, int]:
@@ -322,8 +351,8 @@ class WeightSubscriber:
             if not records:
                 break
             for r in records:
-                ann = _announcement(r, self.policy, self.dead_letters)
-                if ann is None:
+                ann = _announcement(r, self.policy, self._dead_letters)
+                if ann is None or not self._signed(r, ann):
                     continue
                 if self._head is None or _newer(ann, self._head):
                     self._head, self._head_context = ann, tracing.extract(r.headers)
@@ -342,6 +371,41 @@ class WeightSubscriber:
         if not self._advance(reader, head):
             self._retry_at = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, _RETRY_S[1])
+
+    def _signed(self, record, ann: VersionAnnouncement) -> bool:
+        """Whether ``ann`` may count: signed by the policy's trainer (or nothing is checked)."""
+        if self._verifier is None:
+            return True
+        # The topic is re-read from its start on every reconnect: a record at or below the
+        # newest offset checked before was refused, counted and dead-lettered then.
+        seen = record.offset <= self._judged.get(record.partition, -1)
+        self._judged[record.partition] = max(record.offset, self._judged.get(record.partition, -1))
+        try:
+            self._verifier.check(record.topic, record.value, record.headers)
+            return True
+        except SignatureError as e:
+            if not seen:
+                self._refuse(record, ann, e)
+            return False
+
+    def _refuse(self, record, ann: VersionAnnouncement, error: SignatureError) -> None:
+        with self._lock:
+            self._rejected[error.reason] = self._rejected.get(error.reason, 0) + 1
+        log.warning("%s: refusing the announcement at %s[%d]@%d (version %s of lineage epoch %s): %s; keeping "
+                    "version %d of epoch %d", self.node_id, record.topic, record.partition, record.offset,
+                    ann.version, ann.epoch, error, self._version, self._epoch)
+        if self._dead_letters is not None:
+            try:
+                self._dead_letters.put(record.topic, record.partition, record.offset, record.key, record.value,
+                                       record.headers or [], error)
+            except Exception as e:  # noqa: BLE001 - refused either way; the log line above keeps the record's place
+                log.warning("%s: could not dead-letter the refused announcement: %s", self.node_id, e)
+        if self._on_reject is not None:
+            try:
+                self._on_reject(Rejection(record.topic, record.partition, record.offset, ann.policy,
+                                          _claimed(ann.epoch), _claimed(ann.version), error.reason, str(error)))
+            except Exception:  # noqa: BLE001 - a failing callback must not stop the subscriber
+                log.exception("%s: on_reject callback failed", self.node_id)
 
     def _advance(self, reader: ChunkReader, head: VersionAnnouncement) -> bool:
         """Move to ``head``: delta path if possible, else snapshot path. True when reached."""

@@ -15,6 +15,7 @@ from astraflow.topics import job_topics
 from astraflow.actors.dataflow import DataflowActor
 from astraflow.actors.ledger import read_state
 from astraflow.chaos.invariants import audit
+from astraflow.actors.signing import signer_for, with_run_keys
 from astraflow.config import JobConfig, from_dict
 from astraflow.topics import (Batch, ChunkManifest, Consumer, Metric, Producer, Sample, Task, TrajectoryGroup,
                               VersionAnnouncement, ensure_topics)
@@ -30,6 +31,7 @@ def _cfg(bootstrap, tmp_path, algorithms, *, B=2, steps=3, staleness=1, **extra)
                                 "dataflow": {"groups_per_batch": B, "max_staleness": staleness,
                                              "algorithms": algorithms, **extra.pop("dataflow", {})},
                                 "trainer": {"steps": steps}, "kafka": {"trajectory_partitions": 1}, **extra})
+    cfg = with_run_keys(cfg, tmp_path)  # the peers sign as the trainer does
     ensure_topics(bootstrap, job_topics(cfg).specs())
     return cfg
 
@@ -57,8 +59,9 @@ class Peers:
 
     def announce(self, version: int) -> None:
         manifest = ChunkManifest(f"v{version}", self.topics.weights(self.cfg.policy), 0, "", [])
-        self.producer.send_sync(self.topics.versions, VersionAnnouncement(
-            self.cfg.policy, version, "snapshot", version, version, manifest, "digest"), key=self.cfg.policy)
+        ann = VersionAnnouncement(self.cfg.policy, version, "snapshot", version, version, manifest, "digest")
+        self.producer.send_sync(self.topics.versions, ann, key=self.cfg.policy,
+                                headers=signer_for(self.cfg).headers_for(self.topics.versions, ann))
 
     def records(self, topic: str, cls) -> list:
         return [m for _, _, m in read_topic(self.bootstrap, topic) if isinstance(m, cls)]

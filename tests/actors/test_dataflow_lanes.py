@@ -16,6 +16,7 @@ import pytest
 from astraflow.topics import job_topics
 from astraflow.actors.dataflow import DataflowActor
 from astraflow.chaos.invariants import audit_job
+from astraflow.actors.signing import signer_for, with_run_keys
 from astraflow.config import JobConfig, from_dict
 from astraflow.topics import (Batch, ChunkManifest, Producer, Sample, Task, TrajectoryGroup, VersionAnnouncement,
                               ensure_topics)
@@ -31,6 +32,7 @@ def make_cfg(bootstrap, tmp_path, barrier: str) -> JobConfig:
                                 "trainer": {"steps": STEPS}, "kafka": {"trajectory_partitions": 2},
                                 "policies": {"solver": {}, "verifier": {}},
                                 "workflow": {"name": "solver_verifier", "roles": ROLES}})
+    cfg = with_run_keys(cfg, tmp_path)  # the peers sign as each policy's trainer does
     ensure_topics(bootstrap, job_topics(cfg).specs())
     return cfg
 
@@ -66,8 +68,9 @@ class Peers:
 
     def announce(self, policy: str, version: int) -> None:
         manifest = ChunkManifest(f"v{version}", self.topics.weights(policy), 0, "", [])
-        self.producer.send_sync(self.topics.versions, VersionAnnouncement(
-            policy, version, "snapshot", version, version, manifest, "digest"), key=policy)
+        ann = VersionAnnouncement(policy, version, "snapshot", version, version, manifest, "digest")
+        self.producer.send_sync(self.topics.versions, ann, key=policy,
+                                headers=signer_for(self.cfg.view(policy)).headers_for(self.topics.versions, ann))
 
     def batches(self, policy: str) -> list[Batch]:
         return [b for _, _, b in read_topic(self.bootstrap, self.topics.batches(policy)) if isinstance(b, Batch)]

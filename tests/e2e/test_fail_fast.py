@@ -135,11 +135,13 @@ def test_skip_sends_bad_rows_to_the_dlq_and_publishes_the_rest(bootstrap, make_j
     import time
 
     from astraflow.actors.dataflow import DataflowActor
+    from astraflow.actors.signing import with_run_keys
     from astraflow.topics import DeadLetter, Prompt, ensure_topics, job_topics
     from astraflow.topics.replay import read_topic
 
     (tmp_path / "d.jsonl").write_text(BAD_ROWS)
-    cfg = make_job_config({"data": {"source": str(tmp_path / "d.jsonl"), "on_bad_row": "skip"}})
+    cfg = with_run_keys(make_job_config({"data": {"source": str(tmp_path / "d.jsonl"), "on_bad_row": "skip"}}),
+                        tmp_path)
     topics = job_topics(cfg)
     ensure_topics(bootstrap, topics.specs())
     ref = DataflowActor.start(None, "dataflow", cfg, bootstrap)

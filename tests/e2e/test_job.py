@@ -100,6 +100,32 @@ def test_trainer_answers_a_snapshot_request_with_an_extra_snapshot(finished_run)
     assert snapshots - scheduled  # an off-schedule snapshot answered the request
 
 
+def test_every_announcement_is_signed_by_the_key_the_run_made_and_none_was_refused(finished_run, bootstrap):
+    """No key configured: `astraflow run` made the policy's pair in the run dir, the trainer
+    signed with it, and the nodes, the evaluator and the dataflow refused nothing."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from astraflow.actors.signing import run_key_paths
+    from astraflow.weights.signing import AnnouncementVerifier, load_public_key
+    cfg, topics, _, run_dir = finished_run
+    verifier = AnnouncementVerifier(load_public_key(run_key_paths(run_dir, cfg.policy)[1]))
+    tp = TopicPartition(topics.versions, 0)
+    kc = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    kc.assign([tp])
+    kc.seek_to_beginning(tp)
+    records, end = [], kc.end_offsets([tp])[tp]
+    while kc.position(tp) < end:
+        records += kc.poll(timeout_ms=2000).get(tp, [])
+    kc.close()
+    assert len(records) > cfg.trainer.steps
+    for r in records:
+        verifier.check(r.topic, r.value, r.headers)  # raises for any unsigned or foreign one
+    letters = [m for _, _, m in read_topic(bootstrap, topics.dlq) if isinstance(m, DeadLetter)]
+    assert not [d for d in letters if d.source_topic == topics.versions]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert not [r for r in rows if r["name"].endswith("versions_rejected")]
+
+
 def test_the_trainer_node_runs_at_the_configured_niceness(finished_run):
     cfg, _, _, run_dir = finished_run
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
