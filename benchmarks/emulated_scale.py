@@ -5,7 +5,10 @@ Weak scaling of the single-policy demo job (``examples/arithmetic_grpo.yaml``, a
 ``--devices`` (8, 16, 32, 64): half the devices roll out, on RaaS nodes of at most
 ``--devices-per-node`` (each node one process whose engine stands for that many replicas),
 half train (one data-parallel trainer); the batch grows with N (16 prompts x 8 samples per 8
-devices), so each device has the same work at every N. The tiny model does every token and
+devices), so each device has the same work at every N. A node takes its share of a batch per
+poll and keeps two polls in flight (``rollout.polls_in_flight``): the partitions do not
+split a batch's tasks evenly, and the rest of a node's share joins the running batch
+instead of waiting for a poll of its own. The tiny model does every token and
 gradient; every engine call is held for its modelled time (``emulation/cost.py``), ``dilation``
 wall seconds per modelled second, raised with N (``--dilation`` x N / 8) so the real work
 stays a small share of each hold on this machine's cores. Every time is **modelled seconds,
@@ -54,7 +57,7 @@ def overrides(args, lay: dict, job: str) -> dict:
     dev = lambda n: {"kind": "emulated", "profile": args.profile, "count": n, "dilation": dilation,  # noqa: E731
                      "token_scale": args.token_scale, "prompt_token_scale": args.prompt_token_scale}
     return {"mode": "async", "job": job, "trainer.steps": args.steps, "eval.every": 0, "eval.problems": 50,
-            "eval.k": 1, "trainer.cpu_nice": 0, "rollout.nodes": lay["nodes"],
+            "eval.k": 1, "trainer.cpu_nice": 0, "rollout.nodes": lay["nodes"], "rollout.polls_in_flight": 2,
             "rollout.tasks_per_call": lay["tasks_per_call"], "dataflow.groups_per_batch": lay["groups_per_batch"],
             "kafka.task_partitions": max(8, lay["nodes"]),
             "rollout.device": dev(lay["devices_per_node"]), "trainer.device": dev(lay["trainer_devices"])}
@@ -155,15 +158,19 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(args.repeats):  # interleaved, so a change in the machine's load hits every N
             for n in counts:
                 rows[n].append(one(args, broker, lays[n], rep))
+            save(args, lays, rows, rep + 1, load_before)  # what is measured so far survives a cut-off run
+    print_table(aggregate(rows), args)
+    return 0
+
+
+def save(args, lays: dict, rows: dict, reps_done: int, load_before: dict) -> None:
     agg = aggregate(rows)
-    print_table(agg, args)
     write_results(Path(args.out), {
         "benchmark": "emulated_scale", "emulated": True, "profile": args.profile, "steps": args.steps,
-        "repeats": args.repeats, "quick": args.quick, "dilation_at_8": args.dilation,
+        "repeats": reps_done, "repeats_planned": args.repeats, "quick": args.quick, "dilation_at_8": args.dilation,
         "token_scale": args.token_scale, "prompt_token_scale": args.prompt_token_scale,
         "layouts": {str(n): lay for n, lay in lays.items()}, "method": __doc__, "by_devices": agg,
         "repetitions": {str(n): r for n, r in rows.items()}}, load_before)
-    return 0
 
 
 if __name__ == "__main__":
