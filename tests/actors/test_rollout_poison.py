@@ -27,7 +27,8 @@ def cfg(bootstrap, tmp_path) -> JobConfig:
                                 "rollout": {"n_samples": 2, "max_new_tokens": 3, "tasks_per_call": 1,
                                             "heartbeat_s": 1.0, "engine": {"kind": "cpu", "threads": 1}}})
     ensure_topics(bootstrap, job_topics(cfg).specs())
-    return cfg
+    from astraflow.actors.signing import with_run_keys
+    return with_run_keys(cfg, tmp_path)  # the node checks announcements against the run's key, as in a job
 
 
 def _groups(bootstrap: str, topic: str) -> list[TrajectoryGroup]:

@@ -34,7 +34,8 @@ def cfg(bootstrap, tmp_path) -> JobConfig:
                                 "trainer": {"steps": 3, "checkpoint_every": 100, "snapshot_every": 100,
                                             "engine": {"threads": 1}}})
     ensure_topics(bootstrap, job_topics(cfg).specs())
-    return cfg
+    from astraflow.actors.signing import with_run_keys
+    return with_run_keys(cfg, tmp_path)  # the trainer signs with the run's key, as in a job
 
 
 def batch(step: int, token: int = 7, reward: float = 1.0, policy: str = "policy") -> Batch:
