@@ -279,11 +279,10 @@ class EpisodeRunner:
         rollout actor serves other pools' requests and heartbeats there)."""
         spans = list(spans or [None] * len(tasks))
         batcher = CallBatcher(self.engine, self.engine_lock, self.before_call, self.batch_invariant)
-        pool = self._reserve(len(tasks))
+        for _ in tasks:
+            batcher.enter()
+        futures = self._submit(tasks, spans, batcher)
         try:
-            for _ in tasks:
-                batcher.enter()
-            futures = [pool.submit(self._one, i, t, s, batcher) for i, (t, s) in enumerate(zip(tasks, spans))]
             while not all(f.done() for f in futures):
                 if on_wait is not None:
                     on_wait()
@@ -306,16 +305,18 @@ class EpisodeRunner:
             return [groups for groups, _ in results]
         return [groups for groups, _ in results], metrics
 
-    def _reserve(self, n: int) -> ThreadPoolExecutor:
-        """The episode threads' pool, large enough for ``n`` more episodes than are running."""
+    def _submit(self, tasks: Sequence[Task], spans: list, batcher: CallBatcher) -> list:
+        """One thread per episode, on a pool large enough for every poll in flight (an outgrown
+        pool is retired, its episodes finishing on it); reserved and submitted under one lock,
+        so another poll cannot retire the pool in between."""
         with self._pool_lock:
-            self._reserved += n
+            self._reserved += len(tasks)
             if self._pool is None or self._pool._max_workers < self._reserved:  # noqa: SLF001
-                if self._pool is not None:  # episodes of another poll may still run on it: they finish
+                if self._pool is not None:
                     self._pool.shutdown(wait=False)
                 self._pool = ThreadPoolExecutor(max_workers=max(1, self._reserved),
                                                 thread_name_prefix=f"{self.node_id}-ep")
-            return self._pool
+            return [self._pool.submit(self._one, i, t, s, batcher) for i, (t, s) in enumerate(zip(tasks, spans))]
 
     def _one(self, index: int, task: Task, span, batcher: CallBatcher) -> tuple[list[TrajectoryGroup], dict]:
         started = time.time()

@@ -152,9 +152,17 @@ class Producer:
             # single-member group's own bookkeeping (the dataflow; its transactional id fences
             # an older instance): they go under the current membership.
             membership = consumer.membership_for(offs) if offsets is None or handed_out else consumer.group_metadata()
-            self._await(self._kp._transaction_manager.send_offsets_to_transaction(
-                {tp: OffsetAndMetadata(o, "", -1) for tp, o in offs.items()}, membership),
-                "offset commit")
+            try:
+                self._await(self._kp._transaction_manager.send_offsets_to_transaction(
+                    {tp: OffsetAndMetadata(o, "", -1) for tp, o in offs.items()}, membership),
+                    "offset commit")
+            except (CommitFailedError, RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError) as e:
+                # The broker knew better than the client: the member was expelled or the group
+                # moved on since the poll. Another member redoes these records; the caller's
+                # transaction is aborted (the same fencing as a stale membership seen here).
+                raise StaleMembershipError(f"producer {self.client_id}: the group refused the transactional offset "
+                                           f"commit ({type(e).__name__}: {e}); another member redoes these "
+                                           f"records") from e
             consumer.mark_committed(offs)
 
     def _await(self, result, what: str) -> None:
