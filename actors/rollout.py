@@ -108,8 +108,9 @@ class RolloutActor(LoopActor):
         self.subscriber.start()
         from collections import deque
         from concurrent.futures import ThreadPoolExecutor
-        self._polls: deque = deque()  #: (tasks, spans, offsets, future, metrics) of the polls in flight, oldest first
-        self._refused = False  #: a poll's commit was fenced: the rest in flight are dropped, then a fresh consumer
+        #: (tasks, spans, offsets, membership, future, metrics) of the polls in flight, oldest first
+        self._polls: deque = deque()
+        self._held = None  #: a poll's deliveries waiting for the weights they were scheduled at
         self._busy_from = 0.0
         self._poll_threads = ThreadPoolExecutor(self.cfg.rollout.polls_in_flight, thread_name_prefix=f"{self.node_id}-poll")
         self._heartbeat(force=True)
@@ -185,16 +186,17 @@ class RolloutActor(LoopActor):
             return
         self._report(tasks, per_task, spans, time.monotonic() - t0, self.runner.last_metrics)
 
-    def _commit(self, per_task: list[list[TrajectoryGroup]], spans, offsets=None) -> None:
-        """A poll's groups and its task offsets in one transaction (``offsets``: a snapshot of
-        the consumer's pending offsets taken at that poll, when later polls are in flight)."""
+    def _commit(self, per_task: list[list[TrajectoryGroup]], spans, offsets=None, membership=None) -> None:
+        """A poll's groups and its task offsets in one transaction (``offsets``, ``membership``: a
+        snapshot of the consumer's pending offsets and its group membership taken at that poll,
+        when later polls are in flight)."""
         with self.producer.transaction():
             for gs, span in zip(per_task, spans):
                 with trace.use_span(span):  # the record carries this rollout's trace context
                     for g in gs:
                         self.producer.send(self.topics.trajectories, g, key=g.task_id)
             fault_points.reach(fault_points.IN_TRANSACTION, self.node_id)
-            self.producer.send_offsets(self.consumer, offsets, handed_out=offsets is not None)
+            self.producer.send_offsets(self.consumer, offsets, membership=membership)
 
     def _fenced_poll(self, e: Exception, tasks: list[Task], spans) -> None:
         # Fell out of the group while rolling out (a broker restart, a long pause): the
@@ -248,23 +250,52 @@ class RolloutActor(LoopActor):
             if not self._polls:  # serving during its own polls is inside their raas.busy_s
                 self._serve_busy_s += self.server.busy_s - before
         self._commit_finished_polls()
-        if len(self._polls) < limit and not self._refused:
-            deliveries = self.consumer.poll(0 if answered or self._polls else 50 if self.multi else 500)
-            if deliveries:
+        if self._held is not None:
+            # A poll waiting for weights it was scheduled at: those need the polls in flight to be
+            # committed and trained first, so it starts once they are loaded, or, with nothing
+            # in flight, waits for them as a single poll does.
+            held, self._held = self._held, None
+            if not self._polls or self.engine.version >= max(d.message.scheduled_version for d in held):
+                self._start_poll(held)
+            else:
+                self._held = held
+        room = len(self._polls) < limit and self._held is None
+        # At the limit the task partitions are paused, not left unpolled: the poll keeps the
+        # consumer's group membership current (a rebalance it sat out would fence every poll).
+        self._pause_tasks(not room)
+        deliveries = self.consumer.poll(0 if answered or self._polls else 50 if self.multi else 500)
+        if deliveries:  # (at the limit only from a partition assigned since the pause: taken all the same)
+            if self._held is not None:  # (a partition assigned while a poll waits: it waits with it)
+                self._held = [*self._held, *deliveries]
+            elif self._polls and max(d.message.scheduled_version for d in deliveries) > self.engine.version:
+                self._held = deliveries  # never block on a version while polls are in flight
+            else:
                 self._start_poll(deliveries)
-            elif not self._polls and self.consumer.pending_offsets():  # only dead-lettered records
-                try:
-                    self.consumer.commit()
-                except StaleMembershipError as e:
-                    log.warning("%s: %s", self.node_id, e)
-        elif self.server is None:
+        elif not self._polls and self.consumer.pending_offsets():  # only dead-lettered records
+            try:
+                self.consumer.commit()
+            except StaleMembershipError as e:
+                log.warning("%s: %s", self.node_id, e)
+        if not room and self.server is None:
             time.sleep(0.01)
         self._heartbeat()
+
+    def _pause_tasks(self, pause: bool) -> None:
+        raw = self.consumer.raw
+        if pause:
+            raw.pause(*[tp for tp in raw.assignment() if tp not in raw.paused()])
+        elif raw.paused():
+            raw.resume(*raw.paused())
 
     def _start_poll(self, deliveries) -> None:
         self.watch.saw_records()
         tasks: list[Task] = [d.message for d in deliveries]
         offsets = self.consumer.pending_offsets()  # everything handed out so far: committed with this poll
+        try:  # the membership these were handed out in: the poll commits under it or not at all
+            membership = self.consumer.membership_for(offsets)
+        except StaleMembershipError as e:
+            log.warning("%s: %s", self.node_id, e)  # handed out across a rebalance: redone from the committed offset
+            return
         self._wait_for_version(max(t.scheduled_version for t in tasks))
         spans = [tracer.start_span("raas.rollout", context=d.trace_context,
                                    attributes={"task.id": d.message.task_id, "node.id": self.node_id,
@@ -274,33 +305,25 @@ class RolloutActor(LoopActor):
             self._busy_from = time.monotonic()
         metrics: list[dict] = []
         future = self._poll_threads.submit(self.runner.roll_out, tasks, spans, None, metrics)
-        self._polls.append((tasks, spans, offsets, future, metrics))
+        self._polls.append((tasks, spans, offsets, membership, future, metrics))
         self.metrics.emit_many({"raas.polls_in_flight": len(self._polls)}, step=self.engine.version,
                                node=self.node_id, policy=self.cfg.policy)
 
     def _commit_finished_polls(self) -> None:
-        while self._polls and self._polls[0][3].done():
-            tasks, spans, offsets, future, metrics = self._polls.popleft()
+        """Commit the polls that finished, oldest first (a later one waits for every earlier one);
+        each under the membership it was handed out in: one handed out before a rebalance is
+        fenced (dropped; redone from the committed offset), one handed out after it commits."""
+        while self._polls and self._polls[0][4].done():
+            tasks, spans, offsets, membership, future, metrics = self._polls.popleft()
             per_task = future.result()  # a rollout that raised fails the step, as it does inline
-            if self._refused:
-                self._fenced_poll(StaleMembershipError("an earlier poll of this membership was fenced"),
-                                  tasks, spans)
-            else:
-                try:
-                    self._commit(per_task, spans, offsets)
-                except StaleMembershipError as e:
-                    self._refused = True  # every later poll was handed out before the rebalance too
-                    self._fenced_poll(e, tasks, spans)
-                else:
-                    now = time.monotonic()  # the time at least one poll was in flight, once
-                    busy, self._busy_from = now - self._busy_from, now
-                    self._report(tasks, per_task, spans, busy, metrics)
-        if self._refused and not self._polls:
-            # Their new owner redoes every poll that was in flight; this node starts again from
-            # the committed offsets with a fresh consumer (its positions were past them).
-            close_quietly(self.consumer)
-            self.consumer = self._task_consumer()
-            self._refused = False
+            try:
+                self._commit(per_task, spans, offsets, membership)
+            except StaleMembershipError as e:
+                self._fenced_poll(e, tasks, spans)
+                continue
+            now = time.monotonic()  # the time at least one poll was in flight, once
+            busy, self._busy_from = now - self._busy_from, now
+            self._report(tasks, per_task, spans, busy, metrics)
 
     def _roll_out(self, tasks: list[Task], spans) -> list[list[TrajectoryGroup]]:
         """Per task, its groups (one per trained role): :meth:`EpisodeRunner.roll_out

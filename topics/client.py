@@ -136,13 +136,13 @@ class Producer:
         self._await(self._kp._transaction_manager.begin_commit(), "commit")
 
     def send_offsets(self, consumer: "Consumer", offsets: dict[TopicPartition, int] | None = None, *,
-                     handed_out: bool = False) -> None:
+                     membership: Any = None) -> None:
         """Commit ``consumer``'s processed offsets inside the current transaction.
 
-        ``handed_out``: ``offsets`` are a subscribed consumer's own, taken from
-        ``pending_offsets()`` after an earlier poll (a node with several polls in flight
-        commits them in order), so they are checked against the membership they were handed
-        out in, like the default."""
+        ``membership``: the group membership ``offsets`` were handed out in (a node with several
+        polls in flight keeps each poll's, :meth:`Consumer.membership_for` at that poll): they are
+        committed under it, and only if it is still the consumer's current one (else
+        :class:`StaleMembershipError`, as for the default)."""
         offs = offsets if offsets is not None else consumer.pending_offsets()
         if offs:
             # Consume-process-produce (no explicit offsets): commit under the membership the
@@ -151,7 +151,17 @@ class Producer:
             # resets to generation -1 when it learns it was kicked out. Explicit offsets are a
             # single-member group's own bookkeeping (the dataflow; its transactional id fences
             # an older instance): they go under the current membership.
-            membership = consumer.membership_for(offs) if offsets is None or handed_out else consumer.group_metadata()
+            if membership is not None:
+                current = consumer.group_metadata()
+                if not _same_membership(membership, current):
+                    raise StaleMembershipError(
+                        f"producer {self.client_id}: the records of these offsets were handed out in generation "
+                        f"{membership.generation_id}, the consumer is now in {current.generation_id}; not "
+                        f"committing them — the partition's owner redoes them from the committed offset")
+            elif offsets is None:
+                membership = consumer.membership_for(offs)
+            else:
+                membership = consumer.group_metadata()
             try:
                 self._await(self._kp._transaction_manager.send_offsets_to_transaction(
                     {tp: OffsetAndMetadata(o, "", -1) for tp, o in offs.items()}, membership),

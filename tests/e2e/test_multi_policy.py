@@ -190,10 +190,12 @@ def test_a_node_with_two_polls_in_flight_commits_them_in_order_and_loses_nothing
             h.wait_for(lambda m, p=p: m.name == "trainer.done" and m.component == f"trainer.{p}", 900,
                        f"trainer.done of {p}")
         reports = h.audit_until_settled()
-        while h.poll_metrics(1000):
-            pass
     finally:
         h.stop_all()
+    h.metrics = []  # every metric the nodes wrote, read again from the start now that they are stopped
+    while h.poll_metrics(1000):  # (running, an emulated device reports at each heartbeat: no end)
+        pass
+    h.stop_all()
     _assert_conserved(reports, cfg)
     in_flight = [m.value for m in h.metrics if m.name == "raas.polls_in_flight" and m.labels.get("node") == "raas-solver-0"]
     assert max(in_flight) == 2, in_flight  # the second poll started before the first committed
