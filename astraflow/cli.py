@@ -248,20 +248,22 @@ def _cmd_node(args: argparse.Namespace) -> int:
     bootstrap = args.bootstrap_servers or cfg.kafka.bootstrap_servers
     if not bootstrap:
         raise SystemExit("astraflow node: --bootstrap-servers is required (or kafka.bootstrap_servers in the config)")
-    if not args.bootstrap_servers:
-        _reachable(bootstrap, f"kafka.bootstrap_servers of {args.config}")
     run_dir = args.run_dir or str(Path(cfg.run_dir) / cfg.job)
     group = {"nnodes": args.nnodes, "node_rank": args.node_rank, "master_addr": args.master_addr,
              "master_port": args.master_port}
     given = {k: v for k, v in group.items() if v is not None}
+    reach = lambda: _reachable(bootstrap, "--bootstrap-servers" if args.bootstrap_servers  # noqa: E731
+                               else f"kafka.bootstrap_servers of {args.config}")  # the flags first, then the cluster
     if args.role != "trainer":
         if given:
             from astraflow.trainer_group import FlagError
             flags = ", ".join("--" + k.replace("_", "-") for k in given)
             raise FlagError(f"{flags} place trainer ranks; --role {args.role} takes none")
+        reach()
         return run_node(args.role, cfg, bootstrap, run_dir, args.node_id)
     from astraflow import trainer_group
     topo = trainer_group.Topology(cfg.trainer.ranks, **given)
+    reach()
     if topo.world_size > 1 and not trainer_group.is_rank_process():
         return trainer_group.run_trainer_group(cfg, topo, bootstrap=bootstrap, run_dir=run_dir,
                                                node_id=args.node_id or f"trainer-{os.getpid()}",
@@ -510,7 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if getattr(args, "bootstrap_servers", None):
+        if getattr(args, "bootstrap_servers", None) and args.func is not _cmd_node:  # (node: after its flags)
             _reachable(args.bootstrap_servers, "--bootstrap-servers")
         return args.func(args)
     except KeyboardInterrupt:
