@@ -21,12 +21,13 @@ hung for the full bound, and the supervisor restarted the actor. Two places drop
 
 :func:`install` fixes both without touching kafka-python's files:
 
-1. every ``Sender`` sees its network client through :class:`_SenderClient`, whose
-   ``await_ready`` answers ``False`` (after the sender's retry backoff, so a coordinator that
-   is still reported on the dead broker is not asked in a tight loop) for a node that cannot
-   be reached, and whose ``send`` hands back a failed future (a disconnect, retried by the
-   handler) instead of raising; the sender's own not-ready branch then looks up the
-   coordinator and re-queues the request, as it was written to;
+1. the sender of every idempotent or transactional producer sees its network client
+   through :class:`_SenderClient`, whose ``await_ready`` answers ``False`` for a node that
+   cannot be reached (after the sender's retry backoff, so a coordinator still reported on
+   the dead broker is not asked again in a tight loop), and whose ``send`` hands back a
+   failed future (a disconnect: the transactional handler, or a produce request's batches,
+   take their retry path) instead of raising; the sender's own not-ready branch then looks
+   the coordinator up again and re-queues the request, as it was written to;
 2. ``TxnRequestHandler.on_complete`` sees a retriable client-side failure (other than
    ``Cancelled``, which closing the client reports) as the disconnect it is: look up the
    coordinator, re-queue.
