@@ -17,8 +17,9 @@ the one of the role measured:
 The stall of a node is the longest gap between two of its committed transactions across
 the kill (from before it until every node committed three transactions begun after it);
 ``stall_s`` is the worst node's, ``none_committing_s`` how long no node committed at all.
-A node loop whose producer gives up (:class:`ProduceError`) rebuilds its clients, as the
-actor's supervisor would restart the actor: ``restarts`` counts those; ``fenced`` the
+A node loop whose step fails (its producer gave up, :class:`ProduceError`; any error
+but a lost membership) rebuilds its clients, as the actor's supervisor would restart the
+actor: ``restarts`` counts those; ``fenced`` the
 transactions dropped because the node lost its group membership. The killed broker is
 restarted and caught up between repetitions. ``--stock`` measures kafka-python's own
 transactional request handling (without :mod:`astraflow.topics.txn_recovery`).
@@ -42,7 +43,7 @@ from kafka import KafkaAdminClient
 from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 
 from astraflow.benchmarks.results_io import fmt_spread, load_now, spread, write_results
-from astraflow.topics import (Consumer, EmbeddedCluster, JobTopics, ProduceError, Producer, Prompt,
+from astraflow.topics import (Consumer, EmbeddedCluster, JobTopics, Producer, Prompt,
                               StaleMembershipError, ensure_topics, txn_recovery)
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -97,9 +98,16 @@ def plan(bootstrap: str, topics: JobTopics) -> Layout:
     """Names whose group and transaction coordinators are two different brokers, the third
     leading tasks partitions only."""
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="broker-loss")
+    deadline = time.monotonic() + 60
     try:
         offsets, txns = _leaders(admin, "__consumer_offsets"), _leaders(admin, "__transaction_state")
-        tasks = _leaders(admin, topics.tasks("policy"))
+        while True:  # a topic just created may not have its leaders yet
+            tasks = _leaders(admin, topics.tasks("policy"))
+            if len(tasks) == topics.task_partitions and min(tasks.values()) >= 0:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{topics.tasks('policy')} has no leader for every partition: {tasks}")
+            time.sleep(0.5)
     finally:
         admin.close()
     led = {b: sum(1 for leader in tasks.values() if leader == b) for b in sorted(set(offsets.values()) | set(tasks.values()))}
@@ -176,24 +184,23 @@ class Node(threading.Thread):
                 except StaleMembershipError:
                     self.log.fenced += 1
                     continue
-                except ProduceError as e:  # the supervisor's answer: a restarted actor, new clients
+                except Exception as e:  # noqa: BLE001 - what fails a RolloutActor step: its supervisor restarts it
                     self.log.restarts += 1
-                    self.log.errors.append(str(e)[:300])
+                    self.log.errors.append(f"{type(e).__name__}: {e}"[:300])
                     producer.close(timeout=0)
                     consumer.close()
                     producer, consumer = self._clients()
                     continue
                 self.log.commits.append((began, time.monotonic()))
-        except Exception as e:  # noqa: BLE001 - reported in the results, not a crash of the benchmark
-            self.log.errors.append(f"{type(e).__name__}: {e}"[:300])
         finally:
             producer.close(timeout=0)
             consumer.close()
 
 
 def _stall(commits: list[tuple[float, float]], kill: float, until: float) -> float:
-    """The longest gap between consecutive commits that spans part of [kill, until]."""
-    done = [c for _, c in commits]
+    """The longest gap between consecutive commits that spans part of [kill, until] (a node
+    that has not committed since its last commit before ``until`` counts until then)."""
+    done = [c for _, c in commits] + [until]
     gaps = [b - a for a, b in zip(done, done[1:]) if b > kill and a < until]
     return max(gaps, default=float("nan"))
 

@@ -141,9 +141,22 @@ class Producer:
             # single-member group's own bookkeeping (the dataflow; its transactional id fences
             # an older instance): they go under the current membership.
             membership = consumer.membership_for(offs) if offsets is None else consumer.group_metadata()
-            self._await(self._kp._transaction_manager.send_offsets_to_transaction(
-                {tp: OffsetAndMetadata(o, "", -1) for tp, o in offs.items()}, membership),
-                "offset commit")
+            try:
+                self._await(self._kp._transaction_manager.send_offsets_to_transaction(
+                    {tp: OffsetAndMetadata(o, "", -1) for tp, o in offs.items()}, membership),
+                    "offset commit")
+            except CommitFailedError as e:
+                # The group coordinator refused the membership (ILLEGAL_GENERATION /
+                # UNKNOWN_MEMBER_ID): the member was dropped before the client noticed (a
+                # session that expired while the coordinator moved to another broker). The
+                # same case as the client-side check, not a failed producer: the transaction
+                # aborts, the partition's owner redoes the records.
+                meta = consumer.group_metadata()
+                raise StaleMembershipError(
+                    f"producer {self.client_id}: the group coordinator of {meta.group_id} refused the offsets "
+                    f"{sorted((tp.topic, tp.partition, o) for tp, o in offs.items())} under generation "
+                    f"{membership.generation_id}, member {membership.member_id!r} ({e}); not committed — the "
+                    f"partition's owner redoes them from the committed offset") from e
             consumer.mark_committed(offs)
 
     def _await(self, result, what: str) -> None:

@@ -19,7 +19,7 @@ import pytest
 from kafka import TopicPartition
 from kafka.producer import sender, transaction_manager
 
-from astraflow.topics import Prompt, txn_recovery
+from astraflow.topics import Prompt, StaleMembershipError, txn_recovery
 
 PAUSE_S = 5.0  #: the broker stays stopped this long: past the producer's request timeout, inside every session
 REQUEST_TIMEOUT_MS = 1500
@@ -96,3 +96,30 @@ def test_a_timed_out_transactional_request_is_retried_and_the_transaction_commit
     assert sorted(out) == ["out-t0", "out-t1"]
     partitions = [TopicPartition(tasks_topic, p) for p in range(job_topics.task_partitions)]
     assert sum(consumer.raw.committed(tp) or 0 for tp in partitions) == 2  # t1's offset in the transaction
+
+
+def test_a_membership_the_coordinator_refuses_is_stale_membership_not_a_failed_producer(
+        job_topics, make_producer, make_consumer, expel_silently):
+    """The coordinator dropped the member before the client noticed (its session expired while
+    the coordinator moved): the broker refuses the transactional commit (UNKNOWN_MEMBER_ID),
+    kafka-python raises CommitFailedError. That is :class:`StaleMembershipError`, as the
+    client-side check raises it: the transaction aborts and the same producer goes on (a RaaS
+    node counts fenced tasks instead of its actor failing and restarting)."""
+    src, group = job_topics.tasks("policy"), f"{job_topics.job}-raas"
+    make_producer().send(src, Prompt("t0", "x", "1"), partition=0).get(10)
+    node = make_consumer(topics=[src], group_id=group, client_id="node", session_timeout_ms=6000)
+    got = []
+    for _ in range(20):
+        got += node.poll(500)
+        if got:
+            break
+    assert [d.message.prompt_id for d in got] == ["t0"]
+    expel_silently(node, group)  # the broker dropped it; the client still says stable, same generation
+    producer = make_producer(client_id="node", transactional_id=f"{job_topics.job}-tx")
+    with pytest.raises(StaleMembershipError, match="refused the offsets"):
+        with producer.transaction():
+            producer.send(job_topics.trajectories, Prompt("out-t0", "y", "1"), key="t0")
+            producer.send_offsets(node)
+    with producer.transaction():  # aborted, not fatal: the producer keeps working
+        producer.send(job_topics.trajectories, Prompt("other", "y", "1"), key="other")
+    assert node.raw.committed(TopicPartition(src, 0)) in (None, -1)
