@@ -152,6 +152,7 @@ class Producer:
                 # same case as the client-side check, not a failed producer: the transaction
                 # aborts, the partition's owner redoes the records.
                 meta = consumer.group_metadata()
+                consumer.membership_refused()
                 raise StaleMembershipError(
                     f"producer {self.client_id}: the group coordinator of {meta.group_id} refused the offsets "
                     f"{sorted((tp.topic, tp.partition, o) for tp, o in offs.items())} under generation "
@@ -438,6 +439,15 @@ class Consumer:
                 f"handed out (now generation {current.generation_id}, member {current.member_id!r}); not committing "
                 f"them — the partition's owner redoes them from the committed offset")
         return current
+
+    def membership_refused(self) -> None:
+        """The group coordinator refused this member's generation (it rejected a transactional
+        offset commit made under it): forget the generation, as kafka-python does when its own
+        commit or heartbeat is refused, so the next poll rejoins the group. A client that still
+        says "stable" would otherwise go on handing out records under a membership the broker
+        no longer has, and every transaction of them would be refused in turn."""
+        if self._subscribed:
+            self._kc._coordinator.reset_generation()
 
     def commit(self, offsets: dict[TopicPartition, int] | None = None) -> None:
         """Synchronously commit ``offsets`` (default: everything handed out so far).

@@ -123,3 +123,14 @@ def test_a_membership_the_coordinator_refuses_is_stale_membership_not_a_failed_p
     with producer.transaction():  # aborted, not fatal: the producer keeps working
         producer.send(job_topics.trajectories, Prompt("other", "y", "1"), key="other")
     assert node.raw.committed(TopicPartition(src, 0)) in (None, -1)
+    assert node.group_metadata().generation_id < 0  # told it is out: its next poll rejoins
+    redone = []
+    for _ in range(40):  # rejoined, it is handed the uncommitted task again
+        redone += node.poll(500)
+        if redone:
+            break
+    assert [d.message.prompt_id for d in redone] == ["t0"]
+    with producer.transaction():
+        producer.send(job_topics.trajectories, Prompt("out-t0", "y", "1"), key="t0")
+        producer.send_offsets(node)
+    assert node.raw.committed(TopicPartition(src, 0)) == 1
