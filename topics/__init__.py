@@ -1,12 +1,18 @@
 """The dataflow layer: Kafka topics, typed messages, producers/consumers, the embedded broker.
 
 Components of a job share nothing but the topics defined here (:class:`JobTopics`).
-Importing it gives kafka-python's connections larger socket reads (:mod:`.socket_reads`).
+Importing it gives kafka-python's connections larger socket reads (:mod:`.socket_reads`) and
+its transactional producer requests that follow a coordinator to its new broker
+(:mod:`.txn_recovery`).
 """
 
 from . import socket_reads
 
 socket_reads.install()
+
+from . import txn_recovery
+
+txn_recovery.install()
 
 from .broker import EmbeddedBroker
 from .chunking import ChunkReader, ChunkWriter, ReleasableBuffer, write_chunks

@@ -168,11 +168,17 @@ class Producer:
                     "offset commit")
             except (CommitFailedError, RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError) as e:
                 # The broker knew better than the client: the member was expelled or the group
-                # moved on since the poll. Another member redoes these records; the caller's
+                # moved on since the poll (e.g. a session that expired while the coordinator
+                # moved to another broker). Another member redoes these records; the caller's
                 # transaction is aborted (the same fencing as a stale membership seen here).
-                raise StaleMembershipError(f"producer {self.client_id}: the group refused the transactional offset "
-                                           f"commit ({type(e).__name__}: {e}); another member redoes these "
-                                           f"records") from e
+                # The consumer forgets its generation so its next poll rejoins.
+                meta = consumer.group_metadata()
+                consumer.membership_refused()
+                raise StaleMembershipError(
+                    f"producer {self.client_id}: the group coordinator of {meta.group_id} refused the offsets "
+                    f"{sorted((tp.topic, tp.partition, o) for tp, o in offs.items())} under generation "
+                    f"{membership.generation_id}, member {membership.member_id!r} ({type(e).__name__}: {e}); "
+                    f"not committed — the partition's owner redoes them from the committed offset") from e
             consumer.mark_committed(offs)
 
     def _await(self, result, what: str) -> None:
@@ -577,6 +583,15 @@ class Consumer:
                 f"handed out (now generation {current.generation_id}, member {current.member_id!r}); not committing "
                 f"them — the partition's owner redoes them from the committed offset")
         return current
+
+    def membership_refused(self) -> None:
+        """The group coordinator refused this member's generation (it rejected a transactional
+        offset commit made under it): forget the generation, as kafka-python does when its own
+        commit or heartbeat is refused, so the next poll rejoins the group. A client that still
+        says "stable" would otherwise go on handing out records under a membership the broker
+        no longer has, and every transaction of them would be refused in turn."""
+        if self._subscribed:
+            self._kc._coordinator.reset_generation()
 
     def commit(self, offsets: dict[TopicPartition, int] | None = None) -> None:
         """Synchronously commit ``offsets`` (default: everything handed out so far).

@@ -35,10 +35,22 @@ def replication_for(brokers: int) -> tuple[int, int]:
     return factor, max(1, factor - 1)
 
 
+#: How long the controller waits for a silent broker before it fences it and moves its
+#: partitions' leadership (and with it the group and transaction coordinators it held):
+#: every transaction that touches the dead broker waits at least this long. Kafka's default
+#: is 9 s with a heartbeat every 2 s; 6 s with one a second still tolerates five missed
+#: heartbeats, and takes 3 s off the stall a broker loss costs (benchmarks/broker_loss.py).
+BROKER_SESSION_TIMEOUT_MS = 6_000
+BROKER_HEARTBEAT_INTERVAL_MS = 1_000
+
+
 def cluster_properties(nodes: int) -> dict[str, str]:
-    """Broker settings for a node of an ``nodes``-node cluster: internal topics replicated too."""
+    """Broker settings for a node of an ``nodes``-node cluster: internal topics replicated too,
+    and a dead broker fenced after :data:`BROKER_SESSION_TIMEOUT_MS`."""
     factor, min_isr = replication_for(nodes)
     return {
+        "broker.session.timeout.ms": str(BROKER_SESSION_TIMEOUT_MS),
+        "broker.heartbeat.interval.ms": str(BROKER_HEARTBEAT_INTERVAL_MS),
         "offsets.topic.replication.factor": str(factor),
         "transaction.state.log.replication.factor": str(factor),
         "transaction.state.log.min.isr": str(min_isr),
