@@ -58,7 +58,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link
 
 from astraflow.algorithms import Candidate, TrainedGroup, build_pipeline
-from astraflow.algorithms.pipeline import context_of, digest
+from astraflow.algorithms.pipeline import context_of, digest, team_free_specs
 from astraflow.config import JobConfig
 from astraflow.topics import (Batch, Consumer, DeadLetters, Delivery, Producer, Prompt, Task,
                               TrajectoryGroup, VersionAnnouncement)
@@ -78,14 +78,18 @@ tracer = trace.get_tracer(__name__)
 class Lane:
     """One policy's share of the dataflow: its bound, ledger, algorithms and partial batch."""
 
-    def __init__(self, cfg: JobConfig, roles: list[str], multi_role: bool) -> None:
+    def __init__(self, cfg: JobConfig, roles: list[str], multi_role: bool, schedules_prompts: bool = True) -> None:
         self.cfg, self.policy = cfg, cfg.policy
         self.roles, self.multi_role = roles, multi_role  #: the workflow roles this policy plays
         self.B = cfg.dataflow.groups_per_batch
         self.staleness = cfg.effective_staleness
         self.epoch = self.version = 0
         self.partial: list[Delivery] = []
-        self.pipeline = build_pipeline(cfg.dataflow.algorithms, context_of(cfg), cfg.dataflow.force_after_skips)
+        # The prompt curators choose what the team's episodes run on, once for every policy:
+        # they run in the lead lane only (config.py refuses one a non-lead policy adds); every
+        # lane runs its own filters and composers on its own groups.
+        specs = cfg.dataflow.algorithms if schedules_prompts else team_free_specs(cfg.dataflow.algorithms)
+        self.pipeline = build_pipeline(specs, context_of(cfg), cfg.dataflow.force_after_skips)
         self.ledger: Ledger | None = None
 
     def keys(self, task_id: str) -> list[str]:
@@ -128,7 +132,8 @@ class DataflowActor(LoopActor):
         bound = cfg.role_policies
         multi_role = len(bound) > 1
         self.lead = cfg.lead_policy
-        self.lanes = {p: Lane(cfg.view(p), [r for r, q in bound.items() if q == p], multi_role)
+        self.lanes = {p: Lane(cfg.view(p), [r for r, q in bound.items() if q == p], multi_role,
+                              schedules_prompts=p == self.lead)
                       for p in cfg.policy_names}
         self.lockstep = cfg.barrier == "lockstep" and len(self.lanes) > 1
         self.cfg = cfg.view(self.lead)  # the scheduling lane's view: prompts, tasks, sampling
@@ -337,7 +342,7 @@ class DataflowActor(LoopActor):
             self.txn.send_offsets(self.prompts, offsets)
         self.metrics.emit("dataflow.scheduled", self.ledger.tasks_scheduled, step=self.version)
         if self.pipeline.curators:
-            self._emit_algorithm_stats(self.version)
+            self._emit_algorithm_stats(self.main, self.version)
 
     def _task(self, d: Delivery, lanes: list[Lane]) -> Task:
         r, epoch = self.cfg.rollout, self.ledger.prompt_epoch
@@ -372,8 +377,10 @@ class DataflowActor(LoopActor):
         log.info("dataflow: every prompt read; pass %d over %s begins", self.ledger.prompt_epoch, self.topics.prompts)
         self.metrics.emit("dataflow.prompt_epoch", self.ledger.prompt_epoch, step=self.version)
 
-    def _emit_algorithm_stats(self, step: int) -> None:
-        self.metrics.emit_many({f"dataflow.algorithms.{k}": v for k, v in self.pipeline.stats().items()}, step=step)
+    def _emit_algorithm_stats(self, lane: Lane, step: int) -> None:
+        labels = {"policy": lane.policy} if len(self.lanes) > 1 else {}
+        self.metrics.emit_many({f"dataflow.algorithms.{k}": v for k, v in lane.pipeline.stats().items()},
+                               step=step, **labels)
 
     #: How long one step waits for a group or a version when neither has come.
     COLLECT_POLL_MS = 200
@@ -474,7 +481,7 @@ class DataflowActor(LoopActor):
                                 **({"dataflow.team_reward": stats["team_reward"]} if team else {})},
                                step=k, **labels)
         if not pipeline.empty:
-            self._emit_algorithm_stats(k)
+            self._emit_algorithm_stats(lane, k)
         return True
 
     def _send_drops_and_state(self, offsets: dict[TopicPartition, int]) -> None:

@@ -209,6 +209,17 @@ def build_pipeline(specs, ctx: Context, force_after_skips: int = 64) -> DataPipe
     return DataPipeline(curators, filters, composers, ctx, force_after_skips)
 
 
+def is_curator(spec) -> bool:
+    """Whether a ``dataflow.algorithms`` entry is a prompt curator (it decides what is scheduled)."""
+    return issubclass(algorithm_class(spec.name), PromptCurator)
+
+
+def team_free_specs(specs) -> tuple:
+    """``specs`` without the prompt curators: what a lane that does not schedule prompts runs
+    (a multi-policy job schedules each prompt once for the team, in the lead policy's lane)."""
+    return tuple(s for s in specs if not is_curator(s))
+
+
 def context_of(cfg) -> Context:
     """The :class:`Context` of a :class:`~astraflow.config.JobConfig`."""
     return Context(seed=cfg.seed, groups_per_batch=cfg.dataflow.groups_per_batch, n_samples=cfg.rollout.n_samples,

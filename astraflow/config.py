@@ -334,15 +334,43 @@ class JobConfig:
                 raise ConfigError(self.source, f"workflow.roles.{role}",
                                   f"no policy {policy!r} (policies: {', '.join(names)})")
         if len(names) > 1:
-            for p in names:
-                if self.policies[p].dataflow.algorithms:
-                    raise ConfigError(self.source, f"policies.{p}.dataflow.algorithms",
-                                      "data algorithms are not supported in multi-policy jobs yet (README, "
-                                      "Multi-policy: what is missing)")
+            self._check_policy_algorithms(names)
         idle = [p for p in names if p not in bound.values()]
         if idle:
             raise ConfigError(self.source, f"policies.{idle[0]}", "no workflow role is bound to this policy: it "
                                                                   "would never get data (workflow.roles)")
+
+    def _check_policy_algorithms(self, names) -> None:
+        """Each policy's lane runs its own data algorithms (filters and composers on its own
+        groups, checked against its own batch and group sizes). Prompt curators choose the
+        prompts the team's episodes run on, once for every policy: the lead policy's run (they
+        learn from its groups); a non-lead policy may repeat them (inherited from the top-level
+        ``dataflow`` section; its lane skips them), never add or change one."""
+        from astraflow.algorithms.base import Context
+        from astraflow.algorithms.pipeline import PipelineError, build_pipeline, is_curator
+        lead = self.lead_policy
+        lead_curators = [s for s in self.policies[lead].dataflow.algorithms if is_curator(s)]
+        for p in names:
+            section = self.policies[p]
+            specs = section.dataflow.algorithms
+            # the policy's view (what context_of reads), without building one: a view is a
+            # JobConfig and would run these checks again
+            ctx = Context(seed=self.seed, groups_per_batch=section.dataflow.groups_per_batch,
+                          n_samples=section.rollout.n_samples,
+                          max_staleness=0 if self.mode == "sync" else section.dataflow.max_staleness)
+            try:
+                build_pipeline(specs, ctx, section.dataflow.force_after_skips)
+            except PipelineError as e:
+                raise ConfigError(self.source, f"policies.{p}.dataflow.{e.key}", e.problem) from None
+            if p == lead:
+                continue
+            for i, s in enumerate(specs):
+                if is_curator(s) and s not in lead_curators:
+                    raise ConfigError(self.source, f"policies.{p}.dataflow.algorithms[{i}]",
+                                      f"{s.name} is a prompt curator: curators choose the prompts every policy's "
+                                      f"episodes run on, once for the team, so they belong to the lead policy "
+                                      f"{lead!r} (the one playing the workflow's first role; they learn from its "
+                                      f"groups); {p!r} may run filters and composers of its own")
 
     # -- policies ----------------------------------------------------------------------
     @property

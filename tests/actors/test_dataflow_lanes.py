@@ -26,12 +26,12 @@ B, STEPS = 2, 4
 ROLES = {"solver": "solver", "verifier": "verifier"}
 
 
-def make_cfg(bootstrap, tmp_path, barrier: str) -> JobConfig:
+def make_cfg(bootstrap, tmp_path, barrier: str, policies: dict | None = None, **top) -> JobConfig:
     cfg = from_dict(JobConfig, {"job": f"lanes-{uuid.uuid4().hex[:8]}", "run_dir": str(tmp_path), "barrier": barrier,
                                 "dataflow": {"groups_per_batch": B, "max_staleness": 1},
                                 "trainer": {"steps": STEPS}, "kafka": {"trajectory_partitions": 2},
-                                "policies": {"solver": {}, "verifier": {}},
-                                "workflow": {"name": "solver_verifier", "roles": ROLES}})
+                                "policies": policies or {"solver": {}, "verifier": {}},
+                                "workflow": {"name": "solver_verifier", "roles": ROLES}, **top})
     cfg = with_run_keys(cfg, tmp_path)  # the peers sign as each policy's trainer does
     ensure_topics(bootstrap, job_topics(cfg).specs())
     return cfg
@@ -47,11 +47,13 @@ class Peers:
         return sorted((m for _, _, m in read_topic(self.bootstrap, self.topics.tasks("solver")) if isinstance(m, Task)),
                       key=lambda t: t.task_id)
 
-    def answer_all(self, versions: dict[str, int], version_of=None) -> None:
+    def answer_all(self, versions: dict[str, int], version_of=None, rewards_of=None) -> None:
         """Run every new episode: a group per trained role, in one go (as one runner would).
 
         ``version_of(task, policy)``, when given, names the version a policy's pool generated
-        that episode's role with (None: ``versions``), e.g. a pool still on old weights."""
+        that episode's role with (None: ``versions``), e.g. a pool still on old weights.
+        ``rewards_of(task, role)``, when given, names the rewards of the role's samples (one
+        sample per reward; default one sample rewarded 1.0)."""
         for t in self.tasks():
             if t.task_id in self.answered:
                 continue
@@ -59,9 +61,10 @@ class Peers:
             for role in t.train:
                 v = version_of(t, ROLES[role]) if version_of is not None else None
                 v = versions[ROLES[role]] if v is None else v
+                rewards = rewards_of(t, role) if rewards_of is not None else [1.0]
                 g = TrajectoryGroup(t.task_id, t.prompt_id, ROLES[role], "raas-test", [1, 2],
-                                    [Sample([7, 8, 9], [-0.5, 0.0, -0.5], [v, 0, v], 1.0, "stop", loss_mask=[1, 0, 1],
-                                            token_roles=[0, 1, 0])],
+                                    [Sample([7, 8, 9], [-0.5, 0.0, -0.5], [v, 0, v], r, "stop", loss_mask=[1, 0, 1],
+                                            token_roles=[0, 1, 0]) for r in rewards],
                                     role=role, roles=[role, "env"], role_policies=dict(ROLES),
                                     stats={"team_reward": 1.0})
                 self.producer.send_sync(self.topics.trajectories, g, key=t.task_id)
@@ -91,8 +94,8 @@ def drive(actor: DataflowActor, until, what: str, max_steps: int = 200) -> None:
 def run(bootstrap, tmp_path):
     made = []
 
-    def start(barrier: str):
-        cfg = make_cfg(bootstrap, tmp_path, barrier)
+    def start(barrier: str, policies: dict | None = None, **top):
+        cfg = make_cfg(bootstrap, tmp_path, barrier, policies, **top)
         actor = DataflowActor(None, "dataflow", cfg, bootstrap)
         actor.setup()
         peers = Peers(cfg, bootstrap)
@@ -117,12 +120,12 @@ def both_trainers(peers: Peers, versions: dict[str, int], verifier_lag: int = 0)
 
 
 def train_to_the_end(actor, peers, versions, until, what: str, verifier_lag: int = 0, version_of=None,
-                     max_steps: int = 400) -> None:
+                     max_steps: int = 400, rewards_of=None) -> None:
     for _ in range(max_steps):
         if until():
             return
         actor.step()
-        peers.answer_all(versions, version_of)
+        peers.answer_all(versions, version_of, rewards_of)
         both_trainers(peers, versions, verifier_lag)
     raise AssertionError(f"dataflow never reached: {what}")
 
@@ -248,3 +251,50 @@ def test_the_audit_fails_when_an_episode_owes_a_group_it_never_wrote(run, bootst
     reports = audit_job(bootstrap, cfg)
     assert not reports["verifier"].ok
     assert any(f"{first.task_id}/verifier" in v for v in reports["verifier"].violations)
+
+
+def test_each_policy_runs_its_own_data_algorithms_and_only_its_lane_replaces_what_they_drop(run, bootstrap):
+    """Dynamic sampling on the verifier alone: the verifier's groups of the first episodes are
+    rewarded alike (no signal), so its lane drops them and takes replacements; the solver's
+    lane keeps every group and writes its batches without waiting. Conservation holds per
+    policy, the drops are the verifier's and every batch of it has signal."""
+    alike = 3
+    cfg, actor, peers = run("async", {"solver": {}, "verifier": {"dataflow": {"algorithms": ["dynamic_sampling"]}}},
+                            rollout={"n_samples": 2})
+    assert [type(a).__name__ for a in actor.lanes["verifier"].pipeline.algorithms] == ["DynamicSampling"]
+    assert actor.lanes["solver"].pipeline.empty
+    versions = {"solver": 0, "verifier": 0}
+    first = []
+
+    def rewards_of(task: Task, role: str) -> list[float]:
+        if role == "verifier" and (task.task_id in first or len(first) < alike):
+            if task.task_id not in first:
+                first.append(task.task_id)
+            return [1.0, 1.0]
+        return [1.0, 0.0]
+
+    train_to_the_end(actor, peers, versions, lambda: all(len(peers.batches(p)) == STEPS for p in ROLES.values()),
+                     "every step of both policies", rewards_of=rewards_of)
+    for _ in range(5):
+        actor.step()
+    tasks = peers.tasks()
+    assert [t.train for t in tasks] == [["solver", "verifier"]] * (STEPS * B) + [["verifier"]] * alike
+    reports = audit_job(bootstrap, cfg)
+    for name, r in reports.items():
+        assert r.ok, (name, r.violations)
+    assert dict(reports["verifier"].drops) == {"zero_variance": alike} and not reports["solver"].drops
+    trained = [g for b in peers.batches("verifier") for g in b.groups]
+    assert len(trained) == STEPS * B and not {g.task_id for g in trained} & set(first)
+    assert all(len({s.reward for s in g.samples}) > 1 for g in trained)
+    assert len([g for b in peers.batches("solver") for g in b.groups]) == STEPS * B
+
+
+def test_the_team_s_prompt_curators_run_once_in_the_lead_lane(run, bootstrap):
+    """A curator in the top-level dataflow section is inherited by every policy, but it
+    chooses the team's prompts: only the lead policy's lane (the solver's) runs it."""
+    cfg, actor, peers = run("async", dataflow={"groups_per_batch": B, "max_staleness": 1,
+                                               "algorithms": ["filter_solved", "dynamic_sampling"]},
+                            rollout={"n_samples": 2})
+    names = lambda p: [type(a).__name__ for a in actor.lanes[p].pipeline.algorithms]  # noqa: E731
+    assert names("solver") == ["FilterSolved", "DynamicSampling"]
+    assert names("verifier") == ["DynamicSampling"]

@@ -63,3 +63,33 @@ def test_the_example_config_loads():
     cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "arithmetic_data_algorithms.yaml")
     assert [s.name for s in cfg.dataflow.algorithms] == ["curriculum", "greso", "dynamic_sampling", "replay", "edf"]
     assert cfg.trainer.engine.loss == "decoupled_ppo"  # replayed samples are stale
+
+
+def _team(tmp_path, policies, **top):
+    path = tmp_path / "team.yaml"
+    path.write_text(yaml.safe_dump({"job": "t", "policies": policies, **top,
+                                    "workflow": {"name": "solver_verifier",
+                                                 "roles": {"solver": "solver", "verifier": "verifier"}}}))
+    return path, load_config(path)
+
+
+def test_each_policy_of_a_team_has_its_own_filters_and_composers(tmp_path):
+    _, cfg = _team(tmp_path, {"solver": {"dataflow": {"algorithms": [{"name": "replay", "ratio": 0.25}]}},
+                              "verifier": {"dataflow": {"algorithms": ["dynamic_sampling"]}}})
+    assert [s.name for s in cfg.view("solver").dataflow.algorithms] == ["replay"]
+    assert [s.name for s in cfg.view("verifier").dataflow.algorithms] == ["dynamic_sampling"]
+
+
+def test_a_curator_only_a_non_lead_policy_has_is_refused_naming_its_key(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        _team(tmp_path, {"solver": {}, "verifier": {"dataflow": {"algorithms": ["dynamic_sampling", "greso"]}}})
+    assert e.value.key == "policies.verifier.dataflow.algorithms[1]"
+    assert "greso is a prompt curator" in e.value.problem and "lead policy 'solver'" in e.value.problem
+
+
+def test_a_policy_s_algorithms_are_checked_against_its_own_sections(tmp_path):
+    # the verifier samples once per prompt: dynamic sampling cannot run in its lane (the solver's is fine)
+    with pytest.raises(ConfigError) as e:
+        _team(tmp_path, {"solver": {"dataflow": {"algorithms": ["dynamic_sampling"]}},
+                         "verifier": {"rollout": {"n_samples": 1}, "dataflow": {"algorithms": ["dynamic_sampling"]}}})
+    assert e.value.key == "policies.verifier.dataflow.algorithms[0]" and "n_samples >= 2" in e.value.problem
