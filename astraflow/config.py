@@ -324,7 +324,7 @@ class JobConfig:
             raise ConfigError(self.source, "eval.holdout", f"data.source {self.data.source!r} is a generator with a "
                                                            f"held-out split of its own; eval.holdout splits a "
                                                            f"dataset file (leave it null)")
-        elif ev.holdout == 0 and files:
+        elif ev.holdout == 0 and files and len(files) == len(self.data_sources):  # no generator's split either
             raise ConfigError(self.source, "eval.holdout", "0 holds no rows out and eval.data is null: nothing "
                                                            "would be evaluated; set eval.holdout > 0 or eval.data")
 

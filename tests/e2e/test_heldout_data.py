@@ -31,8 +31,9 @@ def _write_dataset(path) -> dict[str, float]:
     with open(path, "w") as f:
         for i in range(N_ROWS):
             a, b = 10 + 3 * i, i % 9
-            scores[f"{a}+{b}="] = round((i + 1) / (N_ROWS + 1), 6)  # distinct: a mean names its rows
-            f.write(json.dumps({"id": f"m{i}", "prompt": f"{a}+{b}=", "answer": str(a + b), "score": scores[f"{a}+{b}="],
+            text = f"{a}+{b}="
+            scores[text] = round((i + 1) / (N_ROWS + 1), 6)  # distinct: a mean names its rows
+            f.write(json.dumps({"id": f"m{i}", "prompt": text, "answer": str(a + b), "score": scores[text],
                                 "topic": "addition"}) + "\n")
     return scores
 
