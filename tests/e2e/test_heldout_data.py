@@ -91,3 +91,27 @@ def test_a_jsonl_job_is_evaluated_on_its_own_heldout_rows_never_trained_on(boots
     assert acc.step == 0 and acc.labels["problems"] == 6
     assert acc.labels["heldout"] == "maths.jsonl holdout 0.2" and acc.labels["reward"] == "test_heldout_row_score"
     assert acc.value == pytest.approx(sum(scores[t] for t in unpublished) / 6)
+
+
+@pytest.mark.slow
+def test_a_jsonl_job_run_end_to_end_reports_accuracy_on_its_heldout_rows(bootstrap, make_job_config, tmp_path):
+    """`astraflow run`'s path (launcher, node processes): the summary names the file's split,
+    the prompts topic holds no held-out row, and the audit of the topics holds."""
+    from astraflow.actors.heldout import heldout_problems
+    from astraflow.chaos.invariants import audit
+    from astraflow.launcher import run_job
+    from astraflow.topics import Prompt, job_topics
+    from astraflow.topics.replay import read_topic
+
+    scores = _write_dataset(tmp_path / "maths.jsonl")
+    cfg = make_job_config({"data": {"source": "maths.jsonl"}, "trainer": {"steps": 2}, "eval": {"k": 1}},
+                          name="heldout-run")
+    summary = run_job(cfg, bootstrap=bootstrap, run_dir=tmp_path / "run", progress=False, timeout_s=600)
+    assert summary["heldout"] == "maths.jsonl holdout 0.1" and summary["error"] is None
+    assert set(summary["accuracy_by_version"]) == {0, 2}
+    topics = job_topics(cfg)
+    published = {m.text for _, _, m in read_topic(bootstrap, topics.prompts) if isinstance(m, Prompt)}
+    held = {p.text for p in heldout_problems(cfg)}
+    assert len(held) == 3 and held == set(scores) - published
+    report = audit(bootstrap, topics, cfg.policy, cfg.effective_staleness)
+    assert report.ok, report.violations
