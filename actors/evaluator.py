@@ -17,7 +17,8 @@ policy's own accuracy (the solver alone), measures the *team*: the workflow run 
 held-out problems with every role on its policy's newest weights, scored by the episode's
 ``team_reward`` (for solver-verifier: the solver's final answer after any retry) as
 ``eval.team_accuracy``, labelled with each policy's version, and per policy the mean
-reward of its roles in those episodes as ``eval.policy_reward`` (label ``policy``).
+reward of its roles in those episodes as ``eval.policy_reward`` (labelled with the policy
+and its version).
 """
 
 from __future__ import annotations
@@ -157,8 +158,9 @@ class EvaluatorActor(LoopActor):
             versions = {f"version.{p}": e.version for p, e in engines.items()}
             self.metrics.emit("eval.team_accuracy", team, step=v, problems=len(self.problems), heldout=self.label,
                               **versions)
-            for p, r in by_policy.items():
-                self.metrics.emit("eval.policy_reward", r, step=v, policy=p, problems=len(self.problems), **versions)
+            for p, r in by_policy.items():  # each policy's held-out score in its role(s) of the team
+                self.metrics.emit("eval.policy_reward", r, step=v, policy=p, version=engines[p].version,
+                                  problems=len(self.problems))
         self.producer.flush()
         every = self.cfg.eval.every or final
         if at_target:

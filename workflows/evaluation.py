@@ -1,9 +1,10 @@
 """Pass@1 of a rollout engine on held-out rows, scored by a reward.
 
 Owns one loop: each row's prompt sampled ``k`` times (batched across rows), each sample
-scored by ``score(text, answer, metadata)`` (:func:`~astraflow.workflows.api.get_scorer`),
-the mean returned. Sample ``j`` of a batch starting at row ``start`` draws from seed
-``seed + start``, so the same rows, seed and batch size give the same number on any run.
+scored by ``score(text, answer, metadata)`` (:func:`~astraflow.workflows.api.get_scorer`;
+a sample repeated within a row is scored once), the mean returned. The batch starting at
+sample ``start`` draws from seed ``seed + start``, so the same rows, seed and batch size
+give the same number on any run.
 It knows nothing about Kafka, configs or where the rows come from (the evaluator actor
 chooses them: :mod:`astraflow.actors.heldout`).
 """
@@ -32,6 +33,9 @@ def pass_at_1(engine, tokenizer, rows: Sequence[Row], score: Callable[[str, str,
         raise ValueError("pass_at_1() needs at least one row")
     prompts = [tokenizer.encode(text, add_special_tokens=False) for text, _, _ in rows]
     work = [(i, ids) for i, ids in enumerate(prompts) for _ in range(k)]
+    # A reward is a function of its inputs: a repeated sample of a row (a tiny model's often
+    # are) is scored once, which for code is one sandbox run instead of k.
+    scores: dict[tuple[int, str], float] = {}
     total = 0.0
     for start in range(0, len(work), batch_size):
         chunk = work[start : start + batch_size]
@@ -39,6 +43,9 @@ def pass_at_1(engine, tokenizer, rows: Sequence[Row], score: Callable[[str, str,
                                 stop_token_ids=(tokenizer.eos_token_id,), seed=seed + start)
         gens = engine.generate([ids for _, ids in chunk], params)
         for (i, _), gen in zip(chunk, gens):
-            _, answer, meta = rows[i]
-            total += score(tokenizer.decode(gen.tokens, skip_special_tokens=True), answer, meta)
+            text = tokenizer.decode(gen.tokens, skip_special_tokens=True)
+            if (i, text) not in scores:
+                _, answer, meta = rows[i]
+                scores[(i, text)] = score(text, answer, meta)
+            total += scores[(i, text)]
     return total / len(work)
