@@ -59,13 +59,14 @@ from opentelemetry.trace import Link
 
 from astraflow.algorithms import Candidate, TrainedGroup, build_pipeline
 from astraflow.algorithms.pipeline import context_of, digest, team_free_specs
-from astraflow.config import JobConfig
+from astraflow.config import GENERATORS, JobConfig
 from astraflow.topics import (Batch, Consumer, DeadLetters, Delivery, Producer, Prompt, Task,
                               TrajectoryGroup, VersionAnnouncement)
 from astraflow.topics import tracing as topic_tracing, job_topics
 from astraflow.topics.replay import read_topic
 
 from .common import close_quietly
+from .heldout import training_prompts
 from .ledger import Ledger, read_state
 from .signing import VersionGate
 from .supervisor import LoopActor
@@ -236,27 +237,22 @@ class DataflowActor(LoopActor):
     def _load_prompts(self) -> None:
         """Publish the dataset to ``prompts`` once (a transaction: all of it or none).
 
-        Several sources (dataset mixing) are interleaved in proportion to their weights.
+        Several sources (dataset mixing) are interleaved in proportion to their weights. The
+        evaluator's held-out rows are never published (:func:`.heldout.training_prompts`).
         """
-        from astraflow.workflows.datasets import bad_row_handler, load_prompts
+        from astraflow.workflows.datasets import bad_row_handler
         if self._end_offset(self.topics.prompts) > 0:
             return
         needed = self.cfg.data.num_prompts or 2 * self.cfg.trainer.steps * self.B
         sources = self.pipeline.sources() or {self.cfg.data.source: 1.0}
-        loaded = {spec: load_prompts(spec, needed if spec in ("arithmetic", "code") else self.cfg.data.num_prompts,
-                                     seed=self.cfg.data.seed, max_digits=self.cfg.data.max_digits,
-                                     ops=self.cfg.data.ops, base_dir=self._config_dir(),
-                                     on_bad_row=bad_row_handler(self.cfg.data.on_bad_row, self.dead))
+        loaded = {spec: training_prompts(self.cfg, spec, needed if spec in GENERATORS else self.cfg.data.num_prompts,
+                                         bad_row_handler(self.cfg.data.on_bad_row, self.dead))
                   for spec in sources}
         prompts = interleave(loaded, sources)
         with self.txn.transaction():
             for p in prompts:
                 self.txn.send(self.topics.prompts, p, key=p.prompt_id, trace=False)
         log.info("dataflow: published %d prompts to %s", len(prompts), self.topics.prompts)
-
-    def _config_dir(self) -> str:
-        from pathlib import Path
-        return str(Path(self.cfg.source).parent) if self.cfg.source != "<dict>" else "."
 
     def _end_offset(self, topic: str) -> int:
         from kafka import KafkaConsumer

@@ -1,8 +1,10 @@
 """The evaluator actor: held-out accuracy of the policy as its versions appear.
 
 Follows the policy's weights like a RaaS node (through a subscriber) and evaluates
-pass@1 averaged over ``k`` samples at the configured temperature on a fixed held-out set
-at version 0, at every ``every``-th version it reaches, and at the final version. The
+pass@1 averaged over ``k`` samples at the configured temperature on the job's fixed
+held-out set (rows of its own data: :mod:`.heldout`), each sample scored by the job's
+reward with the row's metadata (``workflow.params.reward``, else the workflow's own), at
+version 0, at every ``every``-th version it reaches, and at the final version. The
 subscriber hands over the newest version, so under fast training a target version may be
 skipped: the first version at or past it is evaluated, and the metric records the
 version actually measured, with its lineage epoch and weights digest. After a trainer
@@ -14,7 +16,9 @@ In a multi-policy job the evaluator follows every policy's weights and, next to 
 policy's own accuracy (the solver alone), measures the *team*: the workflow run on the
 held-out problems with every role on its policy's newest weights, scored by the episode's
 ``team_reward`` (for solver-verifier: the solver's final answer after any retry) as
-``eval.team_accuracy``, labelled with each policy's version.
+``eval.team_accuracy``, labelled with each policy's version, and per policy the mean
+reward of its roles in those episodes as ``eval.policy_reward`` (labelled with the policy
+and its version).
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ import logging
 import time
 
 from astraflow.config import JobConfig
-from astraflow.topics import DeadLetters, Producer, job_topics
+from astraflow.topics import DeadLetters, Producer, Prompt, job_topics
 
 from .common import (close_quietly, configure_sandbox, lower_thread_priority, make_rollout_engine, model_path,
                      niceness, set_threads)
+from .heldout import eval_reward, heldout_label, heldout_problems
 from .signing import verifier_for
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
@@ -34,35 +39,40 @@ from .telemetry import MetricsEmitter
 log = logging.getLogger(__name__)
 
 
-def heldout_problems(cfg: JobConfig) -> list:
-    """The job's fixed held-out set (the same for every version, run and replay of the job)."""
-    from astraflow.workflows.arithmetic import generate_problems
-    return generate_problems(cfg.eval.problems, seed=cfg.seed + 1000, split="heldout",
-                             max_digits=cfg.data.max_digits, ops=cfg.data.ops, unique=True)
+def heldout_accuracy(cfg: JobConfig, engine, tokenizer, problems: list[Prompt]) -> float:
+    """Pass@1 of the weights ``engine`` holds on ``problems``, scored by the job's reward with
+    each row's metadata; ``astraflow replay`` evaluates through here too."""
+    from astraflow.workflows.api import get_scorer
+    from astraflow.workflows.evaluation import pass_at_1
+    rows = [(p.text, p.answer, p.metadata) for p in problems]
+    return pass_at_1(engine, tokenizer, rows, get_scorer(eval_reward(cfg)), k=cfg.eval.k,
+                     temperature=cfg.eval.temperature, max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
 
 
-def heldout_accuracy(cfg: JobConfig, engine, tokenizer, problems: list) -> float:
-    """Pass@1 of the weights ``engine`` holds; ``astraflow replay`` evaluates through here too."""
-    from astraflow.workflows.arithmetic import evaluate
-    return evaluate(engine, tokenizer, problems, k=cfg.eval.k, temperature=cfg.eval.temperature,
-                    max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
-
-
-def team_accuracy(cfg: JobConfig, engines: dict, tokenizer, problems: list) -> float:
-    """Mean team reward of the workflow on ``problems``, each role on its policy's engine."""
+def team_evaluation(cfg: JobConfig, engines: dict, tokenizer, problems: list[Prompt]) -> tuple[float, dict[str, float]]:
+    """The workflow on ``problems``, each role on its policy's engine: the mean team reward,
+    and per policy the mean reward of its roles' trajectories."""
     from astraflow.workflows.api import EngineRole, Episode, get_workflow, run_episode
     spec = get_workflow(cfg.workflow.name)
     sampling = {"temperature": cfg.eval.temperature, "top_p": 1.0, "top_k": 0}
     total = 0.0
+    rewards: dict[str, list[float]] = {p: [] for p in cfg.policy_names}
     for i, p in enumerate(problems):
         roles = {role: EngineRole(role, policy, engines[policy], tokenizer,
                                   {**sampling, "max_new_tokens": cfg.view(policy).rollout.max_new_tokens})
                  for role, policy in cfg.role_policies.items()}
-        ep = Episode(f"eval-{i}", p.prompt, p.answer, cfg.eval.k, roles, tokenizer,
-                     {**cfg.workflow.params, "_job_seed": cfg.seed + 1000})
+        ep = Episode(f"eval-{i}", p.text, p.answer, cfg.eval.k, roles, tokenizer,
+                     {**cfg.workflow.params, "_job_seed": cfg.seed + 1000}, p.metadata)
         result = run_episode(spec, ep, cfg.seed + 1000)
         total += float(result.team_reward or 0.0)
-    return total / len(problems)
+        for role, trajs in result.trajectories.items():
+            rewards[cfg.role_policies[role]] += [t.reward for t in trajs]
+    return total / len(problems), {p: sum(r) / len(r) for p, r in rewards.items() if r}
+
+
+def team_accuracy(cfg: JobConfig, engines: dict, tokenizer, problems: list[Prompt]) -> float:
+    """Mean team reward of the workflow on ``problems``, each role on its policy's engine."""
+    return team_evaluation(cfg, engines, tokenizer, problems)[0]
 
 
 class EvaluatorActor(LoopActor):
@@ -89,6 +99,8 @@ class EvaluatorActor(LoopActor):
         self.engine = make_rollout_engine(self.cfg, path, kind="cpu", device=self.cfg.eval.device, name="evaluator")
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.problems = heldout_problems(self.cfg)
+        self.label = heldout_label(self.cfg)
+        log.info("eval: %d held-out problems from %s", len(self.problems), self.label)
         self.producer = Producer(self.bootstrap, client_id=f"eval.{self.cfg.policy}")
         self.metrics = MetricsEmitter(self.producer, self.topics.metrics, f"eval.{self.cfg.policy}")
         dead = DeadLetters(self.producer, self.topics.dlq, f"eval.{self.cfg.policy}", recall=self.bootstrap)
@@ -131,19 +143,24 @@ class EvaluatorActor(LoopActor):
         t0 = time.monotonic()
         acc = heldout_accuracy(self.cfg, self.engine, self.tokenizer, self.problems)
         held = self.subscriber.held_by(self.engine)
-        log.info("eval: version %d accuracy %.3f (%.1fs)", v, acc, time.monotonic() - t0)
+        log.info("eval: version %d accuracy %.3f on %d problems of %s (%.1fs)", v, acc, len(self.problems),
+                 self.label, time.monotonic() - t0)
         self.metrics.emit("eval.accuracy", acc, step=v, problems=len(self.problems), k=self.cfg.eval.k,
                           epoch=held.epoch if held else 0, weights_digest=held.digest if held else "",
-                          nice=niceness())
+                          nice=niceness(), heldout=self.label, reward=eval_reward(self.cfg))
         self.metrics.emit_device(self.engine, step=v)
         if self.team:
             engines = {self.cfg.policy: self.engine, **{p: e for p, (e, _) in self.others.items()}}
             t0 = time.monotonic()
-            team = team_accuracy(self.cfg, engines, self.tokenizer, self.problems)
-            log.info("eval: team accuracy %.3f at versions %s (%.1fs)", team,
-                     {p: e.version for p, e in engines.items()}, time.monotonic() - t0)
-            self.metrics.emit("eval.team_accuracy", team, step=v, problems=len(self.problems),
-                              **{f"version.{p}": e.version for p, e in engines.items()})
+            team, by_policy = team_evaluation(self.cfg, engines, self.tokenizer, self.problems)
+            log.info("eval: team accuracy %.3f at versions %s, rewards %s (%.1fs)", team,
+                     {p: e.version for p, e in engines.items()}, by_policy, time.monotonic() - t0)
+            versions = {f"version.{p}": e.version for p, e in engines.items()}
+            self.metrics.emit("eval.team_accuracy", team, step=v, problems=len(self.problems), heldout=self.label,
+                              **versions)
+            for p, r in by_policy.items():  # each policy's held-out score in its role(s) of the team
+                self.metrics.emit("eval.policy_reward", r, step=v, policy=p, version=engines[p].version,
+                                  problems=len(self.problems))
         self.producer.flush()
         every = self.cfg.eval.every or final
         if at_target:

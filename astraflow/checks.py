@@ -17,7 +17,7 @@ from astraflow.errors import DataError, ModelError
 
 def data_base_dir(cfg: JobConfig) -> str:
     """Relative ``data.source`` paths are relative to the config file, as in the dataflow."""
-    return str(Path(cfg.source).parent) if cfg.source != "<dict>" else "."
+    return cfg.config_dir
 
 
 def check_data(cfg: JobConfig) -> str:
@@ -39,10 +39,39 @@ def check_data(cfg: JobConfig) -> str:
         raise DataError(f"{cfg.source}: {e}") from None
     if not prompts:
         raise DataError(f"data.source {d.source}: no usable rows" + (f" (first bad row: {bad[0].error})" if bad else ""))
+    held = _check_heldout(cfg, prompts if not generated else None)
     if generated:
-        return f"synthetic {d.source} generator"
+        return f"synthetic {d.source} generator{held}"
     skipped = f", {len(bad)} bad rows to skip into the dlq (first: {bad[0].error})" if bad else ""
-    return f"{d.source}: {len(prompts)} rows{skipped}"
+    return f"{d.source}: {len(prompts)} rows{skipped}{held}"
+
+
+def _check_heldout(cfg: JobConfig, rows: list | None) -> str:
+    """What the evaluator holds out of ``rows`` (a file's; None for a generator), as the
+    dataflow and evaluator will split them (:mod:`astraflow.actors.heldout`); raises
+    :class:`DataError` when no training row would be left or ``eval.data`` is unusable."""
+    from astraflow.workflows.datasets import load_prompts, split_heldout, without
+
+    if cfg.eval.data is not None:
+        try:
+            held = load_prompts(cfg.eval.data, None, base_dir=data_base_dir(cfg),
+                                on_bad_row=(lambda bad: None) if cfg.data.on_bad_row == "skip" else None)
+        except DataError as e:
+            raise DataError(f"{cfg.source}: {str(e).replace('(data.source)', '(eval.data)')}") from None
+        if not held:
+            raise DataError(f"{cfg.source}: eval.data {cfg.eval.data}: no usable rows")
+        if rows is not None and not without(rows, held):
+            raise DataError(f"{cfg.source}: every prompt of data.source {cfg.data.source} is also in eval.data "
+                            f"{cfg.eval.data}: no training rows are left")
+        return f"; held out: eval.data {cfg.eval.data}, {len(held)} rows"
+    if rows is None:
+        return ""
+    train, held = split_heldout(rows, cfg.heldout_fraction, cfg.eval.split_seed)
+    if not train:
+        raise DataError(f"{cfg.source}: eval.holdout {cfg.heldout_fraction:g} holds out all {len(held)} rows of "
+                        f"data.source {cfg.data.source}: no training rows are left (lower eval.holdout, or give "
+                        f"the held-out rows as eval.data)")
+    return f"; {len(held)} held out for evaluation (eval.holdout {cfg.heldout_fraction:g})"
 
 
 def check_model(cfg: JobConfig) -> str:

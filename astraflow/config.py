@@ -36,6 +36,7 @@ def _f(default: Any = dataclasses.MISSING, help: str = "", bounds: Bounds | None
 #: Bounds shared by many keys: seeds (what numpy and torch both take), niceness increments.
 SEED = Bounds(0, 2**32 - 1)
 NICE = Bounds(0, 19)
+GENERATORS = ("arithmetic", "code")  #: data sources that generate prompts (and their own held-out split)
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,18 @@ class TrainerConfig:
 @dataclass(frozen=True)
 class EvalConfig:
     every: int = _f(5, "evaluate every E versions (0: only first and last)", bounds=Bounds(0, 10**7))
-    problems: int = _f(200, "held-out problems", bounds=Bounds(1, 10**6))
+    problems: int = _f(200, "held-out problems evaluated (at most; a dataset file's held-out rows may be fewer)",
+                       bounds=Bounds(1, 10**6))
+    data: str | None = _f(None, "a JSONL/Parquet file of held-out rows ({prompt, answer, ...}, as data.source; "
+                                "a relative path is relative to the config file). null: the held-out split of "
+                                "the job's dataset (eval.holdout of a file; the generators' own held-out split). "
+                                "Training rows with a prompt text of this file are left out of training")
+    holdout: float | None = _f(None, "fraction of a dataset file's distinct prompts held out of training for "
+                                     "evaluation (a seeded hash of the text, eval.split_seed). null: 0.1 when "
+                                     "data.source is a file and eval.data is null, else 0",
+                               bounds=Bounds(0, 1, hi_open=True))
+    split_seed: int = _f(0, "seed of the held-out split of a dataset file (independent of the job seed, so "
+                            "repetitions with other seeds measure the same rows)", bounds=SEED)
     k: int = _f(4, "samples per problem (pass@1 averaged over k)", bounds=Bounds(1, 4096))
     temperature: float = _f(0.6, "evaluation temperature", bounds=Bounds(0, 100))
     threads: int = _f(1, "torch threads of the evaluator", bounds=Bounds(0, 1024))
@@ -296,6 +308,45 @@ class JobConfig:
         except PipelineError as e:
             raise ConfigError(self.source, f"dataflow.{e.key}", e.problem) from None
         self._check_workflow()
+        self._check_eval()
+
+    def _check_eval(self) -> None:
+        ev, files = self.eval, [s for s in self.data_sources if s not in GENERATORS]
+        if ev.data is not None:
+            if ev.data in GENERATORS or not ev.data.strip():
+                raise ConfigError(self.source, "eval.data", f"expected a JSONL or Parquet file of held-out rows, got "
+                                                            f"{ev.data!r} (the generators hold out a split of "
+                                                            f"their own: leave eval.data null)")
+            if ev.holdout:
+                raise ConfigError(self.source, "eval.holdout", "set either eval.holdout (a split of the training "
+                                                               "file) or eval.data (a held-out file), not both")
+        elif ev.holdout is not None and not files:
+            raise ConfigError(self.source, "eval.holdout", f"data.source {self.data.source!r} is a generator with a "
+                                                           f"held-out split of its own; eval.holdout splits a "
+                                                           f"dataset file (leave it null)")
+        elif ev.holdout == 0 and files and len(files) == len(self.data_sources):  # no generator's split either
+            raise ConfigError(self.source, "eval.holdout", "0 holds no rows out and eval.data is null: nothing "
+                                                           "would be evaluated; set eval.holdout > 0 or eval.data")
+
+    @property
+    def data_sources(self) -> tuple[str, ...]:
+        """Every prompt source of the job: the mixing curator's sources, else ``data.source``."""
+        for spec in self.dataflow.algorithms:
+            if spec.name == "mixing":
+                return tuple(spec.params.sources)
+        return (self.data.source,)
+
+    @property
+    def heldout_fraction(self) -> float:
+        """The fraction of each dataset file's distinct prompts held out (``eval.holdout``, or its default)."""
+        if self.eval.holdout is not None:
+            return self.eval.holdout
+        return 0.1 if self.eval.data is None and any(s not in GENERATORS for s in self.data_sources) else 0.0
+
+    @property
+    def config_dir(self) -> str:
+        """What relative data paths are relative to: the config file's folder."""
+        return str(Path(self.source).parent) if self.source != "<dict>" else "."
 
     def _check_workflow(self) -> None:
         import importlib

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,8 @@ from typing import Any, Protocol
 from astraflow.engines.base import Generation, RolloutEngine, SamplingParams
 
 __all__ = ["Turn", "Trajectory", "EpisodeResult", "Episode", "Role", "EngineRole", "WorkflowSpec",
-           "workflow", "get_workflow", "WORKFLOWS", "reward", "get_reward", "REWARDS", "run_episode",
+           "workflow", "get_workflow", "WORKFLOWS", "reward", "get_reward", "get_scorer", "takes_metadata",
+           "REWARDS", "run_episode",
            "ENV", "role_seed", "ConcurrentGenerateError", "SamplingOverrideError", "call_sampling"]
 
 ENV = "env"  #: the writer of tokens that no role generated (feedback, tool output)
@@ -311,24 +313,35 @@ class WorkflowSpec:
     fn: EpisodeFn
     roles: tuple[str, ...]  #: the role names the workflow calls (the job binds each to a policy)
     doc: str = ""
+    #: the reward that scores one answer of the first role alone, unless ``workflow.params.reward``
+    #: names another (what the evaluator's per-policy accuracy of the lead policy measures)
+    reward: str = "exact_match"
 
 
 WORKFLOWS: dict[str, WorkflowSpec] = {}
 REWARDS: dict[str, Callable[..., float]] = {}
 
 
-def workflow(name: str, roles: Sequence[str]) -> Callable[[EpisodeFn], EpisodeFn]:
-    """Register an episode function under ``name``, calling roles ``roles``."""
+def workflow(name: str, roles: Sequence[str], reward: str = "exact_match") -> Callable[[EpisodeFn], EpisodeFn]:
+    """Register an episode function under ``name``, calling roles ``roles``; ``reward`` scores one
+    answer of the first role when the job's ``workflow.params`` name none."""
     def deco(fn: EpisodeFn) -> EpisodeFn:
         if name in WORKFLOWS and not _same(WORKFLOWS[name].fn, fn):
             raise ValueError(f"workflow {name!r} registered twice")
-        WORKFLOWS[name] = WorkflowSpec(name, fn, tuple(roles), (fn.__doc__ or "").strip().split("\n")[0])
+        WORKFLOWS[name] = WorkflowSpec(name, fn, tuple(roles), (fn.__doc__ or "").strip().split("\n")[0], reward)
         return fn
     return deco
 
 
 def reward(name: str) -> Callable[[Callable[..., float]], Callable[..., float]]:
-    """Register a reward function under ``name``."""
+    """Register a reward function under ``name``.
+
+    A reward is ``fn(completion_text, answer) -> float``, or, to see the row's metadata (the
+    dataset's other columns: tests, units, a difficulty), ``fn(completion_text, answer, meta)``
+    with a third positional parameter (or a keyword parameter named ``meta`` / ``metadata``).
+    Callers score through :func:`get_scorer`, which passes the metadata only to rewards that
+    take it, so two-argument rewards keep working unchanged.
+    """
     def deco(fn):
         if name in REWARDS and not _same(REWARDS[name], fn):
             raise ValueError(f"reward {name!r} registered twice")
@@ -359,6 +372,38 @@ def get_reward(name: str) -> Callable[..., float]:
     if name not in REWARDS:
         raise KeyError(f"unknown reward {name!r} (registered: {', '.join(sorted(REWARDS))})")
     return REWARDS[name]
+
+
+def takes_metadata(fn: Callable[..., float]) -> str | int | None:
+    """How ``fn`` takes a row's metadata: ``2`` (a third positional parameter or ``*args``), the
+    name of its ``meta`` / ``metadata`` keyword parameter, or None (it takes two arguments)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: the two-argument contract
+        return None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in params):
+        return 2
+    for p in params:
+        if p.kind == p.KEYWORD_ONLY and p.name in ("meta", "metadata"):
+            return p.name
+    return None
+
+
+def get_scorer(name: str) -> Callable[[str, str, Mapping[str, Any] | None], float]:
+    """The reward ``name`` as ``score(completion_text, answer, meta=None) -> float``: the row's
+    metadata goes to a reward that takes it (:func:`reward`), never to one that does not."""
+    fn = get_reward(name)
+    how = takes_metadata(fn)
+
+    def score(completion_text: str, answer: str, meta: Mapping[str, Any] | None = None) -> float:
+        if how is None:
+            return float(fn(completion_text, answer))
+        if how == 2:
+            return float(fn(completion_text, answer, dict(meta or {})))
+        return float(fn(completion_text, answer, **{how: dict(meta or {})}))
+    score.reward_name = name  # type: ignore[attr-defined]
+    return score
 
 
 def run_episode(spec: WorkflowSpec, episode: Episode, job_seed: int) -> EpisodeResult:

@@ -122,23 +122,10 @@ def evaluate(
     ``temperature=0`` is greedy (then ``k`` > 1 adds nothing). ``engine`` is any
     ``RolloutEngine``; ``tokenizer`` any HF tokenizer with an ``eos_token_id``.
     """
-    from astraflow.engines.base import SamplingParams
+    from .evaluation import pass_at_1
 
     if not problems:
         raise ValueError("evaluate() needs at least one problem")
-    prompts = [tokenizer.encode(p.prompt, add_special_tokens=False) for p in problems]
-    rows = [(i, ids) for i, ids in enumerate(prompts) for _ in range(k)]
-    total = 0.0
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start : start + batch_size]
-        params = SamplingParams(
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
-            stop_token_ids=(tokenizer.eos_token_id,),
-            seed=seed + start,
-        )
-        gens = engine.generate([ids for _, ids in chunk], params)
-        for (i, _), gen in zip(chunk, gens):
-            text = tokenizer.decode(gen.tokens, skip_special_tokens=True)
-            total += reward(text, problems[i].answer)
-    return total / len(rows)
+    rows = [(p.prompt, p.answer, {}) for p in problems]
+    return pass_at_1(engine, tokenizer, rows, lambda text, answer, _: reward(text, answer), k=k,
+                     temperature=temperature, max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size)

@@ -14,7 +14,7 @@ import importlib
 import logging
 
 from . import arithmetic
-from .api import Episode, EpisodeResult, Trajectory, get_reward, reward, workflow
+from .api import Episode, EpisodeResult, Trajectory, get_scorer, reward, workflow
 from .seeds import task_seeds
 
 log = logging.getLogger(__name__)
@@ -30,11 +30,11 @@ def rlvr(ep: Episode) -> EpisodeResult:
     so its tokens depend on nothing else: not on the node, the poll's other tasks or how
     the runner batches their calls (RaaS nodes and the in-process baseline alike).
     """
-    score = get_reward(str(ep.params.get("reward", "exact_match")))
+    score = get_scorer(str(ep.params.get("reward", "exact_match")))
     ids = ep.encode(ep.prompt)
     seeds = task_seeds(int(ep.params.get("_job_seed", 0)), ep.episode_id, ep.n_samples)
     turns = ep.roles["solver"].generate([ids] * ep.n_samples, seeds=seeds)
-    trajs = [Trajectory.of(t, score(t.text, ep.answer)) for t in turns]
+    trajs = [Trajectory.of(t, score(t.text, ep.answer, ep.metadata)) for t in turns]
     return EpisodeResult({"solver": trajs}, team_reward=sum(t.reward for t in trajs) / len(trajs))
 
 

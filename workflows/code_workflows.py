@@ -111,7 +111,7 @@ def _budget(ep: Episode, key: str) -> int:
     return int(ep.params.get(key, DEFAULT_TOKENS[key]))
 
 
-@workflow("code_solver_selector", roles=("solver", "selector"))
+@workflow("code_solver_selector", roles=("solver", "selector"), reward="code_hidden_tests")
 def code_solver_selector(ep: Episode) -> EpisodeResult:
     """The solver writes two attempts per sample; the selector picks one."""
     n, runs = ep.n_samples, _Runs()
@@ -144,7 +144,7 @@ def code_solver_selector(ep: Episode) -> EpisodeResult:
                                   "selector_reward": sum(t.reward for t in selector) / n})
 
 
-@workflow("code_solver_testgen", roles=("solver", "test_generator"))
+@workflow("code_solver_testgen", roles=("solver", "test_generator"), reward="code_hidden_tests")
 def code_solver_testgen(ep: Episode) -> EpisodeResult:
     """Attempt 1; generated tests; on a failed generated test, a retry with the verdicts."""
     n, runs = ep.n_samples, _Runs()

@@ -12,6 +12,9 @@ knows nothing about Kafka beyond the duck-typed dead-letter writer of
 
 from __future__ import annotations
 
+import hashlib
+import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -74,6 +77,36 @@ def load_prompts(source: str, n: int | None, *, seed: int = 0, max_digits: int =
                 raise
             on_bad_row(BadRow(path, line, raw, e))
     return out
+
+
+def split_heldout(prompts: list[Prompt], fraction: float, seed: int = 0) -> tuple[list[Prompt], list[Prompt]]:
+    """``(training rows, held-out rows)``: ``fraction`` of the distinct prompt texts held out.
+
+    The texts are ranked by a hash of ``seed`` and the text, and the first
+    ``ceil(fraction * distinct texts)`` are held out; every row with a held-out text is held
+    out, so a prompt that appears twice can never be trained on and evaluated on. Training
+    rows keep the file's order; held-out rows come in the ranking's order, so the first
+    ``m`` of them are a seeded sample whatever ``m`` is. The split depends on the texts and
+    the seed only: not on row order, ids or how many rows a job reads.
+    """
+    if not 0 <= fraction < 1:
+        raise ValueError(f"the held-out fraction must be in [0, 1), got {fraction}")
+    texts = list(dict.fromkeys(p.text for p in prompts))
+    k = math.ceil(fraction * len(texts)) if fraction > 0 else 0
+    held = set(sorted(texts, key=lambda t: _rank(seed, t))[:k])
+    train = [p for p in prompts if p.text not in held]
+    heldout = sorted((p for p in prompts if p.text in held), key=lambda p: _rank(seed, p.text))
+    return train, heldout
+
+
+def without(prompts: list[Prompt], heldout: Iterable[Prompt]) -> list[Prompt]:
+    """``prompts`` less every row whose text is one of ``heldout``'s."""
+    texts = {p.text for p in heldout}
+    return [p for p in prompts if p.text not in texts]
+
+
+def _rank(seed: int, text: str) -> bytes:
+    return hashlib.blake2b(f"{int(seed)}\x1f{text}".encode(), digest_size=8).digest()
 
 
 def bad_row_handler(setting: str, dead_letters: Any) -> Callable[[BadRow], None] | None:

@@ -17,7 +17,7 @@ solver ``12+7=`` -> ``19``; verifier ``12+7=19|`` -> ``<A>``; retry
 
 from __future__ import annotations
 
-from .api import ENV, Episode, EpisodeResult, Trajectory, get_reward, workflow
+from .api import ENV, Episode, EpisodeResult, Trajectory, get_scorer, workflow
 
 APPROVE, REJECT = "<A>", "<R>"
 
@@ -33,13 +33,13 @@ def verdict_of(text: str) -> bool | None:
 @workflow("solver_verifier", roles=("solver", "verifier"))
 def solver_verifier(ep: Episode) -> EpisodeResult:
     """Solver answers, verifier approves or rejects, the solver retries once on reject."""
-    score = get_reward(str(ep.params.get("reward", "exact_match")))
+    score = get_scorer(str(ep.params.get("reward", "exact_match")))
     n = ep.n_samples
     problem = ep.encode(ep.prompt)
     first = ep.roles["solver"].generate([problem] * n)
     sep = ep.encode("|")
     checks = ep.roles["verifier"].generate([problem + _ids(ep, t) + sep for t in first])
-    correct1 = [score(t.text, ep.answer) for t in first]
+    correct1 = [score(t.text, ep.answer, ep.metadata) for t in first]
     verdicts = [verdict_of(v.text) for v in checks]
     retry_rows = [i for i, v in enumerate(verdicts) if v is False]
     retry_ctx = {i: problem + _ids(ep, first[i]) + sep + _ids(ep, checks[i]) + ep.encode(";") + problem
@@ -55,7 +55,7 @@ def solver_verifier(ep: Episode) -> EpisodeResult:
                                       first_correct=correct1[i] > 0))
         if i in second:
             t2 = second[i]
-            c2 = score(t2.text, ep.answer)
+            c2 = score(t2.text, ep.answer, ep.metadata)
             # The retry trains on its own second answer only: its first attempt (already a
             # trajectory of its own), the verifier's text and the separators are context.
             solver.append(Trajectory.chain(problem, [("solver", _ids(ep, first[i])), (ENV, sep),

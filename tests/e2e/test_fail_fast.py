@@ -123,12 +123,12 @@ def test_config_check_checks_the_model_path(make_job_config, tmp_path):
 
 
 def test_config_check_passes_a_good_config(make_job_config, tmp_path):
-    (tmp_path / "ok.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    (tmp_path / "ok.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": "4"}\n')
     good = make_job_config({"data": {"source": str(tmp_path / "ok.jsonl")}})
     r = _astraflow("config", "check", good.source, timeout=60, stderr=subprocess.PIPE)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["data"]["source"] == str(tmp_path / "ok.jsonl")
-    assert "ok.jsonl: 1 rows" in r.stderr and _last_line(r.stderr).endswith(": valid")
+    assert "ok.jsonl: 2 rows; 1 held out for evaluation" in r.stderr and _last_line(r.stderr).endswith(": valid")
 
 
 def test_skip_sends_bad_rows_to_the_dlq_and_publishes_the_rest(bootstrap, make_job_config, tmp_path):
@@ -140,8 +140,9 @@ def test_skip_sends_bad_rows_to_the_dlq_and_publishes_the_rest(bootstrap, make_j
     from astraflow.topics.replay import read_topic
 
     (tmp_path / "d.jsonl").write_text(BAD_ROWS)
-    cfg = with_run_keys(make_job_config({"data": {"source": str(tmp_path / "d.jsonl"), "on_bad_row": "skip"}}),
-                        tmp_path)
+    (tmp_path / "e.jsonl").write_text('{"prompt": "9+9=", "answer": "18"}\n')  # held out apart: both rows train
+    cfg = with_run_keys(make_job_config({"data": {"source": str(tmp_path / "d.jsonl"), "on_bad_row": "skip"},
+                                         "eval": {"data": str(tmp_path / "e.jsonl")}}), tmp_path)
     topics = job_topics(cfg)
     ensure_topics(bootstrap, topics.specs())
     ref = DataflowActor.start(None, "dataflow", cfg, bootstrap)
