@@ -115,7 +115,7 @@ class RolloutConfig:
     prefetch_weights: bool = _f(False, "read weight chunks while the trainer writes them (one more consumer per "
                                        "node) instead of after the version is announced: for nodes on other "
                                        "machines than the trainer; on one shared machine it only moves CPU (see "
-                                       "README, The weight path)")
+                                       "docs/weight-transfer.md, The weight path)")
     device: DeviceConfig = _f(DeviceConfig(), "the device each RaaS node stands for: cpu, or an emulated accelerator "
                                               "(emulation/profiles.yaml) that holds each engine call for its "
                                               "modelled time")
@@ -129,7 +129,7 @@ class DataflowConfig:
     algorithms: tuple[AlgorithmSpec, ...] = _f((), "data algorithms, in order within each hook: a name or "
                                                    "{name: ..., <params>}; curators greso, filter_solved, curriculum, "
                                                    "mixing; filter dynamic_sampling; composers replay, edf, fifo "
-                                                   "(their parameters: README, Data algorithms)")
+                                                   "(their parameters: docs/data-algorithms.md)")
     force_after_skips: int = _f(64, "after this many consecutive prompts rejected by curators, the next one is "
                                     "scheduled anyway (the anti-stall rule; metric dataflow.algorithms.forced)",
                                     bounds=Bounds(1, 10**9))
@@ -218,7 +218,7 @@ class TracingConfig:
 class SandboxConfig:
     allow_unisolated: bool = _f(False, "where the kernel gives no user/mount/network namespaces, run model-written "
                                        "code anyway, with rlimits, an audit hook and (as root) uid 65534 only: no "
-                                       "filesystem or network isolation (README, Security). false: such code "
+                                       "filesystem or network isolation (docs/security.md, Sandbox). false: such code "
                                        "does not run and scores 0 with reason no_isolation")
 
 
@@ -254,7 +254,7 @@ class PolicyConfig:
 @dataclass(frozen=True)
 class WorkflowConfig:
     name: str = _f("rlvr", "registered workflow that turns a task into trajectories (rlvr, solver_verifier, "
-                           "code_solver_selector, code_solver_testgen, or a user one: README, Workflows)")
+                           "code_solver_selector, code_solver_testgen, or a user one: docs/workflows.md)")
     roles: dict[str, str] = _f({}, "role -> policy; empty: every role of the workflow is played by `policy`")
     params: dict[str, Any] = _f({}, "the workflow's own parameters (e.g. reward: exact_match | math_answer)")
     module: str | None = _f(None, "a Python module imported first, to register user workflows and rewards")
@@ -512,7 +512,7 @@ def _with_policy_defaults(data: dict, file: str) -> dict:
 
 
 def describe(cls: type = JobConfig, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, default, help) for every key: the README's config reference. A number's
+    """(dotted key, default, help) for every key: the config reference `astraflow config keys` prints. A number's
     help ends with the range it is loaded within."""
     rows = []
     for f in dataclasses.fields(cls):

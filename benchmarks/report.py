@@ -1,8 +1,9 @@
-"""Render the README's results section from ``benchmarks/results/*.json``.
+"""Render the results section of ``docs/benchmarks.md`` from ``benchmarks/results/*.json``.
 
-``python benchmarks/report.py`` prints the markdown; ``--update-readme`` replaces the text
-between the ``<!-- results:start -->`` and ``<!-- results:end -->`` markers, so the README's
-numbers are always the benchmarks' own.
+``python benchmarks/report.py`` prints the markdown; ``--update-docs`` replaces the text
+between the ``<!-- results:start -->`` and ``<!-- results:end -->`` markers of
+``docs/benchmarks.md``, so its numbers are always the benchmarks' own (the README's short
+results table quotes them by hand).
 """
 
 from __future__ import annotations
@@ -306,7 +307,7 @@ def demo() -> list[str]:
     return [f"**Demo** — `make demo` ({d['steps_trained']} versions in {d['wall_s']:.0f} s wall, "
             f"{d['samples_trained']:,} samples trained, async, 1 RaaS node): held-out pass@1 "
             f"(200 problems × 4 samples, T=0.6) {acc}{_gap(d)}", "",
-            "![demo run](benchmarks/results/demo_plot.png)", ""]
+            "![demo run](../benchmarks/results/demo_plot.png)", ""]
 
 
 def _gap(d: dict) -> str:
@@ -325,17 +326,18 @@ def render() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--update-readme", action="store_true")
+    ap.add_argument("--update-docs", "--update-readme", dest="update_docs", action="store_true",
+                    help="rewrite the results section of docs/benchmarks.md")
     args = ap.parse_args()
     text = render()
-    if not args.update_readme:
+    if not args.update_docs:
         print(text)
         return 0
-    readme = ROOT / "README.md"
-    s = readme.read_text()
+    page = ROOT / "docs" / "benchmarks.md"
+    s = page.read_text()
     i, j = s.index(START) + len(START), s.index(END)
-    readme.write_text(s[:i] + "\n" + text + s[j:])
-    print(f"updated {readme}")
+    page.write_text(s[:i] + "\n" + text + s[j:])
+    print(f"updated {page}")
     return 0
 
 

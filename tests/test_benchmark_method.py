@@ -206,7 +206,7 @@ def test_publish_dtype_pairs_the_dtypes_by_repetition_and_takes_the_gap_from_the
 
 
 def test_committed_results_have_the_issues_fields_and_render_with_spread():
-    """The README's tables come from these files: each must carry the required numbers,
+    """The tables of docs/benchmarks.md come from these files: each must carry the required numbers,
     its load, and render as median (min–max)."""
     from astraflow.benchmarks import report
 

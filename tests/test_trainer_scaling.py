@@ -1,5 +1,5 @@
 """benchmarks/trainer_scaling.py: a quick run launches real DeepSpeed ranks through torch's
-launcher and writes the rows the README table is rendered from."""
+launcher and writes the rows the results table of docs/benchmarks.md is rendered from."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_quick_two_ranks_zero3_agree_and_report(tmp_path, monkeypatch):
 
 
 def test_committed_results_cover_1_and_2_ranks_at_every_stage():
-    """The README table is rendered from this file: the issue's fields, all 8 configs, the
+    """The docs/benchmarks.md table is rendered from this file: the issue's fields, all 8 configs, the
     full model (not --quick), the load it was measured under."""
     d = json.loads((report.RES / "trainer_scaling.json").read_text())
     assert not d["settings"]["quick"] and d["settings"]["timed_steps"] >= 3 and d["model"]["parameters"] > 100e6

@@ -151,7 +151,7 @@ class WeightSubscriber:
         prefetch: read payload chunks while they are written (:mod:`.prefetch`), so
             a version is assembled from memory once announced instead of fetched after its
             write. Off by default: it pays where the node has its own cores; on one shared
-            2-core machine it only moved the read's CPU into the write (README: the weight path).
+            2-core machine it only moved the read's CPU into the write (docs/weight-transfer.md: the weight path).
         prefetch_bytes: chunk bytes the prefetcher may hold.
         verifier: accept only announcements it passes (:mod:`.signing`); None: every
             announcement counts (tests, benchmarks; components always pass one).

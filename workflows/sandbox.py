@@ -116,7 +116,7 @@ _SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 _HARNESS_ERRORS = ("syntax_error", "no_function")
 _REFUSAL = ("sandbox: this machine gives no user/mount/network namespaces, so model-written code does not "
             "run (score 0). To run it anyway with rlimits, an audit hook and uid 65534 only, set "
-            "sandbox.allow_unisolated: true in the job config (README, Security: the sandbox)")
+            "sandbox.allow_unisolated: true in the job config (docs/security.md, Sandbox)")
 _settings = {"allow_unisolated": False}
 
 

@@ -1,4 +1,4 @@
-"""A user workflow, registered from the job's ``workflow.module`` exactly as the README shows."""
+"""A user workflow, registered from the job's ``workflow.module`` exactly as docs/workflows.md shows."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 
 from astraflow.config import ConfigError, from_dict, JobConfig
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "workflows.md"
 
 
 @pytest.fixture
 def readme_module(tmp_path, monkeypatch):
-    text = README.read_text()
+    text = GUIDE.read_text()
     code = re.search(r"```python\n(# my_workflows\.py.*?)```", text, re.S).group(1)
     (tmp_path / "my_workflows.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
