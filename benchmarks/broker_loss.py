@@ -43,6 +43,7 @@ from kafka import KafkaAdminClient
 from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 
 from astraflow.benchmarks.results_io import fmt_spread, load_now, spread, write_results
+from astraflow.chaos.faults import coordinator_partition
 from astraflow.topics import (Consumer, EmbeddedCluster, JobTopics, Producer, Prompt,
                               StaleMembershipError, ensure_topics, txn_recovery)
 
@@ -57,13 +58,7 @@ GIVE_UP_S = 120.0
 
 # -- where Kafka puts a coordinator ----------------------------------------------------------
 
-def _partition_for(key: str, partitions: int) -> int:
-    """Kafka's coordinator partition for ``key``: abs(Java ``String.hashCode``) mod partitions."""
-    h = 0
-    for ch in key:
-        h = (31 * h + ord(ch)) & 0xFFFFFFFF
-    h = h - (1 << 32) if h >= 1 << 31 else h
-    return (0 if h == -(1 << 31) else abs(h)) % partitions
+_partition_for = coordinator_partition  #: Kafka's coordinator partition for a group or transactional id
 
 
 def _leaders(admin: KafkaAdminClient, topic: str) -> dict[int, int]:

@@ -224,21 +224,37 @@ class ChaosKafka:
         return [self.broker] if self.broker else list(self.cluster.nodes)
 
     # -- faults
-    def pick(self, target: str, topic: str, rng) -> int:
-        """A broker node id: ``leader`` (of ``topic``'s partition 0), ``any`` (drawn) or a number."""
+    def pick(self, target: str, topic: str, rng, *, group: str = "", transactional_id: str = "") -> int:
+        """A broker node id: ``leader`` (of ``topic``'s partition 0), ``coordinator`` (of consumer
+        ``group``), ``txn_coordinator`` (of ``transactional_id``), ``any`` (drawn) or a number."""
         live = [n.node_id for n in self.nodes() if n.pid is not None]
         if target == "any":
             return rng.choice(live)
-        if target == "leader":
-            leader = self.leader(topic)
-            return leader if leader in live else live[0]
+        if target in ("leader", "coordinator", "txn_coordinator"):
+            if target == "leader":
+                node = self.leader(topic)
+            elif target == "coordinator":
+                node = self.leader("__consumer_offsets", coordinator_partition(group, self._partitions("__consumer_offsets")))
+            else:
+                node = self.leader("__transaction_state",
+                                   coordinator_partition(transactional_id, self._partitions("__transaction_state")))
+            return node if node in live else live[0]
         return int(target)
 
-    def leader(self, topic: str) -> int | None:
+    def _partitions(self, topic: str) -> int:
         from kafka import KafkaAdminClient
         admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers, client_id="chaos")
         try:
-            return admin.describe_topics([topic])[0]["partitions"][0]["leader_id"]
+            return len(admin.describe_topics([topic])[0]["partitions"])
+        finally:
+            admin.close()
+
+    def leader(self, topic: str, partition: int = 0) -> int | None:
+        from kafka import KafkaAdminClient
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers, client_id="chaos")
+        try:
+            parts = admin.describe_topics([topic])[0]["partitions"]
+            return next(p["leader_id"] for p in parts if p["partition_index"] == partition)
         finally:
             admin.close()
 
@@ -309,3 +325,15 @@ class ChaosKafka:
         subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.disk_mb}m", "tmpfs", str(self.data_dir)],
                        check=True, capture_output=True)
         self._mounted = True
+
+
+def coordinator_partition(key: str, partitions: int) -> int:
+    """The partition of ``__consumer_offsets`` (a group id) or ``__transaction_state`` (a
+    transactional id) whose leader coordinates ``key``: Kafka takes abs(Java
+    ``String.hashCode``) modulo the partitions."""
+    h = 0
+    for ch in key:
+        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    h = h - (1 << 32) if h >= 1 << 31 else h
+    return (0 if h == -(1 << 31) else abs(h)) % partitions
+

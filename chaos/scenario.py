@@ -286,6 +286,11 @@ def _params(file: str, key: str, kind: str, entry: dict) -> dict[str, Any]:
     return out
 
 
+#: Named broker targets: the leader of batches.<policy>'s partition 0, the group coordinator of
+#: the RaaS nodes' task group, the transaction coordinator of raas-0's transactional id, a drawn one.
+BROKER_TARGETS = ("leader", "coordinator", "txn_coordinator", "any")
+
+
 def _target(file: str, key: str, kind: str, value: Any) -> str:
     if kind in PROCESS_KINDS:
         if value is None:
@@ -294,10 +299,11 @@ def _target(file: str, key: str, kind: str, value: Any) -> str:
         return _process_target(file, key, value)
     if kind in ("broker_restart", "broker_loss"):
         value = "leader" if value is None else value
-        if value in ("leader", "any") or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        if value in BROKER_TARGETS or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             return str(value)
-        raise ScenarioError(file, key, f"a broker target is 'leader' (of batches), 'any' or a node id >= 1, "
-                                       f"got {value!r}")
+        raise ScenarioError(file, key, f"a broker target is 'leader' (of batches), 'coordinator' (of the RaaS "
+                                       f"nodes' group), 'txn_coordinator' (of raas-0's transactions), 'any' or a "
+                                       f"node id >= 1, got {value!r}")
     if value is not None:
         raise ScenarioError(file, key, f"{kind} takes no target")
     return ""

@@ -134,3 +134,26 @@ def test_the_cli_checks_a_scenario_and_reports_a_bad_one_as_one_line(tmp_path, c
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"astraflow: error: {bad}: faults[0].kind: unknown fault kind 'sigsegv' (known: "
                    f"{', '.join(KINDS)})"]
+
+
+def test_broker_faults_can_target_the_coordinators(tmp_path):
+    sc = load_scenario(_write(tmp_path, {"brokers": 3, "faults": [
+        {"at_step": 1, "kind": "broker_loss", "target": "coordinator"}]}))
+    assert sc.faults[0].target == "coordinator"
+    sc = load_scenario(_write(tmp_path, {"brokers": 3, "faults": [
+        {"at_step": 1, "kind": "broker_restart", "target": "txn_coordinator"}]}))
+    assert sc.faults[0].target == "txn_coordinator"
+
+
+@pytest.mark.parametrize("key, hash_code", [("abc", 96354), ("af.j.raas.policy", None), ("", 0)])
+def test_the_coordinator_partition_is_kafkas_string_hash(key, hash_code):
+    """Kafka places a group (transactional id) on partition abs(String.hashCode) % partitions."""
+    from astraflow.chaos.faults import coordinator_partition
+    h = 0
+    for ch in key:  # Java's String.hashCode, in 32-bit two's complement
+        h = (h * 31 + ord(ch)) % 2**32
+    signed = h - 2**32 if h >= 2**31 else h
+    if hash_code is not None:
+        assert signed == hash_code
+    assert coordinator_partition(key, 50) == abs(signed) % 50
+    assert coordinator_partition("abc", 50) == 96354 % 50 == 4

@@ -26,6 +26,22 @@ SCENARIOS = ROOT / "chaos" / "scenarios"
 
 
 @pytest.mark.core
+@pytest.mark.timeout(1500)
+def test_every_fault_kind_in_one_job_loses_nothing(tmp_path):
+    """What `make test` runs of chaos: a RaaS node, the trainer and the dataflow SIGKILLed and
+    restarted, then the broker coordinating the RaaS nodes' group lost for good (3 nodes)."""
+    report = run_scenario(SCENARIOS / "every_kind.yaml", run_dir=tmp_path / "run", progress=False)
+    assert report["ok"], (report["error"], report["audit"]["violations"], report["weights"])
+    assert not report["faults_not_injected"] and report["faults_injected"] == 4
+    assert [(f["kind"], f["target"]) for f in report["faults"]][:3] == \
+        [("sigkill", "raas-0"), ("sigkill", "trainer"), ("sigkill", "dataflow")]
+    assert report["faults"][3]["kind"] == "broker_loss" and report["faults"][3]["target"].startswith("broker-")
+    assert report["samples_lost"] == 0 and report["duplicates_trained"] == 0
+    assert report["audit"]["batches"] == 8
+    assert {"raas-0", "trainer", "dataflow"} <= set(report["component_restarts"])
+    assert report["weights"]["match"]
+
+
 @pytest.mark.timeout(900)
 def test_a_sigkilled_raas_node_loses_nothing_through_the_runner(tmp_path):
     report = run_scenario(SCENARIOS / "raas_sigkill.yaml", run_dir=tmp_path / "run", progress=False,
