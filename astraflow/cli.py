@@ -216,6 +216,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         calls = ", ".join(f"{call} {s.get('modelled_s', 0):.1f} s (CPU {100 * s.get('cpu_fraction', 0):.0f}% of holds)"
                           for call, s in d.items() if isinstance(s, dict))
         print(f"EMULATED {component} on {d['profile']} x{d['devices']:g}: modelled {calls}")
+    for policy, path in summary.get("models", {}).items():
+        print(f"trained model ({policy}, Hugging Face): {path}")
     print(f"run dir: {summary['run_dir']}")
     return _audit_exit(summary)
 

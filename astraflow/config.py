@@ -146,6 +146,10 @@ class TrainerConfig:
                                bounds=Bounds(1, 10_000))
     snapshot_every: int = _f(10, "full weight snapshot every K versions (sparse deltas between)",
                              bounds=Bounds(1, 10**7))
+    export_every: int = _f(0, "also write a Hugging Face model directory (safetensors, config, tokenizer) every K "
+                              "versions, into <run dir>/hf/<policy>/v<K>/ (0: only the final one, which every "
+                              "run writes, named by <run dir>/hf/<policy>/final); rank 0, in publish_dtype",
+                           bounds=Bounds(0, 10**7))
     publish_dtype: Literal["float32", "bfloat16", "float16"] = _f(
         "float32", "dtype of the published weights (what rollout engines load); bfloat16 is what GPU engines hold, "
                    "and far fewer bf16 elements change per step than fp32 ones, so deltas shrink")
@@ -176,6 +180,8 @@ class TrainerConfig:
                 raise ValueError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
         if not 0 <= self.cpu_nice <= 19:
             raise ValueError(f"trainer.cpu_nice must be in 0..19 (a niceness increment), got {self.cpu_nice}")
+        if self.export_every < 0:
+            raise ValueError(f"trainer.export_every must be >= 0 (0: only the final export), got {self.export_every}")
 
 
 @dataclass(frozen=True)
