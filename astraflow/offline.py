@@ -22,6 +22,7 @@ import errno
 import fcntl
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,6 +79,30 @@ def _in_use(data: Path) -> bool:
     return False
 
 
+def _wait_for_coordinators(bootstrap: str, timeout_s: float) -> None:
+    """Until the group coordinators answer: a broker reopened on a log loads its groups (or,
+    where the run used none, creates their internal topic) after it starts listening, and a
+    command asking for a group's offsets meanwhile gets CoordinatorNotAvailable."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    deadline = time.monotonic() + timeout_s
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="astraflow-offline")
+    try:
+        pending = [f"astraflow-offline-probe-{i}" for i in range(8)]  # spread over the offsets partitions
+        while pending:
+            try:
+                admin.list_group_offsets(pending[0])
+                pending.pop(0)
+            except KafkaError as e:
+                if time.monotonic() > deadline:
+                    raise OfflineError(f"the broker opened on the run's Kafka log answers no group request within "
+                                       f"{timeout_s:g} s ({type(e).__name__})") from None
+                time.sleep(0.5)
+    finally:
+        admin.close()
+
+
 class OfflineBroker:
     """An embedded broker on a run dir's Kafka log, for reading it: ``with OfflineBroker(run) as bootstrap``."""
 
@@ -110,6 +135,11 @@ class OfflineBroker:
             self._cleanup()
             raise OfflineError(f"could not open the Kafka log in {self.data}: {str(e).splitlines()[0]}") from e
         self._broker = broker
+        try:
+            _wait_for_coordinators(broker.bootstrap_servers, self.startup_timeout)
+        except BaseException:
+            self.__exit__()
+            raise
         return broker.bootstrap_servers
 
     def __exit__(self, *exc: object) -> None:

@@ -196,6 +196,8 @@ def cli_export_model(args) -> int:
         policy = found[0]
     out, rebuilt = export_model(args.bootstrap_servers, args.job, policy, args.out,
                                 base_model=_base_model(args, policy), version=args.version)
-    print(f"exported version {rebuilt.version} of {policy} (epoch {rebuilt.epoch}, snapshot {rebuilt.snapshot_version} "
-          f"+ deltas, digest {rebuilt.digest[:16]}…) as a Hugging Face model: {out}")
+    deltas = rebuilt.version - rebuilt.snapshot_version
+    print(f"exported version {rebuilt.version} of {policy} (epoch {rebuilt.epoch}, snapshot {rebuilt.snapshot_version}"
+          + (f" + {deltas} delta{'s' * (deltas > 1)}" if deltas else "")
+          + f", digest {rebuilt.digest[:16]}…) as a Hugging Face model: {out}")
     return 0
