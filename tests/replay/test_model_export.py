@@ -153,6 +153,9 @@ def test_a_finished_run_dir_is_read_offline(tmp_path, tiny_model_path, batch, jo
         trainer, by_version = _train_and_publish(broker.bootstrap_servers, topics, tiny_model_path, batch, steps=2)
         trainer.close()
         recorded_at = broker.bootstrap_servers
+        from astraflow.offline import OfflineBroker, OfflineError
+        with pytest.raises(OfflineError, match=f"its broker is still running at {recorded_at}; read it there"):
+            OfflineBroker(run).__enter__()
     props = (run / "kafka" / "server.properties").read_text()
 
     st = _astraflow("status", "--run-dir", str(run), "--job", job_name)
