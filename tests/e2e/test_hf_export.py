@@ -18,6 +18,7 @@ def _astraflow(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_a_run_exports_its_model_and_its_run_dir_rebuilds_it_offline(make_job_config, tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM

@@ -140,6 +140,7 @@ def _astraflow(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                           timeout=timeout, cwd=str(ROOT))
 
 
+@pytest.mark.timeout(1200)  # three commands, each starting a broker on the log (a minute or two on 2 busy cores)
 def test_a_finished_run_dir_is_read_offline(tmp_path, tiny_model_path, batch, job_name):
     """status and export --model on a run dir whose broker is gone: each starts its own on the log."""
     from safetensors.torch import load_file
