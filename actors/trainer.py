@@ -45,6 +45,7 @@ from opentelemetry import trace
 
 from astraflow.config import JobConfig
 from astraflow.engines.checkpoints import CheckpointStore
+from astraflow.engines.hf_export import HFExports
 from astraflow.topics import (Batch, Consumer, DeadLetters, Delivery, Heartbeat, Producer, SnapshotRequest,
                               job_topics)
 
@@ -63,6 +64,7 @@ class TrainerActor(LoopActor):
         self.cfg, self.bootstrap = cfg, bootstrap
         self.topics = job_topics(cfg)
         self.ckpt_dir = Path(run_dir) / "checkpoints" / cfg.policy
+        self.exports = HFExports(Path(run_dir) / "hf" / cfg.policy)
         self.checkpoints = CheckpointStore(self.ckpt_dir, keep=cfg.trainer.keep_checkpoints)
         self.engine = self.consumer = self.control = self.producer = self.publisher = None
         self._wait_s = 0.0
@@ -127,6 +129,7 @@ class TrainerActor(LoopActor):
         if self.engine.step >= self.cfg.trainer.steps:
             weights = self._weights()  # every rank: a collective under ZeRO-3
             if self.leader:
+                self._export(weights, final=True)
                 self.publisher.flush(timeout=300)
                 self._report_published()
                 from astraflow.weights.codec import weights_digest
@@ -167,6 +170,9 @@ class TrainerActor(LoopActor):
                 self._snapshot_next = False
             if self.engine.step % self.cfg.trainer.checkpoint_every == 0 or self.engine.step >= self.cfg.trainer.steps:
                 self._checkpoint()
+            every = self.cfg.trainer.export_every
+            if self.leader and every and self.engine.step % every == 0 and self.engine.step < self.cfg.trainer.steps:
+                self._export(weights)  # (the last version is exported once the run ends)
         rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
         if not self.leader:
             self.metrics.emit("trainer.peak_rss_mb", rss_mb, step=self.engine.step, rank=self.rank)
@@ -221,6 +227,19 @@ class TrainerActor(LoopActor):
         dtype = getattr(torch, self.cfg.trainer.publish_dtype)
         named = self.engine.named_weights(rank0_only=True) if self.world > 1 else self.engine.named_weights()
         return {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in named.items()}
+
+    def _export(self, weights: dict, final: bool = False) -> None:
+        """The weights as published (``publish_dtype``) as an HF directory of this version
+        (rank 0; ``weights`` were gathered by every rank); ``final`` points ``final`` at it."""
+        t0 = time.monotonic()
+        version = self.engine.step
+        path = self.exports.path(version)
+        if not (final and path.is_dir()):  # (a resumed finished run exported it already)
+            path = self.engine.export_hf(path, weights)
+        if final:
+            self.exports.mark_final(version)
+        log.info("trainer: exported v%d as a Hugging Face model: %s", version, path)
+        self.metrics.emit("trainer.hf_export_s", time.monotonic() - t0, step=version, path=str(path), final=final)
 
     def _report_published(self) -> None:
         """Metrics for payloads the publisher finished since the last call (it runs behind us).

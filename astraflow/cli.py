@@ -216,6 +216,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         calls = ", ".join(f"{call} {s.get('modelled_s', 0):.1f} s (CPU {100 * s.get('cpu_fraction', 0):.0f}% of holds)"
                           for call, s in d.items() if isinstance(s, dict))
         print(f"EMULATED {component} on {d['profile']} x{d['devices']:g}: modelled {calls}")
+    for policy, path in summary.get("models", {}).items():
+        print(f"trained model ({policy}, Hugging Face): {path}")
     print(f"run dir: {summary['run_dir']}")
     return _audit_exit(summary)
 
@@ -368,11 +370,19 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from astraflow.replay import export_trajectories
+    if args.model:
+        from astraflow.replay.model_export import cli_export_model
+        return cli_export_model(args)
     meta = export_trajectories(args.bootstrap_servers, args.job, args.out, policy=args.policy,
                                tokenizer=args.tokenizer)
     print(f"exported {meta['rows']} samples of {meta['groups']} groups ({meta['groups_trained']} trained, "
           f"{meta['groups_dropped']} dropped, {meta['groups_failed']} failed) to {args.out}")
     return 0
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    from astraflow.runs import main as runs_main
+    return runs_main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -461,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     la.set_defaults(func=_cmd_launch)
 
     st = sub.add_parser("status", help="a job's versions, RaaS nodes, task lag and trainer wait time")
-    st.add_argument("--bootstrap-servers", required=True)
+    _source_flags(st)
     st.add_argument("--job", required=True, type=_name)
     st.add_argument("--policy", action="append", type=_name, help="policy name (repeatable; default: policy)")
     st.add_argument("--json", action="store_true")
@@ -480,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("replay", help="re-train a job from its recorded batches (no rollout): check its weights bit "
                                        "for bit, or with --set a what-if lineage on the same batches")
     rp.add_argument("--job", required=True, type=_name, help="the job whose topics are read (never written)")
-    rp.add_argument("--bootstrap-servers", required=True)
+    _source_flags(rp, "--recorded-run-dir")
     rp.add_argument("--config", help="the job's config file (required: topics do not record it)")
     rp.add_argument("--policy", type=_name, help="policy to replay (default: the config's)")
     start = rp.add_mutually_exclusive_group()
@@ -497,24 +507,53 @@ def build_parser() -> argparse.ArgumentParser:
     rp.set_defaults(func=_cmd_replay)
 
     ex = sub.add_parser("export", help="a job's recorded trajectories as a Parquet dataset (rewards, versions, "
-                                       "behaviour log-probs, batch steps)")
+                                       "behaviour log-probs, batch steps), or with --model a trained version "
+                                       "as a Hugging Face model directory")
     ex.add_argument("--job", required=True, type=_name)
-    ex.add_argument("--bootstrap-servers", required=True)
-    ex.add_argument("--out", required=True, help="directory for part-*.parquet and export.json (new or empty)")
+    _source_flags(ex)
+    ex.add_argument("--out", required=True, help="directory for part-*.parquet and export.json (new or empty), or "
+                                                 "with --model for the model (new, or an earlier export to replace)")
+    ex.add_argument("--model", action="store_true", help="export a policy version's weights, rebuilt from the "
+                                                         "weights topic (snapshot + deltas), as an HF directory")
+    ex.add_argument("--version", type=int, help="with --model: the version (default: the newest announced)")
+    ex.add_argument("--base-model", help="with --model: the HF dir whose config and tokenizer go with the weights "
+                                         "(default: the job's model from --config, else the run dir's own exports)")
+    ex.add_argument("--config", help="with --model: the job's config file (names its model)")
     ex.add_argument("--policy", action="append", type=_name, help="policy to export (repeatable; default: all)")
     ex.add_argument("--tokenizer", help="HF tokenizer dir to decode token ids where the record holds no text")
     ex.set_defaults(func=_cmd_export)
+    ru = sub.add_parser("runs", help="finished run directories: prune (bound the disk they take)")
+    ru.add_argument("action", choices=["prune"])
+    ru.add_argument("--root", default="runs", help="the directory holding the run dirs (the config's run_dir; "
+                                                   "default: runs)")
+    which = ru.add_mutually_exclusive_group(required=True)
+    which.add_argument("--keep", type=int, metavar="N", help="keep the newest N runs, prune the others")
+    which.add_argument("--older-than", metavar="D", help="prune runs older than D (30m, 12h, 7d, 2w)")
+    ru.add_argument("--kafka-only", action="store_true", help="remove only their Kafka logs and checkpoints (the "
+                                                              "HF model, summary, metrics and plot stay)")
+    ru.add_argument("--dry-run", action="store_true", help="print what would be removed")
+    ru.set_defaults(func=_cmd_runs)
     from astraflow.chaos_cli import add_parser as add_chaos_parser
     add_chaos_parser(sub)
     return p
 
 
+def _source_flags(parser: argparse.ArgumentParser, run_flag: str = "--run-dir") -> None:
+    """Where a reading command finds the job: a live cluster, or a finished run's directory."""
+    g = parser.add_mutually_exclusive_group(required=True)
+    g.add_argument("--bootstrap-servers", help="a live Kafka cluster (or the path of a run dir, as " + run_flag + ")")
+    g.add_argument(run_flag, dest="run_dir_log", metavar="RUN", help="a finished run's directory: its Kafka log is "
+                   "opened by a broker started (and stopped) for this command, on a free port (docs/run-dir.md)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if getattr(args, "bootstrap_servers", None) and args.func is not _cmd_node:  # (node: after its flags)
-            _reachable(args.bootstrap_servers, "--bootstrap-servers")
-        return args.func(args)
+        from .offline import offline
+        with offline(args):  # a run dir's log instead of a live cluster
+            if getattr(args, "bootstrap_servers", None) and args.func is not _cmd_node:  # (node: after its flags)
+                _reachable(args.bootstrap_servers, "--bootstrap-servers")
+            return args.func(args)
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # noqa: BLE001 - a CLI reports errors as one clear line

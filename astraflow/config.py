@@ -40,6 +40,57 @@ GENERATORS = ("arithmetic", "code")  #: data sources that generate prompts (and 
 
 
 @dataclass(frozen=True)
+class RetentionLimit:
+    ms: int | None = _f(None, "retention.ms of the family's topics: records older than this are deleted (-1: "
+                              "never; null: the project's default; else at least 60000)",
+                 bounds=Bounds(-1, 2**62, why="-1 or at least 60000"))
+    bytes: int | None = _f(None, "retention.bytes per partition of the family's topics: the oldest segments go "
+                                 "beyond it (-1: unbounded; null: the project's default; else at least 1 MiB)",
+                    bounds=Bounds(-1, 2**62, why="-1 or at least 1048576"))  # noqa: A003
+
+
+#: The smallest limits accepted: below them a running job would lose what it still reads.
+_MIN_RETENTION_MS, _MIN_RETENTION_BYTES = 60_000, 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    """Broker-side retention per topic family (docs/run-dir.md). Bounding ``tasks``,
+    ``trajectories``, ``batches`` or ``prompts`` below a job's length loses records the
+    running job, its audit, ``replay`` and ``export`` still read; ``metrics`` and
+    ``control`` are the safe ones to bound. ``weights.<policy>`` is trimmed by its publisher."""
+
+    prompts: RetentionLimit = _f(RetentionLimit(), "the input stream (default: kept forever)")
+    tasks: RetentionLimit = _f(RetentionLimit(), "tasks.<policy> (default: kept forever)")
+    trajectories: RetentionLimit = _f(RetentionLimit(), "trajectory groups (default: kept forever)")
+    batches: RetentionLimit = _f(RetentionLimit(), "batches.<policy>, the record replay retrains from (default: "
+                                                   "kept forever)")
+    drops: RetentionLimit = _f(RetentionLimit(), "drops.<policy> (default: kept forever)")
+    metrics: RetentionLimit = _f(RetentionLimit(), "metric events (default: 7 days)")
+    control: RetentionLimit = _f(RetentionLimit(), "heartbeats and control records (default: 1 hour)")
+    dlq: RetentionLimit = _f(RetentionLimit(), "the dead-letter topic (default: kept forever)")
+
+    def __post_init__(self) -> None:
+        for family in self.limits():
+            lim = getattr(self, family)
+            if lim.ms is not None and lim.ms != -1 and lim.ms < _MIN_RETENTION_MS:
+                raise ValueError(f"kafka.retention.{family}.ms must be -1 (never delete) or >= {_MIN_RETENTION_MS} "
+                                 f"(one minute), got {lim.ms}")
+            if lim.bytes is not None and lim.bytes != -1 and lim.bytes < _MIN_RETENTION_BYTES:
+                raise ValueError(f"kafka.retention.{family}.bytes must be -1 (unbounded) or >= "
+                                 f"{_MIN_RETENTION_BYTES} (1 MiB), got {lim.bytes}")
+
+    def limits(self) -> dict[str, tuple[int | None, int | None]]:
+        """``{family: (ms, bytes)}`` of the families given a limit (the topics layer's view)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            lim = getattr(self, f.name)
+            if lim.ms is not None or lim.bytes is not None:
+                out[f.name] = (lim.ms, lim.bytes)
+        return out
+
+
+@dataclass(frozen=True)
 class KafkaConfig:
     bootstrap_servers: str | None = _f(None, "existing cluster; null starts the embedded broker")
     task_partitions: int = _f(8, "partitions of tasks.<policy> (>= most RaaS nodes of a policy)",
@@ -55,6 +106,8 @@ class KafkaConfig:
                                              "long; at most the broker's transaction.max.timeout.ms (900000)",
                                              bounds=Bounds(1_000, 900_000, why="at most the broker's "
                                                            "transaction.max.timeout.ms, 900000 by default"))
+    retention: RetentionConfig = _f(RetentionConfig(), "broker-side retention per topic family (ms / bytes), to "
+                                                       "bound a run dir's Kafka log (docs/run-dir.md)")
 
     def __post_init__(self) -> None:
         if self.bootstrap_servers is not None:
@@ -147,6 +200,10 @@ class TrainerConfig:
                                bounds=Bounds(1, 10_000))
     snapshot_every: int = _f(10, "full weight snapshot every K versions (sparse deltas between)",
                              bounds=Bounds(1, 10**7))
+    export_every: int = _f(0, "also write a Hugging Face model directory (safetensors, config, tokenizer) every K "
+                              "versions, into <run dir>/hf/<policy>/v<K>/ (0: only the final one, which every "
+                              "run writes, named by <run dir>/hf/<policy>/final); rank 0, in publish_dtype",
+                           bounds=Bounds(0, 10**7))
     publish_dtype: Literal["float32", "bfloat16", "float16"] = _f(
         "float32", "dtype of the published weights (what rollout engines load); bfloat16 is what GPU engines hold, "
                    "and far fewer bf16 elements change per step than fp32 ones, so deltas shrink")
@@ -177,6 +234,8 @@ class TrainerConfig:
                 raise ValueError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
         if not 0 <= self.cpu_nice <= 19:
             raise ValueError(f"trainer.cpu_nice must be in 0..19 (a niceness increment), got {self.cpu_nice}")
+        if self.export_every < 0:
+            raise ValueError(f"trainer.export_every must be >= 0 (0: only the final export), got {self.export_every}")
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,7 @@ def record(state: RunState, m) -> None:
 def write_outputs(run_dir: Path, cfg: JobConfig, state: RunState, started: float, procs: list[Proc],
                   interrupted: bool, error: str | None, extra: dict | None = None) -> dict:
     """Write the run directory's metrics, summary and plot; returns the summary."""
+    from astraflow.engines.hf_export import HFExports
     rows = sorted(state.rows, key=lambda r: r["ts"])
     with open(run_dir / "metrics.jsonl", "w") as f:
         for r in rows:
@@ -122,6 +123,8 @@ def write_outputs(run_dir: Path, cfg: JobConfig, state: RunState, started: float
                                          for p in cfg.policy_names}}
            if len(cfg.policy_names) > 1 else {}),
         **_emulated_summary(rows),
+        # the trained models: the trainers' final Hugging Face exports (engines/hf_export.py)
+        "models": {p: str(d) for p in cfg.policy_names if (d := HFExports(run_dir / "hf" / p).final()) is not None},
         "interrupted": interrupted, "error": error, **(extra or {}),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

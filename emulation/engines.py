@@ -141,8 +141,8 @@ class EmulatedTrainEngine(TrainEngine):
     def load_checkpoint(self, directory):
         return self.inner.load_checkpoint(directory)
 
-    def export_hf(self, directory):
-        return self.inner.export_hf(directory)
+    def export_hf(self, directory, weights=None):
+        return self.inner.export_hf(directory, weights)
 
     @property
     def step(self) -> int:

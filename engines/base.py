@@ -257,8 +257,9 @@ class TrainEngine(abc.ABC):
         """Restore the latest checkpoint in ``directory``; return its ``extra_state``."""
 
     @abc.abstractmethod
-    def export_hf(self, directory: str | Path) -> Path:
-        """Write the current weights as a Hugging Face model directory."""
+    def export_hf(self, directory: str | Path, weights: Mapping[str, torch.Tensor] | None = None) -> Path:
+        """Write the current weights (or ``weights``: full tensors the caller gathered) as a
+        Hugging Face model directory, atomically (a reader never sees half of one)."""
 
     @property
     @abc.abstractmethod

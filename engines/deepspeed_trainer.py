@@ -54,7 +54,7 @@ from . import deepspeed_checkpoint
 from .base import TrainBatch, TrainEngine
 from .config import ZERO_SIZE_KEYS, TrainerConfig
 from .distributed import Ranks, init_single_process_distributed
-from .hf_export import export_hf
+from .hf_export import export_hf_atomic
 from .losses import BATCH_MASKS, POLICY_LOSSES, aggregate, grpo_advantages, kl_penalty, kl_shaped_rewards
 from .packing import collate, minibatches, pack_rows, row_tokens
 from .trainer_logprobs import batch_logprobs, logp_gaps, token_logprobs
@@ -294,9 +294,11 @@ class DeepSpeedTrainer(TrainEngine):
         self._step = restored.step
         return restored.extra_state
 
-    def export_hf(self, directory: str | Path) -> Path:
-        """The current weights as an HF model directory (``hf_export.export_hf``)."""
-        return export_hf(directory, self.engine.module, self.named_weights(), self.model_path)
+    def export_hf(self, directory: str | Path, weights: Mapping[str, torch.Tensor] | None = None) -> Path:
+        """The current weights (or ``weights``, gathered already: the trainer passes the
+        published ones) as an HF model directory, written atomically (``hf_export``)."""
+        named = self.named_weights() if weights is None else weights
+        return export_hf_atomic(directory, self.engine.module, named, self.model_path)
 
     def close(self) -> None:
         self.engine = None  # type: ignore[assignment]

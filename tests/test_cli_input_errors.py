@@ -80,7 +80,7 @@ def test_bad_flags_are_one_line_naming_the_flag():
     for args, words in ((("status", "--bootstrap-servers", "x:1", "--job", ".."),
                          "astraflow status: error: argument --job: '..' is part of Kafka topic names"),
                         (("broker", "start", "--port", "x"), "argument --port: invalid int value: 'x'"),
-                        (("status", "--job", "j"), "the following arguments are required: --bootstrap-servers")):
+                        (("status", "--job", "j"), "one of the arguments --bootstrap-servers --run-dir is required")):
         proc = _astraflow(*args)
         line = _one_line(proc)
         assert proc.returncode == 2 and words in line and line.endswith("--help)"), line

@@ -112,14 +112,19 @@ class EmbeddedBroker:
         voters: static controller quorum ``id@host:port,...`` of a cluster; None: this node
             alone is the quorum.
         cluster_id: the cluster id to format storage with (shared by a cluster's nodes).
+        conf_dir: where ``server.properties``, the log4j settings and the broker's own logs
+            go (default: ``data_dir``); another directory leaves a data dir's files as they
+            were but for its Kafka log (an offline reader of a run dir, :mod:`astraflow.offline`).
     """
 
     def __init__(self, data_dir: str | os.PathLike | None = None, *, port: int = 0,
                  controller_port: int = 0, heap: str = "1g", startup_timeout: float = 90.0,
                  detach: bool = False, properties: dict[str, str] | None = None, node_id: int = 1,
-                 voters: str | None = None, cluster_id: str | None = None) -> None:
+                 voters: str | None = None, cluster_id: str | None = None,
+                 conf_dir: str | os.PathLike | None = None) -> None:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="astraflow-kafka-"))
+        self.conf_dir = Path(conf_dir) if conf_dir is not None else self.data_dir
         self.port = port or free_port()
         self.controller_port = controller_port or free_port()
         self.heap = heap
@@ -137,12 +142,12 @@ class EmbeddedBroker:
 
     @property
     def log_path(self) -> Path:
-        return self.data_dir / "server.log"
+        return self.conf_dir / "server.log"
 
     @property
     def gc_log_path(self) -> Path:
         """The JVM's garbage-collection log (start-up settings, one line per pause)."""
-        return self.data_dir / "gc.log"
+        return self.conf_dir / "gc.log"
 
     @property
     def pid(self) -> int | None:
@@ -161,9 +166,10 @@ class EmbeddedBroker:
     def launch(self) -> None:
         """Start the JVM without waiting for it: a cluster's nodes only become ready together."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.conf_dir.mkdir(parents=True, exist_ok=True)
         props = self._write_config()
         log4j = self._write_log4j()
-        jvm = [f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={self.data_dir}",
+        jvm = [f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={self.conf_dir}",
                "-Xms256m", *GC_OPTIONS, "-Djava.awt.headless=true"]
         try:
             if not (self.data_dir / "meta" / "meta.properties").exists():
@@ -172,7 +178,7 @@ class EmbeddedBroker:
             cmd = java_command("kafka.Kafka", [str(props)], heap=self.heap, jvm_opts=[*jvm, gc_log])
         except KafkaRuntimeError as e:
             raise BrokerStartError(str(e)) from e
-        out = open(self.data_dir / "stdout.log", "ab")
+        out = open(self.conf_dir / "stdout.log", "ab")
         kwargs: dict = {"stdout": out, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL}
         if self.detach:
             kwargs["start_new_session"] = True
@@ -237,12 +243,12 @@ class EmbeddedBroker:
         else:
             props["controller.quorum.bootstrap.servers"] = f"127.0.0.1:{self.controller_port}"
         props.update(self.extra)
-        path = self.data_dir / "server.properties"
+        path = self.conf_dir / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         return path
 
     def _write_log4j(self) -> Path:
-        path = self.data_dir / "log4j2.properties"
+        path = self.conf_dir / "log4j2.properties"
         path.write_text(
             "status = error\n"
             "appender.file.type = File\nappender.file.name = FILE\n"
@@ -302,7 +308,7 @@ class EmbeddedBroker:
         """The log's error lines (what went wrong) and its last lines (where it stopped)."""
         parts = []
         for name in ("server.log", "stdout.log"):
-            p = self.data_dir / name
+            p = self.conf_dir / name
             if not p.exists():
                 continue
             with open(p, "rb") as f:

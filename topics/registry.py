@@ -87,8 +87,14 @@ class TopicSpec:
         return replace(self, replication=factor, min_insync_replicas=min_isr)
 
 
+#: Topic families whose broker-side retention a job may bound (``kafka.retention``): the
+#: weights are trimmed by their publisher, the compacted topics keep their latest records.
+RETENTION_FAMILIES = ("prompts", "tasks", "trajectories", "batches", "drops", "metrics", "control", "dlq")
+
+
 class KafkaSettings(Protocol):
-    """The part of a job's ``kafka`` config section its topics are made from."""
+    """The part of a job's ``kafka`` config section its topics are made from (and, when it has
+    one, ``retention``: ``limits()`` -> ``{family: (retention.ms or None, retention.bytes or None)}``)."""
 
     task_partitions: int
     trajectory_partitions: int
@@ -112,7 +118,9 @@ def job_topics(cfg: JobSettings) -> "JobTopics":
                      trajectory_partitions=cfg.kafka.trajectory_partitions, weights_retention_ms=-1,
                      replication_factor=cfg.kafka.replication_factor,
                      min_insync_replicas=cfg.kafka.min_insync_replicas,
-                     generation=len(cfg.policy_names) > 1)
+                     generation=len(cfg.policy_names) > 1,
+                     retention=tuple((f, ms, nbytes) for f, (ms, nbytes) in sorted(
+                         (getattr(cfg.kafka, "retention", None) and cfg.kafka.retention.limits() or {}).items())))
 
 
 @dataclass(frozen=True)
@@ -142,6 +150,18 @@ class JobTopics:
     replication_factor: int | None = None
     min_insync_replicas: int | None = None
     generation: bool = False  #: multi-policy jobs: ``generate.<policy>`` and ``replies`` (remote role calls)
+    #: ``(family, retention.ms or None, retention.bytes or None)`` overriding the defaults of
+    #: :data:`RETENTION_FAMILIES` (None: the default stays)
+    retention: tuple[tuple[str, int | None, int | None], ...] = ()
+
+    def _retained(self, spec: TopicSpec) -> TopicSpec:
+        """``spec`` with its family's ``kafka.retention`` limits, if any."""
+        family = spec.name[len(self.prefix):].split(".", 1)[0]
+        for name, ms, nbytes in self.retention:
+            if name == family:
+                return replace(spec, retention_ms=spec.retention_ms if ms is None else ms,
+                               retention_bytes=spec.retention_bytes if nbytes is None else nbytes)
+        return spec
 
     @property
     def prefix(self) -> str:
@@ -259,6 +279,7 @@ class JobTopics:
                 TopicSpec(self.dataflow_state(p), partitions=1, cleanup_policy="compact", retention_ms=-1,
                           extra={"min.compaction.lag.ms": "0", "segment.ms": str(HOUR_MS)}),
             ]
+        specs = [self._retained(s) for s in specs]
         return [replace(s, replication=self.replication_factor, min_insync_replicas=self.min_insync_replicas)
                 for s in specs]
 
