@@ -68,7 +68,7 @@ from astraflow.topics.replay import read_topic
 from .common import close_quietly
 from .heldout import training_prompts
 from .ledger import Ledger, read_state
-from .signing import VersionGate
+from .signing import GroupGate, VersionGate
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 
@@ -183,6 +183,7 @@ class DataflowActor(LoopActor):
         self.dead = DeadLetters(self.plain, self.topics.dlq, f"dataflow.{policy}", recall=self.bootstrap)
         self.metrics = MetricsEmitter(self.plain, self.topics.metrics, f"dataflow.{policy}")
         self.versions_gate = VersionGate(self.job, self.dead, self.metrics)  # only signed versions count
+        self.groups_gate = GroupGate(self.job, self.dead, self.metrics)  # only the pool's signed groups count
         self._load_prompts()
         self.prompts_end = self._end_offset(self.topics.prompts)
         self.state_records_read = 0
@@ -389,7 +390,7 @@ class DataflowActor(LoopActor):
                 continue
             lane = self.lanes.get(d.message.policy)
             # Another job's dataflow would settle foreign policies; ours has a lane per policy.
-            if lane is None or lane.ledger.already_settled(d):
+            if lane is None or lane.ledger.already_settled(d) or not self.groups_gate.admits(d):
                 continue
             reason = lane.ledger.verdict(d)
             detail = f"group {d.message.group_key} is not open" if reason == "duplicate" else d.message.error

@@ -29,7 +29,7 @@ from astraflow.topics.membership import MembershipWatch
 
 from . import fault_points
 from .common import close_quietly, configure_sandbox, make_rollout_engine, model_path, set_threads
-from .signing import verifier_for
+from .signing import group_signer_for, verifier_for
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
 
@@ -91,6 +91,8 @@ class RolloutActor(LoopActor):
                                     engine_lock=self.engine_lock, before_call=self._refresh_weights,
                                     client=self.client, batch_invariant=self.cfg.rollout.batch_invariant,
                                     tracer=tracer, sampling_of=self._sampling_of)
+        # The pool's identity on every group it writes: the dataflow counts no other (actors/signing.py).
+        self.group_signer = group_signer_for(self.cfg)
         self.producer = Producer(self.bootstrap, client_id=self.node_id,
                                  transactional_id=f"af.{self.cfg.job}.raas.{self.node_id}",
                                  transaction_timeout_ms=self.cfg.kafka.transaction_timeout_ms)
@@ -186,6 +188,11 @@ class RolloutActor(LoopActor):
             return
         self._report(tasks, per_task, spans, time.monotonic() - t0, self.runner.last_metrics)
 
+    def _send_group(self, g: TrajectoryGroup) -> None:
+        topic = self.topics.trajectories
+        headers = self.group_signer.headers_for(topic, g) if self.group_signer is not None else None
+        self.producer.send(topic, g, key=g.task_id, headers=headers)
+
     def _commit(self, per_task: list[list[TrajectoryGroup]], spans, offsets=None, membership=None) -> None:
         """A poll's groups and its task offsets in one transaction (``offsets``, ``membership``: a
         snapshot of the consumer's pending offsets and its group membership taken at that poll,
@@ -194,7 +201,7 @@ class RolloutActor(LoopActor):
             for gs, span in zip(per_task, spans):
                 with trace.use_span(span):  # the record carries this rollout's trace context
                     for g in gs:
-                        self.producer.send(self.topics.trajectories, g, key=g.task_id)
+                        self._send_group(g)
             fault_points.reach(fault_points.IN_TRANSACTION, self.node_id)
             self.producer.send_offsets(self.consumer, offsets, membership=membership)
 
@@ -389,7 +396,7 @@ class RolloutActor(LoopActor):
             with self.producer.transaction():
                 for task in tasks:
                     for g in self.runner.failed_groups(task, error):
-                        self.producer.send(self.topics.trajectories, g, key=g.task_id)
+                        self._send_group(g)
                 self.producer.send_offsets(self.consumer)
         except Exception:  # noqa: BLE001 - the wait's error is the one to report; the tasks are redelivered
             log.warning("%s: could not answer %d task(s) as failed", self.node_id, len(tasks), exc_info=True)

@@ -29,7 +29,8 @@ from astraflow.typed_config import ConfigError
 from astraflow.weights.signing import (AnnouncementSigner, AnnouncementVerifier, ensure_key_pair, key_id,
                                        load_private_key, load_public_key)
 
-__all__ = ["with_run_keys", "run_key_paths", "signer_for", "verifier_for", "trainer_keys", "VersionGate"]
+__all__ = ["with_run_keys", "run_key_paths", "signer_for", "verifier_for", "trainer_keys", "group_signer_for",
+           "group_verifier_for", "VersionGate", "GroupGate"]
 
 log = logging.getLogger(__name__)
 
@@ -40,33 +41,46 @@ def run_key_paths(run_dir: str | Path, policy: str) -> tuple[Path, Path]:
     return keys / f"{policy}.ed25519", keys / f"{policy}.ed25519.pub"
 
 
+#: The sections whose key pairs a run fills in: trainer (announcements), rollout (groups).
+_KEYED = {"trainer": "", "rollout": "raas-"}
+
+
 def with_run_keys(cfg: JobConfig, run_dir: str | Path) -> JobConfig:
-    """``cfg`` with the run's own key pair for every policy that requires signatures and has no
-    key configured (created under ``run_dir/keys`` if absent)."""
-    filled: dict[str, object] = {}
-    for policy in cfg.policy_names:
-        trainer = cfg.view(policy).trainer
-        if trainer.signing_key or trainer.verify_key or not trainer.require_signatures:
-            continue
-        private, public = run_key_paths(run_dir, policy)
-        if ensure_key_pair(private, public):
-            log.info("policy %s: generated the signing key %s (key %s); readers check %s", policy, private,
-                     key_id(load_public_key(public)), public)
-        filled[policy] = dataclasses.replace(trainer, signing_key=str(private.resolve()),
-                                             verify_key=str(public.resolve()))
-    if not filled:
-        return cfg
+    """``cfg`` with the run's own key pairs, created under ``run_dir/keys`` if absent, for every
+    policy's trainer (``<policy>.ed25519``: its announcements) and RaaS pool
+    (``raas-<policy>.ed25519``: its trajectory groups) that requires signatures and has no key
+    configured."""
+    for section, prefix in _KEYED.items():
+        filled: dict[str, object] = {}
+        for policy in cfg.policy_names:
+            sec = getattr(cfg.view(policy), section)
+            if sec.signing_key or sec.verify_key or not sec.require_signatures:
+                continue
+            private, public = run_key_paths(run_dir, prefix + policy)
+            if ensure_key_pair(private, public):
+                log.info("policy %s: generated the %s signing key %s (key %s); readers check %s", policy, section,
+                         private, key_id(load_public_key(public)), public)
+            filled[policy] = dataclasses.replace(sec, signing_key=str(private.resolve()),
+                                                 verify_key=str(public.resolve()))
+        if filled:
+            cfg = _with_sections(cfg, section, filled)
+    return cfg
+
+
+def _with_sections(cfg: JobConfig, section: str, filled: dict[str, object]) -> JobConfig:
     if not cfg.policies:
-        return dataclasses.replace(cfg, trainer=filled[cfg.policy])
-    policies = {p: dataclasses.replace(pc, trainer=filled[p]) if p in filled else pc
+        return dataclasses.replace(cfg, **{section: filled[cfg.policy]})
+    policies = {p: dataclasses.replace(pc, **{section: filled[p]}) if p in filled else pc
                 for p, pc in cfg.policies.items()}
-    # A policy's view carries its trainer section at the top level too.
-    trainer = filled.get(cfg.policy, cfg.trainer) if cfg.trainer == cfg.policies[cfg.policy].trainer else cfg.trainer
-    return dataclasses.replace(cfg, policies=policies, trainer=trainer)
+    # A policy's view carries its sections at the top level too.
+    top = getattr(cfg, section)
+    if top == getattr(cfg.policies[cfg.policy], section):
+        top = filled.get(cfg.policy, top)
+    return dataclasses.replace(cfg, policies=policies, **{section: top})
 
 
-def _key(cfg: JobConfig, name: str) -> str:
-    return f"policies.{cfg.policy}.trainer.{name}" if cfg.policies else f"trainer.{name}"
+def _key(cfg: JobConfig, name: str, section: str = "trainer") -> str:
+    return f"policies.{cfg.policy}.{section}.{name}" if cfg.policies else f"{section}.{name}"
 
 
 def _path(cfg: JobConfig, value: str) -> Path:
@@ -79,31 +93,48 @@ def _path(cfg: JobConfig, value: str) -> Path:
 def signer_for(cfg: JobConfig) -> AnnouncementSigner | None:
     """The signer of ``cfg.policy``'s announcements; None when signatures are not required
     and no key is configured."""
-    t = cfg.trainer
-    if t.signing_key:
-        return AnnouncementSigner(load_private_key(_path(cfg, t.signing_key)))
-    if t.require_signatures:
-        raise ConfigError(cfg.source, _key(cfg, "signing_key"),
-                          "not set, and require_signatures is true: every reader would refuse this trainer's "
-                          "announcements. Set it to an Ed25519 PEM private key (`openssl genpkey -algorithm "
-                          "ed25519 -out FILE`), start the trainer with `astraflow run` / `astraflow node` (they "
-                          "create one in the run dir), or set require_signatures: false")
-    return None
+    return _signer(cfg, "trainer", "announcements")
 
 
 def verifier_for(cfg: JobConfig) -> AnnouncementVerifier:
     """What a reader of ``cfg.policy``'s announcements checks them with."""
-    t = cfg.trainer
-    path = t.verify_key or t.signing_key
+    return _verifier(cfg, "trainer", "the trainer's announcements", "this policy's announcements")
+
+
+def group_signer_for(cfg: JobConfig) -> AnnouncementSigner | None:
+    """The signer of the trajectory groups ``cfg.policy``'s RaaS nodes write (the pool's identity)."""
+    return _signer(cfg, "rollout", "trajectory groups")
+
+
+def group_verifier_for(cfg: JobConfig) -> AnnouncementVerifier:
+    """What the dataflow and the audit check the groups of ``cfg.policy``'s pool with."""
+    return _verifier(cfg, "rollout", "the RaaS nodes' groups", f"the groups of policy {cfg.policy}'s RaaS pool")
+
+
+def _signer(cfg: JobConfig, section: str, what: str) -> AnnouncementSigner | None:
+    sec = getattr(cfg, section)
+    if sec.signing_key:
+        return AnnouncementSigner(load_private_key(_path(cfg, sec.signing_key)))
+    if sec.require_signatures:
+        raise ConfigError(cfg.source, _key(cfg, "signing_key", section),
+                          f"not set, and require_signatures is true: every reader would refuse these {what}. Set "
+                          "it to an Ed25519 PEM private key (`openssl genpkey -algorithm ed25519 -out FILE`), "
+                          "start the component with `astraflow run` / `astraflow node` (they create one in the "
+                          "run dir), or set require_signatures: false")
+    return None
+
+
+def _verifier(cfg: JobConfig, section: str, checked: str, what: str) -> AnnouncementVerifier:
+    sec = getattr(cfg, section)
+    path = sec.verify_key or sec.signing_key
     if path:
-        return AnnouncementVerifier(load_public_key(_path(cfg, path)), require=t.require_signatures)
-    if t.require_signatures:
-        raise ConfigError(cfg.source, _key(cfg, "verify_key"),
-                          "not set (nor signing_key), and require_signatures is true: there is no key to check "
-                          "the trainer's announcements with. Set it to the trainer's public key (PEM), start "
-                          "this component with `astraflow run` / `astraflow node` and the trainer's run dir, or "
-                          "set require_signatures: false")
-    return AnnouncementVerifier(None, require=False)
+        return AnnouncementVerifier(load_public_key(_path(cfg, path)), require=sec.require_signatures, what=what)
+    if sec.require_signatures:
+        raise ConfigError(cfg.source, _key(cfg, "verify_key", section),
+                          f"not set (nor signing_key), and require_signatures is true: there is no key to check "
+                          f"{checked} with. Set it to the signer's public key (PEM), start this component with "
+                          "`astraflow run` / `astraflow node` and the run dir, or set require_signatures: false")
+    return AnnouncementVerifier(None, require=False, what=what)
 
 
 def trainer_keys(cfg: JobConfig) -> tuple[AnnouncementSigner | None, AnnouncementVerifier]:
@@ -157,4 +188,46 @@ class VersionGate:
             self.dead_letters.put(d.topic, d.partition, d.offset, d.key.encode() if d.key is not None else None,
                                   value, d.headers, e)
             self.metrics.emit("dataflow.versions_rejected", 1, policy=policy, reason=e.reason)
+            return False
+
+
+class GroupGate:
+    """The dataflow's check of the trajectory groups it reads: a group counts only when the
+    RaaS pool that runs the job's episodes (the lead policy's) signed it. Anyone else who can
+    write to ``trajectories`` (a forger who read a task id on ``tasks.<p>``) is dead-lettered
+    (once per record and process) and counted in ``dataflow.groups_rejected``; the forged
+    group settles nothing, so the task's real group, from the node it went to, is the one
+    that counts."""
+
+    def __init__(self, cfg: JobConfig, dead_letters, metrics) -> None:
+        self.verifier = group_verifier_for(cfg.view(cfg.lead_policy))
+        self.dead_letters, self.metrics = dead_letters, metrics
+        self.rejected: dict[str, int] = {}  #: by reason
+        self._judged: dict[tuple[str, int], int] = {}
+
+    def admits(self, d) -> bool:
+        from astraflow.topics.codec import encode
+        from astraflow.weights.signing import SignatureError
+        if not self.verifier.checks:
+            return True
+        tp = (d.topic, d.partition)
+        seen = d.offset <= self._judged.get(tp, -1)
+        self._judged[tp] = max(d.offset, self._judged.get(tp, -1))
+        try:
+            self.verifier.check_message(d.topic, d.message, d.headers)
+            return True
+        except SignatureError as e:
+            if seen:
+                return False
+            self.rejected[e.reason] = self.rejected.get(e.reason, 0) + 1
+            log.warning("dataflow: refusing the trajectory group at %s[%d]@%d (task %s, from %r): %s", d.topic,
+                        d.partition, d.offset, getattr(d.message, "task_id", "?"), getattr(d.message, "node_id", "?"), e)
+            try:
+                value = encode(d.message)[0]
+            except (TypeError, ValueError):
+                value = b""
+            self.dead_letters.put(d.topic, d.partition, d.offset, d.key.encode() if d.key is not None else None,
+                                  value, d.headers, e)
+            self.metrics.emit("dataflow.groups_rejected", 1, reason=e.reason,
+                              policy=getattr(d.message, "policy", ""))
             return False

@@ -172,6 +172,16 @@ class RolloutConfig:
     device: DeviceConfig = _f(DeviceConfig(), "the device each RaaS node stands for: cpu, or an emulated accelerator "
                                               "(emulation/profiles.yaml) that holds each engine call for its "
                                               "modelled time")
+    signing_key: str | None = _f(None, "Ed25519 private key (PEM) this policy's RaaS nodes sign the trajectory "
+                                       "groups of their episodes with (the pool's identity); a relative path is "
+                                       "relative to the config file. null: `astraflow run` / `astraflow node` use "
+                                       "<run dir>/keys/raas-<policy>.ed25519, created if absent (on several hosts, "
+                                       "configure it: docs/security.md, Signed groups)")
+    verify_key: str | None = _f(None, "public key (PEM) the dataflow and the audit check this pool's groups against; "
+                                      "null: the public half of signing_key")
+    require_signatures: bool = _f(True, "the dataflow counts only groups signed by verify_key (a forged or unsigned "
+                                        "one is dead-lettered and never settles a task). false: unsigned ones count "
+                                        "too; with no key configured either, nothing is checked")
 
 
 @dataclass(frozen=True)

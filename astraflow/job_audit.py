@@ -77,11 +77,12 @@ class Verdict:
 
 
 def _reports(bootstrap: str, cfg: "JobConfig") -> dict[str, "Audit"]:
-    from astraflow.chaos.invariants import audit, audit_job
+    from astraflow.chaos.invariants import audit, audit_job, group_verifier
     from astraflow.topics import job_topics
     if len(cfg.policy_names) > 1:
         return audit_job(bootstrap, cfg)
-    return {cfg.policy: audit(bootstrap, job_topics(cfg), cfg.policy, cfg.effective_staleness)}
+    return {cfg.policy: audit(bootstrap, job_topics(cfg), cfg.policy, cfg.effective_staleness,
+                              verifier=group_verifier(cfg))}
 
 
 def audit_now(bootstrap: str, cfg: "JobConfig", *, final: bool, version: int) -> tuple[Verdict, bool]:
@@ -95,6 +96,7 @@ def audit_now(bootstrap: str, cfg: "JobConfig", *, final: bool, version: int) ->
     pending = final and bool(found) and not any(r.definitive for r in reports.values())
     counts = {name: {"tasks": r.tasks, "groups": r.groups, "batches": r.batches, "batched_groups": r.batched_groups,
                      "replayed_groups": r.replayed_groups, "failed_groups": r.failed_groups, "drops": dict(r.drops),
+                     "rejected_groups": dict(r.rejected_groups),
                      "max_staleness_seen": r.max_staleness_seen}
               for name, r in reports.items()}
     return Verdict(not found, final, version, len(found), tuple(found[:MAX_LISTED]), counts,

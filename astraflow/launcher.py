@@ -74,7 +74,7 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
     for policy in cfg.policy_names:
         check_model(cfg.view(policy))
     check_data(cfg)
-    _run_keys(cfg, run_dir, progress)
+    keyed = _run_keys(cfg, run_dir, progress)  # what the audit checks signed groups with
     with contextlib.ExitStack() as stack:
         if bootstrap is None:
             say(progress, "starting the embedded Kafka broker ...")
@@ -115,7 +115,7 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
             stack.callback(signal.signal, sig, previous)
         say(progress, f"run dir: {run_dir}  (logs in {run_dir / 'logs'})")
         interrupted, error = False, None
-        auditor = PeriodicAudit(bootstrap, cfg)
+        auditor = PeriodicAudit(bootstrap, keyed)
         while True:
             for d in metrics.poll(500):
                 record(state, d.message)
@@ -142,7 +142,7 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
         verdict = None
         if not (interrupted or error):  # finished: the broker is still up, the trainer and dataflow are done
             say(progress, "auditing the job's topics (conservation) ...")
-            verdict = final_audit(bootstrap, cfg, state.trained)
+            verdict = final_audit(bootstrap, keyed, state.trained)
         audit = audit_summary(verdict, auditor.verdicts,
                               None if verdict else "interrupted" if interrupted else "the job did not finish")
     summary = write_outputs(run_dir, cfg, state, started, procs, interrupted, str(error) if error else None,
@@ -152,8 +152,9 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
     return summary
 
 
-def _run_keys(cfg: JobConfig, run_dir: Path, progress: bool) -> None:
-    """Make the run's signing keys before any process starts (each finds them by the run dir)."""
+def _run_keys(cfg: JobConfig, run_dir: Path, progress: bool) -> JobConfig:
+    """Make the run's signing keys before any process starts (each finds them by the run dir);
+    returns ``cfg`` with them."""
     from astraflow.actors.signing import run_key_paths, with_run_keys
     from astraflow.weights.signing import key_id, load_public_key
     keyed = with_run_keys(cfg, run_dir)
@@ -162,6 +163,7 @@ def _run_keys(cfg: JobConfig, run_dir: Path, progress: bool) -> None:
         if keyed.view(policy).trainer.verify_key == str(public.resolve()):
             say(progress, f"signing key of {policy}: {private} (key {key_id(load_public_key(public))}, generated "
                           "for this run: trainer.signing_key)")
+    return keyed
 
 
 def default_processes(cfg: JobConfig, run_dir: Path) -> list[Proc]:

@@ -74,15 +74,18 @@ class JobHarness:
     def audit_until_settled(self, timeout: float = 180.0, interval: float = 3.0):
         """Audit the topics until the conservation law holds or ``timeout`` passes; the last
         report either way (surviving nodes may still be answering redelivered tasks)."""
-        from astraflow.chaos.invariants import audit, audit_job
+        from astraflow.actors.signing import with_run_keys
+        from astraflow.chaos.invariants import audit, audit_job, group_verifier
+        keyed = with_run_keys(self.cfg, self.run_dir)  # the keys the nodes sign with (their run dir's)
         deadline = time.monotonic() + timeout
         while True:
             if len(self.cfg.policy_names) > 1:
-                reports = audit_job(self.bootstrap, self.cfg)
+                reports = audit_job(self.bootstrap, keyed)
                 if all(r.ok for r in reports.values()) or time.monotonic() > deadline:
                     return reports
             else:
-                report = audit(self.bootstrap, self.topics, self.cfg.policy, self.cfg.effective_staleness)
+                report = audit(self.bootstrap, self.topics, self.cfg.policy, self.cfg.effective_staleness,
+                               verifier=group_verifier(keyed))
                 if report.ok or time.monotonic() > deadline:
                     return report
             time.sleep(interval)

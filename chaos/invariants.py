@@ -56,6 +56,7 @@ class JobLog:
     batches: list[Batch]
     drops: list[GroupDrop]
     state: DataflowState | None = None  #: the dataflow's newest state record
+    rejected: Counter = field(default_factory=Counter)  #: unsigned or forged group records, by reason
 
 
 @dataclass
@@ -68,6 +69,9 @@ class Audit:
     failed_groups: int = 0
     drops: Counter = field(default_factory=Counter)  #: drop records by reason
     max_staleness_seen: int = 0
+    #: group records on ``trajectories`` not signed by the job's RaaS pool (forged): never a
+    #: task's group, by reason
+    rejected_groups: Counter = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
     #: the violations that only say "not settled yet" (also in ``violations``)
     unsettled: list[str] = field(default_factory=list)
@@ -103,8 +107,10 @@ def owed_keys(task: Task, policy: str) -> list[str]:
         [task.task_id for r in train if task.roles.get(r) == policy]
 
 
-def read_log(bootstrap: str, topics: JobTopics, policy: str, lead: str | None = None) -> JobLog:
+def read_log(bootstrap: str, topics: JobTopics, policy: str, lead: str | None = None, verifier=None) -> JobLog:
     """``lead``: the policy whose tasks topic holds the episodes (default ``policy``).
+    ``verifier``: what the dataflow checks groups with (:func:`group_verifier`): a group record
+    it refuses is no group of its task, only counted in ``rejected`` (None: every record counts).
 
     Effects before causes: a batch or drop read here names a group committed before it, so
     before ``trajectories`` is read; a group, a task committed before ``tasks`` is read. On a
@@ -113,22 +119,54 @@ def read_log(bootstrap: str, topics: JobTopics, policy: str, lead: str | None = 
               if isinstance(m, DataflowState) and m.policy == policy]
     batches = [m for _, _, m in read_topic(bootstrap, topics.batches(policy)) if isinstance(m, Batch)]
     drops = [m for _, _, m in read_topic(bootstrap, topics.drops(policy)) if isinstance(m, GroupDrop)]
-    groups = [(p, o, m) for p, o, m in read_topic(bootstrap, topics.trajectories)
-              if isinstance(m, TrajectoryGroup) and m.policy == policy]
+    groups, rejected = [], Counter()
+    for p, o, m, hdrs in read_topic(bootstrap, topics.trajectories, headers=True):
+        if not isinstance(m, TrajectoryGroup) or m.policy != policy:
+            continue
+        reason = _refused(verifier, topics.trajectories, m, hdrs)
+        if reason:
+            rejected[reason] += 1
+        else:
+            groups.append((p, o, m))
     tasks = [m for _, _, m in read_topic(bootstrap, topics.tasks(lead or policy)) if isinstance(m, Task)]
-    return JobLog(tasks=tasks, groups=groups, batches=batches, drops=drops, state=states[-1] if states else None)
+    return JobLog(tasks=tasks, groups=groups, batches=batches, drops=drops, state=states[-1] if states else None,
+                  rejected=rejected)
 
 
-def audit(bootstrap: str, topics: JobTopics, policy: str, max_staleness: int, lead: str | None = None) -> Audit:
+def _refused(verifier, topic: str, group: TrajectoryGroup, headers) -> str | None:
+    if verifier is None or not verifier.checks:
+        return None
+    from astraflow.weights.signing import SignatureError
+    try:
+        verifier.check_message(topic, group, headers)
+        return None
+    except SignatureError as e:
+        return e.reason
+
+
+def group_verifier(cfg):
+    """The check the dataflow makes of a job's groups (the lead pool's key), or None when the
+    config names no key to check with (the audit then counts every group record)."""
+    from astraflow.actors.signing import group_verifier_for
+    from astraflow.typed_config import ConfigError
+    try:
+        return group_verifier_for(cfg.view(cfg.lead_policy))
+    except ConfigError:
+        return None
+
+
+def audit(bootstrap: str, topics: JobTopics, policy: str, max_staleness: int, lead: str | None = None,
+          verifier=None) -> Audit:
     """Read the job's topics and check them; ``Audit.ok`` when nothing is violated."""
-    return check(read_log(bootstrap, topics, policy, lead), max_staleness, policy)
+    return check(read_log(bootstrap, topics, policy, lead, verifier), max_staleness, policy)
 
 
 def audit_job(bootstrap: str, cfg) -> dict[str, Audit]:
     """Every policy of a job config, and its episodes; ``"episodes"`` holds the cross-policy checks."""
     from astraflow.topics import job_topics
     topics, lead = job_topics(cfg), cfg.lead_policy
-    logs = {p: read_log(bootstrap, topics, p, lead) for p in cfg.policy_names}
+    verifier = group_verifier(cfg)
+    logs = {p: read_log(bootstrap, topics, p, lead, verifier) for p in cfg.policy_names}
     out = {p: check(log, cfg.view(p).effective_staleness, p) for p, log in logs.items()}
     episodes = Audit(tasks=len(logs[lead].tasks))
     writers: dict[str, set[str]] = {}
@@ -147,7 +185,7 @@ def check(log: JobLog, max_staleness: int, policy: str | None = None) -> Audit:
     log = _owed(log, policy)  # multi-policy: ``tasks`` counts the groups the episodes owe this policy
     a = Audit(tasks=len(log.tasks), groups=len(log.groups), batches=len(log.batches),
               failed_groups=sum(1 for _, _, g in log.groups if g.status != "ok"),
-              drops=Counter(d.reason for d in log.drops))
+              drops=Counter(d.reason for d in log.drops), rejected_groups=Counter(log.rejected))
     _check_tasks(log, a)
     _check_batches(log, a, max_staleness)
     _check_settlement(log, a)
@@ -166,7 +204,7 @@ def _owed(log: JobLog, policy: str | None) -> JobLog:
     if policy is None or not any(t.roles for t in log.tasks):
         return log
     keys = [_Owed(k) for t in log.tasks for k in owed_keys(t, policy)]
-    return JobLog(keys, log.groups, log.batches, log.drops, log.state)  # type: ignore[arg-type]
+    return JobLog(keys, log.groups, log.batches, log.drops, log.state, log.rejected)  # type: ignore[arg-type]
 
 
 def _check_tasks(log: JobLog, a: Audit) -> None:

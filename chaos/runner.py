@@ -324,13 +324,16 @@ class ChaosRun:
 
     # -- the verdict ----------------------------------------------------------------------
     def _judge(self, h: _Harness, bootstrap: str, started: float, completed: bool, error: str | None) -> dict:
-        from astraflow.chaos.invariants import audit, read_log
+        from astraflow.actors.signing import with_run_keys
+        from astraflow.chaos.invariants import audit, group_verifier, read_log
         from astraflow.topics import Heartbeat
+        verifier = group_verifier(with_run_keys(self.cfg, self.run_dir))  # the keys the nodes sign with
         from astraflow.topics.replay import read_topic
         policy, topics = self.cfg.policy, h.topics
         self._say("auditing the topics ...")
         report = (h.audit_until_settled(self.sc.settle_s) if completed
-                  else audit(bootstrap, topics, policy, self.cfg.effective_staleness))
+                  else audit(bootstrap, topics, policy, self.cfg.effective_staleness,
+                             verifier=verifier))
         deadline = time.monotonic() + (self.sc.settle_s if completed else 0)
         while True:  # every live node must reach the trainer's final weights (it applies them between polls)
             h.poll_metrics(200)
@@ -340,7 +343,7 @@ class ChaosRun:
             if weights["match"] or time.monotonic() > deadline:
                 break
             time.sleep(2.0)
-        log = read_log(bootstrap, topics, policy)
+        log = read_log(bootstrap, topics, policy, verifier=verifier)
         redone = tasks_redone(log, read_uncommitted(bootstrap, topics.trajectories),
                               read_task_partitions(bootstrap, topics.tasks(policy)), self.records, policy)
         for rec in self.records:

@@ -15,10 +15,12 @@ from .messages import Message
 
 
 def read_topic(bootstrap_servers: str, topic: str, *, tail: int | None = None,
-               idle_polls: int = 5, uncommitted: bool = False, timestamps: bool = False) -> list[tuple]:
+               idle_polls: int = 5, uncommitted: bool = False, timestamps: bool = False,
+               headers: bool = False) -> list[tuple]:
     """``(partition, offset, message)`` of every committed record (or of the last ``tail`` per
     partition); ``uncommitted`` also reads records of open and aborted transactions,
-    ``timestamps`` adds each record's timestamp (ms): ``(partition, offset, ts, message)``."""
+    ``timestamps`` adds each record's timestamp (ms): ``(partition, offset, ts, message)``;
+    ``headers`` adds the record's headers last: ``(partition, offset, message, headers)``."""
     c = KafkaConsumer(bootstrap_servers=bootstrap_servers,
                       isolation_level="read_uncommitted" if uncommitted else "read_committed",
                       enable_auto_commit=False, client_id="astraflow-replay",
@@ -30,7 +32,7 @@ def read_topic(bootstrap_servers: str, topic: str, *, tail: int | None = None,
         ends = c.end_offsets(tps)
         begins = c.beginning_offsets(tps)
         if not tail:
-            return _drain(c, {tp: begins[tp] for tp in tps}, ends, idle_polls, timestamps)
+            return _drain(c, {tp: begins[tp] for tp in tps}, ends, idle_polls, timestamps, headers)
         # Transaction markers take offsets too (a transactional topic's last offset is one), so
         # the last `tail` offsets can hold fewer records: widen the window until they are found.
         out: list[tuple] = []
@@ -38,7 +40,7 @@ def read_topic(bootstrap_servers: str, topic: str, *, tail: int | None = None,
             span = tail
             while True:
                 start = max(begins[tp], ends[tp] - span)
-                got = _drain(c, {tp: start}, ends, idle_polls, timestamps)
+                got = _drain(c, {tp: start}, ends, idle_polls, timestamps, headers)
                 if len(got) >= tail or start == begins[tp]:
                     out.extend(got[-tail:])
                     break
@@ -49,7 +51,7 @@ def read_topic(bootstrap_servers: str, topic: str, *, tail: int | None = None,
 
 
 def _drain(c: KafkaConsumer, starts: dict[TopicPartition, int], ends: dict[TopicPartition, int],
-           idle_polls: int, timestamps: bool) -> list[tuple]:
+           idle_polls: int, timestamps: bool, headers: bool = False) -> list[tuple]:
     """Read ``starts``' partitions from those offsets to ``ends``, decoding what decodes."""
     c.assign(list(starts))
     for tp, offset in starts.items():
@@ -63,8 +65,8 @@ def _drain(c: KafkaConsumer, starts: dict[TopicPartition, int], ends: dict[Topic
             for r in records:
                 try:
                     msg = decode(r.value, r.headers)
-                    out.append((r.partition, r.offset, r.timestamp, msg) if timestamps else
-                               (r.partition, r.offset, msg))
+                    row = (r.partition, r.offset, r.timestamp, msg) if timestamps else (r.partition, r.offset, msg)
+                    out.append((*row, list(r.headers or ())) if headers else row)
                 except DecodeError:
                     pass
     return out

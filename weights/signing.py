@@ -123,10 +123,11 @@ class AnnouncementVerifier:
             key as well, nothing is checked.
     """
 
-    def __init__(self, public_key: Ed25519PublicKey | None, *, require: bool = True) -> None:
+    def __init__(self, public_key: Ed25519PublicKey | None, *, require: bool = True,
+                 what: str = "this policy's announcements") -> None:
         if public_key is None and require:
             raise ValueError("signatures are required but no public key was given to check them with")
-        self.public_key, self.require = public_key, require
+        self.public_key, self.require, self.what = public_key, require, what
         self.key_id = key_id(public_key) if public_key is not None else ""
 
     @property
@@ -139,8 +140,8 @@ class AnnouncementVerifier:
         sig64 = _header(headers, H_SIG)
         if sig64 is None:
             if self.require:
-                raise SignatureError("unsigned", f"the record carries no {H_SIG} header; this policy's "
-                                                 f"announcements must be signed by key {self.key_id}")
+                raise SignatureError("unsigned", f"the record carries no {H_SIG} header; {self.what} "
+                                                 f"must be signed by key {self.key_id}")
             return
         if self.public_key is None:
             return  # nothing to check against, and not required (trainer.require_signatures: false)
@@ -150,8 +151,8 @@ class AnnouncementVerifier:
             self.public_key.verify(sig, _signed_bytes(topic, value or b""))
         except (InvalidSignature, binascii.Error, ValueError):
             if signer != self.key_id:
-                raise SignatureError("wrong_key", f"signed by key {signer[:16] or '(unnamed)'}, but this "
-                                                  f"policy's announcements are signed by key {self.key_id}") from None
+                raise SignatureError("wrong_key", f"signed by key {signer[:16] or '(unnamed)'}, but "
+                                                  f"{self.what} are signed by key {self.key_id}") from None
             raise SignatureError("bad_signature", f"the {H_SIG} signature does not match the record's bytes "
                                                   f"under key {self.key_id} (forged or altered)") from None
 

@@ -15,7 +15,7 @@ from astraflow.topics import job_topics
 from astraflow.actors.dataflow import DataflowActor
 from astraflow.actors.ledger import read_state
 from astraflow.chaos.invariants import audit
-from astraflow.actors.signing import signer_for, with_run_keys
+from astraflow.actors.signing import group_signer_for, signer_for, with_run_keys
 from astraflow.config import JobConfig, from_dict
 from astraflow.topics import (Batch, ChunkManifest, Consumer, Metric, Producer, Sample, Task, TrajectoryGroup,
                               VersionAnnouncement, ensure_topics)
@@ -55,7 +55,8 @@ class Peers:
         samples = [Sample([7, 8], [-0.5, -0.5], [version, version], float(r), "stop") for r in rewards]
         group = TrajectoryGroup(task.task_id, task.prompt_id, self.cfg.policy, "raas-test", [1, 2], samples,
                                 scheduled_version=task.scheduled_version)
-        self.producer.send_sync(self.topics.trajectories, group, key=task.task_id)
+        self.producer.send_sync(self.topics.trajectories, group, key=task.task_id,  # signed as the pool signs
+                                headers=group_signer_for(self.cfg).headers_for(self.topics.trajectories, group))
 
     def announce(self, version: int) -> None:
         manifest = ChunkManifest(f"v{version}", self.topics.weights(self.cfg.policy), 0, "", [])

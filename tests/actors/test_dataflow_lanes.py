@@ -16,7 +16,7 @@ import pytest
 from astraflow.topics import job_topics
 from astraflow.actors.dataflow import DataflowActor
 from astraflow.chaos.invariants import audit_job
-from astraflow.actors.signing import signer_for, with_run_keys
+from astraflow.actors.signing import group_signer_for, signer_for, with_run_keys
 from astraflow.config import JobConfig, from_dict
 from astraflow.topics import (Batch, ChunkManifest, Producer, Sample, Task, TrajectoryGroup, VersionAnnouncement,
                               ensure_topics)
@@ -67,7 +67,13 @@ class Peers:
                                             token_roles=[0, 1, 0]) for r in rewards],
                                     role=role, roles=[role, "env"], role_policies=dict(ROLES),
                                     stats={"team_reward": 1.0})
-                self.producer.send_sync(self.topics.trajectories, g, key=t.task_id)
+                self.send_group(g)
+
+    def send_group(self, g: TrajectoryGroup) -> None:
+        """Write a group as the episode runner does: signed with the lead pool's key."""
+        signer = group_signer_for(self.cfg.view(self.cfg.lead_policy))
+        self.producer.send_sync(self.topics.trajectories, g, key=g.task_id,
+                                headers=signer.headers_for(self.topics.trajectories, g))
 
     def announce(self, policy: str, version: int) -> None:
         manifest = ChunkManifest(f"v{version}", self.topics.weights(policy), 0, "", [])
@@ -243,7 +249,7 @@ def test_the_audit_fails_when_an_episode_owes_a_group_it_never_wrote(run, bootst
     peers.answered.add(first.task_id)
     g = TrajectoryGroup(first.task_id, first.prompt_id, "solver", "raas-test", [1, 2],
                         [Sample([7], [-0.5], [0], 1.0, "stop")], role="solver", role_policies=dict(ROLES))
-    peers.producer.send_sync(peers.topics.trajectories, g, key=first.task_id)
+    peers.send_group(g)
     peers.answer_all({"solver": 0, "verifier": 0})
     drive(actor, lambda: len(peers.batches("solver")) >= 1, "a solver batch")
     for _ in range(5):

@@ -16,7 +16,7 @@ from astraflow.topics import job_topics
 from astraflow.actors.dataflow import DataflowActor
 from astraflow.actors.ledger import read_state
 from astraflow.chaos.invariants import audit
-from astraflow.actors.signing import signer_for, with_run_keys
+from astraflow.actors.signing import group_signer_for, signer_for, with_run_keys
 from astraflow.config import JobConfig, from_dict
 from astraflow.topics import (Batch, ChunkManifest, Producer, Sample, Task, TrajectoryGroup, VersionAnnouncement,
                               ensure_topics)
@@ -54,7 +54,8 @@ class Peers:
         group = TrajectoryGroup(task_id, task_id.split("-", 1)[1], policy or self.cfg.policy, "raas-test", [1, 2],
                                 samples,
                                 status="ok" if ok else "failed", error="" if ok else "engine crashed")
-        self.producer.send_sync(self.topics.trajectories, group, key=task_id, partition=partition)
+        self.producer.send_sync(self.topics.trajectories, group, key=task_id, partition=partition,  # as the pool signs
+                                headers=group_signer_for(self.cfg).headers_for(self.topics.trajectories, group))
 
     def drops(self) -> list:
         return [m for _, _, m in read_topic(self.bootstrap, self.topics.drops(self.cfg.policy))]

@@ -2,10 +2,10 @@
 failed audit makes the command exit non-zero.
 
 The clean case is the shared short run of ``test_job.py`` (audited every 2 versions and at
-the end); here one short job is run by the real CLI after a forger wrote a trajectory group
-for a task the dataflow never assigned (what a forger who reads task ids off the cluster
-writes). The dataflow drops it as a duplicate and the job trains normally, so only the
-audit can tell.
+the end); here one short job is run by the real CLI after an insider holding the RaaS pool's
+signing key wrote a trajectory group for a task the dataflow never assigned. The dataflow
+drops it as a duplicate and the job trains normally, so only the audit can tell. (A forger
+without the key is refused before that: tests/actors/test_dataflow_lanes.py.)
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from astraflow.actors.signing import group_signer_for, with_run_keys
 from astraflow.topics import Producer, Sample, TrajectoryGroup, ensure_topics, job_topics
 
 pytestmark = pytest.mark.slow
@@ -45,12 +46,14 @@ def test_a_forged_group_fails_the_runs_audit_and_its_exit_status(bootstrap, make
     ensure_topics(bootstrap, topics.specs())
     forged = TrajectoryGroup("forged-task-0", "forged-prompt", cfg.policy, "forger", [1, 2],
                              [Sample([5, 6], [-0.1, -0.2], [0, 0], 1.0, "stop")] * cfg.rollout.n_samples)
+    run_dir = tmp_path / "run"
+    signer = group_signer_for(with_run_keys(cfg, run_dir))  # the run's own pool key, which the run then uses
     p = Producer(bootstrap, client_id="forger")
     try:
-        p.send_sync(topics.trajectories, forged, key=forged.task_id)
+        p.send_sync(topics.trajectories, forged, key=forged.task_id,
+                    headers=signer.headers_for(topics.trajectories, forged))
     finally:
         p.close()
-    run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, "-m", "astraflow", "run", cfg.source, "--bootstrap-servers", bootstrap,
                           "--run-dir", str(run_dir), "--quiet"], capture_output=True, text=True, timeout=900)
     summary = json.loads((run_dir / "summary.json").read_text())
