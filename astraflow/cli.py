@@ -295,9 +295,9 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     from astraflow.status import format_status, job_status
-    s = job_status(args.bootstrap_servers, args.job, tuple(args.policy or ["policy"]))
+    s = job_status(args.bootstrap_servers, args.job, tuple(args.policy) if args.policy else None)
     print(json.dumps(s, indent=2) if args.json else format_status(s))
-    return 0
+    return 1 if s["state"] == "unknown" else 0
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
@@ -460,11 +460,13 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--quiet", action="store_true", help="no progress bar")
     la.set_defaults(func=_cmd_launch)
 
-    st = sub.add_parser("status", help="a job's versions, RaaS nodes, task lag and trainer wait time")
+    st = sub.add_parser("status", help="a job's state (running, done, failed, ...), versions per policy, "
+                                       "components, task lag and trainer time")
     st.add_argument("--bootstrap-servers", required=True)
     st.add_argument("--job", required=True, type=_name)
-    st.add_argument("--policy", action="append", type=_name, help="policy name (repeatable; default: policy)")
-    st.add_argument("--json", action="store_true")
+    st.add_argument("--policy", action="append", type=_name, help="only this policy (repeatable; default: every "
+                                                                    "policy of the job)")
+    st.add_argument("--json", action="store_true", help="the status as JSON, for scripts")
     st.set_defaults(func=_cmd_status)
 
     cf = sub.add_parser("config", help="list every job-config key (keys) or validate a config (check CONFIG)")
