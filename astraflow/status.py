@@ -145,13 +145,27 @@ def _task_lag(bootstrap: str, topics: JobTopics, policies: tuple[str, ...]) -> d
             tps = [TopicPartition(topic, i) for i in parts]
             ends = probe.end_offsets(tps) if tps else {}
             group = topics.rollout_group(p)
-            committed = admin.list_group_offsets(group).get(group, {}) if tps else {}
+            committed = _group_offsets(admin, group) if tps else {}
             lag[p] = sum(max(0, ends[tp] - (committed[tp].offset if tp in committed and committed[tp].offset >= 0
                                             else 0)) for tp in tps)
         probe.close()
     finally:
         admin.close()
     return lag
+
+
+def _group_offsets(admin: KafkaAdminClient, group: str, wait_s: float = 15.0) -> dict:
+    """The group's committed offsets; a broker that has not yet placed group coordinators (a
+    fresh one, on the first group lookup) answers with a retriable error for a few seconds."""
+    from kafka.errors import KafkaError
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return admin.list_group_offsets(group).get(group, {})
+        except KafkaError as e:
+            if not e.retriable or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def format_status(s: dict) -> str:
