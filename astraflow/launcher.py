@@ -210,7 +210,11 @@ def broker_failure(broker) -> RunFailed | None:
 
 @contextlib.contextmanager
 def _broker_watched(broker):
-    """A Kafka client call that fails because the embedded broker died raises that death instead."""
+    """Kafka client calls the embedded broker's death would fail (or hang on for a minute) raise
+    that death instead: checked first, and again when a call fails."""
+    failure = broker_failure(broker)
+    if failure is not None:
+        raise failure
     try:
         yield
     except Exception:
