@@ -1,8 +1,9 @@
 """``astraflow run CONFIG`` and ``astraflow launch TOPOLOGY JOB``: one job from one machine,
 each component its own OS process.
 
-:func:`run_job` starts the embedded broker (unless ``--bootstrap-servers``), makes sure the
-model and the job's topics exist, then starts the dataflow, the trainer and the RaaS node(s)
+:func:`run_job` makes sure the model exists (built before the broker starts, so none sits
+unwatched through a long build), starts the embedded broker (unless ``--bootstrap-servers``)
+and the job's topics, then starts the dataflow, the trainer and the RaaS node(s)
 as ``astraflow node`` processes that talk only through Kafka. It follows the ``metrics``
 topic for the progress display (:mod:`astraflow.progress`) and the run's record
 (:mod:`astraflow.run_outputs`), restarts a component process that dies unexpectedly (its
@@ -10,9 +11,12 @@ work is redelivered by Kafka; :func:`astraflow.topology.processes.supervise`), a
 training and the final evaluation are done stops everything and writes the run directory:
 ``summary.json``, ``metrics.jsonl``, ``metrics.csv``, ``plot.png``, ``logs/`` and
 ``traces/``. A component that exits with :data:`~astraflow.errors.EXIT_FATAL` (bad data,
-bad config, missing model) is not restarted: the job stops at once and
-:class:`~astraflow.topology.processes.RunFailed` carries the cause, the last line the
-component wrote.
+bad config, missing model, episodes that keep failing deterministically) is not restarted:
+the job stops at once and :class:`~astraflow.topology.processes.RunFailed` carries the
+cause, the last line the component wrote; a component elsewhere that says so on ``control``
+(a ``failed`` heartbeat) stops it the same way. The embedded broker is watched too: its
+death stops the job, the broker log's path in the cause. SIGINT, SIGTERM and SIGHUP stop
+everything as Ctrl-C does.
 
 A policy with no signing key configured (and ``trainer.require_signatures``, the default)
 gets the run's own Ed25519 pair in ``<run dir>/keys/`` before anything starts; every
