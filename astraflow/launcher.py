@@ -127,6 +127,8 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
         # terminal: each stops every component (the exit stack below) instead of leaving them
         # re-parented to PID 1.
         for sig in STOP_SIGNALS:
+            if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
+                continue  # under nohup: a closed terminal is meant to leave the run going
             previous = signal.signal(sig, lambda *_: stop.update(now=True))
             stack.callback(signal.signal, sig, previous)
         say(progress, f"run dir: {run_dir}  (logs in {run_dir / 'logs'})")

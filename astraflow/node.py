@@ -97,7 +97,8 @@ def run_node(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: s
             die_unless_stopped(signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # (SIGHUP: its terminal closed)
-        signal.signal(sig, on_signal)
+        if sig != signal.SIGHUP or signal.getsignal(sig) is not signal.SIG_IGN:  # (nohup: keep going)
+            signal.signal(sig, on_signal)
     if rank is None:  # (a rank watches its group agent instead)
         watch_launcher(node_id)
     outcome = Outcome()

@@ -63,16 +63,35 @@ def test_an_orphaned_component_stops_on_its_own(bootstrap, make_job_config, tmp_
     assert f"its launcher (pid {parent.pid}) is gone; stopping" in log.read_text()
 
 
+def _running(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Those still running: not gone, not exited (a zombie an orphan's new parent has not reaped)."""
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:  # exited meanwhile
+        return []
+
+
 def _run(cfg, tmp_path) -> tuple[subprocess.Popen, list[psutil.Process], psutil.Process]:
     """``astraflow run`` with its own broker, once its three components are up: (launcher, components, broker)."""
     p = subprocess.Popen([sys.executable, "-m", "astraflow", "run", cfg.source, "--run-dir", str(tmp_path / "run")],
                          text=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          start_new_session=True)
     launcher = psutil.Process(p.pid)
-    nodes = lambda: [c for c in launcher.children() if "node" in c.cmdline()]  # noqa: E731
+    nodes = lambda: [c for c in launcher.children() if "node" in _cmdline(c)]  # noqa: E731
     try:
         _wait_for(lambda: len(nodes()) == 3, 180, "the run's components did not start")
-        [broker] = [c for c in launcher.children() if "kafka.Kafka" in c.cmdline()]
+        [broker] = [c for c in launcher.children() if "kafka.Kafka" in _cmdline(c)]
     except BaseException:
         _kill_group(p.pid)
         raise
@@ -87,10 +106,13 @@ def test_killing_the_launcher_leaves_no_component_running(make_job_config, tmp_p
         time.sleep(3)
         p.kill()
         p.communicate()
-        gone, alive = psutil.wait_procs([*nodes, broker], timeout=ORPHAN_GRACE_S + 10)
+        deadline = time.monotonic() + ORPHAN_GRACE_S + 10
+        while _running([*nodes, broker]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        alive = _running([*nodes, broker])
     finally:
         _kill_group(p.pid)
-    assert not alive, [c.pid for c in alive]
+    assert not alive, [(c.pid, _cmdline(c)[:6]) for c in alive]
 
 
 @pytest.mark.slow
@@ -108,8 +130,8 @@ def test_the_broker_dying_stops_the_run_with_its_log_as_the_last_line(make_job_c
     assert last.startswith("astraflow: error: kafka: the embedded Kafka broker (pid ") and \
         last.endswith(f"its log: {tmp_path / 'run' / 'kafka' / 'server.log'}"), out
     assert p.returncode == 1, out
-    gone, alive = psutil.wait_procs(nodes, timeout=10)
-    assert not alive, [c.pid for c in alive]
+    time.sleep(1)
+    assert not _running(nodes), [c.pid for c in _running(nodes)]
 
 
 def test_a_dead_broker_is_the_cause_of_a_failed_client_call(tmp_path):
