@@ -70,3 +70,14 @@ def test_config_check_resolves_the_workflow_and_its_module(tmp_path):
     r = check(_config(tmp_path / "b.yaml", name="test_checked", module="flows_for_check"))
     assert r.returncode == 0, r.stderr
     assert r.stderr.splitlines()[-1].endswith("b.yaml: valid")
+
+
+def test_a_mistyped_reward_fails_run_and_config_check_at_once(tmp_path):
+    """The issue's case: `reward: nosuch` used to pass `config check` and hang `astraflow run` at 0/N."""
+    path = _config(tmp_path / "job.yaml", name="rlvr", params={"reward": "nosuch"})
+    for cmd in (["config", "check", path], ["run", path, "--run-dir", str(tmp_path / "run")]):
+        r = subprocess.run([sys.executable, "-m", "astraflow", *cmd], capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+        assert r.returncode == EXIT_FATAL and "Traceback" not in r.stderr, r.stderr
+        assert "workflow.params.reward: unknown reward 'nosuch'" in r.stderr.splitlines()[-1], r.stderr
+    assert not (tmp_path / "run").exists()  # nothing started

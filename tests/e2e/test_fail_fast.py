@@ -93,6 +93,21 @@ def test_launcher_restarts_crashes_but_not_fatal_exits(tmp_path):
     assert fatal.restarts == 0 and fatal.popen is first
 
 
+def test_a_failed_heartbeat_stops_the_run_like_a_fatal_exit(tmp_path):
+    """A component the launcher does not own (another host's) says on control that it stopped."""
+    from astraflow.launcher import _failure_reported
+    from astraflow.topics import Heartbeat
+    from astraflow.topology.processes import Proc
+    procs = [Proc("raas", "raas-0", [], tmp_path / "raas-0.log")]
+    assert _failure_reported(Heartbeat("raas-0", "raas", "policy", 2, ts=1.0), procs) is None
+    failure = _failure_reported(Heartbeat("raas-0", "raas", "policy", 2, ts=1.0, status="failed",
+                                          error="16 episodes in a row failed"), procs)
+    assert not failure.retriable and str(failure) == "raas-0: 16 episodes in a row failed"
+    assert failure.log_path == tmp_path / "raas-0.log"
+    remote = _failure_reported(Heartbeat("raas-eu-3", "raas", "policy", 2, status="failed", error="x"), procs)
+    assert remote.node_id == "raas-eu-3" and remote.log_path is None
+
+
 def test_config_check_reads_every_row(bad_data_config):
     r = _astraflow("config", "check", bad_data_config.source, timeout=60)
     assert r.returncode == EXIT_FATAL, r.stdout
