@@ -221,9 +221,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_node(args: argparse.Namespace) -> int:
+    from astraflow.topology.processes import watch_launcher
+    from astraflow.trainer_group import FlagError, is_rank_process
+    if not is_rank_process():  # first thing: a launcher may die while this one still imports (a rank watches its agent)
+        watch_launcher(args.node_id or f"node-{os.getpid()}")
     from astraflow.config import load_config
     from astraflow.node import run_node
-    from astraflow.trainer_group import FlagError
     cfg = load_config(args.config, _overrides(args.set))
     if args.topology or args.host:
         if not (args.topology and args.host):

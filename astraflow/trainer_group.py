@@ -262,10 +262,9 @@ def run_trainer_group(cfg, topo: Topology, *, bootstrap: str, run_dir: str, node
                       overrides: list[str]) -> int:
     """``astraflow node --role trainer`` as its host's group agent (see the module docstring)."""
     from astraflow.checks import check_model
-    from astraflow.topology.processes import node_command, watch_launcher
+    from astraflow.topology.processes import node_command
 
-    check_model(cfg)
-    watch_launcher(node_id)  # orphaned: SIGTERM ourselves, which torch's launcher turns into stopping the ranks  # a bad path fails here once, not in every rank after the rendezvous
+    check_model(cfg)  # a bad path fails here once, not in every rank after the rendezvous
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=os.environ.get("ASTRAFLOW_LOG", "INFO"),
                         format=f"%(asctime)s {node_id} %(levelname)s %(name)s: %(message)s")

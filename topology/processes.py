@@ -103,8 +103,9 @@ ORPHAN_WATCH_S = 0.5
 def watch_launcher(name: str, grace_s: float = ORPHAN_GRACE_S) -> bool:
     """In a component started by :meth:`Proc.start`: once its launcher is no longer its parent
     (the launcher died and the process was re-parented), stop as on SIGTERM, and exit after
-    ``grace_s`` if that has not ended the process. Started by hand (no :data:`LAUNCHER_PID_ENV`)
-    nothing is watched. Returns whether a watch started."""
+    ``grace_s`` if that has not ended the process (a trainer group's agent turns the SIGTERM
+    into stopping its ranks). Started by hand (no :data:`LAUNCHER_PID_ENV`) nothing is
+    watched. Returns whether a watch started."""
     import signal
     import threading
     try:
