@@ -82,7 +82,7 @@ _TORCH_PLACEMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GRO
 
 #: Set by :meth:`Proc.start` to the starting process's pid: an ``astraflow node`` that finds
 #: itself re-parented away from it (its launcher died, SIGKILL or a crash) stops on its own
-#: (:func:`astraflow.node.watch_launcher`) instead of working on for a job nobody runs.
+#: (:func:`watch_launcher`) instead of working on for a job nobody runs.
 LAUNCHER_PID_ENV = "ASTRAFLOW_LAUNCHER_PID"
 
 
@@ -112,6 +112,15 @@ def watch_launcher(name: str, grace_s: float = ORPHAN_GRACE_S) -> bool:
         launcher = int(os.environ.get(LAUNCHER_PID_ENV, ""))
     except ValueError:
         return False
+    if os.getppid() != launcher:
+        try:
+            os.kill(launcher, 0)
+        except ProcessLookupError:
+            pass  # gone already, before this process got here: orphaned
+        except OSError:
+            return False
+        else:
+            return False  # started by something else that inherited the variable (a backend's command)
 
     def watch() -> None:
         while os.getppid() == launcher:

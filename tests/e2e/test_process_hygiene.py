@@ -154,3 +154,21 @@ def test_a_dead_broker_is_the_cause_of_a_failed_client_call(tmp_path):
         assert not called
     finally:
         broker.stop()
+
+
+def test_only_the_launcher_that_started_a_component_is_watched():
+    """A command that inherited the variable from a component (a backend's start command that
+    runs a detached node) is not that component's child: nothing to watch there."""
+    from astraflow.topology.processes import LAUNCHER_PID_ENV
+    code = "from astraflow.topology.processes import watch_launcher; print(watch_launcher('x'))"
+
+    def watched(pid: str | None) -> str:
+        env = {k: v for k, v in os.environ.items() if k != LAUNCHER_PID_ENV}
+        if pid is not None:
+            env[LAUNCHER_PID_ENV] = pid
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                              timeout=120).stdout.strip()
+
+    assert watched(str(os.getpid())) == "True"  # its parent: watched
+    assert watched(str(os.getppid())) == "False"  # alive, but not its parent
+    assert watched(None) == "False"  # started by hand
