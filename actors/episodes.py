@@ -14,7 +14,11 @@ fails that episode alone).
 
 :meth:`EpisodeRunner.roll_out` is a poll's tasks in and, per task, one trajectory group
 per role the task trains (``Task.train``) out; a workflow that raises yields a ``failed``
-group for each, so every policy's dataflow settles what it opened. It needs an engine and
+group for each, so every policy's dataflow settles what it opened. An episode that fails
+*deterministically* (:func:`deterministic`: the workflow or its reward raising on its input)
+counts toward the runner's :class:`FailureStreak`, which any success resets; the rollout
+actor stops the job when it gets too long (``rollout.max_episode_failures``) instead of
+failing the same way forever. It needs an engine and
 a tokenizer, not Kafka (only the multi-policy remote roles go through a
 :class:`~astraflow.actors.generation.GenerationClient` it is handed), so it is the one
 episode code path of the RaaS node and of the in-process baseline
@@ -34,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from opentelemetry import trace
 
 from astraflow.engines.base import Generation, SamplingParams
+from astraflow.errors import AstraflowError, FatalError, one_line
 from astraflow.engines.gate import EngineGate
 from astraflow.topics import Sample, Task, TrajectoryGroup
 from astraflow.workflows.api import (ConcurrentGenerateError, Episode, EngineRole, EpisodeResult, Trajectory,
@@ -50,6 +55,52 @@ CALL_WAIT_S = 600.0
 
 class EngineWaitTimeout(TimeoutError):
     """A ``generate`` call waited longer than the batcher's bound for its engine call."""
+
+
+#: What user code raises on an input it cannot handle: the same task fails the same way on
+#: any node and any retry. Everything else (timeouts and OS errors, Kafka's and torch's
+#: ``RuntimeError``\ s, a retriable error of ours) depends on the world and is not counted.
+DETERMINISTIC = (ValueError, TypeError, LookupError, AttributeError, NameError, ArithmeticError, AssertionError,
+                 NotImplementedError, ImportError, FatalError)
+
+
+def deterministic(error: BaseException) -> bool:
+    """Whether an episode's error would recur on the same input (see :data:`DETERMINISTIC`)."""
+    if isinstance(error, AstraflowError):
+        return not error.retriable
+    return isinstance(error, DETERMINISTIC) and not isinstance(error, OSError)
+
+
+class EpisodesFailing(FatalError):
+    """Episodes kept failing deterministically, with no success between them: stop the job."""
+
+
+class FailureStreak:
+    """Deterministic episode failures in a row on this node, with the last one's cause.
+
+    A success resets it; a transient failure (:func:`deterministic` is false) neither counts
+    nor resets. Fed by :meth:`EpisodeRunner.roll_out` once per task, from any poll's thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+        self.last: str = ""  #: ``task <id> of workflow <name>: <Type>: <message>``
+
+    def observe(self, task: Task, error: BaseException | None) -> None:
+        with self._lock:
+            if error is None:
+                self.count, self.last = 0, ""
+            elif deterministic(error):
+                self.count += 1
+                self.last = f"task {task.task_id} of workflow {task.workflow!r}: {type(error).__name__}: " \
+                            f"{one_line(error)}"
+
+    def check(self, limit: int) -> None:
+        """Raise :class:`EpisodesFailing` once ``limit`` (> 0) failures are in a row."""
+        if limit > 0 and self.count >= limit:
+            raise EpisodesFailing(f"{self.count} episodes in a row failed with a deterministic error and none "
+                                  f"succeeded (rollout.max_episode_failures: {limit}), so the job stops; the "
+                                  f"tasks stay uncommitted. Last: {self.last}")
 
 
 class CallBatcher:
@@ -248,6 +299,7 @@ class EpisodeRunner:
         self._pool_lock = threading.Lock()
         self._reserved = 0  #: episodes running or about to, over every poll in flight
         self.last_metrics: list[dict] = []
+        self.failures = FailureStreak()
 
     def roll_out(self, tasks: Sequence[Task], spans: Sequence | None = None,
                  on_wait=None, metrics_out: list | None = None) -> list[list[TrajectoryGroup]]:
@@ -259,25 +311,34 @@ class EpisodeRunner:
         polls may be rolled out at once from different threads (a node with
         ``polls_in_flight`` above 1); ``metrics_out`` receives this poll's episode metrics."""
         spans = list(spans or [None] * len(tasks))
-        per_task, metrics = self.run(tasks, spans, on_wait=on_wait, _with_metrics=True)
+        per_task, metrics, errors = self._run(tasks, spans, on_wait)
         broken = [i for i, gs in enumerate(per_task) if gs and all(g.status == "failed" for g in gs)]
         if len(tasks) > 1 and len(broken) == len(tasks):
             log.warning("%s: every episode of the poll failed (%s); retrying them one by one", self.node_id,
                         per_task[0][0].error)
-            per_task, metrics = [], []
+            per_task, metrics, errors = [], [], []
             for t, s in zip(tasks, spans):
-                gs, ms = self.run([t], [s], on_wait=on_wait, _with_metrics=True)
+                gs, ms, es = self._run([t], [s], on_wait)
                 per_task += gs
                 metrics += ms
+                errors += es
+        for task, gs, error in zip(tasks, per_task, errors):
+            if error is None and gs and all(g.status == "failed" for g in gs):  # (it returned no trajectory)
+                error = ValueError(gs[0].error)
+            self.failures.observe(task, error)
         if metrics_out is not None:
             metrics_out.extend(metrics)
         self.last_metrics = metrics
         return per_task
 
-    def run(self, tasks: Sequence[Task], spans: Sequence | None = None, on_wait=None, _with_metrics: bool = False):
+    def run(self, tasks: Sequence[Task], spans: Sequence | None = None, on_wait=None) -> list[list[TrajectoryGroup]]:
         """Per task, its groups. ``on_wait`` is called repeatedly while the episodes run (the
         rollout actor serves other pools' requests and heartbeats there)."""
-        spans = list(spans or [None] * len(tasks))
+        per_task, self.last_metrics, _ = self._run(tasks, list(spans or [None] * len(tasks)), on_wait)
+        return per_task
+
+    def _run(self, tasks: Sequence[Task], spans: list, on_wait):
+        """Per task its groups, its episode metrics and the error its episode raised (or None)."""
         batcher = CallBatcher(self.engine, self.engine_lock, self.before_call, self.batch_invariant)
         for _ in tasks:
             batcher.enter()
@@ -299,11 +360,7 @@ class EpisodeRunner:
         finally:
             with self._pool_lock:
                 self._reserved -= len(tasks)
-        metrics = [m for _, m in results]
-        if not _with_metrics:
-            self.last_metrics = metrics
-            return [groups for groups, _ in results]
-        return [groups for groups, _ in results], metrics
+        return [r[0] for r in results], [r[1] for r in results], [r[2] for r in results]
 
     def _submit(self, tasks: Sequence[Task], spans: list, batcher: CallBatcher) -> list:
         """One thread per episode, on a pool large enough for every poll in flight (an outgrown
@@ -318,7 +375,7 @@ class EpisodeRunner:
                                                 thread_name_prefix=f"{self.node_id}-ep")
             return [self._pool.submit(self._one, i, t, s, batcher) for i, (t, s) in enumerate(zip(tasks, spans))]
 
-    def _one(self, index: int, task: Task, span, batcher: CallBatcher) -> tuple[list[TrajectoryGroup], dict]:
+    def _one(self, index: int, task: Task, span, batcher: CallBatcher):
         started = time.time()
         ctx = trace.set_span_in_context(span) if span is not None else None
         roles_of = task.roles or {task.role: task.policy}
@@ -346,13 +403,13 @@ class EpisodeRunner:
             if span is not None:
                 span.record_exception(e)
             log.warning("%s: episode %s failed: %s", self.node_id, task.task_id, e)
-            return [self._failed(task, role, roles_of, f"{type(e).__name__}: {e}") for role in train], {}
+            return [self._failed(task, role, roles_of, f"{type(e).__name__}: {e}") for role in train], {}, e
         finally:
             batcher.leave()
         prompt_ids = list(self.tokenizer.encode(task.prompt, add_special_tokens=False))
         groups = [self.group(task, role, roles_of, prompt_ids, result, started) for role in train]
         return groups, dict(result.metrics, **({"team_reward": result.team_reward}
-                                                if result.team_reward is not None else {}))
+                                                if result.team_reward is not None else {})), None
 
     def failed_groups(self, task: Task, error: str) -> list[TrajectoryGroup]:
         """The failure records of a task not rolled out (one per role it trains), with ``error``."""
@@ -405,4 +462,5 @@ class EpisodeRunner:
             self._pool = None
 
 
-__all__ = ["CALL_WAIT_S", "CallBatcher", "EngineWaitTimeout", "EpisodeRunner"]
+__all__ = ["CALL_WAIT_S", "CallBatcher", "EngineWaitTimeout", "EpisodeRunner", "EpisodesFailing", "FailureStreak",
+           "deterministic"]

@@ -7,6 +7,12 @@ runs the workflow, and writes the trajectory groups *and* commits the task offse
 one Kafka transaction: a node that dies mid-rollout commits nothing, and the group
 protocol redelivers its tasks to the others. Heartbeats go to ``control``.
 
+Episodes that keep failing deterministically (``rollout.max_episode_failures`` in a row,
+none succeeding: a workflow or reward that raises on its input) stop the node with a fatal
+error before it commits the poll that crossed the bound, so those tasks stay uncommitted;
+its last heartbeat (status ``failed``) carries the cause, so a launcher that does not own
+the process stops the job too.
+
 A task is an episode of its workflow (:mod:`.episodes`): the one-role ``rlvr`` of a
 single-policy job, or a multi-role one whose roles other policies' pools may play. In a
 multi-policy job every node also serves its policy's ``generate.<policy>`` requests
@@ -181,6 +187,7 @@ class RolloutActor(LoopActor):
                                                "policy.version": self.engine.version})
                  for d in deliveries]
         per_task = self._roll_out(tasks, spans)
+        self._check_failures()
         try:
             self._commit(per_task, spans)
         except StaleMembershipError as e:
@@ -204,6 +211,21 @@ class RolloutActor(LoopActor):
                         self._send_group(g)
             fault_points.reach(fault_points.IN_TRANSACTION, self.node_id)
             self.producer.send_offsets(self.consumer, offsets, membership=membership)
+
+    def _check_failures(self) -> None:
+        """Too many deterministic episode failures in a row: say so on ``control``, then stop fatally."""
+        from .episodes import EpisodesFailing
+        try:
+            self.runner.failures.check(self.cfg.rollout.max_episode_failures)
+        except EpisodesFailing as e:
+            try:
+                self.plain.send(self.topics.control,
+                                Heartbeat(self.node_id, "raas", self.cfg.policy, self.engine.version,
+                                          ts=time.time(), status="failed", error=str(e)), key=self.node_id, trace=False)
+                self.plain.flush(timeout=10)
+            except Exception:  # noqa: BLE001 - the process's exit status says it too
+                log.warning("%s: could not report the failure on control", self.node_id, exc_info=True)
+            raise
 
     def _fenced_poll(self, e: Exception, tasks: list[Task], spans) -> None:
         # Fell out of the group while rolling out (a broker restart, a long pause): the
@@ -323,6 +345,7 @@ class RolloutActor(LoopActor):
         while self._polls and self._polls[0][4].done():
             tasks, spans, offsets, membership, future, metrics = self._polls.popleft()
             per_task = future.result()  # a rollout that raised fails the step, as it does inline
+            self._check_failures()
             try:
                 self._commit(per_task, spans, offsets, membership)
             except StaleMembershipError as e:

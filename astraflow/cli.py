@@ -223,9 +223,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_node(args: argparse.Namespace) -> int:
+    from astraflow.topology.processes import watch_launcher
+    from astraflow.trainer_group import FlagError, is_rank_process
+    if not is_rank_process():  # first thing: a launcher may die while this one still imports (a rank watches its agent)
+        watch_launcher(args.node_id or f"node-{os.getpid()}")
     from astraflow.config import load_config
     from astraflow.node import run_node
-    from astraflow.trainer_group import FlagError
     cfg = load_config(args.config, _overrides(args.set))
     if args.topology or args.host:
         if not (args.topology and args.host):
@@ -297,9 +300,9 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     from astraflow.status import format_status, job_status
-    s = job_status(args.bootstrap_servers, args.job, tuple(args.policy or ["policy"]))
+    s = job_status(args.bootstrap_servers, args.job, tuple(args.policy) if args.policy else None)
     print(json.dumps(s, indent=2) if args.json else format_status(s))
-    return 0
+    return 1 if s["state"] == "unknown" else 0
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
@@ -470,11 +473,13 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--quiet", action="store_true", help="no progress bar")
     la.set_defaults(func=_cmd_launch)
 
-    st = sub.add_parser("status", help="a job's versions, RaaS nodes, task lag and trainer wait time")
+    st = sub.add_parser("status", help="a job's state (running, done, failed, ...), versions per policy, "
+                                       "components, task lag and trainer time")
     _source_flags(st)
     st.add_argument("--job", required=True, type=_name)
-    st.add_argument("--policy", action="append", type=_name, help="policy name (repeatable; default: policy)")
-    st.add_argument("--json", action="store_true")
+    st.add_argument("--policy", action="append", type=_name, help="only this policy (repeatable; default: every "
+                                                                    "policy of the job)")
+    st.add_argument("--json", action="store_true", help="the status as JSON, for scripts")
     st.set_defaults(func=_cmd_status)
 
     cf = sub.add_parser("config", help="list every job-config key (keys) or validate a config (check CONFIG)")

@@ -165,6 +165,12 @@ class RolloutConfig:
                                       "and same-seed sync runs are byte-identical; costs ~2.5x the CPU engine's "
                                       "tokens/s (batched kernels change their reduction order with the row count)")
     heartbeat_s: float = _f(2.0, "heartbeat interval on the control topic", bounds=Bounds(0, 3_600, lo_open=True))
+    max_episode_failures: int = _f(16, "a RaaS node stops the job (a fatal error, reported on the control topic) "
+                                       "after this many episodes in a row failed with a deterministic error (the "
+                                       "workflow or its reward raising ValueError, TypeError, KeyError, ... on its "
+                                       "input) and none succeeded; transient errors (timeouts, Kafka, the engine) "
+                                       "do not count. 0: never (failed episodes are recorded and replaced)",
+                                   bounds=Bounds(0, 10**9))
     prefetch_weights: bool = _f(False, "read weight chunks while the trainer writes them (one more consumer per "
                                        "node) instead of after the version is announced: for nodes on other "
                                        "machines than the trainer; on one shared machine it only moves CPU (see "
@@ -326,7 +332,9 @@ class WorkflowConfig:
                            "code_solver_selector, code_solver_testgen, or a user one: docs/workflows.md)")
     roles: dict[str, str] = _f({}, "role -> policy; empty: every role of the workflow is played by `policy`")
     params: dict[str, Any] = _f({}, "the workflow's own parameters (e.g. reward: exact_match | math_answer)")
-    module: str | None = _f(None, "a Python module imported first, to register user workflows and rewards")
+    module: str | None = _f(None, "a Python module imported first, to register user workflows and rewards: a "
+                                  "dotted name, looked up in the config file's directory first and then on "
+                                  "PYTHONPATH, or a path to a .py file relative to that directory")
 
 
 @dataclass(frozen=True)
@@ -418,15 +426,13 @@ class JobConfig:
         return str(Path(self.source).parent) if self.source != "<dict>" else "."
 
     def _check_workflow(self) -> None:
-        import importlib
-
         from astraflow.workflows.api import get_workflow
         if self.workflow.module:
             try:
-                importlib.import_module(self.workflow.module)
-            except ImportError as e:
-                raise ConfigError(self.source, "workflow.module", f"cannot import {self.workflow.module!r}: {e}") \
-                    from None
+                import_user_module(self.workflow.module, self.source)
+            except Exception as e:  # noqa: BLE001 - the user's module: any error it raises is a config error
+                raise ConfigError(self.source, "workflow.module",
+                                  f"cannot import {self.workflow.module!r}: {type(e).__name__}: {e}") from None
         try:
             spec = get_workflow(self.workflow.name)
         except KeyError as e:
@@ -529,6 +535,38 @@ class JobConfig:
     def effective_staleness(self) -> int:
         """Sync mode is the zero-staleness schedule of the same components."""
         return 0 if self.mode == "sync" else self.dataflow.max_staleness
+
+
+def import_user_module(module: str, source: str) -> None:
+    """Import ``workflow.module``: a dotted name, found first in the directory of the config
+    file ``source`` (then on ``sys.path``, as ``PYTHONPATH`` adds to it), or a ``.py`` file,
+    relative to that directory. Every component loads the job config, so each imports it."""
+    import hashlib
+    import importlib
+    import importlib.util
+    import sys
+    base = Path(source).parent if source != "<dict>" else Path.cwd()
+    if module.endswith(".py"):
+        path = (base / module).resolve()
+        if not path.is_file():
+            raise FileNotFoundError(f"no file {path}")
+        name = f"astraflow_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+        if name in sys.modules:
+            return
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return
+    top = module.split(".")[0]
+    here = str(base.resolve())
+    if ((base / f"{top}.py").is_file() or (base / top).is_dir()) and here not in sys.path:
+        sys.path.insert(0, here)
+    importlib.import_module(module)
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> JobConfig:

@@ -1,8 +1,9 @@
 """``astraflow run CONFIG`` and ``astraflow launch TOPOLOGY JOB``: one job from one machine,
 each component its own OS process.
 
-:func:`run_job` starts the embedded broker (unless ``--bootstrap-servers``), makes sure the
-model and the job's topics exist, then starts the dataflow, the trainer and the RaaS node(s)
+:func:`run_job` makes sure the model exists (built before the broker starts, so none sits
+unwatched through a long build), starts the embedded broker (unless ``--bootstrap-servers``)
+and the job's topics, then starts the dataflow, the trainer and the RaaS node(s)
 as ``astraflow node`` processes that talk only through Kafka. It follows the ``metrics``
 topic for the progress display (:mod:`astraflow.progress`) and the run's record
 (:mod:`astraflow.run_outputs`), restarts a component process that dies unexpectedly (its
@@ -10,9 +11,12 @@ work is redelivered by Kafka; :func:`astraflow.topology.processes.supervise`), a
 training and the final evaluation are done stops everything and writes the run directory:
 ``summary.json``, ``metrics.jsonl``, ``metrics.csv``, ``plot.png``, ``logs/`` and
 ``traces/``. A component that exits with :data:`~astraflow.errors.EXIT_FATAL` (bad data,
-bad config, missing model) is not restarted: the job stops at once and
-:class:`~astraflow.topology.processes.RunFailed` carries the cause, the last line the
-component wrote.
+bad config, missing model, episodes that keep failing deterministically) is not restarted:
+the job stops at once and :class:`~astraflow.topology.processes.RunFailed` carries the
+cause, the last line the component wrote; a component elsewhere that says so on ``control``
+(a ``failed`` heartbeat) stops it the same way. The embedded broker is watched too: its
+death stops the job, the broker log's path in the cause. SIGINT, SIGTERM and SIGHUP stop
+everything as Ctrl-C does.
 
 A policy with no signing key configured (and ``trainer.require_signatures``, the default)
 gets the run's own Ed25519 pair in ``<run dir>/keys/`` before anything starts; every
@@ -61,7 +65,8 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
     (it may add ``server.properties`` to ``broker.extra``, e.g. the listeners of emulated WAN
     links) and exited after the broker stops."""
     from astraflow.actors.common import model_path
-    from astraflow.topics import Consumer, DeadLetters, EmbeddedBroker, Metric, ensure_topics, job_topics
+    from astraflow.topics import (Consumer, DeadLetters, EmbeddedBroker, Heartbeat, Metric, SnapshotRequest,
+                                  ensure_topics, job_topics)
 
     overrides = list(overrides or [])
     run_dir = Path(run_dir or Path(cfg.run_dir) / f"{cfg.job}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -75,7 +80,13 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
         check_model(cfg.view(policy))
     check_data(cfg)
     keyed = _run_keys(cfg, run_dir, progress)  # what the audit checks signed groups with
+    # The model first (a missing tiny model is built once, minutes on a small machine): no broker
+    # sits idle meanwhile, and none can die unwatched before the job has started.
+    for policy in cfg.policy_names:
+        path = model_path(cfg.view(policy))
+        say(progress, f"model: {path}" if len(cfg.policy_names) == 1 else f"model of {policy}: {path}")
     with contextlib.ExitStack() as stack:
+        broker = None
         if bootstrap is None:
             say(progress, "starting the embedded Kafka broker ...")
             broker = EmbeddedBroker(run_dir / "kafka")
@@ -85,11 +96,20 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
             bootstrap = broker.bootstrap_servers
             # what `astraflow status --bootstrap-servers` and other Kafka clients reach it at
             say(progress, f"kafka: {bootstrap} (embedded; its log: {broker.log_path})")
-        for policy in cfg.policy_names:  # builds a missing tiny model once, before any process needs it
-            path = model_path(cfg.view(policy))
-            say(progress, f"model: {path}" if len(cfg.policy_names) == 1 else f"model of {policy}: {path}")
         topics = job_topics(cfg)
-        ensure_topics(bootstrap, topics.specs())
+        with _broker_watched(broker):
+            ensure_topics(bootstrap, topics.specs())
+            dead = DeadLetters.own(bootstrap, topics.dlq, "launcher")
+            stack.callback(dead.close)
+            # `metrics` from the start (the run's record); `control` from now on: a component
+            # that stops on a fatal error says so there (status "failed"), wherever it runs
+            feed = stack.enter_context(Consumer(
+                bootstrap, partitions=[TopicPartition(topics.metrics, 0), TopicPartition(topics.control, 0)],
+                client_id="launcher", dead_letters=dead,
+                expect={topics.metrics: (Metric,), topics.control: (Heartbeat, SnapshotRequest)}))
+            feed.raw.seek_to_beginning(TopicPartition(topics.metrics, 0))
+            control = TopicPartition(topics.control, 0)
+            feed.raw.seek(control, feed.raw.end_offsets([control])[control])
         if extension is not None:
             procs = extension.processes(bootstrap, run_dir)
         else:
@@ -101,27 +121,28 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
         stack.callback(stop_processes, procs)
         if extension is not None:
             stack.enter_context(extension.running(bootstrap, run_dir, procs))
-        dead = DeadLetters.own(bootstrap, topics.dlq, "launcher")
-        stack.callback(dead.close)
-        metrics = stack.enter_context(Consumer(bootstrap, partitions=[TopicPartition(topics.metrics, 0)],
-                                               client_id="launcher", dead_letters=dead, expect=(Metric,)))
-        metrics.raw.seek_to_beginning()
         bar = progress_bar(cfg, progress)
         stop = {"now": False}
-        # Ctrl-C, and the SIGTERM systemd, CI runners and `kill` send: both stop every component
-        # (the exit stack below) instead of leaving them re-parented to PID 1.
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        # Ctrl-C, the SIGTERM systemd, CI runners and `kill` send, and the SIGHUP of a closed
+        # terminal: each stops every component (the exit stack below) instead of leaving them
+        # re-parented to PID 1.
+        for sig in STOP_SIGNALS:
+            if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
+                continue  # under nohup: a closed terminal is meant to leave the run going
             previous = signal.signal(sig, lambda *_: stop.update(now=True))
             stack.callback(signal.signal, sig, previous)
         say(progress, f"run dir: {run_dir}  (logs in {run_dir / 'logs'})")
         interrupted, error = False, None
         auditor = PeriodicAudit(bootstrap, keyed)
         while True:
-            for d in metrics.poll(500):
+            failed = None
+            for d in feed.poll(500):
                 record(state, d.message)
+                failed = failed or _failure_reported(d.message, procs)
             update_bar(bar, state, started)
-            error = (extension.tick(procs) if extension is not None else None) or supervise(procs, max_restarts,
-                                                                                             progress) \
+            error = broker_failure(broker) or failed \
+                or (extension.tick(procs) if extension is not None else None) or supervise(procs, max_restarts,
+                                                                                            progress) \
                 or auditor.tick(state.trained)
             finished = all(p.done for p in procs if p.role in ("trainer", "dataflow"))
             if finished or error:
@@ -132,7 +153,7 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
             if timeout_s and time.time() - started > timeout_s:
                 error = RunFailed(f"run exceeded its {timeout_s:.0f}s timeout")
                 break
-        for d in metrics.poll(200):
+        for d in feed.poll(200):
             record(state, d.message)
         if bar is not None:
             update_bar(bar, state, started)
@@ -140,6 +161,7 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
         if not (interrupted or error):
             error = auditor.finish()  # the running job's audit in flight: a violation it found fails the run
         verdict = None
+        error = error or (broker_failure(broker) if not interrupted else None)
         if not (interrupted or error):  # finished: the broker is still up, the trainer and dataflow are done
             say(progress, "auditing the job's topics (conservation) ...")
             verdict = final_audit(bootstrap, keyed, state.trained)
@@ -178,6 +200,50 @@ def default_processes(cfg: JobConfig, run_dir: Path) -> list[Proc]:
         procs += [Proc("raas", f"raas{tag}-{i}", [], run_dir / "logs" / f"raas{tag}-{i}.log", policy=policy if multi else "")
                   for i in range(view.rollout.nodes)]
     return procs
+
+
+#: The signals that stop a run (and its components) as Ctrl-C does.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def broker_failure(broker) -> RunFailed | None:
+    """The embedded broker's death as the cause that stops the run (its log's path last); None
+    while it runs, or when the job uses a cluster of its own (``broker`` None)."""
+    code = broker.exit_code() if broker is not None else None
+    if code is None:
+        return None
+    return RunFailed(f"the embedded Kafka broker (pid {broker.pid}) exited with code {code}; its log: "
+                     f"{broker.log_path}", node_id="kafka", log_path=broker.log_path)
+
+
+@contextlib.contextmanager
+def _broker_watched(broker):
+    """Kafka client calls the embedded broker's death would fail (or hang on for a minute) raise
+    that death instead: checked first, and again when a call fails."""
+    failure = broker_failure(broker)
+    if failure is not None:
+        raise failure
+    try:
+        yield
+    except Exception:
+        if broker is not None:
+            deadline = time.monotonic() + 5  # a client can notice a dying broker before its process is gone
+            while broker.exit_code() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+        failure = broker_failure(broker)
+        if failure is not None:
+            raise failure from None
+        raise
+
+
+def _failure_reported(message, procs: list[Proc]) -> RunFailed | None:
+    """A component's ``failed`` heartbeat on ``control``: the fatal error it stops on."""
+    from astraflow.topics import Heartbeat
+    if not (isinstance(message, Heartbeat) and message.status == "failed"):
+        return None
+    log_path = next((p.log_path for p in procs if p.node_id == message.node_id), None)
+    return RunFailed(message.error or "stopped on a fatal error (see its log)", node_id=message.node_id,
+                     log_path=log_path, retriable=False)
 
 
 @contextlib.contextmanager

@@ -2,7 +2,8 @@
 
 Sets the process's thread budget, installs tracing (and a test's fault points, when its
 environment asks for them: :mod:`astraflow.chaos.hooks`), and runs the role's actors under a
-supervisor until they finish, the process is asked to stop (SIGTERM / Ctrl-C), or the
+supervisor until they finish, the process is asked to stop (SIGTERM, SIGHUP, Ctrl-C; or its
+launcher died: :func:`~astraflow.topology.processes.watch_launcher`, started by the CLI), or the
 supervisor gives up on an actor — then it exits non-zero with the reason as its last
 stderr line: 1 after retriable failures used up the restarts (a fresh process may fare
 better), :data:`~astraflow.errors.EXIT_FATAL` after a fatal one (bad data, bad config,
@@ -94,8 +95,9 @@ def run_node(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: s
         if rank is not None:
             die_unless_stopped(signum)
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # (SIGHUP: its terminal closed)
+        if sig != signal.SIGHUP or signal.getsignal(sig) is not signal.SIG_IGN:  # (nohup: keep going)
+            signal.signal(sig, on_signal)
     outcome = Outcome()
     # A rank cannot re-enter its process group: a failed actor ends the process, and the
     # group's agent stops the other ranks so the group restarts as one.

@@ -1,8 +1,14 @@
 """``astraflow status``: what a job is doing, read from its topics alone.
 
-Policy versions (``versions``), RaaS nodes alive with their versions and throughput
-(``control`` heartbeats), task lag of the ``raas.<policy>`` group, and the trainer's
-wait time (``metrics``). Works against any cluster the job runs on.
+Whether the job exists at all (its topics), its policies (one ``tasks.<policy>`` topic
+each, so every policy shows without naming it), its state (``done`` once every policy's
+trainer reported ``trainer.done``; ``failed`` when a component stopped on a fatal error and
+said so on ``control``; ``running`` while a component's heartbeat is fresh; ``stopped``
+when none is; ``not started`` when nothing was written yet), policy versions
+(``versions``), the components with their versions and throughput (``control``
+heartbeats), the task lag of each ``raas.<policy>`` group while the job runs, and the
+trainers' time, summed over every ``metrics`` record (what ``summary.json`` sums). Works
+against any cluster the job runs on; ``--json`` prints the same dict for scripts.
 """
 
 from __future__ import annotations
@@ -11,58 +17,112 @@ import time
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
+from astraflow.errors import FatalError
 from astraflow.topics import Heartbeat, JobTopics, Metric, VersionAnnouncement
 from astraflow.topics.replay import read_topic
 
 ALIVE_S = 15.0
 
 
+class StatusError(FatalError, ValueError):
+    """``astraflow status`` was asked about something the job does not have (a policy)."""
+
+
 def _read_all(bootstrap: str, topic: str, tail: int | None = None) -> list:
     return [m for _, _, m in read_topic(bootstrap, topic, tail=tail)]
 
 
-def job_status(bootstrap: str, job: str, policies: tuple[str, ...] = ("policy",)) -> dict:
+def _job_topics(bootstrap: str) -> set[str]:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="astraflow-status")
+    try:
+        return set(admin.list_topics())
+    finally:
+        admin.close()
+
+
+def job_policies(names: set[str], job: str) -> tuple[str, ...]:
+    """The policies of ``job`` among the topic ``names``: each has ``tasks.<p>`` and ``batches.<p>``."""
+    topics = JobTopics(job=job)
+    head = topics.tasks("")
+    return tuple(sorted(n[len(head):] for n in names
+                        if n.startswith(head) and len(n) > len(head) and topics.batches(n[len(head):]) in names))
+
+
+def known_jobs(names: set[str]) -> list[str]:
+    """Every job with topics on the cluster (its ``af.<job>.control``)."""
+    return sorted(n[len("af."):-len(".control")] for n in names if n.startswith("af.") and n.endswith(".control"))
+
+
+def job_status(bootstrap: str, job: str, policies: tuple[str, ...] | None = None) -> dict:
+    """The job's status as a dict (what ``--json`` prints); ``policies``: only these (default: all)."""
+    names = _job_topics(bootstrap)
+    topics = JobTopics(job=job)
+    if topics.control not in names:
+        return {"job": job, "state": "unknown", "bootstrap_servers": bootstrap, "known_jobs": known_jobs(names)}
+    found = job_policies(names, job)
+    for p in policies or ():
+        if p not in found:
+            raise StatusError(f"--policy {p}: job {job} has no such policy (its policies: {', '.join(found)})")
+    policies = tuple(policies or found)
     topics = JobTopics(job=job, policies=policies)
     versions = {m.policy: m for m in _read_all(bootstrap, topics.versions) if isinstance(m, VersionAnnouncement)}
     beats: dict[str, Heartbeat] = {}
     for m in _read_all(bootstrap, topics.control, tail=2000):
         if isinstance(m, Heartbeat):
             beats[m.node_id] = m
-    metrics = [m for m in _read_all(bootstrap, topics.metrics, tail=5000) if isinstance(m, Metric)]
+    # every record: the trainers' time is their sum (a tail would cut it short on a long job)
+    metrics = [m for m in _read_all(bootstrap, topics.metrics) if isinstance(m, Metric)]
     now = time.time()
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="astraflow-status")
-    lag = {}
-    try:
-        probe = KafkaConsumer(bootstrap_servers=bootstrap, client_id="astraflow-status")
-        for p in policies:
-            topic = topics.tasks(p)
-            parts = probe.partitions_for_topic(topic) or set()
-            tps = [TopicPartition(topic, i) for i in parts]
-            ends = probe.end_offsets(tps) if tps else {}
-            group = topics.rollout_group(p)
-            committed = admin.list_group_offsets(group).get(group, {}) if tps else {}
-            lag[p] = sum(max(0, ends[tp] - (committed[tp].offset if tp in committed and committed[tp].offset >= 0
-                                            else 0)) for tp in tps)
-        probe.close()
-    finally:
-        admin.close()
+    done = {m.component.split(".", 1)[1]: m.step for m in metrics
+            if m.name == "trainer.done" and m.component.startswith("trainer.")}
+    failed = [b for b in beats.values() if b.status == "failed"]
+    alive = [b for b in beats.values() if now - b.ts < ALIVE_S and b.status in ("alive", "starting")]
+    if policies and all(p in done for p in policies):
+        state = "done"
+    elif failed:
+        state = "failed"
+    elif alive:
+        state = "running"
+    elif versions or beats or metrics:
+        state = "stopped"
+    else:
+        state = "not started"
     hours = {m.labels.get("pool"): m for m in metrics if m.name == "devices.hours"}
     scalers: dict[str, dict] = {}  # policy -> newest autoscaler metric by name (one actor per policy)
     for m in metrics:
         if m.name.startswith("autoscaler."):
             scalers.setdefault(m.labels.get("policy") or "policy", {})[m.name] = m
-    waits = [m for m in metrics if m.name == "trainer.wait_s"]
-    trains = [m for m in metrics if m.name == "trainer.train_s"]
+
+    def trainer_s(name: str) -> dict[str, float]:
+        out = {p: 0.0 for p in policies}
+        for m in metrics:
+            if m.name == name and m.component.startswith("trainer."):
+                policy = m.component.split(".", 1)[1]
+                if policy in out:
+                    out[policy] += m.value
+        return {p: round(v, 3) for p, v in out.items()}
+
+    train, wait = trainer_s("trainer.train_s"), trainer_s("trainer.wait_s")
     return {
         "job": job,
+        "state": state,
+        "policies": list(policies),
+        "done": {p: done[p] for p in policies if p in done},  #: policy -> the version its trainer finished at
+        "failed": [{"node": b.node_id, "role": b.role, "policy": b.policy, "error": b.error}
+                   for b in sorted(failed, key=lambda b: b.node_id)],
         "versions": {p: {"version": v.version, "kind": v.kind, "snapshot": v.snapshot_version,
-                         "age_s": round(now - v.created_at, 1)} for p, v in versions.items()},
+                         "age_s": round(now - v.created_at, 1)} for p, v in sorted(versions.items())
+                     if p in policies},
         "nodes": [{"node": b.node_id, "role": b.role, "policy": b.policy, "version": b.version,
-                   "tokens_per_s": round(b.tokens_per_s, 1), "alive": now - b.ts < ALIVE_S,
+                   "tokens_per_s": round(b.tokens_per_s, 1), "status": b.status,
+                   "alive": now - b.ts < ALIVE_S and b.status in ("alive", "starting"),
                    "last_seen_s": round(now - b.ts, 1)} for b in sorted(beats.values(), key=lambda b: b.node_id)],
-        "task_lag": lag,
-        "trainer_wait_s_total": round(sum(m.value for m in waits), 2),
-        "trainer_train_s_total": round(sum(m.value for m in trains), 2),
+        # offsets not yet committed by raas.<policy>: work waiting, only while the job runs
+        "task_lag": None if state == "done" else _task_lag(bootstrap, topics, policies),
+        "trainer_train_s": train,
+        "trainer_wait_s": wait,
+        "trainer_train_s_total": round(sum(train.values()), 3),
+        "trainer_wait_s_total": round(sum(wait.values()), 3),
         # written by the autoscaler actor of `astraflow launch` / `node --topology` (topology/accounting.py)
         "device_hours": {pool: {"kind": m.labels.get("kind"), "device_hours": round(m.value, 4),
                                 "cost": round(float(m.labels.get("cost", 0.0)), 4)} for pool, m in hours.items()},
@@ -74,22 +134,72 @@ def job_status(bootstrap: str, job: str, policies: tuple[str, ...] = ("policy",)
     }
 
 
+def _task_lag(bootstrap: str, topics: JobTopics, policies: tuple[str, ...]) -> dict[str, int]:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="astraflow-status")
+    lag = {}
+    try:
+        probe = KafkaConsumer(bootstrap_servers=bootstrap, client_id="astraflow-status")
+        for p in policies:
+            topic = topics.tasks(p)
+            parts = probe.partitions_for_topic(topic) or set()
+            tps = [TopicPartition(topic, i) for i in parts]
+            ends = probe.end_offsets(tps) if tps else {}
+            group = topics.rollout_group(p)
+            committed = _group_offsets(admin, group) if tps else {}
+            lag[p] = sum(max(0, ends[tp] - (committed[tp].offset if tp in committed and committed[tp].offset >= 0
+                                            else 0)) for tp in tps)
+        probe.close()
+    finally:
+        admin.close()
+    return lag
+
+
+def _group_offsets(admin: KafkaAdminClient, group: str, wait_s: float = 15.0) -> dict:
+    """The group's committed offsets; a broker that has not yet placed group coordinators (a
+    fresh one, on the first group lookup) answers with a retriable error for a few seconds."""
+    from kafka.errors import KafkaError
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return admin.list_group_offsets(group).get(group, {})
+        except KafkaError as e:
+            if not e.retriable or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def format_status(s: dict) -> str:
-    lines = [f"job {s['job']}"]
-    for p, v in s["versions"].items() or {}.items():
-        lines.append(f"  policy {p}: version {v['version']} ({v['kind']}, snapshot {v['snapshot']}, {v['age_s']}s ago)")
-    if not s["versions"]:
-        lines.append("  no version announced yet")
-    lines.append(f"  task lag (offsets not yet committed by raas.<policy>, incl. transaction markers): "
-                 f"{s['task_lag']}")
-    lines.append(f"  trainer: {s['trainer_train_s_total']}s training, {s['trainer_wait_s_total']}s waiting for batches")
+    if s["state"] == "unknown":
+        others = ", ".join(s["known_jobs"]) or "none"
+        return (f"job {s['job']}: unknown at {s['bootstrap_servers']} (no topics af.{s['job']}.*); "
+                f"jobs there: {others}")
+    lines = [f"job {s['job']}: {s['state']}" + (f" (policies: {', '.join(s['policies'])})"
+                                               if len(s["policies"]) > 1 else "")]
+    for f in s["failed"]:
+        lines.append(f"  {f['node']} failed: {f['error']}")
+    for p in s["policies"]:
+        v = s["versions"].get(p)
+        if p in s["done"]:
+            what = f"done at version {s['done'][p]}"
+        elif v is not None:
+            what = f"version {v['version']} ({v['kind']}, snapshot {v['snapshot']}, {v['age_s']}s ago)"
+        else:
+            what = "no version announced yet"
+        lines.append(f"  policy {p}: {what}; trainer {s['trainer_train_s'][p]}s training, "
+                     f"{s['trainer_wait_s'][p]}s waiting for batches")
+    if s["task_lag"] is not None:
+        lag = ", ".join(f"{p} {n}" for p, n in s["task_lag"].items())
+        lines.append(f"  task lag (offsets not yet committed by raas.<policy>, incl. transaction markers): {lag}")
     for pool, h in s.get("device_hours", {}).items():
         lines.append(f"  device-hours {pool}: {h['device_hours']} ({h['kind']}), cost {h['cost']}")
     for policy, a in s.get("autoscalers", {}).items():
         lines.append(f"  autoscaler ({policy}): {a['pool_size']:.0f} nodes, trainer wait fraction {a['wait_frac']}; "
                      f"last decision: {a['last_decision']}")
-    lines.append("  nodes:")
+    if s["nodes"]:
+        lines.append("  nodes:")
     for n in s["nodes"]:
-        state = "alive" if n["alive"] else f"silent {n['last_seen_s']}s"
-        lines.append(f"    {n['node']:24} {n['role']:8} v{n['version']:<5} {n['tokens_per_s']:>8} tok/s  {state}")
+        state = "alive" if n["alive"] else n["status"] if n["status"] in ("stopping", "failed") \
+            else f"silent {n['last_seen_s']}s"
+        lines.append(f"    {n['node']:24} {n['role']:8} {n['policy']:10} v{n['version']:<5} "
+                     f"{n['tokens_per_s']:>8} tok/s  {state}")
     return "\n".join(lines)

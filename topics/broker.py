@@ -153,6 +153,11 @@ class EmbeddedBroker:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    def exit_code(self) -> int | None:
+        """The broker process's exit status once it has exited (died); None while it runs or
+        when it was never started or was stopped here."""
+        return self._proc.poll() if self._proc is not None else None
+
     def info(self) -> BrokerInfo:
         assert self._proc is not None, "broker not started"
         return BrokerInfo(self._proc.pid, self.port, self.controller_port, str(self.data_dir),

@@ -430,11 +430,11 @@ class VersionAnnouncement(Message):
 @register
 @dataclass(frozen=True)
 class Heartbeat(Message):
-    """Liveness and load of a component, on ``control``. Schema 2 added ``epoch`` and ``weights_digest``.
-    Retired: ``busy_slots`` / ``total_slots`` (never set by any node, never read)."""
+    """Liveness and load of a component, on ``control``. Schema 2 added ``epoch`` and ``weights_digest``,
+    schema 3 ``error``. Retired: ``busy_slots`` / ``total_slots`` (never set by any node, never read)."""
 
     TYPE: ClassVar[str] = "heartbeat"
-    SCHEMA: ClassVar[int] = 2
+    SCHEMA: ClassVar[int] = 3
     RETIRED: ClassVar[frozenset[str]] = frozenset({"busy_slots", "total_slots"})
     node_id: str
     role: str  #: "raas", "trainer", "dataflow"
@@ -442,9 +442,12 @@ class Heartbeat(Message):
     version: int  #: policy version the node holds
     tokens_per_s: float = 0.0
     ts: float = 0.0
-    status: str = "alive"  #: "alive", "stopping" (leaving on request) or "starting" (sent for it by its launcher)
+    #: "alive", "stopping" (leaving on request), "starting" (sent for it by its launcher) or "failed"
+    #: (stopping on a fatal error, ``error``: a launcher that reads it stops the job)
+    status: str = "alive"
     epoch: int = 0  #: lineage epoch of the weights the node holds
     weights_digest: str = ""  #: digest of those weights ("" when unknown)
+    error: str = ""  #: with status "failed": the cause, one line
 
 
 @register

@@ -54,7 +54,7 @@ class DeviceHours:
             if gap > 0 and (gap <= self.max_gap_s or n.booting):
                 n.seconds += gap
         n.booting = False
-        n.last = None if hb.status == "stopping" else max(hb.ts, n.last or hb.ts)
+        n.last = None if hb.status in ("stopping", "failed") else max(hb.ts, n.last or hb.ts)  # (its last words)
 
     def _node(self, hb: Heartbeat) -> _Node:
         pool = self.plan.pool_of(hb.node_id, hb.role, hb.policy) if self.plan else None

@@ -5,7 +5,8 @@
 component that died unexpectedly (its work is redelivered by Kafka) and turns a fatal
 exit (:data:`~astraflow.errors.EXIT_FATAL`: bad data, bad config, missing model) or too
 many restarts into :class:`RunFailed`, whose cause is the last line the component wrote;
-:func:`stop_processes` takes them all down. ``astraflow run``
+:func:`stop_processes` takes them all down; a component whose launcher died stops on its own
+(:func:`watch_launcher`). ``astraflow run``
 (:func:`astraflow.launcher.run_job`), ``astraflow launch``, ``astraflow node --topology``
 (:func:`.launch.run_host`), the autoscaler's local backend, the chaos harness and the
 trainer group agent all start their processes with these.
@@ -79,9 +80,59 @@ _TORCH_PLACEMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GRO
                     "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+#: Set by :meth:`Proc.start` to the starting process's pid: an ``astraflow node`` that finds
+#: itself re-parented away from it (its launcher died, SIGKILL or a crash) stops on its own
+#: (:func:`watch_launcher`) instead of working on for a job nobody runs.
+LAUNCHER_PID_ENV = "ASTRAFLOW_LAUNCHER_PID"
+
+
 def component_env() -> dict[str, str]:
-    """This process's environment without torch's placement variables (see above)."""
-    return {k: v for k, v in os.environ.items() if k not in _TORCH_PLACEMENT and not k.startswith("TORCHELASTIC_")}
+    """This process's environment without torch's placement variables (see above), naming
+    this process as the component's launcher (:data:`LAUNCHER_PID_ENV`)."""
+    env = {k: v for k, v in os.environ.items() if k not in _TORCH_PLACEMENT and not k.startswith("TORCHELASTIC_")}
+    env[LAUNCHER_PID_ENV] = str(os.getpid())
+    return env
+
+
+#: How long an orphaned component has, after it stops itself as on SIGTERM, before it exits
+#: regardless (its broker may be gone with its launcher, and a client's close would wait on it).
+ORPHAN_GRACE_S = 8.0
+ORPHAN_WATCH_S = 0.5
+
+
+def watch_launcher(name: str, grace_s: float = ORPHAN_GRACE_S) -> bool:
+    """In a component started by :meth:`Proc.start`: once its launcher is no longer its parent
+    (the launcher died and the process was re-parented), stop as on SIGTERM, and exit after
+    ``grace_s`` if that has not ended the process (a trainer group's agent turns the SIGTERM
+    into stopping its ranks). Started by hand (no :data:`LAUNCHER_PID_ENV`) nothing is
+    watched. Returns whether a watch started."""
+    import signal
+    import threading
+    try:
+        launcher = int(os.environ.get(LAUNCHER_PID_ENV, ""))
+    except ValueError:
+        return False
+    if os.getppid() != launcher:
+        try:
+            os.kill(launcher, 0)
+        except ProcessLookupError:
+            pass  # gone already, before this process got here: orphaned
+        except OSError:
+            return False
+        else:
+            return False  # started by something else that inherited the variable (a backend's command)
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(ORPHAN_WATCH_S)
+        print(f"astraflow node {name}: error: its launcher (pid {launcher}) is gone; stopping", file=sys.stderr,
+              flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+    return True
 
 
 def node_command(role: str, cfg: JobConfig, bootstrap: str, run_dir: Path, node_id: str,

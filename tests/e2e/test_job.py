@@ -257,12 +257,14 @@ def test_training_raises_heldout_accuracy(make_job_config, bootstrap):
 
 def test_status_reads_versions_nodes_and_lag_from_the_topics(finished_run, bootstrap):
     from astraflow.status import format_status, job_status
-    cfg, _, _, _ = finished_run
-    s = job_status(bootstrap, cfg.job, (cfg.policy,))
+    cfg, _, summary, _ = finished_run
+    s = job_status(bootstrap, cfg.job)
     assert s["versions"][cfg.policy]["version"] == cfg.trainer.steps
     nodes = {n["node"]: n for n in s["nodes"]}
     assert nodes["raas-0"]["role"] == "raas" and nodes["raas-0"]["version"] >= cfg.trainer.steps - 1
     assert nodes[f"trainer.{cfg.policy}"]["version"] == cfg.trainer.steps
-    assert s["task_lag"][cfg.policy] >= 0
+    # finished: done, no task lag left to mislead, and the trainer's whole time (summary.json's)
+    assert s["state"] == "done" and s["done"] == {cfg.policy: cfg.trainer.steps} and s["task_lag"] is None
+    assert s["trainer_train_s_total"] == pytest.approx(summary["trainer_train_s"], abs=0.01)
     assert s["trainer_train_s_total"] > 0
-    assert f"version {cfg.trainer.steps}" in format_status(s)
+    assert f"done at version {cfg.trainer.steps}" in format_status(s)
