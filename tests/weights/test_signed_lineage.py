@@ -64,7 +64,8 @@ def test_a_forged_announcement_with_a_higher_epoch_is_dead_lettered_and_nodes_ke
         second = forger.send_sync(job_topics.versions, forged, key="policy",
                                   headers=[(H_SIG, real_headers[H_SIG]), (H_SIGNER, real_headers[H_SIGNER])]).offset
         with caplog.at_level(logging.WARNING, logger=subscriber.__name__):
-            assert wait_until(lambda: sum(sub.rejected.values()) == 2), sub.rejected
+            # the count moves before the callback runs: wait for both
+            assert wait_until(lambda: sum(sub.rejected.values()) == 2 and len(refused) == 2), sub.rejected
         assert sub.rejected == {"unsigned": 1, "bad_signature": 1}
         assert [(r.offset, r.reason, r.epoch, r.version) for r in refused] == [
             (first, "unsigned", 5, 1000), (second, "bad_signature", 5, 1000)]
