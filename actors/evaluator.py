@@ -14,13 +14,20 @@ In a multi-policy job the evaluator follows every policy's weights and, next to 
 policy's own accuracy (the solver alone), measures the *team*: the workflow run on the
 held-out problems with every role on its policy's newest weights, scored by the episode's
 ``team_reward`` (for solver-verifier: the solver's final answer after any retry) as
-``eval.team_accuracy``, labelled with each policy's version.
+``eval.team_accuracy``, labelled with each policy's version, and every policy's held-out
+score in its role(s): the mean reward of the trajectories its roles produced there
+(``eval.policy_reward``, labelled with the policy and its version).
+
+The held-out set is the job's generator's: ``data.source: code`` evaluates on held-out
+program-synthesis problems, the solver alone by their hidden tests (in the sandbox);
+anything else on held-out arithmetic.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import NamedTuple
 
 from astraflow.config import JobConfig
 from astraflow.topics import DeadLetters, Producer, job_topics
@@ -35,34 +42,75 @@ log = logging.getLogger(__name__)
 
 
 def heldout_problems(cfg: JobConfig) -> list:
-    """The job's fixed held-out set (the same for every version, run and replay of the job)."""
+    """The job's fixed held-out set (the same for every version, run and replay of the job):
+    held-out problems of the job's generator, ``arithmetic`` or ``code`` (program synthesis;
+    each problem carries its hidden tests and reference as ``metadata``)."""
+    if cfg.data.source == "code":
+        from astraflow.workflows.code_tasks import code_prompts
+        return [_Heldout(p.text, p.answer, p.metadata)
+                for p in code_prompts(cfg.eval.problems, seed=cfg.seed + 1000, split="heldout")]
     from astraflow.workflows.arithmetic import generate_problems
     return generate_problems(cfg.eval.problems, seed=cfg.seed + 1000, split="heldout",
                              max_digits=cfg.data.max_digits, ops=cfg.data.ops, unique=True)
 
 
+class _Heldout(NamedTuple):
+    prompt: str
+    answer: str
+    metadata: dict
+
+
 def heldout_accuracy(cfg: JobConfig, engine, tokenizer, problems: list) -> float:
-    """Pass@1 of the weights ``engine`` holds; ``astraflow replay`` evaluates through here too."""
+    """Pass@1 of the weights ``engine`` holds; ``astraflow replay`` evaluates through here too.
+    Code problems score by their hidden tests (run in the sandbox), the others by exact match."""
+    if problems and isinstance(problems[0], _Heldout):
+        return _code_accuracy(cfg, engine, tokenizer, problems)
     from astraflow.workflows.arithmetic import evaluate
     return evaluate(engine, tokenizer, problems, k=cfg.eval.k, temperature=cfg.eval.temperature,
                     max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
 
 
+def _code_accuracy(cfg: JobConfig, engine, tokenizer, problems: list) -> float:
+    from astraflow.engines.base import SamplingParams
+    from astraflow.workflows.code_tasks import hidden_tests_reward
+    budget = int(cfg.workflow.params.get("code_tokens", 0)) or cfg.rollout.max_new_tokens
+    rows = [(p, tokenizer.encode(p.prompt, add_special_tokens=False)) for p in problems for _ in range(cfg.eval.k)]
+    params = SamplingParams(temperature=cfg.eval.temperature, max_new_tokens=budget,
+                            stop_token_ids=(tokenizer.eos_token_id,), seed=cfg.seed)
+    gens = engine.generate([ids for _, ids in rows], params)
+    scores: dict[tuple[str, str], float] = {}  # a tiny model's samples repeat: one sandbox run per distinct one
+    total = 0.0
+    for (p, _), g in zip(rows, gens):
+        key = (p.prompt, tokenizer.decode(g.tokens, skip_special_tokens=True))
+        if key not in scores:
+            scores[key] = hidden_tests_reward(key[1], p.answer, p.metadata)
+        total += scores[key]
+    return total / len(rows)
+
+
 def team_accuracy(cfg: JobConfig, engines: dict, tokenizer, problems: list) -> float:
     """Mean team reward of the workflow on ``problems``, each role on its policy's engine."""
+    return team_evaluation(cfg, engines, tokenizer, problems)[0]
+
+
+def team_evaluation(cfg: JobConfig, engines: dict, tokenizer, problems: list) -> tuple[float, dict[str, float]]:
+    """The team's accuracy (mean team reward) on ``problems`` and, per policy, the mean
+    reward of the trajectories its roles produced there (its held-out score in the team)."""
     from astraflow.workflows.api import EngineRole, Episode, get_workflow, run_episode
     spec = get_workflow(cfg.workflow.name)
     sampling = {"temperature": cfg.eval.temperature, "top_p": 1.0, "top_k": 0}
-    total = 0.0
+    total, rewards = 0.0, {p: [] for p in cfg.policy_names}
     for i, p in enumerate(problems):
         roles = {role: EngineRole(role, policy, engines[policy], tokenizer,
                                   {**sampling, "max_new_tokens": cfg.view(policy).rollout.max_new_tokens})
                  for role, policy in cfg.role_policies.items()}
         ep = Episode(f"eval-{i}", p.prompt, p.answer, cfg.eval.k, roles, tokenizer,
-                     {**cfg.workflow.params, "_job_seed": cfg.seed + 1000})
+                     {**cfg.workflow.params, "_job_seed": cfg.seed + 1000}, getattr(p, "metadata", None) or {})
         result = run_episode(spec, ep, cfg.seed + 1000)
         total += float(result.team_reward or 0.0)
-    return total / len(problems)
+        for role, trajs in result.trajectories.items():
+            rewards[cfg.role_policies[role]] += [t.reward for t in trajs]
+    return total / len(problems), {p: sum(r) / len(r) for p, r in rewards.items() if r}
 
 
 class EvaluatorActor(LoopActor):
@@ -139,11 +187,14 @@ class EvaluatorActor(LoopActor):
         if self.team:
             engines = {self.cfg.policy: self.engine, **{p: e for p, (e, _) in self.others.items()}}
             t0 = time.monotonic()
-            team = team_accuracy(self.cfg, engines, self.tokenizer, self.problems)
+            team, by_policy = team_evaluation(self.cfg, engines, self.tokenizer, self.problems)
             log.info("eval: team accuracy %.3f at versions %s (%.1fs)", team,
                      {p: e.version for p, e in engines.items()}, time.monotonic() - t0)
             self.metrics.emit("eval.team_accuracy", team, step=v, problems=len(self.problems),
                               **{f"version.{p}": e.version for p, e in engines.items()})
+            for p, r in by_policy.items():  # each policy's held-out score in its role(s) of the team
+                self.metrics.emit("eval.policy_reward", r, step=v, policy=p, version=engines[p].version,
+                                  problems=len(self.problems))
         self.producer.flush()
         every = self.cfg.eval.every or final
         if at_target:

@@ -40,6 +40,8 @@ class RunState:
     team: list[tuple[int, float]] = field(default_factory=list)  #: (lead step, team reward of its batch)
     lead: str = ""
     team_accuracy: dict[int, float] = field(default_factory=dict)  #: lead version -> held-out team accuracy
+    #: policy -> its version -> mean reward of its role(s) in the held-out team evaluation
+    policy_reward: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 def record(state: RunState, m) -> None:
@@ -63,6 +65,9 @@ def record(state: RunState, m) -> None:
         state.accuracy[m.step] = m.value
     elif m.name == "eval.team_accuracy":
         state.team_accuracy[m.step] = m.value
+    elif m.name == "eval.policy_reward" and m.labels.get("policy"):
+        version = int(m.labels.get("version", m.step))
+        state.policy_reward.setdefault(str(m.labels["policy"]), {})[version] = m.value
 
 
 def write_outputs(run_dir: Path, cfg: JobConfig, state: RunState, started: float, procs: list[Proc],
@@ -105,7 +110,13 @@ def write_outputs(run_dir: Path, cfg: JobConfig, state: RunState, started: float
             "team_reward_last": state.team[-1][1] if state.team else None,
             "team_reward_by_step": {str(k): round(v, 4) for k, v in sorted(state.team)},
             "team_accuracy_by_version": {str(k): round(v, 4) for k, v in sorted(state.team_accuracy.items())},
-            "team_accuracy_final": state.team_accuracy[max(state.team_accuracy)] if state.team_accuracy else None}
+            "team_accuracy_final": state.team_accuracy[max(state.team_accuracy)] if state.team_accuracy else None,
+            # each policy's held-out figure, by its own version: the lead's is its accuracy
+            # alone (accuracy_by_version); every policy's is also the mean reward of its
+            # role(s) in the held-out team evaluation
+            "policy_reward_by_version": {p: {str(k): round(v, 4)
+                                             for k, v in sorted(state.policy_reward.get(p, {}).items())}
+                                         for p in cfg.policy_names}}
            if len(cfg.policy_names) > 1 else {}),
         **_emulated_summary(rows),
         "interrupted": interrupted, "error": error, **(extra or {}),
