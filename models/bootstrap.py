@@ -83,8 +83,9 @@ class TinyModelSpec:
 
 
 def default_spec(task: str = DEFAULT_TASK) -> TinyModelSpec:
-    """The default spec with the task's own early-stop accuracy."""
-    return dataclasses.replace(TinyModelSpec(), target_accuracy=get_task(task).target_accuracy)
+    """The default spec with the task's own early-stop accuracy and spec fields."""
+    warm = get_task(task)
+    return dataclasses.replace(TinyModelSpec(), target_accuracy=warm.target_accuracy, **dict(warm.spec))
 
 
 def cache_root() -> Path:

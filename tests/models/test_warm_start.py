@@ -182,3 +182,10 @@ def test_a_report_from_before_the_target_field_is_judged_from_its_own_figures():
     never = {**met, "val_accuracy": 0.6, "sft_steps": 2000}  # ran out of steps: missed, even if held-out is fine
     assert target_of(never)["met"] is False
     assert "validation accuracy 0.600 never reached it in 2000 steps" in target_warning(never)
+
+
+def test_the_code_roles_build_on_one_thread_and_the_others_keep_their_cache_keys():
+    for role in ("code_solver", "selector", "test_generator"):
+        assert default_spec(role).threads == 1 and default_spec(role).target_accuracy == get_task(role).target_accuracy
+    assert default_spec().threads == default_spec("verifier").threads == TinyModelSpec().threads
+    assert default_spec("verifier") == dataclasses.replace(TinyModelSpec(), target_accuracy=0.65)
