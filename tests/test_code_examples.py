@@ -20,7 +20,7 @@ def test_the_code_example_loads_and_passes_config_check(name, capsys):
     cfg = load_config(path)
     partner, workflow = EXAMPLES[name]
     assert cfg.workflow.name == workflow and cfg.data.source == "code"
-    assert cfg.policy_names == ["solver", partner] and cfg.lead_policy == "solver"
+    assert list(cfg.policy_names) == ["solver", partner] and cfg.lead_policy == "solver"
     # each role starts from its own warm start
     assert cfg.view("solver").model.task == "code_solver" and cfg.view(partner).model.task == partner
     assert main(["config", "check", str(path)]) == 0
