@@ -170,8 +170,10 @@ _SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def done_line(summary: dict, lead: str) -> str:
-    """The run's last word on what it learnt: held-out accuracy from -> to; for a team, the
-    team's first (the job's result) and the lead policy's alone beside it; then the
+    """The run's last word on what it learnt: held-out accuracy from -> to. For a team: the
+    team's first (the job's result), the lead policy's alone beside it, then every policy's
+    mean role reward in the held-out team evaluation (what each policy contributes, the
+    lead's included), each from its first to its last measured version; then the
     conservation audit's verdict, when the run audited."""
     fmt = lambda curve: " -> ".join(f"v{v}:{a:.3f}" for v, a in curve.items()) or "not measured"  # noqa: E731
     head = f"done: {summary['steps_trained']} versions in {summary['wall_s']:.0f}s; held-out accuracy"
@@ -179,8 +181,20 @@ def done_line(summary: dict, lead: str) -> str:
     if team is None:
         line = f"{head} {fmt(summary['accuracy_by_version'])}"
     else:
-        line = f"{head} of the team {fmt(team)}; of {lead} alone {fmt(summary['accuracy_by_version'])}"
+        line = (f"{head} of the team {fmt(_ends(team))}; of {lead} alone "
+                f"{fmt(_ends(summary['accuracy_by_version']))}")
+        roles = summary.get("policy_reward_by_version") or {}
+        if roles:
+            line += "; held-out role reward " + ", ".join(f"of {p} {fmt(_ends(curve))}" for p, curve in roles.items())
     return _with_audit(line, summary)
+
+
+def _ends(curve: dict) -> dict:
+    """The first and the last point of a curve keyed by version (as ints or their strings)."""
+    if len(curve) <= 2:
+        return dict(curve)
+    keys = sorted(curve, key=int)
+    return {keys[0]: curve[keys[0]], keys[-1]: curve[keys[-1]]}
 
 
 def _with_audit(line: str, summary: dict) -> str:

@@ -1,9 +1,9 @@
 """``plot.png`` of a run directory: the run's metrics rows drawn as reward and accuracy curves.
 
 One policy: the batch reward (train) and the held-out accuracy by policy version, in one
-panel. Several: a panel per policy (its batch reward by its own versions; the lead's with
-its held-out accuracy alone) and one for the team (the lead's team reward per batch and
-the held-out team accuracy).
+panel. Several: a panel per policy (its batch reward by its own versions and its held-out
+role reward in the team; the lead's with its held-out accuracy alone) and one for the team
+(the lead's team reward per batch and the held-out team accuracy).
 
 It reads the rows :mod:`astraflow.run_outputs` collected (``step``, ``name``, ``value``,
 ``component``, ``label.*``) and the job config for titles; it knows nothing of processes,
@@ -67,9 +67,15 @@ def _plot_policies(path: Path, rows: list[dict], cfg: JobConfig) -> None:
             acc = sorted((r["step"], r["value"]) for r in rows if r["name"] == "eval.accuracy")
             if acc:
                 ax.plot(*zip(*acc), "o-", color="tab:red", label="held-out accuracy (alone)")
+        # its held-out score in the team: mean reward of its role(s), by its own version
+        held = sorted((int(r.get("label.version", r["step"])), r["value"]) for r in rows
+                      if r["name"] == "eval.policy_reward" and r.get("label.policy") == p)
+        if held:
+            ax.plot(*zip(*held), "s--", color="tab:orange", label="held-out role reward (team)")
         ax.set_title(f"policy {p}")
         ax.set_xlabel(f"{p} version")
-        ax.set_ylim(0, 1)
+        # a role's reward may exceed 1 (the test generator's is two indicators summed)
+        ax.set_ylim(0, max([1.0] + [y for line in ax.lines for y in line.get_ydata()]) * 1.02)
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(loc="lower right", fontsize=8)

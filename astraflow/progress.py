@@ -2,7 +2,8 @@
 
 :func:`progress_bar` makes the bar (one for a one-policy job: versions trained, samples/s,
 the last batch reward and the newest held-out accuracy; a :class:`MultiBar` of one per
-policy otherwise, each at its own pace, the lead's with the team reward and accuracy);
+policy otherwise, each at its own pace with its held-out role reward, the lead's with its
+accuracy alone and the team reward and accuracy);
 :func:`update_bar` brings it up to a :class:`~astraflow.run_outputs.RunState`; :func:`say`
 prints a note when the display is on.
 
@@ -49,6 +50,12 @@ class MultiBar:
                 post["reward"] = f"{state.reward_by[p]:.2f}"
             if p == state.lead and state.team:
                 post["team"] = f"{state.team[-1][1]:.2f}"
+            if p == state.lead and state.accuracy:
+                v = max(state.accuracy)
+                post["acc"] = f"{state.accuracy[v]:.3f}@v{v}"
+            if p in state.policy_reward and state.policy_reward[p]:  # its held-out reward in the team
+                v = max(state.policy_reward[p])
+                post["eval"] = f"{state.policy_reward[p][v]:.3f}@v{v}"
             if p == state.lead and state.team_accuracy:
                 v = max(state.team_accuracy)
                 post["team_acc"] = f"{state.team_accuracy[v]:.3f}@v{v}"

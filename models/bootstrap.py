@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # the cache lookup (every launcher and node) needs no torch; 
     import torch
 
 __all__ = ["TinyModelSpec", "default_spec", "ensure_tiny_model", "resolve_model_path", "build_tiny_model", "cache_root",
-           "add_legacy_config_keys", "main"]
+           "add_legacy_config_keys", "target_of", "target_warning", "main"]
 
 FORMAT_VERSION = 2  # bump when the build procedure changes, so old caches are not reused
 MARKER = "bootstrap.json"
@@ -83,8 +83,9 @@ class TinyModelSpec:
 
 
 def default_spec(task: str = DEFAULT_TASK) -> TinyModelSpec:
-    """The default spec with the task's own early-stop accuracy."""
-    return dataclasses.replace(TinyModelSpec(), target_accuracy=get_task(task).target_accuracy)
+    """The default spec with the task's own early-stop accuracy and spec fields."""
+    warm = get_task(task)
+    return dataclasses.replace(TinyModelSpec(), target_accuracy=warm.target_accuracy, **dict(warm.spec))
 
 
 def cache_root() -> Path:
@@ -229,12 +230,46 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec | N
             "build_seconds": round(time.perf_counter() - started, 1),
             "format_version": FORMAT_VERSION,
         }
+        report["target"] = target_of(report)
         (out / MARKER).write_text(json.dumps(report, indent=2))
         log(f"bootstrap done ({task}): {n_params} params, {step} steps, held-out greedy {greedy:.3f}, "
             f"t=0.6 {sampled:.3f}, {report['build_seconds']} s -> {out}")
+        if warning := target_warning(report):
+            log(warning)
         return report
     finally:
         torch.set_num_threads(prev_threads)
+
+
+def target_of(report: dict) -> dict:
+    """Whether a build met its warm-start target: the validation accuracy reached it (the
+    early stop fired before ``max_steps``) *and* the held-out greedy accuracy is at least it.
+
+    Returns ``{"accuracy", "reached_on_validation", "heldout_greedy", "met", "missed_by"}``
+    (``missed_by``: how far the held-out greedy accuracy is below the target, 0 when not).
+    Works on reports written before the field existed (it reads ``val_accuracy`` and the spec).
+    """
+    want = float(report["spec"]["target_accuracy"])
+    val, greedy = float(report["val_accuracy"]), float(report["heldout_accuracy_greedy"])
+    reached = val >= want
+    return {"accuracy": want, "reached_on_validation": reached, "heldout_greedy": greedy,
+            "met": reached and greedy >= want, "missed_by": round(max(0.0, want - greedy), 4)}
+
+
+def target_warning(report: dict) -> str | None:
+    """One ``WARNING:`` line when the build missed its warm-start target, else None."""
+    t = report.get("target") or target_of(report)
+    if t["met"]:
+        return None
+    why = []
+    if not t["reached_on_validation"]:
+        why.append(f"validation accuracy {report['val_accuracy']:.3f} never reached it in "
+                   f"{report['sft_steps']} steps (max_steps {report['spec']['max_steps']})")
+    if t["heldout_greedy"] < t["accuracy"]:
+        why.append(f"held-out greedy accuracy is {t['heldout_greedy']:.3f}")
+    return (f"WARNING: warm start of task {report.get('task', DEFAULT_TASK)!r} missed its target accuracy "
+            f"{t['accuracy']:.2f}: {'; '.join(why)}. RL starts from a weaker policy than intended "
+            f"(raise --max-steps or lower --target-accuracy)")
 
 
 def add_legacy_config_keys(model_dir: str | Path) -> None:
@@ -368,6 +403,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"parameters: {report['parameters']}  sft steps: {report['sft_steps']}  "
           f"held-out exact match: greedy {report['heldout_accuracy_greedy']:.3f}, "
           f"t=0.6 {report['heldout_accuracy_t0.6_k4']:.3f}")
+    target = report.get("target") or target_of(report)
+    if warning := target_warning(report):
+        print(warning)
+    else:
+        print(f"target accuracy {target['accuracy']:.2f}: met")
     return 0
 
 

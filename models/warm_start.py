@@ -69,6 +69,8 @@ class WarmStartTask:
             own (the model is still measured on this task alone).
         revision: bump when the task's examples change, so cached models are rebuilt
             (part of the cache key of every task but the default one).
+        spec: ``(field, value)`` pairs of the bootstrap's ``TinyModelSpec`` this task
+            builds with by default (hashed into its cache key like any spec field).
     """
 
     name: str
@@ -79,6 +81,7 @@ class WarmStartTask:
     max_new_tokens: int | None = 8
     mix: tuple[str, ...] = ()
     revision: int = 1
+    spec: tuple[tuple[str, object], ...] = ()
 
     def examples(self, n: int, seed: int, split: str = "train", *, max_digits: int = 2, ops: str = "+") -> list[Example]:
         """``n`` ``(prompt, target)`` pairs of ``split`` (``train`` or ``heldout``), drawn
@@ -155,6 +158,8 @@ def _code_role(role: str) -> Callable[[int, int, str, int, str], list[Example]]:
     return make
 
 
+_ONE_THREAD = (("threads", 1),)
+
 TASKS: dict[str, WarmStartTask] = {t.name: t for t in (
     WarmStartTask("arithmetic", "solve a+b= (the demo's solver)", _arithmetic, 0.25,
                   score=arithmetic_reward, max_new_tokens=8),
@@ -162,13 +167,15 @@ TASKS: dict[str, WarmStartTask] = {t.name: t for t in (
     # steps; with the sums it judges learnt alongside it passed 0.65 at step 1650 (seed 0).
     WarmStartTask("verifier", "judge a+b=c| as <A> (right) or <R> (wrong); half are near misses", _verifier, 0.65,
                   mix=("arithmetic",)),
+    # The code roles build on one thread: on a shared 2-core box two intra-op threads wait
+    # on each other behind other processes (a selector build made 25 steps in 17 minutes).
     WarmStartTask("code_solver", "write an expression for f from examples (code workflows)",
-                  _code_role("code_solver"), 0.2, max_new_tokens=None),
+                  _code_role("code_solver"), 0.2, max_new_tokens=None, spec=_ONE_THREAD),
     # A chance-level selector picks right half the time: its bar sits just above that.
     WarmStartTask("selector", "pick the passing one of two attempts (code workflows)",
-                  _code_role("selector"), 0.6, max_new_tokens=None),
+                  _code_role("selector"), 0.6, max_new_tokens=None, spec=_ONE_THREAD),
     WarmStartTask("test_generator", "write test cases for f (code workflows)",
-                  _code_role("test_generator"), 0.2, max_new_tokens=None),
+                  _code_role("test_generator"), 0.2, max_new_tokens=None, spec=_ONE_THREAD),
 )}
 
 

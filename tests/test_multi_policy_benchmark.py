@@ -250,6 +250,26 @@ def test_a_team_runs_last_line_gives_the_teams_accuracy_first_and_the_lead_alone
     assert "of the team not measured" in done_line({**team, "team_accuracy_by_version": {}}, "solver")
 
 
+def test_a_team_runs_last_line_gives_every_policys_and_the_teams_accuracy_from_first_to_last():
+    from astraflow.cli import done_line
+    # Three evaluations each: the line gives the first and the last (from -> to), not the curve.
+    summary = {"steps_trained": 40, "wall_s": 191.2,
+               "accuracy_by_version": {"0": 0.155, "20": 0.2, "40": 0.235},
+               "team_accuracy_by_version": {"0": 0.145, "20": 0.05, "40": 0.02},
+               "policy_reward_by_version": {"solver": {"0": 0.15, "20": 0.19, "40": 0.23},
+                                            "verifier": {"0": 0.5, "18": 0.7, "37": 0.8}}}
+    line = done_line(summary, "solver")
+    assert line == ("done: 40 versions in 191s; held-out accuracy of the team v0:0.145 -> v40:0.020; "
+                    "of solver alone v0:0.155 -> v40:0.235; held-out role reward of solver v0:0.150 -> v40:0.230, "
+                    "of verifier v0:0.500 -> v37:0.800")
+    # Versions order numerically, not as strings (v9 before v10).
+    line = done_line({**summary, "team_accuracy_by_version": {"0": 0.1, "10": 0.3, "9": 0.2}}, "solver")
+    assert "of the team v0:0.100 -> v10:0.300;" in line
+    # A verifier that was never measured is said to be, not left out.
+    line = done_line({**summary, "policy_reward_by_version": {"solver": {"0": 0.1}, "verifier": {}}}, "solver")
+    assert line.endswith("of solver v0:0.100, of verifier not measured")
+
+
 def test_the_remote_call_cost_comes_from_the_runs_own_spans(tmp_path):
     import json
 

@@ -139,3 +139,53 @@ def test_code_tasks_without_code_workflows_fail_when_built(monkeypatch):
     for name in ("code_solver", "selector", "test_generator"):
         with pytest.raises(WarmStartError, match=r"code_workflows\.warm_start_examples"):
             get_task(name).examples(4, seed=0)
+
+
+def test_a_warm_start_that_misses_its_target_says_so_in_its_log_its_metadata_and_model_init(tmp_path, capsys):
+    from astraflow.models.bootstrap import build_tiny_model, target_of, target_warning
+    # 30 steps cannot reach 0.99: the early stop never fires and the held-out accuracy is below it.
+    spec = dataclasses.replace(TinyModelSpec(), **SMALL, target_accuracy=0.99)
+    lines: list[str] = []
+    report = build_tiny_model(tmp_path / "miss", seed=1, spec=spec, log=lines.append)
+    saved = json.loads((tmp_path / "miss" / MARKER).read_text())
+    assert saved["target"] == report["target"] == target_of(saved)
+    assert saved["target"]["met"] is False and saved["target"]["accuracy"] == 0.99
+    assert saved["target"]["reached_on_validation"] is False
+    assert saved["target"]["missed_by"] == pytest.approx(0.99 - saved["heldout_accuracy_greedy"], abs=1e-4)
+    warning = [line for line in lines if line.startswith("WARNING:")]
+    assert len(warning) == 1 and "missed its target accuracy 0.99" in warning[0]
+    assert "never reached it in 30 steps" in warning[0] and "held-out greedy accuracy is" in warning[0]
+    assert warning[0] == target_warning(saved)
+
+    # `astraflow model init` on that cached build prints the warning too (the cache entry
+    # of the spec the CLI asks for: the default task with --max-steps and --target-accuracy).
+    cli_spec = dataclasses.replace(default_spec(), max_steps=30, target_accuracy=0.99)
+    shutil.copytree(tmp_path / "miss", tmp_path / "cache" / cli_spec.key(1))
+    capsys.readouterr()
+    assert main(["init", "--cache-dir", str(tmp_path / "cache"), "--seed", "1", "--max-steps", "30",
+                 "--target-accuracy", "0.99"]) == 0
+    out = capsys.readouterr().out
+    assert warning[0] in out.splitlines()
+
+
+def test_a_report_from_before_the_target_field_is_judged_from_its_own_figures():
+    from astraflow.models.bootstrap import target_of, target_warning
+    # The verifier build of issue 28: stopped at 0.655 on validation, 0.565 held out, target 0.65.
+    old = {"task": "verifier", "spec": {"target_accuracy": 0.65, "max_steps": 2000}, "sft_steps": 1650,
+           "val_accuracy": 0.655, "heldout_accuracy_greedy": 0.565}
+    t = target_of(old)
+    assert t["reached_on_validation"] is True and t["met"] is False and t["missed_by"] == pytest.approx(0.085)
+    assert "held-out greedy accuracy is 0.565" in target_warning(old)
+    assert "never reached" not in target_warning(old)
+    met = {**old, "heldout_accuracy_greedy": 0.66}
+    assert target_of(met)["met"] is True and target_of(met)["missed_by"] == 0 and target_warning(met) is None
+    never = {**met, "val_accuracy": 0.6, "sft_steps": 2000}  # ran out of steps: missed, even if held-out is fine
+    assert target_of(never)["met"] is False
+    assert "validation accuracy 0.600 never reached it in 2000 steps" in target_warning(never)
+
+
+def test_the_code_roles_build_on_one_thread_and_the_others_keep_their_cache_keys():
+    for role in ("code_solver", "selector", "test_generator"):
+        assert default_spec(role).threads == 1 and default_spec(role).target_accuracy == get_task(role).target_accuracy
+    assert default_spec().threads == default_spec("verifier").threads == TinyModelSpec().threads
+    assert default_spec("verifier") == dataclasses.replace(TinyModelSpec(), target_accuracy=0.65)
