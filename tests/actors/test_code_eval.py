@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.actors.evaluator import heldout_accuracy, heldout_problems, team_accuracy, team_evaluation
+from astraflow.actors.evaluator import heldout_accuracy, team_accuracy, team_evaluation
+from astraflow.actors.heldout import heldout_problems
 from astraflow.config import load_config
 from astraflow.topics import Metric
 from astraflow.workflows.arithmetic import split_of
@@ -24,11 +25,11 @@ def test_a_code_jobs_heldout_set_is_held_out_code_with_its_tests_and_reference()
     problems = heldout_problems(cfg)
     assert len(problems) == 20 and problems == heldout_problems(cfg)  # fixed for every version and replay
     for p in problems:
-        assert split_of(p.prompt) == "heldout" and p.prompt.endswith(";f=")
+        assert split_of(p.text) == "heldout" and p.text.endswith(";f=")
         assert p.metadata["tests"] and p.metadata["reference"]
     # The arithmetic jobs keep their held-out arithmetic.
     arith = load_config(ROOT / "examples" / "solver_verifier.yaml", {"eval.problems": 5})
-    assert all("=" in p.prompt and not hasattr(p, "metadata") for p in heldout_problems(arith))
+    assert all("=" in p.text and not p.metadata for p in heldout_problems(arith))
 
 
 # Sandbox runs per episode: minutes on a loaded box. The test generator's case (which raised
