@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from astraflow.config import TrackingConfig
     from astraflow.topics import Metric
 
-__all__ = ["MetricSink", "MlflowSink", "Sinks", "TensorBoardSink", "TrackError", "TrackResult", "open_sinks",
-           "tag", "track"]
+__all__ = ["MetricSink", "MlflowSink", "Sinks", "TensorBoardSink", "TrackError", "TrackResult", "job_policies_at",
+           "open_sinks", "tag", "track", "track_command"]
 
 log = logging.getLogger(__name__)
 
@@ -212,28 +212,39 @@ class _Passed:
         self.say(f"track: passed over {topic}[{partition}]@{offset}: {error}")
 
 
-def track(bootstrap: str, job: str, sinks: Sinks, *, from_now: bool = False, until_idle: float | None = None,
-          settle_s: float = 60.0, stop: Callable[[], bool] = lambda: False,
-          say: Callable[[str], None] = print) -> TrackResult:
-    """Feed ``sinks`` from job ``job``'s ``metrics`` topic (from its beginning, or ``from_now``)
-    until the job is done (every policy's trainer reported ``trainer.done``, and the final
-    evaluation arrived or ``settle_s`` passed without it), ``until_idle`` seconds went by without
-    a record, or ``stop()`` says so (a signal)."""
-    from kafka import KafkaAdminClient, TopicPartition
+def job_policies_at(bootstrap: str, job: str) -> tuple[str, ...]:
+    """The policies of ``job`` on the cluster (its ``tasks.<policy>`` topics); :class:`TrackError`
+    when the job has no ``metrics`` topic there."""
+    from kafka import KafkaAdminClient
 
     from astraflow.status import job_policies
-    from astraflow.topics import Consumer, JobTopics, Metric
-
-    topics = JobTopics(job=job)
+    from astraflow.topics import JobTopics
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="astraflow-track")
     try:
         names = set(admin.list_topics())
     finally:
         admin.close()
-    if topics.metrics not in names:
-        raise TrackError(f"no job {job!r} at {bootstrap}: it has no {topics.metrics} topic (start track once the "
-                         "job's topics exist)")
-    policies = job_policies(names, job)
+    if JobTopics(job=job).metrics not in names:
+        raise TrackError(f"no job {job!r} at {bootstrap}: it has no {JobTopics(job=job).metrics} topic (start "
+                         "track once the job's topics exist)")
+    return job_policies(names, job)
+
+
+def track(bootstrap: str, job: str, sinks: Sinks, *, policies: tuple[str, ...] | None = None,
+          from_now: bool = False, until_idle: float | None = None, settle_s: float = 60.0,
+          stop: Callable[[], bool] = lambda: False, say: Callable[[str], None] = print) -> TrackResult:
+    """Feed ``sinks`` from job ``job``'s ``metrics`` topic (from its beginning, or ``from_now``)
+    until the job is done (the trainer of every policy in ``policies``, by default the job's
+    on the cluster, reported ``trainer.done``, and the final evaluation arrived or ``settle_s``
+    passed without it), ``until_idle`` seconds went by without a record, or ``stop()`` says so
+    (a signal)."""
+    from kafka import TopicPartition
+
+    from astraflow.topics import Consumer, JobTopics, Metric
+
+    topics = JobTopics(job=job)
+    if policies is None:
+        policies = job_policies_at(bootstrap, job)
     passed = _Passed(say)
     tp = TopicPartition(topics.metrics, 0)
     result = TrackResult()
@@ -305,6 +316,7 @@ def track_command(args) -> int:
         if bootstrap is None:  # the run dir's own Kafka log, read by a broker of our own
             from astraflow.offline import OfflineBroker
             bootstrap = stack.enter_context(OfflineBroker(out))
+        policies = job_policies_at(bootstrap, job)  # before anything is written
         out.mkdir(parents=True, exist_ok=True)
         sinks = stack.enter_context(open_sinks(tracking, out, job, source="astraflow track"))
         print(f"tracking job {job} from {args.bootstrap_servers or out} into:", flush=True)
@@ -313,7 +325,7 @@ def track_command(args) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             previous = signal.signal(sig, lambda *_: stop.update(now=True))
             stack.callback(signal.signal, sig, previous)
-        result = track(bootstrap, job, sinks, from_now=args.from_now, until_idle=args.until_idle,
+        result = track(bootstrap, job, sinks, policies=policies, from_now=args.from_now, until_idle=args.until_idle,
                        settle_s=args.settle, stop=lambda: stop["now"])
     done = ", ".join(f"{p} at version {v}" for p, v in sorted(result.done.items()))
     print(f"track: {result.written} metrics written ({result.reason}"
