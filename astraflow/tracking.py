@@ -98,7 +98,9 @@ class MlflowSink:
                  flush_every: int = 500, flush_s: float = 5.0) -> None:
         if _is_local(uri):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow.entities import Metric as MlflowMetric
         from mlflow.tracking import MlflowClient
+        self._metric = MlflowMetric
         self.uri, self.flush_every, self.flush_s = uri, flush_every, flush_s
         self.client = MlflowClient(tracking_uri=uri)
         found = self.client.get_experiment_by_name(experiment)
@@ -111,9 +113,8 @@ class MlflowSink:
         self._last_flush = time.monotonic()
 
     def write(self, metric: Metric) -> None:
-        from mlflow.entities import Metric as MlflowMetric
         ts = metric.ts or time.time()
-        self._pending.append(MlflowMetric(_MLFLOW_KEY.sub("_", tag(metric)), metric.value, int(ts * 1000),
+        self._pending.append(self._metric(_MLFLOW_KEY.sub("_", tag(metric)), metric.value, int(ts * 1000),
                                           metric.step))
         if len(self._pending) >= self.flush_every or time.monotonic() - self._last_flush >= self.flush_s:
             self.flush()
