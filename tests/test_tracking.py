@@ -174,3 +174,42 @@ def test_track_names_a_job_the_cluster_does_not_have(bootstrap, tmp_path, capsys
                  str(tmp_path / "t"), "--tensorboard"]) != 0
     assert "no job 'no-such-job-x1'" in capsys.readouterr().err
     assert not (tmp_path / "t").exists()  # refused before anything was written
+
+
+def test_sigterm_stops_track_with_everything_it_read_written(bootstrap, job_topics, tmp_path, monkeypatch):
+    """A job still running (no trainer done): ``track`` follows it until SIGTERM, then closes its
+    sinks: the count it reports is what TensorBoard's and MLflow's readers find."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    with Producer(bootstrap, client_id="test-track") as p:
+        for m in METRICS:
+            p.send(job_topics.metrics, m, key=m.component)
+        p.flush()
+    run = tmp_path / "live"
+    proc = subprocess.Popen([sys.executable, "-m", "astraflow", "track", "--job", job_topics.job,
+                             "--bootstrap-servers", bootstrap, "--run-dir", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        lines = [proc.stdout.readline() for _ in range(3)]  # "tracking job ... into:" and a line per sink
+        assert lines[0].startswith(f"tracking job {job_topics.job}"), lines
+        time.sleep(3)  # it reads what the topic holds, then waits for more
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    written = int(re.search(r"track: (\d+) metrics written \(stopped\)", out).group(1))
+    assert sum(len(v) for v in _tensorboard(run / "tensorboard").values()) == written
+    from mlflow.tracking import MlflowClient
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the reader opts in to the file store as the sink did
+    uri = (run / "mlruns").resolve().as_uri()
+    client = MlflowClient(uri)
+    (mlrun,) = client.search_runs([client.get_experiment_by_name(job_topics.job).experiment_id])
+    assert mlrun.info.status == "FINISHED"
+    assert sum(len(_mlflow(uri, mlrun.info.run_id, t)) for t in _by_tag(METRICS)) == written
