@@ -397,6 +397,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_track(args: argparse.Namespace) -> int:
+    from astraflow.tracking import track_command
+    return track_command(args)
+
+
 def _cmd_runs(args: argparse.Namespace) -> int:
     from astraflow.runs import main as runs_main
     return runs_main(args)
@@ -541,6 +546,26 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--policy", action="append", type=_name, help="policy to export (repeatable; default: all)")
     ex.add_argument("--tokenizer", help="HF tokenizer dir to decode token ids where the record holds no text")
     ex.set_defaults(func=_cmd_export)
+    tk = sub.add_parser("track", help="a job's metrics into TensorBoard event files and an MLflow run, read from "
+                                      "its metrics topic (for jobs no launcher follows: node --topology)")
+    tk.add_argument("--job", type=_name, help="the job (default: --config's)")
+    tk.add_argument("--bootstrap-servers", help="the job's Kafka cluster (default: the Kafka log of --run-dir, "
+                                                "a finished run's directory)")
+    tk.add_argument("--run-dir", metavar="RUN", help="where tensorboard/ and mlruns/ go (default: <run_dir>/<job>, "
+                                                     "as astraflow node's)")
+    tk.add_argument("--config", help="the job's config: its tracking section and run_dir")
+    tk.add_argument("--tensorboard", action="store_true", help="TensorBoard event files (RUN/tensorboard)")
+    tk.add_argument("--mlflow", nargs="?", const=True, metavar="URI", help="an MLflow run: a local file store "
+                                                                           "RUN/mlruns, or at the tracking URI")
+    tk.add_argument("--experiment", help="the MLflow experiment (default: the job name)")
+    tk.add_argument("--run-name", help="the MLflow run's name (default: RUN's name)")
+    tk.add_argument("--from-now", action="store_true", help="only metrics written from now on (default: the "
+                                                            "topic from its beginning)")
+    tk.add_argument("--until-idle", type=float, metavar="S", help="also stop after S seconds without a metric")
+    tk.add_argument("--settle", type=float, default=60.0, metavar="S",
+                    help="once every trainer is done, wait at most S seconds for the final evaluation (default 60)")
+    tk.set_defaults(func=_cmd_track)
+
     ru = sub.add_parser("runs", help="finished run directories: prune (bound the disk they take)")
     ru.add_argument("action", choices=["prune"])
     ru.add_argument("--root", default="runs", help="the directory holding the run dirs (the config's run_dir; "

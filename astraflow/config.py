@@ -290,6 +290,34 @@ class TracingConfig:
 
 
 @dataclass(frozen=True)
+class TrackingConfig:
+    """Where the job's metrics go besides the run dir's ``metrics.jsonl`` (astraflow/tracking.py,
+    docs/tracking.md). Off by default: ``metrics.jsonl`` already records every metric, and
+    ``astraflow track`` writes the same files from the ``metrics`` topic after the fact."""
+
+    tensorboard: bool = _f(False, "write TensorBoard event files of every metric to <run dir>/tensorboard "
+                                  "(`tensorboard --logdir` on it)")
+    mlflow: bool | str = _f(False, "log every metric to an MLflow run: true: a local file store, <run dir>/mlruns; "
+                                   "a string: the tracking URI (a path or file:/path, sqlite:///path.db with the "
+                                   "full mlflow package, http://host:5000 for a server)")
+    experiment: str | None = _f(None, "the MLflow experiment the run goes to (created if missing; default: the job "
+                                      "name)")
+    run_name: str | None = _f(None, "the MLflow run's name (default: the run dir's name)")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.mlflow, str) and not self.mlflow.strip():
+            raise ValueError("tracking.mlflow must be true, false or a tracking URI, got an empty string")
+        for key in ("experiment", "run_name"):
+            value = getattr(self, key)
+            if value is not None and not value.strip():
+                raise ValueError(f"tracking.{key} must be a non-empty name or null, got {value!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tensorboard or self.mlflow)
+
+
+@dataclass(frozen=True)
 class SandboxConfig:
     allow_unisolated: bool = _f(False, "where the kernel gives no user/mount/network namespaces, run model-written "
                                        "code anyway, with rlimits, an audit hook and (as root) uid 65534 only: no "
@@ -352,6 +380,7 @@ class JobConfig:
     trainer: TrainerConfig = _f(TrainerConfig(), "trainer")
     eval: EvalConfig = _f(EvalConfig(), "evaluation")
     tracing: TracingConfig = _f(TracingConfig(), "tracing")
+    tracking: TrackingConfig = _f(TrackingConfig(), "the metrics in TensorBoard and MLflow too (docs/tracking.md)")
     sandbox: SandboxConfig = _f(SandboxConfig(), "the sandbox model-written code runs in (workflows/sandbox.py)")
     audit: AuditConfig = _f(AuditConfig(), "the conservation audit of the job's topics (at the end, and every N "
                                            "versions)")

@@ -10,7 +10,8 @@ topic for the progress display (:mod:`astraflow.progress`) and the run's record
 work is redelivered by Kafka; :func:`astraflow.topology.processes.supervise`), and when
 training and the final evaluation are done stops everything and writes the run directory:
 ``summary.json``, ``metrics.jsonl``, ``metrics.csv``, ``plot.png``, ``logs/`` and
-``traces/``. A component that exits with :data:`~astraflow.errors.EXIT_FATAL` (bad data,
+``traces/`` (and, as the job config's ``tracking`` asks, TensorBoard event files and an
+MLflow run: :mod:`astraflow.tracking`). A component that exits with :data:`~astraflow.errors.EXIT_FATAL` (bad data,
 bad config, missing model, episodes that keep failing deterministically) is not restarted:
 the job stops at once and :class:`~astraflow.topology.processes.RunFailed` carries the
 cause, the last line the component wrote; a component elsewhere that says so on ``control``
@@ -50,6 +51,7 @@ from astraflow.job_audit import PeriodicAudit, audit_summary, final_audit
 from astraflow.progress import progress_bar, say, update_bar
 from astraflow.run_outputs import RunState, record, write_outputs
 from astraflow.topology.processes import Proc, RunFailed, node_command, stop_processes, supervise
+from astraflow.tracking import open_sinks
 
 
 def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str] | None = None,
@@ -110,6 +112,9 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
             feed.raw.seek_to_beginning(TopicPartition(topics.metrics, 0))
             control = TopicPartition(topics.control, 0)
             feed.raw.seek(control, feed.raw.end_offsets([control])[control])
+        tracked = stack.enter_context(open_sinks(cfg.tracking, run_dir, cfg.job))  # TensorBoard / MLflow, if asked
+        for line in tracked.where():
+            say(progress, line)
         if extension is not None:
             procs = extension.processes(bootstrap, run_dir)
         else:
@@ -138,6 +143,7 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
             failed = None
             for d in feed.poll(500):
                 record(state, d.message)
+                tracked.write(d.message)
                 failed = failed or _failure_reported(d.message, procs)
             update_bar(bar, state, started)
             error = broker_failure(broker) or failed \
@@ -155,6 +161,7 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
                 break
         for d in feed.poll(200):
             record(state, d.message)
+            tracked.write(d.message)
         if bar is not None:
             update_bar(bar, state, started)
             bar.close()

@@ -50,6 +50,7 @@ def finished_run(bootstrap, tmp_path_factory):
     data["trainer"]["snapshot_every"] = 4  # scheduled snapshots at 0 and 4 only
     data["trainer"]["publish_dtype"] = "bfloat16"  # as GPU engines hold weights: sparse deltas
     data["audit"] = {"every_versions": 2}  # the running job audits itself too: no false alarm mid-run
+    data["tracking"] = {"tensorboard": True, "mlflow": True}  # the launcher feeds both sinks
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(data))
     cfg = load_config(path)
@@ -183,6 +184,35 @@ def test_run_directory_has_summary_metrics_and_plot(finished_run):
     assert json.loads((run_dir / "summary.json").read_text())["job"] == cfg.job
     assert set(summary["accuracy_by_version"]) >= {0, cfg.trainer.steps}
     assert 0 < summary["time_to_first_step_s"] < summary["wall_s"]
+
+
+def test_the_run_tracked_every_metric_in_tensorboard_and_mlflow(finished_run):
+    """tracking.tensorboard / tracking.mlflow: every row of metrics.jsonl, as TensorBoard's and
+    MLflow's own readers read the run dir's tensorboard/ and mlruns/."""
+    import numpy as np
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg, _, _, run_dir = finished_run
+    same = lambda v: "nan" if v != v else v  # noqa: E731 - NaN equals itself here
+
+    def order(points):  # by step and time (a NaN does not order)
+        return sorted(points, key=lambda p: (p[0], p[2], repr(p[1])))
+    want: dict[str, list] = {}
+    for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()):
+        tag = f"{r['component']}/{r['name']}" + (f"/{r['label.policy']}" if r.get("label.policy") else "")
+        want.setdefault(tag, []).append((r["step"], r["value"], r["ts"]))
+    assert "trainer.policy/trainer.reward" in want
+    tb = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    tb.Reload()
+    assert {t: order((e.step, same(e.value), e.wall_time) for e in tb.Scalars(t)) for t in tb.Tags()["scalars"]} \
+        == {t: order((s, same(float(np.float32(v))), ts) for s, v, ts in rows) for t, rows in want.items()}
+    client = MlflowClient((run_dir / "mlruns").resolve().as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name(cfg.job).experiment_id])
+    assert (run.info.status, run.info.run_name) == ("FINISHED", run_dir.name)
+    for t, rows in want.items():
+        assert order((m.step, same(m.value), m.timestamp) for m in client.get_metric_history(run.info.run_id, t)) \
+            == order((s, same(v), int(ts * 1000)) for s, v, ts in rows), t
 
 
 def test_bad_records_went_to_the_dlq_and_the_run_continued(finished_run, bootstrap):
