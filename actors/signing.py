@@ -148,27 +148,23 @@ def trainer_keys(cfg: JobConfig) -> tuple[AnnouncementSigner | None, Announcemen
     return signer, verifier
 
 
-class VersionGate:
-    """The dataflow's check of what it reads on ``versions``: a record counts only when its
-    policy's trainer signed it; any other is dead-lettered (once per record and process: the
-    compacted topic is read again after every rebalance) and counted in
-    ``dataflow.versions_rejected``, and the dataflow keeps the lineage it follows."""
+class _SignedGate:
+    """What both gates share: check a delivered record's signature, and refuse a record that
+    fails it once per record and process (a topic read again after a rebalance is not
+    refused twice): dead-lettered with its coordinates and reason, counted in ``rejected`` and
+    in the gate's metric, logged."""
 
-    def __init__(self, cfg: JobConfig, dead_letters, metrics) -> None:
-        self.verifiers = {p: verifier_for(cfg.view(p)) for p in cfg.policy_names}
+    metric = ""  #: the dataflow metric a refusal counts in
+    what = "record"  #: what the log line calls the record
+
+    def __init__(self, dead_letters, metrics) -> None:
         self.dead_letters, self.metrics = dead_letters, metrics
         self.rejected: dict[str, int] = {}  #: by reason
         self._judged: dict[tuple[str, int], int] = {}  # (topic, partition) -> newest offset checked
 
-    def admits(self, d) -> bool:
-        """Whether the delivered announcement ``d`` may move its policy's version; False for
-        another job's policy too (nothing follows it)."""
+    def _admits(self, d, verifier: AnnouncementVerifier, about: str, **labels) -> bool:
         from astraflow.topics.codec import encode
         from astraflow.weights.signing import SignatureError
-        policy = d.message.policy
-        verifier = self.verifiers.get(policy) if isinstance(policy, str) else None
-        if verifier is None:
-            return False
         tp = (d.topic, d.partition)
         seen = d.offset <= self._judged.get(tp, -1)  # read before this rebalance: handled then
         self._judged[tp] = max(d.offset, self._judged.get(tp, -1))
@@ -179,19 +175,41 @@ class VersionGate:
             if seen:
                 return False
             self.rejected[e.reason] = self.rejected.get(e.reason, 0) + 1
-            log.warning("dataflow: refusing the announcement at %s[%d]@%d of policy %s: %s", d.topic, d.partition,
-                        d.offset, policy, e)
+            log.warning("dataflow: refusing the %s at %s[%d]@%d (%s): %s", self.what, d.topic, d.partition, d.offset,
+                        about, e)
             try:
                 value = encode(d.message)[0]
             except (TypeError, ValueError):
                 value = b""
             self.dead_letters.put(d.topic, d.partition, d.offset, d.key.encode() if d.key is not None else None,
                                   value, d.headers, e)
-            self.metrics.emit("dataflow.versions_rejected", 1, policy=policy, reason=e.reason)
+            self.metrics.emit(self.metric, 1, reason=e.reason, **labels)
             return False
 
 
-class GroupGate:
+class VersionGate(_SignedGate):
+    """The dataflow's check of what it reads on ``versions``: a record counts only when its
+    policy's trainer signed it; any other is dead-lettered (once per record and process: the
+    compacted topic is read again after every rebalance) and counted in
+    ``dataflow.versions_rejected``, and the dataflow keeps the lineage it follows."""
+
+    metric, what = "dataflow.versions_rejected", "announcement"
+
+    def __init__(self, cfg: JobConfig, dead_letters, metrics) -> None:
+        super().__init__(dead_letters, metrics)
+        self.verifiers = {p: verifier_for(cfg.view(p)) for p in cfg.policy_names}
+
+    def admits(self, d) -> bool:
+        """Whether the delivered announcement ``d`` may move its policy's version; False for
+        another job's policy too (nothing follows it)."""
+        policy = d.message.policy
+        verifier = self.verifiers.get(policy) if isinstance(policy, str) else None
+        if verifier is None:
+            return False
+        return self._admits(d, verifier, f"policy {policy}", policy=policy)
+
+
+class GroupGate(_SignedGate):
     """The dataflow's check of the trajectory groups it reads: a group counts only when the
     RaaS pool that runs the job's episodes (the lead policy's) signed it. Anyone else who can
     write to ``trajectories`` (a forger who read a task id on ``tasks.<p>``) is dead-lettered
@@ -199,35 +217,15 @@ class GroupGate:
     group settles nothing, so the task's real group, from the node it went to, is the one
     that counts."""
 
+    metric, what = "dataflow.groups_rejected", "trajectory group"
+
     def __init__(self, cfg: JobConfig, dead_letters, metrics) -> None:
+        super().__init__(dead_letters, metrics)
         self.verifier = group_verifier_for(cfg.view(cfg.lead_policy))
-        self.dead_letters, self.metrics = dead_letters, metrics
-        self.rejected: dict[str, int] = {}  #: by reason
-        self._judged: dict[tuple[str, int], int] = {}
 
     def admits(self, d) -> bool:
-        from astraflow.topics.codec import encode
-        from astraflow.weights.signing import SignatureError
         if not self.verifier.checks:
             return True
-        tp = (d.topic, d.partition)
-        seen = d.offset <= self._judged.get(tp, -1)
-        self._judged[tp] = max(d.offset, self._judged.get(tp, -1))
-        try:
-            self.verifier.check_message(d.topic, d.message, d.headers)
-            return True
-        except SignatureError as e:
-            if seen:
-                return False
-            self.rejected[e.reason] = self.rejected.get(e.reason, 0) + 1
-            log.warning("dataflow: refusing the trajectory group at %s[%d]@%d (task %s, from %r): %s", d.topic,
-                        d.partition, d.offset, getattr(d.message, "task_id", "?"), getattr(d.message, "node_id", "?"), e)
-            try:
-                value = encode(d.message)[0]
-            except (TypeError, ValueError):
-                value = b""
-            self.dead_letters.put(d.topic, d.partition, d.offset, d.key.encode() if d.key is not None else None,
-                                  value, d.headers, e)
-            self.metrics.emit("dataflow.groups_rejected", 1, reason=e.reason,
-                              policy=getattr(d.message, "policy", ""))
-            return False
+        g = d.message
+        return self._admits(d, self.verifier, f"task {getattr(g, 'task_id', '?')}, from {getattr(g, 'node_id', '?')!r}",
+                            policy=getattr(g, "policy", ""))
