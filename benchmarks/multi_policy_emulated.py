@@ -325,9 +325,10 @@ def notes(agg: dict, split: dict, args) -> list[str]:
                   + " generate calls per iteration against (c)'s "
                   + ", ".join(f"{k} {v['median']:.1f}" for k, v in
                               agg["arms"]["colocated"].get("generate_calls_per_iteration", {}).items())
-                  + ": a RaaS node runs one engine call at a time, each as long as its longest row, so calls "
-                    "fragmented by the episodes' arrival (answers, remote verdicts, retries) cost the device "
-                    "what a continuously batching server (SGLang) would overlap" if calls_a else "") + ".")
+                  + ": an emulated device batches the calls in flight (emulation/batching.py), but calls that "
+                    "arrive fragmented by the episodes (answers, remote verdicts, retries) after a batch has "
+                    "started decoding pay steps of their own, and a pool of fewer devices holds more rows each"
+                  if calls_a else "") + ".")
     out.append(f"Bounds: (c) cannot go below {lb_c:.1f} s/iter (all its work in series on the devices it shares); "
                f"the busiest resource of (a), at the work it really did, bounds it at {lb_a:.1f}, so no schedule of "
                f"that work beats (c) by more than {lb_c / lb_a:.2f}x. Where (c) loses is what the model charges it: "
