@@ -196,9 +196,8 @@ class RolloutActor(LoopActor):
         self._report(tasks, per_task, spans, time.monotonic() - t0, self.runner.last_metrics)
 
     def _send_group(self, g: TrajectoryGroup) -> None:
-        topic = self.topics.trajectories
-        headers = self.group_signer.headers_for(topic, g) if self.group_signer is not None else None
-        self.producer.send(topic, g, key=g.task_id, headers=headers)
+        self.producer.send(self.topics.trajectories, g, key=g.task_id,
+                           sign=self.group_signer.headers if self.group_signer is not None else None)
 
     def _commit(self, per_task: list[list[TrajectoryGroup]], spans, offsets=None, membership=None) -> None:
         """A poll's groups and its task offsets in one transaction (``offsets``, ``membership``: a

@@ -87,11 +87,16 @@ class Producer:
 
     # -- sending ---------------------------------------------------------------------
     def send(self, topic: str, msg: Message, key: str | bytes | None = None, *,
-             partition: int | None = None, headers: Headers | None = None, trace: bool = True):
-        """Send a typed message; returns the kafka-python future (``.get()`` for metadata)."""
+             partition: int | None = None, headers: Headers | None = None, trace: bool = True,
+             sign: Callable[[str, bytes], Headers] | None = None):
+        """Send a typed message; returns the kafka-python future (``.get()`` for metadata).
+        ``sign(topic, value)``, when given, adds the headers that sign the exact value bytes
+        written (a signer's ``headers``), so the message is encoded once."""
         value, hdrs = encode(msg, self.client_id)
         if headers:
             hdrs.extend(headers)
+        if sign is not None:
+            hdrs.extend(sign(topic, value))
         if trace:
             tracing.inject(hdrs)
         return self._kp.send(topic, value=value, key=_key_bytes(key), headers=hdrs, partition=partition)

@@ -422,9 +422,9 @@ class WeightPublisher:
 
     def _announce(self, ann: VersionAnnouncement) -> VersionAnnouncement:
         # Inside the weights.publish span: send() puts its context in the traceparent header.
-        # The signature covers the bytes send() writes (encoding is deterministic).
-        signed = self._signer.headers_for(self.topics.versions, ann) if self._signer is not None else None
-        self._producer.send_sync(self.topics.versions, ann, key=self.policy, headers=signed)
+        # The signature covers the bytes send() writes.
+        self._producer.send_sync(self.topics.versions, ann, key=self.policy,
+                                 sign=self._signer.headers if self._signer is not None else None)
         self._head = ann
         log.debug("%s: announced version %d (%s, %d bytes)", self.policy, ann.version, ann.kind,
                   ann.manifest.total_bytes)
