@@ -15,6 +15,11 @@ With no key configured and signatures required, a process started with a run dir
 one host shares the run dir, so the demo needs no key setup. On several hosts, generate a
 pair and configure it (the private key only on the trainer's host).
 
+The same holds for a policy's RaaS pool (``rollout.*``): its nodes sign the trajectory groups
+they write (``<run dir>/keys/raas-<policy>.ed25519`` by default), and the dataflow
+(:class:`GroupGate`) and the conservation audit count only groups the lead policy's pool
+signed.
+
 The cryptography is :mod:`astraflow.weights.signing`; this module only reads config.
 """
 
