@@ -71,6 +71,7 @@ from .ledger import Ledger, read_state
 from .signing import GroupGate, VersionGate
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
+from astraflow.topics import security
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -256,8 +257,7 @@ class DataflowActor(LoopActor):
         log.info("dataflow: published %d prompts to %s", len(prompts), self.topics.prompts)
 
     def _end_offset(self, topic: str) -> int:
-        from kafka import KafkaConsumer
-        probe = KafkaConsumer(bootstrap_servers=self.bootstrap, isolation_level="read_committed")
+        probe = security.consumer(bootstrap_servers=self.bootstrap, isolation_level="read_committed")
         try:
             tp = TopicPartition(topic, 0)
             return probe.end_offsets([tp])[tp]

@@ -15,10 +15,11 @@ from __future__ import annotations
 import time
 from typing import Iterable
 
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 
 from astraflow.topics import DeadLetters, DecodeError, Delivery, SourceOffset, TrajectoryGroup, decode
 from astraflow.topics.messages import DROP_REASONS, DataflowState, GroupDrop
+from astraflow.topics import security
 
 
 class Ledger:
@@ -115,8 +116,8 @@ def read_state(bootstrap_servers: str, topic: str, policy: str, *, idle_polls: i
     its transactions): it goes to ``dead_letters`` and the search goes on behind it,
     instead of a restart that fails on it forever; without ``dead_letters`` it raises.
     """
-    c = KafkaConsumer(bootstrap_servers=bootstrap_servers, isolation_level="read_committed",
-                      enable_auto_commit=False, client_id=f"dataflow-state.{policy}")
+    c = security.consumer(bootstrap_servers=bootstrap_servers, isolation_level="read_committed",
+                          enable_auto_commit=False, client_id=f"dataflow-state.{policy}")
     tp = TopicPartition(topic, 0)
     try:
         c.assign([tp])

@@ -90,6 +90,112 @@ class RetentionConfig:
         return out
 
 
+#: The component roles a job's principals are named for (``kafka.security.principals``, ``astraflow acl``).
+PRINCIPAL_ROLES = ("raas", "trainer", "dataflow", "admin")
+
+
+@dataclass(frozen=True)
+class KafkaPrincipal:
+    username: str = _f(help="the SCRAM/PLAIN user this role's processes authenticate as")
+    password_file: str | None = _f(None, "a file holding its password (first line; relative to the config file)")
+    password_env: str | None = _f(None, "an environment variable holding its password")
+
+    def __post_init__(self) -> None:
+        if bool(self.password_file) == bool(self.password_env):
+            raise ValueError("give exactly one of password_file and password_env (the password is never inline)")
+
+
+@dataclass(frozen=True)
+class KafkaSecurityConfig:
+    """How every Kafka client of the job authenticates (docs/security.md). Passwords are never
+    in the YAML: a file or an environment variable holds each one."""
+
+    protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SSL", "SASL_SSL"] = _f(
+        "PLAINTEXT", "the listener's security protocol (SASL_SSL: TLS + a SASL login)")
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = _f(
+        None, "SASL mechanism of the SASL_* protocols")
+    username: str | None = _f(None, "the SASL user of every role without an entry in principals")
+    password_file: str | None = _f(None, "a file holding that user's password (first line; relative to the config "
+                                         "file)")
+    password_env: str | None = _f(None, "an environment variable holding that user's password")
+    ca_file: str | None = _f(None, "PEM file of the CA(s) that signed the brokers' certificates (SSL, SASL_SSL; "
+                                   "null: the system's)")
+    cert_file: str | None = _f(None, "PEM client certificate (mutual TLS; with key_file)")
+    key_file: str | None = _f(None, "PEM private key of cert_file")
+    check_hostname: bool = _f(True, "check the broker certificate's name against the address dialled")
+    principals: dict[str, KafkaPrincipal] = _f({}, "per role (raas, trainer, dataflow, admin): its own user, so "
+                                                   "ACLs give each only what it needs (`astraflow acl plan`)")
+
+    def __post_init__(self) -> None:
+        sasl, tls = self.protocol.startswith("SASL_"), self.protocol.endswith("SSL")
+        key = "kafka.security"
+        if sasl:
+            if self.sasl_mechanism is None:
+                raise ValueError(f"{key}.sasl_mechanism: {self.protocol} needs one of PLAIN, SCRAM-SHA-256, "
+                                 f"SCRAM-SHA-512")
+            if self.username is None and set(self.principals) != set(PRINCIPAL_ROLES):
+                raise ValueError(f"{key}.username: {self.protocol} needs a user (or principals for every role: "
+                                 f"{', '.join(PRINCIPAL_ROLES)})")
+            if self.username is not None and bool(self.password_file) == bool(self.password_env):
+                raise ValueError(f"{key}.password_file: give exactly one of password_file and password_env for "
+                                 f"{key}.username (the password is never inline)")
+        else:
+            for name in ("sasl_mechanism", "username", "password_file", "password_env"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{key}.{name}: set, but protocol {self.protocol} has no SASL login; use "
+                                     f"SASL_SSL or drop it")
+            if self.principals:
+                raise ValueError(f"{key}.principals: set, but protocol {self.protocol} has no SASL login")
+        if not tls:
+            for name in ("ca_file", "cert_file", "key_file"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{key}.{name}: set, but protocol {self.protocol} has no TLS; use SSL or "
+                                     f"SASL_SSL or drop it")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError(f"{key}.{'key_file' if self.cert_file else 'cert_file'}: a client certificate needs "
+                             f"both cert_file and key_file")
+        for role in self.principals:
+            if role not in PRINCIPAL_ROLES:
+                raise ValueError(f"{key}.principals.{role}: unknown role (roles: {', '.join(PRINCIPAL_ROLES)})")
+
+    def username_of(self, role: str) -> str | None:
+        """The user ``role``'s processes authenticate as (None without SASL)."""
+        p = self.principals.get(role)
+        return p.username if p else self.username
+
+    def client(self, role: str, config_dir: str = ".", file: str = "<dict>"):
+        """The :class:`~astraflow.topics.security.ClientSecurity` of ``role``'s processes: its
+        password read from its file or variable, relative paths taken from ``config_dir``;
+        :class:`ConfigError` naming the key and ``file`` when one cannot be read."""
+        from astraflow.topics.security import ClientSecurity, SecurityError, read_password
+
+        def path(p: str | None) -> str | None:
+            return None if p is None else str(Path(config_dir, p)) if not Path(p).is_absolute() else p
+
+        p = self.principals.get(role)
+        prefix = f"kafka.security.principals.{role}" if p else "kafka.security"
+        src = p or self
+        password = None
+        if self.protocol.startswith("SASL_"):
+            try:
+                password = read_password(path(src.password_file), src.password_env, file, "password")
+            except SecurityError as e:
+                which = "password_file" if src.password_file else "password_env"
+                raise ConfigError(file, f"{prefix}.{which}", str(e).split(": ", 2)[-1]) from None
+        for name in ("ca_file", "cert_file", "key_file"):
+            value = path(getattr(self, name))
+            if value is not None and not Path(value).is_file():
+                raise ConfigError(file, f"kafka.security.{name}", f"no such file: {value}")
+        try:
+            return ClientSecurity(protocol=self.protocol, mechanism=self.sasl_mechanism,
+                                  username=src.username, password=password,
+                                  ca_file=path(self.ca_file), cert_file=path(self.cert_file),
+                                  key_file=path(self.key_file), check_hostname=self.check_hostname,
+                                  source=f"kafka.security of {file}" + (f" (role {role})" if p else ""))
+        except SecurityError as e:
+            raise ConfigError(file, "kafka.security", str(e)) from None
+
+
 @dataclass(frozen=True)
 class KafkaConfig:
     bootstrap_servers: str | None = _f(None, "existing cluster; null starts the embedded broker")
@@ -108,6 +214,8 @@ class KafkaConfig:
                                                            "transaction.max.timeout.ms, 900000 by default"))
     retention: RetentionConfig = _f(RetentionConfig(), "broker-side retention per topic family (ms / bytes), to "
                                                        "bound a run dir's Kafka log (docs/run-dir.md)")
+    security: KafkaSecurityConfig = _f(KafkaSecurityConfig(), "authentication and TLS of every client "
+                                                              "(docs/security.md)")
 
     def __post_init__(self) -> None:
         if self.bootstrap_servers is not None:
@@ -667,3 +775,14 @@ def describe(cls: type = JobConfig, prefix: str = "") -> list[tuple[str, str, st
             bounds = f.metadata.get("bounds")
             rows.append((prefix + f.name, repr(default), f.metadata.get("help", "") + (f" ({bounds})" if bounds else "")))
     return rows
+
+
+def install_security(cfg: JobConfig, role: str = "admin"):
+    """Make ``kafka.security`` (as ``role``'s principal) the client setting of this process;
+    a config without one leaves the environment's (``ASTRAFLOW_KAFKA_*``, else PLAINTEXT).
+    Returns the setting now in force; :class:`ConfigError` when a password or TLS file
+    named by the config cannot be read."""
+    from astraflow.topics import security
+    if cfg.kafka.security == KafkaSecurityConfig():
+        return security.current()
+    return security.install(cfg.kafka.security.client(role, cfg.config_dir, cfg.source))

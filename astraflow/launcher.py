@@ -70,6 +70,13 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
     from astraflow.topics import (Consumer, DeadLetters, EmbeddedBroker, Heartbeat, Metric, SnapshotRequest,
                                   ensure_topics, job_topics)
 
+    from astraflow.config import ConfigError, KafkaSecurityConfig, install_security
+    if bootstrap is None and cfg.kafka.security != KafkaSecurityConfig():
+        raise ConfigError(cfg.source, "kafka.security", "a secured job runs on an existing cluster: set "
+                                                        "kafka.bootstrap_servers (or --bootstrap-servers); the "
+                                                        "embedded broker of a run is plaintext (a secured one: "
+                                                        "`astraflow broker start --secure`)")
+    install_security(cfg, "admin")  # the launcher's own clients: topics, metrics, control
     overrides = list(overrides or [])
     run_dir = Path(run_dir or Path(cfg.run_dir) / f"{cfg.job}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)

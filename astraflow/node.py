@@ -57,6 +57,8 @@ def threads_for(role: str, cfg: JobConfig) -> int:
 
 def run_node(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: str | None = None) -> int:
     from astraflow.checks import check_model
+    from astraflow.config import install_security
+    install_security(cfg, role)  # every Kafka client of this process logs in as the role's principal
     check_model(cfg)  # every role loads the model; a bad path is fatal, not worth restarts
     node_id = node_id or f"{role}-{os.getpid()}"
     rank = rank_in_group() if role == "trainer" else None

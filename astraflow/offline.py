@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from astraflow.errors import FatalError
+from astraflow.topics import security
 
 __all__ = ["OfflineBroker", "OfflineError", "kafka_dir", "offline"]
 
@@ -83,11 +84,10 @@ def _wait_for_coordinators(bootstrap: str, timeout_s: float) -> None:
     """Until the group coordinators answer: a broker reopened on a log loads its groups (or,
     where the run used none, creates their internal topic) after it starts listening, and a
     command asking for a group's offsets meanwhile gets CoordinatorNotAvailable."""
-    from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
     deadline = time.monotonic() + timeout_s
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="astraflow-offline")
+    admin = security.admin(bootstrap_servers=bootstrap, client_id="astraflow-offline")
     try:
         pending = [f"astraflow-offline-probe-{i}" for i in range(8)]  # spread over the offsets partitions
         while pending:

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import time
 
-from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka import KafkaAdminClient, TopicPartition
 
 from astraflow.errors import FatalError
 from astraflow.topics import Heartbeat, JobTopics, Metric, VersionAnnouncement
 from astraflow.topics.replay import read_topic
+from astraflow.topics import security
 
 ALIVE_S = 15.0
 
@@ -33,7 +34,7 @@ def _read_all(bootstrap: str, topic: str, tail: int | None = None) -> list:
 
 
 def _job_topics(bootstrap: str) -> set[str]:
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="astraflow-status")
+    admin = security.admin(bootstrap_servers=bootstrap, client_id="astraflow-status")
     try:
         return set(admin.list_topics())
     finally:
@@ -135,10 +136,10 @@ def job_status(bootstrap: str, job: str, policies: tuple[str, ...] | None = None
 
 
 def _task_lag(bootstrap: str, topics: JobTopics, policies: tuple[str, ...]) -> dict[str, int]:
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="astraflow-status")
+    admin = security.admin(bootstrap_servers=bootstrap, client_id="astraflow-status")
     lag = {}
     try:
-        probe = KafkaConsumer(bootstrap_servers=bootstrap, client_id="astraflow-status")
+        probe = security.consumer(bootstrap_servers=bootstrap, client_id="astraflow-status")
         for p in policies:
             topic = topics.tasks(p)
             parts = probe.partitions_for_topic(topic) or set()

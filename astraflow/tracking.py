@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from astraflow.errors import FatalError
+from astraflow.topics import security
 
 if TYPE_CHECKING:
     from astraflow.config import TrackingConfig
@@ -216,11 +217,10 @@ class _Passed:
 def job_policies_at(bootstrap: str, job: str) -> tuple[str, ...]:
     """The policies of ``job`` on the cluster (its ``tasks.<policy>`` topics); :class:`TrackError`
     when the job has no ``metrics`` topic there."""
-    from kafka import KafkaAdminClient
 
     from astraflow.status import job_policies
     from astraflow.topics import JobTopics
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="astraflow-track")
+    admin = security.admin(bootstrap_servers=bootstrap, client_id="astraflow-track")
     try:
         names = set(admin.list_topics())
     finally:

@@ -46,6 +46,7 @@ from astraflow.benchmarks.results_io import fmt_spread, load_now, spread, write_
 from astraflow.chaos.faults import coordinator_partition
 from astraflow.topics import (Consumer, EmbeddedCluster, JobTopics, Producer, Prompt,
                               StaleMembershipError, ensure_topics, txn_recovery)
+from astraflow.topics import security
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROLES = ("leader", "group", "transaction")
@@ -92,7 +93,7 @@ class Layout:
 def plan(bootstrap: str, topics: JobTopics) -> Layout:
     """Names whose group and transaction coordinators are two different brokers, the third
     leading tasks partitions only."""
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="broker-loss")
+    admin = security.admin(bootstrap_servers=bootstrap, client_id="broker-loss")
     deadline = time.monotonic() + 60
     try:
         offsets, txns = _leaders(admin, "__consumer_offsets"), _leaders(admin, "__transaction_state")
@@ -252,7 +253,7 @@ def _settle(bootstrap: str, timeout_s: float = 180.0) -> None:
     """Until every partition has all three replicas in sync (the restarted broker caught up),
     then give every partition its preferred leader back (the next layout needs each broker
     to lead some ``__consumer_offsets`` and ``__transaction_state`` partitions)."""
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="broker-loss")
+    admin = security.admin(bootstrap_servers=bootstrap, client_id="broker-loss")
     deadline = time.monotonic() + timeout_s
     try:
         while True:

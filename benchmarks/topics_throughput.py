@@ -38,6 +38,7 @@ from astraflow.topics import (ChunkReader, Consumer, EmbeddedBroker, Producer, S
                               TrajectoryGroup, ensure_topics, socket_reads, write_chunks)
 from astraflow.topics.codec import encode
 from astraflow.topics.runtime import kafka_version, run_tool
+from astraflow.topics import security
 
 MB = 1e6
 RESULTS = Path(__file__).resolve().parent / "results" / "topics_throughput.json"
@@ -120,8 +121,8 @@ def plain_produce(bootstrap: str, topic: str, records: list[tuple[bytes, list]],
     """kafka-python's ``KafkaProducer`` sending ready-made (value, headers) pairs."""
     from kafka import KafkaProducer
 
-    kp = KafkaProducer(bootstrap_servers=bootstrap, client_id="bench-plain", acks="all", enable_idempotence=True,
-                       batch_size=256 * 1024, **settings)
+    kp = security.producer(bootstrap_servers=bootstrap, client_id="bench-plain", acks="all", enable_idempotence=True,
+                           batch_size=256 * 1024, **settings)
     try:
         t0 = time.perf_counter()
         futures = [kp.send(topic, value=records[i % len(records)][0], key=f"task-{i}".encode(),
@@ -139,9 +140,9 @@ def plain_consume(bootstrap: str, topic: str, n: int) -> dict:
     """kafka-python's ``KafkaConsumer`` reading ``n`` records' bytes (no decoding)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    kc = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                       isolation_level="read_committed", max_partition_fetch_bytes=8 * 1024 * 1024,
-                       fetch_max_bytes=64 * 1024 * 1024, client_id="bench-plain")
+    kc = security.consumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                           isolation_level="read_committed", max_partition_fetch_bytes=8 * 1024 * 1024,
+                           fetch_max_bytes=64 * 1024 * 1024, client_id="bench-plain")
     try:
         kc.assign([TopicPartition(topic, 0)])
         kc.seek_to_beginning()

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from astraflow.topics import EmbeddedBroker
 from astraflow.topics.broker import free_port
+from astraflow.topics import security
 
 log = logging.getLogger(__name__)
 
@@ -242,16 +243,14 @@ class ChaosKafka:
         return int(target)
 
     def _partitions(self, topic: str) -> int:
-        from kafka import KafkaAdminClient
-        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers, client_id="chaos")
+        admin = security.admin(bootstrap_servers=self.bootstrap_servers, client_id="chaos")
         try:
             return len(admin.describe_topics([topic])[0]["partitions"])
         finally:
             admin.close()
 
     def leader(self, topic: str, partition: int = 0) -> int | None:
-        from kafka import KafkaAdminClient
-        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers, client_id="chaos")
+        admin = security.admin(bootstrap_servers=self.bootstrap_servers, client_id="chaos")
         try:
             parts = admin.describe_topics([topic])[0]["partitions"]
             return next(p["leader_id"] for p in parts if p["partition_index"] == partition)

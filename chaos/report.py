@@ -33,10 +33,11 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 
 from astraflow.chaos.invariants import Audit, JobLog
 from astraflow.topics import Heartbeat, Metric, TrajectoryGroup
+from astraflow.topics import security
 
 
 @dataclass
@@ -58,7 +59,7 @@ def snapshot_assignment(bootstrap: str, group: str, topic: str, node_id: str) ->
     """The offsets [committed, end) of the partitions ``node_id`` holds in ``group``: the tasks a
     fault on it puts back into the group's hands. Empty when it holds none (or the broker is away)."""
     try:
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="chaos-snapshot", request_timeout_ms=5000)
+        admin = security.admin(bootstrap_servers=bootstrap, client_id="chaos-snapshot", request_timeout_ms=5000)
     except Exception:  # noqa: BLE001 - no broker, no snapshot: the report then counts fewer redos
         return {}
     consumer = None
@@ -73,8 +74,8 @@ def snapshot_assignment(bootstrap: str, group: str, topic: str, node_id: str) ->
         if not mine:
             return {}
         committed = admin.list_group_offsets({group: None}).get(group, {})
-        consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="chaos-snapshot",
-                                 isolation_level="read_committed")
+        consumer = security.consumer(bootstrap_servers=bootstrap, client_id="chaos-snapshot",
+                                     isolation_level="read_committed")
         tps = [TopicPartition(topic, p) for p in mine]
         ends = consumer.end_offsets(tps)
         out = {}

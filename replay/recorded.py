@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka import KafkaConsumer, TopicPartition
 
 from astraflow.errors import FatalError
 from astraflow.topics import Batch, JobTopics, Message, Metric, VersionAnnouncement
@@ -26,6 +26,7 @@ from astraflow.topics.codec import decode, header
 from astraflow.topics.exceptions import DecodeError
 from astraflow.topics.replay import read_topic
 from astraflow.weights.format import HEADER_NBYTES, TensorEntry, WeightCodecError, read_header
+from astraflow.topics import security
 
 __all__ = ["RecordError", "RecordedVersion", "batch_span", "check_job", "check_kept", "end_offsets", "iter_records",
            "policies", "read_batches", "recorded_metrics", "recorded_versions"]
@@ -49,9 +50,9 @@ class RecordedVersion:
 
 
 def _consumer(bootstrap: str, client_id: str) -> KafkaConsumer:
-    return KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                         isolation_level="read_committed", client_id=client_id,
-                         max_partition_fetch_bytes=16 * 1024 * 1024)
+    return security.consumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                             isolation_level="read_committed", client_id=client_id,
+                             max_partition_fetch_bytes=16 * 1024 * 1024)
 
 
 def check_job(bootstrap: str, topics: JobTopics, policy: str | None) -> None:
@@ -79,7 +80,7 @@ def policies(bootstrap: str, topics: JobTopics) -> list[str]:
 
 
 def _topic_names(bootstrap: str) -> set[str]:
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="astraflow-record")
+    admin = security.admin(bootstrap_servers=bootstrap, client_id="astraflow-record")
     try:
         return set(admin.list_topics())
     finally:

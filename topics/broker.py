@@ -22,9 +22,13 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .exceptions import BrokerStartError, KafkaRuntimeError
 from .runtime import cache_root, java_command
+
+if TYPE_CHECKING:
+    from .secured import SecureSetup
 
 _PR_SET_PDEATHSIG = 1
 
@@ -115,13 +119,15 @@ class EmbeddedBroker:
         conf_dir: where ``server.properties``, the log4j settings and the broker's own logs
             go (default: ``data_dir``); another directory leaves a data dir's files as they
             were but for its Kafka log (an offline reader of a run dir, :mod:`astraflow.offline`).
+        secure: a :class:`~.secured.SecureSetup`: SASL_SSL (SCRAM-SHA-512) for clients, mutual
+            TLS for the controller, ACLs enforced (a lone node only); None: plaintext.
     """
 
     def __init__(self, data_dir: str | os.PathLike | None = None, *, port: int = 0,
                  controller_port: int = 0, heap: str = "1g", startup_timeout: float = 90.0,
                  detach: bool = False, properties: dict[str, str] | None = None, node_id: int = 1,
                  voters: str | None = None, cluster_id: str | None = None,
-                 conf_dir: str | os.PathLike | None = None) -> None:
+                 conf_dir: str | os.PathLike | None = None, secure: "SecureSetup | None" = None) -> None:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="astraflow-kafka-"))
         self.conf_dir = Path(conf_dir) if conf_dir is not None else self.data_dir
@@ -132,6 +138,7 @@ class EmbeddedBroker:
         self.detach = detach
         self.extra = dict(properties or {})
         self.node_id, self.voters, self.cluster_id = node_id, voters, cluster_id
+        self.secure = secure
         self._proc: subprocess.Popen | None = None
         self._log_offset = 0
 
@@ -243,13 +250,19 @@ class EmbeddedBroker:
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
             "log.dirs": str(self.data_dir / "meta"),
         })
+        if self.secure is not None:
+            if self.voters:
+                raise BrokerStartError("a secured broker is a lone node: several nodes are not supported yet")
+            props.update(self.secure.broker_properties(self.port, self.controller_port))
         if self.voters:
             props["controller.quorum.voters"] = self.voters
         else:
             props["controller.quorum.bootstrap.servers"] = f"127.0.0.1:{self.controller_port}"
         props.update(self.extra)
         path = self.conf_dir / "server.properties"
-        path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # a secured one holds a password
+        with os.fdopen(fd, "w") as f:
+            f.write("".join(f"{k}={v}\n" for k, v in props.items()))
         return path
 
     def _write_log4j(self) -> Path:
@@ -272,6 +285,8 @@ class EmbeddedBroker:
         args = ["format", "-t", self.cluster_id or kafka_cluster_id(), "-c", str(props)]
         if not self.voters:
             args.append("--standalone")
+        if self.secure is not None:
+            args += self.secure.format_args()
         cmd = java_command("kafka.tools.StorageTool", args, heap="256m", jvm_opts=jvm)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:

@@ -21,12 +21,13 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from blake3 import blake3
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 
 from .client import Producer, wait
 from .codec import Headers, header
 from .exceptions import CorruptChunkError, MissingChunkError
 from .messages import ChunkManifest, ChunkRef
+from . import security
 
 DEFAULT_CHUNK_SIZE = 1024 * 1024 - 4096  # headroom for record headers under a 1 MiB limit
 
@@ -142,10 +143,10 @@ class ChunkReader:
 
     def __init__(self, bootstrap_servers: str, *, isolation_level: str = "read_committed",
                  poll_timeout_ms: int = 5000) -> None:
-        self._kc = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None,
-                                 enable_auto_commit=False, isolation_level=isolation_level,
-                                 max_partition_fetch_bytes=8 * 1024 * 1024,
-                                 fetch_max_bytes=64 * 1024 * 1024, client_id="astraflow-chunks")
+        self._kc = security.consumer(bootstrap_servers=bootstrap_servers, group_id=None,
+                                     enable_auto_commit=False, isolation_level=isolation_level,
+                                     max_partition_fetch_bytes=8 * 1024 * 1024,
+                                     fetch_max_bytes=64 * 1024 * 1024, client_id="astraflow-chunks")
         self.poll_timeout_ms = poll_timeout_ms
 
     def read(self, manifest: ChunkManifest, *, into: bytearray | memoryview | None = None,

@@ -29,6 +29,7 @@ from .codec import Headers, decode, encode
 from .exceptions import DecodeError, InvalidRecord, ProduceError, StaleMembershipError
 from .messages import DeadLetter, Message, SourceOffset
 from .registry import RECORD_MAX_BYTES
+from . import security
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class Producer:
         if transactional_id:
             settings.update(transactional_id=transactional_id, transaction_timeout_ms=transaction_timeout_ms)
         settings.update(config)
-        self._kp = KafkaProducer(**settings)
+        self._kp = security.producer(**settings)
         self._stuck = False
         self.transactional = bool(transactional_id)
         if self.transactional:
@@ -396,8 +397,8 @@ def dead_letter(topic: str, partition: int, offset: int, key: bytes | None, valu
 def read_headers(bootstrap_servers: str, topic: str, names: tuple[str, ...], timeout_s: float = 30.0) -> list[tuple]:
     """For every record now on ``topic`` (all partitions, from the beginning): the values of
     its headers ``names`` (None where it has none); no value is decoded."""
-    kc = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
-                       client_id="astraflow-headers", isolation_level="read_committed")
+    kc = security.consumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
+                           client_id="astraflow-headers", isolation_level="read_committed")
     try:
         tps = [TopicPartition(topic, p) for p in sorted(kc.partitions_for_topic(topic) or [])]
         kc.assign(tps)
@@ -451,7 +452,7 @@ class Consumer:
             fetch_max_bytes=max(max_partition_fetch_bytes, 50 * MiB),
         )
         settings.update(config)
-        self._kc = KafkaConsumer(**settings)
+        self._kc = security.consumer(**settings)
         topics, partitions = list(topics), list(partitions)
         if topics:
             # Know every topic's partitions before the first join: a join without them assigns

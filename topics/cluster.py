@@ -17,10 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from kafka import KafkaAdminClient
 
 from .broker import BrokerInfo, EmbeddedBroker, free_port, kafka_cluster_id
 from .exceptions import BrokerStartError
+from . import security
 
 
 def replication_for(brokers: int) -> tuple[int, int]:
@@ -141,7 +141,7 @@ class EmbeddedCluster:
         """Until ``count`` brokers are registered and unfenced: topics created earlier get fewer replicas."""
         live = [n.bootstrap_servers for n in self.nodes if n.pid is not None]
         deadline = time.monotonic() + self.startup_timeout
-        admin = KafkaAdminClient(bootstrap_servers=",".join(live), client_id="astraflow-cluster")
+        admin = security.admin(bootstrap_servers=",".join(live), client_id="astraflow-cluster")
         try:
             while True:
                 brokers = [b for b in admin.describe_cluster()["brokers"] if not b.get("is_fenced")]

@@ -22,6 +22,7 @@ from kafka import KafkaAdminClient
 from kafka.errors import KafkaError
 
 from .client import Consumer
+from . import security
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,8 @@ class MembershipWatch:
 
     def _ask_broker(self, group_id: str, member_id: str) -> bool:
         if self._admin is None:
-            self._admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id=f"{self.client_id}.watch",
-                                           request_timeout_ms=10_000)
+            self._admin = security.admin(bootstrap_servers=self.bootstrap, client_id=f"{self.client_id}.watch",
+                                         request_timeout_ms=10_000)
         desc = self._admin.describe_groups([group_id]).get(group_id) or {}
         return any(m.get("member_id") == member_id for m in desc.get("members") or ())
 

@@ -26,6 +26,7 @@ from kafka.errors import TopicAlreadyExistsError
 
 from .cluster import replication_for
 from .exceptions import TopicConfigMismatch, TopicsError
+from . import security
 
 MiB = 1024 * 1024
 #: The largest record a topic takes (its ``max.message.bytes``) and so the largest record a
@@ -291,7 +292,7 @@ def ensure_topics(bootstrap_servers: str, specs: Iterable[TopicSpec], timeout: f
     topic is held to the replication its spec states, if it states one.
     """
     specs = list(specs)
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id="astraflow-admin")
+    admin = security.admin(bootstrap_servers=bootstrap_servers, client_id="astraflow-admin")
     try:
         existing = set(admin.list_topics())
         missing = [s for s in specs if s.name not in existing]

@@ -12,6 +12,7 @@ from kafka import KafkaConsumer, TopicPartition
 from .codec import decode
 from .exceptions import DecodeError
 from .messages import Message
+from . import security
 
 
 def read_topic(bootstrap_servers: str, topic: str, *, tail: int | None = None,
@@ -21,10 +22,10 @@ def read_topic(bootstrap_servers: str, topic: str, *, tail: int | None = None,
     partition); ``uncommitted`` also reads records of open and aborted transactions,
     ``timestamps`` adds each record's timestamp (ms): ``(partition, offset, ts, message)``;
     ``headers`` adds the record's headers last: ``(partition, offset, message, headers)``."""
-    c = KafkaConsumer(bootstrap_servers=bootstrap_servers,
-                      isolation_level="read_uncommitted" if uncommitted else "read_committed",
-                      enable_auto_commit=False, client_id="astraflow-replay",
-                      max_partition_fetch_bytes=16 * 1024 * 1024)
+    c = security.consumer(bootstrap_servers=bootstrap_servers,
+                          isolation_level="read_uncommitted" if uncommitted else "read_committed",
+                          enable_auto_commit=False, client_id="astraflow-replay",
+                          max_partition_fetch_bytes=16 * 1024 * 1024)
     try:
         tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or [])]
         if not tps:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 
-from kafka import KafkaAdminClient, TopicPartition
+from kafka import TopicPartition
 
 from astraflow.actors.common import close_quietly
 from astraflow.actors.supervisor import LoopActor
@@ -36,6 +36,7 @@ from .accounting import DeviceHours, starting_heartbeat
 from .backends import Backend, BackendError
 from .plan import NodePlan, Plan, PoolPlan, grow_order
 from .scaling import Decision, Scaler, SignalWindow, Signals
+from astraflow.topics import security
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class AutoscalerActor(LoopActor):
             self._from_beginning(topic, expect) for topic, expect in (
                 (self.topics.control, (Heartbeat, SnapshotRequest)), (self.topics.metrics, (Metric,)),
                 (self.topics.drops(self.policy), (GroupDrop,))))
-        self.admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="autoscaler")
+        self.admin = security.admin(bootstrap_servers=self.bootstrap, client_id="autoscaler")
         self.hours = DeviceHours(self.plan)
         self.window = SignalWindow(self.policy, self.spec["window_s"], self._policy_of, self.cfg.rollout.heartbeat_s)
         self.scaler = Scaler(sum(p.min for p in self.pools), sum(p.max for p in self.pools), **self.spec)

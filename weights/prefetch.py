@@ -28,11 +28,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
 from blake3 import blake3
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 
 from astraflow.topics.chunking import H_OBJECT
 from astraflow.topics.codec import header
 from astraflow.topics.messages import ChunkManifest
+from astraflow.topics import security
 
 __all__ = ["ChunkPrefetcher"]
 
@@ -57,9 +58,9 @@ class ChunkPrefetcher:
         self.topic, self.node_id, self.max_bytes = topic, node_id, max_bytes
         self._want_snapshots = want_snapshots
         self._tp = TopicPartition(topic, 0)
-        self._kc = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
-                                 isolation_level="read_committed", max_partition_fetch_bytes=8 * 1024 * 1024,
-                                 fetch_max_bytes=64 * 1024 * 1024, client_id=f"astraflow-prefetch-{node_id}")
+        self._kc = security.consumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
+                                     isolation_level="read_committed", max_partition_fetch_bytes=8 * 1024 * 1024,
+                                     fetch_max_bytes=64 * 1024 * 1024, client_id=f"astraflow-prefetch-{node_id}")
         self._kc.assign([self._tp])
         self._kc.seek_to_end(self._tp)
         self._position = self._kc.position(self._tp)  # chunks from here on are seen

@@ -64,7 +64,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka import KafkaAdminClient, TopicPartition
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
@@ -75,6 +75,7 @@ from astraflow.topics.exceptions import DecodeError
 
 from . import codec
 from .signing import AnnouncementSigner, AnnouncementVerifier, SignatureError
+from astraflow.topics import security
 
 __all__ = ["WeightPublisher", "WeightPublishError", "PublishedVersion", "read_latest_announcement"]
 
@@ -130,8 +131,8 @@ def read_latest_announcement(bootstrap_servers: str, versions_topic: str, policy
     are logged and passed over, so a forged head cannot set the epoch a trainer resumes in.
     """
     tp = TopicPartition(versions_topic, 0)
-    kc = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
-                       client_id=f"astraflow-versions-{policy}", max_partition_fetch_bytes=8 * 1024 * 1024)
+    kc = security.consumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
+                           client_id=f"astraflow-versions-{policy}", max_partition_fetch_bytes=8 * 1024 * 1024)
     latest: VersionAnnouncement | None = None
     try:
         kc.assign([tp])
@@ -448,8 +449,8 @@ class WeightPublisher:
         tp = TopicPartition(previous_snapshot.topic, previous_snapshot.chunks[0].partition)
         try:
             if self._admin is None:
-                self._admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers,
-                                               client_id=f"astraflow-weights-trim-{self.policy}")
+                self._admin = security.admin(bootstrap_servers=self.bootstrap_servers,
+                                             client_id=f"astraflow-weights-trim-{self.policy}")
             self._admin.delete_records({tp: first})
         except Exception as e:  # noqa: BLE001 - a failed trim costs disk, never correctness
             log.warning("%s: could not trim %s before offset %d (%s: %s); the topic keeps growing "

@@ -63,6 +63,7 @@ from .prefetch import DEFAULT_MAX_BYTES as DEFAULT_PREFETCH_BYTES
 from .prefetch import ChunkPrefetcher
 from .publisher import _announcement, _newer
 from .signing import AnnouncementVerifier, Rejection, SignatureError
+from astraflow.topics import security
 
 __all__ = ["WeightSubscriber", "WeightEngine", "Held"]
 
@@ -328,9 +329,9 @@ class WeightSubscriber:
     def _connect_and_follow(self) -> None:
         tp = TopicPartition(self.topics.versions, 0)
         with contextlib.ExitStack() as stack:
-            consumer = KafkaConsumer(bootstrap_servers=self.bootstrap_servers, group_id=None,
-                                     enable_auto_commit=False, client_id=f"astraflow-weights-{self.node_id}",
-                                     max_partition_fetch_bytes=8 * 1024 * 1024)
+            consumer = security.consumer(bootstrap_servers=self.bootstrap_servers, group_id=None,
+                                         enable_auto_commit=False, client_id=f"astraflow-weights-{self.node_id}",
+                                         max_partition_fetch_bytes=8 * 1024 * 1024)
             stack.callback(consumer.close)
             reader = stack.enter_context(ChunkReader(self.bootstrap_servers))
             if self._prefetch:
