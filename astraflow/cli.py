@@ -92,12 +92,21 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     if args.nodes < 1:
         raise SystemExit(f"astraflow broker start: --nodes must be >= 1, got {args.nodes}")
     data_dir = Path(args.data_dir or state_path.parent / "data")
+    secure = None
+    if (data_dir / "secure").exists() != args.secure and (data_dir / "meta").exists():
+        raise SystemExit(f"astraflow broker start: {data_dir} holds a {'secured' if not args.secure else 'plaintext'} "
+                         f"broker; {'add' if not args.secure else 'drop'} --secure or give another --data-dir")
+    if args.secure:
+        if args.nodes != 1:
+            raise SystemExit("astraflow broker start: --secure starts a lone node; drop --nodes")
+        from astraflow.topics.secured import SecureSetup
+        secure = SecureSetup.create(data_dir / "secure")
     if args.nodes == 1:
         if (data_dir / "cluster.json").exists():
             raise SystemExit(f"astraflow broker start: {data_dir} holds a multi-node cluster; "
                              f"give its --nodes or another --data-dir")
         broker = b.EmbeddedBroker(data_dir, port=args.port, controller_port=args.controller_port,
-                                  heap=args.heap or "1g", detach=True).start()
+                                  heap=args.heap or "1g", detach=True, secure=secure).start()
         infos, bootstrap = [broker.info()], broker.bootstrap_servers
     else:
         from astraflow.topics.cluster import EmbeddedCluster
@@ -106,11 +115,21 @@ def _cmd_broker(args: argparse.Namespace) -> int:
         infos, bootstrap = cluster.info(), cluster.bootstrap_servers
     nodes = [i.__dict__ for i in infos]
     state_path.parent.mkdir(parents=True, exist_ok=True)
-    state_path.write_text(json.dumps({"bootstrap_servers": bootstrap, "nodes": nodes}))
+    state_path.write_text(json.dumps({"bootstrap_servers": bootstrap, "nodes": nodes,
+                                      **({"secure": secure.describe()} if secure else {})}))
     if len(nodes) == 1:
         n = nodes[0]
         print(f"broker: started pid={n['pid']} bootstrap={bootstrap} controller_port={n['controller_port']} "
               f"data_dir={n['data_dir']} log={n['log_path']}")
+        if secure is not None:
+            d = secure.describe()
+            print(f"broker: secured: SASL_SSL {d['sasl_mechanism']}, ACLs enforced; super user {d['super_user']} "
+                  f"(password in {d['password_file']}), CA {d['ca_file']}, Kafka tools: --command-config "
+                  f"{d['command_config']}\nclients as the super user:\n  export "
+                  + " ".join(f"ASTRAFLOW_KAFKA_{k}={v}" for k, v in (
+                      ("SECURITY_PROTOCOL", "SASL_SSL"), ("SASL_MECHANISM", d["sasl_mechanism"]),
+                      ("USERNAME", d["super_user"]), ("PASSWORD_FILE", d["password_file"]),
+                      ("CA_FILE", d["ca_file"]))))
     else:
         print(f"broker: started a {len(nodes)}-node cluster bootstrap={bootstrap} data_dir={data_dir}")
         _print_nodes(nodes, nodes)
@@ -142,6 +161,41 @@ def _cmd_topics(args: argparse.Namespace) -> int:
     for s in topics.specs():
         mark = "created" if s.name in created else "verified"
         print(f"{mark:8} {s.name:40} partitions={s.partitions} cleanup={s.cleanup_policy}")
+    return 0
+
+
+def _cmd_acl(args: argparse.Namespace) -> int:
+    """Plan (print) or apply a job's ACLs; ``apply`` runs as the environment's client (the
+    super user's ``ASTRAFLOW_KAFKA_*``), never as one of the job's own principals."""
+    from astraflow.config import PRINCIPAL_ROLES, load_config
+    from astraflow.topics import JobTopics, job_topics
+    from astraflow.topics.acls import apply, format_plan, plan
+    cfg = load_config(args.config, _overrides(args.set)) if args.config else None
+    if cfg is None and not args.job:
+        raise SystemExit("astraflow acl: give --config (or --job and --policy)")
+    topics = job_topics(cfg) if cfg else JobTopics(job=args.job, policies=tuple(args.policy or ["policy"]))
+    users = {r: (cfg.kafka.security.username_of(r) if cfg else None) or f"af-{r}" for r in PRINCIPAL_ROLES}
+    for pair in args.principal or []:
+        role, _, user = pair.partition("=")
+        if role not in PRINCIPAL_ROLES or not user:
+            raise SystemExit(f"astraflow acl: --principal {pair!r}: expected ROLE=USER, ROLE one of "
+                             f"{', '.join(PRINCIPAL_ROLES)}")
+        users[role] = user
+    entries = plan(topics, users)
+    if args.action == "plan":
+        print(format_plan(entries))
+        return 0
+    bootstrap = args.bootstrap_servers or (cfg.kafka.bootstrap_servers if cfg else None)
+    if not bootstrap:
+        raise SystemExit("astraflow acl apply: give --bootstrap-servers (or kafka.bootstrap_servers in the config)")
+    if args.users:
+        if cfg is None:
+            raise SystemExit("astraflow acl apply --users: give --config (the principals' password files)")
+        from astraflow.topics.secured import add_users
+        add_users(bootstrap, {users[r]: cfg.kafka.security.client(r, cfg.config_dir, cfg.source).password
+                              for r in PRINCIPAL_ROLES if cfg.kafka.security.username_of(r)})
+    n = apply(bootstrap, entries)
+    print(f"acl: {n} ACLs in force for {len(set(users.values()))} principals of job {topics.job} on {bootstrap}")
     return 0
 
 
@@ -423,7 +477,26 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--heap", help="JVM max heap per node (default: 1g alone, 512m in a cluster)")
     br.add_argument("--state-dir", help="where the running broker's pid/ports are recorded "
                                         "(default: the cache dir's broker/)")
+    br.add_argument("--secure", action="store_true",
+                    help="start: SASL_SSL (SCRAM-SHA-512) with a CA made for this data dir, ACLs enforced; prints "
+                         "the super user's settings (docs/security.md)")
     br.set_defaults(func=_cmd_broker)
+
+    ac = sub.add_parser("acl", help="least-privilege ACLs of a job's component principals: plan (print) or apply "
+                                    "(docs/security.md)")
+    ac.add_argument("action", choices=["plan", "apply"])
+    ac.add_argument("--config", help="the job config: its topics and kafka.security.principals")
+    ac.add_argument("--job", type=_name, help="without --config: the job name")
+    ac.add_argument("--policy", action="append", type=_name, help="without --config: policy (repeatable)")
+    ac.add_argument("--principal", action="append", metavar="ROLE=USER",
+                    help="a role's user (raas, trainer, dataflow, admin); default: the config's principals, else "
+                         "af-<role>")
+    ac.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key")
+    ac.add_argument("--bootstrap-servers", help="apply: the cluster (default: kafka.bootstrap_servers)")
+    ac.add_argument("--users", action="store_true",
+                    help="apply: also create each principal's SCRAM-SHA-512 credential from its password file or "
+                         "variable in the config")
+    ac.set_defaults(func=_cmd_acl)
 
     kt = sub.add_parser("kafka", help="run one of Kafka's own tools (kafka-topics, kafka-consumer-groups, "
                                       "kafka-console-consumer, kafka-producer-perf-test, ...)")

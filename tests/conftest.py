@@ -104,3 +104,17 @@ def make_consumer(bootstrap):
             c.close()
         except Exception:  # noqa: BLE001 - already closed by the test
             pass
+
+
+@pytest.fixture(scope="session")
+def secure_broker(tmp_path_factory):
+    """A lone embedded broker secured like `astraflow broker start --secure`: SASL_SSL
+    (SCRAM-SHA-512) with a CA made for it, ACLs enforced; ``.secure`` is its
+    :class:`~astraflow.topics.secured.SecureSetup` (the super user's client setting)."""
+    from astraflow.topics.secured import SecureSetup
+    root = tmp_path_factory.mktemp("secure-kafka")
+    broker = EmbeddedBroker(root / "data", heap="512m", secure=SecureSetup.create(root / "secure")).start()
+    try:
+        yield broker
+    finally:
+        broker.close()
