@@ -414,6 +414,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                               "fix the data, rollout and dataflow")
     job = {"job": args.job, **({"policy": args.policy} if args.policy else {})}
     recorded = dataclasses.replace(load_config(args.config), **job)
+    from astraflow.config import install_security
+    install_security(recorded, "admin")  # it reads the job's topics as the operator
     summary = replay(ReplayRequest(recorded, dataclasses.replace(load_config(args.config, changes), **job),
                                    args.bootstrap_servers, from_step=args.from_step or 0,
                                    from_checkpoint=Path(args.from_checkpoint) if args.from_checkpoint else None,

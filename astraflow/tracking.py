@@ -297,6 +297,9 @@ def track_command(args) -> int:
 
     from astraflow.config import TrackingConfig, load_config
     cfg = load_config(args.config) if args.config else None
+    if cfg is not None:
+        from astraflow.config import install_security
+        install_security(cfg, "admin")
     job = args.job or (cfg.job if cfg is not None else None)
     if job is None:
         raise TrackError("astraflow track: give --job (or --config, whose job it is)")

@@ -243,3 +243,59 @@ def test_acl_apply_gives_each_principal_only_what_its_role_needs(secured):
                 c.poll(timeout_ms=500)
         finally:
             c.close()
+
+
+# -- astraflow acl / broker start --secure -----------------------------------------------------
+
+def test_acl_plan_follows_the_job_topic_registry(capsys):
+    from astraflow.cli import main
+    assert main(["acl", "plan", "--job", "planjob", "--policy", "a", "--policy", "b",
+                 "--principal", "raas=node-user"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
+    topics = JobTopics(job="planjob", policies=("a", "b"))
+    names = {s.name for s in topics.specs()}
+    for principal, op, resource, pattern, name in rows:
+        if resource == "TOPIC" and pattern == "LITERAL":
+            assert name in names, name  # every topic named is one the registry creates
+    raas = {(op, name) for principal, op, resource, _, name in rows if principal == "User:node-user"}
+    assert {("READ", topics.tasks("a")), ("READ", topics.tasks("b")), ("WRITE", topics.trajectories),
+            ("READ", topics.rollout_group("a"))} <= raas
+    assert not {n for op, n in raas if op in ("WRITE", "ALL") and (n == topics.versions or ".weights." in n
+                                                                  or ".batches." in n or ".tasks." in n)}
+    trainer = {(op, name) for principal, op, _, _, name in rows if principal == "User:af-trainer"}
+    assert {("WRITE", topics.weights("a")), ("WRITE", topics.versions), ("READ", topics.batches("b"))} <= trainer
+    assert not {n for op, n in trainer if op == "WRITE" and (n == topics.trajectories or ".tasks." in n)}
+
+
+@slow
+def test_broker_start_secure_prints_a_working_super_user_setting(tmp_path, monkeypatch):
+    import re
+    import subprocess
+    import sys
+    state = ["--state-dir", str(tmp_path / "state")]
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "astraflow", "broker", *args, *state], capture_output=True,
+                              text=True, timeout=300)
+
+    started = cli("start", "--secure", "--port", "0", "--heap", "384m")
+    assert started.returncode == 0, started.stderr
+    try:
+        bootstrap = re.search(r"bootstrap=(\S+)", started.stdout).group(1)
+        exports = dict(kv.split("=", 1) for kv in re.search(r"export (.*)", started.stdout).group(1).split())
+        password = Path(exports["ASTRAFLOW_KAFKA_PASSWORD_FILE"]).read_text().strip()
+        assert password not in started.stdout + started.stderr  # its file is named, the password never printed
+        sec = security.from_env(exports)
+        admin = security.admin(bootstrap_servers=bootstrap, security=sec)
+        admin.list_topics()
+        admin.close()
+        with pytest.raises(security.KafkaAuthError, match="wants TLS"):
+            security.admin(bootstrap_servers=bootstrap, security=security.ClientSecurity())
+        assert cli("status").returncode == 0
+        plain = cli("start", "--port", "0")  # already running: says so
+        assert "already running" in plain.stdout
+    finally:
+        stopped = cli("stop")
+    assert stopped.returncode == 0
+    again = cli("start", "--port", "0")  # the same data dir without --secure: refused, not half-secured
+    assert again.returncode != 0 and "--secure" in again.stderr
