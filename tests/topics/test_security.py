@@ -299,3 +299,49 @@ def test_broker_start_secure_prints_a_working_super_user_setting(tmp_path, monke
     assert stopped.returncode == 0
     again = cli("start", "--port", "0")  # the same data dir without --secure: refused, not half-secured
     assert again.returncode != 0 and "--secure" in again.stderr
+
+
+@slow
+def test_acl_apply_users_from_the_config_then_each_role_logs_in_as_its_own(secure_broker, tmp_path, monkeypatch,
+                                                                          capsys):
+    from astraflow.cli import main
+    bootstrap, setup = secure_broker.bootstrap_servers, secure_broker.secure
+    job = "c" + uuid.uuid4().hex[:8]
+    for role in ("raas", "trainer", "dataflow", "admin"):
+        (tmp_path / f"{role}.pw").write_text(uuid.uuid4().hex + "\n")
+    principals = "".join(f"      {r}: {{username: {job}-{r}, password_file: {r}.pw}}\n"
+                         for r in ("raas", "trainer", "dataflow", "admin"))
+    path = tmp_path / "job.yaml"
+    path.write_text(f"job: {job}\nkafka:\n  bootstrap_servers: {bootstrap}\n  security:\n    protocol: SASL_SSL\n"
+                    f"    sasl_mechanism: SCRAM-SHA-512\n    ca_file: {setup.ca_file}\n    principals:\n{principals}")
+    for k, v in (("SECURITY_PROTOCOL", "SASL_SSL"), ("SASL_MECHANISM", "SCRAM-SHA-512"), ("USERNAME", "admin"),
+                 ("PASSWORD_FILE", str(setup.password_file)), ("CA_FILE", str(setup.ca_file))):
+        monkeypatch.setenv(f"ASTRAFLOW_KAFKA_{k}", v)  # the operator: the super user, from the environment
+    assert main(["acl", "apply", "--config", str(path), "--users"]) == 0
+    assert "ACLs in force for 4 principals" in capsys.readouterr().out
+    for k in ("USERNAME", "PASSWORD_FILE"):
+        monkeypatch.delenv(f"ASTRAFLOW_KAFKA_{k}")
+    cfg = load_config(path)
+    from astraflow.topics import job_topics
+    topics = job_topics(cfg)
+    assert install_security(cfg, "admin").username == f"{job}-admin"
+    ensure_topics(bootstrap, topics.specs())  # the job's admin creates its topics
+    assert install_security(cfg, "raas").username == f"{job}-raas"
+    with Producer(bootstrap, client_id="cfg-raas") as p:
+        p.send_sync(topics.trajectories, Metric(component="raas", name="m", value=1.0))
+        with pytest.raises(Exception, match="TopicAuthorizationFailed"):
+            p.send_sync(topics.versions, Metric(component="raas", name="m", value=1.0), key="policy")
+    install_security(cfg, "trainer")
+    with Producer(bootstrap, client_id="cfg-trainer") as p:
+        p.send_sync(topics.weights("policy"), Metric(component="trainer", name="m", value=1.0))
+
+
+def test_a_secured_job_without_a_cluster_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    from astraflow.launcher import run_job
+    monkeypatch.setenv("AF_TEST_PW", "x")
+    path = tmp_path / "job.yaml"
+    path.write_text(f"job: sec\nrun_dir: {tmp_path / 'runs'}\nkafka:\n  security:\n    protocol: SASL_SSL\n    sasl_mechanism: PLAIN\n"
+                    "    username: u\n    password_env: AF_TEST_PW\n")
+    with pytest.raises(ConfigError, match=r"job.yaml: kafka.security: .*existing cluster"):
+        run_job(load_config(path), progress=False)
+    assert not (tmp_path / "runs").exists()
