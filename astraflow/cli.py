@@ -106,7 +106,8 @@ def _cmd_broker(args: argparse.Namespace) -> int:
             raise SystemExit(f"astraflow broker start: {data_dir} holds a multi-node cluster; "
                              f"give its --nodes or another --data-dir")
         broker = b.EmbeddedBroker(data_dir, port=args.port, controller_port=args.controller_port,
-                                  heap=args.heap or "1g", detach=True, secure=secure).start()
+                                  heap=args.heap or "1g", detach=True, secure=secure,
+                                  startup_timeout=180 if secure else 90).start()
         infos, bootstrap = [broker.info()], broker.bootstrap_servers
     else:
         from astraflow.topics.cluster import EmbeddedCluster
@@ -295,9 +296,11 @@ def _cmd_node(args: argparse.Namespace) -> int:
     from astraflow.trainer_group import FlagError, is_rank_process
     if not is_rank_process():  # first thing: a launcher may die while this one still imports (a rank watches its agent)
         watch_launcher(args.node_id or f"node-{os.getpid()}")
-    from astraflow.config import load_config
+    from astraflow.config import install_security, load_config
     from astraflow.node import run_node
     cfg = load_config(args.config, _overrides(args.set))
+    # (run_node installs its role's again; a trainer group's agent and a host's launcher need one first)
+    install_security(cfg, args.role if args.role in ("raas", "trainer", "dataflow") else "admin")
     if args.topology or args.host:
         if not (args.topology and args.host):
             raise FlagError("--topology and --host go together: the file, and which of its hosts this is")

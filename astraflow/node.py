@@ -58,7 +58,7 @@ def threads_for(role: str, cfg: JobConfig) -> int:
 def run_node(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: str | None = None) -> int:
     from astraflow.checks import check_model
     from astraflow.config import install_security
-    install_security(cfg, role)  # every Kafka client of this process logs in as the role's principal
+    kafka_security = install_security(cfg, role)  # every Kafka client here logs in as the role's principal
     check_model(cfg)  # every role loads the model; a bad path is fatal, not worth restarts
     node_id = node_id or f"{role}-{os.getpid()}"
     rank = rank_in_group() if role == "trainer" else None
@@ -74,6 +74,7 @@ def run_node(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: s
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # kafka-python warns about slow selector tasks on a busy 2-core box; errors still show.
     logging.getLogger("kafka").setLevel(os.environ.get("ASTRAFLOW_KAFKA_LOG", "ERROR"))
+    log.info("kafka clients: %s", kafka_security.describe())  # which principal (never a password)
     # Group membership changes are rare and what a stuck consumer is diagnosed from.
     logging.getLogger("kafka.coordinator").setLevel(os.environ.get("ASTRAFLOW_KAFKA_LOG", "INFO"))
     n = threads_for(role, cfg)

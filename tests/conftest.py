@@ -113,7 +113,8 @@ def secure_broker(tmp_path_factory):
     :class:`~astraflow.topics.secured.SecureSetup` (the super user's client setting)."""
     from astraflow.topics.secured import SecureSetup
     root = tmp_path_factory.mktemp("secure-kafka")
-    broker = EmbeddedBroker(root / "data", heap="512m", secure=SecureSetup.create(root / "secure")).start()
+    broker = EmbeddedBroker(root / "data", heap="512m", startup_timeout=300,  # TLS start-up beside the suite
+                            secure=SecureSetup.create(root / "secure")).start()
     try:
         yield broker
     finally:

@@ -39,3 +39,8 @@ def test_a_small_job_runs_with_each_component_under_its_own_acls(secure_broker, 
         security.uninstall()
     assert summary["steps_trained"] == cfg.trainer.steps, summary
     assert summary["audit"]["ok"], summary["audit"]
+    for log in ("dataflow", "trainer", "raas-0"):  # each process logged in as its role's principal, no other
+        role = log.split("-")[0]
+        text = (tmp_path / "run" / "logs" / f"{log}.log").read_text()
+        assert f"kafka clients: SASL_SSL (SCRAM-SHA-512 as '{tmp_path.name[:20]}-{role}')" in text
+        assert f"pw-{role}" not in text
