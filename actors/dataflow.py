@@ -64,6 +64,7 @@ from astraflow.topics import (Batch, Consumer, DeadLetters, Delivery, Producer, 
                               TrajectoryGroup, VersionAnnouncement)
 from astraflow.topics import tracing as topic_tracing, job_topics
 from astraflow.topics.replay import read_topic
+from astraflow.topics import security
 
 from .common import close_quietly
 from .heldout import training_prompts
@@ -71,7 +72,6 @@ from .ledger import Ledger, read_state
 from .signing import GroupGate, VersionGate
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
-from astraflow.topics import security
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)

@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from blake3 import blake3
 from kafka import TopicPartition
 
+from . import security
 from .client import Producer, wait
 from .codec import Headers, header
 from .exceptions import CorruptChunkError, MissingChunkError
 from .messages import ChunkManifest, ChunkRef
-from . import security
 
 DEFAULT_CHUNK_SIZE = 1024 * 1024 - 4096  # headroom for record headers under a 1 MiB limit
 

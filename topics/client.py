@@ -24,12 +24,12 @@ from kafka.errors import (CommitFailedError, IllegalGenerationError, InvalidTran
                           KafkaTimeoutError, RebalanceInProgressError, UnknownMemberIdError)
 from kafka.structs import MemberState, OffsetAndMetadata
 
+from . import security
 from . import tracing
 from .codec import Headers, decode, encode
 from .exceptions import DecodeError, InvalidRecord, ProduceError, StaleMembershipError
 from .messages import DeadLetter, Message, SourceOffset
 from .registry import RECORD_MAX_BYTES
-from . import security
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 
+from . import security
 from .broker import BrokerInfo, EmbeddedBroker, free_port, kafka_cluster_id
 from .exceptions import BrokerStartError
-from . import security
 
 
 def replication_for(brokers: int) -> tuple[int, int]:

@@ -21,8 +21,8 @@ from typing import Callable
 from kafka import KafkaAdminClient
 from kafka.errors import KafkaError
 
-from .client import Consumer
 from . import security
+from .client import Consumer
 
 log = logging.getLogger(__name__)
 

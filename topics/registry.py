@@ -24,9 +24,9 @@ from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
+from . import security
 from .cluster import replication_for
 from .exceptions import TopicConfigMismatch, TopicsError
-from . import security
 
 MiB = 1024 * 1024
 #: The largest record a topic takes (its ``max.message.bytes``) and so the largest record a

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from kafka import KafkaConsumer, TopicPartition
 
+from . import security
 from .codec import decode
 from .exceptions import DecodeError
 from .messages import Message
-from . import security
 
 
 def read_topic(bootstrap_servers: str, topic: str, *, tail: int | None = None,

@@ -155,7 +155,10 @@ def from_env(environ: Mapping[str, str] | None = None) -> ClientSecurity:
 
     file = get("PASSWORD_FILE")
     if file:
-        password = read_password(file, None, "environment", "ASTRAFLOW_KAFKA_PASSWORD")
+        try:
+            password = read_password(file, None, "environment", "password")
+        except SecurityError as e:
+            raise SecurityError(f"environment: {ENV_PREFIX}PASSWORD_FILE: {str(e).split(': ', 2)[-1]}") from None
     else:
         password = get("PASSWORD")
     return ClientSecurity(protocol=get("SECURITY_PROTOCOL") or "PLAINTEXT", mechanism=get("SASL_MECHANISM"),

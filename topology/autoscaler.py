@@ -31,12 +31,12 @@ from astraflow.actors.telemetry import MetricsEmitter
 from astraflow.config import JobConfig
 from astraflow.topics import Consumer, DeadLetters, Heartbeat, Metric, Producer, SnapshotRequest, job_topics
 from astraflow.topics.messages import GroupDrop
+from astraflow.topics import security
 
 from .accounting import DeviceHours, starting_heartbeat
 from .backends import Backend, BackendError
 from .plan import NodePlan, Plan, PoolPlan, grow_order
 from .scaling import Decision, Scaler, SignalWindow, Signals
-from astraflow.topics import security
 
 log = logging.getLogger(__name__)
 

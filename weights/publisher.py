@@ -72,10 +72,10 @@ from astraflow.topics import ChunkManifest, ChunkWriter, DeadLetters, JobTopics,
 from astraflow.topics.chunking import DEFAULT_CHUNK_SIZE
 from astraflow.topics.codec import decode
 from astraflow.topics.exceptions import DecodeError
+from astraflow.topics import security
 
 from . import codec
 from .signing import AnnouncementSigner, AnnouncementVerifier, SignatureError
-from astraflow.topics import security
 
 __all__ = ["WeightPublisher", "WeightPublishError", "PublishedVersion", "read_latest_announcement"]
 

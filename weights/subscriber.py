@@ -56,6 +56,7 @@ from opentelemetry import trace
 from astraflow.topics import (ChunkError, ChunkManifest, ChunkReader, CorruptChunkError, DeadLetters, JobTopics,
                               ReleasableBuffer, VersionAnnouncement)
 from astraflow.topics import tracing
+from astraflow.topics import security
 
 from . import codec
 from .format import PayloadKind, WeightCodecError, read_table
@@ -63,7 +64,6 @@ from .prefetch import DEFAULT_MAX_BYTES as DEFAULT_PREFETCH_BYTES
 from .prefetch import ChunkPrefetcher
 from .publisher import _announcement, _newer
 from .signing import AnnouncementVerifier, Rejection, SignatureError
-from astraflow.topics import security
 
 __all__ = ["WeightSubscriber", "WeightEngine", "Held"]
 
