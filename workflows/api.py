@@ -146,10 +146,13 @@ class SamplingOverrideError(ValueError):
 
 
 def call_sampling(role: str, policy: str, sampling: Mapping[str, Any], *, max_new_tokens: int | None = None,
-                  temperature: float | None = None) -> dict[str, Any]:
+                  temperature: float | None = None, stop: Sequence[str] | None = None,
+                  stop_token_ids: Sequence[int] | None = None) -> dict[str, Any]:
     """The sampling settings of one ``generate`` call of ``role``: the policy's own
     (``sampling``: its ``rollout`` section, as the task or the node carries it), with
-    ``max_new_tokens`` when given and not 0 (a length cap changes no token's probability).
+    ``max_new_tokens`` when given and not 0 (a length cap changes no token's probability)
+    and the call's stop sequences when given (``stop`` strings, ``stop_token_ids``; they end
+    a sample, they change no token's probability either: the trainer needs nothing of them).
 
     ``temperature`` may only repeat the policy's; any other value raises
     :class:`SamplingOverrideError`. The trainer of ``policy`` recomputes the logprob of every
@@ -169,6 +172,15 @@ def call_sampling(role: str, policy: str, sampling: Mapping[str, Any], *, max_ne
                 f"rollout.temperature) instead")
     if max_new_tokens:
         out["max_new_tokens"] = int(max_new_tokens)
+    if stop:
+        if isinstance(stop, str):
+            stop = [stop]
+        bad = [x for x in stop if not isinstance(x, str) or not x]
+        if bad:
+            raise ValueError(f"role {role!r}: generate(stop=...) takes non-empty strings, got {bad[:3]!r}")
+        out["stop"] = list(dict.fromkeys(stop))
+    if stop_token_ids:
+        out["stop_token_ids"] = [int(t) for t in stop_token_ids]
     return out
 
 
@@ -188,10 +200,14 @@ class Role(Protocol):
     policy: str
 
     def generate(self, prompts: Sequence[Sequence[int]], *, seeds: Sequence[int],
-                 max_new_tokens: int | None = None, temperature: float | None = None) -> list[Turn]:
+                 max_new_tokens: int | None = None, temperature: float | None = None,
+                 stop: Sequence[str] | None = None) -> list[Turn]:
         """One completion per row of ``prompts``. ``max_new_tokens`` caps this call's length;
         ``temperature`` is accepted only equal to the policy's rollout temperature (see
-        :func:`call_sampling`: anything else raises :class:`SamplingOverrideError`)."""
+        :func:`call_sampling`: anything else raises :class:`SamplingOverrideError`); ``stop``
+        strings end a row (besides EOS) at the first token that completes one, which stays in
+        the turn's tokens (e.g. a closing tool tag). A row whose context fills the model's
+        positions finishes ``"context"`` (no token generated past them)."""
         ...
 
 
@@ -214,13 +230,14 @@ class EngineRole:
         self.name, self.policy, self.engine, self.tokenizer = name, policy, engine, tokenizer
         self.sampling, self.lock, self.before_call = dict(sampling), lock, before_call
 
-    def params(self, max_new_tokens: int | None, temperature: float | None) -> SamplingParams:
+    def params(self, max_new_tokens: int | None, temperature: float | None,
+               stop: Sequence[str] | None = None) -> SamplingParams:
         sampling = call_sampling(self.name, self.policy, self.sampling, max_new_tokens=max_new_tokens,
-                                 temperature=temperature)
+                                 temperature=temperature, stop=stop)
         return SamplingParams.from_mapping(sampling, stop_token_ids=(self.tokenizer.eos_token_id,))
 
-    def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None) -> list[Turn]:
-        params = self.params(max_new_tokens, temperature)
+    def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None, stop=None) -> list[Turn]:
+        params = self.params(max_new_tokens, temperature, stop)
         if self.lock is None:
             gens = self._call(prompts, params, seeds)
         else:
@@ -248,13 +265,15 @@ class _SeededRole:
         self._guard = guard or _OneCallAtATime(episode_id)
         self.turns = 0
 
-    def generate(self, prompts, *, seeds=None, max_new_tokens=None, temperature=None) -> list[Turn]:
+    def generate(self, prompts, *, seeds=None, max_new_tokens=None, temperature=None, stop=None) -> list[Turn]:
         with self._guard.call(self.name):
             prompts = [list(p) for p in prompts]
             if seeds is None:
                 seeds = [role_seed(self._seed, self._episode, self.name, self._calls, j) for j in range(len(prompts))]
             self._calls += 1
-            out = self._role.generate(prompts, seeds=seeds, max_new_tokens=max_new_tokens, temperature=temperature)
+            more = {"stop": stop} if stop else {}  # (a role written before stop sequences takes none)
+            out = self._role.generate(prompts, seeds=seeds, max_new_tokens=max_new_tokens, temperature=temperature,
+                                      **more)
             self.turns += len(out)
             return out
 
