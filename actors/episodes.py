@@ -395,7 +395,7 @@ class EpisodeRunner:
                                               sampling, self.tracer, ctx)
             params = {**task.params, "_job_seed": self.job_seed}
             ep = Episode(task.task_id, task.prompt, task.answer, task.n_samples, roles, self.tokenizer, params,
-                         task.metadata)
+                         task.metadata, off_engine=batcher.away)
             with self.tracer.start_as_current_span("raas.workflow", context=ctx,
                                                    attributes={"workflow": task.workflow, "task.id": task.task_id}):
                 result = run_episode(spec, ep, self.job_seed)

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from astraflow.engines.base import Generation, RolloutEngine, SamplingParams
 
-__all__ = ["Turn", "Trajectory", "EpisodeResult", "Episode", "Role", "EngineRole", "WorkflowSpec",
+__all__ = ["Turn", "Trajectory", "EpisodeResult", "Episode", "Role", "EngineRole", "WorkflowSpec", "WorkflowParamError",
            "workflow", "get_workflow", "WORKFLOWS", "reward", "get_reward", "get_scorer", "takes_metadata",
            "REWARDS", "run_episode",
            "ENV", "role_seed", "ConcurrentGenerateError", "SamplingOverrideError", "call_sampling"]
@@ -100,16 +100,27 @@ class Trajectory:
     def chain(cls, prompt_ids: Sequence[int], parts: Sequence[Turn | tuple[str, Sequence[int]]], role: str,
               reward: float, **info: Any) -> "Trajectory":
         """A multi-turn trajectory of ``role``: ``parts`` in order, each a :class:`Turn` (trained on
-        iff written by ``role``) or ``(writer, token ids)`` context from another role or :data:`ENV`."""
+        iff written by ``role``) or ``(writer, token ids)`` context from another role or :data:`ENV`.
+
+        Tokens in, tokens out: each turn of ``role`` must have been generated from exactly
+        ``prompt_ids`` + the tokens of the parts before it (else ``ValueError``), so what is
+        trained is the sequence the engine saw and produced, never a re-tokenized history."""
         tokens: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
         mask: list[int] = []
         roles: list[str] = []
         last, text = "stop", ""
-        for p in parts:
+        for k, p in enumerate(parts):
             if isinstance(p, Turn):
                 own = p.role == role
+                if own and tuple(p.prompt_ids) != tuple(prompt_ids) + tuple(tokens):
+                    raise ValueError(
+                        f"trajectory of role {role!r}: part {k} (a turn of its own) was generated from a prompt of "
+                        f"{len(p.prompt_ids)} tokens that is not the {len(prompt_ids) + len(tokens)} tokens built "
+                        f"so far (prompt_ids + the parts before it); its logprobs would be trained on a context "
+                        f"the policy never saw — build each turn's prompt from the exact tokens of the chain, "
+                        f"never by re-tokenizing text")
                 tokens += p.tokens
                 logprobs += p.logprobs if own else [0.0] * len(p.tokens)
                 versions += [p.version if own else 0] * len(p.tokens)
@@ -315,6 +326,10 @@ class Episode:
     tokenizer: Any
     params: Mapping[str, Any] = field(default_factory=dict)  #: ``workflow.params`` of the job config
     metadata: Mapping[str, Any] = field(default_factory=dict)  #: the prompt's metadata (tests, ...)
+    #: ``with ep.off_engine():`` around time spent on anything but ``generate`` (a tool, an
+    #: environment step): the episode steps out of the node's batch, as a role served by
+    #: another pool does, so the other episodes' engine calls do not wait for it
+    off_engine: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -335,19 +350,32 @@ class WorkflowSpec:
     #: the reward that scores one answer of the first role alone, unless ``workflow.params.reward``
     #: names another (what the evaluator's per-policy accuracy of the lead policy measures)
     reward: str = "exact_match"
+    #: checks ``workflow.params`` when a job config is loaded; raises :class:`WorkflowParamError`
+    check: Callable[[Mapping[str, Any]], None] | None = None
+
+
+class WorkflowParamError(ValueError):
+    """A workflow's ``workflow.params`` entry is unusable; ``key`` names it (below ``params``)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key, self.message = key, message
 
 
 WORKFLOWS: dict[str, WorkflowSpec] = {}
 REWARDS: dict[str, Callable[..., float]] = {}
 
 
-def workflow(name: str, roles: Sequence[str], reward: str = "exact_match") -> Callable[[EpisodeFn], EpisodeFn]:
+def workflow(name: str, roles: Sequence[str], reward: str = "exact_match",
+             check: Callable[[Mapping[str, Any]], None] | None = None) -> Callable[[EpisodeFn], EpisodeFn]:
     """Register an episode function under ``name``, calling roles ``roles``; ``reward`` scores one
-    answer of the first role when the job's ``workflow.params`` name none."""
+    answer of the first role when the job's ``workflow.params`` name none; ``check`` validates
+    ``workflow.params`` at config load (raising :class:`WorkflowParamError`)."""
     def deco(fn: EpisodeFn) -> EpisodeFn:
         if name in WORKFLOWS and not _same(WORKFLOWS[name].fn, fn):
             raise ValueError(f"workflow {name!r} registered twice")
-        WORKFLOWS[name] = WorkflowSpec(name, fn, tuple(roles), (fn.__doc__ or "").strip().split("\n")[0], reward)
+        WORKFLOWS[name] = WorkflowSpec(name, fn, tuple(roles), (fn.__doc__ or "").strip().split("\n")[0], reward,
+                                       check)
         return fn
     return deco
 
@@ -433,7 +461,7 @@ def run_episode(spec: WorkflowSpec, episode: Episode, job_seed: int) -> EpisodeR
     if missing:
         raise KeyError(f"workflow {spec.name!r} needs roles {sorted(missing)} bound to a policy")
     ep = Episode(episode.episode_id, episode.prompt, episode.answer, episode.n_samples, seeded, episode.tokenizer,
-                 episode.params, episode.metadata)
+                 episode.params, episode.metadata, episode.off_engine)
     result = spec.fn(ep)
     if not isinstance(result, EpisodeResult):
         raise TypeError(f"workflow {spec.name!r} returned {type(result).__name__}, not EpisodeResult")
