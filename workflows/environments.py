@@ -193,6 +193,12 @@ class EnvHandle:
                                     False)
         return obs, float(reward), done, dict(info)
 
+    def _cancel_and_stop(self) -> None:
+        """On the loop: cancel what is left (a step of an episode that failed meanwhile), then stop."""
+        for task in asyncio.all_tasks(self._loop):
+            task.cancel()
+        self._loop.call_soon(self._loop.stop)
+
     def close(self, timeout_s: float = 5.0) -> None:
         """Close the instance (bounded; a failing close is logged by the caller's choice, not
         raised) and stop its thread."""
@@ -203,8 +209,8 @@ class EnvHandle:
         except EnvironmentFailed:
             pass
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop.call_soon_threadsafe(self._cancel_and_stop)
             if not self._abandoned:
-                self._thread.join(timeout=timeout_s)
+                self._thread.join(timeout=min(timeout_s, 1.0))  # (a neighbour's hung step may hold it)
                 if not self._thread.is_alive():
                     self._loop.close()
