@@ -284,3 +284,49 @@ def test_text_game_tasks_split_by_text():
     held = {p.text for p in text_game_prompts(50, split="heldout")}
     assert train and held and not train & held
     assert text_game_prompts(5, seed=1) == text_game_prompts(5, seed=1)
+
+
+def test_observation_tokens_stay_masked_on_real_trajectories_from_the_broker(tok_engine, job_topics, make_producer,
+                                                                             make_consumer):
+    """What a node writes for agent episodes, read back from the topic and made a training
+    batch: every token the environment wrote has loss mask 0 there, every model token 1."""
+    from kafka import TopicPartition
+
+    from astraflow.actors.common import to_train_batch
+    from astraflow.topics import Batch
+
+    tok, engine = tok_engine
+    runner = EpisodeRunner("p", "node-test", engine, tok, 7, engine_lock=threading.Lock())
+    games = text_game_prompts(2)
+    tasks = [Task(f"t{i:07d}-p{i}", f"p{i}", "p", g.text, g.answer, 2, dict(SAMPLING, max_new_tokens=8),
+                  workflow="agent", role="agent", metadata=g.metadata,
+                  params={"env": "text_game", "max_turns": 3, "on_eos": "continue"}) for i, g in enumerate(games)]
+    tasks.append(Task("t0000009-p9", "p9", "p", "drill", "", 2, SAMPLING, workflow="agent", role="agent",
+                      params={"env": "test_drill", "action_format": "eos", "max_turns": 3}))
+    groups = [g for (g,) in runner.run(tasks)]
+    runner.close()
+    assert all(g.status == "ok" for g in groups), [g.error for g in groups]
+    producer = make_producer()
+    for g in groups:
+        producer.send_sync(job_topics.trajectories, g, key=g.task_id, partition=0)
+    consumer = make_consumer(partitions=[TopicPartition(job_topics.trajectories, 0)])
+    got = []
+    for _ in range(40):
+        got += consumer.poll(500)
+        if len(got) >= len(groups):
+            break
+    assert len(got) == len(groups)
+    batch = to_train_batch(Batch("p", 0, [d.message for d in got], [d.source for d in got]))
+    samples = [s for d in got for s in d.message.samples]
+    assert len(batch.samples) == len(samples)
+    env_tokens = 0
+    for d in got:
+        g = d.message
+        for s in g.samples:
+            writers = [g.roles[w] for w in s.token_roles]
+            assert s.loss_mask == [0 if w == ENV else 1 for w in writers]
+            env_tokens += writers.count(ENV)
+            assert s.info["end_reason"] in REASONS
+    assert env_tokens > 0
+    for t, s in zip(batch.samples, samples):
+        assert list(t.completion_ids) == s.tokens and list(t.mask_values()) == s.loss_mask
