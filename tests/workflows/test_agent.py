@@ -330,3 +330,39 @@ def test_observation_tokens_stay_masked_on_real_trajectories_from_the_broker(tok
     assert env_tokens > 0
     for t, s in zip(batch.samples, samples):
         assert list(t.completion_ids) == s.tokens and list(t.mask_values()) == s.loss_mask
+
+
+@pytest.mark.parametrize("key,value,words", [
+    ("max_turns", 0, "an integer >= 1"),
+    ("env", "nope", "unknown environment 'nope'"),
+    ("action_format", "xml", "one of tag, json, eos"),
+    ("deadline_s", -1, "seconds > 0"),
+    ("max_turn", 3, "no parameter 'max_turn'"),
+])
+def test_bad_agent_params_are_config_errors_naming_the_key_and_file(tmp_path, key, value, words):
+    from pathlib import Path
+
+    import yaml
+
+    from astraflow.config import load_config
+    from astraflow.typed_config import ConfigError
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "text_game.yaml"
+    data = yaml.safe_load(example.read_text())
+    assert load_config(example).workflow.params["env"] == "text_game"
+    data["workflow"]["params"][key] = value
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(path) in str(e.value) and f"workflow.params.{key}" in str(e.value) and words in str(e.value)
+
+
+def test_a_generation_request_carries_checked_stop_sequences():
+    from astraflow.topics import GenerationRequest
+
+    ok = GenerationRequest("r", "e", "p", "agent", [[3, 4]], [1], {"stop": ["</a>"], "stop_token_ids": [1]})
+    ok.validate()
+    for bad in ({"stop": "</a>"}, {"stop": [""]}, {"stop_token_ids": [-1]}, {"stop_token_ids": ["1"]}):
+        with pytest.raises(ValueError, match="stop"):
+            GenerationRequest("r", "e", "p", "agent", [[3, 4]], [1], bad).validate()
