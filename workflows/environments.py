@@ -67,9 +67,9 @@ class Environment(Protocol):
 class EnvironmentFailed(AstraflowError):
     """An environment raised, hung or answered outside the protocol; ``reason`` says which.
 
-    Retriable when it hung or raised an error of the world (``OSError``, a timeout): the
-    same task may pass on another try; an environment that answers garbage, or raises a
-    ``ValueError``-like error on its input, fails the same way again.
+    Retriable when it hung or raised an error of the world (``OSError``, ``RuntimeError``, a
+    timeout): the same task may pass on another try; an environment that answers garbage, or
+    raises a ``ValueError``-like error on its input, fails the same way again.
     """
 
     def __init__(self, name: str, reason: str, detail: str, retriable: bool) -> None:
@@ -100,10 +100,16 @@ def get_environment(name: str) -> Callable[..., Any]:
     return ENVIRONMENTS[name]
 
 
+#: what an environment raises on an input it cannot handle: the same task fails the same way
+#: again (the episode runner's rule for workflows); anything else may pass on another try
+_ON_ITS_INPUT = (ValueError, TypeError, LookupError, AttributeError, NameError, ArithmeticError, AssertionError,
+                 NotImplementedError)
+
+
 def _retriable(e: BaseException) -> bool:
     if isinstance(e, AstraflowError):
         return e.retriable
-    return isinstance(e, (OSError, TimeoutError, ConnectionError))
+    return isinstance(e, OSError) or not isinstance(e, _ON_ITS_INPUT)
 
 
 class EnvHandle:
