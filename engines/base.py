@@ -3,7 +3,10 @@
 Owns the two interfaces (``RolloutEngine``, ``TrainEngine``) and the typed messages that
 cross them (``SamplingParams``, ``Generation``, ``TrainSample``, ``TrainBatch``).
 Implementations live in their own modules and are chosen only in ``factory.py``.
-Engines work on token ids; tokenization belongs to workflows.
+Engines work on token ids; tokenization belongs to workflows (the one exception: stop
+strings, ``SamplingParams.stop``, which an engine matches on the text its tokenizer decodes,
+as a model server does). Every engine keeps a row inside the model's positions
+(:func:`context_budgets`): it never generates past them.
 """
 
 from __future__ import annotations

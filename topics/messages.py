@@ -135,7 +135,7 @@ class Sample:
     logprobs: list[float]  #: behaviour-policy logprob of each generated token
     versions: list[int]  #: policy version that generated each token
     reward: float
-    finish_reason: str  #: "stop" or "length"
+    finish_reason: str  #: "stop", "length" or "context" (the model's window was full)
     text: str = ""
     #: this sample's context (the tokens before ``tokens``); empty: the group's ``prompt_ids``
     #: (the task's prompt), which is what nodes write when the two are equal. A sample never
