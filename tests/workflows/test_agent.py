@@ -213,12 +213,14 @@ def test_the_node_fails_the_broken_episode_alone_and_goes_on(tok_engine):
 
 @environment("test_waits_for_neighbour")
 class WaitsForNeighbour(Drill):
-    """A step that returns only once another episode of the poll had its engine call answered:
-    it can, only if this episode stepped out of the batch while it waits."""
+    """A step that returns only once another episode of the poll, which starts its engine call
+    after this step began, had it answered: it can only if this episode stepped out of the
+    node's batch while it steps (else that call waits for this episode, which waits for it)."""
 
-    answered = threading.Event()
+    stepping, answered = threading.Event(), threading.Event()
 
     def step(self, action):
+        self.stepping.set()
         seen = self.answered.wait(20)
         return ("seen" if seen else "never"), 1.0 if seen else 0.0, True, {}
 
@@ -229,18 +231,22 @@ def test_an_environment_step_does_not_stall_the_other_episodes(tok_engine):
     if "test_neighbour" not in WORKFLOWS:
         @workflow("test_neighbour", roles=("agent",))
         def neighbour(ep):
-            time.sleep(0.5)  # arrive after the agent episode's first turn, while it steps
+            with ep.off_engine():  # (waiting here must not hold the agent's first turn)
+                assert WaitsForNeighbour.stepping.wait(20)
             (t,) = ep.roles["agent"].generate([ep.encode(ep.prompt)])
             WaitsForNeighbour.answered.set()
             return EpisodeResult({"agent": [Trajectory.of(t, 0.0)]})
+    WaitsForNeighbour.stepping.clear()
     WaitsForNeighbour.answered.clear()
     runner = EpisodeRunner("p", "node-test", engine, tok, 7, engine_lock=threading.Lock())
     agent = Task("t0000001-p1", "p1", "p", "drill", "", 1, SAMPLING, workflow="agent", role="agent",
-                 params={"env": "test_waits_for_neighbour", "action_format": "eos", "max_turns": 2})
+                 params={"env": "test_waits_for_neighbour", "action_format": "eos", "max_turns": 4,
+                         "env_timeout_s": 60})
     other = Task("t0000002-p2", "p2", "p", "3+4=", "7", 1, SAMPLING, workflow="test_neighbour", role="agent")
     (a,), (b,) = runner.run([agent, other])
     runner.close()
-    assert a.status == b.status == "ok"
+    assert a.status == b.status == "ok", (a.error, b.error)
+    assert a.samples[0].info["actions"] == 1, "the agent stepped its environment once (which says done)"
     assert a.samples[0].reward == 1.0 and a.samples[0].info["end_reason"] == "done"
 
 
