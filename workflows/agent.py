@@ -211,8 +211,9 @@ def agent(ep: Episode) -> EpisodeResult:
                 if s.end is not None:  # (the deadline passed while resetting)
                     raise EnvironmentFailed(cfg.env, ENV_TIMEOUT, "reset outlasted the episode's deadline_s", True)
                 first = s.env.checked_reset(first)
-                ids = ep.encode(first)[:cfg.max_observation_tokens] + ep.encode(open_tag)
-                s.truncated += len(ep.encode(first)) > cfg.max_observation_tokens
+                ids = ep.encode(first)
+                s.truncated += len(ids) > cfg.max_observation_tokens
+                ids = ids[:cfg.max_observation_tokens] + ep.encode(open_tag)
                 s.prompt, s.length = ids, len(ids)
         turn = 0
         while True:
