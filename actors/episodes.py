@@ -255,11 +255,11 @@ class _BatchedRole(EngineRole):
         super().__init__(name, policy, batcher.engine, tokenizer, sampling)
         self.batcher, self.index, self.tracer, self.ctx = batcher, index, tracer, ctx
 
-    def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None):
+    def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None, stop=None):
         with self.tracer.start_as_current_span("raas.generate", context=self.ctx,
                                                attributes={"role": self.name, "policy": self.policy,
                                                            "task.samples": len(prompts)}):
-            gens = self.batcher.generate(self.index, prompts, self.params(max_new_tokens, temperature), seeds,
+            gens = self.batcher.generate(self.index, prompts, self.params(max_new_tokens, temperature, stop), seeds,
                                          policy=self.policy)
         return [self.turn(g) for g in gens]
 
@@ -273,9 +273,9 @@ class _RemoteRole:
         self.episode_id, self.tokenizer, self.sampling, self.tracer, self.ctx = \
             episode_id, tokenizer, dict(sampling), tracer, ctx
 
-    def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None):
+    def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None, stop=None):
         sampling = call_sampling(self.name, self.policy, self.sampling, max_new_tokens=max_new_tokens,
-                                 temperature=temperature)
+                                 temperature=temperature, stop=stop)
         with self.tracer.start_as_current_span("raas.generate", context=self.ctx,
                                                attributes={"role": self.name, "policy": self.policy,
                                                            "remote": True, "task.samples": len(prompts)}):
@@ -395,7 +395,7 @@ class EpisodeRunner:
                                               sampling, self.tracer, ctx)
             params = {**task.params, "_job_seed": self.job_seed}
             ep = Episode(task.task_id, task.prompt, task.answer, task.n_samples, roles, self.tokenizer, params,
-                         task.metadata)
+                         task.metadata, off_engine=batcher.away)
             with self.tracer.start_as_current_span("raas.workflow", context=ctx,
                                                    attributes={"workflow": task.workflow, "task.id": task.task_id}):
                 result = run_episode(spec, ep, self.job_seed)

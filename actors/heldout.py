@@ -88,6 +88,9 @@ def heldout_problems(cfg: JobConfig) -> list[Prompt]:
             elif spec == "code":
                 from astraflow.workflows.code_tasks import code_prompts
                 per_source.append(code_prompts(cfg.eval.problems, cfg.seed + 1000, split="heldout"))
+            elif spec == "text_game":
+                from astraflow.workflows.text_game import text_game_prompts
+                per_source.append(text_game_prompts(cfg.eval.problems, cfg.seed + 1000, split="heldout"))
             else:
                 per_source.append(split_heldout(_load(cfg, spec, None, _quiet(cfg)), cfg.heldout_fraction,
                                                 cfg.eval.split_seed)[1])

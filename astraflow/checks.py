@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from astraflow.config import JobConfig
+from astraflow.config import GENERATORS, JobConfig
 from astraflow.errors import DataError, ModelError
 
 
@@ -29,7 +29,7 @@ def check_data(cfg: JobConfig) -> str:
 
     d = cfg.data
     # The generator yields as many prompts as asked; a file is read to its last row.
-    generated = d.source in ("arithmetic", "code")
+    generated = d.source in GENERATORS
     n = (d.num_prompts or 1) if generated else None
     bad: list[BadRow] = []
     try:

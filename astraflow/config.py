@@ -36,7 +36,7 @@ def _f(default: Any = dataclasses.MISSING, help: str = "", bounds: Bounds | None
 #: Bounds shared by many keys: seeds (what numpy and torch both take), niceness increments.
 SEED = Bounds(0, 2**32 - 1)
 NICE = Bounds(0, 19)
-GENERATORS = ("arithmetic", "code")  #: data sources that generate prompts (and their own held-out split)
+GENERATORS = ("arithmetic", "code", "text_game")  #: data sources that generate prompts (and their own held-out split)
 
 
 @dataclass(frozen=True)
@@ -243,7 +243,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DataConfig:
     source: str = _f("arithmetic", "'arithmetic' (synthetic generator), 'code' (program synthesis with hidden "
-                                   "tests) or a path to a JSONL/Parquet file of {prompt, answer}")
+                                   "tests), 'text_game' (the agent workflow's game tasks) or a path to a JSONL/Parquet file of {prompt, answer}")
     max_digits: int = _f(2, "synthetic: operand digits", bounds=Bounds(1, 18))
     ops: str = _f("+-", "synthetic: operators")
     seed: int = _f(0, "synthetic: generator seed", bounds=SEED)
@@ -580,6 +580,12 @@ class JobConfig:
                 get_reward(str(self.workflow.params["reward"]))
             except KeyError as e:
                 raise ConfigError(self.source, "workflow.params.reward", str(e.args[0])) from None
+        if spec.check is not None:
+            from astraflow.workflows.api import WorkflowParamError
+            try:
+                spec.check(self.workflow.params)
+            except WorkflowParamError as e:
+                raise ConfigError(self.source, f"workflow.params.{e.key}", e.message) from None
         names = self.policy_names
         if self.policies and self.policy not in self.policies:
             raise ConfigError(self.source, "policy", f"{self.policy!r} is not one of policies ({', '.join(names)})")

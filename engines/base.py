@@ -3,7 +3,10 @@
 Owns the two interfaces (``RolloutEngine``, ``TrainEngine``) and the typed messages that
 cross them (``SamplingParams``, ``Generation``, ``TrainSample``, ``TrainBatch``).
 Implementations live in their own modules and are chosen only in ``factory.py``.
-Engines work on token ids; tokenization belongs to workflows.
+Engines work on token ids; tokenization belongs to workflows (the one exception: stop
+strings, ``SamplingParams.stop``, which an engine matches on the text its tokenizer decodes,
+as a model server does). Every engine keeps a row inside the model's positions
+(:func:`context_budgets`): it never generates past them.
 """
 
 from __future__ import annotations
@@ -27,9 +30,17 @@ __all__ = [
     "NamedTensors",
     "iter_named_tensors",
     "row_seeds",
+    "context_budgets",
+    "finish_of",
+    "out_of_context",
+    "CONTEXT",
 ]
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "context"]
+
+#: the finish reason of a row that reached the model's positions: its prompt and completion
+#: fill the context window (a prompt that fills it alone gets no token at all)
+CONTEXT = "context"
 NamedTensors: TypeAlias = "Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]"
 
 
@@ -44,6 +55,10 @@ class SamplingParams:
         max_new_tokens: generation stops with ``"length"`` after this many tokens.
         stop_token_ids: generation stops with ``"stop"`` after emitting one of these
             (the stop token is included in ``Generation.tokens``).
+        stop: stop strings: generation stops with ``"stop"`` at the first token whose
+            decoded completion contains one of them; the tokens that spell it are kept in
+            ``Generation.tokens`` (SGLang's ``stop`` with ``no_stop_trim``). An engine needs
+            the model's tokenizer for these; token ids alone stop through ``stop_token_ids``.
         seed: row ``i`` of a call samples with seed ``seed + i`` (unless ``generate`` is
             given per-row ``seeds``). ``None`` draws a fresh seed.
     """
@@ -54,6 +69,7 @@ class SamplingParams:
     max_new_tokens: int = 16
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -66,6 +82,12 @@ class SamplingParams:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         # Accept any iterable (lists arrive from JSON) but store a hashable tuple.
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        stop = tuple(self.stop)
+        if any(not isinstance(x, str) or not x for x in stop):
+            raise ValueError(f"stop must be non-empty strings, got {list(stop)[:4]!r}")
+        object.__setattr__(self, "stop", stop)
 
     @classmethod
     def from_mapping(cls, sampling: Mapping[str, object], *, stop_token_ids: Iterable[int] = (),
@@ -73,13 +95,15 @@ class SamplingParams:
         """The params a sampling mapping asks for: the ``temperature``, ``top_p``, ``top_k``
         and ``max_new_tokens`` keys of a task's or a generation request's ``sampling``
         (missing keys: 1.0, 1.0, 0, 8; other keys are ignored), stopping at
-        ``stop_token_ids``. ``temperature`` (when not ``None``) and ``max_new_tokens``
-        (when truthy) override the mapping's, as a workflow's role call may."""
+        ``stop_token_ids`` and at the mapping's own ``stop_token_ids`` and ``stop`` strings
+        (a role call's stop sequences). ``temperature`` (when not ``None``) and
+        ``max_new_tokens`` (when truthy) override the mapping's, as a workflow's role call may."""
         s = sampling
+        ids = tuple(stop_token_ids) + tuple(int(t) for t in (s.get("stop_token_ids") or ()))
         return cls(temperature=float(s.get("temperature", 1.0) if temperature is None else temperature),
                    top_p=float(s.get("top_p", 1.0)), top_k=int(s.get("top_k", 0)),
                    max_new_tokens=int(max_new_tokens or s.get("max_new_tokens", 8)),
-                   stop_token_ids=tuple(stop_token_ids))
+                   stop_token_ids=tuple(dict.fromkeys(ids)), stop=tuple(s.get("stop") or ()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +116,10 @@ class Generation:
         logprobs: per generated token, its log-probability under the distribution it was
             sampled from (temperature-scaled, top-k/top-p truncated and renormalised;
             for greedy decoding, the untempered softmax).
-        finish_reason: ``"stop"`` (a stop token) or ``"length"`` (``max_new_tokens``).
+        finish_reason: ``"stop"`` (a stop token or string), ``"length"``
+            (``max_new_tokens``) or ``"context"`` (:data:`CONTEXT`: the prompt and the
+            completion reached the model's positions; a prompt that fills them alone has no
+            token at all — the engine never generates past the context window).
         version: the engine's weight version that generated every token of this sample.
     """
 
@@ -185,6 +212,26 @@ def row_seeds(prompts: Sequence[Sequence[int]], params: SamplingParams,
     if bad:
         raise ValueError(f"generate: seeds must be in [0, 2**63), got {bad[:3]}")
     return seeds
+
+
+def context_budgets(prompts: Sequence[Sequence[int]], max_new_tokens: int, max_positions: int | None) -> list[int]:
+    """Per row, the tokens it may generate: ``max_new_tokens``, clipped so that prompt and
+    completion fit in ``max_positions`` (None: no limit known). 0 or less: the prompt alone
+    fills the window and the row gets no token (:func:`out_of_context`)."""
+    if not max_positions:
+        return [max_new_tokens] * len(prompts)
+    return [min(max_new_tokens, int(max_positions) - len(p)) for p in prompts]
+
+
+def finish_of(reason: str, budget: int, params: SamplingParams) -> str:
+    """A row's finish reason once it ran out of tokens: ``"context"`` when its budget was
+    clipped by the context window (:func:`context_budgets`), else ``reason``."""
+    return CONTEXT if reason == "length" and budget < params.max_new_tokens else reason
+
+
+def out_of_context(prompt: Sequence[int], version: int) -> Generation:
+    """The answer for a row whose prompt leaves no room in the context window."""
+    return Generation(tuple(int(x) for x in prompt), (), (), CONTEXT, version)  # type: ignore[arg-type]
 
 
 def iter_named_tensors(named_tensors: NamedTensors) -> Iterable[tuple[str, torch.Tensor]]:

@@ -11,6 +11,12 @@ logprobs, keeps full-vocabulary scores for every step. This loop drops finished 
 writes into a preallocated KV buffer (``kv_cache.py``), computes only last-position
 logits, and returns the sampled token's logprob directly
 (``benchmarks/engine_throughput.py`` measures the gap).
+
+Two guards a model server has live here too: no row generates past the model's positions
+(``max_position_embeddings``; a row's budget is clipped to what fits and it finishes
+``"context"``, a prompt that fills them alone gets no token), and stop strings
+(``SamplingParams.stop``) end a row at the first token whose decoded completion spells one,
+which is the one place this engine reads the model directory's tokenizer.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from .base import Generation, NamedTensors, RolloutEngine, SamplingParams, iter_named_tensors, row_seeds
+from .base import (Generation, NamedTensors, RolloutEngine, SamplingParams, context_budgets, finish_of,
+                   iter_named_tensors, out_of_context, row_seeds)
 from .kv_cache import preallocated_cache
 from .sampling import sample
 
@@ -32,9 +39,12 @@ __all__ = ["CpuEngine"]
 class CpuEngine(RolloutEngine):
     """Rollout engine for one HF causal LM on CPU (float32)."""
 
-    def __init__(self, model: str | Path | PreTrainedModel, threads: int | None = None, version: int = 0) -> None:
+    def __init__(self, model: str | Path | PreTrainedModel, threads: int | None = None, version: int = 0,
+                 tokenizer=None) -> None:
         """``model`` is an HF model directory, or a live model to share (the bootstrap
-        evaluates the model it is training this way; the caller keeps ownership)."""
+        evaluates the model it is training this way; the caller keeps ownership).
+        ``tokenizer`` decodes for stop strings; by default the model directory's, loaded
+        the first time a call asks for stop strings."""
         if threads:
             torch.set_num_threads(threads)
         if isinstance(model, PreTrainedModel):
@@ -49,6 +59,9 @@ class CpuEngine(RolloutEngine):
         self._pad_id = int(pad) if pad is not None else 0
         self._version = version
         self._closed = False
+        self._tokenizer = tokenizer
+        #: the model's context window: no row's prompt + completion exceeds it
+        self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
 
     @property
     def version(self) -> int:
@@ -80,12 +93,27 @@ class CpuEngine(RolloutEngine):
             return []
         if any(len(p) == 0 for p in prompts):
             raise ValueError("generate: every prompt needs at least one token")
-        batch = len(prompts)
         seeds = row_seeds(prompts, params, seeds)
         if seeds is None:
             fresh = secrets.randbits(48)
-            seeds = [fresh + i for i in range(batch)]
-        # One uniform per (row, step), drawn up front from the row's own seed.
+            seeds = [fresh + i for i in range(len(prompts))]
+        budgets = context_budgets(prompts, params.max_new_tokens, self.max_positions)
+        fits = [i for i, b in enumerate(budgets) if b > 0]
+        out: list[Generation | None] = [None if b > 0 else out_of_context(prompts[i], self._version)
+                                        for i, b in enumerate(budgets)]
+        if fits:
+            gens = self._decode([prompts[i] for i in fits], params, [seeds[i] for i in fits],
+                                [budgets[i] for i in fits])
+            for i, g in zip(fits, gens):
+                out[i] = g
+        return out  # type: ignore[return-value]
+
+    def _decode(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: list[int],
+                budgets: list[int]) -> list[Generation]:
+        batch = len(prompts)
+        longest = max(budgets)
+        # One uniform per (row, step), drawn up front from the row's own seed (the same draws
+        # whatever the row's budget, so clipping a row never changes its first tokens).
         uniforms = torch.stack(
             [
                 1.0 - torch.rand(params.max_new_tokens, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
@@ -93,6 +121,8 @@ class CpuEngine(RolloutEngine):
             ]
         )
         stop = torch.tensor(sorted(set(params.stop_token_ids)) or [-1])
+        stop_text = _StopStrings(params.stop, self._stop_tokenizer()) if params.stop else None
+        budget_of = torch.tensor(budgets)
 
         # Left-pad so every row's next token sits in the last column.
         width = max(len(p) for p in prompts)
@@ -104,7 +134,7 @@ class CpuEngine(RolloutEngine):
         positions = (mask.cumsum(-1) - 1).clamp_(min=0)
         padded = bool((mask == 0).any())
 
-        cache = preallocated_cache(self.model.config.num_hidden_layers, width + params.max_new_tokens)
+        cache = preallocated_cache(self.model.config.num_hidden_layers, width + longest)
         out = self.model(
             input_ids=ids,
             attention_mask=mask if padded else None,
@@ -119,18 +149,21 @@ class CpuEngine(RolloutEngine):
         rows = torch.arange(batch)  # original row of each live batch entry
         tokens: list[list[int]] = [[] for _ in range(batch)]
         logprobs: list[list[float]] = [[] for _ in range(batch)]
-        reasons: list[str] = ["length"] * batch
-        for step in range(params.max_new_tokens):
+        reasons: list[str] = [finish_of("length", b, params) for b in budgets]
+        for step in range(longest):
             tok, lp = sample(logits, params.temperature, params.top_p, params.top_k, uniforms[rows, step])
             for r, t, l in zip(rows.tolist(), tok.tolist(), lp.tolist()):
                 tokens[r].append(t)
                 logprobs[r].append(l)
             stopped = torch.isin(tok, stop)
+            if stop_text is not None:
+                stopped |= torch.tensor([stop_text.hit(tokens[r]) for r in rows.tolist()])
             for r in rows[stopped].tolist():
                 reasons[r] = "stop"
-            if step + 1 == params.max_new_tokens:
+            done = stopped | (budget_of[rows] <= step + 1)
+            if step + 1 == longest:
                 break
-            live = ~stopped
+            live = ~done
             if not bool(live.any()):
                 break
             if not bool(live.all()):
@@ -159,7 +192,33 @@ class CpuEngine(RolloutEngine):
             for i in range(batch)
         ]
 
+    def _stop_tokenizer(self):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+            try:
+                self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
+            except (OSError, ValueError) as e:
+                raise ValueError(f"generate: stop strings need the model's tokenizer, and {self.model_path} has none "
+                                 f"loadable ({e}); pass CpuEngine(tokenizer=...) or stop on token ids "
+                                 f"(stop_token_ids)") from e
+        return self._tokenizer
+
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("CpuEngine is closed")
 
+
+
+class _StopStrings:
+    """Whether a row's completion has just spelled a stop string. Only the tail is decoded:
+    checked after every token, a match is new iff it ends in the last token, so it lies in
+    the last ``longest stop`` tokens (a token decodes to one character or more; the margin
+    covers tokens that decode to nothing, such as skipped special tokens)."""
+
+    def __init__(self, stops: Sequence[str], tokenizer) -> None:
+        self.stops, self.tokenizer = tuple(stops), tokenizer
+        self.window = max(len(x) for x in self.stops) + 8
+
+    def hit(self, tokens: list[int]) -> bool:
+        text = self.tokenizer.decode(tokens[-self.window:], skip_special_tokens=True)
+        return any(x in text for x in self.stops)

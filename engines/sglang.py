@@ -11,6 +11,12 @@ health wait, clean stop) and the HTTP calls the RL loop needs:
 * ``POST /pause_generation`` / ``POST /continue_generation`` around a refresh;
 * ``GET /model_info`` (``weight_version``; older servers: ``/get_model_info``).
 
+Stop strings go as ``stop`` and stop token ids as ``stop_token_ids``, with ``no_stop_trim``
+so the tokens that spell a stop stay in the output as on the CPU engine. The context guard
+is applied here, before the server sees a row: each row's ``max_new_tokens`` is clipped to
+what fits in the model's ``max_position_embeddings`` (read from its ``config.json``) and a
+row whose prompt alone fills them is answered ``"context"`` without a token.
+
 Only the standard library is used for HTTP, so this module imports without ``sglang``
 installed (the ``gpu`` extra). The CPU test suite runs it against a stub that
 implements exactly these request/response shapes (``tests/engines/sglang_stub.py``).
@@ -34,7 +40,8 @@ from pathlib import Path
 
 import torch
 
-from .base import Generation, NamedTensors, RolloutEngine, SamplingParams, iter_named_tensors, row_seeds
+from .base import (Generation, NamedTensors, RolloutEngine, SamplingParams, context_budgets, finish_of,
+                   iter_named_tensors, out_of_context, row_seeds)
 from .config import SGLangConfig
 
 __all__ = ["SGLangEngine", "SGLangError", "sampling_params_json", "parse_generation"]
@@ -57,16 +64,20 @@ class SGLangError(RuntimeError):
 
 
 def sampling_params_json(params: SamplingParams) -> dict:
-    """SamplingParams in SGLang's names (``top_k = -1`` disables top-k there)."""
-    return {
+    """SamplingParams in SGLang's names (``top_k = -1`` disables top-k there; stop strings
+    are ``stop``, sent only when there are some)."""
+    out = {
         "temperature": params.temperature,
         "top_p": params.top_p,
         "top_k": params.top_k if params.top_k > 0 else -1,
         "max_new_tokens": params.max_new_tokens,
         "stop_token_ids": list(params.stop_token_ids),
-        # Keep the stop token in the output, as the CPU engine does.
+        # Keep the stop token (and a stop string's text) in the output, as the CPU engine does.
         "no_stop_trim": True,
     }
+    if params.stop:
+        out["stop"] = list(params.stop)
+    return out
 
 
 def parse_generation(prompt: Sequence[int], item: dict, version: int) -> Generation:
@@ -107,6 +118,8 @@ class SGLangEngine(RolloutEngine):
         self._log_path: Path | None = None
         self._weights_root = Path(self.cfg.weights_dir) if self.cfg.weights_dir else Path(tempfile.mkdtemp(prefix="af-sglang-w-"))
         self._own_weights_root = not self.cfg.weights_dir
+        #: the model's context window (config.json's max_position_embeddings; None: unknown)
+        self.max_positions = _max_positions(self.model_path)
         if self.cfg.url:
             self.base_url = self.cfg.url.rstrip("/")
         else:
@@ -131,16 +144,31 @@ class SGLangEngine(RolloutEngine):
             return []
         base = sampling_params_json(params)
         seeds = row_seeds(prompts, params, seeds)
-        if self.cfg.send_seed and seeds is not None:
-            sampling: dict | list = [dict(base, sampling_seed=s) for s in seeds]
+        budgets = context_budgets(prompts, params.max_new_tokens, self.max_positions)
+        fits = [i for i, b in enumerate(budgets) if b > 0]
+        out: list[Generation | None] = [None if b > 0 else out_of_context(prompts[i], self._version)
+                                        for i, b in enumerate(budgets)]
+        if not fits:
+            return out  # type: ignore[return-value]
+        rows = [prompts[i] for i in fits]
+        if (self.cfg.send_seed and seeds is not None) or any(budgets[i] != params.max_new_tokens for i in fits):
+            sampling: dict | list = [dict(base, max_new_tokens=budgets[i],
+                                          **({"sampling_seed": seeds[i]} if self.cfg.send_seed and seeds is not None
+                                             else {}))
+                                     for i in fits]
         else:
             sampling = base
-        body = {"input_ids": [list(map(int, p)) for p in prompts], "sampling_params": sampling, "return_logprob": True}
+        body = {"input_ids": [list(map(int, p)) for p in rows], "sampling_params": sampling, "return_logprob": True}
         answer = self._post("/generate", body)
-        if not isinstance(answer, list) or len(answer) != len(prompts):
+        if not isinstance(answer, list) or len(answer) != len(rows):
             raise SGLangError(f"/generate returned {type(answer).__name__} of length "
-                              f"{len(answer) if isinstance(answer, list) else '-'} for {len(prompts)} prompts")
-        return [parse_generation(p, item, self._version) for p, item in zip(prompts, answer)]
+                              f"{len(answer) if isinstance(answer, list) else '-'} for {len(rows)} prompts")
+        for i, item in zip(fits, answer):
+            g = parse_generation(prompts[i], item, self._version)
+            reason = finish_of(g.finish_reason, budgets[i], params)
+            out[i] = g if reason == g.finish_reason else Generation(g.prompt_ids, g.tokens, g.logprobs, reason,
+                                                                    g.version)  # type: ignore[arg-type]
+        return out  # type: ignore[return-value]
 
     def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
         """Pause generation, load the weights as ``version``, continue."""
@@ -299,6 +327,15 @@ def _serialize_for_tensor_update(named_tensors: NamedTensors, tp_size: int) -> l
     device = "cuda" if torch.cuda.is_available() else "cpu"
     pairs = [(n, t.detach().to(device)) for n, t in iter_named_tensors(named_tensors)]
     return [MultiprocessingSerializer.serialize(pairs, output_str=True) for _ in range(tp_size)]
+
+
+def _max_positions(model_path: Path) -> int | None:
+    try:
+        config = json.loads((model_path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    n = config.get("max_position_embeddings")
+    return int(n) if isinstance(n, int) and n > 0 else None
 
 
 def _free_port(host: str) -> int:

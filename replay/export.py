@@ -36,7 +36,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "completion_token_ids": ("list<int32>", "generated token ids"),
     "completion_text": ("string", "generated text (as the node decoded it, else --tokenizer's decoding)"),
     "reward": ("float64", "the sample's reward"),
-    "finish_reason": ("string", "stop or length"),
+    "finish_reason": ("string", "stop, length or context (the model's window was full)"),
     "token_versions": ("list<int64>", "policy version that generated each completion token"),
     "behaviour_logprobs": ("list<float64>", "log-prob of each completion token under the behaviour policy"),
     "min_version": ("int64", "oldest version among the tokens (null: no tokens)"),

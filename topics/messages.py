@@ -39,6 +39,13 @@ def _check_sampling(sampling: dict[str, Any]) -> None:
                 or (key == "top_p" and v == 0):
             raise ValueError(f"sampling[{key!r}] is {v!r:.40}; it is {'an int' if whole else 'a number'} "
                              f">= {lo}" + (f" and <= {hi}" if hi is not None else ""))
+    # a role call's stop sequences (GenerationRequest): stop strings and stop token ids
+    stop = sampling.get("stop")
+    if stop is not None and (type(stop) is not list or not all(type(x) is str and x for x in stop)):
+        raise ValueError(f"sampling['stop'] is {stop!r:.60}; it is a list of non-empty strings")
+    ids = sampling.get("stop_token_ids")
+    if ids is not None and (type(ids) is not list or not all(type(x) is int and x >= 0 for x in ids)):
+        raise ValueError(f"sampling['stop_token_ids'] is {ids!r:.60}; it is a list of token ids (ints >= 0)")
 
 
 def _same_length(name: str, values: Sequence, other: str, n: int, may_be_empty: bool = False) -> None:
@@ -128,7 +135,7 @@ class Sample:
     logprobs: list[float]  #: behaviour-policy logprob of each generated token
     versions: list[int]  #: policy version that generated each token
     reward: float
-    finish_reason: str  #: "stop" or "length"
+    finish_reason: str  #: "stop", "length" or "context" (the model's window was full)
     text: str = ""
     #: this sample's context (the tokens before ``tokens``); empty: the group's ``prompt_ids``
     #: (the task's prompt), which is what nodes write when the two are equal. A sample never
@@ -230,6 +237,10 @@ class GenerationRequest(Message):
     Schema 2 added ``reply_partition``: the requester reads only that partition of
     ``replies`` (``JobTopics.reply_partition`` of its node id), so a node's reply traffic
     does not grow with the number of requesting nodes; -1 (schema 1 records) answers by key.
+
+    A call's stop sequences travel in ``sampling``, in SGLang's names: ``stop`` (strings) and
+    ``stop_token_ids`` (besides the serving policy's end-of-sequence token); a server stops
+    each row at the first one, keeping its tokens (absent in older records: stop at EOS only).
     """
 
     TYPE: ClassVar[str] = "generation-request"

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from astraflow.engines.base import Generation, RolloutEngine, SamplingParams
 
-__all__ = ["Turn", "Trajectory", "EpisodeResult", "Episode", "Role", "EngineRole", "WorkflowSpec",
+__all__ = ["Turn", "Trajectory", "EpisodeResult", "Episode", "Role", "EngineRole", "WorkflowSpec", "WorkflowParamError",
            "workflow", "get_workflow", "WORKFLOWS", "reward", "get_reward", "get_scorer", "takes_metadata",
            "REWARDS", "run_episode",
            "ENV", "role_seed", "ConcurrentGenerateError", "SamplingOverrideError", "call_sampling"]
@@ -100,16 +100,27 @@ class Trajectory:
     def chain(cls, prompt_ids: Sequence[int], parts: Sequence[Turn | tuple[str, Sequence[int]]], role: str,
               reward: float, **info: Any) -> "Trajectory":
         """A multi-turn trajectory of ``role``: ``parts`` in order, each a :class:`Turn` (trained on
-        iff written by ``role``) or ``(writer, token ids)`` context from another role or :data:`ENV`."""
+        iff written by ``role``) or ``(writer, token ids)`` context from another role or :data:`ENV`.
+
+        Tokens in, tokens out: each turn of ``role`` must have been generated from exactly
+        ``prompt_ids`` + the tokens of the parts before it (else ``ValueError``), so what is
+        trained is the sequence the engine saw and produced, never a re-tokenized history."""
         tokens: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
         mask: list[int] = []
         roles: list[str] = []
         last, text = "stop", ""
-        for p in parts:
+        for k, p in enumerate(parts):
             if isinstance(p, Turn):
                 own = p.role == role
+                if own and tuple(p.prompt_ids) != tuple(prompt_ids) + tuple(tokens):
+                    raise ValueError(
+                        f"trajectory of role {role!r}: part {k} (a turn of its own) was generated from a prompt of "
+                        f"{len(p.prompt_ids)} tokens that is not the {len(prompt_ids) + len(tokens)} tokens built "
+                        f"so far (prompt_ids + the parts before it); its logprobs would be trained on a context "
+                        f"the policy never saw — build each turn's prompt from the exact tokens of the chain, "
+                        f"never by re-tokenizing text")
                 tokens += p.tokens
                 logprobs += p.logprobs if own else [0.0] * len(p.tokens)
                 versions += [p.version if own else 0] * len(p.tokens)
@@ -146,10 +157,13 @@ class SamplingOverrideError(ValueError):
 
 
 def call_sampling(role: str, policy: str, sampling: Mapping[str, Any], *, max_new_tokens: int | None = None,
-                  temperature: float | None = None) -> dict[str, Any]:
+                  temperature: float | None = None, stop: Sequence[str] | None = None,
+                  stop_token_ids: Sequence[int] | None = None) -> dict[str, Any]:
     """The sampling settings of one ``generate`` call of ``role``: the policy's own
     (``sampling``: its ``rollout`` section, as the task or the node carries it), with
-    ``max_new_tokens`` when given and not 0 (a length cap changes no token's probability).
+    ``max_new_tokens`` when given and not 0 (a length cap changes no token's probability)
+    and the call's stop sequences when given (``stop`` strings, ``stop_token_ids``; they end
+    a sample, they change no token's probability either: the trainer needs nothing of them).
 
     ``temperature`` may only repeat the policy's; any other value raises
     :class:`SamplingOverrideError`. The trainer of ``policy`` recomputes the logprob of every
@@ -169,6 +183,15 @@ def call_sampling(role: str, policy: str, sampling: Mapping[str, Any], *, max_ne
                 f"rollout.temperature) instead")
     if max_new_tokens:
         out["max_new_tokens"] = int(max_new_tokens)
+    if stop:
+        if isinstance(stop, str):
+            stop = [stop]
+        bad = [x for x in stop if not isinstance(x, str) or not x]
+        if bad:
+            raise ValueError(f"role {role!r}: generate(stop=...) takes non-empty strings, got {bad[:3]!r}")
+        out["stop"] = list(dict.fromkeys(stop))
+    if stop_token_ids:
+        out["stop_token_ids"] = [int(t) for t in stop_token_ids]
     return out
 
 
@@ -188,10 +211,14 @@ class Role(Protocol):
     policy: str
 
     def generate(self, prompts: Sequence[Sequence[int]], *, seeds: Sequence[int],
-                 max_new_tokens: int | None = None, temperature: float | None = None) -> list[Turn]:
+                 max_new_tokens: int | None = None, temperature: float | None = None,
+                 stop: Sequence[str] | None = None) -> list[Turn]:
         """One completion per row of ``prompts``. ``max_new_tokens`` caps this call's length;
         ``temperature`` is accepted only equal to the policy's rollout temperature (see
-        :func:`call_sampling`: anything else raises :class:`SamplingOverrideError`)."""
+        :func:`call_sampling`: anything else raises :class:`SamplingOverrideError`); ``stop``
+        strings end a row (besides EOS) at the first token that completes one, which stays in
+        the turn's tokens (e.g. a closing tool tag). A row whose context fills the model's
+        positions finishes ``"context"`` (no token generated past them)."""
         ...
 
 
@@ -214,13 +241,14 @@ class EngineRole:
         self.name, self.policy, self.engine, self.tokenizer = name, policy, engine, tokenizer
         self.sampling, self.lock, self.before_call = dict(sampling), lock, before_call
 
-    def params(self, max_new_tokens: int | None, temperature: float | None) -> SamplingParams:
+    def params(self, max_new_tokens: int | None, temperature: float | None,
+               stop: Sequence[str] | None = None) -> SamplingParams:
         sampling = call_sampling(self.name, self.policy, self.sampling, max_new_tokens=max_new_tokens,
-                                 temperature=temperature)
+                                 temperature=temperature, stop=stop)
         return SamplingParams.from_mapping(sampling, stop_token_ids=(self.tokenizer.eos_token_id,))
 
-    def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None) -> list[Turn]:
-        params = self.params(max_new_tokens, temperature)
+    def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None, stop=None) -> list[Turn]:
+        params = self.params(max_new_tokens, temperature, stop)
         if self.lock is None:
             gens = self._call(prompts, params, seeds)
         else:
@@ -248,13 +276,15 @@ class _SeededRole:
         self._guard = guard or _OneCallAtATime(episode_id)
         self.turns = 0
 
-    def generate(self, prompts, *, seeds=None, max_new_tokens=None, temperature=None) -> list[Turn]:
+    def generate(self, prompts, *, seeds=None, max_new_tokens=None, temperature=None, stop=None) -> list[Turn]:
         with self._guard.call(self.name):
             prompts = [list(p) for p in prompts]
             if seeds is None:
                 seeds = [role_seed(self._seed, self._episode, self.name, self._calls, j) for j in range(len(prompts))]
             self._calls += 1
-            out = self._role.generate(prompts, seeds=seeds, max_new_tokens=max_new_tokens, temperature=temperature)
+            more = {"stop": stop} if stop else {}  # (a role written before stop sequences takes none)
+            out = self._role.generate(prompts, seeds=seeds, max_new_tokens=max_new_tokens, temperature=temperature,
+                                      **more)
             self.turns += len(out)
             return out
 
@@ -296,6 +326,10 @@ class Episode:
     tokenizer: Any
     params: Mapping[str, Any] = field(default_factory=dict)  #: ``workflow.params`` of the job config
     metadata: Mapping[str, Any] = field(default_factory=dict)  #: the prompt's metadata (tests, ...)
+    #: ``with ep.off_engine():`` around time spent on anything but ``generate`` (a tool, an
+    #: environment step): the episode steps out of the node's batch, as a role served by
+    #: another pool does, so the other episodes' engine calls do not wait for it
+    off_engine: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -316,19 +350,32 @@ class WorkflowSpec:
     #: the reward that scores one answer of the first role alone, unless ``workflow.params.reward``
     #: names another (what the evaluator's per-policy accuracy of the lead policy measures)
     reward: str = "exact_match"
+    #: checks ``workflow.params`` when a job config is loaded; raises :class:`WorkflowParamError`
+    check: Callable[[Mapping[str, Any]], None] | None = None
+
+
+class WorkflowParamError(ValueError):
+    """A workflow's ``workflow.params`` entry is unusable; ``key`` names it (below ``params``)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key, self.message = key, message
 
 
 WORKFLOWS: dict[str, WorkflowSpec] = {}
 REWARDS: dict[str, Callable[..., float]] = {}
 
 
-def workflow(name: str, roles: Sequence[str], reward: str = "exact_match") -> Callable[[EpisodeFn], EpisodeFn]:
+def workflow(name: str, roles: Sequence[str], reward: str = "exact_match",
+             check: Callable[[Mapping[str, Any]], None] | None = None) -> Callable[[EpisodeFn], EpisodeFn]:
     """Register an episode function under ``name``, calling roles ``roles``; ``reward`` scores one
-    answer of the first role when the job's ``workflow.params`` name none."""
+    answer of the first role when the job's ``workflow.params`` name none; ``check`` validates
+    ``workflow.params`` at config load (raising :class:`WorkflowParamError`)."""
     def deco(fn: EpisodeFn) -> EpisodeFn:
         if name in WORKFLOWS and not _same(WORKFLOWS[name].fn, fn):
             raise ValueError(f"workflow {name!r} registered twice")
-        WORKFLOWS[name] = WorkflowSpec(name, fn, tuple(roles), (fn.__doc__ or "").strip().split("\n")[0], reward)
+        WORKFLOWS[name] = WorkflowSpec(name, fn, tuple(roles), (fn.__doc__ or "").strip().split("\n")[0], reward,
+                                       check)
         return fn
     return deco
 
@@ -414,7 +461,7 @@ def run_episode(spec: WorkflowSpec, episode: Episode, job_seed: int) -> EpisodeR
     if missing:
         raise KeyError(f"workflow {spec.name!r} needs roles {sorted(missing)} bound to a policy")
     ep = Episode(episode.episode_id, episode.prompt, episode.answer, episode.n_samples, seeded, episode.tokenizer,
-                 episode.params, episode.metadata)
+                 episode.params, episode.metadata, episode.off_engine)
     result = spec.fn(ep)
     if not isinstance(result, EpisodeResult):
         raise TypeError(f"workflow {spec.name!r} returned {type(result).__name__}, not EpisodeResult")

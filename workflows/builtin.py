@@ -1,8 +1,9 @@
 """The workflows and rewards that ship with AstraFlow; importing this module registers them.
 
 ``rlvr`` (one role: generate ``n`` samples, score each) is what a single-policy job runs;
-``solver_verifier`` is the maths solver-verifier team; the code workflows and the maths
-answer checker register themselves from their modules. A user workflow registers the same
+``solver_verifier`` is the maths solver-verifier team; the code workflows, the maths
+answer checker, the ``agent`` workflow and the ``text_game`` environment register
+themselves from their modules. A user workflow registers the same
 way from any module the job imports (``workflow.module`` in the job config). Nothing here
 knows where an episode runs or how its calls are batched: the episode runner
 (``astraflow.actors.episodes``) runs these for RaaS nodes and the in-process baselines.
@@ -38,7 +39,7 @@ def rlvr(ep: Episode) -> EpisodeResult:
     return EpisodeResult({"solver": trajs}, team_reward=sum(t.reward for t in trajs) / len(trajs))
 
 
-for _module in ("solver_verifier", "code_workflows", "math_answers"):
+for _module in ("solver_verifier", "code_workflows", "math_answers", "agent", "text_game"):
     try:
         importlib.import_module(f"astraflow.workflows.{_module}")
     except ModuleNotFoundError as e:  # an optional module not built yet / its package missing

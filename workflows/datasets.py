@@ -51,6 +51,11 @@ def load_prompts(source: str, n: int | None, *, seed: int = 0, max_digits: int =
             raise DatasetError("the arithmetic generator needs a prompt count (data.num_prompts)")
         problems = generate_problems(n, seed=seed, split="train", max_digits=max_digits, ops=ops)
         return [Prompt(f"arith-{seed}-{i}", p.prompt, p.answer, "arithmetic") for i, p in enumerate(problems)]
+    if source == "text_game":  # the agent workflow's shipped environment: generated games
+        if n is None:
+            raise DatasetError("the text_game task generator needs a prompt count (data.num_prompts)")
+        from .text_game import text_game_prompts
+        return text_game_prompts(n, seed)
     if source == "code":  # program synthesis: infer f from examples; hidden tests in the metadata
         if n is None:
             raise DatasetError("the code task generator needs a prompt count (data.num_prompts)")

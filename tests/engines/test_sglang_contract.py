@@ -141,3 +141,23 @@ def test_row_seeds_travel_as_per_request_sampling_seed(tiny_model_path, stub_url
     with pytest.raises(ValueError, match="2 seeds for 3 prompts"):
         engine.generate(prompts, SamplingParams(max_new_tokens=3), seeds=[1, 2])
     engine.close()
+
+
+def test_stop_sequences_and_the_context_guard_reach_the_server(tiny_model_path, stub_url):
+    """Stop strings go as ``stop`` (stop token ids as ``stop_token_ids``, the stop kept in the
+    output); each row's budget is clipped to the model's 128 positions and a row whose prompt
+    fills them alone is answered ``context`` without reaching the server."""
+    engine = SGLangEngine(tiny_model_path, SGLangConfig(url=stub_url))
+    assert engine.max_positions == 128
+    params = SamplingParams(temperature=1.0, max_new_tokens=10, stop_token_ids=(1,), stop=("</tool>",))
+    short, near, full = [20, 21, 27], [22] * 124, [23] * 128
+    gens = engine.generate([short, near, full], params)
+    path, body = calls(stub_url)[-1]
+    assert path == "/generate" and body["input_ids"] == [short, near]  # the full row never went
+    assert [s["max_new_tokens"] for s in body["sampling_params"]] == [10, 4]
+    assert all(s["stop"] == ["</tool>"] and s["stop_token_ids"] == [1] and s["no_stop_trim"]
+               for s in body["sampling_params"])
+    assert gens[2].tokens == () and gens[2].finish_reason == "context"
+    assert len(gens[1].tokens) <= 4 and gens[1].finish_reason in ("stop", "context")
+    assert all(len(g.prompt_ids) + len(g.tokens) <= 128 for g in gens)
+    engine.close()
