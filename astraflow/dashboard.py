@@ -306,6 +306,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, json.dumps(state).encode(), "application/json")
         elif path == "/events":
             self._events(dash)
+        elif path == "/favicon.ico":
+            self._send(204, b"", "image/x-icon")
         elif path == "/vendor/chart.umd.js":
             self._send(200, dash.chart_js.read_bytes(), "text/javascript")
         elif path in ("/", "/index.html") or path.strip("/") in dash.files:
@@ -395,10 +397,10 @@ class Dashboard:
         from kafka import TopicPartition
 
         from astraflow.topics import Consumer, DeadLetter, Heartbeat, JobTopics, Metric, VersionAnnouncement
-        from astraflow.tracking import _Passed
+        from astraflow.tracking import PassedOver
         topics = JobTopics(job=self.job)
         tps = [TopicPartition(t, 0) for t in (topics.metrics, topics.control, topics.versions, topics.dlq)]
-        passed = _Passed(lambda line: log.info("dashboard: %s", line.removeprefix("track: ")))
+        passed = PassedOver(log.warning, reader="dashboard")
         try:
             with Consumer(self.bootstrap, partitions=tps, client_id="astraflow-dashboard", dead_letters=passed,  # type: ignore[arg-type]
                           expect={topics.metrics: (Metric,), topics.versions: (VersionAnnouncement,),

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,10 +51,18 @@ def main(argv: list[str] | None = None) -> int:
             break
     if url is None:
         raise SystemExit(f"the run ended without a dashboard (exit {run.wait()})")
+    def echo() -> None:  # keep reading the run's output (a full pipe would stall it)
+        for rest in run.stdout:
+            print(rest, end="", flush=True)
+
+    reader = threading.Thread(target=echo, daemon=True)
+    reader.start()
     target = int(args.steps * args.at)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page.on("pageerror", lambda e: print(f"page error: {e}", flush=True))
+        page.on("console", lambda m: print(f"page console: {m.text}", flush=True) if m.type == "error" else None)
         page.goto(url)
         page.wait_for_function(f"window.astraflow.points('reward/policy') >= {target} && "
                                "window.astraflow.points('heldout/policy') >= 2", timeout=3_600_000, polling=1000)
@@ -63,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"screenshot: {args.out}", flush=True)
     if args.stop:
         run.send_signal(signal.SIGTERM)
-    for line in run.stdout:
-        print(line, end="", flush=True)
-    return run.wait()
+    code = run.wait()
+    reader.join(timeout=10)
+    return code
 
 
 if __name__ == "__main__":

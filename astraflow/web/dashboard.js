@@ -23,10 +23,16 @@ const AXES = {
   bytes: ["version", "bytes"], latency: ["version", "s"],
 };
 const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"];
-const colorOf = {};
-function color(name) {
-  if (!(name in colorOf)) colorOf[name] = COLORS[Object.keys(colorOf).length % COLORS.length];
-  return colorOf[name];
+const colorOf = {};  // policy (or "team") -> its colour, the same on every chart
+function color(who) {
+  if (!(who in colorOf)) colorOf[who] = COLORS[Object.keys(colorOf).length % COLORS.length];
+  return colorOf[who];
+}
+
+function tint(hex) {  // the colour halfway to white: a policy's second series on the same chart
+  const n = parseInt(hex.slice(1), 16);
+  const mix = (v) => Math.round(v + (255 - v) * 0.5);
+  return `rgb(${mix(n >> 16)}, ${mix((n >> 8) & 255)}, ${mix(n & 255)})`;
 }
 
 const charts = {};
@@ -55,7 +61,7 @@ function dataset(name) {
   const [kind, who] = name.split("/", 2);
   const k = KINDS[kind];
   if (!k) return null;
-  const c = color(who || "");
+  const c = k.dash || k.triangle ? tint(color(who || "")) : color(who || "");
   const ds = {
     label: k.label(who || ""), data: [], borderColor: c, backgroundColor: c, borderWidth: 1.5,
     pointRadius: k.scatter ? 3 : 0, showLine: !k.scatter, stepped: k.stepped ? "before" : false,

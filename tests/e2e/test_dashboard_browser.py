@@ -1,7 +1,8 @@
 """The live dashboard in a real browser (Debian's chromium, driven headless by Playwright) against
-a running job: the page renders, a chart gains points as steps land, a SIGKILLed RaaS node shows
-as gone within its heartbeat window while the others stay alive, and the job still ends done
-with its conservation audit ok (the killed node's tasks were redelivered)."""
+a running job: the page renders, a chart gains points as steps land, a poison record shows in
+the dead letters, a SIGKILLed RaaS node shows as gone within its heartbeat window while the
+others stay alive, and the job still ends done with its conservation audit ok (the killed
+node's tasks were redelivered)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ def _read_until(proc: subprocess.Popen, pattern: str, timeout: float, seen: list
 @pytest.mark.slow
 @pytest.mark.core
 def test_the_dashboard_follows_a_running_job_in_a_real_browser(bootstrap, make_job_config, tmp_path):
+    from kafka import KafkaProducer
     from playwright.sync_api import sync_playwright
 
     from astraflow.actors.signing import with_run_keys
@@ -82,6 +84,12 @@ def test_the_dashboard_follows_a_running_job_in_a_real_browser(bootstrap, make_j
             page.wait_for_function(f"window.astraflow.points('reward/policy') > {first}", timeout=120_000)
             drawn = page.evaluate("window.astraflow.charts.reward.data.datasets[0].data.length")
             assert drawn > first >= 2
+            # a poison record on `metrics`: the launcher dead-letters it, the page counts and names it
+            poison = KafkaProducer(bootstrap_servers=bootstrap)
+            poison.send(job_topics(cfg).metrics, b"{]").get(timeout=30)
+            poison.close()
+            page.wait_for_function("Number(document.getElementById('dlq-count').textContent) >= 1", timeout=60_000)
+            assert job_topics(cfg).metrics in page.inner_text("#dlq")
             # both RaaS nodes alive, then one SIGKILLed: gone within the heartbeat window, the other alive
             row = "document.querySelector('#pool tr[data-node=\"{}\"]')"
             for node in ("raas-0", "raas-extra"):
