@@ -5,7 +5,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-all kafka install layers benchmarks clean
+.PHONY: demo test test-all kafka install layers benchmarks browser clean
+WEB    := astraflow/web
+CHARTS := $(WEB)/node_modules/.installed
 
 $(STAMP): pyproject.toml setup.py weights/_deltakernel.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=python3.11)")'
@@ -15,22 +17,35 @@ $(STAMP): pyproject.toml setup.py weights/_deltakernel.c
 	$(PY) -m pip install --quiet --retries 10 --resume-retries 10 -e '.[test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# The dashboard's chart library (Chart.js), from the npm registry as package-lock.json pins it.
+$(CHARTS): $(WEB)/package.json $(WEB)/package-lock.json
+	npm ci --prefix $(WEB) --no-audit --no-fund --loglevel=error
+	touch $(CHARTS)
 
-kafka: $(STAMP)
+install: $(STAMP) $(CHARTS)
+
+kafka: $(STAMP) $(CHARTS)
 	$(VENV)/bin/astraflow broker fetch
+
+# Debian's chromium, which the dashboard's browser test drives headless (Playwright, no browser download).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium for the browser test (apt-get) ..."; \
+	  if [ "$$(id -u)" != 0 ]; then echo "make: the browser test needs Debian's chromium: run 'apt-get install chromium' as root"; exit 1; fi; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null) \
+	    || { echo "make: apt-get could not install chromium"; exit 1; }; }
 
 demo: kafka
 	$(VENV)/bin/astraflow run examples/arithmetic_grpo.yaml
 
 # `make test`: the layer check, then every fast test plus the end-to-end runs marked core
 # (~15 min on 2 cores); `make test-all`: every test, the long end-to-end and chaos runs included.
-test: kafka layers
+test: kafka layers browser
 	@$(PY) -m pytest -m "not slow or core"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests - treating as a failure"; exit 1; fi; \
 	exit $$rc
 
-test-all: kafka
+test-all: kafka browser
 	@$(PY) -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-all: pytest collected no tests - treating as a failure"; exit 1; fi; \
 	exit $$rc
@@ -43,4 +58,4 @@ benchmarks: kafka
 	$(PY) benchmarks/topics_throughput.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info weights/_deltakernel*.so
+	rm -rf $(VENV) build *.egg-info weights/_deltakernel*.so $(WEB)/node_modules

@@ -222,8 +222,14 @@ def team_free_specs(specs) -> tuple:
 
 def context_of(cfg) -> Context:
     """The :class:`Context` of a :class:`~astraflow.config.JobConfig`."""
-    return Context(seed=cfg.seed, groups_per_batch=cfg.dataflow.groups_per_batch, n_samples=cfg.rollout.n_samples,
-                   max_staleness=cfg.effective_staleness)
+    return context_for(cfg.seed, cfg.dataflow, cfg.rollout, cfg.effective_staleness)
+
+
+def context_for(seed: int, dataflow, rollout, max_staleness: int) -> Context:
+    """The :class:`Context` of a job's (or one policy's) ``dataflow`` and ``rollout`` sections:
+    what the config's own checks build before any view of it exists."""
+    return Context(seed=seed, groups_per_batch=dataflow.groups_per_batch, n_samples=rollout.n_samples,
+                   max_staleness=max_staleness)
 
 
 def digest(state: dict[str, Any]) -> str:

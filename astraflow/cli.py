@@ -275,7 +275,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not args.bootstrap_servers and cfg.kafka.bootstrap_servers:
         _reachable(cfg.kafka.bootstrap_servers, f"kafka.bootstrap_servers of {args.config}")
     summary = run_job(cfg, bootstrap=args.bootstrap_servers or cfg.kafka.bootstrap_servers,
-                      overrides=args.set or [], run_dir=args.run_dir, progress=not args.quiet)
+                      overrides=args.set or [], run_dir=args.run_dir, progress=not args.quiet,
+                      dashboard=args.dashboard)
     if summary["interrupted"]:
         print(f"interrupted after {summary['steps_trained']} versions; everything stopped. "
               f"run dir: {summary['run_dir']}")
@@ -461,6 +462,11 @@ def _cmd_track(args: argparse.Namespace) -> int:
     return track_command(args)
 
 
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from astraflow.dashboard import dashboard_command
+    return dashboard_command(args)
+
+
 def _cmd_runs(args: argparse.Namespace) -> int:
     from astraflow.runs import main as runs_main
     return runs_main(args)
@@ -525,6 +531,9 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--run-dir", help="run directory (default: <run_dir>/<job>-<time>)")
     rn.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     rn.add_argument("--quiet", action="store_true", help="no progress bar")
+    rn.add_argument("--dashboard", nargs="?", type=int, const=0, metavar="PORT",
+                    help="serve the job's live dashboard while it runs (on PORT; default: a free port; the URL "
+                         "is printed at start)")
     rn.set_defaults(func=_cmd_run)
 
     nd = sub.add_parser("node", help="run one component against any Kafka cluster (multi-host deployments)")
@@ -643,6 +652,21 @@ def build_parser() -> argparse.ArgumentParser:
     tk.add_argument("--settle", type=float, default=60.0, metavar="S",
                     help="once every trainer is done, wait at most S seconds for the final evaluation (default 60)")
     tk.set_defaults(func=_cmd_track)
+
+    db = sub.add_parser("dashboard", help="a live page of a job: reward, held-out accuracy, versions, staleness, "
+                                          "trainer wait, the RaaS pool, weights, dead letters (from its topics)")
+    db.add_argument("--job", type=_name, help="the job (default: --config's)")
+    db.add_argument("--config", help="the job's config (its job name and heartbeat interval)")
+    _source_flags(db)
+    db.add_argument("--host", default="127.0.0.1", help="the address to serve on (default 127.0.0.1; 0.0.0.0 "
+                                                        "for every interface)")
+    db.add_argument("--port", type=int, default=8050, help="the port to serve on (default 8050; 0: a free one)")
+    db.add_argument("--topology", help="the job's topology file: nodes grouped by region, each region's lag")
+    db.add_argument("--alive-s", type=float, metavar="S", help="a node whose newest heartbeat is older than S "
+                    "seconds shows as gone (default: 3 heartbeat intervals of --config plus 1 s, else 15)")
+    db.add_argument("--wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for the job's "
+                                                                         "topics to exist (default: none)")
+    db.set_defaults(func=_cmd_dashboard)
 
     ru = sub.add_parser("runs", help="finished run directories: prune (bound the disk they take)")
     ru.add_argument("action", choices=["prune"])

@@ -615,18 +615,16 @@ class JobConfig:
         prompts the team's episodes run on, once for every policy: the lead policy's run (they
         learn from its groups); a non-lead policy may repeat them (inherited from the top-level
         ``dataflow`` section; its lane skips them), never add or change one."""
-        from astraflow.algorithms.base import Context
-        from astraflow.algorithms.pipeline import PipelineError, build_pipeline, is_curator
+        from astraflow.algorithms.pipeline import PipelineError, build_pipeline, context_for, is_curator
         lead = self.lead_policy
         lead_curators = [s for s in self.policies[lead].dataflow.algorithms if is_curator(s)]
         for p in names:
             section = self.policies[p]
             specs = section.dataflow.algorithms
-            # the policy's view (what context_of reads), without building one: a view is a
-            # JobConfig and would run these checks again
-            ctx = Context(seed=self.seed, groups_per_batch=section.dataflow.groups_per_batch,
-                          n_samples=section.rollout.n_samples,
-                          max_staleness=0 if self.mode == "sync" else section.dataflow.max_staleness)
+            # the policy view's context, from its sections: a view is a JobConfig and would run
+            # these checks again
+            ctx = context_for(self.seed, section.dataflow, section.rollout,
+                              0 if self.mode == "sync" else section.dataflow.max_staleness)
             try:
                 build_pipeline(specs, ctx, section.dataflow.force_after_skips)
             except PipelineError as e:

@@ -56,7 +56,7 @@ from astraflow.tracking import open_sinks
 
 def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str] | None = None,
             run_dir: str | Path | None = None, progress: bool = True, max_restarts: int = 3,
-            timeout_s: float | None = None, extension=None) -> dict:
+            timeout_s: float | None = None, extension=None, dashboard: int | None = None) -> dict:
     """Run the job to completion; returns the summary (also written to the run directory).
 
     ``extension`` (``astraflow launch``'s :class:`~astraflow.topology.launch.TopologyRun`)
@@ -65,7 +65,8 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
     the one thread that owns the process list) and adds to the summary (``summary``). With the
     embedded broker, its ``broker_setup(broker)`` context is entered before the broker starts
     (it may add ``server.properties`` to ``broker.extra``, e.g. the listeners of emulated WAN
-    links) and exited after the broker stops."""
+    links) and exited after the broker stops. ``dashboard``: serve the job's live dashboard on
+    that port (0: a free one) while it runs; None: none."""
     from astraflow.actors.common import model_path
     from astraflow.topics import (Consumer, DeadLetters, EmbeddedBroker, Heartbeat, Metric, SnapshotRequest,
                                   ensure_topics, job_topics)
@@ -119,6 +120,11 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
             feed.raw.seek_to_beginning(TopicPartition(topics.metrics, 0))
             control = TopicPartition(topics.control, 0)
             feed.raw.seek(control, feed.raw.end_offsets([control])[control])
+        if dashboard is not None:
+            from astraflow.dashboard import Dashboard, alive_window
+            dash = stack.enter_context(Dashboard(bootstrap, cfg.job, port=dashboard, policies=tuple(cfg.policy_names),
+                                                 alive_s=alive_window(cfg.rollout.heartbeat_s)))
+            print(f"dashboard: {dash.url}", flush=True)  # (also under --quiet: it is what the flag asked for)
         tracked = stack.enter_context(open_sinks(cfg.tracking, run_dir, cfg.job))  # TensorBoard / MLflow, if asked
         for line in tracked.where():
             say(progress, line)

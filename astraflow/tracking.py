@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from astraflow.config import TrackingConfig
     from astraflow.topics import Metric
 
-__all__ = ["MetricSink", "MlflowSink", "Sinks", "TensorBoardSink", "TrackError", "TrackResult", "job_policies_at",
+__all__ = ["MetricSink", "MlflowSink", "PassedOver", "Sinks", "TensorBoardSink", "TrackError", "TrackResult", "job_policies_at",
            "open_sinks", "tag", "track", "track_command"]
 
 log = logging.getLogger(__name__)
@@ -202,16 +202,17 @@ class TrackResult:
     done: dict[str, int] = field(default_factory=dict)  #: policy -> the version its trainer finished at
 
 
-class _Passed:
-    """Stands where a consumer's dead-letter topic would: ``track`` only reads, so an
-    undecodable record is named (its coordinates) and passed over; it stays in the log."""
+class PassedOver:
+    """Stands where a consumer's dead-letter topic would for a reader that only reads
+    (``track``, the dashboard): an undecodable record is named (its coordinates) and passed
+    over; it stays in the log."""
 
-    def __init__(self, say: Callable[[str], None]) -> None:
-        self.say, self.count = say, 0
+    def __init__(self, say: Callable[[str], None], reader: str = "track") -> None:
+        self.say, self.reader, self.count = say, reader, 0
 
     def put(self, topic, partition, offset, key, value, headers, error) -> None:
         self.count += 1
-        self.say(f"track: passed over {topic}[{partition}]@{offset}: {error}")
+        self.say(f"{self.reader}: passed over {topic}[{partition}]@{offset}: {error}")
 
 
 def job_policies_at(bootstrap: str, job: str) -> tuple[str, ...]:
@@ -246,7 +247,7 @@ def track(bootstrap: str, job: str, sinks: Sinks, *, policies: tuple[str, ...] |
     topics = JobTopics(job=job)
     if policies is None:
         policies = job_policies_at(bootstrap, job)
-    passed = _Passed(say)
+    passed = PassedOver(say)
     tp = TopicPartition(topics.metrics, 0)
     result = TrackResult()
     with Consumer(bootstrap, partitions=[tp], client_id="astraflow-track", dead_letters=passed,  # type: ignore[arg-type]

@@ -57,10 +57,7 @@ RECOVERED_AFTER = 3  #: transactions begun after the kill each node must commit 
 GIVE_UP_S = 120.0
 
 
-# -- where Kafka puts a coordinator ----------------------------------------------------------
-
-_partition_for = coordinator_partition  #: Kafka's coordinator partition for a group or transactional id
-
+# -- where Kafka puts a coordinator (chaos.faults.coordinator_partition) -----------------------
 
 def _leaders(admin: KafkaAdminClient, topic: str) -> dict[int, int]:
     return {p["partition_index"]: p["leader_id"] for p in admin.describe_topics([topic])[0]["partitions"]}
@@ -69,7 +66,7 @@ def _leaders(admin: KafkaAdminClient, topic: str) -> dict[int, int]:
 def _name_led_by(leaders: dict[int, int], broker: int, prefix: str) -> str | None:
     """A name ``prefix-<n>`` whose coordinator partition ``broker`` leads, None if it leads none."""
     for n in range(10_000):
-        if leaders[_partition_for(f"{prefix}-{n}", len(leaders))] == broker:
+        if leaders[coordinator_partition(f"{prefix}-{n}", len(leaders))] == broker:
             return f"{prefix}-{n}"
     return None
 
