@@ -165,6 +165,7 @@ def _read_all(bootstrap: str, topic: str, n: int, **kw) -> list:
 
 
 @slow
+@pytest.mark.core  # the secured broker in `make test`: one start, shared by these
 def test_the_right_credentials_and_ca_round_trip_records(secured):
     bootstrap, sup, topics = secured
     with Producer(bootstrap, client_id="test-sec") as p:
@@ -174,6 +175,7 @@ def test_the_right_credentials_and_ca_round_trip_records(secured):
 
 
 @slow
+@pytest.mark.core  # the secured broker in `make test`: one start, shared by these
 @pytest.mark.parametrize("change, says", [
     (lambda s: dataclasses.replace(s, password="not-the-password"), "refused SASL authentication of user 'admin'"),
     (lambda s: security.ClientSecurity(), "the listener wants TLS"),
@@ -191,6 +193,7 @@ def test_a_wrong_setting_is_refused_with_one_clear_line(secure_broker, change, s
 
 
 @slow
+@pytest.mark.core  # the secured broker in `make test`: one start, shared by these
 def test_acl_apply_gives_each_principal_only_what_its_role_needs(secured):
     bootstrap, sup, topics = secured
     users = {"raas": f"raas-{topics.job}", "trainer": f"trainer-{topics.job}"}
