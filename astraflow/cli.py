@@ -357,7 +357,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     from astraflow.config import load_config
     from astraflow.launcher import launch
     summary = launch(args.topology, load_config(args.job, _overrides(args.set)), overrides=args.set or [],
-                     run_dir=args.run_dir, bootstrap=args.bootstrap_servers, progress=not args.quiet)
+                     run_dir=args.run_dir, bootstrap=args.bootstrap_servers, progress=not args.quiet,
+                     dashboard=args.dashboard)
     if summary["interrupted"]:
         print(f"interrupted after {summary['steps_trained']} versions; everything stopped. "
               f"run dir: {summary['run_dir']}")
@@ -577,6 +578,9 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--run-dir", help="run directory (default: <run_dir>/<job>-<time>)")
     la.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a job-config key (repeatable)")
     la.add_argument("--quiet", action="store_true", help="no progress bar")
+    la.add_argument("--dashboard", nargs="?", type=int, const=0, metavar="PORT",
+                    help="serve the job's live dashboard while it runs, nodes grouped by region (on PORT; default: "
+                         "a free port; the URL is printed at start)")
     la.set_defaults(func=_cmd_launch)
 
     st = sub.add_parser("status", help="a job's state (running, done, failed, ...), versions per policy, "

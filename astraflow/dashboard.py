@@ -39,7 +39,7 @@ from typing import Any
 from astraflow.errors import FatalError
 
 __all__ = ["Dashboard", "DashboardError", "DashboardState", "WEB_DIR", "alive_window", "chart_library",
-           "dashboard_command", "topology_regions"]
+           "dashboard_command", "plan_regions", "topology_regions"]
 
 log = logging.getLogger(__name__)
 
@@ -438,10 +438,8 @@ def alive_window(heartbeat_s: float) -> float:
     return 3 * heartbeat_s + 1.0
 
 
-def topology_regions(path: str | Path) -> Callable[[str, str, str], str | None]:
-    """Node id -> region, from a topology file's plan (its pools' regions)."""
-    from astraflow.topology.launch import load_plan
-    plan = load_plan(path)
+def plan_regions(plan) -> Callable[[str, str, str], str | None]:
+    """Node id -> region, from a topology's resolved plan (its pools' regions)."""
 
     def region(node_id: str, role: str, policy: str) -> str | None:
         if role == "dataflow":
@@ -451,6 +449,12 @@ def topology_regions(path: str | Path) -> Callable[[str, str, str], str | None]:
         return pool.region if pool is not None else None
 
     return region
+
+
+def topology_regions(path: str | Path) -> Callable[[str, str, str], str | None]:
+    """Node id -> region, from a topology file."""
+    from astraflow.topology.launch import load_plan
+    return plan_regions(load_plan(path))
 
 
 def dashboard_command(args) -> int:

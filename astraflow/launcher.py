@@ -121,9 +121,11 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
             control = TopicPartition(topics.control, 0)
             feed.raw.seek(control, feed.raw.end_offsets([control])[control])
         if dashboard is not None:
-            from astraflow.dashboard import Dashboard, alive_window
+            from astraflow.dashboard import Dashboard, alive_window, plan_regions
+            plan = getattr(extension, "plan", None)  # `astraflow launch`: nodes grouped by their pools' regions
             dash = stack.enter_context(Dashboard(bootstrap, cfg.job, port=dashboard, policies=tuple(cfg.policy_names),
-                                                 alive_s=alive_window(cfg.rollout.heartbeat_s)))
+                                                 alive_s=alive_window(cfg.rollout.heartbeat_s),
+                                                 regions=plan_regions(plan) if plan is not None else None))
             print(f"dashboard: {dash.url}", flush=True)  # (also under --quiet: it is what the flag asked for)
         tracked = stack.enter_context(open_sinks(cfg.tracking, run_dir, cfg.job))  # TensorBoard / MLflow, if asked
         for line in tracked.where():
@@ -277,9 +279,10 @@ def _broker(broker):
 
 def launch(topology: str | Path, cfg: JobConfig, *, overrides: list[str] | None = None,
            run_dir: str | Path | None = None, bootstrap: str | None = None, progress: bool = True,
-           timeout_s: float | None = None) -> dict:
+           timeout_s: float | None = None, dashboard: int | None = None) -> dict:
     """``astraflow launch``: run the job ``cfg`` (loaded with ``overrides``, which its nodes get
-    too) on the deployment ``topology`` describes, every node a process of this machine."""
+    too) on the deployment ``topology`` describes, every node a process of this machine;
+    ``dashboard`` as :func:`run_job`'s (with the nodes grouped by region)."""
     from astraflow.topology.launch import TopologyRun, load_plan
     from astraflow.topology.plan import check_launchable, format_plan, without_emulation
     overrides = list(overrides or [])
@@ -292,4 +295,4 @@ def launch(topology: str | Path, cfg: JobConfig, *, overrides: list[str] | None 
     if progress:
         print(format_plan(plan), flush=True)
     return run_job(cfg, bootstrap=bootstrap, overrides=overrides, run_dir=run_dir, progress=progress,
-                   timeout_s=timeout_s, extension=TopologyRun(plan, cfg, overrides))
+                   timeout_s=timeout_s, extension=TopologyRun(plan, cfg, overrides), dashboard=dashboard)
