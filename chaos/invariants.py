@@ -264,7 +264,8 @@ def _owed(log: JobLog, policy: str | None) -> JobLog:
     if policy is None or not any(t.roles for t in log.tasks):
         return log
     keys = [_Owed(k) for t in log.tasks for k in owed_keys(t, policy)]
-    return JobLog(keys, log.groups, log.batches, log.drops, log.state, log.rejected)  # type: ignore[arg-type]
+    return JobLog(keys, log.groups, log.batches, log.drops, log.state, log.rejected,  # type: ignore[arg-type]
+                  log.limits)
 
 
 def _check_tasks(log: JobLog, a: Audit) -> None:

@@ -287,3 +287,28 @@ def test_possible_groups_pass_and_limits_come_from_declarations():
     assert testgen.group_size("solver", 4) == (4, 8) and testgen.turn_tokens({}, 8) == 24
     assert get_workflow("code_solver_selector").group_size("solver", 4) == (8, 8)
     assert get_workflow("rlvr").role_reward_range("solver", {"reward": "math_answer"}) == (0.0, 1.0)
+
+
+# -- the audit's side, on logs built here (no broker) ----------------------------------------
+
+def test_the_audit_checks_content_in_a_multi_policy_log_too():
+    """A team episode owes each policy a group per role: the content check follows the
+    groups through that bookkeeping (the task's own ``n_samples`` sets the sizes)."""
+    from astraflow.chaos.invariants import JobLog, check
+    from astraflow.topics import Batch, SourceOffset
+    from astraflow.topics.messages import DataflowState
+
+    roles = {"solver": "solver", "verifier": "verifier"}
+    task = Task("t0000000-p", "p", "solver", "1+1=", "2", 2, roles=roles, train=["solver", "verifier"])
+    limits = dataclasses.replace(LIMITS, group_sizes={"solver": (1, 2)}, reward_ranges={"solver": (0.0, 1.0)})
+    group = TrajectoryGroup(task.task_id, "p", "solver", "raas", [1, 2], [_s(), _s(tokens=[7, 500])],
+                            role="solver", role_policies=roles)
+    batch = Batch("solver", 0, [group], [SourceOffset("af.x.trajectories", 0, 0)])
+    state = DataflowState("solver", next_step=1, tasks_scheduled=1, groups_dropped=0)
+    report = check(JobLog([task], [(0, 0, group)], [batch], [], state, limits=limits), 1, "solver")
+    assert report.rejected_groups == {"token_out_of_vocab": 1}
+    assert [v for v in report.violations if "impossible" in v] == [
+        "batch 0: group t0000000-p at trajectories[0]@0 was trained, but its content is impossible: "
+        "token_out_of_vocab: samples[1].tokens hold ids 7..500, outside the model's vocabulary [0, 100)"]
+    # the same log read without limits: nothing to say about content
+    assert check(JobLog([task], [(0, 0, group)], [batch], [], state), 1, "solver").ok
