@@ -14,7 +14,7 @@ then its prompt, then each sample in turn; the first check that fails names the 
 * ``token_out_of_vocab`` — every token id (the group's prompt, each sample's context and
   completion) is in ``[0, vocab_size)`` of the policy's model (its ``config.json``);
 * ``length_over_limit`` — the prompt is no longer than the task's prompt allows (one token per
-  UTF-8 byte, plus :data:`PROMPT_SLACK`), each turn (a run of trained tokens) no longer than
+  UTF-8 byte, plus :data:`PROMPT_SLACK`; when the prompt is known), each turn (a run of trained tokens) no longer than
   the longest ``generate`` call may return (``rollout.max_new_tokens``, or the workflow's own
   ``turn_tokens``), and context plus completion within the model's ``max_position_embeddings``;
 * ``reward_not_finite`` / ``reward_out_of_range`` — every reward (and the group's numeric
