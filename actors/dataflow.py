@@ -9,9 +9,14 @@ Owns the job's data schedule for one policy:
   ``v`` therefore lands in a batch trained at version ``<= v + max_staleness``;
   ``max_staleness = 0`` is the synchronous schedule. Scheduling stops at the training
   horizon (``steps * B + dropped``), so no task is left unneeded after the last batch.
-* **trajectories → batches.** A group answers an open task or is a duplicate; it is
-  checked against the bound once more for the batch it enters, and written as
-  ``Batch(step=k)``. Every group consumed without a batch gets a :class:`GroupDrop` on
+* **trajectories → batches.** A group answers an open task or is a duplicate (a group for
+  a task never published is ``unknown_task``); its content is checked
+  (:mod:`.group_checks`: token ids inside the model's vocabulary, lengths within the task's
+  limits, rewards finite and inside the reward's range, the group's size), and a group
+  that fails is dead-lettered with the check's name, counted in ``dataflow.groups_rejected``
+  and dropped with that reason, which frees its slot for a replacement like a failed
+  group's. A group that passes is checked against the bound once more for the batch it
+  enters, and written as ``Batch(step=k)``. Every group consumed without a batch gets a :class:`GroupDrop` on
   ``drops.<policy>`` with its reason and coordinates (the conservation audit reads them).
   Offsets are committed only up to the first group still waiting, so a restart re-reads
   exactly the partial batch.
@@ -51,7 +56,9 @@ trained groups, is read back from the last batches).
 from __future__ import annotations
 
 import logging
+import re
 import time
+from collections import Counter
 
 from kafka import TopicPartition
 from opentelemetry import trace
@@ -63,10 +70,13 @@ from astraflow.config import GENERATORS, JobConfig
 from astraflow.topics import (Batch, Consumer, DeadLetters, Delivery, Producer, Prompt, Task,
                               TrajectoryGroup, VersionAnnouncement)
 from astraflow.topics import tracing as topic_tracing, job_topics
+from astraflow.topics.codec import encode
+from astraflow.topics.messages import DROP_REASONS
 from astraflow.topics.replay import read_topic
 from astraflow.topics import security
 
 from .common import close_quietly
+from .group_checks import CONTENT_REASONS, GroupLimits, ImpossibleGroup, impossible, limits_for
 from .heldout import training_prompts
 from .ledger import Ledger, read_state
 from .signing import GroupGate, VersionGate
@@ -93,6 +103,9 @@ class Lane:
         specs = cfg.dataflow.algorithms if schedules_prompts else team_free_specs(cfg.dataflow.algorithms)
         self.pipeline = build_pipeline(specs, context_of(cfg), cfg.dataflow.force_after_skips)
         self.ledger: Ledger | None = None
+        self.limits: GroupLimits | None = None  #: what its groups may hold (set up with the dataflow)
+        #: open group key -> UTF-8 bytes of its task's prompt (tasks scheduled by this process)
+        self.prompt_bytes: dict[str, int] = {}
 
     def keys(self, task_id: str) -> list[str]:
         """The group keys an episode opens in this lane (``TrajectoryGroup.group_key``)."""
@@ -185,6 +198,9 @@ class DataflowActor(LoopActor):
         self.metrics = MetricsEmitter(self.plain, self.topics.metrics, f"dataflow.{policy}")
         self.versions_gate = VersionGate(self.job, self.dead, self.metrics)  # only signed versions count
         self.groups_gate = GroupGate(self.job, self.dead, self.metrics)  # only the pool's signed groups count
+        self.content_rejected: Counter = Counter()  #: signed groups refused by a content check, by reason
+        for lane in self.lanes.values():
+            lane.limits = limits_for(self.job, lane.policy)
         self._load_prompts()
         self.prompts_end = self._end_offset(self.topics.prompts)
         self.state_records_read = 0
@@ -324,6 +340,7 @@ class DataflowActor(LoopActor):
                 tasks.append(task)
                 for lane in lanes:
                     lane.ledger.scheduled(lane.keys(task.task_id))
+                    lane.prompt_bytes.update(dict.fromkeys(lane.keys(task.task_id), len(task.prompt.encode())))
                 self.pipeline.scheduled(task.task_id, d.message, self.version)
             if not prompts or len(tasks) >= room:
                 break
@@ -394,6 +411,14 @@ class DataflowActor(LoopActor):
                 continue
             reason = lane.ledger.verdict(d)
             detail = f"group {d.message.group_key} is not open" if reason == "duplicate" else d.message.error
+            if reason == "duplicate" and not self._published(d.message):
+                reason, detail = "unknown_task", f"task {d.message.task_id[:80]!r} was never published"
+            if reason != "duplicate":
+                prompt_bytes = lane.prompt_bytes.pop(d.message.group_key, None)
+                if reason is None and (bad := impossible(d.message, lane.limits, prompt_bytes=prompt_bytes)):
+                    reason, detail = bad
+                if reason in CONTENT_REASONS:
+                    self._refuse(lane, d, reason, detail)
             if reason is None and (verdict := lane.pipeline.verdict(d.message)) is not None:
                 reason, detail = verdict[0], f"dropped by {verdict[1]}"
             if reason is None:
@@ -413,10 +438,42 @@ class DataflowActor(LoopActor):
             with self.txn.transaction():
                 self._send_drops_and_state(self._safe_offsets())
 
+    #: what the dataflow names its tasks (:meth:`_task`): prompt offset, pass (from the 2nd), prompt id
+    _TASK_ID = re.compile(r"t(\d+)(?:\.(\d+))?-(.*)", re.S)
+
+    def _published(self, g: TrajectoryGroup) -> bool:
+        """Whether ``g``'s task may be one this dataflow published: an id it writes, for the
+        group's prompt, at an offset of ``prompts`` in a pass begun (the settled tasks are not
+        kept; a group for one of them is a ``duplicate``)."""
+        m = self._TASK_ID.fullmatch(g.task_id)
+        if m is None or m[3] != g.prompt_id:
+            return False
+        offset, epoch = int(m[1]), int(m[2] or 0)
+        if f"{offset:07d}" != m[1] or (m[2] is not None and (epoch == 0 or str(epoch) != m[2])):
+            return False
+        return epoch <= self.ledger.prompt_epoch and offset < self.prompts_end
+
+    def _refuse(self, lane: Lane, d: Delivery, reason: str, detail: str) -> None:
+        """A signed group whose content is impossible: dead-lettered (once: the letters recall
+        what was refused before a restart) with the check's name, counted; the caller drops it."""
+        g = d.message
+        self.content_rejected[reason] += 1
+        log.warning("dataflow: refusing the trajectory group at %s[%d]@%d (task %s, from %r): %s: %s", d.topic,
+                    d.partition, d.offset, g.task_id[:80], g.node_id[:80], reason, detail)
+        try:
+            value = encode(g)[0]
+        except (TypeError, ValueError):
+            value = b""
+        self.dead.put(d.topic, d.partition, d.offset, d.key.encode() if d.key is not None else None, value,
+                      d.headers, ImpossibleGroup(reason, detail))
+        self.metrics.emit("dataflow.groups_rejected", 1, reason=reason, policy=lane.policy)
+
     def _drop(self, lane: Lane, d: Delivery, reason: str, detail: str = "") -> None:
         lane.ledger.drop(d, reason, lane.ledger.next_step, detail)
-        if reason != "duplicate":  # a duplicate's task was settled, and learnt from, by its first group
-            lane.pipeline.settled(d.message)
+        # A duplicate's task was settled, and learnt from, by its first group; an unknown task
+        # is none of ours. A group refused for its content settles its task, teaching nothing.
+        if DROP_REASONS[reason]:
+            lane.pipeline.settled(d.message, learn=reason not in CONTENT_REASONS)
         self.metrics.emit(f"dataflow.dropped.{reason}", 1, step=lane.ledger.next_step, task=d.message.task_id,
                           policy=lane.policy)
 

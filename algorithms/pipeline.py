@@ -117,10 +117,11 @@ class DataPipeline:
                 return f.reason, f.name
         return None
 
-    def settled(self, group: TrajectoryGroup) -> None:
-        """The group of an open task was batched or dropped: curators learn from it (once)."""
+    def settled(self, group: TrajectoryGroup, learn: bool = True) -> None:
+        """The group of an open task was batched or dropped: curators learn from it (once);
+        ``learn=False`` settles the task without learning (a group whose content was refused)."""
         tags = self.inflight.pop(group.task_id, {})
-        if group.status != "ok" or not group.samples or not self.curators:
+        if not learn or group.status != "ok" or not group.samples or not self.curators:
             return
         outcome = Outcome(group.prompt_id, tuple(s.reward for s in group.samples), group.scheduled_version, tags)
         for c in self.curators:

@@ -77,12 +77,12 @@ class Verdict:
 
 
 def _reports(bootstrap: str, cfg: "JobConfig") -> dict[str, "Audit"]:
-    from astraflow.chaos.invariants import audit, audit_job, group_verifier
+    from astraflow.chaos.invariants import audit, audit_job, content_limits, group_verifier
     from astraflow.topics import job_topics
     if len(cfg.policy_names) > 1:
         return audit_job(bootstrap, cfg)
     return {cfg.policy: audit(bootstrap, job_topics(cfg), cfg.policy, cfg.effective_staleness,
-                              verifier=group_verifier(cfg))}
+                              verifier=group_verifier(cfg), limits=content_limits(cfg))}
 
 
 def audit_now(bootstrap: str, cfg: "JobConfig", *, final: bool, version: int) -> tuple[Verdict, bool]:

@@ -75,7 +75,7 @@ class JobHarness:
         """Audit the topics until the conservation law holds or ``timeout`` passes; the last
         report either way (surviving nodes may still be answering redelivered tasks)."""
         from astraflow.actors.signing import with_run_keys
-        from astraflow.chaos.invariants import audit, audit_job, group_verifier
+        from astraflow.chaos.invariants import audit, audit_job, content_limits, group_verifier
         keyed = with_run_keys(self.cfg, self.run_dir)  # the keys the nodes sign with (their run dir's)
         deadline = time.monotonic() + timeout
         while True:
@@ -85,7 +85,7 @@ class JobHarness:
                     return reports
             else:
                 report = audit(self.bootstrap, self.topics, self.cfg.policy, self.cfg.effective_staleness,
-                               verifier=group_verifier(keyed))
+                               verifier=group_verifier(keyed), limits=content_limits(keyed))
                 if report.ok or time.monotonic() > deadline:
                     return report
             time.sleep(interval)

@@ -16,7 +16,13 @@ newest ``dataflow-state.<policy>`` record as a plain ``read_committed`` consumer
 * every fresh sample respects the staleness bound: a token generated at version ``v``
   is in a batch ``k`` with ``k - v <= max_staleness`` (replays are stale by design);
 * the dataflow's newest state agrees with the log (tasks scheduled, slots freed by drops,
-  next step, nothing open), so the counts it restarts from are the ones the log implies.
+  next step, nothing open), so the counts it restarts from are the ones the log implies;
+* with the job's content limits (:func:`content_limits`), every group's content is checked
+  as the dataflow checks it (:func:`astraflow.actors.group_checks.impossible`, with the
+  task's own prompt and ``n_samples``): a group found impossible is counted in
+  ``rejected_groups`` by its reason and must not be in a batch, and a drop that names a
+  content reason (or ``unknown_task``) must name a group that fails that check. A group
+  refused and then dropped silently (no drop record) is a group never settled.
 
 Multi-policy jobs (:func:`audit_job`): a task is an episode on the lead policy's
 ``tasks.<lead>``; it owes each policy one group per role that policy trains on it
@@ -57,6 +63,7 @@ class JobLog:
     drops: list[GroupDrop]
     state: DataflowState | None = None  #: the dataflow's newest state record
     rejected: Counter = field(default_factory=Counter)  #: unsigned or forged group records, by reason
+    limits: object | None = None  #: the policy's ``GroupLimits``: check every group's content (None: do not)
 
 
 @dataclass
@@ -70,7 +77,8 @@ class Audit:
     drops: Counter = field(default_factory=Counter)  #: drop records by reason
     max_staleness_seen: int = 0
     #: group records on ``trajectories`` not signed by the job's RaaS pool (forged): never a
-    #: task's group, by reason
+    #: task's group, by reason; and signed groups whose content is impossible (``token_out_of_vocab``,
+    #: ``unknown_task``, ...: groups of their tasks that must be dropped, never trained)
     rejected_groups: Counter = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
     #: the violations that only say "not settled yet" (also in ``violations``)
@@ -107,10 +115,12 @@ def owed_keys(task: Task, policy: str) -> list[str]:
         [task.task_id for r in train if task.roles.get(r) == policy]
 
 
-def read_log(bootstrap: str, topics: JobTopics, policy: str, lead: str | None = None, verifier=None) -> JobLog:
+def read_log(bootstrap: str, topics: JobTopics, policy: str, lead: str | None = None, verifier=None,
+             limits=None) -> JobLog:
     """``lead``: the policy whose tasks topic holds the episodes (default ``policy``).
     ``verifier``: what the dataflow checks groups with (:func:`group_verifier`): a group record
     it refuses is no group of its task, only counted in ``rejected`` (None: every record counts).
+    ``limits``: what the policy's groups may hold (:func:`content_limits`; None: not checked).
 
     Effects before causes: a batch or drop read here names a group committed before it, so
     before ``trajectories`` is read; a group, a task committed before ``tasks`` is read. On a
@@ -130,7 +140,7 @@ def read_log(bootstrap: str, topics: JobTopics, policy: str, lead: str | None = 
             groups.append((p, o, m))
     tasks = [m for _, _, m in read_topic(bootstrap, topics.tasks(lead or policy)) if isinstance(m, Task)]
     return JobLog(tasks=tasks, groups=groups, batches=batches, drops=drops, state=states[-1] if states else None,
-                  rejected=rejected)
+                  rejected=rejected, limits=limits)
 
 
 def _refused(verifier, topic: str, group: TrajectoryGroup, headers) -> str | None:
@@ -155,10 +165,17 @@ def group_verifier(cfg):
         return None
 
 
+def content_limits(cfg, policy: str | None = None):
+    """What the dataflow checks the content of ``policy``'s groups against (default: the
+    job's policy): :func:`astraflow.actors.group_checks.limits_for`."""
+    from astraflow.actors.group_checks import limits_for
+    return limits_for(cfg, policy or cfg.policy)
+
+
 def audit(bootstrap: str, topics: JobTopics, policy: str, max_staleness: int, lead: str | None = None,
-          verifier=None) -> Audit:
+          verifier=None, limits=None) -> Audit:
     """Read the job's topics and check them; ``Audit.ok`` when nothing is violated."""
-    return check(read_log(bootstrap, topics, policy, lead, verifier), max_staleness, policy)
+    return check(read_log(bootstrap, topics, policy, lead, verifier, limits), max_staleness, policy)
 
 
 def audit_job(bootstrap: str, cfg) -> dict[str, Audit]:
@@ -166,7 +183,7 @@ def audit_job(bootstrap: str, cfg) -> dict[str, Audit]:
     from astraflow.topics import job_topics
     topics, lead = job_topics(cfg), cfg.lead_policy
     verifier = group_verifier(cfg)
-    logs = {p: read_log(bootstrap, topics, p, lead, verifier) for p in cfg.policy_names}
+    logs = {p: read_log(bootstrap, topics, p, lead, verifier, content_limits(cfg, p)) for p in cfg.policy_names}
     out = {p: check(log, cfg.view(p).effective_staleness, p) for p, log in logs.items()}
     episodes = Audit(tasks=len(logs[lead].tasks))
     writers: dict[str, set[str]] = {}
@@ -182,15 +199,58 @@ def audit_job(bootstrap: str, cfg) -> dict[str, Audit]:
 
 
 def check(log: JobLog, max_staleness: int, policy: str | None = None) -> Audit:
+    impossible = _impossible(log)  # before _owed: it reads the tasks' prompts and n_samples
     log = _owed(log, policy)  # multi-policy: ``tasks`` counts the groups the episodes owe this policy
     a = Audit(tasks=len(log.tasks), groups=len(log.groups), batches=len(log.batches),
               failed_groups=sum(1 for _, _, g in log.groups if g.status != "ok"),
               drops=Counter(d.reason for d in log.drops), rejected_groups=Counter(log.rejected))
+    a.rejected_groups.update(reason for reason, _ in impossible.values())
     _check_tasks(log, a)
     _check_batches(log, a, max_staleness)
     _check_settlement(log, a)
+    _check_content(log, a, impossible)
     _check_state(log, a)
     return a
+
+
+def _impossible(log: JobLog) -> dict[Coord, tuple[str, str]]:
+    """Where the groups whose content the dataflow must refuse are, and why (the check's
+    name and detail); empty without ``log.limits``."""
+    if log.limits is None:
+        return {}
+    from astraflow.actors.group_checks import impossible
+    tasks = {t.task_id: t for t in log.tasks}
+    out: dict[Coord, tuple[str, str]] = {}
+    for p, o, g in log.groups:
+        task = tasks.get(g.task_id)
+        if task is None:
+            out[(p, o)] = ("unknown_task", f"task {g.task_id} was never scheduled")
+            continue
+        found = impossible(g, log.limits, prompt_bytes=len(task.prompt.encode()), n_samples=task.n_samples)
+        if found is not None:
+            out[(p, o)] = found
+    return out
+
+
+def _check_content(log: JobLog, a: Audit, impossible: dict[Coord, tuple[str, str]]) -> None:
+    """An impossible group is never trained; a drop for its content names an impossible group."""
+    if log.limits is None:
+        return
+    from astraflow.actors.group_checks import CONTENT_REASONS
+    for b in log.batches:
+        for j, (src, g) in enumerate(zip(b.sources, b.groups)):
+            found = impossible.get((src.partition, src.offset))
+            if found is not None and not b.is_replay(j):
+                a.violations.append(f"batch {b.step}: group {g.task_id} at trajectories[{src.partition}]@"
+                                    f"{src.offset} was trained, but its content is impossible: {found[0]}: "
+                                    f"{found[1]}")
+    for d in log.drops:
+        if d.reason not in CONTENT_REASONS:
+            continue
+        found = impossible.get((d.source.partition, d.source.offset))
+        if found is None:
+            a.violations.append(f"drop record ({d.reason}) names {d.task_id} at ({d.source.partition}, "
+                                f"{d.source.offset}), whose content passes every check")
 
 
 @dataclass
@@ -204,7 +264,8 @@ def _owed(log: JobLog, policy: str | None) -> JobLog:
     if policy is None or not any(t.roles for t in log.tasks):
         return log
     keys = [_Owed(k) for t in log.tasks for k in owed_keys(t, policy)]
-    return JobLog(keys, log.groups, log.batches, log.drops, log.state, log.rejected)  # type: ignore[arg-type]
+    return JobLog(keys, log.groups, log.batches, log.drops, log.state, log.rejected,  # type: ignore[arg-type]
+                  log.limits)
 
 
 def _check_tasks(log: JobLog, a: Audit) -> None:

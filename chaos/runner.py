@@ -325,7 +325,7 @@ class ChaosRun:
     # -- the verdict ----------------------------------------------------------------------
     def _judge(self, h: _Harness, bootstrap: str, started: float, completed: bool, error: str | None) -> dict:
         from astraflow.actors.signing import with_run_keys
-        from astraflow.chaos.invariants import audit, group_verifier, read_log
+        from astraflow.chaos.invariants import audit, content_limits, group_verifier, read_log
         from astraflow.topics import Heartbeat
         verifier = group_verifier(with_run_keys(self.cfg, self.run_dir))  # the keys the nodes sign with
         from astraflow.topics.replay import read_topic
@@ -333,7 +333,7 @@ class ChaosRun:
         self._say("auditing the topics ...")
         report = (h.audit_until_settled(self.sc.settle_s) if completed
                   else audit(bootstrap, topics, policy, self.cfg.effective_staleness,
-                             verifier=verifier))
+                             verifier=verifier, limits=content_limits(self.cfg)))
         deadline = time.monotonic() + (self.sc.settle_s if completed else 0)
         while True:  # every live node must reach the trainer's final weights (it applies them between polls)
             h.poll_metrics(200)

@@ -31,7 +31,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from . import char_tokenizer
 from .warm_start import DEFAULT_TASK, WarmStartTask, get_task, task_names
@@ -101,6 +101,39 @@ def resolve_model_path(model_path: str, seed: int = 0, task: str = DEFAULT_TASK)
         from astraflow.engines.factory import model_dir
         return model_dir(model_path)
     return ensure_tiny_model(seed=seed, task=task)
+
+
+class ModelShape(NamedTuple):
+    """What a sequence must fit of a model, read cheaply (its ``config.json``, never its weights)."""
+
+    vocab_size: int  #: token ids are in ``[0, vocab_size)``
+    max_positions: int | None  #: the longest sequence (context + completion); None: not declared
+
+
+def shape_of_config(cfg: dict, where: str) -> ModelShape:
+    """The :class:`ModelShape` in a Hugging Face ``config.json`` (``text_config`` for a
+    multimodal one); ``ValueError`` naming ``where`` when it names no vocabulary size."""
+    text = cfg.get("text_config") or {}
+    vocab = cfg.get("vocab_size") or text.get("vocab_size")
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab <= 0:
+        raise ValueError(f"{where} names no vocab_size (a positive int): token ids cannot be bounded")
+    positions = cfg.get("max_position_embeddings") or text.get("max_position_embeddings")
+    return ModelShape(vocab, positions if isinstance(positions, int) and positions > 0 else None)
+
+
+def model_shape(model_path: str | None, seed: int = 0, task: str = DEFAULT_TASK) -> ModelShape:
+    """The shape of the model a job configures: ``model_path``'s ``config.json``, or the cached
+    tiny model's; a tiny model not built yet is described by its spec (what its build writes),
+    so a reader of the shape never builds or loads a model."""
+    if model_path:
+        from astraflow.engines.factory import model_dir
+        path = model_dir(model_path) / "config.json"
+        return shape_of_config(json.loads(path.read_text()), str(path))
+    spec = default_spec(task)
+    built = cache_root() / spec.key(seed, task) / "config.json"
+    if (built.parent / MARKER).exists():
+        return shape_of_config(json.loads(built.read_text()), str(built))
+    return ModelShape(int(math.ceil(len(char_tokenizer.vocab()) / 8) * 8), spec.max_positions)
 
 
 def ensure_tiny_model(cache_dir: str | Path | None = None, seed: int = 0, spec: TinyModelSpec | None = None,

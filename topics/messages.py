@@ -352,9 +352,14 @@ class GroupDrop(Message):
 #: settled without a batch, so the dataflow schedules a replacement). A duplicate answers
 #: a task that is already settled: it frees nothing. ``zero_variance`` is dynamic
 #: sampling's (all samples rewarded alike: no signal; a replacement is scheduled);
-#: ``filtered`` any other group filter's (the filter's name in ``detail``).
+#: ``filtered`` any other group filter's (the filter's name in ``detail``). The content
+#: checks (``astraflow.actors.group_checks``) refuse a signed group whose content no engine
+#: produces: it settles its task like a failed one (a replacement is scheduled), except
+#: ``unknown_task``, a group for a task never published, which settles nothing.
 DROP_REASONS: dict[str, bool] = {"failed": True, "stale": True, "duplicate": False, "zero_variance": True,
-                                 "filtered": True}
+                                 "filtered": True, "group_size": True, "length_mismatch": True,
+                                 "token_out_of_vocab": True, "length_over_limit": True, "reward_not_finite": True,
+                                 "reward_out_of_range": True, "unknown_task": False}
 
 
 @register

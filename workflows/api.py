@@ -18,6 +18,7 @@ by the rollout actor, the in-process sequential baseline and tests alike.
 from __future__ import annotations
 
 import contextlib
+import math
 import hashlib
 import inspect
 import threading
@@ -29,7 +30,7 @@ from astraflow.engines.base import Generation, RolloutEngine, SamplingParams
 
 __all__ = ["Turn", "Trajectory", "EpisodeResult", "Episode", "Role", "EngineRole", "WorkflowSpec", "WorkflowParamError",
            "workflow", "get_workflow", "WORKFLOWS", "reward", "get_reward", "get_scorer", "takes_metadata",
-           "REWARDS", "run_episode",
+           "REWARDS", "REWARD_RANGES", "reward_range", "UNBOUNDED", "run_episode",
            "ENV", "role_seed", "ConcurrentGenerateError", "SamplingOverrideError", "call_sampling"]
 
 ENV = "env"  #: the writer of tokens that no role generated (feedback, tool output)
@@ -341,6 +342,14 @@ class Episode:
 EpisodeFn = Callable[[Episode], EpisodeResult]
 
 
+#: a reward range that declares no bound (``reward(name, low=None, high=None)``)
+UNBOUNDED = (float("-inf"), float("inf"))
+
+
+def _default_turn_tokens(params: Mapping[str, Any], max_new_tokens: int) -> int:
+    return max_new_tokens
+
+
 @dataclass(frozen=True)
 class WorkflowSpec:
     name: str
@@ -352,6 +361,27 @@ class WorkflowSpec:
     reward: str = "exact_match"
     #: checks ``workflow.params`` when a job config is loaded; raises :class:`WorkflowParamError`
     check: Callable[[Mapping[str, Any]], None] | None = None
+    #: role -> ``(low, high)`` its trajectories' rewards lie in, for a role whose rewards are not
+    #: the reward function's (:func:`reward_range`) alone: the dataflow refuses a group outside it
+    reward_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    #: role -> ``(low, high)``: a group of that role holds ``low * n`` to ``high * n`` trajectories
+    #: for a task of ``n`` samples (default exactly ``n``)
+    group_sizes: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    #: ``(params, rollout.max_new_tokens) -> the most tokens one generate call may return``: the
+    #: longest turn (for a workflow whose calls pass their own ``max_new_tokens``)
+    turn_tokens: Callable[[Mapping[str, Any], int], int] = _default_turn_tokens
+
+    def role_reward_range(self, role: str, params: Mapping[str, Any] | None = None) -> tuple[float, float]:
+        """What ``role``'s rewards may be: its declared range, else that of the reward the
+        job's ``workflow.params.reward`` (or this workflow's default reward) names."""
+        if role in self.reward_ranges:
+            return self.reward_ranges[role]
+        return reward_range(str((params or {}).get("reward", self.reward)))
+
+    def group_size(self, role: str, n_samples: int) -> tuple[int, int]:
+        """The fewest and most trajectories a group of ``role`` holds for ``n_samples``."""
+        lo, hi = self.group_sizes.get(role, (1, 1))
+        return lo * n_samples, hi * n_samples
 
 
 class WorkflowParamError(ValueError):
@@ -364,37 +394,78 @@ class WorkflowParamError(ValueError):
 
 WORKFLOWS: dict[str, WorkflowSpec] = {}
 REWARDS: dict[str, Callable[..., float]] = {}
+#: reward name -> ``(low, high)``: what it may return (``-inf`` / ``inf`` where unbounded)
+REWARD_RANGES: dict[str, tuple[float, float]] = {}
 
 
 def workflow(name: str, roles: Sequence[str], reward: str = "exact_match",
-             check: Callable[[Mapping[str, Any]], None] | None = None) -> Callable[[EpisodeFn], EpisodeFn]:
+             check: Callable[[Mapping[str, Any]], None] | None = None, *,
+             reward_ranges: Mapping[str, tuple[float, float]] | None = None,
+             group_sizes: Mapping[str, tuple[int, int]] | None = None,
+             turn_tokens: Callable[[Mapping[str, Any], int], int] | None = None) -> Callable[[EpisodeFn], EpisodeFn]:
     """Register an episode function under ``name``, calling roles ``roles``; ``reward`` scores one
     answer of the first role when the job's ``workflow.params`` name none; ``check`` validates
-    ``workflow.params`` at config load (raising :class:`WorkflowParamError`)."""
+    ``workflow.params`` at config load (raising :class:`WorkflowParamError`).
+
+    What the dataflow checks a group of the workflow against (issue 29: a signed group with
+    impossible content is refused), where the defaults do not hold: ``reward_ranges`` (role
+    -> ``(low, high)`` of its rewards; default: the range of the reward function, see
+    :func:`reward`), ``group_sizes`` (role -> ``(low, high)``: a group holds ``low * n`` to
+    ``high * n`` trajectories; default exactly ``n``) and ``turn_tokens`` (``(params,
+    rollout.max_new_tokens) -> the longest turn``, for calls that pass ``max_new_tokens``)."""
     def deco(fn: EpisodeFn) -> EpisodeFn:
         if name in WORKFLOWS and not _same(WORKFLOWS[name].fn, fn):
             raise ValueError(f"workflow {name!r} registered twice")
+        for role, (lo, hi) in (reward_ranges or {}).items():
+            _check_range(f"workflow {name!r}: reward_ranges[{role!r}]", lo, hi)
+        for role, (lo, hi) in (group_sizes or {}).items():
+            if not (isinstance(lo, int) and isinstance(hi, int) and 0 < lo <= hi):
+                raise ValueError(f"workflow {name!r}: group_sizes[{role!r}] is ({lo!r}, {hi!r}); "
+                                 "it is (low, high) with 0 < low <= high, whole multiples of n_samples")
         WORKFLOWS[name] = WorkflowSpec(name, fn, tuple(roles), (fn.__doc__ or "").strip().split("\n")[0], reward,
-                                       check)
+                                       check, {r: (float(lo), float(hi)) for r, (lo, hi) in (reward_ranges or {}).items()},
+                                       dict(group_sizes or {}), turn_tokens or _default_turn_tokens)
         return fn
     return deco
 
 
-def reward(name: str) -> Callable[[Callable[..., float]], Callable[..., float]]:
-    """Register a reward function under ``name``.
+def reward(name: str, *, low: float | None = 0.0,
+           high: float | None = 1.0) -> Callable[[Callable[..., float]], Callable[..., float]]:
+    """Register a reward function under ``name``, returning values in ``[low, high]``.
 
     A reward is ``fn(completion_text, answer) -> float``, or, to see the row's metadata (the
     dataset's other columns: tests, units, a difficulty), ``fn(completion_text, answer, meta)``
     with a third positional parameter (or a keyword parameter named ``meta`` / ``metadata``).
     Callers score through :func:`get_scorer`, which passes the metadata only to rewards that
     take it, so two-argument rewards keep working unchanged.
+
+    The range (default ``[0, 1]``; ``None`` for no bound on that side) is what the dataflow
+    checks every trajectory's reward against: a group holding a reward outside it, or one
+    that is not finite, is refused (``reward_out_of_range``, ``reward_not_finite``).
     """
+    lo = float("-inf") if low is None else float(low)
+    hi = float("inf") if high is None else float(high)
+    _check_range(f"reward {name!r}", lo, hi)
+
     def deco(fn):
         if name in REWARDS and not _same(REWARDS[name], fn):
             raise ValueError(f"reward {name!r} registered twice")
         REWARDS[name] = fn
+        REWARD_RANGES[name] = (lo, hi)
         return fn
     return deco
+
+
+def _check_range(what: str, lo: float, hi: float) -> None:
+    if math.isnan(lo) or math.isnan(hi) or lo > hi:
+        raise ValueError(f"{what}: the range ({lo}, {hi}) is empty; give low <= high (None: unbounded)")
+
+
+def reward_range(name: str) -> tuple[float, float]:
+    """The ``(low, high)`` reward ``name`` declared (default ``(0.0, 1.0)``); raises ``KeyError``
+    for a reward never registered."""
+    get_reward(name)
+    return REWARD_RANGES.get(name, (0.0, 1.0))
 
 
 def _same(a, b) -> bool:

@@ -111,7 +111,16 @@ def _budget(ep: Episode, key: str) -> int:
     return int(ep.params.get(key, DEFAULT_TOKENS[key]))
 
 
-@workflow("code_solver_selector", roles=("solver", "selector"), reward="code_hidden_tests")
+def _turn_tokens(params, max_new_tokens: int) -> int:
+    """The longest turn of a code workflow: its calls pass their own budgets."""
+    return max([max_new_tokens] + [int(params.get(k, v)) for k, v in DEFAULT_TOKENS.items()])
+
+
+# Rewards as the module docstring gives them: the solver and the selector in [0, 1] (the
+# hidden tests, whatever workflow.params.reward names), the test generator in [0, 2].
+@workflow("code_solver_selector", roles=("solver", "selector"), reward="code_hidden_tests",
+          reward_ranges={"solver": (0.0, 1.0), "selector": (0.0, 1.0)}, group_sizes={"solver": (2, 2)},
+          turn_tokens=_turn_tokens)
 def code_solver_selector(ep: Episode) -> EpisodeResult:
     """The solver writes two attempts per sample; the selector picks one."""
     n, runs = ep.n_samples, _Runs()
@@ -144,7 +153,9 @@ def code_solver_selector(ep: Episode) -> EpisodeResult:
                                   "selector_reward": sum(t.reward for t in selector) / n})
 
 
-@workflow("code_solver_testgen", roles=("solver", "test_generator"), reward="code_hidden_tests")
+@workflow("code_solver_testgen", roles=("solver", "test_generator"), reward="code_hidden_tests",
+          reward_ranges={"solver": (0.0, 1.0), "test_generator": (0.0, 2.0)}, group_sizes={"solver": (1, 2)},
+          turn_tokens=_turn_tokens)
 def code_solver_testgen(ep: Episode) -> EpisodeResult:
     """Attempt 1; generated tests; on a failed generated test, a retry with the verdicts."""
     n, runs = ep.n_samples, _Runs()

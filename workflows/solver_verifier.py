@@ -30,7 +30,10 @@ def verdict_of(text: str) -> bool | None:
     return a > r
 
 
-@workflow("solver_verifier", roles=("solver", "verifier"))
+# The solver retries once per rejected sample (up to 2n trajectories); the verifier scores 0 or 1
+# whatever the reward.
+@workflow("solver_verifier", roles=("solver", "verifier"), reward_ranges={"verifier": (0.0, 1.0)},
+          group_sizes={"solver": (1, 2)})
 def solver_verifier(ep: Episode) -> EpisodeResult:
     """Solver answers, verifier approves or rejects, the solver retries once on reject."""
     score = get_scorer(str(ep.params.get("reward", "exact_match")))

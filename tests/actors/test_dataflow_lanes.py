@@ -53,7 +53,7 @@ class Peers:
         ``version_of(task, policy)``, when given, names the version a policy's pool generated
         that episode's role with (None: ``versions``), e.g. a pool still on old weights.
         ``rewards_of(task, role)``, when given, names the rewards of the role's samples (one
-        sample per reward; default one sample rewarded 1.0)."""
+        sample per reward; default ``n_samples`` samples rewarded 1.0)."""
         for t in self.tasks():
             if t.task_id in self.answered:
                 continue
@@ -61,7 +61,7 @@ class Peers:
             for role in t.train:
                 v = version_of(t, ROLES[role]) if version_of is not None else None
                 v = versions[ROLES[role]] if v is None else v
-                rewards = rewards_of(t, role) if rewards_of is not None else [1.0]
+                rewards = rewards_of(t, role) if rewards_of is not None else [1.0] * t.n_samples
                 g = TrajectoryGroup(t.task_id, t.prompt_id, ROLES[role], "raas-test", [1, 2],
                                     [Sample([7, 8, 9], [-0.5, 0.0, -0.5], [v, 0, v], r, "stop", loss_mask=[1, 0, 1],
                                             token_roles=[0, 1, 0]) for r in rewards],
@@ -248,7 +248,8 @@ def test_the_audit_fails_when_an_episode_owes_a_group_it_never_wrote(run, bootst
     first = peers.tasks()[0]
     peers.answered.add(first.task_id)
     g = TrajectoryGroup(first.task_id, first.prompt_id, "solver", "raas-test", [1, 2],
-                        [Sample([7], [-0.5], [0], 1.0, "stop")], role="solver", role_policies=dict(ROLES))
+                        [Sample([7], [-0.5], [0], 1.0, "stop")] * first.n_samples, role="solver",
+                        role_policies=dict(ROLES))
     peers.send_group(g)
     peers.answer_all({"solver": 0, "verifier": 0})
     drive(actor, lambda: len(peers.batches("solver")) >= 1, "a solver batch")

@@ -50,7 +50,9 @@ class Peers:
 
     def answer(self, task_id: str, *, partition: int = 0, version: int = 0, ok: bool = True,
                policy: str | None = None) -> None:
-        samples = [Sample([7, 8], [-0.5, -0.5], [version, version], 1.0, "stop")] if ok else []
+        # a group of the size its workflow returns (the dataflow refuses any other: group_size)
+        samples = [Sample([7, 8], [-0.5, -0.5], [version, version], 1.0, "stop")] * self.cfg.rollout.n_samples \
+            if ok else []
         group = TrajectoryGroup(task_id, task_id.split("-", 1)[1], policy or self.cfg.policy, "raas-test", [1, 2],
                                 samples,
                                 status="ok" if ok else "failed", error="" if ok else "engine crashed")

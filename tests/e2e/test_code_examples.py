@@ -35,6 +35,8 @@ def test_the_code_example_trains_both_policies_and_reports_each_and_the_team(nam
     for p in policies:  # a bar per policy
         assert f"{cfg.job} {p} versions" in err, p
     assert summary["error"] is None and summary["audit"]["ok"] is True
+    # the engines' groups pass the content checks (two attempts per sample, retries, rewards up to 2)
+    assert not any(c["rejected_groups"] for c in summary["audit"]["final"]["counts"].values())
     assert summary["steps_trained_by_policy"] == {p: 2 for p in policies}
     # the team metric, at version 0 and at the end
     team = summary["team_accuracy_by_version"]

@@ -62,7 +62,9 @@ def test_a_forged_group_fails_the_runs_audit_and_its_exit_status(bootstrap, make
     audit = summary["audit"]
     assert audit["ok"] is False and audit["final"]["final"] is True
     assert audit["final"]["violations"] == ["trajectory group for unknown task forged-task-0"]
-    assert audit["final"]["counts"]["policy"]["drops"] == {"duplicate": 1}  # the dataflow kept it out of training
+    # the dataflow kept it out of training: a task id it never wrote, refused as such and counted
+    assert audit["final"]["counts"]["policy"]["drops"] == {"unknown_task": 1}
+    assert audit["final"]["counts"]["policy"]["rejected_groups"] == {"unknown_task": 1}
     done = [line for line in out.stdout.splitlines() if line.startswith("done:")]
     assert done and done[-1].endswith("conservation audit FAILED: 1 violation(s), first: trajectory group for "
                                       "unknown task forged-task-0")

@@ -80,6 +80,8 @@ def test_two_policies_train_and_survive_a_sigkilled_pool(bootstrap, tmp_path):
     finally:
         h.stop_all()
     _assert_conserved(reports, cfg)
+    # the engines' groups pass the content checks (multi-turn retries, the verifier's 0/1 rewards)
+    assert not any(r.rejected_groups for r in reports.values()), {p: r.rejected_groups for p, r in reports.items()}
     topics = job_topics(cfg)
     tasks = [m for _, _, m in read_topic(bootstrap, topics.tasks("solver")) if isinstance(m, Task)]
     assert tasks and all(t.workflow == "solver_verifier" and t.roles == {"solver": "solver", "verifier": "verifier"}
