@@ -41,12 +41,37 @@ log = logging.getLogger(__name__)
 
 def heldout_accuracy(cfg: JobConfig, engine, tokenizer, problems: list[Prompt]) -> float:
     """Pass@1 of the weights ``engine`` holds on ``problems``, scored by the job's reward with
-    each row's metadata; ``astraflow replay`` evaluates through here too."""
-    from astraflow.workflows.api import get_scorer
+    each row's metadata; for a workflow scored by whole episodes (``episode_eval``: an agent
+    in an environment), the mean reward of its episodes' first-role trajectories.
+    ``astraflow replay`` evaluates through here too."""
+    from astraflow.workflows.api import get_scorer, get_workflow
     from astraflow.workflows.evaluation import pass_at_1
+    spec = get_workflow(cfg.workflow.name)
+    if spec.episode_eval:
+        return episode_accuracy(cfg, engine, tokenizer, problems)
     rows = [(p.text, p.answer, p.metadata) for p in problems]
     return pass_at_1(engine, tokenizer, rows, get_scorer(eval_reward(cfg)), k=cfg.eval.k,
                      temperature=cfg.eval.temperature, max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
+
+
+def episode_accuracy(cfg: JobConfig, engine, tokenizer, problems: list[Prompt]) -> float:
+    """The workflow's episodes on ``problems`` (``eval.k`` samples each, every role on
+    ``engine``, at ``eval.temperature``): the mean reward of the first role's trajectories.
+    Seeded by the job's seed and each row's index, so the same weights give the same score."""
+    from astraflow.workflows.api import EngineRole, Episode, get_workflow, run_episode
+    spec = get_workflow(cfg.workflow.name)
+    sampling = {"temperature": cfg.eval.temperature, "top_p": 1.0, "top_k": 0,
+                "max_new_tokens": cfg.rollout.max_new_tokens}
+    rewards: list[float] = []
+    for i, p in enumerate(problems):
+        roles = {role: EngineRole(role, cfg.policy, engine, tokenizer, sampling) for role in spec.roles}
+        ep = Episode(f"eval-{i}", p.text, p.answer, cfg.eval.k, roles, tokenizer,
+                     {**cfg.workflow.params, "_job_seed": cfg.seed + 1000}, p.metadata)
+        result = run_episode(spec, ep, cfg.seed + 1000)
+        rewards += [t.reward for t in result.trajectories.get(spec.roles[0], [])]
+    if not rewards:
+        raise ValueError(f"workflow {spec.name!r} returned no {spec.roles[0]!r} trajectories on the held-out rows")
+    return sum(rewards) / len(rewards)
 
 
 def team_evaluation(cfg: JobConfig, engines: dict, tokenizer, problems: list[Prompt]) -> tuple[float, dict[str, float]]:

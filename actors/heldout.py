@@ -117,7 +117,10 @@ def eval_reward(cfg: JobConfig) -> str:
     """The reward the lead policy's answers are scored by: ``workflow.params.reward``, else the
     workflow's own (:attr:`~astraflow.workflows.api.WorkflowSpec.reward`)."""
     from astraflow.workflows.api import get_workflow
-    return str(cfg.workflow.params.get("reward") or get_workflow(cfg.workflow.name).reward)
+    spec = get_workflow(cfg.workflow.name)
+    if spec.episode_eval:
+        return f"{spec.name} episode reward"
+    return str(cfg.workflow.params.get("reward") or spec.reward)
 
 
 def _round_robin(lists: list[list]) -> list:

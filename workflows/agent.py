@@ -169,7 +169,7 @@ class _Sample:
         self.length += len(part.tokens if isinstance(part, Turn) else part[1])
 
 
-@workflow("agent", roles=("agent",), check=check_params)
+@workflow("agent", roles=("agent",), check=check_params, episode_eval=True)
 def agent(ep: Episode) -> EpisodeResult:
     """Multi-turn agent episodes in a registered environment, with limits and their reasons."""
     cfg = AgentParams.of(ep.params)

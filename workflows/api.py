@@ -361,6 +361,10 @@ class WorkflowSpec:
     reward: str = "exact_match"
     #: checks ``workflow.params`` when a job config is loaded; raises :class:`WorkflowParamError`
     check: Callable[[Mapping[str, Any]], None] | None = None
+    #: True: the held-out score is the mean reward of the first role's trajectories from whole
+    #: episodes of the workflow (its reward comes from an environment over several turns, not
+    #: from a scorer of one completion)
+    episode_eval: bool = False
     #: role -> ``(low, high)`` its trajectories' rewards lie in, for a role whose rewards are not
     #: the reward function's (:func:`reward_range`) alone: the dataflow refuses a group outside it
     reward_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
@@ -399,13 +403,14 @@ REWARD_RANGES: dict[str, tuple[float, float]] = {}
 
 
 def workflow(name: str, roles: Sequence[str], reward: str = "exact_match",
-             check: Callable[[Mapping[str, Any]], None] | None = None, *,
+             check: Callable[[Mapping[str, Any]], None] | None = None, *, episode_eval: bool = False,
              reward_ranges: Mapping[str, tuple[float, float]] | None = None,
              group_sizes: Mapping[str, tuple[int, int]] | None = None,
              turn_tokens: Callable[[Mapping[str, Any], int], int] | None = None) -> Callable[[EpisodeFn], EpisodeFn]:
     """Register an episode function under ``name``, calling roles ``roles``; ``reward`` scores one
     answer of the first role when the job's ``workflow.params`` name none; ``check`` validates
-    ``workflow.params`` at config load (raising :class:`WorkflowParamError`).
+    ``workflow.params`` at config load (raising :class:`WorkflowParamError`); ``episode_eval``
+    scores held-out rows by whole episodes (:attr:`WorkflowSpec.episode_eval`).
 
     What the dataflow checks a group of the workflow against (issue 29: a signed group with
     impossible content is refused), where the defaults do not hold: ``reward_ranges`` (role
@@ -423,7 +428,7 @@ def workflow(name: str, roles: Sequence[str], reward: str = "exact_match",
                 raise ValueError(f"workflow {name!r}: group_sizes[{role!r}] is ({lo!r}, {hi!r}); "
                                  "it is (low, high) with 0 < low <= high, whole multiples of n_samples")
         WORKFLOWS[name] = WorkflowSpec(name, fn, tuple(roles), (fn.__doc__ or "").strip().split("\n")[0], reward,
-                                       check, {r: (float(lo), float(hi)) for r, (lo, hi) in (reward_ranges or {}).items()},
+                                       check, episode_eval, {r: (float(lo), float(hi)) for r, (lo, hi) in (reward_ranges or {}).items()},
                                        dict(group_sizes or {}), turn_tokens or _default_turn_tokens)
         return fn
     return deco

@@ -372,3 +372,34 @@ def test_a_generation_request_carries_checked_stop_sequences():
     for bad in ({"stop": "</a>"}, {"stop": [""]}, {"stop_token_ids": [-1]}, {"stop_token_ids": ["1"]}):
         with pytest.raises(ValueError, match="stop"):
             GenerationRequest("r", "e", "p", "agent", [[3, 4]], [1], bad).validate()
+
+
+def test_held_out_rows_of_an_agent_job_are_scored_by_whole_episodes(tok_engine):
+    """The evaluator plays the job's own workflow on held-out rows: the score is the mean
+    environment reward of the agent's trajectories (not the exact match of one completion
+    against the row's answer: for an environment task that is empty, and an empty completion
+    "matches" it whatever the policy does)."""
+    from astraflow.actors.evaluator import episode_accuracy, heldout_accuracy
+    from astraflow.actors.heldout import eval_reward
+    from astraflow.config import JobConfig, from_dict
+    from astraflow.topics import Prompt
+    tok, engine = tok_engine
+    params = {"env": "test_drill", "action_format": "eos", "max_turns": 3}
+    cfg = from_dict(JobConfig, {"job": "agent-eval", "workflow": {"name": "agent", "params": params},
+                                "rollout": {"max_new_tokens": 6}, "eval": {"k": 2, "temperature": 0.6}})
+    problems = [Prompt(f"p{i}", "drill", "") for i in range(4)]
+    score = heldout_accuracy(cfg, engine, tok, problems)
+    assert eval_reward(cfg) == "agent episode reward"
+    # the tiny model answers sums: some of the drill's are right, so the episodes score above 0 ...
+    assert 0.0 < score <= 1.0
+    # ... the same weights, rows and seed give the same score ...
+    assert episode_accuracy(cfg, engine, tok, problems) == score
+    # ... and it is what the episodes' trajectories say, row by row
+    rewards = []
+    for i, p in enumerate(problems):
+        role = EngineRole("agent", cfg.policy, engine, tok,
+                          {"temperature": 0.6, "top_p": 1.0, "top_k": 0, "max_new_tokens": 6})
+        ep = Episode(f"eval-{i}", p.text, p.answer, 2, {"agent": role}, tok,
+                     {**params, "_job_seed": cfg.seed + 1000}, {})
+        rewards += [t.reward for t in run_episode(get_workflow("agent"), ep, cfg.seed + 1000).trajectories["agent"]]
+    assert len(rewards) == 8 and score == pytest.approx(sum(rewards) / 8)
