@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from kafka import TopicPartition
+from kafka.errors import TopicAuthorizationFailedError
 
 from astraflow.config import install_security, load_config
 from astraflow.topics import JobTopics, Producer, ensure_topics, security
@@ -177,8 +177,9 @@ def test_acl_plan_topology_plans_one_block_per_principal_the_plan_runs(tmp_path,
 
 # -- the real secured broker -----------------------------------------------------------------
 
-def _read(bootstrap: str, topic: str, partitions: int) -> list:
-    c = Consumer(bootstrap, partitions=[TopicPartition(topic, p) for p in range(partitions)], client_id="pp-read")
+def _poll_in_group(bootstrap: str, topic: str, group: str) -> list:
+    """What a RaaS node does: read ``topic`` in consumer group ``group`` (its first record)."""
+    c = Consumer(bootstrap, topics=[topic], group_id=group, client_id="pp-raas")
     try:
         got = []
         for _ in range(60):
@@ -224,5 +225,13 @@ def test_per_policy_principals_are_refused_the_other_policys_weights_and_tasks(s
             lambda: p.send_sync(topics.weights("b"), Metric(component="trainer", name="m", value=1.0)))
 
     as_user("raas.a")
-    assert [d.message.component for d in _read(bootstrap, topics.tasks("a"), 1)] == ["task-a"]
-    assert "TopicAuthorization" in refused(lambda: _read(bootstrap, topics.tasks("b"), 1))
+    group = topics.rollout_group("a")
+    assert [d.message.component for d in _poll_in_group(bootstrap, topics.tasks("a"), group)] == ["task-a"]
+    # The other policy's tasks: the broker answers its metadata request for tasks.b (what a consumer
+    # asks before it may fetch) with TOPIC_AUTHORIZATION_FAILED; READ would imply DESCRIBE.
+    client = security.admin(bootstrap_servers=bootstrap, client_id="pp-raas-describe")
+    try:
+        described = {t["name"]: t["error_code"] for t in client.describe_topics([topics.tasks("a"), topics.tasks("b")])}
+    finally:
+        client.close()
+    assert described == {topics.tasks("a"): 0, topics.tasks("b"): TopicAuthorizationFailedError.errno}, described
