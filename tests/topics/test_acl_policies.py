@@ -67,9 +67,10 @@ def test_a_per_policy_principal_gets_only_its_own_policys_resources():
     assert not {g for g in ra if g[2] in (t.tasks("b"), t.rollout_group("b"), t.weights("b"))}
     assert not {g for g in ra if g[0] in ("WRITE", "ALL") and (g[2] == t.versions or ".weights." in g[2])}
     # its transactions only under its own policy's ids (the ids RaaS nodes take: af.<job>.raas.<p>.<node>)
-    tids = {e.name for e in entries if e.principal == "User:ra" and e.resource == "TRANSACTIONAL_ID"}
-    assert tids == {t.rollout_transactional_id("a", "")} and t.rollout_transactional_id("a", "raas-a-0").startswith(
-        tids.pop()) and not t.rollout_transactional_id("b", "raas-b-0").startswith(t.rollout_transactional_id("a", ""))
+    tids = {(e.name, e.pattern) for e in entries if e.principal == "User:ra" and e.resource == "TRANSACTIONAL_ID"}
+    assert tids == {(f"{t.prefix}raas.a.", "PREFIXED")}
+    assert t.rollout_transactional_id("a", "solver-raas-0").startswith(f"{t.prefix}raas.a.")
+    assert not t.rollout_transactional_id("b", "raas-0").startswith(f"{t.prefix}raas.a.")
     # a plain role principal keeps every policy's grants, as before
     assert {("WRITE", "TOPIC", t.weights("a")), ("WRITE", "TOPIC", t.weights("b"))} <= _grants(entries, "t-all")
     assert {("READ", "TOPIC", t.tasks("a")), ("READ", "TOPIC", t.tasks("b"))} <= _grants(entries, "r-all")
