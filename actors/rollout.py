@@ -100,7 +100,7 @@ class RolloutActor(LoopActor):
         # The pool's identity on every group it writes: the dataflow counts no other (actors/signing.py).
         self.group_signer = group_signer_for(self.cfg)
         self.producer = Producer(self.bootstrap, client_id=self.node_id,
-                                 transactional_id=f"af.{self.cfg.job}.raas.{self.node_id}",
+                                 transactional_id=self.topics.rollout_transactional_id(self.cfg.policy, self.node_id),
                                  transaction_timeout_ms=self.cfg.kafka.transaction_timeout_ms)
         self.metrics = MetricsEmitter(self.plain, self.topics.metrics, self.node_id)
         self.consumer = self._task_consumer()

@@ -165,24 +165,57 @@ def _cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _acl_users(cfg, policies: tuple[str, ...], pairs: list[str]) -> dict[str, str]:
+    """Principal key (``<role>`` or ``<role>.<policy>``) -> user: the config's principals
+    (a ``<role>`` that every policy's ``<role>.<policy>`` replaces is left out), else
+    ``af-<role>``; then ``--principal`` pairs."""
+    from astraflow.config import POLICY_ROLES, PRINCIPAL_ROLES
+    sec = cfg.kafka.security if cfg else None
+    users = {}
+    for r in PRINCIPAL_ROLES:
+        per_policy = {p: sec.username_of(r, p) for p in policies
+                      if sec and r in POLICY_ROLES and sec.principal_key(r, p) == f"{r}.{p}"}
+        users.update({f"{r}.{p}": u for p, u in per_policy.items()})
+        if len(per_policy) < len(policies) or r not in POLICY_ROLES:
+            users[r] = (sec.username_of(r) if sec else None) or f"af-{r}"
+    for pair in pairs or []:
+        key, _, user = pair.partition("=")
+        role, _, policy = key.partition(".")
+        if (role not in PRINCIPAL_ROLES or not user or (policy and (role not in POLICY_ROLES
+                                                                    or policy not in policies))):
+            raise SystemExit(f"astraflow acl: --principal {pair!r}: expected ROLE=USER or ROLE.POLICY=USER, ROLE "
+                             f"one of {', '.join(PRINCIPAL_ROLES)} (per policy: {', '.join(POLICY_ROLES)}), POLICY "
+                             f"one of {', '.join(policies)}")
+        users[key] = user
+    return users
+
+
 def _cmd_acl(args: argparse.Namespace) -> int:
     """Plan (print) or apply a job's ACLs; ``apply`` runs as the environment's client (the
     super user's ``ASTRAFLOW_KAFKA_*``), never as one of the job's own principals."""
-    from astraflow.config import PRINCIPAL_ROLES, load_config
+    from astraflow.config import load_config
     from astraflow.topics import JobTopics, job_topics
-    from astraflow.topics.acls import apply, format_plan, plan
+    from astraflow.topics.acls import apply, format_plan, plan, principals_of
     cfg = load_config(args.config, _overrides(args.set)) if args.config else None
     if cfg is None and not args.job:
         raise SystemExit("astraflow acl: give --config (or --job and --policy)")
+    if args.topology and cfg is None:
+        raise SystemExit("astraflow acl --topology: give --config too (the job whose topics and principals it runs)")
     topics = job_topics(cfg) if cfg else JobTopics(job=args.job, policies=tuple(args.policy or ["policy"]))
-    users = {r: (cfg.kafka.security.username_of(r) if cfg else None) or f"af-{r}" for r in PRINCIPAL_ROLES}
-    for pair in args.principal or []:
-        role, _, user = pair.partition("=")
-        if role not in PRINCIPAL_ROLES or not user:
-            raise SystemExit(f"astraflow acl: --principal {pair!r}: expected ROLE=USER, ROLE one of "
-                             f"{', '.join(PRINCIPAL_ROLES)}")
-        users[role] = user
-    entries = plan(topics, users)
+    users = _acl_users(cfg, topics.policies, args.principal)
+    if args.topology:  # only the principals the topology's pools run (and the launcher's admin)
+        from astraflow.topology.launch import load_plan
+        pools = load_plan(args.topology, cfg).pools.values()
+        running = {("admin", None)} | {(p.component, None if p.component == "dataflow" else p.policy or cfg.policy)
+                                       for p in pools}
+        try:
+            users = principals_of(sorted(running, key=str), users)
+        except ValueError as e:
+            raise SystemExit(f"astraflow acl --topology {args.topology}: {e}") from None
+    try:
+        entries = plan(topics, users)
+    except ValueError as e:
+        raise SystemExit(f"astraflow acl: {e}") from None
     if args.action == "plan":
         print(format_plan(entries))
         return 0
@@ -193,8 +226,12 @@ def _cmd_acl(args: argparse.Namespace) -> int:
         if cfg is None:
             raise SystemExit("astraflow acl apply --users: give --config (the principals' password files)")
         from astraflow.topics.secured import add_users
-        add_users(bootstrap, {users[r]: cfg.kafka.security.client(r, cfg.config_dir, cfg.source).password
-                              for r in PRINCIPAL_ROLES if cfg.kafka.security.username_of(r)})
+        sec, passwords = cfg.kafka.security, {}
+        for key in users:
+            role, _, policy = key.partition(".")
+            if sec.username_of(role, policy or None) == users[key]:  # configured, so its password is too
+                passwords[users[key]] = sec.client(role, cfg.config_dir, cfg.source, policy=policy or None).password
+        add_users(bootstrap, passwords)
     n = apply(bootstrap, entries)
     print(f"acl: {n} ACLs in force for {len(set(users.values()))} principals of job {topics.job} on {bootstrap}")
     return 0
@@ -301,7 +338,7 @@ def _cmd_node(args: argparse.Namespace) -> int:
     from astraflow.node import run_node
     cfg = load_config(args.config, _overrides(args.set))
     # (run_node installs its role's again; a trainer group's agent and a host's launcher need one first)
-    install_security(cfg, args.role if args.role in ("raas", "trainer", "dataflow") else "admin")
+    install_security(cfg, args.role if args.role in ("raas", "trainer", "dataflow") else "admin", args.policy)
     if args.topology or args.host:
         if not (args.topology and args.host):
             raise FlagError("--topology and --host go together: the file, and which of its hosts this is")
@@ -500,9 +537,12 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_argument("--config", help="the job config: its topics and kafka.security.principals")
     ac.add_argument("--job", type=_name, help="without --config: the job name")
     ac.add_argument("--policy", action="append", type=_name, help="without --config: policy (repeatable)")
-    ac.add_argument("--principal", action="append", metavar="ROLE=USER",
-                    help="a role's user (raas, trainer, dataflow, admin); default: the config's principals, else "
-                         "af-<role>")
+    ac.add_argument("--principal", action="append", metavar="ROLE[.POLICY]=USER",
+                    help="a role's user (raas, trainer, dataflow, admin), or one policy's (raas.P, trainer.P); "
+                         "default: the config's principals, else af-<role>")
+    ac.add_argument("--topology", metavar="FILE",
+                    help="with --config: only the principals the topology's pools run, each policy's where "
+                         "principals are per policy")
     ac.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key")
     ac.add_argument("--bootstrap-servers", help="apply: the cluster (default: kafka.bootstrap_servers)")
     ac.add_argument("--users", action="store_true",

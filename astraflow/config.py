@@ -92,6 +92,14 @@ class RetentionConfig:
 
 #: The component roles a job's principals are named for (``kafka.security.principals``, ``astraflow acl``).
 PRINCIPAL_ROLES = ("raas", "trainer", "dataflow", "admin")
+#: The roles whose nodes serve one policy: ``principals`` may name ``<role>.<policy>`` for them.
+POLICY_ROLES = ("raas", "trainer")
+
+
+def principal_role(key: str) -> tuple[str, str | None]:
+    """``"trainer.solver"`` -> ``("trainer", "solver")``; ``"raas"`` -> ``("raas", None)``."""
+    role, _, policy = key.partition(".")
+    return role, policy or None
 
 
 @dataclass(frozen=True)
@@ -123,7 +131,8 @@ class KafkaSecurityConfig:
     cert_file: str | None = _f(None, "PEM client certificate (mutual TLS; with key_file)")
     key_file: str | None = _f(None, "PEM private key of cert_file")
     check_hostname: bool = _f(True, "check the broker certificate's name against the address dialled")
-    principals: dict[str, KafkaPrincipal] = _f({}, "per role (raas, trainer, dataflow, admin): its own user, so "
+    principals: dict[str, KafkaPrincipal] = _f({}, "per role (raas, trainer, dataflow, admin), or per role and "
+                                                   "policy (raas.<policy>, trainer.<policy>): its own user, so "
                                                    "ACLs give each only what it needs (`astraflow acl plan`)")
 
     def __post_init__(self) -> None:
@@ -133,7 +142,8 @@ class KafkaSecurityConfig:
             if self.sasl_mechanism is None:
                 raise ValueError(f"{key}.sasl_mechanism: {self.protocol} needs one of PLAIN, SCRAM-SHA-256, "
                                  f"SCRAM-SHA-512")
-            if self.username is None and set(self.principals) != set(PRINCIPAL_ROLES):
+            covered = {principal_role(k)[0] for k in self.principals}  # per policy: JobConfig checks each policy
+            if self.username is None and covered != set(PRINCIPAL_ROLES):
                 raise ValueError(f"{key}.username: {self.protocol} needs a user (or principals for every role: "
                                  f"{', '.join(PRINCIPAL_ROLES)})")
             if self.username is not None and bool(self.password_file) == bool(self.password_env):
@@ -154,17 +164,46 @@ class KafkaSecurityConfig:
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError(f"{key}.{'key_file' if self.cert_file else 'cert_file'}: a client certificate needs "
                              f"both cert_file and key_file")
-        for role in self.principals:
+        for name in self.principals:
+            role, policy = principal_role(name)
             if role not in PRINCIPAL_ROLES:
-                raise ValueError(f"{key}.principals.{role}: unknown role (roles: {', '.join(PRINCIPAL_ROLES)})")
+                raise ValueError(f"{key}.principals.{name}: unknown role {role!r} (roles: "
+                                 f"{', '.join(PRINCIPAL_ROLES)}; per policy: {', '.join(POLICY_ROLES)})")
+            if policy is not None and role not in POLICY_ROLES:
+                raise ValueError(f"{key}.principals.{name}: the {role} serves every policy: name it {role!r} "
+                                 f"(per policy: {', '.join(f'{r}.<policy>' for r in POLICY_ROLES)})")
 
-    def username_of(self, role: str) -> str | None:
-        """The user ``role``'s processes authenticate as (None without SASL)."""
-        p = self.principals.get(role)
-        return p.username if p else self.username
+    def principal_key(self, role: str, policy: str | None = None) -> str | None:
+        """The ``principals`` entry ``role``'s node serving ``policy`` logs in as: ``<role>.<policy>``
+        when there is one, else ``<role>``; None when neither (then ``username``)."""
+        if policy is not None and role in POLICY_ROLES and f"{role}.{policy}" in self.principals:
+            return f"{role}.{policy}"
+        return role if role in self.principals else None
 
-    def client(self, role: str, config_dir: str = ".", file: str = "<dict>"):
-        """The :class:`~astraflow.topics.security.ClientSecurity` of ``role``'s processes: its
+    def username_of(self, role: str, policy: str | None = None) -> str | None:
+        """The user ``role``'s processes (serving ``policy``) authenticate as (None without SASL)."""
+        k = self.principal_key(role, policy)
+        return self.principals[k].username if k else self.username
+
+    def check_policies(self, policies: tuple[str, ...], file: str) -> None:
+        """Each ``<role>.<policy>`` names a policy of the job, and without ``username`` every
+        policy of a role named only per policy has its own entry; :class:`ConfigError` naming the key."""
+        for name in self.principals:
+            role, policy = principal_role(name)
+            if policy is not None and policy not in policies:
+                raise ConfigError(file, f"kafka.security.principals.{name}",
+                                  f"no policy {policy!r} (policies: {', '.join(policies)})")
+        if self.username is None and self.protocol.startswith("SASL_"):
+            for role in POLICY_ROLES:
+                missing = [p for p in policies if self.principal_key(role, p) is None]
+                if missing:
+                    raise ConfigError(file, f"kafka.security.principals.{role}.{missing[0]}",
+                                      f"the {role} of policy {missing[0]!r} has no principal: add it, or "
+                                      f"{role!r} (every policy), or kafka.security.username")
+
+    def client(self, role: str, config_dir: str = ".", file: str = "<dict>", policy: str | None = None):
+        """The :class:`~astraflow.topics.security.ClientSecurity` of ``role``'s processes (its node
+        serving ``policy``: principal ``<role>.<policy>`` when configured, else ``<role>``): its
         password read from its file or variable, relative paths taken from ``config_dir``;
         :class:`ConfigError` naming the key and ``file`` when one cannot be read."""
         from astraflow.topics.security import ClientSecurity, SecurityError, read_password
@@ -172,8 +211,9 @@ class KafkaSecurityConfig:
         def path(p: str | None) -> str | None:
             return None if p is None else str(Path(config_dir, p)) if not Path(p).is_absolute() else p
 
-        p = self.principals.get(role)
-        prefix = f"kafka.security.principals.{role}" if p else "kafka.security"
+        k = self.principal_key(role, policy)
+        p = self.principals[k] if k else None
+        prefix = f"kafka.security.principals.{k}" if p else "kafka.security"
         src = p or self
         password = None
         if self.protocol.startswith("SASL_"):
@@ -191,7 +231,7 @@ class KafkaSecurityConfig:
                                   username=src.username, password=password,
                                   ca_file=path(self.ca_file), cert_file=path(self.cert_file),
                                   key_file=path(self.key_file), check_hostname=self.check_hostname,
-                                  source=f"kafka.security of {file}" + (f" (role {role})" if p else ""))
+                                  source=f"kafka.security of {file}" + (f" (principal {k})" if p else ""))
         except SecurityError as e:
             raise ConfigError(file, "kafka.security", str(e)) from None
 
@@ -523,6 +563,7 @@ class JobConfig:
             raise ConfigError(self.source, f"dataflow.{e.key}", e.problem) from None
         self._check_workflow()
         self._check_eval()
+        self.kafka.security.check_policies(self.policy_names, self.source)
 
     def _check_eval(self) -> None:
         ev, files = self.eval, [s for s in self.data_sources if s not in GENERATORS]
@@ -781,12 +822,14 @@ def describe(cls: type = JobConfig, prefix: str = "") -> list[tuple[str, str, st
     return rows
 
 
-def install_security(cfg: JobConfig, role: str = "admin"):
+def install_security(cfg: JobConfig, role: str = "admin", policy: str | None = None):
     """Make ``kafka.security`` (as ``role``'s principal) the client setting of this process;
-    a config without one leaves the environment's (``ASTRAFLOW_KAFKA_*``, else PLAINTEXT).
-    Returns the setting now in force; :class:`ConfigError` when a password or TLS file
-    named by the config cannot be read."""
+    a raas or trainer node serves ``policy`` (default ``cfg.policy``, a policy view's) and logs
+    in as ``<role>.<policy>`` when configured, else as ``<role>``. A config without one leaves
+    the environment's (``ASTRAFLOW_KAFKA_*``, else PLAINTEXT). Returns the setting now in
+    force; :class:`ConfigError` when a password or TLS file named by the config cannot be read."""
     from astraflow.topics import security
     if cfg.kafka.security == KafkaSecurityConfig():
         return security.current()
-    return security.install(cfg.kafka.security.client(role, cfg.config_dir, cfg.source))
+    policy = (policy or cfg.policy) if role in POLICY_ROLES else None
+    return security.install(cfg.kafka.security.client(role, cfg.config_dir, cfg.source, policy=policy))

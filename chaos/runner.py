@@ -217,7 +217,7 @@ class ChaosRun:
             try:
                 node = 1 if f.kind == "disk_full" else self.kafka.pick(
                     f.target, h.topics.batches(self.cfg.policy), self.rng,
-                    group=h.topics.rollout_group(self.cfg.policy), transactional_id=f"af.{self.cfg.job}.raas.raas-0")
+                    group=h.topics.rollout_group(self.cfg.policy), transactional_id=h.topics.rollout_transactional_id(self.cfg.policy, "raas-0"))
             except Exception as e:  # noqa: BLE001 - no broker answered: this fault cannot land now
                 self._broker_busy.release()
                 self.skipped.append(f"{f.key} {f.kind} at {f.when} (no broker to pick: {e})")

@@ -5,9 +5,11 @@ do only what an ACL allows. :func:`plan` lists what each role of a job needs, fr
 job's own :class:`~.registry.JobTopics` (so the plan follows the topics when they change):
 
 - ``raas`` (a RaaS node of policy ``p``): read ``tasks.p`` in its group, write
-  ``trajectories`` in transactions (ids ``af.<job>.raas.*``), read ``versions`` and
-  ``weights.p`` (its weights), write ``metrics``/``control``/``dlq``; it may *not* write
-  ``versions``, ``weights.*``, ``batches.*`` or ``tasks.*``;
+  ``trajectories`` in transactions (ids ``af.<job>.raas.<p>.<node>``), read ``versions`` and
+  ``weights.p`` (its weights), write ``metrics``/``control``/``dlq``; in a multi-policy job
+  read ``generate.p`` in its generation group (the role calls it serves), write the other
+  policies' ``generate.q`` (the role calls it makes), read and write ``replies``; it may
+  *not* write ``versions``, ``weights.*``, ``batches.*`` or ``tasks.*``;
 - ``trainer`` (of ``p``): read ``batches.p``, write ``weights.p`` (and trim it) and
   ``versions``; it may not write ``trajectories``, ``tasks.*`` or ``batches.*``;
 - ``dataflow`` (and the evaluator in its process): read ``prompts``, ``trajectories``,
@@ -16,6 +18,14 @@ job's own :class:`~.registry.JobTopics` (so the plan follows the topics when the
   ``versions`` or ``weights.*``;
 - ``admin`` (the launcher, ``astraflow status``/``replay``/``export``, the operator's tools):
   everything on the job's topics and groups (it creates them) — not the cluster's.
+
+A principal named ``raas`` or ``trainer`` serves every policy and gets those rules for each;
+one named ``raas.<p>`` or ``trainer.<p>`` gets only policy ``p``'s: ``trainer.a`` writes
+``weights.a`` and not ``weights.b``; ``raas.a`` reads ``tasks.a`` and ``weights.a``, uses
+only transactional ids ``af.<job>.raas.a.*`` and, in a multi-policy job, reads only its own
+``generate.a`` and writes only the others'. ``versions`` is one topic for all policies, so
+every trainer principal may write it; each announcement is Ed25519-signed with its policy's
+key, and subscribers drop one that another policy's key signed.
 
 :func:`apply` creates them with Kafka's CreateAcls admin API (kafka-python's
 ``create_acls``), as the process's installed client (the super user's).
@@ -28,9 +38,10 @@ from typing import Iterable
 
 from .registry import JobTopics
 
-__all__ = ["AclEntry", "ROLES", "apply", "format_plan", "plan"]
+__all__ = ["AclEntry", "POLICY_ROLES", "ROLES", "apply", "format_plan", "plan", "principals_of"]
 
 ROLES = ("raas", "trainer", "dataflow", "admin")
+POLICY_ROLES = ("raas", "trainer")  #: roles a principal may serve one policy of: ``<role>.<policy>``
 
 
 @dataclass(frozen=True, order=True)
@@ -62,63 +73,101 @@ def _topic(who: str, role: str, name: str, *ops: str, pattern: str = "LITERAL") 
     return [AclEntry(who, "TOPIC", name, op, pattern, role) for op in ops]
 
 
+def _split(key: str, policies: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """``"raas"`` -> ``("raas", every policy)``; ``"raas.a"`` -> ``("raas", ("a",))``."""
+    role, _, policy = key.partition(".")
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
+    if not policy:
+        return role, policies
+    if role not in POLICY_ROLES:
+        raise ValueError(f"{key}: the {role} serves every policy; per policy: "
+                         f"{', '.join(f'{r}.<policy>' for r in POLICY_ROLES)}")
+    if policy not in policies:
+        raise ValueError(f"{key}: no policy {policy!r} (policies: {', '.join(policies)})")
+    return role, (policy,)
+
+
 def plan(topics: JobTopics, principals: dict[str, str]) -> list[AclEntry]:
-    """The ALLOW rules of each role in ``principals`` (role -> user name) for ``topics``.
-    Roles absent from ``principals`` get none (a role sharing the admin's user needs none)."""
+    """The ALLOW rules of each principal in ``principals`` (``<role>`` or ``<role>.<policy>``
+    -> user name) for ``topics``: a ``<role>`` principal gets its role's rules for every
+    policy, a ``<role>.<policy>`` one (raas, trainer) only its own policy's. Roles absent from
+    ``principals`` get none (a role sharing the admin's user needs none). Each rule's
+    ``role`` is the principal's key."""
     t, out = topics, []
     multi = any(s.name == t.replies for s in t.specs())
-    for role, user in sorted(principals.items()):
-        if role not in ROLES:
-            raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
+    for key, user in sorted(principals.items()):
+        role, mine = _split(key, t.policies)
+        scoped = "." in key  # <role>.<policy>
         who = f"User:{user}"
-        common = (_topic(who, role, t.metrics, "WRITE") + _topic(who, role, t.dlq, "WRITE")
-                  + _topic(who, role, t.control, "READ", "WRITE"))
+        common = (_topic(who, key, t.metrics, "WRITE") + _topic(who, key, t.dlq, "WRITE")
+                  + _topic(who, key, t.control, "READ", "WRITE"))
         if role == "admin":
-            out += [AclEntry(who, "TOPIC", t.prefix, "ALL", "PREFIXED", role),
-                    AclEntry(who, "GROUP", t.prefix, "ALL", "PREFIXED", role),
-                    AclEntry(who, "TRANSACTIONAL_ID", t.prefix, "ALL", "PREFIXED", role)]
+            out += [AclEntry(who, "TOPIC", t.prefix, "ALL", "PREFIXED", key),
+                    AclEntry(who, "GROUP", t.prefix, "ALL", "PREFIXED", key),
+                    AclEntry(who, "TRANSACTIONAL_ID", t.prefix, "ALL", "PREFIXED", key)]
             continue
         out += common
         if role == "raas":
-            for p in t.policies:
-                out += _topic(who, role, t.tasks(p), "READ")
-                out += [AclEntry(who, "GROUP", t.rollout_group(p), "READ", "LITERAL", role)]
-                out += _topic(who, role, t.weights(p), "READ")
-                if multi:  # role calls between policies' pools (generation.py)
-                    out += _topic(who, role, t.generate(p), "READ", "WRITE")
-                    out += [AclEntry(who, "GROUP", t.generation_group(p), "READ", "LITERAL", role)]
-            out += _topic(who, role, t.trajectories, "WRITE")
-            out += _topic(who, role, t.versions, "READ")
-            if multi:
-                out += _topic(who, role, t.replies, "READ", "WRITE")
-            out += [AclEntry(who, "TRANSACTIONAL_ID", f"{t.prefix}raas.", op, "PREFIXED", role)
-                    for op in ("WRITE", "DESCRIBE")]
+            for p in mine:
+                out += _topic(who, key, t.tasks(p), "READ")
+                out += [AclEntry(who, "GROUP", t.rollout_group(p), "READ", "LITERAL", key)]
+                out += _topic(who, key, t.weights(p), "READ")
+                if multi:  # serving p's role calls from the other policies' episodes (generation.py)
+                    out += _topic(who, key, t.generate(p), "READ")
+                    out += [AclEntry(who, "GROUP", t.generation_group(p), "READ", "LITERAL", key)]
+            if multi:  # calling the roles the other policies play
+                out += [e for q in t.policies if q not in mine or not scoped
+                        for e in _topic(who, key, t.generate(q), "WRITE")]
+                out += _topic(who, key, t.replies, "READ", "WRITE")
+            out += _topic(who, key, t.trajectories, "WRITE")
+            out += _topic(who, key, t.versions, "READ")
+            # Transactional ids are af.<job>.raas.<policy>.<node> (JobTopics.rollout_transactional_id).
+            tid = t.rollout_transactional_id(mine[0], "") if scoped else f"{t.prefix}raas."
+            out += [AclEntry(who, "TRANSACTIONAL_ID", tid, op, "PREFIXED", key) for op in ("WRITE", "DESCRIBE")]
         elif role == "trainer":
-            for p in t.policies:
-                out += _topic(who, role, t.batches(p), "READ")
-                out += _topic(who, role, t.weights(p), "READ", "WRITE", "DELETE")
-            out += _topic(who, role, t.versions, "READ", "WRITE")
+            for p in mine:
+                out += _topic(who, key, t.batches(p), "READ")
+                out += _topic(who, key, t.weights(p), "READ", "WRITE", "DELETE")
+            # versions is one topic for every policy: each announcement is Ed25519-signed by its
+            # policy's key, so a trainer that may write it still cannot announce another's version.
+            out += _topic(who, key, t.versions, "READ", "WRITE")
         elif role == "dataflow":
-            out += _topic(who, role, t.prompts, "READ", "WRITE")
-            out += _topic(who, role, t.trajectories, "READ")
-            out += _topic(who, role, t.versions, "READ")
-            for p in t.policies:
-                out += _topic(who, role, t.tasks(p), "WRITE")
-                out += _topic(who, role, t.batches(p), "READ", "WRITE")
-                out += _topic(who, role, t.drops(p), "WRITE")
-                out += _topic(who, role, t.dataflow_state(p), "READ", "WRITE")
-                out += _topic(who, role, t.weights(p), "READ")  # the evaluator scores each version
-                out += [AclEntry(who, "GROUP", g, "READ", "LITERAL", role)
+            out += _topic(who, key, t.prompts, "READ", "WRITE")
+            out += _topic(who, key, t.trajectories, "READ")
+            out += _topic(who, key, t.versions, "READ")
+            for p in mine:
+                out += _topic(who, key, t.tasks(p), "WRITE")
+                out += _topic(who, key, t.batches(p), "READ", "WRITE")
+                out += _topic(who, key, t.drops(p), "WRITE")
+                out += _topic(who, key, t.dataflow_state(p), "READ", "WRITE")
+                out += _topic(who, key, t.weights(p), "READ")  # the evaluator scores each version
+                out += [AclEntry(who, "GROUP", g, "READ", "LITERAL", key)
                         for g in (t.dataflow_group(p), t.dataflow_group(p) + ".trajectories")]
-            out += [AclEntry(who, "TRANSACTIONAL_ID", f"{t.prefix}dataflow.", op, "PREFIXED", role)
+            out += [AclEntry(who, "TRANSACTIONAL_ID", f"{t.prefix}dataflow.", op, "PREFIXED", key)
                     for op in ("WRITE", "DESCRIBE")]
     return sorted(set(out))
+
+
+def principals_of(components: Iterable[tuple[str, str | None]], users: dict[str, str]) -> dict[str, str]:
+    """The principals a set of running ``(role, policy)`` components log in as: ``<role>.<policy>``
+    where ``users`` has one, else ``<role>``; ``users`` maps those keys to user names."""
+    out = {}
+    for role, policy in components:
+        key = f"{role}.{policy}" if policy is not None and f"{role}.{policy}" in users else role
+        if key not in users:
+            raise ValueError(f"no user for principal {key!r}")
+        out[key] = users[key]
+    return out
 
 
 def format_plan(entries: Iterable[AclEntry]) -> str:
     """One line per rule, grouped by role, kafka-acls' vocabulary."""
     lines, role = [], None
-    for e in sorted(entries, key=lambda e: (ROLES.index(e.role) if e.role in ROLES else 9, e)):
+    def order(e: AclEntry):
+        role, _, policy = e.role.partition(".")
+        return (ROLES.index(role) if role in ROLES else 9, policy, e)
+    for e in sorted(entries, key=order):
         if e.role != role:
             role = e.role
             lines.append(f"# {role}")

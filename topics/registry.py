@@ -209,6 +209,11 @@ class JobTopics:
         """
         return f"{self.prefix}raas.{policy}"
 
+    def rollout_transactional_id(self, policy: str, node_id: str) -> str:
+        """The transactional id of ``policy``'s RaaS node ``node_id``: under the policy, so an
+        ACL can let ``policy``'s principal use only its own pool's ids (:mod:`.acls`)."""
+        return f"{self.prefix}raas.{policy}.{node_id}"
+
     def dataflow_group(self, policy: str) -> str:
         """Consumer group of ``policy``'s dataflow lane on ``prompts`` (``+ ".trajectories"`` on
         ``trajectories``); its transactions commit the lane's offsets under it."""

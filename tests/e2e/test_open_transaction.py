@@ -53,7 +53,7 @@ def test_open_transaction_of_a_killed_node_stops_blocking_readers(make_job_confi
     ensure_topics(bootstrap, topics.specs())
     monkeypatch.setenv(HANG_IN_TXN, "raas-0")  # inherited by every node; only raas-0 answers to it
     h = JobHarness(cfg, bootstrap, tmp_path / "run")
-    tid = f"af.{cfg.job}.raas.raas-0"
+    tid = topics.rollout_transactional_id(cfg.policy, "raas-0")
     # raas-0 alone first: it owns every task partition, so its first transaction is
     # certain to open (with two nodes, raas-1 could drain the job before raas-0 joins).
     for role, node in (("dataflow", "dataflow"), ("trainer", "trainer"), ("raas", "raas-0")):
