@@ -3,8 +3,8 @@
 :class:`DashboardState` folds a job's ``metrics``, ``control``, ``versions`` and ``dlq``
 records into what the page shows: per policy the batch reward, held-out accuracy (and the
 team's, each policy's role reward), version, staleness and trainer wait; the RaaS pool
-(each node's version, tokens/s, status, and ``gone`` once its heartbeat is older than
-``alive_s``); weight payload bytes, publish time and the time until each node held a
+(each node's version, tokens/s since it started, status, and ``gone`` once its heartbeat is
+older than ``alive_s``; the pool's tokens/s in 5 s windows, from ``raas.tokens``); weight payload bytes, publish time and the time until each node held a
 version; the dead letters (their count and the newest); and, given a topology, each
 region's nodes and how many versions they are behind. It knows nothing of Kafka or HTTP:
 records go in through :meth:`DashboardState.feed`, the page's data comes out of
@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 
 #: The page's own files; ``node_modules`` beside them holds the chart library (``make install``).
 WEB_DIR = Path(__file__).resolve().parent / "web"
+#: Seconds of one point of the pool's tokens/s line.
+TOKENS_WINDOW_S = 5.0
 #: Chart.js's self-contained build, as npm installs it.
 CHART_JS = Path("node_modules") / "chart.js" / "dist" / "chart.umd.js"
 
@@ -113,7 +115,7 @@ class DashboardState:
         self.records = 0
         self.t0: float | None = None  #: the first record's time: x of the time series
         self._encode_s: dict[tuple[str, int], float] = {}
-        self._last_sample = -math.inf
+        self._token_window: dict[str, tuple[int, float]] = {}  #: policy -> (open window, tokens in it)
 
     # -- folding records ------------------------------------------------------------------
     def _series(self, name: str) -> Series:
@@ -163,6 +165,8 @@ class DashboardState:
                 self._encode_s[(p, m.step)] = m.value
             elif name in ("weights.delta_write_s", "weights.snapshot_write_s"):
                 self._series(f"publish_s/{p}").add(m.step, self._encode_s.pop((p, m.step), 0.0) + m.value)
+        elif name == "raas.tokens" and m.ts:
+            self._tokens(str(m.labels.get("policy") or "policy"), m.ts, m.value)
         elif comp.startswith("eval."):
             if name == "eval.accuracy":
                 self._series(f"heldout/{_policy_of(comp)}").add(m.step, m.value)
@@ -192,20 +196,21 @@ class DashboardState:
         if a.created_at:
             self._series(f"version/{a.policy}").add(self._since_start(a.created_at), a.version)
 
-    def sample(self, min_gap_s: float = 1.0) -> None:
-        """Add a point to the series that are a function of time (the pool's tokens/s per policy)
-        at most every ``min_gap_s``: what the live heartbeats say now."""
-        now = self.clock()
-        with self._lock:
-            if now - self._last_sample < min_gap_s or self.t0 is None:
-                return
-            self._last_sample = now
-            rates: dict[str, float] = {}
-            for b in self.beats.values():
-                if b.role == "raas" and self._alive(b, now):
-                    rates[b.policy] = rates.get(b.policy, 0.0) + b.tokens_per_s
-            for p, rate in rates.items():
-                self._series(f"tokens_per_s/{p}").add(now - self.t0, rate)
+    def _tokens(self, policy: str, ts: float, tokens: float) -> None:
+        """The pool's throughput: the tokens its nodes report generating (``raas.tokens``, one
+        record per poll) summed in windows of ``TOKENS_WINDOW_S`` by the records' own time, a
+        window's point added once a later record shows it closed (so a run read afterwards
+        draws the same line as it did live)."""
+        t = self._since_start(ts)
+        bucket = int(t // TOKENS_WINDOW_S)
+        open_bucket, total = self._token_window.get(policy, (bucket, 0.0))
+        if bucket > open_bucket:
+            self._series(f"tokens_per_s/{policy}").add((open_bucket + 1) * TOKENS_WINDOW_S, total / TOKENS_WINDOW_S)
+            for empty in range(open_bucket + 1, bucket):  # windows without a record: nothing generated
+                self._series(f"tokens_per_s/{policy}").add((empty + 1) * TOKENS_WINDOW_S, 0.0)
+            open_bucket, total = bucket, 0.0
+        # (a record stamped just before the open window, from another node's poll, counts in it)
+        self._token_window[policy] = (open_bucket, total + tokens)
 
     # -- what the page reads --------------------------------------------------------------
     def _alive(self, b: Any, now: float) -> bool:
@@ -255,8 +260,9 @@ class DashboardState:
                 "versions": {p: {"version": a.version, "kind": a.kind, "epoch": a.epoch,
                                  "age_s": round(max(0.0, now - a.created_at), 1)} for p, a in sorted(self.versions.items())},
                 "pool": {"nodes": raas, "alive": sum(n["state"] in ("alive", "starting") for n in raas),
-                         "tokens_per_s": round(sum(n["tokens_per_s"] for n in raas
-                                                   if n["state"] in ("alive", "starting")), 1)},
+                         # the newest closed window of each policy's pool (what the chart's last point says)
+                         "tokens_per_s": round(sum(s.points[-1][1] for k, s in self.series.items()
+                                                   if k.startswith("tokens_per_s/") and s.points), 1)},
                 "components": [n for n in nodes if n["role"] != "raas"],
                 "dead_letters": {"count": self.dead_letter_count, "latest": list(self.dead_letters)[::-1]},
                 "regions": sorted(regions.values(), key=lambda r: r["region"]),
@@ -411,7 +417,6 @@ class Dashboard:
                     for d in consumer.poll(300):
                         if isinstance(d.message, (Metric, Heartbeat, VersionAnnouncement, DeadLetter)):
                             self.state.feed(d.message)
-                    self.state.sample()
         except Exception as e:  # noqa: BLE001 - the page says so; the job is not ours to stop
             if not self.stopping.is_set():
                 self.reader_error = e

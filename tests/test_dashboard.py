@@ -68,7 +68,8 @@ def test_a_node_whose_heartbeat_stops_is_gone_after_the_window():
     s.feed(_beat("trainer-solver", 3, 1000.0, role="trainer"))
     t = s.tables()
     assert [n["state"] for n in t["pool"]["nodes"]] == ["alive", "alive"]
-    assert t["pool"]["alive"] == 2 and t["pool"]["tokens_per_s"] == 150.0 and t["state"] == "running"
+    assert t["pool"]["alive"] == 2 and t["state"] == "running"
+    assert [n["tokens_per_s"] for n in t["pool"]["nodes"]] == [100.0, 50.0]  # each node's own figure
     assert [c["node"] for c in t["components"]] == ["trainer-solver"]
     clock.t = 1006.0  # raas-1 beats on, raas-0 stopped at 1000
     s.feed(_beat("raas-1", 3, 1006.0, tokens=50.0))
@@ -77,8 +78,24 @@ def test_a_node_whose_heartbeat_stops_is_gone_after_the_window():
     clock.t = 1007.5  # 7.5 s after raas-0's last beat, past the 7 s window
     t = s.tables()
     assert {n["node"]: n["state"] for n in t["pool"]["nodes"]} == {"raas-0": "gone", "raas-1": "alive"}
-    assert t["pool"]["alive"] == 1 and t["pool"]["tokens_per_s"] == 50.0
+    assert t["pool"]["alive"] == 1
     assert next(n for n in t["pool"]["nodes"] if n["node"] == "raas-0")["last_seen_s"] == 7.5
+
+
+def test_the_pools_tokens_per_second_in_windows_of_the_records_own_time():
+    """From ``raas.tokens`` (one record per poll, every node): a window's rate once it closed,
+    an empty window as 0, per policy; the pool's figure is the newest window's."""
+    s = DashboardState("j", ("a", "b"), clock=Clock(0.0))
+    for node, ts, tokens in (("raas-a-0", 100.0, 40), ("raas-a-1", 101.0, 60), ("raas-a-0", 104.9, 100),
+                             ("raas-b-0", 102.0, 10), ("raas-a-1", 106.0, 25), ("raas-a-0", 117.0, 5)):
+        s.feed(Metric(node, "raas.tokens", tokens, 1, ts, {"node": node, "policy": node.split("-")[1]}))
+    snap, _ = s.snapshot()
+    # windows of 5 s from the first record (t=100): [0,5) holds 200 a-tokens, [5,10) 25, [10,15) none
+    assert snap["series"]["tokens_per_s/a"] == [(5.0, 40.0), (10.0, 5.0), (15.0, 0.0)]
+    assert "tokens_per_s/b" not in snap["series"]  # its window is still open
+    assert snap["pool"]["tokens_per_s"] == 0.0  # a's newest closed window was empty
+    s.feed(Metric("raas-b-0", "raas.tokens", 30, 1, 108.0, {"policy": "b"}))
+    assert s.snapshot()[0]["series"]["tokens_per_s/b"] == [(5.0, 2.0)]
 
 
 def test_versions_staleness_weight_latency_and_how_far_nodes_are_behind():

@@ -113,7 +113,7 @@ function tables(s) {
        Object.entries(s.versions).map(([p, v]) => `${p} v${v.version}`).join(" · "));
   text(document.getElementById("records"), `${s.records} records read`);
   text(document.getElementById("pool-summary"),
-       `${s.pool.alive} of ${s.pool.nodes.length} alive · ${s.pool.tokens_per_s} tokens/s · gone after ${s.alive_s} s without a heartbeat`);
+       `${s.pool.alive} of ${s.pool.nodes.length} alive · ${s.pool.tokens_per_s} tokens/s (last 5 s window) · gone after ${s.alive_s} s without a heartbeat`);
   fill("pool", s.pool.nodes, (tr, n) => {
     tr.dataset.node = n.node;
     tr.dataset.state = n.state;
