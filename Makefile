@@ -39,7 +39,7 @@ demo: kafka
 	$(VENV)/bin/astraflow run examples/arithmetic_grpo.yaml
 
 # `make test`: the layer check, then every fast test plus the end-to-end runs marked core
-# (~15 min on 2 cores); `make test-all`: every test, the long end-to-end and chaos runs included.
+# (~28 min on 2 cores); `make test-all`: every test, the long end-to-end and chaos runs included.
 test: kafka layers browser
 	@$(PY) -m pytest -m "not slow or core"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests - treating as a failure"; exit 1; fi; \
