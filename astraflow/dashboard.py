@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.errors import FatalError
+from astraflow.status import job_state
 
 __all__ = ["Dashboard", "DashboardError", "DashboardState", "WEB_DIR", "alive_window", "chart_library",
            "dashboard_command", "plan_regions", "topology_regions"]
@@ -213,9 +214,6 @@ class DashboardState:
         self._token_window[policy] = (open_bucket, total + tokens)
 
     # -- what the page reads --------------------------------------------------------------
-    def _alive(self, b: Any, now: float) -> bool:
-        return b.status in ("alive", "starting") and now - b.ts < self.alive_s
-
     def _node_state(self, b: Any, now: float) -> str:
         if b.status in ("alive", "starting"):
             return b.status if now - b.ts < self.alive_s else "gone"
@@ -245,15 +243,8 @@ class DashboardState:
                         r["max_behind"] = max(r["max_behind"], n["behind"])
                         r["max_last_seen_s"] = max(r["max_last_seen_s"], n["last_seen_s"])
             policies = sorted(set(self.policies) | set(self.versions) | {n["policy"] for n in nodes if n["policy"]})
-            alive = any(n["state"] in ("alive", "starting") for n in nodes)
-            if policies and all(p in self.done for p in policies):
-                state = "done"
-            elif self.failed:
-                state = "failed"
-            elif alive:
-                state = "running"
-            else:
-                state = "stopped" if self.records else "not started"
+            state = job_state(policies, self.done, bool(self.failed),
+                              any(n["state"] in ("alive", "starting") for n in nodes), bool(self.records))
             return {
                 "job": self.job, "state": state, "policies": policies, "records": self.records,
                 "done": dict(self.done), "failed": list(self.failed), "alive_s": self.alive_s,

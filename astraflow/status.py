@@ -54,6 +54,20 @@ def known_jobs(names: set[str]) -> list[str]:
     return sorted(n[len("af."):-len(".control")] for n in names if n.startswith("af.") and n.endswith(".control"))
 
 
+def job_state(policies, done, failed: bool, alive: bool, written: bool) -> str:
+    """A job's state from what its topics hold: ``done`` once every one of ``policies`` is in
+    ``done`` (its trainer reported ``trainer.done``), else ``failed`` when a component said it
+    stopped on a fatal error, ``running`` while one's heartbeat is fresh, ``stopped`` when
+    anything was ``written``, else ``not started`` (``status`` and the dashboard both say it)."""
+    if policies and all(p in done for p in policies):
+        return "done"
+    if failed:
+        return "failed"
+    if alive:
+        return "running"
+    return "stopped" if written else "not started"
+
+
 def job_status(bootstrap: str, job: str, policies: tuple[str, ...] | None = None) -> dict:
     """The job's status as a dict (what ``--json`` prints); ``policies``: only these (default: all)."""
     names = _job_topics(bootstrap)
@@ -78,16 +92,7 @@ def job_status(bootstrap: str, job: str, policies: tuple[str, ...] | None = None
             if m.name == "trainer.done" and m.component.startswith("trainer.")}
     failed = [b for b in beats.values() if b.status == "failed"]
     alive = [b for b in beats.values() if now - b.ts < ALIVE_S and b.status in ("alive", "starting")]
-    if policies and all(p in done for p in policies):
-        state = "done"
-    elif failed:
-        state = "failed"
-    elif alive:
-        state = "running"
-    elif versions or beats or metrics:
-        state = "stopped"
-    else:
-        state = "not started"
+    state = job_state(policies, done, bool(failed), bool(alive), bool(versions or beats or metrics))
     hours = {m.labels.get("pool"): m for m in metrics if m.name == "devices.hours"}
     scalers: dict[str, dict] = {}  # policy -> newest autoscaler metric by name (one actor per policy)
     for m in metrics:
