@@ -32,6 +32,7 @@ import logging
 import statistics
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -395,7 +396,7 @@ class EpisodeRunner:
                                               sampling, self.tracer, ctx)
             params = {**task.params, "_job_seed": self.job_seed}
             ep = Episode(task.task_id, task.prompt, task.answer, task.n_samples, roles, self.tokenizer, params,
-                         task.metadata, off_engine=batcher.away)
+                         task.metadata, off_engine=batcher.away, attempt=f"{self.node_id}/{uuid.uuid4().hex[:12]}")
             with self.tracer.start_as_current_span("raas.workflow", context=ctx,
                                                    attributes={"workflow": task.workflow, "task.id": task.task_id}):
                 result = run_episode(spec, ep, self.job_seed)

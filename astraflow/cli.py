@@ -505,6 +505,33 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     return dashboard_command(args)
 
 
+def _cmd_env(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from astraflow.workflows.http_env import EnvServer
+    from astraflow.workflows.environments import get_environment
+    params = _overrides(args.param)
+    if args.module:
+        import importlib
+        importlib.import_module(args.module)
+    try:
+        get_environment(args.env)
+    except KeyError as e:
+        raise InputError(f"astraflow env serve: --env: {e.args[0]}") from None
+    server = EnvServer(args.env, params, host=args.host, port=args.port, idle_s=args.idle_s).start()
+    print(f"environment {args.env!r} served at {server.address}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    stats = server.stats()
+    server.close()
+    print(f"stopped: {stats['started']} sessions started, {stats['finished']} finished, "
+          f"cancelled {stats['cancelled'] or 0}", flush=True)
+    return 0
+
+
 def _cmd_runs(args: argparse.Namespace) -> int:
     from astraflow.runs import main as runs_main
     return runs_main(args)
@@ -711,6 +738,19 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("--wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for the job's "
                                                                          "topics to exist (default: none)")
     db.set_defaults(func=_cmd_dashboard)
+
+    ev = sub.add_parser("env", help="serve a registered environment over HTTP for agent episodes elsewhere "
+                                    "(`env serve --env NAME`; the protocol: docs/agentic.md)")
+    ev.add_argument("action", choices=["serve"])
+    ev.add_argument("--env", required=True, help="the registered environment (e.g. text_game)")
+    ev.add_argument("--module", help="a module to import first (one that registers --env)")
+    ev.add_argument("--param", action="append", metavar="KEY=VALUE", help="a keyword of the environment's factory "
+                                                                          "(YAML value; repeatable)")
+    ev.add_argument("--host", default="127.0.0.1", help="the address to serve on (default 127.0.0.1)")
+    ev.add_argument("--port", type=int, default=0, help="the port (default 0: a free one, printed at start)")
+    ev.add_argument("--idle-s", type=float, default=300.0, metavar="S", help="cancel a session idle for S "
+                                                                             "seconds (default 300)")
+    ev.set_defaults(func=_cmd_env)
 
     ru = sub.add_parser("runs", help="finished run directories: prune (bound the disk they take)")
     ru.add_argument("action", choices=["prune"])

@@ -94,6 +94,12 @@ class AgentParams:
         if not isinstance(self.env_params, Mapping):
             raise WorkflowParamError("env_params", f"is {type(self.env_params).__name__}; it is a mapping of the "
                                                    f"environment's keyword arguments")
+        check = getattr(get_environment(self.env), "check_params", None)  # an environment's own check
+        if callable(check):
+            try:
+                check(**dict(self.env_params))
+            except (TypeError, ValueError) as e:
+                raise WorkflowParamError("env_params", f"{e} (environment {self.env!r})") from None
         if self.action_format not in _TAGS:
             raise WorkflowParamError("action_format", f"is {self.action_format!r}; it is one of {', '.join(_TAGS)}")
         if self.on_eos not in ("end", "continue"):
@@ -206,7 +212,7 @@ def agent(ep: Episode) -> EpisodeResult:
             for s in samples:
                 s.env = EnvHandle(cfg.env, factory, cfg.env_params, cfg.env_timeout_s)
                 task = EnvTask(ep.episode_id, ep.prompt, ep.answer, dict(ep.metadata), s.index,
-                               role_seed(job_seed, ep.episode_id, "env", 0, s.index))
+                               role_seed(job_seed, ep.episode_id, "env", 0, s.index), ep.attempt)
                 first = env_call(s, "reset", s.env.submit_reset(task))
                 if s.end is not None:  # (the deadline passed while resetting)
                     raise EnvironmentFailed(cfg.env, ENV_TIMEOUT, "reset outlasted the episode's deadline_s", True)

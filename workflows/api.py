@@ -331,6 +331,9 @@ class Episode:
     #: environment step): the episode steps out of the node's batch, as a role served by
     #: another pool does, so the other episodes' engine calls do not wait for it
     off_engine: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    #: this try of the episode, unique per run (a redelivered episode gets a new one); what an
+    #: out-of-process environment keys its sessions by
+    attempt: str = ""
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -537,7 +540,7 @@ def run_episode(spec: WorkflowSpec, episode: Episode, job_seed: int) -> EpisodeR
     if missing:
         raise KeyError(f"workflow {spec.name!r} needs roles {sorted(missing)} bound to a policy")
     ep = Episode(episode.episode_id, episode.prompt, episode.answer, episode.n_samples, seeded, episode.tokenizer,
-                 episode.params, episode.metadata, episode.off_engine)
+                 episode.params, episode.metadata, episode.off_engine, episode.attempt)
     result = spec.fn(ep)
     if not isinstance(result, EpisodeResult):
         raise TypeError(f"workflow {spec.name!r} returned {type(result).__name__}, not EpisodeResult")

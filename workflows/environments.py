@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from astraflow.errors import AstraflowError
 
 __all__ = ["EnvTask", "Environment", "EnvironmentFailed", "EnvHandle", "environment", "get_environment",
-           "ENVIRONMENTS", "ENV_ERROR", "ENV_TIMEOUT", "ENV_GARBAGE"]
+           "ENVIRONMENTS", "retriable", "ENV_ERROR", "ENV_TIMEOUT", "ENV_GARBAGE"]
 
 ENV_ERROR, ENV_TIMEOUT, ENV_GARBAGE = "env_error", "env_timeout", "env_garbage"
 
@@ -46,6 +46,9 @@ class EnvTask:
     metadata: Mapping[str, Any] = field(default_factory=dict)  #: the row's other columns
     sample: int = 0  #: which sample of the group this instance serves
     seed: int = 0  #: a seed of (job, task, sample), for environments that draw at random
+    #: this try of the episode (unique per run: a redelivered episode has a new one); an
+    #: out-of-process environment keys its sessions by it (:mod:`.http_env`)
+    attempt: str = ""
 
 
 class Environment(Protocol):
@@ -106,7 +109,8 @@ _ON_ITS_INPUT = (ValueError, TypeError, LookupError, AttributeError, NameError, 
                  NotImplementedError)
 
 
-def _retriable(e: BaseException) -> bool:
+def retriable(e: BaseException) -> bool:
+    """Whether another try of the same task may pass after ``e`` (the episode runner's rule)."""
     if isinstance(e, AstraflowError):
         return e.retriable
     return isinstance(e, OSError) or not isinstance(e, _ON_ITS_INPUT)
@@ -154,7 +158,7 @@ class EnvHandle:
             raise
         except Exception as e:  # noqa: BLE001 - the environment's own error, whatever it is
             raise EnvironmentFailed(self.name, ENV_ERROR, f"{what} raised {type(e).__name__}: {e}",
-                                    _retriable(e)) from e
+                                    retriable(e)) from e
 
     def reset(self, task: EnvTask, timeout_s: float | None = None) -> str:
         return self.checked_reset(self._call("reset", lambda: self.env.reset(task), timeout_s))
