@@ -39,7 +39,7 @@ def rlvr(ep: Episode) -> EpisodeResult:
     return EpisodeResult({"solver": trajs}, team_reward=sum(t.reward for t in trajs) / len(trajs))
 
 
-for _module in ("solver_verifier", "code_workflows", "math_answers", "agent", "text_game", "http_env"):
+for _module in ("solver_verifier", "code_workflows", "math_answers", "agent", "text_game", "http_env", "openai_endpoint"):
     try:
         importlib.import_module(f"astraflow.workflows.{_module}")
     except ModuleNotFoundError as e:  # an optional module not built yet / its package missing
