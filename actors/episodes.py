@@ -28,6 +28,7 @@ group of the poll and commits the task offsets in one transaction.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 import threading
@@ -130,6 +131,7 @@ class CallBatcher:
         self._running = episodes  #: episodes neither finished nor waiting on another pool
         self._in_flight = 0  #: running episodes whose call is in an engine call now (concurrent)
         self.calls = dict.fromkeys(self.engines, 0)  #: engine calls made, per policy
+        self.rows = 0  #: rows of those calls
         self.engine_s = dict.fromkeys(self.engines, 0.0)  #: seconds inside each engine
 
     @property
@@ -243,6 +245,7 @@ class CallBatcher:
                     self.engine_s[key] += time.perf_counter() - t0
             with self._stats:
                 self.calls[key] += 1
+                self.rows += len(rows)
             i = 0
             for _, (_, prompts, _, _, slot) in group:
                 slot["out"] = gens[i:i + len(prompts)]
@@ -290,8 +293,13 @@ class EpisodeRunner:
 
     def __init__(self, policy: str, node_id: str, engine, tokenizer, job_seed: int, *, engine_lock: threading.Lock,
                  before_call=None, client=None, batch_invariant: bool = False, tracer=None,
-                 sampling_of=None) -> None:
+                 sampling_of=None, step_out: bool = True) -> None:
         self.policy, self.node_id, self.engine, self.tokenizer = policy, node_id, engine, tokenizer
+        #: an episode's tool and environment time out of the engine's batch (``ep.off_engine``);
+        #: False keeps it in (every other episode's call then waits for it): the baseline of
+        #: ``benchmarks/multi_turn.py``, not a setting a job has
+        self.step_out = step_out
+        self.engine_calls = self.engine_rows = 0  #: engine calls made (and their rows), over every poll
         self.job_seed, self.client, self.engine_lock = job_seed, client, engine_lock
         self.before_call, self.batch_invariant = before_call, batch_invariant
         self.tracer = tracer or trace.get_tracer(__name__)
@@ -361,6 +369,8 @@ class EpisodeRunner:
         finally:
             with self._pool_lock:
                 self._reserved -= len(tasks)
+                self.engine_calls += sum(batcher.calls.values())
+                self.engine_rows += batcher.rows
         return [r[0] for r in results], [r[1] for r in results], [r[2] for r in results]
 
     def _submit(self, tasks: Sequence[Task], spans: list, batcher: CallBatcher) -> list:
@@ -396,7 +406,7 @@ class EpisodeRunner:
                                               sampling, self.tracer, ctx)
             params = {**task.params, "_job_seed": self.job_seed}
             ep = Episode(task.task_id, task.prompt, task.answer, task.n_samples, roles, self.tokenizer, params,
-                         task.metadata, off_engine=batcher.away, attempt=f"{self.node_id}/{uuid.uuid4().hex[:12]}")
+                         task.metadata, off_engine=batcher.away if self.step_out else contextlib.nullcontext, attempt=f"{self.node_id}/{uuid.uuid4().hex[:12]}")
             with self.tracer.start_as_current_span("raas.workflow", context=ctx,
                                                    attributes={"workflow": task.workflow, "task.id": task.task_id}):
                 result = run_episode(spec, ep, self.job_seed)

@@ -403,3 +403,17 @@ def test_held_out_rows_of_an_agent_job_are_scored_by_whole_episodes(tok_engine):
                      {**params, "_job_seed": cfg.seed + 1000}, {})
         rewards += [t.reward for t in run_episode(get_workflow("agent"), ep, cfg.seed + 1000).trajectories["agent"]]
     assert len(rewards) == 8 and score == pytest.approx(sum(rewards) / 8)
+
+
+def test_the_multi_turn_benchmark_compares_the_same_episodes_in_and_out_of_the_batch(tok_engine):
+    """benchmarks/multi_turn.py's two arms: the same tokens; staying in the batch makes every
+    call wait for every episode (so its calls carry all rows), stepping out does not."""
+    import argparse
+
+    from astraflow.benchmarks.multi_turn import _tasks, run_arm
+    tok, engine = tok_engine
+    tasks = _tasks(argparse.Namespace(episodes=3, samples=2, turns=2, tool_s=0.05), tail=0.2)
+    out, stay = run_arm(engine, tok, tasks, True), run_arm(engine, tok, tasks, False)
+    assert out["fingerprint"] == stay["fingerprint"] and out["tokens"] == stay["tokens"] > 0
+    assert out["tool_calls"] == stay["tool_calls"] > 0
+    assert stay["engine_calls"] <= out["engine_calls"] and stay["rows_per_call"] >= out["rows_per_call"]
