@@ -288,6 +288,31 @@ def emulated_scale() -> list[str]:
     return out + [""]
 
 
+def multi_turn() -> list[str]:
+    d = _load("multi_turn")
+    if not d or d.get("quick"):
+        return []
+    st = d["setup"]
+    out = [f"**Multi-turn episodes with tool waits** — `python -m astraflow.benchmarks.multi_turn` (one RaaS "
+           f"node's poll on the CPU engine: {st['episodes']} agent episodes x {st['samples']} samples, {st['turns']} "
+           f"turns, every step a tool call of {st['tool_s']} s x [0.5, 1.5); the same episodes and tokens in both arms; "
+           f"median (min–max) of {st['repeats']} repetitions{_load_note(d)})", "",
+           "| tool latency | arm | s / poll | episodes/s | tokens/s | engine calls | rows / call |",
+           "|---|---|---:|---:|---:|---:|---:|"]
+    for name, sc in d["scenarios"].items():
+        label = "uniform" if not sc["slow_share"] else f"{sc['slow_share']:.0%} of calls x{sc['slow_factor']:g}"
+        for arm, r in sc["arms"].items():
+            out.append(f"| {label} | {arm} | {_sp(r['wall_s'])} | {_sp(r['episodes_per_s'])} | "
+                       f"{_sp(r['tokens_per_s'], '.1f')} | {_sp(r['engine_calls'], '.0f')} | "
+                       f"{_sp(r['rows_per_call'], '.1f')} |")
+    out += ["", "Step-out speedup (stay_in s / step_out s): " + "; ".join(
+        f"{name} {_sp(sc['step_out_speedup'])}" for name, sc in d["scenarios"].items()) + ". Re-prefill on the CPU "
+        "engine (no prefix cache; a 6-token turn of 16 rows): " + ", ".join(
+        f"context {k}: {v['median']:.3f} s ({v['reprefill_share']:.0%} re-prefill)" for k, v in d["reprefill"].items())
+        + ".", ""]
+    return out
+
+
 def _load_note(d: dict) -> str:
     if "load_1m_at_run_start" in d:
         x = d["load_1m_at_run_start"]
@@ -320,7 +345,7 @@ def _gap(d: dict) -> str:
 
 def render() -> str:
     return "\n".join(demo() + async_sync() + async_sync_emulated() + publish_dtype() + multi_policy()
-                     + multi_policy_emulated() + emulated_scale() + topics() + weights() + engine()
+                     + multi_policy_emulated() + emulated_scale() + multi_turn() + topics() + weights() + engine()
                      + scaling()).rstrip() + "\n"
 
 
