@@ -1,0 +1,676 @@
+"""WAN links whose bandwidth is shared by all their connections: network namespaces, ``tc tbf``
+on a veth pair, and Toxiproxy for latency and cuts.
+
+A per-connection cap (a shaping proxy, Toxiproxy's ``bandwidth`` toxic) gives a region that
+opens six Kafka connections six times its link. Here a remote region's processes run in a
+network namespace of their own (*R*), whose only interface is one end of a veth pair; the
+other end is in a per-link namespace (*L*). Each end's egress has a ``tbf`` qdisc at the
+link's rate, so every byte toward home (R's end) and every byte toward the region (L's end)
+shares one token bucket per direction, however many connections carry it. ``tc netem`` is not
+available on this kernel, so the latency, and a cut (``enabled: false``), come from a
+:class:`Toxiproxy` in this process's own namespace (*home*, untouched: no interface, no
+qdisc, no setting is made there). Between L and home, a byte relay of this process holds a
+socket in each namespace (a thread enters a namespace with ``setns``, and a socket stays in
+the namespace it was created in), so no interface is needed on the home side::
+
+    R process -> veth R->L (tbf) -> relay in L -> [home] Toxiproxy (latency) -> target    (reach)
+    home client -> Toxiproxy (latency) -> relay [home] -> in L -> veth L->R (tbf) -> R    (expose)
+
+The namespaces are held by ``unshare -n sleep infinity`` processes that die with the thread
+that made them (``PR_SET_PDEATHSIG``); a namespace vanishes with the last process in it, so
+:meth:`RegionLink.close` (or this process's death) removes everything. Bytes that crossed a
+link are counted twice: the relays' payload bytes per direction (what the applications sent)
+and ``tc -s qdisc``'s bytes sent by each veth end (frames on the wire: payload plus TCP/IP
+headers, acknowledgements included).
+
+A Kafka broker in home reached from R needs a listener per link advertised at the link's
+address in R (:meth:`LinkEmulation.broker_properties`), or clients would reconnect to an
+address R cannot reach. This module knows nothing about Kafka clients, jobs or topologies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from astraflow.errors import FatalError, RetriableError
+from astraflow.topics.broker import free_port
+
+__all__ = ["LinkEmulation", "LinkError", "LinkUnavailable", "RegionLink", "Toxiproxy", "check_capabilities",
+           "toxiproxy_binary"]
+
+#: Where ``make toxiproxy`` builds the server (git-ignored), relative to the repository.
+TOOLS_BIN = Path(__file__).resolve().parents[1] / ".tools" / "bin"
+TOXIPROXY_ENV = "ASTRAFLOW_TOXIPROXY"
+_CLONE_NEWNET = 0x40000000
+_PR_SET_PDEATHSIG = 1
+_CHUNK = 65536
+
+
+class LinkUnavailable(FatalError):
+    """This machine cannot emulate links: a tool or a permission is missing (the message says which)."""
+
+
+class LinkError(RetriableError):
+    """A step of building or driving a link failed (a command, Toxiproxy's API)."""
+
+
+# -- network namespaces -----------------------------------------------------------------------
+
+_libc = ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+def _die_with_parent() -> None:
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, _CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise LinkError(f"setns(CLONE_NEWNET) failed: {os.strerror(err)}")
+
+
+class Netns:
+    """A network namespace of ours: held by an ``unshare -n sleep infinity`` process."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.holder = subprocess.Popen(["unshare", "-n", "sleep", "infinity"], stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                       preexec_fn=_die_with_parent)
+        self.path = f"/proc/{self.holder.pid}/ns/net"
+        home = os.readlink("/proc/self/ns/net")
+        deadline = time.monotonic() + 10
+        # Until unshare(2) has run the holder is still in our namespace: never touch it before.
+        while True:
+            if self.holder.poll() is not None:
+                err = self.holder.stderr.read().decode(errors="replace").strip() if self.holder.stderr else ""
+                raise LinkUnavailable(f"'unshare -n' could not make a network namespace ({err or 'exit %d' % self.holder.returncode});"
+                                      " link emulation needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN) and util-linux's unshare")
+            with contextlib.suppress(OSError):
+                if os.readlink(self.path) != home:
+                    break
+            if time.monotonic() > deadline:
+                self.close()
+                raise LinkError(f"namespace holder {self.holder.pid} never left the home namespace")
+            time.sleep(0.005)
+        self.inode = os.readlink(self.path)
+        self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def alive(self) -> bool:
+        return self.holder.poll() is None
+
+    def enter_argv(self) -> list[str]:
+        """The argv prefix that runs a command in this namespace."""
+        return ["nsenter", f"--net={self.path}", "--"]
+
+    def run(self, *argv: str) -> str:
+        """Run a command (``ip``, ``tc``) in this namespace; its stdout. Raises :class:`LinkError`."""
+        if not self.alive() or os.readlink(self.path) != self.inode:
+            raise LinkError(f"namespace {self.name} is gone (its holder {self.holder.pid} exited)")
+        p = subprocess.run([*self.enter_argv(), *argv], capture_output=True, text=True, timeout=30)
+        if p.returncode != 0:
+            raise LinkError(f"in namespace {self.name}: {' '.join(argv)}: {p.stderr.strip() or 'exit %d' % p.returncode}")
+        return p.stdout
+
+    def call(self, fn: Callable[[], object]) -> object:
+        """``fn()`` in a thread inside this namespace (sockets it creates stay in it); its result."""
+        return _call_in(self.fd, fn)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        self.fd = -1
+        if self.holder.poll() is None:
+            self.holder.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.holder.wait(5)
+        if self.holder.stderr:
+            self.holder.stderr.close()
+
+
+def _call_in(fd: int | None, fn: Callable[[], object]) -> object:
+    box: dict = {}
+
+    def body() -> None:
+        try:
+            if fd is not None:
+                _setns(fd)
+            box["ok"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["err"] = e
+    t = threading.Thread(target=body, name="netns-call", daemon=True)
+    t.start()
+    t.join()
+    if "err" in box:
+        raise box["err"]
+    return box.get("ok")
+
+
+_checked: str | None = None
+
+
+def check_capabilities() -> None:
+    """Raise :class:`LinkUnavailable` naming what is missing unless this machine can build a link
+    (``ip``, ``tc``, ``unshare``, ``nsenter``; namespaces, veth pairs and the ``tbf`` qdisc)."""
+    global _checked
+    if _checked == "ok":
+        return
+    missing = [tool for tool in ("ip", "tc", "unshare", "nsenter") if shutil.which(tool) is None]
+    if missing:
+        raise LinkUnavailable(f"link emulation needs {', '.join(missing)} on PATH "
+                              "(Debian: apt-get install iproute2 util-linux)")
+    ns = Netns("probe")
+    try:
+        ns.run("ip", "link", "add", "afprobe0", "type", "veth", "peer", "name", "afprobe1")
+        try:
+            ns.run("tc", "qdisc", "add", "dev", "afprobe0", "root", "tbf", "rate", "8mbit", "burst", "16kb",
+                   "latency", "100ms")
+        except LinkError as e:
+            raise LinkUnavailable(f"the kernel refused a tbf qdisc on a veth pair ({e}); link emulation needs "
+                                  "sch_tbf") from e
+    except LinkError as e:
+        raise LinkUnavailable(f"cannot make a veth pair in a network namespace ({e}); link emulation needs root "
+                              "and the veth driver") from e
+    finally:
+        ns.close()
+    _checked = "ok"
+
+
+# -- the byte relay -----------------------------------------------------------------------------
+
+class _Relay:
+    """Accept on ``listener``; per connection, connect to ``upstream`` from namespace ``connect_fd``
+    (None: the accepting thread's own) and copy bytes both ways, counting them."""
+
+    def __init__(self, listener: socket.socket, upstream: tuple[str, int], connect_fd: int | None,
+                 count: Callable[[bool, int], None], name: str) -> None:
+        self.listener, self.upstream, self.count, self.name = listener, upstream, count, name
+        self.port = listener.getsockname()[1]
+        self.connections = 0
+        self._lock = threading.Lock()
+        self._socks: set[socket.socket] = set()
+        self._closed = False
+        self._connect_fd = connect_fd
+        threading.Thread(target=self._accept, name=f"relay-{name}", daemon=True).start()
+
+    def _accept(self) -> None:
+        if self._connect_fd is not None:
+            _setns(self._connect_fd)  # this thread only: connections to the upstream start from there
+        while not self._closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.upstream, timeout=10)
+                upstream.settimeout(None)
+            except OSError:
+                _close(client)
+                continue
+            for s in (client, upstream):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                if self._closed:
+                    _close(client)
+                    _close(upstream)
+                    return
+                self._socks |= {client, upstream}
+                self.connections += 1
+            pair = _Pair(self, client, upstream)
+            threading.Thread(target=pair.pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=pair.pump, args=(upstream, client, False), daemon=True).start()
+
+    def forget(self, *socks: socket.socket) -> None:
+        with self._lock:
+            self._socks.difference_update(socks)
+
+    def close(self) -> None:
+        self._closed = True
+        _close(self.listener)
+        with self._lock:
+            socks, self._socks = list(self._socks), set()
+        for s in socks:
+            _close(s)
+
+
+class _Pair:
+    def __init__(self, relay: _Relay, client: socket.socket, upstream: socket.socket) -> None:
+        self.relay, self.client, self.upstream = relay, client, upstream
+        self._ended = 0
+        self._lock = threading.Lock()
+
+    def pump(self, src: socket.socket, dst: socket.socket, outbound: bool) -> None:
+        try:
+            while data := src.recv(_CHUNK):
+                dst.sendall(data)
+                self.relay.count(outbound, len(data))
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)  # pass the FIN on; the other direction may go on
+        except OSError:
+            self._end(force=True)
+            return
+        self._end(force=False)
+
+    def _end(self, force: bool) -> None:
+        with self._lock:
+            self._ended += 1
+            done = force or self._ended == 2
+        if done:
+            _close(self.client)
+            _close(self.upstream)
+            self.relay.forget(self.client, self.upstream)
+
+
+def _close(s: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        s.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        s.close()
+
+
+# -- Toxiproxy ------------------------------------------------------------------------------------
+
+def toxiproxy_binary() -> Path:
+    """The Toxiproxy server: ``$ASTRAFLOW_TOXIPROXY``, else ``make toxiproxy``'s build, else on PATH."""
+    env = os.environ.get(TOXIPROXY_ENV)
+    if env:
+        if not os.access(env, os.X_OK):
+            raise LinkUnavailable(f"{TOXIPROXY_ENV}={env} is not an executable file")
+        return Path(env)
+    built = TOOLS_BIN / "toxiproxy-server"
+    if os.access(built, os.X_OK):
+        return built
+    found = shutil.which("toxiproxy-server")
+    if found:
+        return Path(found)
+    raise LinkUnavailable(f"no Toxiproxy server: run 'make toxiproxy' (builds v2.5.0 into {TOOLS_BIN}) "
+                          f"or set {TOXIPROXY_ENV} to a toxiproxy-server binary")
+
+
+class Toxiproxy:
+    """A Toxiproxy server of ours on loopback, driven through its REST API.
+
+    Proxies listen on home's loopback; :meth:`create` returns the port. ``enabled: false``
+    (:meth:`set_enabled`) closes a proxy's listener and every connection through it: a cut.
+    Byte counters come from its Prometheus ``/metrics`` (started with ``-proxy-metrics``).
+    """
+
+    def __init__(self, binary: str | os.PathLike | None = None, *, log_path: str | os.PathLike | None = None) -> None:
+        self.binary = Path(binary) if binary else toxiproxy_binary()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen([str(self.binary), "-host", "127.0.0.1", "-port", str(self.port), "-proxy-metrics"],
+                                     stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
+                                     preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + 20
+        while True:
+            if self.proc.poll() is not None:
+                raise LinkError(f"Toxiproxy ({self.binary}) exited with {self.proc.returncode} at start")
+            try:
+                self.version = self._request("GET", "/version")
+                break
+            except (LinkError, OSError):
+                if time.monotonic() > deadline:
+                    self.close()
+                    raise LinkError(f"Toxiproxy ({self.binary}) did not answer on {self.url}") from None
+                time.sleep(0.05)
+
+    def _request(self, method: str, path: str, body: dict | None = None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as e:
+            raise LinkError(f"Toxiproxy {method} {path}: HTTP {e.code}: {e.read().decode(errors='replace').strip()}") from e
+        except urllib.error.URLError as e:
+            raise LinkError(f"Toxiproxy {method} {path}: {e.reason}") from e
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw.decode(errors="replace")
+
+    def create(self, name: str, upstream: str, listen: str = "127.0.0.1:0") -> int:
+        """A proxy ``name`` from ``listen`` to ``upstream`` (``host:port``); the port it listens on."""
+        proxy = self._request("POST", "/proxies", {"name": name, "listen": listen, "upstream": upstream,
+                                                   "enabled": True})
+        return int(proxy["listen"].rsplit(":", 1)[1])
+
+    def add_toxic(self, proxy: str, name: str, kind: str, stream: str, **attributes: float) -> None:
+        """A toxic (``latency``, ``bandwidth``, ``timeout``, ...) on one stream (``upstream``: from
+        the client, ``downstream``: to it)."""
+        self._request("POST", f"/proxies/{proxy}/toxics", {"name": name, "type": kind, "stream": stream,
+                                                           "toxicity": 1.0, "attributes": attributes})
+
+    def add_latency(self, proxy: str, latency_ms: float, jitter_ms: float = 0) -> None:
+        """``latency_ms`` each way: a round trip through the proxy takes at least twice that."""
+        for stream in ("upstream", "downstream"):
+            self.add_toxic(proxy, f"latency_{stream}", "latency", stream, latency=int(latency_ms),
+                           jitter=int(jitter_ms))
+
+    def remove_toxic(self, proxy: str, name: str) -> None:
+        self._request("DELETE", f"/proxies/{proxy}/toxics/{name}")
+
+    def set_enabled(self, proxy: str, enabled: bool) -> None:
+        self._request("POST", f"/proxies/{proxy}", {"enabled": enabled})
+
+    def show(self, proxy: str) -> dict:
+        return self._request("GET", f"/proxies/{proxy}")
+
+    def delete(self, proxy: str) -> None:
+        self._request("DELETE", f"/proxies/{proxy}")
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Per proxy, bytes it received and sent per direction: ``{"received_upstream": ..., ...}``."""
+        text = self._request("GET", "/metrics")
+        out: dict[str, dict[str, int]] = {}
+        pattern = re.compile(r'^toxiproxy_proxy_(received|sent)_bytes_total\{([^}]*)\}\s+(\S+)$', re.M)
+        for what, labels, value in pattern.findall(text if isinstance(text, str) else ""):
+            lab = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+            out.setdefault(lab.get("proxy", "?"), {})[f"{what}_{lab.get('direction', '?')}"] = int(float(value))
+        return out
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if self._log is not subprocess.DEVNULL:
+            self._log.close()
+
+    def __enter__(self) -> "Toxiproxy":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- a region's link --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Forward:
+    """One path across a link: dial ``host:port`` (in R for :meth:`RegionLink.reach`, in home for
+    :meth:`RegionLink.expose`) to reach ``target`` on the other side."""
+
+    host: str
+    port: int
+    target: str
+    proxy: str  #: its Toxiproxy proxy's name
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def _tbf_burst(rate_bytes_s: float) -> int:
+    # at least a few full frames; at high rates what the bucket refills in 4 ms (a kernel tick at HZ=250)
+    return max(16 * 1024, int(rate_bytes_s * 0.004))
+
+
+class RegionLink:
+    """Region ``region``'s link to home: ``bandwidth_mbps`` per direction shared by every connection,
+    ``latency_ms`` each way (Toxiproxy), cuttable. See the module docstring for the path.
+
+    Run the region's processes with :meth:`wrap` / :meth:`popen`; give them home's services with
+    :meth:`reach`, give home theirs with :meth:`expose`. :meth:`stats` says what crossed.
+    """
+
+    VETH_R, VETH_L = "afwan0", "afwan1"
+
+    def __init__(self, region: str, *, bandwidth_mbps: float, latency_ms: float, toxiproxy: Toxiproxy,
+                 subnet: int = 0) -> None:
+        if bandwidth_mbps <= 0 or latency_ms < 0:
+            raise ValueError(f"link {region}: need bandwidth_mbps > 0 and latency_ms >= 0, "
+                             f"got {bandwidth_mbps}, {latency_ms}")
+        if not 0 <= subnet < 64:
+            raise ValueError(f"link {region}: subnet must be in [0, 64), got {subnet}")
+        check_capabilities()
+        self.region, self.bandwidth_mbps, self.latency_ms = region, bandwidth_mbps, latency_ms
+        self.toxiproxy = toxiproxy
+        self.region_ip, self.link_ip = f"10.250.{subnet}.1", f"10.250.{subnet}.2"
+        self.bytes_up = self.bytes_down = 0  # relays' payload bytes toward home / toward the region
+        self.forwards: list[Forward] = []
+        self._relays: list[_Relay] = []
+        self._procs: list[subprocess.Popen] = []
+        self._lock = threading.Lock()
+        self._cut = False
+        self._closed = False
+        self._home_fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)  # home: where we were made
+        self.ns_region: Netns | None = None
+        self.ns_link: Netns | None = None
+        try:
+            self.ns_region, self.ns_link = Netns(f"{region}/region"), Netns(f"{region}/link")
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self) -> None:
+        r, l = self.ns_region, self.ns_link
+        assert r is not None and l is not None
+        rate = f"{self.bandwidth_mbps * 1000:g}kbit"
+        burst = str(_tbf_burst(self.bandwidth_mbps * 1e6 / 8))
+        l.run("ip", "link", "add", self.VETH_L, "type", "veth", "peer", "name", self.VETH_R,
+              "netns", str(r.holder.pid))
+        for ns, dev, ip in ((r, self.VETH_R, self.region_ip), (l, self.VETH_L, self.link_ip)):
+            ns.run("ip", "link", "set", "lo", "up")
+            ns.run("ip", "addr", "add", f"{ip}/30", "dev", dev)
+            ns.run("ip", "link", "set", dev, "up")
+            ns.run("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", burst, "latency", "100ms")
+
+    # -- processes in the region
+    def wrap(self, argv: list[str]) -> list[str]:
+        """``argv`` run inside the region's namespace (as long as this link lives)."""
+        assert self.ns_region is not None
+        return [*self.ns_region.enter_argv(), *argv]
+
+    def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
+        """Start ``argv`` in the region; killed by :meth:`close` (and by default when this thread dies)."""
+        kwargs.setdefault("preexec_fn", _die_with_parent)
+        p = subprocess.Popen(self.wrap(argv), **kwargs)
+        self._procs.append(p)
+        return p
+
+    def in_region(self, fn: Callable[[], object]) -> object:
+        """``fn()`` in a thread inside the region's namespace: sockets it makes belong to the region."""
+        assert self.ns_region is not None
+        return self.ns_region.call(fn)
+
+    def connect(self, address: tuple[str, int], timeout: float = 10) -> socket.socket:
+        """A TCP connection made from inside the region."""
+        return self.in_region(lambda: socket.create_connection(address, timeout=timeout))  # type: ignore[return-value]
+
+    # -- paths across
+    def reach(self, target_port: int, target_host: str = "127.0.0.1", *, name: str = "") -> Forward:
+        """A path from the region to home's ``target_host:target_port``; the region dials the result."""
+        proxy = f"{self.region}-up-{name or target_port}"
+        tport = self._proxy(proxy, f"{target_host}:{target_port}")
+        assert self.ns_link is not None
+        listener = self.ns_link.call(lambda: socket.create_server((self.link_ip, 0), backlog=128))
+        relay = _Relay(listener, ("127.0.0.1", tport), self._home_fd, self._count_up_first, proxy)  # type: ignore[arg-type]
+        return self._add(relay, Forward(self.link_ip, relay.port, f"{target_host}:{target_port}", proxy))
+
+    def expose(self, region_port: int, *, name: str = "") -> Forward:
+        """A path from home to the region's listener on ``region_ip:region_port``; home dials the result."""
+        proxy = f"{self.region}-down-{name or region_port}"
+        listener = _call_in(self._home_fd, lambda: socket.create_server(("127.0.0.1", 0), backlog=128))
+        assert self.ns_link is not None
+        relay = _Relay(listener, (self.region_ip, region_port), self.ns_link.fd,  # type: ignore[arg-type]
+                       self._count_down_first, proxy)
+        try:
+            port = self._proxy(proxy, f"127.0.0.1:{relay.port}")
+        except BaseException:
+            relay.close()
+            raise
+        return self._add(relay, Forward("127.0.0.1", port, f"{self.region_ip}:{region_port}", proxy))
+
+    def _proxy(self, name: str, upstream: str) -> int:
+        port = self.toxiproxy.create(name, upstream)
+        try:
+            if self.latency_ms:
+                self.toxiproxy.add_latency(name, self.latency_ms)
+            if self._cut:
+                self.toxiproxy.set_enabled(name, False)
+        except BaseException:
+            self.toxiproxy.delete(name)
+            raise
+        return port
+
+    def _add(self, relay: _Relay, fwd: Forward) -> Forward:
+        with self._lock:
+            self._relays.append(relay)
+            self.forwards.append(fwd)
+        return fwd
+
+    def _count_up_first(self, outbound: bool, n: int) -> None:  # a reach: the client is in the region
+        with self._lock:
+            if outbound:
+                self.bytes_up += n
+            else:
+                self.bytes_down += n
+
+    def _count_down_first(self, outbound: bool, n: int) -> None:  # an expose: the client is in home
+        self._count_up_first(not outbound, n)
+
+    # -- faults
+    @property
+    def is_cut(self) -> bool:
+        return self._cut
+
+    def cut(self) -> None:
+        """Every path of the link disabled in Toxiproxy: open connections close, new ones are refused."""
+        self._cut = True
+        for f in self.forwards:
+            self.toxiproxy.set_enabled(f.proxy, False)
+
+    def heal(self) -> None:
+        self._cut = False
+        for f in self.forwards:
+            self.toxiproxy.set_enabled(f.proxy, True)
+
+    # -- what crossed
+    def wire_bytes(self) -> dict[str, int]:
+        """Bytes each veth end's ``tbf`` sent (``tc -s qdisc``): frames, headers and acks included."""
+        out = {}
+        for key, ns, dev in (("up", self.ns_region, self.VETH_R), ("down", self.ns_link, self.VETH_L)):
+            assert ns is not None
+            m = re.search(r"Sent (\d+) bytes", ns.run("tc", "-s", "qdisc", "show", "dev", dev))
+            out[key] = int(m.group(1)) if m else 0
+        return out
+
+    def stats(self) -> dict:
+        wire = self.wire_bytes()
+        with self._lock:
+            return {"region": self.region, "bandwidth_mbps": self.bandwidth_mbps, "latency_ms": self.latency_ms,
+                    "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
+                    "wire_bytes_up": wire["up"], "wire_bytes_down": wire["down"],
+                    "connections": sum(r.connections for r in self._relays), "cut": self._cut,
+                    "forwards": [f.address + "->" + f.target for f in self.forwards]}
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for p in self._procs:
+            if p.poll() is None:
+                p.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(5)
+        for r in self._relays:
+            r.close()
+        for f in self.forwards:
+            with contextlib.suppress(LinkError):
+                self.toxiproxy.delete(f.proxy)
+        for ns in (self.ns_region, self.ns_link):
+            if ns is not None:
+                ns.close()
+        with contextlib.suppress(OSError):
+            os.close(self._home_fd)
+
+    def __enter__(self) -> "RegionLink":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LinkEmulation:
+    """The links of a launch: one Toxiproxy, one :class:`RegionLink` per remote region.
+
+    For a broker in home: :meth:`broker_properties` (with the broker's own ports, before it
+    starts) gives each link a broker listener on an internal port, advertised at the link's
+    address in the region; :meth:`bootstrap_for` is what a region's nodes dial (from inside
+    the region: start them with ``links[region].wrap(argv)``).
+    """
+
+    def __init__(self, toxiproxy_log: str | os.PathLike | None = None) -> None:
+        check_capabilities()
+        self.toxiproxy = Toxiproxy(log_path=toxiproxy_log)
+        self.links: dict[str, RegionLink] = {}
+        self._kafka: dict[str, Forward] = {}
+
+    def add(self, region: str, *, bandwidth_mbps: float, latency_ms: float) -> RegionLink:
+        if region in self.links:
+            raise ValueError(f"region {region!r} already has a link")
+        link = RegionLink(region, bandwidth_mbps=bandwidth_mbps, latency_ms=latency_ms, toxiproxy=self.toxiproxy,
+                          subnet=len(self.links))
+        self.links[region] = link
+        return link
+
+    def __getitem__(self, region: str) -> RegionLink:
+        return self.links[region]
+
+    def broker_properties(self, port: int, controller_port: int) -> dict[str, str]:
+        listeners = [f"PLAINTEXT://127.0.0.1:{port}", f"CONTROLLER://127.0.0.1:{controller_port}"]
+        advertised = list(listeners)
+        protocols = ["CONTROLLER:PLAINTEXT", "PLAINTEXT:PLAINTEXT"]
+        for i, (region, link) in enumerate(self.links.items()):
+            internal = free_port()
+            fwd = link.reach(internal, name="kafka")
+            self._kafka[region] = fwd
+            name = f"WAN{i}"  # listener names are identifiers; region names may not be
+            listeners.append(f"{name}://127.0.0.1:{internal}")
+            advertised.append(f"{name}://{fwd.address}")
+            protocols.append(f"{name}:PLAINTEXT")
+        return {"listeners": ",".join(listeners), "advertised.listeners": ",".join(advertised),
+                "listener.security.protocol.map": ",".join(protocols)}
+
+    def bootstrap_for(self) -> dict[str, str]:
+        """Region -> the bootstrap address its nodes dial from inside the region."""
+        return {region: f.address for region, f in self._kafka.items()}
+
+    def stats(self) -> list[dict]:
+        return [link.stats() for link in self.links.values()]
+
+    def close(self) -> None:
+        for link in self.links.values():
+            link.close()
+        self.toxiproxy.close()
+
+    def __enter__(self) -> "LinkEmulation":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
