@@ -42,7 +42,7 @@ toxiproxy: netns-tools $(TOXIPROXY)
 $(TOXIPROXY):
 	@command -v go >/dev/null 2>&1 || { echo "make: building Toxiproxy $(TOXIPROXY_VERSION) needs Go (https://go.dev/dl), or set ASTRAFLOW_TOXIPROXY to a toxiproxy-server binary"; exit 1; }
 	mkdir -p $(TOOLS)/.build
-	GOBIN=$(CURDIR)/$(TOOLS)/.build go install github.com/Shopify/toxiproxy/v2/cmd/server@$(TOXIPROXY_VERSION)
+	GOBIN=$(CURDIR)/$(TOOLS)/.build go install -ldflags "-X github.com/Shopify/toxiproxy/v2.Version=$(TOXIPROXY_VERSION)" github.com/Shopify/toxiproxy/v2/cmd/server@$(TOXIPROXY_VERSION)
 	mv $(TOOLS)/.build/server $(TOXIPROXY)
 	rmdir $(TOOLS)/.build
 
