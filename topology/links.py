@@ -455,7 +455,7 @@ class RegionLink:
         self._relays: list[_Relay] = []
         self._procs: list[subprocess.Popen] = []
         self._lock = threading.Lock()
-        self._cut = False
+        self._cut: str | None = None  # None, "disabled" or "blackhole"
         self._closed = False
         self._home_fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)  # home: where we were made
         self.ns_region: Netns | None = None
@@ -531,8 +531,7 @@ class RegionLink:
         try:
             if self.latency_ms:
                 self.toxiproxy.add_latency(name, self.latency_ms)
-            if self._cut:
-                self.toxiproxy.set_enabled(name, False)
+            self._cut_proxy(name)
         except BaseException:
             self.toxiproxy.delete(name)
             raise
@@ -557,18 +556,39 @@ class RegionLink:
     # -- faults
     @property
     def is_cut(self) -> bool:
-        return self._cut
+        return self._cut is not None
 
-    def cut(self) -> None:
-        """Every path of the link disabled in Toxiproxy: open connections close, new ones are refused."""
-        self._cut = True
+    def cut(self, blackhole: bool = False) -> None:
+        """Cut every path of the link.
+
+        Default: each Toxiproxy proxy ``enabled: false``: open connections close, new ones
+        reach the region's end of the link and are closed at once (clients see resets).
+        ``blackhole``: a ``timeout`` toxic (0: never closes) each way instead: connections stay
+        open and new ones are accepted, every byte is dropped, as packets vanish in a real
+        partition (clients time out); :meth:`heal` then closes the connections that lived
+        through the cut (their streams lost bytes), as the chaos runner's partitions did.
+        """
+        if self._cut is not None:
+            raise LinkError(f"link {self.region} is already cut ({self._cut})")
+        self._cut = "blackhole" if blackhole else "disabled"
         for f in self.forwards:
-            self.toxiproxy.set_enabled(f.proxy, False)
+            self._cut_proxy(f.proxy)
+
+    def _cut_proxy(self, proxy: str) -> None:
+        if self._cut == "disabled":
+            self.toxiproxy.set_enabled(proxy, False)
+        elif self._cut == "blackhole":
+            for stream in ("upstream", "downstream"):
+                self.toxiproxy.add_toxic(proxy, f"cut_{stream}", "timeout", stream, timeout=0)
 
     def heal(self) -> None:
-        self._cut = False
+        cut, self._cut = self._cut, None
         for f in self.forwards:
-            self.toxiproxy.set_enabled(f.proxy, True)
+            if cut == "disabled":
+                self.toxiproxy.set_enabled(f.proxy, True)
+            elif cut == "blackhole":
+                for stream in ("upstream", "downstream"):
+                    self.toxiproxy.remove_toxic(f.proxy, f"cut_{stream}")
 
     # -- what crossed
     def wire_bytes(self) -> dict[str, int]:
@@ -586,7 +606,7 @@ class RegionLink:
             return {"region": self.region, "bandwidth_mbps": self.bandwidth_mbps, "latency_ms": self.latency_ms,
                     "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
                     "wire_bytes_up": wire["up"], "wire_bytes_down": wire["down"],
-                    "connections": sum(r.connections for r in self._relays), "cut": self._cut,
+                    "connections": sum(r.connections for r in self._relays), "cut": self._cut or "",
                     "forwards": [f.address + "->" + f.target for f in self.forwards]}
 
     def close(self) -> None:

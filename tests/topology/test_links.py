@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -155,7 +156,37 @@ def test_a_round_trip_takes_twice_the_latency(toxiproxy):
         assert min(trips) >= 2 * 0.060 * 0.98, trips
 
 
-def test_a_cut_link_stops_traffic_and_heals(link):
+def _closed_by_peer(s: socket.socket, timeout: float = 10) -> bool:
+    s.settimeout(timeout)
+    try:
+        return s.recv(10) == b""
+    except ConnectionError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def _heal_and_round_trip(link, fwd) -> None:
+    link.heal()
+    assert not link.is_cut
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with link.connect((fwd.host, fwd.port)) as s:
+                s.settimeout(10)
+                s.sendall(b"after")
+                assert recv_exactly(s, 5) == b"after"
+            return
+        except ConnectionError:  # Toxiproxy's listener may take a moment to come back
+            assert time.monotonic() < deadline, "the link never healed"
+            time.sleep(0.1)
+
+
+@pytest.mark.parametrize("blackhole", [False, True], ids=["disabled", "blackhole"])
+def test_a_cut_link_stops_traffic_and_heals(link, blackhole):
+    """Disabled (Toxiproxy ``enabled: false``): connections close and new ones are closed at
+    once. Black hole (a ``timeout`` toxic): connections stay open, bytes vanish, and the ones
+    that lived through the cut close when it heals. Either way nothing crosses while cut."""
     got = {"n": 0}
 
     def counting_echo(conn: socket.socket) -> None:
@@ -170,34 +201,21 @@ def test_a_cut_link_stops_traffic_and_heals(link):
         live.sendall(b"before")
         assert recv_exactly(live, 6) == b"before"
 
-        link.cut()
-        assert link.is_cut
-        # the connection that lived through the cut is closed, not left hanging
-        live.settimeout(10)
-        with contextlib.suppress(ConnectionError, OSError):
-            live.sendall(b"lost")
-            assert live.recv(10) == b""
+        link.cut(blackhole=blackhole)
+        assert link.is_cut and link.stats()["cut"] == ("blackhole" if blackhole else "disabled")
+        with link.connect((fwd.host, fwd.port)) as new:  # the region's end of the link still answers
+            if blackhole:
+                for s in (live, new):
+                    s.sendall(b"lost")
+                    assert not _closed_by_peer(s, timeout=0.5)  # open, silent
+            else:
+                assert _closed_by_peer(live) and _closed_by_peer(new)
+            assert got["n"] == 6  # nothing crossed while cut
+            _heal_and_round_trip(link, fwd)
+            if blackhole:
+                assert _closed_by_peer(live) and _closed_by_peer(new)  # their streams lost bytes
         live.close()
-        # a new one reaches the region's end of the link but nothing behind it
-        with link.connect((fwd.host, fwd.port)) as s:
-            s.settimeout(10)
-            with contextlib.suppress(ConnectionError, OSError):
-                s.sendall(b"during")
-                assert s.recv(10) == b""
-        assert got["n"] == 6  # nothing crossed while cut
-
-        link.heal()
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with link.connect((fwd.host, fwd.port)) as s:
-                    s.sendall(b"after")
-                    assert recv_exactly(s, 5) == b"after"
-                break
-            except ConnectionError:  # Toxiproxy's listener may take a moment to come back
-                assert time.monotonic() < deadline, "the link never healed"
-                time.sleep(0.1)
-        assert got["n"] == 11
+        assert got["n"] == 11  # "lost" never arrived, "after" did
 
 
 REGION_CLIENT = textwrap.dedent("""
@@ -291,6 +309,9 @@ def test_close_leaves_nothing_behind(toxiproxy):
     namespaces = {link.ns_region.inode, link.ns_link.inode}
     holders = [link.ns_region.holder, link.ns_link.holder]
     assert namespaces <= _netns_inodes() and os.readlink("/proc/self/ns/net") not in namespaces
+    deadline = time.monotonic() + 10  # nsenter enters the namespace, then execs sleep
+    while os.readlink(f"/proc/{sleeper.pid}/exe") != os.path.realpath(shutil.which("sleep")) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert os.readlink(f"/proc/{sleeper.pid}/ns/net") == link.ns_region.inode  # popen runs in the region
     link.close()
     assert all(h.poll() is not None for h in holders) and sleeper.poll() is not None
