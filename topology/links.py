@@ -122,7 +122,9 @@ class Netns:
         """Run a command (``ip``, ``tc``) in this namespace; its stdout. Raises :class:`LinkError`."""
         if not self.alive() or os.readlink(self.path) != self.inode:
             raise LinkError(f"namespace {self.name} is gone (its holder {self.holder.pid} exited)")
-        p = subprocess.run([*self.enter_argv(), *argv], capture_output=True, text=True, timeout=30)
+        # through our own descriptor of the namespace, not the holder's pid (which could be reused)
+        p = subprocess.run(["nsenter", f"--net=/proc/self/fd/{self.fd}", "--", *argv], capture_output=True,
+                           text=True, timeout=30, pass_fds=(self.fd,))
         if p.returncode != 0:
             raise LinkError(f"in namespace {self.name}: {' '.join(argv)}: {p.stderr.strip() or 'exit %d' % p.returncode}")
         return p.stdout
