@@ -1,5 +1,5 @@
-"""WAN links whose bandwidth is shared by all their connections: network namespaces, ``tc tbf``
-on a veth pair, and Toxiproxy for latency and cuts.
+"""WAN links whose bandwidth is shared by all their connections: network namespaces
+(:mod:`.netns`), ``tc tbf`` on a veth pair, and Toxiproxy (:mod:`.toxiproxy`) for latency and cuts.
 
 A per-connection cap (a shaping proxy, Toxiproxy's ``bandwidth`` toxic) gives a region that
 opens six Kafka connections six times its link. Here a remote region's processes run in a
@@ -31,385 +31,22 @@ address R cannot reach. This module knows nothing about Kafka clients, jobs or t
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import json
 import os
 import re
-import shutil
-import signal
 import socket
 import subprocess
 import threading
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
-from astraflow.errors import FatalError, RetriableError
 from astraflow.topics.broker import free_port
 
-__all__ = ["LinkEmulation", "LinkError", "LinkUnavailable", "RegionLink", "Toxiproxy", "check_capabilities",
-           "toxiproxy_binary"]
+from .netns import LinkError, LinkUnavailable, Netns, Relay, call_in, check_capabilities, die_with_parent
+from .toxiproxy import Toxiproxy, toxiproxy_binary
 
-#: Where ``make toxiproxy`` builds the server (git-ignored), relative to the repository.
-TOOLS_BIN = Path(__file__).resolve().parents[1] / ".tools" / "bin"
-TOXIPROXY_ENV = "ASTRAFLOW_TOXIPROXY"
-_CLONE_NEWNET = 0x40000000
-_PR_SET_PDEATHSIG = 1
-_CHUNK = 65536
+__all__ = ["Forward", "LinkEmulation", "LinkError", "LinkUnavailable", "RegionLink", "Toxiproxy",
+           "check_capabilities", "toxiproxy_binary"]
 
-
-class LinkUnavailable(FatalError):
-    """This machine cannot emulate links: a tool or a permission is missing (the message says which)."""
-
-
-class LinkError(RetriableError):
-    """A step of building or driving a link failed (a command, Toxiproxy's API)."""
-
-
-# -- network namespaces -----------------------------------------------------------------------
-
-_libc = ctypes.CDLL("libc.so.6", use_errno=True)
-
-
-def _die_with_parent() -> None:
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _setns(fd: int) -> None:
-    if _libc.setns(fd, _CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise LinkError(f"setns(CLONE_NEWNET) failed: {os.strerror(err)}")
-
-
-class Netns:
-    """A network namespace of ours: held by an ``unshare -n sleep infinity`` process."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.holder = subprocess.Popen(["unshare", "-n", "sleep", "infinity"], stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                       preexec_fn=_die_with_parent)
-        self.path = f"/proc/{self.holder.pid}/ns/net"
-        home = os.readlink("/proc/self/ns/net")
-        deadline = time.monotonic() + 10
-        # Until unshare(2) has run the holder is still in our namespace: never touch it before.
-        while True:
-            if self.holder.poll() is not None:
-                err = self.holder.stderr.read().decode(errors="replace").strip() if self.holder.stderr else ""
-                raise LinkUnavailable(f"'unshare -n' could not make a network namespace ({err or 'exit %d' % self.holder.returncode});"
-                                      " link emulation needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN) and util-linux's unshare")
-            with contextlib.suppress(OSError):
-                if os.readlink(self.path) != home:
-                    break
-            if time.monotonic() > deadline:
-                self.close()
-                raise LinkError(f"namespace holder {self.holder.pid} never left the home namespace")
-            time.sleep(0.005)
-        self.inode = os.readlink(self.path)
-        self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-
-    def alive(self) -> bool:
-        return self.holder.poll() is None
-
-    def enter_argv(self) -> list[str]:
-        """The argv prefix that runs a command in this namespace."""
-        return ["nsenter", f"--net={self.path}", "--"]
-
-    def run(self, *argv: str) -> str:
-        """Run a command (``ip``, ``tc``) in this namespace; its stdout. Raises :class:`LinkError`."""
-        if not self.alive() or os.readlink(self.path) != self.inode:
-            raise LinkError(f"namespace {self.name} is gone (its holder {self.holder.pid} exited)")
-        # through our own descriptor of the namespace, not the holder's pid (which could be reused)
-        p = subprocess.run(["nsenter", f"--net=/proc/self/fd/{self.fd}", "--", *argv], capture_output=True,
-                           text=True, timeout=30, pass_fds=(self.fd,))
-        if p.returncode != 0:
-            raise LinkError(f"in namespace {self.name}: {' '.join(argv)}: {p.stderr.strip() or 'exit %d' % p.returncode}")
-        return p.stdout
-
-    def call(self, fn: Callable[[], object]) -> object:
-        """``fn()`` in a thread inside this namespace (sockets it creates stay in it); its result."""
-        return _call_in(self.fd, fn)
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
-        self.fd = -1
-        if self.holder.poll() is None:
-            self.holder.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.holder.wait(5)
-        if self.holder.stderr:
-            self.holder.stderr.close()
-
-
-def _call_in(fd: int | None, fn: Callable[[], object]) -> object:
-    box: dict = {}
-
-    def body() -> None:
-        try:
-            if fd is not None:
-                _setns(fd)
-            box["ok"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
-            box["err"] = e
-    t = threading.Thread(target=body, name="netns-call", daemon=True)
-    t.start()
-    t.join()
-    if "err" in box:
-        raise box["err"]
-    return box.get("ok")
-
-
-_checked: str | None = None
-
-
-def check_capabilities() -> None:
-    """Raise :class:`LinkUnavailable` naming what is missing unless this machine can build a link
-    (``ip``, ``tc``, ``unshare``, ``nsenter``; namespaces, veth pairs and the ``tbf`` qdisc)."""
-    global _checked
-    if _checked == "ok":
-        return
-    missing = [tool for tool in ("ip", "tc", "unshare", "nsenter") if shutil.which(tool) is None]
-    if missing:
-        raise LinkUnavailable(f"link emulation needs {', '.join(missing)} on PATH "
-                              "(Debian: apt-get install iproute2 util-linux)")
-    ns = Netns("probe")
-    try:
-        ns.run("ip", "link", "add", "afprobe0", "type", "veth", "peer", "name", "afprobe1")
-        try:
-            ns.run("tc", "qdisc", "add", "dev", "afprobe0", "root", "tbf", "rate", "8mbit", "burst", "16kb",
-                   "latency", "100ms")
-        except LinkError as e:
-            raise LinkUnavailable(f"the kernel refused a tbf qdisc on a veth pair ({e}); link emulation needs "
-                                  "sch_tbf") from e
-    except LinkError as e:
-        raise LinkUnavailable(f"cannot make a veth pair in a network namespace ({e}); link emulation needs root "
-                              "and the veth driver") from e
-    finally:
-        ns.close()
-    _checked = "ok"
-
-
-# -- the byte relay -----------------------------------------------------------------------------
-
-class _Relay:
-    """Accept on ``listener``; per connection, connect to ``upstream`` from namespace ``connect_fd``
-    (None: the accepting thread's own) and copy bytes both ways, counting them."""
-
-    def __init__(self, listener: socket.socket, upstream: tuple[str, int], connect_fd: int | None,
-                 count: Callable[[bool, int], None], name: str) -> None:
-        self.listener, self.upstream, self.count, self.name = listener, upstream, count, name
-        self.port = listener.getsockname()[1]
-        self.connections = 0
-        self._lock = threading.Lock()
-        self._socks: set[socket.socket] = set()
-        self._closed = False
-        self._connect_fd = connect_fd
-        threading.Thread(target=self._accept, name=f"relay-{name}", daemon=True).start()
-
-    def _accept(self) -> None:
-        if self._connect_fd is not None:
-            _setns(self._connect_fd)  # this thread only: connections to the upstream start from there
-        while not self._closed:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.upstream, timeout=10)
-                upstream.settimeout(None)
-            except OSError:
-                _close(client)
-                continue
-            for s in (client, upstream):
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                if self._closed:
-                    _close(client)
-                    _close(upstream)
-                    return
-                self._socks |= {client, upstream}
-                self.connections += 1
-            pair = _Pair(self, client, upstream)
-            threading.Thread(target=pair.pump, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=pair.pump, args=(upstream, client, False), daemon=True).start()
-
-    def forget(self, *socks: socket.socket) -> None:
-        with self._lock:
-            self._socks.difference_update(socks)
-
-    def close(self) -> None:
-        self._closed = True
-        _close(self.listener)
-        with self._lock:
-            socks, self._socks = list(self._socks), set()
-        for s in socks:
-            _close(s)
-
-
-class _Pair:
-    def __init__(self, relay: _Relay, client: socket.socket, upstream: socket.socket) -> None:
-        self.relay, self.client, self.upstream = relay, client, upstream
-        self._ended = 0
-        self._lock = threading.Lock()
-
-    def pump(self, src: socket.socket, dst: socket.socket, outbound: bool) -> None:
-        try:
-            while data := src.recv(_CHUNK):
-                dst.sendall(data)
-                self.relay.count(outbound, len(data))
-            with contextlib.suppress(OSError):
-                dst.shutdown(socket.SHUT_WR)  # pass the FIN on; the other direction may go on
-        except OSError:
-            self._end(force=True)
-            return
-        self._end(force=False)
-
-    def _end(self, force: bool) -> None:
-        with self._lock:
-            self._ended += 1
-            done = force or self._ended == 2
-        if done:
-            _close(self.client)
-            _close(self.upstream)
-            self.relay.forget(self.client, self.upstream)
-
-
-def _close(s: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        s.shutdown(socket.SHUT_RDWR)
-    with contextlib.suppress(OSError):
-        s.close()
-
-
-# -- Toxiproxy ------------------------------------------------------------------------------------
-
-def toxiproxy_binary() -> Path:
-    """The Toxiproxy server: ``$ASTRAFLOW_TOXIPROXY``, else ``make toxiproxy``'s build, else on PATH."""
-    env = os.environ.get(TOXIPROXY_ENV)
-    if env:
-        if not os.access(env, os.X_OK):
-            raise LinkUnavailable(f"{TOXIPROXY_ENV}={env} is not an executable file")
-        return Path(env)
-    built = TOOLS_BIN / "toxiproxy-server"
-    if os.access(built, os.X_OK):
-        return built
-    found = shutil.which("toxiproxy-server")
-    if found:
-        return Path(found)
-    raise LinkUnavailable(f"no Toxiproxy server: run 'make toxiproxy' (builds v2.5.0 into {TOOLS_BIN}) "
-                          f"or set {TOXIPROXY_ENV} to a toxiproxy-server binary")
-
-
-class Toxiproxy:
-    """A Toxiproxy server of ours on loopback, driven through its REST API.
-
-    Proxies listen on home's loopback; :meth:`create` returns the port. ``enabled: false``
-    (:meth:`set_enabled`) closes a proxy's listener and every connection through it: a cut.
-    Byte counters come from its Prometheus ``/metrics`` (started with ``-proxy-metrics``).
-    """
-
-    def __init__(self, binary: str | os.PathLike | None = None, *, log_path: str | os.PathLike | None = None) -> None:
-        self.binary = Path(binary) if binary else toxiproxy_binary()
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen([str(self.binary), "-host", "127.0.0.1", "-port", str(self.port), "-proxy-metrics"],
-                                     stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
-                                     preexec_fn=_die_with_parent)
-        deadline = time.monotonic() + 20
-        while True:
-            if self.proc.poll() is not None:
-                raise LinkError(f"Toxiproxy ({self.binary}) exited with {self.proc.returncode} at start")
-            try:
-                self.version = self._request("GET", "/version")
-                break
-            except (LinkError, OSError):
-                if time.monotonic() > deadline:
-                    self.close()
-                    raise LinkError(f"Toxiproxy ({self.binary}) did not answer on {self.url}") from None
-                time.sleep(0.05)
-
-    def _request(self, method: str, path: str, body: dict | None = None):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as e:
-            raise LinkError(f"Toxiproxy {method} {path}: HTTP {e.code}: {e.read().decode(errors='replace').strip()}") from e
-        except urllib.error.URLError as e:
-            raise LinkError(f"Toxiproxy {method} {path}: {e.reason}") from e
-        if not raw:
-            return None
-        try:
-            return json.loads(raw)
-        except ValueError:
-            return raw.decode(errors="replace")
-
-    def create(self, name: str, upstream: str, listen: str = "127.0.0.1:0") -> int:
-        """A proxy ``name`` from ``listen`` to ``upstream`` (``host:port``); the port it listens on."""
-        proxy = self._request("POST", "/proxies", {"name": name, "listen": listen, "upstream": upstream,
-                                                   "enabled": True})
-        return int(proxy["listen"].rsplit(":", 1)[1])
-
-    def add_toxic(self, proxy: str, name: str, kind: str, stream: str, **attributes: float) -> None:
-        """A toxic (``latency``, ``bandwidth``, ``timeout``, ...) on one stream (``upstream``: from
-        the client, ``downstream``: to it)."""
-        self._request("POST", f"/proxies/{proxy}/toxics", {"name": name, "type": kind, "stream": stream,
-                                                           "toxicity": 1.0, "attributes": attributes})
-
-    def add_latency(self, proxy: str, latency_ms: float, jitter_ms: float = 0) -> None:
-        """``latency_ms`` each way: a round trip through the proxy takes at least twice that."""
-        for stream in ("upstream", "downstream"):
-            self.add_toxic(proxy, f"latency_{stream}", "latency", stream, latency=int(latency_ms),
-                           jitter=int(jitter_ms))
-
-    def remove_toxic(self, proxy: str, name: str) -> None:
-        self._request("DELETE", f"/proxies/{proxy}/toxics/{name}")
-
-    def set_enabled(self, proxy: str, enabled: bool) -> None:
-        self._request("POST", f"/proxies/{proxy}", {"enabled": enabled})
-
-    def show(self, proxy: str) -> dict:
-        return self._request("GET", f"/proxies/{proxy}")
-
-    def delete(self, proxy: str) -> None:
-        self._request("DELETE", f"/proxies/{proxy}")
-
-    def stats(self) -> dict[str, dict[str, int]]:
-        """Per proxy, bytes it received and sent per direction: ``{"received_upstream": ..., ...}``."""
-        text = self._request("GET", "/metrics")
-        out: dict[str, dict[str, int]] = {}
-        pattern = re.compile(r'^toxiproxy_proxy_(received|sent)_bytes_total\{([^}]*)\}\s+(\S+)$', re.M)
-        for what, labels, value in pattern.findall(text if isinstance(text, str) else ""):
-            lab = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-            out.setdefault(lab.get("proxy", "?"), {})[f"{what}_{lab.get('direction', '?')}"] = int(float(value))
-        return out
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if self._log is not subprocess.DEVNULL:
-            self._log.close()
-
-    def __enter__(self) -> "Toxiproxy":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-# -- a region's link --------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Forward:
@@ -454,7 +91,7 @@ class RegionLink:
         self.region_ip, self.link_ip = f"10.250.{subnet}.1", f"10.250.{subnet}.2"
         self.bytes_up = self.bytes_down = 0  # relays' payload bytes toward home / toward the region
         self.forwards: list[Forward] = []
-        self._relays: list[_Relay] = []
+        self._relays: list[Relay] = []
         self._procs: list[subprocess.Popen] = []
         self._lock = threading.Lock()
         self._cut: str | None = None  # None, "disabled" or "blackhole"
@@ -490,7 +127,7 @@ class RegionLink:
 
     def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
         """Start ``argv`` in the region; killed by :meth:`close` (and by default when this thread dies)."""
-        kwargs.setdefault("preexec_fn", _die_with_parent)
+        kwargs.setdefault("preexec_fn", die_with_parent)
         p = subprocess.Popen(self.wrap(argv), **kwargs)
         self._procs.append(p)
         return p
@@ -511,15 +148,16 @@ class RegionLink:
         tport = self._proxy(proxy, f"{target_host}:{target_port}")
         assert self.ns_link is not None
         listener = self.ns_link.call(lambda: socket.create_server((self.link_ip, 0), backlog=128))
-        relay = _Relay(listener, ("127.0.0.1", tport), self._home_fd, self._count_up_first, proxy)  # type: ignore[arg-type]
+        relay = Relay(listener, ("127.0.0.1", tport), self._home_fd,  # type: ignore[arg-type]
+                      self._count_up_first, proxy)
         return self._add(relay, Forward(self.link_ip, relay.port, f"{target_host}:{target_port}", proxy))
 
     def expose(self, region_port: int, *, name: str = "") -> Forward:
         """A path from home to the region's listener on ``region_ip:region_port``; home dials the result."""
         proxy = f"{self.region}-down-{name or region_port}"
-        listener = _call_in(self._home_fd, lambda: socket.create_server(("127.0.0.1", 0), backlog=128))
+        listener = call_in(self._home_fd, lambda: socket.create_server(("127.0.0.1", 0), backlog=128))
         assert self.ns_link is not None
-        relay = _Relay(listener, (self.region_ip, region_port), self.ns_link.fd,  # type: ignore[arg-type]
+        relay = Relay(listener, (self.region_ip, region_port), self.ns_link.fd,  # type: ignore[arg-type]
                        self._count_down_first, proxy)
         try:
             port = self._proxy(proxy, f"127.0.0.1:{relay.port}")
@@ -539,7 +177,7 @@ class RegionLink:
             raise
         return port
 
-    def _add(self, relay: _Relay, fwd: Forward) -> Forward:
+    def _add(self, relay: Relay, fwd: Forward) -> Forward:
         with self._lock:
             self._relays.append(relay)
             self.forwards.append(fwd)

@@ -22,7 +22,7 @@ import pytest
 
 from astraflow.topics import EmbeddedBroker, TopicSpec, ensure_topics, security
 from astraflow.topics.broker import free_port
-from astraflow.topology import links
+from astraflow.topology import links, netns, toxiproxy as toxiproxy_mod
 from astraflow.topology.links import LinkEmulation, LinkUnavailable, RegionLink, Toxiproxy
 
 RATE_MBPS = 8  # 1 MB/s
@@ -317,7 +317,8 @@ def test_close_leaves_nothing_behind(toxiproxy):
     holders = [link.ns_region.holder, link.ns_link.holder]
     assert namespaces <= _netns_inodes() and os.readlink("/proc/self/ns/net") not in namespaces
     deadline = time.monotonic() + 10  # nsenter enters the namespace, then execs sleep
-    while os.readlink(f"/proc/{sleeper.pid}/exe") != os.path.realpath(shutil.which("sleep")) and time.monotonic() < deadline:
+    sleep = os.path.realpath(shutil.which("sleep"))
+    while os.readlink(f"/proc/{sleeper.pid}/exe") != sleep and time.monotonic() < deadline:
         time.sleep(0.01)
     assert os.readlink(f"/proc/{sleeper.pid}/ns/net") == link.ns_region.inode  # popen runs in the region
     link.close()
@@ -329,10 +330,10 @@ def test_close_leaves_nothing_behind(toxiproxy):
 
 
 def test_missing_tools_are_named(monkeypatch, tmp_path):
-    monkeypatch.setattr(links, "_checked", None)
+    monkeypatch.setattr(netns, "_checked", None)
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(LinkUnavailable, match=r"ip, tc, unshare, nsenter.*iproute2"):
         links.check_capabilities()
-    monkeypatch.setenv(links.TOXIPROXY_ENV, str(tmp_path / "nope"))
+    monkeypatch.setenv(toxiproxy_mod.TOXIPROXY_ENV, str(tmp_path / "nope"))
     with pytest.raises(LinkUnavailable, match="ASTRAFLOW_TOXIPROXY=.*nope"):
         links.toxiproxy_binary()
