@@ -93,22 +93,25 @@ def timed_transfer(dial: Callable[[], socket.socket], connections: int, n: int) 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rate-mbps", type=float, default=8.0)
+    ap.add_argument("--latency-ms", type=float, default=0.0, help="each way, on every shaper")
     ap.add_argument("--bytes", type=int, default=400_000, help="per connection")
     ap.add_argument("--connections", type=int, nargs="+", default=[1, 2, 6])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
-    n, rate = args.bytes, args.rate_mbps
+    n, rate, latency = args.bytes, args.rate_mbps, args.latency_ms
     before = load_now()
     results: dict[str, dict[str, dict]] = {}
     with _sink(n) as port, Toxiproxy() as tp:
-        link = RegionLink("bench", bandwidth_mbps=rate, latency_ms=0, toxiproxy=tp)
+        link = RegionLink("bench", bandwidth_mbps=rate, latency_ms=latency, toxiproxy=tp)
         try:
             fwd = link.reach(port)
             tp.create("bw", f"127.0.0.1:{port}")
             tp_port = int(tp.show("bw")["listen"].rsplit(":", 1)[1])
             tp.add_toxic("bw", "bandwidth_up", "bandwidth", "upstream", rate=int(rate * 1000 / 8))  # KB/s
-            with ShapedProxy(port, latency_ms=0, bandwidth_mbps=rate, name="bench") as sp:
+            if latency:
+                tp.add_latency("bw", latency)
+            with ShapedProxy(port, latency_ms=latency, bandwidth_mbps=rate, name="bench") as sp:
                 dials = {
                     "netns_tbf": lambda: link.connect((fwd.host, fwd.port)),
                     "toxiproxy_bandwidth": lambda: socket.create_connection(("127.0.0.1", tp_port), timeout=10),
@@ -126,13 +129,13 @@ def main(argv: list[str] | None = None) -> dict:
                             "shared_link_floor_s": k * n * 8 / (rate * 1e6)}
         finally:
             link.close()
-    print(f"{len(args.connections)} connection counts x {n} B each, link {rate:g} Mbit/s; aggregate Mbit/s "
+    print(f"{n} B per connection, link {rate:g} Mbit/s, {latency:g} ms each way; aggregate Mbit/s "
           "median (min-max); a shared link stays at its rate")
     print(f"{'shaper':22s}" + "".join(f"{f'{k} conn':>22s}" for k in args.connections))
     for name, per_k in results.items():
         print(f"{name:22s}" + "".join(f"{fmt_spread(per_k[str(k)]['aggregate_mbps'], '.1f'):>22s}"
                                       for k in args.connections))
-    data = {"rate_mbps": rate, "bytes_per_connection": n, "repeats": args.repeats, "shapers": results,
+    data = {"rate_mbps": rate, "latency_ms": latency, "bytes_per_connection": n, "repeats": args.repeats, "shapers": results,
             "toxiproxy_version": tp.version}
     write_results(args.out, data, before)
     return data
