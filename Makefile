@@ -37,7 +37,12 @@ netns-tools:
 	@missing=""; for t in ip tc unshare nsenter; do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
 	if [ -n "$$missing" ]; then echo "make: WAN link emulation needs$$missing (Debian: apt-get install iproute2 util-linux)"; exit 1; fi
 
+ifdef ASTRAFLOW_TOXIPROXY
+toxiproxy: netns-tools
+	@test -x "$(ASTRAFLOW_TOXIPROXY)" || { echo "make: ASTRAFLOW_TOXIPROXY=$(ASTRAFLOW_TOXIPROXY) is not an executable file"; exit 1; }
+else
 toxiproxy: netns-tools $(TOXIPROXY)
+endif
 
 $(TOXIPROXY):
 	@command -v go >/dev/null 2>&1 || { echo "make: building Toxiproxy $(TOXIPROXY_VERSION) needs Go (https://go.dev/dl), or set ASTRAFLOW_TOXIPROXY to a toxiproxy-server binary"; exit 1; }
