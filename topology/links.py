@@ -37,12 +37,14 @@ import socket
 import subprocess
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TypeVar
 
 from astraflow.topics.broker import free_port
 
 from .netns import LinkError, LinkUnavailable, Netns, Relay, call_in, check_capabilities, die_with_parent
 from .toxiproxy import Toxiproxy, toxiproxy_binary
+
+T = TypeVar("T")
 
 __all__ = ["Forward", "LinkEmulation", "LinkError", "LinkUnavailable", "RegionLink", "Toxiproxy",
            "check_capabilities", "toxiproxy_binary"]
@@ -117,6 +119,8 @@ class RegionLink:
             ns.run("ip", "link", "set", "lo", "up")
             ns.run("ip", "addr", "add", f"{ip}/30", "dev", dev)
             ns.run("ip", "link", "set", dev, "up")
+            # latency: how long a packet may wait in the bucket's queue before tbf drops it (the
+            # queue a full link builds); not the link's latency, which Toxiproxy adds
             ns.run("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", burst, "latency", "100ms")
 
     # -- processes in the region
@@ -132,24 +136,27 @@ class RegionLink:
         self._procs.append(p)
         return p
 
-    def in_region(self, fn: Callable[[], object]) -> object:
+    def in_region(self, fn: Callable[[], T]) -> T:
         """``fn()`` in a thread inside the region's namespace: sockets it makes belong to the region."""
         assert self.ns_region is not None
         return self.ns_region.call(fn)
 
     def connect(self, address: tuple[str, int], timeout: float = 10) -> socket.socket:
         """A TCP connection made from inside the region."""
-        return self.in_region(lambda: socket.create_connection(address, timeout=timeout))  # type: ignore[return-value]
+        return self.in_region(lambda: socket.create_connection(address, timeout=timeout))
 
     # -- paths across
     def reach(self, target_port: int, target_host: str = "127.0.0.1", *, name: str = "") -> Forward:
         """A path from the region to home's ``target_host:target_port``; the region dials the result."""
         proxy = f"{self.region}-up-{name or target_port}"
-        tport = self._proxy(proxy, f"{target_host}:{target_port}")
         assert self.ns_link is not None
-        listener = self.ns_link.call(lambda: socket.create_server((self.link_ip, 0), backlog=128))
-        relay = Relay(listener, ("127.0.0.1", tport), self._home_fd,  # type: ignore[arg-type]
-                      self._count_up_first, proxy)
+        tport = self._proxy(proxy, f"{target_host}:{target_port}")
+        try:
+            listener = self.ns_link.call(lambda: socket.create_server((self.link_ip, 0), backlog=128))
+        except BaseException:
+            self.toxiproxy.delete(proxy)
+            raise
+        relay = Relay(listener, ("127.0.0.1", tport), self._home_fd, self._count_up_first, proxy)
         return self._add(relay, Forward(self.link_ip, relay.port, f"{target_host}:{target_port}", proxy))
 
     def expose(self, region_port: int, *, name: str = "") -> Forward:
@@ -157,8 +164,7 @@ class RegionLink:
         proxy = f"{self.region}-down-{name or region_port}"
         listener = call_in(self._home_fd, lambda: socket.create_server(("127.0.0.1", 0), backlog=128))
         assert self.ns_link is not None
-        relay = Relay(listener, (self.region_ip, region_port), self.ns_link.fd,  # type: ignore[arg-type]
-                       self._count_down_first, proxy)
+        relay = Relay(listener, (self.region_ip, region_port), self.ns_link.fd, self._count_down_first, proxy)
         try:
             port = self._proxy(proxy, f"127.0.0.1:{relay.port}")
         except BaseException:

@@ -21,7 +21,7 @@ import socket
 import subprocess
 import threading
 import time
-from typing import Callable
+from typing import Callable, TypeVar
 
 from astraflow.errors import FatalError, RetriableError
 
@@ -30,6 +30,7 @@ __all__ = ["LinkError", "LinkUnavailable", "Netns", "Relay", "call_in", "check_c
 _CLONE_NEWNET = 0x40000000
 _PR_SET_PDEATHSIG = 1
 _CHUNK = 65536
+T = TypeVar("T")
 
 
 class LinkUnavailable(FatalError):
@@ -104,7 +105,7 @@ class Netns:
             raise LinkError(f"in namespace {self.name}: {' '.join(argv)}: {why}")
         return p.stdout
 
-    def call(self, fn: Callable[[], object]) -> object:
+    def call(self, fn: Callable[[], T]) -> T:
         """``fn()`` in a thread inside this namespace (sockets it creates stay in it); its result."""
         return call_in(self.fd, fn)
 
@@ -120,7 +121,7 @@ class Netns:
             self.holder.stderr.close()
 
 
-def call_in(fd: int | None, fn: Callable[[], object]) -> object:
+def call_in(fd: int | None, fn: Callable[[], T]) -> T:
     box: dict = {}
 
     def body() -> None:
@@ -135,7 +136,7 @@ def call_in(fd: int | None, fn: Callable[[], object]) -> object:
     t.join()
     if "err" in box:
         raise box["err"]
-    return box.get("ok")
+    return box["ok"]
 
 
 _checked: str | None = None

@@ -17,6 +17,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from urllib.parse import quote
 from pathlib import Path
 
 from astraflow.topics.broker import free_port
@@ -28,6 +29,10 @@ __all__ = ["TOOLS_BIN", "TOXIPROXY_ENV", "Toxiproxy", "toxiproxy_binary"]
 #: Where ``make toxiproxy`` builds the server (git-ignored), relative to the repository.
 TOOLS_BIN = Path(__file__).resolve().parents[1] / ".tools" / "bin"
 TOXIPROXY_ENV = "ASTRAFLOW_TOXIPROXY"
+
+
+def _q(name: str) -> str:
+    return quote(name, safe="")  # proxy names come from region names: any text
 
 
 def toxiproxy_binary() -> Path:
@@ -113,7 +118,7 @@ class Toxiproxy:
     def add_toxic(self, proxy: str, name: str, kind: str, stream: str, **attributes: float) -> None:
         """A toxic (``latency``, ``bandwidth``, ``timeout``, ...) on one stream (``upstream``: from
         the client, ``downstream``: to it)."""
-        self._request("POST", f"/proxies/{proxy}/toxics", {"name": name, "type": kind, "stream": stream,
+        self._request("POST", f"/proxies/{_q(proxy)}/toxics", {"name": name, "type": kind, "stream": stream,
                                                            "toxicity": 1.0, "attributes": attributes})
 
     def add_latency(self, proxy: str, latency_ms: float, jitter_ms: float = 0) -> None:
@@ -123,16 +128,16 @@ class Toxiproxy:
                            jitter=int(jitter_ms))
 
     def remove_toxic(self, proxy: str, name: str) -> None:
-        self._request("DELETE", f"/proxies/{proxy}/toxics/{name}")
+        self._request("DELETE", f"/proxies/{_q(proxy)}/toxics/{_q(name)}")
 
     def set_enabled(self, proxy: str, enabled: bool) -> None:
-        self._request("POST", f"/proxies/{proxy}", {"enabled": enabled})
+        self._request("POST", f"/proxies/{_q(proxy)}", {"enabled": enabled})
 
     def show(self, proxy: str) -> dict:
-        return self._request("GET", f"/proxies/{proxy}")
+        return self._request("GET", f"/proxies/{_q(proxy)}")
 
     def delete(self, proxy: str) -> None:
-        self._request("DELETE", f"/proxies/{proxy}")
+        self._request("DELETE", f"/proxies/{_q(proxy)}")
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Per proxy, bytes it received and sent per direction: ``{"received_upstream": ..., ...}``."""
