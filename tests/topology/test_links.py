@@ -337,3 +337,38 @@ def test_missing_tools_are_named(monkeypatch, tmp_path):
     monkeypatch.setenv(toxiproxy_mod.TOXIPROXY_ENV, str(tmp_path / "nope"))
     with pytest.raises(LinkUnavailable, match="ASTRAFLOW_TOXIPROXY=.*nope"):
         links.toxiproxy_binary()
+
+
+BUILDER = textwrap.dedent("""
+    import json, sys, time
+    from astraflow.topology.links import LinkEmulation
+    em = LinkEmulation()
+    link = em.add("doomed", bandwidth_mbps=8, latency_ms=5)
+    link.reach(1)
+    sleeper = link.popen(["sleep", "600"])
+    print(json.dumps({"pids": [link.ns_region.holder.pid, link.ns_link.holder.pid, em.toxiproxy.proc.pid,
+                               sleeper.pid],
+                      "namespaces": [link.ns_region.inode, link.ns_link.inode]}), flush=True)
+    time.sleep(600)
+""")
+
+
+def test_a_killed_owner_leaves_nothing_behind():
+    """SIGKILL of the process that built a link: its holders, its Toxiproxy and the processes it
+    started in the region die with it, and the namespaces with them."""
+    owner = subprocess.Popen([sys.executable, "-c", BUILDER], stdout=subprocess.PIPE, text=True)
+    try:
+        made = json.loads(owner.stdout.readline())
+    finally:
+        owner.kill()
+        owner.wait(10)
+        owner.stdout.close()
+
+    def gone(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(") ")[1].startswith("Z")  # a zombie until init reaps it
+        except FileNotFoundError:
+            return True
+    eventually(lambda: all(gone(pid) for pid in made["pids"]))
+    eventually(lambda: not set(made["namespaces"]) & _netns_inodes())
