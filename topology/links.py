@@ -98,7 +98,7 @@ class RegionLink:
         self._lock = threading.Lock()
         self._cut: str | None = None  # None, "disabled" or "blackhole"
         self._closed = False
-        self._home_fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)  # home: where we were made
+        self._home_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)  # home: where we are
         self.ns_region: Netns | None = None
         self.ns_link: Netns | None = None
         try:
