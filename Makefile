@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-all kafka install layers benchmarks browser clean
+.PHONY: demo test test-all kafka install layers benchmarks browser clean netns-tools toxiproxy
 WEB    := astraflow/web
 CHARTS := $(WEB)/node_modules/.installed
 
@@ -24,8 +24,32 @@ $(CHARTS): $(WEB)/package.json $(WEB)/package-lock.json
 
 install: $(STAMP) $(CHARTS)
 
-kafka: $(STAMP) $(CHARTS)
+kafka: $(STAMP) $(CHARTS) toxiproxy
 	$(VENV)/bin/astraflow broker fetch
+
+# WAN links (topology/links.py, docs/cross_region.md): network namespaces, veth pairs and tc tbf
+# from iproute2 and util-linux, latency and cuts from Toxiproxy v2.5.0 built from the Go module proxy.
+TOOLS     := .tools/bin
+TOXIPROXY := $(TOOLS)/toxiproxy-server
+TOXIPROXY_VERSION := v2.5.0
+
+netns-tools:
+	@missing=""; for t in ip tc unshare nsenter; do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then echo "make: WAN link emulation needs$$missing (Debian: apt-get install iproute2 util-linux)"; exit 1; fi
+
+ifdef ASTRAFLOW_TOXIPROXY
+toxiproxy: netns-tools
+	@test -x "$(ASTRAFLOW_TOXIPROXY)" || { echo "make: ASTRAFLOW_TOXIPROXY=$(ASTRAFLOW_TOXIPROXY) is not an executable file"; exit 1; }
+else
+toxiproxy: netns-tools $(TOXIPROXY)
+endif
+
+$(TOXIPROXY):
+	@command -v go >/dev/null 2>&1 || { echo "make: building Toxiproxy $(TOXIPROXY_VERSION) needs Go (https://go.dev/dl), or set ASTRAFLOW_TOXIPROXY to a toxiproxy-server binary"; exit 1; }
+	mkdir -p $(TOOLS)/.build
+	GOBIN=$(CURDIR)/$(TOOLS)/.build go install -ldflags "-X github.com/Shopify/toxiproxy/v2.Version=$(TOXIPROXY_VERSION)" github.com/Shopify/toxiproxy/v2/cmd/server@$(TOXIPROXY_VERSION)
+	mv $(TOOLS)/.build/server $(TOXIPROXY)
+	rmdir $(TOOLS)/.build
 
 # Debian's chromium, which the dashboard's browser test drives headless (Playwright, no browser download).
 browser:
@@ -58,4 +82,4 @@ benchmarks: kafka
 	$(PY) benchmarks/topics_throughput.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info weights/_deltakernel*.so $(WEB)/node_modules
+	rm -rf $(VENV) build *.egg-info weights/_deltakernel*.so $(WEB)/node_modules .tools
