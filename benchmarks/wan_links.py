@@ -8,7 +8,7 @@ connection lets ``k`` connections move ``k * r``.
 - ``netns_tbf``: :class:`astraflow.topology.links.RegionLink` (veth + ``tc tbf`` per direction,
   a Toxiproxy with no toxic in the path), from inside the region's namespace;
 - ``toxiproxy_bandwidth``: Toxiproxy's own ``bandwidth`` toxic on the upstream stream;
-- ``shaped_proxy``: the home-made :class:`astraflow.topology.wan.ShapedProxy`.
+- ``shaped_proxy``: the home-made :class:`astraflow.benchmarks.shaped_proxy.ShapedProxy`.
 
     python -m astraflow.benchmarks.wan_links
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from astraflow.benchmarks.results_io import fmt_spread, load_now, spread, write_results
 from astraflow.topology.links import RegionLink, Toxiproxy
-from astraflow.topology.wan import ShapedProxy
+from astraflow.benchmarks.shaped_proxy import ShapedProxy
 
 RESULTS = Path(__file__).resolve().parent / "results" / "wan_links.json"
 ACK = b"ok"

@@ -5,7 +5,8 @@
 to the launcher's own run (:func:`astraflow.launcher.run_job`: broker, topics, progress,
 restarts, run directory): the plan's processes instead of the job config's, and the
 autoscaler actor beside them; with the embedded broker, nodes of a region other than the
-Kafka cluster's reach it through an emulation of their link (:mod:`.wan`). ``node
+Kafka cluster's run in a network namespace of their own and reach it through an emulation
+of their link (:mod:`.links`: bandwidth shared by all the region's connections, latency, cuts). ``node
 --topology F --host H`` (:func:`run_host`) is one host's share of the same plan on a real
 deployment: its nodes as processes, supervised with :mod:`.processes`, and the autoscaler
 when it lives on this host; a host without a trainer or dataflow stops when the trainer
@@ -48,19 +49,22 @@ def check_topology(path: str, *, job: str | None = None, overrides: dict | None 
 
 
 def node_command_for(cfg: JobConfig, bootstrap: str, run_dir: Path, overrides: list[str],
-                     region_bootstrap: dict[str, str] | None = None):
+                     region_bootstrap: dict[str, str] | None = None, region_wrap: dict | None = None):
     """``NodePlan -> argv``: :func:`.processes.node_command` with the node's pool settings and flags.
 
     ``region_bootstrap``: region -> the address its nodes reach Kafka at instead of
-    ``bootstrap`` (an emulated link's proxy, :mod:`.wan`); the autoscaler's backend starts
-    nodes through this same function, so its nodes get it too."""
-    region_bootstrap = region_bootstrap or {}
+    ``bootstrap`` (an emulated link's, :mod:`.links`); ``region_wrap``: region -> a function
+    of argv that runs it inside the region (its network namespace). The autoscaler's backend
+    starts nodes through this same function, so its nodes get both too."""
+    region_bootstrap, region_wrap = region_bootstrap or {}, region_wrap or {}
 
     def command(node) -> list[str]:
         view = cfg.view(node.policy) if len(cfg.policy_names) > 1 and node.policy else cfg
-        return (node_command(node.role, view, region_bootstrap.get(node.region, bootstrap), run_dir, node.node_id,
+        argv = (node_command(node.role, view, region_bootstrap.get(node.region, bootstrap), run_dir, node.node_id,
                              [*overrides, *node.overrides])
                 + list(node.flags))
+        wrap = region_wrap.get(node.region)
+        return wrap(argv) if wrap is not None else argv
     return command
 
 
@@ -135,28 +139,36 @@ class TopologyRun:
         self.plan, self.cfg, self.overrides = plan, cfg, overrides
         self.backend = None
         self.outcome = None
-        self.wan = None  #: the emulated links (:class:`~.wan.WanEmulation`), with the embedded broker
+        self.wan = None  #: the emulated links (:class:`~.links.LinkEmulation`), with the embedded broker
         self.extra: dict = {}
 
     @contextlib.contextmanager
     def broker_setup(self, broker):
-        """Before the embedded broker starts: a listener and a shaping proxy per emulated link."""
-        from .wan import EmulatedLink, WanEmulation
-        links = [EmulatedLink(e["region"], e["kafka_region"], e["latency_ms"], e["bandwidth_mbps"])
-                 for e in self.plan.emulated_links()]
+        """Before the embedded broker starts: per emulated link, the region's namespace, its
+        shaped link and a broker listener advertised at the link's address in the region."""
+        from .links import LinkEmulation
+        links = self.plan.emulated_links()
         if not links:
             yield
             return
-        self.wan = WanEmulation(links)
-        broker.extra.update(self.wan.broker_properties(broker.port, broker.controller_port))
+        self.wan = LinkEmulation()
+        try:
+            for e in links:
+                self.wan.add(e["region"], bandwidth_mbps=e["bandwidth_mbps"], latency_ms=e["latency_ms"])
+            broker.extra.update(self.wan.broker_properties(broker.port, broker.controller_port))
+        except BaseException:
+            self.wan.close()
+            raise
         try:
             yield
         finally:
             self.wan.close()
 
     def processes(self, bootstrap: str, run_dir: Path):
+        links = self.wan
         command_for = node_command_for(self.cfg, bootstrap, run_dir, self.overrides,
-                                       self.wan.bootstrap_for() if self.wan is not None else None)
+                                       links.bootstrap_for() if links is not None else None,
+                                       {r: links[r].wrap for r in links.links} if links is not None else None)
         self.backend = make_backend(self.plan, self.cfg, command_for, run_dir / "logs")
         mine = [n for n in self.plan.nodes if n.owner == "host"]
         announce_started(bootstrap, self.cfg, mine)
@@ -174,7 +186,7 @@ class TopologyRun:
             self.backend.tick(procs)
             self.extra = {"topology": {"name": self.plan.name, "file": self.plan.source,
                                        "notes": self.plan.notes,
-                                       # per link: region, latency, bandwidth, bytes each way through its proxy
+                                       # per link: region, latency, bandwidth, bytes each way across it
                                        "emulated_links": self.wan.stats() if self.wan is not None else []},
                           "device_hours": recount_device_hours(bootstrap, self.cfg, self.plan),
                           # 0: the node finished its in-flight tasks and left the group on SIGTERM

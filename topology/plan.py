@@ -257,9 +257,9 @@ def _emulation_note(plan: Plan) -> str:
     emulated = plan.emulated_links()
     if not emulated:
         return f"links are not emulated: no region of the cluster is linked to the Kafka region {plan.kafka_region}"
-    parts = [f"{e['region']} nodes reach the broker in {e['kafka_region']} through a loopback proxy adding "
-             f"{e['latency_ms']:g} ms each way, capped at {e['bandwidth_mbps']:g} Mbit/s per direction"
-             for e in emulated]
+    parts = [f"{e['region']} nodes run in a network namespace of their own and reach the broker in "
+             f"{e['kafka_region']} through a link adding {e['latency_ms']:g} ms each way, {e['bandwidth_mbps']:g} "
+             f"Mbit/s per direction shared by all their connections" for e in emulated]
     unlinked = [r for r in plan.clusters[0].regions
                 if r != plan.kafka_region and r not in {e["region"] for e in emulated}]
     tail = f"; {', '.join(unlinked)} (no link to {plan.kafka_region}) connect directly" if unlinked else ""

@@ -1,13 +1,14 @@
-"""WAN link emulation: the shaping proxy (latency, bandwidth, close) on real sockets, a real
-broker reached through its shaped listener, and the topology wiring (plan, node commands)."""
+"""The topology's links as `astraflow launch` emulates them: the plan's wording, and the wiring
+(a region's nodes run inside its network namespace and dial the broker's listener advertised at
+the link, the Kafka region's dial the broker) with a real broker and a real client in the region.
+The link itself (shared bandwidth, latency, cuts) is tested in test_links.py."""
 
 from __future__ import annotations
 
-import contextlib
-import secrets
-import socket
-import threading
-import time
+import json
+import subprocess
+import sys
+import textwrap
 import uuid
 from pathlib import Path
 
@@ -15,143 +16,41 @@ import pytest
 import yaml
 
 from astraflow.config import load_config
-from astraflow.topics import Consumer, EmbeddedBroker, Producer, Prompt, TopicSpec, ensure_topics
+from astraflow.topics import EmbeddedBroker, TopicSpec, ensure_topics
 from astraflow.topology.launch import TopologyRun, load_plan, node_command_for
 from astraflow.topology.plan import format_plan, resolve, without_emulation
 from astraflow.topology.schema import TopologyError, load_topology
-from astraflow.topology.wan import ShapedProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO_REGIONS = ROOT / "examples" / "topology_two_regions.yaml"
 JOB = ROOT / "examples" / "arithmetic_grpo.yaml"
 
-
-@contextlib.contextmanager
-def server(handler):
-    """A loopback TCP server running ``handler(conn)`` per connection; yields its port."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    conns: list[socket.socket] = []
-
-    def accept():
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            conns.append(conn)
-            threading.Thread(target=handler, args=(conn,), daemon=True).start()
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        listener.close()
-        for c in conns:
-            c.close()
+IN_REGION = textwrap.dedent("""
+    import json, secrets, sys
+    from astraflow.topics import Consumer, Producer, Prompt
+    bootstrap, topic = sys.argv[1], sys.argv[2]
+    p = Producer(bootstrap, client_id="eu-node", transactional_id=topic + "-tx")
+    with p.transaction():
+        for i in range(5):
+            p.send(topic, Prompt(f"p{i}", secrets.token_urlsafe(3000), "1"))  # ~3 KB after zstd
+    ports = sorted({b.port for b in p._kp._metadata.brokers()})
+    p.close()
+    got = []
+    with Consumer(bootstrap, topics=[topic], group_id=topic + "-g", client_id="eu-reader") as c:
+        for _ in range(30):
+            got += [d.message.prompt_id for d in c.poll(1000)]
+            if len(got) >= 5:
+                break
+        c.commit()
+    print(json.dumps({"got": got, "ports": ports}))
+""")
 
 
-def echo(conn: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        while data := conn.recv(65536):
-            conn.sendall(data)
-
-
-def recv_exactly(s: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
-        buf += chunk
-    return buf
-
-
-def eventually(check, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
-
-
-def test_round_trip_takes_twice_the_latency():
-    with server(echo) as port, ShapedProxy(port, latency_ms=60, bandwidth_mbps=1000) as proxy:
-        with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as s:
-            trips = []
-            for i in range(5):
-                t = time.monotonic()
-                s.sendall(b"ping %d" % i)
-                assert recv_exactly(s, 6) == b"ping %d" % i
-                trips.append(time.monotonic() - t)
-        # each direction held the chunk >= 60 ms; the upper bound only catches a runaway delay
-        assert min(trips) >= 0.120 * 0.98, trips
-        assert max(trips) < 1.5, trips
-        eventually(lambda: (proxy.bytes_up, proxy.bytes_down) == (30, 30))  # counted just after the send
-
-
-def test_latency_does_not_cap_throughput():
-    """Many chunks are in flight at once: 40 round trips' worth of data pipelined takes about
-    one round trip, not forty."""
-    with server(echo) as port, ShapedProxy(port, latency_ms=100, bandwidth_mbps=1000) as proxy:
-        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
-            t = time.monotonic()
-            got = bytearray()
-            for i in range(40):
-                s.sendall(bytes([i]) * 1000)
-                time.sleep(0.005)  # separate chunks, each stamped on its own
-            while len(got) < 40_000:
-                got += s.recv(65536)
-            took = time.monotonic() - t
-        assert got == b"".join(bytes([i]) * 1000 for i in range(40))  # in order, intact
-        assert 0.2 * 0.98 <= took < 2.0, took  # 40 x 0.2 s = 8 s if each chunk waited for the previous
-
-
-def test_bandwidth_is_capped_per_direction():
-    received = {"n": 0, "done": threading.Event()}
-    total = 400_000
-
-    def sink(conn):
-        with contextlib.suppress(OSError):
-            while data := conn.recv(65536):
-                received["n"] += len(data)
-                if received["n"] >= total:
-                    received["done"].set()
-
-    with server(sink) as port, ShapedProxy(port, latency_ms=0, bandwidth_mbps=8) as proxy:  # 1 MB/s
-        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
-            t = time.monotonic()
-            s.sendall(b"x" * total)
-            assert received["done"].wait(10)
-            took = time.monotonic() - t
-        assert took >= total / 1e6 * 0.98, took  # N bytes take at least N / rate
-        assert took < 3.0, took
-        eventually(lambda: proxy.bytes_up == total)
-        assert proxy.bytes_down == 0
-
-
-def test_close_closes_every_connection():
-    with server(echo) as port:
-        proxy = ShapedProxy(port, latency_ms=5, bandwidth_mbps=100)
-        clients = [socket.create_connection(("127.0.0.1", proxy.port), timeout=5) for _ in range(3)]
-        for c in clients:  # every connection is up and forwarding
-            c.sendall(b"hi")
-            assert recv_exactly(c, 2) == b"hi"
-        assert proxy.open_connections == 3 and proxy.connections == 3
-        proxy.close()
-        for c in clients:
-            try:
-                assert c.recv(10) == b""  # closed by the proxy, not left hanging
-            except ConnectionResetError:
-                pass
-            c.close()
-        assert proxy.open_connections == 0
-        with pytest.raises(OSError):
-            socket.create_connection(("127.0.0.1", proxy.port), timeout=2).close()
-
-
-def test_a_region_reaches_a_real_broker_through_its_shaped_listener(tmp_path):
-    """launch's wiring without the processes: the plan's remote region gets a listener and a
-    proxy; a transactional producer and a read_committed consumer given that region's address
-    do all their traffic through it (the broker advertises the proxy), and node commands of the
-    region, the autoscaler's too, name the proxy while the Kafka region's name the broker."""
+def test_a_region_reaches_a_real_broker_through_its_link_from_its_own_namespace(tmp_path):
+    """launch's wiring without the job: the plan's remote region gets a namespace, a link and
+    a listener advertised at the link; a transactional producer and a read_committed consumer
+    run inside the region through it; node commands of the region, the autoscaler's too, run
+    in the region and name the link, while the Kafka region's name the broker."""
     cfg = load_config(str(JOB), {})
     plan = load_plan(TWO_REGIONS, cfg)
     run = TopologyRun(plan, cfg, [])
@@ -159,46 +58,40 @@ def test_a_region_reaches_a_real_broker_through_its_shaped_listener(tmp_path):
     with run.broker_setup(broker):
         try:
             broker.start()
-            proxy = run.wan.proxies["eu-west"]
+            link = run.wan["eu-west"]
             eu = run.wan.bootstrap_for()["eu-west"]
-            assert eu == proxy.address and set(run.wan.bootstrap_for()) == {"eu-west"}
+            assert set(run.wan.bootstrap_for()) == {"eu-west"} and eu.startswith(link.link_ip + ":")
             topic = "wan-" + uuid.uuid4().hex[:8]
             ensure_topics(broker.bootstrap_servers, [TopicSpec(topic, partitions=1)])
-            p = Producer(eu, client_id="eu-node", transactional_id=f"{topic}-tx")
-            try:
-                with p.transaction():
-                    for i in range(5):
-                        p.send(topic, Prompt(f"p{i}", secrets.token_urlsafe(3000), "1"))  # ~3 KB after zstd
-                # the broker told the client to come back through the proxy, not to its own port
-                assert {b.port for b in p._kp._metadata.brokers()} == {proxy.port}
-            finally:
-                p.close()
-            with Consumer(eu, topics=[topic], group_id=f"{topic}-g", client_id="eu-reader") as c:
-                got: list[str] = []
-                for _ in range(30):
-                    got += [d.message.prompt_id for d in c.poll(1000)]
-                    if len(got) >= 5:
-                        break
-                c.commit()
-            assert got == [f"p{i}" for i in range(5)]
+            out = subprocess.run(link.wrap([sys.executable, "-c", IN_REGION, eu, topic]), capture_output=True,
+                                 text=True, timeout=180)
+            assert out.returncode == 0, out.stderr[-3000:]
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            assert result["got"] == [f"p{i}" for i in range(5)]
+            # the broker told the client to come back through the link, not to its own port
+            assert result["ports"] == [int(eu.rsplit(":", 1)[1])]
             stats = run.wan.stats()[0]
-            assert (stats["region"], stats["to"], stats["latency_ms"], stats["bandwidth_mbps"]) == \
-                ("eu-west", "us-east", 40, 1000)
-            # the records went up through the proxy, and came back down it to the consumer
-            assert stats["bytes_to_broker"] > 5 * 2000 and stats["bytes_from_broker"] > 5 * 2000, stats
+            assert (stats["region"], stats["latency_ms"], stats["bandwidth_mbps"]) == ("eu-west", 40, 1000)
+            assert stats["bytes_up"] > 5 * 2000 and stats["bytes_down"] > 5 * 2000, stats
 
-            command_for = node_command_for(cfg, broker.bootstrap_servers, tmp_path, [], run.wan.bootstrap_for())
+            links = run.wan
+            command_for = node_command_for(cfg, broker.bootstrap_servers, tmp_path, [], links.bootstrap_for(),
+                                           {r: links[r].wrap for r in links.links})
             nodes = {n.node_id: n for n in plan.nodes}
+
             def server_of(argv):
                 return argv[argv.index("--bootstrap-servers") + 1]
-            assert server_of(command_for(nodes["raas-eu-0"])) == eu
-            assert server_of(command_for(nodes["raas-us-0"])) == broker.bootstrap_servers
-            assert server_of(command_for(nodes["trainer"])) == broker.bootstrap_servers
+            eu_cmd = command_for(nodes["raas-eu-0"])
+            assert server_of(eu_cmd) == eu and eu_cmd[:len(link.wrap([]))] == link.wrap([])
+            for home in ("raas-us-0", "trainer"):
+                cmd = command_for(nodes[home])
+                assert server_of(cmd) == broker.bootstrap_servers and "nsenter" not in cmd[0]
             # an elastic node the autoscaler adds later is started through the same command_for
-            assert server_of(command_for(plan.node_spec(plan.pools["raas-eu"], 5))) == eu
+            later = command_for(plan.node_spec(plan.pools["raas-eu"], 5))
+            assert server_of(later) == eu and later[0] == eu_cmd[0]
         finally:
             broker.stop()
-    assert proxy.open_connections == 0  # leaving broker_setup closed the proxy
+    assert link._closed  # leaving broker_setup closed the link
 
 
 def _two_regions(tmp_path, **changes) -> Path:

@@ -1,28 +1,12 @@
-"""WAN links emulated on one machine: a shaping TCP proxy per remote region, in front of the broker.
+"""The shaping TCP proxy ``astraflow launch`` used to emulate a WAN link, kept as the measured
+baseline of :mod:`astraflow.benchmarks.wan_links` (launch now uses :mod:`astraflow.topology.links`).
 
-``astraflow launch`` runs every region's nodes as processes of this machine, all on loopback.
-To make a topology's ``links`` felt there, the nodes of a region that is not the Kafka
-cluster's reach the embedded broker only through a :class:`ShapedProxy`: a loopback TCP
-proxy that forwards each chunk no earlier than the link's one-way latency after it arrived
-(per direction) and no faster than the link's bandwidth (per direction).
-
-The model of one direction is a delay line behind a transmitter: a chunk of ``n`` bytes
-read at ``t`` starts transmitting when the link is free (``start = max(t, link_free)``),
-occupies it for ``n / rate`` (``link_free = start + n / rate``: a token bucket with no
-burst) and is delivered at ``link_free + latency``. The reader stamps chunks, a sender
-thread delivers them in order at their stamps, so latency does not cap throughput (many
-chunks are in flight at once, up to a bandwidth-delay product of buffering, beyond which
-the reader stops reading and TCP pushes back on the sender, as a full link would).
-
-A Kafka client reconnects to the address the broker *advertises*, so a proxy in front of
-the bootstrap address alone would be bypassed after the first metadata request. Each
-proxied region therefore gets its own broker listener, bound on an internal port and
-advertised at its proxy (:meth:`WanEmulation.broker_properties`), as
-:class:`astraflow.chaos.faults.ChaosKafka` does for a cuttable link.
-
-This is emulation on loopback: no packet loss, no jitter, no congestion between
-regions' links; the links of a region not joined directly to the Kafka region are not
-emulated. It knows nothing about Kafka clients or the job.
+Its bandwidth cap is **per TCP connection**: a region whose node opens several Kafka
+connections got several times its declared bandwidth (``wan_links.json`` measures it). The
+model of one direction is a delay line behind a transmitter: a chunk of ``n`` bytes read at
+``t`` starts transmitting when the connection's line is free, occupies it for ``n / rate``
+and is delivered ``latency`` later; a reader stamps chunks and a sender delivers them at
+their stamps, so latency does not cap throughput.
 """
 
 from __future__ import annotations
@@ -32,7 +16,6 @@ import contextlib
 import socket
 import threading
 import time
-from dataclasses import dataclass
 
 from astraflow.topics.broker import free_port
 
@@ -237,55 +220,3 @@ def _close(s: socket.socket) -> None:
         s.shutdown(socket.SHUT_RDWR)
     with contextlib.suppress(OSError):
         s.close()
-
-
-@dataclass(frozen=True)
-class EmulatedLink:
-    """A remote region's link to the Kafka cluster's region."""
-
-    region: str  #: the remote region, whose nodes go through the proxy
-    kafka_region: str
-    latency_ms: float
-    bandwidth_mbps: float
-
-
-class WanEmulation:
-    """The proxies of a launch: one per remote region, each behind its own broker listener.
-
-    Use: :meth:`broker_properties` (with the broker's own ports, before it starts) creates
-    the proxies and returns the ``server.properties`` entries that add the listeners;
-    :meth:`bootstrap_for` gives a region's nodes their address; :meth:`stats` what moved;
-    :meth:`close` closes every proxy and connection.
-    """
-
-    def __init__(self, links: list[EmulatedLink]) -> None:
-        self.links = list(links)
-        self.proxies: dict[str, ShapedProxy] = {}
-
-    def broker_properties(self, port: int, controller_port: int) -> dict[str, str]:
-        listeners = [f"PLAINTEXT://127.0.0.1:{port}", f"CONTROLLER://127.0.0.1:{controller_port}"]
-        advertised = list(listeners)
-        protocols = ["CONTROLLER:PLAINTEXT", "PLAINTEXT:PLAINTEXT"]
-        for i, link in enumerate(self.links):
-            internal = free_port()
-            proxy = ShapedProxy(internal, latency_ms=link.latency_ms, bandwidth_mbps=link.bandwidth_mbps,
-                                name=link.region)
-            self.proxies[link.region] = proxy
-            name = f"WAN{i}"  # listener names are identifiers; region names may not be
-            listeners.append(f"{name}://127.0.0.1:{internal}")
-            advertised.append(f"{name}://{proxy.address}")
-            protocols.append(f"{name}:PLAINTEXT")
-        return {"listeners": ",".join(listeners), "advertised.listeners": ",".join(advertised),
-                "listener.security.protocol.map": ",".join(protocols)}
-
-    def bootstrap_for(self) -> dict[str, str]:
-        """Region -> the bootstrap address its nodes use (regions not listed connect directly)."""
-        return {region: p.address for region, p in self.proxies.items()}
-
-    def stats(self) -> list[dict]:
-        return [{"region": link.region, "to": link.kafka_region, **self.proxies[link.region].stats()}
-                for link in self.links if link.region in self.proxies]
-
-    def close(self) -> None:
-        for p in self.proxies.values():
-            p.close()
