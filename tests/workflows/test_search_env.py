@@ -85,6 +85,21 @@ def test_every_questions_solution_pays_one_and_records_its_searches_and_hops(que
         assert info["facts_found"] == p.metadata["hops"] and info["correct"] is True
 
 
+def test_every_solution_with_its_observations_fits_the_tiny_models_window(tokenizer_and_engine, questions):
+    """Question, turns (with their tags) and observations, as the agent workflow lays them out."""
+    tok, _engine = tokenizer_and_engine
+
+    def n(text):
+        return len(tok.encode(text, add_special_tokens=False))
+    longest = 0
+    for p in questions:
+        actions = p.metadata["solution"].split(";")
+        obs = [o for o, *_ in play(p, actions)][:-1]  # (the answer's observation is not kept)
+        longest = max(longest, n(p.text + "<a>") + sum(n(a + "</a>") for a in actions)
+                      + sum(n(f" {o}<a>") for o in obs))
+    assert longest <= 128
+
+
 def test_answers_compare_after_normalisation_and_a_wrong_one_ends_with_zero(questions):
     p = next(q for q in questions if q.metadata["kind"] == "region")
     assert play(p, [f"answer The {p.answer.upper()}."])[0][:3] == ("right", 1.0, True)
