@@ -91,6 +91,9 @@ def heldout_problems(cfg: JobConfig) -> list[Prompt]:
             elif spec == "text_game":
                 from astraflow.workflows.text_game import text_game_prompts
                 per_source.append(text_game_prompts(cfg.eval.problems, cfg.seed + 1000, split="heldout"))
+            elif spec == "search":
+                from astraflow.workflows.search_env import search_prompts
+                per_source.append(search_prompts(cfg.eval.problems, cfg.seed + 1000, split="heldout"))
             else:
                 per_source.append(split_heldout(_load(cfg, spec, None, _quiet(cfg)), cfg.heldout_fraction,
                                                 cfg.eval.split_seed)[1])

@@ -36,7 +36,7 @@ def _f(default: Any = dataclasses.MISSING, help: str = "", bounds: Bounds | None
 #: Bounds shared by many keys: seeds (what numpy and torch both take), niceness increments.
 SEED = Bounds(0, 2**32 - 1)
 NICE = Bounds(0, 19)
-GENERATORS = ("arithmetic", "code", "text_game")  #: data sources that generate prompts (and their own held-out split)
+GENERATORS = ("arithmetic", "code", "text_game", "search")  #: data sources that generate prompts (and their own held-out split)
 
 
 @dataclass(frozen=True)
@@ -283,7 +283,8 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DataConfig:
     source: str = _f("arithmetic", "'arithmetic' (synthetic generator), 'code' (program synthesis with hidden "
-                                   "tests), 'text_game' (the agent workflow's game tasks) or a path to a JSONL/Parquet file of {prompt, answer}")
+                                   "tests), 'text_game' (the agent workflow's game tasks), 'search' (the search "
+                                   "environment's questions) or a path to a JSONL/Parquet file of {prompt, answer}")
     max_digits: int = _f(2, "synthetic: operand digits", bounds=Bounds(1, 18))
     ops: str = _f("+-", "synthetic: operators")
     seed: int = _f(0, "synthetic: generator seed", bounds=SEED)

@@ -2,7 +2,7 @@
 
 ``rlvr`` (one role: generate ``n`` samples, score each) is what a single-policy job runs;
 ``solver_verifier`` is the maths solver-verifier team; the code workflows, the maths
-answer checker, the ``agent`` workflow and the ``text_game`` environment register
+answer checker, the ``agent`` workflow and the ``text_game`` and ``search`` environments register
 themselves from their modules. A user workflow registers the same
 way from any module the job imports (``workflow.module`` in the job config). Nothing here
 knows where an episode runs or how its calls are batched: the episode runner
@@ -39,7 +39,7 @@ def rlvr(ep: Episode) -> EpisodeResult:
     return EpisodeResult({"solver": trajs}, team_reward=sum(t.reward for t in trajs) / len(trajs))
 
 
-for _module in ("solver_verifier", "code_workflows", "math_answers", "agent", "text_game", "http_env", "openai_endpoint"):
+for _module in ("solver_verifier", "code_workflows", "math_answers", "agent", "text_game", "search_env", "http_env", "openai_endpoint"):
     try:
         importlib.import_module(f"astraflow.workflows.{_module}")
     except ModuleNotFoundError as e:  # an optional module not built yet / its package missing

@@ -56,6 +56,11 @@ def load_prompts(source: str, n: int | None, *, seed: int = 0, max_digits: int =
             raise DatasetError("the text_game task generator needs a prompt count (data.num_prompts)")
         from .text_game import text_game_prompts
         return text_game_prompts(n, seed)
+    if source == "search":  # the agent workflow's search environment: generated questions over its corpus
+        if n is None:
+            raise DatasetError("the search task generator needs a prompt count (data.num_prompts)")
+        from .search_env import search_prompts
+        return search_prompts(n, seed)
     if source == "code":  # program synthesis: infer f from examples; hidden tests in the metadata
         if n is None:
             raise DatasetError("the code task generator needs a prompt count (data.num_prompts)")
