@@ -68,6 +68,12 @@ class AgentParams:
     env_timeout_s: float = 30.0  #: one environment call (reset, step); past it the episode fails
     limit_reward: float | None = None  #: reward of a sample ended by a limit; None: its env rewards so far
     on_eos: str = "end"  #: a turn ending in EOS: ``end`` the sample, or ``continue`` (a malformed action)
+    #: the reward of step ``k`` (0-based, counting the sample's environment steps) counts
+    #: ``turn_discount ** k``: 1.0 sums them as they come; below 1 a sooner success pays more
+    turn_discount: float = 1.0
+    #: shaping: added to the reward once per model turn (e.g. -0.05 to prefer short episodes);
+    #: a limit's ``limit_reward``, when set, replaces the whole sum
+    turn_penalty: float = 0.0
 
     @classmethod
     def of(cls, params: Mapping[str, Any]) -> "AgentParams":
@@ -113,6 +119,12 @@ class AgentParams:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise WorkflowParamError(key, f"is {v!r}; it is a number of seconds > 0")
+        if isinstance(self.turn_discount, bool) or not isinstance(self.turn_discount, (int, float)) or \
+                not 0 < self.turn_discount <= 1:
+            raise WorkflowParamError("turn_discount", f"is {self.turn_discount!r}; it is a number in (0, 1]")
+        if isinstance(self.turn_penalty, bool) or not isinstance(self.turn_penalty, (int, float)) or \
+                not math.isfinite(self.turn_penalty) or abs(self.turn_penalty) > 1:
+            raise WorkflowParamError("turn_penalty", f"is {self.turn_penalty!r}; it is a number in [-1, 1]")
         v = self.limit_reward
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
             raise WorkflowParamError("limit_reward", f"is {v!r}; it is a number or null")
@@ -175,7 +187,20 @@ class _Sample:
         self.length += len(part.tokens if isinstance(part, Turn) else part[1])
 
 
-@workflow("agent", roles=("agent",), check=check_params, episode_eval=True)
+def reward_range(params: Mapping[str, Any]) -> tuple[float, float]:
+    """What a sample's reward may be: the environment's (its factory's ``reward_range``, the
+    sum of its step rewards; default 0 to 1) plus the turn penalty over ``max_turns``, or the
+    limit reward."""
+    cfg = AgentParams.of(params)
+    lo, hi = getattr(get_environment(cfg.env), "reward_range", (0.0, 1.0))
+    shaping = cfg.turn_penalty * cfg.max_turns
+    lo, hi = lo + min(0.0, shaping), hi + max(0.0, shaping)
+    if cfg.limit_reward is not None:
+        lo, hi = min(lo, cfg.limit_reward), max(hi, cfg.limit_reward)
+    return lo, hi
+
+
+@workflow("agent", roles=("agent",), check=check_params, episode_eval=True, reward_ranges={"agent": reward_range})
 def agent(ep: Episode) -> EpisodeResult:
     """Multi-turn agent episodes in a registered environment, with limits and their reasons."""
     cfg = AgentParams.of(ep.params)
@@ -275,7 +300,7 @@ def agent(ep: Episode) -> EpisodeResult:
                         if s.end is not None:
                             continue
                         obs, reward, done, _info = s.env.checked_step(out)
-                        s.env_reward += reward
+                        s.env_reward += reward * cfg.turn_discount ** (s.actions - 1)
                         if done:
                             s.end = "done"
                         else:
@@ -291,7 +316,8 @@ def agent(ep: Episode) -> EpisodeResult:
         parts = list(s.parts)
         while parts and not (isinstance(parts[-1], Turn) and parts[-1].tokens):  # context after the last
             parts.pop()  # generated token trains nothing (and may not fit the window)
-        reward = cfg.limit_reward if s.end in LIMITS and cfg.limit_reward is not None else s.env_reward
+        shaped = s.env_reward + cfg.turn_penalty * s.turns
+        reward = cfg.limit_reward if s.end in LIMITS and cfg.limit_reward is not None else shaped
         trajs.append(Trajectory.chain(s.prompt, parts, "agent", float(reward), end_reason=s.end, turns=s.turns,
                                       actions=s.actions, malformed=s.malformed, observations_truncated=s.truncated,
                                       env_reward=s.env_reward, sample=s.index))

@@ -382,7 +382,11 @@ class WorkflowSpec:
         """What ``role``'s rewards may be: its declared range, else that of the reward the
         job's ``workflow.params.reward`` (or this workflow's default reward) names."""
         if role in self.reward_ranges:
-            return self.reward_ranges[role]
+            r = self.reward_ranges[role]
+            if callable(r):  # a range that depends on the job's workflow.params
+                lo, hi = r(dict(params or {}))
+                return float(lo), float(hi)
+            return r
         return reward_range(str((params or {}).get("reward", self.reward)))
 
     def group_size(self, role: str, n_samples: int) -> tuple[int, int]:
@@ -417,21 +421,24 @@ def workflow(name: str, roles: Sequence[str], reward: str = "exact_match",
 
     What the dataflow checks a group of the workflow against (issue 29: a signed group with
     impossible content is refused), where the defaults do not hold: ``reward_ranges`` (role
-    -> ``(low, high)`` of its rewards; default: the range of the reward function, see
+    -> ``(low, high)`` of its rewards, or a function of ``workflow.params`` giving it; default:
+    the range of the reward function, see
     :func:`reward`), ``group_sizes`` (role -> ``(low, high)``: a group holds ``low * n`` to
     ``high * n`` trajectories; default exactly ``n``) and ``turn_tokens`` (``(params,
     rollout.max_new_tokens) -> the longest turn``, for calls that pass ``max_new_tokens``)."""
     def deco(fn: EpisodeFn) -> EpisodeFn:
         if name in WORKFLOWS and not _same(WORKFLOWS[name].fn, fn):
             raise ValueError(f"workflow {name!r} registered twice")
-        for role, (lo, hi) in (reward_ranges or {}).items():
-            _check_range(f"workflow {name!r}: reward_ranges[{role!r}]", lo, hi)
+        for role, r in (reward_ranges or {}).items():
+            if not callable(r):
+                _check_range(f"workflow {name!r}: reward_ranges[{role!r}]", *r)
         for role, (lo, hi) in (group_sizes or {}).items():
             if not (isinstance(lo, int) and isinstance(hi, int) and 0 < lo <= hi):
                 raise ValueError(f"workflow {name!r}: group_sizes[{role!r}] is ({lo!r}, {hi!r}); "
                                  "it is (low, high) with 0 < low <= high, whole multiples of n_samples")
         WORKFLOWS[name] = WorkflowSpec(name, fn, tuple(roles), (fn.__doc__ or "").strip().split("\n")[0], reward,
-                                       check, episode_eval, {r: (float(lo), float(hi)) for r, (lo, hi) in (reward_ranges or {}).items()},
+                                       check, episode_eval, {role: r if callable(r) else (float(r[0]), float(r[1]))
+                                                             for role, r in (reward_ranges or {}).items()},
                                        dict(group_sizes or {}), turn_tokens or _default_turn_tokens)
         return fn
     return deco

@@ -344,6 +344,8 @@ def test_observation_tokens_stay_masked_on_real_trajectories_from_the_broker(tok
     ("action_format", "xml", "one of tag, json, eos"),
     ("deadline_s", -1, "seconds > 0"),
     ("max_turn", 3, "no parameter 'max_turn'"),
+    ("turn_discount", 0, "a number in (0, 1]"),
+    ("turn_penalty", 2, "a number in [-1, 1]"),
 ])
 def test_bad_agent_params_are_config_errors_naming_the_key_and_file(tmp_path, key, value, words):
     from pathlib import Path
@@ -417,3 +419,23 @@ def test_the_multi_turn_benchmark_compares_the_same_episodes_in_and_out_of_the_b
     assert out["fingerprint"] == stay["fingerprint"] and out["tokens"] == stay["tokens"] > 0
     assert out["tool_calls"] == stay["tool_calls"] > 0
     assert stay["engine_calls"] <= out["engine_calls"] and stay["rows_per_call"] >= out["rows_per_call"]
+
+
+def test_turn_discount_and_turn_penalty_shape_the_reward_and_its_declared_range(tok_engine):
+    from astraflow.workflows.api import get_workflow
+    tok, engine = tok_engine
+    base = {"env": "test_drill", "action_format": "eos", "max_turns": 3, "env_params": {"problems": 1}}
+    plain = run_agent(tok, engine, base)
+    shaped = run_agent(tok, engine, dict(base, turn_discount=0.5, turn_penalty=-0.1))
+    for a, b in zip(plain.trajectories["agent"], shaped.trajectories["agent"], strict=True):
+        assert a.tokens == b.tokens  # the same episode, scored differently
+        # the drill of one problem pays at its only step (step 0: discount 0.5**0 = 1)
+        assert b.reward == pytest.approx(a.info["env_reward"] - 0.1 * b.info["turns"])
+    two = run_agent(tok, engine, dict(base, env_params={"problems": 2}, turn_discount=0.5))
+    for t in two.trajectories["agent"]:
+        if t.info["actions"] == 2:  # the drill pays right/2 at its second step, discounted once
+            assert t.reward == pytest.approx(t.info["env_reward"]) and t.reward in (0.0, 0.25, 0.5)
+    spec = get_workflow("agent")
+    assert spec.role_reward_range("agent", base) == (0.0, 1.0)
+    assert spec.role_reward_range("agent", dict(base, turn_penalty=-0.1)) == pytest.approx((-0.3, 1.0))
+    assert spec.role_reward_range("agent", dict(base, limit_reward=-1.0)) == (-1.0, 1.0)
