@@ -752,13 +752,27 @@ def import_user_module(module: str, source: str) -> None:
     importlib.import_module(module)
 
 
+_PRINCIPALS = ("kafka", "security", "principals")
+
+
+def _override_path(dotted: str) -> list[str]:
+    """A ``--set`` key's path of section names. Below ``kafka.security.principals`` an entry of
+    a policy's node is itself dotted (``raas.solver``): ``...principals.raas.solver.username``
+    sets ``principals["raas.solver"].username``."""
+    parts = dotted.split(".")
+    n = len(_PRINCIPALS)
+    if tuple(parts[:n]) == _PRINCIPALS and len(parts) == n + 3 and parts[n] in POLICY_ROLES:
+        return [*parts[:n], f"{parts[n]}.{parts[n + 1]}", parts[n + 2]]
+    return parts
+
+
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> JobConfig:
     """Read and validate a YAML job config; ``overrides`` are dotted keys (``trainer.steps``)."""
     path = Path(path)
     data = load_yaml(path, "a mapping of sections")
     for dotted, value in (overrides or {}).items():
         node = data
-        *parents, last = dotted.split(".")
+        *parents, last = _override_path(dotted)
         for i, p in enumerate(parents):
             node = node.setdefault(p, {})
             if not isinstance(node, dict):

@@ -236,3 +236,15 @@ def test_per_policy_principals_are_refused_the_other_policys_weights_and_tasks(s
     finally:
         client.close()
     assert described == {topics.tasks("a"): 0, topics.tasks("b"): TopicAuthorizationFailedError.errno}, described
+
+
+def test_set_reaches_a_per_policy_principal(tmp_path):
+    """``--set kafka.security.principals.raas.solver.username=X``: the entry ``raas.solver``
+    (itself dotted), not a section ``raas`` holding ``solver``."""
+    path = _team_config(tmp_path, "raas.solver: {username: r-solver, password_file: raas.solver.pw}\n"
+                                  "raas: {username: r-any, password_file: raas.pw}", username=True)
+    cfg = load_config(path, {"kafka.security.principals.raas.solver.username": "r-solver-2",
+                             "kafka.security.principals.raas.username": "r-any-2"})
+    assert cfg.kafka.security.principals["raas.solver"].username == "r-solver-2"
+    assert cfg.kafka.security.principals["raas"].username == "r-any-2"
+    assert set(cfg.kafka.security.principals) == {"raas.solver", "raas"}
