@@ -200,7 +200,13 @@ def reward_range(params: Mapping[str, Any]) -> tuple[float, float]:
     return lo, hi
 
 
-@workflow("agent", roles=("agent",), check=check_params, episode_eval=True, reward_ranges={"agent": reward_range})
+def turn_tokens(params: Mapping[str, Any], max_new_tokens: int) -> int:
+    """The longest turn: ``max_tokens_per_turn``, else the policy's ``rollout.max_new_tokens``."""
+    return int(params.get("max_tokens_per_turn") or 0) or max_new_tokens
+
+
+@workflow("agent", roles=("agent",), check=check_params, episode_eval=True, reward_ranges={"agent": reward_range},
+          turn_tokens=turn_tokens)
 def agent(ep: Episode) -> EpisodeResult:
     """Multi-turn agent episodes in a registered environment, with limits and their reasons."""
     cfg = AgentParams.of(ep.params)
@@ -261,7 +267,9 @@ def agent(ep: Episode) -> EpisodeResult:
                 break
             by_budget: dict[int | None, list[_Sample]] = {}
             for s in live:
-                cap = cfg.max_tokens_per_turn or None
+                # a turn is at most max_tokens_per_turn, else the policy's rollout.max_new_tokens
+                # (what the dataflow's content check allows), and within max_total_tokens
+                cap = cfg.max_tokens_per_turn or getattr(ep.roles["agent"], "max_new_tokens", None)
                 if cfg.max_total_tokens:
                     room = cfg.max_total_tokens - s.length
                     cap = room if cap is None else min(cap, room)

@@ -277,6 +277,12 @@ class _SeededRole:
         self._guard = guard or _OneCallAtATime(episode_id)
         self.turns = 0
 
+    @property
+    def max_new_tokens(self) -> int | None:
+        """The policy's ``rollout.max_new_tokens`` (a call's default length), when the role says."""
+        v = (getattr(self._role, "sampling", None) or {}).get("max_new_tokens")
+        return int(v) if v else None
+
     def generate(self, prompts, *, seeds=None, max_new_tokens=None, temperature=None, stop=None) -> list[Turn]:
         with self._guard.call(self.name):
             prompts = [list(p) for p in prompts]

@@ -317,6 +317,8 @@ class _Endpoint:
             shapes.setdefault((r.cap, tuple(r.stop or ()), r.temperature), []).append(r)
         for (cap, stop, temperature), rows in shapes.items():
             seeds = [role_seed(job_seed, self.ep.episode_id, "agent", r.sample.turns, r.sample.index) for r in rows]
+            most = getattr(role, "max_new_tokens", None)  # a reply stays within rollout.max_new_tokens
+            cap = min(cap, most) if cap and most else (cap or most)
             try:
                 turns = role.generate([r.context for r in rows], seeds=seeds, max_new_tokens=cap,
                                       temperature=temperature, stop=list(stop) or None)

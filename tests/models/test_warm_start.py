@@ -189,3 +189,35 @@ def test_the_code_roles_build_on_one_thread_and_the_others_keep_their_cache_keys
         assert default_spec(role).threads == 1 and default_spec(role).target_accuracy == get_task(role).target_accuracy
     assert default_spec().threads == default_spec("verifier").threads == TinyModelSpec().threads
     assert default_spec("verifier") == dataclasses.replace(TinyModelSpec(), target_accuracy=0.65)
+
+
+def test_text_game_examples_are_the_agents_exact_text_turn_by_turn():
+    """Each example is the episode's text so far, as the agent workflow appends it (the
+    environment's own observations, the open tag), and the next action of a shortest solution."""
+    from astraflow.models.warm_start import get_task
+    from astraflow.workflows.environments import EnvTask
+    from astraflow.workflows.text_game import TextGame, split_of
+
+    task = get_task("text_game")
+    ex = task.examples(60, 0, "train")
+    assert ex == task.examples(60, 0, "train") and len(ex) == 60
+    for prompt, target in ex:
+        assert prompt.endswith("<a>") and target.endswith("</a>") and len(prompt) + len(target) < 128
+        game_text = prompt.split("<a>", 1)[0]
+        assert split_of(game_text) == "train"
+    # replay a game: every later prompt is the earlier one plus its action and the game's answer
+    first = next(i for i, (p, _) in enumerate(ex) if p.count("<a>") == 1)
+    text, target = ex[first]
+    colour, room = text.split(" door. key: room ")[0], int(text.split("room ")[1].split(".")[0])
+    meta = {"colour": colour, "room": room, "decoy_colour": "x", "decoy_room": (room + 1) % 10}
+    game = TextGame()
+    game.reset(EnvTask("e", text[:-3], "", meta))
+    for p, t in ex[first:first + (2 if room == 0 else 3)]:
+        assert p == text and t == target
+        obs, reward, done, _ = game.step(t[:-len("</a>")])
+        text = f"{p}{t} {obs}<a>"
+        if not done:
+            target = ex[ex.index((p, t)) + 1][1]
+    assert done and reward == 1.0
+    held = {p.split("<a>", 1)[0] for p, _ in task.examples(20, 0, "heldout")}
+    assert held and all(split_of(h) == "heldout" for h in held)

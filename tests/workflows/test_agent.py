@@ -439,3 +439,22 @@ def test_turn_discount_and_turn_penalty_shape_the_reward_and_its_declared_range(
     assert spec.role_reward_range("agent", base) == (0.0, 1.0)
     assert spec.role_reward_range("agent", dict(base, turn_penalty=-0.1)) == pytest.approx((-0.3, 1.0))
     assert spec.role_reward_range("agent", dict(base, limit_reward=-1.0)) == (-1.0, 1.0)
+
+
+def test_a_turn_never_outgrows_the_policys_max_new_tokens_under_a_total_token_budget(tok_engine):
+    """With ``max_total_tokens`` and no ``max_tokens_per_turn``, a turn's cap is the smaller of
+    the room left and ``rollout.max_new_tokens`` — what the dataflow's content check allows
+    (a longer turn would be dead-lettered as ``length_over_limit``)."""
+    from astraflow.workflows.agent import turn_tokens
+    tok, engine = tok_engine
+    hot = EngineRole("agent", "p", engine, tok, dict(SAMPLING, temperature=8.0, max_new_tokens=2))  # EOS is rare
+    ep = Episode("t0000001-p1", "drill", "", 4, {"agent": hot}, tok,
+                 {"env": "test_drill", "action_format": "tag", "max_turns": 3, "max_total_tokens": 120}, {})
+    res = run_episode(get_workflow("agent"), ep, 7)
+    for t in res.trajectories["agent"]:
+        run = longest = 0
+        for m in t.loss_mask:
+            run = run + 1 if m else 0
+            longest = max(longest, run)
+        assert 1 <= longest <= 2, longest
+    assert turn_tokens({}, 2) == 2 and turn_tokens({"max_tokens_per_turn": 7}, 2) == 7
