@@ -290,19 +290,7 @@ class EnvServer:
         server = self
         routes = {"/start": server.start_session, "/interact": server.interact, "/cancel": server.cancel}
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:  # quiet: the counts say what happened
-                pass
-
-            def _answer(self, status: int, body: Any) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        class Handler(JsonHandler):
 
             def do_GET(self) -> None:  # noqa: N802 - the standard library's name
                 if self.path == "/stats":
@@ -332,6 +320,24 @@ class EnvServer:
                     status = HTTPStatus.INTERNAL_SERVER_ERROR if retriable(e) else HTTPStatus.UNPROCESSABLE_ENTITY
                     self._answer(status, {"error": f"{type(e).__name__}: {e}"})
         return Handler
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """A quiet HTTP/1.1 handler that answers JSON (the environment server's and the OpenAI
+    endpoint's)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:  # quiet: the servers count what happened
+        pass
+
+    def _answer(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
 
 class _Conflict(EnvRequestError):

@@ -50,12 +50,12 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from .api import (ENV, Episode, EpisodeResult, SamplingOverrideError, Trajectory, Turn, WorkflowParamError, role_seed,
                   workflow)
+from .http_env import JsonHandler
 
 __all__ = ["OpenAIAgentParams", "openai_agent", "load_agent"]
 
@@ -236,19 +236,7 @@ class _Endpoint:
     def _handler(self):
         endpoint = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _answer(self, status: int, body: Any) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        class Handler(JsonHandler):
 
             def _route(self) -> tuple[_Sample | None, str]:
                 parts = self.path.split("?", 1)[0].strip("/").split("/")
