@@ -48,6 +48,7 @@ def _config(tmp_path, url: str):
     data = yaml.safe_load((ROOT / "examples" / "text_game.yaml").read_text())
     data.update({"job": f"agent-kill-{uuid.uuid4().hex[:8]}", "run_dir": str(tmp_path / "runs")})
     data["data"]["num_prompts"] = 64
+    data["model"] = {"task": "arithmetic"}  # its turns end with EOS, so every turn steps (action_format: eos)
     data["rollout"].update({"n_samples": 2, "tasks_per_call": 2, "heartbeat_s": 1.0, "max_new_tokens": 6})
     data["dataflow"] = {"groups_per_batch": 2, "max_staleness": 1}
     data["trainer"].update({"steps": 3, "checkpoint_every": 1, "snapshot_every": 2})
