@@ -282,7 +282,9 @@ def test_the_episodes_observations_are_the_environments_answers_to_its_actions_m
                 assert tok.decode(ids, skip_special_tokens=True) == expected.pop(0)
                 continue
             action = tok.decode(ids, skip_special_tokens=True).strip()
-            if action:
+            if ids[-1] != tok.eos_token_id:  # the turn met its cap (rollout.max_new_tokens) before ending
+                expected.append(" error: end the turn")
+            elif action:
                 out, r, done, _info = env.step(action)
                 actions, reward = actions + 1, reward + r
                 expected.append(" " + out)
