@@ -193,8 +193,10 @@ class MirrorPlan:
             "replication.policy.class": IDENTITY_POLICY,
             # Exactly-once source (KIP-618) writes into the target; it needs the workers'
             # internal REST server (KIP-710) even for one node.
+            # (The source connector asks for it; it supports it exactly when its consumer reads
+            # read_committed. Not "required": that would also apply to the heartbeat and
+            # checkpoint connectors, which do not implement the check.)
             f"{tgt}.exactly.once.source.support": "enabled",
-            f"{flow}.exactly.once.support": "required",
             "dedicated.mode.enable.internal.rest": "true",
             "listeners": f"http://127.0.0.1:{rest_port if rest_port is not None else self.rest_port}",
             # Aborted transactions at home never cross.
@@ -214,6 +216,13 @@ class MirrorPlan:
             "sync.topic.configs.enabled": "false",
             "refresh.topics.interval.seconds": str(self.refresh_topics_s),
             "tasks.max": str(self.tasks),
+            # A worker restarted after a SIGKILL joins with a new member id: without this its
+            # own task, "lost" with the old member, waits up to 5 min to be reassigned.
+            f"{tgt}.scheduled.rebalance.max.delay.ms": "0",
+            "plugin.discovery": "service_load",
+            f"{tgt}.plugin.discovery": "service_load",
+            "offset.storage.partitions": "1",
+            "status.storage.partitions": "1",
             "replication.factor": rf,
             "offset.storage.replication.factor": rf,
             "config.storage.replication.factor": rf,
