@@ -255,10 +255,23 @@ class PartitionLag(NamedTuple):
     mirrored: int  #: the source offset MirrorMaker will copy next (committed with its writes)
     target_end: int  #: the target partition's end offset (it differs: transaction markers take offsets)
 
+    markers_only: bool = False  #: what lies between ``mirrored`` and ``source_end`` is transaction markers
+
     @property
     def lag(self) -> int:
-        """Source offsets not yet mirrored (a trailing transaction marker counts as one)."""
-        return max(0, self.source_end - self.mirrored)
+        """Source offsets not yet mirrored; 0 when only transaction markers (or aborted records) remain."""
+        return 0 if self.markers_only else max(0, self.source_end - self.mirrored)
+
+
+def _nothing_to_copy(consumer, tp: TopicPartition, start: int, end: int) -> bool:
+    """Whether a read_committed read of ``[start, end)`` returns no record (markers, aborted data)."""
+    consumer.assign([tp])
+    consumer.seek(tp, start)
+    deadline = time.monotonic() + 5.0
+    while consumer.position(tp) < end and time.monotonic() < deadline:
+        if any(r.offset < end for r in consumer.poll(timeout_ms=500, max_records=1).get(tp, [])):
+            return False
+    return consumer.position(tp) >= end
 
 
 class MirrorMaker:
@@ -382,10 +395,16 @@ class MirrorMaker:
             source_end = src.end_offsets(tps) if tps else {}
             target_end = tgt.end_offsets(tps) if tps else {}
             mirrored = self._committed_source_offsets(tgt)
+            out = {}
+            for tp in tps:
+                done = mirrored.get(tp, 0)
+                out[tp] = PartitionLag(source_end[tp], done, target_end.get(tp, 0),
+                                       0 < source_end[tp] - done <= 64 and _nothing_to_copy(src, tp, done,
+                                                                                            source_end[tp]))
         finally:
             src.close()
             tgt.close()
-        return {tp: PartitionLag(source_end[tp], mirrored.get(tp, 0), target_end.get(tp, 0)) for tp in tps}
+        return out
 
     def wait_caught_up(self, timeout: float = 60.0, topics: Sequence[str] | None = None) -> dict[TopicPartition, PartitionLag]:
         """Wait until every mirrored partition has lag 0; raises :class:`TimeoutError` with the lags."""
