@@ -165,8 +165,8 @@ class ChunkReader:
         isolation_level: ``read_committed``: never an aborted copy.
         poll_timeout_ms: one poll's wait.
         arrival_timeout_s: how long a chunk that is not there yet is waited for (a mirror's lag).
-        slack_ms: how far before the manifest's first timestamp a scan starts, and how much newer
-            than its last one a record must be to show the chunks will not come.
+        slack_ms: how much newer than the manifest's last timestamp a record must be to show the
+            chunks will not come (writers' clocks may differ).
     """
 
     def __init__(self, bootstrap_servers: str, *, isolation_level: str = "read_committed",
@@ -283,7 +283,9 @@ class ChunkReader:
         slots = _slots(manifest, unplaced)
         digests = {ref.digest for ref in manifest.chunks}
         if manifest.first_timestamp_ms >= 0:
-            found = self._kc.offsets_for_times({tp: max(0, manifest.first_timestamp_ms - self.slack_ms)})[tp]
+            # The earliest offset with a timestamp at or after the object's first chunk: never
+            # after that chunk, whatever the clocks of earlier writers said (no slack needed).
+            found = self._kc.offsets_for_times({tp: manifest.first_timestamp_ms})[tp]
             start = found.offset if found is not None else self._kc.end_offsets([tp])[tp]
         else:  # a manifest written before timestamps: the whole log
             start = self._kc.beginning_offsets([tp])[tp]

@@ -88,10 +88,14 @@ def mirrored_specs(topics: JobTopics, *, snapshot_bytes: int, keep_snapshots: in
         raise ValueError(f"retention_ms must be >= 1 ms (a mirrored weights topic needs its own bound), "
                          f"got {retention_ms}")
     by_name = {s.name: s for s in topics.specs()}
-    specs = [by_name[topics.versions]]
+    # Readers find mirrored chunks by the timestamps MirrorMaker copies: never LogAppendTime.
+    create_time = {"message.timestamp.type": "CreateTime"}
+    versions = by_name[topics.versions]
+    specs = [replace(versions, extra={**versions.extra, **create_time})]
     for p in topics.policies:
-        specs.append(replace(by_name[topics.weights(p)], retention_ms=retention_ms,
-                             retention_bytes=keep_snapshots * snapshot_bytes))
+        weights = by_name[topics.weights(p)]
+        specs.append(replace(weights, retention_ms=retention_ms, retention_bytes=keep_snapshots * snapshot_bytes,
+                             extra={**weights.extra, **create_time}))
     return specs
 
 
@@ -121,6 +125,10 @@ class MirrorPlan:
         tasks: MirrorSourceConnector tasks (partitions are spread over them).
         max_record_bytes: the largest record that may cross (producer request and fetch sizes).
         rest_port: the internal REST port exactly-once support needs (KIP-710); 0: a free one.
+        rebalance_timeout_ms: the workers' group rebalance timeout: a worker restarted after a
+            SIGKILL joins as a new member and the group waits this long for the dead one
+            (Connect's default is 60 s; the flow's one task stops and commits well within it).
+        extra: more ``mm2.properties`` entries (they win).
     """
 
     source_alias: str
@@ -135,6 +143,7 @@ class MirrorPlan:
     tasks: int = 1
     max_record_bytes: int = 16 * 1024 * 1024
     rest_port: int = 0
+    rebalance_timeout_ms: int = 15_000
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -219,6 +228,7 @@ class MirrorPlan:
             # A worker restarted after a SIGKILL joins with a new member id: without this its
             # own task, "lost" with the old member, waits up to 5 min to be reassigned.
             f"{tgt}.scheduled.rebalance.max.delay.ms": "0",
+            f"{tgt}.rebalance.timeout.ms": str(self.rebalance_timeout_ms),
             "plugin.discovery": "service_load",
             f"{tgt}.plugin.discovery": "service_load",
             "offset.storage.partitions": "1",
