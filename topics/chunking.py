@@ -208,24 +208,21 @@ class ChunkReader:
             slots = _slots(manifest, range(len(manifest.chunks)))
             for value, digest in cached.values():
                 for i in slots.pop((digest, len(value)), ()):
-                    out[starts[i]:starts[i] + len(value)] = value
-                    prefix.add(i)
-                    placed.add(i)
-        by_tp: dict[TopicPartition, dict[int, int]] = {}
-        for i, ref in enumerate(manifest.chunks):
-            if i in placed or (on_progress is not None and i == 0):
-                continue
-            by_tp.setdefault(TopicPartition(manifest.topic, ref.partition), {})[ref.offset] = i
+                    self._place(i, value, out, starts, prefix, placed)
         if on_progress is not None and manifest.chunks and 0 not in placed:
             first = manifest.chunks[0]
             self._fetch_partition(manifest, TopicPartition(manifest.topic, first.partition), {first.offset: 0},
-                                  out, starts, prefix)
+                                  out, starts, prefix, placed)
+        by_tp: dict[TopicPartition, dict[int, int]] = {}
+        for i, ref in enumerate(manifest.chunks):
+            if i not in placed:  # (a located head brings the chunks its scan passed)
+                by_tp.setdefault(TopicPartition(manifest.topic, ref.partition), {})[ref.offset] = i
         for tp, wanted in by_tp.items():
-            self._fetch_partition(manifest, tp, dict(wanted), out, starts, prefix)
+            self._fetch_partition(manifest, tp, dict(wanted), out, starts, prefix, placed)
         return out
 
     def _fetch_partition(self, manifest: ChunkManifest, tp: TopicPartition, wanted: dict[int, int],
-                         out: bytearray, starts: list[int], prefix: "_Prefix") -> None:
+                         out: bytearray, starts: list[int], prefix: "_Prefix", placed: set[int]) -> None:
         """Place the chunks ``wanted`` ({offset: index}): at their offsets, else located by time."""
         self._kc.assign([tp])
         log_start = self._kc.beginning_offsets([tp])[tp]
@@ -254,16 +251,20 @@ class ChunkReader:
                     why = self._other(manifest, i, r)
                     if why is not None:
                         unplaced[i] = (r.offset, why)
+                        if not native:  # the offsets do not hold here (a mirror): find them all by time
+                            inside.clear()
+                            break
                         continue
                     self._check(manifest, i, r, tp)
-                    self._place(i, r.value or b"", out, starts, prefix)
+                    self._place(i, r.value or b"", out, starts, prefix, placed)
                     native = True
-                if self._kc.position(tp) > last:
+                if not inside or self._kc.position(tp) > last:
                     break
-            for off, i in inside.items():
-                unplaced[i] = (off, "not found")
+            for off, i in wanted.items():
+                if i not in placed and i not in unplaced:
+                    unplaced[i] = (off, "not found")
         if unplaced:
-            self._locate(manifest, tp, unplaced, native, out, starts, prefix)
+            self._locate(manifest, tp, unplaced, native, out, starts, prefix, placed)
 
     @staticmethod
     def _other(manifest: ChunkManifest, i: int, record) -> str | None:
@@ -278,9 +279,14 @@ class ChunkReader:
         return None
 
     def _locate(self, manifest: ChunkManifest, tp: TopicPartition, unplaced: dict[int, tuple[int, str]],
-                native: bool, out: bytearray, starts: list[int], prefix: "_Prefix") -> None:
-        """Find the chunks ``unplaced`` by time; wait for those not there yet (a mirror's lag)."""
+                native: bool, out: bytearray, starts: list[int], prefix: "_Prefix", placed: set[int]) -> None:
+        """Find the chunks ``unplaced`` by time; wait for those not there yet (a mirror's lag).
+
+        Other chunks of the partition not placed yet that the scan passes are placed too (a
+        head sent last is found after the data: the data need no second scan)."""
         slots = _slots(manifest, unplaced)
+        passing = _slots(manifest, (i for i, ref in enumerate(manifest.chunks) if ref.partition == tp.partition
+                                    and i not in placed and i not in unplaced))
         digests = {ref.digest for ref in manifest.chunks}
         if manifest.first_timestamp_ms >= 0:
             # The earliest offset with a timestamp at or after the object's first chunk: never
@@ -314,14 +320,19 @@ class ChunkReader:
                 value = r.value or b""
                 indices = slots.pop((digest, len(value)), None)
                 if indices is None:
-                    if digest in digests:
+                    extra = passing.pop((digest, len(value)), None)
+                    if extra is not None and blake3(value).hexdigest() == digest:
+                        for i in extra:
+                            self._place(i, value, out, starts, prefix, placed)
+                        self.located += len(extra)
+                    elif digest in digests:
                         self.duplicates += 1  # a copy of a chunk already placed
                     continue
                 self._verify(f"chunk {indices[0]} of object {manifest.object_id} at {tp.topic}[{tp.partition}]@"
                              f"{r.offset} (located by time)", manifest.chunks[indices[0]], len(value),
                              blake3(value).hexdigest())
                 for i in indices:
-                    self._place(i, value, out, starts, prefix)
+                    self._place(i, value, out, starts, prefix, placed)
                 self.located += len(indices)
                 if not slots:
                     break
@@ -340,9 +351,11 @@ class ChunkReader:
                 f"within {self.arrival_timeout_s:.0f}s (its offset does not hold it here, as on a mirror; its "
                 "announcement may have been mirrored before its chunks: is MirrorMaker running?)")
 
-    def _place(self, i: int, value: bytes, out: bytearray, starts: list[int], prefix: "_Prefix") -> None:
+    @staticmethod
+    def _place(i: int, value: bytes, out: bytearray, starts: list[int], prefix: "_Prefix", placed: set[int]) -> None:
         out[starts[i]:starts[i] + len(value)] = value
         prefix.add(i)
+        placed.add(i)
 
     @staticmethod
     def _check(manifest: ChunkManifest, i: int, record, tp: TopicPartition) -> None:
