@@ -288,17 +288,25 @@ class ChunkReader:
         passing = _slots(manifest, (i for i, ref in enumerate(manifest.chunks) if ref.partition == tp.partition
                                     and i not in placed and i not in unplaced))
         digests = {ref.digest for ref in manifest.chunks}
+        past = manifest.last_timestamp_ms + self.slack_ms if manifest.last_timestamp_ms >= 0 else None
+        overtaken = False  # a record newer than the object's chunks was seen: the missing ones will not come
         if manifest.first_timestamp_ms >= 0:
             # The earliest offset with a timestamp at or after the object's first chunk: never
             # after that chunk, whatever the clocks of earlier writers said (no slack needed).
             found = self._kc.offsets_for_times({tp: manifest.first_timestamp_ms})[tp]
             start = found.offset if found is not None else self._kc.end_offsets([tp])[tp]
+            # That record is newer than the object's last chunk: the log holds nothing of the
+            # object's time, its chunks were deleted (retention, a trim) — unless an earlier
+            # writer's clock ran ahead, so scan what is there before saying so, and give up
+            # at once when it is newer by more than the slack.
+            if found is not None and found.timestamp > manifest.last_timestamp_ms >= 0:
+                overtaken = True
+                if past is not None and found.timestamp > past:
+                    start = self._kc.end_offsets([tp])[tp]
         else:  # a manifest written before timestamps: the whole log
             start = self._kc.beginning_offsets([tp])[tp]
         self._kc.seek(tp, start)
-        past = manifest.last_timestamp_ms + self.slack_ms if manifest.last_timestamp_ms >= 0 else None
         deadline = time.monotonic() + self.arrival_timeout_s
-        overtaken = False  # a record newer than the object's chunks was seen: the missing ones will not come
         while slots:
             end = self._kc.end_offsets([tp])[tp]
             if self._kc.position(tp) >= end:
