@@ -295,18 +295,11 @@ class ChunkReader:
             # after that chunk, whatever the clocks of earlier writers said (no slack needed).
             found = self._kc.offsets_for_times({tp: manifest.first_timestamp_ms})[tp]
             start = found.offset if found is not None else self._kc.end_offsets([tp])[tp]
-            # That record is newer than the object's last chunk: the log holds nothing of the
-            # object's time, its chunks were deleted (retention, a trim) — unless an earlier
-            # writer's clock ran ahead, so scan what is there before saying so, and give up
-            # at once when it is newer by more than the slack.
-            if found is not None and found.timestamp > manifest.last_timestamp_ms >= 0:
-                overtaken = True
-                if past is not None and found.timestamp > past:
-                    start = self._kc.end_offsets([tp])[tp]
         else:  # a manifest written before timestamps: the whole log
             start = self._kc.beginning_offsets([tp])[tp]
         self._kc.seek(tp, start)
         deadline = time.monotonic() + self.arrival_timeout_s
+        first = True  # the first record read from there (a data record: the lookup may name a marker)
         while slots:
             end = self._kc.end_offsets([tp])[tp]
             if self._kc.position(tp) >= end:
@@ -318,8 +311,12 @@ class ChunkReader:
             if not records and time.monotonic() >= deadline:
                 break
             for r in records:
-                if past is not None and r.timestamp > past:
+                # The first record from the object's time on is newer than all its chunks: the
+                # log holds nothing of that time, they were deleted (a trim, retention). Scan on:
+                # an earlier writer's clock may have run ahead.
+                if past is not None and (r.timestamp > past or (first and r.timestamp > manifest.last_timestamp_ms)):
                     overtaken = True
+                first = False
                 obj = header(r.headers, H_OBJECT)
                 if obj is None or obj.decode("utf-8", "replace") != manifest.object_id:
                     continue
