@@ -189,6 +189,35 @@ def test_chunks_that_never_arrive_fail_with_a_clear_error_after_the_bound(job_to
         assert time.monotonic() - t0 >= 1.5
 
 
+def test_a_time_lookup_that_lands_on_a_transaction_marker_still_finds_the_chunks(job_topics, bootstrap):
+    """On a mirror, records are written in transactions: a commit marker carries the time of the
+    commit, later than the records copied after it were written at home. The time lookup may
+    name that marker; the chunks behind it are still found (not taken for deleted)."""
+    from kafka import KafkaProducer
+
+    topic = job_topics.weights("policy")
+    now = int(time.time() * 1000)
+    kp = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"marker-{uuid.uuid4().hex}")
+    try:
+        kp.init_transactions()
+        kp.begin_transaction()
+        kp.send(topic, b"earlier", partition=0, timestamp_ms=now - 20_000)
+        kp.commit_transaction()  # its marker is stamped now
+        chunks = _chunk_records(os.urandom(3 * KiB), "obj-behind-marker", KiB)
+        kp.begin_transaction()
+        for value, headers in chunks:  # written at home 10 s ago, copied only now
+            kp.send(topic, value, partition=0, headers=headers, timestamp_ms=now - 10_000)
+        kp.commit_transaction()
+    finally:
+        kp.close()
+    manifest = _manifest_elsewhere("obj-behind-marker", topic, chunks, now - 10_000)
+    manifest = ChunkManifest(manifest.object_id, topic, manifest.total_bytes, manifest.digest, manifest.chunks,
+                             first_timestamp_ms=now - 10_000, last_timestamp_ms=now - 10_000)
+    with ChunkReader(bootstrap, poll_timeout_ms=500, arrival_timeout_s=5) as reader:
+        assert reader.read(manifest) == b"".join(v for v, _ in chunks)
+        assert reader.located == len(chunks)
+
+
 # -- through a real MirrorMaker 2 --------------------------------------------------------
 
 def test_weights_published_at_home_are_verified_from_the_regions_mirror(bootstrap, region, mirrored_job, mirror):
