@@ -3,7 +3,8 @@
 :func:`write_chunks` splits a payload, sends every chunk with its index and BLAKE3 digest
 in headers, waits until all are acknowledged (``acks=all``: durable), and returns a
 :class:`~.messages.ChunkManifest` with each chunk's partition, offset and digest.
-:class:`ChunkReader` seeks to those offsets, verifies each chunk against the manifest, and
+:class:`ChunkReader` seeks to those offsets — or, on a mirror where offsets differ, finds
+each chunk by its record timestamp and headers — verifies each chunk against the manifest, and
 raises :class:`~.exceptions.MissingChunkError` / :class:`~.exceptions.CorruptChunkError`
 so callers can refetch or fall back (e.g. to a weight snapshot). Records stay within
 stock clusters' default 1 MiB limit.
@@ -17,6 +18,7 @@ chunk matches a manifest that matches its digest is the payload the writer hashe
 from __future__ import annotations
 
 import mmap
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -112,12 +114,16 @@ class ChunkWriter:
         head_sent: list[tuple[object, int, str]] = []
         for piece in iter_slices(head, self.chunk_size) if head else ():
             self._send(bytes(piece), head_sent, H_INDEX)  # head chunks are numbered from 0 in af-chunk
-        refs = []
+        refs, stamps = [], []
         for fut, size, digest in [*head_sent, *self._data]:
             md = wait(fut, self._timeout, self.topic)
             refs.append(ChunkRef(md.partition, md.offset, size, digest))
+            stamps.append(md.timestamp if md.timestamp is not None else -1)
+        known = [t for t in stamps if t >= 0]
         return ChunkManifest(object_id=self.object_id, topic=self.topic, total_bytes=sum(r.size for r in refs),
-                             digest=manifest_digest(refs), chunks=refs)
+                             digest=manifest_digest(refs), chunks=refs,
+                             first_timestamp_ms=min(known) if len(known) == len(stamps) and known else -1,
+                             last_timestamp_ms=max(known) if len(known) == len(stamps) and known else -1)
 
     def _send(self, piece: bytes, sent: list[tuple[object, int, str]], index_header: str) -> None:
         digest = blake3(piece).hexdigest()
@@ -139,15 +145,40 @@ def write_chunks(producer: Producer, topic: str, payload: bytes | bytearray | me
 
 
 class ChunkReader:
-    """Reads chunked payloads back by manifest; keeps one unassigned-group consumer."""
+    """Reads chunked payloads back by manifest; keeps one unassigned-group consumer.
+
+    Two ways to a chunk. On the cluster it was written to, the manifest's offset holds it:
+    one seek and one read of the range. On a mirror (:mod:`.mirror`) offsets differ —
+    MirrorMaker's transaction markers take offsets and the mirror starts from what it first
+    copied — but record timestamps, headers and order are copied as they are: a chunk the
+    offset does not hold is *located* from the manifest's first chunk timestamp
+    (``offsets_for_times``), scanning forward for records of the object whose ``af-blake3``
+    header names a chunk still missing, and verifying their bytes. An announcement may be
+    mirrored before its chunks, so a chunk not there yet is waited for, up to
+    ``arrival_timeout_s``, then :class:`~.exceptions.MissingChunkError` says so. Copies of a
+    chunk already placed (at-least-once mirroring) are skipped and counted. When other
+    chunks of the partition did sit at their offsets (the writer's cluster), a chunk found
+    neither way is missing or corrupt at once, as the offset path reports it.
+
+    Args:
+        bootstrap_servers: the cluster to read from (the home cluster, or a region's mirror).
+        isolation_level: ``read_committed``: never an aborted copy.
+        poll_timeout_ms: one poll's wait.
+        arrival_timeout_s: how long a chunk that is not there yet is waited for (a mirror's lag).
+        slack_ms: how much newer than the manifest's last timestamp a record must be to show the
+            chunks will not come (writers' clocks may differ).
+    """
 
     def __init__(self, bootstrap_servers: str, *, isolation_level: str = "read_committed",
-                 poll_timeout_ms: int = 5000) -> None:
+                 poll_timeout_ms: int = 5000, arrival_timeout_s: float = 60.0, slack_ms: int = 2000) -> None:
         self._kc = security.consumer(bootstrap_servers=bootstrap_servers, group_id=None,
                                      enable_auto_commit=False, isolation_level=isolation_level,
                                      max_partition_fetch_bytes=8 * 1024 * 1024,
                                      fetch_max_bytes=64 * 1024 * 1024, client_id="astraflow-chunks")
         self.poll_timeout_ms = poll_timeout_ms
+        self.arrival_timeout_s, self.slack_ms = arrival_timeout_s, slack_ms
+        self.located = 0  #: chunks found by timestamp, not at their offset (read from a mirror)
+        self.duplicates = 0  #: extra copies of chunks already placed, skipped (at-least-once mirroring)
 
     def read(self, manifest: ChunkManifest, *, into: bytearray | memoryview | None = None,
              on_progress: Callable[[int], None] | None = None,
@@ -159,9 +190,10 @@ class ChunkReader:
         ``on_progress``, the first chunk (a payload's head) is fetched before the others,
         and ``on_progress(n)`` is called whenever the verified prefix ``[0, n)`` grows: a
         decoder on another thread can work on what is there while the rest arrives.
-        ``cached``: chunk records of this object already read (a prefetcher's), by offset,
-        with the BLAKE3 digest of the bytes; each is checked against the manifest like a
-        fetched one, and only the others are fetched.
+        ``cached``: chunk records of this object already read (a prefetcher's), by the
+        offset they were read at, with the BLAKE3 digest of the bytes; each fills the chunks
+        whose digest and size it has (so offsets need not be the manifest's: a mirror's
+        prefetcher offers its own), and only the others are fetched.
         """
         if manifest_digest(manifest.chunks) != manifest.digest:
             raise CorruptChunkError(f"manifest of object {manifest.object_id} on {manifest.topic}: its chunk "
@@ -172,72 +204,168 @@ class ChunkReader:
         out = bytearray(manifest.total_bytes) if into is None else into
         prefix = _Prefix(starts, manifest.total_bytes, on_progress)
         placed: set[int] = set()
-        order = sorted(range(len(manifest.chunks)), key=lambda i: i != 0)  # the head first
-        for i in order if cached else ():
-            ref = manifest.chunks[i]
-            hit = cached.get(ref.offset)  # type: ignore[union-attr]
-            if hit is None:
-                continue
-            value, digest = hit
-            where = (f"chunk {i} of object {manifest.object_id} at {manifest.topic}[{ref.partition}]@{ref.offset} "
-                     "(prefetched)")
-            self._verify(where, ref, len(value), digest)
-            out[starts[i]:starts[i] + len(value)] = value
-            prefix.add(i)
-            placed.add(i)
-        by_tp: dict[TopicPartition, dict[int, int]] = {}
-        for i, ref in enumerate(manifest.chunks):
-            if i in placed or (on_progress is not None and i == 0):
-                continue
-            by_tp.setdefault(TopicPartition(manifest.topic, ref.partition), {})[ref.offset] = i
+        if cached:
+            slots = _slots(manifest, range(len(manifest.chunks)))
+            for value, digest in cached.values():
+                for i in slots.pop((digest, len(value)), ()):
+                    self._place(i, value, out, starts, prefix, placed)
         if on_progress is not None and manifest.chunks and 0 not in placed:
             first = manifest.chunks[0]
             self._fetch_partition(manifest, TopicPartition(manifest.topic, first.partition), {first.offset: 0},
-                                  out, starts, prefix)
+                                  out, starts, prefix, placed)
+        by_tp: dict[TopicPartition, dict[int, int]] = {}
+        for i, ref in enumerate(manifest.chunks):
+            if i not in placed:  # (a located head brings the chunks its scan passed)
+                by_tp.setdefault(TopicPartition(manifest.topic, ref.partition), {})[ref.offset] = i
         for tp, wanted in by_tp.items():
-            self._fetch_partition(manifest, tp, dict(wanted), out, starts, prefix)
+            self._fetch_partition(manifest, tp, dict(wanted), out, starts, prefix, placed)
         return out
 
     def _fetch_partition(self, manifest: ChunkManifest, tp: TopicPartition, wanted: dict[int, int],
-                         out: bytearray, starts: list[int], prefix: "_Prefix") -> None:
+                         out: bytearray, starts: list[int], prefix: "_Prefix", placed: set[int]) -> None:
+        """Place the chunks ``wanted`` ({offset: index}): at their offsets, else located by time."""
         self._kc.assign([tp])
-        first, last = min(wanted), max(wanted)
         log_start = self._kc.beginning_offsets([tp])[tp]
-        if first < log_start:
-            i = wanted[first]
-            raise MissingChunkError(
-                f"chunk {i} of object {manifest.object_id} at {tp.topic}[{tp.partition}]@{first} "
-                f"was deleted (log starts at {log_start})")
         end = self._kc.end_offsets([tp])[tp]
-        self._kc.seek(tp, first)
-        while wanted:
-            batch = self._kc.poll(timeout_ms=self.poll_timeout_ms)
-            records = batch.get(tp, [])
-            if not records and self._kc.position(tp) >= min(end, last + 1):
-                break
-            if not records and not batch:
+        # Why each chunk the offset path did not place was not there: (offset, reason), by index.
+        unplaced: dict[int, tuple[int, str]] = {}
+        native = False  # whether some chunk sat at its offset: the manifest's offsets hold here
+        inside = {off: i for off, i in wanted.items() if log_start <= off < end}
+        for off, i in wanted.items():
+            if off < log_start:
+                unplaced[i] = (off, f"was deleted (log starts at {log_start})")
+            elif off >= end:
+                unplaced[i] = (off, "not found")
+        if inside:
+            last = max(inside)
+            self._kc.seek(tp, min(inside))
+            while inside:
+                batch = self._kc.poll(timeout_ms=self.poll_timeout_ms)
+                records = batch.get(tp, [])
+                if not records and (self._kc.position(tp) >= min(end, last + 1) or not batch):
+                    break
+                for r in records:
+                    i = inside.pop(r.offset, None)
+                    if i is None:
+                        continue
+                    why = self._other(manifest, i, r)
+                    if why is not None:
+                        unplaced[i] = (r.offset, why)
+                        if not native:  # the offsets do not hold here (a mirror): find them all by time
+                            inside.clear()
+                            break
+                        continue
+                    self._check(manifest, i, r, tp)
+                    self._place(i, r.value or b"", out, starts, prefix, placed)
+                    native = True
+                if not inside or self._kc.position(tp) > last:
+                    break
+            for off, i in wanted.items():
+                if i not in placed and i not in unplaced:
+                    unplaced[i] = (off, "not found")
+        if unplaced:
+            self._locate(manifest, tp, unplaced, native, out, starts, prefix, placed)
+
+    @staticmethod
+    def _other(manifest: ChunkManifest, i: int, record) -> str | None:
+        """Why ``record`` (at chunk ``i``'s offset) is some other record; None when it claims to be chunk ``i``."""
+        obj = header(record.headers, H_OBJECT)
+        if obj is None or obj.decode("utf-8", "replace") != manifest.object_id:
+            return f"record belongs to object {obj!r}"
+        digest = header(record.headers, H_DIGEST)
+        if digest is not None and digest.decode("ascii", "replace") != manifest.chunks[i].digest and \
+                any(ref.digest == digest.decode("ascii", "replace") for ref in manifest.chunks):
+            return "record is another chunk of the object"
+        return None
+
+    def _locate(self, manifest: ChunkManifest, tp: TopicPartition, unplaced: dict[int, tuple[int, str]],
+                native: bool, out: bytearray, starts: list[int], prefix: "_Prefix", placed: set[int]) -> None:
+        """Find the chunks ``unplaced`` by time; wait for those not there yet (a mirror's lag).
+
+        Other chunks of the partition not placed yet that the scan passes are placed too (a
+        head sent last is found after the data: the data need no second scan)."""
+        slots = _slots(manifest, unplaced)
+        passing = _slots(manifest, (i for i, ref in enumerate(manifest.chunks) if ref.partition == tp.partition
+                                    and i not in placed and i not in unplaced))
+        digests = {ref.digest for ref in manifest.chunks}
+        past = manifest.last_timestamp_ms + self.slack_ms if manifest.last_timestamp_ms >= 0 else None
+        overtaken = False  # a record newer than the object's chunks was seen: the missing ones will not come
+        if manifest.first_timestamp_ms >= 0:
+            # The earliest offset with a timestamp at or after the object's first chunk: never
+            # after that chunk, whatever the clocks of earlier writers said (no slack needed).
+            found = self._kc.offsets_for_times({tp: manifest.first_timestamp_ms})[tp]
+            start = found.offset if found is not None else self._kc.end_offsets([tp])[tp]
+        else:  # a manifest written before timestamps: the whole log
+            start = self._kc.beginning_offsets([tp])[tp]
+        self._kc.seek(tp, start)
+        deadline = time.monotonic() + self.arrival_timeout_s
+        first = True  # the first record read from there (a data record: the lookup may name a marker)
+        while slots:
+            end = self._kc.end_offsets([tp])[tp]
+            if self._kc.position(tp) >= end:
+                if native or overtaken or time.monotonic() >= deadline:
+                    break
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+                continue
+            records = self._kc.poll(timeout_ms=self.poll_timeout_ms).get(tp, [])
+            if not records and time.monotonic() >= deadline:
                 break
             for r in records:
-                i = wanted.pop(r.offset, None)
-                if i is None:
+                # The first record from the object's time on is newer than all its chunks: the
+                # log holds nothing of that time, they were deleted (a trim, retention). Scan on:
+                # an earlier writer's clock may have run ahead.
+                if past is not None and (r.timestamp > past or (first and r.timestamp > manifest.last_timestamp_ms)):
+                    overtaken = True
+                first = False
+                obj = header(r.headers, H_OBJECT)
+                if obj is None or obj.decode("utf-8", "replace") != manifest.object_id:
                     continue
-                self._check(manifest, i, r, tp)
-                out[starts[i]:starts[i] + len(r.value)] = r.value
-                prefix.add(i)
-            if self._kc.position(tp) > last:
-                break
-        if wanted:
-            off, i = next(iter(wanted.items()))
+                raw = header(r.headers, H_DIGEST)
+                digest = raw.decode("ascii", "replace") if raw is not None else None
+                value = r.value or b""
+                indices = slots.pop((digest, len(value)), None)
+                if indices is None:
+                    extra = passing.pop((digest, len(value)), None)
+                    if extra is not None and blake3(value).hexdigest() == digest:
+                        for i in extra:
+                            self._place(i, value, out, starts, prefix, placed)
+                        self.located += len(extra)
+                    elif digest in digests:
+                        self.duplicates += 1  # a copy of a chunk already placed
+                    continue
+                self._verify(f"chunk {indices[0]} of object {manifest.object_id} at {tp.topic}[{tp.partition}]@"
+                             f"{r.offset} (located by time)", manifest.chunks[indices[0]], len(value),
+                             blake3(value).hexdigest())
+                for i in indices:
+                    self._place(i, value, out, starts, prefix, placed)
+                self.located += len(indices)
+                if not slots:
+                    break
+        if slots:
+            i = min(i for indices in slots.values() for i in indices)
+            off, why = unplaced[i]
+            where = f"chunk {i} of object {manifest.object_id} at {tp.topic}[{tp.partition}]@{off}"
+            if native and why.startswith("record belongs"):
+                raise CorruptChunkError(f"{where}: {why}")
+            if native or overtaken:
+                raise MissingChunkError(f"{where} {why}" if not why.startswith("record") else f"{where}: {why}, "
+                                        "and no record of the object carries it")
+            n = sum(len(v) for v in slots.values())
             raise MissingChunkError(
-                f"chunk {i} of object {manifest.object_id} not found at {tp.topic}[{tp.partition}]@{off}")
+                f"{where}: {n} chunk(s) of object {manifest.object_id} did not arrive on {tp.topic}[{tp.partition}] "
+                f"within {self.arrival_timeout_s:.0f}s (its offset does not hold it here, as on a mirror; its "
+                "announcement may have been mirrored before its chunks: is MirrorMaker running?)")
+
+    @staticmethod
+    def _place(i: int, value: bytes, out: bytearray, starts: list[int], prefix: "_Prefix", placed: set[int]) -> None:
+        out[starts[i]:starts[i] + len(value)] = value
+        prefix.add(i)
+        placed.add(i)
 
     @staticmethod
     def _check(manifest: ChunkManifest, i: int, record, tp: TopicPartition) -> None:
         ref = manifest.chunks[i]
         where = f"chunk {i} of object {manifest.object_id} at {tp.topic}[{tp.partition}]@{record.offset}"
-        obj = header(record.headers, H_OBJECT)
-        if obj is None or obj.decode() != manifest.object_id:
-            raise CorruptChunkError(f"{where}: record belongs to object {obj!r}")
         value = record.value or b""
         if len(value) != ref.size:  # before hashing: a wrong size needs no digest to be refused
             raise CorruptChunkError(f"{where}: {len(value)} bytes, manifest says {ref.size}")
@@ -258,6 +386,15 @@ class ChunkReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _slots(manifest: ChunkManifest, indices: Iterable[int]) -> dict[tuple[str, int], list[int]]:
+    """(digest, size) -> the chunks among ``indices`` with those bytes (equal chunks share a digest)."""
+    slots: dict[tuple[str, int], list[int]] = {}
+    for i in indices:
+        ref = manifest.chunks[i]
+        slots.setdefault((ref.digest, ref.size), []).append(i)
+    return slots
 
 
 class ReleasableBuffer:

@@ -408,6 +408,11 @@ class ChunkManifest:
     total_bytes: int
     digest: str  #: ``manifest_digest(chunks)``: BLAKE3 over the chunks' sizes and digests, in order
     chunks: list[ChunkRef]
+    #: the chunks' record timestamps (create time, ms), earliest and latest; -1: unknown (written
+    #: before schema 4). Offsets hold only on the cluster the chunks were written to, timestamps
+    #: also on a mirror (MirrorMaker 2 copies them): a reader there finds the chunks from these.
+    first_timestamp_ms: int = -1
+    last_timestamp_ms: int = -1
 
 
 @register
@@ -419,11 +424,12 @@ class VersionAnnouncement(Message):
     chain a late joiner needs: the newest snapshot and every delta after it, in order.
     Versions are ordered by ``(epoch, version)``: a trainer that resumes behind the announced
     head starts a new lineage epoch with a snapshot, and announcements of an older epoch are
-    ignored (fenced) by subscribers. Schema 2 added ``delta_versions``; schema 3 ``epoch``.
+    ignored (fenced) by subscribers. Schema 2 added ``delta_versions``; schema 3 ``epoch``;
+    schema 4 the manifests' chunk timestamps (a mirror's readers locate chunks by them).
     """
 
     TYPE: ClassVar[str] = "version"
-    SCHEMA: ClassVar[int] = 3
+    SCHEMA: ClassVar[int] = 4
     policy: str
     version: int
     kind: str  #: "snapshot" (``version`` has a full snapshot, ``snapshot_manifest``) or "delta"

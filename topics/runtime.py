@@ -1,7 +1,9 @@
 """Where the Kafka jars come from, and how to run Kafka's own main classes.
 
 Order of precedence: ``KAFKA_HOME`` (an existing Apache Kafka install, its ``libs/``),
-else a per-user cache filled once by Maven from the ``pom.xml`` next to this file.
+else a per-user cache filled once by Maven from the ``pom.xml`` next to this file (the
+broker, Kafka's tools and MirrorMaker 2, all on one classpath as in Kafka's own ``libs/``);
+a cache filled from an older pom that lacks one of its direct dependencies is topped up.
 This module knows nothing about brokers' lifecycles; see :mod:`.broker`.
 """
 
@@ -67,10 +69,13 @@ def libs_dir(fetch: bool = True) -> Path:
             raise KafkaRuntimeError(f"KAFKA_HOME={home}: no kafka_2.13-*.jar under {libs}")
         return libs
     libs = cache_root() / "kafka" / kafka_version() / "libs"
-    if (libs / ".complete").exists():
+    if (libs / ".complete").exists() and not missing_artifacts(libs):
         return libs
     if not fetch:
-        raise KafkaRuntimeError(f"Kafka jars not fetched yet into {libs}; run `astraflow broker fetch`")
+        missing = missing_artifacts(libs) if (libs / ".complete").exists() else []
+        raise KafkaRuntimeError(f"Kafka jars not fetched yet into {libs}"
+                                + (f" (the pom now also needs {', '.join(missing)})" if missing else "")
+                                + "; run `astraflow broker fetch`")
     mvn = shutil.which("mvn")
     if not mvn:
         raise KafkaRuntimeError(
@@ -87,10 +92,33 @@ def libs_dir(fetch: bool = True) -> Path:
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-20:])
         raise KafkaRuntimeError(f"mvn could not fetch Kafka {kafka_version()} (pom {POM}):\n{tail}")
-    shutil.rmtree(libs, ignore_errors=True)
-    tmp.rename(libs)
+    have = {p.name for p in libs.glob("*.jar")} if (libs / ".complete").exists() else set()
+    fetched = {p.name for p in tmp.glob("*.jar")}
+    if have and have <= fetched:
+        # A cache filled from an older pom (e.g. before MirrorMaker 2's jars): add the new jars
+        # one by one and leave the others in place, so a JVM starting meanwhile from
+        # ``libs/*`` (another checkout's broker) never sees the directory missing.
+        for name in sorted(fetched - have):
+            shutil.copy2(tmp / name, libs / f".{name}.part")
+            os.replace(libs / f".{name}.part", libs / name)
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        shutil.rmtree(libs, ignore_errors=True)
+        tmp.rename(libs)
     (libs / ".complete").write_text(kafka_version())
     return libs
+
+
+def pom_artifacts() -> list[str]:
+    """The artifact ids the pom depends on directly (each ships as ``<id>-<version>.jar``)."""
+    deps = re.findall(r"<dependency>(.*?)</dependency>", POM.read_text(), flags=re.S)
+    return [m.group(1) for d in deps if (m := re.search(r"<artifactId>([^<]+)</artifactId>", d))]
+
+
+def missing_artifacts(libs: Path) -> list[str]:
+    """The pom's direct dependencies that have no jar in ``libs`` (a cache from an older pom)."""
+    names = [p.name for p in libs.glob("*.jar")]
+    return [a for a in pom_artifacts() if not any(re.fullmatch(rf"{re.escape(a)}-\d[^/]*\.jar", n) for n in names)]
 
 
 def classpath() -> str:

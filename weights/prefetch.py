@@ -81,20 +81,26 @@ class ChunkPrefetcher:
 
     # -- the reader's side -------------------------------------------------------------
     def take(self, manifest: ChunkManifest, wait_s: float = 2.0) -> Mapping[int, tuple[bytes, str]]:
-        """The chunks of ``manifest`` seen so far, by offset (with their digests); forgets them
-        and every payload seen before them. Waits up to ``wait_s`` for the tail to reach the
-        manifest's last chunk (it was durable before it was announced)."""
+        """The chunks of ``manifest`` seen so far, by the offset they were read at (with their
+        digests); forgets them and every payload seen before them. Waits up to ``wait_s`` until
+        every chunk of the manifest is held, or the tail passed the manifest's last offset (it
+        was durable before it was announced). On a mirror the manifest's offsets are the home
+        cluster's: the reader places what is offered by digest, and only the wait and the
+        forgetting of older payloads use offsets — this cluster's, the chunks' own."""
         if manifest.topic != self.topic or not manifest.chunks:
             return {}
         last = max(c.offset for c in manifest.chunks)
         first = min(c.offset for c in manifest.chunks)
+        wanted = {c.digest for c in manifest.chunks}
         with self._cond:
-            if first < self._first_position:
+            if first < self._first_position and manifest.object_id not in self._objects:
                 return {}  # written before this prefetcher started: the reader fetches it
-            self._cond.wait_for(lambda: self._position > last or self._stop.is_set(), wait_s)
+            self._cond.wait_for(lambda: self._position > last or self._stop.is_set() or wanted <= {
+                d for _, d in self._objects.get(manifest.object_id, {}).values()}, wait_s)
             got = self._forget(manifest.object_id)
             # Payloads seen before this one are behind the reader: a chain is read in log order.
-            for obj in [o for o, recs in self._objects.items() if recs and min(recs) < first]:
+            here = min(got) if got else first
+            for obj in [o for o, recs in self._objects.items() if recs and min(recs) < here]:
                 self._forget(obj)
             self.taken += len(got)
             return got

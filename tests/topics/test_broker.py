@@ -64,3 +64,31 @@ def test_weight_chunks_are_not_humongous_objects_in_the_brokers_heap(kafka_broke
     log = kafka_broker.gc_log_path.read_text()
     assert "Heap Region Size: 16M" in log, log[:2000]
     assert humongous_starts() == before
+
+
+def test_a_jar_cache_from_an_older_pom_is_topped_up_in_place(tmp_path, monkeypatch):
+    """A cache filled before the pom named MirrorMaker 2's jars: ``astraflow broker fetch`` adds
+    them next to the others, whose files stay as they were (a broker starting from ``libs/*``
+    meanwhile never sees the directory missing)."""
+    import os
+    import shutil
+
+    if shutil.which("mvn") is None:
+        pytest.skip("Maven is not installed")
+    real = runtime.libs_dir()
+    monkeypatch.delenv("KAFKA_HOME", raising=False)
+    monkeypatch.setenv("ASTRAFLOW_CACHE", str(tmp_path))
+    old = tmp_path / "kafka" / runtime.kafka_version() / "libs"
+    old.mkdir(parents=True)
+    for jar in real.glob("*.jar"):
+        if not jar.name.startswith("connect-mirror"):
+            os.link(jar, old / jar.name)  # as an older pom left it
+    (old / ".complete").write_text(runtime.kafka_version())
+    kept = (old / f"kafka-clients-{runtime.kafka_version()}.jar").stat().st_ino
+    assert runtime.missing_artifacts(old) == ["connect-mirror", "connect-mirror-client"]
+    with pytest.raises(runtime.KafkaRuntimeError, match="also needs connect-mirror, connect-mirror-client"):
+        runtime.libs_dir(fetch=False)
+    assert runtime.libs_dir() == old
+    assert runtime.missing_artifacts(old) == []
+    assert (old / f"kafka-clients-{runtime.kafka_version()}.jar").stat().st_ino == kept
+    assert sorted(p.name for p in old.glob("*.jar")) == sorted(p.name for p in real.glob("*.jar"))

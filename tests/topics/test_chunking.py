@@ -66,23 +66,37 @@ def test_corrupt_chunk_is_detected(job_topics, make_producer, reader):
         good, chunks=[good.chunks[0], dataclasses.replace(good.chunks[1], offset=md.offset), good.chunks[2]])
     with pytest.raises(CorruptChunkError, match=r"chunk 1 .*BLAKE3 digest"):
         reader.read(tampered)
-    # a record from another object at the referenced offset is rejected too
+    # a record from another object at the referenced offset: the offset does not hold the chunk
+    # (as on a mirror), so the reader finds the genuine one by its timestamp and headers
     other = write_chunks(producer, topic, b"x" * (40 * KiB), object_id="other")
     foreign = dataclasses.replace(
         good, chunks=[good.chunks[0], dataclasses.replace(good.chunks[1], offset=other.chunks[0].offset),
                       good.chunks[2]])
+    assert reader.read(foreign) == payload
+    assert reader.located == 1
+    # ... and when no record of the object carries that chunk, the foreign record is refused
+    unknown = dataclasses.replace(good.chunks[1], offset=other.chunks[0].offset, digest="ee" * 32)
+    chunks = [good.chunks[0], unknown, good.chunks[2]]
+    nowhere = dataclasses.replace(good, chunks=chunks, digest=manifest_digest(chunks))
     with pytest.raises(CorruptChunkError, match="belongs to object"):
-        reader.read(foreign)
+        reader.read(nowhere)
     assert reader.read(good) == payload  # the genuine chunks still read fine
 
 
 def test_missing_chunks_are_detected(job_topics, bootstrap, make_producer, reader):
     topic = job_topics.weights("policy")
     producer = make_producer(compression_type=None)
-    m = write_chunks(producer, topic, os.urandom(50 * KiB), chunk_size=20 * KiB)
-    beyond = dataclasses.replace(m, chunks=[*m.chunks[:2], dataclasses.replace(m.chunks[2], offset=10_000)])
+    payload = os.urandom(50 * KiB)
+    m = write_chunks(producer, topic, payload, chunk_size=20 * KiB)
+    # a chunk written nowhere, named at an offset beyond the log (the others are at theirs: this
+    # is the cluster the chunks were written to, so nothing is waited for)
+    chunks = [*m.chunks[:2], dataclasses.replace(m.chunks[2], offset=10_000, digest="ee" * 32)]
+    beyond = dataclasses.replace(m, chunks=chunks, digest=manifest_digest(chunks))
     with pytest.raises(MissingChunkError, match="chunk 2"):
         reader.read(beyond)
+    # a chunk named at a wrong offset is found where it is
+    moved = dataclasses.replace(m, chunks=[*m.chunks[:2], dataclasses.replace(m.chunks[2], offset=10_000)])
+    assert reader.read(moved) == payload
     # retention deleting the head of the log: the first chunk is gone
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
