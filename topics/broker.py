@@ -81,6 +81,17 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def stop_process(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM a process of ours (a clean shutdown), SIGKILL it after ``timeout``; wait for its exit."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def _die_with_parent() -> None:
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -204,13 +215,7 @@ class EmbeddedBroker:
         """Stop the broker: SIGTERM (Kafka's controlled shutdown), SIGKILL after ``timeout``."""
         if self._proc is None:
             return
-        if self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        stop_process(self._proc, timeout)
         self._proc = None
 
     def terminate(self) -> None:

@@ -42,7 +42,7 @@ from typing import NamedTuple, Sequence
 from kafka import TopicPartition
 
 from . import security
-from .broker import _die_with_parent, _error_lines, _tail, free_port
+from .broker import _die_with_parent, _error_lines, _tail, free_port, stop_process
 from .exceptions import BrokerStartError, KafkaRuntimeError, TopicsError
 from .registry import DAY_MS, JobTopics, TopicSpec, ensure_topics
 from .runtime import java_command
@@ -361,13 +361,7 @@ class MirrorMaker:
         """SIGTERM (Connect's clean shutdown: tasks commit), SIGKILL after ``timeout``."""
         if self._proc is None:
             return
-        if self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        stop_process(self._proc, timeout)
         self._proc = None
 
     def kill(self) -> None:

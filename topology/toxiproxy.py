@@ -20,7 +20,7 @@ import urllib.request
 from urllib.parse import quote
 from pathlib import Path
 
-from astraflow.topics.broker import free_port
+from astraflow.topics.broker import free_port, stop_process
 
 from .netns import LinkError, LinkUnavailable, die_with_parent
 
@@ -150,13 +150,7 @@ class Toxiproxy:
         return out
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, 5)
         if self._log is not subprocess.DEVNULL:
             self._log.close()
 

@@ -352,7 +352,6 @@ def openai_agent(ep: Episode) -> EpisodeResult:
     samples = [_Sample(i) for i in range(ep.n_samples)]
     endpoint = _Endpoint(ep, cfg, samples)
     deadline = time.monotonic() + float(cfg.deadline_s)
-    done = threading.Event()
 
     def run(s: _Sample) -> None:
         task = {"prompt": ep.prompt, "answer": ep.answer, "metadata": dict(ep.metadata), "episode": ep.episode_id,
@@ -374,7 +373,6 @@ def openai_agent(ep: Episode) -> EpisodeResult:
             with endpoint.lock:
                 s.finished = True
             endpoint.requests.put(None)  # type: ignore[arg-type]  # wake the episode's thread
-            done.set()
 
     threads = [threading.Thread(target=run, args=(s,), name=f"agent-{ep.episode_id}-{s.index}", daemon=True)
                for s in samples]
