@@ -60,13 +60,24 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "multi_policy_emulated.json"
 #: the seed's shape: 256 samples per batch, 8 per prompt, 4 PPO minibatches
 SEED_SHAPE = {"groups_per_batch": 32, "n_samples": 8, "minibatches": 4}
+#: the seed's length cap per policy ("Max new tokens 4096 (per policy)", the AstraFlow docs'
+#: Qwen3-8B actor + verifier recipe): each policy's real max_new_tokens is this / token_scale
+SEED_MAX_NEW_TOKENS = 4096
 STAGES = ("rollout", "trainer")
 
 
 # -- configs ---------------------------------------------------------------------------
 def device(args, count: int) -> dict:
     return {"kind": "emulated", "profile": args.profile, "count": count, "dilation": args.dilation,
-            "token_scale": args.token_scale, "prompt_token_scale": args.prompt_token_scale}
+            "token_scale": args.token_scale, "prompt_token_scale": args.prompt_token_scale,
+            **({"workload": args.workload} if args.workload else {})}
+
+
+def real_max_new_tokens(args) -> int:
+    """Each policy's real cap: the seed's modelled cap in real tokens."""
+    if args.token_scale > args.max_new_tokens_modelled:
+        raise ValueError(f"--token-scale {args.token_scale} is above the modelled cap {args.max_new_tokens_modelled}")
+    return args.max_new_tokens_modelled // args.token_scale
 
 
 def shaped(base: dict, args) -> dict:
@@ -77,6 +88,12 @@ def shaped(base: dict, args) -> dict:
     data.setdefault("rollout", {})["n_samples"] = SEED_SHAPE["n_samples"]
     data.setdefault("trainer", {}).setdefault("engine", {})["minibatches"] = SEED_SHAPE["minibatches"]
     data["trainer"]["steps"] = args.steps
+    # every policy's length cap is the seed's, in real tokens (the emulated model's cap is token_scale x it)
+    cap = real_max_new_tokens(args)
+    data["rollout"]["max_new_tokens"] = cap
+    for sec in (data.get("policies") or {}).values():
+        if isinstance(sec, dict) and "max_new_tokens" in (sec.get("rollout") or {}):
+            sec["rollout"]["max_new_tokens"] = cap
     data["eval"] = {**data.get("eval", {}), "every": 0, "problems": args.eval_problems, "k": 1}
     return data
 
@@ -348,7 +365,9 @@ def main(args) -> int:
         if split is None:
             from astraflow.emulation.cost import CostModel
             from astraflow.emulation.profile import load_profile
-            cost = CostModel(load_profile(args.profile), args.token_scale, args.prompt_token_scale)
+            from astraflow.emulation.profile import load_workload
+            sigma = load_workload(args.workload).length_sigma if args.workload else 0.0
+            cost = CostModel(load_profile(args.profile), args.token_scale, args.prompt_token_scale, sigma)
             split = choose_split(c["work_by_policy"], rows, args.devices, cost, args.steps)
             print(f"    split: {split['split']} (priced bound {split['priced_bound_s_per_iter']:.1f} s/iter)", flush=True)
         out = {"colocated": c}
@@ -361,6 +380,8 @@ def main(args) -> int:
     result = {"benchmark": "multi_policy_emulated", "emulated": True, "profile": args.profile,
               "devices": args.devices, "polls_in_flight": args.polls_in_flight, "dilation": args.dilation,
               "token_scale": args.token_scale, "prompt_token_scale": args.prompt_token_scale,
+              "workload": args.workload or None, "max_new_tokens_modelled": args.max_new_tokens_modelled,
+              "max_new_tokens_real": real_max_new_tokens(args),
               "steps": args.steps, "repeats": args.repeats, "config": args.config, "quick": args.quick,
               "shape": SEED_SHAPE, "seed_reference": {"trainer_centred_s_per_iter": 212.64, "ours_s_per_iter": 77.65,
                                                       "speedup": 2.74, "hardware": "8 x H100, Qwen3-8B"},
