@@ -8,6 +8,14 @@ the profile's cost model gives for it (``emulation/cost.py``), ``--dilation`` wa
 modelled second, each real token standing for ``--token-scale`` modelled ones. Every time
 here is **modelled seconds** (wall / dilation), emulated, not a GPU measurement.
 
+**Lengths.** Every policy's length cap is the seed's (4096 new tokens per policy, the
+AstraFlow recipe for two Qwen3-8B policies): its real ``max_new_tokens`` is 4096 /
+``--token-scale``. With ``--workload`` (default ``reasoning``, ``emulation/profiles.yaml``)
+each row's modelled length is spread around ``token_scale`` x its real length by a
+log-normal factor of mean 1 keyed by the row's sampling seed (the same sample gets the same
+length in every arm), capped at 4096: the long tail a reasoning model's answers have and the
+tiny model's lack. ``--workload ''`` prices the tiny model's lengths, scaled.
+
 Arms, per repetition, same config, seeds and prompts:
 
 * **(c) trainer-centred**: ``sequential_multi.py`` (one controller, no broker) with every
@@ -308,7 +316,8 @@ def aggregate(reps: list[dict]) -> dict:
 
 def print_table(agg: dict, split: dict, args) -> None:
     print(f"EMULATED: {args.devices} x {args.profile} (modelled seconds; dilation {args.dilation}, "
-          f"token_scale {args.token_scale}); split of (a)/(b): "
+          f"token_scale {args.token_scale}, cap {args.max_new_tokens_modelled} tokens, "
+          f"workload {args.workload or 'none'}); split of (a)/(b): "
           + ", ".join(f"{p} pool {d['rollout']} + trainer {d['trainer']}" for p, d in split["split"].items()))
     hdr = f"{'arm':24} {'s/iter':>22} {'lower bound s/iter':>22} {'sched. efficiency':>20} {'vs (c)':>18}"
     print(hdr)
