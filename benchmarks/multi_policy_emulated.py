@@ -96,6 +96,8 @@ def shaped(base: dict, args) -> dict:
     data.setdefault("rollout", {})["n_samples"] = SEED_SHAPE["n_samples"]
     data.setdefault("trainer", {}).setdefault("engine", {})["minibatches"] = SEED_SHAPE["minibatches"]
     data["trainer"]["steps"] = args.steps
+    if getattr(args, "max_staleness", None) is not None:
+        data.setdefault("dataflow", {})["max_staleness"] = args.max_staleness
     # every policy's length cap is the seed's, in real tokens (the emulated model's cap is token_scale x it)
     cap = real_max_new_tokens(args)
     data["rollout"]["max_new_tokens"] = cap
@@ -389,7 +391,7 @@ def main(args) -> int:
     result = {"benchmark": "multi_policy_emulated", "emulated": True, "profile": args.profile,
               "devices": args.devices, "polls_in_flight": args.polls_in_flight, "dilation": args.dilation,
               "token_scale": args.token_scale, "prompt_token_scale": args.prompt_token_scale,
-              "workload": args.workload or None, "max_new_tokens_modelled": args.max_new_tokens_modelled,
+              "workload": args.workload or None, "max_staleness": args.max_staleness, "max_new_tokens_modelled": args.max_new_tokens_modelled,
               "max_new_tokens_real": real_max_new_tokens(args),
               "steps": args.steps, "repeats": args.repeats, "config": args.config, "quick": args.quick,
               "shape": SEED_SHAPE, "seed_reference": {"trainer_centred_s_per_iter": 212.64, "ours_s_per_iter": 77.65,
