@@ -127,3 +127,32 @@ def test_a_device_names_its_workload_in_the_job_config(tmp_path):
     ok.write_text(yaml.safe_dump({"job": "emu", "rollout": {"device": {"kind": "emulated", "profile": "h100-qwen3-8b",
                                                                       "workload": "reasoning"}}}))
     assert load_config(ok).rollout.device.workload == "reasoning"
+
+
+def test_table_2s_arms_share_the_seeds_length_cap_the_workload_and_the_staleness_bound(tmp_path):
+    """Every arm of the emulated Table 2 prices the same lengths: each policy's real cap is the
+    seed's 4096 modelled tokens / token_scale, every device names the workload, and the
+    staleness bound is the benchmark's, whatever the example config says."""
+    import argparse
+
+    from astraflow.benchmarks.multi_policy_emulated import colocated_config, split_config
+    from astraflow.config import load_config
+    base = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "solver_verifier.yaml").read_text())
+    assert base["policies"]["verifier"]["rollout"]["max_new_tokens"] != base["rollout"]["max_new_tokens"]
+    args = argparse.Namespace(profile="h100-qwen3-8b", dilation=0.3, token_scale=256, prompt_token_scale=16,
+                              workload="reasoning", max_new_tokens_modelled=4096, steps=5, eval_problems=10,
+                              devices=8, polls_in_flight=4, max_staleness=3)
+    split = {"solver": {"rollout": 3, "trainer": 2}, "verifier": {"rollout": 1, "trainer": 2}}
+    for i, data in enumerate((colocated_config(base, args),
+                              split_config(base, args, split, "async", "t", str(tmp_path)))):
+        path = tmp_path / f"arm{i}.yaml"
+        path.write_text(yaml.safe_dump({**data, "job": f"arm{i}"}))
+        cfg = load_config(path)
+        for p in ("solver", "verifier"):
+            view = cfg.view(p)
+            assert view.rollout.max_new_tokens == 16
+            assert view.rollout.device.workload == "reasoning" and view.trainer.device.workload == "reasoning"
+        assert cfg.dataflow.max_staleness == 3
+    args.token_scale = 8192
+    with pytest.raises(ValueError, match="above the modelled cap"):
+        colocated_config(base, args)
