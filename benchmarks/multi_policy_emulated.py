@@ -342,26 +342,41 @@ def notes(agg: dict, split: dict, args) -> list[str]:
     out.append(f"(a) {a:.1f} s/iter, (b) {b:.1f}, (c) {c:.1f}: the speed-up of (a) over (c) is {sp:.2f}x "
                + ("(the seed's 2.7x reached)." if sp >= 2.7 else
                   f"(the seed reports 2.7x; not reached here, see below)."))
+    if args.workload:
+        out.append(f"Lengths: every policy's cap is the seed's {args.max_new_tokens_modelled} tokens and each row's "
+                   f"modelled length is spread by the '{args.workload}' workload (emulation/profiles.yaml, an "
+                   f"estimate with its source), the same sample getting the same length in every arm: (c)'s "
+                   f"generation phases (solve, verify, retry) each wait for their longest row at the batch it "
+                   f"leaves, while (a)'s pools keep admitting the next episodes' rows into the room it frees.")
+    rc = arms["async"].get("remote_calls")
+    out.append(f"In flight: (a)/(b) nodes keep {args.polls_in_flight} polls in flight under max_staleness "
+               f"{args.max_staleness}: an episode crosses both pools (answer, verdict, retry)"
+               + (f", a verdict call taking {rc['median_s']['median']:.0f} s median / {rc['p95_s']['median']:.0f} s "
+                  f"p95 (modelled)" if rc else "")
+               + ", so a pool stays busy only with about (an episode's latency / s per iteration) batches in "
+                 "flight, and the staleness bound caps that depth (one batch per version).")
     lb_c = arms["colocated"]["lower_bound_s_per_iter"]["median"]
     lb_a = arms["async"]["lower_bound_s_per_iter"]["median"]
     priced = split["priced_bound_s_per_iter"]
     calls_a = agg["arms"]["async"].get("generate_calls_per_iteration", {})
-    out.append(f"Priced before running, with (c)'s own calls (a batch's rows per call), the split's busiest stage is "
-               f"{priced:.1f} s/iter ({lb_c / priced:.2f}x below (c)'s bound); (a)'s pools did "
-               f"{lb_a / priced:.2f}x that work in its run"
-               + (" because their calls were smaller: " + ", ".join(f"{k} {v['median']:.1f}" for k, v in calls_a.items())
-                  + " generate calls per iteration against (c)'s "
-                  + ", ".join(f"{k} {v['median']:.1f}" for k, v in
-                              agg["arms"]["colocated"].get("generate_calls_per_iteration", {}).items())
-                  + ": an emulated device batches the calls in flight (emulation/batching.py), but calls that "
-                    "arrive fragmented by the episodes (answers, remote verdicts, retries) after a batch has "
-                    "started decoding pay steps of their own, and a pool of fewer devices holds more rows each"
-                  if calls_a else "") + ".")
+    calls = (", ".join(f"{k} {v['median']:.1f}" for k, v in calls_a.items()) + " generate calls per iteration "
+             "against (c)'s " + ", ".join(f"{k} {v['median']:.1f}" for k, v in
+                                          agg["arms"]["colocated"].get("generate_calls_per_iteration", {}).items()))
+    why = ("more: calls that arrive fragmented by the episodes (answers, remote verdicts, retries) after a batch "
+           "has started decoding pay steps of their own, and a pool of fewer devices holds more rows each"
+           if lb_a > priced else
+           "less: with several polls in flight a pool's devices decode more rows per step than (c)'s calls dealt "
+           "over them, and no call's longest row holds its device idle (the next rows take its room)")
+    out.append(f"Priced before running, with (c)'s own calls (a batch's rows per call, each run to its end), the "
+               f"split's busiest stage is {priced:.1f} s/iter ({lb_c / priced:.2f}x below (c)'s bound); (a)'s busiest "
+               f"resource did {lb_a / priced:.2f}x that work in its run, {why}"
+               + (f" ({calls})" if calls_a else "") + ".")
     out.append(f"Bounds: (c) cannot go below {lb_c:.1f} s/iter (all its work in series on the devices it shares); "
                f"the busiest resource of (a), at the work it really did, bounds it at {lb_a:.1f}, so no schedule of "
                f"that work beats (c) by more than {lb_c / lb_a:.2f}x. Where (c) loses is what the model charges it: "
                f"training each policy on all devices at the profile's data-parallel scaling, decoding at low batch per device, swapping each "
-               f"policy's states off the devices, and every phase waiting for the other.")
+               f"policy's states off the devices, each generation phase waiting for its longest row, and every phase "
+               f"waiting for the other.")
     return out
 
 
