@@ -448,11 +448,21 @@ def main(argv: list[str] | None = None) -> int:
                     help="Table 2 at the seed's scale on emulated accelerators (multi_policy_emulated.py): "
                          "writes multi_policy_emulated.json")
     ap.add_argument("--devices", type=int, default=8, help="--emulated: devices in all")
-    ap.add_argument("--polls-in-flight", type=int, default=2,
+    ap.add_argument("--polls-in-flight", type=int, default=4,
                     help="--emulated: polls a RaaS node of (a)/(b) rolls out at once (rollout.polls_in_flight)")
     ap.add_argument("--profile", default="h100-qwen3-8b", help="--emulated: emulation profile")
     ap.add_argument("--dilation", type=float, default=0.3, help="--emulated: wall seconds per modelled second")
-    ap.add_argument("--token-scale", type=int, default=512, help="--emulated: modelled tokens per generated token")
+    ap.add_argument("--token-scale", type=int, default=256, help="--emulated: modelled tokens per generated token")
+    ap.add_argument("--max-new-tokens-modelled", type=int, default=4096,
+                    help="--emulated: every policy's length cap in modelled tokens (the seed's 4096); its real "
+                         "max_new_tokens is this / --token-scale")
+    ap.add_argument("--max-staleness", type=int, default=3,
+                    help="--emulated: dataflow.max_staleness of every arm; async keeps about (an episode's "
+                         "latency / time per iteration) batches in flight, and the staleness bound caps that "
+                         "(with --polls-in-flight: one poll per version in flight)")
+    ap.add_argument("--workload", default="reasoning",
+                    help="--emulated: the workload of emulation/profiles.yaml whose length spread the modelled "
+                         "lengths take ('' for the tiny model's lengths, scaled)")
     ap.add_argument("--prompt-token-scale", type=int, default=16, help="--emulated: modelled tokens per prompt token")
     ap.add_argument("--eval-problems", type=int, default=50, help="--emulated: held-out problems (start and end)")
     ap.add_argument("--reanalyse", metavar="JSON", help="measure nothing: re-read the Kafka arms' run directories "

@@ -8,6 +8,14 @@ the profile's cost model gives for it (``emulation/cost.py``), ``--dilation`` wa
 modelled second, each real token standing for ``--token-scale`` modelled ones. Every time
 here is **modelled seconds** (wall / dilation), emulated, not a GPU measurement.
 
+**Lengths.** Every policy's length cap is the seed's (4096 new tokens per policy, the
+AstraFlow recipe for two Qwen3-8B policies): its real ``max_new_tokens`` is 4096 /
+``--token-scale``. With ``--workload`` (default ``reasoning``, ``emulation/profiles.yaml``)
+each row's modelled length is spread around ``token_scale`` x its real length by a
+log-normal factor of mean 1 keyed by the row's sampling seed (the same sample gets the same
+length in every arm), capped at 4096: the long tail a reasoning model's answers have and the
+tiny model's lack. ``--workload ''`` prices the tiny model's lengths, scaled.
+
 Arms, per repetition, same config, seeds and prompts:
 
 * **(c) trainer-centred**: ``sequential_multi.py`` (one controller, no broker) with every
@@ -60,13 +68,24 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "multi_policy_emulated.json"
 #: the seed's shape: 256 samples per batch, 8 per prompt, 4 PPO minibatches
 SEED_SHAPE = {"groups_per_batch": 32, "n_samples": 8, "minibatches": 4}
+#: the seed's length cap per policy ("Max new tokens 4096 (per policy)", the AstraFlow docs'
+#: Qwen3-8B actor + verifier recipe): each policy's real max_new_tokens is this / token_scale
+SEED_MAX_NEW_TOKENS = 4096
 STAGES = ("rollout", "trainer")
 
 
 # -- configs ---------------------------------------------------------------------------
 def device(args, count: int) -> dict:
     return {"kind": "emulated", "profile": args.profile, "count": count, "dilation": args.dilation,
-            "token_scale": args.token_scale, "prompt_token_scale": args.prompt_token_scale}
+            "token_scale": args.token_scale, "prompt_token_scale": args.prompt_token_scale,
+            **({"workload": args.workload} if args.workload else {})}
+
+
+def real_max_new_tokens(args) -> int:
+    """Each policy's real cap: the seed's modelled cap in real tokens."""
+    if args.token_scale > args.max_new_tokens_modelled:
+        raise ValueError(f"--token-scale {args.token_scale} is above the modelled cap {args.max_new_tokens_modelled}")
+    return args.max_new_tokens_modelled // args.token_scale
 
 
 def shaped(base: dict, args) -> dict:
@@ -77,6 +96,14 @@ def shaped(base: dict, args) -> dict:
     data.setdefault("rollout", {})["n_samples"] = SEED_SHAPE["n_samples"]
     data.setdefault("trainer", {}).setdefault("engine", {})["minibatches"] = SEED_SHAPE["minibatches"]
     data["trainer"]["steps"] = args.steps
+    if getattr(args, "max_staleness", None) is not None:
+        data.setdefault("dataflow", {})["max_staleness"] = args.max_staleness
+    # every policy's length cap is the seed's, in real tokens (the emulated model's cap is token_scale x it)
+    cap = real_max_new_tokens(args)
+    data["rollout"]["max_new_tokens"] = cap
+    for sec in (data.get("policies") or {}).values():
+        if isinstance(sec, dict) and "max_new_tokens" in (sec.get("rollout") or {}):
+            sec["rollout"]["max_new_tokens"] = cap
     data["eval"] = {**data.get("eval", {}), "every": 0, "problems": args.eval_problems, "k": 1}
     return data
 
@@ -291,7 +318,8 @@ def aggregate(reps: list[dict]) -> dict:
 
 def print_table(agg: dict, split: dict, args) -> None:
     print(f"EMULATED: {args.devices} x {args.profile} (modelled seconds; dilation {args.dilation}, "
-          f"token_scale {args.token_scale}); split of (a)/(b): "
+          f"token_scale {args.token_scale}, cap {args.max_new_tokens_modelled} tokens, "
+          f"workload {args.workload or 'none'}); split of (a)/(b): "
           + ", ".join(f"{p} pool {d['rollout']} + trainer {d['trainer']}" for p, d in split["split"].items()))
     hdr = f"{'arm':24} {'s/iter':>22} {'lower bound s/iter':>22} {'sched. efficiency':>20} {'vs (c)':>18}"
     print(hdr)
@@ -314,26 +342,41 @@ def notes(agg: dict, split: dict, args) -> list[str]:
     out.append(f"(a) {a:.1f} s/iter, (b) {b:.1f}, (c) {c:.1f}: the speed-up of (a) over (c) is {sp:.2f}x "
                + ("(the seed's 2.7x reached)." if sp >= 2.7 else
                   f"(the seed reports 2.7x; not reached here, see below)."))
+    if args.workload:
+        out.append(f"Lengths: every policy's cap is the seed's {args.max_new_tokens_modelled} tokens and each row's "
+                   f"modelled length is spread by the '{args.workload}' workload (emulation/profiles.yaml, an "
+                   f"estimate with its source), the same sample getting the same length in every arm: (c)'s "
+                   f"generation phases (solve, verify, retry) each wait for their longest row at the batch it "
+                   f"leaves, while (a)'s pools keep admitting the next episodes' rows into the room it frees.")
+    rc = arms["async"].get("remote_calls")
+    out.append(f"In flight: (a)/(b) nodes keep {args.polls_in_flight} polls in flight under max_staleness "
+               f"{args.max_staleness}: an episode crosses both pools (answer, verdict, retry)"
+               + (f", a verdict call taking {rc['median_s']['median']:.0f} s median / {rc['p95_s']['median']:.0f} s "
+                  f"p95 (modelled)" if rc else "")
+               + ", so a pool stays busy only with about (an episode's latency / s per iteration) batches in "
+                 "flight, and the staleness bound caps that depth (one batch per version).")
     lb_c = arms["colocated"]["lower_bound_s_per_iter"]["median"]
     lb_a = arms["async"]["lower_bound_s_per_iter"]["median"]
     priced = split["priced_bound_s_per_iter"]
     calls_a = agg["arms"]["async"].get("generate_calls_per_iteration", {})
-    out.append(f"Priced before running, with (c)'s own calls (a batch's rows per call), the split's busiest stage is "
-               f"{priced:.1f} s/iter ({lb_c / priced:.2f}x below (c)'s bound); (a)'s pools did "
-               f"{lb_a / priced:.2f}x that work in its run"
-               + (" because their calls were smaller: " + ", ".join(f"{k} {v['median']:.1f}" for k, v in calls_a.items())
-                  + " generate calls per iteration against (c)'s "
-                  + ", ".join(f"{k} {v['median']:.1f}" for k, v in
-                              agg["arms"]["colocated"].get("generate_calls_per_iteration", {}).items())
-                  + ": an emulated device batches the calls in flight (emulation/batching.py), but calls that "
-                    "arrive fragmented by the episodes (answers, remote verdicts, retries) after a batch has "
-                    "started decoding pay steps of their own, and a pool of fewer devices holds more rows each"
-                  if calls_a else "") + ".")
+    calls = (", ".join(f"{k} {v['median']:.1f}" for k, v in calls_a.items()) + " generate calls per iteration "
+             "against (c)'s " + ", ".join(f"{k} {v['median']:.1f}" for k, v in
+                                          agg["arms"]["colocated"].get("generate_calls_per_iteration", {}).items()))
+    why = ("more: calls that arrive fragmented by the episodes (answers, remote verdicts, retries) after a batch "
+           "has started decoding pay steps of their own, and a pool of fewer devices holds more rows each"
+           if lb_a > priced else
+           "less: with several polls in flight a pool's devices decode more rows per step than (c)'s calls dealt "
+           "over them, and no call's longest row holds its device idle (the next rows take its room)")
+    out.append(f"Priced before running, with (c)'s own calls (a batch's rows per call, each run to its end), the "
+               f"split's busiest stage is {priced:.1f} s/iter ({lb_c / priced:.2f}x below (c)'s bound); (a)'s busiest "
+               f"resource did {lb_a / priced:.2f}x that work in its run, {why}"
+               + (f" ({calls})" if calls_a else "") + ".")
     out.append(f"Bounds: (c) cannot go below {lb_c:.1f} s/iter (all its work in series on the devices it shares); "
                f"the busiest resource of (a), at the work it really did, bounds it at {lb_a:.1f}, so no schedule of "
                f"that work beats (c) by more than {lb_c / lb_a:.2f}x. Where (c) loses is what the model charges it: "
                f"training each policy on all devices at the profile's data-parallel scaling, decoding at low batch per device, swapping each "
-               f"policy's states off the devices, and every phase waiting for the other.")
+               f"policy's states off the devices, each generation phase waiting for its longest row, and every phase "
+               f"waiting for the other.")
     return out
 
 
@@ -348,7 +391,9 @@ def main(args) -> int:
         if split is None:
             from astraflow.emulation.cost import CostModel
             from astraflow.emulation.profile import load_profile
-            cost = CostModel(load_profile(args.profile), args.token_scale, args.prompt_token_scale)
+            from astraflow.emulation.profile import load_workload
+            sigma = load_workload(args.workload).length_sigma if args.workload else 0.0
+            cost = CostModel(load_profile(args.profile), args.token_scale, args.prompt_token_scale, sigma)
             split = choose_split(c["work_by_policy"], rows, args.devices, cost, args.steps)
             print(f"    split: {split['split']} (priced bound {split['priced_bound_s_per_iter']:.1f} s/iter)", flush=True)
         out = {"colocated": c}
@@ -361,6 +406,8 @@ def main(args) -> int:
     result = {"benchmark": "multi_policy_emulated", "emulated": True, "profile": args.profile,
               "devices": args.devices, "polls_in_flight": args.polls_in_flight, "dilation": args.dilation,
               "token_scale": args.token_scale, "prompt_token_scale": args.prompt_token_scale,
+              "workload": args.workload or None, "max_staleness": args.max_staleness, "max_new_tokens_modelled": args.max_new_tokens_modelled,
+              "max_new_tokens_real": real_max_new_tokens(args),
               "steps": args.steps, "repeats": args.repeats, "config": args.config, "quick": args.quick,
               "shape": SEED_SHAPE, "seed_reference": {"trainer_centred_s_per_iter": 212.64, "ours_s_per_iter": 77.65,
                                                       "speedup": 2.74, "hardware": "8 x H100, Qwen3-8B"},

@@ -236,8 +236,8 @@ def multi_policy_emulated() -> list[str]:
            f"(solver–verifier, {d['shape']['groups_per_batch']} prompts × {d['shape']['n_samples']} samples per batch, "
            f"{d['shape']['minibatches']} PPO minibatches; **{d['devices']} emulated {d['profile']} devices**: the tiny "
            f"model computes, each call is held for the cost model's time; **modelled seconds**, not GPU measurements; "
-           f"{d['steps']} iterations per arm, median (min–max) of {d['repeats']} repetitions; split of (a)/(b) chosen by "
-           f"the benchmark's rule: {split})", "",
+           f"{d['steps']} iterations per arm, median (min–max) of {d['repeats']} repetitions; "
+           f"{_lengths(d)}; split of (a)/(b) chosen by the benchmark's rule: {split})", "",
            "| arm (emulated) | modelled s / iteration | lower bound s / iteration | scheduling efficiency | "
            "speed-up vs (c) | max CPU share of a hold |",
            "|---|---:|---:|---:|---:|---:|"]
@@ -251,6 +251,15 @@ def multi_policy_emulated() -> list[str]:
     out += ["", f"(a) vs (b): {_sp(d['speedup_vs_lockstep'])}x. The seed reports 2.74x on real 8 × H100 "
                 "(212.64 → 77.65 s/iter). " + " ".join(d["notes"][2:]), ""]
     return out
+
+
+def _lengths(d: dict) -> str:
+    """How a Table 2 result priced its lengths (results before the workload option had none)."""
+    cap = d.get("max_new_tokens_modelled")
+    cap_s = f"length cap {cap} modelled tokens" if cap else f"token_scale {d.get('token_scale')}"
+    if d.get("workload"):
+        return f"{cap_s}, lengths spread by the `{d['workload']}` workload (emulation/profiles.yaml)"
+    return f"{cap_s}, the tiny model's lengths scaled"
 
 
 def async_sync_emulated() -> list[str]:

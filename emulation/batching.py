@@ -69,21 +69,24 @@ class BatchingClock:
     def now(self) -> float:
         return (time.monotonic() - self._wall0) / self.dilation
 
-    def admit(self, prompts: Sequence[int], max_tokens: int, arrived: float) -> int:
+    def admit(self, prompts: Sequence[int], max_tokens: int, arrived: float,
+              factors: Sequence[float] | None = None) -> int:
         """A call arrives at modelled time ``arrived`` with rows of these real prompt lengths,
-        each generating at most ``max_tokens``: its rows join the schedule now, before the
+        each generating at most ``max_tokens`` (its modelled length scaled by its ``factors``
+        entry, :meth:`CostModel.length_factor`): its rows join the schedule now, before the
         real work says how long they are (:meth:`run` settles that); returns the call's id."""
+        factors = factors or [1.0] * len(prompts)
         with self._cv:
             self._advance(arrived)
             call = next(self._ids)
             self._joined[call] = any(not d.batch.idle for d in self._devices)
             self._rows[call] = []
             self._left[call] = len(prompts)
-            for p in prompts:
+            for p, f in zip(prompts, factors):
                 dev = min(self._devices, key=lambda d: d.batch.load())
                 if dev.batch.idle:
                     dev.t = max(dev.t, arrived)
-                self._rows[call].append((dev, dev.batch.add(call, p, max_tokens)))
+                self._rows[call].append((dev, dev.batch.add(call, p, max_tokens, f)))
             self._cv.notify_all()  # the calls in flight have a new schedule
         return call
 

@@ -23,14 +23,25 @@ Owns the formulas; every number in them comes from a :class:`~.profile.Profile`:
 
 ``token_scale`` lets one real token stand for several modelled ones (the tiny model writes
 a few tokens where the emulated model would write hundreds): every generated length is
-multiplied by it, and every prompt length by ``prompt_token_scale`` (by default the same). It knows nothing about engines, sleeping or Kafka.
+multiplied by it, and every prompt length by ``prompt_token_scale`` (by default the same).
+
+``length_sigma`` (a workload of the profiles file) gives the emulated model's response
+lengths the spread the tiny model's lack: a row's modelled length is ``token_scale x`` its
+real length ``x`` a factor drawn from a log-normal of mean 1 and log-space deviation
+``length_sigma``, keyed by the row's sampling seed (the same sample gets the same factor in
+every arm of a benchmark), and capped at ``token_scale x max_new_tokens`` (the emulated
+model's own length cap). Reasoning models' lengths are long-tailed; a schedule that waits
+for a batch's longest row pays that tail, one that streams rows does not. It knows nothing
+about engines, sleeping or Kafka.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from .profile import Profile
 
@@ -42,10 +53,13 @@ class CostModel:
     profile: Profile
     token_scale: int = 1
     prompt_token_scale: int = 0  #: 0: token_scale
+    length_sigma: float = 0.0  #: log-space spread of a row's modelled length around token_scale x its real one
 
     def __post_init__(self) -> None:
         if self.token_scale < 1:
             raise ValueError(f"token_scale must be >= 1, got {self.token_scale}")
+        if not 0.0 <= self.length_sigma <= 3.0:
+            raise ValueError(f"length_sigma must be in [0, 3], got {self.length_sigma}")
         if self.prompt_token_scale < 0:
             raise ValueError(f"prompt_token_scale must be >= 0, got {self.prompt_token_scale}")
         if not self.prompt_token_scale:
@@ -83,18 +97,41 @@ class CostModel:
         d, e = self.profile.device, self.profile.efficiency
         return max(1, math.ceil(self.TRAIN_STATE_BYTES_PER_PARAM * self.params / (d.memory_bytes * e.usable_memory_fraction)))
 
-    def generate_s(self, prompt_lens: Sequence[int], output_lens: Sequence[int]) -> float:
-        """One call on one device: continuous batching of its rows (real lengths in), run to
-        the end by :class:`ContinuousBatch`."""
+    def generate_s(self, prompt_lens: Sequence[int], output_lens: Sequence[int],
+                   factors: Sequence[float] | None = None, caps: Sequence[int] | None = None) -> float:
+        """One call on one device: continuous batching of its rows (real lengths in, each
+        with its length factor and real cap; by default 1 and its own length), run to the end
+        by :class:`ContinuousBatch`."""
         if len(prompt_lens) != len(output_lens):
             raise ValueError("generate_s: one output length per prompt")
+        factors = factors or [1.0] * len(output_lens)
+        caps = caps or output_lens
         batch = ContinuousBatch(self)
-        for p, n in zip(prompt_lens, output_lens):
-            batch.add(None, p, n)
+        for p, n, f, cap in zip(prompt_lens, output_lens, factors, caps):
+            batch.settle(batch.add(None, p, cap, f), n)
         total = 0.0
         while not batch.idle:
             total += batch.step()[0]
         return total
+
+    def length_factor(self, key: int | str) -> float:
+        """The factor of a row's modelled length (mean 1): log-normal with deviation
+        ``length_sigma``, drawn from ``key`` (the row's sampling seed), so it is the same
+        wherever the same sample is generated."""
+        if not self.length_sigma:
+            return 1.0
+        h = int.from_bytes(hashlib.blake2b(str(key).encode(), digest_size=8).digest(), "big")
+        z = NormalDist().inv_cdf((h + 0.5) / 2.0**64)
+        return math.exp(self.length_sigma * z - self.length_sigma**2 / 2.0)
+
+    def modelled_length(self, real: int, cap: int, factor: float = 1.0) -> int:
+        """Modelled tokens of a row that generated ``real`` tokens of at most ``cap`` (real):
+        ``token_scale x real x factor``, at least one token when it generated any, at most
+        ``token_scale x cap``."""
+        k = self.token_scale
+        if factor == 1.0 or real <= 0:
+            return k * max(0, real)
+        return max(1, min(k * cap, round(k * real * factor)))
 
     def modelled_tokens(self, prompt_tokens: int, completion_tokens: int) -> int:
         """Modelled tokens of rows holding these real prompt and completion tokens."""
@@ -132,8 +169,10 @@ class ContinuousBatch:
     Rows wait in arrival order and are admitted while the KV cache holds their final context
     (a row alone always runs); an admitted row is prefilled in the step it is admitted, then
     every step decodes the rows still running at the batch and context they hold; a finished
-    row frees its room for the next. A real step stands for ``token_scale`` modelled ones, so
-    rows that arrive while a step runs join at the next step. :meth:`CostModel.generate_s` is
+    row frees its room for the next. Lengths are kept in modelled tokens (a row's
+    :meth:`CostModel.modelled_length`); one :meth:`step` decodes ``token_scale`` modelled
+    tokens (one real token's worth), or fewer when a row finishes before that, so rows that
+    arrive while a step runs join at the next step. :meth:`CostModel.generate_s` is
     one call run to the end; an emulated engine that takes several calls at once keeps one
     per device and adds each call's rows as they come (``emulation/batching.py``).
     """
@@ -142,26 +181,29 @@ class ContinuousBatch:
 
     def __init__(self, cost: CostModel) -> None:
         self.cost, self.capacity = cost, cost.kv_capacity_tokens()
-        self.waiting: list[list] = []  #: [tag, prompt, length, generated], oldest first
+        #: [tag, prompt (real), length, generated (modelled), factor, cap (real)], oldest first
+        self.waiting: list[list] = []
         self.running: list[list] = []
         self.reserved = 0.0  #: modelled tokens of context the running rows will hold
 
-    def add(self, tag, prompt: int, length: int) -> list:
+    def add(self, tag, prompt: int, length: int, factor: float = 1.0) -> list:
         """A row of ``prompt`` real prompt tokens that will generate ``length`` real tokens (or
-        at most that many, :meth:`settle`); returns the row."""
-        row = [tag, prompt, length, 0]
+        at most that many, :meth:`settle`), its modelled length scaled by ``factor``; returns
+        the row."""
+        row = [tag, prompt, self.cost.token_scale * length, 0, factor, length]
         self.waiting.append(row)
         return row
 
     def settle(self, row: list, length: int) -> None:
-        """The row generates ``length`` tokens (not more than it was added with): a running row
-        gives back the room it no longer needs, and one already that long finishes at the next
-        step."""
-        if length > row[2]:
-            raise ValueError(f"settle: a row added for at most {row[2]} tokens cannot generate {length}")
+        """The row generates ``length`` real tokens (not more than it was added with): a running
+        row gives back the room it no longer needs, and one already that long finishes at the
+        next step."""
+        if length > row[5]:
+            raise ValueError(f"settle: a row added for at most {row[5]} tokens cannot generate {length}")
+        target = self.cost.modelled_length(length, row[5], row[4])
         if any(r is row for r in self.running):
-            self.reserved -= self.cost.token_scale * (row[2] - length)
-        row[2] = length
+            self.reserved -= row[2] - target
+        row[2] = target
 
     @property
     def idle(self) -> bool:
@@ -170,14 +212,15 @@ class ContinuousBatch:
     def load(self) -> float:
         """Modelled tokens of context held or waiting (where a router sends the next row)."""
         c = self.cost
-        return self.reserved + sum(c.prompt_token_scale * r[1] + c.token_scale * r[2] for r in self.waiting)
+        return self.reserved + sum(c.prompt_token_scale * r[1] + r[2] for r in self.waiting)
 
     def footprint(self, row: list) -> float:
-        return self.cost.prompt_token_scale * row[1] + self.cost.token_scale * row[2]
+        return self.cost.prompt_token_scale * row[1] + row[2]
 
     def step(self) -> tuple[float, list]:
-        """Admit what fits, prefill it, decode one real step of the running rows: the step's
-        modelled seconds and the tags of the rows it finished."""
+        """Admit what fits, prefill it, decode the running rows for ``token_scale`` modelled
+        steps or until the first of them finishes: the step's modelled seconds and the tags of
+        the rows it finished."""
         c, k, kp = self.cost, self.cost.token_scale, self.cost.prompt_token_scale
         admitted = 0
         while self.waiting and (not self.running or self.reserved + self.footprint(self.waiting[0]) <= self.capacity):
@@ -188,12 +231,13 @@ class ContinuousBatch:
         took = c.prefill_s(admitted)
         live = [r for r in self.running if r[3] < r[2]]
         if live:
-            # The k modelled steps this real step stands for: context grows by one token per
-            # running row and step; a step's memory time is linear in it, so the mean is exact.
-            context = sum(kp * r[1] + k * r[3] for r in live) + len(live) * (k - 1) / 2
-            took += k * c.decode_step_s(len(live), context)
+            # The n modelled steps this step stands for: context grows by one token per running
+            # row and step; a step's memory time is linear in it, so the mean is exact.
+            n = min(k, min(r[2] - r[3] for r in live))
+            context = sum(kp * r[1] + r[3] for r in live) + len(live) * (n - 1) / 2
+            took += n * c.decode_step_s(len(live), context)
             for r in live:
-                r[3] += 1
+                r[3] += n
         done = [r for r in self.running if r[3] >= r[2]]
         if done:
             self.running = [r for r in self.running if r[3] < r[2]]

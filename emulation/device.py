@@ -27,7 +27,7 @@ from typing import Literal
 from astraflow.typed_config import Bounds
 
 from .cost import CostModel
-from .profile import load_profile, profile_names
+from .profile import load_profile, load_workload, profile_names, workload_names
 
 __all__ = ["DeviceConfig", "EmulatedDevice", "CallStats"]
 
@@ -55,6 +55,9 @@ class DeviceConfig:
     prompt_token_scale: int = _f(0, "emulated: modelled tokens per real prompt token (0: token_scale); the tiny "
                                     "model's prompts and answers are both short, the emulated model's prompts "
                                     "are often far shorter than its answers", bounds=Bounds(0, 10**6))
+    workload: str = _f("", "emulated with a profile: a workload of emulation/profiles.yaml (e.g. reasoning) whose "
+                           "response-length spread the modelled lengths take; empty: the tiny model's lengths, "
+                           "scaled by token_scale")
     max_cpu_fraction: float = _f(0.2, "emulated: warn when a call's real CPU time exceeds this share of its hold",
                                  bounds=Bounds(0, 1, lo_open=True))
 
@@ -71,8 +74,13 @@ class DeviceConfig:
             if self.profile and self.profile not in profile_names():
                 raise ValueError(f"device.profile {self.profile!r} is not a profile of emulation/profiles.yaml "
                                  f"({', '.join(profile_names())})")
-        elif self.profile or self.slowdown != 1.0:
-            raise ValueError("device.profile and device.slowdown need device.kind: emulated")
+            if self.workload and not self.profile:
+                raise ValueError("device.workload needs device.profile (a cost model prices the lengths)")
+            if self.workload and self.workload not in workload_names():
+                raise ValueError(f"device.workload {self.workload!r} is not a workload of emulation/profiles.yaml "
+                                 f"({', '.join(workload_names()) or 'none'})")
+        elif self.profile or self.slowdown != 1.0 or self.workload:
+            raise ValueError("device.profile, device.slowdown and device.workload need device.kind: emulated")
 
     @property
     def emulated(self) -> bool:
@@ -103,8 +111,10 @@ class EmulatedDevice:
             raise ValueError("EmulatedDevice needs device.kind: emulated")
         self.cfg, self.name = cfg, name
         #: None for a slowdown device: its calls are priced by their own measured time
+        sigma = load_workload(cfg.workload).length_sigma if cfg.workload else 0.0
         self.cost = CostModel(load_profile(cfg.profile), token_scale=cfg.token_scale,
-                                                  prompt_token_scale=cfg.prompt_token_scale or cfg.token_scale) if cfg.profile else None
+                              prompt_token_scale=cfg.prompt_token_scale or cfg.token_scale,
+                              length_sigma=sigma) if cfg.profile else None
         self.stats: dict[str, CallStats] = {}
         self._lock = threading.Lock()
         self._warned = False
@@ -152,6 +162,8 @@ class EmulatedDevice:
                     "devices": self.cfg.count,
                     "dilation": self.cfg.dilation, "token_scale": self.cfg.token_scale,
                     "prompt_token_scale": self.cfg.prompt_token_scale or self.cfg.token_scale,
+                    **({"workload": self.cfg.workload,
+                        "length_sigma": self.cost.length_sigma} if self.cfg.workload and self.cost else {}),
                     **{k: {"calls": s.calls, "modelled_s": round(s.modelled_s, 6), "held_s": round(s.held_s, 6),
                            "cpu_s": round(s.cpu_s, 6), "cpu_fraction": round(s.cpu_fraction, 4),
                            "overruns": s.overruns, **({"joined": s.joined} if s.joined else {})} for k, s in self.stats.items()}}

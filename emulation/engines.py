@@ -33,10 +33,11 @@ __all__ = ["EmulatedRolloutEngine", "EmulatedTrainEngine", "dealt_s"]
 class EmulatedRolloutEngine(RolloutEngine):
     def __init__(self, inner: RolloutEngine, device: EmulatedDevice) -> None:
         self.inner, self.device = inner, device
-        #: set to a list to record every call's rows as (prompt, completion) real lengths: what
-        #: a different placement of the same work would cost (:func:`dealt_s` on another device
-        #: count); None (a node's default) keeps nothing, so a long run does not grow
-        self.rows: list[list[tuple[int, int]]] | None = None
+        #: set to a list to record every call's rows as (prompt, completion, length factor, cap):
+        #: real lengths, what a different placement of the same work would cost (:func:`dealt_s`
+        #: on another device count); None (a node's default) keeps nothing, so a long run does not grow
+        self.rows: list[list[tuple[int, int, float, int]]] | None = None
+        self._unseeded = 0  # rows generated without seeds: their length factors' keys
         #: several calls at once on a shared schedule (a cost profile); a slowdown device
         #: stretches each call's own time, so it takes one at a time
         self.concurrent_calls = device.cost is not None
@@ -51,14 +52,15 @@ class EmulatedRolloutEngine(RolloutEngine):
         with self.device.hold("generate") as price:
             out = self.inner.generate(prompts, params, seeds=seeds)
             if self.device.cost is not None:
-                price(self._modelled(prompts, out))
+                price(self._modelled(prompts, out, params, seeds))
         return out
 
     def _scheduled(self, prompts, params: SamplingParams, seeds) -> list[Generation]:
         """A call on the shared schedule: in the batch from its arrival, computed (one call at a
         time), settled to the lengths it generated and held until its rows are decoded there."""
         t0, arrived = time.monotonic(), self.clock.now()
-        call = self.clock.admit([len(p) for p in prompts], params.max_new_tokens, arrived)
+        factors = self._factors(len(prompts), seeds)
+        call = self.clock.admit([len(p) for p in prompts], params.max_new_tokens, arrived, factors)
         try:
             with self._compute:
                 c0 = time.process_time()
@@ -67,9 +69,9 @@ class EmulatedRolloutEngine(RolloutEngine):
         except BaseException:
             self.clock.cancel(call)
             raise
-        lens = [(len(p), len(g.tokens)) for p, g in zip(prompts, out)]
+        lens = [(len(p), len(g.tokens), f, params.max_new_tokens) for p, g, f in zip(prompts, out, factors)]
         computed = time.monotonic() - t0
-        timing = self.clock.run(call, [n for _, n in lens], arrived)
+        timing = self.clock.run(call, [row[1] for row in lens], arrived)
         with self._compute:
             if self.rows is not None:
                 self.rows.append(lens)
@@ -79,10 +81,19 @@ class EmulatedRolloutEngine(RolloutEngine):
                             target=timing.latency_s * self.device.cfg.dilation, joined=timing.joined)
         return out
 
-    def _modelled(self, prompts, out: list[Generation]) -> float:
+    def _factors(self, rows: int, seeds: Sequence[int] | None) -> list[float]:
+        """Each row's length factor (:meth:`CostModel.length_factor`), keyed by its seed."""
+        cost = self.device.cost
+        if seeds is None:
+            first, self._unseeded = self._unseeded, self._unseeded + rows
+            seeds = [f"unseeded-{i}" for i in range(first, first + rows)]
+        return [cost.length_factor(s) for s in seeds]
+
+    def _modelled(self, prompts, out: list[Generation], params: SamplingParams, seeds) -> float:
         """The call on ``device.count`` devices: its rows dealt out in turn (engine replicas, data
         parallel), each device decoding its share by continuous batching; the slowest finishes it."""
-        lens = [(len(p), len(g.tokens)) for p, g in zip(prompts, out)]
+        lens = [(len(p), len(g.tokens), f, params.max_new_tokens)
+                for p, g, f in zip(prompts, out, self._factors(len(prompts), seeds))]
         if self.rows is not None:
             self.rows.append(lens)
         return dealt_s(self.device.cost, lens, self.device.cfg.count)
@@ -104,11 +115,14 @@ class EmulatedRolloutEngine(RolloutEngine):
         return getattr(self.inner, name)
 
 
-def dealt_s(cost, rows: Sequence[tuple[int, int]], devices: int) -> float:
-    """One call's ``(prompt, completion)`` rows dealt out in turn over ``devices`` (engine
-    replicas), each decoding its share by continuous batching; the slowest finishes the call."""
+def dealt_s(cost, rows: Sequence[Sequence], devices: int) -> float:
+    """One call's ``(prompt, completion[, length factor, cap])`` rows dealt out in turn over
+    ``devices`` (engine replicas), each decoding its share by continuous batching; the slowest
+    finishes the call."""
     k = min(devices, len(rows)) or 1
-    return max(cost.generate_s([p for p, _ in rows[d::k]], [n for _, n in rows[d::k]]) for d in range(k))
+    full = [tuple(r) if len(r) == 4 else (r[0], r[1], 1.0, r[1]) for r in rows]
+    return max(cost.generate_s([r[0] for r in full[d::k]], [r[1] for r in full[d::k]],
+                               [r[2] for r in full[d::k]], [r[3] for r in full[d::k]]) for d in range(k))
 
 
 class EmulatedTrainEngine(TrainEngine):

@@ -17,8 +17,8 @@ from typing import Any
 
 from astraflow.typed_config import ConfigError, load_yaml
 
-__all__ = ["ProfileError", "DeviceSpec", "ModelSpec", "Efficiency", "Profile", "PROFILES_FILE", "load_profile",
-           "profile_names"]
+__all__ = ["ProfileError", "DeviceSpec", "ModelSpec", "Efficiency", "Profile", "Workload", "PROFILES_FILE",
+           "load_profile", "load_workload", "profile_names", "workload_names"]
 
 PROFILES_FILE = Path(__file__).with_name("profiles.yaml")
 #: What ``benchmarks/gpu_profile.py`` measured on a real GPU: preferred to the estimates for its device kind.
@@ -80,6 +80,16 @@ class Efficiency:
 
 
 @dataclass(frozen=True)
+class Workload:
+    """What the emulated model writes, beyond its shape: the spread of its response lengths."""
+
+    name: str
+    length_sigma: float  #: log-space deviation of a row's length factor (log-normal, mean 1)
+    sources: dict[str, str]
+    file: str
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     device: DeviceSpec
@@ -135,6 +145,27 @@ def _file(path: str | Path | None) -> tuple[dict, str]:
 def profile_names(path: str | Path | None = None) -> list[str]:
     data, _ = _file(path)
     return sorted(data.get("profiles") or {})
+
+
+def workload_names(path: str | Path | None = None) -> list[str]:
+    data, _ = _file(path)
+    return sorted(data.get("workloads") or {})
+
+
+@dataclass(frozen=True)
+class _WorkloadValues:
+    length_sigma: float
+
+
+def load_workload(name: str, path: str | Path | None = None) -> Workload:
+    """The workload ``name`` of the profiles file (``workloads.<name>``), every number with its source."""
+    data, file = _file(path)
+    table = data.get("workloads") or {}
+    if name not in table:
+        raise ProfileError(file, "workloads", f"unknown workload {name!r}; workloads: {', '.join(sorted(table)) or 'none'}")
+    sources: dict[str, str] = {}
+    v = _values(_WorkloadValues, table[name], file, f"workloads.{name}", sources)
+    return Workload(name, v.length_sigma, sources, file)
 
 
 def load_profile(name: str, path: str | Path | None = None, measured: str | Path | None = MEASURED_FILE) -> Profile:

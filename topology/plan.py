@@ -72,7 +72,7 @@ class PoolPlan:
         if self.device.emulated:  # the node's engine calls are held for their emulated time
             section = {"raas": "rollout", "trainer": "trainer", "dataflow": "eval"}[self.component]
             d = self.device.device_config()
-            keys = ("kind", "profile", "slowdown", "count", "dilation", "token_scale", "prompt_token_scale")
+            keys = ("kind", "profile", "slowdown", "count", "dilation", "token_scale", "prompt_token_scale", "workload")
             out += [f"{section}.device.{k}={getattr(d, k)}" for k in keys if getattr(d, k) not in ("", None)]
         return out
 

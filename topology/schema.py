@@ -58,6 +58,8 @@ class Device:
     token_scale: int = _k(1, "with emulate: modelled tokens per real generated token", bounds=Bounds(1, 10**6))
     prompt_token_scale: int = _k(0, "with emulate: modelled tokens per real prompt token (0: token_scale)",
                                  bounds=Bounds(0, 10**6))
+    workload: str = _k("", "with emulate: a workload of emulation/profiles.yaml whose response-length spread the "
+                           "modelled lengths take (e.g. reasoning)")
 
     def __post_init__(self) -> None:
         if not self.kind.strip():
@@ -66,9 +68,9 @@ class Device:
             raise ValueError(f"device.count must be >= 0, got {self.count}")
         if self.emulated:
             self.device_config()  # the job config's device section checks the rest (profile names, bounds)
-        elif self.dilation != 1.0 or self.token_scale != 1 or self.prompt_token_scale:
-            raise ValueError("device.dilation, device.token_scale and device.prompt_token_scale apply to an emulated "
-                             "device (emulate: PROFILE)")
+        elif self.dilation != 1.0 or self.token_scale != 1 or self.prompt_token_scale or self.workload:
+            raise ValueError("device.dilation, device.token_scale, device.prompt_token_scale and device.workload apply "
+                             "to an emulated device (emulate: PROFILE)")
 
     @property
     def emulated(self) -> bool:
@@ -81,7 +83,7 @@ class Device:
             return DeviceConfig()
         return DeviceConfig(kind="emulated", profile=self.emulate or "", slowdown=self.slowdown,
                             count=max(1, self.count), dilation=self.dilation, token_scale=self.token_scale,
-                            prompt_token_scale=self.prompt_token_scale)
+                            prompt_token_scale=self.prompt_token_scale, workload=self.workload)
 
 
 @dataclass(frozen=True)

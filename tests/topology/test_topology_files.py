@@ -171,3 +171,13 @@ def test_cli_check_prints_the_error_line(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"astraflow: error: {path}: regions.us.pools.fast.hosts[0]: unknown host 'nowhere' (hosts of region us: "
         f"us-0, us-1)")
+
+
+def test_an_emulated_pools_workload_reaches_its_nodes_and_a_workload_without_emulate_is_refused(tmp_path):
+    emulated = changed(lambda d: d["regions"]["eu"]["pools"]["slow"].update(
+        device={"kind": "h100", "emulate": "h100-qwen3-8b", "token_scale": 256, "workload": "reasoning"}))
+    nodes = {n.node_id: n for n in resolve(load_topology(write(tmp_path, emulated)), "policy").nodes}
+    assert {"rollout.device.profile=h100-qwen3-8b", "rollout.device.workload=reasoning"} <= set(nodes["slow-0"].overrides)
+    e = error_of(tmp_path, changed(lambda d: d["regions"]["eu"]["pools"]["slow"].update(
+        device={"kind": "a10", "workload": "reasoning"})))
+    assert e.key == "regions.eu.pools.slow.device" and "workload" in e.problem
