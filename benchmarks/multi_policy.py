@@ -11,8 +11,9 @@ Each repetition runs the solver-verifier team of ``examples/solver_verifier.yaml
   generate both roles' parts of the batch, train the solver, train the verifier, copy the
   weights (how a trainer-centred system runs the team), with every core;
 * **(d) solver alone**: a single-policy ``rlvr`` job with the solver's settings, run for
-  (a)'s wall-clock (launch to (a)'s last trained step) and evaluated every
-  ``--alone-eval-every`` versions meanwhile.
+  (a)'s wall-clock (launch to (a)'s last trained step; ``--alone-run-factor`` times that, so
+  that it also reaches (a)'s generated tokens) and evaluated every ``--alone-eval-every``
+  versions meanwhile.
 
 A repetition runs them in the order a, d, b, c (d needs a's time), each from cold start.
 A Kafka arm that fails or hangs (``--run-timeout``) is recorded in ``failed_runs`` and run
@@ -320,14 +321,15 @@ def run_solver_alone(base: dict, args, rep: int, seconds: float, tokens: float |
         load = load_now()
         stopped = False
         try:
-            run_job(load_config(path), run_dir=run_dir, progress=False, timeout_s=seconds + ALONE_GRACE_S)
+            run_job(load_config(path), run_dir=run_dir, progress=False,
+                    timeout_s=seconds * args.alone_run_factor + ALONE_GRACE_S)
         except RunFailed as e:
             if "timeout" not in str(e):
                 raise
             stopped = True
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         if not trainer_steps(rows):
-            raise NoSteps(f"{run_dir}: no step trained in {seconds + ALONE_GRACE_S:.0f} s")
+            raise NoSteps(f"{run_dir}: no step trained in {seconds * args.alone_run_factor + ALONE_GRACE_S:.0f} s")
         summary = json.loads((run_dir / "summary.json").read_text())
         start = launch_ts(rows, summary)
         at = accuracy_at(rows, start, seconds)
@@ -608,6 +610,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads of (c)")
     ap.add_argument("--alone-eval-every", type=int, default=2, help="(d) evaluates every E versions")
+    ap.add_argument("--alone-run-factor", type=float, default=1.0,
+                    help="(d) runs this many times (a)'s wall-clock (> 1: long enough to reach (a)'s generated "
+                         "tokens; its accuracy at equal wall-clock is read at (a)'s time either way)")
     ap.add_argument("--run-timeout", type=float, default=360.0,
                     help="seconds before a Kafka arm counts as hung (it is recorded and run again)")
     ap.add_argument("--quick", action="store_true", help="5 iterations, 1 repetition (a smoke run, not a result)")
@@ -661,6 +666,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {"benchmark": "multi_policy", "steps": args.steps, "repeats": args.repeats, "config": args.config,
            "overrides": overrides, "arms": sorted(args.arms),
            "quick": args.quick, "sequential_threads": args.threads, "alone_eval_every": args.alone_eval_every,
+           "alone_run_factor": args.alone_run_factor,
            "method": __doc__, "definitions": DEFINITIONS,
            "notes": notes(agg, args.threads, args.steps, args.alone_eval_every), **agg, "repetitions": reps}
     write_results(args.out, out, load_before)

@@ -12,13 +12,15 @@ text as context. Rewards:
 
 Two ``workflow.params`` change those rules (the defaults are the reference's):
 
-* ``verifier_reward``: ``reference`` (above) or ``balanced``: each class of first-attempt
-  correctness present in the episode costs the same for its errors in all, so a verifier
-  that always rejects earns no more than one that always approves. A wrong verdict on a
-  sample of class ``k`` earns ``1 - m / n_k`` (``n_k`` the episode's samples of that class,
-  ``m`` the smaller class's count, or ``n_k`` when one class is absent); a right verdict
-  earns 1. An episode of one class, and a verifier right on every sample, score as in the
-  reference rule.
+* ``verifier_reward``: ``reference`` (above) or ``balanced``: both classes of first-attempt
+  correctness weigh the same within an episode. With both present, a right verdict earns 1
+  and a wrong one on a sample of class ``k`` earns ``1 - m / n_k`` (``n_k`` the episode's
+  samples of that class, ``m`` the smaller class's count): the errors of each class cost the
+  same in all, so always rejecting earns no more than always approving, and a verifier right
+  on every sample earns 1 everywhere. With one class only (every first attempt wrong, the
+  common case for a weak solver) no verdict can be told from the prior: every parsed verdict
+  earns 1 and an unparsed one 0, so the group carries no push towards the majority verdict
+  (under the reference rule those episodes teach the verifier to reject everything).
 * ``retry``: ``verdict`` (above) or ``fresh``: the retry is asked the problem alone (an
   independent second sample from the plain prompt, the solver's own distribution), so the
   team is a verifier-gated best of two; the retry trains as a plain answer.
@@ -58,6 +60,8 @@ def verifier_rewards(verdicts: list[bool | None], first_correct: list[bool], rul
     if rule == "reference":
         return [1.0 if r else 0.0 for r in right]
     counts = {c: first_correct.count(c) for c in set(first_correct)}
+    if len(counts) < 2:
+        return [0.0 if v is None else 1.0 for v in verdicts]
     smaller = min(counts.values())
     return [1.0 if r else 1.0 - smaller / counts[c] for r, c in zip(right, first_correct)]
 

@@ -51,8 +51,9 @@ def test_balanced_rewards_of_a_mixed_episode():
     # an unparsed verdict is wrong whatever the class; 2 vs 2 is the reference rule
     assert verifier_rewards([None, True, False, None], correct, "balanced") == pytest.approx([0.0, 2 / 3, 1.0, 2 / 3])
     assert verifier_rewards([False, True, False, True], [True, True, False, False], "balanced") == [0.0, 1.0, 1.0, 0.0]
-    # one class only: as the reference rule
-    assert verifier_rewards([False, True, None, False], [False] * 4, "balanced") == [1.0, 0.0, 0.0, 1.0]
+    # one class only: no verdict is told from the prior (only an unparsed one loses)
+    assert verifier_rewards([False, True, None, False], [False] * 4, "balanced") == [1.0, 1.0, 0.0, 1.0]
+    assert verifier_rewards([True, False], [True] * 2, "balanced") == [1.0, 1.0]
     # the reference rule against the same mixed episode: always reject earns 3 of 4
     assert verifier_rewards([False] * 4, correct) == [0.0, 1.0, 1.0, 1.0]
     assert verifier_rewards([True] * 4, correct) == [1.0, 0.0, 0.0, 0.0]
