@@ -34,7 +34,8 @@ the newest evaluated version it had trained when its RaaS pool had generated as 
 (``raas.generated_tokens``: every role's own tokens, no context) as (a) did in its whole run.
 All are the evaluator's own measurement (same problems, ``k``, temperature); each comes with
 ``se``, the binomial standard error over the ``eval.problems`` x ``eval.k`` samples
-(``sqrt(p (1 - p) / (problems k))``), and ``team_minus_alone*`` is the paired difference in
+(``sqrt(p (1 - p) / (problems k))``; ``se_upper`` counts problems only, the bound when a
+problem's k samples are all alike), and ``team_minus_*`` is the difference team - alone in
 units of the two SEs combined. (a)'s verifier: its accuracy, true-positive and true-negative
 rates on the training episodes of the run's last half (rollout temperature), from the
 episode metrics.
@@ -182,7 +183,7 @@ def analyse_team(run_dir: Path) -> dict:
 
 
 def _eval_k(rows: list[dict]) -> int | None:
-    return next((int(r["k"]) for r in rows if r["name"] == "eval.accuracy" and "k" in r), None)
+    return next((int(r["label.k"]) for r in rows if r["name"] == "eval.accuracy" and "label.k" in r), None)
 
 
 def verifier_rates(rows: list[dict]) -> dict:
@@ -447,11 +448,11 @@ def standard_errors(reps: list[dict], problems: int) -> dict:
         a, d = r["async"], r["solver_alone"]
         k = a.get("eval_k") or d.get("eval_k") or 1
 
-        def with_se(p: float) -> dict:
-            return {"accuracy": p, "se": binomial_se(p, problems, k)}
+        def with_se(p: float) -> dict:  # se_upper: as if the k samples of a problem were all alike
+            return {"accuracy": p, "se": binomial_se(p, problems, k), "se_upper": binomial_se(p, problems, 1)}
         team = with_se(a["team_accuracy"])
         row = {"problems": problems, "k": k, "team": team, "team_initial": with_se(a["team_accuracy_by_version"]["0"]),
-               "alone_equal_wall_clock": with_se(d["accuracy"])}
+               "alone_initial": with_se(d["accuracy_initial"]), "alone_equal_wall_clock": with_se(d["accuracy"])}
         eq = d.get("equal_tokens")
         if eq and eq["reached"]:
             row["alone_equal_tokens"] = with_se(eq["accuracy"])
@@ -459,7 +460,8 @@ def standard_errors(reps: list[dict], problems: int) -> dict:
             if key in row:
                 diff = team["accuracy"] - row[key]["accuracy"]
                 se = (team["se"] ** 2 + row[key]["se"] ** 2) ** 0.5
-                row[f"team_minus_{key.removeprefix('alone_')}"] = {"diff": diff, "se": se,
+                upper = (team["se_upper"] ** 2 + row[key]["se_upper"] ** 2) ** 0.5
+                row[f"team_minus_{key.removeprefix('alone_')}"] = {"diff": diff, "se": se, "se_upper": upper,
                                                                    "in_se": diff / se if se else None}
         out.append(row)
     return {"by_repetition": out}
@@ -501,7 +503,7 @@ def notes(agg: dict, threads: int, steps: int, eval_every: int) -> list[str]:
     else:
         out.append(f"The team's held-out accuracy went {t0:.3f} at version 0 -> {team:.3f} (a) after {steps} "
                    f"iterations.")
-    if "s_per_iter" in agg:
+    if len(rates) > 1:
         out.append("The seed's 2.7x (8xH100, 212.64 -> 77.65 s/iter) comes from pools and trainers on separate "
                    "devices; a 2-core box cannot show it, and these numbers say nothing about it either way.")
     return out
@@ -702,7 +704,7 @@ def reanalyse(path: Path) -> int:
     out = json.loads(path.read_text())
     reps = out["repetitions"]
     for r in reps:
-        for arm in KAFKA_ARMS:
+        for arm in (a for a in KAFKA_ARMS if a in r):  # (a run of --arms may lack (b))
             kept = {k: r[arm][k] for k in ("load_before", "failed_attempts", "trained_groups") if k in r[arm]}
             r[arm] = {**analyse_team(Path(r[arm]["run_dir"])), **kept}
             if "trained_groups" in kept:

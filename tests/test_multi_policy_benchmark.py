@@ -294,7 +294,8 @@ def test_the_team_against_the_solver_alone_at_equal_tokens_with_standard_errors(
     rows = [_metric(100 + 5 * k, "raas-solver-0", "raas.generated_tokens", 10, k) for k in range(8)]
     assert mp.time_of_tokens(rows, 35) == 115.0 and mp.time_of_tokens(rows, 81) is None
     run = _team_run(tmp_path)
-    extra = [_metric(126.0, "raas-solver-0", "raas.generated_tokens", 30, 0),
+    extra = [{**_metric(124.5, "eval.solver", "eval.accuracy", 0.2, 0), "label.k": 4, "label.problems": 400},
+             _metric(126.0, "raas-solver-0", "raas.generated_tokens", 30, 0),
              _metric(130.0, "raas-solver-0", "raas.generated_tokens", 20, 5)]
     for step, (acc, first, app, rej) in enumerate([(0.1, 0.2, 0.0, 0.1), (0.5, 0.2, 0.1, 0.4)] * 3):
         for key, v in (("verifier_accuracy", acc), ("first_accuracy", first), ("approved_correct", app),
@@ -303,12 +304,13 @@ def test_the_team_against_the_solver_alone_at_equal_tokens_with_standard_errors(
     with (run / "metrics.jsonl").open("a") as f:
         f.write("".join(json.dumps(r) + "\n" for r in extra))
     a = mp.analyse_team(run)
-    assert a["generated_tokens"] == 50.0
+    assert a["generated_tokens"] == 50.0 and a["eval_k"] == 4
     # the last half of the run (versions >= 2.5): steps 3, 5 at (0.5, ...), step 4 at (0.1, ...)
     assert a["verifier"]["accuracy"] == pytest.approx((0.5 + 0.1 + 0.5) / 3)
     assert a["verifier"]["tpr"] == pytest.approx((0.1 + 0 + 0.1) / 3 / 0.2)
     assert a["verifier"]["tnr"] == pytest.approx((0.4 + 0.1 + 0.4) / 3 / 0.8)
-    alone = {"accuracy": 0.4, "version_reached": 12, "seconds": 50.0, "load_before": [1.0] * 3, "eval_k": 4,
+    alone = {"accuracy": 0.4, "version_reached": 12, "seconds": 50.0, "load_before": [1.0] * 3,
+             "accuracy_initial": 0.2,
              "equal_tokens": {"tokens": 50.0, "reached": True, "seconds": 20.0, "version_reached": 5,
                               "accuracy": 0.3}}
     agg = mp.aggregate([{"async": {**a, "load_before": [1.0] * 3}, "solver_alone": alone}], problems=400)
@@ -316,10 +318,12 @@ def test_the_team_against_the_solver_alone_at_equal_tokens_with_standard_errors(
     assert agg["solver_alone_accuracy_equal_tokens"]["median"] == 0.3
     row = agg["standard_errors"]["by_repetition"][0]
     assert row["k"] == 4 and row["team"]["se"] == pytest.approx(math.sqrt(0.5 * 0.5 / 1600))
+    assert row["alone_initial"]["accuracy"] == 0.2 and row["team_initial"]["accuracy"] == 0.3
     diff = row["team_minus_equal_tokens"]
     assert diff["diff"] == pytest.approx(0.2)
     assert diff["se"] == pytest.approx(math.sqrt(0.25 / 1600 + 0.21 / 1600))
     assert diff["in_se"] == pytest.approx(0.2 / diff["se"])
+    assert diff["se_upper"] == pytest.approx(math.sqrt(0.25 / 400 + 0.21 / 400))
     notes = mp.notes(agg, 2, 6, 2)
     assert any("At equal generated tokens (50, every role's own)" in n and "0.300" in n for n in notes)
     assert any(n.startswith("repetition 1 (400 problems x k=4): team 0.500 +- 0.013") for n in notes)
