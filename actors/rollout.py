@@ -244,7 +244,10 @@ class RolloutActor(LoopActor):
         self._busy_s += busy
         n_tokens = sum(len(s.tokens) for g in groups for s in g.samples)
         self._tokens += n_tokens
+        # raas.tokens counts a multi-turn trajectory's context too; generated_tokens only what
+        # the episode's roles wrote (each token once: in its writer's group, where it is trained)
         values = {"raas.tasks": len(tasks), "raas.tokens": n_tokens, "raas.busy_s": busy,
+                  "raas.generated_tokens": sum(s.trained() for g in groups for s in g.samples),
                   "raas.reward": _mean([s.reward for g in groups for s in g.samples])}
         team = [m["team_reward"] for m in episode_metrics if "team_reward" in m]
         if self.multi and team:

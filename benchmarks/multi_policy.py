@@ -11,8 +11,9 @@ Each repetition runs the solver-verifier team of ``examples/solver_verifier.yaml
   generate both roles' parts of the batch, train the solver, train the verifier, copy the
   weights (how a trainer-centred system runs the team), with every core;
 * **(d) solver alone**: a single-policy ``rlvr`` job with the solver's settings, run for
-  (a)'s wall-clock (launch to (a)'s last trained step) and evaluated every
-  ``--alone-eval-every`` versions meanwhile.
+  (a)'s wall-clock (launch to (a)'s last trained step; ``--alone-run-factor`` times that, so
+  that it also reaches (a)'s generated tokens) and evaluated every ``--alone-eval-every``
+  versions meanwhile.
 
 A repetition runs them in the order a, d, b, c (d needs a's time), each from cold start.
 A Kafka arm that fails or hangs (``--run-timeout``) is recorded in ``failed_runs`` and run
@@ -28,8 +29,20 @@ copies; its evaluation is outside the timing).
 
 **Accuracy**: ``team_accuracy`` is (a)'s held-out ``eval.team_accuracy`` at its final
 versions; ``solver_alone_accuracy`` is (d)'s held-out accuracy of the newest evaluated
-version it had trained by (a)'s wall-clock. Both are the evaluator's own measurement
-(same problems, ``k``, temperature).
+version it had trained by (a)'s wall-clock; ``solver_alone_accuracy_equal_tokens`` that of
+the newest evaluated version it had trained when its RaaS pool had generated as many tokens
+(``raas.generated_tokens``: every role's own tokens, no context) as (a) did in its whole run.
+All are the evaluator's own measurement (same problems, ``k``, temperature); each comes with
+``se``, the binomial standard error over the ``eval.problems`` x ``eval.k`` samples
+(``sqrt(p (1 - p) / (problems k))``; ``se_upper`` counts problems only, the bound when a
+problem's k samples are all alike), and ``team_minus_*`` is the difference team - alone in
+units of the two SEs combined. (a)'s verifier: its accuracy, true-positive and true-negative
+rates on the training episodes of the run's last half (rollout temperature), from the
+episode metrics.
+
+``--set KEY=VALUE`` overrides a key of the team config in every arm (e.g.
+``workflow.params.retry=fresh``, ``eval.problems=400``); ``--arms`` runs a subset (e.g.
+``async,alone`` for the team against the solver alone only).
 
 Every number is a median (min-max) over ``--repeats`` repetitions; ratios are paired
 within a repetition. Prints one table; writes ``benchmarks/results/multi_policy.json``.
@@ -57,6 +70,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "multi_policy.json"
 DEFAULT_CONFIG = ROOT / "examples" / "solver_verifier.yaml"
 KAFKA_ARMS = ("async", "lockstep")
+ARMS = ("async", "alone", "lockstep", "sequential")  #: ``--arms`` names, in the order a repetition runs them
 #: seconds (d) may run past (a)'s wall-clock, so its evaluator can measure the version it had then
 ALONE_GRACE_S = 15.0
 
@@ -163,7 +177,39 @@ def analyse_team(run_dir: Path) -> dict:
             "remote_wait_s_per_call": next((float(r["value"]) for r in reversed(rows)
                                             if r["name"] == "raas.remote_wait_s_per_call"), float("nan")),
             "remote_calls": remote_calls(run_dir),
+            "generated_tokens": sum(float(r["value"]) for r in rows if r["name"] == "raas.generated_tokens"),
+            "eval_k": _eval_k(rows), "verifier": verifier_rates(rows),
             "run_dir": str(run_dir)}
+
+
+def _eval_k(rows: list[dict]) -> int | None:
+    return next((int(r["label.k"]) for r in rows if r["name"] == "eval.accuracy" and "label.k" in r), None)
+
+
+def verifier_rates(rows: list[dict]) -> dict:
+    """The verifier on (a)'s training episodes of the run's last half (by the lead's version):
+    accuracy, true-positive rate (approved / right first attempts), true-negative rate and the
+    share of first attempts it rejected, from the episode metrics (means of n-sample shares,
+    so the rates are ratios of means)."""
+    def mean(key: str) -> float | None:
+        vals = [(int(r["step"]), float(r["value"])) for r in rows if r["name"] == f"raas.episode.{key}"]
+        if not vals:
+            return None
+        half = max(s for s, _ in vals) / 2
+        late = [v for s, v in vals if s >= half]
+        return sum(late) / len(late)
+    acc, first, app, rej = (mean(k) for k in ("verifier_accuracy", "first_accuracy", "approved_correct",
+                                               "rejected_wrong"))
+    out = {"accuracy": acc, "first_accuracy": first, "retries": mean("retries")}
+    if None not in (first, app, rej):
+        out["tpr"] = app / first if first else None
+        out["tnr"] = rej / (1 - first) if first < 1 else None
+    return out
+
+
+def binomial_se(p: float, problems: int, k: int) -> float:
+    """Standard error of a mean of ``problems`` x ``k`` 0/1 samples (as if independent)."""
+    return (p * (1 - p) / (problems * k)) ** 0.5
 
 
 def _span_s(span: dict) -> float:
@@ -194,6 +240,17 @@ def remote_calls(run_dir: Path) -> dict:
     return {"calls": len(durations), "episodes": episodes, "median_s": statistics.median(durations),
             "p95_s": durations[min(len(durations) - 1, int(0.95 * len(durations)))],
             "hops_per_episode": len(durations) / episodes if episodes else float("nan")}
+
+
+def time_of_tokens(rows: list[dict], tokens: float) -> float | None:
+    """When the run's pool had generated ``tokens`` (``raas.generated_tokens``, summed in time
+    order); ``None`` if it never did."""
+    total = 0.0
+    for r in sorted((r for r in rows if r["name"] == "raas.generated_tokens"), key=lambda r: float(r["ts"])):
+        total += float(r["value"])
+        if total >= tokens:
+            return float(r["ts"])
+    return None
 
 
 def accuracy_at(rows: list[dict], start: float, seconds: float) -> dict:
@@ -250,8 +307,9 @@ def with_trained_groups(result: dict, cfg) -> dict:
     return {**result, "trained_groups": trained, "episodes_per_trained_group": result["episodes"] / trained}
 
 
-def run_solver_alone(base: dict, args, rep: int, seconds: float) -> dict:
-    """Arm (d) for ``seconds`` of wall-clock (plus a grace for its evaluator), then stopped."""
+def run_solver_alone(base: dict, args, rep: int, seconds: float, tokens: float | None = None) -> dict:
+    """Arm (d) for ``seconds`` of wall-clock (plus a grace for its evaluator), then stopped; with
+    ``tokens`` (what (a) generated), also its accuracy when it had generated as many."""
     from astraflow.config import load_config
     from astraflow.launcher import run_job
     from astraflow.topology.processes import RunFailed
@@ -264,19 +322,28 @@ def run_solver_alone(base: dict, args, rep: int, seconds: float) -> dict:
         load = load_now()
         stopped = False
         try:
-            run_job(load_config(path), run_dir=run_dir, progress=False, timeout_s=seconds + ALONE_GRACE_S)
+            run_job(load_config(path), run_dir=run_dir, progress=False,
+                    timeout_s=seconds * args.alone_run_factor + ALONE_GRACE_S)
         except RunFailed as e:
             if "timeout" not in str(e):
                 raise
             stopped = True
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         if not trainer_steps(rows):
-            raise NoSteps(f"{run_dir}: no step trained in {seconds + ALONE_GRACE_S:.0f} s")
+            raise NoSteps(f"{run_dir}: no step trained in {seconds * args.alone_run_factor + ALONE_GRACE_S:.0f} s")
         summary = json.loads((run_dir / "summary.json").read_text())
-        at = accuracy_at(rows, launch_ts(rows, summary), seconds)
-        return {**at, "seconds": seconds, "stopped_at_timeout": stopped,
-                "accuracy_initial": summary["accuracy_initial"], "load_before": load["loadavg"],
-                "run_dir": str(run_dir)}
+        start = launch_ts(rows, summary)
+        at = accuracy_at(rows, start, seconds)
+        out = {**at, "seconds": seconds, "stopped_at_timeout": stopped,
+               "accuracy_initial": summary["accuracy_initial"], "load_before": load["loadavg"],
+               "generated_tokens": sum(float(r["value"]) for r in rows if r["name"] == "raas.generated_tokens"),
+               "eval_k": _eval_k(rows), "run_dir": str(run_dir)}
+        if tokens:
+            when = time_of_tokens(rows, tokens)
+            out["equal_tokens"] = ({"tokens": tokens, "reached": False} if when is None else
+                                   {"tokens": tokens, "reached": True, "seconds": when - start,
+                                    **accuracy_at(rows, start, when - start)})
+        return out
     return run_attempts("alone", rep, once)
 
 
@@ -300,51 +367,104 @@ def one_repetition(args, base: dict, rep: int) -> dict:
     out: dict = {}
     print(f"--- repetition {rep + 1}: (a) async", flush=True)
     out["async"] = run_team(base, "async", args, rep)
-    print(f"--- repetition {rep + 1}: (d) solver alone for {out['async']['time_to_last_step_s']:.0f} s", flush=True)
-    out["solver_alone"] = run_solver_alone(base, args, rep, out["async"]["time_to_last_step_s"])
-    print(f"--- repetition {rep + 1}: (b) lockstep", flush=True)
-    out["lockstep"] = run_team(base, "lockstep", args, rep)
-    print(f"--- repetition {rep + 1}: (c) sequential ({args.threads} thread(s))", flush=True)
-    out["sequential"] = run_sequential(Path(args.config), args.steps, args.threads)
+    if "alone" in args.arms:
+        a = out["async"]
+        print(f"--- repetition {rep + 1}: (d) solver alone for {a['time_to_last_step_s']:.0f} s", flush=True)
+        out["solver_alone"] = run_solver_alone(base, args, rep, a["time_to_last_step_s"], a["generated_tokens"])
+    if "lockstep" in args.arms:
+        print(f"--- repetition {rep + 1}: (b) lockstep", flush=True)
+        out["lockstep"] = run_team(base, "lockstep", args, rep)
+    if "sequential" in args.arms:
+        print(f"--- repetition {rep + 1}: (c) sequential ({args.threads} thread(s))", flush=True)
+        out["sequential"] = run_sequential(Path(args.config), args.steps, args.threads)
     return out
 
 
 # -- results ---------------------------------------------------------------------------
-def aggregate(reps: list[dict]) -> dict:
-    """Spreads over repetitions; every ratio paired within its repetition."""
+def aggregate(reps: list[dict], problems: int | None = None) -> dict:
+    """Spreads over repetitions; every ratio paired within its repetition. Arms a repetition
+    did not run (``--arms``) are left out; ``problems``: held-out problems per evaluation
+    (for the standard errors; ``None``: none computed)."""
     def s(arm: str, key: str) -> dict:
         return spread([r[arm][key] for r in reps])
 
-    a, b, c = s("async", "s_per_iter"), s("lockstep", "s_per_iter"), s("sequential", "s_per_iter")
+    ran = [arm for arm in ("async", "lockstep", "sequential", "solver_alone") if all(arm in r for r in reps)]
     arms = {arm: {k: s(arm, k) for k in ("s_per_iter", "time_to_last_step_s", "team_accuracy", "raas_busy_s",
-                                         "groups_dropped", "remote_wait_s_per_call", "episodes_per_trained_group")
-                  if all(k in r[arm] for r in reps)} for arm in KAFKA_ARMS}
+                                         "groups_dropped", "remote_wait_s_per_call", "episodes_per_trained_group",
+                                         "generated_tokens")
+                  if all(r[arm].get(k) is not None for r in reps)} for arm in KAFKA_ARMS if arm in ran}
     for arm in KAFKA_ARMS:  # a role served by the other pool: wall seconds per call and hops per episode
-        if all(r[arm].get("remote_calls", {}).get("calls") for r in reps):
+        if arm in ran and all(r[arm].get("remote_calls", {}).get("calls") for r in reps):
             arms[arm]["remote_calls"] = {k: spread([r[arm]["remote_calls"][k] for r in reps])
                                          for k in ("median_s", "p95_s", "hops_per_episode")}
-    arms["sequential"] = {"s_per_iter": c, "time_to_last_step_s": s("sequential", "time_to_last_step_s"),
-                          "team_accuracy": s("sequential", "team_accuracy_final"),
-                          **{k: s("sequential", k) for k in reps[0]["sequential"]
-                             if k.startswith(("G_", "T_", "W_")) and k.endswith("_s")},
-                          "threads": reps[0]["sequential"]["threads"]}
-    arms["solver_alone"] = {"accuracy": s("solver_alone", "accuracy"),
-                            "version_reached": s("solver_alone", "version_reached"),
-                            "seconds": s("solver_alone", "seconds")}
-    return {
-        "s_per_iter": {"async": a, "lockstep": b, "sequential": c},
-        "speedup_vs_sequential": ratio_spread(c, a),
-        "speedup_vs_lockstep": ratio_spread(b, a),
-        "lockstep_speedup_vs_sequential": ratio_spread(c, b),
-        "team_accuracy": arms["async"]["team_accuracy"],
-        "team_accuracy_initial": spread([r["async"]["team_accuracy_by_version"]["0"] for r in reps]),
-        "solver_alone_accuracy": arms["solver_alone"]["accuracy"],
+    if "sequential" in ran:
+        arms["sequential"] = {"s_per_iter": s("sequential", "s_per_iter"),
+                              "time_to_last_step_s": s("sequential", "time_to_last_step_s"),
+                              "team_accuracy": s("sequential", "team_accuracy_final"),
+                              **{k: s("sequential", k) for k in reps[0]["sequential"]
+                                 if k.startswith(("G_", "T_", "W_")) and k.endswith("_s")},
+                              "threads": reps[0]["sequential"]["threads"]}
+    out: dict = {}
+    rates = {arm: arms[arm]["s_per_iter"] for arm in ("async", "lockstep", "sequential") if arm in arms}
+    if rates:
+        out["s_per_iter"] = rates
+    for key, slow, fast in (("speedup_vs_sequential", "sequential", "async"),
+                            ("speedup_vs_lockstep", "lockstep", "async"),
+                            ("lockstep_speedup_vs_sequential", "sequential", "lockstep")):
+        if slow in rates and fast in rates:
+            out[key] = ratio_spread(rates[slow], rates[fast])
+    out["team_accuracy"] = arms["async"]["team_accuracy"]
+    out["team_accuracy_initial"] = spread([r["async"]["team_accuracy_by_version"]["0"] for r in reps])
+    out["verifier"] = {k: spread([r["async"]["verifier"][k] for r in reps])
+                       for k in ("accuracy", "tpr", "tnr", "retries", "first_accuracy")
+                       if all(r["async"].get("verifier", {}).get(k) is not None for r in reps)}
+    if "solver_alone" in ran:
+        arms["solver_alone"] = {"accuracy": s("solver_alone", "accuracy"),
+                                "version_reached": s("solver_alone", "version_reached"),
+                                "seconds": s("solver_alone", "seconds")}
+        out["solver_alone_accuracy"] = arms["solver_alone"]["accuracy"]
+        eq = [r["solver_alone"].get("equal_tokens") for r in reps]
+        if all(e and e["reached"] for e in eq):
+            arms["solver_alone"]["equal_tokens"] = {k: spread([e[k] for e in eq])
+                                                    for k in ("tokens", "seconds", "version_reached", "accuracy")}
+            out["solver_alone_accuracy_equal_tokens"] = arms["solver_alone"]["equal_tokens"]["accuracy"]
+        if problems:
+            out["standard_errors"] = standard_errors(reps, problems)
+    out.update({
         "failed_runs": [{"repetition": i + 1, "arm": arm, **f} for i, r in enumerate(reps)
-                        for arm in (*KAFKA_ARMS, "solver_alone") for f in r[arm].get("failed_attempts", [])],
-        "load_1m_at_arm_start": spread([r[arm]["load_before"][0] for r in reps
-                                        for arm in (*KAFKA_ARMS, "sequential", "solver_alone")]),
+                        for arm in (*KAFKA_ARMS, "solver_alone") if arm in r
+                        for f in r[arm].get("failed_attempts", [])],
+        "load_1m_at_arm_start": spread([r[arm]["load_before"][0] for r in reps for arm in ran]),
         "arms": arms,
-    }
+    })
+    return out
+
+
+def standard_errors(reps: list[dict], problems: int) -> dict:
+    """Per repetition: the team's and the solver alone's held-out accuracies, each with its
+    binomial SE over problems x k, and the difference team - alone in SEs of the difference."""
+    out = []
+    for r in reps:
+        a, d = r["async"], r["solver_alone"]
+        k = a.get("eval_k") or d.get("eval_k") or 1
+
+        def with_se(p: float) -> dict:  # se_upper: as if the k samples of a problem were all alike
+            return {"accuracy": p, "se": binomial_se(p, problems, k), "se_upper": binomial_se(p, problems, 1)}
+        team = with_se(a["team_accuracy"])
+        row = {"problems": problems, "k": k, "team": team, "team_initial": with_se(a["team_accuracy_by_version"]["0"]),
+               "alone_initial": with_se(d["accuracy_initial"]), "alone_equal_wall_clock": with_se(d["accuracy"])}
+        eq = d.get("equal_tokens")
+        if eq and eq["reached"]:
+            row["alone_equal_tokens"] = with_se(eq["accuracy"])
+        for key in ("alone_equal_wall_clock", "alone_equal_tokens"):
+            if key in row:
+                diff = team["accuracy"] - row[key]["accuracy"]
+                se = (team["se"] ** 2 + row[key]["se"] ** 2) ** 0.5
+                upper = (team["se_upper"] ** 2 + row[key]["se_upper"] ** 2) ** 0.5
+                row[f"team_minus_{key.removeprefix('alone_')}"] = {"diff": diff, "se": se, "se_upper": upper,
+                                                                   "in_se": diff / se if se else None}
+        out.append(row)
+    return {"by_repetition": out}
 
 
 DEFINITIONS = {
@@ -355,11 +475,66 @@ DEFINITIONS = {
     "team_accuracy": "(a)'s held-out eval.team_accuracy at its final versions",
     "solver_alone_accuracy": "(d)'s held-out eval.accuracy of the newest evaluated version it had trained "
                              "within (a)'s time from launch to (a)'s last trained step",
+    "solver_alone_accuracy_equal_tokens": "(d)'s held-out eval.accuracy of the newest evaluated version it had "
+                                          "trained when its pool had generated (a)'s raas.generated_tokens",
+    "standard_errors": "per repetition: each accuracy with its binomial SE over eval.problems x eval.k, and "
+                       "team - alone with the SE of the difference",
+    "verifier": "(a)'s verifier on its training episodes of the run's last half: accuracy, tpr, tnr, retries",
 }
 
 
 def notes(agg: dict, threads: int, steps: int, eval_every: int) -> list[str]:
     """What the numbers say, in words (written from them, not before)."""
+    out = []
+    rates = agg.get("s_per_iter", {})
+    if all(k in rates for k in ("async", "lockstep", "sequential")):
+        out += schedule_notes(agg, threads)
+    if "solver_alone_accuracy" in agg:
+        out += accuracy_notes(agg, steps, eval_every)
+    t0 = agg["team_accuracy_initial"]["median"]
+    team = agg["team_accuracy"]["median"]
+    others = {label: agg["arms"][arm]["team_accuracy"]["median"] for arm, label in
+              (("async", "(a)"), ("lockstep", "(b)"), ("sequential", "(c)")) if arm in agg["arms"]}
+    if len(others) == 3 and max(others.values()) < t0:
+        out.append(f"Team training lowered the team's held-out accuracy in every team arm: {t0:.3f} at version 0, "
+                   f"then " + ", ".join(f"{v:.3f} {k}" for k, v in others.items()) + f" after {steps} iterations. "
+                   f"The one-process baseline falls as far, so the schedule is not the cause: the workflow or its "
+                   f"settings are.")
+    else:
+        out.append(f"The team's held-out accuracy went {t0:.3f} at version 0 -> {team:.3f} (a) after {steps} "
+                   f"iterations.")
+    if len(rates) > 1:
+        out.append("The seed's 2.7x (8xH100, 212.64 -> 77.65 s/iter) comes from pools and trainers on separate "
+                   "devices; a 2-core box cannot show it, and these numbers say nothing about it either way.")
+    return out
+
+
+def accuracy_notes(agg: dict, steps: int, eval_every: int) -> list[str]:
+    team, alone = agg["team_accuracy"]["median"], agg["solver_alone_accuracy"]["median"]
+    d = agg["arms"]["solver_alone"]
+    out = [f"At equal wall-clock ({d['seconds']['median']:.0f} s from launch) the team's held-out accuracy is "
+           f"{team:.3f} and the solver alone's {alone:.3f}: the solver alone trained "
+           f"{d['version_reached']['median']:.0f} versions against the team's {steps} per policy (one pool, one "
+           f"trainer, no verifier calls, all on the same 2 cores), its evaluator running every {eval_every} "
+           f"versions meanwhile."]
+    if "solver_alone_accuracy_equal_tokens" in agg:
+        e = d["equal_tokens"]
+        out.append(f"At equal generated tokens ({e['tokens']['median']:.0f}, every role's own) the solver alone "
+                   f"had trained {e['version_reached']['median']:.0f} versions ({e['seconds']['median']:.0f} s) and "
+                   f"scored {e['accuracy']['median']:.3f}.")
+    for i, row in enumerate(agg.get("standard_errors", {}).get("by_repetition", [])):
+        parts = [f"repetition {i + 1} ({row['problems']} problems x k={row['k']}): team "
+                 f"{row['team']['accuracy']:.3f} +- {row['team']['se']:.3f}"]
+        for key, label in (("wall_clock", "equal wall-clock"), ("tokens", "equal tokens")):
+            if f"alone_equal_{key}" in row:
+                a, diff = row[f"alone_equal_{key}"], row[f"team_minus_equal_{key}"]
+                parts.append(f"alone at {label} {a['accuracy']:.3f} +- {a['se']:.3f} (team - alone "
+                             f"{diff['diff']:+.3f}, {diff['in_se']:+.1f} SE)")
+        out.append("; ".join(parts) + ".")
+    return out
+
+
+def schedule_notes(agg: dict, threads: int) -> list[str]:
     a, b, c = (agg["s_per_iter"][k]["median"] for k in ("async", "lockstep", "sequential"))
     out = []
     if c < a:
@@ -392,23 +567,6 @@ def notes(agg: dict, threads: int, steps: int, eval_every: int) -> list[str]:
                       arms["lockstep"] else "")
                    + f", and (a) dropped {arms['async']['groups_dropped']['median']:.0f} group(s) (replaced by new "
                    f"episodes) against {arms['lockstep']['groups_dropped']['median']:.0f}.")
-    team, alone = agg["team_accuracy"]["median"], agg["solver_alone_accuracy"]["median"]
-    d = agg["arms"]["solver_alone"]
-    out.append(f"At equal wall-clock ({d['seconds']['median']:.0f} s from launch) the team's held-out accuracy is "
-               f"{team:.3f} and the solver alone's {alone:.3f}: the solver alone trained "
-               f"{d['version_reached']['median']:.0f} versions against the team's {steps} per policy (one pool, one "
-               f"trainer, no verifier calls, all on the same 2 cores), its evaluator running every {eval_every} "
-               f"versions meanwhile. A held-out accuracy over 100 problems x k=2 has a standard error of about "
-               f"0.03: differences below ~0.06 are noise.")
-    t0 = agg["team_accuracy_initial"]["median"]
-    tb, tc = agg["arms"]["lockstep"]["team_accuracy"]["median"], agg["arms"]["sequential"]["team_accuracy"]["median"]
-    if max(team, tb, tc) < t0:
-        out.append(f"Team training lowered the team's held-out accuracy in every team arm: {t0:.3f} at version 0, "
-                   f"then {team:.3f} (a), {tb:.3f} (b), {tc:.3f} (c) after {steps} iterations. The one-process "
-                   f"baseline falls as far, so the schedule is not the cause: the workflow or its settings are "
-                   f"(not investigated here).")
-    out.append("The seed's 2.7x (8xH100, 212.64 -> 77.65 s/iter) comes from pools and trainers on separate "
-               "devices; a 2-core box cannot show it, and these numbers say nothing about it either way.")
     return out
 
 
@@ -419,14 +577,29 @@ def print_table(agg: dict) -> None:
     print("-" * len(hdr))
     labels = {"async": "(a) async", "lockstep": "(b) lockstep", "sequential": "(c) sequential"}
     for arm, label in labels.items():
+        if arm not in arms:
+            continue
         r = arms[arm]
         print(f"{label:22} {fmt_spread(r['s_per_iter']):>20} {fmt_spread(r['time_to_last_step_s'], '.1f'):>22} "
               f"{'team ' + fmt_spread(r['team_accuracy'], '.3f'):>22}")
-    d = arms["solver_alone"]
-    print(f"{'(d) solver alone':22} {'-':>20} {fmt_spread(d['seconds'], '.1f'):>22} "
-          f"{'alone ' + fmt_spread(d['accuracy'], '.3f'):>22}")
+    if "solver_alone" in arms:
+        d = arms["solver_alone"]
+        print(f"{'(d) solver alone':22} {'-':>20} {fmt_spread(d['seconds'], '.1f'):>22} "
+              f"{'alone ' + fmt_spread(d['accuracy'], '.3f'):>22}")
+        if "equal_tokens" in d:
+            e = d["equal_tokens"]
+            print(f"{'(d) at equal tokens':22} {'-':>20} {fmt_spread(e['seconds'], '.1f'):>22} "
+                  f"{'alone ' + fmt_spread(e['accuracy'], '.3f'):>22}")
     for key in ("speedup_vs_sequential", "speedup_vs_lockstep", "lockstep_speedup_vs_sequential"):
-        print(f"{key:32} {fmt_spread(agg[key])}")
+        if key in agg:
+            print(f"{key:32} {fmt_spread(agg[key])}")
+    if agg.get("verifier"):
+        print("verifier (a), training episodes, last half: " +
+              ", ".join(f"{k} {fmt_spread(v, '.3f')}" for k, v in agg["verifier"].items()))
+    for i, row in enumerate(agg.get("standard_errors", {}).get("by_repetition", [])):
+        print(f"rep {i + 1}: team {row['team']['accuracy']:.3f}+-{row['team']['se']:.3f}" +
+              "".join(f"; {k} {row[k]['diff']:+.3f}+-{row[k]['se']:.3f} ({row[k]['in_se']:+.1f} SE)"
+                      for k in ("team_minus_equal_wall_clock", "team_minus_equal_tokens") if k in row))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -439,9 +612,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads of (c)")
     ap.add_argument("--alone-eval-every", type=int, default=2, help="(d) evaluates every E versions")
+    ap.add_argument("--alone-run-factor", type=float, default=1.0,
+                    help="(d) runs this many times (a)'s wall-clock (> 1: long enough to reach (a)'s generated "
+                         "tokens; its accuracy at equal wall-clock is read at (a)'s time either way)")
     ap.add_argument("--run-timeout", type=float, default=360.0,
                     help="seconds before a Kafka arm counts as hung (it is recorded and run again)")
     ap.add_argument("--quick", action="store_true", help="5 iterations, 1 repetition (a smoke run, not a result)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                    help="override a key of the team config in every arm (repeatable), e.g. "
+                         "workflow.params.retry=fresh")
+    ap.add_argument("--arms", default=",".join(ARMS),
+                    help=f"the arms to run, comma-separated, of {', '.join(ARMS)} (async always runs)")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--run-root", default=str(ROOT / "runs" / "bench-multi-policy"))
     ap.add_argument("--emulated", action="store_true",
@@ -479,18 +660,52 @@ def main(argv: list[str] | None = None) -> int:
         check_repetitions(ap, args, quick_steps=4)
         return multi_policy_emulated.main(args)
     check_repetitions(ap, args, quick_steps=5)
+    args.arms = {a.strip() for a in args.arms.split(",") if a.strip()} | {"async"}
+    if args.arms - set(ARMS):
+        ap.error(f"--arms: unknown {sorted(args.arms - set(ARMS))}; the arms are {', '.join(ARMS)}")
     args.alone_steps = 20 * args.steps  # more than (d) can train in (a)'s time: it is stopped by the clock
     base = yaml.safe_load(Path(args.config).read_text())
+    overrides = parse_overrides(ap, args.overrides)
+    if overrides:  # every arm reads the same overridden config ((c) and (d) from the file)
+        base = with_overrides(base, overrides)
+        Path(args.run_root).mkdir(parents=True, exist_ok=True)
+        args.config = str(Path(args.run_root) / f"team-{int(time.time())}.yaml")
+        Path(args.config).write_text(yaml.safe_dump(base, sort_keys=False))
     load_before = load_now()
     reps = [one_repetition(args, base, rep) for rep in range(args.repeats)]
-    agg = aggregate(reps)
+    agg = aggregate(reps, problems=base.get("eval", {}).get("problems"))
     print_table(agg)
     out = {"benchmark": "multi_policy", "steps": args.steps, "repeats": args.repeats, "config": args.config,
+           "overrides": overrides, "arms": sorted(args.arms),
            "quick": args.quick, "sequential_threads": args.threads, "alone_eval_every": args.alone_eval_every,
+           "alone_run_factor": args.alone_run_factor,
            "method": __doc__, "definitions": DEFINITIONS,
            "notes": notes(agg, args.threads, args.steps, args.alone_eval_every), **agg, "repetitions": reps}
     write_results(args.out, out, load_before)
     return 0
+
+
+def parse_overrides(ap: argparse.ArgumentParser, pairs: list[str]) -> dict:
+    """``KEY=VALUE`` pairs (the value as YAML) as dotted key -> value."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            ap.error(f"--set expects KEY=VALUE, got {pair!r}")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def with_overrides(base: dict, overrides: dict) -> dict:
+    """``base`` with each dotted key set (sections made where missing)."""
+    data = copy.deepcopy(base)
+    for dotted, value in overrides.items():
+        node = data
+        *parents, last = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return data
 
 
 def reanalyse(path: Path) -> int:
@@ -499,12 +714,13 @@ def reanalyse(path: Path) -> int:
     out = json.loads(path.read_text())
     reps = out["repetitions"]
     for r in reps:
-        for arm in KAFKA_ARMS:
+        for arm in (a for a in KAFKA_ARMS if a in r):  # (a run of --arms may lack (b))
             kept = {k: r[arm][k] for k in ("load_before", "failed_attempts", "trained_groups") if k in r[arm]}
             r[arm] = {**analyse_team(Path(r[arm]["run_dir"])), **kept}
             if "trained_groups" in kept:
                 r[arm]["episodes_per_trained_group"] = r[arm]["episodes"] / kept["trained_groups"]
-    agg = aggregate(reps)
+    agg = aggregate(reps, problems=yaml.safe_load(Path(out["config"]).read_text()).get("eval", {}).get("problems")
+                    if Path(out["config"]).exists() else None)
     print_table(agg)
     out.update(agg, method=__doc__, definitions=DEFINITIONS,
                notes=notes(agg, out["sequential_threads"], out["steps"], out["alone_eval_every"]),

@@ -287,3 +287,55 @@ def test_the_remote_call_cost_comes_from_the_runs_own_spans(tmp_path):
     out = remote_calls(tmp_path)
     assert out["calls"] == 3 and out["episodes"] == 2 and out["hops_per_episode"] == 1.5
     assert abs(out["median_s"] - 1.0) < 1e-6 and abs(out["p95_s"] - 2.0) < 1e-6
+
+
+def test_the_team_against_the_solver_alone_at_equal_tokens_with_standard_errors(tmp_path, capsys):
+    # (d): 10 tokens per poll every 5 s from 100; (a) generated 35 in its run, so (d) had by 115
+    rows = [_metric(100 + 5 * k, "raas-solver-0", "raas.generated_tokens", 10, k) for k in range(8)]
+    assert mp.time_of_tokens(rows, 35) == 115.0 and mp.time_of_tokens(rows, 81) is None
+    run = _team_run(tmp_path)
+    extra = [{**_metric(124.5, "eval.solver", "eval.accuracy", 0.2, 0), "label.k": 4, "label.problems": 400},
+             _metric(126.0, "raas-solver-0", "raas.generated_tokens", 30, 0),
+             _metric(130.0, "raas-solver-0", "raas.generated_tokens", 20, 5)]
+    for step, (acc, first, app, rej) in enumerate([(0.1, 0.2, 0.0, 0.1), (0.5, 0.2, 0.1, 0.4)] * 3):
+        for key, v in (("verifier_accuracy", acc), ("first_accuracy", first), ("approved_correct", app),
+                       ("rejected_wrong", rej)):
+            extra.append(_metric(126.0 + step, "raas-solver-0", f"raas.episode.{key}", v, step))
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in extra))
+    a = mp.analyse_team(run)
+    assert a["generated_tokens"] == 50.0 and a["eval_k"] == 4
+    # the last half of the run (versions >= 2.5): steps 3, 5 at (0.5, ...), step 4 at (0.1, ...)
+    assert a["verifier"]["accuracy"] == pytest.approx((0.5 + 0.1 + 0.5) / 3)
+    assert a["verifier"]["tpr"] == pytest.approx((0.1 + 0 + 0.1) / 3 / 0.2)
+    assert a["verifier"]["tnr"] == pytest.approx((0.4 + 0.1 + 0.4) / 3 / 0.8)
+    alone = {"accuracy": 0.4, "version_reached": 12, "seconds": 50.0, "load_before": [1.0] * 3,
+             "accuracy_initial": 0.2,
+             "equal_tokens": {"tokens": 50.0, "reached": True, "seconds": 20.0, "version_reached": 5,
+                              "accuracy": 0.3}}
+    agg = mp.aggregate([{"async": {**a, "load_before": [1.0] * 3}, "solver_alone": alone}], problems=400)
+    assert "lockstep" not in agg["arms"] and "speedup_vs_lockstep" not in agg
+    assert agg["solver_alone_accuracy_equal_tokens"]["median"] == 0.3
+    row = agg["standard_errors"]["by_repetition"][0]
+    assert row["k"] == 4 and row["team"]["se"] == pytest.approx(math.sqrt(0.5 * 0.5 / 1600))
+    assert row["alone_initial"]["accuracy"] == 0.2 and row["team_initial"]["accuracy"] == 0.3
+    diff = row["team_minus_equal_tokens"]
+    assert diff["diff"] == pytest.approx(0.2)
+    assert diff["se"] == pytest.approx(math.sqrt(0.25 / 1600 + 0.21 / 1600))
+    assert diff["in_se"] == pytest.approx(0.2 / diff["se"])
+    assert diff["se_upper"] == pytest.approx(math.sqrt(0.25 / 400 + 0.21 / 400))
+    notes = mp.notes(agg, 2, 6, 2)
+    assert any("At equal generated tokens (50, every role's own)" in n and "0.300" in n for n in notes)
+    assert any(n.startswith("repetition 1 (400 problems x k=4): team 0.500 +- 0.013") for n in notes)
+    mp.print_table(agg)
+    assert "(d) at equal tokens" in capsys.readouterr().out
+
+
+def test_overrides_reach_every_arms_config(tmp_path):
+    base = yaml.safe_load(CONFIG.read_text())
+    data = mp.with_overrides(base, {"workflow.params.retry": "fresh", "eval.problems": 400})
+    assert "retry" not in base["workflow"]["params"], "the base config must not change"
+    cfg = load_config(mp.write_config(mp.team_config(data, "async", 2, "j-team", str(tmp_path)), tmp_path))
+    assert cfg.workflow.params["retry"] == "fresh" and cfg.eval.problems == 400
+    alone = mp.solver_alone_config(data, cfg, 30, 2, "j-alone", str(tmp_path))
+    assert alone["eval"]["problems"] == 400 and alone["workflow"]["name"] == "rlvr"
