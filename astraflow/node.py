@@ -15,6 +15,7 @@ restarts an actor in-process: its failure ends the process, and with it the grou
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -98,6 +99,9 @@ def run_node(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id: s
         if rank is not None:
             die_unless_stopped(signum)
 
+    # `kill -USR1 <pid>` writes every thread's stack to the node's log (stderr): what a stalled
+    # node is blocked in, without stopping it
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # (SIGHUP: its terminal closed)
         if sig != signal.SIGHUP or signal.getsignal(sig) is not signal.SIG_IGN:  # (nohup: keep going)
             signal.signal(sig, on_signal)
