@@ -172,7 +172,7 @@ class GenerationServer:
             bootstrap, topics=[topics.generate(policy)], group_id=topics.generation_group(policy),
             client_id=f"{node_id}.gen-server", dead_letters=dead_letters, max_poll_records=8,
             session_timeout_ms=10_000, heartbeat_interval_ms=2_000,
-            partition_assignment_strategy=[StickyPartitionAssignor], expect=(GenerationRequest,))
+            partition_assignment_strategy=[StickyPartitionAssignor], expect=(GenerationRequest,), redo_lost=True)
         self.consumer = self._new_consumer()
         # The consumer wedge of the task consumer (actors/rollout.py) can hit this one too;
         # nothing is in flight between serve() calls, so a replacement loses nothing.

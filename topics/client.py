@@ -443,6 +443,7 @@ class Consumer:
                  expect: tuple[type[Message], ...] | Mapping[str, tuple[type[Message], ...]] = (),
                  accept: Callable[[bytes | None, list[tuple[str, bytes]]], bool] | None = None,
                  validate: Callable[["Delivery"], None] | None = None,
+                 redo_lost: bool = False,
                  **config: Any) -> None:
         settings: dict[str, Any] = dict(
             bootstrap_servers=bootstrap_servers, group_id=group_id, client_id=client_id,
@@ -468,6 +469,12 @@ class Consumer:
         self.accept = accept
         self.validate = validate
         self.skipped = 0  #: records ``accept`` passed over undecoded
+        #: a group member whose records are work handed out to it (tasks, generate requests): when
+        #: its membership is lost it is handed its uncommitted records again if it keeps their
+        #: partitions (:meth:`_redo`); a reader that holds records across polls on purpose and
+        #: commits offsets it computes itself (the dataflow) keeps its position
+        self.redo_lost = redo_lost
+        self.redone = 0  #: partitions moved back to their committed offset after a membership was lost
         self._subscribed = bool(topics) and group_id is not None
         self._pending: dict[TopicPartition, int] = {}
         self._handed_out_in: dict[TopicPartition, Any] = {}  # partition -> group membership at poll
@@ -493,6 +500,12 @@ class Consumer:
                 batches = self._kc.poll(timeout_ms=timeout_ms, max_records=max_records)
                 paused = _pause_collection()
             membership = self._kc.group_metadata() if self._subscribed else None
+            if membership is not None:
+                # Records handed out under an older generation are void: they are redone from
+                # the committed offset, by whichever member holds the partition now.
+                void = [tp for tp, m in self._handed_out_in.items() if not _same_membership(m, membership)]
+                if void:
+                    batches = self._redo(void, batches) if self.redo_lost else self._void(void, batches)
             out, rejected = self._decode(batches)
         finally:
             _resume_collection(paused)
@@ -501,11 +514,6 @@ class Consumer:
                 self._outside_since = None
             elif self._outside_since is None:
                 self._outside_since = time.monotonic()
-            # Records handed out under an older generation are redelivered from the committed
-            # offsets after the rebalance (here or elsewhere): their pending offsets are void.
-            for tp in [tp for tp, m in self._handed_out_in.items() if not _same_membership(m, membership)]:
-                self._pending.pop(tp, None)
-                del self._handed_out_in[tp]
         for tp, records in batches.items():
             if not records:
                 continue
@@ -556,6 +564,38 @@ class Consumer:
                     raise error
                 self.dead_letters.put(r.topic, r.partition, r.offset, r.key, r.value, r.headers or [], error)
             self._pending[tp] = r.offset + 1
+
+    def _redo(self, void: Iterable[TopicPartition], batches: Mapping[TopicPartition, list] | None = None) -> dict:
+        """Forget the pending offsets of ``void`` partitions (handed out, never committed, under a
+        membership that is gone) and move each one this consumer still holds back to its
+        committed offset: kafka-python keeps a partition's fetch position across a rebalance that
+        leaves it with the same member, so without this the member would go on past records
+        nobody will ever answer (the job stalls with them uncommitted). Records of those
+        partitions in ``batches`` (fetched from the old position) are dropped; they come again."""
+        batches = dict(batches or {})
+        if not self.redo_lost:
+            return self._void(void, batches)
+        assigned = self._kc.assignment()
+        for tp in void:
+            self._pending.pop(tp, None)
+            self._handed_out_in.pop(tp, None)
+            if tp not in assigned:
+                continue  # its new owner starts from the committed offset
+            committed = self._kc.committed(tp)
+            if committed is None or committed < 0:
+                self._kc._subscription.request_offset_reset(tp)  # none yet: the reset policy's start
+            else:
+                self._kc.seek(tp, committed)
+            batches.pop(tp, None)
+            self.redone += 1
+        return batches
+
+    def _void(self, void: Iterable[TopicPartition], batches: Mapping[TopicPartition, list] | None = None) -> dict:
+        """Forget the pending offsets of ``void`` partitions; the position stays where it is."""
+        for tp in void:
+            self._pending.pop(tp, None)
+            self._handed_out_in.pop(tp, None)
+        return dict(batches or {})
 
     def pending_offsets(self) -> dict[TopicPartition, int]:
         return dict(self._pending)
@@ -619,12 +659,12 @@ class Consumer:
                 self.membership_for(offs)  # handed out under the membership still current
             self._kc.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in offs.items()})
         except StaleMembershipError:
-            self._forget(offs)
+            self._redo(offs)
             raise
         except (CommitFailedError, RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError) as e:
             if not self._subscribed:
                 raise
-            self._forget(offs)
+            self._redo(offs)
             meta = self._kc.group_metadata()
             raise StaleMembershipError(
                 f"consumer {self._kc.config['client_id']} of group {meta.group_id}: the group rebalanced before "

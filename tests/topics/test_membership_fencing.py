@@ -120,3 +120,47 @@ def test_a_plain_commit_after_falling_out_is_stale_membership_and_forgets_the_vo
     assert [d.message.prompt_id for d in _drain(b, 1)] == ["t0"]  # the new owner redoes it
     b.commit()
     assert b.raw.committed(tp) == 1
+
+
+def test_records_of_a_lost_membership_are_handed_out_again_when_the_member_keeps_the_partition(
+        job_topics, make_producer, make_consumer):
+    """The stall seen under load: a RaaS node's commit was refused after the group rebalanced,
+    and the node kept its partitions; kafka-python keeps a kept partition's fetch position, so
+    the node went on past the tasks it never committed and nobody ever redid them. The records
+    of the lost membership must come again to the member that still holds them."""
+    from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
+
+    src = job_topics.tasks("policy")
+    feeder = make_producer()
+    for i in range(3):
+        feeder.send(src, Prompt(f"t{i}", "x", "y"), partition=0)
+    feeder.flush()
+    tp = TopicPartition(src, 0)
+
+    def member(name: str, redo: bool):
+        return make_consumer(topics=[src], group_id=f"keep-{redo}", client_id=name, max_poll_records=1,
+                             redo_lost=redo, partition_assignment_strategy=[StickyPartitionAssignor])
+
+    def rebalanced_once_more(redo: bool) -> list[str]:
+        a = member("node-a", redo)
+        assert [d.message.prompt_id for d in _drain(a, 1)] == ["t0"]  # handed out, not committed
+        before = a.group_metadata().generation_id
+        b = member("node-b", redo)  # joins (sticky: a keeps the partition it had) ...
+        for _ in range(20):
+            a.poll(300)
+            b.poll(300)
+            if a.group_metadata().generation_id > before and b.group_metadata().generation_id >= 0:
+                break
+        assert tp in a.raw.assignment() and tp not in b.raw.assignment()  # a kept the partition of t0
+        got = [d.message.prompt_id for d in _drain(a, 3, polls=6)]
+        b.close()
+        a.commit()
+        return got, a
+
+    got, a = rebalanced_once_more(redo=True)
+    assert got[:1] == ["t0"] and a.redone >= 1, f"the task of the lost membership was skipped: {got}"
+    assert a.raw.committed(tp) == 3
+    # What a reader that commits its own offsets keeps (and what the task consumer did before):
+    # the position, past the record of the lost membership.
+    skipped, _ = rebalanced_once_more(redo=False)
+    assert "t0" not in skipped
