@@ -25,6 +25,16 @@ def _drain(consumer, want: int, polls: int = 8):
     return got
 
 
+def _tasks_on_partition_0(job_topics, make_producer, n: int) -> tuple[str, TopicPartition]:
+    """``n`` tasks t0, t1, ... on partition 0 of the tasks topic."""
+    src = job_topics.tasks("policy")
+    feeder = make_producer()
+    for i in range(n):
+        feeder.send(src, Prompt(f"t{i}", "x", "y"), partition=0)
+    feeder.flush()
+    return src, TopicPartition(src, 0)
+
+
 def test_a_member_that_fell_out_cannot_commit_what_the_new_owner_redoes(job_topics, make_producer,
                                                                           make_consumer):
     src, dst = job_topics.tasks("policy"), job_topics.trajectories
@@ -66,12 +76,7 @@ def test_a_member_that_fell_out_cannot_commit_what_the_new_owner_redoes(job_topi
 
 
 def test_a_rejoined_member_drops_pending_offsets_of_its_old_generation(job_topics, make_producer, make_consumer):
-    src = job_topics.tasks("policy")
-    feeder = make_producer()
-    for i in range(2):
-        feeder.send(src, Prompt(f"t{i}", "x", "y"), partition=0)
-    feeder.flush()
-    tp = TopicPartition(src, 0)
+    src, tp = _tasks_on_partition_0(job_topics, make_producer, 2)
     a = make_consumer(topics=[src], group_id="rejoin", client_id="node-a", max_poll_records=1)
     assert [d.message.prompt_id for d in _drain(a, 1)] == ["t0"]
     a.raw._coordinator.maybe_leave_group()
@@ -130,12 +135,7 @@ def test_records_of_a_lost_membership_are_handed_out_again_when_the_member_keeps
     of the lost membership must come again to the member that still holds them."""
     from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 
-    src = job_topics.tasks("policy")
-    feeder = make_producer()
-    for i in range(3):
-        feeder.send(src, Prompt(f"t{i}", "x", "y"), partition=0)
-    feeder.flush()
-    tp = TopicPartition(src, 0)
+    src, tp = _tasks_on_partition_0(job_topics, make_producer, 3)
 
     def member(name: str, redo: bool):
         return make_consumer(topics=[src], group_id=f"keep-{redo}", client_id=name, max_poll_records=1,
