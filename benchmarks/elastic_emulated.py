@@ -169,7 +169,7 @@ def table(result: dict) -> str:
         if arm not in result:
             continue
         r = result[arm]
-        lines.append(f"{arm:12} {r['modelled_s']:8.0f} {r['trainer_wait_frac'] or 0:6.2f} "
+        lines.append(f"{arm + ('' if r.get('complete', True) else '*'):12} {r['modelled_s']:8.0f} {r['trainer_wait_frac'] or 0:6.2f} "
                      f"{r['pool_mean'] or 0:4.1f}/{r['pool_max'] or 0:<4.0f} {r['rollout_device_hours']:11.4f} "
                      f"{r['trainer_device_hours']:11.4f} {r['total_device_hours']:9.4f} "
                      f"{r['accuracy'] if r['accuracy'] is not None else float('nan'):6.3f} "
@@ -177,7 +177,8 @@ def table(result: dict) -> str:
     if "verdict" in result:
         v = result["verdict"]
         lines.append(f"autoscaling vs fixed_small {v['autoscaling_vs_fixed_small']:+.1%}, vs fixed_large "
-                     f"{v['autoscaling_vs_fixed_large']:+.1%} modelled device-hours (seed: -13%)")
+                     f"{v['autoscaling_vs_fixed_large']:+.1%} modelled device-hours (seed: -13%)"
+                     + ("" if v.get("valid", True) else "  NOT VALID: an arm stopped short or failed its audit"))
     return "\n".join(lines)
 
 
@@ -199,7 +200,9 @@ def main(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
             row = elastic.run_arm(arm, a, broker.bootstrap_servers, run_root, settings(a),
                                   topology(arm, a, p["trainer_devices"]))
             accounts = row.pop("emulated_accounts")
-            arms[arm] = {**modelled(row, a.dilation), "instrument": instrument(accounts)}
+            arms[arm] = {**modelled(row, a.dilation), "instrument": instrument(accounts),
+                         # a run that stopped short (timeout, stall) or lost records compares nothing
+                         "complete": row["steps_trained"] == a.steps and row["audit_ok"]}
     section = {"emulated": True, "quick": a.quick, "profile": a.profile, "dilation": a.dilation,
                "token_scale": a.token_scale, "prompt_token_scale": a.prompt_token_scale, "steps": a.steps,
                "job_shape": {"groups_per_batch": GROUPS_PER_BATCH, "tasks_per_call": TASKS_PER_CALL,
@@ -211,7 +214,7 @@ def main(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
                "settings": {k: v for k, v in vars(a).items() if k not in ("out", "run_root")},
                "method": __doc__}
     if all(k in arms for k in elastic.ARMS):
-        section["verdict"] = elastic.verdict(arms)
+        section["verdict"] = {**elastic.verdict(arms), "valid": all(arms[k]["complete"] for k in elastic.ARMS)}
     print(table(section))
     out = Path(a.out)
     if "autoscaling" in arms:

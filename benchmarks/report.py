@@ -296,7 +296,9 @@ def elastic_emulated() -> list[str]:
                    f"{r['pool_mean'] or 0:.1f} / {r['pool_max'] or 0:.0f} | {r['rollout_device_hours']:.3f} | "
                    f"{r['trainer_device_hours']:.3f} | {r['total_device_hours']:.3f} | {acc} | "
                    f"{r['instrument']['overruns']} |")
-    if "verdict" in d:
+    if "verdict" in d and not d["verdict"].get("valid", True):
+        out += ["", "No verdict: an arm stopped short of its steps or failed its conservation audit."]
+    elif "verdict" in d:
         v = d["verdict"]
         out += ["", f"Autoscaling vs fixed_small {v['autoscaling_vs_fixed_small']:+.1%}, vs fixed_large "
                     f"{v['autoscaling_vs_fixed_large']:+.1%} modelled device-hours (the seed, Qwen3-14B on real GPUs: "
