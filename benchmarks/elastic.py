@@ -80,7 +80,8 @@ def topology(arm: str, a: argparse.Namespace, trainer_device: dict | None = None
                         "cost_per_device_hour": a.trainer_cost},
             "raas": raas}}},
         "autoscaler": {"enabled": arm == "autoscaling", "interval_s": a.interval, "window_s": a.window,
-                       "cooldown_s": a.cooldown, "confirm": 2},
+                       "cooldown_s": a.cooldown, "confirm": 2,
+                       **({"scale_up_wait": a.scale_up_wait} if getattr(a, "scale_up_wait", None) else {})},
     }
 
 
@@ -222,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=float, default=60.0, help="autoscaler: measurement window, s (several steps)")
     ap.add_argument("--cooldown", type=float, default=60.0, help="autoscaler: seconds between actions (> a node's "
                                                                   "start-up on this box)")
+    ap.add_argument("--scale-up-wait", type=float, default=None, help="autoscaler: grow above this trainer wait "
+                    "fraction (default: the autoscaler's, 0.10)")
     ap.add_argument("--problems", type=int, default=100, help="held-out problems (x2 samples each)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS),
