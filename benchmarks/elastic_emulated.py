@@ -25,13 +25,16 @@ and the arms take ``small = max(1, round(N* / 2))`` (its rollout takes about twi
 the trainer waits about half the time) and ``large = max(small + 1, round(2 N*))`` (about
 half its devices' time idle). With the defaults (h100-qwen3-8b, token scale 512, prompt
 scale 16, 2 trainer devices — the fewest its training states fit on): call 27.7 s, step
-28.5 s, weight load 0.66 s, ``N* = 1.99``: small 1, large 4.
+28.5 s, weight load 0.66 s, ``N* = 1.99``: small 1, large 4. Priced per step, (trainer +
+pool devices) x max(rollout, step) is 168 device-seconds for small, 114 at the balance point
+and 171 for large: the fixed arms cost the same, so the verdict turns on where the
+autoscaler settles between them.
 
 **Device-hours are modelled hours.** The launcher's ``summary["device_hours"]`` counts wall
 time between heartbeats (``topology/accounting.py``); every emulated device here runs at
 one ``dilation`` (wall seconds per modelled second), so this benchmark converts each arm's
-figures to modelled hours as ``wall device-hours / dilation`` (and wall seconds the same
-way) and keeps the wall figures beside them (``wall_*``). A node's boot is converted at the
+figures to modelled hours as ``wall device-hours / dilation`` (its seconds: ``modelled_s``)
+and keeps the wall figures beside them (``wall_*``, ``wall_s``). A node's boot is converted at the
 same rate: the CPU seconds this box takes to start a node count as ``1 / dilation`` modelled
 seconds of a held device (about what loading an 8B model onto a GPU takes at the default
 dilation, but not measured). Every number is **emulated, modelled**, not a GPU measurement;
