@@ -236,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--emulated", action="store_true", help="the arms on cost-model emulated accelerators "
                     "(elastic_emulated.py): the JSON's emulated section, device-hours in modelled hours")
     ap.add_argument("--profile", default="h100-qwen3-8b", help="--emulated: emulation profile (emulation/profiles.yaml)")
-    ap.add_argument("--dilation", type=float, default=0.4, help="--emulated: wall seconds per modelled second")
+    ap.add_argument("--dilation", type=float, default=0.25, help="--emulated: wall seconds per modelled second "
+                    "(0.25: a RaaS call's hold, ~7 s, stays under the task consumer's 10 s session timeout)")
     ap.add_argument("--token-scale", type=int, default=512, help="--emulated: modelled tokens per generated one")
     ap.add_argument("--prompt-token-scale", type=int, default=16, help="--emulated: modelled tokens per prompt one")
     a = ap.parse_args(argv)

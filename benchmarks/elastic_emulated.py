@@ -195,6 +195,14 @@ def main(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     if a.small < 1 or a.large <= a.small:
         ap.error(f"need 1 <= --small < --large, got {a.small} and {a.large}")
     print(rule_text(p), flush=True)
+    from astraflow.actors.rollout import TASK_SESSION_TIMEOUT_MS
+    if p["call_s"] * a.dilation > 0.8 * TASK_SESSION_TIMEOUT_MS / 1000:
+        # kafka-python finishes a rebalance only inside poll(): a node held longer than the task
+        # consumer's session timeout while one starts is dropped from the group and its poll
+        # fenced; in two such runs (dilation 0.4, 11 s holds) the fenced tasks were never redone
+        # and the trainer starved on its last batch.
+        print(f"WARNING: a call is held {p['call_s'] * a.dilation:.1f} s wall, near the task consumer's "
+              f"{TASK_SESSION_TIMEOUT_MS / 1000:.0f} s session timeout: lower --dilation", flush=True)
     load_before = load_now()
     run_root = Path(a.run_root)
     arms: dict[str, dict] = {}
