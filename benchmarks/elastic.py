@@ -25,6 +25,10 @@ and the conservation audit. Prints one table and writes ``benchmarks/results/ela
 (``{"fixed_small": {...}, "fixed_large": {...}, "autoscaling": {...}, ...}``) and
 ``elastic.png`` (pool size and trainer wait fraction over time, autoscaling arm).
 ``--quick`` is a smoke run of a few steps (its numbers mean nothing).
+
+``--emulated`` runs the same three arms with the trainer and RaaS pools on cost-model
+emulated accelerators instead (``elastic_emulated.py``: pool sizes from a printed rule,
+device-hours in modelled hours) and writes the JSON's ``emulated`` section.
 """
 
 from __future__ import annotations
@@ -43,12 +47,12 @@ RESULTS = ROOT / "benchmarks" / "results" / "elastic.json"
 ARMS = ("fixed_small", "fixed_large", "autoscaling")
 
 
-def job_settings(steps: int, problems: int) -> dict:
+def job_settings(steps: int, problems: int, groups_per_batch: int = 8, tasks_per_call: int = 2) -> dict:
     """The job every arm runs (on top of examples/arithmetic_grpo.yaml)."""
     return {
-        "rollout": {"n_samples": 8, "tasks_per_call": 2, "max_new_tokens": 6, "heartbeat_s": 2.0,
+        "rollout": {"n_samples": 8, "tasks_per_call": tasks_per_call, "max_new_tokens": 6, "heartbeat_s": 2.0,
                     "engine": {"threads": 1}},
-        "dataflow": {"groups_per_batch": 8, "max_staleness": 1},
+        "dataflow": {"groups_per_batch": groups_per_batch, "max_staleness": 1},
         "trainer": {"steps": steps, "checkpoint_every": max(10, steps), "snapshot_every": 10,
                     "engine": {"threads": 1}},
         "eval": {"every": 0, "problems": problems, "k": 2, "threads": 1},
@@ -56,10 +60,14 @@ def job_settings(steps: int, problems: int) -> dict:
     }
 
 
-def topology(arm: str, a: argparse.Namespace) -> dict:
+def topology(arm: str, a: argparse.Namespace, trainer_device: dict | None = None,
+             raas_device: dict | None = None) -> dict:
+    """One arm's topology; the devices default to the slowdown-emulated ones of the CPU arms."""
     count = a.large if arm == "fixed_large" else a.small
+    trainer_device = trainer_device or {"kind": "h100-emulated", "count": a.trainer_devices,
+                                        "slowdown": a.trainer_slowdown}
     raas = {"component": "raas", "hosts": ["local"], "count": count, "threads": 1,
-            "device": {"kind": "a10-emulated", "count": 1, "slowdown": a.raas_slowdown},
+            "device": raas_device or {"kind": "a10-emulated", "count": 1, "slowdown": a.raas_slowdown},
             "cost_per_device_hour": a.raas_cost}
     if arm == "autoscaling":
         raas.update(min=a.small, max=a.large)
@@ -68,11 +76,12 @@ def topology(arm: str, a: argparse.Namespace) -> dict:
         "regions": {"local": {"kafka": "embedded", "hosts": ["local"], "pools": {
             "dataflow": {"component": "dataflow", "hosts": ["local"]},
             "trainer": {"component": "trainer", "hosts": ["local"], "threads": 1,
-                        "device": {"kind": "h100-emulated", "count": a.trainer_devices, "slowdown": a.trainer_slowdown},
+                        "device": trainer_device,
                         "cost_per_device_hour": a.trainer_cost},
             "raas": raas}}},
         "autoscaler": {"enabled": arm == "autoscaling", "interval_s": a.interval, "window_s": a.window,
-                       "cooldown_s": a.cooldown, "confirm": 2},
+                       "cooldown_s": a.cooldown, "confirm": 2,
+                       **({"scale_up_wait": a.scale_up_wait} if getattr(a, "scale_up_wait", None) else {})},
     }
 
 
@@ -83,26 +92,28 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def run_arm(arm: str, a: argparse.Namespace, bootstrap: str, run_root: Path) -> dict:
+def run_arm(arm: str, a: argparse.Namespace, bootstrap: str, run_root: Path, settings: dict | None = None,
+            topo: dict | None = None) -> dict:
     from astraflow.topics import job_topics
     from astraflow.chaos.invariants import audit
     from astraflow.config import load_config
     from astraflow.launcher import launch
 
     data = _merge(yaml.safe_load((ROOT / "examples" / "arithmetic_grpo.yaml").read_text()),
-                  job_settings(a.steps, a.problems))
+                  settings or job_settings(a.steps, a.problems))
     data.update(job=f"elastic-{arm.replace('_', '-')}-{int(time.time())}", seed=a.seed)
     run_dir = run_root / data["job"]
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "job.yaml").write_text(yaml.safe_dump(data))
-    (run_dir / "topology.yaml").write_text(yaml.safe_dump(topology(arm, a), sort_keys=False))
+    (run_dir / "topology.yaml").write_text(yaml.safe_dump(topo or topology(arm, a), sort_keys=False))
     cfg = load_config(run_dir / "job.yaml")
     print(f"[{arm}] launching ({run_dir})", flush=True)
     summary = launch(run_dir / "topology.yaml", cfg, bootstrap=bootstrap, run_dir=run_dir / "run", progress=False,
                      timeout_s=a.timeout)
     rows = [json.loads(line) for line in (run_dir / "run" / "metrics.jsonl").read_text().splitlines()]
     report = audit(bootstrap, job_topics(cfg), cfg.policy, cfg.effective_staleness)
-    return {**arm_numbers(summary, rows), "audit_ok": report.ok, "run_dir": str(run_dir)}
+    return {**arm_numbers(summary, rows), "audit_ok": report.ok, "run_dir": str(run_dir),
+            "emulated_accounts": summary.get("emulated", {})}
 
 
 def arm_numbers(summary: dict, rows: list[dict]) -> dict:
@@ -140,7 +151,8 @@ def pool_sizes(rows: list[dict]) -> dict:
     return {"pool_max": max(v for _, v in series), "pool_mean": round(mean, 3)}
 
 
-def plot(path: Path, rows: list[dict]) -> None:
+def plot(path: Path, rows: list[dict],
+         title: str = "autoscaling arm: pool size and trainer wait (devices emulated on CPU)") -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -157,7 +169,7 @@ def plot(path: Path, rows: list[dict]) -> None:
         ax2.plot(*zip(*wait), color="tab:red", label="trainer wait fraction (window)")
     ax2.set_ylim(0, 1)
     ax2.set_ylabel("trainer wait fraction", color="tab:red")
-    ax.set_title("autoscaling arm: pool size and trainer wait (devices emulated on CPU)", fontsize=10)
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     fig.legend(loc="lower right", bbox_to_anchor=(0.88, 0.15))
     fig.tight_layout()
@@ -192,21 +204,27 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=30, help="trained steps per arm (~20 min for the three at 30)")
-    ap.add_argument("--small", type=int, default=1, help="fixed_small's nodes, the autoscaler's min")
-    ap.add_argument("--large", type=int, default=4, help="fixed_large's nodes, the autoscaler's max")
+    ap.add_argument("--steps", type=int, default=None, help="trained steps per arm (default 30, ~20 min for the "
+                                                             "three; --emulated: 15)")
+    ap.add_argument("--small", type=int, default=None, help="fixed_small's nodes, the autoscaler's min (default 1; "
+                                                             "--emulated: the pricing rule's)")
+    ap.add_argument("--large", type=int, default=None, help="fixed_large's nodes, the autoscaler's max (default 4; "
+                                                             "--emulated: the pricing rule's)")
     # The tiny model's rollout call (2 tasks x 8 samples) is ~0.04 s of compute and its training
     # step ~0.2-0.7 s on a loaded box: stretched x30 and x10, a batch is ~5 node-seconds of
     # rollout per 2-7 s step, so one node starves the trainer and four leave much of the pool idle.
     ap.add_argument("--raas-slowdown", type=float, default=30.0, help="emulated RaaS device: rollout stretch")
     ap.add_argument("--trainer-slowdown", type=float, default=10.0, help="emulated trainer device: step stretch")
-    ap.add_argument("--trainer-devices", type=int, default=4, help="devices the trainer node holds")
+    ap.add_argument("--trainer-devices", type=int, default=None, help="devices the trainer node holds (default 4; "
+                    "--emulated: the fewest its training states fit on)")
     ap.add_argument("--raas-cost", type=float, default=1.0, help="cost per RaaS device-hour")
     ap.add_argument("--trainer-cost", type=float, default=1.0, help="cost per trainer device-hour")
     ap.add_argument("--interval", type=float, default=5.0, help="autoscaler: seconds between decisions")
     ap.add_argument("--window", type=float, default=60.0, help="autoscaler: measurement window, s (several steps)")
     ap.add_argument("--cooldown", type=float, default=60.0, help="autoscaler: seconds between actions (> a node's "
                                                                   "start-up on this box)")
+    ap.add_argument("--scale-up-wait", type=float, default=None, help="autoscaler: grow above this trainer wait "
+                    "fraction (default: the autoscaler's, 0.10)")
     ap.add_argument("--problems", type=int, default=100, help="held-out problems (x2 samples each)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS),
@@ -215,7 +233,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke run: 4 steps, tiny evaluation")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--run-root", default=str(ROOT / "runs" / "bench-elastic"))
+    ap.add_argument("--emulated", action="store_true", help="the arms on cost-model emulated accelerators "
+                    "(elastic_emulated.py): the JSON's emulated section, device-hours in modelled hours")
+    ap.add_argument("--profile", default="h100-qwen3-8b", help="--emulated: emulation profile (emulation/profiles.yaml)")
+    ap.add_argument("--dilation", type=float, default=0.25, help="--emulated: wall seconds per modelled second "
+                    "(0.25: a RaaS call's hold, ~7 s, stays under the task consumer's 10 s session timeout)")
+    ap.add_argument("--token-scale", type=int, default=512, help="--emulated: modelled tokens per generated one")
+    ap.add_argument("--prompt-token-scale", type=int, default=16, help="--emulated: modelled tokens per prompt one")
     a = ap.parse_args(argv)
+    if a.emulated:
+        from astraflow.benchmarks import elastic_emulated
+        return elastic_emulated.main(a, ap)
+    a.steps, a.small, a.large = a.steps or 30, a.small or 1, a.large or 4
+    a.trainer_devices = a.trainer_devices or 4
     if a.small < 1 or a.large <= a.small:
         ap.error(f"need 1 <= --small < --large, got {a.small} and {a.large}")
     if a.quick:
@@ -227,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     with EmbeddedBroker(run_root / f"kafka-{int(time.time())}", heap="1g") as broker:
         for arm in a.arms:
             arms[arm] = run_arm(arm, a, broker.bootstrap_servers, run_root)
+            arms[arm].pop("emulated_accounts")  # the slowdown devices' holds: not what these arms report
     out = Path(a.out)
     result = {"benchmark": "elastic", "quick": a.quick, **arms,
               "settings": {k: v for k, v in vars(a).items() if k not in ("out", "run_root")},

@@ -281,6 +281,40 @@ def async_sync_emulated() -> list[str]:
     return out
 
 
+def elastic_emulated() -> list[str]:
+    d = (_load("elastic") or {}).get("emulated")
+    if not d or d.get("quick"):
+        return []
+    pr = d["pricing"]
+    out = [f"**Elastic RaaS pools, EMULATED** — `python -m astraflow.benchmarks.elastic --emulated` (the demo job, "
+           f"{d['job_shape']['groups_per_batch']} prompts × {d['job_shape']['n_samples']} samples per step, "
+           f"{d['steps']} steps per arm, through `astraflow launch`; trainer on {pr['trainer_devices']} and each "
+           f"RaaS node on 1 emulated {d['profile']} device; pool sizes from the cost model's balance point N* = "
+           f"{pr['balance_nodes']:.2f} nodes: small {pr['small']}, large {pr['large']}; **modelled device-hours** "
+           f"(heartbeat wall hours / dilation {d['dilation']}), not GPU measurements; one run"
+           f"{_load_note(d)})", "",
+           "| arm (emulated) | modelled s | trainer wait | pool mean/max | rollout dev-h | trainer dev-h | "
+           "total dev-h (modelled) | held-out acc | overruns |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for arm in ("fixed_small", "fixed_large", "autoscaling"):
+        if arm not in d:
+            continue
+        r = d[arm]
+        acc = f"{r['accuracy']:.3f}" if r.get("accuracy") is not None else "–"
+        out.append(f"| {arm} | {r['modelled_s']:.0f} | {r['trainer_wait_frac'] or 0:.2f} | "
+                   f"{r['pool_mean'] or 0:.1f} / {r['pool_max'] or 0:.0f} | {r['rollout_device_hours']:.3f} | "
+                   f"{r['trainer_device_hours']:.3f} | {r['total_device_hours']:.3f} | {acc} | "
+                   f"{r['instrument']['overruns']} |")
+    if "verdict" in d and not d["verdict"].get("valid", True):
+        out += ["", "No verdict: an arm stopped short of its steps or failed its conservation audit."]
+    elif "verdict" in d:
+        v = d["verdict"]
+        out += ["", f"Autoscaling vs fixed_small {v['autoscaling_vs_fixed_small']:+.1%}, vs fixed_large "
+                    f"{v['autoscaling_vs_fixed_large']:+.1%} modelled device-hours (the seed, Qwen3-14B on real GPUs: "
+                    "−13 %)."]
+    return out + [""]
+
+
 def emulated_scale() -> list[str]:
     d = _load("emulated_scale")
     if not d or d.get("quick"):
@@ -354,7 +388,7 @@ def _gap(d: dict) -> str:
 
 def render() -> str:
     return "\n".join(demo() + async_sync() + async_sync_emulated() + publish_dtype() + multi_policy()
-                     + multi_policy_emulated() + emulated_scale() + multi_turn() + topics() + weights() + engine()
+                     + multi_policy_emulated() + emulated_scale() + elastic_emulated() + multi_turn() + topics() + weights() + engine()
                      + scaling()).rstrip() + "\n"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from astraflow.benchmarks import elastic
 
@@ -65,3 +66,94 @@ def test_topologies_differ_only_in_the_pool(tmp_path):
         assert plan.pools["trainer"].devices_per_node == 4 and "EMULATION" in " ".join(plan.notes)
     assert pools == {"fixed_small": (1, 1, 1, False), "fixed_large": (4, 4, 4, False),
                      "autoscaling": (1, 1, 4, True)}
+
+
+def emulated_args(**kw):
+    import argparse
+    base = dict(profile="h100-qwen3-8b", dilation=0.4, token_scale=512, prompt_token_scale=16, trainer_devices=None,
+                seed=0, small=None, large=None, raas_cost=1.0, trainer_cost=1.0, interval=5.0, window=60.0,
+                cooldown=60.0, steps=15, problems=100)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_emulated_arms_put_cost_model_devices_on_the_trainer_and_raas_pools():
+    from astraflow.benchmarks import elastic_emulated as em
+    from astraflow.config import load_config
+    from astraflow.topology.plan import resolve
+    from astraflow.topology.schema import parse_topology
+    from astraflow.topology.validation import validate
+    a = emulated_args()
+    p = em.price(a)
+    a.small, a.large = p["small"], p["large"]
+    sizes = {}
+    for arm in elastic.ARMS:
+        t = parse_topology(em.topology(arm, a, p["trainer_devices"]), f"<{arm}>")
+        validate(t)
+        plan = resolve(t, "policy")
+        trainer, raas = plan.pools["trainer"], plan.pools["raas"]
+        sizes[arm] = (raas.count, raas.min, raas.max)
+        assert trainer.devices_per_node == 2 and raas.devices_per_node == 1  # 8B training states need 2 H100s
+        for pool, section in ((trainer, "trainer"), (raas, "rollout")):
+            assert pool.device.emulate == "h100-qwen3-8b" and pool.device.slowdown == 1.0  # the cost model, no stretch
+            assert pool.device_kind == "h100"
+            sets = pool.overrides()  # what a node of the pool is launched with
+            assert f"{section}.device.profile=h100-qwen3-8b" in sets and f"{section}.device.dilation=0.4" in sets
+            assert f"{section}.device.token_scale=512" in sets
+        assert not plan.pools["dataflow"].device.emulated  # everything else as the CPU arms
+        # a node's job config with its pool's --set items is a cost-model emulated device
+        overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in raas.overrides())
+                     if k.startswith("rollout.device.")}
+        cfg = load_config(elastic.ROOT / "examples" / "arithmetic_grpo.yaml", overrides)
+        assert cfg.rollout.device.emulated and cfg.rollout.device.profile == "h100-qwen3-8b"
+    assert sizes == {"fixed_small": (1, 1, 1), "fixed_large": (4, 4, 4), "autoscaling": (1, 1, 4)}
+
+
+def test_the_pricing_rule_puts_small_below_and_large_above_the_balance_point():
+    from astraflow.benchmarks import elastic_emulated as em
+    p = em.price(emulated_args())
+    assert p["small"] < p["balance_nodes"] < p["large"]
+    pr = p["predicted"]
+    assert pr["fixed_small"]["trainer_wait_frac"] > 0.3  # the small pool starves the trainer
+    assert pr["fixed_large"]["pool_busy_frac"] < 0.6  # the large one idles
+    # the balance point is the cheapest of the three in device-seconds per step
+    assert pr["balance"]["device_s_per_step"] < min(pr["fixed_small"]["device_s_per_step"],
+                                                    pr["fixed_large"]["device_s_per_step"])
+    assert "N* = 2 x" in em.rule_text(p)
+    # sizes given on the command line win over the rule
+    q = em.price(emulated_args(small=2, large=3))
+    assert (q["small"], q["large"], q["sizes_from_rule"]) == (2, 3, False)
+
+
+def test_emulated_device_hours_are_modelled_hours():
+    from astraflow.benchmarks import elastic_emulated as em
+    row = elastic.arm_numbers(summary(0.3, 0.1, 0.2), rows_of([1, 2], [(3.0, 1.0)]))
+    m = em.modelled(row, dilation=0.4)
+    assert m["total_device_hours"] == pytest.approx(0.3 / 0.4) and m["wall_total_device_hours"] == 0.3
+    assert m["rollout_device_hours"] == pytest.approx(0.25) and m["trainer_device_hours"] == pytest.approx(0.5)
+    assert m["cost"] == pytest.approx(0.6 / 0.4) and m["modelled_s"] == pytest.approx(60.0 / 0.4)
+    assert m["wall_s"] == 60.0 and m["wall_time_to_first_step_s"] == 20.0
+    assert m["trainer_wait_frac"] == row["trainer_wait_frac"]  # a fraction: the same in either unit
+
+
+def test_report_renders_the_emulated_section_and_skips_a_quick_one(tmp_path, monkeypatch):
+    import json
+
+    from astraflow.benchmarks import elastic_emulated as em
+    from astraflow.benchmarks import report
+    p = em.price(emulated_args())
+    arms = {arm: {**em.modelled(elastic.arm_numbers(summary(t, r, t - r), rows_of([1, n], [])), 0.4),
+                  "instrument": {"overruns": 0, "cpu_fraction": {}}}
+            for arm, t, r, n in (("fixed_small", 0.4, 0.1, 1), ("fixed_large", 0.5, 0.3, 4), ("autoscaling", 0.3, 0.1, 2))}
+    section = {"emulated": True, "quick": False, "profile": "h100-qwen3-8b", "dilation": 0.4, "steps": 15,
+               "job_shape": {"groups_per_batch": 32, "n_samples": 8}, "pricing": p, **arms,
+               "verdict": elastic.verdict(arms), "machine": {"cpus": 2},
+               "load": {"before": {"loadavg": [3.0, 2.0, 1.0]}, "after": {"loadavg": [4.0, 2.0, 1.0]}}}
+    (tmp_path / "elastic.json").write_text(json.dumps({"benchmark": "elastic", "emulated": section}))
+    monkeypatch.setattr(report, "RES", tmp_path)
+    text = "\n".join(report.elastic_emulated())
+    assert "EMULATED" in text and "modelled device-hours" in text and "small 1, large 4" in text
+    assert "| autoscaling | 150 |" in text and "| 0.750 |" in text  # 60 wall s and 0.3 device-hours at dilation 0.4
+    assert "vs fixed_large -40.0%" in text
+    section["quick"] = True
+    (tmp_path / "elastic.json").write_text(json.dumps({"benchmark": "elastic", "emulated": section}))
+    assert report.elastic_emulated() == []
