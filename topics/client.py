@@ -505,7 +505,7 @@ class Consumer:
                 # the committed offset, by whichever member holds the partition now.
                 void = [tp for tp, m in self._handed_out_in.items() if not _same_membership(m, membership)]
                 if void:
-                    batches = self._redo(void, batches) if self.redo_lost else self._void(void, batches)
+                    batches = self._redo(void, batches)
             out, rejected = self._decode(batches)
         finally:
             _resume_collection(paused)
@@ -567,15 +567,14 @@ class Consumer:
 
     def _redo(self, void: Iterable[TopicPartition], batches: Mapping[TopicPartition, list] | None = None) -> dict:
         """Forget the pending offsets of ``void`` partitions (handed out, never committed, under a
-        membership that is gone) and move each one this consumer still holds back to its
-        committed offset: kafka-python keeps a partition's fetch position across a rebalance that
-        leaves it with the same member, so without this the member would go on past records
-        nobody will ever answer (the job stalls with them uncommitted). Records of those
-        partitions in ``batches`` (fetched from the old position) are dropped; they come again."""
+        membership that is gone); with ``redo_lost``, also move each one this consumer still
+        holds back to its committed offset: kafka-python keeps a partition's fetch position
+        across a rebalance that leaves it with the same member, so without this the member would
+        go on past records nobody will ever answer (the job stalls with them uncommitted).
+        Records of those partitions in ``batches`` (fetched from the old position) are dropped;
+        they come again."""
         batches = dict(batches or {})
-        if not self.redo_lost:
-            return self._void(void, batches)
-        assigned = self._kc.assignment()
+        assigned = self._kc.assignment() if self.redo_lost else set()
         for tp in void:
             self._pending.pop(tp, None)
             self._handed_out_in.pop(tp, None)
@@ -590,12 +589,12 @@ class Consumer:
             self.redone += 1
         return batches
 
-    def _void(self, void: Iterable[TopicPartition], batches: Mapping[TopicPartition, list] | None = None) -> dict:
-        """Forget the pending offsets of ``void`` partitions; the position stays where it is."""
-        for tp in void:
-            self._pending.pop(tp, None)
-            self._handed_out_in.pop(tp, None)
-        return dict(batches or {})
+    def _lost(self, offsets: dict[TopicPartition, int]) -> None:
+        """A commit of ``offsets`` was refused: forget them; with ``redo_lost``, hand them out again."""
+        if self.redo_lost:
+            self._redo(offsets)
+        else:
+            self._forget(offsets)
 
     def pending_offsets(self) -> dict[TopicPartition, int]:
         return dict(self._pending)
@@ -659,12 +658,12 @@ class Consumer:
                 self.membership_for(offs)  # handed out under the membership still current
             self._kc.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in offs.items()})
         except StaleMembershipError:
-            self._redo(offs)
+            self._lost(offs)
             raise
         except (CommitFailedError, RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError) as e:
             if not self._subscribed:
                 raise
-            self._redo(offs)
+            self._lost(offs)
             meta = self._kc.group_metadata()
             raise StaleMembershipError(
                 f"consumer {self._kc.config['client_id']} of group {meta.group_id}: the group rebalanced before "
