@@ -23,7 +23,7 @@ import json
 import time
 from pathlib import Path
 
-from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread
+from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "async_vs_sync.json"
@@ -109,12 +109,6 @@ def main(args) -> int:
     section = {"emulated": True, "profile": args.profile, "rollout_devices": args.rollout_devices,
                "trainer_devices": args.trainer_devices, "dilation": args.dilation, "token_scale": args.token_scale,
                "prompt_token_scale": args.prompt_token_scale, "steps": args.steps, "repeats": args.repeats,
-               "quick": args.quick, "method": __doc__, **agg, "repetitions": reps,
-               "load": {"before": load_before, "after": load_now()},
-               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    out = Path(args.out)
-    data = json.loads(out.read_text()) if out.is_file() else {"benchmark": "async_vs_sync"}
-    data["emulated"] = section
-    out.write_text(json.dumps(data, indent=2) + "\n")
-    print(f"wrote the emulated section of {out}")
+               "quick": args.quick, "method": __doc__, **agg, "repetitions": reps}
+    write_section(args.out, "emulated", section, load_before, "async_vs_sync")
     return 0

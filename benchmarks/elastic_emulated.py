@@ -48,13 +48,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import time
 from pathlib import Path
 
 from astraflow.benchmarks import elastic
-from astraflow.benchmarks.results_io import load_now
+from astraflow.benchmarks.results_io import load_now, write_section
 
 #: the job's shape in the emulated arms: two calls of 128 rows per batch (see the module docstring)
 GROUPS_PER_BATCH, TASKS_PER_CALL, N_SAMPLES = 32, 16, 8
@@ -233,12 +231,5 @@ def main(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
                 (Path(arms["autoscaling"]["run_dir"]) / "run" / "metrics.jsonl").read_text().splitlines()]
         elastic.plot(out.with_name(out.stem + "_emulated.png"), rows,
                      title=f"EMULATED autoscaling arm ({a.profile}, dilation {a.dilation}): pool size and trainer wait")
-    section["load"] = {"before": load_before, "after": load_now()}
-    section["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
-    section["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    data = json.loads(out.read_text()) if out.is_file() else {"benchmark": "elastic"}
-    data["emulated"] = section
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=2) + "\n")
-    print(f"wrote the emulated section of {out}")
+    write_section(out, "emulated", section, load_before, "elastic")
     return 0

@@ -59,13 +59,33 @@ def write_results(path: str | os.PathLike, data: dict, load_before: dict | None 
     writing time is added as ``load.after``. ``load.busy`` is true if either was busy.
     """
     path = Path(path)
+    _stamp(data, load_before)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote {path}" + ("  (measured under load: see 'load' in the JSON)" if data["load"]["busy"] else ""))
+    return path
+
+
+def write_section(path: str | os.PathLike, name: str, section: dict, load_before: dict | None,
+                  benchmark: str) -> Path:
+    """Write ``section`` as the ``name`` section of the results file ``path`` (e.g. a benchmark's
+    ``emulated`` arms beside its CPU ones, which stay as they are), stamped as
+    :func:`write_results` stamps a whole file; a new file is ``{"benchmark": benchmark}``."""
+    path = Path(path)
+    _stamp(section, load_before)
+    data = json.loads(path.read_text()) if path.is_file() else {"benchmark": benchmark}
+    data[name] = section
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote the {name} section of {path}")
+    return path
+
+
+def _stamp(data: dict, load_before: dict | None) -> None:
+    """The machine, the load before and after, and the time of a measurement."""
     data.setdefault("machine", {}).update(cpus=os.cpu_count(), platform=platform.platform(),
                                           python=platform.python_version())
     after = load_now()
     data["load"] = {"before": load_before, "after": after,
                     "busy": bool(after["busy"] or (load_before or {}).get("busy"))}
     data.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
-    print(f"wrote {path}" + ("  (measured under load: see 'load' in the JSON)" if data["load"]["busy"] else ""))
-    return path

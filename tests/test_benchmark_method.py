@@ -31,6 +31,21 @@ def test_results_record_the_load_they_were_measured_under(tmp_path):
     assert len(data["load"]["after"]["loadavg"]) == 3 and isinstance(data["load"]["busy"], bool)
 
 
+
+def test_a_section_is_written_beside_the_files_other_sections_and_records_its_own_load(tmp_path):
+    """An emulated benchmark writes its section of a results file the CPU arms share."""
+    path = tmp_path / "x.json"
+    results_io.write_results(path, {"benchmark": "x", "cpu_arm": 1}, results_io.load_now())
+    before = results_io.load_now()
+    results_io.write_section(path, "emulated", {"arm": 2}, before, "x")
+    data = json.loads(path.read_text())
+    assert data["cpu_arm"] == 1 and data["emulated"]["arm"] == 2
+    assert data["emulated"]["load"]["before"] == before and "created" in data["emulated"]
+    fresh = tmp_path / "y.json"
+    results_io.write_section(fresh, "emulated", {"arm": 3}, None, "y")
+    assert json.loads(fresh.read_text())["benchmark"] == "y"
+
+
 @pytest.fixture(scope="module")
 def tiny_lm():
     from transformers import AutoModelForCausalLM, AutoTokenizer
