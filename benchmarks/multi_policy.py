@@ -177,7 +177,7 @@ def analyse_team(run_dir: Path) -> dict:
             "remote_wait_s_per_call": next((float(r["value"]) for r in reversed(rows)
                                             if r["name"] == "raas.remote_wait_s_per_call"), float("nan")),
             "remote_calls": remote_calls(run_dir),
-            "generated_tokens": sum(float(r["value"]) for r in rows if r["name"] == "raas.generated_tokens"),
+            "generated_tokens": generated_tokens(rows),
             "eval_k": _eval_k(rows), "verifier": verifier_rates(rows),
             "run_dir": str(run_dir)}
 
@@ -240,6 +240,11 @@ def remote_calls(run_dir: Path) -> dict:
     return {"calls": len(durations), "episodes": episodes, "median_s": statistics.median(durations),
             "p95_s": durations[min(len(durations) - 1, int(0.95 * len(durations)))],
             "hops_per_episode": len(durations) / episodes if episodes else float("nan")}
+
+
+def generated_tokens(rows: list[dict]) -> float:
+    """What a run's pools generated in all (``raas.generated_tokens``: every role's own tokens)."""
+    return sum(float(r["value"]) for r in rows if r["name"] == "raas.generated_tokens")
 
 
 def time_of_tokens(rows: list[dict], tokens: float) -> float | None:
@@ -313,6 +318,7 @@ def run_solver_alone(base: dict, args, rep: int, seconds: float, tokens: float |
     from astraflow.config import load_config
     from astraflow.launcher import run_job
     from astraflow.topology.processes import RunFailed
+    limit_s = seconds * args.alone_run_factor + ALONE_GRACE_S  # (its evaluator may lag its training)
 
     def once(job: str) -> dict:
         data = solver_alone_config(base, load_config(args.config), args.alone_steps, args.alone_eval_every, job,
@@ -322,21 +328,20 @@ def run_solver_alone(base: dict, args, rep: int, seconds: float, tokens: float |
         load = load_now()
         stopped = False
         try:
-            run_job(load_config(path), run_dir=run_dir, progress=False,
-                    timeout_s=seconds * args.alone_run_factor + ALONE_GRACE_S)
+            run_job(load_config(path), run_dir=run_dir, progress=False, timeout_s=limit_s)
         except RunFailed as e:
             if "timeout" not in str(e):
                 raise
             stopped = True
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         if not trainer_steps(rows):
-            raise NoSteps(f"{run_dir}: no step trained in {seconds * args.alone_run_factor + ALONE_GRACE_S:.0f} s")
+            raise NoSteps(f"{run_dir}: no step trained in {limit_s:.0f} s")
         summary = json.loads((run_dir / "summary.json").read_text())
         start = launch_ts(rows, summary)
         at = accuracy_at(rows, start, seconds)
         out = {**at, "seconds": seconds, "stopped_at_timeout": stopped,
                "accuracy_initial": summary["accuracy_initial"], "load_before": load["loadavg"],
-               "generated_tokens": sum(float(r["value"]) for r in rows if r["name"] == "raas.generated_tokens"),
+               "generated_tokens": generated_tokens(rows),
                "eval_k": _eval_k(rows), "run_dir": str(run_dir)}
         if tokens:
             when = time_of_tokens(rows, tokens)

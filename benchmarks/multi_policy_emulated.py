@@ -96,7 +96,7 @@ def shaped(base: dict, args) -> dict:
     data.setdefault("rollout", {})["n_samples"] = SEED_SHAPE["n_samples"]
     data.setdefault("trainer", {}).setdefault("engine", {})["minibatches"] = SEED_SHAPE["minibatches"]
     data["trainer"]["steps"] = args.steps
-    if getattr(args, "max_staleness", None) is not None:
+    if args.max_staleness is not None:
         data.setdefault("dataflow", {})["max_staleness"] = args.max_staleness
     # every policy's length cap is the seed's, in real tokens (the emulated model's cap is token_scale x it)
     cap = real_max_new_tokens(args)
