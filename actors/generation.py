@@ -206,9 +206,10 @@ class GenerationServer:
         self._in_flight = [f for f in self._in_flight if not f.done()]
         if not self._in_flight and not self._uncommitted:  # nothing of the consumer's is pending
             self.consumer = self.watch.renew(self.consumer, self._new_consumer)
-        if len(self._in_flight) >= MAX_CALLS_IN_FLIGHT:
-            time.sleep(timeout_ms / 1000)
-            return 0
+        # At the limit (calls held back while a weight load waits, or a long call) the request
+        # partitions are paused, not left unpolled: the poll keeps this member's group membership
+        # current, so a rebalance never waits on it.
+        self.consumer.hold(len(self._in_flight) >= MAX_CALLS_IN_FLIGHT)
         deliveries = self.consumer.poll(timeout_ms)
         if deliveries:
             self.watch.saw_records()

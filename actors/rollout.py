@@ -121,6 +121,8 @@ class RolloutActor(LoopActor):
         self._held = None  #: a poll's deliveries waiting for the weights they were scheduled at
         self._busy_from = 0.0
         self._poll_threads = ThreadPoolExecutor(self.cfg.rollout.polls_in_flight, thread_name_prefix=f"{self.node_id}-poll")
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix=f"{self.node_id}-load")
+        self._loading = None  #: a weight load waiting for the engine's calls in flight (polls in flight only)
         self._heartbeat(force=True)
 
     def _task_consumer(self) -> Consumer:
@@ -271,9 +273,7 @@ class RolloutActor(LoopActor):
         limit = self.cfg.rollout.polls_in_flight
         if not self._polls:
             self._rejoin_if_stuck()  # nothing in flight: a fresh consumer loses nothing
-        if self._newer_weights():
-            with self.engine_lock:
-                self.subscriber.apply_to(self.engine)
+        self._load_beside_polls()
         answered = 0
         if self.server is not None:
             before = self.server.busy_s
@@ -293,7 +293,7 @@ class RolloutActor(LoopActor):
         room = len(self._polls) < limit and self._held is None
         # At the limit the task partitions are paused, not left unpolled: the poll keeps the
         # consumer's group membership current (a rebalance it sat out would fence every poll).
-        self._pause_tasks(not room)
+        self.consumer.hold(not room)
         deliveries = self.consumer.poll(0 if answered or self._polls else 50 if self.multi else 500)
         if deliveries:  # (at the limit only from a partition assigned since the pause: taken all the same)
             if self._held is not None:  # (a partition assigned while a poll waits: it waits with it)
@@ -311,12 +311,23 @@ class RolloutActor(LoopActor):
             time.sleep(0.01)
         self._heartbeat()
 
-    def _pause_tasks(self, pause: bool) -> None:
-        raw = self.consumer.raw
-        if pause:
-            raw.pause(*[tp for tp in raw.assignment() if tp not in raw.paused()])
-        elif raw.paused():
-            raw.resume(*raw.paused())
+    def _load_beside_polls(self) -> None:
+        """Load newer weights on a thread of their own. A load needs the engine idle, so it waits
+        for the calls in flight (the gate holds new ones back meanwhile), which on an emulated or
+        GPU engine can take a long call's time; this thread meanwhile goes on polling, so the
+        node never holds up its group's rebalances (a join waits for every member's poll, and
+        each rebalance fences the polls in flight of every node)."""
+        if self._loading is not None:
+            if not self._loading.done():
+                return
+            loading, self._loading = self._loading, None
+            loading.result()  # a load that raised fails the step, as it does inline
+        if self._newer_weights():
+            self._loading = self._loader.submit(self._load_weights)
+
+    def _load_weights(self) -> None:
+        with self.engine_lock:
+            self.subscriber.apply_to(self.engine)
 
     def _start_poll(self, deliveries) -> None:
         self.watch.saw_records()
@@ -447,6 +458,11 @@ class RolloutActor(LoopActor):
                                   tokens_per_s=self._tokens / elapsed, ts=time.time(), epoch=held.epoch if held else 0,
                                   weights_digest=held.digest if held else ""), key=self.node_id, trace=False)
         self.metrics.emit_device(self.engine, step=self.engine.version, node=self.node_id)
+        # the task group's generation: how often it rebalanced (each rebalance fences the polls in flight)
+        generation = self.consumer.group_metadata().generation_id if self.consumer is not None else -1
+        if generation >= 0:
+            self.metrics.emit_many({"raas.task_group_generation": generation}, step=self.engine.version,
+                                   node=self.node_id, policy=self.cfg.policy)
         if self._serve_busy_s > 0:  # a pool that serves other policies' episodes is busy too (its autoscaler's demand)
             self.metrics.emit_many({"raas.serve_busy_s": self._serve_busy_s}, step=self.engine.version,
                                    node=self.node_id, policy=self.cfg.policy)
@@ -466,8 +482,9 @@ class RolloutActor(LoopActor):
             super().on_stop()
 
     def teardown(self) -> None:
-        if getattr(self, "_poll_threads", None) is not None:
-            self._poll_threads.shutdown(wait=False, cancel_futures=True)
+        for pool in (getattr(self, "_poll_threads", None), getattr(self, "_loader", None)):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
         close_quietly(self.runner, self.server, self.client, self.subscriber, self.consumer, self.watch,
                       self.producer, self.plain, self.engine)
         self.engine = self.consumer = self.producer = self.plain = self.subscriber = None

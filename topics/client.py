@@ -485,6 +485,17 @@ class Consumer:
         """The underlying kafka-python consumer (seek, positions, assignment)."""
         return self._kc
 
+    def hold(self, hold: bool) -> None:
+        """Pause every assigned partition (``True``) or resume the paused ones. A held consumer
+        still polls, which keeps its group membership current (a rebalance waits for every
+        member's poll), but hands out nothing from the partitions it held; one assigned since
+        is not held until the next call."""
+        kc = self._kc
+        if hold:
+            kc.pause(*[tp for tp in kc.assignment() if tp not in kc.paused()])
+        elif kc.paused():
+            kc.resume(*kc.paused())
+
     def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[Delivery]:
         """Decoded records, in partition order; undecodable ones are dead-lettered and skipped.
 

@@ -30,3 +30,20 @@ def test_every_device_count_keeps_the_work_per_device_and_loads_as_a_job(n):
 def test_a_layout_that_cannot_split_evenly_is_refused():
     with pytest.raises(ValueError, match="do not split evenly"):
         es.layout(40, 8)  # 20 rollout devices over 3 nodes
+
+
+def test_the_bound_prices_a_batch_over_every_episode_rolled_out_fenced_ones_included():
+    """Fenced polls' episodes did their work (it is in the device totals) and were redone by
+    another node: priced over committed episodes only, that work would read as needed and
+    the "lower bound" would exceed the time measured (efficiency 1.13-1.19 in stop 39's run)."""
+    rows = [{"name": "raas.fenced_tasks", "value": v, "label.node": n}
+            for n, v in (("raas-0", 4), ("raas-0", 12), ("raas-1", 8))]  # running counts per node
+    rows += [{"name": "raas.task_group_generation", "value": g, "label.node": "raas-0"} for g in (3, 3, 9)]
+    assert es.episodes_fenced(rows) == 20  # the last count of each node
+    assert es.rebalances(rows) == 6
+    assert es.rebalances([]) == 0 and es.episodes_fenced([]) == 0
+    from astraflow.benchmarks.multi_policy_emulated import resource_work
+    summary = {"emulated": {"raas-0": {"generate": {"modelled_s": 120.0}}, "trainer": {"train": {"modelled_s": 60.0}}}}
+    committed, fenced = 40, es.episodes_fenced(rows)
+    priced = resource_work(summary, committed + fenced, 16, 3)["raas-0"]
+    assert priced == pytest.approx(120.0 * 16 / 60) and priced < resource_work(summary, committed, 16, 3)["raas-0"]
