@@ -144,11 +144,14 @@ def test_an_emulated_generate_returns_the_real_tokens_held_for_their_modelled_ti
 def test_a_call_whose_real_work_outweighs_its_hold_is_reported(cpu_engine, tokenizer, caplog):
     prompts = [tokenizer.encode("12+7=", add_special_tokens=False)] * 8
     params = SamplingParams(temperature=1.0, max_new_tokens=6, stop_token_ids=(tokenizer.eos_token_id,), seed=3)
-    device = _device(dilation=1e-6)  # a hold of microseconds: the CPU is all there is
+    # A hold of microseconds: the CPU is all there is. The warning's share is set low because
+    # the share a call gets is the machine's to give: on 2 cores at load 80 a process gets a
+    # few per cent of one, and 0.2 (the default) failed there (0.14).
+    device = _device(dilation=1e-6, max_cpu_fraction=0.005)
     with caplog.at_level("WARNING", logger="astraflow.emulation.device"):
         EmulatedRolloutEngine(cpu_engine, device).generate(prompts, params)
     stats = device.summary()["generate"]
-    assert stats["overruns"] == 1 and stats["cpu_fraction"] > 0.2
+    assert stats["overruns"] == 1 and stats["cpu_fraction"] > 0.005
     assert any("measures the CPU, not the device" in r.message for r in caplog.records)
 
 
