@@ -293,8 +293,9 @@ class EpisodeRunner:
 
     def __init__(self, policy: str, node_id: str, engine, tokenizer, job_seed: int, *, engine_lock: threading.Lock,
                  before_call=None, client=None, batch_invariant: bool = False, tracer=None,
-                 sampling_of=None, step_out: bool = True) -> None:
+                 sampling_of=None, step_out: bool = True, call_wait_s: float | None = None) -> None:
         self.policy, self.node_id, self.engine, self.tokenizer = policy, node_id, engine, tokenizer
+        self.call_wait_s = call_wait_s  #: a call's bound on waiting for the others (None: CALL_WAIT_S)
         #: an episode's tool and environment time out of the engine's batch (``ep.off_engine``);
         #: False keeps it in (every other episode's call then waits for it): the baseline of
         #: ``benchmarks/multi_turn.py``, not a setting a job has
@@ -348,7 +349,8 @@ class EpisodeRunner:
 
     def _run(self, tasks: Sequence[Task], spans: list, on_wait):
         """Per task its groups, its episode metrics and the error its episode raised (or None)."""
-        batcher = CallBatcher(self.engine, self.engine_lock, self.before_call, self.batch_invariant)
+        batcher = CallBatcher(self.engine, self.engine_lock, self.before_call, self.batch_invariant,
+                              timeout_s=self.call_wait_s)
         for _ in tasks:
             batcher.enter()
         futures = self._submit(tasks, spans, batcher)

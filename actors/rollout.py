@@ -76,8 +76,8 @@ class RolloutActor(LoopActor):
         from astraflow.engines.gate import EngineGate
         from astraflow.weights import WeightSubscriber
 
-        from .episodes import EpisodeRunner
-        from .generation import GenerationClient, GenerationServer
+        from .episodes import CALL_WAIT_S, EpisodeRunner
+        from .generation import REPLY_TIMEOUT_S, GenerationClient, GenerationServer
 
         set_threads(self.cfg.rollout.engine.threads)
         configure_sandbox(self.cfg)
@@ -87,16 +87,17 @@ class RolloutActor(LoopActor):
         self.engine_lock = EngineGate(self.engine)  # shared by calls when the engine batches them itself
         self.plain = Producer(self.bootstrap, client_id=self.node_id)
         dead = DeadLetters(self.plain, self.topics.dlq, self.node_id, recall=self.bootstrap)
+        stretch = self._emulation_stretch()
         if self.multi:
             self.client = GenerationClient(self.bootstrap, self.topics, self.node_id, dead_letters=dead,
-                                           producer=self.plain)
+                                           producer=self.plain, timeout_s=REPLY_TIMEOUT_S * stretch)
             self.server = GenerationServer(self.bootstrap, self.topics, self.cfg.policy, self.node_id,
                                            self._serve_rows, self._sampling_params, dead_letters=dead,
                                            producer=self.plain, concurrent=self.engine_lock.concurrent)
         self.runner = EpisodeRunner(self.cfg.policy, self.node_id, self.engine, self.tokenizer, self.cfg.seed,
                                     engine_lock=self.engine_lock, before_call=self._refresh_weights,
                                     client=self.client, batch_invariant=self.cfg.rollout.batch_invariant,
-                                    tracer=tracer, sampling_of=self._sampling_of)
+                                    tracer=tracer, sampling_of=self._sampling_of, call_wait_s=CALL_WAIT_S * stretch)
         # The pool's identity on every group it writes: the dataflow counts no other (actors/signing.py).
         self.group_signer = group_signer_for(self.cfg)
         self.producer = Producer(self.bootstrap, client_id=self.node_id,
@@ -124,6 +125,13 @@ class RolloutActor(LoopActor):
         self._loader = ThreadPoolExecutor(1, thread_name_prefix=f"{self.node_id}-load")
         self._loading = None  #: a weight load waiting for the engine's calls in flight (polls in flight only)
         self._heartbeat(force=True)
+
+    def _emulation_stretch(self) -> float:
+        """The bounds on waiting for device work (a role call's reply, a call's wait for the
+        others) are device seconds; on emulated devices held ``dilation`` wall seconds per
+        modelled one they stretch by the job's largest rollout dilation above 1."""
+        views = [self.cfg.view(p) for p in self.cfg.policy_names] if self.multi else [self.cfg]
+        return max([1.0, *(v.rollout.device.dilation for v in views if v.rollout.device.emulated)])
 
     def _task_consumer(self) -> Consumer:
         return Consumer(

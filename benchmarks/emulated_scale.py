@@ -159,6 +159,135 @@ def print_table(agg: dict, args) -> None:
               f"{fmt_spread(r['task_group_rebalances'], '.0f'):>12}")
 
 
+# -- the solver-verifier team at scale (--job solver_verifier) -------------------------
+SV_CONFIG = ROOT / "examples" / "solver_verifier.yaml"
+TABLE2 = ROOT / "benchmarks" / "results" / "multi_policy_emulated.json"
+
+
+def sv_split(n: int, table2: dict) -> dict[str, dict[str, int]]:
+    """Table 2's device split at 8 (the rule ``multi_policy --emulated`` printed and recorded:
+    each pool and trainer priced on (c)'s own calls), scaled to ``n`` devices."""
+    base = table2["device_split"]["split"]
+    at = table2["devices"]
+    if n % at:
+        raise ValueError(f"{n} devices are not a multiple of Table 2's {at}")
+    return {p: {st: d * n // at for st, d in parts.items()} for p, parts in base.items()}
+
+
+def sv_layout(n: int, per_node: int, table2: dict) -> dict:
+    """The team's pools and trainers at ``n`` devices; each pool on RaaS nodes of <= ``per_node``."""
+    from astraflow.benchmarks.multi_policy_emulated import SEED_SHAPE
+    split = sv_split(n, table2)
+    pools = {}
+    for p, parts in split.items():
+        nodes = max(1, -(-parts["rollout"] // per_node))
+        if parts["rollout"] % nodes:
+            raise ValueError(f"{p}'s {parts['rollout']} rollout devices do not split evenly over {nodes} nodes")
+        pools[p] = {"nodes": nodes, "devices_per_node": parts["rollout"] // nodes, "trainer_devices": parts["trainer"]}
+    groups = SEED_SHAPE["groups_per_batch"] * n // table2["devices"]
+    lead = next(iter(split))  # the solver: its pool's polls open the episodes
+    return {"devices": n, "split": split, "pools": pools, "groups_per_batch": groups,
+            "tasks_per_call": -(-groups // pools[lead]["nodes"]), "n_samples": SEED_SHAPE["n_samples"]}
+
+
+def sv_config(args, lay: dict, job: str, table2: dict) -> dict:
+    """Table 2's arm (a) (``multi_policy --emulated``'s own config builder, its recorded
+    settings) on ``lay``'s devices, the batch grown with them, dilation raised with N."""
+    import types
+
+    import yaml
+
+    from astraflow.benchmarks.multi_policy_emulated import split_config
+    t2 = types.SimpleNamespace(
+        profile=table2["profile"], dilation=args.dilation * lay["devices"] / 8, token_scale=table2["token_scale"],
+        prompt_token_scale=table2["prompt_token_scale"], workload=table2.get("workload") or "",
+        max_new_tokens_modelled=table2["max_new_tokens_modelled"], max_staleness=table2["max_staleness"],
+        steps=args.steps, eval_problems=50, polls_in_flight=table2["polls_in_flight"])
+    base = yaml.safe_load(SV_CONFIG.read_text())
+    data = split_config(base, t2, lay["split"], "async", job, args.run_root)
+    data["dataflow"]["groups_per_batch"] = lay["groups_per_batch"]
+    data.setdefault("kafka", {})["task_partitions"] = max(8, *(v["nodes"] for v in lay["pools"].values()))
+    for p, pool in lay["pools"].items():
+        r = data["policies"][p]["rollout"]
+        r["nodes"] = pool["nodes"]
+        r["device"]["count"] = pool["devices_per_node"]
+        r["tasks_per_call"] = lay["tasks_per_call"]
+    return data, t2.dilation
+
+
+def sv_one(args, lay: dict, rep: int, table2: dict) -> dict:
+    from astraflow.benchmarks.multi_policy import analyse_team, write_config
+    from astraflow.benchmarks.multi_policy_emulated import cpu_fractions, overruns, resource_work
+    from astraflow.config import load_config
+    from astraflow.launcher import run_job
+    job = f"bench-scale-sv-{lay['devices']}-{int(time.time())}-{rep}"
+    data, dilation = sv_config(args, lay, job, table2)
+    path = write_config(data, Path(args.run_root))
+    run_dir = Path(args.run_root) / job
+    print(f"--- solver-verifier, {lay['devices']} devices, repetition {rep + 1}: {lay['pools']} ({job})", flush=True)
+    run_job(load_config(path), run_dir=run_dir, progress=False, timeout_s=args.run_timeout)
+    r = analyse_team(run_dir)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    fenced = episodes_fenced(rows)
+    work = resource_work(summary, r["episodes"] + fenced, lay["groups_per_batch"], args.steps)
+    per_iter = r["s_per_iter"] / dilation
+    em = summary.get("emulated", {})
+    return {"s_per_iter": per_iter, "samples_per_s": len(lay["split"]) * lay["groups_per_batch"] * lay["n_samples"]
+            / per_iter, "lower_bound_s_per_iter": max(work.values()),
+            "scheduling_efficiency": max(work.values()) / per_iter, "busiest": max(work, key=work.get),
+            "work_by_resource": work, "fenced_episodes": fenced, "task_group_rebalances": rebalances(rows),
+            "episodes_per_trained_group": r["episodes"] / (args.steps * lay["groups_per_batch"]),
+            "cpu_fraction": cpu_fractions(em), "overruns": overruns(em), "run_dir": str(run_dir),
+            "wall_s": r["wall_s"]}
+
+
+SV_KEYS = ("s_per_iter", "samples_per_s", "lower_bound_s_per_iter", "scheduling_efficiency", "fenced_episodes",
+           "task_group_rebalances", "episodes_per_trained_group")
+
+
+def sv_aggregate(rows: dict[int, list[dict]]) -> dict:
+    out = {}
+    base = spread([r["samples_per_s"] for r in rows[min(rows)]])
+    for n, reps in rows.items():
+        agg = {k: spread([r[k] for r in reps]) for k in SV_KEYS}
+        agg["overruns"] = spread([r["overruns"] for r in reps])
+        agg["max_cpu_fraction"] = spread([max(r["cpu_fraction"].values(), default=0.0) for r in reps])
+        ideal = {**base, **{k: v * n / min(rows) for k, v in base.items() if k in ("median", "min", "max")},
+                 "runs": [v * n / min(rows) for v in base["runs"]]}
+        agg["linearity"] = ratio_spread(agg["samples_per_s"], ideal) if agg["samples_per_s"]["n"] == base["n"] \
+            else spread([agg["samples_per_s"]["median"] / ideal["median"]])
+        out[str(n)] = agg
+    return out
+
+
+def sv_main(args, counts: list[int]) -> int:
+    from astraflow.benchmarks.results_io import write_section
+    table2 = json.loads(TABLE2.read_text())
+    lays = {n: sv_layout(n, args.devices_per_node, table2) for n in counts}
+    load_before = load_now()
+    rows: dict[int, list[dict]] = {n: [] for n in counts}
+    for rep in range(args.repeats):
+        for n in counts:
+            rows[n].append(sv_one(args, lays[n], rep, table2))
+            agg = sv_aggregate({k: v for k, v in rows.items() if v})
+            write_section(Path(args.out), "solver_verifier", {
+                "emulated": True, "job": "solver_verifier", "steps": args.steps, "repeats_planned": args.repeats,
+                "dilation_at_8": args.dilation, "split_from": "multi_policy_emulated.json device_split, scaled by N/8",
+                "table2_settings": {k: table2.get(k) for k in ("profile", "token_scale", "prompt_token_scale", "workload",
+                                                                 "max_new_tokens_modelled", "max_staleness",
+                                                                 "polls_in_flight")},
+                "layouts": {str(k): v for k, v in lays.items()}, "by_devices": agg,
+                "repetitions": {str(k): v for k, v in rows.items()}}, load_before, "emulated_scale")
+    agg = sv_aggregate(rows)
+    print("EMULATED: the solver-verifier team (Table 2's arm (a)) on N x h100-qwen3-8b; modelled seconds")
+    for n, r in agg.items():
+        print(f"{n:>3} samples/s {fmt_spread(r['samples_per_s'], '.1f')}  s/iter {fmt_spread(r['s_per_iter'], '.1f')}  "
+              f"bound {fmt_spread(r['lower_bound_s_per_iter'], '.1f')}  eff {fmt_spread(r['scheduling_efficiency'])}  "
+              f"linearity {fmt_spread(r['linearity'])}  rebalances {fmt_spread(r['task_group_rebalances'], '.0f')}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(CONFIG))
@@ -172,12 +301,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-token-scale", type=int, default=16)
     ap.add_argument("--run-timeout", type=float, default=1200.0)
     ap.add_argument("--quick", action="store_true", help="8 and 16 devices, 4 steps, 1 repetition (a smoke run)")
+    ap.add_argument("--job", choices=("demo", "solver_verifier"), default="demo",
+                    help="demo: the single-policy demo job; solver_verifier: Table 2's team, its split scaled by N/8 "
+                         "(written to the JSON's solver_verifier section)")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--run-root", default=str(ROOT / "runs" / "bench-emulated-scale"))
     args = ap.parse_args(argv)
     if args.quick:
         args.devices, args.steps, args.repeats = "8,16", 4, 1
     counts = [int(x) for x in args.devices.split(",")]
+    if args.job == "solver_verifier":
+        return sv_main(args, counts)
     lays = {n: layout(n, args.devices_per_node) for n in counts}
     from astraflow.topics import EmbeddedBroker
     load_before = load_now()
@@ -193,7 +327,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def save(args, lays: dict, rows: dict, reps_done: int, load_before: dict) -> None:
     agg = aggregate(rows)
-    write_results(Path(args.out), {
+    out = Path(args.out)
+    kept = {k: v for k, v in (json.loads(out.read_text()) if out.is_file() else {}).items() if k == "solver_verifier"}
+    write_results(out, {**kept, 
         "benchmark": "emulated_scale", "emulated": True, "profile": args.profile, "steps": args.steps,
         "repeats": reps_done, "repeats_planned": args.repeats, "quick": args.quick, "dilation_at_8": args.dilation,
         "token_scale": args.token_scale, "prompt_token_scale": args.prompt_token_scale,

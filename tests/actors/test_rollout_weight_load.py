@@ -88,3 +88,18 @@ def test_a_held_consumer_keeps_polling_but_hands_out_nothing_until_let_go(bootst
     finally:
         consumer.close()
         feeder.close()
+
+
+def test_bounds_on_device_work_stretch_with_an_emulated_jobs_dilation():
+    """A role call's reply bound and a call's wait for the others are device seconds: on
+    devices held 2.4 wall seconds per modelled one (64 emulated devices), a 200-s verdict call
+    is 480 s of wall time, past the 300-s reply bound, and every episode failed."""
+    from astraflow.config import load_config
+    dev = {"kind": "emulated", "profile": "h100-qwen3-8b", "dilation": 2.4}
+    node = rollout.RolloutActor.__new__(rollout.RolloutActor)
+    node.cfg, node.multi = load_config("examples/solver_verifier.yaml", {"policies.verifier.rollout.device": dev}), True
+    assert node._emulation_stretch() == 2.4  # the largest of the job's pools: the verifier's calls are waited on
+    node.cfg = load_config("examples/solver_verifier.yaml", {"policies.verifier.rollout.device": {**dev, "dilation": 0.3}})
+    assert node._emulation_stretch() == 1.0  # faster than the device: the bounds stay as they are
+    node.cfg, node.multi = load_config("examples/arithmetic_grpo.yaml"), False
+    assert node._emulation_stretch() == 1.0  # a real device

@@ -47,3 +47,33 @@ def test_the_bound_prices_a_batch_over_every_episode_rolled_out_fenced_ones_incl
     committed, fenced = 40, es.episodes_fenced(rows)
     priced = resource_work(summary, committed + fenced, 16, 3)["raas-0"]
     assert priced == pytest.approx(120.0 * 16 / 60) and priced < resource_work(summary, committed, 16, 3)["raas-0"]
+
+
+@pytest.mark.parametrize("n", [8, 16, 32, 64])
+def test_the_team_at_scale_keeps_table_2s_split_per_device_and_loads_as_a_job(n, tmp_path):
+    """``--job solver_verifier``: Table 2's recorded split (the rule's, at 8 devices) scaled by
+    N/8, the batch grown with N, every pool on nodes of <= 8 devices; Table 2's settings."""
+    import json
+
+    table2 = json.loads(es.TABLE2.read_text())
+    lay = es.sv_layout(n, 8, table2)
+    assert sum(d for parts in lay["split"].values() for d in parts.values()) == n
+    for p, parts in table2["device_split"]["split"].items():
+        assert lay["split"][p] == {st: d * n // 8 for st, d in parts.items()}
+        pool = lay["pools"][p]
+        assert pool["nodes"] * pool["devices_per_node"] == lay["split"][p]["rollout"] and pool["devices_per_node"] <= 8
+    assert lay["groups_per_batch"] == 32 * n // 8
+    args = argparse.Namespace(dilation=0.3, steps=5, run_root=str(tmp_path))
+    data, dilation = es.sv_config(args, lay, f"sv-{n}", table2)
+    path = tmp_path / "sv.yaml"
+    import yaml
+    path.write_text(yaml.safe_dump(data))
+    cfg = load_config(path)
+    assert dilation == pytest.approx(0.3 * n / 8) and cfg.dataflow.groups_per_batch == 32 * n // 8
+    for p in cfg.policy_names:
+        view = cfg.view(p)
+        assert view.rollout.nodes == lay["pools"][p]["nodes"] and view.rollout.device.count == lay["pools"][p]["devices_per_node"]
+        assert view.trainer.device.count == lay["split"][p]["trainer"]
+        assert view.rollout.polls_in_flight == table2["polls_in_flight"] and cfg.dataflow.max_staleness == table2["max_staleness"]
+    with pytest.raises(ValueError, match="multiple"):
+        es.sv_layout(12, 8, table2)
