@@ -231,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="arms to run, in this order (the box's load drifts: vary it between runs)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="per arm, seconds")
     ap.add_argument("--quick", action="store_true", help="smoke run: 4 steps, tiny evaluation")
+    ap.add_argument("--repeats", type=int, default=None, help="--emulated: repetitions of every arm, interleaved "
+                    "(default 3; 1 with --quick)")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--run-root", default=str(ROOT / "runs" / "bench-elastic"))
     ap.add_argument("--emulated", action="store_true", help="the arms on cost-model emulated accelerators "

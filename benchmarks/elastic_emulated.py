@@ -161,6 +161,39 @@ def instrument(accounts: dict) -> dict:
     return {"overruns": overruns(accounts), "cpu_fraction": cpu_fractions(accounts)}
 
 
+def summarize(rows: list[dict]) -> dict:
+    """An arm over its repetitions: the repetition of median total device-hours as the arm's
+    row (its every figure from one run), each repetition under ``repetitions``, and the spread
+    of the figures the verdict and the table read."""
+    from astraflow.benchmarks.results_io import spread
+    ranked = sorted(rows, key=lambda r: r["total_device_hours"])
+    out = {**ranked[(len(ranked) - 1) // 2], "repetitions": rows}
+    for key in ("total_device_hours", "modelled_s", "trainer_wait_frac"):
+        out[f"{key}_spread"] = spread([r[key] or 0.0 for r in rows])
+    out["overruns_total"] = sum(r["instrument"]["overruns"] for r in rows)
+    out["complete"] = all(r["complete"] for r in rows)
+    return out
+
+
+def verdict(reps: dict[str, list[dict]]) -> dict:
+    """Autoscaling against each fixed arm in modelled device-hours, repetition by repetition
+    (paired: the k-th runs of the arms ran one after another), and their median (min–max)."""
+    from astraflow.benchmarks.results_io import spread
+    auto = [r["total_device_hours"] for r in reps["autoscaling"]]
+    out: dict = {}
+    for k in ("fixed_small", "fixed_large"):
+        s = spread([x / r["total_device_hours"] - 1 for x, r in zip(auto, reps[k])])
+        out[f"autoscaling_vs_{k}"] = round(s["median"], 4)
+        out[f"autoscaling_vs_{k}_spread"] = s
+    out["below_both"] = out["autoscaling_vs_fixed_small"] < 0 and out["autoscaling_vs_fixed_large"] < 0
+    out["below_both_every_repetition"] = all(max(out[f"autoscaling_vs_{k}_spread"]["runs"]) < 0
+                                             for k in ("fixed_small", "fixed_large"))
+    accs = [r["accuracy"] for rows in reps.values() for r in rows if r["accuracy"] is not None]
+    out["accuracy_spread"] = round(max(accs) - min(accs), 4) if accs else None
+    out["valid"] = all(r["complete"] for rows in reps.values() for r in rows)
+    return out
+
+
 def table(result: dict) -> str:
     lines = [f"EMULATED: trainer on {result['pricing']['trainer_devices']} and each RaaS node on 1 emulated "
              f"{result['profile']} device (dilation {result['dilation']}; device-hours and seconds MODELLED)",
@@ -174,11 +207,14 @@ def table(result: dict) -> str:
                      f"{r['pool_mean'] or 0:4.1f}/{r['pool_max'] or 0:<4.0f} {r['rollout_device_hours']:11.4f} "
                      f"{r['trainer_device_hours']:11.4f} {r['total_device_hours']:9.4f} "
                      f"{r['accuracy'] if r['accuracy'] is not None else float('nan'):6.3f} "
-                     f"{r['instrument']['overruns']:8d}")
+                     f"{r.get('overruns_total', r['instrument']['overruns']):8d}")
     if "verdict" in result:
         v = result["verdict"]
-        lines.append(f"autoscaling vs fixed_small {v['autoscaling_vs_fixed_small']:+.1%}, vs fixed_large "
-                     f"{v['autoscaling_vs_fixed_large']:+.1%} modelled device-hours (seed: -13%)"
+        sp = lambda k: (f" ({v[k + '_spread']['min']:+.1%}..{v[k + '_spread']['max']:+.1%})"  # noqa: E731
+                        if k + "_spread" in v else "")
+        lines.append(f"autoscaling vs fixed_small {v['autoscaling_vs_fixed_small']:+.1%}{sp('autoscaling_vs_fixed_small')}, "
+                     f"vs fixed_large {v['autoscaling_vs_fixed_large']:+.1%}{sp('autoscaling_vs_fixed_large')} modelled "
+                     f"device-hours, median of {result.get('repeats', 1)} repetition(s) (seed: -13%)"
                      + ("" if v.get("valid", True) else "  NOT VALID: an arm stopped short or failed its audit"))
     return "\n".join(lines)
 
@@ -186,6 +222,7 @@ def table(result: dict) -> str:
 def main(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     from astraflow.topics import EmbeddedBroker
     a.steps = a.steps or DEFAULT_STEPS
+    a.repeats = a.repeats or (1 if a.quick else 3)
     if a.quick:
         a.steps, a.problems, a.window, a.cooldown, a.interval = 3, 10, 10.0, 10.0, 2.0
     p = price(a)
@@ -203,17 +240,23 @@ def main(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
               f"{TASK_SESSION_TIMEOUT_MS / 1000:.0f} s session timeout: lower --dilation", flush=True)
     load_before = load_now()
     run_root = Path(a.run_root)
-    arms: dict[str, dict] = {}
+    reps: dict[str, list[dict]] = {arm: [] for arm in a.arms}
     with EmbeddedBroker(run_root / f"kafka-{int(time.time())}", heap="1g") as broker:
-        for arm in a.arms:
-            row = elastic.run_arm(arm, a, broker.bootstrap_servers, run_root, settings(a),
-                                  topology(arm, a, p["trainer_devices"]))
-            accounts = row.pop("emulated_accounts")
-            arms[arm] = {**modelled(row, a.dilation), "instrument": instrument(accounts),
-                         # a run that stopped short (timeout, stall) or lost records compares nothing
-                         "complete": row["steps_trained"] == a.steps and row["audit_ok"]}
+        for rep in range(a.repeats):
+            # the arms in turn, their order reversed every other repetition, so a drift of the
+            # machine's load over the run falls on every arm alike
+            for arm in (a.arms if rep % 2 == 0 else a.arms[::-1]):
+                print(f"--- {arm}, repetition {rep + 1} of {a.repeats}", flush=True)
+                row = elastic.run_arm(arm, a, broker.bootstrap_servers, run_root, settings(a),
+                                      topology(arm, a, p["trainer_devices"]))
+                accounts = row.pop("emulated_accounts")
+                reps[arm].append({**modelled(row, a.dilation), "instrument": instrument(accounts),
+                                  # a run that stopped short (timeout, stall) or lost records compares nothing
+                                  "complete": row["steps_trained"] == a.steps and row["audit_ok"]})
+    arms = {arm: summarize(rows) for arm, rows in reps.items()}
     section = {"emulated": True, "quick": a.quick, "profile": a.profile, "dilation": a.dilation,
                "token_scale": a.token_scale, "prompt_token_scale": a.prompt_token_scale, "steps": a.steps,
+               "repeats": a.repeats,
                "job_shape": {"groups_per_batch": GROUPS_PER_BATCH, "tasks_per_call": TASKS_PER_CALL,
                              "n_samples": N_SAMPLES},
                "device_hours_unit": ("modelled hours: the launcher's heartbeat device-hours (wall) / dilation, "
@@ -223,7 +266,7 @@ def main(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
                "settings": {k: v for k, v in vars(a).items() if k not in ("out", "run_root")},
                "method": __doc__}
     if all(k in arms for k in elastic.ARMS):
-        section["verdict"] = {**elastic.verdict(arms), "valid": all(arms[k]["complete"] for k in elastic.ARMS)}
+        section["verdict"] = verdict(reps)
     print(table(section))
     out = Path(a.out)
     if "autoscaling" in arms:

@@ -157,3 +157,25 @@ def test_report_renders_the_emulated_section_and_skips_a_quick_one(tmp_path, mon
     section["quick"] = True
     (tmp_path / "elastic.json").write_text(json.dumps({"benchmark": "elastic", "emulated": section}))
     assert report.elastic_emulated() == []
+
+
+def test_the_emulated_verdict_pairs_repetitions_and_an_incomplete_run_voids_it():
+    from astraflow.benchmarks import elastic_emulated as em
+
+    def row(dh, acc=0.2, complete=True):
+        return {"total_device_hours": dh, "modelled_s": 100.0, "trainer_wait_frac": 0.1, "accuracy": acc,
+                "instrument": {"overruns": 1}, "complete": complete}
+    reps = {"fixed_small": [row(1.0), row(1.2), row(1.1)], "fixed_large": [row(1.1), row(1.0), row(1.3)],
+            "autoscaling": [row(0.9), row(1.08), row(1.2)]}
+    v = em.verdict(reps)
+    small, large = v["autoscaling_vs_fixed_small_spread"], v["autoscaling_vs_fixed_large_spread"]
+    # repetition by repetition: 0.9/1.0, 1.08/1.2, 1.2/1.1 against small; 0.9/1.1, 1.08/1.0, 1.2/1.3 against large
+    assert small["runs"] == pytest.approx([-0.1, -0.1, 1.2 / 1.1 - 1])
+    assert large["runs"] == pytest.approx([0.9 / 1.1 - 1, 0.08, 1.2 / 1.3 - 1])
+    assert v["autoscaling_vs_fixed_small"] == pytest.approx(-0.1)
+    assert v["below_both"] and not v["below_both_every_repetition"] and v["valid"]
+    s = em.summarize(reps["fixed_large"])
+    assert s["total_device_hours"] == 1.1 and s["total_device_hours_spread"]["max"] == 1.3  # the median run's row
+    assert s["overruns_total"] == 3 and len(s["repetitions"]) == 3
+    reps["fixed_large"][2] = row(1.3, complete=False)  # a run that stopped short
+    assert em.verdict(reps)["valid"] is False and em.summarize(reps["fixed_large"])["complete"] is False
