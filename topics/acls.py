@@ -17,7 +17,10 @@ job's own :class:`~.registry.JobTopics` (so the plan follows the topics when the
   its restart state in transactions (ids ``af.<job>.dataflow.*``); it may not write
   ``versions`` or ``weights.*``;
 - ``admin`` (the launcher, ``astraflow status``/``replay``/``export``, the operator's tools):
-  everything on the job's topics and groups (it creates them) — not the cluster's.
+  create, describe and read every topic of the job and read its groups' offsets; write only
+  ``metrics``, ``control`` and ``dlq``. It may *not* write ``versions``, ``weights.*``,
+  ``batches.*``, ``tasks.*`` or ``trajectories``, delete records or change a topic's settings:
+  only the cluster's super user does everything.
 
 A principal named ``raas`` or ``trainer`` serves every policy and gets those rules for each;
 one named ``raas.<p>`` or ``trainer.<p>`` gets only policy ``p``'s: ``trainer.a`` writes
@@ -42,6 +45,8 @@ __all__ = ["AclEntry", "POLICY_ROLES", "ROLES", "apply", "format_plan", "plan", 
 
 ROLES = ("raas", "trainer", "dataflow", "admin")
 POLICY_ROLES = ("raas", "trainer")  #: roles a principal may serve one policy of: ``<role>.<policy>``
+#: What the admin may do on every topic of its job (PREFIXED): make and read them, not write them.
+ADMIN_TOPIC_OPS = ("CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "READ")
 
 
 @dataclass(frozen=True, order=True)
@@ -103,9 +108,12 @@ def plan(topics: JobTopics, principals: dict[str, str]) -> list[AclEntry]:
         common = (_topic(who, key, t.metrics, "WRITE") + _topic(who, key, t.dlq, "WRITE")
                   + _topic(who, key, t.control, "READ", "WRITE"))
         if role == "admin":
-            out += [AclEntry(who, "TOPIC", t.prefix, "ALL", "PREFIXED", key),
-                    AclEntry(who, "GROUP", t.prefix, "ALL", "PREFIXED", key),
-                    AclEntry(who, "TRANSACTIONAL_ID", t.prefix, "ALL", "PREFIXED", key)]
+            # It creates and reads every topic of the job and writes only what a launcher or an
+            # operator writes: never versions, weights.*, batches.*, tasks.* or trajectories, so
+            # a stolen launcher password cannot steer training (the super user still can).
+            out += [AclEntry(who, "TOPIC", t.prefix, op, "PREFIXED", key) for op in ADMIN_TOPIC_OPS]
+            out += common
+            out += [AclEntry(who, "GROUP", t.prefix, op, "PREFIXED", key) for op in ("READ", "DESCRIBE")]
             continue
         out += common
         if role == "raas":
