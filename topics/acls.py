@@ -93,17 +93,21 @@ def _split(key: str, policies: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
     return role, (policy,)
 
 
-def plan(topics: JobTopics, principals: dict[str, str]) -> list[AclEntry]:
+def plan(topics: JobTopics, principals: dict[str, str],
+         serves: dict[str, tuple[str, ...]] | None = None) -> list[AclEntry]:
     """The ALLOW rules of each principal in ``principals`` (``<role>`` or ``<role>.<policy>``
     -> user name) for ``topics``: a ``<role>`` principal gets its role's rules for every
-    policy, a ``<role>.<policy>`` one (raas, trainer) only its own policy's. Roles absent from
-    ``principals`` get none (a role sharing the admin's user needs none). Each rule's
-    ``role`` is the principal's key."""
+    policy — or, named in ``serves``, for only the policies listed there (those a topology's
+    pools run it for) — a ``<role>.<policy>`` one (raas, trainer) only its own policy's. Roles
+    absent from ``principals`` get none (a role sharing the admin's user needs none). Each
+    rule's ``role`` is the principal's key."""
     t, out = topics, []
     multi = any(s.name == t.replies for s in t.specs())
     for key, user in sorted(principals.items()):
         role, mine = _split(key, t.policies)
-        scoped = "." in key  # <role>.<policy>
+        if serves and key in serves and role in POLICY_ROLES:
+            mine = tuple(p for p in mine if p in serves[key])
+        scoped = mine != t.policies  # only some policies: ids and role calls scoped to them
         who = f"User:{user}"
         common = (_topic(who, key, t.metrics, "WRITE") + _topic(who, key, t.dlq, "WRITE")
                   + _topic(who, key, t.control, "READ", "WRITE"))
@@ -124,15 +128,16 @@ def plan(topics: JobTopics, principals: dict[str, str]) -> list[AclEntry]:
                 if multi:  # serving p's role calls from the other policies' episodes (generation.py)
                     out += _topic(who, key, t.generate(p), "READ")
                     out += [AclEntry(who, "GROUP", t.generation_group(p), "READ", "LITERAL", key)]
-            if multi:  # calling the roles the other policies play
-                out += [e for q in t.policies if q not in mine or not scoped
+            if multi:  # calling the roles the other policies play (any, when it serves several)
+                out += [e for q in t.policies if q not in mine or len(mine) > 1
                         for e in _topic(who, key, t.generate(q), "WRITE")]
                 out += _topic(who, key, t.replies, "READ", "WRITE")
             out += _topic(who, key, t.trajectories, "WRITE")
             out += _topic(who, key, t.versions, "READ")
             # Transactional ids are af.<job>.raas.<policy>.<node> (JobTopics.rollout_transactional_id).
-            tid = t.rollout_transactional_id(mine[0], "") if scoped else f"{t.prefix}raas."
-            out += [AclEntry(who, "TRANSACTIONAL_ID", tid, op, "PREFIXED", key) for op in ("WRITE", "DESCRIBE")]
+            tids = [t.rollout_transactional_id(p, "") for p in mine] if scoped else [f"{t.prefix}raas."]
+            out += [AclEntry(who, "TRANSACTIONAL_ID", tid, op, "PREFIXED", key)
+                    for tid in tids for op in ("WRITE", "DESCRIBE")]
         elif role == "trainer":
             for p in mine:
                 out += _topic(who, key, t.batches(p), "READ")
