@@ -121,6 +121,17 @@ def test_config_keys_list_the_security_section():
         assert keys.get(f"kafka.security.{k}"), k
 
 
+def test_the_probe_asks_the_first_bootstrap_address_that_answers(bootstrap):
+    """A cluster that lost the broker listed first: the probe asks the next one, so a refused
+    setting is still one line and not kafka-python's bootstrap timeout."""
+    from astraflow.topics.broker import free_port
+    dead = f"127.0.0.1:{free_port()}"
+    assert security.probe(dead, security.ClientSecurity()) == (False, None)  # nothing answers
+    assert security.probe(f"{dead},{bootstrap}", security.ClientSecurity()) == (True, None)
+    ok, why = security.probe(f"{dead},{bootstrap}", security.ClientSecurity(protocol="SSL"))
+    assert not ok and why and bootstrap in why, why  # the answer names the broker that gave it
+
+
 def test_the_environment_is_the_setting_of_a_command_without_a_config(tmp_path):
     (tmp_path / "pw").write_text("from-file\n")
     sec = security.from_env({"ASTRAFLOW_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
