@@ -70,6 +70,8 @@ def test_the_runs_plan_gives_raas_no_write_on_versions_or_weights(tmp_path):
     assert writes and (topics.versions, "LITERAL") not in writes
     assert not any(topics.weights(cfg.policy).startswith(n) for n, p in writes if p == "PREFIXED")
     assert (topics.weights(cfg.policy), "LITERAL") not in writes
+    tids = {e.name for e in plan(topics, users) if e.principal == raas and e.resource == "TRANSACTIONAL_ID"}
+    assert tids == {topics.rollout_transactional_id(cfg.policy, "")}  # its policy's ids, even as the only policy
 
 
 def test_make_demo_can_run_the_demo_secured():

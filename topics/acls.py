@@ -107,7 +107,7 @@ def plan(topics: JobTopics, principals: dict[str, str],
         role, mine = _split(key, t.policies)
         if serves and key in serves and role in POLICY_ROLES:
             mine = tuple(p for p in mine if p in serves[key])
-        scoped = mine != t.policies  # only some policies: ids and role calls scoped to them
+        scoped = "." in key or mine != t.policies  # <role>.<policy>, or a topology's subset: ids scoped to them
         who = f"User:{user}"
         common = (_topic(who, key, t.metrics, "WRITE") + _topic(who, key, t.dlq, "WRITE")
                   + _topic(who, key, t.control, "READ", "WRITE"))
