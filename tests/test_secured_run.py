@@ -76,3 +76,38 @@ def test_the_runs_plan_gives_raas_no_write_on_versions_or_weights(tmp_path):
 
 def test_make_demo_can_run_the_demo_secured():
     assert "kafka.security.embedded=true" in (ROOT / "Makefile").read_text()
+
+
+@pytest.mark.slow
+def test_a_secured_runs_kafka_log_still_opens_offline(tmp_path):
+    """`astraflow status`/`replay` of a finished run dir reopen its Kafka log on a local plaintext
+    broker (astraflow.offline): a log formatted and written by the run's secured broker opens too."""
+    from kafka import TopicPartition
+
+    from astraflow.offline import OfflineBroker
+    from astraflow.topics import Consumer, EmbeddedBroker, JobTopics, Producer, ensure_topics, security
+    from astraflow.topics.messages import Metric
+
+    cfg = load_config(_job(tmp_path, "  security: {embedded: true}\n"))
+    run = SecuredRun.create(cfg, tmp_path / "run")
+    topics = JobTopics(job="off", policies=("p",))
+    try:
+        with EmbeddedBroker(tmp_path / "run" / "kafka", heap="512m", startup_timeout=300, secure=run.setup) as b:
+            security.install(run.setup.client_security())
+            ensure_topics(b.bootstrap_servers, topics.specs())
+            with Producer(b.bootstrap_servers, client_id="off") as p:
+                p.send_sync(topics.metrics, Metric(component="run", name="m", value=7.0))
+        security.uninstall()  # the offline reader is a plaintext client of its own local broker
+        with OfflineBroker(tmp_path / "run") as bootstrap:
+            c = Consumer(bootstrap, partitions=[TopicPartition(topics.metrics, 0)], client_id="off-read")
+            try:
+                got = []
+                for _ in range(60):
+                    got += [d.message.value for d in c.poll(timeout_ms=500)]
+                    if got:
+                        break
+            finally:
+                c.close()
+        assert got == [7.0]
+    finally:
+        security.uninstall()
