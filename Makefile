@@ -59,8 +59,9 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null) \
 	    || { echo "make: apt-get could not install chromium"; exit 1; }; }
 
+# `make demo SECURE=1`: the same run on a secured embedded broker (SASL_SSL, ACLs per role).
 demo: kafka
-	$(VENV)/bin/astraflow run examples/arithmetic_grpo.yaml
+	$(VENV)/bin/astraflow run examples/arithmetic_grpo.yaml $(if $(SECURE),--set kafka.security.embedded=true)
 
 # `make test`: the layer check, then every fast test plus the end-to-end runs marked core
 # (~28 min on 2 cores); `make test-all`: every test, the long end-to-end and chaos runs included.

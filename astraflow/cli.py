@@ -203,6 +203,7 @@ def _cmd_acl(args: argparse.Namespace) -> int:
         raise SystemExit("astraflow acl --topology: give --config too (the job whose topics and principals it runs)")
     topics = job_topics(cfg) if cfg else JobTopics(job=args.job, policies=tuple(args.policy or ["policy"]))
     users = _acl_users(cfg, topics.policies, args.principal)
+    serves: dict[str, tuple[str, ...]] = {}
     if args.topology:  # only the principals the topology's pools run (and the launcher's admin)
         from astraflow.topology.launch import load_plan
         pools = load_plan(args.topology, cfg).pools.values()
@@ -212,8 +213,18 @@ def _cmd_acl(args: argparse.Namespace) -> int:
             users = principals_of(sorted(running, key=str), users)
         except ValueError as e:
             raise SystemExit(f"astraflow acl --topology {args.topology}: {e}") from None
+        # A plain raas/trainer principal gets the policies its pools serve here, not every policy.
+        for role, policy in running:
+            if policy is not None and f"{role}.{policy}" not in users and role in users:
+                serves[role] = tuple(sorted({*serves.get(role, ()), policy}))
+        for role, served in sorted(serves.items()):
+            if len(served) > 1:
+                print(f"astraflow acl: warning: principal {role!r} (user {users[role]!r}) serves policies "
+                      f"{', '.join(served)} of topology {args.topology} under one login: a node of any of them "
+                      f"(any region) holds every one's rights; name one principal per policy "
+                      f"({', '.join(f'kafka.security.principals.{role}.{p}' for p in served)})", file=sys.stderr)
     try:
-        entries = plan(topics, users)
+        entries = plan(topics, users, serves)
     except ValueError as e:
         raise SystemExit(f"astraflow acl: {e}") from None
     if args.action == "plan":

@@ -134,10 +134,19 @@ class KafkaSecurityConfig:
     principals: dict[str, KafkaPrincipal] = _f({}, "per role (raas, trainer, dataflow, admin), or per role and "
                                                    "policy (raas.<policy>, trainer.<policy>): its own user, so "
                                                    "ACLs give each only what it needs (`astraflow acl plan`)")
+    embedded: bool = _f(False, "secure the embedded broker `astraflow run` starts: SASL_SSL (SCRAM-SHA-512), "
+                               "ACLs per principal, a user and a password file (0600) per principal made in the "
+                               "run dir's secure/; the run sets the other keys (leave them unset)")
 
     def __post_init__(self) -> None:
         sasl, tls = self.protocol.startswith("SASL_"), self.protocol.endswith("SSL")
         key = "kafka.security"
+        if self.embedded:
+            for f in dataclasses.fields(self):
+                default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+                if f.name != "embedded" and getattr(self, f.name) != default:
+                    raise ValueError(f"{key}.{f.name}: set, but {key}.embedded makes the run's own settings; drop "
+                                     f"one of them")
         if sasl:
             if self.sasl_mechanism is None:
                 raise ValueError(f"{key}.sasl_mechanism: {self.protocol} needs one of PLAIN, SCRAM-SHA-256, "
@@ -261,6 +270,10 @@ class KafkaConfig:
         if self.bootstrap_servers is not None:
             from astraflow.topics.bootstrap import parse_bootstrap
             parse_bootstrap(self.bootstrap_servers, "kafka.bootstrap_servers")
+            if self.security.embedded:
+                raise ValueError("kafka.security.embedded: secures the broker a run starts itself, but "
+                                 "kafka.bootstrap_servers names a cluster; give that cluster's protocol and "
+                                 "principals in kafka.security instead")
         if self.replication_factor is not None and self.replication_factor < 1:
             raise ValueError(f"kafka.replication_factor must be >= 1, got {self.replication_factor}")
         if self.min_insync_replicas is not None and not (
@@ -844,7 +857,7 @@ def install_security(cfg: JobConfig, role: str = "admin", policy: str | None = N
     the environment's (``ASTRAFLOW_KAFKA_*``, else PLAINTEXT). Returns the setting now in
     force; :class:`ConfigError` when a password or TLS file named by the config cannot be read."""
     from astraflow.topics import security
-    if cfg.kafka.security == KafkaSecurityConfig():
+    if cfg.kafka.security == KafkaSecurityConfig() or cfg.kafka.security.embedded:  # (the run makes the latter's)
         return security.current()
     policy = (policy or cfg.policy) if role in POLICY_ROLES else None
     return security.install(cfg.kafka.security.client(role, cfg.config_dir, cfg.source, policy=policy))

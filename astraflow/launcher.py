@@ -72,11 +72,17 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
                                   ensure_topics, job_topics)
 
     from astraflow.config import ConfigError, KafkaSecurityConfig, install_security
-    if bootstrap is None and cfg.kafka.security != KafkaSecurityConfig():
+    secured = cfg.kafka.security.embedded
+    if secured and (bootstrap is not None or extension is not None):
+        raise ConfigError(cfg.source, "kafka.security.embedded", "secures the broker `astraflow run` starts itself; "
+                          + ("with --bootstrap-servers give that cluster's protocol and principals in kafka.security"
+                             if bootstrap is not None else "`astraflow launch` runs its broker plaintext (not yet "
+                             "secured); use `astraflow broker start --secure` and --bootstrap-servers"))
+    if bootstrap is None and not secured and cfg.kafka.security != KafkaSecurityConfig():
         raise ConfigError(cfg.source, "kafka.security", "a secured job runs on an existing cluster: set "
-                                                        "kafka.bootstrap_servers (or --bootstrap-servers); the "
-                                                        "embedded broker of a run is plaintext (a secured one: "
-                                                        "`astraflow broker start --secure`)")
+                                                        "kafka.bootstrap_servers (or --bootstrap-servers); for a "
+                                                        "secured embedded broker set only kafka.security.embedded: "
+                                                        "true")
     install_security(cfg, "admin")  # the launcher's own clients: topics, metrics, control
     overrides = list(overrides or [])
     run_dir = Path(run_dir or Path(cfg.run_dir) / f"{cfg.job}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -98,14 +104,29 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
     with contextlib.ExitStack() as stack:
         broker = None
         if bootstrap is None:
-            say(progress, "starting the embedded Kafka broker ...")
-            broker = EmbeddedBroker(run_dir / "kafka")
+            say(progress, f"starting the embedded Kafka broker{' (secured)' if secured else ''} ...")
+            run = None
+            if secured:
+                from astraflow.secured_run import SecuredRun
+                run = SecuredRun.create(cfg, run_dir)
+            broker = EmbeddedBroker(run_dir / "kafka", secure=run.setup if run else None,
+                                    startup_timeout=180 if run else 90)
             if extension is not None:
                 stack.enter_context(extension.broker_setup(broker))
             broker = stack.enter_context(_broker(broker))
             bootstrap = broker.bootstrap_servers
             # what `astraflow status --bootstrap-servers` and other Kafka clients reach it at
             say(progress, f"kafka: {bootstrap} (embedded; its log: {broker.log_path})")
+            if run is not None:  # users and ACLs as the super user; from then on the launcher is `admin`
+                from astraflow.topics import security
+                security.install(run.setup.client_security())
+                with _broker_watched(broker):
+                    n = run.grant(bootstrap, cfg)
+                cfg, keyed = run.job_config(cfg), run.job_config(keyed)
+                overrides += run.overrides()
+                install_security(cfg, "admin")
+                say(progress, f"kafka: SASL_SSL ({run.setup.describe()['sasl_mechanism']}), {n} ACLs for "
+                              f"{len(run.users)} principals; their password files in {run.setup.dir}")
         topics = job_topics(cfg)
         with _broker_watched(broker):
             ensure_topics(bootstrap, topics.specs())

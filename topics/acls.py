@@ -17,7 +17,10 @@ job's own :class:`~.registry.JobTopics` (so the plan follows the topics when the
   its restart state in transactions (ids ``af.<job>.dataflow.*``); it may not write
   ``versions`` or ``weights.*``;
 - ``admin`` (the launcher, ``astraflow status``/``replay``/``export``, the operator's tools):
-  everything on the job's topics and groups (it creates them) — not the cluster's.
+  create, describe and read every topic of the job and read its groups' offsets; write only
+  ``metrics``, ``control`` and ``dlq``. It may *not* write ``versions``, ``weights.*``,
+  ``batches.*``, ``tasks.*`` or ``trajectories``, delete records or change a topic's settings:
+  only the cluster's super user does everything.
 
 A principal named ``raas`` or ``trainer`` serves every policy and gets those rules for each;
 one named ``raas.<p>`` or ``trainer.<p>`` gets only policy ``p``'s: ``trainer.a`` writes
@@ -42,6 +45,8 @@ __all__ = ["AclEntry", "POLICY_ROLES", "ROLES", "apply", "format_plan", "plan", 
 
 ROLES = ("raas", "trainer", "dataflow", "admin")
 POLICY_ROLES = ("raas", "trainer")  #: roles a principal may serve one policy of: ``<role>.<policy>``
+#: What the admin may do on every topic of its job (PREFIXED): make and read them, not write them.
+ADMIN_TOPIC_OPS = ("CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "READ")
 
 
 @dataclass(frozen=True, order=True)
@@ -88,24 +93,31 @@ def _split(key: str, policies: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
     return role, (policy,)
 
 
-def plan(topics: JobTopics, principals: dict[str, str]) -> list[AclEntry]:
+def plan(topics: JobTopics, principals: dict[str, str],
+         serves: dict[str, tuple[str, ...]] | None = None) -> list[AclEntry]:
     """The ALLOW rules of each principal in ``principals`` (``<role>`` or ``<role>.<policy>``
     -> user name) for ``topics``: a ``<role>`` principal gets its role's rules for every
-    policy, a ``<role>.<policy>`` one (raas, trainer) only its own policy's. Roles absent from
-    ``principals`` get none (a role sharing the admin's user needs none). Each rule's
-    ``role`` is the principal's key."""
+    policy — or, named in ``serves``, for only the policies listed there (those a topology's
+    pools run it for) — a ``<role>.<policy>`` one (raas, trainer) only its own policy's. Roles
+    absent from ``principals`` get none (a role sharing the admin's user needs none). Each
+    rule's ``role`` is the principal's key."""
     t, out = topics, []
     multi = any(s.name == t.replies for s in t.specs())
     for key, user in sorted(principals.items()):
         role, mine = _split(key, t.policies)
-        scoped = "." in key  # <role>.<policy>
+        if serves and key in serves and role in POLICY_ROLES:
+            mine = tuple(p for p in mine if p in serves[key])
+        scoped = "." in key or mine != t.policies  # <role>.<policy>, or a topology's subset: ids scoped to them
         who = f"User:{user}"
         common = (_topic(who, key, t.metrics, "WRITE") + _topic(who, key, t.dlq, "WRITE")
                   + _topic(who, key, t.control, "READ", "WRITE"))
         if role == "admin":
-            out += [AclEntry(who, "TOPIC", t.prefix, "ALL", "PREFIXED", key),
-                    AclEntry(who, "GROUP", t.prefix, "ALL", "PREFIXED", key),
-                    AclEntry(who, "TRANSACTIONAL_ID", t.prefix, "ALL", "PREFIXED", key)]
+            # It creates and reads every topic of the job and writes only what a launcher or an
+            # operator writes: never versions, weights.*, batches.*, tasks.* or trajectories, so
+            # a stolen launcher password cannot steer training (the super user still can).
+            out += [AclEntry(who, "TOPIC", t.prefix, op, "PREFIXED", key) for op in ADMIN_TOPIC_OPS]
+            out += common
+            out += [AclEntry(who, "GROUP", t.prefix, op, "PREFIXED", key) for op in ("READ", "DESCRIBE")]
             continue
         out += common
         if role == "raas":
@@ -116,15 +128,16 @@ def plan(topics: JobTopics, principals: dict[str, str]) -> list[AclEntry]:
                 if multi:  # serving p's role calls from the other policies' episodes (generation.py)
                     out += _topic(who, key, t.generate(p), "READ")
                     out += [AclEntry(who, "GROUP", t.generation_group(p), "READ", "LITERAL", key)]
-            if multi:  # calling the roles the other policies play
-                out += [e for q in t.policies if q not in mine or not scoped
+            if multi:  # calling the roles the other policies play (any, when it serves several)
+                out += [e for q in t.policies if q not in mine or len(mine) > 1
                         for e in _topic(who, key, t.generate(q), "WRITE")]
                 out += _topic(who, key, t.replies, "READ", "WRITE")
             out += _topic(who, key, t.trajectories, "WRITE")
             out += _topic(who, key, t.versions, "READ")
             # Transactional ids are af.<job>.raas.<policy>.<node> (JobTopics.rollout_transactional_id).
-            tid = t.rollout_transactional_id(mine[0], "") if scoped else f"{t.prefix}raas."
-            out += [AclEntry(who, "TRANSACTIONAL_ID", tid, op, "PREFIXED", key) for op in ("WRITE", "DESCRIBE")]
+            tids = [t.rollout_transactional_id(p, "") for p in mine] if scoped else [f"{t.prefix}raas."]
+            out += [AclEntry(who, "TRANSACTIONAL_ID", tid, op, "PREFIXED", key)
+                    for tid in tids for op in ("WRITE", "DESCRIBE")]
         elif role == "trainer":
             for p in mine:
                 out += _topic(who, key, t.batches(p), "READ")

@@ -131,7 +131,7 @@ class EmbeddedBroker:
             go (default: ``data_dir``); another directory leaves a data dir's files as they
             were but for its Kafka log (an offline reader of a run dir, :mod:`astraflow.offline`).
         secure: a :class:`~.secured.SecureSetup`: SASL_SSL (SCRAM-SHA-512) for clients, mutual
-            TLS for the controller, ACLs enforced (a lone node only); None: plaintext.
+            TLS for the controller, ACLs enforced (a cluster's nodes share one); None: plaintext.
     """
 
     def __init__(self, data_dir: str | os.PathLike | None = None, *, port: int = 0,
@@ -256,8 +256,6 @@ class EmbeddedBroker:
             "log.dirs": str(self.data_dir / "meta"),
         })
         if self.secure is not None:
-            if self.voters:
-                raise BrokerStartError("a secured broker is a lone node: several nodes are not supported yet")
             props.update(self.secure.broker_properties(self.port, self.controller_port))
         if self.voters:
             props["controller.quorum.voters"] = self.voters

@@ -16,11 +16,14 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-
+from typing import TYPE_CHECKING
 
 from . import security
 from .broker import BrokerInfo, EmbeddedBroker, free_port, kafka_cluster_id
 from .exceptions import BrokerStartError
+
+if TYPE_CHECKING:
+    from .secured import SecureSetup
 
 
 def replication_for(brokers: int) -> tuple[int, int]:
@@ -70,23 +73,28 @@ class EmbeddedCluster:
         startup_timeout: seconds each node may take to answer.
         detach: the nodes outlive this process (the CLI's ``broker start --nodes N``).
         properties: extra ``server.properties`` entries for every node.
+        secure: a :class:`~.secured.SecureSetup` every node shares: SASL_SSL (SCRAM-SHA-512)
+            for clients and between brokers, mutual TLS between the controllers (each node
+            presents the one broker certificate), ACLs enforced; None: plaintext.
     """
 
     def __init__(self, data_dir: str | Path | None = None, *, nodes: int = 3, port: int = 0,
                  heap: str = "512m", startup_timeout: float = 120.0, detach: bool = False,
-                 properties: dict[str, str] | None = None) -> None:
+                 properties: dict[str, str] | None = None, secure: "SecureSetup | None" = None) -> None:
         if nodes < 1:
             raise ValueError(f"EmbeddedCluster: nodes must be >= 1, got {nodes}")
         self._own_dir = data_dir is None and not detach
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="astraflow-kafka-cluster-"))
         self.startup_timeout = startup_timeout
+        self.secure = secure
         layout = self._layout(nodes, port)
         voters = ",".join(f"{n['node_id']}@127.0.0.1:{n['controller_port']}" for n in layout["nodes"])
         props = {**cluster_properties(nodes), **(properties or {})}
         self.nodes = [EmbeddedBroker(self.data_dir / f"node-{n['node_id']}", port=n["port"],
                                      controller_port=n["controller_port"], heap=heap,
                                      startup_timeout=startup_timeout, detach=detach, properties=props,
-                                     node_id=n["node_id"], voters=voters, cluster_id=layout["cluster_id"])
+                                     node_id=n["node_id"], voters=voters, cluster_id=layout["cluster_id"],
+                                     secure=secure)
                       for n in layout["nodes"]]
 
     @property
@@ -141,7 +149,8 @@ class EmbeddedCluster:
         """Until ``count`` brokers are registered and unfenced: topics created earlier get fewer replicas."""
         live = [n.bootstrap_servers for n in self.nodes if n.pid is not None]
         deadline = time.monotonic() + self.startup_timeout
-        admin = security.admin(bootstrap_servers=",".join(live), client_id="astraflow-cluster")
+        admin = security.admin(bootstrap_servers=",".join(live), client_id="astraflow-cluster",
+                               **({"security": self.secure.client_security()} if self.secure else {}))
         try:
             while True:
                 brokers = [b for b in admin.describe_cluster()["brokers"] if not b.get("is_fenced")]

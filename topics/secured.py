@@ -137,7 +137,8 @@ class SecureSetup:
             f"ssl.truststore.location={self.ca_file}\n"))
 
     def broker_properties(self, port: int, controller_port: int) -> dict[str, str]:
-        """``server.properties`` entries of a lone secured node (combined broker + controller)."""
+        """``server.properties`` entries of a secured node (combined broker + controller; the nodes of a
+        cluster share them, each with its own ports)."""
         controller = f"CONTROLLER://127.0.0.1:{controller_port}"
         return {
             "listeners": f"SASL_SSL://127.0.0.1:{port},{controller}",

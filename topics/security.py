@@ -322,13 +322,16 @@ def probe(bootstrap_servers: str, security: ClientSecurity,
     the reason, ``(False, None)`` when nothing answers at all (the caller's own error or
     wait stands: a broker may be starting)."""
     from .bootstrap import parse_bootstrap
-    host, port = parse_bootstrap(bootstrap_servers)[0]
+    for host, port in parse_bootstrap(bootstrap_servers):  # the first that answers: a cluster may have lost one
+        try:
+            raw = socket.create_connection((host, port), timeout=timeout_s)
+            break
+        except OSError:
+            continue
+    else:
+        return False, None
     where, sec = f"Kafka at {host}:{port}", security
     setting = f"client security {sec.describe()}, from {sec.source}"
-    try:
-        raw = socket.create_connection((host, port), timeout=timeout_s)
-    except OSError:
-        return False, None
     with raw:
         raw.settimeout(timeout_s)
         try:

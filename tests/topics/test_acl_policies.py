@@ -2,7 +2,8 @@
 
 A ``trainer.<p>`` or ``raas.<p>`` principal gets only policy ``p``'s resources; a plain
 ``trainer``/``raas`` keeps every policy's; ``astraflow acl plan --topology`` plans only the
-principals a topology's pools run. Against the real secured broker, ``trainer.a`` of a
+principals a topology's pools run, a plain one only for the policies its pools serve there,
+with a warning when that is more than one. Against the real secured broker, ``trainer.a`` of a
 two-policy job writes ``weights.a`` and is refused ``weights.b``; ``raas.a`` reads
 ``tasks.a`` and is refused ``tasks.b``.
 """
@@ -173,6 +174,49 @@ def test_acl_plan_topology_plans_one_block_per_principal_the_plan_runs(tmp_path,
     assert ("User:t-verifier", "WRITE", t.weights("verifier")) in blocks["trainer.verifier"]
     assert not any(n == t.tasks("verifier") for _, _, n in blocks["raas.solver"])
     assert ("User:r-any", "READ", t.tasks("verifier")) in blocks["raas"]
+    # the plain `raas` runs only the verifier's pool here: it gets the verifier's rows, not the solver's
+    assert not any(n in (t.tasks("solver"), t.weights("solver"), t.generate("solver")) and op == "READ"
+                   for _, op, n in blocks["raas"])
+
+
+def test_acl_plan_topology_warns_when_a_plain_principal_serves_several_policies(tmp_path, capsys):
+    from astraflow.cli import main
+    from astraflow.topics import job_topics
+    path = _team_config(tmp_path, "trainer: {username: t-any, password_file: trainer.pw}\n"
+                                  "raas: {username: r-any, password_file: raas.pw}\n"
+                                  "dataflow: {username: df, password_file: dataflow.pw}\n"
+                                  "admin: {username: adm, password_file: admin.pw}")
+    assert main(["acl", "plan", "--config", str(path), "--topology", str(TOPOLOGY)]) == 0
+    out, err = capsys.readouterr()
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert len(warnings) == 2, err  # raas and trainer, one line each
+    for role in ("raas", "trainer"):
+        line = next(w for w in warnings if f"principal {role!r}" in w)
+        assert "solver, verifier" in line and f"kafka.security.principals.{role}.solver" in line, line
+    t = job_topics(load_config(path))
+    assert ("User:t-any", "WRITE", t.weights("verifier")) in _rows(out)["trainer"]  # it serves both: both rows
+    # per policy, no warning
+    path = _team_config(tmp_path, "trainer.solver: {username: t-s, password_file: trainer.solver.pw}\n"
+                                  "trainer.verifier: {username: t-v, password_file: trainer.pw}\n"
+                                  "raas.solver: {username: r-s, password_file: raas.solver.pw}\n"
+                                  "raas.verifier: {username: r-v, password_file: raas.pw}\n"
+                                  "dataflow: {username: df, password_file: dataflow.pw}\n"
+                                  "admin: {username: adm, password_file: admin.pw}")
+    assert main(["acl", "plan", "--config", str(path), "--topology", str(TOPOLOGY)]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_a_plain_principal_scoped_to_the_policies_it_serves_gets_only_theirs():
+    topics = JobTopics(job="sc", policies=("a", "b", "c"))
+    one = _grants(plan(topics, {"raas": "r"}, {"raas": ("b",)}), "r")
+    assert ("READ", "TOPIC", topics.tasks("b")) in one and ("READ", "TOPIC", topics.tasks("a")) not in one
+    assert ("WRITE", "TRANSACTIONAL_ID", topics.rollout_transactional_id("b", "")) in one
+    assert ("WRITE", "TRANSACTIONAL_ID", f"{topics.prefix}raas.") not in one
+    every = _grants(plan(topics, {"raas": "r"}), "r")
+    assert {("READ", "TOPIC", topics.tasks(p)) for p in "abc"} <= every
+    trainer = _grants(plan(topics, {"trainer": "t"}, {"trainer": ("a", "c")}), "t")
+    assert {("WRITE", "TOPIC", topics.weights(p)) for p in "ac"} <= trainer
+    assert ("WRITE", "TOPIC", topics.weights("b")) not in trainer
 
 
 

@@ -121,6 +121,17 @@ def test_config_keys_list_the_security_section():
         assert keys.get(f"kafka.security.{k}"), k
 
 
+def test_the_probe_asks_the_first_bootstrap_address_that_answers(bootstrap):
+    """A cluster that lost the broker listed first: the probe asks the next one, so a refused
+    setting is still one line and not kafka-python's bootstrap timeout."""
+    from astraflow.topics.broker import free_port
+    dead = f"127.0.0.1:{free_port()}"
+    assert security.probe(dead, security.ClientSecurity()) == (False, None)  # nothing answers
+    assert security.probe(f"{dead},{bootstrap}", security.ClientSecurity()) == (True, None)
+    ok, why = security.probe(f"{dead},{bootstrap}", security.ClientSecurity(protocol="SSL"))
+    assert not ok and why and bootstrap in why, why  # the answer names the broker that gave it
+
+
 def test_the_environment_is_the_setting_of_a_command_without_a_config(tmp_path):
     (tmp_path / "pw").write_text("from-file\n")
     sec = security.from_env({"ASTRAFLOW_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
@@ -250,6 +261,16 @@ def test_acl_apply_gives_each_principal_only_what_its_role_needs(secured):
 
 # -- astraflow acl / broker start --secure -----------------------------------------------------
 
+def test_the_admin_creates_and_reads_every_topic_but_writes_only_metrics_control_and_dlq():
+    topics = JobTopics(job="adm", policies=("a", "b"))
+    entries = [e for e in plan(topics, {"admin": "af-admin"}) if e.resource == "TOPIC"]
+    prefixed = {e.operation for e in entries if e.pattern == "PREFIXED" and e.name == topics.prefix}
+    assert prefixed == {"CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "READ"}
+    writes = {e.name for e in entries if e.operation in ("WRITE", "ALL", "DELETE", "ALTER", "ALTER_CONFIGS")}
+    assert writes == {topics.metrics, topics.control, topics.dlq}
+    assert not any(e.operation == "ALL" for e in plan(topics, {"admin": "af-admin"}))
+
+
 def test_acl_plan_follows_the_job_topic_registry(capsys):
     from astraflow.cli import main
     assert main(["acl", "plan", "--job", "planjob", "--policy", "a", "--policy", "b",
@@ -329,6 +350,12 @@ def test_acl_apply_users_from_the_config_then_each_role_logs_in_as_its_own(secur
     topics = job_topics(cfg)
     assert install_security(cfg, "admin").username == f"{job}-admin"
     ensure_topics(bootstrap, topics.specs())  # the job's admin creates its topics
+    with Producer(bootstrap, client_id="cfg-admin") as p:  # and writes the launcher's own records
+        p.send_sync(topics.control, Metric(component="launcher", name="m", value=1.0))
+    for topic in (topics.versions, topics.weights("policy"), topics.batches("policy")):  # never training's
+        with Producer(bootstrap, client_id="cfg-admin-refused") as p:
+            with pytest.raises(Exception, match="TopicAuthorizationFailed"):
+                p.send_sync(topic, Metric(component="launcher", name="m", value=1.0), key="policy")
     assert install_security(cfg, "raas").username == f"{job}-raas"
     with Producer(bootstrap, client_id="cfg-raas") as p:
         p.send_sync(topics.trajectories, Metric(component="raas", name="m", value=1.0))

@@ -402,3 +402,143 @@ def test_a_result_cut_at_the_results_cap_fails_its_case_only():
     result = check_function(program, "f", CASES, limits=Limits(cpu_s=2, wall_s=20, memory_mb=256))
     assert result.passed == [True, True, False] and result.reason == "wrong_answer"
     assert "no result" in result.detail
+
+
+# --- opted in without namespaces: host sockets and a direct mount --------------------------------
+
+#: The real fallback: the seccomp filter above takes namespaces away, the config opts in, and
+#: ``run_python`` (not ``_run``) decides how the program runs. Prints the result as JSON.
+FALLBACK_RUN = SECCOMP_NO_UNSHARE.split("from astraflow.workflows import sandbox")[0] + r"""
+from astraflow.workflows import sandbox
+from astraflow.workflows.sandbox import Limits
+assert not sandbox.namespaces_available()
+sandbox.configure(allow_unisolated=True)
+run = sandbox.run_python(open(sys.argv[1]).read(),
+                         limits=Limits(cpu_s=2, wall_s=30, memory_mb=256, processes=16, file_mb=0.1, output_kb=16))
+print(json.dumps({"reason": run.reason, "stdout": run.stdout, "network_isolated": run.network_isolated}))
+"""
+
+#: Around the audit hook: ``subprocess`` told its audit call is a no-op starts a fresh
+#: interpreter through ``_posixsubprocess`` (which raises no audit event), and that one has no hook.
+AROUND_THE_HOOK = r'''
+import subprocess, types
+fake = types.ModuleType("sys")
+fake.__dict__.update(vars(sys))
+fake.audit = lambda *a: None
+subprocess.sys = fake
+child = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=20)
+for line in child.stdout.splitlines():
+    print(json.dumps(["around: " + json.loads(line)[0], *json.loads(line)[1:]]))
+print(json.dumps(["child", child.returncode, child.stderr[-300:]]))
+'''
+
+
+def _unix_servers(directory: str) -> dict[str, socket.socket]:
+    """A world-writable path socket, a private one (mode 0600, the test's uid), an abstract one
+    and a TCP one: all the test's own, each reachable from the test itself."""
+    servers = {}
+    os.chmod(directory, 0o755)
+    for name, address, family in (("public", os.path.join(directory, "public.sock"), socket.AF_UNIX),
+                                  ("private", os.path.join(directory, "private.sock"), socket.AF_UNIX),
+                                  ("abstract", "\0astraflow-test-" + os.path.basename(directory), socket.AF_UNIX),
+                                  ("tcp", ("127.0.0.1", 0), socket.AF_INET)):
+        server = socket.socket(family)
+        server.bind(address)
+        server.listen()
+        server.settimeout(0.2)
+        servers[name] = server
+    os.chmod(servers["public"].getsockname(), 0o777)
+    os.chmod(servers["private"].getsockname(), 0o600)
+    for server in servers.values():  # the control: each one is live
+        probe = socket.socket(server.family)
+        probe.connect(server.getsockname())
+        server.accept()[0].close()
+        probe.close()
+    return servers
+
+
+def _fallback(program: str, directory: str) -> tuple[dict, dict[str, list]]:
+    path = os.path.join(directory, "attack.py")
+    with open(path, "w") as f:
+        f.write(ATTEMPT + textwrap.dedent(program))
+    proc = subprocess.run([sys.executable, "-c", FALLBACK_RUN, path], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    lines = [json.loads(line) for line in out["stdout"].splitlines() if line.startswith("[")]
+    return out, {line[0]: line[1:] for line in lines}
+
+
+def _mounts() -> str:
+    with open("/proc/self/mountinfo") as f:
+        return f.read()
+
+
+_ATTACKS = """
+import socket, subprocess
+def connect(family, address):
+    s = socket.socket(family)
+    s.settimeout(1)
+    s.connect(address)
+for name, family, address in ADDRESSES:
+    attempt(name, lambda: connect(family, address))
+def mount():
+    import ctypes  # (under the hook even the import is refused: it opens libc)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"tmpfs", os.getcwd().encode(), b"tmpfs", 0, None) != 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+attempt("mount ctypes", mount)
+attempt("mount program", lambda: subprocess.run(["mount", "-t", "tmpfs", "tmpfs", os.getcwd()]))
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the seccomp filter is written for x86_64")
+def test_opted_in_without_namespaces_host_sockets_and_a_mount_are_refused_with_their_reason():
+    directory = tempfile.mkdtemp(prefix="astraflow-test-unisolated-")
+    servers = _unix_servers(directory)
+    before = _mounts()
+    try:
+        addresses = [(name, int(s.family), s.getsockname()) for name, s in servers.items()]
+        out, got = _fallback(f"ADDRESSES = {addresses!r}\n" + _ATTACKS, directory)
+        assert out["reason"] == "ok" and out["network_isolated"] is False, out
+        for name in servers:  # the hook refuses every connect, whatever the socket's mode
+            assert got[name] == ["PermissionError", "sandbox: socket.connect is not allowed"], (name, got[name])
+        assert got["mount ctypes"] == ["PermissionError", "sandbox: ctypes.dlopen is not allowed"]
+        assert got["mount program"] == ["PermissionError", "sandbox: subprocess.Popen is not allowed"]
+        for server in servers.values():
+            with pytest.raises(TimeoutError):
+                server.accept()
+        assert _mounts() == before
+    finally:
+        for server in servers.values():
+            server.close()
+        shutil.rmtree(directory)
+
+
+@as_root
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the seccomp filter is written for x86_64")
+def test_opted_in_without_namespaces_around_the_hook_the_kernel_refuses_the_mount_and_private_sockets():
+    """The audit hook is a speed bump: a fresh interpreter gets past it. Then uid 65534 without
+    capabilities is the wall: ``mount(2)`` fails with EPERM, a socket only its owner may write
+    with EACCES. What it does not stop (docs/security.md): world-writable and abstract unix
+    sockets and loopback TCP are reachable."""
+    directory = tempfile.mkdtemp(prefix="astraflow-test-unisolated-")
+    servers = _unix_servers(directory)
+    before = _mounts()
+    try:
+        addresses = [(name, int(s.family), s.getsockname()) for name, s in servers.items()]
+        child = (ATTEMPT + f"ADDRESSES = {addresses!r}\n" + textwrap.dedent(_ATTACKS).replace(
+            'attempt("mount program"', '# attempt("mount program"')
+                 + 'print(json.dumps(["uid", os.getuid()]))\n')
+        out, got = _fallback(f"CHILD = {child!r}\n" + AROUND_THE_HOOK, directory)
+        assert out["reason"] == "ok", out
+        assert got["child"][0] == 0, got["child"]
+        assert got["around: uid"] == [65534]
+        assert got["around: mount ctypes"] == ["PermissionError", "Operation not permitted"]
+        assert got["around: private"] == ["PermissionError", "Permission denied"]
+        for name in ("public", "abstract", "tcp"):  # not stopped without namespaces (documented)
+            assert got[f"around: {name}"] == ["ok"], (name, got[f"around: {name}"])
+        assert _mounts() == before
+    finally:
+        for server in servers.values():
+            server.close()
+        shutil.rmtree(directory)
