@@ -210,6 +210,7 @@ class TopologyRun:
 
     @contextlib.contextmanager
     def running(self, bootstrap: str, run_dir: Path, procs):
+        watch = self._watch_regions(bootstrap)
         try:
             with autoscaler_running(self.plan, self.cfg, bootstrap, self.backend) as self.outcome:
                 yield self
@@ -218,6 +219,8 @@ class TopologyRun:
             self.backend.retire_all()
             stop_processes(procs)
             self.backend.tick(procs)
+            if watch is not None:
+                watch.stop(block=True, timeout=60)  # (its last report: the mirror's and the links' final word)
             clusters = {r: rc.describe() for r, rc in self.regions.items()}  # (the mirror's final lag)
             self.close_regions()
             links = self.wan.stats() if self.wan is not None else []
@@ -236,6 +239,19 @@ class TopologyRun:
                           "device_hours": recount_device_hours(bootstrap, self.cfg, self.plan),
                           # 0: the node finished its in-flight tasks and left the group on SIGTERM
                           "retired_exit_codes": dict(getattr(self.backend, "exits", {}))}
+
+    def _watch_regions(self, bootstrap: str):
+        """The region watcher (:mod:`.region_watch`) under a supervisor, when there is a remote
+        region to report (an emulated link, a cluster of its own); its supervisor's ref or None."""
+        if self.wan is None and not self.regions:
+            return None
+        from astraflow.actors.supervisor import ChildSpec, Outcome, Supervisor
+        from astraflow.topics import job_topics
+
+        from .region_watch import RegionWatchActor
+        spec = ChildSpec("region-watch", lambda sup, n: RegionWatchActor.start(
+            sup, n, self.plan, bootstrap, job_topics(self.cfg).metrics, self.wan, self.regions), required=False)
+        return Supervisor.start([spec], Outcome())
 
     def tick(self, procs):
         self.backend.tick(procs)

@@ -20,7 +20,9 @@ import yaml
 from astraflow.config import ConfigError, load_config
 from astraflow.topics import EmbeddedBroker, JobTopics, ensure_topics
 from astraflow.topology.launch import TopologyRun, load_plan, node_command_for
+from astraflow.status import format_status, job_status
 from astraflow.topology.plan import check_launchable, format_plan, resolve
+from astraflow.topology.region_watch import RegionWatchActor, regions_status
 from astraflow.topology.schema import TopologyError, load_topology
 from astraflow.weights import WeightPublisher, WeightSubscriber
 from astraflow.weights.codec import weights_digest
@@ -50,8 +52,10 @@ def test_the_plan_gives_the_remote_region_its_own_mirrored_cluster():
 
 
 def test_a_trainer_or_dataflow_on_a_regions_own_cluster_names_key_and_file(tmp_path):
-    path = _write(tmp_path, lambda d: d["regions"]["eu-west"]["pools"].update(
-        {"trainer-eu": {"component": "trainer", "hosts": ["eu-0"], "policy": "other"}}))
+    def move(d):
+        del d["regions"]["us-east"]["pools"]["trainer"]
+        d["regions"]["eu-west"]["pools"]["trainer-eu"] = {"component": "trainer", "hosts": ["eu-0"]}
+    path = _write(tmp_path, move)
     with pytest.raises(TopologyError) as e:
         load_topology(path)
     assert (e.value.file, e.value.key) == (str(path), "regions.eu-west.pools.trainer-eu")
@@ -90,6 +94,21 @@ def test_only_the_regions_raas_nodes_are_told_to_read_weights_from_its_cluster(t
         assert cmd[cmd.index("--bootstrap-servers") + 1] == "10.250.0.2:7"  # tasks etc.: home, over the link
     for node_id in ("raas-us-0", "trainer", "dataflow"):
         assert not any("weights_bootstrap" in a for a in command_for(nodes[node_id]))
+
+
+def test_status_regions_take_the_newest_report_and_the_regions_nodes():
+    from astraflow.topics import Metric
+    labels = {"region": "eu-west", "pools": "raas-eu", "cluster": "eu-west (own)", "bootstrap": "127.0.0.1:1"}
+    metrics = [Metric("region-watch", "region.mirror_lag_records", 7, labels={**labels, "mirror_running": True}),
+               Metric("region-watch", "region.mirror_lag_records", 0, labels={**labels, "mirror_running": True}),
+               Metric("region-watch", "region.link_bytes_down", 5000, labels=labels),
+               Metric("region-watch", "region.link_bytes_up", 300, labels=labels),
+               Metric("trainer.policy", "trainer.train_s", 1.0)]
+    nodes = [{"node": "raas-eu-0"}, {"node": "raas-eu-1"}, {"node": "raas-us-0"}, {"node": "raas-eu"}]
+    got = regions_status(metrics, nodes)
+    assert got == {"eu-west": {"cluster": "eu-west (own)", "mirror_lag_records": 0, "mirror_running": True,
+                               "link_bytes_down": 5000, "link_bytes_up": 300, "pools": ["raas-eu"],
+                               "nodes": ["raas-eu-0", "raas-eu-1", "raas-eu"]}}
 
 
 def _weights(seed: int) -> dict[str, torch.Tensor]:
@@ -146,6 +165,20 @@ def test_weights_cross_the_link_once_for_two_readers_in_the_region(tmp_path):
             described = rc.describe()
             assert described["in_namespace"] and described["mirror"]["mirrored_records"] > 0
             assert set(described["mirror"]["lag_records"].values()) == {0}
+
+            # region-aware status: the launcher's watcher reports the region, status reads it back
+            watch = RegionWatchActor(None, "region-watch", plan, broker.bootstrap_servers, topics.metrics, run.wan,
+                                     run.regions)
+            watch.setup()
+            try:
+                watch.report()
+            finally:
+                watch.producer.close()
+            status = job_status(broker.bootstrap_servers, cfg.job)
+            eu = status["regions"]["eu-west"]
+            assert eu["cluster"] == "eu-west (own)" and eu["mirror_lag_records"] == 0 and eu["pools"] == ["raas-eu"]
+            assert eu["link_bytes_down"] >= down and eu["link_bytes_up"] > 0
+            assert "region eu-west: cluster eu-west (own), mirror lag 0 records; link" in format_status(status)
         finally:
             run.close_regions()
             broker.stop()
