@@ -77,6 +77,13 @@ def test_launch_refuses_an_existing_or_shared_regional_cluster_naming_the_key(tm
     assert e.value.key == "regions.ap-south.kafka" and "eu-west" in str(e.value)
 
 
+def test_node_topology_refuses_a_regions_own_cluster_naming_the_key(tmp_path):
+    from astraflow.topology.launch import run_host
+    with pytest.raises(TopologyError) as e:
+        run_host(MIRRORED, load_config(str(JOB), {}), "eu-0", bootstrap="127.0.0.1:9", run_dir=tmp_path)
+    assert (e.value.file, e.value.key) == (str(MIRRORED), "regions.eu-west.kafka") and "MirrorMaker" in str(e.value)
+
+
 def test_a_bad_weights_cluster_in_the_job_names_the_key():
     with pytest.raises(ConfigError, match="rollout.weights_bootstrap_servers"):
         load_config(str(JOB), {"rollout.weights_bootstrap_servers": "no-port"})
