@@ -107,7 +107,11 @@ class RolloutActor(LoopActor):
         self.consumer = self._task_consumer()
         self.watch = MembershipWatch(self.bootstrap, self.node_id, unsettled_s=CONSUMER_REJOIN_S,
                                      idle_s=CONSUMER_IDLE_PROBE_S)
-        self.subscriber = WeightSubscriber(self.bootstrap, self.topics, self.cfg.policy,
+        # A region with its own cluster: versions and weights come from there (MirrorMaker 2
+        # copies them from home once per region); everything else stays on the home cluster.
+        self.weights_bootstrap = self.cfg.rollout.weights_bootstrap_servers or self.bootstrap
+        self._weights_loaded = -1
+        self.subscriber = WeightSubscriber(self.weights_bootstrap, self.topics, self.cfg.policy,
                                            initial=None, initial_version=self.engine.version, node_id=self.node_id,
                                            on_fault=self._request_snapshot, prefetch=self.cfg.rollout.prefetch_weights,
                                            verifier=verifier_for(self.cfg), dead_letters=dead,
@@ -471,10 +475,22 @@ class RolloutActor(LoopActor):
         if generation >= 0:
             self.metrics.emit_many({"raas.task_group_generation": generation}, step=self.engine.version,
                                    node=self.node_id, policy=self.cfg.policy)
+        self._report_weights_source()
         if self._serve_busy_s > 0:  # a pool that serves other policies' episodes is busy too (its autoscaler's demand)
             self.metrics.emit_many({"raas.serve_busy_s": self._serve_busy_s}, step=self.engine.version,
                                    node=self.node_id, policy=self.cfg.policy)
             self._serve_busy_s = 0.0
+
+    def _report_weights_source(self) -> None:
+        """``raas.weights_loaded``: versions reached so far (snapshots + deltas applied), labelled
+        with the cluster they were read from; sent when the count changes (the summary's record
+        of where each node's weights came from)."""
+        paths = self.subscriber.path_counts
+        loaded = paths["snapshot"] + paths["delta"]
+        if loaded != self._weights_loaded:
+            self._weights_loaded = loaded
+            self.metrics.emit("raas.weights_loaded", loaded, step=self.engine.version, node=self.node_id,
+                              bootstrap=self.weights_bootstrap, snapshots=paths["snapshot"], deltas=paths["delta"])
 
     def on_stop(self) -> None:
         # Asked to stop (retired, or the job is over): the step in flight has committed, and
@@ -482,6 +498,8 @@ class RolloutActor(LoopActor):
         # last heartbeat says so; device-hours accounting closes the node's time here.
         try:
             if self.plain is not None and self.engine is not None:
+                if self.subscriber is not None:
+                    self._report_weights_source()
                 self.plain.send(self.topics.control,
                                 Heartbeat(self.node_id, "raas", self.cfg.policy, self.engine.version,
                                           tokens_per_s=self._tokens / max(1e-9, time.monotonic() - self._started),

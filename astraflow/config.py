@@ -333,6 +333,11 @@ class RolloutConfig:
                                        "input) and none succeeded; transient errors (timeouts, Kafka, the engine) "
                                        "do not count. 0: never (failed episodes are recorded and replaced)",
                                    bounds=Bounds(0, 10**9))
+    weights_bootstrap_servers: str | None = _f(None, "the Kafka cluster RaaS nodes read versions and weights.<policy> "
+                                                     "from: their region's own cluster, where MirrorMaker 2 copies "
+                                                     "them from the home cluster (`astraflow launch` sets it for a "
+                                                     "region with its own cluster, docs/cross_region_mirror.md); "
+                                                     "null: the cluster of everything else (--bootstrap-servers)")
     prefetch_weights: bool = _f(False, "read weight chunks while the trainer writes them (one more consumer per "
                                        "node) instead of after the version is announced: for nodes on other "
                                        "machines than the trainer; on one shared machine it only moves CPU (see "
@@ -350,6 +355,11 @@ class RolloutConfig:
     require_signatures: bool = _f(True, "the dataflow counts only groups signed by verify_key (a forged or unsigned "
                                         "one is dead-lettered and never settles a task). false: unsigned ones count "
                                         "too; with no key configured either, nothing is checked")
+
+    def __post_init__(self) -> None:
+        if self.weights_bootstrap_servers is not None:
+            from astraflow.topics.bootstrap import parse_bootstrap
+            parse_bootstrap(self.weights_bootstrap_servers, "rollout.weights_bootstrap_servers")
 
 
 @dataclass(frozen=True)

@@ -309,7 +309,7 @@ def launch(topology: str | Path, cfg: JobConfig, *, overrides: list[str] | None 
     overrides = list(overrides or [])
     plan = load_plan(topology, cfg)
     check_launchable(plan)
-    cluster = plan.clusters[0]
+    cluster = plan.home
     bootstrap = bootstrap or cfg.kafka.bootstrap_servers or (None if cluster.embedded else cluster.name)
     if bootstrap is not None:
         without_emulation(plan, bootstrap)

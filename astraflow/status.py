@@ -7,7 +7,9 @@ said so on ``control``; ``running`` while a component's heartbeat is fresh; ``st
 when none is; ``not started`` when nothing was written yet), policy versions
 (``versions``), the components with their versions and throughput (``control``
 heartbeats), the task lag of each ``raas.<policy>`` group while the job runs, and the
-trainers' time, summed over every ``metrics`` record (what ``summary.json`` sums). Works
+trainers' time, summed over every ``metrics`` record (what ``summary.json`` sums), and per
+remote region of an ``astraflow launch`` its cluster, its mirror's lag, the bytes across its
+link and its nodes (what the launcher's region watcher writes to ``metrics``). Works
 against any cluster the job runs on; ``--json`` prints the same dict for scripts.
 """
 
@@ -109,6 +111,11 @@ def job_status(bootstrap: str, job: str, policies: tuple[str, ...] | None = None
         return {p: round(v, 3) for p, v in out.items()}
 
     train, wait = trainer_s("trainer.train_s"), trainer_s("trainer.wait_s")
+    nodes = [{"node": b.node_id, "role": b.role, "policy": b.policy, "version": b.version,
+              "tokens_per_s": round(b.tokens_per_s, 1), "status": b.status,
+              "alive": now - b.ts < ALIVE_S and b.status in ("alive", "starting"),
+              "last_seen_s": round(now - b.ts, 1)} for b in sorted(beats.values(), key=lambda b: b.node_id)]
+    from astraflow.topology.region_watch import regions_status
     return {
         "job": job,
         "state": state,
@@ -119,10 +126,10 @@ def job_status(bootstrap: str, job: str, policies: tuple[str, ...] | None = None
         "versions": {p: {"version": v.version, "kind": v.kind, "snapshot": v.snapshot_version,
                          "age_s": round(now - v.created_at, 1)} for p, v in sorted(versions.items())
                      if p in policies},
-        "nodes": [{"node": b.node_id, "role": b.role, "policy": b.policy, "version": b.version,
-                   "tokens_per_s": round(b.tokens_per_s, 1), "status": b.status,
-                   "alive": now - b.ts < ALIVE_S and b.status in ("alive", "starting"),
-                   "last_seen_s": round(now - b.ts, 1)} for b in sorted(beats.values(), key=lambda b: b.node_id)],
+        "nodes": nodes,
+        # written by `astraflow launch`'s region watcher (topology/region_watch.py): per remote region
+        # its cluster, its mirror's lag, the bytes across its link, its nodes
+        "regions": regions_status(metrics, nodes),
         # offsets not yet committed by raas.<policy>: work waiting, only while the job runs
         "task_lag": None if state == "done" else _task_lag(bootstrap, topics, policies),
         "trainer_train_s": train,
@@ -201,6 +208,15 @@ def format_status(s: dict) -> str:
     for policy, a in s.get("autoscalers", {}).items():
         lines.append(f"  autoscaler ({policy}): {a['pool_size']:.0f} nodes, trainer wait fraction {a['wait_frac']}; "
                      f"last decision: {a['last_decision']}")
+    for region, r in s.get("regions", {}).items():
+        versions = sorted({n["version"] for n in s["nodes"] if n["node"] in r["nodes"]})
+        lag = r["mirror_lag_records"]
+        mirror = ("no mirror" if lag is None else "mirror lag unknown (not measurable)" if lag < 0
+                  else f"mirror lag {lag} records")
+        link = (f"; link {r['link_bytes_down']} B down, {r['link_bytes_up']} B up"
+                if r["link_bytes_down"] is not None else "")
+        lines.append(f"  region {region}: cluster {r['cluster']}, {mirror}{link}; nodes "
+                     f"{', '.join(r['nodes']) or 'none'}" + (f" at versions {versions}" if versions else ""))
     if s["nodes"]:
         lines.append("  nodes:")
     for n in s["nodes"]:

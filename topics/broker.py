@@ -22,7 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from .exceptions import BrokerStartError, KafkaRuntimeError
 from .runtime import cache_root, java_command
@@ -132,13 +132,19 @@ class EmbeddedBroker:
             were but for its Kafka log (an offline reader of a run dir, :mod:`astraflow.offline`).
         secure: a :class:`~.secured.SecureSetup`: SASL_SSL (SCRAM-SHA-512) for clients, mutual
             TLS for the controller, ACLs enforced (a cluster's nodes share one); None: plaintext.
+        wrap: argv -> argv the JVMs (storage format, broker) run through, e.g. into a network
+            namespace (a region's own cluster, :mod:`astraflow.topology.links`); None: as they are.
+        probe: whether the client port answers, for :meth:`wait_ready` (default: this
+            process's loopback at ``port``; a wrapped broker listens where that cannot see).
     """
 
     def __init__(self, data_dir: str | os.PathLike | None = None, *, port: int = 0,
                  controller_port: int = 0, heap: str = "1g", startup_timeout: float = 90.0,
                  detach: bool = False, properties: dict[str, str] | None = None, node_id: int = 1,
                  voters: str | None = None, cluster_id: str | None = None,
-                 conf_dir: str | os.PathLike | None = None, secure: "SecureSetup | None" = None) -> None:
+                 conf_dir: str | os.PathLike | None = None, secure: "SecureSetup | None" = None,
+                 wrap: Callable[[list[str]], list[str]] | None = None,
+                 probe: Callable[[], bool] | None = None) -> None:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="astraflow-kafka-"))
         self.conf_dir = Path(conf_dir) if conf_dir is not None else self.data_dir
@@ -150,6 +156,7 @@ class EmbeddedBroker:
         self.extra = dict(properties or {})
         self.node_id, self.voters, self.cluster_id = node_id, voters, cluster_id
         self.secure = secure
+        self.wrap, self.probe = wrap, probe
         self._proc: subprocess.Popen | None = None
         self._log_offset = 0
 
@@ -199,6 +206,8 @@ class EmbeddedBroker:
                 self._format(props, jvm)
             gc_log = f"-Xlog:gc,gc+init:file={self.gc_log_path}:uptime,level,tags:filecount=2,filesize=10m"
             cmd = java_command("kafka.Kafka", [str(props)], heap=self.heap, jvm_opts=[*jvm, gc_log])
+            if self.wrap is not None:
+                cmd = self.wrap(cmd)
         except KafkaRuntimeError as e:
             raise BrokerStartError(str(e)) from e
         out = open(self.conf_dir / "stdout.log", "ab")
@@ -291,6 +300,8 @@ class EmbeddedBroker:
         if self.secure is not None:
             args += self.secure.format_args()
         cmd = java_command("kafka.tools.StorageTool", args, heap="256m", jvm_opts=jvm)
+        if self.wrap is not None:
+            cmd = self.wrap(cmd)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise BrokerStartError(
@@ -310,7 +321,7 @@ class EmbeddedBroker:
                     f"(port {self.port}, controller port {self.controller_port}, data dir {self.data_dir}); "
                     f"last lines of its log:\n{self._log_tail()}"
                 )
-            if _port_open(self.port) and self._log_says_started():
+            if (self.probe() if self.probe is not None else _port_open(self.port)) and self._log_says_started():
                 return
             time.sleep(0.2)
         self.kill()

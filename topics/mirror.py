@@ -37,7 +37,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from kafka import TopicPartition
 
@@ -248,14 +248,15 @@ class MirrorPlan:
         path.write_text("\n".join(lines) + "\n")
         return path
 
-    def prepare_target(self, timeout: float = 30.0) -> list[str]:
-        """Create the mirrored topics on the target with their own bound (verifying existing ones)."""
+    def prepare_target(self, timeout: float = 30.0, bootstrap: str | None = None) -> list[str]:
+        """Create the mirrored topics on the target with their own bound (verifying existing ones);
+        ``bootstrap``: where this process reaches the target (default: ``target_bootstrap``)."""
         if not self.target_specs:
             return []
         stray = [s.name for s in self.target_specs if not self.matches(s.name)]
         if stray:
             raise TopicsError(f"MirrorPlan.target_specs name topics the flow does not mirror: {stray}")
-        return ensure_topics(self.target_bootstrap, self.target_specs, timeout)
+        return ensure_topics(bootstrap or self.target_bootstrap, self.target_specs, timeout)
 
 
 class PartitionLag(NamedTuple):
@@ -292,11 +293,18 @@ class MirrorMaker:
         work_dir: ``mm2.properties`` and the logs; a temp dir (removed on :meth:`close`) when omitted.
         heap: JVM max heap.
         startup_timeout: seconds until its source task runs.
+        wrap: argv -> argv the JVM runs through, e.g. into the region's network namespace
+            (:meth:`astraflow.topology.links.RegionLink.wrap`); None: as it is.
+        reach: ``(source, target)`` bootstrap servers as *this* process reaches the two clusters,
+            where they differ from the plan's (which are MirrorMaker's view, from its region):
+            used to create the target's topics and to measure the lag.
     """
 
     def __init__(self, plan: MirrorPlan, work_dir: str | os.PathLike | None = None, *, heap: str = "384m",
-                 startup_timeout: float = 120.0) -> None:
-        self.plan = plan
+                 startup_timeout: float = 120.0, wrap: Callable[[list[str]], list[str]] | None = None,
+                 reach: tuple[str, str] | None = None) -> None:
+        self.plan, self.wrap = plan, wrap
+        self.source_here, self.target_here = reach or (plan.source_bootstrap, plan.target_bootstrap)
         self._own_dir = work_dir is None
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="astraflow-mm2-"))
         self.heap, self.startup_timeout = heap, startup_timeout
@@ -320,7 +328,7 @@ class MirrorMaker:
         """Create the target's mirrored topics, start the JVM, and (``wait``) wait until it replicates."""
         if self.running():
             return self
-        self.plan.prepare_target()
+        self.plan.prepare_target(bootstrap=self.target_here)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         props = self.plan.write(self.work_dir / "mm2.properties", rest_port=self.plan.rest_port or free_port())
         log4j = self._write_log4j()
@@ -331,6 +339,8 @@ class MirrorMaker:
                                heap=self.heap, jvm_opts=jvm)
         except KafkaRuntimeError as e:
             raise MirrorStartError(str(e)) from e
+        if self.wrap is not None:
+            cmd = self.wrap(cmd)
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         out = open(self.work_dir / "stdout.log", "ab")
         self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -388,10 +398,10 @@ class MirrorMaker:
         """Per mirrored partition: the source's end offset, the next source offset MirrorMaker
         will copy (from the offsets it commits with its writes, on the target), the target's end."""
         names = list(topics) if topics is not None else self._mirrored_topics()
-        src = security.consumer(bootstrap_servers=self.plan.source_bootstrap, group_id=None,
+        src = security.consumer(bootstrap_servers=self.source_here, group_id=None,
                                 enable_auto_commit=False, isolation_level="read_committed",
                                 client_id="astraflow-mirror-lag")
-        tgt = security.consumer(bootstrap_servers=self.plan.target_bootstrap, group_id=None,
+        tgt = security.consumer(bootstrap_servers=self.target_here, group_id=None,
                                 enable_auto_commit=False, isolation_level="read_committed",
                                 client_id="astraflow-mirror-lag")
         try:
@@ -425,7 +435,7 @@ class MirrorMaker:
     def _mirrored_topics(self) -> list[str]:
         if self.plan.topics:
             return list(self.plan.topics)
-        admin = security.admin(bootstrap_servers=self.plan.source_bootstrap, client_id="astraflow-mirror-lag")
+        admin = security.admin(bootstrap_servers=self.source_here, client_id="astraflow-mirror-lag")
         try:
             return sorted(t for t in admin.list_topics() if self.plan.matches(t))
         finally:

@@ -42,26 +42,33 @@ def check_topology(path: str, *, job: str | None = None, overrides: dict | None 
     cfg = load_config(job, overrides) if job else None
     plan = load_plan(path, cfg)
     print(json.dumps(plan.to_dict(), indent=2) if as_json else format_plan(plan))
-    if not plan.shared_cluster:
-        print(f"warning: {plan.notes[0]}", file=sys.stderr)
+    try:
+        check_launchable(plan)
+    except TopologyError as e:
+        print(f"warning: `astraflow launch` refuses it: {e}", file=sys.stderr)
     print(f"{path}: valid" + (f" for {job}" if job else ""), file=sys.stderr)
     return 0
 
 
 def node_command_for(cfg: JobConfig, bootstrap: str, run_dir: Path, overrides: list[str],
-                     region_bootstrap: dict[str, str] | None = None, region_wrap: dict | None = None):
+                     region_bootstrap: dict[str, str] | None = None, region_wrap: dict | None = None,
+                     region_weights: dict[str, str] | None = None):
     """``NodePlan -> argv``: :func:`.processes.node_command` with the node's pool settings and flags.
 
     ``region_bootstrap``: region -> the address its nodes reach Kafka at instead of
     ``bootstrap`` (an emulated link's, :mod:`.links`); ``region_wrap``: region -> a function
-    of argv that runs it inside the region (its network namespace). The autoscaler's backend
-    starts nodes through this same function, so its nodes get both too."""
-    region_bootstrap, region_wrap = region_bootstrap or {}, region_wrap or {}
+    of argv that runs it inside the region (its network namespace); ``region_weights``: region
+    -> the region's own cluster, where its RaaS nodes read versions and weights
+    (``rollout.weights_bootstrap_servers``). The autoscaler's backend starts nodes through this
+    same function, so its nodes get all three too."""
+    region_bootstrap, region_wrap, region_weights = region_bootstrap or {}, region_wrap or {}, region_weights or {}
 
     def command(node) -> list[str]:
         view = cfg.view(node.policy) if len(cfg.policy_names) > 1 and node.policy else cfg
+        weights = ([f"rollout.weights_bootstrap_servers={region_weights[node.region]}"]
+                   if node.role == "raas" and node.region in region_weights else [])
         argv = (node_command(node.role, view, region_bootstrap.get(node.region, bootstrap), run_dir, node.node_id,
-                             [*overrides, *node.overrides])
+                             [*overrides, *node.overrides, *weights])
                 + list(node.flags))
         wrap = region_wrap.get(node.region)
         return wrap(argv) if wrap is not None else argv
@@ -140,6 +147,7 @@ class TopologyRun:
         self.backend = None
         self.outcome = None
         self.wan = None  #: the emulated links (:class:`~.links.LinkEmulation`), with the embedded broker
+        self.regions: dict = {}  #: region -> its own cluster (:class:`~.regional.RegionalCluster`)
         self.extra: dict = {}
 
     @contextlib.contextmanager
@@ -162,13 +170,39 @@ class TopologyRun:
         try:
             yield
         finally:
+            self.close_regions()  # their processes live in the links' namespaces
             self.wan.close()
+
+    def start_regions(self, bootstrap: str, run_dir: Path) -> None:
+        """Each region with a cluster of its own: its broker (in the region's namespace when its
+        link is emulated) and MirrorMaker 2 copying ``weights.<p>`` and ``versions`` from home."""
+        from astraflow.topics import job_topics
+
+        from .regional import RegionalCluster
+        there = self.wan.bootstrap_for() if self.wan is not None else {}
+        try:
+            for c in self.plan.mirrored_clusters():
+                region = c.declared_by
+                link = self.wan.links.get(region) if self.wan is not None else None
+                rc = self.regions[region] = RegionalCluster(region, run_dir / "regions" / region, link)
+                rc.start()
+                rc.mirror_from(job_topics(self.cfg), bootstrap, there.get(region, bootstrap),
+                               snapshot_bytes=_snapshot_bytes(self.cfg))
+        except BaseException:
+            self.close_regions()
+            raise
+
+    def close_regions(self) -> None:
+        for rc in self.regions.values():
+            rc.close()
 
     def processes(self, bootstrap: str, run_dir: Path):
         links = self.wan
+        self.start_regions(bootstrap, run_dir)
         command_for = node_command_for(self.cfg, bootstrap, run_dir, self.overrides,
                                        links.bootstrap_for() if links is not None else None,
-                                       {r: links[r].wrap for r in links.links} if links is not None else None)
+                                       {r: links[r].wrap for r in links.links} if links is not None else None,
+                                       {r: rc.local for r, rc in self.regions.items()})
         self.backend = make_backend(self.plan, self.cfg, command_for, run_dir / "logs")
         mine = [n for n in self.plan.nodes if n.owner == "host"]
         announce_started(bootstrap, self.cfg, mine)
@@ -176,6 +210,7 @@ class TopologyRun:
 
     @contextlib.contextmanager
     def running(self, bootstrap: str, run_dir: Path, procs):
+        watch = self._watch_regions(bootstrap)
         try:
             with autoscaler_running(self.plan, self.cfg, bootstrap, self.backend) as self.outcome:
                 yield self
@@ -184,23 +219,91 @@ class TopologyRun:
             self.backend.retire_all()
             stop_processes(procs)
             self.backend.tick(procs)
+            if watch is not None:
+                watch.stop(block=True, timeout=60)  # (its last report: the mirror's and the links' final word)
+            clusters = {r: rc.describe() for r, rc in self.regions.items()}  # (the mirror's final lag)
+            self.close_regions()
+            links = self.wan.stats() if self.wan is not None else []
+            published = weights_published(bootstrap, self.cfg)
+            for link in links:  # how many times the weights crossed: ~1 with a region's own cluster
+                link["weights_bytes_published"] = published
+                link["weights_crossings"] = round(link["bytes_down"] / published, 3) if published else None
             self.extra = {"topology": {"name": self.plan.name, "file": self.plan.source,
                                        "notes": self.plan.notes,
                                        # per link: region, latency, bandwidth, bytes each way across it
-                                       "emulated_links": self.wan.stats() if self.wan is not None else []},
+                                       "emulated_links": links,
+                                       # per region with a cluster of its own: where it is, its mirror
+                                       "regional_clusters": clusters,
+                                       # per RaaS node: the cluster it read versions and weights from
+                                       "weights_from": weights_sources(bootstrap, self.cfg, self.regions)},
                           "device_hours": recount_device_hours(bootstrap, self.cfg, self.plan),
                           # 0: the node finished its in-flight tasks and left the group on SIGTERM
                           "retired_exit_codes": dict(getattr(self.backend, "exits", {}))}
+
+    def _watch_regions(self, bootstrap: str):
+        """The region watcher (:mod:`.region_watch`) under a supervisor, when there is a remote
+        region to report (an emulated link, a cluster of its own); its supervisor's ref or None."""
+        if self.wan is None and not self.regions:
+            return None
+        from astraflow.actors.supervisor import ChildSpec, Outcome, Supervisor
+        from astraflow.topics import job_topics
+
+        from .region_watch import RegionWatchActor
+        spec = ChildSpec("region-watch", lambda sup, n: RegionWatchActor.start(
+            sup, n, self.plan, bootstrap, job_topics(self.cfg).metrics, self.wan, self.regions), required=False)
+        return Supervisor.start([spec], Outcome())
 
     def tick(self, procs):
         self.backend.tick(procs)
         if self.outcome is not None and self.outcome.fatal:
             return RunFailed(f"autoscaler: {self.outcome.fatal}", node_id="autoscaler",
                              retriable=self.outcome.retriable)
+        for region, rc in self.regions.items():
+            if rc.broker.exit_code() is not None:
+                return RunFailed(f"region {region}'s Kafka broker exited with code {rc.broker.exit_code()}; its log: "
+                                 f"{rc.broker.log_path}", node_id=f"kafka-{region}", log_path=rc.broker.log_path)
+            if rc.mirror is not None and rc.mirror.starts and not rc.mirror.running():
+                rc.mirror.start(wait=False)  # a dead MirrorMaker resumes from the offsets it committed
         return None
 
     def summary(self) -> dict:
         return self.extra
+
+
+def _snapshot_bytes(cfg: JobConfig) -> int:
+    """A full snapshot's size, for the bound of a region's mirrored weights: the model's weight files."""
+    from astraflow.actors.common import model_path
+    path = Path(model_path(cfg))
+    size = sum(f.stat().st_size for f in path.glob("*") if f.suffix in (".safetensors", ".bin", ".pt"))
+    return max(size, 64 * 1024 * 1024)
+
+
+def _metrics(bootstrap: str, cfg: JobConfig):
+    from astraflow.topics import Metric, job_topics
+    from astraflow.topics.replay import read_topic
+    for _, _, m in read_topic(bootstrap, job_topics(cfg).metrics):
+        if isinstance(m, Metric):
+            yield m
+
+
+def weights_published(bootstrap: str, cfg: JobConfig) -> int:
+    """Payload bytes the trainers published (every snapshot and delta), from their metrics."""
+    return int(sum(m.value for m in _metrics(bootstrap, cfg)
+                   if m.name in ("weights.snapshot_bytes", "weights.delta_bytes")))
+
+
+def weights_sources(bootstrap: str, cfg: JobConfig, regions: dict) -> dict:
+    """Per RaaS node, the cluster it read versions and weights from (its last ``raas.weights_loaded``):
+    ``cluster`` (``home`` or ``<region> (own)``), ``bootstrap``, ``versions_loaded``, ``snapshots``, ``deltas``."""
+    names = {rc.local: f"{r} (own)" for r, rc in regions.items()}
+    out: dict = {}
+    for m in _metrics(bootstrap, cfg):
+        if m.name == "raas.weights_loaded":
+            where = m.labels.get("bootstrap", "")
+            out[m.labels.get("node", m.component)] = {
+                "cluster": names.get(where, "home"), "bootstrap": where, "versions_loaded": int(m.value),
+                "snapshots": m.labels.get("snapshots", 0), "deltas": m.labels.get("deltas", 0)}
+    return out
 
 
 def run_host(topology: str | Path, cfg: JobConfig, host: str, *, bootstrap: str | None, run_dir: str | Path,
@@ -216,6 +319,12 @@ def run_host(topology: str | Path, cfg: JobConfig, host: str, *, bootstrap: str 
     if host not in plan.host_addresses:
         raise TopologyError(plan.source, "--host", f"unknown host {host!r} (hosts: {', '.join(plan.host_addresses)})")
     check_launchable(plan)
+    if plan.mirrored_clusters():
+        c = plan.mirrored_clusters()[0]
+        raise TopologyError(plan.source, f"regions.{c.declared_by}.kafka",
+                            "is a cluster of the region's own: `astraflow node --topology` does not start its "
+                            "MirrorMaker 2 yet (`astraflow launch` does, on one machine); use "
+                            f"'region:{plan.kafka_region}' (direct mode)")
     misplaced = local_backend_misplaced(load_topology(topology))
     if misplaced:
         raise TopologyError(plan.source, misplaced[0], f"elastic pool {misplaced[1]} is on host {misplaced[2]}, but "

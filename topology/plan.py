@@ -111,24 +111,41 @@ class Plan:
         return len(self.clusters) == 1
 
     @property
-    def kafka_region(self) -> str | None:
-        """The region of the one Kafka cluster (the region that declares it); None with several."""
-        return self.clusters[0].declared_by if self.shared_cluster else None
+    def home(self) -> Cluster:
+        """The home cluster: the dataflow's (and every trainer's: :mod:`.validation` checks it).
+        It holds every topic; a region with a cluster of its own gets ``weights.<p>`` and
+        ``versions`` mirrored from it (docs/cross_region_mirror.md)."""
+        region = next((p.region for p in self.pools.values() if p.component == "dataflow"), None)
+        return self.cluster_of(region) if region is not None else self.clusters[0]
+
+    @property
+    def kafka_region(self) -> str:
+        """The region of the home cluster (the region that declares it)."""
+        return self.home.declared_by
+
+    def mirrored_clusters(self) -> list[Cluster]:
+        """The regions' own clusters: every cluster but home's."""
+        return [c for c in self.clusters if c != self.home]
+
+    def link_to_home(self, region: str) -> dict | None:
+        return next((lk for lk in self.links if set(lk["between"]) == {region, self.kafka_region}), None)
 
     def emulated_links(self) -> list[dict]:
-        """The links ``astraflow launch`` emulates with its embedded broker: per region of the
-        cluster other than its own, that region's link to the Kafka region (``region``,
-        ``kafka_region``, ``latency_ms``, ``bandwidth_mbps``). Empty when ``emulate_links`` is
-        off or the cluster is not the embedded broker."""
-        if not self.emulate_links or not self.shared_cluster or not self.clusters[0].embedded:
+        """The links ``astraflow launch`` emulates with its embedded broker: per region other than
+        the home cluster's own with a link to it, that link (``region``, ``kafka_region``,
+        ``latency_ms``, ``bandwidth_mbps``, ``own_cluster``: whether the region runs a cluster of
+        its own, mirrored from home, inside its namespace). Empty when ``emulate_links`` is off or
+        the home cluster is not the embedded broker."""
+        if not self.emulate_links or not self.home.embedded:
             return []
         home = self.kafka_region
         out = []
-        for region in self.clusters[0].regions:
-            link = next((lk for lk in self.links if set(lk["between"]) == {region, home}), None)
-            if region != home and link is not None:
+        for region in self.region_hosts:
+            link = self.link_to_home(region)
+            own = self.cluster_of(region) != self.home
+            if region != home and link is not None and (not own or self.cluster_of(region).embedded):
                 out.append({"region": region, "kafka_region": home, "latency_ms": link["latency_ms"],
-                            "bandwidth_mbps": link["bandwidth_mbps"]})
+                            "bandwidth_mbps": link["bandwidth_mbps"], "own_cluster": own})
         return out
 
     def cluster_of(self, region: str) -> Cluster:
@@ -228,9 +245,11 @@ def _clusters(t: Topology) -> list[Cluster]:
 def _notes(plan: Plan) -> list[str]:
     notes = []
     if len(plan.clusters) > 1:
-        notes.append(f"{len(plan.clusters)} separate Kafka clusters: replication between regional clusters "
-                     f"(MirrorMaker 2) is not implemented yet, so `astraflow launch` refuses this topology. Let "
-                     f"the regions share one cluster (kafka: region:<name>)")
+        own = ", ".join(c.declared_by for c in plan.mirrored_clusters())
+        notes.append(f"{len(plan.clusters)} Kafka clusters: the home cluster (region {plan.kafka_region}) holds every "
+                     f"topic; MirrorMaker 2 copies weights.<policy> and versions one way from it into the own "
+                     f"cluster of {own}, whose RaaS nodes read their weights there (once per region over the link) "
+                     f"and everything else from home")
     elif len(plan.clusters[0].regions) > 1:
         notes.append(f"regions {', '.join(plan.clusters[0].regions)} share one Kafka cluster: no replication "
                      f"between them (each record crosses the region link at most once, to or from that cluster)")
@@ -249,18 +268,17 @@ def _notes(plan: Plan) -> list[str]:
 def _emulation_note(plan: Plan) -> str:
     if not plan.emulate_links:
         return "links are not emulated (emulate_links: false): every node reaches the broker directly"
-    if not plan.shared_cluster:
-        return "links are not emulated: emulation needs one cluster, the embedded broker"
-    if not plan.clusters[0].embedded:
-        return (f"links are not emulated: the Kafka cluster is external ({plan.clusters[0].name}); emulation "
+    if not plan.home.embedded:
+        return (f"links are not emulated: the Kafka cluster is external ({plan.home.name}); emulation "
                 f"needs the embedded broker `astraflow launch` starts")
     emulated = plan.emulated_links()
     if not emulated:
-        return f"links are not emulated: no region of the cluster is linked to the Kafka region {plan.kafka_region}"
-    parts = [f"{e['region']} nodes run in a network namespace of their own and reach the broker in "
-             f"{e['kafka_region']} through a link adding {e['latency_ms']:g} ms each way, {e['bandwidth_mbps']:g} "
-             f"Mbit/s per direction shared by all their connections" for e in emulated]
-    unlinked = [r for r in plan.clusters[0].regions
+        return f"links are not emulated: no region is linked to the Kafka region {plan.kafka_region}"
+    parts = [f"{e['region']} nodes run in a network namespace of their own"
+             + (" with the region's own cluster and its MirrorMaker 2" if e["own_cluster"] else "")
+             + f" and reach the broker in {e['kafka_region']} through a link adding {e['latency_ms']:g} ms each way, "
+               f"{e['bandwidth_mbps']:g} Mbit/s per direction shared by all their connections" for e in emulated]
+    unlinked = [r for r in plan.region_hosts
                 if r != plan.kafka_region and r not in {e["region"] for e in emulated}]
     tail = f"; {', '.join(unlinked)} (no link to {plan.kafka_region}) connect directly" if unlinked else ""
     return "EMULATION of links by `astraflow launch` (embedded broker only): " + "; ".join(parts) + tail
@@ -278,9 +296,20 @@ def without_emulation(plan: Plan, bootstrap: str) -> None:
 
 
 def check_launchable(plan: Plan) -> None:
-    """``astraflow launch`` / ``node --topology`` refuse what they cannot run yet, naming why."""
-    if not plan.shared_cluster:
-        raise TopologyError(plan.source, "regions.*.kafka", plan.notes[0])
+    """``astraflow launch`` refuses what it cannot run yet, naming why: a region's own cluster
+    must be ``embedded`` (launch starts it, and its MirrorMaker 2) and serve that region alone."""
+    for c in plan.mirrored_clusters():
+        if not c.embedded:
+            raise TopologyError(plan.source, f"regions.{c.declared_by}.kafka",
+                                f"is an existing cluster ({c.name}): `astraflow launch` starts a region's own cluster "
+                                f"and its MirrorMaker 2 only when it is 'embedded'; use 'embedded', or "
+                                f"'region:{plan.kafka_region}' (direct: the region's nodes use the home cluster)")
+        if len(c.regions) > 1:
+            other = next(r for r in c.regions if r != c.declared_by)
+            raise TopologyError(plan.source, f"regions.{other}.kafka",
+                                f"shares the own cluster of region {c.declared_by}; `astraflow launch` gives a "
+                                f"region's own cluster to that region alone: use 'embedded' (a cluster of its own) "
+                                f"or 'region:{plan.kafka_region}' (the home cluster)")
 
 
 def format_plan(plan: Plan) -> str:
@@ -288,7 +317,9 @@ def format_plan(plan: Plan) -> str:
     lines.append(f"kafka: {len(plan.clusters)} cluster(s)")
     for c in plan.clusters:
         what = "embedded broker, started by `astraflow launch`" if c.embedded else f"bootstrap {c.name}"
-        lines.append(f"  {what}: region(s) {', '.join(c.regions)}")
+        role = ("home: every topic" if c == plan.home else
+                f"own cluster: weights and versions mirrored from {plan.kafka_region} by MirrorMaker 2")
+        lines.append(f"  {what}: region(s) {', '.join(c.regions)}" + (f" [{role}]" if len(plan.clusters) > 1 else ""))
     for rname, hosts in plan.region_hosts.items():
         lines.append(f"region {rname}: hosts {', '.join(f'{h} ({plan.host_addresses[h]})' for h in hosts)}")
         for p in (p for p in plan.pools.values() if p.region == rname):
@@ -296,7 +327,7 @@ def format_plan(plan: Plan) -> str:
     emulated = [{e["region"], e["kafka_region"]} for e in plan.emulated_links()]
     for link in plan.links:
         a, b = link["between"]
-        how = ("  [EMULATED by launch: a shaping proxy to the broker]" if {a, b} in emulated
+        how = ("  [EMULATED by launch: a shaped link to the broker]" if {a, b} in emulated
                else "  [not emulated]")
         lines.append(f"link {a} <-> {b}: {link['bandwidth_mbps']:g} Mbit/s, {link['latency_ms']:g} ms{how}")
     a = plan.autoscaler

@@ -142,8 +142,12 @@ class Pool:
 class Region:
     hosts: dict[str, Host] = _k(help="host name -> {address}; a list of names is accepted too")
     pools: dict[str, Pool] = _k(help="pool name -> pool; node ids are <pool>-<i> (a dataflow/trainer: the pool name)")
-    kafka: str = _k(EMBEDDED, "'embedded' (the broker `astraflow launch` starts), bootstrap servers "
-                              "'host:port,...', or 'region:<name>' (the cluster of that region)")
+    kafka: str = _k(EMBEDDED, "'embedded' (a broker `astraflow launch` starts: in the dataflow's region the home "
+                              "cluster, in another region a cluster of the region's own, inside its namespace, "
+                              "that MirrorMaker 2 copies weights.<policy> and versions into from home), bootstrap "
+                              "servers 'host:port,...', or 'region:<name>' (the cluster of that region; "
+                              "'region:<home>' is direct mode: the region's nodes use the home cluster over the "
+                              "link)")
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ def validate(t: Topology) -> None:
                                                                   f"{', '.join(region.hosts)})")
             _check_pool(f, key, pool)
     _check_components(t)
+    _check_home_cluster(t)
     _check_links(t)
     _check_autoscaler(t)
 
@@ -196,6 +197,30 @@ def _check_components(t: Topology) -> None:
         if p.component == "raas" and p.policy not in trainers:
             raise TopologyError(t.source, f"regions.{rname}.pools.{pname}.policy",
                                 f"no trainer pool trains policy {p.policy or '(the job policy)'}")
+
+
+def cluster_key(t: Topology, rname: str) -> str:
+    """Which cluster a region uses: ``embedded:<declaring region>`` or its sorted bootstrap servers."""
+    k = t.regions[rname].kafka.strip()
+    owner = k[len(REGION_REF):].strip() if k.startswith(REGION_REF) else rname
+    k = t.regions[owner].kafka.strip()
+    return f"{EMBEDDED}:{owner}" if k == EMBEDDED else ",".join(sorted(s.strip() for s in k.split(",")))
+
+
+def _check_home_cluster(t: Topology) -> None:
+    """With several clusters only weights and versions are mirrored, home -> a region's own cluster
+    (docs/cross_region_mirror.md): the trainers run on the dataflow's cluster, and a region with a
+    cluster of its own holds RaaS pools only."""
+    dataflow = next(r for r, _, p in pools(t) if p.component == "dataflow")
+    home = cluster_key(t, dataflow)
+    for rname, pname, p in pools(t):
+        if p.component != "raas" and cluster_key(t, rname) != home:
+            raise TopologyError(t.source, f"regions.{rname}.pools.{pname}",
+                                f"a {p.component} runs on the home cluster, the one of the dataflow's region "
+                                f"{dataflow}; region {rname} has a cluster of its own (kafka: "
+                                f"{t.regions[rname].kafka.strip()}), which receives only weights and versions from "
+                                f"home. Put the pool in a region of the home cluster, or give {rname} "
+                                f"'kafka: region:{dataflow}'")
 
 
 def _check_links(t: Topology) -> None:

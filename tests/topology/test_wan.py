@@ -106,7 +106,7 @@ def test_plan_says_whether_links_are_emulated(tmp_path):
     plan = resolve(load_topology(TWO_REGIONS))
     assert plan.emulate_links and plan.kafka_region == "us-east"
     assert plan.emulated_links() == [{"region": "eu-west", "kafka_region": "us-east", "latency_ms": 40,
-                                      "bandwidth_mbps": 1000}]
+                                      "bandwidth_mbps": 1000, "own_cluster": False}]
     text = format_plan(plan)
     assert "[EMULATED by launch" in text and "adding 40 ms each way" in text
     assert plan.to_dict()["emulated_links"][0]["region"] == "eu-west"
