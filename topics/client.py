@@ -453,6 +453,7 @@ class Consumer:
         self._pending: dict[TopicPartition, int] = {}
         self._handed_out_in: dict[TopicPartition, Any] = {}  # partition -> group membership at poll
         self._outside_since: float | None = time.monotonic()  # not a group member yet
+        self._last_poll_records = 0  # records the last poll fetched (:meth:`poll`'s collector sweep)
 
     @property
     def raw(self) -> KafkaConsumer:
@@ -468,12 +469,15 @@ class Consumer:
         """
         paused, promote = collection.pause(), False
         try:
+            # A reader of large batches (the last poll's size predicts this one's) sweeps the young
+            # generations before the fetch is parsed, while they hold only what the poll found.
+            swept = collection.sweep(paused, self._last_poll_records)
             batches = self._kc.poll(timeout_ms=0, max_records=max_records)  # what is already fetched
             if not batches and timeout_ms > 0:
                 collection.resume(paused)  # wait with the collector running
                 paused = False
                 batches = self._kc.poll(timeout_ms=timeout_ms, max_records=max_records)
-                paused = collection.pause()
+                paused, swept = collection.pause(), False  # younger objects than the sweep now
             membership = self._kc.group_metadata() if self._subscribed else None
             if membership is not None:
                 # Records handed out under an older generation are void: they are redone from
@@ -481,7 +485,8 @@ class Consumer:
                 void = [tp for tp, m in self._handed_out_in.items() if not _same_membership(m, membership)]
                 if void:
                     batches = self._redo(void, batches)
-            promote = collection.sweep(paused, sum(map(len, batches.values())))
+            records = self._last_poll_records = sum(map(len, batches.values()))
+            promote = records >= collection.PROMOTE_MIN_RECORDS and (swept or collection.sweep(paused, records))
             out, rejected = self._decode(batches)
         finally:
             collection.resume(paused, promote)

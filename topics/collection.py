@@ -14,12 +14,14 @@ the first allocation after :func:`resume` sets off: one traversal of every list,
 trajectory record, as much as decoding it. A batch is data its reader keeps for a while,
 not young garbage, so a large one skips the young generations (:func:`sweep` before the
 decode, ``promote`` on resume): the young generations are collected first, while they
-hold only what was there before the batch (so no garbage of the application's is
-promoted with it), and what decoding made then goes straight to the oldest generation
-(``gc.freeze()`` then ``gc.unfreeze()``: two list splices, no traversal), where full
-collections still meet it as they meet every long-lived object. Decoding makes no
-reference cycles but those of a refused record's error, which the next full collection
-frees. A process that froze objects itself (``gc.freeze()`` before a fork) is left as it
+hold only what was there before the poll (so no garbage of the application's is promoted
+with it; a reader of large batches sweeps before kafka-python parses the fetch, so the
+sweep does not traverse the fetched records either), and what the poll made then goes
+straight to the oldest generation (``gc.freeze()`` then ``gc.unfreeze()``: two list
+splices, no traversal), where full collections still meet it as they meet every
+long-lived object. Of what the poll made, the records die as soon as they are decoded;
+reference cycles among the rest (a refused record's error, the client's own) wait for
+the next full collection instead of a young one. A process that froze objects itself (``gc.freeze()`` before a fork) is left as it
 is: its freeze is not undone here. A collector the application disabled stays disabled.
 
 It knows nothing about Kafka or messages: the consumer says when and how much.
