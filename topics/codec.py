@@ -10,8 +10,9 @@ that must agree, a step below 0) raise a :class:`~.exceptions.DecodeError` subcl
 
 Decoding is on every consumer's hot path, so each message class gets a :class:`_Builder`
 once: a record written by this code (every field, in field order) becomes its message
-with no copy, the dict orjson made becoming the instance's ``__dict__``; anything else
-takes the checked path, which also puts fields in class order (orjson encodes a
+with no copy, the dict orjson made becoming the instance's ``__dict__``, through a
+function compiled for its class (its field checks fused into one expression,
+:func:`_fast_path`); anything else takes the general checked path, which also puts fields in class order (orjson encodes a
 dataclass in ``__dict__`` order, so a message decoded and sent on keeps its bytes).
 """
 
