@@ -106,15 +106,17 @@ def ours_typed(bootstrap: str, topic: str, msgs: list[TrajectoryGroup], n: int, 
     prod = {"records": n, "bytes": n * value_bytes, "seconds": dt}
     with Consumer(bootstrap, topics=[topic], group_id=f"bench-{uuid.uuid4().hex[:6]}",
                   max_poll_records=2000) as c:
-        got, t0 = 0, None
+        got, t0, cpu0 = 0, None, 0.0
         while got < n:
             batch = c.poll(5000)
             if not batch:
                 raise RuntimeError(f"consumer stalled at {got}/{n}")
-            t0 = t0 or time.perf_counter()
+            if t0 is None:
+                t0, cpu0 = time.perf_counter(), time.thread_time()
             got += len(batch)
-        dt = time.perf_counter() - t0
-    return prod, {"records": got, "bytes": got * value_bytes, "seconds": dt}
+        del batch  # the last batch's release counts too, as each earlier one's did
+        dt, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
+    return prod, {"records": got, "bytes": got * value_bytes, "seconds": dt, "cpu_seconds": cpu}
 
 
 def plain_produce(bootstrap: str, topic: str, records: list[tuple[bytes, list]], n: int, **settings) -> dict:
@@ -147,19 +149,21 @@ def plain_consume(bootstrap: str, topic: str, n: int) -> dict:
         kc.assign([TopicPartition(topic, 0)])
         kc.seek_to_beginning()
         got = nbytes = 0
-        t0 = None
+        t0, cpu0 = None, 0.0
         while got < n:
             batches = kc.poll(5000, max_records=2000)
             if not batches:
                 raise RuntimeError(f"kafka-python consumer stalled at {got}/{n}")
-            t0 = t0 or time.perf_counter()
+            if t0 is None:
+                t0, cpu0 = time.perf_counter(), time.thread_time()
             for records in batches.values():
                 got += len(records)
                 nbytes += sum(len(r.value) for r in records)
-        dt = time.perf_counter() - t0
+        del batches
+        dt, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
     finally:
         kc.close()
-    return {"records": got, "bytes": nbytes, "seconds": dt}
+    return {"records": got, "bytes": nbytes, "seconds": dt, "cpu_seconds": cpu}
 
 
 def stock_consume(bootstrap: str, topic: str, n: int) -> dict:
@@ -245,13 +249,27 @@ def summarise(rounds: list[list[tuple[str, str, str, dict]]]) -> list[dict]:
                 continue
             row[f"{prefix}_MB_per_s"] = spread([m["bytes"] / m["seconds"] / MB for m in ms])
             row[f"{prefix}_records_per_s"] = spread([m["records"] / m["seconds"] for m in ms])
+            if all("cpu_seconds" in m for m in ms):  # the consuming thread's CPU: what load does not stretch
+                row[f"{prefix}_cpu_us_per_record"] = spread([m["cpu_seconds"] / m["records"] * 1e6 for m in ms])
         row["ours_over_kafka"] = ratio_spread(row["ours_records_per_s"], row["kafka_records_per_s"])
         row["ours_over_plain"] = ratio_spread(row["ours_records_per_s"], row["plain_records_per_s"])
         row["plain_over_kafka"] = ratio_spread(row["plain_records_per_s"], row["kafka_records_per_s"])
+        if "ours_cpu_us_per_record" in row and "plain_cpu_us_per_record" in row:
+            # as a rate: records per CPU second, ours over kafka-python's
+            row["ours_over_plain_cpu"] = ratio_spread(row["plain_cpu_us_per_record"], row["ours_cpu_us_per_record"])
         if "stock_records_per_s" in row:  # the same records read the same way but for the socket reads
             row["plain_over_stock"] = ratio_spread(row["plain_records_per_s"], row["stock_records_per_s"])
         table.append(row)
     return table
+
+
+def print_cpu(table: list[dict]) -> None:
+    """The consumers' CPU per record (the consuming thread's), where both sides measured it."""
+    for r in table:
+        if "ours_over_plain_cpu" in r:
+            print(f"{r['workload']} {r['op']}: CPU µs/record ours {fmt_spread(r['ours_cpu_us_per_record'], '.1f')}, "
+                  f"kafka-python {fmt_spread(r['plain_cpu_us_per_record'], '.1f')}; "
+                  f"ours/kafka-python per CPU second {fmt_spread(r['ours_over_plain_cpu'])}")
 
 
 def print_table(table: list[dict]) -> None:
@@ -305,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         payload_file.unlink(missing_ok=True)
     table = summarise(rounds)
     print_table(table)
+    print_cpu(table)
     out = {"benchmark": "topics_throughput", "kafka_version": kafka_version(), "records": args.records,
            "trajectory_value_bytes": int(value_bytes), "chunk_bytes": chunk, "chunk_total_mib": args.chunk_mb,
            "repeats": args.repeats, "rows": table, "kafka_tool_output": raw}

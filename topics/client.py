@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import gc
 import hashlib
 import logging
 import threading
@@ -24,7 +23,7 @@ from kafka.errors import (CommitFailedError, IllegalGenerationError, InvalidTran
                           KafkaTimeoutError, RebalanceInProgressError, UnknownMemberIdError)
 from kafka.structs import MemberState, OffsetAndMetadata
 
-from . import security
+from . import collection, security
 from . import tracing
 from .codec import Headers, decode, encode
 from .exceptions import DecodeError, InvalidRecord, ProduceError, StaleMembershipError
@@ -234,31 +233,6 @@ def wait(future, timeout: float, topic: str = ""):
         return future.get(timeout=timeout)
     except Exception as e:  # noqa: BLE001 - kafka-python raises many KafkaError subclasses
         raise ProduceError(f"record to {topic or 'topic'} not acknowledged: {type(e).__name__}: {e}") from e
-
-
-def _pause_collection() -> bool:
-    """Pause automatic garbage collection while a fetched batch is parsed and decoded;
-    True if this call paused it (then :func:`_resume_collection` resumes it).
-
-    A polled batch is tens of thousands of new containers that outlive the poll (2,000
-    trajectory records: 32,000 lists of tokens, logprobs, versions, ...). Collected while
-    they are made, they are traversed again and again: by the young collections every 700
-    of them, by the middle generation's, and by the full collections their growth sets
-    off, each of which walks every long-lived object of the process too; that cost more
-    than decoding them. Paused, the collector meets the batch once, when it next runs.
-    The pause spans only work that does not wait, it makes no reference cycles (nothing
-    is left to leak), and a collector the application disabled stays disabled.
-    No allocation here: one would set off the very collection this defers.
-    """
-    if gc.isenabled():
-        gc.disable()
-        return True
-    return False
-
-
-def _resume_collection(paused: bool) -> None:
-    if paused:
-        gc.enable()
 
 
 def _same_membership(a: Any, b: Any) -> bool:
@@ -479,6 +453,7 @@ class Consumer:
         self._pending: dict[TopicPartition, int] = {}
         self._handed_out_in: dict[TopicPartition, Any] = {}  # partition -> group membership at poll
         self._outside_since: float | None = time.monotonic()  # not a group member yet
+        self._last_poll_records = 0  # records the last poll fetched (:meth:`poll`'s collector sweep)
 
     @property
     def raw(self) -> KafkaConsumer:
@@ -499,17 +474,21 @@ class Consumer:
     def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[Delivery]:
         """Decoded records, in partition order; undecodable ones are dead-lettered and skipped.
 
-        Records already fetched are parsed and decoded with the garbage collector paused
-        (:func:`_pause_collection`); waiting for more and writing dead letters are not.
+        Records already fetched are parsed and decoded with the garbage collector paused, and
+        a large batch skips its young generations (:mod:`.collection`); waiting for more and
+        writing dead letters are not paused.
         """
-        paused = _pause_collection()
+        paused, promote = collection.pause(), False
         try:
+            # A reader of large batches (the last poll's size predicts this one's) sweeps the young
+            # generations before the fetch is parsed, while they hold only what the poll found.
+            swept = collection.sweep(paused, self._last_poll_records)
             batches = self._kc.poll(timeout_ms=0, max_records=max_records)  # what is already fetched
             if not batches and timeout_ms > 0:
-                _resume_collection(paused)  # wait with the collector running
+                collection.resume(paused)  # wait with the collector running
                 paused = False
                 batches = self._kc.poll(timeout_ms=timeout_ms, max_records=max_records)
-                paused = _pause_collection()
+                paused, swept = collection.pause(), False  # younger objects than the sweep now
             membership = self._kc.group_metadata() if self._subscribed else None
             if membership is not None:
                 # Records handed out under an older generation are void: they are redone from
@@ -517,9 +496,11 @@ class Consumer:
                 void = [tp for tp, m in self._handed_out_in.items() if not _same_membership(m, membership)]
                 if void:
                     batches = self._redo(void, batches)
+            records = self._last_poll_records = sum(map(len, batches.values()))
+            promote = records >= collection.PROMOTE_MIN_RECORDS and (swept or collection.sweep(paused, records))
             out, rejected = self._decode(batches)
         finally:
-            _resume_collection(paused)
+            collection.resume(paused, promote)
         if membership is not None:
             if membership.generation_id >= 0 and membership.member_id and membership.state == MemberState.STABLE:
                 self._outside_since = None

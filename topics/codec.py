@@ -10,8 +10,9 @@ that must agree, a step below 0) raise a :class:`~.exceptions.DecodeError` subcl
 
 Decoding is on every consumer's hot path, so each message class gets a :class:`_Builder`
 once: a record written by this code (every field, in field order) becomes its message
-with no copy, the dict orjson made becoming the instance's ``__dict__``; anything else
-takes the checked path, which also puts fields in class order (orjson encodes a
+with no copy, the dict orjson made becoming the instance's ``__dict__``, through a
+function compiled for its class (its field checks fused into one expression,
+:func:`_fast_path`); anything else takes the general checked path, which also puts fields in class order (orjson encodes a
 dataclass in ``__dict__`` order, so a message decoded and sent on keeps its bytes).
 """
 
@@ -26,7 +27,7 @@ from typing import Any, Callable, Union
 import orjson
 
 from .exceptions import DecodeError, InvalidRecord, UnknownMessageType, UnsupportedSchema
-from .fieldcheck import Check, checker, describe
+from .fieldcheck import Check, all_of, all_of_source, checker, describe
 from .messages import MESSAGE_TYPES, Message
 
 H_TYPE = "af-type"
@@ -85,7 +86,7 @@ def decode(value: bytes | None, headers: typing.Iterable[tuple[str, bytes]] | No
         data = orjson.loads(value)
     except orjson.JSONDecodeError as e:
         raise DecodeError(f"value is not JSON: {e}") from None
-    return builder(data)
+    return builder.fast(data)
 
 
 def _check(raw_type: Any, raw_schema: Any) -> "_Builder":
@@ -117,7 +118,7 @@ def build(cls: type, data: Any) -> Any:
 
     ``data`` is taken over, not copied: its dicts may become the new objects' attributes.
     """
-    return _builder(cls)(data)
+    return _builder(cls).fast(data)
 
 
 _new = object.__new__
@@ -140,17 +141,23 @@ class _Builder:
     #: no ``__post_init__``, no slots): then it is made without calling ``__init__``
     direct: bool
     checks: tuple[tuple[str, Check], ...]  #: (field, its scalar type check), for fields that have one
+    all_checks: Callable[[dict], bool]  #: all of ``checks`` in one call (:func:`.fieldcheck.all_of`)
     validate: bool  #: whether the class has a ``validate`` method (its bounds) to call on each instance
+    #: ``__call__`` for records as this code writes them, compiled for the class (:func:`_fast_path`);
+    #: it hands any other record to ``__call__``
+    fast: Callable[[Any], Any] = dataclasses.field(init=False)
 
     def __call__(self, data: Any) -> Any:
         if type(data) is not dict:
             raise DecodeError(f"{self.cls.__name__}: expected a JSON object, got {type(data).__name__}")
         if tuple(data) != self.names:  # not as this code writes it: check and order the fields
             data = self._complete(data)
-        for name, check in self.checks:
-            if not check(data[name]):
-                raise InvalidRecord(f"{self.cls.__name__}.{name}: expected {self.hints[name]}, got "
-                                    f"{describe(data[name])}")
+        try:
+            ok = self.all_checks(data)
+        except TypeError:
+            ok = False
+        if not ok:
+            self._refuse(data)
         for name, builder, many, optional in self.nested:
             value = data[name]
             if value is None:
@@ -178,6 +185,16 @@ class _Builder:
             except ValueError as e:
                 raise InvalidRecord(f"{self.cls.__name__}: {e}") from None
         return obj
+
+    def _refuse(self, data: dict) -> None:
+        """Raise the :class:`InvalidRecord` of the first field whose check fails."""
+        for name, check in self.checks:
+            if not check(data[name]):
+                raise InvalidRecord(f"{self.cls.__name__}.{name}: expected {self.hints[name]}, got "
+                                    f"{describe(data[name])}")
+        # unreachable while the fused checks say what the checks say (a test holds them to it); if
+        # they ever did not, the record is still refused, as a record, not as a crash of its reader
+        raise InvalidRecord(f"{self.cls.__name__}: a field failed its type check")
 
     @property
     def hints(self) -> dict[str, str]:
@@ -212,9 +229,53 @@ def _builder(cls: type) -> _Builder:
               and not hasattr(cls, "__slots__") and cls.__dataclass_params__.init)
     names = tuple(f.name for f in fields)
     checks = tuple((f.name, c) for f in fields if (c := checker(hints[f.name])) is not None)
-    return _Builder(cls, names, frozenset(names), frozenset(names) - defaults.keys(),
-                    defaults, frozenset(getattr(cls, "RETIRED", frozenset())), nested, direct,
-                    checks, callable(getattr(cls, "validate", None)))
+    builder = _Builder(cls, names, frozenset(names), frozenset(names) - defaults.keys(),
+                       defaults, frozenset(getattr(cls, "RETIRED", frozenset())), nested, direct,
+                       checks, all_of(checks), callable(getattr(cls, "validate", None)))
+    _set(builder, "fast", _fast_path(builder))
+    return builder
+
+
+def _fast_path(b: _Builder) -> Callable[[Any], Any]:
+    """``b.__call__`` as one function compiled for its class, for the record this code writes
+    (every field, in class order, each of its type): the same checks and the same message,
+    without a call per field or per check. Any other record, or one that fails a check, is
+    handed to ``b.__call__`` untouched, which orders it or says what is wrong with it; a
+    class that must be made through its ``__init__`` always is."""
+    if not b.direct:
+        return b
+    env: dict[str, Any] = {"NAMES": b.names, "CLS": b.cls, "slow": b, "new": _new, "set_": _set,
+                           "InvalidRecord": InvalidRecord}
+    test = all_of_source(b.checks, env, "data")
+    lines = ["def fast(data):",
+             "    if type(data) is not dict or tuple(data) != NAMES:",
+             "        return slow(data)",
+             "    try:",
+             f"        ok = {test}",
+             "    except TypeError:",
+             "        ok = False"]
+    shapes, builds = [], []  # every nested field's shape is checked before any is built
+    for i, (name, nested, many, optional) in enumerate(b.nested):
+        env[f"build{i}"] = nested.fast
+        value = f"data[{name!r}]"
+        shape = f"type({value}) is {'list' if many else 'dict'}"
+        shapes.append(f"({value} is None or {shape})" if optional else shape)
+        build = f"[build{i}(x) for x in {value}]" if many else f"build{i}({value})"
+        builds.append(f"    if {value} is not None:\n        data[{name!r}] = {build}" if optional
+                      else f"    data[{name!r}] = {build}")
+    lines += [f"    if not (ok and {' and '.join(shapes) or 'True'}):",
+              "        return slow(data)",
+              *builds,
+              "    obj = new(CLS)",
+              "    set_(obj, '__dict__', data)"]
+    if b.validate:
+        lines += ["    try:",
+                  "        obj.validate()",
+                  "    except ValueError as e:",
+                  f"        raise InvalidRecord({b.cls.__name__ + ': '!r} + str(e)) from None"]
+    lines.append("    return obj")
+    exec(compile("\n".join(lines) + "\n", f"<codec fast path of {b.cls.__qualname__}>", "exec"), env)
+    return env["fast"]
 
 
 def _same(value: Any) -> Any:

@@ -70,6 +70,50 @@ def checker(tp: Any) -> Check | None:
     return None
 
 
+#: The checks whose test :func:`expression` can write inline, as source with ``{v}`` for the value
+#: (a ``TypeError`` it raises means "no", as in the functions themselves).
+_INLINE = {
+    "_is_str": "type({v}) is str", "_is_bool": "type({v}) is bool", "_is_int": "type({v}) is int",
+    "_is_number": "type({v}) in _NUMBER", "_is_list": "type({v}) is list", "_is_dict": "type({v}) is dict",
+    "_int_list": "type({v}) is list and type(sum({v})) is int",
+    "_number_list": "type({v}) is list and type(sum({v})) in _NUMBER",
+}
+
+
+def all_of(fields: tuple[tuple[str, Check], ...]) -> Callable[[dict], bool]:
+    """One predicate over a decoded record's dict: whether every ``(field, check)`` holds.
+
+    The same tests as calling each check in turn, compiled into one function so a record
+    costs one call instead of one per field; it may raise ``TypeError`` where a check would
+    answer no (the caller then asks the checks one by one which field failed)."""
+    env: dict[str, Any] = {}
+    source = f"def all_of(d):\n    return {all_of_source(fields, env, 'd')}\n"
+    exec(compile(source, f"<fieldcheck.all_of {', '.join(n for n, _ in fields)}>", "exec"), env)
+    return env["all_of"]
+
+
+def all_of_source(fields: tuple[tuple[str, Check], ...], env: dict[str, Any], record: str) -> str:
+    """:func:`all_of`'s test as a Python expression over the dict named ``record``; the names
+    it needs are added to ``env`` (the namespace it is compiled in)."""
+    env["_NUMBER"] = (int, float)
+    terms = []
+    for i, (name, check) in enumerate(fields):
+        value = f"{record}[{name!r}]"
+        inline = _INLINE.get(getattr(check, "__name__", ""))
+        if inline is not None and globals().get(check.__name__) is check:
+            terms.append(f"({_inline(inline, f'_v{i}', value)})")
+        else:  # a compound check (optional, list or dict of something): called as it is
+            env[f"_check{i}"] = check
+            terms.append(f"_check{i}({value})")
+    return " and ".join(terms) or "True"
+
+
+def _inline(template: str, var: str, value: str) -> str:
+    """``template`` with its first ``{v}`` binding ``var`` to ``value`` and the rest reading ``var``."""
+    first = template.index("{v}")
+    return template[:first] + f"({var} := {value})" + template[first + 3:].replace("{v}", var)
+
+
 def describe(value: Any) -> str:
     """A short account of a value that failed its check (never the whole of a huge value)."""
     if type(value) is list:

@@ -150,6 +150,8 @@ class Sample:
 
     def validate(self) -> None:
         n = len(self.tokens)
+        if len(self.logprobs) == n == len(self.versions) and not self.loss_mask and not self.token_roles:
+            return  # the common record in one expression (a poll decodes thousands of samples)
         _same_length("logprobs", self.logprobs, "tokens", n)
         _same_length("versions", self.versions, "tokens", n)
         _same_length("loss_mask", self.loss_mask, "tokens", n, may_be_empty=True)

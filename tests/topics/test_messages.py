@@ -164,6 +164,8 @@ def test_a_dead_letter_keeps_a_null_header_value():
     ("trajectory-group", ("samples", 0, "tokens"), [1, 2.5, 3], r"Sample.tokens: expected list\[int\], got a list"),
     ("trajectory-group", ("samples", 0, "logprobs"), [-0.1, None, -0.3], r"Sample.logprobs: expected list\[float\]"),
     ("trajectory-group", ("samples", 0, "logprobs"), [-0.1], "logprobs has 1 entries but tokens has 3"),
+    ("trajectory-group", ("samples", 0, "versions"), [0], "versions has 1 entries but tokens has 3"),
+    ("trajectory-group", ("samples", 0, "token_roles"), [0], "token_roles has 1 entries but tokens has 3"),
     ("trajectory-group", ("samples", 0, "loss_mask"), [1, 2, 1], "loss_mask holds"),
     ("trajectory-group", ("status",), "maybe", "status is 'maybe'"),
     ("trajectory-group", ("stats",), {"team_reward": "high"}, r"stats\['team_reward'\] is str"),
@@ -212,3 +214,40 @@ def test_a_null_record_is_accepted_only_where_the_field_is_optional():
     data["manifest"] = None  # ChunkManifest: once decoded, and the subscriber failed on it
     with pytest.raises(DecodeError, match="VersionAnnouncement.manifest: expected a JSON object, got null"):
         decode(orjson.dumps(data), headers)
+
+
+@pytest.mark.parametrize("af_type", sorted(SAMPLES))
+def test_the_compiled_fast_path_builds_what_the_general_path_builds(af_type):
+    """Each class's compiled builder (the path a record as this code writes it takes) makes the
+    message the general one makes, field for field and in the same order."""
+    from astraflow.topics.codec import _builder
+    msg = SAMPLES[af_type]
+    value, _ = encode(msg)
+    builder = _builder(type(msg))
+    fast, general = builder.fast(orjson.loads(value)), builder(orjson.loads(value))
+    assert fast == general == msg
+    assert list(vars(fast)) == list(vars(general)) == [f.name for f in dataclasses.fields(msg)]
+
+
+def test_the_fused_field_checks_answer_as_the_checks_one_by_one():
+    """``fieldcheck.all_of`` compiles a record's checks into one expression: for every hint and
+    every kind of value it says what the check of that hint says (a ``TypeError`` is a no)."""
+    from typing import Any
+
+    from astraflow.topics.fieldcheck import all_of, checker
+    values = ["s", "", 1, 0, -3, True, False, 1.5, None, [], [1, 2], [1, 2.5], [0.5, 1.5], [1, "x"], [True],
+              [None], [[1]], ["a"], {}, {"a": 1}, {"a": "b"}, {"a": None}, {"a": [1]}]
+    hints = [str, int, float, bool, list[int], list[float], list[str], list[list[int]], int | None,
+             float | None, list[int] | None, dict[str, str], dict[str, Any], dict[str, str | None],
+             dict[str, int], list[Any]]
+    for tp in hints:
+        check = checker(tp)
+        assert check is not None, tp
+        fused = all_of((("f", check), ("g", checker(str))))
+        for v in values:
+            for g in ("ok", 7):
+                try:
+                    answer = fused({"f": v, "g": g})
+                except TypeError:
+                    answer = False
+                assert bool(answer) == (check(v) and g == "ok"), (tp, v, g)
