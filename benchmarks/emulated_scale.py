@@ -132,16 +132,20 @@ KEYS = ("s_per_step", "samples_per_s", "lower_bound_s_per_step", "scheduling_eff
         "fenced_episodes", "task_group_rebalances")
 
 
-def aggregate(rows: dict[int, list[dict]]) -> dict:
+def aggregate(rows: dict[int, list[dict]], keys: tuple[str, ...] = KEYS) -> dict:
+    """Per device count, the spread of each of ``keys`` over its repetitions, and the linearity
+    against the smallest count (paired run by run; median against median while a run is
+    still partial and the counts have unequal repetitions)."""
     out = {}
     base = spread([r["samples_per_s"] for r in rows[min(rows)]])
     for n, reps in rows.items():
-        agg = {k: spread([r[k] for r in reps]) for k in KEYS}
+        agg = {k: spread([r[k] for r in reps]) for k in keys}
         agg["max_cpu_fraction"] = spread([max(r["cpu_fraction"].values(), default=0.0) for r in reps])
         agg["overruns"] = spread([r["overruns"] for r in reps])
         ideal = {**base, **{k: v * n / min(rows) for k, v in base.items() if k in ("median", "min", "max")},
                  "runs": [v * n / min(rows) for v in base["runs"]]}
-        agg["linearity"] = ratio_spread(agg["samples_per_s"], ideal)
+        agg["linearity"] = ratio_spread(agg["samples_per_s"], ideal) if agg["samples_per_s"]["n"] == base["n"] \
+            else spread([agg["samples_per_s"]["median"] / ideal["median"]])
         out[str(n)] = agg
     return out
 
@@ -246,21 +250,6 @@ SV_KEYS = ("s_per_iter", "samples_per_s", "lower_bound_s_per_iter", "scheduling_
            "task_group_rebalances", "episodes_per_trained_group")
 
 
-def sv_aggregate(rows: dict[int, list[dict]]) -> dict:
-    out = {}
-    base = spread([r["samples_per_s"] for r in rows[min(rows)]])
-    for n, reps in rows.items():
-        agg = {k: spread([r[k] for r in reps]) for k in SV_KEYS}
-        agg["overruns"] = spread([r["overruns"] for r in reps])
-        agg["max_cpu_fraction"] = spread([max(r["cpu_fraction"].values(), default=0.0) for r in reps])
-        ideal = {**base, **{k: v * n / min(rows) for k, v in base.items() if k in ("median", "min", "max")},
-                 "runs": [v * n / min(rows) for v in base["runs"]]}
-        agg["linearity"] = ratio_spread(agg["samples_per_s"], ideal) if agg["samples_per_s"]["n"] == base["n"] \
-            else spread([agg["samples_per_s"]["median"] / ideal["median"]])
-        out[str(n)] = agg
-    return out
-
-
 def sv_main(args, counts: list[int]) -> int:
     from astraflow.benchmarks.results_io import write_section
     table2 = json.loads(TABLE2.read_text())
@@ -270,7 +259,7 @@ def sv_main(args, counts: list[int]) -> int:
     for rep in range(args.repeats):
         for n in counts:
             rows[n].append(sv_one(args, lays[n], rep, table2))
-            agg = sv_aggregate({k: v for k, v in rows.items() if v})
+            agg = aggregate({k: v for k, v in rows.items() if v}, SV_KEYS)
             write_section(Path(args.out), "solver_verifier", {
                 "emulated": True, "job": "solver_verifier", "steps": args.steps, "repeats_planned": args.repeats,
                 "dilation_at_8": args.dilation, "split_from": "multi_policy_emulated.json device_split, scaled by N/8",
@@ -279,7 +268,7 @@ def sv_main(args, counts: list[int]) -> int:
                                                                  "polls_in_flight")},
                 "layouts": {str(k): v for k, v in lays.items()}, "by_devices": agg,
                 "repetitions": {str(k): v for k, v in rows.items()}}, load_before, "emulated_scale")
-    agg = sv_aggregate(rows)
+    agg = aggregate(rows, SV_KEYS)
     print("EMULATED: the solver-verifier team (Table 2's arm (a)) on N x h100-qwen3-8b; modelled seconds")
     for n, r in agg.items():
         print(f"{n:>3} samples/s {fmt_spread(r['samples_per_s'], '.1f')}  s/iter {fmt_spread(r['s_per_iter'], '.1f')}  "

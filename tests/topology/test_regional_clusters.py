@@ -6,9 +6,6 @@ The end-to-end launch is the slow test at the end."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -197,14 +194,8 @@ def test_a_launch_with_a_regional_cluster_reads_weights_there_and_crosses_the_li
     """`astraflow launch` of the mirrored example: 2 RaaS nodes in eu-west read every version
     from eu-west's own cluster (MirrorMaker 2 from home), their tasks and trajectories go home
     over the link, the audit holds, and the weights crossed the link about once, not twice."""
-    run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "astraflow", "launch", str(MIRRORED), str(JOB), "--quiet",
-                          "--run-dir", str(run_dir), "--set", "trainer.steps=4", "--set", "eval.every=0",
-                          "--set", f"job=regional-{uuid.uuid4().hex[:6]}"],
-                         capture_output=True, text=True, timeout=1500)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    assert "conservation audit ok" in out.stdout
-    summary = json.loads((run_dir / "summary.json").read_text())
+    from tests.topology.test_wan import launch_short_job
+    summary = launch_short_job(MIRRORED, tmp_path / "run", "regional", timeout=1500)
     assert summary["audit"]["ok"], summary["audit"]
     topo = summary["topology"]
     sources = topo["weights_from"]

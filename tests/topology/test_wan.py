@@ -139,18 +139,23 @@ def test_a_bad_emulate_links_names_key_and_file(tmp_path, value):
     assert e.value.file == str(path) and e.value.key == "emulate_links", str(e.value)
 
 
+def launch_short_job(topology: Path, run_dir: Path, name: str, timeout: float) -> dict:
+    """``astraflow launch`` of ``topology`` with the demo job for 4 steps, no evaluation; it
+    must exit 0 with the audit ok. Its ``summary.json``."""
+    out = subprocess.run([sys.executable, "-m", "astraflow", "launch", str(topology), str(JOB), "--quiet",
+                          "--run-dir", str(run_dir), "--set", "trainer.steps=4", "--set", "eval.every=0",
+                          "--set", f"job={name}-{uuid.uuid4().hex[:6]}"],
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "conservation audit ok" in out.stdout
+    return json.loads((run_dir / "summary.json").read_text())
+
+
 @pytest.mark.slow
 def test_a_two_region_launch_trains_through_the_emulated_link_and_loses_nothing(tmp_path):
     """`astraflow launch` of the two-region example: the eu-west node runs in its namespace,
     every byte it moves crosses the link (its weights too), and the audit holds."""
-    run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "astraflow", "launch", str(TWO_REGIONS), str(JOB), "--quiet",
-                          "--run-dir", str(run_dir), "--set", "trainer.steps=4", "--set", "eval.every=0",
-                          "--set", f"job=two-regions-{uuid.uuid4().hex[:6]}"],
-                         capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    assert "conservation audit ok" in out.stdout
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = launch_short_job(TWO_REGIONS, tmp_path / "run", "two-regions", timeout=900)
     (link,) = summary["topology"]["emulated_links"]
     assert link["region"] == "eu-west" and link["connections"] >= 2
     assert link["bytes_down"] > 1_000_000 and link["bytes_up"] > 0  # the weights came down the link
