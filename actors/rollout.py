@@ -166,8 +166,7 @@ class RolloutActor(LoopActor):
             return self._pipelined_step()
         self._rejoin_if_stuck()
         if self._newer_weights():  # (waits for the calls in flight: a load needs the engine idle)
-            with self.engine_lock:
-                self.subscriber.apply_to(self.engine)
+            self._load_weights()
         if self.server is not None:
             before = self.server.busy_s
             answered = self.server.serve(50)
@@ -338,6 +337,8 @@ class RolloutActor(LoopActor):
             self._loading = self._loader.submit(self._load_weights)
 
     def _load_weights(self) -> None:
+        """Apply the newest weights the subscriber holds, with the engine alone (waits for the
+        calls in flight)."""
         with self.engine_lock:
             self.subscriber.apply_to(self.engine)
 
@@ -431,8 +432,7 @@ class RolloutActor(LoopActor):
                 raise TimeoutError(f"{self.node_id}: weights version {version} did not arrive within "
                                    f"{WEIGHT_WAIT_LIMIT_S:.0f}s (have {self.engine.version})")
             self.subscriber.wait_for(version, timeout=1.0)
-            with self.engine_lock:
-                self.subscriber.apply_to(self.engine)
+            self._load_weights()
             self._heartbeat()
 
     def _answer_failed(self, tasks: list[Task], error: str) -> None:
