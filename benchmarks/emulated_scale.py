@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
+from astraflow.benchmarks.multi_policy_emulated import episodes_fenced
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "emulated_scale.json"
@@ -93,17 +94,6 @@ def analyse(run_dir: Path, dilation: float, lay: dict, n_samples: int) -> dict:
             "fenced_episodes": fenced, "task_group_rebalances": rebalances(rows),
             "cpu_fraction": cpu_fractions(em), "overruns": overruns(em), "run_dir": str(run_dir),
             "wall_s": summary.get("wall_s")}
-
-
-def episodes_fenced(rows: list[dict]) -> float:
-    """Episodes rolled out in polls that were fenced (dropped at their commit after a rebalance):
-    ``raas.fenced_tasks`` is each node's running count, so its last value per node."""
-    last: dict[str, float] = {}
-    for r in rows:
-        if r["name"] == "raas.fenced_tasks":
-            node = r.get("label.node", "")
-            last[node] = max(last.get(node, 0.0), float(r["value"]))
-    return sum(last.values())
 
 
 def rebalances(rows: list[dict]) -> int:

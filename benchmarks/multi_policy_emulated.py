@@ -246,6 +246,17 @@ def overruns(emulated: dict) -> int:
     return int(sum(c.get("overruns", 0) for d in emulated.values() for c in d.values() if isinstance(c, dict)))
 
 
+def episodes_fenced(rows: list[dict]) -> float:
+    """Episodes rolled out in polls that were fenced (dropped at their commit after a rebalance):
+    ``raas.fenced_tasks`` is each node's running count, so its last value per node."""
+    last: dict[str, float] = {}
+    for r in rows:
+        if r["name"] == "raas.fenced_tasks":
+            node = r.get("label.node", "")
+            last[node] = max(last.get(node, 0.0), float(r["value"]))
+    return sum(last.values())
+
+
 def resource_work(summary: dict, episodes: float, groups_per_batch: int, steps: int) -> dict[str, float]:
     """Per pool and trainer of a Kafka arm, its modelled seconds per iteration: pools' over the
     episodes they rolled out scaled to a batch, trainers' per step."""
@@ -271,13 +282,15 @@ def run_split(base: dict, args, split: dict, barrier: str, rep: int) -> dict:
         run_job(cfg, run_dir=run_dir, progress=False, timeout_s=args.run_timeout)
         r = analyse_team(run_dir)
         summary = json.loads((run_dir / "summary.json").read_text())
-        work = resource_work(summary, r["episodes"], SEED_SHAPE["groups_per_batch"], args.steps)
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        fenced = episodes_fenced(rows)  # rolled out, then dropped by a rebalance and redone: not needed work
+        work = resource_work(summary, r["episodes"] + fenced, SEED_SHAPE["groups_per_batch"], args.steps)
         em = summary.get("emulated", {})
         batches = r["episodes"] / SEED_SHAPE["groups_per_batch"]
         calls = {comp: d.get("generate", {}).get("calls", 0) / batches for comp, d in em.items()
                  if "generate" in d and batches}
         return {"s_per_iter": r["s_per_iter"] / args.dilation, "lower_bound_s_per_iter": max(work.values()),
-                "generate_calls_per_iteration": calls,
+                "generate_calls_per_iteration": calls, "fenced_episodes": fenced,
                 "work_by_resource": work, "busiest": max(work, key=work.get),
                 "cpu_fraction": cpu_fractions(summary.get("emulated", {})),
                 "overruns": overruns(summary.get("emulated", {})),
