@@ -334,6 +334,23 @@ def emulated_scale() -> list[str]:
         out.append(f"| {n} | {_sp(r['samples_per_s'], '.1f')} | {_sp(r['s_per_step'], '.1f')} | "
                    f"{_sp(r['lower_bound_s_per_step'], '.1f')} | {_sp(r['scheduling_efficiency'])} | "
                    f"{_sp(r['linearity'])} |")
+    return out + [""] + emulated_scale_team(d.get("solver_verifier"))
+
+
+def emulated_scale_team(sv: dict | None) -> list[str]:
+    """The solver-verifier team's rows of ``emulated_scale --job solver_verifier``."""
+    if not sv or not sv.get("by_devices"):
+        return []
+    reps = min(r["s_per_iter"]["n"] for r in sv["by_devices"].values())
+    out = [f"**The solver–verifier team at scale, EMULATED** — `python -m astraflow.benchmarks.emulated_scale --job "
+           f"solver_verifier` (Table 2's arm (a), its device split scaled by N/8, the batch with it; {sv['steps']} "
+           f"iterations; **modelled seconds**; median (min–max) of {reps} repetition(s){_load_note(sv)})", "",
+           "| devices (emulated) | samples/s | s/iter | lower bound s/iter | scheduling efficiency | linearity vs 8 |",
+           "|---:|---:|---:|---:|---:|---:|"]
+    for n, r in sv["by_devices"].items():
+        out.append(f"| {n} | {_sp(r['samples_per_s'], '.1f')} | {_sp(r['s_per_iter'], '.1f')} | "
+                   f"{_sp(r['lower_bound_s_per_iter'], '.1f')} | {_sp(r['scheduling_efficiency'])} | "
+                   f"{_sp(r['linearity'])} |")
     return out + [""]
 
 
