@@ -500,6 +500,11 @@ class RolloutActor(LoopActor):
             if self.plain is not None and self.engine is not None:
                 if self.subscriber is not None:
                     self._report_weights_source()
+                # Polls still rolling out are never committed (their tasks are redone after the
+                # job or by the partition's next owner); the device did part of their work, so a
+                # benchmark that prices work per episode counts them (an upper bound: some barely began).
+                self.metrics.emit_many({"raas.uncommitted_tasks": sum(len(p[0]) for p in getattr(self, "_polls", ()))},
+                                       step=self.engine.version, node=self.node_id, policy=self.cfg.policy)
                 self.plain.send(self.topics.control,
                                 Heartbeat(self.node_id, "raas", self.cfg.policy, self.engine.version,
                                           tokens_per_s=self._tokens / max(1e-9, time.monotonic() - self._started),

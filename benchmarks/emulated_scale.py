@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
-from astraflow.benchmarks.multi_policy_emulated import episodes_fenced
+from astraflow.benchmarks.multi_policy_emulated import episodes_fenced, episodes_worked
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "emulated_scale.json"
@@ -76,11 +76,12 @@ def analyse(run_dir: Path, dilation: float, lay: dict, n_samples: int) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
     episodes = sum(float(r["value"]) for r in rows if r["name"] == "raas.tasks")
     # A fenced poll's episodes were rolled out (their work is in the device totals) and redone
-    # by the partition's owner: the work per batch is priced over every episode rolled out, or
-    # the "bound" would count the redone work as needed and exceed the time measured.
+    # by the partition's owner, and the polls in flight at the stop were partly rolled out: the
+    # work per batch is priced over every episode worked on, or the "bound" would count that
+    # work as needed and exceed the time measured.
     fenced = episodes_fenced(rows)
     em = summary.get("emulated", {})
-    work = resource_work(summary, episodes + fenced, lay["groups_per_batch"], steps)
+    work = resource_work(summary, episodes_worked(rows), lay["groups_per_batch"], steps)
     window = [r for r in rows if step_ts[first] < r["ts"] <= step_ts[last]]
     wait = sum(float(r["value"]) for r in window if r["name"] == "trainer.wait_s") / (last - first) / dilation
     loads = sum(c.get("weight_load", {}).get("modelled_s", 0.0) for k, c in em.items() if not k.startswith("trainer"))
@@ -224,7 +225,7 @@ def sv_one(args, lay: dict, rep: int, table2: dict) -> dict:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((run_dir / "summary.json").read_text())
     fenced = episodes_fenced(rows)
-    work = resource_work(summary, r["episodes"] + fenced, lay["groups_per_batch"], args.steps)
+    work = resource_work(summary, episodes_worked(rows), lay["groups_per_batch"], args.steps)
     per_iter = r["s_per_iter"] / dilation
     em = summary.get("emulated", {})
     return {"s_per_iter": per_iter, "samples_per_s": len(lay["split"]) * lay["groups_per_batch"] * lay["n_samples"]

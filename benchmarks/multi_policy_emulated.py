@@ -246,15 +246,31 @@ def overruns(emulated: dict) -> int:
     return int(sum(c.get("overruns", 0) for d in emulated.values() for c in d.values() if isinstance(c, dict)))
 
 
-def episodes_fenced(rows: list[dict]) -> float:
-    """Episodes rolled out in polls that were fenced (dropped at their commit after a rebalance):
-    ``raas.fenced_tasks`` is each node's running count, so its last value per node."""
+def _last_per_node(rows: list[dict], name: str) -> float:
+    """The sum over nodes of each node's last (largest) value of running count ``name``."""
     last: dict[str, float] = {}
     for r in rows:
-        if r["name"] == "raas.fenced_tasks":
+        if r["name"] == name:
             node = r.get("label.node", "")
             last[node] = max(last.get(node, 0.0), float(r["value"]))
     return sum(last.values())
+
+
+def episodes_fenced(rows: list[dict]) -> float:
+    """Episodes rolled out in polls that were fenced (dropped at their commit after a rebalance):
+    ``raas.fenced_tasks`` is each node's running count, so its last value per node."""
+    return _last_per_node(rows, "raas.fenced_tasks")
+
+
+def episodes_worked(rows: list[dict]) -> float:
+    """Every episode a pool's devices worked on: those committed (``raas.tasks``), those of
+    fenced polls (redone elsewhere) and those of polls still rolling out when the job stopped
+    (``raas.uncommitted_tasks``, each node's count at its stop; with several polls in flight
+    that tail is up to ``polls_in_flight`` polls). Pricing a pool's work per batch over fewer
+    episodes than its devices worked on would make the "lower bound" exceed the time measured.
+    Counting a barely begun episode as a whole one errs the other way: the bound stays a bound."""
+    committed = sum(float(r["value"]) for r in rows if r["name"] == "raas.tasks")
+    return committed + episodes_fenced(rows) + _last_per_node(rows, "raas.uncommitted_tasks")
 
 
 def resource_work(summary: dict, episodes: float, groups_per_batch: int, steps: int) -> dict[str, float]:
@@ -283,8 +299,8 @@ def run_split(base: dict, args, split: dict, barrier: str, rep: int) -> dict:
         r = analyse_team(run_dir)
         summary = json.loads((run_dir / "summary.json").read_text())
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        fenced = episodes_fenced(rows)  # rolled out, then dropped by a rebalance and redone: not needed work
-        work = resource_work(summary, r["episodes"] + fenced, SEED_SHAPE["groups_per_batch"], args.steps)
+        fenced = episodes_fenced(rows)
+        work = resource_work(summary, episodes_worked(rows), SEED_SHAPE["groups_per_batch"], args.steps)
         em = summary.get("emulated", {})
         batches = r["episodes"] / SEED_SHAPE["groups_per_batch"]
         calls = {comp: d.get("generate", {}).get("calls", 0) / batches for comp, d in em.items()
