@@ -470,6 +470,11 @@ class RolloutActor(LoopActor):
                                   tokens_per_s=self._tokens / elapsed, ts=time.time(), epoch=held.epoch if held else 0,
                                   weights_digest=held.digest if held else ""), key=self.node_id, trace=False)
         self.metrics.emit_device(self.engine, step=self.engine.version, node=self.node_id)
+        # Beside the device's totals: the episodes of polls rolling out, not committed yet. The
+        # device did part of their work, so what prices work per episode counts them (a job that
+        # stops leaves up to ``polls_in_flight`` polls of them uncommitted).
+        self.metrics.emit_many({"raas.tasks_in_flight": sum(len(p[0]) for p in self._polls)},
+                               step=self.engine.version, node=self.node_id, policy=self.cfg.policy)
         # the task group's generation: how often it rebalanced (each rebalance fences the polls in flight)
         generation = self.consumer.group_metadata().generation_id if self.consumer is not None else -1
         if generation >= 0:
@@ -500,11 +505,6 @@ class RolloutActor(LoopActor):
             if self.plain is not None and self.engine is not None:
                 if self.subscriber is not None:
                     self._report_weights_source()
-                # Polls still rolling out are never committed (their tasks are redone after the
-                # job or by the partition's next owner); the device did part of their work, so a
-                # benchmark that prices work per episode counts them (an upper bound: some barely began).
-                self.metrics.emit_many({"raas.uncommitted_tasks": sum(len(p[0]) for p in getattr(self, "_polls", ()))},
-                                       step=self.engine.version, node=self.node_id, policy=self.cfg.policy)
                 self.plain.send(self.topics.control,
                                 Heartbeat(self.node_id, "raas", self.cfg.policy, self.engine.version,
                                           tokens_per_s=self._tokens / max(1e-9, time.monotonic() - self._started),

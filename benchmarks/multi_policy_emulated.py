@@ -264,13 +264,20 @@ def episodes_fenced(rows: list[dict]) -> float:
 
 def episodes_worked(rows: list[dict]) -> float:
     """Every episode a pool's devices worked on: those committed (``raas.tasks``), those of
-    fenced polls (redone elsewhere) and those of polls still rolling out when the job stopped
-    (``raas.uncommitted_tasks``, each node's count at its stop; with several polls in flight
-    that tail is up to ``polls_in_flight`` polls). Pricing a pool's work per batch over fewer
-    episodes than its devices worked on would make the "lower bound" exceed the time measured.
-    Counting a barely begun episode as a whole one errs the other way: the bound stays a bound."""
+    fenced polls (redone elsewhere) and those of polls still rolling out when the run's record
+    ends (``raas.tasks_in_flight``, each node's last report, sent with its device totals; with
+    several polls in flight that tail is up to ``polls_in_flight`` polls). Pricing a pool's
+    work per batch over fewer episodes than its devices worked on would make the "lower bound"
+    exceed the time measured. Counting a barely begun episode as a whole one errs the other
+    way: the bound stays a bound."""
     committed = sum(float(r["value"]) for r in rows if r["name"] == "raas.tasks")
-    return committed + episodes_fenced(rows) + _last_per_node(rows, "raas.uncommitted_tasks")
+    in_flight: dict[str, tuple[float, float]] = {}  # node -> (ts, value) of its last report: a gauge
+    for r in rows:
+        if r["name"] == "raas.tasks_in_flight":
+            node, ts = r.get("label.node", ""), float(r.get("ts", 0.0))
+            if node not in in_flight or ts >= in_flight[node][0]:
+                in_flight[node] = (ts, float(r["value"]))
+    return committed + episodes_fenced(rows) + sum(v for _, v in in_flight.values())
 
 
 def resource_work(summary: dict, episodes: float, groups_per_batch: int, steps: int) -> dict[str, float]:

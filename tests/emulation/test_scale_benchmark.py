@@ -52,12 +52,14 @@ def test_the_bound_prices_a_batch_over_every_episode_rolled_out_fenced_ones_incl
 def test_a_pools_work_is_priced_over_every_episode_it_worked_on_the_stops_polls_in_flight_included():
     """With several polls in flight, a job stops with up to that many polls rolled out but never
     committed (stop 41's 16-device team run: 256 episodes committed, 4 x 64 in flight, the
-    "bound" 85.5 s over a measured 73.6 s per iteration). Each node reports them at its stop."""
+    "bound" 85.5 s over a measured 73.6 s per iteration). Each node reports them with its
+    device totals."""
     from astraflow.benchmarks.multi_policy_emulated import episodes_worked, resource_work
     rows = [{"name": "raas.tasks", "value": 64, "label.node": "raas-0"} for _ in range(4)]
     rows += [{"name": "raas.fenced_tasks", "value": 8, "label.node": "raas-1"},
-             {"name": "raas.uncommitted_tasks", "value": 128, "label.node": "raas-0"},
-             {"name": "raas.uncommitted_tasks", "value": 0, "label.node": "raas-1"}]
+             {"name": "raas.tasks_in_flight", "value": 192, "label.node": "raas-0", "ts": 1.0},
+             {"name": "raas.tasks_in_flight", "value": 128, "label.node": "raas-0", "ts": 2.0},  # a gauge: the last
+             {"name": "raas.tasks_in_flight", "value": 0, "label.node": "raas-1", "ts": 2.0}]
     assert episodes_worked(rows) == 256 + 8 + 128
     assert episodes_worked([r for r in rows if r["name"] == "raas.tasks"]) == 256
     summary = {"emulated": {"raas-0": {"generate": {"modelled_s": 339.0}}}}
