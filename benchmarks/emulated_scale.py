@@ -211,8 +211,7 @@ def sv_config(args, lay: dict, job: str, table2: dict) -> dict:
 
 
 def sv_one(args, lay: dict, rep: int, table2: dict) -> dict:
-    from astraflow.benchmarks.multi_policy import analyse_team, write_config
-    from astraflow.benchmarks.multi_policy_emulated import cpu_fractions, overruns, resource_work
+    from astraflow.benchmarks.multi_policy import write_config
     from astraflow.config import load_config
     from astraflow.launcher import run_job
     job = f"bench-scale-sv-{lay['devices']}-{int(time.time())}-{rep}"
@@ -221,18 +220,42 @@ def sv_one(args, lay: dict, rep: int, table2: dict) -> dict:
     run_dir = Path(args.run_root) / job
     print(f"--- solver-verifier, {lay['devices']} devices, repetition {rep + 1}: {lay['pools']} ({job})", flush=True)
     run_job(load_config(path), run_dir=run_dir, progress=False, timeout_s=args.run_timeout)
+    return sv_analyse(run_dir, lay, args.steps, dilation, table2["max_staleness"])
+
+
+def sv_analyse(run_dir: Path, lay: dict, steps: int, dilation: float, max_staleness: int) -> dict:
+    """One team run at scale. Its s/iter is the steady window's: the last policy's steps from
+    the end of step ``max_staleness + 2`` (see below) to the last; its bound
+    is the busiest resource's modelled work per iteration **in that window**
+    (:func:`~astraflow.benchmarks.multi_policy_emulated.window_work`), so the scheduling
+    efficiency is that resource's utilisation there. A short run's pools roll out up to
+    ``max_staleness`` batches ahead before the window (4 polls in flight at once), so their
+    whole-run work per batch (``work_by_resource``, :func:`resource_work`) says what a long run
+    would need of them, not what limited this window."""
+    from astraflow.benchmarks.multi_policy import analyse_team, trainer_steps
+    from astraflow.benchmarks.multi_policy_emulated import cpu_fractions, overruns, resource_work, window_work
     r = analyse_team(run_dir)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((run_dir / "summary.json").read_text())
-    fenced = episodes_fenced(rows)
-    work = resource_work(summary, episodes_worked(rows), lay["groups_per_batch"], args.steps)
-    per_iter = r["s_per_iter"] / dilation
+    ts = trainer_steps(rows)[r["last_policy"]]
+    last = max(ts)
+    # The pools roll out up to max_staleness batches ahead of the trainers before the first step
+    # (several polls in flight at once): the window starts once those are trained, when the
+    # schedule runs on what the pools produce as they go (with too few steps: the last two).
+    first = min(max(2, max_staleness + 2), last - 1)
+    iters = last - first
+    in_window = window_work(rows, ts[first], ts[last], iters)
+    whole = resource_work(summary, episodes_worked(rows), lay["groups_per_batch"], steps)
+    per_iter = (ts[last] - ts[first]) / iters / dilation
+    bound = max(in_window.values())
     em = summary.get("emulated", {})
     return {"s_per_iter": per_iter, "samples_per_s": len(lay["split"]) * lay["groups_per_batch"] * lay["n_samples"]
-            / per_iter, "lower_bound_s_per_iter": max(work.values()),
-            "scheduling_efficiency": max(work.values()) / per_iter, "busiest": max(work, key=work.get),
-            "work_by_resource": work, "fenced_episodes": fenced, "task_group_rebalances": rebalances(rows),
-            "episodes_per_trained_group": r["episodes"] / (args.steps * lay["groups_per_batch"]),
+            / per_iter, "lower_bound_s_per_iter": bound, "scheduling_efficiency": bound / per_iter,
+            "busiest": max(in_window, key=in_window.get), "work_in_window_by_resource": in_window,
+            "window_steps": [first, last],
+            "work_by_resource": whole, "busiest_whole_run": max(whole, key=whole.get),
+            "fenced_episodes": episodes_fenced(rows), "task_group_rebalances": rebalances(rows),
+            "episodes_per_trained_group": r["episodes"] / (steps * lay["groups_per_batch"]),
             "cpu_fraction": cpu_fractions(em), "overruns": overruns(em), "run_dir": str(run_dir),
             "wall_s": r["wall_s"]}
 
@@ -244,6 +267,10 @@ SV_KEYS = ("s_per_iter", "samples_per_s", "lower_bound_s_per_iter", "scheduling_
 def sv_main(args, counts: list[int]) -> int:
     from astraflow.benchmarks.results_io import write_section
     table2 = json.loads(TABLE2.read_text())
+    if args.steps < 2 * (table2["max_staleness"] + 2):
+        print(f"note: {args.steps} steps; the steady window starts after step {table2['max_staleness'] + 2} (the "
+              f"batches rolled out ahead at the start), so fewer than {2 * (table2['max_staleness'] + 2)} steps "
+              "measure mostly the start's transient", flush=True)
     lays = {n: sv_layout(n, args.devices_per_node, table2) for n in counts}
     load_before = load_now()
     rows: dict[int, list[dict]] = {n: [] for n in counts}

@@ -280,6 +280,28 @@ def episodes_worked(rows: list[dict]) -> float:
     return committed + episodes_fenced(rows) + sum(v for _, v in in_flight.values())
 
 
+def window_work(rows: list[dict], t0: float, t1: float, iterations: int, slack_s: float = 0.5) -> dict[str, float]:
+    """Per emulated component, its modelled seconds of work between wall times ``t0`` and ``t1``
+    per iteration: the change of its cumulative ``emulated.<call>.modelled_s`` reports (a
+    trainer's at each step's end, a node's at each heartbeat; ``slack_s`` takes in a report
+    sent just after the instant it belongs to). Over a steady window this is the work each
+    resource did per iteration there, whatever it rolled out ahead before the window; the
+    busiest one's is the window's lower bound, and bound / measured its utilisation."""
+    series: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for r in rows:
+        name = r["name"]
+        if name.startswith("emulated.") and name.endswith(".modelled_s"):
+            series.setdefault((r["component"], name), []).append((float(r["ts"]), float(r["value"])))
+
+    def at(points: list[tuple[float, float]], t: float) -> float:
+        return max((v for ts, v in points if ts <= t + slack_s), default=0.0)  # cumulative: never falls
+
+    out: dict[str, float] = {}
+    for (comp, _), points in series.items():
+        out[comp] = out.get(comp, 0.0) + (at(points, t1) - at(points, t0)) / iterations
+    return out
+
+
 def resource_work(summary: dict, episodes: float, groups_per_batch: int, steps: int) -> dict[str, float]:
     """Per pool and trainer of a Kafka arm, its modelled seconds per iteration: pools' over the
     episodes they rolled out scaled to a batch, trainers' per step."""

@@ -94,3 +94,19 @@ def test_the_team_at_scale_keeps_table_2s_split_per_device_and_loads_as_a_job(n,
         assert view.rollout.polls_in_flight == table2["polls_in_flight"] and cfg.dataflow.max_staleness == table2["max_staleness"]
     with pytest.raises(ValueError, match="multiple"):
         es.sv_layout(12, 8, table2)
+
+
+def test_the_bound_of_a_window_is_the_work_each_resource_did_inside_it():
+    """A pool that rolled its batches out ahead, before the window, did no work in it: the
+    window's bound is the trainer's work there, and never exceeds the window's length."""
+    from astraflow.benchmarks.multi_policy_emulated import window_work
+
+    def cum(comp, points):
+        return [{"name": "emulated.generate.modelled_s" if comp.startswith("raas") else "emulated.train.modelled_s",
+                 "component": comp, "ts": t, "value": v} for t, v in points]
+    rows = cum("raas-0", [(1.0, 50.0), (3.0, 200.0), (5.0, 288.0), (9.0, 288.0), (12.0, 300.0)])
+    rows += cum("trainer", [(4.0, 60.0), (6.0, 125.0), (8.0, 190.0), (10.0, 255.0)])
+    w = window_work(rows, 6.0, 10.0, 2, slack_s=0.1)
+    assert w == {"raas-0": 0.0, "trainer": pytest.approx(65.0)}
+    assert window_work(rows, 1.0, 12.0, 1, slack_s=0.1)["raas-0"] == pytest.approx(250.0)
+    assert window_work([], 0.0, 1.0, 1) == {}
