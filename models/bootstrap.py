@@ -192,9 +192,10 @@ def _model_config(spec: TinyModelSpec):
 
 
 def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec | None = None, log=print,
-                     task: str = DEFAULT_TASK) -> dict:
+                     task: str = DEFAULT_TASK, pool_size: int = 20_000) -> dict:
     """Build, warm-start on ``task`` and save the model into ``out_dir``; return the report
-    that is also written to ``out_dir/bootstrap.json``."""
+    that is also written to ``out_dir/bootstrap.json``. ``pool_size``: training examples
+    drawn (the cache only holds default builds; a test's few-step build needs few)."""
     import torch
     from transformers import AutoTokenizer, Qwen3ForCausalLM
 
@@ -215,7 +216,7 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec | N
         n_params = sum(p.numel() for p in model.parameters())
 
         knobs = {"max_digits": spec.max_digits, "ops": spec.ops}
-        pool = warm.training_pool(20_000, seed, **knobs)
+        pool = warm.training_pool(pool_size, seed, **knobs)
         val = _distinct(warm, spec.eval_problems, seed + 1, "train", knobs)
         inputs, labels = _encode_pool(pool, tokenizer, spec.max_positions, task)
 

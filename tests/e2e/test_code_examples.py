@@ -40,11 +40,13 @@ def code_models(tmp_path_factory) -> Path:
     cache = tmp_path_factory.mktemp("cache")
     for task in ("code_solver", "selector", "test_generator"):
         spec = default_spec(task)
-        build_tiny_model(cache / "build" / task, seed=0, spec=dataclasses.replace(spec, **QUICK), task=task)
+        build_tiny_model(cache / "build" / task, seed=0, spec=dataclasses.replace(spec, **QUICK), task=task,
+                         pool_size=256)
         shutil.copytree(cache / "build" / task, cache / "models" / spec.key(0, task))
     return cache
 
 
+@pytest.mark.timeout(1800)  # three few-step builds, then a job; a loaded 2-core box takes minutes each
 @pytest.mark.parametrize("name", ["code_solver_selector", "code_solver_testgen"])
 def test_the_code_example_trains_both_policies_and_reports_each_and_the_team(name, bootstrap, code_models, tmp_path,
                                                                               capsys, monkeypatch):
