@@ -51,9 +51,12 @@ def code_models(tmp_path_factory) -> Path:
 def test_the_code_example_trains_both_policies_and_reports_each_and_the_team(name, bootstrap, code_models, tmp_path,
                                                                               capsys, monkeypatch):
     monkeypatch.setenv("ASTRAFLOW_CACHE", str(code_models))  # the launcher's processes inherit it
-    cfg = load_config(ROOT / "examples" / f"{name}.yaml",
-                      {**BRIEF, "job": f"{name.replace('_', '-')}-{uuid.uuid4().hex[:8]}"})
-    summary = run_job(cfg, bootstrap=bootstrap, run_dir=tmp_path / "run", progress=True, timeout_s=1500)
+    # The overrides reach the job's processes too (each loads the example with them): its own
+    # job name (topics), the brief sizes.
+    sets = {**BRIEF, "job": f"{name.replace('_', '-')}-{uuid.uuid4().hex[:8]}"}
+    cfg = load_config(ROOT / "examples" / f"{name}.yaml", sets)
+    summary = run_job(cfg, bootstrap=bootstrap, overrides=[f"{k}={v}" for k, v in sets.items()],
+                      run_dir=tmp_path / "run", progress=True, timeout_s=1500)
     out, err = capsys.readouterr()
     policies = cfg.policy_names
     assert len(policies) == 2
