@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -98,9 +99,15 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
     keyed = _run_keys(cfg, run_dir, progress)  # what the audit checks signed groups with
     # The model first (a missing tiny model is built once, minutes on a small machine): no broker
     # sits idle meanwhile, and none can die unwatched before the job has started.
+    from astraflow.models.bootstrap import model_warning
+    warm_starts: dict[str, str] = {}  # policy -> the warning of a warm start that missed its target
     for policy in cfg.policy_names:
         path = model_path(cfg.view(policy))
         say(progress, f"model: {path}" if len(cfg.policy_names) == 1 else f"model of {policy}: {path}")
+        if warning := model_warning(path):  # said even with --quiet: RL starts weaker than its recipe meant
+            warm_starts[policy] = warning
+            print(warning if len(cfg.policy_names) == 1 else f"{warning} (model of {policy})", file=sys.stderr,
+                  flush=True)
     with contextlib.ExitStack() as stack:
         broker = None
         if bootstrap is None:
@@ -211,7 +218,8 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
         audit = audit_summary(verdict, auditor.verdicts,
                               None if verdict else "interrupted" if interrupted else "the job did not finish")
     summary = write_outputs(run_dir, cfg, state, started, procs, interrupted, str(error) if error else None,
-                            {"audit": audit, **(extension.summary() if extension is not None else {})})
+                            {"audit": audit, "warm_start_warnings": warm_starts,
+                             **(extension.summary() if extension is not None else {})})
     if error:
         raise error
     return summary

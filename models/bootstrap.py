@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # the cache lookup (every launcher and node) needs no torch; 
     import torch
 
 __all__ = ["TinyModelSpec", "default_spec", "ensure_tiny_model", "resolve_model_path", "build_tiny_model", "cache_root",
-           "add_legacy_config_keys", "target_of", "target_warning", "main"]
+           "add_legacy_config_keys", "target_of", "target_warning", "model_warning", "main"]
 
 FORMAT_VERSION = 2  # bump when the build procedure changes, so old caches are not reused
 MARKER = "bootstrap.json"
@@ -192,9 +192,10 @@ def _model_config(spec: TinyModelSpec):
 
 
 def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec | None = None, log=print,
-                     task: str = DEFAULT_TASK) -> dict:
+                     task: str = DEFAULT_TASK, pool_size: int = 20_000) -> dict:
     """Build, warm-start on ``task`` and save the model into ``out_dir``; return the report
-    that is also written to ``out_dir/bootstrap.json``."""
+    that is also written to ``out_dir/bootstrap.json``. ``pool_size``: training examples
+    drawn (the cache only holds default builds; a test's few-step build needs few)."""
     import torch
     from transformers import AutoTokenizer, Qwen3ForCausalLM
 
@@ -215,7 +216,7 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec | N
         n_params = sum(p.numel() for p in model.parameters())
 
         knobs = {"max_digits": spec.max_digits, "ops": spec.ops}
-        pool = warm.training_pool(20_000, seed, **knobs)
+        pool = warm.training_pool(pool_size, seed, **knobs)
         val = _distinct(warm, spec.eval_problems, seed + 1, "train", knobs)
         inputs, labels = _encode_pool(pool, tokenizer, spec.max_positions, task)
 
@@ -303,6 +304,19 @@ def target_warning(report: dict) -> str | None:
     return (f"WARNING: warm start of task {report.get('task', DEFAULT_TASK)!r} missed its target accuracy "
             f"{t['accuracy']:.2f}: {'; '.join(why)}. RL starts from a weaker policy than intended "
             f"(raise --max-steps or lower --target-accuracy)")
+
+
+def model_warning(model_dir: str | Path) -> str | None:
+    """:func:`target_warning` of the warm start in ``model_dir`` (its ``bootstrap.json``);
+    None for a model that met its target or was not built by this bootstrap (a configured
+    Hugging Face directory, or a trained export, has no marker)."""
+    marker = Path(model_dir) / MARKER
+    if not marker.exists():
+        return None
+    try:
+        return target_warning(json.loads(marker.read_text()))
+    except (ValueError, KeyError, TypeError):  # a marker of another shape judges nothing
+        return None
 
 
 def add_legacy_config_keys(model_dir: str | Path) -> None:

@@ -156,6 +156,14 @@ def test_a_warm_start_that_misses_its_target_says_so_in_its_log_its_metadata_and
     assert len(warning) == 1 and "missed its target accuracy 0.99" in warning[0]
     assert "never reached it in 30 steps" in warning[0] and "held-out greedy accuracy is" in warning[0]
     assert warning[0] == target_warning(saved)
+    # what `astraflow run` says of the model it starts from (launcher: "model of <policy>")
+    from astraflow.models.bootstrap import model_warning
+    assert model_warning(tmp_path / "miss") == warning[0]
+    assert model_warning(tmp_path) is None  # not a bootstrapped model (a configured HF directory)
+    (tmp_path / "met").mkdir()
+    (tmp_path / "met" / MARKER).write_text(json.dumps({**saved, "target": None, "val_accuracy": 1.0,
+                                                       "heldout_accuracy_greedy": 1.0}))
+    assert model_warning(tmp_path / "met") is None
 
     # `astraflow model init` on that cached build prints the warning too (the cache entry
     # of the spec the CLI asks for: the default task with --max-steps and --target-accuracy).
