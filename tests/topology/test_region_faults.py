@@ -87,6 +87,7 @@ class FaultyRun(TopologyRun):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_mirror_and_node_sigkill_and_a_30s_link_cut_mid_run_lose_nothing(tmp_path):
     from astraflow.launcher import run_job
     sets = {"trainer.steps": 30, "eval.every": 0, "eval.problems": 20, "job": f"rfault-{uuid.uuid4().hex[:6]}"}
