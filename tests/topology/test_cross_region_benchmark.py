@@ -71,7 +71,8 @@ def test_every_arms_topology_is_launchable(tmp_path, mode):
         assert (link["bandwidth_mbps"], link["latency_ms"]) == (100.0, 50.0)
 
 
-def test_the_full_arm_snapshots_every_version_and_the_delta_arm_every_k():
-    assert xr.job_settings(_args(), "full")["trainer"]["snapshot_every"] == 1
+def test_the_full_arm_publishes_snapshots_only_and_the_delta_arm_deltas():
+    assert xr.job_settings(_args(), "full")["trainer"]["weight_transport"] == "full"
     delta = xr.job_settings(_args(), "delta")["trainer"]
-    assert delta["snapshot_every"] == 5 and delta["publish_dtype"] == "bfloat16"
+    assert delta["weight_transport"] == "delta" and delta["snapshot_every"] == 5
+    assert delta["publish_dtype"] == "bfloat16"
