@@ -363,16 +363,24 @@ def multi_turn() -> list[str]:
 
 
 def cross_region() -> list[str]:
-    d = _load("cross_region")
+    return _cross_region("cross_region") + _cross_region("cross_region_10mbit")
+
+
+def _cross_region(name: str) -> list[str]:
+    d = _load(name)
     if not d:
         return []
     st = d["settings"]
-    out = ["**Cross-region** — `python -m astraflow.benchmarks.cross_region` (the demo job, "
+    mbps = d["settings"]["link"]["bandwidth_mbps"]
+    flag = "" if mbps == 100 else f" --bandwidth-mbps {mbps:g} --out benchmarks/results/{name}.json"
+    out = [f"**Cross-region{'' if mbps == 100 else f', a {mbps:g} Mbit/s link'}** — "
+           f"`python -m astraflow.benchmarks.cross_region{flag}` (the demo job, "
            f"{st['steps']} steps, bf16 weights; trainer, dataflow and 1 RaaS node in region A, 2 RaaS nodes in B; "
            f"an emulated link of {st['link']['bandwidth_mbps']:g} Mbit/s and {st['link']['latency_ms_each_way']:g} ms "
            "each way (`tc tbf` shared by every connection + Toxiproxy); mirrored: B's own cluster filled by "
            "MirrorMaker 2, direct: B's nodes read A's cluster over the link; delta: a snapshot every "
-           f"{st['delta_snapshot_every']} versions, full: a snapshot every version; {st['repeats']} run(s) per arm"
+           f"{st['delta_snapshot_every']} versions, full: a snapshot every version and no deltas; {st['repeats']} "
+           f"run{'s' if st['repeats'] > 1 else ''} per arm"
            f"{_load_note(d)}. Bytes are those the link carried toward B per version published, tasks included; "
            "crossings = those bytes / the weight bytes published; lag = newest published version − the version a B "
            "node generated with, at each of its rollout calls; accuracy at the last version ± its standard error, "
@@ -393,7 +401,7 @@ def cross_region() -> list[str]:
                 f"bf16 snapshot (goal ≤ 1/20: {'met' if v['goal_delta_le_1_20_of_snapshot'] else 'not met'}); "
                 f"region-B lag p95 ≤ 2 versions: {'met' if v['goal_region_b_lag_p95_le_2'] else 'not met'}; accuracy "
                 f"within 2 SE of single-region: {'met' if v['goal_accuracy_within_2_se_of_single_region'] else 'not met'}. "
-                f"{st['scaling']}.", ""]
+                f"Scaling: {st['scaling']}.", ""]
     return out
 
 
