@@ -111,6 +111,7 @@ class TrainerActor(LoopActor):
         signer, verifier = trainer_keys(self.cfg)
         self.publisher = WeightPublisher(self.bootstrap, self.topics, self.cfg.policy,
                                          snapshot_every=self.cfg.trainer.snapshot_every,
+                                         write_deltas=self.cfg.trainer.weight_transport == "delta",
                                          producer_id=f"trainer.{self.cfg.policy}", signer=signer, verifier=verifier)
         head = self.publisher.last_announced
         epoch = self.publisher.resume(self._weights(), self.engine.step)

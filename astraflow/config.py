@@ -388,6 +388,10 @@ class TrainerConfig:
                                bounds=Bounds(1, 10_000))
     snapshot_every: int = _f(10, "full weight snapshot every K versions (sparse deltas between)",
                              bounds=Bounds(1, 10**7))
+    weight_transport: Literal["delta", "full"] = _f(
+        "delta", "what each version publishes: delta (a sparse delta every version, plus a full snapshot every "
+                 "snapshot_every) or full (a full snapshot every version and no deltas: the baseline for what deltas "
+                 "save, e.g. across a WAN link)")
     export_every: int = _f(0, "also write a Hugging Face model directory (safetensors, config, tokenizer) every K "
                               "versions, into <run dir>/hf/<policy>/v<K>/ (0: only the final one, which every "
                               "run writes, named by <run dir>/hf/<policy>/final); rank 0, in publish_dtype",

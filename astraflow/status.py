@@ -210,9 +210,10 @@ def format_status(s: dict) -> str:
                      f"last decision: {a['last_decision']}")
     for region, r in s.get("regions", {}).items():
         versions = sorted({n["version"] for n in s["nodes"] if n["node"] in r["nodes"]})
-        lag = r["mirror_lag_records"]
+        lag, behind = r["mirror_lag_records"], r.get("mirror_lag_versions")
         mirror = ("no mirror" if lag is None else "mirror lag unknown (not measurable)" if lag < 0
-                  else f"mirror lag {lag} records")
+                  else f"mirror lag {lag} records" if behind is None or behind < 0
+                  else f"mirror lag {behind} versions ({lag} records)")
         link = (f"; link {r['link_bytes_down']} B down, {r['link_bytes_up']} B up"
                 if r["link_bytes_down"] is not None else "")
         lines.append(f"  region {region}: cluster {r['cluster']}, {mirror}{link}; nodes "

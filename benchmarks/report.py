@@ -379,6 +379,49 @@ def multi_turn() -> list[str]:
     return out
 
 
+def cross_region() -> list[str]:
+    return _cross_region("cross_region") + _cross_region("cross_region_10mbit")
+
+
+def _cross_region(name: str) -> list[str]:
+    d = _load(name)
+    if not d:
+        return []
+    st = d["settings"]
+    mbps = d["settings"]["link"]["bandwidth_mbps"]
+    flag = "" if mbps == 100 else f" --bandwidth-mbps {mbps:g} --out benchmarks/results/{name}.json"
+    out = [f"**Cross-region{'' if mbps == 100 else f', a {mbps:g} Mbit/s link'}** — "
+           f"`python -m astraflow.benchmarks.cross_region{flag}` (the demo job, "
+           f"{st['steps']} steps, bf16 weights; trainer, dataflow and 1 RaaS node in region A, 2 RaaS nodes in B; "
+           f"an emulated link of {st['link']['bandwidth_mbps']:g} Mbit/s and {st['link']['latency_ms_each_way']:g} ms "
+           "each way (`tc tbf` shared by every connection + Toxiproxy); mirrored: B's own cluster filled by "
+           "MirrorMaker 2, direct: B's nodes read A's cluster over the link; delta: a snapshot every "
+           f"{st['delta_snapshot_every']} versions, full: a snapshot every version and no deltas; {st['repeats']} "
+           f"run{'s' if st['repeats'] > 1 else ''} per arm"
+           f"{_load_note(d)}. Bytes are those the link carried toward B per version published, tasks included; "
+           "crossings = those bytes / the weight bytes published; lag = newest published version − the version a B "
+           "node generated with, at each of its rollout calls; accuracy at the last version ± its standard error, "
+           f"{st['eval_problems']} problems × {st['eval_k']})", "",
+           "| arm | link bytes / version | crossings | lag p50 | lag p95 | s / step | accuracy | audit |",
+           "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for m in ("mirrored", "direct"):
+        for t in ("delta", "full"):
+            c = d[m][t]
+            out.append(f"| {m}, {t} | {c['link_bytes_per_version']:,.0f} | {c['weights_crossings']:.2f} | "
+                       f"{c['lag_versions_median']:g} | {c['lag_versions_p95']:g} | {c['s_per_step']:.2f} | "
+                       f"{c['accuracy']:.3f} ± {c['accuracy_se']:.3f} | {'ok' if c['audit_ok'] else 'FAIL'} |")
+    s = d["single_region"]
+    out.append(f"| single region (3 nodes in A) | – | – | – | – | {s['s_per_step']:.2f} | "
+               f"{s['accuracy']:.3f} ± {s['accuracy_se']:.3f} | {'ok' if s['audit_ok'] else 'FAIL'} |")
+    v = d["verdict"]
+    out += ["", f"Mirrored delta bytes per version: {v['mirrored_delta_link_bytes_over_full_snapshot']:.3f} of a full "
+                f"bf16 snapshot (goal ≤ 1/20: {'met' if v['goal_delta_le_1_20_of_snapshot'] else 'not met'}); "
+                f"region-B lag p95 ≤ 2 versions: {'met' if v['goal_region_b_lag_p95_le_2'] else 'not met'}; accuracy "
+                f"within 2 SE of single-region: {'met' if v['goal_accuracy_within_2_se_of_single_region'] else 'not met'}. "
+                f"Scaling: {st['scaling']}.", ""]
+    return out
+
+
 def _load_note(d: dict) -> str:
     if "load_1m_at_run_start" in d:
         x = d["load_1m_at_run_start"]
@@ -411,7 +454,8 @@ def _gap(d: dict) -> str:
 
 def render() -> str:
     return "\n".join(demo() + async_sync() + async_sync_emulated() + publish_dtype() + multi_policy()
-                     + multi_policy_emulated() + emulated_scale() + elastic_emulated() + multi_turn() + topics() + weights() + engine()
+                     + multi_policy_emulated() + emulated_scale() + elastic_emulated() + multi_turn() + cross_region()
+                     + topics() + weights() + engine()
                      + scaling()).rstrip() + "\n"
 
 

@@ -1,12 +1,12 @@
-"""The means of injecting faults: signals to component processes, a TCP proxy that can cut a
-node from the broker, and the Kafka cluster the runner owns (kill, restart, fill its disk).
+"""The means of injecting faults: signals to component processes, a Toxiproxy path that can cut
+a node from the broker, and the Kafka cluster the runner owns (kill, restart, fill its disk).
 
 Nothing here decides *when* a fault lands or what it proves: :mod:`.runner` schedules and
 :mod:`.report` judges. Each fault that lasts (a stopped process, a cut link, a full disk)
 runs in its own thread and ends by restoring what it took away, so the runner can always
 put the world back before it audits.
 
-A partitioned node reaches the broker only through its own :class:`CuttableProxy`. A
+A partitioned node reaches the broker only through its own :class:`CutLink`. A
 broker advertises its own address to clients, which then connect there directly, so a
 proxy in front of the bootstrap address alone would be bypassed after the first metadata
 request: the broker gets one extra listener per proxied node, bound on an internal port
@@ -20,7 +20,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -29,6 +28,8 @@ from pathlib import Path
 from astraflow.topics import EmbeddedBroker
 from astraflow.topics.broker import free_port
 from astraflow.topics import security
+from astraflow.topology.netns import LinkError
+from astraflow.topology.toxiproxy import Toxiproxy
 
 log = logging.getLogger(__name__)
 
@@ -67,102 +68,41 @@ def slow_down(popen: subprocess.Popen, duration_s: float, period_s: float, stopp
 
 # -- a cuttable link ------------------------------------------------------------------------
 
-class CuttableProxy:
-    """A TCP proxy on loopback that forwards to ``upstream_port`` until cut.
+class CutLink:
+    """A node's own path to the broker: a Toxiproxy proxy (:mod:`astraflow.topology.toxiproxy`,
+    the tool the emulated WAN links use) from a loopback port to ``upstream_port``, until cut.
 
-    Cut: no byte passes either way on any connection, and new connections are accepted but
-    answered by nothing, as packets vanish in a real partition (clients time out rather
-    than being refused). Restored: every connection that lived through the cut is closed
-    (its stream lost bytes and cannot continue), and new ones forward again.
+    Cut: a ``timeout`` toxic (0: never closes) on each stream: no byte passes either way on any
+    connection, and new connections are accepted but answered by nothing, as packets vanish in a
+    real partition (clients time out rather than being refused). Restored: the toxics go, and the
+    proxy is disabled and enabled again, which closes every connection that lived through the cut
+    (its stream lost bytes and cannot continue); new ones forward again on the same port.
     """
 
-    def __init__(self, upstream_port: int, name: str = "") -> None:
-        self.upstream_port, self.name = upstream_port, name
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._lock = threading.Lock()
+    def __init__(self, toxiproxy: Toxiproxy, upstream_port: int, name: str = "") -> None:
+        self.toxiproxy, self.name = toxiproxy, f"chaos-{name or upstream_port}"
+        self.port = toxiproxy.create(self.name, f"127.0.0.1:{upstream_port}")
         self._cut = False
-        self._conns: list[tuple[socket.socket, socket.socket | None]] = []
-        self._tainted: list[socket.socket] = []
-        self._closed = False
-        threading.Thread(target=self._accept, name=f"proxy-{name}", daemon=True).start()
 
     @property
     def is_cut(self) -> bool:
         return self._cut
 
     def cut(self) -> None:
-        with self._lock:
-            self._cut = True
-            for client, upstream in self._conns:
-                self._tainted += [s for s in (client, upstream) if s is not None]
+        self._cut = True
+        for stream in ("upstream", "downstream"):
+            self.toxiproxy.add_toxic(self.name, f"cut_{stream}", "timeout", stream, timeout=0)
 
     def restore(self) -> None:
-        with self._lock:
-            self._cut = False
-            tainted, self._tainted = self._tainted, []
-            self._conns = [(c, u) for c, u in self._conns if c not in tainted]
-        for s in tainted:
-            _close(s)
+        for stream in ("upstream", "downstream"):
+            self.toxiproxy.remove_toxic(self.name, f"cut_{stream}")
+        self.toxiproxy.set_enabled(self.name, False)  # closes the connections that lived through the cut
+        self.toxiproxy.set_enabled(self.name, True)
+        self._cut = False
 
     def close(self) -> None:
-        self._closed = True
-        _close(self._listener)
-        with self._lock:
-            for c, u in self._conns:
-                _close(c)
-                if u is not None:
-                    _close(u)
-            self._conns = []
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _serve(self, client: socket.socket) -> None:
-        with self._lock:
-            cut = self._cut
-            self._conns.append((client, None))
-            if cut:
-                self._tainted.append(client)
-        if cut:  # a black hole: read and drop until the cut is restored (which closes it)
-            self._pump(client, None)
-            return
-        try:
-            upstream = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=10)
-            upstream.settimeout(None)
-        except OSError:
-            _close(client)
-            return
-        with self._lock:
-            self._conns = [(c, upstream if c is client else u) for c, u in self._conns]
-        threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
-        self._pump(client, upstream)
-
-    def _pump(self, src: socket.socket, dst: socket.socket | None) -> None:
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                if dst is not None and not self._cut:
-                    dst.sendall(data)
-        except OSError:
-            pass
-        _close(src)
-        if dst is not None:
-            _close(dst)
-
-
-def _close(s: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        s.shutdown(socket.SHUT_RDWR)
-    with contextlib.suppress(OSError):
-        s.close()
+        with contextlib.suppress(LinkError):
+            self.toxiproxy.delete(self.name)
 
 
 # -- the Kafka cluster the runner owns ------------------------------------------------------
@@ -181,7 +121,8 @@ class ChaosKafka:
     def __init__(self, data_dir: Path, brokers: int = 1, proxied: tuple[str, ...] = (),
                  disk_mb: int | None = None) -> None:
         self.data_dir, self.brokers, self.disk_mb = Path(data_dir), brokers, disk_mb
-        self.proxies: dict[str, CuttableProxy] = {}
+        self.proxies: dict[str, CutLink] = {}
+        self.toxiproxy: Toxiproxy | None = None
         self._mounted = False
         self.cluster = None
         self.broker: EmbeddedBroker | None = None
@@ -204,6 +145,10 @@ class ChaosKafka:
     def stop(self) -> None:
         for p in self.proxies.values():
             p.close()
+        self.proxies = {}
+        if self.toxiproxy is not None:
+            self.toxiproxy.close()
+            self.toxiproxy = None
         if self.broker is not None:
             self.broker.stop()
         if self.cluster is not None:
@@ -306,9 +251,10 @@ class ChaosKafka:
         listeners = [f"PLAINTEXT://127.0.0.1:{b.port}", f"CONTROLLER://127.0.0.1:{b.controller_port}"]
         advertised = list(listeners)
         protocols = ["CONTROLLER:PLAINTEXT", "PLAINTEXT:PLAINTEXT"]
+        self.toxiproxy = self.toxiproxy or Toxiproxy(log_path=self.data_dir / "toxiproxy.log")
         for i, node in enumerate(self._proxied):
             internal = free_port()
-            proxy = CuttableProxy(internal, node)
+            proxy = CutLink(self.toxiproxy, internal, node)
             self.proxies[node] = proxy
             name = f"NODE{i}"
             listeners.append(f"{name}://127.0.0.1:{internal}")

@@ -2,7 +2,7 @@
 
 The runner owns everything a scenario touches: the Kafka broker(s) (:class:`.faults.ChaosKafka`),
 the job's component processes (a :class:`.harness.JobHarness` whose nodes may reach the
-broker through a cuttable proxy), a supervisor that restarts a dead component after
+broker through a cuttable Toxiproxy path, :class:`.faults.CutLink`), a supervisor that restarts a dead component after
 ``restart.delay_s`` as a process manager would, and the fault schedule. When the trainer
 and the dataflow have finished it lifts every fault, lets the log settle, runs the
 conservation audit (:mod:`.invariants`), waits for every node to reach the trainer's final

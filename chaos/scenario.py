@@ -40,7 +40,7 @@ PROCESS_KINDS: dict[str, dict[str, float]] = {
     "sigstop": {"resume_after_s": 15.0},
     # A slow node: SIGSTOP/SIGCONT in a duty cycle, stopped ``stopped_frac`` of each period.
     "slow_node": {"duration_s": 20.0, "period_s": 2.0, "stopped_frac": 0.5},
-    # Cut from the broker by the runner's TCP proxy; every connection dropped on restore.
+    # Cut from the broker by the runner's Toxiproxy path (faults.CutLink); every connection dropped on restore.
     "partition": {"duration_s": 15.0},
 }
 #: Faults on the Kafka cluster itself.

@@ -250,7 +250,7 @@ class TopologyRun:
 
         from .region_watch import RegionWatchActor
         spec = ChildSpec("region-watch", lambda sup, n: RegionWatchActor.start(
-            sup, n, self.plan, bootstrap, job_topics(self.cfg).metrics, self.wan, self.regions), required=False)
+            sup, n, self.plan, bootstrap, job_topics(self.cfg), self.wan, self.regions), required=False)
         return Supervisor.start([spec], Outcome())
 
     def tick(self, procs):

@@ -3,8 +3,9 @@ and the bytes its link carried, written to the home cluster's ``metrics`` topic.
 
 ``astraflow status`` reads the job from its topics alone; a region's own cluster and its link
 are not among them, so the launcher, which holds both, reports them as metrics every
-``interval_s`` (``region.mirror_lag_records``, ``region.link_bytes_down``,
-``region.link_bytes_up``, labelled with the region, its cluster and its pools) and
+``interval_s`` (``region.mirror_lag_records``, ``region.mirror_lag_versions``,
+``region.link_bytes_down``, ``region.link_bytes_up``, labelled with the region, its cluster and
+its pools) and
 :func:`regions_status` turns the newest of each into the status's ``regions`` section. It
 knows the plan, the links and the regional clusters it is given; no nodes.
 """
@@ -15,7 +16,8 @@ import time
 
 from astraflow.actors.supervisor import LoopActor
 from astraflow.actors.telemetry import MetricsEmitter
-from astraflow.topics import Producer
+from astraflow.topics import JobTopics, Producer
+from astraflow.weights.publisher import read_latest_announcement
 
 #: Seconds between two reports (a lag query opens consumers on both clusters, across the link).
 INTERVAL_S = 5.0
@@ -24,10 +26,10 @@ INTERVAL_S = 5.0
 class RegionWatchActor(LoopActor):
     """Reports every remote region (a link, a cluster of its own, or both) to ``metrics``."""
 
-    def __init__(self, supervisor, name: str, plan, bootstrap: str, metrics_topic: str, wan, regions: dict,
+    def __init__(self, supervisor, name: str, plan, bootstrap: str, topics: JobTopics, wan, regions: dict,
                  interval_s: float = INTERVAL_S) -> None:
         super().__init__(supervisor, name)
-        self.plan, self.bootstrap, self.topic = plan, bootstrap, metrics_topic
+        self.plan, self.bootstrap, self.topics, self.topic = plan, bootstrap, topics, topics.metrics
         self.wan, self.regions, self.interval_s = wan, regions, interval_s
         self.producer = self.metrics = None
         self.next_report = 0.0
@@ -59,11 +61,31 @@ class RegionWatchActor(LoopActor):
                     lag = -1
                 self.metrics.emit("region.mirror_lag_records", lag, mirror_running=rc.mirror.running(),
                                   mirror_starts=rc.mirror.starts, **labels)
+                self.metrics.emit("region.mirror_lag_versions", self.lag_versions(rc.here), **labels)
             link = links.get(region)
             if link is not None:
                 self.metrics.emit_many({"region.link_bytes_down": link["bytes_down"],
                                         "region.link_bytes_up": link["bytes_up"]}, cut=link["cut"], **labels)
         self.producer.flush()
+
+    def lag_versions(self, region_bootstrap: str) -> int:
+        """How many versions the region's cluster is behind home: per policy, the newest version
+        announced at home minus the newest mirrored into the region (all of home's when the region
+        has none, or is still in an older lineage epoch); the largest over policies; -1 when a
+        cluster cannot be read (a cut link)."""
+        worst = 0
+        for policy in self.topics.policies:
+            try:
+                home = read_latest_announcement(self.bootstrap, self.topics.versions, policy, timeout=10)
+                there = read_latest_announcement(region_bootstrap, self.topics.versions, policy, timeout=10)
+            except Exception:  # noqa: BLE001 - not measurable now; the next report tries again
+                return -1
+            if home is None:
+                continue
+            behind = (home.version - there.version if there is not None and there.epoch == home.epoch
+                      else home.version + 1)
+            worst = max(worst, behind)
+        return worst
 
     def teardown(self) -> None:
         if self.producer is not None:
@@ -80,20 +102,23 @@ class RegionWatchActor(LoopActor):
 
 def regions_status(metrics, nodes: list[dict]) -> dict:
     """The ``regions`` section of ``astraflow status`` from the region watcher's newest metrics:
-    per region its cluster, mirror lag (records; -1: not measurable then, None: no mirror),
+    per region its cluster, mirror lag (in records and in versions; -1: not measurable then,
+    None: no mirror),
     bytes across its link each way, and the nodes of its pools (from ``nodes``, the status's)."""
     out: dict = {}
     for m in metrics:
         if not m.name.startswith("region."):
             continue
         r = out.setdefault(m.labels.get("region", "?"), {"cluster": None, "mirror_lag_records": None,
-                                                         "mirror_running": None, "link_bytes_down": None,
+                                                         "mirror_lag_versions": None, "mirror_running": None, "link_bytes_down": None,
                                                          "link_bytes_up": None, "pools": []})
         r["cluster"] = m.labels.get("cluster")
         r["pools"] = [p for p in str(m.labels.get("pools", "")).split(",") if p]
         if m.name == "region.mirror_lag_records":
             r["mirror_lag_records"] = int(m.value)
             r["mirror_running"] = m.labels.get("mirror_running")
+        elif m.name == "region.mirror_lag_versions":
+            r["mirror_lag_versions"] = int(m.value)
         elif m.name in ("region.link_bytes_down", "region.link_bytes_up"):
             r[m.name[len("region."):]] = int(m.value)
     for r in out.values():

@@ -105,12 +105,15 @@ def test_status_regions_take_the_newest_report_and_the_regions_nodes():
     labels = {"region": "eu-west", "pools": "raas-eu", "cluster": "eu-west (own)", "bootstrap": "127.0.0.1:1"}
     metrics = [Metric("region-watch", "region.mirror_lag_records", 7, labels={**labels, "mirror_running": True}),
                Metric("region-watch", "region.mirror_lag_records", 0, labels={**labels, "mirror_running": True}),
+               Metric("region-watch", "region.mirror_lag_versions", 2, labels=labels),
+               Metric("region-watch", "region.mirror_lag_versions", 0, labels=labels),
                Metric("region-watch", "region.link_bytes_down", 5000, labels=labels),
                Metric("region-watch", "region.link_bytes_up", 300, labels=labels),
                Metric("trainer.policy", "trainer.train_s", 1.0)]
     nodes = [{"node": "raas-eu-0"}, {"node": "raas-eu-1"}, {"node": "raas-us-0"}, {"node": "raas-eu"}]
     got = regions_status(metrics, nodes)
-    assert got == {"eu-west": {"cluster": "eu-west (own)", "mirror_lag_records": 0, "mirror_running": True,
+    assert got == {"eu-west": {"cluster": "eu-west (own)", "mirror_lag_records": 0, "mirror_lag_versions": 0,
+                               "mirror_running": True,
                                "link_bytes_down": 5000, "link_bytes_up": 300, "pools": ["raas-eu"],
                                "nodes": ["raas-eu-0", "raas-eu-1", "raas-eu"]}}
 
@@ -166,12 +169,26 @@ def test_weights_cross_the_link_once_for_two_readers_in_the_region(tmp_path):
             assert published > 1_000_000
             # MirrorMaker's copy crossed, the readers' did not: about once, not twice
             assert published * 0.9 < down < published * 1.5, (down, published)
+
+            # a late joiner in the region loads the newest snapshot (+ deltas) from the region's
+            # cluster: the link carries no weights for it (only MirrorMaker's idle fetches)
+            at_join = link.stats()["bytes_down"]
+            late = link.in_region(lambda: WeightSubscriber(rc.local, topics, "policy", node_id="eu-late").start())
+            try:
+                assert late.wait_for(3, timeout=180), late.faults
+                assert late.digest() == weights_digest(history[3])
+                assert late.path_counts["snapshot"] >= 1
+            finally:
+                late.close()
+            grew = link.stats()["bytes_down"] - at_join
+            assert grew < 0.05 * published, (grew, published)
+            down = link.stats()["bytes_down"] - before
             described = rc.describe()
             assert described["in_namespace"] and described["mirror"]["mirrored_records"] > 0
             assert set(described["mirror"]["lag_records"].values()) == {0}
 
             # region-aware status: the launcher's watcher reports the region, status reads it back
-            watch = RegionWatchActor(None, "region-watch", plan, broker.bootstrap_servers, topics.metrics, run.wan,
+            watch = RegionWatchActor(None, "region-watch", plan, broker.bootstrap_servers, topics, run.wan,
                                      run.regions)
             watch.setup()
             try:
@@ -181,8 +198,9 @@ def test_weights_cross_the_link_once_for_two_readers_in_the_region(tmp_path):
             status = job_status(broker.bootstrap_servers, cfg.job)
             eu = status["regions"]["eu-west"]
             assert eu["cluster"] == "eu-west (own)" and eu["mirror_lag_records"] == 0 and eu["pools"] == ["raas-eu"]
+            assert eu["mirror_lag_versions"] == 0  # version 3, the newest at home, is announced in the region
             assert eu["link_bytes_down"] >= down and eu["link_bytes_up"] > 0
-            assert "region eu-west: cluster eu-west (own), mirror lag 0 records; link" in format_status(status)
+            assert "region eu-west: cluster eu-west (own), mirror lag 0 versions (0 records); link" in format_status(status)
         finally:
             run.close_regions()
             broker.stop()

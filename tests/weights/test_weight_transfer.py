@@ -415,3 +415,24 @@ def test_a_subscriber_reads_chunks_while_they_are_written_and_checks_them_like_f
         on.close()
         off.close()
         pub.close()
+
+
+def test_the_full_transport_publishes_a_snapshot_every_version_and_no_delta(bootstrap, job_topics):
+    """`trainer.weight_transport: full` (write_deltas=False): every version a snapshot, and a
+    follower reaches each one bit for bit through snapshots alone."""
+    trainer = Trainer()
+    pub = WeightPublisher(bootstrap, job_topics, "policy", snapshot_every=10, chunk_size=CHUNK, write_deltas=False)
+    follower = WeightSubscriber(bootstrap, job_topics, "policy", node_id="follower").start()
+    try:
+        for v in range(4):
+            if v:
+                trainer.step()
+            pub.publish(trainer.named_weights(), v)
+            pub.flush(WAIT)
+            assert follower.wait_for(v, WAIT), follower.faults
+            assert bits_equal(follower.weights(), trainer.named_weights())
+        assert [p.kind for p in pub.published] == ["snapshot"] * 4
+        assert follower.path_counts["delta"] == 0 and follower.path_counts["snapshot"] >= 2
+    finally:
+        follower.close()
+        pub.close()
