@@ -26,13 +26,16 @@ from __future__ import annotations
 import logging
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from astraflow.config import JobConfig
 from astraflow.topics import DeadLetters, Producer, Prompt, job_topics
+from astraflow.workflows.api import EngineRole
 
 from .common import (close_quietly, configure_sandbox, lower_thread_priority, make_rollout_engine, model_path,
                      niceness, set_threads)
+from .episodes import CallBatcher
 from .heldout import eval_reward, heldout_label, heldout_problems
 from .signing import verifier_for
 from .supervisor import LoopActor
@@ -84,14 +87,26 @@ def episode_evaluation(cfg: JobConfig, engine, tokenizer, problems: list[Prompt]
     spec = get_workflow(cfg.workflow.name)
     sampling = {"temperature": cfg.eval.temperature, "top_p": 1.0, "top_k": 0,
                 "max_new_tokens": cfg.rollout.max_new_tokens}
+    # Every row's episode on a thread of its own, their engine calls coalesced as on a RaaS
+    # node (seeds are per sample and turn, so batching changes no sample); an episode waiting
+    # on its environment steps out of the batch.
+    batcher = CallBatcher(engine, episodes=len(problems))
+
+    def one(i: int, p: Prompt):
+        try:
+            roles = {role: _BatchedEvalRole(role, cfg.policy, batcher, i, tokenizer, sampling) for role in spec.roles}
+            ep = Episode(f"eval-{i}", p.text, p.answer, cfg.eval.k, roles, tokenizer,
+                         {**cfg.workflow.params, "_job_seed": cfg.seed + 1000}, p.metadata, off_engine=batcher.away)
+            return run_episode(spec, ep, cfg.seed + 1000)
+        finally:
+            batcher.leave()
+
+    with ThreadPoolExecutor(max_workers=max(1, len(problems)), thread_name_prefix="eval-ep") as pool:
+        results = list(pool.map(one, range(len(problems)), problems))
     rewards: list[float] = []
     per_task: list[float] = []
     turns = actions = 0.0
-    for i, p in enumerate(problems):
-        roles = {role: EngineRole(role, cfg.policy, engine, tokenizer, sampling) for role in spec.roles}
-        ep = Episode(f"eval-{i}", p.text, p.answer, cfg.eval.k, roles, tokenizer,
-                     {**cfg.workflow.params, "_job_seed": cfg.seed + 1000}, p.metadata)
-        result = run_episode(spec, ep, cfg.seed + 1000)
+    for result in results:
         trajs = result.trajectories.get(spec.roles[0], [])
         rewards += [t.reward for t in trajs]
         if trajs:
@@ -102,6 +117,19 @@ def episode_evaluation(cfg: JobConfig, engine, tokenizer, problems: list[Prompt]
         raise ValueError(f"workflow {spec.name!r} returned no {spec.roles[0]!r} trajectories on the held-out rows")
     n = len(rewards)
     return EpisodeEval(sum(rewards) / n, _stderr(rewards), _stderr(per_task), n, turns / n, actions / n)
+
+
+class _BatchedEvalRole(EngineRole):
+    """A role of a held-out episode on the evaluator's engine, through the call batcher."""
+
+    def __init__(self, name: str, policy: str, batcher: CallBatcher, index: int, tokenizer, sampling) -> None:
+        super().__init__(name, policy, batcher.engine, tokenizer, sampling)
+        self.batcher, self.index = batcher, index
+
+    def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None, stop=None):
+        gens = self.batcher.generate(self.index, prompts, self.params(max_new_tokens, temperature, stop), seeds,
+                                     policy=self.policy)
+        return [self.turn(g) for g in gens]
 
 
 def episode_accuracy(cfg: JobConfig, engine, tokenizer, problems: list[Prompt]) -> float:
