@@ -87,22 +87,30 @@ def episode_evaluation(cfg: JobConfig, engine, tokenizer, problems: list[Prompt]
     spec = get_workflow(cfg.workflow.name)
     sampling = {"temperature": cfg.eval.temperature, "top_p": 1.0, "top_k": 0,
                 "max_new_tokens": cfg.rollout.max_new_tokens}
-    # Every row's episode on a thread of its own, their engine calls coalesced as on a RaaS
-    # node (seeds are per sample and turn, so batching changes no sample); an episode waiting
-    # on its environment steps out of the batch.
-    batcher = CallBatcher(engine, episodes=len(problems))
+    # The rows' episodes run as a RaaS node polls them: ``rollout.tasks_per_call`` at a time,
+    # each on a thread of its own, their engine calls coalesced (seeds are per sample and turn,
+    # so batching changes no sample); an episode waiting on its environment steps out of the
+    # batch. A poll-sized batch keeps an episode's wall time, which its deadline_s bounds, what
+    # it is in training: all rows at once made every turn wait for hundreds of rows.
+    per_call = max(1, cfg.rollout.tasks_per_call)
+    results = []
+    with ThreadPoolExecutor(max_workers=per_call, thread_name_prefix="eval-ep") as pool:
+        for start in range(0, len(problems), per_call):
+            chunk = list(enumerate(problems))[start:start + per_call]
+            batcher = CallBatcher(engine, episodes=len(chunk))
 
-    def one(i: int, p: Prompt):
-        try:
-            roles = {role: _BatchedEvalRole(role, cfg.policy, batcher, i, tokenizer, sampling) for role in spec.roles}
-            ep = Episode(f"eval-{i}", p.text, p.answer, cfg.eval.k, roles, tokenizer,
-                         {**cfg.workflow.params, "_job_seed": cfg.seed + 1000}, p.metadata, off_engine=batcher.away)
-            return run_episode(spec, ep, cfg.seed + 1000)
-        finally:
-            batcher.leave()
+            def one(i: int, p: Prompt, batcher: CallBatcher = batcher):
+                try:
+                    roles = {role: _BatchedEvalRole(role, cfg.policy, batcher, i, tokenizer, sampling)
+                             for role in spec.roles}
+                    ep = Episode(f"eval-{i}", p.text, p.answer, cfg.eval.k, roles, tokenizer,
+                                 {**cfg.workflow.params, "_job_seed": cfg.seed + 1000}, p.metadata,
+                                 off_engine=batcher.away)
+                    return run_episode(spec, ep, cfg.seed + 1000)
+                finally:
+                    batcher.leave()
 
-    with ThreadPoolExecutor(max_workers=max(1, len(problems)), thread_name_prefix="eval-ep") as pool:
-        results = list(pool.map(one, range(len(problems)), problems))
+            results += list(pool.map(one, *zip(*chunk)))
     rewards: list[float] = []
     per_task: list[float] = []
     turns = actions = 0.0
