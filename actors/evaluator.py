@@ -24,13 +24,18 @@ and its version).
 from __future__ import annotations
 
 import logging
+import math
 import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 from astraflow.config import JobConfig
 from astraflow.topics import DeadLetters, Producer, Prompt, job_topics
+from astraflow.workflows.api import EngineRole
 
 from .common import (close_quietly, configure_sandbox, lower_thread_priority, make_rollout_engine, model_path,
                      niceness, set_threads)
+from .episodes import CallBatcher
 from .heldout import eval_reward, heldout_label, heldout_problems
 from .signing import verifier_for
 from .supervisor import LoopActor
@@ -54,24 +59,90 @@ def heldout_accuracy(cfg: JobConfig, engine, tokenizer, problems: list[Prompt]) 
                      temperature=cfg.eval.temperature, max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
 
 
-def episode_accuracy(cfg: JobConfig, engine, tokenizer, problems: list[Prompt]) -> float:
+class EpisodeEval(NamedTuple):
+    """What the held-out episodes of an agent workflow showed (means over episodes)."""
+
+    accuracy: float  #: mean reward of the first role's trajectories
+    stderr: float  #: its standard error over episodes (sample std / sqrt(episodes))
+    stderr_tasks: float  #: its standard error over tasks (std of per-task means / sqrt(tasks)): samples of a task are not independent
+    episodes: int  #: trajectories measured (tasks x eval.k)
+    turns: float  #: model turns per episode
+    actions: float  #: environment steps (tool calls) per episode
+
+
+def _stderr(values: list[float]) -> float:
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+def episode_evaluation(cfg: JobConfig, engine, tokenizer, problems: list[Prompt]) -> EpisodeEval:
     """The workflow's episodes on ``problems`` (``eval.k`` samples each, every role on
-    ``engine``, at ``eval.temperature``): the mean reward of the first role's trajectories.
-    Seeded by the job's seed and each row's index, so the same weights give the same score."""
+    ``engine``, at ``eval.temperature``): the mean reward of the first role's trajectories,
+    its standard errors, and the turns and tool calls per episode. Seeded by the job's seed
+    and each row's index, so the same weights give the same score."""
     from astraflow.workflows.api import EngineRole, Episode, get_workflow, run_episode
     spec = get_workflow(cfg.workflow.name)
     sampling = {"temperature": cfg.eval.temperature, "top_p": 1.0, "top_k": 0,
                 "max_new_tokens": cfg.rollout.max_new_tokens}
+    # The rows' episodes run as a RaaS node polls them: ``rollout.tasks_per_call`` at a time,
+    # each on a thread of its own, their engine calls coalesced (seeds are per sample and turn,
+    # so batching changes no sample); an episode waiting on its environment steps out of the
+    # batch. A poll-sized batch keeps an episode's wall time, which its deadline_s bounds, what
+    # it is in training: all rows at once made every turn wait for hundreds of rows.
+    per_call = max(1, cfg.rollout.tasks_per_call)
+    results = []
+    with ThreadPoolExecutor(max_workers=per_call, thread_name_prefix="eval-ep") as pool:
+        for start in range(0, len(problems), per_call):
+            chunk = list(enumerate(problems))[start:start + per_call]
+            batcher = CallBatcher(engine, episodes=len(chunk))
+
+            def one(i: int, p: Prompt, batcher: CallBatcher = batcher):
+                try:
+                    roles = {role: _BatchedEvalRole(role, cfg.policy, batcher, i, tokenizer, sampling)
+                             for role in spec.roles}
+                    ep = Episode(f"eval-{i}", p.text, p.answer, cfg.eval.k, roles, tokenizer,
+                                 {**cfg.workflow.params, "_job_seed": cfg.seed + 1000}, p.metadata,
+                                 off_engine=batcher.away)
+                    return run_episode(spec, ep, cfg.seed + 1000)
+                finally:
+                    batcher.leave()
+
+            results += list(pool.map(one, *zip(*chunk)))
     rewards: list[float] = []
-    for i, p in enumerate(problems):
-        roles = {role: EngineRole(role, cfg.policy, engine, tokenizer, sampling) for role in spec.roles}
-        ep = Episode(f"eval-{i}", p.text, p.answer, cfg.eval.k, roles, tokenizer,
-                     {**cfg.workflow.params, "_job_seed": cfg.seed + 1000}, p.metadata)
-        result = run_episode(spec, ep, cfg.seed + 1000)
-        rewards += [t.reward for t in result.trajectories.get(spec.roles[0], [])]
+    per_task: list[float] = []
+    turns = actions = 0.0
+    for result in results:
+        trajs = result.trajectories.get(spec.roles[0], [])
+        rewards += [t.reward for t in trajs]
+        if trajs:
+            per_task.append(sum(t.reward for t in trajs) / len(trajs))
+        turns += sum(float(t.info.get("turns", 0)) for t in trajs)
+        actions += sum(float(t.info.get("actions", 0)) for t in trajs)
     if not rewards:
         raise ValueError(f"workflow {spec.name!r} returned no {spec.roles[0]!r} trajectories on the held-out rows")
-    return sum(rewards) / len(rewards)
+    n = len(rewards)
+    return EpisodeEval(sum(rewards) / n, _stderr(rewards), _stderr(per_task), n, turns / n, actions / n)
+
+
+class _BatchedEvalRole(EngineRole):
+    """A role of a held-out episode on the evaluator's engine, through the call batcher."""
+
+    def __init__(self, name: str, policy: str, batcher: CallBatcher, index: int, tokenizer, sampling) -> None:
+        super().__init__(name, policy, batcher.engine, tokenizer, sampling)
+        self.batcher, self.index = batcher, index
+
+    def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None, stop=None):
+        gens = self.batcher.generate(self.index, prompts, self.params(max_new_tokens, temperature, stop), seeds,
+                                     policy=self.policy)
+        return [self.turn(g) for g in gens]
+
+
+def episode_accuracy(cfg: JobConfig, engine, tokenizer, problems: list[Prompt]) -> float:
+    """The mean reward of :func:`episode_evaluation`."""
+    return episode_evaluation(cfg, engine, tokenizer, problems).accuracy
 
 
 def team_evaluation(cfg: JobConfig, engines: dict, tokenizer, problems: list[Prompt]) -> tuple[float, dict[str, float]]:
@@ -166,13 +237,22 @@ class EvaluatorActor(LoopActor):
             self.subscriber.wait_for(max(v + 1, self.next_target) if v < final else v + 1, timeout=1.0)
             return
         t0 = time.monotonic()
-        acc = heldout_accuracy(self.cfg, self.engine, self.tokenizer, self.problems)
+        episodes = None
+        from astraflow.workflows.api import get_workflow
+        if get_workflow(self.cfg.workflow.name).episode_eval:  # an agent: its episodes say more than the mean
+            episodes = episode_evaluation(self.cfg, self.engine, self.tokenizer, self.problems)
+            acc = episodes.accuracy
+        else:
+            acc = heldout_accuracy(self.cfg, self.engine, self.tokenizer, self.problems)
         held = self.subscriber.held_by(self.engine)
         log.info("eval: version %d accuracy %.3f on %d problems of %s (%.1fs)", v, acc, len(self.problems),
                  self.label, time.monotonic() - t0)
         self.metrics.emit("eval.accuracy", acc, step=v, problems=len(self.problems), k=self.cfg.eval.k,
                           epoch=held.epoch if held else 0, weights_digest=held.digest if held else "",
                           nice=niceness(), heldout=self.label, reward=eval_reward(self.cfg))
+        if episodes is not None:
+            for key in ("stderr", "stderr_tasks", "episodes", "turns", "actions"):
+                self.metrics.emit(f"eval.{key}", float(getattr(episodes, key)), step=v, heldout=self.label)
         self.metrics.emit_device(self.engine, step=v)
         if self.team:
             engines = {self.cfg.policy: self.engine, **{p: e for p, (e, _) in self.others.items()}}

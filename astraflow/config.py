@@ -290,7 +290,7 @@ class ModelConfig:
     path: str | None = _f(None, "HF model dir; null builds/uses the cached tiny bootstrapped model")
     seed: int = _f(0, "seed of the tiny-model bootstrap", bounds=SEED)
     task: str = _f("arithmetic", "what the tiny bootstrapped model is warm-started on (its role): arithmetic, "
-                                 "verifier, code_solver, selector, test_generator (`astraflow model init --list`)")
+                                 "verifier, code_solver, selector, test_generator, text_game, search (`astraflow model init --list`)")
 
 
 @dataclass(frozen=True)

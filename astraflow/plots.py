@@ -37,7 +37,11 @@ def plot_run(path: Path, rows: list[dict], cfg: JobConfig) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     if reward:
         ax.plot(*zip(*reward), label="batch reward (train)", color="tab:blue")
-    if acc:
+    stderr = {r["step"]: r["value"] for r in rows if r["name"] == "eval.stderr"}  # agent episodes: ± 1 SE
+    if acc and stderr:
+        ax.errorbar(*zip(*acc), yerr=[stderr.get(s, 0.0) for s, _ in acc], fmt="o-", capsize=3,
+                    label="held-out success (± 1 SE over episodes)", color="tab:red")
+    elif acc:
         ax.plot(*zip(*acc), "o-", label="held-out accuracy (pass@1)", color="tab:red")
     ax.set_xlabel("policy version")
     ax.set_ylabel("reward / accuracy")

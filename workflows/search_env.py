@@ -40,7 +40,7 @@ __all__ = ["SearchEnv", "search_prompts", "corpus", "search", "normalize", "spli
            "REGIONS"]
 
 CORPUS_SEED = 31  #: the corpus is one fixed world: tasks of every job and seed ask about it
-PEOPLE, TOWNS = 96, 24
+PEOPLE, TOWNS = 192, 48
 REGIONS = ("north", "south", "east", "west")
 HELDOUT_BUCKETS = 10
 TOP_K_MAX, MAX_CHARS_MAX = 8, 512

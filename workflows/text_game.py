@@ -28,7 +28,12 @@ from .environments import EnvTask, environment
 
 __all__ = ["TextGame", "text_game_prompts", "solution", "COLOURS"]
 
-COLOURS = ("red", "blue", "green", "gold", "gray", "pink", "teal", "plum")
+#: 40 colours x 10 rooms: 400 games, 33 of them held out (a held-out set large enough to
+#: measure a change in the share won; 8 colours left 9 held-out games)
+COLOURS = ("red", "blue", "green", "gold", "gray", "pink", "teal", "plum", "tan", "navy", "lime", "mint", "rose",
+           "ruby", "jade", "onyx", "sand", "rust", "wine", "aqua", "cyan", "sage", "opal", "ivory", "amber", "coral",
+           "peach", "lilac", "olive", "khaki", "beige", "white", "black", "brown", "cream", "mauve", "slate", "azure",
+           "ochre", "umber")
 ROOMS = 10  #: rooms 0 (the hall) to 9
 HELDOUT_BUCKETS = 10
 
@@ -53,7 +58,7 @@ def solution(room: int) -> str:
 
 def text_game_prompts(n: int, seed: int = 0, split: str = "train") -> list[Prompt]:
     """``n`` tasks of ``split`` drawn from ``seed`` (with repeats once the split's distinct
-    tasks are used up: 71 train and 9 held-out ones exist). ``answer`` is a shortest
+    tasks are used up: 367 train and 33 held-out ones exist). ``answer`` is a shortest
     solution, ``metadata`` the game's state."""
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")

@@ -229,3 +229,38 @@ def test_text_game_examples_are_the_agents_exact_text_turn_by_turn():
     assert done and reward == 1.0
     held = {p.split("<a>", 1)[0] for p, _ in task.examples(20, 0, "heldout")}
     assert held and all(split_of(h) == "heldout" for h in held)
+
+
+def test_search_examples_are_the_agents_exact_text_and_disjoint_from_heldout():
+    """Each search example is the episode's text so far as the agent workflow builds it (the
+    question, then each command and the environment's own answer after the open tag) and the
+    next command of a shortest solution; its questions are train questions, never held-out ones."""
+    from astraflow.models.warm_start import get_task
+    from astraflow.workflows.environments import EnvTask
+    from astraflow.workflows.search_env import SearchEnv, search_prompts, split_of
+
+    task = get_task("search")
+    ex = task.examples(90, 0, "train")
+    assert ex == task.examples(90, 0, "train") and len(ex) == 90
+    solutions = {p.text: p for p in search_prompts(2000, 0, "train")}
+    i = 0
+    while i < len(ex) and ex[i][0].count("<a>") == 1:
+        question = ex[i][0][:-len("<a>")]
+        assert split_of(question) == "train" and question in solutions
+        row = solutions[question]
+        env = SearchEnv()
+        text = env.reset(EnvTask("e", row.text, row.answer, dict(row.metadata))) + "<a>"
+        steps = row.metadata["solution"].split(";")
+        for action in steps:
+            if i == len(ex):
+                break
+            assert ex[i] == (text, action + "</a>") and len(text) + len(action) + 5 <= 128
+            obs, reward, done, _ = env.step(action)
+            text += f"{action}</a> {obs}<a>"
+            i += 1
+        else:
+            assert done and reward == 1.0  # the shortest solution answers right
+    assert i == len(ex)
+    held = {p.split("<a>", 1)[0] for p, _ in task.examples(60, 0, "heldout")}
+    assert held and all(split_of(h) == "heldout" for h in held)
+    assert not held & {p.split("<a>", 1)[0] for p, _ in ex}

@@ -4,6 +4,7 @@ answer garbage failing their episode alone."""
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 
@@ -381,7 +382,7 @@ def test_held_out_rows_of_an_agent_job_are_scored_by_whole_episodes(tok_engine):
     environment reward of the agent's trajectories (not the exact match of one completion
     against the row's answer: for an environment task that is empty, and an empty completion
     "matches" it whatever the policy does)."""
-    from astraflow.actors.evaluator import episode_accuracy, heldout_accuracy
+    from astraflow.actors.evaluator import episode_accuracy, episode_evaluation, heldout_accuracy
     from astraflow.actors.heldout import eval_reward
     from astraflow.config import JobConfig, from_dict
     from astraflow.topics import Prompt
@@ -397,14 +398,26 @@ def test_held_out_rows_of_an_agent_job_are_scored_by_whole_episodes(tok_engine):
     # ... the same weights, rows and seed give the same score ...
     assert episode_accuracy(cfg, engine, tok, problems) == score
     # ... and it is what the episodes' trajectories say, row by row
-    rewards = []
+    rewards, per_task, turns, actions = [], [], [], []
     for i, p in enumerate(problems):
         role = EngineRole("agent", cfg.policy, engine, tok,
                           {"temperature": 0.6, "top_p": 1.0, "top_k": 0, "max_new_tokens": 6})
         ep = Episode(f"eval-{i}", p.text, p.answer, 2, {"agent": role}, tok,
                      {**params, "_job_seed": cfg.seed + 1000}, {})
-        rewards += [t.reward for t in run_episode(get_workflow("agent"), ep, cfg.seed + 1000).trajectories["agent"]]
+        trajs = run_episode(get_workflow("agent"), ep, cfg.seed + 1000).trajectories["agent"]
+        rewards += [t.reward for t in trajs]
+        per_task.append(sum(t.reward for t in trajs) / 2)
+        turns += [t.info["turns"] for t in trajs]
+        actions += [t.info["actions"] for t in trajs]
     assert len(rewards) == 8 and score == pytest.approx(sum(rewards) / 8)
+    # the evaluator's episode statistics: standard errors over episodes and over tasks, turns
+    # and tool calls per episode, all from the same episodes
+    stats = episode_evaluation(cfg, engine, tok, problems)
+    assert stats.accuracy == score and stats.episodes == 8
+    assert stats.stderr == pytest.approx(statistics.stdev(rewards) / 8 ** 0.5)
+    assert stats.stderr_tasks == pytest.approx(statistics.stdev(per_task) / 4 ** 0.5)
+    assert stats.turns == pytest.approx(sum(turns) / 8) and 1 <= stats.turns <= 3
+    assert stats.actions == pytest.approx(sum(actions) / 8) and stats.actions <= stats.turns
 
 
 def test_the_multi_turn_benchmark_compares_the_same_episodes_in_and_out_of_the_batch(tok_engine):
