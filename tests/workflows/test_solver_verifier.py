@@ -34,7 +34,7 @@ def team(tokenizer_and_engine):
 def episode(team, prompt: str, answer: str, params: dict, n: int = 4, seed: int = 7):
     tok, solver, verifier = team
     roles = {"solver": EngineRole("solver", "solver", solver, tok, SAMPLING),
-             "verifier": EngineRole("verifier", "verifier", verifier, tok, {**SAMPLING, "max_new_tokens": 4})}
+             "verifier": EngineRole("verifier", "verifier", verifier, tok, {**SAMPLING, "max_new_tokens": 5})}
     ep = Episode(f"t{seed:07d}-{prompt}", prompt, answer, n, roles, tok, {**params, "_job_seed": seed})
     return run_episode(get_workflow("solver_verifier"), ep, seed)
 
