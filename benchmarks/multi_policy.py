@@ -435,6 +435,7 @@ def aggregate(reps: list[dict], problems: int | None = None) -> dict:
             out["solver_alone_accuracy_equal_tokens"] = arms["solver_alone"]["equal_tokens"]["accuracy"]
         if problems:
             out["standard_errors"] = standard_errors(reps, problems)
+            out.update(pooled_accuracies(out["standard_errors"]["by_repetition"], out))
     out.update({
         "failed_runs": [{"repetition": i + 1, "arm": arm, **f} for i, r in enumerate(reps)
                         for arm in (*KAFKA_ARMS, "solver_alone") if arm in r
@@ -472,6 +473,43 @@ def standard_errors(reps: list[dict], problems: int) -> dict:
     return {"by_repetition": out}
 
 
+def pooled_accuracies(rows: list[dict], agg: dict) -> dict:
+    """The headline keys, each with its standard error, from the per-repetition rows (the one
+    source of every SE here): ``team_accuracy`` (and ``team_accuracy_equal_tokens``, the same
+    measurement: the team is read at its end and the solver alone at the team's wall-clock or
+    tokens), ``solver_alone_accuracy`` and ``solver_alone_accuracy_equal_tokens`` get ``mean``
+    (over repetitions) and ``se`` / ``se_upper`` of that mean (``sqrt(sum se_i^2) / R``); and
+    ``team_minus_alone`` per comparison: the mean difference, its SEs and the difference in
+    SEs (``in_se`` binomial, ``in_se_upper`` counting problems only)."""
+    def pool(key: str) -> dict:
+        got = [r[key] for r in rows]
+        n = len(got)
+        return {"mean": sum(g["accuracy"] for g in got) / n,
+                "se": sum(g["se"] ** 2 for g in got) ** 0.5 / n,
+                "se_upper": sum(g["se_upper"] ** 2 for g in got) ** 0.5 / n}
+
+    out: dict = {"team_accuracy": {**agg["team_accuracy"], **pool("team")},
+                 "solver_alone_accuracy": {**agg["solver_alone_accuracy"], **pool("alone_equal_wall_clock")}}
+    diffs: dict = {}
+    for key in ("equal_wall_clock", "equal_tokens"):
+        if not all(f"team_minus_{key}" in r for r in rows):
+            continue
+        got = [r[f"team_minus_{key}"] for r in rows]
+        n = len(got)
+        d = sum(g["diff"] for g in got) / n
+        se = sum(g["se"] ** 2 for g in got) ** 0.5 / n
+        upper = sum(g["se_upper"] ** 2 for g in got) ** 0.5 / n
+        diffs[key] = {"diff": d, "se": se, "se_upper": upper, "in_se": d / se if se else None,
+                      "in_se_upper": d / upper if upper else None,
+                      "repetitions_team_ahead": sum(g["diff"] > 0 for g in got), "repetitions": n}
+    if "equal_tokens" in diffs:
+        out["team_accuracy_equal_tokens"] = out["team_accuracy"]
+        out["solver_alone_accuracy_equal_tokens"] = {**agg["solver_alone_accuracy_equal_tokens"],
+                                                     **pool("alone_equal_tokens")}
+    out["team_minus_alone"] = diffs
+    return out
+
+
 DEFINITIONS = {
     "s_per_iter": "seconds per iteration (every policy one step), steady state: see method",
     "speedup_vs_sequential": "s_per_iter (c) / s_per_iter (a), paired per repetition (> 1: async is faster)",
@@ -485,6 +523,13 @@ DEFINITIONS = {
     "standard_errors": "per repetition: each accuracy with its binomial SE over eval.problems x eval.k, and "
                        "team - alone with the SE of the difference",
     "verifier": "(a)'s verifier on its training episodes of the run's last half: accuracy, tpr, tnr, retries",
+    "team_accuracy_equal_tokens": "team_accuracy itself: the team is measured once, at its end; the solver alone "
+                                  "is read at the team's wall-clock or at its generated tokens",
+    "mean, se, se_upper": "on each headline accuracy: the mean over repetitions and its SE (sqrt(sum se_i^2) / "
+                          "repetitions, from standard_errors.by_repetition)",
+    "team_minus_alone": "per comparison (equal_wall_clock, equal_tokens): the mean of team - alone over "
+                        "repetitions, its SE, and the difference in SEs (in_se: binomial over problems x k; "
+                        "in_se_upper: problems only, the bound when a problem's k samples are all alike)",
 }
 
 
@@ -527,6 +572,12 @@ def accuracy_notes(agg: dict, steps: int, eval_every: int) -> list[str]:
         out.append(f"At equal generated tokens ({e['tokens']['median']:.0f}, every role's own) the solver alone "
                    f"had trained {e['version_reached']['median']:.0f} versions ({e['seconds']['median']:.0f} s) and "
                    f"scored {e['accuracy']['median']:.3f}.")
+    for key, d in agg.get("team_minus_alone", {}).items():
+        verdict = ("beats" if d["in_se"] >= 2 else "is not 2 SE above") if d["diff"] > 0 else "is not above"
+        out.append(f"Over the {d['repetitions']} repetitions the team {verdict} the solver alone at "
+                   f"{key.replace('_', ' ')}: {d['diff']:+.3f} +- {d['se']:.3f} ({d['in_se']:+.1f} SE binomial, "
+                   f"{d['in_se_upper']:+.1f} SE counting problems only), ahead in {d['repetitions_team_ahead']} of "
+                   f"{d['repetitions']}.")
     for i, row in enumerate(agg.get("standard_errors", {}).get("by_repetition", [])):
         parts = [f"repetition {i + 1} ({row['problems']} problems x k={row['k']}): team "
                  f"{row['team']['accuracy']:.3f} +- {row['team']['se']:.3f}"]
@@ -601,6 +652,10 @@ def print_table(agg: dict) -> None:
     if agg.get("verifier"):
         print("verifier (a), training episodes, last half: " +
               ", ".join(f"{k} {fmt_spread(v, '.3f')}" for k, v in agg["verifier"].items()))
+    for key, d in agg.get("team_minus_alone", {}).items():
+        print(f"team - alone at {key.replace('_', ' ')} (mean of {d['repetitions']}): {d['diff']:+.3f} +- {d['se']:.3f} "
+              f"({d['in_se']:+.1f} SE; {d['in_se_upper']:+.1f} SE counting problems only; team ahead in "
+              f"{d['repetitions_team_ahead']}/{d['repetitions']})")
     for i, row in enumerate(agg.get("standard_errors", {}).get("by_repetition", [])):
         print(f"rep {i + 1}: team {row['team']['accuracy']:.3f}+-{row['team']['se']:.3f}" +
               "".join(f"; {k} {row[k]['diff']:+.3f}+-{row[k]['se']:.3f} ({row[k]['in_se']:+.1f} SE)"
