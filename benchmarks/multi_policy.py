@@ -258,6 +258,16 @@ def time_of_tokens(rows: list[dict], tokens: float) -> float | None:
     return None
 
 
+def best_evaluated(rows: list[dict]) -> dict:
+    """(d)'s best held-out accuracy at any version it evaluated in its whole run (which runs
+    ``--alone-run-factor`` times (a)'s wall-clock): a bound in the solver alone's favour, since
+    the evaluator of a loaded box lags the trainer and the version read at (a)'s time or
+    tokens is the newest one evaluated by then."""
+    evals = {int(r["step"]): float(r["value"]) for r in rows if r["name"] == "eval.accuracy"}
+    v = max(evals, key=lambda k: (evals[k], k))
+    return {"accuracy_best_evaluated": evals[v], "version_best_evaluated": v}
+
+
 def accuracy_at(rows: list[dict], start: float, seconds: float) -> dict:
     """The held-out accuracy of the newest evaluated version trained within ``seconds`` of ``start``."""
     steps = next(iter(trainer_steps(rows).values()), {})
@@ -339,7 +349,7 @@ def run_solver_alone(base: dict, args, rep: int, seconds: float, tokens: float |
         summary = json.loads((run_dir / "summary.json").read_text())
         start = launch_ts(rows, summary)
         at = accuracy_at(rows, start, seconds)
-        out = {**at, "seconds": seconds, "stopped_at_timeout": stopped,
+        out = {**at, "seconds": seconds, "stopped_at_timeout": stopped, **best_evaluated(rows),
                "accuracy_initial": summary["accuracy_initial"], "load_before": load["loadavg"],
                "generated_tokens": generated_tokens(rows),
                "eval_k": _eval_k(rows), "run_dir": str(run_dir)}
@@ -424,6 +434,8 @@ def aggregate(reps: list[dict], problems: int | None = None) -> dict:
                        for k in ("accuracy", "tpr", "tnr", "retries", "first_accuracy")
                        if all(r["async"].get("verifier", {}).get(k) is not None for r in reps)}
     if "solver_alone" in ran:
+        if all("accuracy_best_evaluated" in r["solver_alone"] for r in reps):
+            out["solver_alone_accuracy_best_evaluated"] = s("solver_alone", "accuracy_best_evaluated")
         arms["solver_alone"] = {"accuracy": s("solver_alone", "accuracy"),
                                 "version_reached": s("solver_alone", "version_reached"),
                                 "seconds": s("solver_alone", "seconds")}
@@ -462,7 +474,9 @@ def standard_errors(reps: list[dict], problems: int) -> dict:
         eq = d.get("equal_tokens")
         if eq and eq["reached"]:
             row["alone_equal_tokens"] = with_se(eq["accuracy"])
-        for key in ("alone_equal_wall_clock", "alone_equal_tokens"):
+        if "accuracy_best_evaluated" in d:
+            row["alone_best_evaluated"] = with_se(d["accuracy_best_evaluated"])
+        for key in ("alone_equal_wall_clock", "alone_equal_tokens", "alone_best_evaluated"):
             if key in row:
                 diff = team["accuracy"] - row[key]["accuracy"]
                 se = (team["se"] ** 2 + row[key]["se"] ** 2) ** 0.5
@@ -471,6 +485,11 @@ def standard_errors(reps: list[dict], problems: int) -> dict:
                                                                    "in_se": diff / se if se else None}
         out.append(row)
     return {"by_repetition": out}
+
+
+#: team_minus_alone's comparisons, in words
+COMPARISONS = {"equal_wall_clock": "at equal wall-clock", "equal_tokens": "at equal tokens",
+               "best_evaluated": "at its best evaluated version of its whole run"}
 
 
 def pooled_accuracies(rows: list[dict], agg: dict) -> dict:
@@ -491,7 +510,7 @@ def pooled_accuracies(rows: list[dict], agg: dict) -> dict:
     out: dict = {"team_accuracy": {**agg["team_accuracy"], **pool("team")},
                  "solver_alone_accuracy": {**agg["solver_alone_accuracy"], **pool("alone_equal_wall_clock")}}
     diffs: dict = {}
-    for key in ("equal_wall_clock", "equal_tokens"):
+    for key in ("equal_wall_clock", "equal_tokens", "best_evaluated"):
         if not all(f"team_minus_{key}" in r for r in rows):
             continue
         got = [r[f"team_minus_{key}"] for r in rows]
@@ -527,7 +546,9 @@ DEFINITIONS = {
                                   "is read at the team's wall-clock or at its generated tokens",
     "mean, se, se_upper": "on each headline accuracy: the mean over repetitions and its SE (sqrt(sum se_i^2) / "
                           "repetitions, from standard_errors.by_repetition)",
-    "team_minus_alone": "per comparison (equal_wall_clock, equal_tokens): the mean of team - alone over "
+    "solver_alone_accuracy_best_evaluated": "(d)'s best held-out accuracy at any version it evaluated in its whole "
+                                            "run (--alone-run-factor x (a)'s wall-clock): a bound in its favour",
+    "team_minus_alone": "per comparison (equal_wall_clock, equal_tokens, best_evaluated): the mean of team - alone over "
                         "repetitions, its SE, and the difference in SEs (in_se: binomial over problems x k; "
                         "in_se_upper: problems only, the bound when a problem's k samples are all alike)",
 }
@@ -574,8 +595,8 @@ def accuracy_notes(agg: dict, steps: int, eval_every: int) -> list[str]:
                    f"scored {e['accuracy']['median']:.3f}.")
     for key, d in agg.get("team_minus_alone", {}).items():
         verdict = ("beats" if d["in_se"] >= 2 else "is not 2 SE above") if d["diff"] > 0 else "is not above"
-        out.append(f"Over the {d['repetitions']} repetitions the team {verdict} the solver alone at "
-                   f"{key.replace('_', ' ')}: {d['diff']:+.3f} +- {d['se']:.3f} ({d['in_se']:+.1f} SE binomial, "
+        out.append(f"Over the {d['repetitions']} repetitions the team {verdict} the solver alone "
+                   f"{COMPARISONS[key]}: {d['diff']:+.3f} +- {d['se']:.3f} ({d['in_se']:+.1f} SE binomial, "
                    f"{d['in_se_upper']:+.1f} SE counting problems only), ahead in {d['repetitions_team_ahead']} of "
                    f"{d['repetitions']}.")
     for i, row in enumerate(agg.get("standard_errors", {}).get("by_repetition", [])):
@@ -653,7 +674,7 @@ def print_table(agg: dict) -> None:
         print("verifier (a), training episodes, last half: " +
               ", ".join(f"{k} {fmt_spread(v, '.3f')}" for k, v in agg["verifier"].items()))
     for key, d in agg.get("team_minus_alone", {}).items():
-        print(f"team - alone at {key.replace('_', ' ')} (mean of {d['repetitions']}): {d['diff']:+.3f} +- {d['se']:.3f} "
+        print(f"team - alone {COMPARISONS[key]} (mean of {d['repetitions']}): {d['diff']:+.3f} +- {d['se']:.3f} "
               f"({d['in_se']:+.1f} SE; {d['in_se_upper']:+.1f} SE counting problems only; team ahead in "
               f"{d['repetitions_team_ahead']}/{d['repetitions']})")
     for i, row in enumerate(agg.get("standard_errors", {}).get("by_repetition", [])):
@@ -779,6 +800,10 @@ def reanalyse(path: Path) -> int:
             r[arm] = {**analyse_team(Path(r[arm]["run_dir"])), **kept}
             if "trained_groups" in kept:
                 r[arm]["episodes_per_trained_group"] = r[arm]["episodes"] / kept["trained_groups"]
+        alone = r.get("solver_alone")
+        if alone and alone.get("run_dir") and (Path(alone["run_dir"]) / "metrics.jsonl").exists():
+            rows = [json.loads(line) for line in (Path(alone["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+            alone.update(best_evaluated(rows))
     agg = aggregate(reps, problems=yaml.safe_load(Path(out["config"]).read_text()).get("eval", {}).get("problems")
                     if Path(out["config"]).exists() else None)
     print_table(agg)

@@ -309,8 +309,11 @@ def test_the_team_against_the_solver_alone_at_equal_tokens_with_standard_errors(
     assert a["verifier"]["accuracy"] == pytest.approx((0.5 + 0.1 + 0.5) / 3)
     assert a["verifier"]["tpr"] == pytest.approx((0.1 + 0 + 0.1) / 3 / 0.2)
     assert a["verifier"]["tnr"] == pytest.approx((0.4 + 0.1 + 0.4) / 3 / 0.8)
+    best = mp.best_evaluated([_metric(1.0, "eval.solver", "eval.accuracy", v, step)
+                              for step, v in ((0, 0.2), (8, 0.45), (16, 0.45), (24, 0.3))])
+    assert best == {"accuracy_best_evaluated": 0.45, "version_best_evaluated": 16}  # ties: the later version
     alone = {"accuracy": 0.4, "version_reached": 12, "seconds": 50.0, "load_before": [1.0] * 3,
-             "accuracy_initial": 0.2,
+             "accuracy_initial": 0.2, **best,
              "equal_tokens": {"tokens": 50.0, "reached": True, "seconds": 20.0, "version_reached": 5,
                               "accuracy": 0.3}}
     agg = mp.aggregate([{"async": {**a, "load_before": [1.0] * 3}, "solver_alone": alone}], problems=400)
@@ -330,6 +333,8 @@ def test_the_team_against_the_solver_alone_at_equal_tokens_with_standard_errors(
     assert agg["solver_alone_accuracy_equal_tokens"]["mean"] == 0.3
     assert agg["solver_alone_accuracy_equal_tokens"]["se_upper"] == pytest.approx(math.sqrt(0.21 / 400))
     assert agg["solver_alone_accuracy"]["se"] == pytest.approx(math.sqrt(0.24 / 1600))
+    assert agg["solver_alone_accuracy_best_evaluated"]["median"] == 0.45
+    assert agg["team_minus_alone"]["best_evaluated"]["diff"] == pytest.approx(0.05)
     pooled = agg["team_minus_alone"]["equal_tokens"]
     assert pooled["diff"] == pytest.approx(0.2) and pooled["in_se"] == pytest.approx(diff["in_se"])
     assert pooled["in_se_upper"] == pytest.approx(0.2 / diff["se_upper"]) and pooled["repetitions_team_ahead"] == 1
