@@ -258,6 +258,16 @@ def time_of_tokens(rows: list[dict], tokens: float) -> float | None:
     return None
 
 
+def best_evaluated(rows: list[dict]) -> dict:
+    """(d)'s best held-out accuracy at any version it evaluated in its whole run (which runs
+    ``--alone-run-factor`` times (a)'s wall-clock): a bound in the solver alone's favour, since
+    the evaluator of a loaded box lags the trainer and the version read at (a)'s time or
+    tokens is the newest one evaluated by then."""
+    evals = {int(r["step"]): float(r["value"]) for r in rows if r["name"] == "eval.accuracy"}
+    v = max(evals, key=lambda k: (evals[k], k))
+    return {"accuracy_best_evaluated": evals[v], "version_best_evaluated": v}
+
+
 def accuracy_at(rows: list[dict], start: float, seconds: float) -> dict:
     """The held-out accuracy of the newest evaluated version trained within ``seconds`` of ``start``."""
     steps = next(iter(trainer_steps(rows).values()), {})
@@ -339,7 +349,7 @@ def run_solver_alone(base: dict, args, rep: int, seconds: float, tokens: float |
         summary = json.loads((run_dir / "summary.json").read_text())
         start = launch_ts(rows, summary)
         at = accuracy_at(rows, start, seconds)
-        out = {**at, "seconds": seconds, "stopped_at_timeout": stopped,
+        out = {**at, "seconds": seconds, "stopped_at_timeout": stopped, **best_evaluated(rows),
                "accuracy_initial": summary["accuracy_initial"], "load_before": load["loadavg"],
                "generated_tokens": generated_tokens(rows),
                "eval_k": _eval_k(rows), "run_dir": str(run_dir)}
@@ -424,6 +434,8 @@ def aggregate(reps: list[dict], problems: int | None = None) -> dict:
                        for k in ("accuracy", "tpr", "tnr", "retries", "first_accuracy")
                        if all(r["async"].get("verifier", {}).get(k) is not None for r in reps)}
     if "solver_alone" in ran:
+        if all("accuracy_best_evaluated" in r["solver_alone"] for r in reps):
+            out["solver_alone_accuracy_best_evaluated"] = s("solver_alone", "accuracy_best_evaluated")
         arms["solver_alone"] = {"accuracy": s("solver_alone", "accuracy"),
                                 "version_reached": s("solver_alone", "version_reached"),
                                 "seconds": s("solver_alone", "seconds")}
@@ -435,6 +447,7 @@ def aggregate(reps: list[dict], problems: int | None = None) -> dict:
             out["solver_alone_accuracy_equal_tokens"] = arms["solver_alone"]["equal_tokens"]["accuracy"]
         if problems:
             out["standard_errors"] = standard_errors(reps, problems)
+            out.update(pooled_accuracies(out["standard_errors"]["by_repetition"], out))
     out.update({
         "failed_runs": [{"repetition": i + 1, "arm": arm, **f} for i, r in enumerate(reps)
                         for arm in (*KAFKA_ARMS, "solver_alone") if arm in r
@@ -461,7 +474,9 @@ def standard_errors(reps: list[dict], problems: int) -> dict:
         eq = d.get("equal_tokens")
         if eq and eq["reached"]:
             row["alone_equal_tokens"] = with_se(eq["accuracy"])
-        for key in ("alone_equal_wall_clock", "alone_equal_tokens"):
+        if "accuracy_best_evaluated" in d:
+            row["alone_best_evaluated"] = with_se(d["accuracy_best_evaluated"])
+        for key in ("alone_equal_wall_clock", "alone_equal_tokens", "alone_best_evaluated"):
             if key in row:
                 diff = team["accuracy"] - row[key]["accuracy"]
                 se = (team["se"] ** 2 + row[key]["se"] ** 2) ** 0.5
@@ -470,6 +485,48 @@ def standard_errors(reps: list[dict], problems: int) -> dict:
                                                                    "in_se": diff / se if se else None}
         out.append(row)
     return {"by_repetition": out}
+
+
+#: team_minus_alone's comparisons, in words
+COMPARISONS = {"equal_wall_clock": "at equal wall-clock", "equal_tokens": "at equal tokens",
+               "best_evaluated": "at its best evaluated version of its whole run"}
+
+
+def pooled_accuracies(rows: list[dict], agg: dict) -> dict:
+    """The headline keys, each with its standard error, from the per-repetition rows (the one
+    source of every SE here): ``team_accuracy`` (and ``team_accuracy_equal_tokens``, the same
+    measurement: the team is read at its end and the solver alone at the team's wall-clock or
+    tokens), ``solver_alone_accuracy`` and ``solver_alone_accuracy_equal_tokens`` get ``mean``
+    (over repetitions) and ``se`` / ``se_upper`` of that mean (``sqrt(sum se_i^2) / R``); and
+    ``team_minus_alone`` per comparison: the mean difference, its SEs and the difference in
+    SEs (``in_se`` binomial, ``in_se_upper`` counting problems only)."""
+    def pool(key: str) -> dict:
+        got = [r[key] for r in rows]
+        n = len(got)
+        return {"mean": sum(g["accuracy"] for g in got) / n,
+                "se": sum(g["se"] ** 2 for g in got) ** 0.5 / n,
+                "se_upper": sum(g["se_upper"] ** 2 for g in got) ** 0.5 / n}
+
+    out: dict = {"team_accuracy": {**agg["team_accuracy"], **pool("team")},
+                 "solver_alone_accuracy": {**agg["solver_alone_accuracy"], **pool("alone_equal_wall_clock")}}
+    diffs: dict = {}
+    for key in ("equal_wall_clock", "equal_tokens", "best_evaluated"):
+        if not all(f"team_minus_{key}" in r for r in rows):
+            continue
+        got = [r[f"team_minus_{key}"] for r in rows]
+        n = len(got)
+        d = sum(g["diff"] for g in got) / n
+        se = sum(g["se"] ** 2 for g in got) ** 0.5 / n
+        upper = sum(g["se_upper"] ** 2 for g in got) ** 0.5 / n
+        diffs[key] = {"diff": d, "se": se, "se_upper": upper, "in_se": d / se if se else None,
+                      "in_se_upper": d / upper if upper else None,
+                      "repetitions_team_ahead": sum(g["diff"] > 0 for g in got), "repetitions": n}
+    if "equal_tokens" in diffs:
+        out["team_accuracy_equal_tokens"] = out["team_accuracy"]
+        out["solver_alone_accuracy_equal_tokens"] = {**agg["solver_alone_accuracy_equal_tokens"],
+                                                     **pool("alone_equal_tokens")}
+    out["team_minus_alone"] = diffs
+    return out
 
 
 DEFINITIONS = {
@@ -485,6 +542,15 @@ DEFINITIONS = {
     "standard_errors": "per repetition: each accuracy with its binomial SE over eval.problems x eval.k, and "
                        "team - alone with the SE of the difference",
     "verifier": "(a)'s verifier on its training episodes of the run's last half: accuracy, tpr, tnr, retries",
+    "team_accuracy_equal_tokens": "team_accuracy itself: the team is measured once, at its end; the solver alone "
+                                  "is read at the team's wall-clock or at its generated tokens",
+    "mean, se, se_upper": "on each headline accuracy: the mean over repetitions and its SE (sqrt(sum se_i^2) / "
+                          "repetitions, from standard_errors.by_repetition)",
+    "solver_alone_accuracy_best_evaluated": "(d)'s best held-out accuracy at any version it evaluated in its whole "
+                                            "run (--alone-run-factor x (a)'s wall-clock): a bound in its favour",
+    "team_minus_alone": "per comparison (equal_wall_clock, equal_tokens, best_evaluated): the mean of team - alone over "
+                        "repetitions, its SE, and the difference in SEs (in_se: binomial over problems x k; "
+                        "in_se_upper: problems only, the bound when a problem's k samples are all alike)",
 }
 
 
@@ -527,6 +593,12 @@ def accuracy_notes(agg: dict, steps: int, eval_every: int) -> list[str]:
         out.append(f"At equal generated tokens ({e['tokens']['median']:.0f}, every role's own) the solver alone "
                    f"had trained {e['version_reached']['median']:.0f} versions ({e['seconds']['median']:.0f} s) and "
                    f"scored {e['accuracy']['median']:.3f}.")
+    for key, d in agg.get("team_minus_alone", {}).items():
+        verdict = ("beats" if d["in_se"] >= 2 else "is not 2 SE above") if d["diff"] > 0 else "is not above"
+        out.append(f"Over the {d['repetitions']} repetitions the team {verdict} the solver alone "
+                   f"{COMPARISONS[key]}: {d['diff']:+.3f} +- {d['se']:.3f} ({d['in_se']:+.1f} SE binomial, "
+                   f"{d['in_se_upper']:+.1f} SE counting problems only), ahead in {d['repetitions_team_ahead']} of "
+                   f"{d['repetitions']}.")
     for i, row in enumerate(agg.get("standard_errors", {}).get("by_repetition", [])):
         parts = [f"repetition {i + 1} ({row['problems']} problems x k={row['k']}): team "
                  f"{row['team']['accuracy']:.3f} +- {row['team']['se']:.3f}"]
@@ -601,6 +673,10 @@ def print_table(agg: dict) -> None:
     if agg.get("verifier"):
         print("verifier (a), training episodes, last half: " +
               ", ".join(f"{k} {fmt_spread(v, '.3f')}" for k, v in agg["verifier"].items()))
+    for key, d in agg.get("team_minus_alone", {}).items():
+        print(f"team - alone {COMPARISONS[key]} (mean of {d['repetitions']}): {d['diff']:+.3f} +- {d['se']:.3f} "
+              f"({d['in_se']:+.1f} SE; {d['in_se_upper']:+.1f} SE counting problems only; team ahead in "
+              f"{d['repetitions_team_ahead']}/{d['repetitions']})")
     for i, row in enumerate(agg.get("standard_errors", {}).get("by_repetition", [])):
         print(f"rep {i + 1}: team {row['team']['accuracy']:.3f}+-{row['team']['se']:.3f}" +
               "".join(f"; {k} {row[k]['diff']:+.3f}+-{row[k]['se']:.3f} ({row[k]['in_se']:+.1f} SE)"
@@ -724,6 +800,10 @@ def reanalyse(path: Path) -> int:
             r[arm] = {**analyse_team(Path(r[arm]["run_dir"])), **kept}
             if "trained_groups" in kept:
                 r[arm]["episodes_per_trained_group"] = r[arm]["episodes"] / kept["trained_groups"]
+        alone = r.get("solver_alone")
+        if alone and alone.get("run_dir") and (Path(alone["run_dir"]) / "metrics.jsonl").exists():
+            rows = [json.loads(line) for line in (Path(alone["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+            alone.update(best_evaluated(rows))
     agg = aggregate(reps, problems=yaml.safe_load(Path(out["config"]).read_text()).get("eval", {}).get("problems")
                     if Path(out["config"]).exists() else None)
     print_table(agg)

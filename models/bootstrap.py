@@ -7,7 +7,10 @@ deterministic supervised run on a warm-start task (``warm_start.py``: ``arithmet
 demo's solver, by default; ``verifier``, the code roles, ...) and **stopped early**, as
 soon as a validation set drawn from the training split reaches ``target_accuracy`` (each
 task has its own default): RL then starts from a policy that solves some but not most of
-its role's work. The result is a plain Hugging Face directory (safetensors + config +
+its role's work. For a task that names its examples' problems (``WarmStartTask.problem``)
+the validation problems are kept out of the training pool, so the early stop measures what
+the job will see (problems the model never trained on); a build that misses its target
+says so (``target_warning``: in its log, ``bootstrap.json`` and ``astraflow model init``). The result is a plain Hugging Face directory (safetensors + config +
 tokenizer) plus ``bootstrap.json`` (task, spec, seed, measured held-out accuracy, build
 time). Nothing is downloaded.
 
@@ -218,6 +221,7 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec | N
         knobs = {"max_digits": spec.max_digits, "ops": spec.ops}
         pool = warm.training_pool(pool_size, seed, **knobs)
         val = _distinct(warm, spec.eval_problems, seed + 1, "train", knobs)
+        pool, kept_out = _without_validation_problems(warm, pool, val)
         inputs, labels = _encode_pool(pool, tokenizer, spec.max_positions, task)
 
         opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=0.01)
@@ -258,6 +262,10 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0, spec: TinyModelSpec | N
             "parameters": n_params,
             "sft_steps": step,
             "val_accuracy": val_acc,
+            # True: validated on problems kept out of training (an honest early stop); False:
+            # on training problems (tasks without ``problem``: their validation is optimistic)
+            "val_problems_kept_out": warm.problem is not None,
+            "train_examples_kept_out": kept_out,
             "heldout_accuracy_greedy": greedy,
             "heldout_accuracy_t0.6_k4": sampled,
             "curve": curve,
@@ -333,6 +341,19 @@ def add_legacy_config_keys(model_dir: str | Path) -> None:
     if "dtype" in cfg:
         cfg.setdefault("torch_dtype", cfg["dtype"])
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def _without_validation_problems(warm: WarmStartTask, pool: list[tuple[str, str]],
+                                 val: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], int]:
+    """``pool`` without the examples about a validation problem (``warm.problem``; none are
+    dropped for a task without it), and how many were dropped."""
+    if warm.problem is None:
+        return pool, 0
+    held = {warm.problem(p) for p, _ in val}
+    kept = [e for e in pool if warm.problem(e[0]) not in held]
+    if not kept:
+        raise ValueError(f"warm-start task {warm.name!r}: every training example is about a validation problem")
+    return kept, len(pool) - len(kept)
 
 
 def _distinct(warm: WarmStartTask, n: int, seed: int, split: str, knobs: dict) -> list[tuple[str, str]]:

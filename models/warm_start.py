@@ -11,10 +11,18 @@ Tasks:
 
 * ``arithmetic`` — the solver of the demo (``12+7=`` -> ``19``), exactly the data the
   bootstrap has always trained on.
-* ``verifier`` — judges a proposed answer: ``12+7=19|`` -> ``<A>`` (accept) or
-  ``<R>`` (reject). Half the candidates are right; the others are near misses of the kind
-  a tiny solver makes (off by 1-10, swapped or slipped digits). Its training pool is half
-  ``arithmetic``: the verifier learns the sums it judges.
+* ``verifier`` — checks a proposed answer by a test easier than solving: it writes the
+  units digit the sum must end in, then its verdict, ``<A>`` (accept) when the answer ends
+  in it, ``<R>`` (reject) otherwise: ``12+7=19|`` -> ``9<A>``, ``12+7=18|`` -> ``9<R>``.
+  Half the candidates are right; the others are near misses of the kind a tiny solver makes
+  (off by 1-10, swapped or slipped digits). The check is sound (it never rejects a right
+  answer) but not complete (a near miss with the right units digit passes). Why this check
+  and not the full sum (revision 1, kept in the module's history): a tiny model learns the
+  100 units-digit sums, which every held-out problem shares with the training ones, while a
+  verdict on the whole answer needs the whole sum, which it only learns by heart for the
+  training problems; revision 1 scored 0.67 on its (training) problems and 0.525 held out,
+  and was at chance on the solver's real answers (TPR 0.53, TNR 0.51). The tiny solver's
+  wrong answers end in a wrong digit 83% of the time (its held-out samples at t=0.6).
 * ``text_game`` — the agent of the text game: each turn of a shortest solution, given the
   episode's exact text so far (observations included), as the agent workflow writes it.
 * ``search`` — the search agent, the same way: each turn of a shortest solution
@@ -38,7 +46,7 @@ from astraflow.workflows.arithmetic import generate_problems
 from astraflow.workflows.arithmetic import reward as arithmetic_reward
 
 __all__ = ["Example", "WarmStartTask", "WarmStartError", "TASKS", "DEFAULT_TASK", "get_task", "task_names",
-           "exact_match", "near_miss", "ACCEPT", "REJECT"]
+           "exact_match", "near_miss", "units_check", "arithmetic_problem", "ACCEPT", "REJECT"]
 
 Example = tuple[str, str]  #: (prompt, target completion)
 SPLITS = ("train", "heldout")
@@ -65,7 +73,8 @@ class WarmStartTask:
         doc: one line for ``--list``.
         make: ``(n, seed, split, max_digits, ops) -> examples``; see :meth:`examples`.
         target_accuracy: default early-stop accuracy of the bootstrap (greedy, on a
-            validation set from the train split). Low on purpose: RL needs room.
+            validation set from the train split; with ``problem`` set, on problems kept
+            out of its training). Low on purpose where RL needs room.
         score: ``(completion text, target) -> reward in [0, 1]``.
         max_new_tokens: generation budget when measuring; ``None`` means the longest
             target of the measured set plus one token for ``<eos>``.
@@ -75,6 +84,11 @@ class WarmStartTask:
             (part of the cache key of every task but the default one).
         spec: ``(field, value)`` pairs of the bootstrap's ``TinyModelSpec`` this task
             builds with by default (hashed into its cache key like any spec field).
+        problem: prompt -> the problem it is about (for every task in the training pool,
+            ``mix`` included). When set, the bootstrap keeps its validation problems out of
+            the training pool, so the early stop measures what the model does on problems it
+            never saw, as in the job; ``None`` (the tasks built before it existed, whose
+            cache keys must not change) validates on training problems.
     """
 
     name: str
@@ -86,6 +100,7 @@ class WarmStartTask:
     mix: tuple[str, ...] = ()
     revision: int = 1
     spec: tuple[tuple[str, object], ...] = ()
+    problem: Callable[[str], str] | None = None
 
     def examples(self, n: int, seed: int, split: str = "train", *, max_digits: int = 2, ops: str = "+") -> list[Example]:
         """``n`` ``(prompt, target)`` pairs of ``split`` (``train`` or ``heldout``), drawn
@@ -138,15 +153,25 @@ def near_miss(answer: str, rng: random.Random) -> str:
             return str(cand)
 
 
+def units_check(answer: str, candidate: str) -> str:
+    """The verifier's target for ``candidate`` against the right ``answer``: the units digit
+    the answer ends in, then ``<A>`` if the candidate ends in it too, else ``<R>``."""
+    unit = answer[-1]
+    return unit + (ACCEPT if candidate.endswith(unit) else REJECT)
+
+
+def arithmetic_problem(prompt: str) -> str:
+    """``12+7=`` of ``12+7=19|`` (a verifier prompt) or of ``12+7=`` (a solver prompt)."""
+    return prompt[: prompt.index("=") + 1]
+
+
 def _verifier(n: int, seed: int, split: str, max_digits: int, ops: str) -> list[Example]:
     # One stream per (seed, split, knobs), one draw per problem in order: prefix-stable.
     rng = random.Random(f"verifier-{seed}-{split}-{max_digits}-{ops}")
     out = []
     for p in generate_problems(n, seed=seed, split=split, max_digits=max_digits, ops=ops):
-        if rng.random() < 0.5:
-            out.append((f"{p.prompt}{p.answer}|", ACCEPT))
-        else:
-            out.append((f"{p.prompt}{near_miss(p.answer, rng)}|", REJECT))
+        candidate = p.answer if rng.random() < 0.5 else near_miss(p.answer, rng)
+        out.append((f"{p.prompt}{candidate}|", units_check(p.answer, candidate)))
     return out
 
 
@@ -197,14 +222,15 @@ def _code_role(role: str) -> Callable[[int, int, str, int, str], list[Example]]:
 
 
 _ONE_THREAD = (("threads", 1),)
+VERIFIER_TARGET = 0.9  #: exact match of digit and verdict on problems kept out of its training
 
 TASKS: dict[str, WarmStartTask] = {t.name: t for t in (
     WarmStartTask("arithmetic", "solve a+b= (the demo's solver)", _arithmetic, 0.25,
                   score=arithmetic_reward, max_new_tokens=8),
-    # Trained on verdicts alone (one bit per example) the model stayed at chance for 1725
-    # steps; with the sums it judges learnt alongside it passed 0.65 at step 1650 (seed 0).
-    WarmStartTask("verifier", "judge a+b=c| as <A> (right) or <R> (wrong); half are near misses", _verifier, 0.65,
-                  mix=("arithmetic",)),
+    # Revision 1 judged the whole answer (a+b=c| -> <A>/<R>, half its pool arithmetic) and
+    # validated on the problems it trained on: 0.67 there, at chance on the solver's answers.
+    WarmStartTask("verifier", "check a+b=c| by its units digit: 9<A> (ends right) or 9<R>; half are near misses",
+                  _verifier, VERIFIER_TARGET, revision=2, problem=arithmetic_problem, spec=_ONE_THREAD),
     # The code roles build on one thread: on a shared 2-core box two intra-op threads wait
     # on each other behind other processes (a selector build made 25 steps in 17 minutes).
     # Per-turn greedy accuracy; an episode of 2-3 turns then wins about a third of the time.

@@ -309,8 +309,11 @@ def test_the_team_against_the_solver_alone_at_equal_tokens_with_standard_errors(
     assert a["verifier"]["accuracy"] == pytest.approx((0.5 + 0.1 + 0.5) / 3)
     assert a["verifier"]["tpr"] == pytest.approx((0.1 + 0 + 0.1) / 3 / 0.2)
     assert a["verifier"]["tnr"] == pytest.approx((0.4 + 0.1 + 0.4) / 3 / 0.8)
+    best = mp.best_evaluated([_metric(1.0, "eval.solver", "eval.accuracy", v, step)
+                              for step, v in ((0, 0.2), (8, 0.45), (16, 0.45), (24, 0.3))])
+    assert best == {"accuracy_best_evaluated": 0.45, "version_best_evaluated": 16}  # ties: the later version
     alone = {"accuracy": 0.4, "version_reached": 12, "seconds": 50.0, "load_before": [1.0] * 3,
-             "accuracy_initial": 0.2,
+             "accuracy_initial": 0.2, **best,
              "equal_tokens": {"tokens": 50.0, "reached": True, "seconds": 20.0, "version_reached": 5,
                               "accuracy": 0.3}}
     agg = mp.aggregate([{"async": {**a, "load_before": [1.0] * 3}, "solver_alone": alone}], problems=400)
@@ -324,11 +327,30 @@ def test_the_team_against_the_solver_alone_at_equal_tokens_with_standard_errors(
     assert diff["se"] == pytest.approx(math.sqrt(0.25 / 1600 + 0.21 / 1600))
     assert diff["in_se"] == pytest.approx(0.2 / diff["se"])
     assert diff["se_upper"] == pytest.approx(math.sqrt(0.25 / 400 + 0.21 / 400))
+    # The headline keys carry their SEs, pooled from the same per-repetition rows.
+    assert agg["team_accuracy"]["mean"] == 0.5 and agg["team_accuracy"]["se"] == pytest.approx(row["team"]["se"])
+    assert agg["team_accuracy_equal_tokens"] == agg["team_accuracy"]
+    assert agg["solver_alone_accuracy_equal_tokens"]["mean"] == 0.3
+    assert agg["solver_alone_accuracy_equal_tokens"]["se_upper"] == pytest.approx(math.sqrt(0.21 / 400))
+    assert agg["solver_alone_accuracy"]["se"] == pytest.approx(math.sqrt(0.24 / 1600))
+    assert agg["solver_alone_accuracy_best_evaluated"]["median"] == 0.45
+    assert agg["team_minus_alone"]["best_evaluated"]["diff"] == pytest.approx(0.05)
+    pooled = agg["team_minus_alone"]["equal_tokens"]
+    assert pooled["diff"] == pytest.approx(0.2) and pooled["in_se"] == pytest.approx(diff["in_se"])
+    assert pooled["in_se_upper"] == pytest.approx(0.2 / diff["se_upper"]) and pooled["repetitions_team_ahead"] == 1
+    two = mp.aggregate([{"async": {**a, "load_before": [1.0] * 3}, "solver_alone": alone},
+                        {"async": {**a, "load_before": [1.0] * 3, "team_accuracy": 0.2}, "solver_alone": alone}],
+                       problems=400)
+    d2 = two["team_minus_alone"]["equal_tokens"]  # +0.2 and -0.1: the mean, its SE shrinks by sqrt(2)
+    assert d2["diff"] == pytest.approx(0.05) and d2["repetitions_team_ahead"] == 1 and d2["repetitions"] == 2
+    rows2 = two["standard_errors"]["by_repetition"]
+    assert d2["se"] == pytest.approx(math.hypot(*(r["team_minus_equal_tokens"]["se"] for r in rows2)) / 2)
     notes = mp.notes(agg, 2, 6, 2)
     assert any("At equal generated tokens (50, every role's own)" in n and "0.300" in n for n in notes)
     assert any(n.startswith("repetition 1 (400 problems x k=4): team 0.500 +- 0.013") for n in notes)
     mp.print_table(agg)
-    assert "(d) at equal tokens" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "(d) at equal tokens" in printed and "team - alone at equal tokens (mean of 1): +0.200" in printed
 
 
 def test_overrides_reach_every_arms_config(tmp_path):

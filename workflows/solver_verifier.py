@@ -26,8 +26,10 @@ Two ``workflow.params`` change those rules (the defaults are the reference's):
   team is a verifier-gated best of two; the retry trains as a plain answer.
 
 Prompt formats (what the warm-started tiny models learn, ``models/warm_start.py``):
-solver ``12+7=`` -> ``19``; verifier ``12+7=19|`` -> ``<A>``; retry
-``12+7=18|<R>;12+7=`` -> the second answer.
+solver ``12+7=`` -> ``19``; verifier ``12+7=19|`` -> ``9<A>`` (the units digit the sum
+must end in, then the verdict of that check: a test easier than solving, which the tiny
+verifier gets right on problems it never saw); retry ``12+7=18|9<R>;12+7=`` -> the second
+answer.
 """
 
 from __future__ import annotations
