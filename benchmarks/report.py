@@ -328,13 +328,19 @@ def emulated_scale() -> list[str]:
     out = [f"**Scale, EMULATED** — `python -m astraflow.benchmarks.emulated_scale` (the demo job, async, on N emulated "
            f"{d['profile']} devices: half rollout on RaaS nodes of up to 8, half training; the batch grows with N; "
            f"{d['steps']} steps; **modelled seconds**; median (min–max) of {d['repeats']} repetitions)", "",
-           "| devices (emulated) | samples/s | s/step | lower bound s/step | scheduling efficiency | linearity vs 8 |",
-           "|---:|---:|---:|---:|---:|---:|"]
-    for n, r in d["by_devices"].items():
-        out.append(f"| {n} | {_sp(r['samples_per_s'], '.1f')} | {_sp(r['s_per_step'], '.1f')} | "
-                   f"{_sp(r['lower_bound_s_per_step'], '.1f')} | {_sp(r['scheduling_efficiency'])} | "
-                   f"{_sp(r['linearity'])} |")
+           *_scale_rows(d["by_devices"], "step")]
     return out + [""] + emulated_scale_team(d.get("solver_verifier"))
+
+
+def _scale_rows(by_devices: dict, per: str) -> list[str]:
+    """The table of a weak-scaling run: one row per device count, times per ``per`` (step, iter)."""
+    out = [f"| devices (emulated) | samples/s | s/{per} | lower bound s/{per} | scheduling efficiency | linearity vs 8 |",
+           "|---:|---:|---:|---:|---:|---:|"]
+    for n, r in by_devices.items():
+        out.append(f"| {n} | {_sp(r['samples_per_s'], '.1f')} | {_sp(r[f's_per_{per}'], '.1f')} | "
+                   f"{_sp(r[f'lower_bound_s_per_{per}'], '.1f')} | {_sp(r['scheduling_efficiency'])} | "
+                   f"{_sp(r['linearity'])} |")
+    return out
 
 
 def emulated_scale_team(sv: dict | None) -> list[str]:
@@ -345,12 +351,7 @@ def emulated_scale_team(sv: dict | None) -> list[str]:
     out = [f"**The solver–verifier team at scale, EMULATED** — `python -m astraflow.benchmarks.emulated_scale --job "
            f"solver_verifier` (Table 2's arm (a), its device split scaled by N/8, the batch with it; {sv['steps']} "
            f"iterations; **modelled seconds**; median (min–max) of {reps} repetition(s){_load_note(sv)})", "",
-           "| devices (emulated) | samples/s | s/iter | lower bound s/iter | scheduling efficiency | linearity vs 8 |",
-           "|---:|---:|---:|---:|---:|---:|"]
-    for n, r in sv["by_devices"].items():
-        out.append(f"| {n} | {_sp(r['samples_per_s'], '.1f')} | {_sp(r['s_per_iter'], '.1f')} | "
-                   f"{_sp(r['lower_bound_s_per_iter'], '.1f')} | {_sp(r['scheduling_efficiency'])} | "
-                   f"{_sp(r['linearity'])} |")
+           *_scale_rows(sv["by_devices"], "iter")]
     return out + [""]
 
 
