@@ -264,6 +264,23 @@ SV_KEYS = ("s_per_iter", "samples_per_s", "lower_bound_s_per_iter", "scheduling_
            "task_group_rebalances", "episodes_per_trained_group")
 
 
+SV_SETTINGS = ("profile", "token_scale", "prompt_token_scale", "workload", "max_new_tokens_modelled", "max_staleness",
+               "polls_in_flight")
+
+
+def kept_counts(out: Path, args, table2: dict, counts: list[int]) -> dict[int, tuple[dict, list[dict]]]:
+    """The solver-verifier section's earlier device counts that this run does not measure, with
+    their layouts and repetitions, when they were measured the same way (steps, dilation and
+    Table 2's settings equal); a section measured otherwise is replaced, not mixed."""
+    old = (json.loads(out.read_text()) if out.is_file() else {}).get("solver_verifier") or {}
+    same = (old.get("steps") == args.steps and old.get("dilation_at_8") == args.dilation
+            and old.get("table2_settings") == {k: table2.get(k) for k in SV_SETTINGS})
+    if not same:
+        return {}
+    return {int(n): (old["layouts"][n], reps) for n, reps in old.get("repetitions", {}).items()
+            if int(n) not in counts and n in old.get("layouts", {})}
+
+
 def sv_main(args, counts: list[int]) -> int:
     from astraflow.benchmarks.results_io import write_section
     table2 = json.loads(TABLE2.read_text())
@@ -274,6 +291,10 @@ def sv_main(args, counts: list[int]) -> int:
     lays = {n: sv_layout(n, args.devices_per_node, table2) for n in counts}
     load_before = load_now()
     rows: dict[int, list[dict]] = {n: [] for n in counts}
+    kept = kept_counts(Path(args.out), args, table2, counts)
+    for n, (lay, reps) in kept.items():  # device counts this run does not measure stay as measured
+        lays[n], rows[n] = lay, reps
+    lays, rows = dict(sorted(lays.items())), dict(sorted(rows.items()))
     for rep in range(args.repeats):
         for n in counts:
             rows[n].append(sv_one(args, lays[n], rep, table2))
@@ -281,9 +302,7 @@ def sv_main(args, counts: list[int]) -> int:
             write_section(Path(args.out), "solver_verifier", {
                 "emulated": True, "job": "solver_verifier", "steps": args.steps, "repeats_planned": args.repeats,
                 "dilation_at_8": args.dilation, "split_from": "multi_policy_emulated.json device_split, scaled by N/8",
-                "table2_settings": {k: table2.get(k) for k in ("profile", "token_scale", "prompt_token_scale", "workload",
-                                                                 "max_new_tokens_modelled", "max_staleness",
-                                                                 "polls_in_flight")},
+                "table2_settings": {k: table2.get(k) for k in SV_SETTINGS},
                 "layouts": {str(k): v for k, v in lays.items()}, "by_devices": agg,
                 "repetitions": {str(k): v for k, v in rows.items()}}, load_before, "emulated_scale")
     agg = aggregate(rows, SV_KEYS)

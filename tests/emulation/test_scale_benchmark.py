@@ -110,3 +110,22 @@ def test_the_bound_of_a_window_is_the_work_each_resource_did_inside_it():
     assert w == {"raas-0": 0.0, "trainer": pytest.approx(65.0)}
     assert window_work(rows, 1.0, 12.0, 1, slack_s=0.1)["raas-0"] == pytest.approx(250.0)
     assert window_work([], 0.0, 1.0, 1) == {}
+
+
+def test_a_team_run_at_new_device_counts_keeps_the_counts_measured_the_same_way(tmp_path):
+    """Running 32 devices after 8 and 16 must not drop them; a section measured with other
+    steps (or another Table 2) is replaced, never mixed into the new one."""
+    import json
+    table2 = {"profile": "h100-qwen3-8b", "token_scale": 256, "max_staleness": 3}
+    settings = {k: table2.get(k) for k in es.SV_SETTINGS}
+    old = {"steps": 12, "dilation_at_8": 0.3, "table2_settings": settings,
+           "layouts": {"8": {"devices": 8}, "16": {"devices": 16}},
+           "repetitions": {"8": [{"samples_per_s": 6.1}], "16": [{"samples_per_s": 10.8}]}}
+    out = tmp_path / "scale.json"
+    out.write_text(json.dumps({"benchmark": "emulated_scale", "solver_verifier": old}))
+    args = argparse.Namespace(steps=12, dilation=0.3)
+    kept = es.kept_counts(out, args, table2, [16, 32])
+    assert kept == {8: ({"devices": 8}, [{"samples_per_s": 6.1}])}  # 16 is remeasured, so not kept
+    assert es.kept_counts(out, argparse.Namespace(steps=6, dilation=0.3), table2, [32]) == {}
+    assert es.kept_counts(out, args, {**table2, "max_staleness": 1}, [32]) == {}
+    assert es.kept_counts(tmp_path / "absent.json", args, table2, [32]) == {}
