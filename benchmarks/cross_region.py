@@ -153,6 +153,31 @@ def arm_numbers(summary: dict, rows: list[dict], problems: int) -> dict:
     return out
 
 
+SAME = ("steps", "delta_snapshot_every", "eval_problems", "eval_k", "seed", "quick")
+
+
+def earlier_runs(out: Path, a: argparse.Namespace) -> dict[str, list[dict]]:
+    """Every arm's repetitions already in ``out``, for ``--append``; a :class:`SystemExit`
+    naming the setting when they were measured otherwise (mixing them would be one number
+    from two experiments)."""
+    if not out.is_file():
+        raise SystemExit(f"--append: {out} does not exist; run without --append first")
+    old = json.loads(out.read_text())
+    s = old.get("settings", {})
+    now = {"steps": a.steps, "delta_snapshot_every": a.snapshot_every, "eval_problems": a.problems, "eval_k": a.k,
+           "seed": a.seed, "quick": a.quick}
+    link = s.get("link", {})
+    differs = [k for k in SAME if s.get(k) != now[k]]
+    differs += [k for k, v in (("bandwidth_mbps", a.bandwidth_mbps), ("latency_ms_each_way", a.latency_ms))
+                if link.get(k) != v]
+    if differs:
+        raise SystemExit(f"--append: {out} was measured with other settings ({', '.join(differs)}): "
+                         + ", ".join(f"{k} {s.get(k, link.get(k))!r} there" for k in differs))
+    cells = {f"{m}_{t}": old[m][t] for m in MODES for t in TRANSPORTS}
+    cells["single_region"] = old["single_region"]
+    return {name: cell["runs"] for name, cell in cells.items()}
+
+
 def run_arm(name: str, mode: str | None, transport: str, a: argparse.Namespace, run_root: Path) -> dict:
     from astraflow.config import load_config
     from astraflow.launcher import launch
@@ -240,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a smoke run: 4 steps, 40 problems")
     p.add_argument("--run-root", type=Path, default=Path("runs") / "cross_region")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--append", action="store_true",
+                   help="add --repeats repetitions to those already in --out, when they were measured with the same "
+                        "settings (otherwise refused)")
     a = p.parse_args(argv)
     if a.quick:
         a.steps, a.problems, a.snapshot_every = 4, 40, 2
@@ -248,10 +276,15 @@ def main(argv: list[str] | None = None) -> int:
     load = load_now()
     arms = [("single_region", None, "delta")] + [(f"{m}_{t}", m, t) for m in MODES for t in TRANSPORTS]
     runs: dict[str, list[dict]] = {name: [] for name, _, _ in arms}
+    if a.append:
+        for name, reps in earlier_runs(a.out, a).items():
+            runs[name] = list(reps)
+    done = min(len(r) for r in runs.values())
     started = time.monotonic()
-    for rep in range(a.repeats):
+    for rep in range(done, done + a.repeats):
         for name, mode, transport in arms[rep % len(arms):] + arms[:rep % len(arms)]:
             runs[name].append(run_arm(name, mode, transport, a, a.run_root))
+    a.repeats = min(len(r) for r in runs.values())
     cells = {name: combine(r) for name, r in runs.items()}
     result: dict = {m: {t: cells[f"{m}_{t}"] for t in TRANSPORTS} for m in MODES}
     result["single_region_accuracy"] = cells["single_region"]["accuracy"]

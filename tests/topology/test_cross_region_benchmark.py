@@ -76,3 +76,21 @@ def test_the_full_arm_publishes_snapshots_only_and_the_delta_arm_deltas():
     delta = xr.job_settings(_args(), "delta")["trainer"]
     assert delta["weight_transport"] == "delta" and delta["snapshot_every"] == 5
     assert delta["publish_dtype"] == "bfloat16"
+
+
+def test_append_adds_to_repetitions_measured_the_same_way_and_refuses_others(tmp_path):
+    cell = {"runs": [{"accuracy": 0.3}]}
+    out = tmp_path / "cross_region.json"
+    out.write_text(json.dumps({
+        "mirrored": {"delta": cell, "full": cell}, "direct": {"delta": cell, "full": cell}, "single_region": cell,
+        "settings": {"steps": 20, "delta_snapshot_every": 10, "eval_problems": 200, "eval_k": 2, "seed": 0,
+                     "quick": False, "link": {"bandwidth_mbps": 100.0, "latency_ms_each_way": 50.0}}}))
+    a = argparse.Namespace(steps=20, snapshot_every=10, problems=200, k=2, seed=0, quick=False, bandwidth_mbps=100.0,
+                           latency_ms=50.0)
+    runs = xr.earlier_runs(out, a)
+    assert set(runs) == {"mirrored_delta", "mirrored_full", "direct_delta", "direct_full", "single_region"}
+    assert runs["single_region"] == [{"accuracy": 0.3}]
+    with pytest.raises(SystemExit, match="latency_ms_each_way"):
+        xr.earlier_runs(out, argparse.Namespace(**{**vars(a), "latency_ms": 25.0}))
+    with pytest.raises(SystemExit, match="does not exist"):
+        xr.earlier_runs(tmp_path / "none.json", a)
