@@ -118,6 +118,19 @@ def lags(rows: list[dict], nodes: set[str]) -> list[int]:
     return out
 
 
+def weight_numbers(rows: list[dict]) -> dict:
+    """What one version's weights cost and why: the median delta payload, the fraction of bf16
+    elements that changed (what a sparse delta can skip), and the snapshots' share per version
+    (the periodic full snapshots cross the link too)."""
+    deltas = [r["value"] for r in rows if r["name"] == "weights.delta_bytes"]
+    snaps = [r["value"] for r in rows if r["name"] == "weights.snapshot_bytes"]
+    changed = [r["value"] for r in rows if r["name"] == "weights.delta_changed_frac"]
+    versions = {r["step"] for r in rows if r["name"] in ("weights.snapshot_bytes", "weights.delta_bytes")}
+    return {"delta_bytes_median": round(statistics.median(deltas)) if deltas else None,
+            "delta_changed_fraction_median": round(statistics.median(changed), 4) if changed else None,
+            "snapshot_bytes_per_version": round(sum(snaps) / len(versions)) if versions else None}
+
+
 def arm_numbers(summary: dict, rows: list[dict], problems: int) -> dict:
     """One arm's cell from its run summary and metrics rows."""
     train = sorted((r["step"], r["ts"]) for r in rows if r["name"] == "trainer.train_s")
@@ -132,6 +145,7 @@ def arm_numbers(summary: dict, rows: list[dict], problems: int) -> dict:
         "accuracy_se": round(math.sqrt(acc * (1 - acc) / problems), 4) if acc is not None else None,
         "steps_trained": summary["steps_trained"], "wall_s": summary["wall_s"],
         "audit_ok": summary["audit"]["ok"], "restarts": summary.get("restarts", {}),
+        **weight_numbers(rows),
     }
     topo = summary.get("topology", {})
     links = topo.get("emulated_links", [])
@@ -175,7 +189,13 @@ def earlier_runs(out: Path, a: argparse.Namespace) -> dict[str, list[dict]]:
                          + ", ".join(f"{k} {s.get(k, link.get(k))!r} there" for k in differs))
     cells = {f"{m}_{t}": old[m][t] for m in MODES for t in TRANSPORTS}
     cells["single_region"] = old["single_region"]
-    return {name: cell["runs"] for name, cell in cells.items()}
+    runs = {name: [dict(r) for r in cell["runs"]] for name, cell in cells.items()}
+    for reps in runs.values():  # numbers added since those runs, from their own metrics where still on disk
+        for r in reps:
+            metrics = Path(r.get("run_dir", "")) / "metrics.jsonl"
+            if "delta_changed_fraction_median" not in r and metrics.is_file():
+                r.update(weight_numbers([json.loads(line) for line in metrics.read_text().splitlines()]))
+    return runs
 
 
 def run_arm(name: str, mode: str | None, transport: str, a: argparse.Namespace, run_root: Path) -> dict:
@@ -220,6 +240,12 @@ def verdict(result: dict) -> dict:
     return {
         # the issue's goals, as measured on this job
         "mirrored_delta_link_bytes_over_full_snapshot": round(md["link_bytes_per_version"] / snap, 4),
+        # why: a delta's own payload, and the periodic snapshots' share of every version
+        "mirrored_delta_payload_over_full_snapshot": (round(md["delta_bytes_median"] / snap, 4)
+                                                      if md.get("delta_bytes_median") else None),
+        "mirrored_snapshots_per_version_over_full_snapshot": (round(md["snapshot_bytes_per_version"] / snap, 4)
+                                                              if md.get("snapshot_bytes_per_version") else None),
+        "bf16_elements_changed_per_version": md.get("delta_changed_fraction_median"),
         "goal_delta_le_1_20_of_snapshot": md["link_bytes_per_version"] <= snap / 20,
         "goal_region_b_lag_p95_le_2": all(result[m][t]["lag_versions_p95"] <= 2 for m in MODES for t in TRANSPORTS),
         "goal_accuracy_within_2_se_of_single_region": all(
@@ -248,6 +274,10 @@ def table(result: dict) -> str:
     lines.append(f"mirrored delta bytes/version = {v['mirrored_delta_link_bytes_over_full_snapshot']:.3f} x a full "
                  f"bf16 snapshot; crossings mirrored/direct: delta {v['crossings_mirrored_over_direct']['delta']:.2f}, "
                  f"full {v['crossings_mirrored_over_direct']['full']:.2f}")
+    if v.get("mirrored_delta_payload_over_full_snapshot") is not None:
+        lines.append(f"  of which a delta's own payload {v['mirrored_delta_payload_over_full_snapshot']:.3f} "
+                     f"({v['bf16_elements_changed_per_version']:.1%} of bf16 elements changed per version) and the "
+                     f"periodic snapshots {v['mirrored_snapshots_per_version_over_full_snapshot']:.3f}")
     return "\n".join(lines)
 
 
