@@ -290,7 +290,8 @@ class ModelConfig:
     path: str | None = _f(None, "HF model dir; null builds/uses the cached tiny bootstrapped model")
     seed: int = _f(0, "seed of the tiny-model bootstrap", bounds=SEED)
     task: str = _f("arithmetic", "what the tiny bootstrapped model is warm-started on (its role): arithmetic, "
-                                 "verifier, code_solver, selector, test_generator, text_game, search (`astraflow model init --list`)")
+                                 "verifier, code_solver, selector, test_generator, text_game, search, search_wide "
+                                 "(`astraflow model init --list`)")
     max_positions: int | None = _f(None, "the tiny bootstrapped model's window in tokens (null: 128); another "
                                          "window is another cached build (`astraflow model init --max-positions N`); "
                                          "only with model.path null (a model directory declares its own)",

@@ -76,7 +76,10 @@ def long_engine(long_model):
 def test_a_window_option_leaves_every_default_key_as_it_was():
     for task in task_names():
         spec = default_spec(task)
-        assert default_spec(task, None) == spec and spec.max_positions == DEFAULT_POSITIONS == 128
+        assert default_spec(task, None) == spec
+        if task == "search_wide":  # the one task whose spec has a window of its own
+            continue
+        assert spec.max_positions == DEFAULT_POSITIONS == 128
         assert default_spec(task, DEFAULT_POSITIONS).key(0, task) == spec.key(0, task)
         assert "-p" not in spec.key(0, task)
     for task, key in DEFAULT_KEYS.items():
@@ -166,3 +169,39 @@ def test_model_init_builds_and_reports_the_window(long_model, tmp_path, capsys):
     assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == LONG
     assert main(["init", "--task", "search", "--max-positions", "4", "--cache-dir", str(cache)]) == 2
     assert "--max-positions" in capsys.readouterr().err
+
+
+def test_search_wide_is_the_agents_exact_text_after_wide_searches_past_128_tokens():
+    """The named 1,024-position warm start: the search agent's turns when a search shows five
+    documents, as the agent workflow writes them; some need more than 128 positions; its
+    questions are train ones; the job that uses it shows the documents the same way."""
+    from astraflow.config import load_config
+    from astraflow.models.warm_start import SEARCH_WIDE, get_task
+    from astraflow.workflows.environments import EnvTask
+    from astraflow.workflows.search_env import SearchEnv, search_prompts, split_of
+
+    spec = default_spec("search_wide")
+    assert spec.max_positions == LONG and spec.key(0, "search_wide").startswith("tiny-qwen3-search_wide-p1024-s0-")
+    ex = get_task("search_wide").examples(120, 0, "train")
+    rows = {p.text: p for p in search_prompts(2000, 0, "train")}
+    for prompt, action in ex:
+        question = prompt.split("<a>", 1)[0]
+        assert split_of(question) == "train"
+        row, env = rows[question], SearchEnv(**SEARCH_WIDE)
+        text = env.reset(EnvTask("e", row.text, row.answer, dict(row.metadata))) + "<a>"
+        for step in row.metadata["solution"].split(";"):
+            if text == prompt:
+                assert action == step + "</a>"
+                break
+            obs, _, _, _ = env.step(step)
+            text += f"{step}</a> {obs}<a>"
+        else:
+            raise AssertionError(f"{prompt!r} is not a prefix of a shortest solution's text")
+    widths = [len(p) + len(a) + 1 for p, a in ex]  # characters are tokens; +1 for <eos>
+    assert max(widths) > DEFAULT_POSITIONS and max(widths) <= LONG
+    held = {p.split("<a>", 1)[0] for p, _ in get_task("search_wide").examples(60, 0, "heldout")}
+    assert held and not held & {p.split("<a>", 1)[0] for p, _ in ex}
+
+    job = load_config("examples/search_agent_long.yaml")
+    assert job.model.task == "search_wide" and dict(job.workflow.params["env_params"]) == SEARCH_WIDE
+    assert model_shape(None, 0, "search_wide").max_positions == LONG
