@@ -452,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     init.add_argument("--seed", type=int, default=0)
     init.add_argument("--cache-dir", type=Path, help="models cache (default $ASTRAFLOW_CACHE/models)")
     init.add_argument("--target-accuracy", type=float, help="early-stop accuracy (default: the task's own)")
-    init.add_argument("--max-steps", type=int, default=TinyModelSpec.max_steps)
+    init.add_argument("--max-steps", type=int, default=None, help="SFT step cap (default: the task's spec's)")
     init.add_argument("--max-positions", type=int, default=None,
                       help=f"the model's window in tokens (default {DEFAULT_POSITIONS}); another window is another "
                            f"cache entry (a job selects it with model.max_positions)")
@@ -478,7 +478,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--task: unknown warm-start task {args.task!r}; tasks: {', '.join(task_names())}", file=sys.stderr)
         return 2
     try:
-        spec = dataclasses.replace(default_spec(args.task, args.max_positions), max_steps=args.max_steps)
+        spec = default_spec(args.task, args.max_positions)
+        if args.max_steps is not None:  # (the default keeps the task's own cap, so init builds what a job resolves)
+            spec = dataclasses.replace(spec, max_steps=args.max_steps)
     except ValueError as e:
         print(f"--max-positions: {e}", file=sys.stderr)
         return 2

@@ -205,3 +205,23 @@ def test_search_wide_is_the_agents_exact_text_after_wide_searches_past_128_token
     job = load_config("examples/search_agent_long.yaml")
     assert job.model.task == "search_wide" and dict(job.workflow.params["env_params"]) == SEARCH_WIDE
     assert model_shape(None, 0, "search_wide").max_positions == LONG
+
+
+def test_model_init_builds_what_a_job_resolves_for_a_task_with_its_own_step_cap(tmp_path, monkeypatch, capsys):
+    """``search_wide``'s spec caps its steps: ``model init`` without ``--max-steps`` must build
+    under the key a job with ``model.task: search_wide`` looks up (a cached copy stands in)."""
+    from astraflow.actors.common import model_path
+    from astraflow.config import load_config
+    monkeypatch.setenv("ASTRAFLOW_CACHE", str(tmp_path))
+    key = default_spec("search_wide").key(0, "search_wide")
+    cached = tmp_path / "models" / key
+    cached.mkdir(parents=True)
+    (cached / MARKER).write_text(json.dumps({"task": "search_wide", "parameters": 1, "sft_steps": 1,
+                                             "heldout_accuracy_greedy": 0.7, "heldout_accuracy_t0.6_k4": 0.7,
+                                             "val_accuracy": 0.7, "spec": {"target_accuracy": 0.6,
+                                                                           "max_steps": 600, "max_positions": LONG}}))
+    from astraflow.models import bootstrap
+    monkeypatch.setattr(bootstrap, "build_tiny_model", lambda *a, **k: pytest.fail(f"model init built {k}"))
+    assert main(["init", "--task", "search_wide"]) == 0  # found in the cache: nothing is built
+    assert str(cached) in capsys.readouterr().out
+    assert model_path(load_config("examples/search_agent_long.yaml")) == cached
