@@ -20,7 +20,7 @@ from astraflow.topics import Batch
 def model_path(cfg: JobConfig) -> Path:
     """The policy's initial HF model dir (the cached tiny bootstrapped model unless configured)."""
     from astraflow.models.bootstrap import resolve_model_path
-    return Path(resolve_model_path(cfg.model.path or "", cfg.model.seed, cfg.model.task))
+    return Path(resolve_model_path(cfg.model.path or "", cfg.model.seed, cfg.model.task, cfg.model.max_positions))
 
 
 def make_rollout_engine(cfg: JobConfig, path: Path, kind: str | None = None, device=None, name: str = "raas"):

@@ -68,6 +68,9 @@ class EpisodeEval(NamedTuple):
     episodes: int  #: trajectories measured (tasks x eval.k)
     turns: float  #: model turns per episode
     actions: float  #: environment steps (tool calls) per episode
+    #: held-out row index -> the mean reward of its samples (the same rows at every version, so a
+    #: change can be measured per task, paired)
+    per_task: dict[int, float]
 
 
 def _stderr(values: list[float]) -> float:
@@ -112,19 +115,20 @@ def episode_evaluation(cfg: JobConfig, engine, tokenizer, problems: list[Prompt]
 
             results += list(pool.map(one, *zip(*chunk)))
     rewards: list[float] = []
-    per_task: list[float] = []
+    per_task: dict[int, float] = {}
     turns = actions = 0.0
-    for result in results:
+    for i, result in enumerate(results):
         trajs = result.trajectories.get(spec.roles[0], [])
         rewards += [t.reward for t in trajs]
         if trajs:
-            per_task.append(sum(t.reward for t in trajs) / len(trajs))
+            per_task[i] = sum(t.reward for t in trajs) / len(trajs)
         turns += sum(float(t.info.get("turns", 0)) for t in trajs)
         actions += sum(float(t.info.get("actions", 0)) for t in trajs)
     if not rewards:
         raise ValueError(f"workflow {spec.name!r} returned no {spec.roles[0]!r} trajectories on the held-out rows")
     n = len(rewards)
-    return EpisodeEval(sum(rewards) / n, _stderr(rewards), _stderr(per_task), n, turns / n, actions / n)
+    return EpisodeEval(sum(rewards) / n, _stderr(rewards), _stderr(list(per_task.values())), n, turns / n,
+                       actions / n, per_task)
 
 
 class _BatchedEvalRole(EngineRole):
@@ -253,6 +257,8 @@ class EvaluatorActor(LoopActor):
         if episodes is not None:
             for key in ("stderr", "stderr_tasks", "episodes", "turns", "actions"):
                 self.metrics.emit(f"eval.{key}", float(getattr(episodes, key)), step=v, heldout=self.label)
+            for i, r in episodes.per_task.items():  # per held-out task: a rise can be judged paired, task by task
+                self.metrics.emit("eval.task_reward", r, step=v, task=i)
         self.metrics.emit_device(self.engine, step=v)
         if self.team:
             engines = {self.cfg.policy: self.engine, **{p: e for p, (e, _) in self.others.items()}}

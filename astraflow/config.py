@@ -290,7 +290,12 @@ class ModelConfig:
     path: str | None = _f(None, "HF model dir; null builds/uses the cached tiny bootstrapped model")
     seed: int = _f(0, "seed of the tiny-model bootstrap", bounds=SEED)
     task: str = _f("arithmetic", "what the tiny bootstrapped model is warm-started on (its role): arithmetic, "
-                                 "verifier, code_solver, selector, test_generator, text_game, search (`astraflow model init --list`)")
+                                 "verifier, code_solver, selector, test_generator, text_game, search, search_wide "
+                                 "(`astraflow model init --list`)")
+    max_positions: int | None = _f(None, "the tiny bootstrapped model's window in tokens (null: 128); another "
+                                         "window is another cached build (`astraflow model init --max-positions N`); "
+                                         "only with model.path null (a model directory declares its own)",
+                                   bounds=Bounds(16, 32_768))
 
 
 @dataclass(frozen=True)
@@ -591,6 +596,7 @@ class JobConfig:
             raise ConfigError(self.source, f"dataflow.{e.key}", e.problem) from None
         self._check_workflow()
         self._check_eval()
+        self._check_models()
         self.kafka.security.check_policies(self.policy_names, self.source)
 
     def _check_eval(self) -> None:
@@ -610,6 +616,23 @@ class JobConfig:
         elif ev.holdout == 0 and files and len(files) == len(self.data_sources):  # no generator's split either
             raise ConfigError(self.source, "eval.holdout", "0 holds no rows out and eval.data is null: nothing "
                                                            "would be evaluated; set eval.holdout > 0 or eval.data")
+
+    def _check_models(self) -> None:
+        """Each policy's tiny bootstrapped model is one that ``astraflow model init`` can build."""
+        from astraflow.models.warm_start import WarmStartError, get_task
+        for p in self.policy_names:
+            where = f"policies.{p}.model" if self.policies else "model"
+            model = self.policies[p].model if self.policies else self.model  # (a view would check itself again)
+            if model.path:
+                if model.max_positions is not None:
+                    raise ConfigError(self.source, f"{where}.max_positions",
+                                      f"sets the window of the tiny bootstrapped model, but {where}.path is set "
+                                      f"({model.path}): its config.json declares its own positions (leave it null)")
+                continue
+            try:
+                get_task(model.task)
+            except WarmStartError as e:
+                raise ConfigError(self.source, f"{where}.task", str(e)) from None
 
     @property
     def data_sources(self) -> tuple[str, ...]:

@@ -43,6 +43,14 @@ class RunState:
     #: policy -> its version -> mean reward of its role(s) in the held-out team evaluation
     policy_reward: dict[str, dict[int, float]] = field(default_factory=dict)
     heldout: str = ""  #: what the held-out set is (the evaluator's label: the job's own rows, a generator's split)
+    #: version -> the held-out episodes' figures (an agent workflow's evaluation): stderr,
+    #: stderr_tasks, episodes, turns, actions
+    episodes: dict[int, dict[str, float]] = field(default_factory=dict)
+    #: version -> held-out task index -> the mean reward of its samples
+    task_reward: dict[int, dict[int, float]] = field(default_factory=dict)
+
+
+EPISODE_FIGURES = ("eval.stderr", "eval.stderr_tasks", "eval.episodes", "eval.turns", "eval.actions")
 
 
 def record(state: RunState, m) -> None:
@@ -65,6 +73,10 @@ def record(state: RunState, m) -> None:
     elif m.name == "eval.accuracy":
         state.accuracy[m.step] = m.value
         state.heldout = str(m.labels.get("heldout", state.heldout))
+    elif m.name in EPISODE_FIGURES:
+        state.episodes.setdefault(m.step, {})[m.name.split(".", 1)[1]] = m.value
+    elif m.name == "eval.task_reward" and "task" in m.labels:
+        state.task_reward.setdefault(m.step, {})[int(m.labels["task"])] = m.value
     elif m.name == "eval.team_accuracy":
         state.team_accuracy[m.step] = m.value
     elif m.name == "eval.policy_reward" and m.labels.get("policy"):
@@ -99,6 +111,13 @@ def write_outputs(run_dir: Path, cfg: JobConfig, state: RunState, started: float
         "accuracy_by_version": acc,
         "accuracy_initial": acc.get(min(acc)) if acc else None,
         "accuracy_final": acc.get(max(acc)) if acc else None,
+        # an agent workflow's held-out episodes: standard errors (over episodes, over tasks),
+        # turns and tool calls per episode, and each task's mean reward (paired across versions)
+        **({"eval_episodes_by_version": {str(v): {"accuracy": acc.get(v), **{k: round(x, 6) for k, x in f.items()}}
+                                         for v, f in sorted(state.episodes.items())}} if state.episodes else {}),
+        **({"eval_task_reward_by_version": {str(v): {str(i): round(r, 6) for i, r in sorted(t.items())}
+                                            for v, t in sorted(state.task_reward.items())}}
+           if state.task_reward else {}),
         "trainer_train_s": round(total("trainer.train_s"), 3), "trainer_wait_s": round(total("trainer.wait_s"), 3),
         "raas_busy_s": round(total("raas.busy_s"), 3), "raas_serve_busy_s": round(total("raas.serve_busy_s"), 3),
         "samples_trained": int(total("trainer.samples")),

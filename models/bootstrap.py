@@ -15,7 +15,7 @@ tokenizer) plus ``bootstrap.json`` (task, spec, seed, measured held-out accuracy
 time). Nothing is downloaded.
 
 Cache: ``$ASTRAFLOW_CACHE/models`` (default ``~/.cache/astraflow/models``), one directory
-per ``<name>[-<task>]-s<seed>-<hash of spec, seed and task>``; the default task keeps the
+per ``<name>[-<task>][-p<positions>]-s<seed>-<hash of spec, seed and task>``; the default task keeps the
 key it had before tasks existed. Builds are atomic and serialised by a file lock.
 """
 
@@ -42,11 +42,13 @@ from .warm_start import DEFAULT_TASK, WarmStartTask, get_task, task_names
 if TYPE_CHECKING:  # the cache lookup (every launcher and node) needs no torch; building does
     import torch
 
-__all__ = ["TinyModelSpec", "default_spec", "ensure_tiny_model", "resolve_model_path", "build_tiny_model", "cache_root",
+__all__ = ["TinyModelSpec", "default_spec", "check_positions", "DEFAULT_POSITIONS", "ensure_tiny_model", "resolve_model_path", "build_tiny_model", "cache_root",
            "add_legacy_config_keys", "target_of", "target_warning", "model_warning", "main"]
 
 FORMAT_VERSION = 2  # bump when the build procedure changes, so old caches are not reused
 MARKER = "bootstrap.json"
+DEFAULT_POSITIONS = 128  #: the tiny model's window unless a job or ``--max-positions`` asks for another
+MIN_POSITIONS, MAX_POSITIONS = 16, 32_768  #: the windows a build accepts (RoPE: no weights depend on it)
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class TinyModelSpec:
     num_layers: int = 4
     num_heads: int = 4
     num_kv_heads: int = 2
-    max_positions: int = 128
+    max_positions: int = DEFAULT_POSITIONS
     # Arithmetic knobs (workflows/arithmetic.py), used by the tasks built on arithmetic.
     max_digits: int = 2
     ops: str = "+"
@@ -81,14 +83,29 @@ class TinyModelSpec:
         if task != DEFAULT_TASK:  # the default task keeps the key it had before tasks existed
             payload["task"], payload["task_revision"] = task, get_task(task).revision
             name = f"{self.name}-{task}"
+        if self.max_positions != DEFAULT_POSITIONS:  # a longer window says so in its name (the hash has it anyway)
+            name = f"{name}-p{self.max_positions}"
         blob = json.dumps(payload, sort_keys=True)
         return f"{name}-s{seed}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
-def default_spec(task: str = DEFAULT_TASK) -> TinyModelSpec:
-    """The default spec with the task's own early-stop accuracy and spec fields."""
+def default_spec(task: str = DEFAULT_TASK, max_positions: int | None = None) -> TinyModelSpec:
+    """The default spec with the task's own early-stop accuracy and spec fields;
+    ``max_positions`` (None: the default, 128) sets the model's window. The window is part of
+    the cache key, so a longer-context build is cached apart and the default keys stay."""
     warm = get_task(task)
-    return dataclasses.replace(TinyModelSpec(), target_accuracy=warm.target_accuracy, **dict(warm.spec))
+    spec = dataclasses.replace(TinyModelSpec(), target_accuracy=warm.target_accuracy, **dict(warm.spec))
+    if max_positions is not None:
+        check_positions(max_positions)
+        spec = dataclasses.replace(spec, max_positions=int(max_positions))
+    return spec
+
+
+def check_positions(max_positions: object) -> None:
+    """``ValueError`` unless ``max_positions`` is an int in [MIN_POSITIONS, MAX_POSITIONS]."""
+    if (not isinstance(max_positions, int) or isinstance(max_positions, bool)
+            or not MIN_POSITIONS <= max_positions <= MAX_POSITIONS):
+        raise ValueError(f"max_positions must be an int in [{MIN_POSITIONS}, {MAX_POSITIONS}], got {max_positions!r}")
 
 
 def cache_root() -> Path:
@@ -97,13 +114,15 @@ def cache_root() -> Path:
     return base / "models"
 
 
-def resolve_model_path(model_path: str, seed: int = 0, task: str = DEFAULT_TASK) -> Path:
+def resolve_model_path(model_path: str, seed: int = 0, task: str = DEFAULT_TASK,
+                       max_positions: int | None = None) -> Path:
     """``model_path`` if set (checked: :func:`astraflow.engines.factory.model_dir`), else the
-    cached tiny model warm-started on ``task`` (built on first use)."""
+    cached tiny model warm-started on ``task`` with a window of ``max_positions`` (None: the
+    default) (built on first use)."""
     if model_path:
         from astraflow.engines.factory import model_dir
         return model_dir(model_path)
-    return ensure_tiny_model(seed=seed, task=task)
+    return ensure_tiny_model(seed=seed, task=task, spec=default_spec(task, max_positions))
 
 
 class ModelShape(NamedTuple):
@@ -124,15 +143,17 @@ def shape_of_config(cfg: dict, where: str) -> ModelShape:
     return ModelShape(vocab, positions if isinstance(positions, int) and positions > 0 else None)
 
 
-def model_shape(model_path: str | None, seed: int = 0, task: str = DEFAULT_TASK) -> ModelShape:
+def model_shape(model_path: str | None, seed: int = 0, task: str = DEFAULT_TASK,
+                max_positions: int | None = None) -> ModelShape:
     """The shape of the model a job configures: ``model_path``'s ``config.json``, or the cached
-    tiny model's; a tiny model not built yet is described by its spec (what its build writes),
-    so a reader of the shape never builds or loads a model."""
+    tiny model's (of window ``max_positions``, None: the default); a tiny model not built yet is
+    described by its spec (what its build writes), so a reader of the shape never builds or
+    loads a model."""
     if model_path:
         from astraflow.engines.factory import model_dir
         path = model_dir(model_path) / "config.json"
         return shape_of_config(json.loads(path.read_text()), str(path))
-    spec = default_spec(task)
+    spec = default_spec(task, max_positions)
     built = cache_root() / spec.key(seed, task) / "config.json"
     if (built.parent / MARKER).exists():
         return shape_of_config(json.loads(built.read_text()), str(built))
@@ -431,7 +452,10 @@ def main(argv: list[str] | None = None) -> int:
     init.add_argument("--seed", type=int, default=0)
     init.add_argument("--cache-dir", type=Path, help="models cache (default $ASTRAFLOW_CACHE/models)")
     init.add_argument("--target-accuracy", type=float, help="early-stop accuracy (default: the task's own)")
-    init.add_argument("--max-steps", type=int, default=TinyModelSpec.max_steps)
+    init.add_argument("--max-steps", type=int, default=None, help="SFT step cap (default: the task's spec's)")
+    init.add_argument("--max-positions", type=int, default=None,
+                      help=f"the model's window in tokens (default {DEFAULT_POSITIONS}); another window is another "
+                           f"cache entry (a job selects it with model.max_positions)")
     init.add_argument("--force", action="store_true", help="rebuild even if cached")
     info = sub.add_parser("info", help="print a model directory's bootstrap report")
     info.add_argument("path", type=Path)
@@ -453,7 +477,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.task not in task_names():
         print(f"--task: unknown warm-start task {args.task!r}; tasks: {', '.join(task_names())}", file=sys.stderr)
         return 2
-    spec = dataclasses.replace(default_spec(args.task), max_steps=args.max_steps)
+    try:
+        spec = default_spec(args.task, args.max_positions)
+        if args.max_steps is not None:  # (the default keeps the task's own cap, so init builds what a job resolves)
+            spec = dataclasses.replace(spec, max_steps=args.max_steps)
+    except ValueError as e:
+        print(f"--max-positions: {e}", file=sys.stderr)
+        return 2
     if args.target_accuracy is not None:
         spec = dataclasses.replace(spec, target_accuracy=args.target_accuracy)
     root = args.cache_dir or cache_root()
@@ -467,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(path, args.out, dirs_exist_ok=True)
         path = args.out
     report = json.loads((path / MARKER).read_text())
-    print(f"model: {path}  task: {report.get('task', DEFAULT_TASK)}")
+    print(f"model: {path}  task: {report.get('task', DEFAULT_TASK)}  "
+          f"positions: {report['spec'].get('max_positions', DEFAULT_POSITIONS)}")
     print(f"parameters: {report['parameters']}  sft steps: {report['sft_steps']}  "
           f"held-out exact match: greedy {report['heldout_accuracy_greedy']:.3f}, "
           f"t=0.6 {report['heldout_accuracy_t0.6_k4']:.3f}")

@@ -27,6 +27,10 @@ Tasks:
   episode's exact text so far (observations included), as the agent workflow writes it.
 * ``search`` — the search agent, the same way: each turn of a shortest solution
   (``search zob``, ``search tam``, ``answer north``) after the episode's exact text so far.
+* ``search_wide`` — the same turns when a search shows up to five documents (the search
+  environment's ``top_k: 5, max_chars: 160``: a town search shows its region and the people who
+  live there), for a model of 1,024 positions: a two-hop episode takes up to ~190 tokens, past
+  the default window of 128.
 * ``code_solver``, ``selector``, ``test_generator`` — the roles of the code workflows;
   their examples come from ``astraflow.workflows.code_workflows.warm_start_examples``,
   looked up by name when a model is built.
@@ -46,7 +50,7 @@ from astraflow.workflows.arithmetic import generate_problems
 from astraflow.workflows.arithmetic import reward as arithmetic_reward
 
 __all__ = ["Example", "WarmStartTask", "WarmStartError", "TASKS", "DEFAULT_TASK", "get_task", "task_names",
-           "exact_match", "near_miss", "units_check", "arithmetic_problem", "ACCEPT", "REJECT"]
+           "exact_match", "near_miss", "units_check", "arithmetic_problem", "ACCEPT", "REJECT", "SEARCH_WIDE"]
 
 Example = tuple[str, str]  #: (prompt, target completion)
 SPLITS = ("train", "heldout")
@@ -175,11 +179,13 @@ def _verifier(n: int, seed: int, split: str, max_digits: int, ops: str) -> list[
     return out
 
 
-def _shortest_turns(n: int, seed: int, split: str, env_name: str, prompts, solution) -> list[Example]:
+def _shortest_turns(n: int, seed: int, split: str, env_name: str, prompts, solution,
+                    env_params: dict | None = None) -> list[Example]:
     """Per turn of a shortest solution of an environment's tasks: the episode's exact text so
     far (the first observation, then each action and observation as the agent workflow appends
     them in its ``tag`` format) -> the next action with its closing tag. ``prompts(n, seed,
-    split)`` draws the tasks, ``solution(prompt)`` gives a shortest solution's actions."""
+    split)`` draws the tasks, ``solution(prompt)`` gives a shortest solution's actions;
+    ``env_params`` are the environment's (a job's ``workflow.params.env_params``)."""
     from astraflow.workflows.environments import EnvTask, get_environment
     out: list[Example] = []
     k = 0
@@ -187,7 +193,7 @@ def _shortest_turns(n: int, seed: int, split: str, env_name: str, prompts, solut
         batch = prompts(max(8, n), seed + k, split)
         k += 1
         for p in batch:
-            env = get_environment(env_name)()
+            env = get_environment(env_name)(**(env_params or {}))
             text = env.reset(EnvTask(p.prompt_id, p.text, p.answer, dict(p.metadata))) + "<a>"
             for action in solution(p):
                 out.append((text, action + "</a>"))
@@ -207,6 +213,17 @@ def _text_game(n: int, seed: int, split: str, max_digits: int, ops: str) -> list
 def _search(n: int, seed: int, split: str, max_digits: int, ops: str) -> list[Example]:
     from astraflow.workflows.search_env import search_prompts
     return _shortest_turns(n, seed, split, "search", search_prompts, lambda p: p.metadata["solution"].split(";"))
+
+
+#: the search environment's settings the ``search_wide`` warm start (and a job that uses its
+#: model, examples/search_agent_long.yaml) shows documents with
+SEARCH_WIDE = {"top_k": 5, "max_chars": 160}
+
+
+def _search_wide(n: int, seed: int, split: str, max_digits: int, ops: str) -> list[Example]:
+    from astraflow.workflows.search_env import search_prompts
+    return _shortest_turns(n, seed, split, "search", search_prompts, lambda p: p.metadata["solution"].split(";"),
+                           SEARCH_WIDE)
 
 
 def _code_role(role: str) -> Callable[[int, int, str, int, str], list[Example]]:
@@ -244,6 +261,12 @@ TASKS: dict[str, WarmStartTask] = {t.name: t for t in (
     # 378 train and 54 held-out questions of 2-3 turns (928 and 128 distinct turns).
     WarmStartTask("search", "the search agent's commands, turn by turn (<a>search zob</a>, answer tam)", _search,
                   0.6, max_new_tokens=None, spec=(("eval_problems", 120), ("heldout_problems", 100), ("threads", 1))),
+    # The same questions and turns; a town search shows five documents, so an episode takes up
+    # to ~190 positions: the model has 1,024 (the default 128 would end those episodes).
+    WarmStartTask("search_wide", "the search agent's commands when a search shows 5 documents (1,024 positions)",
+                  _search_wide, 0.6, max_new_tokens=None,
+                  spec=(("max_positions", 1024), ("eval_problems", 120), ("heldout_problems", 100), ("threads", 1),
+                        ("max_steps", 600))),
     WarmStartTask("code_solver", "write an expression for f from examples (code workflows)",
                   _code_role("code_solver"), 0.2, max_new_tokens=None, spec=_ONE_THREAD),
     # A chance-level selector picks right half the time: its bar sits just above that.

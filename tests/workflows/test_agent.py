@@ -418,6 +418,8 @@ def test_held_out_rows_of_an_agent_job_are_scored_by_whole_episodes(tok_engine):
     assert stats.stderr_tasks == pytest.approx(statistics.stdev(per_task) / 4 ** 0.5)
     assert stats.turns == pytest.approx(sum(turns) / 8) and 1 <= stats.turns <= 3
     assert stats.actions == pytest.approx(sum(actions) / 8) and stats.actions <= stats.turns
+    # each row's mean reward, by its index (the same rows at every version: a change pairs up)
+    assert list(stats.per_task) == [0, 1, 2, 3] and list(stats.per_task.values()) == pytest.approx(per_task)
 
 
 def test_the_multi_turn_benchmark_compares_the_same_episodes_in_and_out_of_the_batch(tok_engine):
