@@ -24,7 +24,7 @@ import yaml
 from astraflow.config import load_config
 from astraflow.topics import EmbeddedBroker, JobTopics, Metric, Producer, ensure_topics
 from astraflow.topics.replay import read_topic
-from astraflow.topology.launch import TopologyRun, load_plan, node_command_for
+from astraflow.topology.launch import load_plan, node_command_for
 from astraflow.topology.mirror_run import run_mirror
 from astraflow.topology.plan import check_multi_host, own_clusters
 from astraflow.topology.schema import TopologyError
@@ -121,38 +121,6 @@ def test_mirror_refusals_name_the_key_and_the_file(tmp_path):
     assert (e.value.file, e.value.key) == (str(path), "regions.eu-west.kafka") and "'embedded'" in str(e.value)
 
 
-@pytest.mark.slow
-def test_launch_mirrors_weights_into_an_existing_regional_cluster(tmp_path, bootstrap, region_cluster):
-    """launch's wiring (TopologyRun.start_regions) with both clusters existing: nothing is started
-    but MirrorMaker 2; the mirrored topics get their own bound on the region's cluster; two
-    readers there reach every version; closing the run leaves the region's cluster running."""
-    cfg = load_config(str(JOB), {"job": "ex" + uuid.uuid4().hex[:8]})
-    path = _topology(tmp_path, bootstrap, region_cluster.bootstrap_servers)
-    plan = load_plan(path, cfg)
-    topics = JobTopics(job=cfg.job, policies=("policy",), task_partitions=2, trajectory_partitions=1)
-    ensure_topics(bootstrap, topics.specs())
-    run = TopologyRun(plan, cfg, [])
-    history = _history(4)
-    run.start_regions(bootstrap, tmp_path)
-    try:
-        rc = run.regions["eu-west"]
-        assert rc.existing and rc.local == rc.here == region_cluster.bootstrap_servers and rc.mirror.running()
-        configs = _topic_configs(region_cluster.bootstrap_servers, topics.weights("policy"))
-        assert int(configs["retention.bytes"]) > 0 and int(configs["retention.ms"]) > 0  # its own bound
-        pub = WeightPublisher(bootstrap, topics, "policy", snapshot_every=2, chunk_size=64 * 1024)
-        try:
-            _publish(pub, history, range(4))
-        finally:
-            pub.close()
-        _read_in_region(region_cluster.bootstrap_servers, topics, 3, weights_digest(history[3]))
-        described = rc.describe()
-        assert described["existing"] and described["log"] is None and described["mirror"]["mirrored_records"] > 0
-        rc.mirror.wait_caught_up(60)
-    finally:
-        run.close_regions()
-    assert not rc.mirror.running() and region_cluster.exit_code() is None  # an existing cluster is left running
-
-
 def _topic_configs(bootstrap: str, topic: str) -> dict[str, str]:
     from kafka import KafkaAdminClient
     from kafka.admin import ConfigResource, ConfigResourceType
@@ -231,3 +199,30 @@ def test_the_mirror_command_copies_weights_restarts_mirrormaker_and_stops_when_t
     text = (tmp_path / "mirror.log").read_text()
     assert "restart 1" in text and "mirror eu-west: done" in text, text
     assert _mm2_pid(mm2_dir) is None  # no MirrorMaker outlives the command
+
+
+@pytest.mark.slow
+def test_a_launch_with_an_existing_regional_cluster_reads_weights_there(tmp_path, region_cluster):
+    """`astraflow launch` of the mirrored example with eu-west's kafka naming an existing cluster:
+    home is the embedded broker launch starts, eu-west gets MirrorMaker 2 into its cluster, both
+    eu-west nodes load every version from there, the audit holds and the cluster outlives the run."""
+    from tests.topology.test_wan import launch_short_job
+    data = yaml.safe_load((ROOT / "examples" / "topology_two_regions_mirrored.yaml").read_text())
+    data["regions"]["eu-west"]["kafka"] = region_cluster.bootstrap_servers
+    path = tmp_path / "topo.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    summary = launch_short_job(path, tmp_path / "run", "existing", timeout=1500)
+    topo = summary["topology"]
+    assert topo["emulated_links"] == []  # not emulated with an existing regional cluster
+    sources = topo["weights_from"]
+    for node in ("raas-eu-0", "raas-eu-1"):
+        assert sources[node]["cluster"] == "eu-west (own)", sources
+        assert sources[node]["bootstrap"] == region_cluster.bootstrap_servers and sources[node]["versions_loaded"] >= 4
+    assert sources["raas-us-0"]["cluster"] == "home"
+    eu = topo["regional_clusters"]["eu-west"]
+    assert eu["existing"] and eu["log"] is None  # nothing of it was started by launch
+    assert eu["mirror"]["mirrored_records"] > 0 and set(eu["mirror"]["lag_records"].values()) == {0}
+    weights = next(t for t in eu["mirror"]["topics"] if ".weights." in t)
+    configs = _topic_configs(region_cluster.bootstrap_servers, weights)
+    assert int(configs["retention.bytes"]) > 0 and int(configs["retention.ms"]) > 0  # its own bound, not home's -1
+    assert region_cluster.exit_code() is None  # an existing cluster outlives the run
