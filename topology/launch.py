@@ -24,7 +24,7 @@ from pathlib import Path
 
 from astraflow.config import JobConfig, load_config
 
-from .plan import Plan, check_launchable, format_plan, resolve
+from .plan import Plan, check_launchable, check_multi_host, format_plan, own_clusters, resolve
 from .processes import Proc, RunFailed, node_command, stop_processes, supervise
 from .schema import TopologyError, load_topology
 from .validation import local_backend_misplaced, validate_for_job
@@ -174,8 +174,9 @@ class TopologyRun:
             self.wan.close()
 
     def start_regions(self, bootstrap: str, run_dir: Path) -> None:
-        """Each region with a cluster of its own: its broker (in the region's namespace when its
-        link is emulated) and MirrorMaker 2 copying ``weights.<p>`` and ``versions`` from home."""
+        """Each region with a cluster of its own: its broker (embedded: started here, in the
+        region's namespace when its link is emulated; existing: nothing to start) and MirrorMaker 2
+        copying ``weights.<p>`` and ``versions`` from home."""
         from astraflow.topics import job_topics
 
         from .regional import RegionalCluster
@@ -184,7 +185,8 @@ class TopologyRun:
             for c in self.plan.mirrored_clusters():
                 region = c.declared_by
                 link = self.wan.links.get(region) if self.wan is not None else None
-                rc = self.regions[region] = RegionalCluster(region, run_dir / "regions" / region, link)
+                rc = self.regions[region] = RegionalCluster(region, run_dir / "regions" / region, link,
+                                                            bootstrap=None if c.embedded else c.name)
                 rc.start()
                 rc.mirror_from(job_topics(self.cfg), bootstrap, there.get(region, bootstrap),
                                snapshot_bytes=_snapshot_bytes(self.cfg))
@@ -259,8 +261,8 @@ class TopologyRun:
             return RunFailed(f"autoscaler: {self.outcome.fatal}", node_id="autoscaler",
                              retriable=self.outcome.retriable)
         for region, rc in self.regions.items():
-            if rc.broker.exit_code() is not None:
-                return RunFailed(f"region {region}'s Kafka broker exited with code {rc.broker.exit_code()}; its log: "
+            if rc.exit_code() is not None:
+                return RunFailed(f"region {region}'s Kafka broker exited with code {rc.exit_code()}; its log: "
                                  f"{rc.broker.log_path}", node_id=f"kafka-{region}", log_path=rc.broker.log_path)
             if rc.mirror is not None and rc.mirror.starts and not rc.mirror.running():
                 rc.mirror.start(wait=False)  # a dead MirrorMaker resumes from the offsets it committed
@@ -311,38 +313,31 @@ def run_host(topology: str | Path, cfg: JobConfig, host: str, *, bootstrap: str 
     """``astraflow node --topology F --host H``: this host's nodes (and the autoscaler, if it lives
     here) until the host's trainer/dataflow finish — on a host without them, until the trainer
     reports done — or SIGTERM/SIGINT; returns 0, raises :class:`~.processes.RunFailed`."""
-    from astraflow.topics import Consumer, DeadLetters, Metric, job_topics
-    from kafka import TopicPartition
-
     overrides = list(overrides or [])
     plan = load_plan(topology, cfg)
     if host not in plan.host_addresses:
         raise TopologyError(plan.source, "--host", f"unknown host {host!r} (hosts: {', '.join(plan.host_addresses)})")
-    check_launchable(plan)
-    if plan.mirrored_clusters():
-        c = plan.mirrored_clusters()[0]
-        raise TopologyError(plan.source, f"regions.{c.declared_by}.kafka",
-                            "is a cluster of the region's own: `astraflow node --topology` does not start its "
-                            "MirrorMaker 2 yet (`astraflow launch` does, on one machine); use "
-                            f"'region:{plan.kafka_region}' (direct mode)")
+    check_multi_host(plan)
     misplaced = local_backend_misplaced(load_topology(topology))
     if misplaced:
         raise TopologyError(plan.source, misplaced[0], f"elastic pool {misplaced[1]} is on host {misplaced[2]}, but "
                                                        f"the local backend starts nodes on the autoscaler's host "
                                                        f"({plan.autoscaler_host}); use autoscaler.backend: command")
-    cluster = plan.cluster_of(next(r for r, hosts in plan.region_hosts.items() if host in hosts))
-    bootstrap = bootstrap or cfg.kafka.bootstrap_servers or (None if cluster.embedded else cluster.name)
-    if not bootstrap:
-        raise TopologyError(plan.source, f"regions.{cluster.declared_by}.kafka",
-                            "is 'embedded', which only `astraflow launch` starts (one machine); give the cluster's "
-                            "bootstrap servers there or --bootstrap-servers")
+    # Every topic lives on the home cluster; a region of its own reads only weights from its cluster.
+    bootstrap = home_bootstrap(plan, cfg, bootstrap)
+    region = next(r for r, hosts in plan.region_hosts.items() if host in hosts)
+    own = {r: c.name for r, c in own_clusters(plan).items()}
+    if region in own:  # the mirrored topics exist, with their bound, before a node of the region looks
+        regional_mirror_plan(plan, cfg, region, bootstrap).prepare_target()
     run_dir = Path(run_dir)
-    command_for = node_command_for(cfg, bootstrap, run_dir, overrides)
+    command_for = node_command_for(cfg, bootstrap, run_dir, overrides, region_weights=own)
     mine = [n for n in plan.nodes_on(host) if n.owner == "host"]
     procs = [Proc(n.role, n.node_id, command_for(n), run_dir / "logs" / f"{n.node_id}.log") for n in mine]
     here = plan.autoscaler_host == host
     print(f"host {host}: {', '.join(n.node_id for n in mine) or 'no nodes'}"
-          + ("; the autoscaler" if here else ""), flush=True)
+          + ("; the autoscaler" if here else "")
+          + (f"; weights from region {region}'s own cluster {own[region]} (its MirrorMaker 2: `astraflow mirror "
+             f"--topology {topology} --region {region}`)" if region in own else ""), flush=True)
     stop = {"now": False}
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.update(now=True))
@@ -359,14 +354,8 @@ def run_host(topology: str | Path, cfg: JobConfig, host: str, *, bootstrap: str 
             stack.callback(backend.retire_all)
         outcome = stack.enter_context(autoscaler_running(plan, cfg, bootstrap, backend)) if here else None
         mains = [p for p in procs if p.role in ("trainer", "dataflow")]
-        done_feed = None
-        if not mains:  # nothing here ends by itself: follow the trainer
-            dead = DeadLetters.own(bootstrap, job_topics(cfg).dlq, f"host.{host}")
-            stack.callback(dead.close)
-            done_feed = stack.enter_context(Consumer(bootstrap, client_id=f"host.{host}", dead_letters=dead,
-                                                     partitions=[TopicPartition(job_topics(cfg).metrics, 0)],
-                                                     expect=(Metric,)))
-            done_feed.raw.seek_to_beginning()
+        # nothing here ends by itself: follow the trainer
+        done_feed = None if mains else trainer_done_feed(stack, bootstrap, cfg, f"host.{host}")
         while not stop["now"]:
             if backend is not None:
                 backend.tick(procs)
@@ -378,10 +367,47 @@ def run_host(topology: str | Path, cfg: JobConfig, host: str, *, bootstrap: str 
             if mains and all(p.done for p in mains):
                 break
             if done_feed is not None:
-                if any(isinstance(d.message, Metric) and d.message.name == "trainer.done"
-                       for d in done_feed.poll(500)):
+                if trainer_done(done_feed):
                     break
             else:
                 time.sleep(0.5)
     print(f"host {host}: done", flush=True)
     return 0
+
+
+def home_bootstrap(plan: Plan, cfg: JobConfig, bootstrap: str | None) -> str:
+    """The home cluster as this host reaches it: ``--bootstrap-servers``, the job's
+    ``kafka.bootstrap_servers``, or the home region's ``kafka`` when it names servers."""
+    home = plan.home
+    out = bootstrap or cfg.kafka.bootstrap_servers or (None if home.embedded else home.name)
+    if not out:
+        raise TopologyError(plan.source, f"regions.{home.declared_by}.kafka",
+                            "is 'embedded', which only `astraflow launch` starts (one machine); give the cluster's "
+                            "bootstrap servers there or --bootstrap-servers")
+    return out
+
+
+def regional_mirror_plan(plan: Plan, cfg: JobConfig, region: str, home: str):
+    """Region ``region``'s MirrorMaker 2 flow on a multi-host deployment (its cluster an existing one)."""
+    from astraflow.topics import job_topics
+
+    from .regional import job_mirror_plan
+    return job_mirror_plan(region, job_topics(cfg), home, own_clusters(plan)[region].name, _snapshot_bytes(cfg))
+
+
+def trainer_done_feed(stack: contextlib.ExitStack, bootstrap: str, cfg: JobConfig, client_id: str):
+    """A reader of the job's ``metrics`` from the start, for :func:`trainer_done` (closed with ``stack``)."""
+    from astraflow.topics import Consumer, DeadLetters, Metric, job_topics
+    from kafka import TopicPartition
+    dead = DeadLetters.own(bootstrap, job_topics(cfg).dlq, client_id)
+    stack.callback(dead.close)
+    feed = stack.enter_context(Consumer(bootstrap, client_id=client_id, dead_letters=dead,
+                                        partitions=[TopicPartition(job_topics(cfg).metrics, 0)], expect=(Metric,)))
+    feed.raw.seek_to_beginning()
+    return feed
+
+
+def trainer_done(feed, timeout_ms: int = 500) -> bool:
+    """Whether the next poll of ``feed`` holds the trainer's ``trainer.done``."""
+    from astraflow.topics import Metric
+    return any(isinstance(d.message, Metric) and d.message.name == "trainer.done" for d in feed.poll(timeout_ms))

@@ -250,6 +250,12 @@ def _notes(plan: Plan) -> list[str]:
                      f"topic; MirrorMaker 2 copies weights.<policy> and versions one way from it into the own "
                      f"cluster of {own}, whose RaaS nodes read their weights there (once per region over the link) "
                      f"and everything else from home")
+        for c in plan.mirrored_clusters():
+            r = c.declared_by
+            notes.append(f"region {r}'s MirrorMaker 2: run by `astraflow launch` on one machine" + (
+                f"; on hosts (`astraflow node --topology`), run `astraflow mirror --topology {plan.source} --region "
+                f"{r} --config JOB` where it reaches both clusters" if not c.embedded else
+                f" (its cluster is 'embedded', so `astraflow node --topology` refuses it: name an existing cluster)"))
     elif len(plan.clusters[0].regions) > 1:
         notes.append(f"regions {', '.join(plan.clusters[0].regions)} share one Kafka cluster: no replication "
                      f"between them (each record crosses the region link at most once, to or from that cluster)")
@@ -272,15 +278,21 @@ def _emulation_note(plan: Plan) -> str:
         return (f"links are not emulated: the Kafka cluster is external ({plan.home.name}); emulation "
                 f"needs the embedded broker `astraflow launch` starts")
     emulated = plan.emulated_links()
-    if not emulated:
+    if not emulated and not any(not c.embedded for c in plan.mirrored_clusters()):
         return f"links are not emulated: no region is linked to the Kafka region {plan.kafka_region}"
     parts = [f"{e['region']} nodes run in a network namespace of their own"
              + (" with the region's own cluster and its MirrorMaker 2" if e["own_cluster"] else "")
              + f" and reach the broker in {e['kafka_region']} through a link adding {e['latency_ms']:g} ms each way, "
                f"{e['bandwidth_mbps']:g} Mbit/s per direction shared by all their connections" for e in emulated]
-    unlinked = [r for r in plan.region_hosts
-                if r != plan.kafka_region and r not in {e["region"] for e in emulated}]
+    done = {e["region"] for e in emulated}
+    existing = [r for r in plan.region_hosts if r not in done and r != plan.kafka_region
+                and plan.cluster_of(r) != plan.home and not plan.cluster_of(r).embedded]
+    unlinked = [r for r in plan.region_hosts if r != plan.kafka_region and r not in done and r not in existing]
     tail = f"; {', '.join(unlinked)} (no link to {plan.kafka_region}) connect directly" if unlinked else ""
+    tail += (f"; {', '.join(existing)} (an existing cluster of its own: not emulated, emulation needs the embedded "
+             f"broker) connect directly" if existing else "")
+    if not parts:
+        return "links are not emulated" + tail
     return "EMULATION of links by `astraflow launch` (embedded broker only): " + "; ".join(parts) + tail
 
 
@@ -297,19 +309,33 @@ def without_emulation(plan: Plan, bootstrap: str) -> None:
 
 def check_launchable(plan: Plan) -> None:
     """``astraflow launch`` refuses what it cannot run yet, naming why: a region's own cluster
-    must be ``embedded`` (launch starts it, and its MirrorMaker 2) and serve that region alone."""
+    (embedded, which launch starts, or existing, named by its bootstrap servers; launch runs its
+    MirrorMaker 2 either way) must serve that region alone."""
     for c in plan.mirrored_clusters():
-        if not c.embedded:
-            raise TopologyError(plan.source, f"regions.{c.declared_by}.kafka",
-                                f"is an existing cluster ({c.name}): `astraflow launch` starts a region's own cluster "
-                                f"and its MirrorMaker 2 only when it is 'embedded'; use 'embedded', or "
-                                f"'region:{plan.kafka_region}' (direct: the region's nodes use the home cluster)")
         if len(c.regions) > 1:
             other = next(r for r in c.regions if r != c.declared_by)
             raise TopologyError(plan.source, f"regions.{other}.kafka",
                                 f"shares the own cluster of region {c.declared_by}; `astraflow launch` gives a "
-                                f"region's own cluster to that region alone: use 'embedded' (a cluster of its own) "
-                                f"or 'region:{plan.kafka_region}' (the home cluster)")
+                                f"region's own cluster to that region alone: use a cluster of its own or "
+                                f"'region:{plan.kafka_region}' (the home cluster)")
+
+
+def check_multi_host(plan: Plan) -> None:
+    """``astraflow node --topology`` and ``astraflow mirror`` start no broker: a region's own
+    cluster must be an existing one (bootstrap servers), and serve that region alone."""
+    check_launchable(plan)
+    for c in plan.mirrored_clusters():
+        if c.embedded:
+            raise TopologyError(plan.source, f"regions.{c.declared_by}.kafka",
+                                "is 'embedded', a cluster only `astraflow launch` starts (one machine); on a "
+                                "multi-host deployment give the region's existing cluster as 'host:port,...' "
+                                f"(its MirrorMaker 2: `astraflow mirror --region {c.declared_by}`), or "
+                                f"'region:{plan.kafka_region}' (direct mode)")
+
+
+def own_clusters(plan: Plan) -> dict[str, Cluster]:
+    """Region -> its own cluster (mirrored from home), for every region that has one."""
+    return {c.declared_by: c for c in plan.mirrored_clusters()}
 
 
 def format_plan(plan: Plan) -> str:

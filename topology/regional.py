@@ -1,5 +1,7 @@
-"""A remote region's own Kafka cluster under ``astraflow launch``: its embedded broker and the
-MirrorMaker 2 that copies the job's ``weights.<policy>`` and ``versions`` into it from home.
+"""A remote region's own Kafka cluster: an embedded broker ``astraflow launch`` starts, or an
+existing cluster the topology names by its bootstrap servers, and the MirrorMaker 2 that copies
+the job's ``weights.<policy>`` and ``versions`` into it from home (under ``astraflow launch``,
+and under ``astraflow mirror`` on a multi-host deployment: :mod:`.mirror_run`).
 
 The topic flow is docs/cross_region_mirror.md's option (a): every topic lives on the home
 cluster; only the weight topics are mirrored, one way, so a version's bytes cross the region's
@@ -15,8 +17,9 @@ and MirrorMaker run inside the region's network namespace, like its nodes:
   one the region's nodes use) and produces locally: Kafka's recommended placement.
 
 Without a link (``emulate_links: false``, an external home cluster) the broker and MirrorMaker
-run as plain processes of this machine. This module knows Kafka processes and addresses; no
-job config beyond the topics, no nodes.
+run as plain processes of this machine. An existing regional cluster starts nothing but
+MirrorMaker, and is never behind an emulated link (emulation needs a broker launch starts). This
+module knows Kafka processes and addresses; no job config beyond the topics, no nodes.
 """
 
 from __future__ import annotations
@@ -46,13 +49,38 @@ def alias(region: str) -> str:
     return "region_" + re.sub(r"\W", "_", region)
 
 
-class RegionalCluster:
-    """Region ``region``'s own embedded broker (in its namespace when ``link`` is given) and,
-    once :meth:`mirror_from` ran, its MirrorMaker 2 from home."""
+def _broker_count(bootstrap: str) -> int:
+    from astraflow.topics import security
+    admin = security.admin(bootstrap_servers=bootstrap, client_id="astraflow-region")
+    try:
+        return max(1, len(admin.describe_cluster().get("brokers", [])))
+    finally:
+        admin.close()
 
-    def __init__(self, region: str, work_dir: Path, link: RegionLink | None = None) -> None:
+
+def job_mirror_plan(region: str, topics: JobTopics, home: str, target: str, snapshot_bytes: int,
+                    replication_factor: int = 1) -> MirrorPlan:
+    """The flow of region ``region``: the job's weight topics from ``home`` into ``target``
+    (both as MirrorMaker reaches them), the mirrored topics with their own bound."""
+    return MirrorPlan.for_job(topics, source=("home", home), target=(alias(region), target),
+                              snapshot_bytes=snapshot_bytes, replication_factor=replication_factor)
+
+
+class RegionalCluster:
+    """Region ``region``'s own cluster, embedded (in its namespace when ``link`` is given) or,
+    with ``bootstrap``, an existing one; once :meth:`mirror_from` ran, its MirrorMaker 2 from home."""
+
+    def __init__(self, region: str, work_dir: Path, link: RegionLink | None = None,
+                 bootstrap: str | None = None) -> None:
         self.region, self.link, self.work_dir = region, link, Path(work_dir)
         self.mirror: MirrorMaker | None = None
+        self.broker: EmbeddedBroker | None = None
+        if bootstrap is not None:  # an existing cluster: nothing to start, one address for everyone
+            if link is not None:
+                raise ValueError(f"region {region}: an existing cluster ({bootstrap}) cannot sit behind an emulated "
+                                 f"link (emulation needs a broker `astraflow launch` starts)")
+            self.local = self.here = bootstrap
+            return
         if link is None:
             self.broker = EmbeddedBroker(self.work_dir / "kafka", heap=BROKER_HEAP)
             self.local = self.here = self.broker.bootstrap_servers
@@ -72,27 +100,40 @@ class RegionalCluster:
         self.local = f"127.0.0.1:{port}"  #: what the region's processes dial (inside its namespace)
         self.here = fwd.address  #: what this process (home) dials, across the link
 
+    @property
+    def existing(self) -> bool:
+        """An existing cluster named by its bootstrap servers (nothing of it is started here)."""
+        return self.broker is None
+
     def start(self) -> "RegionalCluster":
-        self.broker.start()
+        if self.broker is not None:
+            self.broker.start()
         return self
 
-    def mirror_from(self, topics: JobTopics, home_here: str, home_there: str, snapshot_bytes: int) -> MirrorMaker:
+    def exit_code(self) -> int | None:
+        """The embedded broker's exit code once it died; None while it runs (or for an existing cluster)."""
+        return self.broker.exit_code() if self.broker is not None else None
+
+    def mirror_from(self, topics: JobTopics, home_here: str, home_there: str, snapshot_bytes: int,
+                    wait: bool = True) -> MirrorMaker:
         """Start MirrorMaker 2 mirroring ``topics``' weight topics from home into this cluster.
 
         ``home_here``: the home cluster as this process reaches it; ``home_there``: as the region
         does (the home broker's listener for the region's link)."""
-        plan = MirrorPlan.for_job(topics, source=("home", home_there), target=(alias(self.region), self.local),
-                                  snapshot_bytes=snapshot_bytes)
+        # MirrorMaker's internal topics: as many copies as an existing cluster affords (at most 3)
+        rf = 1 if self.broker is not None else min(3, _broker_count(self.here))
+        plan = job_mirror_plan(self.region, topics, home_there, self.local, snapshot_bytes, rf)
         self.mirror = MirrorMaker(plan, self.work_dir / "mirror", heap=MIRROR_HEAP, startup_timeout=240,
                                   wrap=self.link.wrap if self.link is not None else None,
                                   reach=(home_here, self.here))
-        self.mirror.start()
+        self.mirror.start(wait=wait)
         return self.mirror
 
     def describe(self) -> dict:
         """What the summary records of this cluster: where it is and how far its mirror is behind."""
         out: dict = {"region": self.region, "bootstrap_in_region": self.local, "bootstrap_from_home": self.here,
-                     "in_namespace": self.link is not None, "log": str(self.broker.log_path)}
+                     "in_namespace": self.link is not None, "existing": self.existing,
+                     "log": str(self.broker.log_path) if self.broker is not None else None}
         if self.mirror is not None:
             out["mirror"] = {"flow": self.mirror.plan.flow, "topics": list(self.mirror.plan.topics),
                              "starts": self.mirror.starts, "log": str(self.mirror.log_path)}
@@ -110,4 +151,5 @@ class RegionalCluster:
 
     def close(self) -> None:
         self.stop_mirror()
-        self.broker.stop()
+        if self.broker is not None:
+            self.broker.stop()

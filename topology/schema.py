@@ -145,7 +145,8 @@ class Region:
     kafka: str = _k(EMBEDDED, "'embedded' (a broker `astraflow launch` starts: in the dataflow's region the home "
                               "cluster, in another region a cluster of the region's own, inside its namespace, "
                               "that MirrorMaker 2 copies weights.<policy> and versions into from home), bootstrap "
-                              "servers 'host:port,...', or 'region:<name>' (the cluster of that region; "
+                              "servers 'host:port,...' (an existing cluster: in a remote region, mirrored from "
+                              "home like an embedded one; on hosts by `astraflow mirror --region`), or 'region:<name>' (the cluster of that region; "
                               "'region:<home>' is direct mode: the region's nodes use the home cluster over the "
                               "link)")
 

@@ -59,11 +59,13 @@ def test_a_trainer_or_dataflow_on_a_regions_own_cluster_names_key_and_file(tmp_p
     assert "home cluster" in str(e.value) and "region:us-east" in str(e.value)
 
 
-def test_launch_refuses_an_existing_or_shared_regional_cluster_naming_the_key(tmp_path):
+def test_launch_takes_an_existing_regional_cluster_and_refuses_a_shared_one_naming_the_key(tmp_path):
     path = _write(tmp_path, lambda d: d["regions"]["eu-west"].update(kafka="10.1.0.1:9092"))
-    with pytest.raises(TopologyError) as e:
-        check_launchable(resolve(load_topology(path)))
-    assert (e.value.file, e.value.key) == (str(path), "regions.eu-west.kafka") and "'embedded'" in str(e.value)
+    plan = resolve(load_topology(path))
+    check_launchable(plan)  # launch runs its MirrorMaker 2 (tests/topology/test_existing_regional_clusters.py)
+    assert [c.name for c in plan.mirrored_clusters()] == ["10.1.0.1:9092"]
+    assert plan.emulated_links() == []  # an existing cluster cannot be put behind the emulated link
+    assert "eu-west (an existing cluster of its own: not emulated" in format_plan(plan)
 
     def third(d):
         d["regions"]["ap-south"] = {"kafka": "region:eu-west", "hosts": ["ap-0"],
@@ -74,11 +76,12 @@ def test_launch_refuses_an_existing_or_shared_regional_cluster_naming_the_key(tm
     assert e.value.key == "regions.ap-south.kafka" and "eu-west" in str(e.value)
 
 
-def test_node_topology_refuses_a_regions_own_cluster_naming_the_key(tmp_path):
+def test_node_topology_refuses_an_embedded_regional_cluster_naming_the_key(tmp_path):
     from astraflow.topology.launch import run_host
     with pytest.raises(TopologyError) as e:
         run_host(MIRRORED, load_config(str(JOB), {}), "eu-0", bootstrap="127.0.0.1:9", run_dir=tmp_path)
-    assert (e.value.file, e.value.key) == (str(MIRRORED), "regions.eu-west.kafka") and "MirrorMaker" in str(e.value)
+    assert (e.value.file, e.value.key) == (str(MIRRORED), "regions.eu-west.kafka")
+    assert "'embedded'" in str(e.value) and "astraflow mirror" in str(e.value)
 
 
 def test_a_bad_weights_cluster_in_the_job_names_the_key():

@@ -137,13 +137,11 @@ def test_autoscaler_off_leaves_every_node_to_its_host(tmp_path):
     assert "autoscaler: off" in format_plan(plan)
 
 
-def test_an_existing_regional_cluster_is_said_and_refused_by_launch(tmp_path):
+def test_an_existing_regional_cluster_is_said_and_launchable(tmp_path):
     plan = resolve(load_topology(write(tmp_path, changed(lambda d: d["regions"]["eu"].update(kafka="10.1.0.1:9092")))))
     assert len(plan.clusters) == 2 and not plan.shared_cluster
-    assert "MirrorMaker 2" in format_plan(plan)
-    with pytest.raises(TopologyError, match="only when it is 'embedded'") as e:
-        check_launchable(plan)
-    assert e.value.key == "regions.eu.kafka"
+    assert "MirrorMaker 2" in format_plan(plan) and "astraflow mirror" in format_plan(plan)
+    check_launchable(plan)  # launch runs its MirrorMaker 2 (tests/topology/test_existing_regional_clusters.py)
     # the same servers written twice are one cluster, not two
     same = changed(lambda d: (d["regions"]["us"].update(kafka="b:1,a:2"), d["regions"]["eu"].update(kafka="a:2, b:1")))
     assert resolve(load_topology(write(tmp_path, same))).shared_cluster
@@ -159,12 +157,12 @@ def test_trainer_on_two_hosts_gets_its_group_flags(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["topology_local.yaml", "topology_two_regions.yaml", "topology_three_hosts.yaml",
-                                  "topology_two_regions_mirrored.yaml"])
+                                  "topology_two_regions_mirrored.yaml", "topology_two_regions_existing.yaml"])
 def test_examples_are_valid_for_the_demo_job(name, capsys):
     cfg_path = ROOT / "examples" / "arithmetic_grpo.yaml"
     assert main(["topology", "check", str(ROOT / "examples" / name), "--job", str(cfg_path), "--json"]) == 0
     out = capsys.readouterr()
-    assert json.loads(out.out)["shared_cluster"] == ("mirrored" not in name) and "valid for" in out.err
+    assert json.loads(out.out)["shared_cluster"] == (name.rsplit("_", 1)[-1] not in ("mirrored.yaml", "existing.yaml")) and "valid for" in out.err
     assert "refuses" not in out.err
 
 
