@@ -313,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             runs[name] = list(reps)
     done = min(len(r) for r in runs.values())
     started = time.monotonic()
+    new_runs = a.repeats > 0
     for rep in range(done, done + a.repeats):
         for name, mode, transport in arms[rep % len(arms):] + arms[:rep % len(arms)]:
             runs[name].append(run_arm(name, mode, transport, a, a.run_root))
@@ -341,8 +342,12 @@ def main(argv: list[str] | None = None) -> int:
     write_results(a.out, {"benchmark": "cross_region", **result}, load)
     if measured_before:  # the load and time of every measurement, not of this recomputation alone
         data = json.loads(a.out.read_text())
-        data["load_earlier_runs"] = measured_before.get("load_earlier_runs", []) + [
-            {"load": measured_before.get("load"), "created": measured_before.get("created")}]
+        if new_runs:
+            data["load_earlier_runs"] = measured_before.get("load_earlier_runs", []) + [
+                {"load": measured_before.get("load"), "created": measured_before.get("created")}]
+        else:  # nothing measured now: the file's loads stay those of its measurements
+            data["load_earlier_runs"] = measured_before.get("load_earlier_runs", [])
+            data["load"], data["created"] = measured_before.get("load"), measured_before.get("created")
         a.out.write_text(json.dumps(data, indent=2) + "\n")
     return 0
 

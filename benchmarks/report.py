@@ -405,25 +405,44 @@ def _cross_region(name: str) -> list[str]:
            f"{st['eval_problems']} problems × {st['eval_k']})", "",
            "| arm | link bytes / version | crossings | lag p50 | lag p95 | s / step | accuracy | audit |",
            "|---|---:|---:|---:|---:|---:|---:|---|"]
+    def cell(c: dict, key: str, spec: str) -> str:
+        """The median over the repetitions, and their range when there are several."""
+        lo_hi = c.get(key + "_range")
+        text = format(c[key], spec)
+        return text if not lo_hi or lo_hi[0] == lo_hi[1] else \
+            f"{text} ({format(lo_hi[0], spec)}–{format(lo_hi[1], spec)})"
+
     for m in ("mirrored", "direct"):
         for t in ("delta", "full"):
             c = d[m][t]
-            out.append(f"| {m}, {t} | {c['link_bytes_per_version']:,.0f} | {c['weights_crossings']:.2f} | "
-                       f"{c['lag_versions_median']:g} | {c['lag_versions_p95']:g} | {c['s_per_step']:.2f} | "
-                       f"{c['accuracy']:.3f} ± {c['accuracy_se']:.3f} | {'ok' if c['audit_ok'] else 'FAIL'} |")
+            out.append(f"| {m}, {t} | {cell(c, 'link_bytes_per_version', ',.0f')} | "
+                       f"{cell(c, 'weights_crossings', '.2f')} | {cell(c, 'lag_versions_median', 'g')} | "
+                       f"{cell(c, 'lag_versions_p95', 'g')} | {cell(c, 's_per_step', '.2f')} | "
+                       f"{cell(c, 'accuracy', '.3f')} ± {c['accuracy_se']:.3f} | {'ok' if c['audit_ok'] else 'FAIL'} |")
     s = d["single_region"]
-    out.append(f"| single region (3 nodes in A) | – | – | – | – | {s['s_per_step']:.2f} | "
-               f"{s['accuracy']:.3f} ± {s['accuracy_se']:.3f} | {'ok' if s['audit_ok'] else 'FAIL'} |")
+    out.append(f"| single region (3 nodes in A) | – | – | – | – | {cell(s, 's_per_step', '.2f')} | "
+               f"{cell(s, 'accuracy', '.3f')} ± {s['accuracy_se']:.3f} | {'ok' if s['audit_ok'] else 'FAIL'} |")
     v = d["verdict"]
     out += ["", f"Mirrored delta bytes per version: {v['mirrored_delta_link_bytes_over_full_snapshot']:.3f} of a full "
                 f"bf16 snapshot (goal ≤ 1/20: {'met' if v['goal_delta_le_1_20_of_snapshot'] else 'not met'}); "
                 f"region-B lag p95 ≤ 2 versions: {'met' if v['goal_region_b_lag_p95_le_2'] else 'not met'}; accuracy "
                 f"within 2 SE of single-region: {'met' if v['goal_accuracy_within_2_se_of_single_region'] else 'not met'}. "
-                f"Scaling: {st['scaling']}.", ""]
+                + (f"Of the mirrored delta bytes, a delta's own payload is {v['mirrored_delta_payload_over_full_snapshot']:.3f} "
+                   f"of a snapshot ({v['bf16_elements_changed_per_version']:.1%} of bf16 elements changed per version, "
+                   f"median) and the periodic snapshots {v['mirrored_snapshots_per_version_over_full_snapshot']:.3f}. "
+                   if v.get("mirrored_delta_payload_over_full_snapshot") is not None else "")
+                + f"Scaling: {st['scaling']}.", ""]
     return out
 
 
 def _load_note(d: dict) -> str:
+    if d.get("load_earlier_runs"):  # measured in several sittings: the range of their loads
+        loads = [x["load"] for x in d["load_earlier_runs"] if x.get("load")] + [d.get("load") or {}]
+        ones = [v[0] for x in loads for v in ((x.get("before") or {}).get("loadavg"),
+                                                (x.get("after") or {}).get("loadavg")) if v]
+        if ones:
+            return (f"; measured in {len(loads)} sittings, 1-minute load average {min(ones):.1f}–{max(ones):.1f} "
+                    f"on {d['machine']['cpus']} cores")
     if "load_1m_at_run_start" in d:
         x = d["load_1m_at_run_start"]
         return f"; 1-minute load average {x['min']:.1f}–{x['max']:.1f} at the runs' starts on {d['machine']['cpus']} cores"
