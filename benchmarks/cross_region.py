@@ -306,8 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     load = load_now()
     arms = [("single_region", None, "delta")] + [(f"{m}_{t}", m, t) for m in MODES for t in TRANSPORTS]
     runs: dict[str, list[dict]] = {name: [] for name, _, _ in arms}
-    elapsed_before = json.loads(a.out.read_text()).get("settings", {}).get("elapsed_s", 0.0) \
-        if a.append and a.out.is_file() else 0.0
+    measured_before = json.loads(a.out.read_text()) if a.append and a.out.is_file() else {}
+    elapsed_before = measured_before.get("settings", {}).get("elapsed_s", 0.0)
     if a.append:
         for name, reps in earlier_runs(a.out, a).items():
             runs[name] = list(reps)
@@ -338,16 +338,13 @@ def main(argv: list[str] | None = None) -> int:
         "elapsed_s": round(elapsed_before + time.monotonic() - started, 1),
     }
     print(table(result))
-    measured_before = json.loads(a.out.read_text()) if a.append and a.out.is_file() else {}
-    write_results(a.out, {"benchmark": "cross_region", **result}, load)
     if measured_before:  # the load and time of every measurement, not of this recomputation alone
+        result["load_earlier_runs"] = measured_before.get("load_earlier_runs", []) + (
+            [{"load": measured_before.get("load"), "created": measured_before.get("created")}] if new_runs else [])
+    write_results(a.out, {"benchmark": "cross_region", **result}, load)
+    if measured_before and not new_runs:  # nothing measured now: the file's load stays its measurements'
         data = json.loads(a.out.read_text())
-        if new_runs:
-            data["load_earlier_runs"] = measured_before.get("load_earlier_runs", []) + [
-                {"load": measured_before.get("load"), "created": measured_before.get("created")}]
-        else:  # nothing measured now: the file's loads stay those of its measurements
-            data["load_earlier_runs"] = measured_before.get("load_earlier_runs", [])
-            data["load"], data["created"] = measured_before.get("load"), measured_before.get("created")
+        data["load"], data["created"] = measured_before.get("load"), measured_before.get("created")
         a.out.write_text(json.dumps(data, indent=2) + "\n")
     return 0
 
