@@ -215,9 +215,12 @@ def _build(cls: type, args: tuple, kwargs: dict[str, Any], security: ClientSecur
 
 
 def consumer(*topics: str, security: ClientSecurity | None = None, **kwargs: Any):
-    """A ``KafkaConsumer`` with the process's security setting (or ``security``)."""
+    """A ``KafkaConsumer`` with the process's security setting (or ``security``), whose
+    group joins survive short polls (:mod:`.group_join`)."""
     from kafka import KafkaConsumer
-    return _build(KafkaConsumer, topics, kwargs, security)
+
+    from .group_join import keep_completed_joins
+    return keep_completed_joins(_build(KafkaConsumer, topics, kwargs, security))
 
 
 def producer(*, security: ClientSecurity | None = None, **kwargs: Any):

@@ -208,6 +208,16 @@ def test_a_commit_refused_by_a_rebalance_is_fenced_and_the_new_owner_answers_onc
     assert client.calls == 1
 
 
+def _end_offsets(bootstrap, topic) -> dict[int, int]:
+    from kafka import KafkaConsumer, TopicPartition
+    probe = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        parts = [TopicPartition(topic, p) for p in probe.partitions_for_topic(topic)]
+        return {tp.partition: end for tp, end in probe.end_offsets(parts).items()}
+    finally:
+        probe.close()
+
+
 def test_a_node_reads_only_its_reply_partition_and_decodes_only_its_own_replies(bootstrap, topics, tok_engine,
                                                                                   monkeypatch):
     """Before: every node read every partition of ``replies`` and decoded every reply of every
@@ -233,6 +243,7 @@ def test_a_node_reads_only_its_reply_partition_and_decodes_only_its_own_replies(
     quiet = names[0]
     busy = next(n for n in names[1:] if pick(n) == pick(quiet))
     other = next((n for n in names[1:] if pick(n) != pick(quiet)), names[-1])
+    ends_before = _end_offsets(bootstrap, topics.replies)
     clients = {n: GenerationClient(bootstrap, topics, n, timeout_s=120) for n in (quiet, busy, other)}
     calls: list[int] = []
     server = _server(bootstrap, topics, tok, engine, "raas-verifier-0", calls)
@@ -264,8 +275,13 @@ def test_a_node_reads_only_its_reply_partition_and_decodes_only_its_own_replies(
     for node, mine in ((quiet, 1), (busy, 5), (other, 3)):
         assert decoded[(f"{node}-replies", "GenerationReply")] == mine, (node, dict(decoded))
         assert {tp.partition for tp in clients[node].consumer.assignment()} == {pick(node)}
-    # the quiet node shares its partition with the busy one: it passed over those 5 undecoded
-    assert clients[quiet].consumer.skipped == 5 and clients[other].consumer.skipped == 0
+    # the quiet node shares its partition with the busy one: it passed over those undecoded.
+    # Replies are at-least-once (a request redone after a rebalance is answered twice, and a
+    # second answer is passed over by its own node too), so count what is on each partition.
+    on_partition = {p: end - ends_before.get(p, 0) for p, end in _end_offsets(bootstrap, topics.replies).items()}
+    assert on_partition[pick(quiet)] >= 6 and on_partition.get(pick(other), 0) >= 3, on_partition
+    assert clients[quiet].consumer.skipped == on_partition[pick(quiet)] - 1 >= 5
+    assert clients[other].consumer.skipped == on_partition[pick(other)] - 3
 
 
 def test_a_concurrent_engine_is_handed_the_next_polls_requests_while_a_call_runs(bootstrap, topics, tok_engine):

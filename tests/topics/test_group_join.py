@@ -1,0 +1,126 @@
+"""Members of one group that poll with short timeouts settle in a couple of rebalances.
+
+kafka-python 3.0.12 drops a join that finished between two polls and sends another
+JoinGroup; a leader's new JoinGroup opens a new rebalance, and the group never settles
+(``topics/group_join.py``). The same members without the fix are the control: the storm must
+show there, or these tests would pass whatever the fix does.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from kafka import KafkaConsumer
+from kafka.admin import KafkaAdminClient, NewTopic
+
+from astraflow.topics import security
+from astraflow.topics.group_join import keep_completed_joins
+
+PARTITIONS = 8
+
+
+def _topic(bootstrap: str) -> str:
+    topic = f"join-{uuid.uuid4().hex[:8]}"
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
+    admin.close()
+    return topic
+
+
+def _plain(bootstrap: str, group: str) -> KafkaConsumer:
+    return KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+                         session_timeout_ms=10_000, heartbeat_interval_ms=1_000)
+
+
+def _short_polls(members, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for c in members:
+            c.poll(timeout_ms=5)
+            time.sleep(0.02)
+
+
+def _storm(bootstrap: str, make, n: int = 2, seconds: float = 12) -> tuple[list[int], list[set], list]:
+    """``n`` members polling every ~20 ms with a 5 ms timeout for ``seconds``: their
+    generations, the partitions each holds at the end, and their coordinators."""
+    topic = _topic(bootstrap)
+    members = [make(bootstrap, f"g-{topic}") for _ in range(n)]
+    try:
+        for c in members:
+            c.partitions_for_topic(topic)
+            c.subscribe([topic])
+        _short_polls(members, seconds)
+        # once settled, a member that polls on holds what the group gave it: poll a little
+        # longer with the same short polls, then read the end state
+        _short_polls(members, 3)
+        return ([c._coordinator._generation.generation_id for c in members],
+                [{tp.partition for tp in c.assignment()} for c in members],
+                [c._coordinator for c in members])
+    finally:
+        for c in members:
+            c.close()
+
+
+def test_two_members_storm_in_kafka_python_and_settle_with_confirmed_joins(bootstrap):
+    gens, held, _ = _storm(bootstrap, _plain)
+    assert max(gens) > 20, f"the control did not storm ({gens}): the fix is not tested"
+
+    gens, held, coords = _storm(bootstrap, lambda b, g: keep_completed_joins(_plain(b, g)))
+    assert max(gens) <= 6, gens
+    assert len(set(gens)) == 1, gens  # both in the group's current generation
+    # both members work, every partition has exactly one owner
+    assert sorted(len(h) for h in held) == [PARTITIONS // 2, PARTITIONS // 2], held
+    assert held[0] | held[1] == set(range(PARTITIONS)) and not held[0] & held[1], held
+    assert sum(c.kept_joins for c in coords) >= 1  # the fix was what settled it
+
+
+def test_a_single_member_keeps_its_generation(bootstrap):
+    """Alone in its group, a member's every finished join is redone without the fix (a
+    leader's JoinGroup opens a rebalance), so its commits keep failing; with it, one join."""
+    gens, _, _ = _storm(bootstrap, _plain, n=1, seconds=6)
+    assert gens[0] > 10, f"the control did not storm ({gens})"
+    gens, held, _ = _storm(bootstrap, lambda b, g: keep_completed_joins(_plain(b, g)), n=1, seconds=6)
+    assert gens[0] <= 2 and held[0] == set(range(PARTITIONS)), (gens, held)
+
+
+def test_a_stale_finished_join_is_not_applied(bootstrap):
+    """A join that finished while the group moved on (another member joined) is refused by the
+    coordinator's answer to the confirming heartbeat and redone: never applied on trust."""
+    topic = _topic(bootstrap)
+    group = f"g-{topic}"
+    a = keep_completed_joins(_plain(bootstrap, group))
+    b = keep_completed_joins(_plain(bootstrap, group))
+    try:
+        a.partitions_for_topic(topic)
+        a.subscribe([topic])
+        # a's join is started and left to finish between polls: sleep instead of polling
+        deadline = time.monotonic() + 30
+        while a._coordinator._join_task is None:  # the coordinator is found first, then the join starts
+            assert time.monotonic() < deadline, "a never started a join"
+            a.poll(timeout_ms=1)
+        while not (a._coordinator._join_task is not None and a._coordinator._join_task.is_done):
+            assert time.monotonic() < deadline, "a's join never finished"
+            time.sleep(0.05)
+        # b joins now: the group starts a rebalance that a's finished join knows nothing of
+        b.partitions_for_topic(topic)
+        b.subscribe([topic])
+        b.poll(timeout_ms=1)
+        time.sleep(0.5)
+        _short_polls([a, b], 10)
+        ca, cb = a._coordinator, b._coordinator
+        assert ca.stale_joins >= 1, (ca.kept_joins, ca.stale_joins)
+        held = [{tp.partition for tp in c.assignment()} for c in (a, b)]
+        assert held[0] | held[1] == set(range(PARTITIONS)) and not held[0] & held[1], held
+        assert ca._generation.generation_id == cb._generation.generation_id
+    finally:
+        a.close()
+        b.close()
+
+
+def test_every_consumer_the_project_builds_keeps_its_joins(bootstrap):
+    c = security.consumer(bootstrap_servers=bootstrap, group_id=f"g-{uuid.uuid4().hex[:8]}")
+    try:
+        assert hasattr(c._coordinator, "kept_joins") and hasattr(c._coordinator, "stale_joins")
+    finally:
+        c.close()
