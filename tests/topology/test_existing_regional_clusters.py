@@ -226,3 +226,75 @@ def test_a_launch_with_an_existing_regional_cluster_reads_weights_there(tmp_path
     configs = _topic_configs(region_cluster.bootstrap_servers, weights)
     assert int(configs["retention.bytes"]) > 0 and int(configs["retention.ms"]) > 0  # its own bound, not home's -1
     assert region_cluster.exit_code() is None  # an existing cluster outlives the run
+
+
+def _mirror_cmd(path: Path, job: str, run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "astraflow", "mirror", "--topology", str(path), "--region", "eu-west",
+            "--config", str(JOB), "--set", f"job={job}", "--run-dir", str(run_dir)]
+
+
+def _wait_for_line(path: Path, needle: str, proc: subprocess.Popen, timeout: float = 240) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""
+        if needle in text:
+            return text
+        assert proc.poll() is None, f"exited {proc.returncode} before {needle!r}:\n{text}"
+        time.sleep(0.5)
+    raise AssertionError(f"no {needle!r} within {timeout:.0f} s:\n{path.read_text()}")
+
+
+@pytest.mark.slow
+def test_a_second_mirror_command_for_the_same_target_is_refused_until_the_first_is_gone(
+        tmp_path, bootstrap, region_cluster):
+    """Two `astraflow mirror` commands for one job and region (as if on two hosts: their own run
+    dirs): the second exits non-zero naming the first's pid and host, before starting anything;
+    once the first is SIGKILLed (no clean leave: its claim lapses with its session) a third one
+    takes the claim and runs MirrorMaker 2, and stops cleanly on SIGTERM."""
+    job = "mc" + uuid.uuid4().hex[:8]
+    path = _topology(tmp_path, bootstrap, region_cluster.bootstrap_servers)
+    ensure_topics(bootstrap, JobTopics(job=job, policies=("policy",), task_partitions=2,
+                                       trajectory_partitions=1).specs())
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs: list[subprocess.Popen] = []
+
+    def start(name: str) -> tuple[subprocess.Popen, Path]:
+        log = tmp_path / f"{name}.log"
+        with open(log, "w") as out:
+            procs.append(subprocess.Popen(_mirror_cmd(path, job, tmp_path / name), stdout=out,
+                                          stderr=subprocess.STDOUT, env=env))
+        return procs[-1], log
+
+    try:
+        first, first_log = start("a")
+        _wait_for_line(first_log, "holds claim", first)
+        second, second_log = start("b")
+        assert second.wait(timeout=180) != 0
+        refusal = second_log.read_text()
+        assert "astraflow mirror eu-west already runs" in refusal, refusal
+        assert f"pid {first.pid} on host" in refusal and f"astraflow.mirror.{job}" in refusal, refusal
+        assert not (tmp_path / "b" / "regions" / "eu-west" / "mirror" / "mm2.properties").exists()  # nothing started
+        assert first.poll() is None  # the refused one took nothing from the first
+        _wait_for_line(first_log, "(MirrorMaker 2, dedicated", first)
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        deadline = time.monotonic() + 60  # its MirrorMaker (if it got that far) dies with it
+        while _mm2_pid(tmp_path / "a" / "regions" / "eu-west" / "mirror") is not None:
+            assert time.monotonic() < deadline, "the killed command's MirrorMaker 2 outlived it"
+            time.sleep(1)
+        third, third_log = start("c")
+        _wait_for_line(third_log, "holds claim", third)  # once the dead one's session lapsed
+        mm2_dir = tmp_path / "c" / "regions" / "eu-west" / "mirror"
+        deadline = time.monotonic() + 240
+        while "finished initialization and start" not in ((mm2_dir / "mm2.log").read_text()
+                                                          if (mm2_dir / "mm2.log").exists() else ""):
+            assert third.poll() is None and time.monotonic() < deadline, third_log.read_text()
+            time.sleep(1)
+        third.send_signal(signal.SIGTERM)
+        assert third.wait(timeout=120) == 0, third_log.read_text()
+        assert "mirror eu-west: done" in third_log.read_text()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
