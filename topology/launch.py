@@ -24,7 +24,7 @@ from pathlib import Path
 
 from astraflow.config import JobConfig, load_config
 
-from .plan import Plan, check_launchable, check_multi_host, format_plan, own_clusters, resolve
+from .plan import Plan, check_launchable, check_multi_host, cluster_security, format_plan, own_clusters, resolve
 from .processes import Proc, RunFailed, node_command, stop_processes, supervise
 from .schema import TopologyError, load_topology
 from .validation import local_backend_misplaced, validate_for_job
@@ -186,7 +186,8 @@ class TopologyRun:
                 region = c.declared_by
                 link = self.wan.links.get(region) if self.wan is not None else None
                 rc = self.regions[region] = RegionalCluster(region, run_dir / "regions" / region, link,
-                                                            bootstrap=None if c.embedded else c.name)
+                                                            bootstrap=None if c.embedded else c.name,
+                                                            security=cluster_security(self.plan, c))
                 rc.start()
                 rc.mirror_from(job_topics(self.cfg), bootstrap, there.get(region, bootstrap),
                                snapshot_bytes=_snapshot_bytes(self.cfg))
@@ -392,7 +393,9 @@ def regional_mirror_plan(plan: Plan, cfg: JobConfig, region: str, home: str):
     from astraflow.topics import job_topics
 
     from .regional import job_mirror_plan
-    return job_mirror_plan(region, job_topics(cfg), home, own_clusters(plan)[region].name, _snapshot_bytes(cfg))
+    cluster = own_clusters(plan)[region]
+    return job_mirror_plan(region, job_topics(cfg), home, cluster.name, _snapshot_bytes(cfg),
+                           target_security=cluster_security(plan, cluster))
 
 
 def trainer_done_feed(stack: contextlib.ExitStack, bootstrap: str, cfg: JobConfig, client_id: str):

@@ -36,7 +36,7 @@ from typing import Callable
 from astraflow.config import JobConfig
 
 from .launch import _snapshot_bytes, home_bootstrap, load_plan, trainer_done, trainer_done_feed
-from .plan import check_multi_host, own_clusters
+from .plan import check_multi_host, cluster_security, own_clusters
 from .processes import RunFailed
 from .schema import TopologyError
 
@@ -78,12 +78,14 @@ def run_mirror(topology: str | Path, cfg: JobConfig, region: str, *, bootstrap: 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: halt.set())
     stopping = (lambda: halt.is_set() or stop()) if stop is not None else halt.is_set
-    rc = RegionalCluster(region, Path(run_dir) / "regions" / region, bootstrap=own[region].name)
+    rc = RegionalCluster(region, Path(run_dir) / "regions" / region, bootstrap=own[region].name,
+                         security=cluster_security(plan, own[region]))
     topics = job_topics(cfg)
     print(f"mirror {region}: {topics.versions}, {', '.join(topics.weights(p) for p in topics.policies)} from {home} "
           f"into {rc.local} (MirrorMaker 2, dedicated; log {rc.work_dir / 'mirror' / 'mm2.log'})", flush=True)
     with contextlib.ExitStack() as stack:
-        claim = stack.enter_context(ExclusiveClaim(rc.here, claim_group(cfg.job), f"astraflow mirror {region}"))
+        claim = stack.enter_context(ExclusiveClaim(rc.here, claim_group(cfg.job), f"astraflow mirror {region}",
+                                                   security_setting=rc.security))
         print(f"mirror {region}: holds claim {claim.group!r} on {rc.here} as {claim.client_id}", flush=True)
         stack.callback(rc.close)
         mirror = rc.mirror_from(topics, home, home, _snapshot_bytes(cfg))

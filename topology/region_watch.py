@@ -61,14 +61,14 @@ class RegionWatchActor(LoopActor):
                     lag = -1
                 self.metrics.emit("region.mirror_lag_records", lag, mirror_running=rc.mirror.running(),
                                   mirror_starts=rc.mirror.starts, **labels)
-                self.metrics.emit("region.mirror_lag_versions", self.lag_versions(rc.here), **labels)
+                self.metrics.emit("region.mirror_lag_versions", self.lag_versions(rc.here, rc.security), **labels)
             link = links.get(region)
             if link is not None:
                 self.metrics.emit_many({"region.link_bytes_down": link["bytes_down"],
                                         "region.link_bytes_up": link["bytes_up"]}, cut=link["cut"], **labels)
         self.producer.flush()
 
-    def lag_versions(self, region_bootstrap: str) -> int:
+    def lag_versions(self, region_bootstrap: str, region_security=None) -> int:
         """How many versions the region's cluster is behind home: per policy, the newest version
         announced at home minus the newest mirrored into the region (all of home's when the region
         has none, or is still in an older lineage epoch); the largest over policies; -1 when a
@@ -77,7 +77,8 @@ class RegionWatchActor(LoopActor):
         for policy in self.topics.policies:
             try:
                 home = read_latest_announcement(self.bootstrap, self.topics.versions, policy, timeout=10)
-                there = read_latest_announcement(region_bootstrap, self.topics.versions, policy, timeout=10)
+                there = read_latest_announcement(region_bootstrap, self.topics.versions, policy, timeout=10,
+                                                 security_setting=region_security)
             except Exception:  # noqa: BLE001 - not measurable now; the next report tries again
                 return -1
             if home is None:
