@@ -20,7 +20,7 @@ import sys, time
 from astraflow.topics.claim import ExclusiveClaim
 c = ExclusiveClaim(sys.argv[1], sys.argv[2], "holder", session_timeout_ms=6000).acquire()
 print("held", flush=True)
-time.sleep(600)
+print("lost" if c.lost.wait(600) else "timeout", flush=True)
 """
 
 
@@ -55,5 +55,27 @@ def test_a_killed_holders_claim_lapses_and_passes_to_the_next_claimant(bootstrap
             assert claim.held
     finally:
         if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_holder_paused_past_its_session_loses_the_claim_to_the_next_and_is_told(bootstrap):
+    """SIGSTOP the holder (no heartbeats): the coordinator expels it and the next claimant gets
+    the claim; on SIGCONT the old holder learns it lost it (its owner must then stop)."""
+    group = "claim-" + uuid.uuid4().hex[:8]
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, bootstrap, group], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        os.kill(proc.pid, signal.SIGSTOP)
+        with ExclusiveClaim(bootstrap, group, "next", session_timeout_ms=6000) as claim:
+            assert claim.held
+            os.kill(proc.pid, signal.SIGCONT)
+            assert proc.stdout.readline().strip() == "lost"
+            time.sleep(2)
+            assert claim.held and not claim.lost.is_set()  # the old holder's rejoin took nothing back
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
             proc.kill()
             proc.wait()
