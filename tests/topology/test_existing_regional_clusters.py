@@ -183,6 +183,21 @@ def test_the_mirror_command_copies_weights_restarts_mirrormaker_and_stops_when_t
                 break
             time.sleep(5)
         assert lags and lags[-1].value == 0 and lags[-1].labels["cluster"] == "eu-west (own)", lags[-1:]
+        from astraflow.status import format_status, job_status
+        from astraflow.topology.region_watch import MirroredWeights
+        home = MirroredWeights(bootstrap, topics.versions)
+        try:
+            published = home.update()
+        finally:
+            home.close()
+        deadline = time.monotonic() + 60
+        while True:  # the bytes the mirror delivered: each version's payload once, as published at home
+            eu = job_status(bootstrap, job)["regions"]["eu-west"]
+            if (eu["mirrored_weight_bytes"], eu["mirrored_versions"]) == published or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert (eu["mirrored_weight_bytes"], eu["mirrored_versions"]) == published and published[1] == 6, eu
+        assert f"mirrored {published[0]:,} B of weights (6 versions)" in format_status(job_status(bootstrap, job))
         with contextlib.closing(Producer(bootstrap, client_id="test-trainer")) as p:
             p.send(topics.metrics, Metric("trainer.policy", "trainer.done", 1.0), key="trainer.policy", trace=False)
             p.flush()
