@@ -52,20 +52,24 @@ def check_topology(path: str, *, job: str | None = None, overrides: dict | None 
 
 def node_command_for(cfg: JobConfig, bootstrap: str, run_dir: Path, overrides: list[str],
                      region_bootstrap: dict[str, str] | None = None, region_wrap: dict | None = None,
-                     region_weights: dict[str, str] | None = None):
+                     region_weights: dict[str, str] | None = None,
+                     region_security: dict[str, list[str]] | None = None):
     """``NodePlan -> argv``: :func:`.processes.node_command` with the node's pool settings and flags.
 
     ``region_bootstrap``: region -> the address its nodes reach Kafka at instead of
     ``bootstrap`` (an emulated link's, :mod:`.links`); ``region_wrap``: region -> a function
     of argv that runs it inside the region (its network namespace); ``region_weights``: region
     -> the region's own cluster, where its RaaS nodes read versions and weights
-    (``rollout.weights_bootstrap_servers``). The autoscaler's backend starts nodes through this
-    same function, so its nodes get all three too."""
+    (``rollout.weights_bootstrap_servers``), and ``region_security``: region -> the overrides of
+    ``rollout.weights_security`` when that cluster has a ``kafka_security`` (:func:`weights_security`).
+    The autoscaler's backend starts nodes through this same function, so its nodes get them too."""
     region_bootstrap, region_wrap, region_weights = region_bootstrap or {}, region_wrap or {}, region_weights or {}
+    region_security = region_security or {}
 
     def command(node) -> list[str]:
         view = cfg.view(node.policy) if len(cfg.policy_names) > 1 and node.policy else cfg
-        weights = ([f"rollout.weights_bootstrap_servers={region_weights[node.region]}"]
+        weights = ([f"rollout.weights_bootstrap_servers={region_weights[node.region]}",
+                    *region_security.get(node.region, [])]
                    if node.role == "raas" and node.region in region_weights else [])
         argv = (node_command(node.role, view, region_bootstrap.get(node.region, bootstrap), run_dir, node.node_id,
                              [*overrides, *node.overrides, *weights])
@@ -73,6 +77,14 @@ def node_command_for(cfg: JobConfig, bootstrap: str, run_dir: Path, overrides: l
         wrap = region_wrap.get(node.region)
         return wrap(argv) if wrap is not None else argv
     return command
+
+
+def weights_security(plan: Plan) -> dict[str, list[str]]:
+    """Region -> the ``--set rollout.weights_security.*`` pairs of its RaaS nodes, for each region
+    whose own cluster has a ``kafka_security`` (paths made absolute from the topology file's
+    folder; file and variable names only, never a password)."""
+    return {c.declared_by: c.security.absolute(Path(plan.source).parent).overrides("rollout.weights_security")
+            for c in own_clusters(plan).values() if c.security is not None}
 
 
 def make_backend(plan: Plan, cfg: JobConfig, command_for, log_dir: Path):
@@ -205,7 +217,7 @@ class TopologyRun:
         command_for = node_command_for(self.cfg, bootstrap, run_dir, self.overrides,
                                        links.bootstrap_for() if links is not None else None,
                                        {r: links[r].wrap for r in links.links} if links is not None else None,
-                                       {r: rc.local for r, rc in self.regions.items()})
+                                       {r: rc.local for r, rc in self.regions.items()}, weights_security(self.plan))
         self.backend = make_backend(self.plan, self.cfg, command_for, run_dir / "logs")
         mine = [n for n in self.plan.nodes if n.owner == "host"]
         announce_started(bootstrap, self.cfg, mine)
@@ -331,7 +343,8 @@ def run_host(topology: str | Path, cfg: JobConfig, host: str, *, bootstrap: str 
     if region in own:  # the mirrored topics exist, with their bound, before a node of the region looks
         regional_mirror_plan(plan, cfg, region, bootstrap).prepare_target()
     run_dir = Path(run_dir)
-    command_for = node_command_for(cfg, bootstrap, run_dir, overrides, region_weights=own)
+    command_for = node_command_for(cfg, bootstrap, run_dir, overrides, region_weights=own,
+                                   region_security=weights_security(plan))
     mine = [n for n in plan.nodes_on(host) if n.owner == "host"]
     procs = [Proc(n.role, n.node_id, command_for(n), run_dir / "logs" / f"{n.node_id}.log") for n in mine]
     here = plan.autoscaler_host == host

@@ -14,8 +14,9 @@ This module knows nothing about processes or Kafka clients.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
-from .schema import EMBEDDED, REGION_REF, ClusterSecurity, Device, Topology, TopologyError
+from .schema import EMBEDDED, REGION_REF, ClusterSecurityConfig, Device, Topology, TopologyError
 from .validation import autoscaler_host, local_backend_misplaced, pools
 
 #: The job's policy when a pool names none and no job is given.
@@ -29,7 +30,7 @@ class Cluster:
     name: str  #: "embedded" or the bootstrap servers
     declared_by: str  #: the region that declares it
     regions: tuple[str, ...]
-    security: ClusterSecurity | None = None  #: its declaring region's ``kafka_security`` (None: the job's)
+    security: ClusterSecurityConfig | None = None  #: its declaring region's ``kafka_security`` (None: the job's)
 
     @property
     def embedded(self) -> bool:
@@ -344,7 +345,8 @@ def cluster_security(plan: Plan, cluster: Cluster):
     ``kafka.security``); :class:`TopologyError` naming the key and the topology file."""
     if cluster.security is None:
         return None
-    return cluster.security.client(plan.source, f"regions.{cluster.declared_by}.kafka_security")
+    return cluster.security.client(plan.source, f"regions.{cluster.declared_by}.kafka_security",
+                                   Path(plan.source).parent, TopologyError)
 
 
 def own_clusters(plan: Plan) -> dict[str, Cluster]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from astraflow.config import ClusterSecurityConfig
 from astraflow.typed_config import Bounds, ConfigError, from_dict, load_yaml
 
 COMPONENTS = ("dataflow", "trainer", "raas")
@@ -139,55 +140,6 @@ class Pool:
 
 
 @dataclass(frozen=True)
-class ClusterSecurity:
-    """How clients authenticate to a region's existing cluster (the MirrorMaker 2 that runs into it
-    and this project's own clients there). The keys of a job's ``kafka.security``; passwords are
-    never inline: a file (first line) or an environment variable holds each. Checked by
-    :mod:`.validation`; read by :meth:`client`."""
-
-    protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SSL", "SASL_SSL"] = _k(
-        "PLAINTEXT", "the cluster listener's security protocol (SASL_SSL: TLS + a SASL login)")
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = _k(
-        None, "SASL mechanism of the SASL_* protocols")
-    username: str | None = _k(None, "the SASL user")
-    password_file: str | None = _k(None, "a file holding its password (first line; relative to the topology file)")
-    password_env: str | None = _k(None, "an environment variable holding its password")
-    ca_file: str | None = _k(None, "PEM file of the CA(s) that signed the brokers' certificates (SSL, SASL_SSL; "
-                                   "null: the system's)")
-    cert_file: str | None = _k(None, "PEM client certificate (mutual TLS; with key_file)")
-    key_file: str | None = _k(None, "PEM private key of cert_file (unencrypted PKCS#8)")
-    check_hostname: bool = _k(True, "check the broker certificate's name against the address dialled")
-
-    def client(self, file: str, key: str):
-        """The :class:`~astraflow.topics.security.ClientSecurity` it describes: the password read
-        from its file or variable, relative paths from the topology file's folder;
-        :class:`TopologyError` naming ``file`` and the key (under ``key``) that cannot be used."""
-        from astraflow.topics.security import ClientSecurity, SecurityError, read_password
-
-        def path(p: str | None) -> str | None:
-            return None if p is None else p if Path(p).is_absolute() else str(Path(file).parent / p)
-
-        password = None
-        if self.protocol.startswith("SASL_"):
-            try:
-                password = read_password(path(self.password_file), self.password_env, file, "password")
-            except SecurityError as e:
-                which = "password_file" if self.password_file else "password_env"
-                raise TopologyError(file, f"{key}.{which}", str(e).split(": ", 2)[-1]) from None
-        for name in ("ca_file", "cert_file", "key_file"):
-            value = path(getattr(self, name))
-            if value is not None and not Path(value).is_file():
-                raise TopologyError(file, f"{key}.{name}", f"no such file: {value}")
-        try:
-            return ClientSecurity(protocol=self.protocol, mechanism=self.sasl_mechanism, username=self.username,
-                                  password=password, ca_file=path(self.ca_file), cert_file=path(self.cert_file),
-                                  key_file=path(self.key_file), check_hostname=self.check_hostname,
-                                  source=f"{key} of {file}")
-        except SecurityError as e:
-            raise TopologyError(file, key, str(e).split(": ", 1)[-1]) from None
-
-
-@dataclass(frozen=True)
 class Region:
     hosts: dict[str, Host] = _k(help="host name -> {address}; a list of names is accepted too")
     pools: dict[str, Pool] = _k(help="pool name -> pool; node ids are <pool>-<i> (a dataflow/trainer: the pool name)")
@@ -198,7 +150,7 @@ class Region:
                               "home like an embedded one; on hosts by `astraflow mirror --region`), or 'region:<name>' (the cluster of that region; "
                               "'region:<home>' is direct mode: the region's nodes use the home cluster over the "
                               "link)")
-    kafka_security: ClusterSecurity | None = _k(None, "with kafka naming an existing cluster: how clients (its "
+    kafka_security: ClusterSecurityConfig | None = _k(None, "with kafka naming an existing cluster: how clients (its "
                                                       "MirrorMaker 2, the mirror command's) authenticate to it (SASL, "
                                                       "TLS); null: the job's kafka.security, like its other clients")
 

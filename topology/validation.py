@@ -151,29 +151,9 @@ def _check_kafka(t: Topology, rname: str) -> None:
 
 def _check_security(f: str, key: str, sec) -> None:
     """The shape of a cluster's ``kafka_security`` (its files and variables are read where it is used)."""
-    sasl, tls = sec.protocol.startswith("SASL_"), sec.protocol.endswith("SSL")
-    if sasl:
-        if sec.sasl_mechanism is None:
-            raise TopologyError(f, f"{key}.sasl_mechanism", f"{sec.protocol} needs one of PLAIN, SCRAM-SHA-256, "
-                                                           f"SCRAM-SHA-512")
-        if not sec.username:
-            raise TopologyError(f, f"{key}.username", f"{sec.protocol} needs a user")
-        if bool(sec.password_file) == bool(sec.password_env):
-            raise TopologyError(f, f"{key}.password_file", "give exactly one of password_file and password_env (the "
-                                                           "password is never inline)")
-    else:
-        for name in ("sasl_mechanism", "username", "password_file", "password_env"):
-            if getattr(sec, name) is not None:
-                raise TopologyError(f, f"{key}.{name}", f"set, but protocol {sec.protocol} has no SASL login; use "
-                                                        f"SASL_SSL or drop it")
-    if not tls:
-        for name in ("ca_file", "cert_file", "key_file"):
-            if getattr(sec, name) is not None:
-                raise TopologyError(f, f"{key}.{name}", f"set, but protocol {sec.protocol} has no TLS; use SSL or "
-                                                        f"SASL_SSL or drop it")
-    if (sec.cert_file is None) != (sec.key_file is None):
-        raise TopologyError(f, f"{key}.{'key_file' if sec.cert_file else 'cert_file'}",
-                            "a client certificate needs both cert_file and key_file")
+    bad = sec.problem()
+    if bad is not None:
+        raise TopologyError(f, f"{key}.{bad[0]}", bad[1])
 
 
 def _check_pool(f: str, key: str, pool) -> None:

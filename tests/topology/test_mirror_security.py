@@ -198,3 +198,75 @@ def test_the_mirror_command_copies_weights_from_a_plain_cluster_into_a_sasl_ssl_
                 proc.kill()
         log.close()
     assert "mirror eu-west: done" in (tmp_path / "mirror.log").read_text()
+
+
+def test_the_regions_raas_nodes_get_its_security_for_their_weights_and_no_one_else(tmp_path):
+    from astraflow.topology.launch import node_command_for, weights_security
+    from astraflow.topology.plan import own_clusters
+    cfg = load_config(str(JOB), {})
+    path = _secured_topology(tmp_path, "10.0.0.1:9092", "10.1.0.1:9092", **_sasl_ssl(tmp_path))
+    plan = load_plan(path, cfg)
+    own = {r: c.name for r, c in own_clusters(plan).items()}
+    command_for = node_command_for(cfg, "10.0.0.1:9092", tmp_path, [], region_weights=own,
+                                   region_security=weights_security(plan))
+    for node in plan.nodes:
+        cmd = command_for(node)
+        sets = [a for a in cmd if a.startswith("rollout.weights_security.")]
+        if node.region == "eu-west" and node.role == "raas":
+            assert sorted(sets) == sorted([
+                "rollout.weights_security.protocol=SASL_SSL", "rollout.weights_security.sasl_mechanism=SCRAM-SHA-512",
+                "rollout.weights_security.username=mirror",
+                f"rollout.weights_security.password_file={(tmp_path / 'eu.password').resolve()}",
+                f"rollout.weights_security.ca_file={(tmp_path / 'ca.pem').resolve()}"])
+            assert PASSWORD not in " ".join(cmd)
+            # what the node loads: the job config with those overrides
+            node_cfg = load_config(str(JOB), {"rollout.weights_bootstrap_servers": "10.1.0.1:9092",
+                                              **dict(s.split("=", 1) for s in sets)})
+            sec = node_cfg.rollout.weights_security.client(node_cfg.source, "rollout.weights_security")
+            assert (sec.protocol, sec.mechanism, sec.username, sec.password) == ("SASL_SSL", "SCRAM-SHA-512",
+                                                                                  "mirror", PASSWORD)
+        else:
+            assert sets == []
+
+
+def test_weights_security_without_a_weights_cluster_or_with_a_bad_shape_names_the_key(tmp_path):
+    from astraflow.config import ConfigError
+    with pytest.raises(ConfigError) as e:
+        load_config(str(JOB), {"rollout.weights_security.protocol": "SSL"})
+    assert "weights_security" in e.value.key + str(e.value) and "weights_bootstrap_servers" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_config(str(JOB), {"rollout.weights_bootstrap_servers": "10.1.0.1:9092",
+                               "rollout.weights_security.protocol": "SASL_SSL"})
+    assert "weights_security.sasl_mechanism" in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_subscriber_reads_a_sasl_ssl_clusters_weights_with_its_own_setting(tmp_path, secure_broker):
+    """The region's RaaS node's weight path: a WeightSubscriber given the region's setting
+    (SCRAM over TLS, the fixture's CA) reads a version from the secured cluster while the process's
+    own setting stays PLAINTEXT (its other clients talk to a plain home)."""
+    from astraflow.weights import WeightSubscriber
+    from astraflow.weights.codec import weights_digest
+    sec = secure_broker.secure.client_security()
+    topics = JobTopics(job="wsec" + uuid.uuid4().hex[:6], policies=("policy",), task_partitions=1,
+                       trajectory_partitions=1)
+    history = _history(2)
+    security.install(sec)
+    try:
+        ensure_topics(secure_broker.bootstrap_servers, topics.specs())
+        pub = WeightPublisher(secure_broker.bootstrap_servers, topics, "policy", snapshot_every=2,
+                              chunk_size=64 * 1024)
+        try:
+            _publish(pub, history, range(2))
+        finally:
+            pub.close()
+    finally:
+        security.uninstall()
+    assert security.current().protocol == "PLAINTEXT"
+    sub = WeightSubscriber(secure_broker.bootstrap_servers, topics, "policy", node_id="eu-sec",
+                           security_setting=sec).start()
+    try:
+        assert sub.wait_for(1, timeout=120), sub.faults
+        assert sub.digest() == weights_digest(history[1])
+    finally:
+        sub.close()
