@@ -160,6 +160,7 @@ class TopologyRun:
         self.outcome = None
         self.wan = None  #: the emulated links (:class:`~.links.LinkEmulation`), with the embedded broker
         self.regions: dict = {}  #: region -> its own cluster (:class:`~.regional.RegionalCluster`)
+        self.claims: list = []  #: the mirror claims held on existing regional clusters
         self.extra: dict = {}
 
     @contextlib.contextmanager
@@ -190,7 +191,9 @@ class TopologyRun:
         region's namespace when its link is emulated; existing: nothing to start) and MirrorMaker 2
         copying ``weights.<p>`` and ``versions`` from home."""
         from astraflow.topics import job_topics
+        from astraflow.topics.claim import ExclusiveClaim
 
+        from .mirror_run import claim_group
         from .regional import RegionalCluster
         there = self.wan.bootstrap_for() if self.wan is not None else {}
         try:
@@ -201,6 +204,10 @@ class TopologyRun:
                                                             bootstrap=None if c.embedded else c.name,
                                                             security=cluster_security(self.plan, c))
                 rc.start()
+                if rc.existing:  # an `astraflow mirror` elsewhere must not copy this job into it too
+                    self.claims.append(ExclusiveClaim(rc.here, claim_group(self.cfg.job),
+                                                      f"astraflow launch (mirror {region})",
+                                                      security_setting=rc.security).acquire())
                 rc.mirror_from(job_topics(self.cfg), bootstrap, there.get(region, bootstrap),
                                snapshot_bytes=_snapshot_bytes(self.cfg))
         except BaseException:
@@ -210,6 +217,9 @@ class TopologyRun:
     def close_regions(self) -> None:
         for rc in self.regions.values():
             rc.close()
+        for claim in self.claims:  # after the mirrors stopped
+            claim.release()
+        self.claims.clear()
 
     def processes(self, bootstrap: str, run_dir: Path):
         links = self.wan

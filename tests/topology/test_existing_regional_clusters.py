@@ -313,3 +313,22 @@ def test_a_second_mirror_command_for_the_same_target_is_refused_until_the_first_
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_launch_does_not_mirror_into_an_existing_cluster_while_a_mirror_command_holds_it(tmp_path, bootstrap,
+                                                                                         region_cluster):
+    """`astraflow launch` takes the same claim as `astraflow mirror` on an existing regional cluster:
+    with the job's claim held there (as a running `astraflow mirror` holds it), launch's regions
+    refuse to start, naming the holder, before any MirrorMaker; released, they would start."""
+    from astraflow.topics.claim import ClaimRefused, ExclusiveClaim
+    from astraflow.topology.launch import TopologyRun
+    from astraflow.topology.mirror_run import claim_group
+    job = "ml" + uuid.uuid4().hex[:8]
+    cfg = load_config(str(JOB), {"job": job})
+    plan = load_plan(_topology(tmp_path, bootstrap, region_cluster.bootstrap_servers), cfg)
+    run = TopologyRun(plan, cfg, [])
+    with ExclusiveClaim(region_cluster.bootstrap_servers, claim_group(job), "astraflow mirror eu-west"):
+        with pytest.raises(ClaimRefused, match=f"astraflow-mirror-eu-west pid {os.getpid()}"):
+            run.start_regions(bootstrap, tmp_path / "run")
+    assert not (tmp_path / "run" / "regions" / "eu-west" / "mirror" / "mm2.properties").exists()
+    assert run.claims == [] and all(not rc.mirror for rc in run.regions.values())
