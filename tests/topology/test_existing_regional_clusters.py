@@ -332,3 +332,26 @@ def test_launch_does_not_mirror_into_an_existing_cluster_while_a_mirror_command_
             run.start_regions(bootstrap, tmp_path / "run")
     assert not (tmp_path / "run" / "regions" / "eu-west" / "mirror" / "mm2.properties").exists()
     assert run.claims == [] and all(not rc.mirror for rc in run.regions.values())
+
+
+@pytest.mark.slow
+def test_launch_holds_the_claim_while_its_mirror_runs_and_releases_it_after(tmp_path, bootstrap, region_cluster):
+    from astraflow.topics.claim import ClaimRefused, ExclusiveClaim
+    from astraflow.topology.launch import TopologyRun
+    from astraflow.topology.mirror_run import claim_group
+    job = "mh" + uuid.uuid4().hex[:8]
+    cfg = load_config(str(JOB), {"job": job})
+    plan = load_plan(_topology(tmp_path, bootstrap, region_cluster.bootstrap_servers), cfg)
+    ensure_topics(bootstrap, JobTopics(job=job, policies=("policy",), task_partitions=2,
+                                       trajectory_partitions=1).specs())
+    run = TopologyRun(plan, cfg, [])
+    try:
+        run.start_regions(bootstrap, tmp_path / "run")
+        assert [c.held for c in run.claims] == [True] and run.regions["eu-west"].mirror.running()
+        with pytest.raises(ClaimRefused, match="astraflow-launch"):  # an `astraflow mirror` would be refused
+            ExclusiveClaim(region_cluster.bootstrap_servers, claim_group(job), "astraflow mirror eu-west").acquire()
+    finally:
+        run.close_regions()
+    assert run.claims == []
+    with ExclusiveClaim(region_cluster.bootstrap_servers, claim_group(job), "astraflow mirror eu-west") as claim:
+        assert claim.held  # at once: launch left the group when it closed its regions
