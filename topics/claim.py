@@ -10,7 +10,9 @@ is **consumer-group membership** on the cluster itself:
 * the ``sticky`` assignor keeps that partition with its owner across rebalances, so a newcomer
   that joins while the holder lives is assigned nothing: it leaves and is refused, with the
   holder's identity (client id ``<name>@<host>:<pid>``, and the address the broker sees);
-* the holder's membership lives by its heartbeats (a thread of this object polls): a holder
+* the holder's membership lives by its heartbeats (a thread of this object polls, not an actor:
+  the claim is taken before any supervisor starts, and must keep heartbeating while its owner
+  blocks, e.g. on a MirrorMaker start-up of minutes): a holder
   that exits leaves the group at once, one that is SIGKILLed or cut off is expelled by the
   coordinator after ``session_timeout_ms``, and the next claimant gets the partition then. A
   claimant therefore waits up to ``wait_s`` (default: a session timeout and a margin) before it
@@ -85,7 +87,7 @@ class ExclusiveClaim:
         bootstrap: the cluster the claim lives on.
         group: the claim's identity (a consumer group id).
         name: what the holder is, for the refusal message (e.g. ``astraflow mirror eu-west``).
-        security: the clients' setting on that cluster (default: the process's).
+        security_setting: the clients' setting on that cluster (default: the process's).
         wait_s: how long :meth:`acquire` waits for its join to complete (a dead holder's claim to
             lapse) before refusing (default: the session timeout + 15 s).
     """
