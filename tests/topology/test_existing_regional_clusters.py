@@ -284,8 +284,9 @@ def test_a_second_mirror_command_for_the_same_target_is_refused_until_the_first_
         first, first_log = start("a")
         _wait_for_line(first_log, "holds claim", first)
         second, second_log = start("b")
-        assert second.wait(timeout=180) != 0
+        assert second.wait(timeout=180) == 3  # fatal: a supervisor does not restart it
         refusal = second_log.read_text()
+        print(refusal)  # (shown with -s: the message a user sees)
         assert "astraflow mirror eu-west already runs" in refusal, refusal
         assert f"pid {first.pid} on host" in refusal and f"astraflow.mirror.{job}" in refusal, refusal
         assert not (tmp_path / "b" / "regions" / "eu-west" / "mirror" / "mm2.properties").exists()  # nothing started
