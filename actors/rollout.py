@@ -115,6 +115,7 @@ class RolloutActor(LoopActor):
                                            initial=None, initial_version=self.engine.version, node_id=self.node_id,
                                            on_fault=self._request_snapshot, prefetch=self.cfg.rollout.prefetch_weights,
                                            verifier=verifier_for(self.cfg), dead_letters=dead,
+                                           security_setting=self._weights_security(),
                                            on_reject=lambda r: self.metrics.emit(
                                                "raas.versions_rejected", 1, step=self.engine.version,
                                                reason=r.reason, epoch=r.epoch, version=r.version))
@@ -496,6 +497,13 @@ class RolloutActor(LoopActor):
             self._weights_loaded = loaded
             self.metrics.emit("raas.weights_loaded", loaded, step=self.engine.version, node=self.node_id,
                               bootstrap=self.weights_bootstrap, snapshots=paths["snapshot"], deltas=paths["delta"])
+
+    def _weights_security(self):
+        """The client setting of ``rollout.weights_bootstrap_servers`` (None: the process's)."""
+        sec = self.cfg.rollout.weights_security
+        if sec is None:
+            return None
+        return sec.client(self.cfg.source, "rollout.weights_security", self.cfg.config_dir)
 
     def on_stop(self) -> None:
         # Asked to stop (retired, or the job is over): the step in flight has committed, and

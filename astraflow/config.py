@@ -246,6 +246,88 @@ class KafkaSecurityConfig:
 
 
 @dataclass(frozen=True)
+class ClusterSecurityConfig:
+    """How clients authenticate to one Kafka cluster other than the job's own (a region's existing
+    cluster: topology ``regions.<r>.kafka_security``, and the ``rollout.weights_security`` its RaaS
+    nodes get from it). The keys of ``kafka.security`` without principals; passwords are never
+    inline: a file (first line) or an environment variable holds each."""
+
+    protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SSL", "SASL_SSL"] = _f(
+        "PLAINTEXT", "the cluster listener's security protocol (SASL_SSL: TLS + a SASL login)")
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = _f(
+        None, "SASL mechanism of the SASL_* protocols")
+    username: str | None = _f(None, "the SASL user")
+    password_file: str | None = _f(None, "a file holding its password (first line; relative to the file that "
+                                         "names it)")
+    password_env: str | None = _f(None, "an environment variable holding its password")
+    ca_file: str | None = _f(None, "PEM file of the CA(s) that signed the brokers' certificates (SSL, SASL_SSL; "
+                                   "null: the system's)")
+    cert_file: str | None = _f(None, "PEM client certificate (mutual TLS; with key_file)")
+    key_file: str | None = _f(None, "PEM private key of cert_file (unencrypted PKCS#8)")
+    check_hostname: bool = _f(True, "check the broker certificate's name against the address dialled")
+
+    def problem(self) -> tuple[str, str] | None:
+        """The first inconsistency as ``(key, what is wrong)``, or None (files are read by :meth:`client`)."""
+        sasl, tls = self.protocol.startswith("SASL_"), self.protocol.endswith("SSL")
+        if sasl:
+            if self.sasl_mechanism is None:
+                return "sasl_mechanism", f"{self.protocol} needs one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"
+            if not self.username:
+                return "username", f"{self.protocol} needs a user"
+            if bool(self.password_file) == bool(self.password_env):
+                return "password_file", "give exactly one of password_file and password_env (the password is never inline)"
+        else:
+            for name in ("sasl_mechanism", "username", "password_file", "password_env"):
+                if getattr(self, name) is not None:
+                    return name, f"set, but protocol {self.protocol} has no SASL login; use SASL_SSL or drop it"
+        if not tls:
+            for name in ("ca_file", "cert_file", "key_file"):
+                if getattr(self, name) is not None:
+                    return name, f"set, but protocol {self.protocol} has no TLS; use SSL or SASL_SSL or drop it"
+        if (self.cert_file is None) != (self.key_file is None):
+            return "key_file" if self.cert_file else "cert_file", "a client certificate needs both cert_file and key_file"
+        return None
+
+    def absolute(self, base_dir: str | Path) -> "ClusterSecurityConfig":
+        """The same setting with its relative paths taken from ``base_dir``."""
+        def path(p: str | None) -> str | None:
+            return None if p is None or Path(p).is_absolute() else str(Path(base_dir, p).resolve())
+        return dataclasses.replace(self, **{k: path(getattr(self, k)) or getattr(self, k)
+                                            for k in ("password_file", "ca_file", "cert_file", "key_file")})
+
+    def overrides(self, prefix: str) -> list[str]:
+        """``--set`` pairs carrying it to a process (no secret: only file and variable names)."""
+        return [f"{prefix}.{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+                if getattr(self, f.name) != f.default]
+
+    def client(self, file: str, key: str, base_dir: str | Path = ".", error: type = None):
+        """The :class:`~astraflow.topics.security.ClientSecurity` it describes: the password read
+        from its file or variable, relative paths from ``base_dir``; ``error`` (default
+        :class:`ConfigError`) naming ``file`` and the key (under ``key``) that cannot be used."""
+        from astraflow.topics.security import ClientSecurity, SecurityError, read_password
+        error = error or ConfigError
+        sec = self.absolute(base_dir)
+        password = None
+        if sec.protocol.startswith("SASL_"):
+            try:
+                password = read_password(sec.password_file, sec.password_env, file, "password")
+            except SecurityError as e:
+                which = "password_file" if sec.password_file else "password_env"
+                raise error(file, f"{key}.{which}", str(e).split(": ", 2)[-1]) from None
+        for name in ("ca_file", "cert_file", "key_file"):
+            value = getattr(sec, name)
+            if value is not None and not Path(value).is_file():
+                raise error(file, f"{key}.{name}", f"no such file: {value}")
+        try:
+            return ClientSecurity(protocol=sec.protocol, mechanism=sec.sasl_mechanism, username=sec.username,
+                                  password=password, ca_file=sec.ca_file, cert_file=sec.cert_file,
+                                  key_file=sec.key_file, check_hostname=sec.check_hostname,
+                                  source=f"{key} of {file}")
+        except SecurityError as e:
+            raise error(file, key, str(e).split(": ", 1)[-1]) from None
+
+
+@dataclass(frozen=True)
 class KafkaConfig:
     bootstrap_servers: str | None = _f(None, "existing cluster; null starts the embedded broker")
     task_partitions: int = _f(8, "partitions of tasks.<policy> (>= most RaaS nodes of a policy)",
@@ -343,6 +425,10 @@ class RolloutConfig:
                                                      "them from the home cluster (`astraflow launch` sets it for a "
                                                      "region with its own cluster, docs/cross_region_mirror.md); "
                                                      "null: the cluster of everything else (--bootstrap-servers)")
+    weights_security: ClusterSecurityConfig | None = _f(None, "how RaaS nodes authenticate to the "
+                                                              "weights_bootstrap_servers cluster (set with it from the "
+                                                              "region's kafka_security in the topology); null: "
+                                                              "kafka.security, like every other client")
     prefetch_weights: bool = _f(False, "read weight chunks while the trainer writes them (one more consumer per "
                                        "node) instead of after the version is announced: for nodes on other "
                                        "machines than the trainer; on one shared machine it only moves CPU (see "
@@ -365,6 +451,13 @@ class RolloutConfig:
         if self.weights_bootstrap_servers is not None:
             from astraflow.topics.bootstrap import parse_bootstrap
             parse_bootstrap(self.weights_bootstrap_servers, "rollout.weights_bootstrap_servers")
+        if self.weights_security is not None:
+            if self.weights_bootstrap_servers is None:
+                raise ValueError("weights_security: set, but weights_bootstrap_servers is not: the weights come "
+                                 "from the job's cluster, whose setting is kafka.security")
+            bad = self.weights_security.problem()
+            if bad is not None:
+                raise ValueError(f"weights_security.{bad[0]}: {bad[1]}")
 
 
 @dataclass(frozen=True)

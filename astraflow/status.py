@@ -216,6 +216,9 @@ def format_status(s: dict) -> str:
                   else f"mirror lag {behind} versions ({lag} records)")
         link = (f"; link {r['link_bytes_down']} B down, {r['link_bytes_up']} B up"
                 if r["link_bytes_down"] is not None else "")
+        if r.get("mirrored_weight_bytes") is not None:  # measured at the region, emulated link or not
+            link += (f"; mirrored {r['mirrored_weight_bytes']:,} B of weights "
+                     f"({r.get('mirrored_versions') or 0} versions)")
         lines.append(f"  region {region}: cluster {r['cluster']}, {mirror}{link}; nodes "
                      f"{', '.join(r['nodes']) or 'none'}" + (f" at versions {versions}" if versions else ""))
     if s["nodes"]:

@@ -207,10 +207,11 @@ def _coerce(tp: Any, value: Any, file: str, key: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
+        arms = [a for a in args if a is not type(None)]
+        if len(arms) == 1:  # an optional section: its own error names the key inside it
+            return _coerce(arms[0], value, file, key)
         errors = []
-        for a in args:
-            if a is type(None):
-                continue
+        for a in arms:
             try:
                 return _coerce(a, value, file, key)
             except ConfigError as e:

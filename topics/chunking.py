@@ -167,14 +167,17 @@ class ChunkReader:
         arrival_timeout_s: how long a chunk that is not there yet is waited for (a mirror's lag).
         slack_ms: how much newer than the manifest's last timestamp a record must be to show the
             chunks will not come (writers' clocks may differ).
+        security_setting: the client setting on that cluster (None: the process's).
     """
 
     def __init__(self, bootstrap_servers: str, *, isolation_level: str = "read_committed",
-                 poll_timeout_ms: int = 5000, arrival_timeout_s: float = 60.0, slack_ms: int = 2000) -> None:
+                 poll_timeout_ms: int = 5000, arrival_timeout_s: float = 60.0, slack_ms: int = 2000,
+                 security_setting: security.ClientSecurity | None = None) -> None:
         self._kc = security.consumer(bootstrap_servers=bootstrap_servers, group_id=None,
                                      enable_auto_commit=False, isolation_level=isolation_level,
                                      max_partition_fetch_bytes=8 * 1024 * 1024,
-                                     fetch_max_bytes=64 * 1024 * 1024, client_id="astraflow-chunks")
+                                     fetch_max_bytes=64 * 1024 * 1024, client_id="astraflow-chunks",
+                                     security=security_setting)
         self.poll_timeout_ms = poll_timeout_ms
         self.arrival_timeout_s, self.slack_ms = arrival_timeout_s, slack_ms
         self.located = 0  #: chunks found by timestamp, not at their offset (read from a mirror)

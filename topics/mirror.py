@@ -108,6 +108,25 @@ def _prop_escape(value: str) -> str:
     return value.replace("\\", "\\\\")
 
 
+#: Beside ``mm2.properties``: the SASL logins it reads through Kafka's FileConfigProvider (mode 0600).
+SECRETS_FILE = "mm2-secrets.properties"
+_LOGIN_MODULES = {"PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+                  "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+                  "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule"}
+
+
+def _jaas(sec: security.ClientSecurity) -> str:
+    return (f"{_LOGIN_MODULES[sec.mechanism or '']} required username={json.dumps(sec.username)} "
+            f"password={json.dumps(sec.password)};")
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read (created 0600, never readable by others in between)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 @dataclass(frozen=True)
 class MirrorPlan:
     """One one-way MirrorMaker 2 flow: which topics cross from ``source`` to ``target``.
@@ -128,6 +147,11 @@ class MirrorPlan:
         rebalance_timeout_ms: the workers' group rebalance timeout: a worker restarted after a
             SIGKILL joins as a new member and the group waits this long for the dead one
             (Connect's default is 60 s; the flow's one task stops and commits well within it).
+        source_security / target_security: how MirrorMaker's clients (and this process's, for
+            the topics and the lag) authenticate to each cluster; None: the process's setting
+            (:func:`~.security.current`). A SASL login's JAAS entry goes to a 0600 file beside
+            ``mm2.properties`` (:data:`SECRETS_FILE`), which reads it through Kafka's
+            ``FileConfigProvider``: the config itself holds no password.
         extra: more ``mm2.properties`` entries (they win).
     """
 
@@ -144,6 +168,8 @@ class MirrorPlan:
     max_record_bytes: int = 16 * 1024 * 1024
     rest_port: int = 0
     rebalance_timeout_ms: int = 15_000
+    source_security: security.ClientSecurity | None = None
+    target_security: security.ClientSecurity | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -186,8 +212,45 @@ class MirrorPlan:
     def matches(self, topic: str) -> bool:
         return topic in self.topics if self.topics else re.fullmatch(self.topics_regex or "", topic) is not None
 
-    def properties(self, rest_port: int | None = None) -> dict[str, str]:
-        """The ``mm2.properties`` entries (unescaped values), in the order they are written."""
+    def securities(self) -> dict[str, security.ClientSecurity]:
+        """Cluster alias -> the client setting MirrorMaker uses there."""
+        return {self.source_alias: self.source_security or security.current(),
+                self.target_alias: self.target_security or security.current()}
+
+    def secrets(self) -> dict[str, str]:
+        """The entries of :data:`SECRETS_FILE`: each SASL cluster's ``sasl.jaas.config``."""
+        return {f"{alias}.sasl.jaas.config": _jaas(sec) for alias, sec in self.securities().items() if sec.mechanism}
+
+    def _security_properties(self, work_dir: Path) -> dict[str, str]:
+        out: dict[str, str] = {}
+        secrets = work_dir / SECRETS_FILE
+        for alias, sec in self.securities().items():
+            if sec.protocol == "PLAINTEXT":
+                continue
+            out[f"{alias}.security.protocol"] = sec.protocol
+            if sec.mechanism:
+                if ":" in str(secrets) or "}" in str(secrets):
+                    raise ValueError(f"MirrorPlan: the work dir {work_dir} holds ':' or '}}', which a config "
+                                     f"provider reference cannot name; choose another --run-dir")
+                out[f"{alias}.sasl.mechanism"] = sec.mechanism
+                out[f"{alias}.sasl.jaas.config"] = f"${{file:{secrets}:{alias}.sasl.jaas.config}}"
+            if sec.tls:
+                if sec.ca_file:
+                    out[f"{alias}.ssl.truststore.type"] = "PEM"
+                    out[f"{alias}.ssl.truststore.location"] = str(Path(sec.ca_file).resolve())
+                if not sec.check_hostname:
+                    out[f"{alias}.ssl.endpoint.identification.algorithm"] = ""
+                if sec.cert_file:  # mutual TLS: key and chain in one PEM keystore (written by write())
+                    out[f"{alias}.ssl.keystore.type"] = "PEM"
+                    out[f"{alias}.ssl.keystore.location"] = str(work_dir / f"{alias}.client.pem")
+        if any(sec.mechanism for sec in self.securities().values()):
+            out["config.providers"] = "file"
+            out["config.providers.file.class"] = "org.apache.kafka.common.config.provider.FileConfigProvider"
+        return out
+
+    def properties(self, rest_port: int | None = None, work_dir: str | os.PathLike = ".") -> dict[str, str]:
+        """The ``mm2.properties`` entries (unescaped values), in the order they are written;
+        ``work_dir``: where :meth:`write` puts them (and the secrets they refer to)."""
         src, tgt, flow = self.source_alias, self.target_alias, self.flow
         rf = str(self.replication_factor)
         big = str(self.max_record_bytes)
@@ -195,6 +258,7 @@ class MirrorPlan:
             "clusters": f"{src}, {tgt}",
             f"{src}.bootstrap.servers": self.source_bootstrap,
             f"{tgt}.bootstrap.servers": self.target_bootstrap,
+            **self._security_properties(Path(work_dir).resolve()),
             # One way only: nothing is mirrored back, so identity naming cannot loop.
             f"{flow}.enabled": "true",
             f"{tgt}->{src}.enabled": "false",
@@ -242,9 +306,18 @@ class MirrorPlan:
         return props
 
     def write(self, path: str | os.PathLike, rest_port: int | None = None) -> Path:
+        """Write ``mm2.properties`` at ``path``, and beside it, readable by its owner only, the
+        SASL logins (:data:`SECRETS_FILE`) and each mutual-TLS client's key + certificate."""
         path = Path(path)
+        secrets = self.secrets()
+        if secrets:
+            _write_private(path.parent / SECRETS_FILE, "".join(f"{k} = {_prop_escape(v)}\n" for k, v in secrets.items()))
+        for alias, sec in self.securities().items():
+            if sec.tls and sec.cert_file:
+                _write_private(path.parent / f"{alias}.client.pem",
+                               Path(sec.key_file).read_text() + "\n" + Path(sec.cert_file).read_text())
         lines = ["# MirrorMaker 2, dedicated mode: generated by astraflow.topics.mirror.MirrorPlan"]
-        lines += [f"{k} = {_prop_escape(v)}" for k, v in self.properties(rest_port).items()]
+        lines += [f"{k} = {_prop_escape(v)}" for k, v in self.properties(rest_port, path.parent).items()]
         path.write_text("\n".join(lines) + "\n")
         return path
 
@@ -256,7 +329,8 @@ class MirrorPlan:
         stray = [s.name for s in self.target_specs if not self.matches(s.name)]
         if stray:
             raise TopicsError(f"MirrorPlan.target_specs name topics the flow does not mirror: {stray}")
-        return ensure_topics(bootstrap or self.target_bootstrap, self.target_specs, timeout)
+        return ensure_topics(bootstrap or self.target_bootstrap, self.target_specs, timeout,
+                             security_setting=self.target_security)
 
 
 class PartitionLag(NamedTuple):
@@ -400,10 +474,10 @@ class MirrorMaker:
         names = list(topics) if topics is not None else self._mirrored_topics()
         src = security.consumer(bootstrap_servers=self.source_here, group_id=None,
                                 enable_auto_commit=False, isolation_level="read_committed",
-                                client_id="astraflow-mirror-lag")
+                                client_id="astraflow-mirror-lag", security=self.plan.source_security)
         tgt = security.consumer(bootstrap_servers=self.target_here, group_id=None,
                                 enable_auto_commit=False, isolation_level="read_committed",
-                                client_id="astraflow-mirror-lag")
+                                client_id="astraflow-mirror-lag", security=self.plan.target_security)
         try:
             tps = [TopicPartition(t, p) for t in names for p in sorted(src.partitions_for_topic(t) or ())]
             source_end = src.end_offsets(tps) if tps else {}
@@ -435,7 +509,8 @@ class MirrorMaker:
     def _mirrored_topics(self) -> list[str]:
         if self.plan.topics:
             return list(self.plan.topics)
-        admin = security.admin(bootstrap_servers=self.source_here, client_id="astraflow-mirror-lag")
+        admin = security.admin(bootstrap_servers=self.source_here, client_id="astraflow-mirror-lag",
+                               security=self.plan.source_security)
         try:
             return sorted(t for t in admin.list_topics() if self.plan.matches(t))
         finally:

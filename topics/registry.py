@@ -290,14 +290,17 @@ class JobTopics:
                 for s in specs]
 
 
-def ensure_topics(bootstrap_servers: str, specs: Iterable[TopicSpec], timeout: float = 30.0) -> list[str]:
-    """Create missing topics and verify existing ones; returns the names created.
+def ensure_topics(bootstrap_servers: str, specs: Iterable[TopicSpec], timeout: float = 30.0, *,
+                  security_setting: "security.ClientSecurity | None" = None) -> list[str]:
+    """Create missing topics and verify existing ones; returns the names created
+    (``security_setting``: the client setting on that cluster, default the process's).
 
     A missing topic's unset replication is settled from the brokers live now; an existing
     topic is held to the replication its spec states, if it states one.
     """
     specs = list(specs)
-    admin = security.admin(bootstrap_servers=bootstrap_servers, client_id="astraflow-admin")
+    admin = security.admin(bootstrap_servers=bootstrap_servers, client_id="astraflow-admin",
+                           security=security_setting)
     try:
         existing = set(admin.list_topics())
         missing = [s for s in specs if s.name not in existing]

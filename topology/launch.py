@@ -24,7 +24,7 @@ from pathlib import Path
 
 from astraflow.config import JobConfig, load_config
 
-from .plan import Plan, check_launchable, check_multi_host, format_plan, own_clusters, resolve
+from .plan import Plan, check_launchable, check_multi_host, cluster_security, format_plan, own_clusters, resolve
 from .processes import Proc, RunFailed, node_command, stop_processes, supervise
 from .schema import TopologyError, load_topology
 from .validation import local_backend_misplaced, validate_for_job
@@ -52,20 +52,24 @@ def check_topology(path: str, *, job: str | None = None, overrides: dict | None 
 
 def node_command_for(cfg: JobConfig, bootstrap: str, run_dir: Path, overrides: list[str],
                      region_bootstrap: dict[str, str] | None = None, region_wrap: dict | None = None,
-                     region_weights: dict[str, str] | None = None):
+                     region_weights: dict[str, str] | None = None,
+                     region_security: dict[str, list[str]] | None = None):
     """``NodePlan -> argv``: :func:`.processes.node_command` with the node's pool settings and flags.
 
     ``region_bootstrap``: region -> the address its nodes reach Kafka at instead of
     ``bootstrap`` (an emulated link's, :mod:`.links`); ``region_wrap``: region -> a function
     of argv that runs it inside the region (its network namespace); ``region_weights``: region
     -> the region's own cluster, where its RaaS nodes read versions and weights
-    (``rollout.weights_bootstrap_servers``). The autoscaler's backend starts nodes through this
-    same function, so its nodes get all three too."""
+    (``rollout.weights_bootstrap_servers``), and ``region_security``: region -> the overrides of
+    ``rollout.weights_security`` when that cluster has a ``kafka_security`` (:func:`weights_security`).
+    The autoscaler's backend starts nodes through this same function, so its nodes get them too."""
     region_bootstrap, region_wrap, region_weights = region_bootstrap or {}, region_wrap or {}, region_weights or {}
+    region_security = region_security or {}
 
     def command(node) -> list[str]:
         view = cfg.view(node.policy) if len(cfg.policy_names) > 1 and node.policy else cfg
-        weights = ([f"rollout.weights_bootstrap_servers={region_weights[node.region]}"]
+        weights = ([f"rollout.weights_bootstrap_servers={region_weights[node.region]}",
+                    *region_security.get(node.region, [])]
                    if node.role == "raas" and node.region in region_weights else [])
         argv = (node_command(node.role, view, region_bootstrap.get(node.region, bootstrap), run_dir, node.node_id,
                              [*overrides, *node.overrides, *weights])
@@ -73,6 +77,14 @@ def node_command_for(cfg: JobConfig, bootstrap: str, run_dir: Path, overrides: l
         wrap = region_wrap.get(node.region)
         return wrap(argv) if wrap is not None else argv
     return command
+
+
+def weights_security(plan: Plan) -> dict[str, list[str]]:
+    """Region -> the ``--set rollout.weights_security.*`` pairs of its RaaS nodes, for each region
+    whose own cluster has a ``kafka_security`` (paths made absolute from the topology file's
+    folder; file and variable names only, never a password)."""
+    return {c.declared_by: c.security.absolute(Path(plan.source).parent).overrides("rollout.weights_security")
+            for c in own_clusters(plan).values() if c.security is not None}
 
 
 def make_backend(plan: Plan, cfg: JobConfig, command_for, log_dir: Path):
@@ -148,6 +160,7 @@ class TopologyRun:
         self.outcome = None
         self.wan = None  #: the emulated links (:class:`~.links.LinkEmulation`), with the embedded broker
         self.regions: dict = {}  #: region -> its own cluster (:class:`~.regional.RegionalCluster`)
+        self.claims: list = []  #: the mirror claims held on existing regional clusters
         self.extra: dict = {}
 
     @contextlib.contextmanager
@@ -178,7 +191,9 @@ class TopologyRun:
         region's namespace when its link is emulated; existing: nothing to start) and MirrorMaker 2
         copying ``weights.<p>`` and ``versions`` from home."""
         from astraflow.topics import job_topics
+        from astraflow.topics.claim import ExclusiveClaim
 
+        from .mirror_run import claim_group
         from .regional import RegionalCluster
         there = self.wan.bootstrap_for() if self.wan is not None else {}
         try:
@@ -186,8 +201,13 @@ class TopologyRun:
                 region = c.declared_by
                 link = self.wan.links.get(region) if self.wan is not None else None
                 rc = self.regions[region] = RegionalCluster(region, run_dir / "regions" / region, link,
-                                                            bootstrap=None if c.embedded else c.name)
+                                                            bootstrap=None if c.embedded else c.name,
+                                                            security=cluster_security(self.plan, c))
                 rc.start()
+                if rc.existing:  # an `astraflow mirror` elsewhere must not copy this job into it too
+                    self.claims.append(ExclusiveClaim(rc.here, claim_group(self.cfg.job),
+                                                      f"astraflow launch (mirror {region})",
+                                                      security_setting=rc.security).acquire())
                 rc.mirror_from(job_topics(self.cfg), bootstrap, there.get(region, bootstrap),
                                snapshot_bytes=_snapshot_bytes(self.cfg))
         except BaseException:
@@ -197,6 +217,9 @@ class TopologyRun:
     def close_regions(self) -> None:
         for rc in self.regions.values():
             rc.close()
+        for claim in self.claims:  # after the mirrors stopped
+            claim.release()
+        self.claims.clear()
 
     def processes(self, bootstrap: str, run_dir: Path):
         links = self.wan
@@ -204,7 +227,7 @@ class TopologyRun:
         command_for = node_command_for(self.cfg, bootstrap, run_dir, self.overrides,
                                        links.bootstrap_for() if links is not None else None,
                                        {r: links[r].wrap for r in links.links} if links is not None else None,
-                                       {r: rc.local for r, rc in self.regions.items()})
+                                       {r: rc.local for r, rc in self.regions.items()}, weights_security(self.plan))
         self.backend = make_backend(self.plan, self.cfg, command_for, run_dir / "logs")
         mine = [n for n in self.plan.nodes if n.owner == "host"]
         announce_started(bootstrap, self.cfg, mine)
@@ -330,7 +353,8 @@ def run_host(topology: str | Path, cfg: JobConfig, host: str, *, bootstrap: str 
     if region in own:  # the mirrored topics exist, with their bound, before a node of the region looks
         regional_mirror_plan(plan, cfg, region, bootstrap).prepare_target()
     run_dir = Path(run_dir)
-    command_for = node_command_for(cfg, bootstrap, run_dir, overrides, region_weights=own)
+    command_for = node_command_for(cfg, bootstrap, run_dir, overrides, region_weights=own,
+                                   region_security=weights_security(plan))
     mine = [n for n in plan.nodes_on(host) if n.owner == "host"]
     procs = [Proc(n.role, n.node_id, command_for(n), run_dir / "logs" / f"{n.node_id}.log") for n in mine]
     here = plan.autoscaler_host == host
@@ -392,7 +416,9 @@ def regional_mirror_plan(plan: Plan, cfg: JobConfig, region: str, home: str):
     from astraflow.topics import job_topics
 
     from .regional import job_mirror_plan
-    return job_mirror_plan(region, job_topics(cfg), home, own_clusters(plan)[region].name, _snapshot_bytes(cfg))
+    cluster = own_clusters(plan)[region]
+    return job_mirror_plan(region, job_topics(cfg), home, cluster.name, _snapshot_bytes(cfg),
+                           target_security=cluster_security(plan, cluster))
 
 
 def trainer_done_feed(stack: contextlib.ExitStack, bootstrap: str, cfg: JobConfig, client_id: str):

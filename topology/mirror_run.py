@@ -14,6 +14,14 @@ source offsets it committed with its writes), reports the region's mirror lag to
 cluster's ``metrics`` for ``astraflow status`` (:mod:`.region_watch`), and stops when the
 trainer reports it is done (after the mirror caught up) or on SIGTERM/SIGINT. It knows the plan,
 the two clusters and the job's topics; no nodes.
+
+One command per target: before anything starts it takes the claim :func:`claim_group` on the
+region's cluster (:class:`~astraflow.topics.claim.ExclusiveClaim`: consumer-group membership,
+so it holds across hosts and lapses with its holder). A second command for the same job and
+cluster is refused, naming the pid and host of the one that runs; once that one exits (at once)
+or dies (after the claim's session timeout) a new one starts. The claim lives on the cluster the
+copies would be duplicated in, keyed by the job, so it also catches the same job mirrored there
+under another topology or region name.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from typing import Callable
 from astraflow.config import JobConfig
 
 from .launch import _snapshot_bytes, home_bootstrap, load_plan, trainer_done, trainer_done_feed
-from .plan import check_multi_host, own_clusters
+from .plan import check_multi_host, cluster_security, own_clusters
 from .processes import RunFailed
 from .schema import TopologyError
 
@@ -38,6 +46,11 @@ BACKOFF_S = (1.0, 30.0)
 DRAIN_S = 60.0
 
 
+def claim_group(job: str) -> str:
+    """The consumer group on a region's cluster whose member runs the job's mirror into it."""
+    return f"astraflow.mirror.{job}"
+
+
 def run_mirror(topology: str | Path, cfg: JobConfig, region: str, *, bootstrap: str | None, run_dir: str | Path,
                max_restarts: int | None = None, stop: Callable[[], bool] | None = None) -> int:
     """Run region ``region``'s MirrorMaker 2 from home until the trainer is done, SIGTERM/SIGINT
@@ -45,6 +58,7 @@ def run_mirror(topology: str | Path, cfg: JobConfig, region: str, *, bootstrap: 
     raise :class:`~.processes.RunFailed`. Returns 0."""
     from astraflow.actors.supervisor import ChildSpec, Outcome, Supervisor
     from astraflow.topics import job_topics
+    from astraflow.topics.claim import ExclusiveClaim
 
     from .region_watch import RegionWatchActor
     from .regional import RegionalCluster
@@ -64,11 +78,15 @@ def run_mirror(topology: str | Path, cfg: JobConfig, region: str, *, bootstrap: 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: halt.set())
     stopping = (lambda: halt.is_set() or stop()) if stop is not None else halt.is_set
-    rc = RegionalCluster(region, Path(run_dir) / "regions" / region, bootstrap=own[region].name)
+    rc = RegionalCluster(region, Path(run_dir) / "regions" / region, bootstrap=own[region].name,
+                         security=cluster_security(plan, own[region]))
     topics = job_topics(cfg)
     print(f"mirror {region}: {topics.versions}, {', '.join(topics.weights(p) for p in topics.policies)} from {home} "
           f"into {rc.local} (MirrorMaker 2, dedicated; log {rc.work_dir / 'mirror' / 'mm2.log'})", flush=True)
     with contextlib.ExitStack() as stack:
+        claim = stack.enter_context(ExclusiveClaim(rc.here, claim_group(cfg.job), f"astraflow mirror {region}",
+                                                   security_setting=rc.security))
+        print(f"mirror {region}: holds claim {claim.group!r} on {rc.here} as {claim.client_id}", flush=True)
         stack.callback(rc.close)
         mirror = rc.mirror_from(topics, home, home, _snapshot_bytes(cfg))
         watch = Supervisor.start([ChildSpec("region-watch", lambda sup, n: RegionWatchActor.start(
@@ -80,6 +98,11 @@ def run_mirror(topology: str | Path, cfg: JobConfig, region: str, *, bootstrap: 
             if trainer_done(feed):
                 done = True
                 break
+            if claim.lost.is_set():
+                raise RunFailed(f"region {region}'s mirror lost its claim {claim.group!r} on {rc.here} (this process "
+                                f"was expelled from the group: paused or cut off longer than its session); another "
+                                f"mirror may hold it now, so this one stops", node_id=f"mirror-{region}",
+                                log_path=mirror.log_path)
             if mirror.running():
                 continue
             now = time.monotonic()

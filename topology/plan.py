@@ -14,8 +14,9 @@ This module knows nothing about processes or Kafka clients.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
-from .schema import EMBEDDED, REGION_REF, Device, Topology, TopologyError
+from .schema import EMBEDDED, REGION_REF, ClusterSecurityConfig, Device, Topology, TopologyError
 from .validation import autoscaler_host, local_backend_misplaced, pools
 
 #: The job's policy when a pool names none and no job is given.
@@ -29,6 +30,7 @@ class Cluster:
     name: str  #: "embedded" or the bootstrap servers
     declared_by: str  #: the region that declares it
     regions: tuple[str, ...]
+    security: ClusterSecurityConfig | None = None  #: its declaring region's ``kafka_security`` (None: the job's)
 
     @property
     def embedded(self) -> bool:
@@ -202,6 +204,10 @@ def resolve(t: Topology, job_policy: str | None = None) -> Plan:
                   "latency_ms": link.latency_ms} for link in t.links],
                 {k: v for k, v in asdict(t.autoscaler).items() if k != "host"}, autoscaler_host(t), addresses,
                 {r: list(region.hosts) for r, region in t.regions.items()}, emulate_links=t.emulate_links)
+    if plan.home.security is not None:
+        raise TopologyError(t.source, f"regions.{plan.home.declared_by}.kafka_security",
+                            "set on the home cluster, whose clients (every component of the job) authenticate with "
+                            "the job config's kafka.security: set it there")
     plan.notes = _notes(plan)
     misplaced = local_backend_misplaced(t)
     if misplaced:
@@ -231,11 +237,11 @@ def _clusters(t: Topology) -> list[Cluster]:
         servers = EMBEDDED if k == EMBEDDED else ",".join(sorted(s.strip() for s in k.split(",")))
         if servers != EMBEDDED and servers in by_servers:
             c = by_servers[servers]
-            merged = Cluster(c.name, c.declared_by, c.regions + tuple(regions))
+            merged = replace(c, regions=c.regions + tuple(regions))
             out[out.index(c)] = merged
             by_servers[servers] = merged
             continue
-        c = Cluster(servers, owner, tuple(regions))
+        c = Cluster(servers, owner, tuple(regions), t.regions[owner].kafka_security)
         out.append(c)
         if servers != EMBEDDED:
             by_servers[servers] = c
@@ -331,6 +337,16 @@ def check_multi_host(plan: Plan) -> None:
                                 "multi-host deployment give the region's existing cluster as 'host:port,...' "
                                 f"(its MirrorMaker 2: `astraflow mirror --region {c.declared_by}`), or "
                                 f"'region:{plan.kafka_region}' (direct mode)")
+
+
+def cluster_security(plan: Plan, cluster: Cluster):
+    """The :class:`~astraflow.topics.security.ClientSecurity` of a regional cluster's
+    ``kafka_security`` (its password read now), or None (the process's setting: the job's
+    ``kafka.security``); :class:`TopologyError` naming the key and the topology file."""
+    if cluster.security is None:
+        return None
+    return cluster.security.client(plan.source, f"regions.{cluster.declared_by}.kafka_security",
+                                   Path(plan.source).parent, TopologyError)
 
 
 def own_clusters(plan: Plan) -> dict[str, Cluster]:

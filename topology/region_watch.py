@@ -5,7 +5,8 @@ and the bytes its link carried, written to the home cluster's ``metrics`` topic.
 are not among them, so the launcher, which holds both, reports them as metrics every
 ``interval_s`` (``region.mirror_lag_records``, ``region.mirror_lag_versions``,
 ``region.link_bytes_down``, ``region.link_bytes_up``, labelled with the region, its cluster and
-its pools) and
+its pools; for a region with a mirror also ``region.mirrored_weight_bytes`` and
+``region.mirrored_versions``: :class:`MirroredWeights`) and
 :func:`regions_status` turns the newest of each into the status's ``regions`` section. It
 knows the plan, the links and the regional clusters it is given; no nodes.
 """
@@ -23,6 +24,58 @@ from astraflow.weights.publisher import read_latest_announcement
 INTERVAL_S = 5.0
 
 
+class MirroredWeights:
+    """The weight bytes a region's mirror delivered, counted from the mirrored ``versions`` on the
+    region's cluster: each announcement there says which payload it made usable (a delta's
+    ``manifest``, a snapshot's ``snapshot_manifest``), and an announcement crosses only after its
+    chunks (docs/cross_region_mirror.md). So with or without an emulated link it measures, at the
+    region, the payload bytes that crossed its link for the weights, each version once (a copy the
+    mirror made twice after a crash is counted once; protocol overhead and tasks are not). It reads
+    only the small ``versions`` topic, from its beginning: a compacted-away announcement is not
+    counted (compaction never touches the active segment, so in practice none is lost)."""
+
+    def __init__(self, bootstrap: str, versions_topic: str, security_setting=None) -> None:
+        from kafka import TopicPartition
+
+        from astraflow.topics import security
+        self.tp = TopicPartition(versions_topic, 0)
+        self.consumer = security.consumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                          isolation_level="read_committed", client_id="astraflow-mirrored-bytes",
+                                          max_partition_fetch_bytes=8 * 1024 * 1024, security=security_setting)
+        self.consumer.assign([self.tp])
+        self.consumer.seek_to_beginning(self.tp)
+        self.bytes = 0
+        self._seen: set[tuple] = set()
+
+    def update(self) -> tuple[int, int]:
+        """Read what arrived since the last call; returns (payload bytes, versions) so far."""
+        from astraflow.topics.codec import decode
+        from astraflow.topics.exceptions import DecodeError
+        from astraflow.topics.messages import VersionAnnouncement
+        end = self.consumer.end_offsets([self.tp])[self.tp]
+        while self.consumer.position(self.tp) < end:
+            records = self.consumer.poll(timeout_ms=1000).get(self.tp, [])
+            if not records:
+                break
+            for r in records:
+                try:
+                    ann = decode(r.value, r.headers)
+                except DecodeError:
+                    continue
+                if not isinstance(ann, VersionAnnouncement):
+                    continue
+                key = (ann.policy, ann.epoch, ann.version, ann.kind)
+                if key in self._seen:
+                    continue
+                self._seen.add(key)
+                new = ann.snapshot_manifest if ann.kind == "snapshot" else ann.manifest
+                self.bytes += new.total_bytes if new is not None else 0
+        return self.bytes, len({k[:3] for k in self._seen})
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
 class RegionWatchActor(LoopActor):
     """Reports every remote region (a link, a cluster of its own, or both) to ``metrics``."""
 
@@ -33,6 +86,7 @@ class RegionWatchActor(LoopActor):
         self.wan, self.regions, self.interval_s = wan, regions, interval_s
         self.producer = self.metrics = None
         self.next_report = 0.0
+        self.mirrored: dict[str, MirroredWeights] = {}
 
     def setup(self) -> None:
         self.producer = Producer(self.bootstrap, client_id=self.name)
@@ -61,14 +115,22 @@ class RegionWatchActor(LoopActor):
                     lag = -1
                 self.metrics.emit("region.mirror_lag_records", lag, mirror_running=rc.mirror.running(),
                                   mirror_starts=rc.mirror.starts, **labels)
-                self.metrics.emit("region.mirror_lag_versions", self.lag_versions(rc.here), **labels)
+                self.metrics.emit("region.mirror_lag_versions", self.lag_versions(rc.here, rc.security), **labels)
+                try:
+                    if region not in self.mirrored:
+                        self.mirrored[region] = MirroredWeights(rc.here, self.topics.versions, rc.security)
+                    done, versions = self.mirrored[region].update()
+                    self.metrics.emit_many({"region.mirrored_weight_bytes": done,
+                                            "region.mirrored_versions": versions}, **labels)
+                except Exception:  # noqa: BLE001 - a cut link: the next report counts on
+                    pass
             link = links.get(region)
             if link is not None:
                 self.metrics.emit_many({"region.link_bytes_down": link["bytes_down"],
                                         "region.link_bytes_up": link["bytes_up"]}, cut=link["cut"], **labels)
         self.producer.flush()
 
-    def lag_versions(self, region_bootstrap: str) -> int:
+    def lag_versions(self, region_bootstrap: str, region_security=None) -> int:
         """How many versions the region's cluster is behind home: per policy, the newest version
         announced at home minus the newest mirrored into the region (all of home's when the region
         has none, or is still in an older lineage epoch); the largest over policies; -1 when a
@@ -77,7 +139,8 @@ class RegionWatchActor(LoopActor):
         for policy in self.topics.policies:
             try:
                 home = read_latest_announcement(self.bootstrap, self.topics.versions, policy, timeout=10)
-                there = read_latest_announcement(region_bootstrap, self.topics.versions, policy, timeout=10)
+                there = read_latest_announcement(region_bootstrap, self.topics.versions, policy, timeout=10,
+                                                 security_setting=region_security)
             except Exception:  # noqa: BLE001 - not measurable now; the next report tries again
                 return -1
             if home is None:
@@ -92,6 +155,9 @@ class RegionWatchActor(LoopActor):
             self.report_quietly()
             self.producer.close()
             self.producer = None
+        for counter in self.mirrored.values():
+            counter.close()
+        self.mirrored.clear()
 
     def report_quietly(self) -> None:
         try:
@@ -103,15 +169,16 @@ class RegionWatchActor(LoopActor):
 def regions_status(metrics, nodes: list[dict]) -> dict:
     """The ``regions`` section of ``astraflow status`` from the region watcher's newest metrics:
     per region its cluster, mirror lag (in records and in versions; -1: not measurable then,
-    None: no mirror),
-    bytes across its link each way, and the nodes of its pools (from ``nodes``, the status's)."""
+    None: no mirror), the weight bytes and versions its mirror delivered, bytes across its
+    (emulated) link each way, and the nodes of its pools (from ``nodes``, the status's)."""
     out: dict = {}
     for m in metrics:
         if not m.name.startswith("region."):
             continue
         r = out.setdefault(m.labels.get("region", "?"), {"cluster": None, "mirror_lag_records": None,
-                                                         "mirror_lag_versions": None, "mirror_running": None, "link_bytes_down": None,
-                                                         "link_bytes_up": None, "pools": []})
+                                                         "mirror_lag_versions": None, "mirror_running": None,
+                                                         "mirrored_weight_bytes": None, "mirrored_versions": None,
+                                                         "link_bytes_down": None, "link_bytes_up": None, "pools": []})
         r["cluster"] = m.labels.get("cluster")
         r["pools"] = [p for p in str(m.labels.get("pools", "")).split(",") if p]
         if m.name == "region.mirror_lag_records":
@@ -119,7 +186,8 @@ def regions_status(metrics, nodes: list[dict]) -> dict:
             r["mirror_running"] = m.labels.get("mirror_running")
         elif m.name == "region.mirror_lag_versions":
             r["mirror_lag_versions"] = int(m.value)
-        elif m.name in ("region.link_bytes_down", "region.link_bytes_up"):
+        elif m.name in ("region.link_bytes_down", "region.link_bytes_up", "region.mirrored_weight_bytes",
+                        "region.mirrored_versions"):
             r[m.name[len("region."):]] = int(m.value)
     for r in out.values():
         r["nodes"] = [n["node"] for n in nodes

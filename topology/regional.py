@@ -31,6 +31,7 @@ from pathlib import Path
 from astraflow.topics import JobTopics
 from astraflow.topics.broker import EmbeddedBroker, free_port
 from astraflow.topics.mirror import MirrorMaker, MirrorPlan
+from astraflow.topics.security import ClientSecurity
 
 from .links import RegionLink
 
@@ -49,9 +50,9 @@ def alias(region: str) -> str:
     return "region_" + re.sub(r"\W", "_", region)
 
 
-def _broker_count(bootstrap: str) -> int:
+def _broker_count(bootstrap: str, security_setting=None) -> int:
     from astraflow.topics import security
-    admin = security.admin(bootstrap_servers=bootstrap, client_id="astraflow-region")
+    admin = security.admin(bootstrap_servers=bootstrap, client_id="astraflow-region", security=security_setting)
     try:
         return max(1, len(admin.describe_cluster().get("brokers", [])))
     finally:
@@ -59,20 +60,25 @@ def _broker_count(bootstrap: str) -> int:
 
 
 def job_mirror_plan(region: str, topics: JobTopics, home: str, target: str, snapshot_bytes: int,
-                    replication_factor: int = 1) -> MirrorPlan:
+                    replication_factor: int = 1, home_security: ClientSecurity | None = None,
+                    target_security: ClientSecurity | None = None) -> MirrorPlan:
     """The flow of region ``region``: the job's weight topics from ``home`` into ``target``
-    (both as MirrorMaker reaches them), the mirrored topics with their own bound."""
+    (both as MirrorMaker reaches them, with the client settings there: None, the process's),
+    the mirrored topics with their own bound."""
     return MirrorPlan.for_job(topics, source=("home", home), target=(alias(region), target),
-                              snapshot_bytes=snapshot_bytes, replication_factor=replication_factor)
+                              snapshot_bytes=snapshot_bytes, replication_factor=replication_factor,
+                              source_security=home_security, target_security=target_security)
 
 
 class RegionalCluster:
     """Region ``region``'s own cluster, embedded (in its namespace when ``link`` is given) or,
-    with ``bootstrap``, an existing one; once :meth:`mirror_from` ran, its MirrorMaker 2 from home."""
+    with ``bootstrap``, an existing one (``security``: how clients authenticate to it; None: the
+    process's setting); once :meth:`mirror_from` ran, its MirrorMaker 2 from home."""
 
     def __init__(self, region: str, work_dir: Path, link: RegionLink | None = None,
-                 bootstrap: str | None = None) -> None:
+                 bootstrap: str | None = None, security: ClientSecurity | None = None) -> None:
         self.region, self.link, self.work_dir = region, link, Path(work_dir)
+        self.security = security
         self.mirror: MirrorMaker | None = None
         self.broker: EmbeddedBroker | None = None
         if bootstrap is not None:  # an existing cluster: nothing to start, one address for everyone
@@ -115,14 +121,16 @@ class RegionalCluster:
         return self.broker.exit_code() if self.broker is not None else None
 
     def mirror_from(self, topics: JobTopics, home_here: str, home_there: str, snapshot_bytes: int,
-                    wait: bool = True) -> MirrorMaker:
+                    wait: bool = True, home_security: ClientSecurity | None = None) -> MirrorMaker:
         """Start MirrorMaker 2 mirroring ``topics``' weight topics from home into this cluster.
 
         ``home_here``: the home cluster as this process reaches it; ``home_there``: as the region
-        does (the home broker's listener for the region's link)."""
+        does (the home broker's listener for the region's link); ``home_security``: how clients
+        authenticate there (None: the process's setting)."""
         # MirrorMaker's internal topics: as many copies as an existing cluster affords (at most 3)
-        rf = 1 if self.broker is not None else min(3, _broker_count(self.here))
-        plan = job_mirror_plan(self.region, topics, home_there, self.local, snapshot_bytes, rf)
+        rf = 1 if self.broker is not None else min(3, _broker_count(self.here, self.security))
+        plan = job_mirror_plan(self.region, topics, home_there, self.local, snapshot_bytes, rf,
+                               home_security=home_security, target_security=self.security)
         self.mirror = MirrorMaker(plan, self.work_dir / "mirror", heap=MIRROR_HEAP, startup_timeout=240,
                                   wrap=self.link.wrap if self.link is not None else None,
                                   reach=(home_here, self.here))
@@ -133,6 +141,7 @@ class RegionalCluster:
         """What the summary records of this cluster: where it is and how far its mirror is behind."""
         out: dict = {"region": self.region, "bootstrap_in_region": self.local, "bootstrap_from_home": self.here,
                      "in_namespace": self.link is not None, "existing": self.existing,
+                     "security": self.security.describe() if self.security is not None else None,
                      "log": str(self.broker.log_path) if self.broker is not None else None}
         if self.mirror is not None:
             out["mirror"] = {"flow": self.mirror.plan.flow, "topics": list(self.mirror.plan.topics),

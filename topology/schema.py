@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from astraflow.config import ClusterSecurityConfig
 from astraflow.typed_config import Bounds, ConfigError, from_dict, load_yaml
 
 COMPONENTS = ("dataflow", "trainer", "raas")
@@ -149,6 +150,9 @@ class Region:
                               "home like an embedded one; on hosts by `astraflow mirror --region`), or 'region:<name>' (the cluster of that region; "
                               "'region:<home>' is direct mode: the region's nodes use the home cluster over the "
                               "link)")
+    kafka_security: ClusterSecurityConfig | None = _k(None, "with kafka naming an existing cluster: how clients (its "
+                                                      "MirrorMaker 2, the mirror command's) authenticate to it (SASL, "
+                                                      "TLS); null: the job's kafka.security, like its other clients")
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,14 @@ def _unique_names(t: Topology) -> None:
 
 def _check_kafka(t: Topology, rname: str) -> None:
     kafka, key = t.regions[rname].kafka.strip(), f"regions.{rname}.kafka"
+    sec = t.regions[rname].kafka_security
+    if sec is not None:
+        if kafka == EMBEDDED or kafka.startswith(REGION_REF):
+            raise TopologyError(t.source, f"regions.{rname}.kafka_security",
+                                f"set, but kafka is {kafka!r}: it describes an existing cluster named by bootstrap "
+                                f"servers (an embedded broker is set by the job's kafka.security; a region:<name> "
+                                f"reference by that region's kafka_security)")
+        _check_security(t.source, f"regions.{rname}.kafka_security", sec)
     if kafka == EMBEDDED:
         return
     if kafka.startswith(REGION_REF):
@@ -139,6 +147,13 @@ def _check_kafka(t: Topology, rname: str) -> None:
     except BadBootstrapServers as e:
         raise TopologyError(t.source, key, f"{kafka!r} is neither 'embedded', 'region:<name>' nor bootstrap "
                                            f"servers host:port[,host:port] ({e})") from None
+
+
+def _check_security(f: str, key: str, sec) -> None:
+    """The shape of a cluster's ``kafka_security`` (its files and variables are read where it is used)."""
+    bad = sec.problem()
+    if bad is not None:
+        raise TopologyError(f, f"{key}.{bad[0]}", bad[1])
 
 
 def _check_pool(f: str, key: str, pool) -> None:

@@ -54,13 +54,15 @@ class ChunkPrefetcher:
     """
 
     def __init__(self, bootstrap_servers: str, topic: str, *, node_id: str = "subscriber",
-                 want_snapshots: Callable[[], bool] = lambda: True, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+                 want_snapshots: Callable[[], bool] = lambda: True, max_bytes: int = DEFAULT_MAX_BYTES,
+                 security_setting: security.ClientSecurity | None = None) -> None:
         self.topic, self.node_id, self.max_bytes = topic, node_id, max_bytes
         self._want_snapshots = want_snapshots
         self._tp = TopicPartition(topic, 0)
         self._kc = security.consumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
                                      isolation_level="read_committed", max_partition_fetch_bytes=8 * 1024 * 1024,
-                                     fetch_max_bytes=64 * 1024 * 1024, client_id=f"astraflow-prefetch-{node_id}")
+                                     fetch_max_bytes=64 * 1024 * 1024, client_id=f"astraflow-prefetch-{node_id}",
+                                     security=security_setting)
         self._kc.assign([self._tp])
         self._kc.seek_to_end(self._tp)
         self._position = self._kc.position(self._tp)  # chunks from here on are seen

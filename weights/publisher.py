@@ -124,15 +124,18 @@ _STOP = object()
 
 def read_latest_announcement(bootstrap_servers: str, versions_topic: str, policy: str,
                              timeout: float = 30.0,
-                             verifier: AnnouncementVerifier | None = None) -> VersionAnnouncement | None:
-    """The newest announcement of ``policy`` on the ``versions`` topic, or None.
+                             verifier: AnnouncementVerifier | None = None,
+                             security_setting: security.ClientSecurity | None = None) -> VersionAnnouncement | None:
+    """The newest announcement of ``policy`` on the ``versions`` topic, or None (read with
+    ``security_setting``, default the process's client setting).
 
     With ``verifier``, only announcements it accepts count (:mod:`.signing`); the others
     are logged and passed over, so a forged head cannot set the epoch a trainer resumes in.
     """
     tp = TopicPartition(versions_topic, 0)
     kc = security.consumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
-                           client_id=f"astraflow-versions-{policy}", max_partition_fetch_bytes=8 * 1024 * 1024)
+                           client_id=f"astraflow-versions-{policy}", max_partition_fetch_bytes=8 * 1024 * 1024,
+                           security=security_setting)
     latest: VersionAnnouncement | None = None
     try:
         kc.assign([tp])

@@ -159,6 +159,8 @@ class WeightSubscriber:
         dead_letters: where refused announcements go, with their reason.
         on_reject: called from the subscriber's thread with each :class:`~.signing.Rejection`
             (a node counts them in its metrics).
+        security_setting: the client setting on ``bootstrap_servers`` (a region's own cluster:
+            ``rollout.weights_security``); None: the process's.
     """
 
     def __init__(self, bootstrap_servers: str, topics: JobTopics, policy: str, *,
@@ -168,8 +170,10 @@ class WeightSubscriber:
                  on_fault: Callable[[str, int], None] | None = None, on_demand: bool = False,
                  prefetch: bool = False, prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
                  verifier: AnnouncementVerifier | None = None, dead_letters: DeadLetters | None = None,
-                 on_reject: Callable[[Rejection], None] | None = None) -> None:
+                 on_reject: Callable[[Rejection], None] | None = None,
+                 security_setting: security.ClientSecurity | None = None) -> None:
         self.bootstrap_servers, self.topics, self.policy = bootstrap_servers, topics, policy
+        self.security_setting = security_setting
         self.node_id = node_id or "subscriber"
         self.codec_threads = codec_threads
         self._tracer = tracer or trace.get_tracer(__name__)
@@ -331,13 +335,14 @@ class WeightSubscriber:
         with contextlib.ExitStack() as stack:
             consumer = security.consumer(bootstrap_servers=self.bootstrap_servers, group_id=None,
                                          enable_auto_commit=False, client_id=f"astraflow-weights-{self.node_id}",
-                                         max_partition_fetch_bytes=8 * 1024 * 1024)
+                                         max_partition_fetch_bytes=8 * 1024 * 1024, security=self.security_setting)
             stack.callback(consumer.close)
-            reader = stack.enter_context(ChunkReader(self.bootstrap_servers))
+            reader = stack.enter_context(ChunkReader(self.bootstrap_servers, security_setting=self.security_setting))
             if self._prefetch:
                 self._prefetcher = ChunkPrefetcher(
                     self.bootstrap_servers, self.topics.weights(self.policy), node_id=self.node_id,
-                    want_snapshots=lambda: self._state is None, max_bytes=self._prefetch_bytes)
+                    want_snapshots=lambda: self._state is None, max_bytes=self._prefetch_bytes,
+                    security_setting=self.security_setting)
                 stack.callback(self._drop_prefetcher)
             consumer.assign([tp])
             consumer.seek_to_beginning(tp)

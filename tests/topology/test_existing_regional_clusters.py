@@ -183,6 +183,21 @@ def test_the_mirror_command_copies_weights_restarts_mirrormaker_and_stops_when_t
                 break
             time.sleep(5)
         assert lags and lags[-1].value == 0 and lags[-1].labels["cluster"] == "eu-west (own)", lags[-1:]
+        from astraflow.status import format_status, job_status
+        from astraflow.topology.region_watch import MirroredWeights
+        home = MirroredWeights(bootstrap, topics.versions)
+        try:
+            published = home.update()
+        finally:
+            home.close()
+        deadline = time.monotonic() + 60
+        while True:  # the bytes the mirror delivered: each version's payload once, as published at home
+            eu = job_status(bootstrap, job)["regions"]["eu-west"]
+            if (eu["mirrored_weight_bytes"], eu["mirrored_versions"]) == published or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert (eu["mirrored_weight_bytes"], eu["mirrored_versions"]) == published and published[1] == 6, eu
+        assert f"mirrored {published[0]:,} B of weights (6 versions)" in format_status(job_status(bootstrap, job))
         with contextlib.closing(Producer(bootstrap, client_id="test-trainer")) as p:
             p.send(topics.metrics, Metric("trainer.policy", "trainer.done", 1.0), key="trainer.policy", trace=False)
             p.flush()
@@ -226,3 +241,118 @@ def test_a_launch_with_an_existing_regional_cluster_reads_weights_there(tmp_path
     configs = _topic_configs(region_cluster.bootstrap_servers, weights)
     assert int(configs["retention.bytes"]) > 0 and int(configs["retention.ms"]) > 0  # its own bound, not home's -1
     assert region_cluster.exit_code() is None  # an existing cluster outlives the run
+
+
+def _mirror_cmd(path: Path, job: str, run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "astraflow", "mirror", "--topology", str(path), "--region", "eu-west",
+            "--config", str(JOB), "--set", f"job={job}", "--run-dir", str(run_dir)]
+
+
+def _wait_for_line(path: Path, needle: str, proc: subprocess.Popen, timeout: float = 240) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""
+        if needle in text:
+            return text
+        assert proc.poll() is None, f"exited {proc.returncode} before {needle!r}:\n{text}"
+        time.sleep(0.5)
+    raise AssertionError(f"no {needle!r} within {timeout:.0f} s:\n{path.read_text()}")
+
+
+@pytest.mark.slow
+def test_a_second_mirror_command_for_the_same_target_is_refused_until_the_first_is_gone(
+        tmp_path, bootstrap, region_cluster):
+    """Two `astraflow mirror` commands for one job and region (as if on two hosts: their own run
+    dirs): the second exits non-zero naming the first's pid and host, before starting anything;
+    once the first is SIGKILLed (no clean leave: its claim lapses with its session) a third one
+    takes the claim and runs MirrorMaker 2, and stops cleanly on SIGTERM."""
+    job = "mc" + uuid.uuid4().hex[:8]
+    path = _topology(tmp_path, bootstrap, region_cluster.bootstrap_servers)
+    ensure_topics(bootstrap, JobTopics(job=job, policies=("policy",), task_partitions=2,
+                                       trajectory_partitions=1).specs())
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs: list[subprocess.Popen] = []
+
+    def start(name: str) -> tuple[subprocess.Popen, Path]:
+        log = tmp_path / f"{name}.log"
+        with open(log, "w") as out:
+            procs.append(subprocess.Popen(_mirror_cmd(path, job, tmp_path / name), stdout=out,
+                                          stderr=subprocess.STDOUT, env=env))
+        return procs[-1], log
+
+    try:
+        first, first_log = start("a")
+        _wait_for_line(first_log, "holds claim", first)
+        second, second_log = start("b")
+        assert second.wait(timeout=180) == 3  # fatal: a supervisor does not restart it
+        refusal = second_log.read_text()
+        print(refusal)  # (shown with -s: the message a user sees)
+        assert "astraflow mirror eu-west already runs" in refusal, refusal
+        assert f"pid {first.pid} on host" in refusal and f"astraflow.mirror.{job}" in refusal, refusal
+        assert not (tmp_path / "b" / "regions" / "eu-west" / "mirror" / "mm2.properties").exists()  # nothing started
+        assert first.poll() is None  # the refused one took nothing from the first
+        _wait_for_line(first_log, "(MirrorMaker 2, dedicated", first)
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        deadline = time.monotonic() + 60  # its MirrorMaker (if it got that far) dies with it
+        while _mm2_pid(tmp_path / "a" / "regions" / "eu-west" / "mirror") is not None:
+            assert time.monotonic() < deadline, "the killed command's MirrorMaker 2 outlived it"
+            time.sleep(1)
+        third, third_log = start("c")
+        _wait_for_line(third_log, "holds claim", third)  # once the dead one's session lapsed
+        mm2_dir = tmp_path / "c" / "regions" / "eu-west" / "mirror"
+        deadline = time.monotonic() + 240
+        while "finished initialization and start" not in ((mm2_dir / "mm2.log").read_text()
+                                                          if (mm2_dir / "mm2.log").exists() else ""):
+            assert third.poll() is None and time.monotonic() < deadline, third_log.read_text()
+            time.sleep(1)
+        third.send_signal(signal.SIGTERM)
+        assert third.wait(timeout=120) == 0, third_log.read_text()
+        assert "mirror eu-west: done" in third_log.read_text()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_launch_does_not_mirror_into_an_existing_cluster_while_a_mirror_command_holds_it(tmp_path, bootstrap,
+                                                                                         region_cluster):
+    """`astraflow launch` takes the same claim as `astraflow mirror` on an existing regional cluster:
+    with the job's claim held there (as a running `astraflow mirror` holds it), launch's regions
+    refuse to start, naming the holder, before any MirrorMaker; released, they would start."""
+    from astraflow.topics.claim import ClaimRefused, ExclusiveClaim
+    from astraflow.topology.launch import TopologyRun
+    from astraflow.topology.mirror_run import claim_group
+    job = "ml" + uuid.uuid4().hex[:8]
+    cfg = load_config(str(JOB), {"job": job})
+    plan = load_plan(_topology(tmp_path, bootstrap, region_cluster.bootstrap_servers), cfg)
+    run = TopologyRun(plan, cfg, [])
+    with ExclusiveClaim(region_cluster.bootstrap_servers, claim_group(job), "astraflow mirror eu-west"):
+        with pytest.raises(ClaimRefused, match=f"astraflow-mirror-eu-west pid {os.getpid()}"):
+            run.start_regions(bootstrap, tmp_path / "run")
+    assert not (tmp_path / "run" / "regions" / "eu-west" / "mirror" / "mm2.properties").exists()
+    assert run.claims == [] and all(not rc.mirror for rc in run.regions.values())
+
+
+@pytest.mark.slow
+def test_launch_holds_the_claim_while_its_mirror_runs_and_releases_it_after(tmp_path, bootstrap, region_cluster):
+    from astraflow.topics.claim import ClaimRefused, ExclusiveClaim
+    from astraflow.topology.launch import TopologyRun
+    from astraflow.topology.mirror_run import claim_group
+    job = "mh" + uuid.uuid4().hex[:8]
+    cfg = load_config(str(JOB), {"job": job})
+    plan = load_plan(_topology(tmp_path, bootstrap, region_cluster.bootstrap_servers), cfg)
+    ensure_topics(bootstrap, JobTopics(job=job, policies=("policy",), task_partitions=2,
+                                       trajectory_partitions=1).specs())
+    run = TopologyRun(plan, cfg, [])
+    try:
+        run.start_regions(bootstrap, tmp_path / "run")
+        assert [c.held for c in run.claims] == [True] and run.regions["eu-west"].mirror.running()
+        with pytest.raises(ClaimRefused, match="astraflow-launch"):  # an `astraflow mirror` would be refused
+            ExclusiveClaim(region_cluster.bootstrap_servers, claim_group(job), "astraflow mirror eu-west").acquire()
+    finally:
+        run.close_regions()
+    assert run.claims == []
+    with ExclusiveClaim(region_cluster.bootstrap_servers, claim_group(job), "astraflow mirror eu-west") as claim:
+        assert claim.held  # at once: launch left the group when it closed its regions

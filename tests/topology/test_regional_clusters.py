@@ -19,7 +19,7 @@ from astraflow.topics import EmbeddedBroker, JobTopics, ensure_topics
 from astraflow.topology.launch import TopologyRun, load_plan, node_command_for
 from astraflow.status import format_status, job_status
 from astraflow.topology.plan import check_launchable, format_plan, resolve
-from astraflow.topology.region_watch import RegionWatchActor, regions_status
+from astraflow.topology.region_watch import MirroredWeights, RegionWatchActor, regions_status
 from astraflow.topology.schema import TopologyError, load_topology
 from astraflow.weights import WeightPublisher, WeightSubscriber
 from astraflow.weights.codec import weights_digest
@@ -112,11 +112,13 @@ def test_status_regions_take_the_newest_report_and_the_regions_nodes():
                Metric("region-watch", "region.mirror_lag_versions", 0, labels=labels),
                Metric("region-watch", "region.link_bytes_down", 5000, labels=labels),
                Metric("region-watch", "region.link_bytes_up", 300, labels=labels),
+               Metric("region-watch", "region.mirrored_weight_bytes", 4000, labels=labels),
+               Metric("region-watch", "region.mirrored_versions", 3, labels=labels),
                Metric("trainer.policy", "trainer.train_s", 1.0)]
     nodes = [{"node": "raas-eu-0"}, {"node": "raas-eu-1"}, {"node": "raas-us-0"}, {"node": "raas-eu"}]
     got = regions_status(metrics, nodes)
     assert got == {"eu-west": {"cluster": "eu-west (own)", "mirror_lag_records": 0, "mirror_lag_versions": 0,
-                               "mirror_running": True,
+                               "mirror_running": True, "mirrored_weight_bytes": 4000, "mirrored_versions": 3,
                                "link_bytes_down": 5000, "link_bytes_up": 300, "pools": ["raas-eu"],
                                "nodes": ["raas-eu-0", "raas-eu-1", "raas-eu"]}}
 
@@ -203,6 +205,12 @@ def test_weights_cross_the_link_once_for_two_readers_in_the_region(tmp_path):
             assert eu["cluster"] == "eu-west (own)" and eu["mirror_lag_records"] == 0 and eu["pools"] == ["raas-eu"]
             assert eu["mirror_lag_versions"] == 0  # version 3, the newest at home, is announced in the region
             assert eu["link_bytes_down"] >= down and eu["link_bytes_up"] > 0
+            home = MirroredWeights(broker.bootstrap_servers, topics.versions)
+            try:
+                assert eu["mirrored_weight_bytes"] == home.update()[0] > 0  # every version's payload, once
+            finally:
+                home.close()
+            assert eu["mirrored_versions"] == 4 and eu["mirrored_weight_bytes"] <= eu["link_bytes_down"]
             assert "region eu-west: cluster eu-west (own), mirror lag 0 versions (0 records); link" in format_status(status)
         finally:
             run.close_regions()

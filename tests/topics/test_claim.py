@@ -1,0 +1,81 @@
+"""An exclusive claim on the real embedded broker: a second claimant is refused while the holder
+lives and is told who holds it; the claim passes on when the holder releases it, and when the
+holder is SIGKILLed (its membership lapses after the session timeout)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from astraflow.topics.claim import ClaimRefused, ExclusiveClaim
+
+HOLD = """
+import sys, time
+from astraflow.topics.claim import ExclusiveClaim
+c = ExclusiveClaim(sys.argv[1], sys.argv[2], "holder", session_timeout_ms=6000).acquire()
+print("held", flush=True)
+print("lost" if c.lost.wait(600) else "timeout", flush=True)
+"""
+
+
+def test_a_second_claimant_is_refused_with_the_holders_identity_until_the_holder_releases(bootstrap):
+    group = "claim-" + uuid.uuid4().hex[:8]
+    first = ExclusiveClaim(bootstrap, group, "astraflow mirror eu", session_timeout_ms=6000).acquire()
+    try:
+        assert first.held
+        with pytest.raises(ClaimRefused) as e:
+            ExclusiveClaim(bootstrap, group, "astraflow mirror eu", session_timeout_ms=6000).acquire()
+        assert f"pid {os.getpid()} on host" in str(e.value) and "astraflow mirror eu already runs" in str(e.value)
+        assert [h.client_id for h in e.value.holders] == [first.client_id]
+        time.sleep(2)
+        assert first.held and not first.lost.is_set()  # the refused claimant took nothing from it
+    finally:
+        first.release()
+    with ExclusiveClaim(bootstrap, group, "astraflow mirror eu", session_timeout_ms=6000) as again:
+        assert again.held
+
+
+def test_a_killed_holders_claim_lapses_and_passes_to_the_next_claimant(bootstrap, tmp_path):
+    group = "claim-" + uuid.uuid4().hex[:8]
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, bootstrap, group], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        with pytest.raises(ClaimRefused, match=f"pid {proc.pid} on host"):
+            ExclusiveClaim(bootstrap, group, "next", session_timeout_ms=6000).acquire()
+        os.kill(proc.pid, signal.SIGKILL)  # no LeaveGroup: only the session timeout frees it
+        proc.wait(timeout=30)
+        with ExclusiveClaim(bootstrap, group, "next", session_timeout_ms=6000) as claim:
+            assert claim.held
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_holder_paused_past_its_session_loses_the_claim_to_the_next_and_is_told(bootstrap):
+    """SIGSTOP the holder (no heartbeats): the coordinator expels it and the next claimant gets
+    the claim; on SIGCONT the old holder learns it lost it (its owner must then stop)."""
+    group = "claim-" + uuid.uuid4().hex[:8]
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, bootstrap, group], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        os.kill(proc.pid, signal.SIGSTOP)
+        with ExclusiveClaim(bootstrap, group, "next", session_timeout_ms=6000) as claim:
+            assert claim.held
+            os.kill(proc.pid, signal.SIGCONT)
+            assert proc.stdout.readline().strip() == "lost"
+            time.sleep(2)
+            assert claim.held and not claim.lost.is_set()  # the old holder's rejoin took nothing back
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+            proc.wait()
