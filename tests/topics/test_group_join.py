@@ -76,7 +76,7 @@ def _storm(bootstrap: str, make, n: int = 2, seconds: float = 12,
 
 
 def test_two_members_storm_in_kafka_python_and_settle_with_confirmed_joins(bootstrap):
-    gens, _, _ = _storm(bootstrap, _plain, seconds=60, until_generation=6)
+    gens, _, _ = _storm(bootstrap, _plain, seconds=120, until_generation=6)
     assert max(gens) >= 6, f"the control did not storm ({gens}): the fix is not tested"
 
     gens, held, coords = _storm(bootstrap, lambda b, g: keep_completed_joins(_plain(b, g)))
@@ -91,7 +91,7 @@ def test_two_members_storm_in_kafka_python_and_settle_with_confirmed_joins(boots
 def test_a_single_member_keeps_its_generation(bootstrap):
     """Alone in its group, a member's every finished join is redone without the fix (a
     leader's JoinGroup opens a rebalance), so its commits keep failing; with it, one join."""
-    gens, _, _ = _storm(bootstrap, _plain, n=1, seconds=60, until_generation=4)
+    gens, _, _ = _storm(bootstrap, _plain, n=1, seconds=120, until_generation=4)
     assert gens[0] >= 4, f"the control did not storm ({gens})"
     gens, held, _ = _storm(bootstrap, lambda b, g: keep_completed_joins(_plain(b, g)), n=1, seconds=8)
     assert gens[0] <= 2 and held[0] == set(range(PARTITIONS)), (gens, held)
