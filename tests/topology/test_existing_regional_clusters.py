@@ -132,6 +132,23 @@ def _topic_configs(bootstrap: str, topic: str) -> dict[str, str]:
         admin.close()
 
 
+def _trainer_done(bootstrap: str, topics: JobTopics) -> None:
+    """The trainer's "done" metric: a mirror command stops after it."""
+    with contextlib.closing(Producer(bootstrap, client_id="test-trainer")) as p:
+        p.send(topics.metrics, Metric("trainer.policy", "trainer.done", 1.0), key="trainer.policy", trace=False)
+        p.flush()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM a process still running, SIGKILL it if it does not end within 60 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def _mm2_pid(work_dir: Path) -> int | None:
     """The MirrorMaker JVM whose command line names this test's mm2.properties (our own child's child)."""
     needle = str(work_dir / "mm2.properties")
@@ -198,18 +215,11 @@ def test_the_mirror_command_copies_weights_restarts_mirrormaker_and_stops_when_t
             time.sleep(2)
         assert (eu["mirrored_weight_bytes"], eu["mirrored_versions"]) == published and published[1] == 6, eu
         assert f"mirrored {published[0]:,} B of weights (6 versions)" in format_status(job_status(bootstrap, job))
-        with contextlib.closing(Producer(bootstrap, client_id="test-trainer")) as p:
-            p.send(topics.metrics, Metric("trainer.policy", "trainer.done", 1.0), key="trainer.policy", trace=False)
-            p.flush()
+        _trainer_done(bootstrap, topics)
         assert proc.wait(timeout=120) == 0
     finally:
         pub.close()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop(proc)
         log.close()
     text = (tmp_path / "mirror.log").read_text()
     assert "restart 1" in text and "mirror eu-west: done" in text, text

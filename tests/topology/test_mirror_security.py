@@ -6,9 +6,7 @@ broker fixture: SCRAM-SHA-512, a CA of its own, ACLs on) really copies the weigh
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -20,14 +18,14 @@ import pytest
 import yaml
 
 from astraflow.config import load_config
-from astraflow.topics import JobTopics, Metric, Producer, ensure_topics, security
+from astraflow.topics import JobTopics, ensure_topics, security
 from astraflow.topology.launch import load_plan, regional_mirror_plan
 from astraflow.topology.mirror_run import run_mirror
 from astraflow.topology.schema import TopologyError
 from astraflow.weights import WeightPublisher
 from astraflow.weights.publisher import read_latest_announcement
 
-from .test_existing_regional_clusters import EXAMPLE, JOB, _history, _publish, _topology
+from .test_existing_regional_clusters import EXAMPLE, JOB, _history, _publish, _stop, _topology, _trainer_done
 
 PASSWORD = "s3cr3t-" + uuid.uuid4().hex[:6]
 
@@ -184,18 +182,11 @@ def test_the_mirror_command_copies_weights_from_a_plain_cluster_into_a_sasl_ssl_
             reader.close()
         mm2 = (run_dir / "regions" / "eu-west" / "mirror" / "mm2.properties").read_text()
         assert "SASL_SSL" in mm2 and setup.super_password not in mm2
-        with contextlib.closing(Producer(bootstrap, client_id="test-trainer")) as p:
-            p.send(topics.metrics, Metric("trainer.policy", "trainer.done", 1.0), key="trainer.policy", trace=False)
-            p.flush()
+        _trainer_done(bootstrap, topics)
         assert proc.wait(timeout=120) == 0, (tmp_path / "mirror.log").read_text()
     finally:
         pub.close()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop(proc)
         log.close()
     assert "mirror eu-west: done" in (tmp_path / "mirror.log").read_text()
 
