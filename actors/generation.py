@@ -55,8 +55,11 @@ H_REQUEST = "af-request"
 #: episode is recorded, dropped with its reason, and its slot is scheduled again)
 REPLY_TIMEOUT_S = 300.0
 
-#: engine calls a server keeps in flight at once on an engine that batches concurrent calls
-#: (each a poll's requests of one sampling setting); it stops polling while that many run
+#: engine calls a server keeps in flight at once, per device of its node, on an engine that
+#: batches concurrent calls (each a poll's requests of one sampling setting); it stops polling
+#: while that many run. Per device: a fixed cap let a 4-device verifier node take no more
+#: requests at once than a 1-device one, and at 32 emulated devices the solver's calls waited
+#: past their reply timeout behind it.
 MAX_CALLS_IN_FLIGHT = 8
 
 
@@ -163,7 +166,7 @@ class GenerationServer:
     def __init__(self, bootstrap: str, topics: JobTopics, policy: str, node_id: str,
                  run: Callable[[Sequence[Sequence[int]], SamplingParams, Sequence[int]], list[Generation]],
                  params: Callable[[dict], SamplingParams], dead_letters: DeadLetters | None = None,
-                 producer: Producer | None = None, concurrent: bool = False) -> None:
+                 producer: Producer | None = None, concurrent: bool = False, devices: int = 1) -> None:
         from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
         self.topics, self.policy, self.node_id, self.run, self.params = topics, policy, node_id, run, params
         self._own_producer = producer is None
@@ -182,12 +185,15 @@ class GenerationServer:
         self.fenced = 0  #: requests answered but not committed: the group rebalanced (redone by their new owner)
         self.calls = 0  #: engine calls made for the requests served
         #: an engine that batches concurrent calls itself is handed each poll's call at once, on
-        #: a thread of its own, while the next poll goes on; offsets are committed once every
-        #: request polled so far has its reply sent (at-least-once, as before)
+        #: a thread of its own, while the next poll goes on; a poll's offsets are committed once
+        #: its replies and those of every poll before it are sent (at-least-once, as before), so
+        #: a server that always has calls in flight still commits what it has answered
         self.concurrent = concurrent
-        self._workers = ThreadPoolExecutor(MAX_CALLS_IN_FLIGHT, thread_name_prefix=f"{node_id}-serve") \
+        self.max_calls_in_flight = MAX_CALLS_IN_FLIGHT * max(1, int(devices))
+        self._workers = ThreadPoolExecutor(self.max_calls_in_flight, thread_name_prefix=f"{node_id}-serve") \
             if concurrent else None
         self._in_flight: list[Future] = []
+        self._polls: list[tuple[list[Future], list]] = []  #: per poll, in order: its calls and its deliveries
         self._count = threading.Lock()
         self._answering, self._busy_from = 0, 0.0  #: calls being answered now, since when
         self._uncommitted: list = []  #: deliveries polled whose offsets are not committed yet
@@ -209,27 +215,56 @@ class GenerationServer:
         # At the limit (calls held back while a weight load waits, or a long call) the request
         # partitions are paused, not left unpolled: the poll keeps this member's group membership
         # current, so a rebalance never waits on it.
-        self.consumer.hold(len(self._in_flight) >= MAX_CALLS_IN_FLIGHT)
+        self.consumer.hold(len(self._in_flight) >= self.max_calls_in_flight)
         deliveries = self.consumer.poll(timeout_ms)
         if deliveries:
             self.watch.saw_records()
         by_sampling: dict[str, list[GenerationRequest]] = {}
         for d in deliveries:
             by_sampling.setdefault(repr(sorted(d.message.sampling.items())), []).append(d.message)
+        calls: list[Future] = []
         for reqs in by_sampling.values():
             if self._workers is not None:
-                self._in_flight.append(self._workers.submit(self._answer, reqs))
+                calls.append(self._workers.submit(self._answer, reqs))
             else:
                 self._answer(reqs)
+        self._in_flight.extend(calls)
         self._uncommitted.extend(deliveries)
+        if deliveries:
+            self._polls.append((calls, deliveries))
         if self._in_flight:
+            return self._commit_answered_prefix()
+        deliveries, self._uncommitted, self._polls = self._uncommitted, [], []
+        return self._commit(deliveries, None)
+
+    def _commit_answered_prefix(self) -> int:
+        """With calls still in flight: commit the polls answered so far whose every earlier
+        poll is answered too (offsets are positions: a later poll's answer cannot be committed
+        past an earlier poll still in the engine)."""
+        done: list = []
+        while self._polls and all(f.done() for f in self._polls[0][0]):
+            for f in self._polls[0][0]:
+                f.result()  # a reply that could not be sent fails the step, as it does when served inline
+            done.extend(self._polls.pop(0)[1])
+        if not done:
             return 0
-        deliveries, self._uncommitted = self._uncommitted, []
+        offsets: dict[TopicPartition, int] = {}
+        for d in done:
+            tp = TopicPartition(d.topic, d.partition)
+            offsets[tp] = max(offsets.get(tp, 0), d.offset + 1)
+        kept = {id(d) for d in done}
+        self._uncommitted = [d for d in self._uncommitted if id(d) not in kept]
+        return self._commit(done, offsets)
+
+    def _commit(self, deliveries: list, offsets: dict[TopicPartition, int] | None) -> int:
+        """Commit ``offsets`` (None: everything handed out) once the replies are flushed;
+        returns the requests served, 0 when the group rebalanced first (they are fenced)."""
         t0 = time.monotonic()
         if deliveries or self.consumer.pending_offsets():
             self.producer.flush()
             try:
-                self.consumer.commit()
+                # a prefix, too, only under the membership its records were handed out in
+                self.consumer.commit(offsets, check_membership=True)
             except StaleMembershipError as e:
                 # The group rebalanced while these were answered (this member was kicked out,
                 # its session expired): their partitions' owner is handed them again from the

@@ -93,7 +93,8 @@ class RolloutActor(LoopActor):
                                            producer=self.plain, timeout_s=REPLY_TIMEOUT_S * stretch)
             self.server = GenerationServer(self.bootstrap, self.topics, self.cfg.policy, self.node_id,
                                            self._serve_rows, self._sampling_params, dead_letters=dead,
-                                           producer=self.plain, concurrent=self.engine_lock.concurrent)
+                                           producer=self.plain, concurrent=self.engine_lock.concurrent,
+                                           devices=self.cfg.rollout.device.count)
         self.runner = EpisodeRunner(self.cfg.policy, self.node_id, self.engine, self.tokenizer, self.cfg.seed,
                                     engine_lock=self.engine_lock, before_call=self._refresh_weights,
                                     client=self.client, batch_invariant=self.cfg.rollout.batch_invariant,

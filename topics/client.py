@@ -630,8 +630,13 @@ class Consumer:
         if self._subscribed:
             self._kc._coordinator.reset_generation()
 
-    def commit(self, offsets: dict[TopicPartition, int] | None = None) -> None:
+    def commit(self, offsets: dict[TopicPartition, int] | None = None, *,
+               check_membership: bool | None = None) -> None:
         """Synchronously commit ``offsets`` (default: everything handed out so far).
+
+        ``check_membership`` (default: only when ``offsets`` is not given) first checks that
+        the records were handed out under the membership still current, as below; a caller
+        committing part of what it was handed (a prefix) asks for it.
 
         A subscribed consumer that lost its group membership since it handed the records out
         (a rebalance: kicked out for a slow poll, a session that expired, a broker restart)
@@ -642,11 +647,12 @@ class Consumer:
         void offsets are forgotten here, so the next commit does not try them again.
         """
         explicit = offsets is not None
+        check = (not explicit) if check_membership is None else check_membership
         offs = offsets if explicit else self.pending_offsets()
         if not offs:
             return
         try:
-            if self._subscribed and not explicit:
+            if self._subscribed and check:
                 self.membership_for(offs)  # handed out under the membership still current
             self._kc.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in offs.items()})
         except StaleMembershipError:
