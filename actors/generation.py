@@ -193,10 +193,10 @@ class GenerationServer:
         self._workers = ThreadPoolExecutor(self.max_calls_in_flight, thread_name_prefix=f"{node_id}-serve") \
             if concurrent else None
         self._in_flight: list[Future] = []
-        self._polls: list[tuple[list[Future], list]] = []  #: per poll, in order: its calls and its deliveries
+        #: per poll whose offsets are not committed yet, in order: its calls and its deliveries
+        self._polls: list[tuple[list[Future], list]] = []
         self._count = threading.Lock()
         self._answering, self._busy_from = 0, 0.0  #: calls being answered now, since when
-        self._uncommitted: list = []  #: deliveries polled whose offsets are not committed yet
         #: seconds spent answering (engine calls and replies, while any is under way; their commit), not
         #: polling an empty topic:
         #: the pool's work for other policies' episodes, which its autoscaler counts as demand
@@ -210,7 +210,7 @@ class GenerationServer:
         for f in [f for f in self._in_flight if f.done()]:
             f.result()  # a reply that could not be sent fails the step, as it does when served inline
         self._in_flight = [f for f in self._in_flight if not f.done()]
-        if not self._in_flight and not self._uncommitted:  # nothing of the consumer's is pending
+        if not self._in_flight and not self._polls:  # nothing of the consumer's is pending
             self.consumer = self.watch.renew(self.consumer, self._new_consumer)
         # At the limit (calls held back while a weight load waits, or a long call) the request
         # partitions are paused, not left unpolled: the poll keeps this member's group membership
@@ -229,12 +229,12 @@ class GenerationServer:
             else:
                 self._answer(reqs)
         self._in_flight.extend(calls)
-        self._uncommitted.extend(deliveries)
         if deliveries:
             self._polls.append((calls, deliveries))
         if self._in_flight:
             return self._commit_answered_prefix()
-        deliveries, self._uncommitted, self._polls = self._uncommitted, [], []
+        deliveries = [d for _, polled in self._polls for d in polled]
+        self._polls = []
         return self._commit(deliveries, None)
 
     def _commit_answered_prefix(self) -> int:
@@ -252,8 +252,6 @@ class GenerationServer:
         for d in done:
             tp = TopicPartition(d.topic, d.partition)
             offsets[tp] = max(offsets.get(tp, 0), d.offset + 1)
-        kept = {id(d) for d in done}
-        self._uncommitted = [d for d in self._uncommitted if id(d) not in kept]
         return self._commit(done, offsets)
 
     def _commit(self, deliveries: list, offsets: dict[TopicPartition, int] | None) -> int:
