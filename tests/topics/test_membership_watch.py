@@ -23,26 +23,40 @@ def _join(consumer, polls: int = 40) -> None:
 
 def test_a_member_the_broker_dropped_is_reported_though_the_client_says_it_is_stable(
         bootstrap, job_topics, make_consumer, expel_silently):
-    c = make_consumer(topics=[job_topics.tasks("policy")], group_id="watch-dropped", client_id="node-d",
-                      session_timeout_ms=6_000, heartbeat_interval_ms=1_000)
-    _join(c)
-    watch = MembershipWatch(bootstrap, "node-d", unsettled_s=1.0, idle_s=1.0)
-    try:
-        assert watch.check(c) is None and watch.probes == 0  # fresh: nothing to ask
-        time.sleep(1.1)
-        c.poll(100)
-        assert watch.check(c) is None and watch.probes == 1  # idle: asked, and the broker lists it
-        assert watch.check(c) is None and watch.probes == 1  # at most one question per idle_s
+    # The state under test is the client's blind spot: the broker dropped the member and the
+    # client has not noticed. The client can notice on its own (seen once in a clean-clone CI:
+    # it was rebalancing, generation 2, when the test looked), and then there is no blind spot
+    # to report. Such a try proves nothing either way and is made again in a new group; the
+    # test fails if no try reaches the blind spot, or if one reaches it and the watch is silent.
+    noticed = []
+    for attempt in range(3):
+        group = f"watch-dropped-{attempt}"
+        c = make_consumer(topics=[job_topics.tasks("policy")], group_id=group, client_id="node-d",
+                          session_timeout_ms=6_000, heartbeat_interval_ms=1_000)
+        _join(c)
+        watch = MembershipWatch(bootstrap, "node-d", unsettled_s=1.0, idle_s=1.0)
+        try:
+            assert watch.check(c) is None and watch.probes == 0  # fresh: nothing to ask
+            time.sleep(1.1)
+            c.poll(100)
+            assert watch.check(c) is None and watch.probes == 1  # idle: asked, and the broker lists it
+            assert watch.check(c) is None and watch.probes == 1  # at most one question per idle_s
 
-        member = expel_silently(c, "watch-dropped", timeout_s=30, pause_s=1)
-        c.poll(100)
-        meta = c.group_metadata()
-        assert meta.generation_id >= 0 and meta.member_id == member and c.seconds_outside_group() == 0.0
-        time.sleep(1.1)
-        reason = watch.check(c)
-        assert reason is not None and f"does not list member {member}" in reason
-    finally:
-        watch.close()
+            member = expel_silently(c, group, timeout_s=30, pause_s=1)
+            c.poll(100)
+            meta = c.group_metadata()
+            if not (meta.generation_id >= 0 and meta.member_id == member and c.seconds_outside_group() == 0.0):
+                noticed.append(meta)
+                continue
+            time.sleep(1.1)
+            reason = watch.check(c)
+            assert reason is not None and f"does not list member {member}" in reason
+            return
+        finally:
+            watch.close()
+            c.close()
+    raise AssertionError(f"the client noticed its own expulsion in every try, so the blind spot was never "
+                         f"reached: {noticed}")
 
 
 def test_a_member_waiting_in_a_rebalance_another_member_holds_up_is_left_alone(
