@@ -190,6 +190,43 @@ def _acl_users(cfg, policies: tuple[str, ...], pairs: list[str]) -> dict[str, st
     return users
 
 
+def _mirror_acl(args: argparse.Namespace, cfg, topics) -> int:
+    """``acl plan|apply --topology T --config C --region R``: the ACLs of region R's mirror
+    principal (``regions.R.kafka_security.username``, or ``--principal mirror=USER``) on R's
+    own cluster, where MirrorMaker 2 writes the job's weights."""
+    from astraflow.topics.acls import apply, format_plan, mirror_plan
+    from astraflow.topology.launch import load_plan
+    from astraflow.topology.mirror_run import claim_group
+    from astraflow.topology.plan import own_clusters
+    from astraflow.topology.regional import HOME_ALIAS
+    if not args.topology or cfg is None:
+        raise SystemExit("astraflow acl --region: give --topology and --config (the region's cluster and the job)")
+    plan = load_plan(args.topology, cfg)
+    own = own_clusters(plan)
+    if args.region not in own:
+        raise SystemExit(f"astraflow acl --region {args.region}: not a region with a cluster of its own in "
+                         f"{args.topology} (regions with one: {', '.join(own) or 'none'})")
+    cluster = own[args.region]
+    given = dict(p.partition("=")[::2] for p in args.principal or [])
+    user = given.pop("mirror", None) or (cluster.security.username if cluster.security else None)
+    if given or not user:
+        raise SystemExit(f"astraflow acl --region {args.region}: the mirror's user is "
+                         f"regions.{args.region}.kafka_security.username or --principal mirror=USER"
+                         + (f" (other principals are not planned with --region: {', '.join(given)})" if given else ""))
+    entries = mirror_plan(topics, user, source_alias=HOME_ALIAS, claim_group=claim_group(topics.job))
+    if args.action == "plan":
+        print(format_plan(entries))
+        return 0
+    bootstrap = args.bootstrap_servers or (None if cluster.embedded else cluster.name)
+    if not bootstrap:
+        raise SystemExit(f"astraflow acl apply --region {args.region}: its cluster is embedded; give "
+                         f"--bootstrap-servers")
+    n = apply(bootstrap, entries)
+    print(f"acl: {n} ACLs in force for mirror principal {user!r} of region {args.region} (job {topics.job}) on "
+          f"{bootstrap}")
+    return 0
+
+
 def _cmd_acl(args: argparse.Namespace) -> int:
     """Plan (print) or apply a job's ACLs; ``apply`` runs as the environment's client (the
     super user's ``ASTRAFLOW_KAFKA_*``), never as one of the job's own principals."""
@@ -202,6 +239,8 @@ def _cmd_acl(args: argparse.Namespace) -> int:
     if args.topology and cfg is None:
         raise SystemExit("astraflow acl --topology: give --config too (the job whose topics and principals it runs)")
     topics = job_topics(cfg) if cfg else JobTopics(job=args.job, policies=tuple(args.policy or ["policy"]))
+    if args.region:
+        return _mirror_acl(args, cfg, topics)
     users = _acl_users(cfg, topics.policies, args.principal)
     serves: dict[str, tuple[str, ...]] = {}
     if args.topology:  # only the principals the topology's pools run (and the launcher's admin)
@@ -590,8 +629,12 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_argument("--topology", metavar="FILE",
                     help="with --config: only the principals the topology's pools run, each policy's where "
                          "principals are per policy")
+    ac.add_argument("--region", help="with --topology and --config: the ACLs of that region's mirror principal "
+                                     "(regions.R.kafka_security.username, or --principal mirror=USER) on the "
+                                     "region's own cluster, where MirrorMaker 2 writes the weights")
     ac.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key")
-    ac.add_argument("--bootstrap-servers", help="apply: the cluster (default: kafka.bootstrap_servers)")
+    ac.add_argument("--bootstrap-servers", help="apply: the cluster (default: kafka.bootstrap_servers; with "
+                                                "--region, the region's cluster)")
     ac.add_argument("--users", action="store_true",
                     help="apply: also create each principal's SCRAM-SHA-512 credential from its password file or "
                          "variable in the config")

@@ -322,7 +322,8 @@ class ClusterSecurityConfig:
             return ClientSecurity(protocol=sec.protocol, mechanism=sec.sasl_mechanism, username=sec.username,
                                   password=password, ca_file=sec.ca_file, cert_file=sec.cert_file,
                                   key_file=sec.key_file, check_hostname=sec.check_hostname,
-                                  source=f"{key} of {file}")
+                                  source=f"{key} of {file}",
+                                  password_env=sec.password_env if password is not None else None)
         except SecurityError as e:
             raise error(file, key, str(e).split(": ", 1)[-1]) from None
 

@@ -41,7 +41,7 @@ from typing import Iterable
 
 from .registry import JobTopics
 
-__all__ = ["AclEntry", "POLICY_ROLES", "ROLES", "apply", "format_plan", "plan", "principals_of"]
+__all__ = ["AclEntry", "POLICY_ROLES", "ROLES", "apply", "format_plan", "mirror_plan", "plan", "principals_of"]
 
 ROLES = ("raas", "trainer", "dataflow", "admin")
 POLICY_ROLES = ("raas", "trainer")  #: roles a principal may serve one policy of: ``<role>.<policy>``
@@ -159,6 +159,36 @@ def plan(topics: JobTopics, principals: dict[str, str],
                         for g in (t.dataflow_group(p), t.dataflow_group(p) + ".trajectories")]
             out += [AclEntry(who, "TRANSACTIONAL_ID", f"{t.prefix}dataflow.", op, "PREFIXED", key)
                     for op in ("WRITE", "DESCRIBE")]
+    return sorted(set(out))
+
+
+def mirror_plan(topics: JobTopics, user: str, *, source_alias: str, claim_group: str,
+                claim_topic: str = "astraflow.claims") -> list[AclEntry]:
+    """The ALLOW rules of a region's mirror principal ``user`` on that region's cluster, the
+    target of the one-way flow of :mod:`.mirror` (MirrorMaker 2 in dedicated mode, exactly-once
+    source, connect-cluster group ``<source_alias>-mm2``; home's cluster alias ``source_alias``).
+
+    It may write only the mirrored weight topics (``versions`` and ``weights.<p>``: create them
+    with their own bound, describe, write), run MirrorMaker's Connect worker (its group, its
+    three internal topics, the transactional ids of exactly-once source: the leader's
+    ``connect-cluster-<group>`` and the tasks' ``<group>-<connector>-<task>``), and hold the
+    job's mirror claim (:mod:`.claim`: a group on a one-partition topic, never written). It may
+    not write tasks, trajectories, batches or anything else of the job on that cluster; the
+    region's RaaS nodes only read what it writes. At home MirrorMaker reads as the process's
+    own login (the job's admin principal reads every topic of the job)."""
+    who, key, group = f"User:{user}", "mirror", f"{source_alias}-mm2"
+    out: list[AclEntry] = []
+    for name in (topics.versions, *(topics.weights(p) for p in topics.policies)):
+        out += _topic(who, key, name, "CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "WRITE", "READ")
+    for kind in ("configs", "offsets", "status"):
+        out += _topic(who, key, f"mm2-{kind}.{source_alias}.internal", "CREATE", "DESCRIBE",
+                      "DESCRIBE_CONFIGS", "READ", "WRITE")
+    out += [AclEntry(who, "GROUP", group, op, "LITERAL", key) for op in ("READ", "DESCRIBE")]
+    out += [AclEntry(who, "TRANSACTIONAL_ID", name, op, pattern, key)
+            for name, pattern in ((f"connect-cluster-{group}", "LITERAL"), (f"{group}-", "PREFIXED"))
+            for op in ("WRITE", "DESCRIBE")]
+    out += _topic(who, key, claim_topic, "CREATE", "DESCRIBE", "READ")
+    out += [AclEntry(who, "GROUP", claim_group, op, "LITERAL", key) for op in ("READ", "DESCRIBE")]
     return sorted(set(out))
 
 

@@ -116,8 +116,11 @@ _LOGIN_MODULES = {"PLAIN": "org.apache.kafka.common.security.plain.PlainLoginMod
 
 
 def _jaas(sec: security.ClientSecurity) -> str:
-    return (f"{_LOGIN_MODULES[sec.mechanism or '']} required username={json.dumps(sec.username)} "
-            f"password={json.dumps(sec.password)};")
+    """The login; a password read from an environment variable stays there: the value names
+    it (``${env:VAR}``, Kafka's EnvVarConfigProvider) and MirrorMaker, a child process that
+    inherits the environment, reads it itself."""
+    password = f'"${{env:{sec.password_env}}}"' if sec.password_env else json.dumps(sec.password)
+    return f"{_LOGIN_MODULES[sec.mechanism or '']} required username={json.dumps(sec.username)} password={password};"
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -149,9 +152,11 @@ class MirrorPlan:
             (Connect's default is 60 s; the flow's one task stops and commits well within it).
         source_security / target_security: how MirrorMaker's clients (and this process's, for
             the topics and the lag) authenticate to each cluster; None: the process's setting
-            (:func:`~.security.current`). A SASL login's JAAS entry goes to a 0600 file beside
-            ``mm2.properties`` (:data:`SECRETS_FILE`), which reads it through Kafka's
-            ``FileConfigProvider``: the config itself holds no password.
+            (:func:`~.security.current`). The config itself holds no password: a login whose
+            password was read from an environment variable names that variable
+            (``${env:VAR}``, Kafka's ``EnvVarConfigProvider``; MirrorMaker inherits it), any
+            other SASL login's JAAS entry goes to a 0600 file beside ``mm2.properties``
+            (:data:`SECRETS_FILE`), read through Kafka's ``FileConfigProvider``.
         extra: more ``mm2.properties`` entries (they win).
     """
 
@@ -218,8 +223,10 @@ class MirrorPlan:
                 self.target_alias: self.target_security or security.current()}
 
     def secrets(self) -> dict[str, str]:
-        """The entries of :data:`SECRETS_FILE`: each SASL cluster's ``sasl.jaas.config``."""
-        return {f"{alias}.sasl.jaas.config": _jaas(sec) for alias, sec in self.securities().items() if sec.mechanism}
+        """The entries of :data:`SECRETS_FILE`: the ``sasl.jaas.config`` of each SASL cluster
+        whose password came from a file (one from an environment variable is not written)."""
+        return {f"{alias}.sasl.jaas.config": _jaas(sec) for alias, sec in self.securities().items()
+                if sec.mechanism and not sec.password_env}
 
     def _security_properties(self, work_dir: Path) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -229,11 +236,17 @@ class MirrorPlan:
                 continue
             out[f"{alias}.security.protocol"] = sec.protocol
             if sec.mechanism:
-                if ":" in str(secrets) or "}" in str(secrets):
-                    raise ValueError(f"MirrorPlan: the work dir {work_dir} holds ':' or '}}', which a config "
-                                     f"provider reference cannot name; choose another --run-dir")
                 out[f"{alias}.sasl.mechanism"] = sec.mechanism
-                out[f"{alias}.sasl.jaas.config"] = f"${{file:{secrets}:{alias}.sasl.jaas.config}}"
+                if sec.password_env:
+                    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", sec.password_env):
+                        raise ValueError(f"MirrorPlan: {sec.source}: password_env {sec.password_env!r} is not an "
+                                         f"environment variable name a config provider reference can hold")
+                    out[f"{alias}.sasl.jaas.config"] = _jaas(sec)
+                else:
+                    if ":" in str(secrets) or "}" in str(secrets):
+                        raise ValueError(f"MirrorPlan: the work dir {work_dir} holds ':' or '}}', which a config "
+                                         f"provider reference cannot name; choose another --run-dir")
+                    out[f"{alias}.sasl.jaas.config"] = f"${{file:{secrets}:{alias}.sasl.jaas.config}}"
             if sec.tls:
                 if sec.ca_file:
                     out[f"{alias}.ssl.truststore.type"] = "PEM"
@@ -243,9 +256,14 @@ class MirrorPlan:
                 if sec.cert_file:  # mutual TLS: key and chain in one PEM keystore (written by write())
                     out[f"{alias}.ssl.keystore.type"] = "PEM"
                     out[f"{alias}.ssl.keystore.location"] = str(work_dir / f"{alias}.client.pem")
-        if any(sec.mechanism for sec in self.securities().values()):
-            out["config.providers"] = "file"
-            out["config.providers.file.class"] = "org.apache.kafka.common.config.provider.FileConfigProvider"
+        providers = {}
+        if self.secrets():
+            providers["file"] = "org.apache.kafka.common.config.provider.FileConfigProvider"
+        if any(sec.mechanism and sec.password_env for sec in self.securities().values()):
+            providers["env"] = "org.apache.kafka.common.config.provider.EnvVarConfigProvider"
+        if providers:
+            out["config.providers"] = ", ".join(providers)
+            out.update({f"config.providers.{name}.class": cls for name, cls in providers.items()})
         return out
 
     def properties(self, rest_port: int | None = None, work_dir: str | os.PathLike = ".") -> dict[str, str]:

@@ -68,6 +68,9 @@ class ClientSecurity:
     key_file: str | None = None
     check_hostname: bool = True
     source: str = "default"
+    #: the environment variable ``password`` was read from, if it was: a child process that
+    #: inherits the environment (MirrorMaker 2) reads it there and no file need hold it
+    password_env: str | None = None
 
     def __post_init__(self) -> None:
         def bad(key: str, problem: str) -> SecurityError:
@@ -159,13 +162,16 @@ def from_env(environ: Mapping[str, str] | None = None) -> ClientSecurity:
             password = read_password(file, None, "environment", "password")
         except SecurityError as e:
             raise SecurityError(f"environment: {ENV_PREFIX}PASSWORD_FILE: {str(e).split(': ', 2)[-1]}") from None
+        from_var = None
     else:
         password = get("PASSWORD")
+        # only a variable of this process's own environment is one a child process inherits
+        from_var = ENV_PREFIX + "PASSWORD" if password and environ is None else None
     return ClientSecurity(protocol=get("SECURITY_PROTOCOL") or "PLAINTEXT", mechanism=get("SASL_MECHANISM"),
                           username=get("USERNAME"), password=password, ca_file=get("CA_FILE"),
                           cert_file=get("CERT_FILE"), key_file=get("KEY_FILE"),
                           check_hostname=(get("CHECK_HOSTNAME") or "1").lower() not in ("0", "false", "no"),
-                          source="environment (ASTRAFLOW_KAFKA_*)")
+                          source="environment (ASTRAFLOW_KAFKA_*)", password_env=from_var)
 
 
 _lock = threading.Lock()

@@ -45,6 +45,10 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+#: MirrorMaker's alias of the home cluster in every flow (its Connect group is ``home-mm2``)
+HOME_ALIAS = "home"
+
+
 def alias(region: str) -> str:
     """A MirrorMaker cluster alias for a region (letters, digits and '_')."""
     return "region_" + re.sub(r"\W", "_", region)
@@ -65,7 +69,7 @@ def job_mirror_plan(region: str, topics: JobTopics, home: str, target: str, snap
     """The flow of region ``region``: the job's weight topics from ``home`` into ``target``
     (both as MirrorMaker reaches them, with the client settings there: None, the process's),
     the mirrored topics with their own bound."""
-    return MirrorPlan.for_job(topics, source=("home", home), target=(alias(region), target),
+    return MirrorPlan.for_job(topics, source=(HOME_ALIAS, home), target=(alias(region), target),
                               snapshot_bytes=snapshot_bytes, replication_factor=replication_factor,
                               source_security=home_security, target_security=target_security)
 

@@ -69,6 +69,54 @@ def test_a_sasl_ssl_regions_mirror_config_carries_its_settings_and_not_its_passw
             f'username="mirror" password="{PASSWORD}";') in secrets.read_text()
 
 
+def test_a_password_from_a_variable_is_named_in_the_config_and_written_nowhere(tmp_path, monkeypatch):
+    monkeypatch.setenv("EU_MIRROR_PW", PASSWORD)
+    cfg = load_config(str(JOB), {})
+    sec = {**_sasl_ssl(tmp_path), "password_file": None, "password_env": "EU_MIRROR_PW"}
+    mm2 = regional_mirror_plan(load_plan(_secured_topology(tmp_path, "10.0.0.1:9092", "10.1.0.1:9092", **sec), cfg),
+                               cfg, "eu-west", "10.0.0.1:9092")
+    out = tmp_path / "mm2"
+    out.mkdir()
+    text = mm2.write(out / "mm2.properties", rest_port=1).read_text()
+    props = dict(line.split(" = ", 1) for line in text.splitlines()[1:])
+    tgt = "region_eu_west"
+    assert props[f"{tgt}.sasl.jaas.config"] == ('org.apache.kafka.common.security.scram.ScramLoginModule required '
+                                                'username="mirror" password="${env:EU_MIRROR_PW}";')
+    assert props["config.providers"] == "env"
+    assert props["config.providers.env.class"].endswith("EnvVarConfigProvider")
+    assert PASSWORD not in text and not (out / "mm2-secrets.properties").exists()
+    # the process's own clients still log in with the password itself
+    assert mm2.securities()[tgt].password == PASSWORD
+
+
+def test_the_mirror_principals_acls_cover_what_it_writes_and_nothing_else_of_the_job():
+    from astraflow.topics.acls import mirror_plan
+    t = JobTopics(job="mj", policies=("a", "b"))
+    rules = mirror_plan(t, "m-eu", source_alias="home", claim_group="astraflow.mirror.mj")
+    assert {e.principal for e in rules} == {"User:m-eu"}
+    writes = {e.name for e in rules if e.resource == "TOPIC" and e.operation in ("WRITE", "ALL")}
+    assert writes == {t.versions, t.weights("a"), t.weights("b"), "mm2-configs.home.internal",
+                      "mm2-offsets.home.internal", "mm2-status.home.internal"}
+    assert not {e for e in rules if e.pattern == "PREFIXED" and e.resource == "TOPIC"}
+    assert {(e.resource, e.name) for e in rules if e.resource == "GROUP"} == {
+        ("GROUP", "home-mm2"), ("GROUP", "astraflow.mirror.mj")}
+    assert {(e.name, e.pattern) for e in rules if e.resource == "TRANSACTIONAL_ID"} == {
+        ("connect-cluster-home-mm2", "LITERAL"), ("home-mm2-", "PREFIXED")}
+    assert not {e for e in rules if e.resource == "CLUSTER"}
+
+
+def test_acl_plan_for_a_regions_mirror_names_its_user_and_refuses_a_region_without_a_cluster(tmp_path):
+    sec = _sasl_ssl(tmp_path)
+    path = _secured_topology(tmp_path, "10.0.0.1:9092", "10.1.0.1:9092", **sec)
+    run = [sys.executable, "-m", "astraflow", "acl", "plan", "--topology", str(path), "--config", str(JOB)]
+    out = subprocess.run(run + ["--region", "eu-west"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "# mirror" in out.stdout and "User:mirror" in out.stdout and ".weights." in out.stdout
+    assert "WRITE" in out.stdout and "home-mm2" in out.stdout
+    out = subprocess.run(run + ["--region", "us-east"], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "eu-west" in out.stderr and "us-east" in out.stderr
+
+
 def test_tls_without_hostname_checks_and_mutual_tls_reach_the_config(tmp_path):
     cfg = load_config(str(JOB), {})
     for name in ("ca.pem", "client.pem", "client.key"):
@@ -261,3 +309,81 @@ def test_a_subscriber_reads_a_sasl_ssl_clusters_weights_with_its_own_setting(tmp
         assert sub.digest() == weights_digest(history[1])
     finally:
         sub.close()
+
+
+@pytest.mark.slow
+def test_the_mirror_runs_as_a_least_privilege_principal_whose_password_stays_in_its_variable(
+        tmp_path, bootstrap, secure_broker):
+    """The region's mirror logs in as its own principal, granted only `acls.mirror_plan` on the
+    region's cluster (the super user creates it and its ACLs; then the test process forgets that
+    login): `astraflow mirror` claims, creates the mirrored topics and runs MirrorMaker 2 under it;
+    its password is read from an environment variable and written nowhere (mm2.properties names the
+    variable; no secrets file); that principal is refused a topic of the job it does not mirror."""
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError
+
+    from astraflow.topics.acls import apply, mirror_plan
+    from astraflow.topics.secured import add_users
+    from astraflow.topology.mirror_run import claim_group
+
+    setup = secure_broker.secure
+    job = "mp" + uuid.uuid4().hex[:8]
+    user, password = f"mirror-{job}", "pw-" + uuid.uuid4().hex
+    topics = JobTopics(job=job, policies=("policy",), task_partitions=2, trajectory_partitions=1)
+    security.install(setup.client_security())
+    try:
+        add_users(secure_broker.bootstrap_servers, {user: password})
+        rules = mirror_plan(topics, user, source_alias="home", claim_group=claim_group(job))
+        assert apply(secure_broker.bootstrap_servers, rules) == len(rules)
+    finally:
+        security.uninstall()
+    path = _secured_topology(tmp_path, bootstrap, secure_broker.bootstrap_servers, protocol="SASL_SSL",
+                             sasl_mechanism="SCRAM-SHA-512", username=user, password_env="EU_MIRROR_PW",
+                             ca_file=str(setup.ca_file))
+    ensure_topics(bootstrap, topics.specs())
+    history = _history(3)
+    run_dir = tmp_path / "run"
+    log_path = tmp_path / "mirror.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "astraflow", "mirror", "--topology", str(path), "--region",
+                             "eu-west", "--config", str(JOB), "--set", f"job={job}", "--run-dir", str(run_dir)],
+                            stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "EU_MIRROR_PW": password})
+    pub = WeightPublisher(bootstrap, topics, "policy", snapshot_every=2, chunk_size=64 * 1024)
+    mine = security.ClientSecurity(protocol="SASL_SSL", mechanism="SCRAM-SHA-512", username=user,
+                                   password=password, ca_file=str(setup.ca_file))
+    try:
+        _publish(pub, history, range(3))
+        deadline, there = time.monotonic() + 300, None
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log_path.read_text()
+            try:
+                there = read_latest_announcement(secure_broker.bootstrap_servers, topics.versions, "policy",
+                                                 timeout=10, security_setting=mine)
+            except Exception:  # noqa: BLE001 - the topic may not exist there yet
+                there = None
+            if there is not None and there.version == 2:
+                break
+            time.sleep(2)
+        assert there is not None and there.version == 2, log_path.read_text()
+        mirror_dir = run_dir / "regions" / "eu-west" / "mirror"
+        mm2 = (mirror_dir / "mm2.properties").read_text()
+        assert password not in mm2 and "${env:EU_MIRROR_PW}" in mm2
+        assert not (mirror_dir / "mm2-secrets.properties").exists()
+        assert not [p for p in run_dir.rglob("*") if p.is_file() and password in p.read_text(errors="replace")]
+        # the mirror principal may not write what it does not mirror
+        kp = KafkaProducer(bootstrap_servers=secure_broker.bootstrap_servers, max_block_ms=15_000,
+                           **mine.kwargs())
+        try:
+            with pytest.raises(KafkaError) as refused:
+                kp.send(topics.tasks("policy"), b"forged").get(timeout=15)
+            assert "Authorization" in type(refused.value).__name__ or "authoriz" in str(refused.value).lower()
+        finally:
+            kp.close(timeout=5)
+        _trainer_done(bootstrap, topics)
+        assert proc.wait(timeout=120) == 0, log_path.read_text()
+    finally:
+        pub.close()
+        _stop(proc)
+        log.close()
+    assert "mirror eu-west: done" in log_path.read_text()
