@@ -322,7 +322,13 @@ class DataflowActor(LoopActor):
     def _schedule(self) -> None:
         room = self.capacity() if len(self.lanes) == 1 else self._episode_room()
         if room <= 0:
+            # A full window can outlast the consumer's max_poll_interval (a slow trainer step):
+            # polling held keeps the prompts consumer in its group instead of being expelled
+            # and rejoining each time.
+            self.prompts.hold(True)
+            self.prompts.poll(0)
             return
+        self.prompts.hold(False)
         tasks: list[Task] = []
         for _ in range(self.CURATOR_POLLS if self.pipeline.curators else 1):
             prompts = self.prompts.poll(100, max_records=room - len(tasks))

@@ -1,0 +1,69 @@
+"""A dataflow whose window stays full keeps its prompts consumer in the group.
+
+While every slot under the staleness bound is taken (the trainer is slow), the dataflow
+schedules nothing. It used to stop polling ``prompts`` then, so a window full for longer than
+the consumer's ``max_poll_interval_ms`` got it expelled from its group (kafka-python leaves on
+its own: "Consumer poll timeout has expired") and rejoined at the next step, a rebalance per slow
+trainer step. Seen in the 64-device emulated team run (a window of ~300 s of wall time). The
+real broker; the consumer's poll interval shortened to a few seconds.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from astraflow.actors import dataflow as dataflow_module
+from astraflow.actors.dataflow import DataflowActor
+from astraflow.actors.signing import with_run_keys
+from astraflow.config import JobConfig, from_dict
+from astraflow.topics import ensure_topics, job_topics
+from astraflow.topics.replay import read_topic
+
+MAX_POLL_INTERVAL_MS = 6_500
+
+
+@pytest.fixture
+def short_poll_interval(monkeypatch):
+    real = dataflow_module.Consumer
+
+    def consumer(*args, **kw):
+        kw.setdefault("max_poll_interval_ms", MAX_POLL_INTERVAL_MS)
+        kw.setdefault("session_timeout_ms", 6_000)
+        kw.setdefault("heartbeat_interval_ms", 1_000)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(dataflow_module, "Consumer", consumer)
+
+
+def test_a_window_full_longer_than_the_poll_interval_keeps_the_prompts_consumer_in_its_group(
+        bootstrap, tmp_path, short_poll_interval):
+    cfg = from_dict(JobConfig, {"job": f"full-{uuid.uuid4().hex[:8]}", "run_dir": str(tmp_path),
+                                "dataflow": {"groups_per_batch": 2, "max_staleness": 1},
+                                "trainer": {"steps": 4}, "kafka": {"trajectory_partitions": 2}})
+    cfg = with_run_keys(cfg, tmp_path)
+    topics = job_topics(cfg)
+    ensure_topics(bootstrap, topics.specs())
+    actor = DataflowActor(None, "dataflow", cfg, bootstrap)
+    actor.setup()
+    try:
+        for _ in range(100):  # schedule until the bound is reached (no group ever comes back)
+            actor.step()
+            if actor.capacity() <= 0:
+                break
+        assert actor.capacity() <= 0
+        scheduled = sum(1 for _ in read_topic(bootstrap, topics.tasks(cfg.policy)))
+        prompts = actor.prompts
+        before = prompts.group_metadata()
+        assert before.generation_id >= 0 and prompts.seconds_outside_group() == 0.0
+        end = time.monotonic() + 2.0 * MAX_POLL_INTERVAL_MS / 1000
+        while time.monotonic() < end:  # the trainer is slow: the window stays full
+            actor.step()
+        after = prompts.group_metadata()
+        assert (after.generation_id, after.member_id) == (before.generation_id, before.member_id), (before, after)
+        assert prompts.seconds_outside_group() == 0.0
+        assert sum(1 for _ in read_topic(bootstrap, topics.tasks(cfg.policy))) == scheduled  # held: nothing new
+    finally:
+        actor.teardown()
