@@ -83,6 +83,8 @@ class TinyModelSpec:
         if task != DEFAULT_TASK:  # the default task keeps the key it had before tasks existed
             payload["task"], payload["task_revision"] = task, get_task(task).revision
             name = f"{self.name}-{task}"
+        elif get_task(task).revision != 1:  # ... until its examples or their validation change
+            payload["task_revision"] = get_task(task).revision
         if self.max_positions != DEFAULT_POSITIONS:  # a longer window says so in its name (the hash has it anyway)
             name = f"{name}-p{self.max_positions}"
         blob = json.dumps(payload, sort_keys=True)

@@ -242,8 +242,12 @@ _ONE_THREAD = (("threads", 1),)
 VERIFIER_TARGET = 0.9  #: exact match of digit and verdict on problems kept out of its training
 
 TASKS: dict[str, WarmStartTask] = {t.name: t for t in (
+    # Revision 2 validates on problems kept out of its training pool. Revision 1 validated on
+    # problems it trained on: it stopped at 0.36 there (step 425) and was 0.212 held out, below
+    # its own target, so every demo run started with a warning. Revision 2 (seed 0): step 350,
+    # 0.265 on the kept-out problems, 0.300 held out (greedy).
     WarmStartTask("arithmetic", "solve a+b= (the demo's solver)", _arithmetic, 0.25,
-                  score=arithmetic_reward, max_new_tokens=8),
+                  score=arithmetic_reward, max_new_tokens=8, revision=2, problem=arithmetic_problem),
     # Revision 1 judged the whole answer (a+b=c| -> <A>/<R>, half its pool arithmetic) and
     # validated on the problems it trained on: 0.67 there, at chance on the solver's answers.
     WarmStartTask("verifier", "check a+b=c| by its units digit: 9<A> (ends right) or 9<R>; half are near misses",

@@ -64,8 +64,8 @@ def test_the_verifier_validates_on_problems_kept_out_of_its_training(tmp_path):
     assert not {p[: p.index("=") + 1] for p, _ in kept} & held
     assert {p[: p.index("=") + 1] for p, _ in pool} & held  # there was something to keep out
     # Tasks without ``problem`` (whose cache keys must not move) keep their whole pool.
-    arith = get_task("arithmetic")
-    assert _without_validation_problems(arith, pool, val) == (pool, 0)
+    game = get_task("text_game")
+    assert game.problem is None and _without_validation_problems(game, pool, val) == (pool, 0)
     report = build_tiny_model(tmp_path / "v", seed=1, task="verifier", log=lambda _: None,
                               spec=dataclasses.replace(default_spec("verifier"), **SMALL))
     assert report["val_problems_kept_out"] is True and report["train_examples_kept_out"] > 0
@@ -103,15 +103,19 @@ def test_cli_lists_the_tasks(capsys):
     assert {"arithmetic", "verifier", "code_solver", "selector", "test_generator"} <= set(listed)
 
 
-def test_arithmetic_default_key_is_the_key_from_before_tasks():
-    # The key the bootstrap computed before tasks existed, re-derived from its formula.
+def test_arithmetic_default_key_moves_only_with_its_revision(monkeypatch):
+    # The key the bootstrap computed before tasks existed, re-derived from its formula: revision 1
+    # of the default task kept it; revision 2 (validation kept out of training) is a new build.
+    from astraflow.models import warm_start
     spec = TinyModelSpec()
     blob = json.dumps({"spec": dataclasses.asdict(spec), "seed": 0, "v": FORMAT_VERSION}, sort_keys=True)
     before = f"{spec.name}-s0-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
     assert default_spec("arithmetic") == spec
+    assert get_task("arithmetic").revision == 2 and get_task("arithmetic").problem is not None
+    assert spec.key(0, task="arithmetic") == spec.key(0) != before
+    assert spec.key(0, task="verifier") not in (before, spec.key(0))
+    monkeypatch.setitem(warm_start.TASKS, "arithmetic", dataclasses.replace(get_task("arithmetic"), revision=1))
     assert spec.key(0, task="arithmetic") == spec.key(0) == before
-    assert default_spec("arithmetic").key(0, "arithmetic") == before
-    assert spec.key(0, task="verifier") != before
 
 
 def test_tasks_have_their_own_early_stop_accuracy():
