@@ -64,12 +64,15 @@ from pathlib import Path
 import yaml
 
 from astraflow.benchmarks.job_bench import check_repetitions
-from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
+from astraflow.benchmarks.results_io import (fmt_spread, load_now, ratio_spread, spread, write_results,
+                                              write_section)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "multi_policy.json"
 DEFAULT_CONFIG = ROOT / "examples" / "solver_verifier.yaml"
 KAFKA_ARMS = ("async", "lockstep")
+#: ``--arms async,alone`` (the team against the solver alone) writes this section of the default results file
+TEAM_VS_ALONE, TEAM_VS_ALONE_ARMS = "team_vs_alone", ("async", "alone")
 ARMS = ("async", "alone", "lockstep", "sequential")  #: ``--arms`` names, in the order a repetition runs them
 #: seconds (d) may run past (a)'s wall-clock, so its evaluator can measure the version it had then
 ALONE_GRACE_S = 15.0
@@ -727,11 +730,13 @@ def main(argv: list[str] | None = None) -> int:
                          "lengths take ('' for the tiny model's lengths, scaled)")
     ap.add_argument("--prompt-token-scale", type=int, default=16, help="--emulated: modelled tokens per prompt token")
     ap.add_argument("--eval-problems", type=int, default=50, help="--emulated: held-out problems (start and end)")
-    ap.add_argument("--reanalyse", metavar="JSON", help="measure nothing: re-read the Kafka arms' run directories "
-                                                        "named in this result, aggregate again and rewrite it")
+    ap.add_argument("--reanalyse", metavar="JSON[:SECTION]",
+                    help="measure nothing: re-read the Kafka arms' run directories named in this result (or in "
+                         "its SECTION, e.g. multi_policy.json:team_vs_alone), aggregate again and rewrite it")
     args = ap.parse_args(argv)
     if args.reanalyse:
-        return reanalyse(Path(args.reanalyse))
+        file, _, section = args.reanalyse.partition(":")
+        return reanalyse(Path(file), section or None)
     if args.emulated:
         from astraflow.benchmarks import multi_policy_emulated
         if args.out == str(RESULTS):
@@ -762,8 +767,21 @@ def main(argv: list[str] | None = None) -> int:
            "alone_run_factor": args.alone_run_factor,
            "method": __doc__, "definitions": DEFINITIONS,
            "notes": notes(agg, args.threads, args.steps, args.alone_eval_every), **agg, "repetitions": reps}
-    write_results(args.out, out, load_before)
+    save(Path(args.out), args.arms, out, load_before)
     return 0
+
+
+def save(path: Path, arms, out: dict, load_before: dict | None) -> Path:
+    """Write a run's result. Into the default file, the team against the solver alone
+    (``--arms async,alone``) is its own section, so the speed arms' run beside it is kept and
+    every accuracy number has one home; a run of other arms keeps that section."""
+    if path == RESULTS and set(arms) == set(TEAM_VS_ALONE_ARMS):
+        return write_section(RESULTS, TEAM_VS_ALONE, out, load_before, "multi_policy")
+    if path == RESULTS and RESULTS.is_file():
+        kept = json.loads(RESULTS.read_text()).get(TEAM_VS_ALONE)
+        if kept is not None:
+            out[TEAM_VS_ALONE] = kept
+    return write_results(path, out, load_before)
 
 
 def parse_overrides(ap: argparse.ArgumentParser, pairs: list[str]) -> dict:
@@ -789,10 +807,12 @@ def with_overrides(base: dict, overrides: dict) -> dict:
     return data
 
 
-def reanalyse(path: Path) -> int:
-    """Aggregate a written result again from its own runs (new analysis, same measurements):
-    the Kafka arms from their run directories' metrics, (c) and (d) as recorded."""
-    out = json.loads(path.read_text())
+def reanalyse(path: Path, section: str | None = None) -> int:
+    """Aggregate a written result (or its ``section``, e.g. ``team_vs_alone``) again from its
+    own runs (new analysis, same measurements): the Kafka arms from their run directories'
+    metrics, (c) and (d) as recorded."""
+    whole = json.loads(path.read_text())
+    out = whole[section] if section else whole
     reps = out["repetitions"]
     for r in reps:
         for arm in (a for a in KAFKA_ARMS if a in r):  # (a run of --arms may lack (b))
@@ -810,7 +830,7 @@ def reanalyse(path: Path) -> int:
     out.update(agg, method=__doc__, definitions=DEFINITIONS,
                notes=notes(agg, out["sequential_threads"], out["steps"], out["alone_eval_every"]),
                reanalysed=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), repetitions=reps)
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    path.write_text(json.dumps(whole, indent=2) + "\n")
     print(f"rewrote {path}")
     return 0
 

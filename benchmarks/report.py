@@ -206,7 +206,8 @@ def multi_policy() -> list[str]:
     out = [f"**Multi-policy** — `python -m astraflow.benchmarks.multi_policy` (solver–verifier, "
            f"{d['steps']} iterations per arm at equal samples per iteration, median (min–max) of {d['repeats']} "
            f"repetitions{_load_note(d)}; an iteration = every policy one step)", "",
-           "| arm | s / iteration | held-out team accuracy |", "|---|---:|---:|"]
+           "| arm | s / iteration | held-out team accuracy (this run's, the verifier before its revision 2) |",
+           "|---|---:|---:|"]
     names = {"async": "(a) async multi-policy (Kafka, no barrier)", "lockstep": "(b) `barrier: lockstep`",
              "sequential": "(c) sequential single controller, one process, no Kafka"}
     for key, label in names.items():
@@ -223,7 +224,32 @@ def multi_policy() -> list[str]:
                if "remote_wait_s_per_call" in arms.get("async", {}) and "G_verifier_s" in arms["sequential"]
                else "")
             + " ".join(d.get("notes", [])[:1]), ""]
-    return out
+    return out + team_vs_alone(d.get("team_vs_alone"))
+
+
+def team_vs_alone(t: dict | None) -> list[str]:
+    """The ``team_vs_alone`` section of multi_policy.json: the team against the solver alone."""
+    if not t:
+        return []
+    sets = " ".join(f"--set {k}={v}" for k, v in t.get("overrides", {}).items())
+    out = [f"**The team against the solver alone** — `python -m astraflow.benchmarks.multi_policy --arms async,alone "
+           f"--steps {t['steps']} --alone-eval-every {t['alone_eval_every']} --alone-run-factor "
+           f"{t['alone_run_factor']:g} {sets}` (`multi_policy.json`, section `team_vs_alone`; held-out accuracy, "
+           f"median (min–max) of {t['repeats']} repetitions{_load_note(t)})", "",
+           "| held-out accuracy | median (min–max) | team − alone | in SEs (binomial / problems only) | team ahead |",
+           "|---|---:|---:|---:|---:|",
+           f"| team, after {t['steps']} iterations | {_sp(t['team_accuracy'], '.3f')} | | | |"]
+    rows = (("solver alone, equal generated tokens", "solver_alone_accuracy_equal_tokens", "equal_tokens"),
+            ("solver alone, equal wall-clock", "solver_alone_accuracy", "equal_wall_clock"),
+            ("solver alone, best version of a longer run", "solver_alone_accuracy_best_evaluated", "best_evaluated"))
+    for label, key, diff in rows:
+        if key not in t:
+            continue
+        m = t.get("team_minus_alone", {}).get(diff)
+        tail = (f"{m['diff']:+.3f} ± {m['se']:.3f} | {m['in_se']:.1f} / {m['in_se_upper']:.1f} | "
+                f"{m['repetitions_team_ahead']} of {m['repetitions']}" if m else "| |")
+        out.append(f"| {label} | {_sp(t[key], '.3f')} | {tail} |")
+    return out + [""]
 
 
 def multi_policy_emulated() -> list[str]:

@@ -361,3 +361,21 @@ def test_overrides_reach_every_arms_config(tmp_path):
     assert cfg.workflow.params["retry"] == "fresh" and cfg.eval.problems == 400
     alone = mp.solver_alone_config(data, cfg, 30, 2, "j-alone", str(tmp_path))
     assert alone["eval"]["problems"] == 400 and alone["workflow"]["name"] == "rlvr"
+
+
+def test_the_team_against_the_solver_alone_is_a_section_of_the_one_results_file(tmp_path, monkeypatch):
+    """`--arms async,alone` into the default file writes its `team_vs_alone` section and keeps the
+    speed arms' run; a speed run written afterwards keeps that section."""
+    results = tmp_path / "multi_policy.json"
+    monkeypatch.setattr(mp, "RESULTS", results)
+    mp.save(results, ["async", "alone", "lockstep", "sequential"], {"benchmark": "multi_policy", "s_per_iter": 1}, None)
+    mp.save(results, ["alone", "async"], {"benchmark": "multi_policy", "team_accuracy": {"median": 0.3}}, None)
+    data = json.loads(results.read_text())
+    assert data["s_per_iter"] == 1 and data["team_vs_alone"]["team_accuracy"] == {"median": 0.3}
+    assert "team_accuracy" not in data  # the accuracy run's numbers are in its section only
+    mp.save(results, ["async", "lockstep"], {"benchmark": "multi_policy", "s_per_iter": 2}, None)
+    data = json.loads(results.read_text())
+    assert data["s_per_iter"] == 2 and data["team_vs_alone"]["team_accuracy"] == {"median": 0.3}
+    other = tmp_path / "elsewhere.json"  # --out elsewhere: the whole result, as before
+    mp.save(other, ["async", "alone"], {"benchmark": "multi_policy", "team_accuracy": {"median": 0.4}}, None)
+    assert json.loads(other.read_text())["team_accuracy"] == {"median": 0.4}
