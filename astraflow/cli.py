@@ -116,8 +116,10 @@ def _cmd_broker(args: argparse.Namespace) -> int:
         infos, bootstrap = cluster.info(), cluster.bootstrap_servers
     nodes = [i.__dict__ for i in infos]
     state_path.parent.mkdir(parents=True, exist_ok=True)
+    mtls = broker.mtls_bootstrap_servers if secure is not None else None
     state_path.write_text(json.dumps({"bootstrap_servers": bootstrap, "nodes": nodes,
-                                      **({"secure": secure.describe()} if secure else {})}))
+                                      **({"secure": {**secure.describe(), "mtls_bootstrap_servers": mtls}}
+                                         if secure else {})}))
     if len(nodes) == 1:
         n = nodes[0]
         print(f"broker: started pid={n['pid']} bootstrap={bootstrap} controller_port={n['controller_port']} "
@@ -131,6 +133,8 @@ def _cmd_broker(args: argparse.Namespace) -> int:
                       ("SECURITY_PROTOCOL", "SASL_SSL"), ("SASL_MECHANISM", d["sasl_mechanism"]),
                       ("USERNAME", d["super_user"]), ("PASSWORD_FILE", d["password_file"]),
                       ("CA_FILE", d["ca_file"]))))
+            print(f"broker: mutual-TLS listener {mtls}: a client certificate of that CA is required and its CN is "
+                  f"the principal (astraflow.topics.secured.SecureSetup.client_certificate issues one)")
     else:
         print(f"broker: started a {len(nodes)}-node cluster bootstrap={bootstrap} data_dir={data_dir}")
         _print_nodes(nodes, nodes)

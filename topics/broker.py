@@ -111,6 +111,11 @@ class BrokerInfo:
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def mtls_bootstrap_servers(self) -> str | None:
+        """A secured broker's mutual-TLS listener (clients log in by certificate); None otherwise."""
+        return f"127.0.0.1:{self.mtls_port}" if self.mtls_port else None
+
 
 class EmbeddedBroker:
     """A single-node Kafka 4.x broker in KRaft combined mode.
@@ -156,6 +161,8 @@ class EmbeddedBroker:
         self.extra = dict(properties or {})
         self.node_id, self.voters, self.cluster_id = node_id, voters, cluster_id
         self.secure = secure
+        #: a secured broker's mutual-TLS client listener (a client certificate of its CA required)
+        self.mtls_port = free_port() if secure is not None else None
         self.wrap, self.probe = wrap, probe
         self._proc: subprocess.Popen | None = None
         self._log_offset = 0
@@ -164,6 +171,11 @@ class EmbeddedBroker:
     @property
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def mtls_bootstrap_servers(self) -> str | None:
+        """A secured broker's mutual-TLS listener (clients log in by certificate); None otherwise."""
+        return f"127.0.0.1:{self.mtls_port}" if self.mtls_port else None
 
     @property
     def log_path(self) -> Path:
@@ -265,7 +277,7 @@ class EmbeddedBroker:
             "log.dirs": str(self.data_dir / "meta"),
         })
         if self.secure is not None:
-            props.update(self.secure.broker_properties(self.port, self.controller_port))
+            props.update(self.secure.broker_properties(self.port, self.controller_port, self.mtls_port))
         if self.voters:
             props["controller.quorum.voters"] = self.voters
         else:

@@ -10,7 +10,10 @@ properties that turn on
 - the KRaft controller listener over mutual TLS: only a client holding a certificate of
   this CA named ``astraflow-broker`` (the broker itself) is the super user there;
 - ``StandardAuthorizer``: a principal may do only what an ACL allows it (``super.users``
-  excepted; no ACL means no access).
+  excepted; no ACL means no access);
+- with :class:`~.broker.EmbeddedBroker` also a mutual-TLS client listener (``SSL``): a client
+  certificate of this CA is required and its CN is the principal
+  (:meth:`SecureSetup.client_certificate` issues one).
 
 The super user's SCRAM credential is written into the metadata log when storage is
 formatted (``kafka-storage format --add-scram``): the broker needs it before anything could
@@ -26,6 +29,7 @@ import datetime
 import ipaddress
 import json
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +68,10 @@ class SecureSetup:
     @property
     def ca_file(self) -> Path:
         return self.dir / "ca.pem"
+
+    @property
+    def ca_key_file(self) -> Path:
+        return self.dir / "ca.key"
 
     @property
     def broker_pem(self) -> Path:
@@ -123,10 +131,55 @@ class SecureSetup:
                 .sign(ca_key, hashes.SHA256()))
         pem = serialization.Encoding.PEM
         self.ca_file.write_bytes(ca.public_bytes(pem))
-        # The CA's key is not kept: no further certificate can be issued by this CA.
+        # The CA's key stays beside the super user's password (0600 in this 0700 directory, which
+        # already holds every key to the broker): it issues client certificates for mutual TLS.
+        _write_private(self.ca_key_file, ca_key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                                              serialization.NoEncryption()))
         _write_private(self.broker_pem, key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
                                                           serialization.NoEncryption())
                        + cert.public_bytes(pem) + ca.public_bytes(pem))
+
+    def client_certificate(self, name: str) -> tuple[Path, Path]:
+        """A client certificate of this CA for principal ``name`` (its CN; the broker maps it to
+        ``User:<name>``), for the mutual-TLS listener: ``(cert_file, key_file)``, made once (mode
+        0600, under ``clients/``) and reused."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", name) or name in (SUPER_USER, BROKER_PRINCIPAL):
+            raise ValueError(f"client certificate: {name!r} is not a principal name this broker maps "
+                             f"(letters, digits, '.', '_', '-'; not {SUPER_USER!r} or {BROKER_PRINCIPAL!r})")
+        folder = self.dir / "clients"
+        cert_file, key_file = folder / f"{name}.pem", folder / f"{name}.key"
+        if cert_file.exists() and key_file.exists():
+            return cert_file, key_file
+        if not self.ca_key_file.exists():
+            raise ValueError(f"client certificate: {self.dir} has no CA key (made before client certificates "
+                             f"existed); make a new secure directory")
+        folder.mkdir(mode=0o700, exist_ok=True)
+        pem = serialization.Encoding.PEM
+        ca = x509.load_pem_x509_certificate(self.ca_file.read_bytes())
+        ca_key = serialization.load_pem_private_key(self.ca_key_file.read_bytes(), password=None)
+        now = datetime.datetime.now(datetime.timezone.utc)
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        cert = (x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+                .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(ca.not_valid_after_utc)
+                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+                .sign(ca_key, hashes.SHA256()))
+        _write_private(key_file, key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                                   serialization.NoEncryption()))
+        _write_private(cert_file, cert.public_bytes(pem))
+        return cert_file, key_file
+
+    def mtls_client_security(self, name: str) -> ClientSecurity:
+        """The client setting of principal ``name`` on the mutual-TLS listener (no password)."""
+        cert_file, key_file = self.client_certificate(name)
+        return ClientSecurity(protocol="SSL", ca_file=str(self.ca_file), cert_file=str(cert_file),
+                              key_file=str(key_file), source=f"{self.dir} (client certificate {name})")
 
     def _write_admin_properties(self) -> None:
         _write_private(self.admin_properties, (
@@ -136,14 +189,18 @@ class SecureSetup:
             "ssl.truststore.type=PEM\n"
             f"ssl.truststore.location={self.ca_file}\n"))
 
-    def broker_properties(self, port: int, controller_port: int) -> dict[str, str]:
+    def broker_properties(self, port: int, controller_port: int, mtls_port: int | None = None) -> dict[str, str]:
         """``server.properties`` entries of a secured node (combined broker + controller; the nodes of a
-        cluster share them, each with its own ports)."""
+        cluster share them, each with its own ports); ``mtls_port``: also a mutual-TLS client
+        listener (``SSL``, a certificate of this CA required; its CN is the principal)."""
         controller = f"CONTROLLER://127.0.0.1:{controller_port}"
+        mtls = f",SSL://127.0.0.1:{mtls_port}" if mtls_port else ""
+        extra = {"listener.name.ssl.ssl.client.auth": "required"} if mtls_port else {}
         return {
-            "listeners": f"SASL_SSL://127.0.0.1:{port},{controller}",
-            "advertised.listeners": f"SASL_SSL://127.0.0.1:{port},{controller}",
-            "listener.security.protocol.map": "CONTROLLER:SSL,SASL_SSL:SASL_SSL",
+            **extra,
+            "listeners": f"SASL_SSL://127.0.0.1:{port}{mtls},{controller}",
+            "advertised.listeners": f"SASL_SSL://127.0.0.1:{port}{mtls},{controller}",
+            "listener.security.protocol.map": "CONTROLLER:SSL,SASL_SSL:SASL_SSL,SSL:SSL",
             "inter.broker.listener.name": "SASL_SSL",
             "sasl.enabled.mechanisms": MECHANISM,
             "sasl.mechanism.inter.broker.protocol": MECHANISM,

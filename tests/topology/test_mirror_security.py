@@ -312,13 +312,15 @@ def test_a_subscriber_reads_a_sasl_ssl_clusters_weights_with_its_own_setting(tmp
 
 
 @pytest.mark.slow
-def test_the_mirror_runs_as_a_least_privilege_principal_whose_password_stays_in_its_variable(
-        tmp_path, bootstrap, secure_broker):
+@pytest.mark.parametrize("login", ["sasl-password-env", "mutual-tls"])
+def test_the_mirror_runs_as_a_least_privilege_principal(tmp_path, bootstrap, secure_broker, login):
     """The region's mirror logs in as its own principal, granted only `acls.mirror_plan` on the
     region's cluster (the super user creates it and its ACLs; then the test process forgets that
-    login): `astraflow mirror` claims, creates the mirrored topics and runs MirrorMaker 2 under it;
-    its password is read from an environment variable and written nowhere (mm2.properties names the
-    variable; no secrets file); that principal is refused a topic of the job it does not mirror."""
+    login): `astraflow mirror` claims, creates the mirrored topics and runs MirrorMaker 2 under it,
+    and that principal is refused a topic of the job it does not mirror. Two logins: SCRAM with the
+    password read from an environment variable and written nowhere (mm2.properties names the
+    variable; no secrets file), and mutual TLS on the broker's certificate listener (the
+    certificate's CN is the principal; no password at all)."""
     from kafka import KafkaProducer
     from kafka.errors import KafkaError
 
@@ -332,14 +334,23 @@ def test_the_mirror_runs_as_a_least_privilege_principal_whose_password_stays_in_
     topics = JobTopics(job=job, policies=("policy",), task_partitions=2, trajectory_partitions=1)
     security.install(setup.client_security())
     try:
-        add_users(secure_broker.bootstrap_servers, {user: password})
+        if login == "sasl-password-env":
+            add_users(secure_broker.bootstrap_servers, {user: password})
         rules = mirror_plan(topics, user, source_alias="home", claim_group=claim_group(job))
         assert apply(secure_broker.bootstrap_servers, rules) == len(rules)
     finally:
         security.uninstall()
-    path = _secured_topology(tmp_path, bootstrap, secure_broker.bootstrap_servers, protocol="SASL_SSL",
-                             sasl_mechanism="SCRAM-SHA-512", username=user, password_env="EU_MIRROR_PW",
-                             ca_file=str(setup.ca_file))
+    if login == "sasl-password-env":
+        region = secure_broker.bootstrap_servers
+        mine = security.ClientSecurity(protocol="SASL_SSL", mechanism="SCRAM-SHA-512", username=user,
+                                       password=password, ca_file=str(setup.ca_file))
+        path = _secured_topology(tmp_path, bootstrap, region, protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
+                                 username=user, password_env="EU_MIRROR_PW", ca_file=str(setup.ca_file))
+    else:
+        region = secure_broker.mtls_bootstrap_servers
+        mine = setup.mtls_client_security(user)
+        path = _secured_topology(tmp_path, bootstrap, region, protocol="SSL", ca_file=str(setup.ca_file),
+                                 cert_file=mine.cert_file, key_file=mine.key_file)
     ensure_topics(bootstrap, topics.specs())
     history = _history(3)
     run_dir = tmp_path / "run"
@@ -350,16 +361,13 @@ def test_the_mirror_runs_as_a_least_privilege_principal_whose_password_stays_in_
                             stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "EU_MIRROR_PW": password})
     pub = WeightPublisher(bootstrap, topics, "policy", snapshot_every=2, chunk_size=64 * 1024)
-    mine = security.ClientSecurity(protocol="SASL_SSL", mechanism="SCRAM-SHA-512", username=user,
-                                   password=password, ca_file=str(setup.ca_file))
     try:
         _publish(pub, history, range(3))
         deadline, there = time.monotonic() + 300, None
         while time.monotonic() < deadline:
             assert proc.poll() is None, log_path.read_text()
             try:
-                there = read_latest_announcement(secure_broker.bootstrap_servers, topics.versions, "policy",
-                                                 timeout=10, security_setting=mine)
+                there = read_latest_announcement(region, topics.versions, "policy", timeout=10, security_setting=mine)
             except Exception:  # noqa: BLE001 - the topic may not exist there yet
                 there = None
             if there is not None and there.version == 2:
@@ -368,12 +376,14 @@ def test_the_mirror_runs_as_a_least_privilege_principal_whose_password_stays_in_
         assert there is not None and there.version == 2, log_path.read_text()
         mirror_dir = run_dir / "regions" / "eu-west" / "mirror"
         mm2 = (mirror_dir / "mm2.properties").read_text()
-        assert password not in mm2 and "${env:EU_MIRROR_PW}" in mm2
         assert not (mirror_dir / "mm2-secrets.properties").exists()
         assert not [p for p in run_dir.rglob("*") if p.is_file() and password in p.read_text(errors="replace")]
+        if login == "sasl-password-env":
+            assert "${env:EU_MIRROR_PW}" in mm2
+        else:
+            assert "region_eu_west.security.protocol = SSL" in mm2 and "sasl" not in mm2
         # the mirror principal may not write what it does not mirror
-        kp = KafkaProducer(bootstrap_servers=secure_broker.bootstrap_servers, max_block_ms=15_000,
-                           **mine.kwargs())
+        kp = KafkaProducer(bootstrap_servers=region, max_block_ms=15_000, **mine.kwargs())
         try:
             with pytest.raises(KafkaError) as refused:
                 kp.send(topics.tasks("policy"), b"forged").get(timeout=15)
