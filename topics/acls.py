@@ -162,8 +162,7 @@ def plan(topics: JobTopics, principals: dict[str, str],
     return sorted(set(out))
 
 
-def mirror_plan(topics: JobTopics, user: str, *, source_alias: str, claim_group: str,
-                claim_topic: str = "astraflow.claims") -> list[AclEntry]:
+def mirror_plan(topics: JobTopics, user: str, *, source_alias: str, claim_group: str) -> list[AclEntry]:
     """The ALLOW rules of a region's mirror principal ``user`` on that region's cluster, the
     target of the one-way flow of :mod:`.mirror` (MirrorMaker 2 in dedicated mode, exactly-once
     source, connect-cluster group ``<source_alias>-mm2``; home's cluster alias ``source_alias``).
@@ -176,18 +175,20 @@ def mirror_plan(topics: JobTopics, user: str, *, source_alias: str, claim_group:
     not write tasks, trajectories, batches or anything else of the job on that cluster; the
     region's RaaS nodes only read what it writes. At home MirrorMaker reads as the process's
     own login (the job's admin principal reads every topic of the job)."""
-    who, key, group = f"User:{user}", "mirror", f"{source_alias}-mm2"
+    from .claim import CLAIM_TOPIC
+    from .mirror import connect_group, internal_topics, weight_topics
+
+    who, key, group = f"User:{user}", "mirror", connect_group(source_alias)
     out: list[AclEntry] = []
-    for name in (topics.versions, *(topics.weights(p) for p in topics.policies)):
+    for name in weight_topics(topics):
         out += _topic(who, key, name, "CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "WRITE", "READ")
-    for kind in ("configs", "offsets", "status"):
-        out += _topic(who, key, f"mm2-{kind}.{source_alias}.internal", "CREATE", "DESCRIBE",
-                      "DESCRIBE_CONFIGS", "READ", "WRITE")
+    for name in internal_topics(source_alias).values():
+        out += _topic(who, key, name, "CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "READ", "WRITE")
     out += [AclEntry(who, "GROUP", group, op, "LITERAL", key) for op in ("READ", "DESCRIBE")]
     out += [AclEntry(who, "TRANSACTIONAL_ID", name, op, pattern, key)
             for name, pattern in ((f"connect-cluster-{group}", "LITERAL"), (f"{group}-", "PREFIXED"))
             for op in ("WRITE", "DESCRIBE")]
-    out += _topic(who, key, claim_topic, "CREATE", "DESCRIBE", "READ")
+    out += _topic(who, key, CLAIM_TOPIC, "CREATE", "DESCRIBE", "READ")
     out += [AclEntry(who, "GROUP", claim_group, op, "LITERAL", key) for op in ("READ", "DESCRIBE")]
     return sorted(set(out))
 

@@ -111,11 +111,6 @@ class BrokerInfo:
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    @property
-    def mtls_bootstrap_servers(self) -> str | None:
-        """A secured broker's mutual-TLS listener (clients log in by certificate); None otherwise."""
-        return f"127.0.0.1:{self.mtls_port}" if self.mtls_port else None
-
 
 class EmbeddedBroker:
     """A single-node Kafka 4.x broker in KRaft combined mode.

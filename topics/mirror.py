@@ -47,8 +47,8 @@ from .exceptions import BrokerStartError, KafkaRuntimeError, TopicsError
 from .registry import DAY_MS, JobTopics, TopicSpec, ensure_topics
 from .runtime import java_command
 
-__all__ = ["MirrorPlan", "MirrorMaker", "MirrorStartError", "PartitionLag", "mirrored_specs", "weight_topics",
-           "MIRROR_MAIN_CLASS"]
+__all__ = ["MirrorPlan", "MirrorMaker", "MirrorStartError", "PartitionLag", "connect_group", "internal_topics",
+           "mirrored_specs", "weight_topics", "MIRROR_MAIN_CLASS"]
 
 MIRROR_MAIN_CLASS = "org.apache.kafka.connect.mirror.MirrorMaker"
 IDENTITY_POLICY = "org.apache.kafka.connect.mirror.IdentityReplicationPolicy"
@@ -66,6 +66,18 @@ class MirrorStartError(BrokerStartError):
 def weight_topics(topics: JobTopics) -> list[str]:
     """The topics this flow mirrors: ``versions`` and every policy's ``weights.<policy>``."""
     return [topics.versions, *(topics.weights(p) for p in topics.policies)]
+
+
+def connect_group(source_alias: str) -> str:
+    """The group of the Connect workers of a dedicated MirrorMaker 2 flow from ``source_alias``
+    (MirrorMaker's default ``<source>-mm2``; it also prefixes the flow's transactional ids)."""
+    return f"{source_alias}-mm2"
+
+
+def internal_topics(source_alias: str) -> dict[str, str]:
+    """Kind (``configs``, ``offsets``, ``status``) -> the name of that Connect internal topic of
+    a flow from ``source_alias`` on the target cluster (MirrorMaker's defaults)."""
+    return {kind: f"mm2-{kind}.{source_alias}.internal" for kind in ("configs", "offsets", "status")}
 
 
 def mirrored_specs(topics: JobTopics, *, snapshot_bytes: int, keep_snapshots: int = DEFAULT_KEEP_SNAPSHOTS,
@@ -536,7 +548,7 @@ class MirrorMaker:
 
     def _committed_source_offsets(self, tgt) -> dict[TopicPartition, int]:
         """Connect's offsets topic on the target: the last source offset copied, per partition."""
-        topic = f"mm2-offsets.{self.plan.source_alias}.internal"
+        topic = internal_topics(self.plan.source_alias)["offsets"]
         parts = tgt.partitions_for_topic(topic)
         if not parts:
             return {}

@@ -102,51 +102,37 @@ class SecureSetup:
 
     def _make_pki(self) -> None:
         from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
         from cryptography.hazmat.primitives.asymmetric import rsa
-        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+        from cryptography.x509.oid import ExtendedKeyUsageOID
 
         now = datetime.datetime.now(datetime.timezone.utc)
         ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"astraflow-ca-{secrets.token_hex(4)}")])
-        ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-              .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-              .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=_DAYS))
-              .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-              .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                           content_commitment=False, key_encipherment=False,
-                                           data_encipherment=False, key_agreement=False,
-                                           encipher_only=False, decipher_only=False), critical=True)
-              .sign(ca_key, hashes.SHA256()))
+        ca = _signed(f"astraflow-ca-{secrets.token_hex(4)}", ca_key.public_key(), None, ca_key,
+                     now + datetime.timedelta(days=_DAYS),
+                     (x509.BasicConstraints(ca=True, path_length=0), True),
+                     (x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                    content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                    key_agreement=False, encipher_only=False, decipher_only=False), True))
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        cert = (x509.CertificateBuilder()
-                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, BROKER_PRINCIPAL)]))
-                .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-                .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=_DAYS))
-                .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                            x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                               critical=False)
-                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
-                                                      ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-                .sign(ca_key, hashes.SHA256()))
-        pem = serialization.Encoding.PEM
-        self.ca_file.write_bytes(ca.public_bytes(pem))
+        cert = _signed(BROKER_PRINCIPAL, key.public_key(), ca, ca_key, now + datetime.timedelta(days=_DAYS),
+                       (x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                     x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False),
+                       (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                        False))
+        self.ca_file.write_bytes(_pem(ca))
         # The CA's key stays beside the super user's password (0600 in this 0700 directory, which
         # already holds every key to the broker): it issues client certificates for mutual TLS.
-        _write_private(self.ca_key_file, ca_key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                                              serialization.NoEncryption()))
-        _write_private(self.broker_pem, key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                                          serialization.NoEncryption())
-                       + cert.public_bytes(pem) + ca.public_bytes(pem))
+        _write_private(self.ca_key_file, _pem(ca_key))
+        _write_private(self.broker_pem, _pem(key) + _pem(cert) + _pem(ca))
 
     def client_certificate(self, name: str) -> tuple[Path, Path]:
         """A client certificate of this CA for principal ``name`` (its CN; the broker maps it to
         ``User:<name>``), for the mutual-TLS listener: ``(cert_file, key_file)``, made once (mode
         0600, under ``clients/``) and reused."""
         from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric import rsa
-        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+        from cryptography.x509.oid import ExtendedKeyUsageOID
 
         if not re.fullmatch(r"[A-Za-z0-9._-]+", name) or name in (SUPER_USER, BROKER_PRINCIPAL):
             raise ValueError(f"client certificate: {name!r} is not a principal name this broker maps "
@@ -159,20 +145,13 @@ class SecureSetup:
             raise ValueError(f"client certificate: {self.dir} has no CA key (made before client certificates "
                              f"existed); make a new secure directory")
         folder.mkdir(mode=0o700, exist_ok=True)
-        pem = serialization.Encoding.PEM
         ca = x509.load_pem_x509_certificate(self.ca_file.read_bytes())
         ca_key = serialization.load_pem_private_key(self.ca_key_file.read_bytes(), password=None)
-        now = datetime.datetime.now(datetime.timezone.utc)
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        cert = (x509.CertificateBuilder()
-                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-                .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-                .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(ca.not_valid_after_utc)
-                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-                .sign(ca_key, hashes.SHA256()))
-        _write_private(key_file, key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                                   serialization.NoEncryption()))
-        _write_private(cert_file, cert.public_bytes(pem))
+        cert = _signed(name, key.public_key(), ca, ca_key, ca.not_valid_after_utc,
+                       (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), False))
+        _write_private(key_file, _pem(key))
+        _write_private(cert_file, _pem(cert))
         return cert_file, key_file
 
     def mtls_client_security(self, name: str) -> ClientSecurity:
@@ -232,6 +211,35 @@ class SecureSetup:
         return {"protocol": "SASL_SSL", "sasl_mechanism": MECHANISM, "super_user": SUPER_USER,
                 "ca_file": str(self.ca_file), "password_file": str(self.password_file),
                 "command_config": str(self.admin_properties)}
+
+
+def _signed(cn: str, public_key, issuer, issuer_key, not_after, *extensions):
+    """A certificate for ``cn`` signed by ``issuer_key`` (``issuer``: its certificate; None:
+    self-signed), valid from five minutes ago to ``not_after``; ``extensions``: (extension,
+    critical) pairs."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import NameOID
+
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (x509.CertificateBuilder().subject_name(subject)
+               .issuer_name(issuer.subject if issuer is not None else subject)
+               .public_key(public_key).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(not_after))
+    for extension, critical in extensions:
+        builder = builder.add_extension(extension, critical=critical)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _pem(item) -> bytes:
+    """A certificate, or a private key (PKCS8, unencrypted), as PEM."""
+    from cryptography.hazmat.primitives import serialization
+
+    pem = serialization.Encoding.PEM
+    if hasattr(item, "private_bytes"):
+        return item.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return item.public_bytes(pem)
 
 
 def _jaas(user: str, password: str) -> str:
