@@ -169,10 +169,66 @@ def sv_split(n: int, table2: dict) -> dict[str, dict[str, int]]:
     return {p: {st: d * n // at for st, d in parts.items()} for p, parts in base.items()}
 
 
-def sv_layout(n: int, per_node: int, table2: dict) -> dict:
-    """The team's pools and trainers at ``n`` devices; each pool on RaaS nodes of <= ``per_node``."""
+def pool_fits(devices: int, per_node: int) -> bool:
+    """Whether a pool of ``devices`` splits evenly over the fewest RaaS nodes of <= ``per_node``."""
+    return devices % max(1, -(-devices // per_node)) == 0
+
+
+def sv_balanced_split(n: int, per_node: int, base: tuple[dict, list[dict]], train_scaling: float) -> dict:
+    """The split of ``n`` devices that minimises the largest priced stage, priced on the team's
+    own run at Table 2's 8 devices (``base``: its layout and repetitions; each resource's
+    whole-run modelled work per iteration, the mean over the repetitions), its batch grown
+    with ``n`` as the runs grow it. A pool's work is its nodes' device-seconds dealt over its
+    devices (the same work per device at every N); a trainer's is rescaled to ``d``-way data
+    parallel with the profile's efficiency ``train_scaling`` per doubling, as Table 2's rule
+    (:func:`~astraflow.benchmarks.multi_policy_emulated.choose_split`) does. Pools must split
+    evenly over nodes of <= ``per_node``; a trainer keeps at least Table 2's smallest one.
+
+    Scaled by N/8, Table 2's split (3 + 2 solver, 1 + 2 verifier) gives each trainer 2N/8
+    devices, but a trainer of more devices gains less per device, so at 64 the solver's trainer
+    is the bound; this rule moves devices to it."""
+    import itertools
+    import math
+
+    lay8, reps = base
+    grow = n / lay8["devices"]
+    s = lambda d: train_scaling ** math.log2(d)  # noqa: E731
+    mean = lambda key: sum(r["work_by_resource"].get(key, 0.0) for r in reps) / len(reps)  # noqa: E731
+    device_s: dict[tuple[str, str], float] = {}
+    for p, pool in lay8["pools"].items():
+        nodes = [k for k in reps[0]["work_by_resource"] if k.startswith(f"raas-{p}-")]
+        device_s[p, "rollout"] = sum(mean(k) for k in nodes) * pool["devices_per_node"] * grow
+        d8 = pool["trainer_devices"]
+        device_s[p, "trainer"] = mean(f"trainer.{p}") * d8 * s(d8) * grow
+    need = min(pool["trainer_devices"] for pool in lay8["pools"].values())
+
+    def price(key: tuple[str, str], d: int) -> float:
+        return device_s[key] / (d if key[1] == "rollout" else d * s(d))
+
+    keys = sorted(device_s)
+    best = None
+    for cut in itertools.combinations(range(1, n), len(keys) - 1):
+        parts = [b - a for a, b in zip((0, *cut), (*cut, n))]
+        if any((st == "trainer" and d < need) or (st == "rollout" and not pool_fits(d, per_node))
+               for (_, st), d in zip(keys, parts)):
+            continue
+        stages = {f"{p}.{st}": price((p, st), d) for (p, st), d in zip(keys, parts)}
+        cand = (max(stages.values()), parts, stages)
+        if best is None or cand[0] < best[0]:
+            best = cand
+    if best is None:
+        raise ValueError(f"{n} devices cannot hold the team's pools and trainers of >= {need} devices each")
+    split: dict[str, dict[str, int]] = {}
+    for (p, st), d in zip(keys, best[1]):
+        split.setdefault(p, {})[st] = d
+    return {"split": split, "priced_stage_s": best[2], "priced_bound_s_per_iter": best[0]}
+
+
+def sv_layout(n: int, per_node: int, table2: dict, balanced: dict | None = None) -> dict:
+    """The team's pools and trainers at ``n`` devices; each pool on RaaS nodes of <= ``per_node``:
+    Table 2's split scaled by N/8, or ``balanced`` (:func:`sv_balanced_split`'s answer)."""
     from astraflow.benchmarks.multi_policy_emulated import SEED_SHAPE
-    split = sv_split(n, table2)
+    split = balanced["split"] if balanced else sv_split(n, table2)
     pools = {}
     for p, parts in split.items():
         nodes = max(1, -(-parts["rollout"] // per_node))
@@ -181,8 +237,13 @@ def sv_layout(n: int, per_node: int, table2: dict) -> dict:
         pools[p] = {"nodes": nodes, "devices_per_node": parts["rollout"] // nodes, "trainer_devices": parts["trainer"]}
     groups = SEED_SHAPE["groups_per_batch"] * n // table2["devices"]
     lead = next(iter(split))  # the solver: its pool's polls open the episodes
-    return {"devices": n, "split": split, "pools": pools, "groups_per_batch": groups,
-            "tasks_per_call": -(-groups // pools[lead]["nodes"]), "n_samples": SEED_SHAPE["n_samples"]}
+    out = {"devices": n, "split": split, "pools": pools, "groups_per_batch": groups,
+           "tasks_per_call": -(-groups // pools[lead]["nodes"]), "n_samples": SEED_SHAPE["n_samples"],
+           "split_rule": "scaled"}
+    if balanced:
+        out.update(split_rule="balanced", priced_stage_s=balanced["priced_stage_s"],
+                   priced_bound_s_per_iter=balanced["priced_bound_s_per_iter"])
+    return out
 
 
 def sv_config(args, lay: dict, job: str, table2: dict) -> dict:
@@ -288,20 +349,34 @@ def sv_main(args, counts: list[int]) -> int:
         print(f"note: {args.steps} steps; the steady window starts after step {table2['max_staleness'] + 2} (the "
               f"batches rolled out ahead at the start), so fewer than {2 * (table2['max_staleness'] + 2)} steps "
               "measure mostly the start's transient", flush=True)
-    lays = {n: sv_layout(n, args.devices_per_node, table2) for n in counts}
+    at = table2["devices"]
+    lays = {n: sv_layout(n, args.devices_per_node, table2) for n in counts
+            if args.split == "scaled" or n == at}
     load_before = load_now()
     rows: dict[int, list[dict]] = {n: [] for n in counts}
     kept = kept_counts(Path(args.out), args, table2, counts)
     for n, (lay, reps) in kept.items():  # device counts this run does not measure stay as measured
         lays[n], rows[n] = lay, reps
-    lays, rows = dict(sorted(lays.items())), dict(sorted(rows.items()))
+    if args.split == "balanced" and at not in counts and at not in kept:
+        raise SystemExit(f"--split balanced prices the split on the team's own run at {at} devices: "
+                         f"none is recorded in {args.out} with these settings; run --devices {at} first")
+    rows = dict(sorted(rows.items()))
     for rep in range(args.repeats):
-        for n in counts:
+        for n in sorted(counts):
+            if n not in lays:  # balanced: priced on the run at Table 2's devices (measured first)
+                from astraflow.emulation.profile import load_profile
+                scaling = load_profile(table2["profile"]).efficiency.train_scaling
+                bal = sv_balanced_split(n, args.devices_per_node, (lays[at], rows[at]), scaling)
+                lays[n] = sv_layout(n, args.devices_per_node, table2, bal)
+                print(f"    balanced split at {n}: {bal['split']} (priced bound "
+                      f"{bal['priced_bound_s_per_iter']:.1f} s/iter)", flush=True)
+            lays = dict(sorted(lays.items()))
             rows[n].append(sv_one(args, lays[n], rep, table2))
             agg = aggregate({k: v for k, v in rows.items() if v}, SV_KEYS)
             write_section(Path(args.out), "solver_verifier", {
                 "emulated": True, "job": "solver_verifier", "steps": args.steps, "repeats_planned": args.repeats,
-                "dilation_at_8": args.dilation, "split_from": "multi_policy_emulated.json device_split, scaled by N/8",
+                "dilation_at_8": args.dilation, "split_from": "each layout's split_rule: scaled = multi_policy_emulated.json's device_split "
+                "scaled by N/8; balanced = sv_balanced_split, priced on this section's run at 8 devices",
                 "table2_settings": {k: table2.get(k) for k in SV_SETTINGS},
                 "layouts": {str(k): v for k, v in lays.items()}, "by_devices": agg,
                 "repetitions": {str(k): v for k, v in rows.items()}}, load_before, "emulated_scale")
@@ -328,8 +403,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-timeout", type=float, default=1200.0)
     ap.add_argument("--quick", action="store_true", help="8 and 16 devices, 4 steps, 1 repetition (a smoke run)")
     ap.add_argument("--job", choices=("demo", "solver_verifier"), default="demo",
-                    help="demo: the single-policy demo job; solver_verifier: Table 2's team, its split scaled by N/8 "
+                    help="demo: the single-policy demo job; solver_verifier: Table 2's team "
                          "(written to the JSON's solver_verifier section)")
+    ap.add_argument("--split", choices=("balanced", "scaled"), default="balanced",
+                    help="solver_verifier: the split at N devices; scaled = Table 2's split x N/8; balanced = "
+                         "re-chosen at each N to minimise the largest stage, priced on the team's run at 8")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--run-root", default=str(ROOT / "runs" / "bench-emulated-scale"))
     args = ap.parse_args(argv)

@@ -129,3 +129,39 @@ def test_a_team_run_at_new_device_counts_keeps_the_counts_measured_the_same_way(
     assert es.kept_counts(out, argparse.Namespace(steps=6, dilation=0.3), table2, [32]) == {}
     assert es.kept_counts(out, args, {**table2, "max_staleness": 1}, [32]) == {}
     assert es.kept_counts(tmp_path / "absent.json", args, table2, [32]) == {}
+
+
+def _team_at_8(solver_trainer_s: float) -> tuple[dict, list[dict]]:
+    lay = {"devices": 8, "pools": {"solver": {"nodes": 1, "devices_per_node": 3, "trainer_devices": 2},
+                                   "verifier": {"nodes": 1, "devices_per_node": 1, "trainer_devices": 2}}}
+    work = {"raas-solver-0": 70.0, "raas-verifier-0": 60.0, "trainer.solver": solver_trainer_s, "trainer.verifier": 27.0}
+    return lay, [{"work_by_resource": work}, {"work_by_resource": {**work, "trainer.solver": solver_trainer_s + 2.0}}]
+
+
+def test_the_balanced_split_gives_the_busiest_trainer_the_devices_a_scaled_split_starves_it_of():
+    """At 8 the rule keeps Table 2's split (the smallest trainer of 2 is the bound); at 64 the
+    scaled split (16 + 16 trainers) leaves the solver's trainer the bound at ~1.3x the pools,
+    the balanced one moves devices to it, prices no stage above the scaled split's bound, and
+    every pool splits evenly over nodes of <= 8."""
+    import math
+    base = _team_at_8(78.0)
+    s = lambda d: 0.9 ** math.log2(d)  # noqa: E731
+    at8 = es.sv_balanced_split(8, 8, base, 0.9)
+    assert at8["split"] == {"solver": {"rollout": 3, "trainer": 2}, "verifier": {"rollout": 1, "trainer": 2}}
+    assert at8["priced_stage_s"]["solver.trainer"] == pytest.approx(79.0)  # the mean of the repetitions
+    bal = es.sv_balanced_split(64, 8, base, 0.9)
+    split = bal["split"]
+    assert sum(d for parts in split.values() for d in parts.values()) == 64
+    assert split["solver"]["trainer"] > 16 > split["verifier"]["trainer"] >= 2
+    scaled_solver_trainer = 79.0 * 8 * 2 * s(2) / (16 * s(16))
+    assert bal["priced_bound_s_per_iter"] < scaled_solver_trainer
+    assert bal["priced_bound_s_per_iter"] == max(bal["priced_stage_s"].values())
+    for p, parts in split.items():
+        assert es.pool_fits(parts["rollout"], 8)
+    lay = es.sv_layout(64, 8, {"devices": 8, "device_split": {"split": split}}, bal)
+    assert lay["split_rule"] == "balanced" and lay["pools"]["solver"]["trainer_devices"] == split["solver"]["trainer"]
+    # a cheaper solver trainer needs fewer devices: the rule follows the measured work
+    assert es.sv_balanced_split(64, 8, _team_at_8(30.0), 0.9)["split"]["solver"]["trainer"] < split["solver"]["trainer"]
+    assert not es.pool_fits(9, 8) and es.pool_fits(10, 8) and es.pool_fits(24, 8)
+    with pytest.raises(ValueError, match="cannot hold"):
+        es.sv_balanced_split(5, 8, base, 0.9)
