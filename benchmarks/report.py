@@ -174,6 +174,22 @@ def async_sync() -> list[str]:
     return out + [""]
 
 
+def delta_sparsity() -> list[str]:
+    d = _load("delta_sparsity")
+    if not d or d.get("quick"):
+        return []
+    out = [f"**Sparse-delta bytes against the learning rate** — `python -m astraflow.benchmarks.delta_sparsity` "
+           f"(the demo job, async, bf16 deltas, {d['steps']} steps, the same seeds at every learning rate; median "
+           f"(min–max) of {d['repeats']} repetitions{_load_note(d)})", "",
+           "| lr | delta bytes / version | elements changed | delta / full snapshot | ≤ 1/20 | accuracy v0 → final |",
+           "|---:|---:|---:|---:|---|---|"]
+    for lr, r in sorted(d["by_lr"].items(), key=lambda kv: -float(kv[0])):
+        out.append(f"| {lr} | {_sp(r['delta_bytes'], ',.0f')} | {_sp(r['delta_changed_frac'], '.3f')} | "
+                   f"{_sp(r['delta_over_snapshot'], '.3f')} | {'yes' if r['meets_goal'] else 'no'} | "
+                   f"{r['accuracy_initial']:.3f} → {_sp(r['accuracy_final'], '.3f')} |")
+    return out + [""]
+
+
 def publish_dtype() -> list[str]:
     d = _load("publish_dtype")
     if not d:
@@ -375,9 +391,17 @@ def emulated_scale_team(sv: dict | None) -> list[str]:
         return []
     reps = min(r["s_per_iter"]["n"] for r in sv["by_devices"].values())
     out = [f"**The solver–verifier team at scale, EMULATED** — `python -m astraflow.benchmarks.emulated_scale --job "
-           f"solver_verifier` (Table 2's arm (a), its device split scaled by N/8, the batch with it; {sv['steps']} "
+           f"solver_verifier` (Table 2's arm (a) at N devices, the batch grown with N; {sv['steps']} "
            f"iterations; **modelled seconds**; median (min–max) of {reps} repetition(s){_load_note(sv)})", "",
            *_scale_rows(sv["by_devices"], "iter")]
+    splits = []
+    for n, lay in sv.get("layouts", {}).items():
+        parts = ", ".join(f"{p} {d['rollout']}+{d['trainer']}" for p, d in lay["split"].items())
+        rule = lay.get("split_rule", "scaled")
+        splits.append(f"{n}: {parts} ({'Table 2 x N/8' if rule == 'scaled' else 'balanced at N'})")
+    if splits:
+        out += ["", "Devices (rollout + trainer per policy): " + "; ".join(splits) + ". Balanced: re-chosen at N to "
+                "minimise the largest stage, priced on the 8-device run (`--split balanced`)."]
     return out + [""]
 
 
@@ -499,7 +523,7 @@ def _gap(d: dict) -> str:
 
 
 def render() -> str:
-    return "\n".join(demo() + async_sync() + async_sync_emulated() + publish_dtype() + multi_policy()
+    return "\n".join(demo() + async_sync() + async_sync_emulated() + publish_dtype() + delta_sparsity() + multi_policy()
                      + multi_policy_emulated() + emulated_scale() + elastic_emulated() + multi_turn() + cross_region()
                      + topics() + weights() + engine()
                      + scaling()).rstrip() + "\n"

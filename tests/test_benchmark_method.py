@@ -247,3 +247,26 @@ def test_committed_results_have_the_issues_fields_and_render_with_spread():
     for section in ("**Async vs sync vs one process**", "**Kafka path**", "**Weight transfer**", "**Rollout engine**"):
         assert section in text
     assert "entropy bound" not in text and "kafka-python MB/s" in text and " (" in text
+
+
+def test_delta_sparsity_pairs_bytes_by_repetition_and_judges_the_goal_on_the_median(monkeypatch):
+    """Per learning rate: the delta's share of a snapshot, paired within a repetition; the
+    1/20 goal is met only where that share's median is <= 0.05, and the table renders."""
+    from astraflow.benchmarks import delta_sparsity, report
+
+    def run(nbytes, frac):
+        return {"delta_bytes": nbytes, "delta_changed_frac": frac, "snapshot_bytes": 3e6,
+                "delta_over_snapshot": nbytes / 3e6, "accuracy_final": 0.25, "accuracy_initial": 0.21,
+                "s_per_step": 1.0, "load_before": [2.0, 1.0, 1.0]}
+    reps = [{"2e-4": run(9e5 + i, 0.45), "5e-6": run(1.2e5 + i * 1e4, 0.04)} for i in range(3)]
+    agg = delta_sparsity.aggregate(reps)
+    assert agg["by_lr"]["2e-4"]["meets_goal"] is False and agg["by_lr"]["5e-6"]["meets_goal"] is True
+    assert agg["by_lr"]["5e-6"]["delta_over_snapshot"]["median"] == pytest.approx(1.3e5 / 3e6)
+    reps[1]["5e-6"] = reps[2]["5e-6"] = run(2e5, 0.07)  # the median repetition misses: the goal is missed
+    assert delta_sparsity.aggregate(reps)["by_lr"]["5e-6"]["meets_goal"] is False
+    one = {**agg, "steps": 40, "repeats": 3, "quick": False, "machine": {"cpus": 2}}
+    monkeypatch.setattr(report, "_load", lambda name: one if name == "delta_sparsity" else {})
+    lines = report.delta_sparsity()
+    assert any(line.startswith("| 5e-06") or line.startswith("| 5e-6") for line in lines)
+    assert lines.index(next(x for x in lines if x.startswith("| 2e-4"))) < lines.index(
+        next(x for x in lines if x.startswith("| 5e-6")))
