@@ -197,16 +197,17 @@ def _acl_users(cfg, policies: tuple[str, ...], pairs: list[str]) -> dict[str, st
 def _mirror_acl(args: argparse.Namespace, cfg, topics) -> int:
     """``acl plan|apply --topology T --config C --region R``: the ACLs of region R's mirror
     principal (``regions.R.kafka_security.username``, or ``--principal mirror=USER``) on R's
-    own cluster, where MirrorMaker 2 writes the job's weights."""
+    own cluster, where MirrorMaker 2 writes the job's weights (a region that shares another's
+    cluster: that cluster and its one mirror, named after the region that declares it)."""
     from astraflow.topics.acls import apply, format_plan, mirror_plan
     from astraflow.topology.launch import load_plan
     from astraflow.topology.mirror_run import claim_group
-    from astraflow.topology.plan import own_clusters
+    from astraflow.topology.plan import region_clusters
     from astraflow.topology.regional import HOME_ALIAS
     if not args.topology or cfg is None:
         raise SystemExit("astraflow acl --region: give --topology and --config (the region's cluster and the job)")
     plan = load_plan(args.topology, cfg)
-    own = own_clusters(plan)
+    own = region_clusters(plan)
     if args.region not in own:
         raise SystemExit(f"astraflow acl --region {args.region}: not a region with a cluster of its own in "
                          f"{args.topology} (regions with one: {', '.join(own) or 'none'})")
@@ -215,7 +216,7 @@ def _mirror_acl(args: argparse.Namespace, cfg, topics) -> int:
     user = given.pop("mirror", None) or (cluster.security.username if cluster.security else None)
     if given or not user:
         raise SystemExit(f"astraflow acl --region {args.region}: the mirror's user is "
-                         f"regions.{args.region}.kafka_security.username or --principal mirror=USER"
+                         f"regions.{cluster.declared_by}.kafka_security.username or --principal mirror=USER"
                          + (f" (other principals are not planned with --region: {', '.join(given)})" if given else ""))
     entries = mirror_plan(topics, user, source_alias=HOME_ALIAS, claim_group=claim_group(topics.job))
     if args.action == "plan":

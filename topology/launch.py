@@ -24,7 +24,8 @@ from pathlib import Path
 
 from astraflow.config import JobConfig, load_config
 
-from .plan import Plan, check_launchable, check_multi_host, cluster_security, format_plan, own_clusters, resolve
+from .plan import (Plan, check_launchable, check_multi_host, cluster_security, format_plan, region_clusters,
+                   resolve)
 from .processes import Proc, RunFailed, node_command, stop_processes, supervise
 from .schema import TopologyError, load_topology
 from .validation import local_backend_misplaced, validate_for_job
@@ -59,9 +60,10 @@ def node_command_for(cfg: JobConfig, bootstrap: str, run_dir: Path, overrides: l
     ``region_bootstrap``: region -> the address its nodes reach Kafka at instead of
     ``bootstrap`` (an emulated link's, :mod:`.links`); ``region_wrap``: region -> a function
     of argv that runs it inside the region (its network namespace); ``region_weights``: region
-    -> the region's own cluster, where its RaaS nodes read versions and weights
-    (``rollout.weights_bootstrap_servers``), and ``region_security``: region -> the overrides of
-    ``rollout.weights_security`` when that cluster has a ``kafka_security`` (:func:`weights_security`).
+    -> the regional cluster (its own, or one it shares with other regions) where its RaaS nodes
+    read versions and weights (``rollout.weights_bootstrap_servers``), and ``region_security``:
+    region -> the overrides of ``rollout.weights_security`` when that cluster has a
+    ``kafka_security`` (:func:`weights_security`).
     The autoscaler's backend starts nodes through this same function, so its nodes get them too."""
     region_bootstrap, region_wrap, region_weights = region_bootstrap or {}, region_wrap or {}, region_weights or {}
     region_security = region_security or {}
@@ -81,10 +83,10 @@ def node_command_for(cfg: JobConfig, bootstrap: str, run_dir: Path, overrides: l
 
 def weights_security(plan: Plan) -> dict[str, list[str]]:
     """Region -> the ``--set rollout.weights_security.*`` pairs of its RaaS nodes, for each region
-    whose own cluster has a ``kafka_security`` (paths made absolute from the topology file's
-    folder; file and variable names only, never a password)."""
-    return {c.declared_by: c.security.absolute(Path(plan.source).parent).overrides("rollout.weights_security")
-            for c in own_clusters(plan).values() if c.security is not None}
+    whose regional cluster (its own or a shared one) has a ``kafka_security`` (paths made absolute
+    from the topology file's folder; file and variable names only, never a password)."""
+    return {r: c.security.absolute(Path(plan.source).parent).overrides("rollout.weights_security")
+            for r, c in region_clusters(plan).items() if c.security is not None}
 
 
 def make_backend(plan: Plan, cfg: JobConfig, command_for, log_dir: Path):
@@ -159,7 +161,8 @@ class TopologyRun:
         self.backend = None
         self.outcome = None
         self.wan = None  #: the emulated links (:class:`~.links.LinkEmulation`), with the embedded broker
-        self.regions: dict = {}  #: region -> its own cluster (:class:`~.regional.RegionalCluster`)
+        #: declaring region -> its regional cluster (:class:`~.regional.RegionalCluster`), one per cluster
+        self.regions: dict = {}
         self.claims: list = []  #: the mirror claims held on existing regional clusters
         self.extra: dict = {}
 
@@ -187,9 +190,10 @@ class TopologyRun:
             self.wan.close()
 
     def start_regions(self, bootstrap: str, run_dir: Path) -> None:
-        """Each region with a cluster of its own: its broker (embedded: started here, in the
-        region's namespace when its link is emulated; existing: nothing to start) and MirrorMaker 2
-        copying ``weights.<p>`` and ``versions`` from home."""
+        """Each regional cluster, once however many regions share it, named after the region that
+        declares it: its broker (embedded: started here, in that region's namespace when its link
+        is emulated; existing: nothing to start) and one MirrorMaker 2 copying ``weights.<p>`` and
+        ``versions`` from home."""
         from astraflow.topics import job_topics
         from astraflow.topics.claim import ExclusiveClaim
 
@@ -214,6 +218,12 @@ class TopologyRun:
             self.close_regions()
             raise
 
+    def by_region(self) -> dict:
+        """Region -> the :class:`~.regional.RegionalCluster` its nodes read weights from (regions
+        that share a cluster map to the same one)."""
+        return {r: self.regions[c.declared_by] for r, c in region_clusters(self.plan).items()
+                if c.declared_by in self.regions}
+
     def close_regions(self) -> None:
         for rc in self.regions.values():
             rc.close()
@@ -221,13 +231,20 @@ class TopologyRun:
             claim.release()
         self.claims.clear()
 
-    def processes(self, bootstrap: str, run_dir: Path):
+    def command_for(self, bootstrap: str, run_dir: Path):
+        """``NodePlan -> argv`` of this run's nodes (the autoscaler's too): a node of a region behind
+        an emulated link runs in its namespace and dials the link; a RaaS node of a region with a
+        regional cluster (its own or a shared one, once :meth:`start_regions` ran) reads its weights
+        there."""
         links = self.wan
+        return node_command_for(self.cfg, bootstrap, run_dir, self.overrides,
+                                links.bootstrap_for() if links is not None else None,
+                                {r: links[r].wrap for r in links.links} if links is not None else None,
+                                {r: rc.local for r, rc in self.by_region().items()}, weights_security(self.plan))
+
+    def processes(self, bootstrap: str, run_dir: Path):
         self.start_regions(bootstrap, run_dir)
-        command_for = node_command_for(self.cfg, bootstrap, run_dir, self.overrides,
-                                       links.bootstrap_for() if links is not None else None,
-                                       {r: links[r].wrap for r in links.links} if links is not None else None,
-                                       {r: rc.local for r, rc in self.regions.items()}, weights_security(self.plan))
+        command_for = self.command_for(bootstrap, run_dir)
         self.backend = make_backend(self.plan, self.cfg, command_for, run_dir / "logs")
         mine = [n for n in self.plan.nodes if n.owner == "host"]
         announce_started(bootstrap, self.cfg, mine)
@@ -246,7 +263,9 @@ class TopologyRun:
             self.backend.tick(procs)
             if watch is not None:
                 watch.stop(block=True, timeout=60)  # (its last report: the mirror's and the links' final word)
-            clusters = {r: rc.describe() for r, rc in self.regions.items()}  # (the mirror's final lag)
+            # (the mirror's final lag; the regions whose nodes read weights from it)
+            clusters = {r: {**rc.describe(), "regions": list(self.plan.cluster_of(r).regions)}
+                        for r, rc in self.regions.items()}
             self.close_regions()
             links = self.wan.stats() if self.wan is not None else []
             published = weights_published(bootstrap, self.cfg)
@@ -257,7 +276,8 @@ class TopologyRun:
                                        "notes": self.plan.notes,
                                        # per link: region, latency, bandwidth, bytes each way across it
                                        "emulated_links": links,
-                                       # per region with a cluster of its own: where it is, its mirror
+                                       # per regional cluster (by its declaring region): where it is,
+                                       # its one mirror, the regions reading from it
                                        "regional_clusters": clusters,
                                        # per RaaS node: the cluster it read versions and weights from
                                        "weights_from": weights_sources(bootstrap, self.cfg, self.regions)},
@@ -267,7 +287,7 @@ class TopologyRun:
 
     def _watch_regions(self, bootstrap: str):
         """The region watcher (:mod:`.region_watch`) under a supervisor, when there is a remote
-        region to report (an emulated link, a cluster of its own); its supervisor's ref or None."""
+        region to report (an emulated link, a regional cluster); its supervisor's ref or None."""
         if self.wan is None and not self.regions:
             return None
         from astraflow.actors.supervisor import ChildSpec, Outcome, Supervisor
@@ -275,7 +295,7 @@ class TopologyRun:
 
         from .region_watch import RegionWatchActor
         spec = ChildSpec("region-watch", lambda sup, n: RegionWatchActor.start(
-            sup, n, self.plan, bootstrap, job_topics(self.cfg), self.wan, self.regions), required=False)
+            sup, n, self.plan, bootstrap, job_topics(self.cfg), self.wan, self.by_region()), required=False)
         return Supervisor.start([spec], Outcome())
 
     def tick(self, procs):
@@ -319,7 +339,8 @@ def weights_published(bootstrap: str, cfg: JobConfig) -> int:
 
 def weights_sources(bootstrap: str, cfg: JobConfig, regions: dict) -> dict:
     """Per RaaS node, the cluster it read versions and weights from (its last ``raas.weights_loaded``):
-    ``cluster`` (``home`` or ``<region> (own)``), ``bootstrap``, ``versions_loaded``, ``snapshots``, ``deltas``."""
+    ``cluster`` (``home`` or ``<region> (own)``, named after the region that declares it, also for
+    the nodes of a region that shares it), ``bootstrap``, ``versions_loaded``, ``snapshots``, ``deltas``."""
     names = {rc.local: f"{r} (own)" for r, rc in regions.items()}
     out: dict = {}
     for m in _metrics(bootstrap, cfg):
@@ -346,10 +367,11 @@ def run_host(topology: str | Path, cfg: JobConfig, host: str, *, bootstrap: str 
         raise TopologyError(plan.source, misplaced[0], f"elastic pool {misplaced[1]} is on host {misplaced[2]}, but "
                                                        f"the local backend starts nodes on the autoscaler's host "
                                                        f"({plan.autoscaler_host}); use autoscaler.backend: command")
-    # Every topic lives on the home cluster; a region of its own reads only weights from its cluster.
+    # Every topic lives on the home cluster; a region with a regional cluster reads only weights there.
     bootstrap = home_bootstrap(plan, cfg, bootstrap)
     region = next(r for r, hosts in plan.region_hosts.items() if host in hosts)
-    own = {r: c.name for r, c in own_clusters(plan).items()}
+    clusters = region_clusters(plan)
+    own = {r: c.name for r, c in clusters.items()}
     if region in own:  # the mirrored topics exist, with their bound, before a node of the region looks
         regional_mirror_plan(plan, cfg, region, bootstrap).prepare_target()
     run_dir = Path(run_dir)
@@ -360,8 +382,9 @@ def run_host(topology: str | Path, cfg: JobConfig, host: str, *, bootstrap: str 
     here = plan.autoscaler_host == host
     print(f"host {host}: {', '.join(n.node_id for n in mine) or 'no nodes'}"
           + ("; the autoscaler" if here else "")
-          + (f"; weights from region {region}'s own cluster {own[region]} (its MirrorMaker 2: `astraflow mirror "
-             f"--topology {topology} --region {region}`)" if region in own else ""), flush=True)
+          + (f"; weights from region {clusters[region].declared_by}'s own cluster {own[region]} (its MirrorMaker 2, "
+             f"one for the cluster: `astraflow mirror --topology {topology} --region "
+             f"{clusters[region].declared_by}`)" if region in own else ""), flush=True)
     stop = {"now": False}
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.update(now=True))
@@ -412,12 +435,14 @@ def home_bootstrap(plan: Plan, cfg: JobConfig, bootstrap: str | None) -> str:
 
 
 def regional_mirror_plan(plan: Plan, cfg: JobConfig, region: str, home: str):
-    """Region ``region``'s MirrorMaker 2 flow on a multi-host deployment (its cluster an existing one)."""
+    """The MirrorMaker 2 flow into region ``region``'s regional cluster on a multi-host deployment
+    (an existing cluster). It is the cluster's one flow, named after its declaring region, so the
+    regions that share a cluster get the same plan (aliases, Connect group, internal topics)."""
     from astraflow.topics import job_topics
 
     from .regional import job_mirror_plan
-    cluster = own_clusters(plan)[region]
-    return job_mirror_plan(region, job_topics(cfg), home, cluster.name, _snapshot_bytes(cfg),
+    cluster = region_clusters(plan)[region]
+    return job_mirror_plan(cluster.declared_by, job_topics(cfg), home, cluster.name, _snapshot_bytes(cfg),
                            target_security=cluster_security(plan, cluster))
 
 

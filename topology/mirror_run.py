@@ -1,12 +1,13 @@
 """``astraflow mirror --topology F --region R``: region R's MirrorMaker 2 on a multi-host deployment.
 
 On one machine ``astraflow launch`` runs every region's MirrorMaker 2 itself (:mod:`.launch`).
-On real hosts the mirror is a service of its own, one per region with a cluster of its own, run
-by this command where it reaches both clusters (Kafka's advice: in the region, beside its
-cluster: the consumer crosses the WAN, the producer stays local). Not a host's
-``astraflow node --topology``: that runner lives and dies with the region's RaaS nodes, and the
-autoscaler may retire the very host; the region's weights must not stop with it, nor be copied
-twice because two hosts each ran one.
+On real hosts the mirror is a service of its own, one per regional cluster (however many regions
+share it: ``--region`` of any of them names the same mirror, called after the region that
+declares the cluster, :func:`mirror_cluster`), run by this command where it reaches both clusters
+(Kafka's advice: in the region, beside its cluster: the consumer crosses the WAN, the producer
+stays local). Not a host's ``astraflow node --topology``: that runner lives and dies with the
+region's RaaS nodes, and the autoscaler may retire the very host; the region's weights must not
+stop with it, nor be copied twice because two hosts each ran one.
 
 It creates the mirrored topics on the region's cluster with their own bound, starts a dedicated
 MirrorMaker 2 (``topics/mirror.py``), restarts it with backoff when it dies (it resumes from the
@@ -36,7 +37,7 @@ from typing import Callable
 from astraflow.config import JobConfig
 
 from .launch import _snapshot_bytes, home_bootstrap, load_plan, trainer_done, trainer_done_feed
-from .plan import check_multi_host, cluster_security, own_clusters
+from .plan import Cluster, Plan, check_multi_host, cluster_security, region_clusters
 from .processes import RunFailed
 from .schema import TopologyError
 
@@ -51,11 +52,26 @@ def claim_group(job: str) -> str:
     return f"astraflow.mirror.{job}"
 
 
+def mirror_cluster(plan: Plan, region: str) -> Cluster:
+    """The regional cluster ``astraflow mirror --region REGION`` fills: the region's own, or the one
+    it shares with other regions (then ``--region`` of any of them is the same mirror, named after
+    :attr:`~.plan.Cluster.declared_by`); :class:`TopologyError` naming the key and the file for an
+    unknown region or one on the home cluster."""
+    clusters = region_clusters(plan)
+    if region in clusters:
+        return clusters[region]
+    where = plan.cluster_of(region).declared_by if region in plan.region_hosts else None
+    why = (f"unknown region (regions: {', '.join(plan.region_hosts)})" if where is None else
+           f"region {region} has no cluster of its own (it uses region {where}'s): nothing to mirror; regions "
+           f"with one: {', '.join(clusters) or 'none'}")
+    raise TopologyError(plan.source, "--region" if where is None else f"regions.{region}.kafka", why)
+
+
 def run_mirror(topology: str | Path, cfg: JobConfig, region: str, *, bootstrap: str | None, run_dir: str | Path,
                max_restarts: int | None = None, stop: Callable[[], bool] | None = None) -> int:
-    """Run region ``region``'s MirrorMaker 2 from home until the trainer is done, SIGTERM/SIGINT
-    or ``stop()``; ``max_restarts`` (None: unbounded) deaths in a row without a successful start
-    raise :class:`~.processes.RunFailed`. Returns 0."""
+    """Run the MirrorMaker 2 from home into region ``region``'s cluster (:func:`mirror_cluster`)
+    until the trainer is done, SIGTERM/SIGINT or ``stop()``; ``max_restarts`` (None: unbounded)
+    deaths in a row without a successful start raise :class:`~.processes.RunFailed`. Returns 0."""
     from astraflow.actors.supervisor import ChildSpec, Outcome, Supervisor
     from astraflow.topics import job_topics
     from astraflow.topics.claim import ExclusiveClaim
@@ -64,22 +80,20 @@ def run_mirror(topology: str | Path, cfg: JobConfig, region: str, *, bootstrap: 
     from .regional import RegionalCluster
 
     plan = load_plan(topology, cfg)
-    own = own_clusters(plan)
-    if region not in own:
-        where = plan.cluster_of(region).declared_by if region in plan.region_hosts else None
-        why = (f"unknown region (regions: {', '.join(plan.region_hosts)})" if where is None else
-               f"region {region} has no cluster of its own (it uses region {where}'s): nothing to mirror; regions "
-               f"with one: {', '.join(own) or 'none'}")
-        raise TopologyError(plan.source, "--region" if where is None else f"regions.{region}.kafka", why)
+    cluster = mirror_cluster(plan, region)
     check_multi_host(plan)
+    if cluster.declared_by != region:
+        print(f"mirror {cluster.declared_by}: region {region} shares region {cluster.declared_by}'s cluster; its one "
+              f"mirror (for {', '.join(cluster.regions)}) is {cluster.declared_by}'s", flush=True)
+    region = cluster.declared_by  # the mirror's name: its work dir, MirrorMaker's aliases, the claim's holder
     home = home_bootstrap(plan, cfg, bootstrap)
     halt = threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: halt.set())
     stopping = (lambda: halt.is_set() or stop()) if stop is not None else halt.is_set
-    rc = RegionalCluster(region, Path(run_dir) / "regions" / region, bootstrap=own[region].name,
-                         security=cluster_security(plan, own[region]))
+    rc = RegionalCluster(region, Path(run_dir) / "regions" / region, bootstrap=cluster.name,
+                         security=cluster_security(plan, cluster))
     topics = job_topics(cfg)
     print(f"mirror {region}: {topics.versions}, {', '.join(topics.weights(p) for p in topics.policies)} from {home} "
           f"into {rc.local} (MirrorMaker 2, dedicated; log {rc.work_dir / 'mirror' / 'mm2.log'})", flush=True)
@@ -90,7 +104,7 @@ def run_mirror(topology: str | Path, cfg: JobConfig, region: str, *, bootstrap: 
         stack.callback(rc.close)
         mirror = rc.mirror_from(topics, home, home, _snapshot_bytes(cfg))
         watch = Supervisor.start([ChildSpec("region-watch", lambda sup, n: RegionWatchActor.start(
-            sup, n, plan, home, topics, None, {region: rc}), required=False)], Outcome())
+            sup, n, plan, home, topics, None, {r: rc for r in cluster.regions}), required=False)], Outcome())
         stack.callback(lambda: watch.stop(block=True, timeout=60))  # (its last report: the final lag)
         feed = trainer_done_feed(stack, home, cfg, f"mirror.{region}")
         deaths, backoff, retry_at, done = 0, BACKOFF_S[0], 0.0, False

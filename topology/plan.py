@@ -237,6 +237,10 @@ def _clusters(t: Topology) -> list[Cluster]:
         servers = EMBEDDED if k == EMBEDDED else ",".join(sorted(s.strip() for s in k.split(",")))
         if servers != EMBEDDED and servers in by_servers:
             c = by_servers[servers]
+            if t.regions[owner].kafka_security != c.security:  # one cluster, one way in for its clients
+                raise TopologyError(t.source, f"regions.{owner}.kafka_security",
+                                    f"differs from region {c.declared_by}'s, which names the same cluster "
+                                    f"({servers}); give it once, there, and write kafka: 'region:{c.declared_by}'")
             merged = replace(c, regions=c.regions + tuple(regions))
             out[out.index(c)] = merged
             by_servers[servers] = merged
@@ -251,16 +255,20 @@ def _clusters(t: Topology) -> list[Cluster]:
 def _notes(plan: Plan) -> list[str]:
     notes = []
     if len(plan.clusters) > 1:
-        own = ", ".join(c.declared_by for c in plan.mirrored_clusters())
+        own = ", ".join(c.declared_by + (f" (shared with {', '.join(_sharers(c))})" if _sharers(c) else "")
+                        for c in plan.mirrored_clusters())
         notes.append(f"{len(plan.clusters)} Kafka clusters: the home cluster (region {plan.kafka_region}) holds every "
                      f"topic; MirrorMaker 2 copies weights.<policy> and versions one way from it into the own "
-                     f"cluster of {own}, whose RaaS nodes read their weights there (once per region over the link) "
-                     f"and everything else from home")
+                     f"cluster of {own}; the RaaS nodes of the regions on such a cluster read their weights there "
+                     f"(once per cluster over the link) and everything else from home")
         for c in plan.mirrored_clusters():
             r = c.declared_by
-            notes.append(f"region {r}'s MirrorMaker 2: run by `astraflow launch` on one machine" + (
+            shared = f" (the one mirror of the cluster {' and '.join(c.regions)} share)" if _sharers(c) else ""
+            also = (f"; `--region {' or --region '.join(_sharers(c))}` names the same mirror (a second one is "
+                    f"refused by its claim on the cluster)" if _sharers(c) else "")
+            notes.append(f"region {r}'s MirrorMaker 2{shared}: run by `astraflow launch` on one machine" + (
                 f"; on hosts (`astraflow node --topology`), run `astraflow mirror --topology {plan.source} --region "
-                f"{r} --config JOB` where it reaches both clusters" if not c.embedded else
+                f"{r} --config JOB` where it reaches both clusters{also}" if not c.embedded else
                 f" (its cluster is 'embedded', so `astraflow node --topology` refuses it: name an existing cluster)"))
     elif len(plan.clusters[0].regions) > 1:
         notes.append(f"regions {', '.join(plan.clusters[0].regions)} share one Kafka cluster: no replication "
@@ -295,7 +303,9 @@ def _emulation_note(plan: Plan) -> str:
                 and plan.cluster_of(r) != plan.home and not plan.cluster_of(r).embedded]
     unlinked = [r for r in plan.region_hosts if r != plan.kafka_region and r not in done and r not in existing]
     tail = f"; {', '.join(unlinked)} (no link to {plan.kafka_region}) connect directly" if unlinked else ""
-    tail += (f"; {', '.join(existing)} (an existing cluster of its own: not emulated, emulation needs the embedded "
+    which = ("an existing cluster of its own" if all(plan.cluster_of(r).declared_by == r for r in existing)
+             else "an existing regional cluster")
+    tail += (f"; {', '.join(existing)} ({which}: not emulated, emulation needs the embedded "
              f"broker) connect directly" if existing else "")
     if not parts:
         return "links are not emulated" + tail
@@ -314,22 +324,36 @@ def without_emulation(plan: Plan, bootstrap: str) -> None:
 
 
 def check_launchable(plan: Plan) -> None:
-    """``astraflow launch`` refuses what it cannot run yet, naming why: a region's own cluster
-    (embedded, which launch starts, or existing, named by its bootstrap servers; launch runs its
-    MirrorMaker 2 either way) must serve that region alone."""
+    """``astraflow launch`` refuses what it cannot run, naming why. A regional cluster (embedded,
+    which launch starts, or existing, named by its bootstrap servers; launch runs its one
+    MirrorMaker 2 either way) may serve several regions when all their nodes reach it: an existing
+    cluster always (it is never behind an emulated link); an embedded one only when none of those
+    regions sits behind an emulated link. Behind emulated links each region's nodes run in a
+    network namespace of their own that reaches only the home broker across its link, so a broker
+    in one region's namespace (or outside them all) is out of another's reach."""
+    emulated = {e["region"] for e in plan.emulated_links()}
     for c in plan.mirrored_clusters():
-        if len(c.regions) > 1:
-            other = next(r for r in c.regions if r != c.declared_by)
-            raise TopologyError(plan.source, f"regions.{other}.kafka",
-                                f"shares the own cluster of region {c.declared_by}; `astraflow launch` gives a "
-                                f"region's own cluster to that region alone: use a cluster of its own or "
-                                f"'region:{plan.kafka_region}' (the home cluster)")
+        behind = [r for r in c.regions if r in emulated]
+        if not (c.embedded and _sharers(c) and behind):
+            continue
+        owner = c.declared_by
+        # the key to name: a sharer cut off from the broker (any, when the broker is the one behind a link)
+        other = next(r for r in _sharers(c) if owner in behind or r in behind)
+        where = f"inside region {owner}'s namespace" if owner in behind else "outside the regions' namespaces"
+        raise TopologyError(plan.source, f"regions.{other}.kafka",
+                            f"shares the embedded cluster of region {owner}, but `astraflow launch` emulates the "
+                            f"link of {', '.join(behind)} to {plan.kafka_region}: a region behind an emulated link "
+                            f"runs its nodes (and an embedded cluster of its own) in a network namespace that "
+                            f"reaches only the home broker across the link, so region {owner}'s broker, {where}, is "
+                            f"not where region {other}'s nodes can reach Kafka. Put {other}'s hosts in region {owner}, give the "
+                            f"cluster's bootstrap servers (an existing cluster, not emulated), give {other} 'kafka: "
+                            f"embedded' (a cluster of its own) or 'region:{plan.kafka_region}' (direct mode), or set "
+                            f"emulate_links: false")
 
 
 def check_multi_host(plan: Plan) -> None:
     """``astraflow node --topology`` and ``astraflow mirror`` start no broker: a region's own
-    cluster must be an existing one (bootstrap servers), and serve that region alone."""
-    check_launchable(plan)
+    cluster must be an existing one (bootstrap servers); several regions may share it."""
     for c in plan.mirrored_clusters():
         if c.embedded:
             raise TopologyError(plan.source, f"regions.{c.declared_by}.kafka",
@@ -337,6 +361,7 @@ def check_multi_host(plan: Plan) -> None:
                                 "multi-host deployment give the region's existing cluster as 'host:port,...' "
                                 f"(its MirrorMaker 2: `astraflow mirror --region {c.declared_by}`), or "
                                 f"'region:{plan.kafka_region}' (direct mode)")
+    check_launchable(plan)
 
 
 def cluster_security(plan: Plan, cluster: Cluster):
@@ -350,8 +375,22 @@ def cluster_security(plan: Plan, cluster: Cluster):
 
 
 def own_clusters(plan: Plan) -> dict[str, Cluster]:
-    """Region -> its own cluster (mirrored from home), for every region that has one."""
+    """Declaring region -> its regional cluster (mirrored from home): one entry per cluster, whose
+    one MirrorMaker 2 is named after that region. Where a node's region picks the cluster it reads
+    weights from, use :func:`region_clusters` (a region may share another's cluster)."""
     return {c.declared_by: c for c in plan.mirrored_clusters()}
+
+
+def region_clusters(plan: Plan) -> dict[str, Cluster]:
+    """Region -> the regional cluster its RaaS nodes read versions and weights from, for every
+    region whose cluster is not home's; regions that share a cluster map to the same one."""
+    home = plan.home
+    return {r: c for r in plan.region_hosts if (c := plan.cluster_of(r)) != home}
+
+
+def _sharers(c: Cluster) -> list[str]:
+    """The regions that use ``c`` besides the one that declares it."""
+    return [r for r in c.regions if r != c.declared_by]
 
 
 def format_plan(plan: Plan) -> str:
@@ -359,8 +398,11 @@ def format_plan(plan: Plan) -> str:
     lines.append(f"kafka: {len(plan.clusters)} cluster(s)")
     for c in plan.clusters:
         what = "embedded broker, started by `astraflow launch`" if c.embedded else f"bootstrap {c.name}"
+        mirrored = f"weights and versions mirrored from {plan.kafka_region}"
         role = ("home: every topic" if c == plan.home else
-                f"own cluster: weights and versions mirrored from {plan.kafka_region} by MirrorMaker 2")
+                f"own cluster: {mirrored} by MirrorMaker 2" if not _sharers(c) else
+                f"own cluster of {c.declared_by}, shared with {', '.join(_sharers(c))}: {mirrored} by one "
+                f"MirrorMaker 2 ({c.declared_by}'s); the RaaS nodes of {', '.join(c.regions)} read their weights there")
         lines.append(f"  {what}: region(s) {', '.join(c.regions)}" + (f" [{role}]" if len(plan.clusters) > 1 else ""))
     for rname, hosts in plan.region_hosts.items():
         lines.append(f"region {rname}: hosts {', '.join(f'{h} ({plan.host_addresses[h]})' for h in hosts)}")

@@ -77,7 +77,11 @@ class MirroredWeights:
 
 
 class RegionWatchActor(LoopActor):
-    """Reports every remote region (a link, a cluster of its own, or both) to ``metrics``."""
+    """Reports every remote region (a link, a regional cluster, or both) to ``metrics``.
+
+    ``regions``: region -> the :class:`~.regional.RegionalCluster` its nodes read weights from.
+    Regions that share one cluster map to the same object; its mirror is measured once per report
+    and reported on each of their lines, labelled with the cluster's name (its declaring region)."""
 
     def __init__(self, supervisor, name: str, plan, bootstrap: str, topics: JobTopics, wan, regions: dict,
                  interval_s: float = INTERVAL_S) -> None:
@@ -102,33 +106,45 @@ class RegionWatchActor(LoopActor):
 
     def report(self) -> None:
         links = {s["region"]: s for s in (self.wan.stats() if self.wan is not None else [])}
+        measured: dict[str, dict] = {}  # cluster (its declaring region) -> its mirror's figures, this report
         for region in sorted(set(links) | set(self.regions)):
             rc = self.regions.get(region)
             pools = ",".join(p.name for p in self.plan.pools.values() if p.region == region)
             labels = {"region": region, "pools": pools,
-                      "cluster": f"{region} (own)" if rc is not None else f"home ({self.plan.kafka_region})",
+                      "cluster": f"{rc.region} (own)" if rc is not None else f"home ({self.plan.kafka_region})",
                       "bootstrap": rc.local if rc is not None else ""}
             if rc is not None and rc.mirror is not None:
-                try:
-                    lag = sum(pl.lag for pl in rc.mirror.lag().values())
-                except Exception:  # noqa: BLE001 - a cut link or a restarting MirrorMaker: report it, go on
-                    lag = -1
-                self.metrics.emit("region.mirror_lag_records", lag, mirror_running=rc.mirror.running(),
-                                  mirror_starts=rc.mirror.starts, **labels)
-                self.metrics.emit("region.mirror_lag_versions", self.lag_versions(rc.here, rc.security), **labels)
-                try:
-                    if region not in self.mirrored:
-                        self.mirrored[region] = MirroredWeights(rc.here, self.topics.versions, rc.security)
-                    done, versions = self.mirrored[region].update()
-                    self.metrics.emit_many({"region.mirrored_weight_bytes": done,
-                                            "region.mirrored_versions": versions}, **labels)
-                except Exception:  # noqa: BLE001 - a cut link: the next report counts on
-                    pass
+                if rc.region not in measured:
+                    measured[rc.region] = self.measure(rc)
+                m = measured[rc.region]
+                self.metrics.emit("region.mirror_lag_records", m["lag"], mirror_running=m["running"],
+                                  mirror_starts=m["starts"], **labels)
+                self.metrics.emit("region.mirror_lag_versions", m["behind"], **labels)
+                if m["mirrored"] is not None:
+                    self.metrics.emit_many({"region.mirrored_weight_bytes": m["mirrored"][0],
+                                            "region.mirrored_versions": m["mirrored"][1]}, **labels)
             link = links.get(region)
             if link is not None:
                 self.metrics.emit_many({"region.link_bytes_down": link["bytes_down"],
                                         "region.link_bytes_up": link["bytes_up"]}, cut=link["cut"], **labels)
         self.producer.flush()
+
+    def measure(self, rc) -> dict:
+        """One regional cluster's mirror now: its lag in records and versions (-1: not measurable),
+        whether it runs, its starts, and the weight bytes and versions it delivered (None: not now)."""
+        try:
+            lag = sum(pl.lag for pl in rc.mirror.lag().values())
+        except Exception:  # noqa: BLE001 - a cut link or a restarting MirrorMaker: report it, go on
+            lag = -1
+        out = {"lag": lag, "running": rc.mirror.running(), "starts": rc.mirror.starts,
+               "behind": self.lag_versions(rc.here, rc.security), "mirrored": None}
+        try:
+            if rc.region not in self.mirrored:
+                self.mirrored[rc.region] = MirroredWeights(rc.here, self.topics.versions, rc.security)
+            out["mirrored"] = self.mirrored[rc.region].update()
+        except Exception:  # noqa: BLE001 - a cut link: the next report counts on
+            pass
+        return out
 
     def lag_versions(self, region_bootstrap: str, region_security=None) -> int:
         """How many versions the region's cluster is behind home: per policy, the newest version

@@ -59,7 +59,7 @@ def test_a_trainer_or_dataflow_on_a_regions_own_cluster_names_key_and_file(tmp_p
     assert "home cluster" in str(e.value) and "region:us-east" in str(e.value)
 
 
-def test_launch_takes_an_existing_regional_cluster_and_refuses_a_shared_one_naming_the_key(tmp_path):
+def test_launch_takes_an_existing_regional_cluster_and_refuses_an_unreachable_shared_one_naming_the_key(tmp_path):
     path = _write(tmp_path, lambda d: d["regions"]["eu-west"].update(kafka="10.1.0.1:9092"))
     plan = resolve(load_topology(path))
     check_launchable(plan)  # launch runs its MirrorMaker 2 (tests/topology/test_existing_regional_clusters.py)
@@ -67,13 +67,21 @@ def test_launch_takes_an_existing_regional_cluster_and_refuses_a_shared_one_nami
     assert plan.emulated_links() == []  # an existing cluster cannot be put behind the emulated link
     assert "eu-west (an existing cluster of its own: not emulated" in format_plan(plan)
 
-    def third(d):
+    def third(d, kafka):
+        d["regions"]["eu-west"]["kafka"] = kafka
         d["regions"]["ap-south"] = {"kafka": "region:eu-west", "hosts": ["ap-0"],
                                     "pools": {"raas-ap": {"component": "raas", "hosts": ["ap-0"]}}}
-    path = _write(tmp_path, third)
+    # an existing cluster shared by two regions: every node reaches it, launch takes it
+    shared = resolve(load_topology(_write(tmp_path, lambda d: third(d, "10.1.0.1:9092"))))
+    check_launchable(shared)
+    assert [c.regions for c in shared.mirrored_clusters()] == [("eu-west", "ap-south")]
+    # eu-west's embedded broker sits in eu-west's namespace behind its emulated link: ap-south's
+    # nodes cannot reach it, so launch refuses naming ap-south's key
+    path = _write(tmp_path, lambda d: third(d, "embedded"))
     with pytest.raises(TopologyError) as e:
         check_launchable(resolve(load_topology(path)))
-    assert e.value.key == "regions.ap-south.kafka" and "eu-west" in str(e.value)
+    assert (e.value.file, e.value.key) == (str(path), "regions.ap-south.kafka")
+    assert "eu-west" in str(e.value) and "emulate_links: false" in str(e.value)
 
 
 def test_node_topology_refuses_an_embedded_regional_cluster_naming_the_key(tmp_path):
