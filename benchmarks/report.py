@@ -398,7 +398,11 @@ def emulated_scale_team(sv: dict | None) -> list[str]:
     for n, lay in sv.get("layouts", {}).items():
         parts = ", ".join(f"{p} {d['rollout']}+{d['trainer']}" for p, d in lay["split"].items())
         rule = lay.get("split_rule", "scaled")
-        splits.append(f"{n}: {parts} ({'Table 2 x N/8' if rule == 'scaled' else 'balanced at N'})")
+        what = "Table 2 x N/8" if rule == "scaled" else "balanced at N"
+        measured = sv["by_devices"].get(n, {}).get("lower_bound_s_per_iter", {}).get("median")
+        if rule == "balanced" and "priced_bound_s_per_iter" in lay and measured is not None:
+            what += f"; priced bound {lay['priced_bound_s_per_iter']:.1f} s/iter, measured {measured:.1f}"
+        splits.append(f"{n}: {parts} ({what})")
     if splits:
         out += ["", "Devices (rollout + trainer per policy): " + "; ".join(splits) + ". Balanced: re-chosen at N to "
                 "minimise the largest stage, priced on the 8-device run (`--split balanced`)."]
