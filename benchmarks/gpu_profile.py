@@ -35,6 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu_profile.json"
+#: tokens per forward while a decode measurement fills its KV cache (bounds activation memory)
+PREFILL_CHUNK = 512
 
 
 def _timed(fn, device, repeats: int = 5) -> float:
@@ -68,27 +70,41 @@ def _model(shape, device, dtype):
 def measure_shape(shape, device, dtype, peak_flops: float, hbm: float, host_link: float, quick: bool) -> dict:
     import torch
     from transformers import DynamicCache
-    model = _model(shape, device, dtype)
     n = shape.params
     out: dict = {"params": n, "kernels": "transformers Qwen3ForCausalLM, SDPA attention, torch " + torch.__version__}
     batches, contexts = ((1, 4), (32,)) if quick else ((1, 8, 32, 128), (512, 2048, 4096))
+    out["decode"] = graph_decode(shape, device, dtype, batches, contexts, hbm)  # before the model: its own weights
+    model = _model(shape, device, dtype)
+    # The same steps through transformers' eager forward and DynamicCache, for reference only:
+    # launch-bound (tens of ms a step at any batch) and copying the cache on every crop/append,
+    # it measures that implementation, not the device; the profile does not take it.
+    hf_batches, hf_contexts = ((1,), (32,)) if quick else ((1, 32), (512, 4096))
     decode = []
     with torch.no_grad():
-        for ctx in contexts:
-            for b in batches:
+        for ctx in hf_contexts:
+            for b in hf_batches:
                 ids = torch.randint(0, shape.vocab_size, (b, ctx), device=device)
                 cache = DynamicCache()
-                model(input_ids=ids, past_key_values=cache, use_cache=True)
+                # chunked prefill into the cache, logits of the last position only: a batch of 128
+                # x 4096 at once would hold ~160 GB of logits and tens of GB of activations
+                for start in range(0, ctx, PREFILL_CHUNK):
+                    model(input_ids=ids[:, start:start + PREFILL_CHUNK], past_key_values=cache, use_cache=True,
+                          logits_to_keep=1)
+                del ids
                 step_ids = torch.randint(0, shape.vocab_size, (b, 1), device=device)
 
                 def step():
-                    model(input_ids=step_ids, past_key_values=cache, use_cache=True)
+                    model(input_ids=step_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
                     cache.crop(-1)  # drop the new token: the same context for the next repeat
                 t = _timed(step, device)
                 read = 2 * n + shape.kv_bytes_per_token * b * ctx
                 decode.append({"batch": b, "context": ctx, "step_s": t, "bandwidth_share": read / t / hbm})
+                print(f"  decode (transformers eager) batch {b:4d} context {ctx:5d}: {t * 1e3:8.2f} ms/step, "
+                      f"{read / t / hbm:.3f} of HBM peak", flush=True)
                 del cache
-        out["decode"] = decode
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+        out["decode_hf"] = decode
         rows, length = (2, 128) if quick else (8, 2048)
         ids = torch.randint(0, shape.vocab_size, (rows, length), device=device)
         t = _timed(lambda: model(input_ids=ids), device, repeats=3)
@@ -96,6 +112,69 @@ def measure_shape(shape, device, dtype, peak_flops: float, hbm: float, host_link
     out = out | _train_and_load(model, shape, device, dtype, peak_flops, quick)
     out["offload"] = measure_host_link(device, host_link, quick)
     return out
+
+
+def graph_decode(shape, device, dtype, batches, contexts, hbm: float) -> list[dict]:
+    """One decode step of the shape as a serving engine runs it: one new token per row through
+    every layer's projections and MLP (bf16 matmuls reading all weights) and attention over a
+    KV cache of ``context`` tokens per row (SDPA's fused kernels; a KV head's query group as its
+    query rows), then the LM head, captured in a CUDA graph and replayed, so no Python or
+    launch overhead counts (SGLang captures its decode steps the same way). Random weights,
+    no cache append (the context stays fixed between repeats); RMSNorm stands in for the
+    norms. ``bandwidth_share`` = (weight bytes + KV bytes read) / step time / HBM peak."""
+    import torch
+    import torch.nn.functional as F
+    h, inter, L = shape.hidden_size, shape.intermediate_size, shape.num_layers
+    nh, nkv, hd = shape.num_heads, shape.num_kv_heads, shape.head_dim
+    group = nh // nkv
+
+    def w(*size):
+        return torch.randn(*size, device=device, dtype=dtype) * 0.02
+
+    layers = [(w((nh + 2 * nkv) * hd, h), w(h, nh * hd), w(2 * inter, h), w(h, inter)) for _ in range(L)]
+    head = w(shape.vocab_size, h)
+    weight_bytes = (sum(t.numel() for layer in layers for t in layer) + head.numel()) * head.element_size()
+    rows = []
+    for ctx in contexts:
+        for b in batches:
+            kv = [(w(b, nkv, ctx, hd), w(b, nkv, ctx, hd)) for _ in range(L)]
+            x = w(b, h)
+
+            def step():
+                y = x
+                for (qkv, o, gu, down), (k, v) in zip(layers, kv):
+                    q = F.rms_norm(y, (h,)) @ qkv[: nh * hd].T  # the new token's k, v projections are
+                    q = q.view(b, nkv, group, hd)               # the same reads: priced by weight_bytes
+                    a = F.scaled_dot_product_attention(q, k, v)
+                    y = y + a.reshape(b, nh * hd) @ o.T
+                    g = F.rms_norm(y, (h,)) @ gu.T
+                    y = y + (F.silu(g[:, :inter]) * g[:, inter:]) @ down.T
+                return F.rms_norm(y, (h,)) @ head.T
+
+            if device.type == "cuda":
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(2):
+                        step()
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    step()
+                t = _timed(graph.replay, device, repeats=10)
+                del graph
+            else:
+                t = _timed(step, device)
+            read = weight_bytes + shape.kv_bytes_per_token * b * ctx
+            rows.append({"batch": b, "context": ctx, "step_s": t, "bandwidth_share": read / t / hbm,
+                         "kernels": "CUDA graph of bf16 matmuls + SDPA" if device.type == "cuda" else "eager (smoke)"})
+            print(f"  decode (graph) batch {b:4d} context {ctx:5d}: {t * 1e3:8.3f} ms/step, "
+                  f"{read / t / hbm:.3f} of HBM peak", flush=True)
+            del kv, x
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    del layers, head
+    return rows
 
 
 def _train_and_load(model, shape, device, dtype, peak_flops: float, quick: bool) -> dict:
@@ -146,7 +225,7 @@ def measure_host_link(device, peak_bytes_per_s: float, quick: bool) -> dict:
 def efficiencies(shapes: dict) -> dict:
     """The profile's efficiency entries from the measurements (the largest shape that has each)."""
     out = {}
-    for name, m in shapes.items():
+    for name, m in sorted(shapes.items(), key=lambda item: -item[1]["params"]):
         big = [d for d in m["decode"] if d["batch"] >= 8] or m["decode"]
         out.setdefault("decode_bandwidth", statistics.median(d["bandwidth_share"] for d in big))
         small = min(m["decode"], key=lambda d: (d["batch"], d["context"]))
@@ -183,11 +262,24 @@ def main(argv: list[str] | None = None) -> int:
         shapes = {"tiny": ModelSpec("tiny", 64, 128, 2, 4, 2, 16, 512, True)}
     else:
         shapes = {p.model.name: p.model for p in sorted(profiles, key=lambda p: p.model.params)}
-    measured = {name: measure_shape(shape, device, torch.bfloat16 if not smoke else torch.float32,
-                                    dev.bf16_dense_flops, dev.hbm_bytes_per_s, dev.host_link_bytes_per_s, smoke)
-                for name, shape in shapes.items()}
+    measured, failed = {}, {}
+    for name, shape in shapes.items():  # one shape failing (memory, a kernel) keeps the others' numbers
+        print(f"== {name} ({shape.params / 1e9:.2f} B parameters) on {gpu}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            measured[name] = measure_shape(shape, device, torch.bfloat16 if not smoke else torch.float32,
+                                           dev.bf16_dense_flops, dev.hbm_bytes_per_s, dev.host_link_bytes_per_s, smoke)
+        except Exception as e:  # noqa: BLE001 - recorded in the JSON, the run goes on
+            failed[name] = repr(e)[:2000]
+            print(f"  FAILED: {e!r}", flush=True)
+        print(f"  {name}: {time.perf_counter() - t0:.1f} s", flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if not measured:
+        print(f"gpu_profile: no shape measured: {failed}", file=sys.stderr)
+        return 1
     result = {"gpu": gpu, "device_kind": kind, "measured_at": time.strftime("%Y-%m-%d"), "smoke": smoke,
-              "shapes": measured, "efficiency": efficiencies(measured)}
+              "shapes": measured, "failed": failed, "efficiency": efficiencies(measured)}
     out = Path(tempfile.mkdtemp()) / "gpu_profile.json" if smoke else args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))

@@ -43,7 +43,7 @@ def test_the_cost_model_takes_its_numbers_from_the_profile_file(tmp_path):
     assert (faster.decode_step_s(8, 8 * 512) - overhead) == pytest.approx((base.decode_step_s(8, 8 * 512) - overhead) / 2)
     assert faster.train_step_s(1000) == base.train_step_s(1000)  # training is priced by FLOPs, not bandwidth
     # H200 differs from H100 by its bandwidth alone here: decode faster, training the same.
-    h200 = CostModel(load_profile("h200-qwen3-8b"))
+    h200 = CostModel(load_profile("h200-qwen3-8b", measured=None))  # the datasheets alone
     assert h200.decode_step_s(8, 4096) < base.decode_step_s(8, 4096) and h200.train_step_s(1000) == base.train_step_s(1000)
 
 
@@ -202,6 +202,25 @@ def test_efficiencies_measured_on_a_gpu_replace_the_estimates_for_its_device_kin
     assert h100 == load_profile("h100-qwen3-8b", measured=None).efficiency  # another device kind's measurements
     measured.write_text(json.dumps({"device_kind": "H200-SXM", "smoke": True, "efficiency": {"train_flops": 0.9}}))
     assert load_profile("h200-qwen3-8b", measured=measured).efficiency == estimate  # a CPU smoke run measures nothing
+
+
+def test_the_shipped_h200_measurement_replaces_the_estimates_it_measured():
+    """benchmarks/results/gpu_profile.json (measured on a lent H200): every H200 profile takes its
+    five efficiencies, each a share of a datasheet peak in (0, 1] (bytes/s for weight sync), and
+    says where they come from; the H100 profiles keep their estimates."""
+    import json
+    from astraflow.emulation.profile import MEASURED_FILE
+    if not MEASURED_FILE.is_file():
+        pytest.skip("no GPU measurement shipped")
+    m = json.loads(MEASURED_FILE.read_text())
+    assert not m["smoke"] and m["device_kind"] == "H200-SXM" and "H200" in m["gpu"]
+    for name in ("h200-qwen3-8b", "h200-qwen3-1.7b"):
+        p = load_profile(name)
+        for key in ("decode_bandwidth", "prefill_flops", "train_flops", "offload_bandwidth"):
+            assert getattr(p.efficiency, key) == pytest.approx(m["efficiency"][key]) and 0 < getattr(p.efficiency, key) <= 1
+            assert p.sources[f"efficiency.{key}"].startswith(f"measured on {m['gpu']}")
+        assert p.efficiency.weight_sync_bytes_per_s == pytest.approx(m["efficiency"]["weight_sync_bytes_per_s"])
+    assert load_profile("h100-qwen3-8b").efficiency == load_profile("h100-qwen3-8b", measured=None).efficiency
 
 
 def test_a_rollout_device_of_k_devices_deals_a_calls_rows_out_over_them(engine_1t, tokenizer):
