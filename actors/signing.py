@@ -34,7 +34,7 @@ from astraflow.typed_config import ConfigError
 from astraflow.weights.signing import (AnnouncementSigner, AnnouncementVerifier, ensure_key_pair, key_id,
                                        load_private_key, load_public_key)
 
-__all__ = ["with_run_keys", "run_key_paths", "signer_for", "verifier_for", "trainer_keys", "group_signer_for",
+__all__ = ["with_run_keys", "unkeyed", "run_key_paths", "signer_for", "verifier_for", "trainer_keys", "group_signer_for",
            "group_verifier_for", "VersionGate", "GroupGate"]
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,20 @@ def with_run_keys(cfg: JobConfig, run_dir: str | Path) -> JobConfig:
         if filled:
             cfg = _with_sections(cfg, section, filled)
     return cfg
+
+
+def unkeyed(cfg: JobConfig) -> list[str]:
+    """The config keys (``trainer.signing_key``, ``policies.<p>.rollout.signing_key``) of every
+    key pair :func:`with_run_keys` would make up in a run dir: fine where every component shares
+    that run dir (one host), a job that never trains where hosts each have their own (each
+    host's pair differs, so every reader on another host refuses what its writers sign)."""
+    out = []
+    for section in _KEYED:
+        for policy in cfg.policy_names:
+            sec = getattr(cfg.view(policy), section)
+            if sec.require_signatures and not (sec.signing_key or sec.verify_key):
+                out.append(f"policies.{policy}.{section}.signing_key" if cfg.policies else f"{section}.signing_key")
+    return out
 
 
 def _with_sections(cfg: JobConfig, section: str, filled: dict[str, object]) -> JobConfig:

@@ -352,6 +352,24 @@ def weights_sources(bootstrap: str, cfg: JobConfig, regions: dict) -> dict:
     return out
 
 
+def check_keys_on_hosts(plan: Plan, cfg: JobConfig) -> None:
+    """On several hosts every signing key must be configured (:func:`~astraflow.actors.signing.unkeyed`):
+    each host's own run dir would make up its own pair, and the readers on the other hosts would
+    dead-letter every announcement and trajectory group it signs, so the job would never train.
+    Raises a :class:`~astraflow.typed_config.ConfigError` naming the first such key and the job file."""
+    from astraflow.actors.signing import unkeyed
+    from astraflow.typed_config import ConfigError
+    hosts = {h for h in plan.host_addresses if plan.nodes_on(h)}
+    missing = unkeyed(cfg) if len(hosts) > 1 else []
+    if missing:
+        raise ConfigError(cfg.source, missing[0], (
+            f"this topology runs on {len(hosts)} hosts ({', '.join(sorted(hosts))}), and each host's run dir would make up "
+            f"its own key pair, which the readers on the other hosts refuse; configure every pair ({', '.join(missing)}): "
+            "generate one per key (openssl genpkey -algorithm ed25519 -out F; openssl pkey -in F -pubout -out F.pub), "
+            "give the private key only to the hosts that sign (trainer: the trainer's host; rollout: every RaaS host) "
+            "and the public one (verify_key) to the others, or set require_signatures: false (docs/security.md)"))
+
+
 def run_host(topology: str | Path, cfg: JobConfig, host: str, *, bootstrap: str | None, run_dir: str | Path,
              overrides: list[str] | None = None, max_restarts: int = 3) -> int:
     """``astraflow node --topology F --host H``: this host's nodes (and the autoscaler, if it lives
@@ -369,6 +387,7 @@ def run_host(topology: str | Path, cfg: JobConfig, host: str, *, bootstrap: str 
                                                        f"({plan.autoscaler_host}); use autoscaler.backend: command")
     # Every topic lives on the home cluster; a region with a regional cluster reads only weights there.
     bootstrap = home_bootstrap(plan, cfg, bootstrap)
+    check_keys_on_hosts(plan, cfg)
     region = next(r for r, hosts in plan.region_hosts.items() if host in hosts)
     clusters = region_clusters(plan)
     own = {r: c.name for r, c in clusters.items()}

@@ -164,7 +164,12 @@ def test_each_host_starts_its_share_with_node_topology(make_job_config, bootstra
     """Two hosts (on one machine): ``astraflow node --topology F --host H`` on each, nothing else."""
     import subprocess
     import sys
-    cfg = make_job_config({"trainer": {"steps": 3}}, name="elastic-hosts")
+    from astraflow.weights.signing import ensure_key_pair
+    for name in ("trainer", "raas"):  # several hosts: the pairs are configured, not made up per run dir
+        ensure_key_pair(tmp_path / f"{name}.pem", tmp_path / f"{name}.pub")
+    keys = {section: {"signing_key": str(tmp_path / f"{name}.pem"), "verify_key": str(tmp_path / f"{name}.pub")}
+            for section, name in (("trainer", "trainer"), ("rollout", "raas"))}
+    cfg = make_job_config({"trainer": {"steps": 3, **keys["trainer"]}, "rollout": keys["rollout"]}, name="elastic-hosts")
     topology = _write(tmp_path, {
         "name": "two-hosts",
         "regions": {"dc": {"kafka": bootstrap, "hosts": {"trainer-0": {}, "raas-0": {}}, "pools": {
