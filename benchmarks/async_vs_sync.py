@@ -41,10 +41,8 @@ from pathlib import Path
 
 from astraflow.benchmarks.critical_path import STAGES, batch_paths, summarize
 from astraflow.benchmarks.inprocess_loop import time_to_accuracy
-from astraflow.benchmarks.job_bench import job_arguments, run_repetitions
+from astraflow.benchmarks.job_bench import job_arguments, run_job_once, run_repetitions
 from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread
-from astraflow.config import load_config
-from astraflow.launcher import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "async_vs_sync.json"
@@ -109,12 +107,8 @@ def one_repetition(args, broker, rep: int) -> dict:
     for mode in SYSTEM_MODES:
         overrides = {"mode": mode, "trainer.steps": args.steps, "eval.every": 0,
                      "job": f"bench-{mode}-{int(time.time())}-{rep}"}
-        cfg = load_config(args.config, overrides)
-        run_dir = Path(args.run_root) / cfg.job
-        print(f"--- repetition {rep + 1}: {mode} ({cfg.job})", flush=True)
         load = load_now()
-        run_job(cfg, bootstrap=broker.bootstrap_servers, run_dir=run_dir, progress=False,
-                overrides=[f"{k}={v}" for k, v in overrides.items()])
+        run_dir, cfg = run_job_once(args, broker, rep, overrides, mode)
         out[mode] = {**analyse(run_dir, cfg.rollout.nodes), "load_before": load["loadavg"],
                      "critical_path": summarize(batch_paths(broker.bootstrap_servers, cfg, run_dir))}
     for label, (threads, extra) in INPROCESS.items():

@@ -33,11 +33,9 @@ import time
 from pathlib import Path
 
 from astraflow.benchmarks.async_vs_sync import analyse
-from astraflow.benchmarks.job_bench import job_arguments, run_repetitions
+from astraflow.benchmarks.job_bench import job_arguments, run_job_once, run_repetitions
 from astraflow.benchmarks.publish_dtype import weight_stats
 from astraflow.benchmarks.results_io import fmt_spread, load_now, spread
-from astraflow.config import load_config
-from astraflow.launcher import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "delta_sparsity.json"
@@ -52,12 +50,8 @@ def _lrs(args) -> list[str]:
 def _run(args, broker, rep: int, lr: str) -> dict:
     overrides = {"mode": "async", "trainer.steps": args.steps, "eval.every": 0, "trainer.publish_dtype": "bfloat16",
                  "trainer.engine.lr": float(lr), "job": f"bench-sparsity-{lr}-{int(time.time())}-{rep}"}
-    cfg = load_config(args.config, overrides)
-    run_dir = Path(args.run_root) / cfg.job
-    print(f"--- repetition {rep + 1}: lr {lr} ({cfg.job})", flush=True)
     load = load_now()
-    run_job(cfg, bootstrap=broker.bootstrap_servers, run_dir=run_dir, progress=False,
-            overrides=[f"{k}={v}" for k, v in overrides.items()])
+    run_dir, cfg = run_job_once(args, broker, rep, overrides, f"lr {lr}")
     stats = {**analyse(run_dir, cfg.rollout.nodes), **weight_stats(run_dir), "load_before": load["loadavg"]}
     stats["delta_over_snapshot"] = stats["delta_bytes"] / stats["snapshot_bytes"] if stats["snapshot_bytes"] else None
     return stats

@@ -1,7 +1,7 @@
 """What the benchmarks that run the demo job several times share: their command line and
 their run loop (repetitions on one embedded broker, one table, one JSON).
 
-Used by ``async_vs_sync.py`` and ``publish_dtype.py``.
+Used by ``async_vs_sync.py``, ``publish_dtype.py`` and ``delta_sparsity.py``.
 """
 
 from __future__ import annotations
@@ -57,3 +57,16 @@ def run_repetitions(name: str, args: argparse.Namespace, one_repetition: Callabl
            "quick": args.quick, **agg, "repetitions": reps}
     write_results(args.out, out, load_before)
     return 0
+
+
+def run_job_once(args: argparse.Namespace, broker, rep: int, overrides: dict, label: str):
+    """One run of ``args.config`` with ``overrides`` (its ``job`` names the run) on ``broker``,
+    under ``args.run_root``; returns its run dir and config."""
+    from astraflow.config import load_config
+    from astraflow.launcher import run_job
+    cfg = load_config(args.config, overrides)
+    run_dir = Path(args.run_root) / cfg.job
+    print(f"--- repetition {rep + 1}: {label} ({cfg.job})", flush=True)
+    run_job(cfg, bootstrap=broker.bootstrap_servers, run_dir=run_dir, progress=False,
+            overrides=[f"{k}={v}" for k, v in overrides.items()])
+    return run_dir, cfg

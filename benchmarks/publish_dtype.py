@@ -31,10 +31,8 @@ import time
 from pathlib import Path
 
 from astraflow.benchmarks.async_vs_sync import analyse
-from astraflow.benchmarks.job_bench import job_arguments, run_repetitions
+from astraflow.benchmarks.job_bench import job_arguments, run_job_once, run_repetitions
 from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread
-from astraflow.config import load_config
-from astraflow.launcher import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "publish_dtype.json"
@@ -64,11 +62,7 @@ def weight_stats(run_dir: Path) -> dict:
 def _run(args, broker, rep: int, dtype: str, mode: str) -> tuple[Path, int]:
     overrides = {"mode": mode, "trainer.steps": args.steps, "eval.every": 0, "trainer.publish_dtype": dtype,
                  "job": f"bench-dtype-{mode}-{dtype}-{int(time.time())}-{rep}"}
-    cfg = load_config(args.config, overrides)
-    run_dir = Path(args.run_root) / cfg.job
-    print(f"--- repetition {rep + 1}: publish {dtype}, {mode} ({cfg.job})", flush=True)
-    run_job(cfg, bootstrap=broker.bootstrap_servers, run_dir=run_dir, progress=False,
-            overrides=[f"{k}={v}" for k, v in overrides.items()])
+    run_dir, cfg = run_job_once(args, broker, rep, overrides, f"publish {dtype}, {mode}")
     return run_dir, cfg.rollout.nodes
 
 

@@ -13,7 +13,8 @@ arrived when the reader wakes up: a reader that keeps up finds little per wake-u
 :func:`install` replaces ``_sock_recv`` of the TCP and SSL transports with the same loop
 over ``recv`` of up to :data:`RECV_BYTES`: the same bytes in the same order, the same end
 conditions (the socket would block, the peer closed it, an error), a few reads per fetch
-instead of hundreds. It is installed when :mod:`astraflow.topics` is
+instead of hundreds; a transport whose socket another thread has already closed reports a
+connection error without the stock loop's logged traceback. It is installed when :mod:`astraflow.topics` is
 imported, only on the kafka-python versions it was written against (:data:`SUPPORTED`), so a
 kafka-python upgrade falls back to the stock reads (with a warning) instead of patching code
 it has not seen. ``ASTRAFLOW_KAFKA_STOCK_RECV=1`` keeps the stock reads.
@@ -40,6 +41,8 @@ def _reader(would_block: tuple[type[BaseException], ...]):
     from kafka import errors
 
     def _sock_recv(self):
+        if self._sock is None:  # closed by another thread between its poll and this read: no traceback
+            return b"", errors.KafkaConnectionError("socket closed")
         recvd: list[bytes] = []
         err = None
         while True:

@@ -81,6 +81,13 @@ def test_nothing_to_read_returns_no_bytes_and_no_error(pair):
     assert transport.KafkaTCPTransport._sock_recv(_Conn(a)) == (b"", None)
 
 
+def test_a_transport_closed_under_the_read_is_a_connection_error_without_a_traceback(caplog):
+    with caplog.at_level("ERROR", logger="astraflow.topics.socket_reads"):
+        got, err = transport.KafkaTCPTransport._sock_recv(_Conn(None))
+    assert got == b"" and isinstance(err, errors.KafkaConnectionError) and "closed" in str(err)
+    assert not caplog.records
+
+
 def test_a_closed_peer_is_a_connection_error_after_the_bytes_it_sent(pair):
     a, b = pair
     b.sendall(b"last words")
