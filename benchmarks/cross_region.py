@@ -33,6 +33,8 @@ describe this small transfer-to-step ratio, not an 8B model's.
 
     python -m astraflow.benchmarks.cross_region            # ~15 min on a quiet 2-core box
     python -m astraflow.benchmarks.cross_region --quick    # a smoke run (numbers mean nothing)
+    python -m astraflow.benchmarks.cross_region --lr 5e-6 --out benchmarks/results/cross_region_lr5e-6.json
+                                                           # at a learning rate of RL on 7-8B models
 
 Prints one table and writes ``benchmarks/results/cross_region.json``:
 ``{"mirrored": {"delta": {...}, "full": {...}}, "direct": {"delta": {...}, "full": {...}},
@@ -66,7 +68,8 @@ def job_settings(a: argparse.Namespace, transport: str) -> dict:
     return {
         "rollout": {"engine": {"threads": 1}},
         "trainer": {"steps": a.steps, "checkpoint_every": a.steps, "publish_dtype": "bfloat16",
-                    "weight_transport": transport, "snapshot_every": a.snapshot_every, "engine": {"threads": 1}},
+                    "weight_transport": transport, "snapshot_every": a.snapshot_every,
+                    "engine": {"threads": 1, **({"lr": a.lr} if a.lr is not None else {})}},
         "eval": {"every": 0, "problems": a.problems, "k": a.k, "threads": 1},
     }
 
@@ -167,7 +170,7 @@ def arm_numbers(summary: dict, rows: list[dict], problems: int) -> dict:
     return out
 
 
-SAME = ("steps", "delta_snapshot_every", "eval_problems", "eval_k", "seed", "quick")
+SAME = ("steps", "delta_snapshot_every", "eval_problems", "eval_k", "seed", "quick", "lr")
 
 
 def earlier_runs(out: Path, a: argparse.Namespace) -> dict[str, list[dict]]:
@@ -179,7 +182,7 @@ def earlier_runs(out: Path, a: argparse.Namespace) -> dict[str, list[dict]]:
     old = json.loads(out.read_text())
     s = old.get("settings", {})
     now = {"steps": a.steps, "delta_snapshot_every": a.snapshot_every, "eval_problems": a.problems, "eval_k": a.k,
-           "seed": a.seed, "quick": a.quick}
+           "seed": a.seed, "quick": a.quick, "lr": a.lr}
     link = s.get("link", {})
     differs = [k for k in SAME if s.get(k) != now[k]]
     differs += [k for k, v in (("bandwidth_mbps", a.bandwidth_mbps), ("latency_ms_each_way", a.latency_ms))
@@ -291,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-ms", type=float, default=50.0, help="each way")
     p.add_argument("--repeats", type=int, default=1, help="repetitions of every arm (the order rotates)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=None,
+                   help="the trainer's learning rate in every arm (default: the demo's 2e-4); a delta's size "
+                        "follows it (benchmarks/delta_sparsity.py)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per launch")
     p.add_argument("--quick", action="store_true", help="a smoke run: 4 steps, 40 problems")
     p.add_argument("--run-root", type=Path, default=Path("runs") / "cross_region")
@@ -327,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     result["settings"] = {
         "job": "examples/arithmetic_grpo.yaml", "steps": a.steps, "publish_dtype": "bfloat16",
         "delta_snapshot_every": a.snapshot_every, "full": "a snapshot every version, no deltas", "eval_problems": a.problems,
-        "eval_k": a.k, "repeats": a.repeats, "seed": a.seed, "quick": a.quick,
+        "eval_k": a.k, "repeats": a.repeats, "seed": a.seed, "quick": a.quick, "lr": a.lr,
         "nodes": {A: "dataflow, trainer, 1 RaaS node", B: "2 RaaS nodes"},
         "link": {"bandwidth_mbps": a.bandwidth_mbps, "latency_ms_each_way": a.latency_ms,
                  "emulation": "emulated: tc tbf on a veth pair per direction (shared by every connection) + "

@@ -435,7 +435,7 @@ def multi_turn() -> list[str]:
 
 
 def cross_region() -> list[str]:
-    return _cross_region("cross_region") + _cross_region("cross_region_10mbit")
+    return _cross_region("cross_region") + _cross_region("cross_region_10mbit") + _cross_region("cross_region_lr5e-6")
 
 
 def _cross_region(name: str) -> list[str]:
@@ -443,9 +443,11 @@ def _cross_region(name: str) -> list[str]:
     if not d:
         return []
     st = d["settings"]
-    mbps = d["settings"]["link"]["bandwidth_mbps"]
-    flag = "" if mbps == 100 else f" --bandwidth-mbps {mbps:g} --out benchmarks/results/{name}.json"
-    out = [f"**Cross-region{'' if mbps == 100 else f', a {mbps:g} Mbit/s link'}** — "
+    mbps, lr = d["settings"]["link"]["bandwidth_mbps"], st.get("lr")
+    flag = ("" if mbps == 100 else f" --bandwidth-mbps {mbps:g}") + ("" if lr is None else f" --lr {lr:g}")
+    flag += f" --out benchmarks/results/{name}.json" if flag else ""
+    out = [f"**Cross-region{'' if mbps == 100 else f', a {mbps:g} Mbit/s link'}"
+           f"{'' if lr is None else f', learning rate {lr:g}'}** — "
            f"`python -m astraflow.benchmarks.cross_region{flag}` (the demo job, "
            f"{st['steps']} steps, bf16 weights; trainer, dataflow and 1 RaaS node in region A, 2 RaaS nodes in B; "
            f"an emulated link of {st['link']['bandwidth_mbps']:g} Mbit/s and {st['link']['latency_ms_each_way']:g} ms "

@@ -15,7 +15,7 @@ from astraflow.topology.schema import load_topology
 
 def _args(**kw) -> argparse.Namespace:
     return argparse.Namespace(**{"steps": 10, "snapshot_every": 5, "problems": 100, "k": 2, "bandwidth_mbps": 100.0,
-                                 "latency_ms": 50.0, **kw})
+                                 "latency_ms": 50.0, "lr": None, **kw})
 
 
 def _published(version: int, ts: float) -> dict:
@@ -73,6 +73,8 @@ def test_every_arms_topology_is_launchable(tmp_path, mode):
 
 def test_the_full_arm_publishes_snapshots_only_and_the_delta_arm_deltas():
     assert xr.job_settings(_args(), "full")["trainer"]["weight_transport"] == "full"
+    assert "lr" not in xr.job_settings(_args(), "delta")["trainer"]["engine"]  # the demo's own
+    assert xr.job_settings(_args(lr=5e-6), "full")["trainer"]["engine"]["lr"] == 5e-6
     delta = xr.job_settings(_args(), "delta")["trainer"]
     assert delta["weight_transport"] == "delta" and delta["snapshot_every"] == 5
     assert delta["publish_dtype"] == "bfloat16"
@@ -86,11 +88,13 @@ def test_append_adds_to_repetitions_measured_the_same_way_and_refuses_others(tmp
         "settings": {"steps": 20, "delta_snapshot_every": 10, "eval_problems": 200, "eval_k": 2, "seed": 0,
                      "quick": False, "link": {"bandwidth_mbps": 100.0, "latency_ms_each_way": 50.0}}}))
     a = argparse.Namespace(steps=20, snapshot_every=10, problems=200, k=2, seed=0, quick=False, bandwidth_mbps=100.0,
-                           latency_ms=50.0)
+                           latency_ms=50.0, lr=None)  # files from before --lr: the demo's learning rate
     runs = xr.earlier_runs(out, a)
     assert set(runs) == {"mirrored_delta", "mirrored_full", "direct_delta", "direct_full", "single_region"}
     assert runs["single_region"] == [{"accuracy": 0.3}]
     with pytest.raises(SystemExit, match="latency_ms_each_way"):
         xr.earlier_runs(out, argparse.Namespace(**{**vars(a), "latency_ms": 25.0}))
+    with pytest.raises(SystemExit, match="lr"):
+        xr.earlier_runs(out, argparse.Namespace(**{**vars(a), "lr": 5e-6}))
     with pytest.raises(SystemExit, match="does not exist"):
         xr.earlier_runs(tmp_path / "none.json", a)
