@@ -57,10 +57,7 @@ def with_run_keys(cfg: JobConfig, run_dir: str | Path) -> JobConfig:
     configured."""
     for section, prefix in _KEYED.items():
         filled: dict[str, object] = {}
-        for policy in cfg.policy_names:
-            sec = getattr(cfg.view(policy), section)
-            if sec.signing_key or sec.verify_key or not sec.require_signatures:
-                continue
+        for policy, sec in _unkeyed_sections(cfg, section):
             private, public = run_key_paths(run_dir, prefix + policy)
             if ensure_key_pair(private, public):
                 log.info("policy %s: generated the %s signing key %s (key %s); readers check %s", policy, section,
@@ -77,13 +74,17 @@ def unkeyed(cfg: JobConfig) -> list[str]:
     key pair :func:`with_run_keys` would make up in a run dir: fine where every component shares
     that run dir (one host), a job that never trains where hosts each have their own (each
     host's pair differs, so every reader on another host refuses what its writers sign)."""
-    out = []
-    for section in _KEYED:
-        for policy in cfg.policy_names:
-            sec = getattr(cfg.view(policy), section)
-            if sec.require_signatures and not (sec.signing_key or sec.verify_key):
-                out.append(f"policies.{policy}.{section}.signing_key" if cfg.policies else f"{section}.signing_key")
-    return out
+    return [_key(cfg.view(policy), "signing_key", section) for section in _KEYED
+            for policy, _ in _unkeyed_sections(cfg, section)]
+
+
+def _unkeyed_sections(cfg: JobConfig, section: str):
+    """(policy, its ``section``) for every policy whose ``section`` requires signatures and
+    has no key configured."""
+    for policy in cfg.policy_names:
+        sec = getattr(cfg.view(policy), section)
+        if sec.require_signatures and not (sec.signing_key or sec.verify_key):
+            yield policy, sec
 
 
 def _with_sections(cfg: JobConfig, section: str, filled: dict[str, object]) -> JobConfig:

@@ -26,29 +26,16 @@ from astraflow.topics.mirror import weight_topics
 from astraflow.topics.replay import read_topic
 from astraflow.weights.signing import ensure_key_pair
 
+from tests.e2e.conftest import SMALL, _merge
+
 from .test_existing_regional_clusters import region_cluster  # noqa: F401 - the module's second real cluster
 from .test_shared_regional_cluster import _records
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT / "examples" / "topology_three_regions_shared.yaml"
 JOB = ROOT / "examples" / "arithmetic_grpo.yaml"
-STEPS = 4
-#: the demo job shrunk to a few small steps (as tests/e2e's SMALL), one engine thread per node
-SMALL = {
-    "rollout": {"n_samples": 4, "max_new_tokens": 6, "tasks_per_call": 4, "heartbeat_s": 1.0,
-                "engine": {"kind": "cpu", "threads": 1}},
-    "dataflow": {"groups_per_batch": 4, "max_staleness": 1},
-    "trainer": {"steps": STEPS, "checkpoint_every": 1, "snapshot_every": 2, "engine": {"threads": 1}},
-    "eval": {"every": 0, "problems": 40, "k": 2, "threads": 1},
-}
+STEPS = SMALL["trainer"]["steps"]  # the demo job shrunk as tests/e2e's jobs are
 HOSTS = ("us-0", "eu-0", "no-0")
-
-
-def _merge(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = _merge(out.get(k, {}), v) if isinstance(v, dict) else v
-    return out
 
 
 def _job_files(tmp_path: Path) -> dict[str, Path]:
@@ -76,10 +63,8 @@ def _topology_file(tmp_path: Path, home: str, region: str) -> Path:
     data = yaml.safe_load(SHARED.read_text())
     data["regions"]["us-east"]["kafka"] = home
     data["regions"]["eu-west"]["kafka"] = region
-    for pool in ("raas-us",):
-        data["regions"]["us-east"]["pools"][pool]["threads"] = 1
-    data["regions"]["eu-west"]["pools"]["raas-eu"]["threads"] = 1
-    data["regions"]["eu-north"]["pools"]["raas-no"]["threads"] = 1
+    for region, pool in (("us-east", "raas-us"), ("eu-west", "raas-eu"), ("eu-north", "raas-no")):
+        data["regions"][region]["pools"][pool]["threads"] = 1
     path = tmp_path / "topology.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
