@@ -1,6 +1,7 @@
-"""Repetitions of the text game job: does held-out success rise, and by how many standard errors?
+"""Repetitions of an agent job (the text game by default): does held-out success rise, and by how many standard errors?
 
-Runs ``astraflow run examples/text_game.yaml`` ``--repeats`` times, one after another, each in a
+Runs ``astraflow run examples/text_game.yaml`` (or ``--config``: any agent job, e.g.
+``examples/search_agent_long.yaml``) ``--repeats`` times, one after another, each in a
 run dir of its own under ``--run-root`` and with its own seed (``--set seed=S --set data.seed=S``:
 the rollout and evaluation sampling and the order of the training games; the warm-started model,
 ``model.seed``, is the same), or, with ``--collect DIR...``, reads run dirs made before. Every
@@ -15,7 +16,7 @@ number comes from each run dir's ``summary.json`` (the run's own record of its m
 * model turns and tool calls (environment steps) per held-out episode, from → to;
 * wall seconds of the run, and the load average before and after it (this box is shared).
 
-Prints one table; writes ``benchmarks/results/text_game_runs.json``.
+Prints one table; writes ``benchmarks/results/text_game_runs.json`` (or ``--out``).
 Usage: ``python -m astraflow.benchmarks.text_game_runs [--repeats 3] [--seeds 0 1 2]
 [--config examples/text_game.yaml] [--set KEY=VALUE]...`` or ``... --collect RUN_DIR...``
 """
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         seeds = args.seeds if args.seeds else list(range(args.repeats))
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        dirs = [Path(args.run_root) / f"text-game-rep-s{s}-{stamp}" for s in seeds]
+        dirs = [Path(args.run_root) / f"{Path(args.config).stem}-rep-s{s}-{stamp}" for s in seeds]
         for seed, d in zip(seeds, dirs):
             _run_one(args.config, d, seed, args.set)
     rows = [repetition(d) for d in dirs]

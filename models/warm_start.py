@@ -50,7 +50,7 @@ from astraflow.workflows.arithmetic import generate_problems
 from astraflow.workflows.arithmetic import reward as arithmetic_reward
 
 __all__ = ["Example", "WarmStartTask", "WarmStartError", "TASKS", "DEFAULT_TASK", "get_task", "task_names",
-           "exact_match", "near_miss", "units_check", "arithmetic_problem", "ACCEPT", "REJECT", "SEARCH_WIDE"]
+           "exact_match", "pick_score", "near_miss", "units_check", "arithmetic_problem", "ACCEPT", "REJECT", "SEARCH_WIDE"]
 
 Example = tuple[str, str]  #: (prompt, target completion)
 SPLITS = ("train", "heldout")
@@ -226,6 +226,14 @@ def _search_wide(n: int, seed: int, split: str, max_digits: int, ops: str) -> li
                            SEARCH_WIDE)
 
 
+def pick_score(completion: str, target: str) -> float:
+    """1.0 iff the completion's pick (its tag, after any check) is the target's: what the
+    selector's reward pays for, whatever its check says."""
+    from astraflow.workflows.code_workflows import pick_of
+    pick = pick_of(completion)
+    return 1.0 if pick is not None and pick == pick_of(target) else 0.0
+
+
 def _code_role(role: str) -> Callable[[int, int, str, int, str], list[Example]]:
     def make(n: int, seed: int, split: str, max_digits: int, ops: str) -> list[Example]:
         try:
@@ -274,8 +282,13 @@ TASKS: dict[str, WarmStartTask] = {t.name: t for t in (
     WarmStartTask("code_solver", "write an expression for f from examples (code workflows)",
                   _code_role("code_solver"), 0.2, max_new_tokens=None, spec=_ONE_THREAD),
     # A chance-level selector picks right half the time: its bar sits just above that.
-    WarmStartTask("selector", "pick the passing one of two attempts (code workflows)",
-                  _code_role("selector"), 0.6, max_new_tokens=None, spec=_ONE_THREAD),
+    # Revision 2 writes a check before its tag, attempt A's values at the visible inputs
+    # (``3,5,9A``), and is scored on its tag alone (:func:`pick_score`). Revision 1 answered the
+    # tag alone and sat at chance (0.51 at step 100 and 150, 0.48 held out): nothing in a bare
+    # tag tells the model which attempt fits the examples.
+    WarmStartTask("selector", "pick the passing one of two attempts after checking A (3,5,9A; code workflows)",
+                  _code_role("selector"), 0.6, score=pick_score, max_new_tokens=None, revision=2,
+                  spec=_ONE_THREAD),
     WarmStartTask("test_generator", "write test cases for f (code workflows)",
                   _code_role("test_generator"), 0.2, max_new_tokens=None, spec=_ONE_THREAD),
 )}

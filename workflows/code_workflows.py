@@ -1,7 +1,11 @@
 """The two code workflows (rules as in the reference system) and their warm-start data.
 
 ``code_solver_selector`` (roles ``solver``, ``selector``): per sample the solver writes two
-attempts; the selector sees the examples and both attempts and answers ``A`` or ``B``.
+attempts; the selector sees the examples and both attempts and answers ``A`` or ``B``, after
+an optional check: attempt A's values at the visible inputs (``3,5,9A``), which its warm start
+writes first. A tiny model cannot judge an expression at a glance, but it can learn the value
+of each expression of the finite family at each input (a table shared by training and held-out
+problems) and compare those with the examples shown: A when they agree, else B.
 
 * solver: per attempt, 1 iff it passes the hidden tests;
 * selector: 0 if its answer does not parse, 0.5 if both attempts pass or both fail, else
@@ -22,7 +26,7 @@ feedback as context.
 Formats (for ``f(1)=3;f(2)=5;f(4)=9;f=``; :func:`warm_start_examples` teaches them):
 
 * solver ``f(1)=3;f(2)=5;f(4)=9;f=`` -> ``x*2+1``;
-* selector ``f(1)=3;f(2)=5;f(4)=9;A=x*2+1;B=x+2;pick=`` -> ``A``;
+* selector ``f(1)=3;f(2)=5;f(4)=9;A=x*2+1;B=x+2;pick=`` -> ``3,5,9A`` (or just ``A``);
 * test generator ``f(1)=3;f(2)=5;f(4)=9;f=x+2;tests=`` -> ``f(0)=1;f(5)=11``;
 * solver retry ``f(1)=3;f(2)=5;f(4)=9;f=x+2;f(0)=1:FAIL;f(5)=11:FAIL;f=`` -> ``x*2+1``.
 
@@ -42,13 +46,13 @@ from .code_tasks import (ENTRY, Case, CodeProblem, evaluate_expr, expression_of,
                          generate_code_problems, hidden_tests, parse_cases, probe_inputs, reference_of, run_cases)
 
 __all__ = ["code_solver_selector", "code_solver_testgen", "warm_start_examples", "pick_of", "feedback_of",
-           "selector_prompt", "generator_prompt", "retry_prompt", "ROLES"]
+           "selector_check", "selector_prompt", "generator_prompt", "retry_prompt", "ROLES"]
 
 PICK, TESTS = ";pick=", ";tests="
 PASS, FAIL = "PASS", "FAIL"
 MAX_GENERATED = 2  #: generated cases beyond this are ignored (keeps the retry prompt within 128 positions)
 # Generation budgets (``workflow.params`` of the job config overrides them).
-DEFAULT_TOKENS = {"code_tokens": 12, "pick_tokens": 2, "test_tokens": 24}
+DEFAULT_TOKENS = {"code_tokens": 12, "pick_tokens": 16, "test_tokens": 24}  # a pick: up to 4 values, the tag, eos
 ROLES = ("code_solver", "selector", "test_generator")  #: warm-start roles of :func:`warm_start_examples`
 
 
@@ -76,10 +80,21 @@ def retry_prompt(prompt: str, attempt: str, feedback: str) -> str:
     return f"{prompt}{attempt};{feedback};{ENTRY}="
 
 
+_PICK = re.compile(r"[-\d,]*([AB])")  #: an optional check (values, commas) and the tag
+
+
 def pick_of(text: str) -> str | None:
-    """``"A"``, ``"B"`` or None (anything else)."""
-    t = text.strip()
-    return t if t in ("A", "B") else None
+    """``"A"``, ``"B"`` or None: the tag that ends a pick, after an optional check of values
+    (``3,5,9A`` -> ``"A"``); anything else (``AB``, ``a``, prose) is no pick."""
+    m = _PICK.fullmatch(text.strip())
+    return m[1] if m else None
+
+
+def selector_check(visible: Sequence[Case], attempt: str) -> str:
+    """What the selector writes before its tag: ``attempt``'s values at the visible inputs,
+    ``3,5,9`` (``None`` where it cannot be evaluated). Only our own family expressions come
+    here (the warm start's): model-written code never runs in this process."""
+    return ",".join(str(_value(attempt, args)) for args, _ in visible)
 
 
 # -- episodes -------------------------------------------------------------------------------
@@ -241,8 +256,10 @@ def warm_start_examples(role: str, n: int, seed: int, split: str = "train") -> l
 
     * ``code_solver``: the problem -> the reference; one in four is a retry (a wrong
       attempt 1 and its PASS/FAIL feedback on generated cases) -> the reference;
-    * ``selector``: the reference and a wrong attempt, in random order -> the tag of the
-      reference (never both passing or both failing: the target must be definite);
+    * ``selector``: the reference and a wrong attempt, in random order -> attempt A's values
+      at the visible inputs, then the tag of the reference (``3,5,9A``: A's values are the
+      examples'; ``3,6,9B``: they are not). Never both passing or both failing: the target
+      must be definite;
     * ``test_generator``: the problem and attempt 1 (right two times in five) -> the first
       two inputs in a fixed probe order that the prompt does not show, with the
       reference's values.
@@ -261,10 +278,8 @@ def warm_start_examples(role: str, n: int, seed: int, split: str = "train") -> l
             else:
                 out.append((p.prompt, p.reference))
         elif role == "selector":
-            if rng.random() < 0.5:
-                out.append((selector_prompt(p.prompt, p.reference, wrong), "A"))
-            else:
-                out.append((selector_prompt(p.prompt, wrong, p.reference), "B"))
+            a, b, tag = (p.reference, wrong, "A") if rng.random() < 0.5 else (wrong, p.reference, "B")
+            out.append((selector_prompt(p.prompt, a, b), selector_check(p.visible, a) + tag))
         else:
             attempt = p.reference if rng.random() < 0.4 else wrong
             cases = [(a, evaluate_expr(p.reference, a)) for a in probe_inputs(p.visible, p.arity)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 
 import pytest
 
@@ -119,6 +120,9 @@ def test_prompt_formats_and_pick_parsing():
     assert generator_prompt("f(1)=3;f=", "x+2") == "f(1)=3;f=x+2;tests="
     assert retry_prompt("f(1)=3;f=", "x+2", feedback_of([((0,), 1)], [False])) == "f(1)=3;f=x+2;f(0)=1:FAIL;f="
     assert [pick_of(t) for t in ("A", " B\n", "AB", "", "a")] == ["A", "B", None, None, None]
+    # After a check of values: the tag that ends it; a check that is not values is no pick.
+    assert [pick_of(t) for t in ("3,5,9A", "-1,0B", "3,5,9", "3,5A9", "x3A", "3,5,9 A")] == \
+           ["A", "B", None, None, None, None]
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -129,7 +133,14 @@ def test_warm_start_examples_use_the_workflow_formats(role):
     held = warm_start_examples(role, 50, seed=0, split="heldout")
     assert not {p for p, _ in held} & {p for p, _ in ex}
     if role == "selector":
-        assert {t for _, t in ex} == {"A", "B"} and all(p.endswith(";pick=") for p, _ in ex)
+        assert {pick_of(t) for _, t in ex} == {"A", "B"} and all(p.endswith(";pick=") for p, _ in ex)
+        for prompt, target in ex[:50]:  # the check is A's values at the visible inputs ...
+            shown = [int(v) for v in re.findall(r"\)=(-?\d+)", prompt)]
+            a = re.search(r";A=(.*?);B=", prompt)[1]
+            check = [int(v) for v in target[:-1].split(",")]
+            assert len(check) == len(shown)
+            # ... so they are the examples' values exactly when A is the pick (the reference)
+            assert (check == shown) == (target[-1] == "A"), (prompt, target, a)
     elif role == "test_generator":
         assert all(p.endswith(";tests=") and t.startswith("f(") for p, t in ex)
     else:
@@ -191,3 +202,11 @@ def test_testgen_retry_on_the_cpu_engine_trains_on_the_retry_only(tiny):
         assert own == list(range(own[0], len(t.tokens)))  # only the retry's tokens are trained on
         assert all(v == engine.version for v in (t.versions[i] for i in own))
         assert "FAIL" in tok.decode(list(t.tokens[:own[0]]))
+
+
+def test_the_selector_warm_start_is_scored_on_its_pick_alone():
+    from astraflow.models.warm_start import get_task, pick_score
+    assert get_task("selector").score is pick_score
+    # a wrong check with the right tag is a right pick; the wrong tag, or no pick, is not
+    assert [pick_score(c, "3,5,9A") for c in ("3,5,9A", "3,5,8A", "A", "3,5,9B", "3,5,9", "")] == \
+           [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
