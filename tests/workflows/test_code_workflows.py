@@ -210,3 +210,12 @@ def test_the_selector_warm_start_is_scored_on_its_pick_alone():
     # a wrong check with the right tag is a right pick; the wrong tag, or no pick, is not
     assert [pick_score(c, "3,5,9A") for c in ("3,5,9A", "3,5,8A", "A", "3,5,9B", "3,5,9", "")] == \
            [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_the_selector_warm_start_validates_on_problems_it_never_trained_on():
+    """Its early stop measures held-out-like problems: a prompt's problem is the examples it
+    shows, the same for the solver's prompt and the selector's about it."""
+    from astraflow.models.warm_start import code_problem, get_task
+    p = code_prompts(1, seed=11)[0].text
+    assert code_problem(p) == code_problem(selector_prompt(p, "x+1", "x*2")) == p.removesuffix("f=")
+    assert get_task("selector").problem is code_problem
