@@ -3,9 +3,11 @@
 ``code_solver_selector`` (roles ``solver``, ``selector``): per sample the solver writes two
 attempts; the selector sees the examples and both attempts and answers ``A`` or ``B``, after
 an optional check: attempt A's values at the visible inputs (``3,5,9A``), which its warm start
-writes first. A tiny model cannot judge an expression at a glance, but it can learn the value
-of each expression of the finite family at each input (a table shared by training and held-out
-problems) and compare those with the examples shown: A when they agree, else B.
+writes first. The idea: a tiny model cannot judge an expression at a glance, but it might learn
+the value of each expression of the finite family at each input (a table shared by training
+and held-out problems) and compare those with the examples shown: A when they agree, else B.
+Measured so far, it learns a shortcut instead (it copies the examples' outputs as its check) and
+picks at about chance (docs/workflows.md, "Measured runs").
 
 * solver: per attempt, 1 iff it passes the hidden tests;
 * selector: 0 if its answer does not parse, 0.5 if both attempts pass or both fail, else
