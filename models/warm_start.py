@@ -50,7 +50,8 @@ from astraflow.workflows.arithmetic import generate_problems
 from astraflow.workflows.arithmetic import reward as arithmetic_reward
 
 __all__ = ["Example", "WarmStartTask", "WarmStartError", "TASKS", "DEFAULT_TASK", "get_task", "task_names",
-           "exact_match", "pick_score", "code_problem", "near_miss", "units_check", "arithmetic_problem", "ACCEPT", "REJECT", "SEARCH_WIDE"]
+           "exact_match", "pick_score", "code_problem", "near_miss", "units_check", "arithmetic_problem", "ACCEPT",
+           "REJECT", "SEARCH_WIDE"]
 
 Example = tuple[str, str]  #: (prompt, target completion)
 SPLITS = ("train", "heldout")
