@@ -228,9 +228,10 @@ def _search_wide(n: int, seed: int, split: str, max_digits: int, ops: str) -> li
 
 
 def code_problem(prompt: str) -> str:
-    """The examples a code prompt shows: ``f(1)=3;f(2)=5;`` of a selector prompt
-    (``...;A=x+2;B=x*2;pick=``) or of a solver prompt (``...;f=``)."""
-    return prompt.split("A=", 1)[0] if ";pick=" in prompt else prompt[: prompt.index(";f=") + 1]
+    """The problem a code role's prompt is about: the code workflows' own reading of their
+    formats (:func:`astraflow.workflows.code_workflows.problem_of`)."""
+    from astraflow.workflows.code_workflows import problem_of
+    return problem_of(prompt)
 
 
 def pick_score(completion: str, target: str) -> float:

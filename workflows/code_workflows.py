@@ -48,7 +48,7 @@ from .code_tasks import (ENTRY, Case, CodeProblem, evaluate_expr, expression_of,
                          generate_code_problems, hidden_tests, parse_cases, probe_inputs, reference_of, run_cases)
 
 __all__ = ["code_solver_selector", "code_solver_testgen", "warm_start_examples", "pick_of", "feedback_of",
-           "selector_check", "selector_prompt", "generator_prompt", "retry_prompt", "ROLES"]
+           "problem_of", "selector_check", "selector_prompt", "generator_prompt", "retry_prompt", "ROLES"]
 
 PICK, TESTS = ";pick=", ";tests="
 PASS, FAIL = "PASS", "FAIL"
@@ -80,6 +80,14 @@ def feedback_of(cases: Sequence[Case], passed: Sequence[bool]) -> str:
 
 def retry_prompt(prompt: str, attempt: str, feedback: str) -> str:
     return f"{prompt}{attempt};{feedback};{ENTRY}="
+
+
+def problem_of(prompt: str) -> str:
+    """The examples a code prompt of any role shows (``f(1)=3;f(2)=5;``): what a selector
+    prompt (``...;A=x+2;B=x*2;pick=``) and a solver prompt (``...;f=``, a retry's too) are about."""
+    if prompt.endswith(PICK):
+        return prompt[: prompt.index("A=")]
+    return prompt[: prompt.index(f";{ENTRY}=") + 1]
 
 
 _PICK = re.compile(r"[-\d,]*([AB])")  #: an optional check (values, commas) and the tag
