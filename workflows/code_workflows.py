@@ -25,6 +25,18 @@ feedback as context.
   passes the generated cases; at least one case must parse);
 * team: the final code passes.
 
+Two ``workflow.params`` of ``code_solver_testgen`` change those rules (the defaults are the
+reference's):
+
+* ``generator_reward``: ``reference`` (above) or ``verdict``: 1 iff the generated cases are
+  valid (the reference passes them) *and* their verdict on attempt 1 (all pass, or not) agrees
+  with the hidden tests', else 0. What makes a retry help is exactly that: a retry when, and
+  only when, attempt 1 is wrong. Under the reference rule a generator is also paid for the
+  solver's retry, which it does not write.
+* ``retry``: ``feedback`` (above) or ``fresh``: the retry is asked the problem alone (an
+  independent second sample, the solver's own distribution), so the team is a best of two
+  gated by the generated tests; the retry trains as a plain answer.
+
 Formats (for ``f(1)=3;f(2)=5;f(4)=9;f=``; :func:`warm_start_examples` teaches them):
 
 * solver ``f(1)=3;f(2)=5;f(4)=9;f=`` -> ``x*2+1``;
@@ -41,14 +53,16 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from .api import ENV, Episode, EpisodeResult, Trajectory, Turn, workflow
+from .api import ENV, Episode, EpisodeResult, Trajectory, Turn, WorkflowParamError, workflow
 from .code_tasks import (ENTRY, Case, CodeProblem, evaluate_expr, expression_of, family, format_cases,
                          generate_code_problems, hidden_tests, parse_cases, probe_inputs, reference_of, run_cases)
 
 __all__ = ["code_solver_selector", "code_solver_testgen", "warm_start_examples", "pick_of", "feedback_of",
-           "problem_of", "selector_check", "selector_prompt", "generator_prompt", "retry_prompt", "ROLES"]
+           "problem_of", "selector_check", "selector_prompt", "generator_prompt", "retry_prompt", "ROLES",
+           "TESTGEN_CHOICES", "check_testgen_params", "generator_reward"]
 
 PICK, TESTS = ";pick=", ";tests="
 PASS, FAIL = "PASS", "FAIL"
@@ -56,6 +70,28 @@ MAX_GENERATED = 2  #: generated cases beyond this are ignored (keeps the retry p
 # Generation budgets (``workflow.params`` of the job config overrides them).
 DEFAULT_TOKENS = {"code_tokens": 12, "pick_tokens": 16, "test_tokens": 24}  # a pick: up to 4 values, the tag, eos
 ROLES = ("code_solver", "selector", "test_generator")  #: warm-start roles of :func:`warm_start_examples`
+#: ``code_solver_testgen``'s rule params -> their values; the first is the default (the reference's)
+TESTGEN_CHOICES = {"generator_reward": ("reference", "verdict"), "retry": ("feedback", "fresh")}
+
+
+def check_testgen_params(params: Mapping[str, Any]) -> None:
+    """``generator_reward`` and ``retry`` name one of their rules."""
+    for key, allowed in TESTGEN_CHOICES.items():
+        if key in params and params[key] not in allowed:
+            raise WorkflowParamError(key, f"is {params[key]!r}; it is one of {', '.join(allowed)}")
+
+
+def _rule(params: Mapping[str, Any], key: str) -> str:
+    return str(params.get(key, TESTGEN_CHOICES[key][0]))
+
+
+def generator_reward(rule: str, *, valid: bool, verdict: bool, first_passed: bool, final_passed: bool) -> float:
+    """The test generator's reward for one sample (``rule``: the module docstring's).
+    ``valid``: its cases parsed and the reference passes them; ``verdict``: attempt 1 passed
+    them all."""
+    if rule == "verdict":
+        return 1.0 if valid and verdict == first_passed else 0.0
+    return float(final_passed) + float(valid)
 
 
 # -- prompt formats (text), shared by the workflows and the warm-start examples -------------
@@ -179,7 +215,7 @@ def code_solver_selector(ep: Episode) -> EpisodeResult:
 
 
 @workflow("code_solver_testgen", roles=("solver", "test_generator"), reward="code_hidden_tests",
-          reward_ranges={"solver": (0.0, 1.0), "test_generator": (0.0, 2.0)}, group_sizes={"solver": (1, 2)},
+          check=check_testgen_params, reward_ranges={"solver": (0.0, 1.0), "test_generator": (0.0, 2.0)}, group_sizes={"solver": (1, 2)},
           turn_tokens=_turn_tokens)
 def code_solver_testgen(ep: Episode) -> EpisodeResult:
     """Attempt 1; generated tests; on a failed generated test, a retry with the verdicts."""
@@ -198,8 +234,9 @@ def code_solver_testgen(ep: Episode) -> EpisodeResult:
         pass1.append(all(ok[:len(tests)]))
         verdicts.append(ok[len(tests):])
     retry = [i for i in range(n) if cases[i] and not all(verdicts[i])]
+    fresh = _rule(ep.params, "retry") == "fresh"
     feedback = {i: ep.encode(f";{feedback_of(cases[i], verdicts[i])};{ENTRY}=") for i in retry}
-    contexts = {i: problem + _ids(ep, first[i]) + feedback[i] for i in retry}
+    contexts = {i: problem if fresh else problem + _ids(ep, first[i]) + feedback[i] for i in retry}
     second = dict(zip(retry, ep.roles["solver"].generate([contexts[i] for i in retry],
                                                          max_new_tokens=_budget(ep, "code_tokens"))
                       if retry else []))
@@ -209,17 +246,25 @@ def code_solver_testgen(ep: Episode) -> EpisodeResult:
         done = pass1[i]
         if i in second:
             done = runs.passes(expression_of(second[i].text), tests)
-            # Attempt 1 already trains in its own trajectory; here it and the feedback are context.
-            solver.append(Trajectory.chain(problem, [("solver", _ids(ep, first[i])), (ENV, feedback[i]), second[i]],
-                                           "solver", float(done), sample=i, attempt=2, passed=done))
+            if fresh:  # a plain second answer to the problem
+                solver.append(Trajectory.of(second[i], float(done), sample=i, attempt=2, passed=done))
+            else:  # attempt 1 already trains in its own trajectory; here it and the feedback are context
+                solver.append(Trajectory.chain(problem, [("solver", _ids(ep, first[i])), (ENV, feedback[i]),
+                                                         second[i]], "solver", float(done), sample=i, attempt=2,
+                                               passed=done))
         ref_ok = bool(cases[i]) and runs.passes(reference, cases[i])
-        generator.append(Trajectory.of(gens[i], float(done) + float(ref_ok), sample=i, cases=len(cases[i]),
+        r = generator_reward(_rule(ep.params, "generator_reward"), valid=ref_ok, verdict=all(verdicts[i]),
+                             first_passed=pass1[i], final_passed=done)
+        generator.append(Trajectory.of(gens[i], r, sample=i, cases=len(cases[i]),
                                        reference_passes=ref_ok, retried=i in second, final_passed=done))
         final.append(1.0 if done else 0.0)
     return EpisodeResult({"solver": solver, "test_generator": generator}, team_reward=sum(final) / n,
                          metrics={"first_pass": sum(pass1) / n, "retries": len(retry) / n,
                                   "cases_parsed": sum(bool(c) for c in cases) / n,
-                                  "cases_valid": sum(t.info["reference_passes"] for t in generator) / n})
+                                  "cases_valid": sum(t.info["reference_passes"] for t in generator) / n,
+                                  # the generated tests' verdict on attempt 1 agrees with the hidden tests'
+                                  "verdict_right": sum(bool(cases[i]) and all(verdicts[i]) == pass1[i]
+                                                       for i in range(n)) / n})
 
 
 # -- warm-start data -------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -113,6 +114,74 @@ def test_testgen_rewards_retry_and_masks(tiny):
     assert tok.decode(list(retry.prompt_ids) + list(context)) == solver.seen[1][0]
     assert set(retry.token_roles[:own[0]]) == {"solver", ENV}
     assert all(r == "solver" for r in retry.token_roles[:len(wrong)])  # attempt 1: context, not trained
+
+
+def _testgen_episode(tok, params: dict):
+    """Six samples: 0 right, tests valid; 1 wrong, valid tests catch it; 2 no tests; 3 tests that
+    agree with the wrong attempt; 4 tests half wrong; 5 right, but tests the reference fails.
+    Every retry answers the reference."""
+    prompt = code_prompts(1, seed=12)[0]
+    ref = prompt.metadata["reference"]
+    wrong = f"{ref}+1"  # wrong on every input
+    (a0, e0), (a1, e1) = hidden_tests(prompt.answer)[:2]
+    right_cases, wrong_cases, mixed_cases = [(a0, e0), (a1, e1)], [(a0, e0 + 1), (a1, e1 + 1)], [(a0, e0), (a1, e1 + 1)]
+    first = [ref, wrong, wrong, wrong, wrong, ref]
+    generated = [format_cases(c) if c else "hello"
+                 for c in (right_cases, right_cases, None, wrong_cases, mixed_cases, wrong_cases)]
+    solver = ScriptedRole("solver", tok, lambda call, row, _: first[row] if call == 0 else ref)
+    gen = ScriptedRole("test_generator", tok, lambda call, row, _: generated[row])
+    ep = Episode(prompt.prompt_id, prompt.text, prompt.answer, 6, {"solver": solver, "test_generator": gen}, tok,
+                 params, prompt.metadata)
+    return prompt, solver, run_episode(get_workflow("code_solver_testgen"), ep, job_seed=0)
+
+
+def test_testgen_generator_reward_rules(tiny):
+    """``reference``: final passes + the reference passes the cases; ``verdict``: valid cases whose
+    verdict on attempt 1 is the hidden tests' — the bogus cases of sample 5 that force a needless
+    retry earn 1 under the reference rule (the retry happened to pass) and 0 under ``verdict``."""
+    tok, _ = tiny
+    _, _, ref_rule = _testgen_episode(tok, {})
+    assert [t.reward for t in ref_rule.trajectories["test_generator"]] == [2.0, 2.0, 0.0, 0.0, 1.0, 1.0]
+    _, _, verdict = _testgen_episode(tok, {"generator_reward": "verdict"})
+    assert [t.reward for t in verdict.trajectories["test_generator"]] == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    # The rule changes the generator's reward only: the same retries, solver rewards and team.
+    assert ([t.reward for t in verdict.trajectories["solver"]] == [t.reward for t in ref_rule.trajectories["solver"]]
+            == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    assert verdict.team_reward == ref_rule.team_reward == pytest.approx(4 / 6)
+    # The verdict alone is right on 0, 1 and 4 (4's cases are half wrong: not valid, no reward).
+    assert verdict.metrics["verdict_right"] == pytest.approx(3 / 6)
+
+
+def test_testgen_fresh_retry_is_asked_the_plain_problem(tiny):
+    tok, _ = tiny
+    prompt, solver, result = _testgen_episode(tok, {"retry": "fresh"})
+    assert solver.seen[1] == [prompt.text] * 3  # samples 1, 4, 5 failed a generated case
+    retries = [t for t in result.trajectories["solver"] if t.info["attempt"] == 2]
+    assert [t.info["sample"] for t in retries] == [1, 4, 5] and all(t.reward == 1.0 for t in retries)
+    for t in retries:  # a plain answer: every token its own, the problem as its prompt
+        assert all(t.loss_mask) and set(t.token_roles) == {"solver"}
+        assert tok.decode(list(t.prompt_ids)) == prompt.text
+    assert_masks(result)
+
+
+@pytest.mark.parametrize("key,value", [("generator_reward", "balanced"), ("retry", "verdict")])
+def test_testgen_bad_params_are_config_errors(tmp_path, key, value):
+    import yaml
+
+    from astraflow.config import load_config
+    from astraflow.typed_config import ConfigError
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "code_solver_testgen.yaml"
+    data = yaml.safe_load(example.read_text())
+    data["workflow"]["params"][key] = value
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(path) in str(e.value) and f"workflow.params.{key}" in str(e.value) and repr(value) in str(e.value)
+    data["workflow"]["params"].update(generator_reward="verdict", retry="fresh")
+    path.write_text(yaml.safe_dump(data))
+    assert load_config(path).workflow.params["generator_reward"] == "verdict"
 
 
 def test_prompt_formats_and_pick_parsing():
