@@ -13,7 +13,10 @@ Each repetition runs the solver-verifier team of ``examples/solver_verifier.yaml
 * **(d) solver alone**: a single-policy ``rlvr`` job with the solver's settings, run for
   (a)'s wall-clock (launch to (a)'s last trained step; ``--alone-run-factor`` times that, so
   that it also reaches (a)'s generated tokens) and evaluated every ``--alone-eval-every``
-  versions meanwhile.
+  versions meanwhile (``--alone-eval live``), or (``--alone-eval exported``, for jobs whose
+  evaluation is slower than their training, such as code in the sandbox) exporting every
+  ``--alone-eval-every`` versions and evaluated after its run, on the exported versions the
+  comparisons read (:func:`evaluate_exported`).
 
 A repetition runs them in the order a, d, b, c (d needs a's time), each from cold start.
 A Kafka arm that fails or hangs (``--run-timeout``) is recorded in ``failed_runs`` and run
@@ -334,8 +337,11 @@ def run_solver_alone(base: dict, args, rep: int, seconds: float, tokens: float |
     limit_s = seconds * args.alone_run_factor + ALONE_GRACE_S  # (its evaluator may lag its training)
 
     def once(job: str) -> dict:
-        data = solver_alone_config(base, load_config(args.config), args.alone_steps, args.alone_eval_every, job,
-                                   str(args.run_root))
+        exported = args.alone_eval == "exported"
+        data = solver_alone_config(base, load_config(args.config), args.alone_steps,
+                                   0 if exported else args.alone_eval_every, job, str(args.run_root))
+        if exported:  # evaluated after the run, from these exports (version 0 live, as the team's)
+            data["trainer"]["export_every"] = args.alone_eval_every
         path = write_config(data, Path(args.run_root))
         run_dir = Path(args.run_root) / job
         load = load_now()
@@ -351,11 +357,16 @@ def run_solver_alone(base: dict, args, rep: int, seconds: float, tokens: float |
             raise NoSteps(f"{run_dir}: no step trained in {limit_s:.0f} s")
         summary = json.loads((run_dir / "summary.json").read_text())
         start = launch_ts(rows, summary)
+        if exported:
+            marks = [seconds] + ([when - start] if tokens and (when := time_of_tokens(rows, tokens)) else [])
+            versions = exported_needed(rows, start, marks, exported_versions(run_dir, data["policy"]))
+            rows = [r for r in rows if r["name"] != "eval.accuracy" or int(r["step"]) == 0]
+            rows += evaluate_exported(path, run_dir, versions)
         at = accuracy_at(rows, start, seconds)
         out = {**at, "seconds": seconds, "stopped_at_timeout": stopped, **best_evaluated(rows),
                "accuracy_initial": summary["accuracy_initial"], "load_before": load["loadavg"],
                "generated_tokens": generated_tokens(rows),
-               "eval_k": _eval_k(rows), "run_dir": str(run_dir)}
+               "eval_k": _eval_k(rows), "run_dir": str(run_dir), "eval_mode": args.alone_eval}
         if tokens:
             when = time_of_tokens(rows, tokens)
             out["equal_tokens"] = ({"tokens": tokens, "reached": False} if when is None else
@@ -379,6 +390,56 @@ def run_sequential(config: Path, steps: int, threads: int) -> dict:
     r["time_to_last_step_s"] = r["setup_s"] + r["loop_s"]
     r["load_before"] = load["loadavg"]
     return r
+
+
+def exported_versions(run_dir: Path, policy: str) -> list[int]:
+    """The versions a run exported as Hugging Face directories (``hf/<policy>/v<k>``)."""
+    root = run_dir / "hf" / policy
+    return sorted(int(d.name[1:]) for d in root.glob("v*") if d.name[1:].isdigit()) if root.is_dir() else []
+
+
+def evaluate_exported(config: Path, run_dir: Path, versions: list[int]) -> list[dict]:
+    """Held-out accuracy of each of ``versions`` of the job's policy, from its exports, by the
+    evaluator's own function (same problems, k, temperature, reward and sandbox), in this
+    process after the run: nothing else shares the cores, so an evaluation slower than
+    training (code in the sandbox) measures the very versions the comparisons read. Rows as
+    the evaluator's ``eval.accuracy`` metrics (``step``: the version)."""
+    from transformers import AutoTokenizer
+
+    from astraflow.actors.common import configure_sandbox, make_rollout_engine, set_threads
+    from astraflow.actors.evaluator import heldout_accuracy, heldout_problems
+    from astraflow.config import load_config
+    cfg = load_config(config)
+    configure_sandbox(cfg)
+    set_threads(cfg.eval.threads)
+    problems = heldout_problems(cfg)
+    rows = []
+    for v in versions:
+        path = run_dir / "hf" / cfg.policy / f"v{v}"
+        t0 = time.perf_counter()
+        engine = make_rollout_engine(cfg, path, kind="cpu", name=f"bench-eval-v{v}")
+        acc = heldout_accuracy(cfg, engine, AutoTokenizer.from_pretrained(str(path)), problems)
+        print(f"    (d) v{v}: held-out accuracy {acc:.3f} ({len(problems)} problems x {cfg.eval.k}, "
+              f"{time.perf_counter() - t0:.0f} s after the run)", flush=True)
+        rows.append({"ts": time.time(), "component": f"bench.eval.{cfg.policy}", "name": "eval.accuracy",
+                     "value": acc, "step": v, "exported": True})
+    return rows
+
+
+def exported_needed(rows: list[dict], start: float, marks: list[float], exported: list[int]) -> list[int]:
+    """The exported versions the comparisons read: per mark (seconds from ``start``), the newest
+    export at or below the version trained by then; and the newest export of all (for the best
+    evaluated)."""
+    steps = next(iter(trainer_steps(rows).values()), {})
+    need = set()
+    for seconds in marks:
+        reached = max((s for s, ts in steps.items() if ts - start <= seconds), default=0)
+        below = [v for v in exported if 0 < v <= reached]
+        if below:
+            need.add(max(below))
+    if exported:
+        need.add(max(exported))
+    return sorted(need)
 
 
 def one_repetition(args, base: dict, rep: int) -> dict:
@@ -696,6 +757,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads of (c)")
     ap.add_argument("--alone-eval-every", type=int, default=2, help="(d) evaluates every E versions")
+    ap.add_argument("--alone-eval", choices=("live", "exported"), default="live",
+                    help="(d)'s evaluation: live (its evaluator, every E versions, sharing the cores with its "
+                         "training) or exported (exports every E versions, evaluated after its run: for jobs "
+                         "whose evaluation is slower than their training, e.g. code in the sandbox)")
     ap.add_argument("--alone-run-factor", type=float, default=1.0,
                     help="(d) runs this many times (a)'s wall-clock (> 1: long enough to reach (a)'s generated "
                          "tokens; its accuracy at equal wall-clock is read at (a)'s time either way)")

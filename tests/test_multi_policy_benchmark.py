@@ -164,6 +164,50 @@ def test_solver_alone_accuracy_is_the_newest_evaluated_version_within_the_time()
     assert mp.accuracy_at(rows, 90.0, 5.0)["version_evaluated"] == 0
 
 
+def test_exported_evaluation_reads_the_newest_export_below_each_mark():
+    rows = [_metric(100 + 5 * k, "trainer.solver", "trainer.samples", 8, k) for k in range(1, 13)]
+    # launched at 90: by 40 s it trained v6, by 62 s v10; exports every 4 (v4, v8, v12)
+    assert mp.exported_needed(rows, 90.0, [40.0], [4, 8, 12]) == [4, 12]
+    assert mp.exported_needed(rows, 90.0, [40.0, 62.0], [4, 8, 12]) == [4, 8, 12]
+    assert mp.exported_needed(rows, 90.0, [50.0], [4, 8, 12]) == [8, 12]
+    assert mp.exported_needed(rows, 90.0, [12.0], [4, 8, 12]) == [12]  # v1 only: version 0 stays the live one
+    assert mp.exported_needed(rows, 90.0, [40.0], []) == []
+
+
+def test_exported_versions_are_evaluated_by_the_evaluators_own_function(tmp_path):
+    """Two exports of different weights: each row is that export's held-out accuracy, as the
+    evaluator itself measures it, under its version."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from astraflow.actors.common import make_rollout_engine, model_path
+    from astraflow.actors.evaluator import heldout_accuracy, heldout_problems
+
+    cfg = _tiny_config(tmp_path, eval={"problems": 8, "k": 2, "every": 0})
+    alone = mp.solver_alone_config(yaml.safe_load((tmp_path / "sv.yaml").read_text()), cfg, 4, 0, "j", str(tmp_path))
+    config = mp.write_config(alone, tmp_path)
+    run = tmp_path / "run"
+    good = run / "hf" / "solver" / "v4"
+    shutil.copytree(model_path(cfg), good)
+    broken = run / "hf" / "solver" / "v8"
+    model = AutoModelForCausalLM.from_pretrained(str(good))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    model.save_pretrained(str(broken))
+    AutoTokenizer.from_pretrained(str(good)).save_pretrained(str(broken))
+    assert mp.exported_versions(run, "solver") == [4, 8]
+    rows = mp.evaluate_exported(config, run, [4, 8])
+    assert [(r["name"], r["step"]) for r in rows] == [("eval.accuracy", 4), ("eval.accuracy", 8)]
+    direct = load_config(config)
+    want = heldout_accuracy(direct, make_rollout_engine(direct, good, kind="cpu"), AutoTokenizer.from_pretrained(str(good)),
+                            heldout_problems(direct))
+    assert rows[0]["value"] == pytest.approx(want) and want > 0
+    assert rows[1]["value"] == 0.0  # zeroed weights answer nothing right
+
+
 def test_arm_configs_are_the_team_job_and_the_solver_alone(tmp_path):
     base = yaml.safe_load(CONFIG.read_text())
     team = mp.team_config(base, "lockstep", 7, "j-team", str(tmp_path))
