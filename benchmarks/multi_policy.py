@@ -829,23 +829,32 @@ def main(argv: list[str] | None = None) -> int:
     out = {"benchmark": "multi_policy", "steps": args.steps, "repeats": args.repeats, "config": args.config,
            "overrides": overrides, "arms": sorted(args.arms),
            "quick": args.quick, "sequential_threads": args.threads, "alone_eval_every": args.alone_eval_every,
-           "alone_run_factor": args.alone_run_factor,
+           "alone_run_factor": args.alone_run_factor, "alone_eval": args.alone_eval,
+           "workflow": base.get("workflow", {}).get("name"),
            "method": __doc__, "definitions": DEFINITIONS,
            "notes": notes(agg, args.threads, args.steps, args.alone_eval_every), **agg, "repetitions": reps}
-    save(Path(args.out), args.arms, out, load_before)
+    save(Path(args.out), args.arms, out, load_before, base.get("workflow", {}).get("name", "solver_verifier"))
     return 0
 
 
-def save(path: Path, arms, out: dict, load_before: dict | None) -> Path:
+def team_vs_alone_section(workflow: str) -> str:
+    """The section of the default results file that holds ``workflow``'s team against its
+    solver alone: ``team_vs_alone`` for the solver-verifier (the default config), else
+    ``team_vs_alone_<workflow>``."""
+    return TEAM_VS_ALONE if workflow == "solver_verifier" else f"{TEAM_VS_ALONE}_{workflow}"
+
+
+def save(path: Path, arms, out: dict, load_before: dict | None, workflow: str = "solver_verifier") -> Path:
     """Write a run's result. Into the default file, the team against the solver alone
-    (``--arms async,alone``) is its own section, so the speed arms' run beside it is kept and
-    every accuracy number has one home; a run of other arms keeps that section."""
+    (``--arms async,alone``) is its own section, one per workflow, so the speed arms' run
+    beside it is kept and every accuracy number has one home; a run of other arms keeps those
+    sections."""
     if path == RESULTS and set(arms) == set(TEAM_VS_ALONE_ARMS):
-        return write_section(RESULTS, TEAM_VS_ALONE, out, load_before, "multi_policy")
+        return write_section(RESULTS, team_vs_alone_section(workflow), out, load_before, "multi_policy")
     if path == RESULTS and RESULTS.is_file():
-        kept = json.loads(RESULTS.read_text()).get(TEAM_VS_ALONE)
-        if kept is not None:
-            out[TEAM_VS_ALONE] = kept
+        for key, kept in json.loads(RESULTS.read_text()).items():
+            if key == TEAM_VS_ALONE or key.startswith(f"{TEAM_VS_ALONE}_"):
+                out[key] = kept
     return write_results(path, out, load_before)
 
 

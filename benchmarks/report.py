@@ -240,18 +240,22 @@ def multi_policy() -> list[str]:
                if "remote_wait_s_per_call" in arms.get("async", {}) and "G_verifier_s" in arms["sequential"]
                else "")
             + " ".join(d.get("notes", [])[:1]), ""]
-    return out + team_vs_alone(d.get("team_vs_alone"))
+    sections = sorted(k for k in d if k == "team_vs_alone" or k.startswith("team_vs_alone_"))
+    return out + [line for k in sections for line in team_vs_alone(d[k], k)]
 
 
-def team_vs_alone(t: dict | None) -> list[str]:
-    """The ``team_vs_alone`` section of multi_policy.json: the team against the solver alone."""
+def team_vs_alone(t: dict | None, section: str = "team_vs_alone") -> list[str]:
+    """A ``team_vs_alone[_<workflow>]`` section of multi_policy.json: a team against its solver alone."""
     if not t:
         return []
     sets = " ".join(f"--set {k}={v}" for k, v in t.get("overrides", {}).items())
-    out = [f"**The team against the solver alone** — `python -m astraflow.benchmarks.multi_policy --arms async,alone "
-           f"--steps {t['steps']} --alone-eval-every {t['alone_eval_every']} --alone-run-factor "
-           f"{t['alone_run_factor']:g} {sets}` (`multi_policy.json`, section `team_vs_alone`; held-out accuracy, "
-           f"median (min–max) of {t['repeats']} repetitions{_load_note(t)})", "",
+    config = "" if section == "team_vs_alone" else f"--config examples/{section.removeprefix('team_vs_alone_')}.yaml "
+    live = "" if t.get("alone_eval", "live") == "live" else f"--alone-eval {t['alone_eval']} "
+    who = "" if section == "team_vs_alone" else f" ({section.removeprefix('team_vs_alone_')})"
+    out = [f"**The team against the solver alone{who}** — `python -m astraflow.benchmarks.multi_policy {config}"
+           f"--arms async,alone --steps {t['steps']} --alone-eval-every {t['alone_eval_every']} {live}"
+           f"--alone-run-factor {t['alone_run_factor']:g} {sets}` (`multi_policy.json`, section `{section}`; "
+           f"held-out accuracy, median (min–max) of {t['repeats']} repetitions{_load_note(t)})", "",
            "| held-out accuracy | median (min–max) | team − alone | in SEs (binomial / problems only) | team ahead |",
            "|---|---:|---:|---:|---:|",
            f"| team, after {t['steps']} iterations | {_sp(t['team_accuracy'], '.3f')} | | | |"]

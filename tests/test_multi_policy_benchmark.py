@@ -420,6 +420,12 @@ def test_the_team_against_the_solver_alone_is_a_section_of_the_one_results_file(
     mp.save(results, ["async", "lockstep"], {"benchmark": "multi_policy", "s_per_iter": 2}, None)
     data = json.loads(results.read_text())
     assert data["s_per_iter"] == 2 and data["team_vs_alone"]["team_accuracy"] == {"median": 0.3}
+    # another workflow's team against its solver alone: a section of its own, kept by both writers
+    mp.save(results, ["async", "alone"], {"team_accuracy": {"median": 0.2}}, None, "code_solver_testgen")
+    mp.save(results, ["async", "lockstep"], {"benchmark": "multi_policy", "s_per_iter": 3}, None)
+    data = json.loads(results.read_text())
+    assert data["team_vs_alone_code_solver_testgen"]["team_accuracy"] == {"median": 0.2}
+    assert data["team_vs_alone"]["team_accuracy"] == {"median": 0.3} and data["s_per_iter"] == 3
     other = tmp_path / "elsewhere.json"  # --out elsewhere: the whole result, as before
     mp.save(other, ["async", "alone"], {"benchmark": "multi_policy", "team_accuracy": {"median": 0.4}}, None)
     assert json.loads(other.read_text())["team_accuracy"] == {"median": 0.4}
