@@ -300,8 +300,11 @@ TASKS: dict[str, WarmStartTask] = {t.name: t for t in (
     WarmStartTask("selector", "pick the passing one of two attempts after checking A (3,5,9A; code workflows)",
                   _code_role("selector"), 0.6, score=pick_score, max_new_tokens=None, revision=2,
                   spec=_ONE_THREAD, problem=code_problem),
-    WarmStartTask("test_generator", "write test cases for f (code workflows)",
-                  _code_role("test_generator"), 0.2, max_new_tokens=None, spec=_ONE_THREAD),
+    # Revision 2 writes the problem's own examples as its cases: revision 1 wrote the
+    # reference's values at unseen inputs (held-out greedy 0.223 at its 0.2 bar, 675 steps),
+    # which is solving the problem, and its cases were valid 0.15 of the time in the team.
+    WarmStartTask("test_generator", "write test cases for f: the problem's examples (code workflows)",
+                  _code_role("test_generator"), 0.95, max_new_tokens=None, revision=2, spec=_ONE_THREAD),
 )}
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from astraflow.workflows.api import ENV, Episode, EngineRole, Turn, get_workflow, run_episode
-from astraflow.workflows.code_tasks import code_prompts, format_cases, hidden_tests
+from astraflow.workflows.code_tasks import (code_prompts, format_cases, generate_code_problems, hidden_tests,
+                                           parse_cases, run_cases)
 from astraflow.workflows.code_workflows import (ROLES, feedback_of, pick_of, retry_prompt, selector_prompt,
                                                 generator_prompt, warm_start_examples)
 
@@ -212,6 +213,12 @@ def test_warm_start_examples_use_the_workflow_formats(role):
             assert (check == shown) == (target[-1] == "A"), (prompt, target, a)
     elif role == "test_generator":
         assert all(p.endswith(";tests=") and t.startswith("f(") for p, t in ex)
+        for prompt, target in ex:  # revision 2: the problem's first two examples, valid by construction
+            assert prompt.startswith(f"{target};") and len(parse_cases(target, target.count(",") // 2 + 1)) == 2
+        problems = {q.prompt: q for q in generate_code_problems(200, seed=0)}
+        for prompt, target in ex[:50]:
+            q = problems[prompt[:prompt.index(";tests=")].rsplit(";f=", 1)[0] + ";f="]
+            assert run_cases(q.reference, parse_cases(target, q.arity))[0] == [True, True]
     else:
         assert any("FAIL" in p for p, _ in ex) and all(p.endswith("f=") for p, _ in ex)
     with pytest.raises(ValueError, match="unknown role"):
