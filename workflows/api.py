@@ -31,7 +31,7 @@ from astraflow.engines.base import Generation, RolloutEngine, SamplingParams
 __all__ = ["Turn", "Trajectory", "EpisodeResult", "Episode", "Role", "EngineRole", "WorkflowSpec", "WorkflowParamError",
            "workflow", "get_workflow", "WORKFLOWS", "reward", "get_reward", "get_scorer", "takes_metadata",
            "REWARDS", "REWARD_RANGES", "reward_range", "UNBOUNDED", "run_episode",
-           "ENV", "role_seed", "ConcurrentGenerateError", "SamplingOverrideError", "call_sampling"]
+           "ENV", "role_seed", "ConcurrentGenerateError", "SamplingOverrideError", "call_sampling", "RuleChoices"]
 
 ENV = "env"  #: the writer of tokens that no role generated (feedback, tool output)
 
@@ -407,6 +407,23 @@ class WorkflowParamError(ValueError):
     def __init__(self, key: str, message: str) -> None:
         super().__init__(f"{key}: {message}")
         self.key, self.message = key, message
+
+
+class RuleChoices:
+    """A workflow's rule params: each key names one of its values, the first the default (the
+    reference system's rule). An instance is the ``check`` of :func:`workflow`; ``rule(params,
+    key)`` reads one."""
+
+    def __init__(self, choices: Mapping[str, Sequence[str]]) -> None:
+        self.choices = {k: tuple(v) for k, v in choices.items()}
+
+    def __call__(self, params: Mapping[str, Any]) -> None:
+        for key, allowed in self.choices.items():
+            if key in params and params[key] not in allowed:
+                raise WorkflowParamError(key, f"is {params[key]!r}; it is one of {', '.join(allowed)}")
+
+    def rule(self, params: Mapping[str, Any], key: str) -> str:
+        return str(params.get(key, self.choices[key][0]))
 
 
 WORKFLOWS: dict[str, WorkflowSpec] = {}

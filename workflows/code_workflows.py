@@ -54,16 +54,15 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from .api import ENV, Episode, EpisodeResult, Trajectory, Turn, WorkflowParamError, workflow
+from .api import ENV, Episode, EpisodeResult, RuleChoices, Trajectory, Turn, workflow
 from .code_tasks import (ENTRY, Case, CodeProblem, evaluate_expr, expression_of, family, format_cases,
                          generate_code_problems, hidden_tests, parse_cases, probe_inputs, reference_of, run_cases)
 
 __all__ = ["code_solver_selector", "code_solver_testgen", "warm_start_examples", "pick_of", "feedback_of",
            "problem_of", "selector_check", "selector_prompt", "generator_prompt", "retry_prompt", "ROLES",
-           "TESTGEN_CHOICES", "check_testgen_params", "generator_reward"]
+           "TESTGEN_RULES", "generator_reward"]
 
 PICK, TESTS = ";pick=", ";tests="
 PASS, FAIL = "PASS", "FAIL"
@@ -72,18 +71,7 @@ MAX_GENERATED = 2  #: generated cases beyond this are ignored (keeps the retry p
 DEFAULT_TOKENS = {"code_tokens": 12, "pick_tokens": 16, "test_tokens": 24}  # a pick: up to 4 values, the tag, eos
 ROLES = ("code_solver", "selector", "test_generator")  #: warm-start roles of :func:`warm_start_examples`
 #: ``code_solver_testgen``'s rule params -> their values; the first is the default (the reference's)
-TESTGEN_CHOICES = {"generator_reward": ("reference", "verdict"), "retry": ("feedback", "fresh")}
-
-
-def check_testgen_params(params: Mapping[str, Any]) -> None:
-    """``generator_reward`` and ``retry`` name one of their rules."""
-    for key, allowed in TESTGEN_CHOICES.items():
-        if key in params and params[key] not in allowed:
-            raise WorkflowParamError(key, f"is {params[key]!r}; it is one of {', '.join(allowed)}")
-
-
-def _rule(params: Mapping[str, Any], key: str) -> str:
-    return str(params.get(key, TESTGEN_CHOICES[key][0]))
+TESTGEN_RULES = RuleChoices({"generator_reward": ("reference", "verdict"), "retry": ("feedback", "fresh")})
 
 
 def generator_reward(rule: str, *, valid: bool, verdict: bool, first_passed: bool, final_passed: bool) -> float:
@@ -216,7 +204,7 @@ def code_solver_selector(ep: Episode) -> EpisodeResult:
 
 
 @workflow("code_solver_testgen", roles=("solver", "test_generator"), reward="code_hidden_tests",
-          check=check_testgen_params, reward_ranges={"solver": (0.0, 1.0), "test_generator": (0.0, 2.0)}, group_sizes={"solver": (1, 2)},
+          check=TESTGEN_RULES, reward_ranges={"solver": (0.0, 1.0), "test_generator": (0.0, 2.0)}, group_sizes={"solver": (1, 2)},
           turn_tokens=_turn_tokens)
 def code_solver_testgen(ep: Episode) -> EpisodeResult:
     """Attempt 1; generated tests; on a failed generated test, a retry with the verdicts."""
@@ -235,7 +223,7 @@ def code_solver_testgen(ep: Episode) -> EpisodeResult:
         pass1.append(all(ok[:len(tests)]))
         verdicts.append(ok[len(tests):])
     retry = [i for i in range(n) if cases[i] and not all(verdicts[i])]
-    fresh = _rule(ep.params, "retry") == "fresh"
+    fresh = TESTGEN_RULES.rule(ep.params, "retry") == "fresh"
     feedback = {i: ep.encode(f";{feedback_of(cases[i], verdicts[i])};{ENTRY}=") for i in retry}
     contexts = {i: problem if fresh else problem + _ids(ep, first[i]) + feedback[i] for i in retry}
     second = dict(zip(retry, ep.roles["solver"].generate([contexts[i] for i in retry],
@@ -254,7 +242,7 @@ def code_solver_testgen(ep: Episode) -> EpisodeResult:
                                                          second[i]], "solver", float(done), sample=i, attempt=2,
                                                passed=done))
         ref_ok = bool(cases[i]) and runs.passes(reference, cases[i])
-        r = generator_reward(_rule(ep.params, "generator_reward"), valid=ref_ok, verdict=all(verdicts[i]),
+        r = generator_reward(TESTGEN_RULES.rule(ep.params, "generator_reward"), valid=ref_ok, verdict=all(verdicts[i]),
                              first_passed=pass1[i], final_passed=done)
         generator.append(Trajectory.of(gens[i], r, sample=i, cases=len(cases[i]),
                                        reference_passes=ref_ok, retried=i in second, final_passed=done))

@@ -34,25 +34,11 @@ answer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from .api import ENV, Episode, EpisodeResult, Trajectory, WorkflowParamError, get_scorer, workflow
+from .api import ENV, Episode, EpisodeResult, RuleChoices, Trajectory, get_scorer, workflow
 
 APPROVE, REJECT = "<A>", "<R>"
 #: param -> its values; the first is the default (the reference system's rule)
-CHOICES = {"verifier_reward": ("reference", "balanced"), "retry": ("verdict", "fresh")}
-
-
-def check_params(params: Mapping[str, Any]) -> None:
-    """``verifier_reward`` and ``retry`` name one of their rules."""
-    for key, allowed in CHOICES.items():
-        if key in params and params[key] not in allowed:
-            raise WorkflowParamError(key, f"is {params[key]!r}; it is one of {', '.join(allowed)}")
-
-
-def _param(params: Mapping[str, Any], key: str) -> str:
-    return str(params.get(key, CHOICES[key][0]))
+RULES = RuleChoices({"verifier_reward": ("reference", "balanced"), "retry": ("verdict", "fresh")})
 
 
 def verifier_rewards(verdicts: list[bool | None], first_correct: list[bool], rule: str = "reference") -> list[float]:
@@ -78,7 +64,7 @@ def verdict_of(text: str) -> bool | None:
 
 # The solver retries once per rejected sample (up to 2n trajectories); the verifier's rewards lie
 # in [0, 1] whatever the reward and rule.
-@workflow("solver_verifier", roles=("solver", "verifier"), check=check_params,
+@workflow("solver_verifier", roles=("solver", "verifier"), check=RULES,
           reward_ranges={"verifier": (0.0, 1.0)}, group_sizes={"solver": (1, 2)})
 def solver_verifier(ep: Episode) -> EpisodeResult:
     """Solver answers, verifier approves or rejects, the solver retries once on reject."""
@@ -91,12 +77,12 @@ def solver_verifier(ep: Episode) -> EpisodeResult:
     correct1 = [score(t.text, ep.answer, ep.metadata) for t in first]
     verdicts = [verdict_of(v.text) for v in checks]
     retry_rows = [i for i, v in enumerate(verdicts) if v is False]
-    fresh = _param(ep.params, "retry") == "fresh"
+    fresh = RULES.rule(ep.params, "retry") == "fresh"
     retry_ctx = {i: problem if fresh else problem + _ids(ep, first[i]) + sep + _ids(ep, checks[i]) + ep.encode(";")
                  + problem for i in retry_rows}
     second = dict(zip(retry_rows, ep.roles["solver"].generate([retry_ctx[i] for i in retry_rows])
                       if retry_rows else []))
-    v_rewards = verifier_rewards(verdicts, [c > 0 for c in correct1], _param(ep.params, "verifier_reward"))
+    v_rewards = verifier_rewards(verdicts, [c > 0 for c in correct1], RULES.rule(ep.params, "verifier_reward"))
     solver, verifier = [], []
     final = []
     for i in range(n):

@@ -36,3 +36,27 @@ def no_sandbox_leftovers():
     assert after <= before, f"sandbox processes left behind: {after - before}"
     check = run_python("print(sum(range(10)))", limits=Limits(cpu_s=1, wall_s=20, memory_mb=128, processes=16))
     assert (check.reason, check.stdout) == ("ok", "45\n")
+
+
+@pytest.fixture
+def bad_param_is_a_config_error(tmp_path):
+    """``check(example, key, value, good)``: ``value`` for ``workflow.params.<key>`` in the example
+    config ``example`` is a ConfigError naming the key, the file and the value; with the params
+    ``good`` instead it loads. Returns the loaded config."""
+    import yaml
+
+    from astraflow.config import load_config
+    from astraflow.typed_config import ConfigError
+
+    def check(example, key: str, value, good: dict):
+        data = yaml.safe_load(example.read_text())
+        data["workflow"]["params"][key] = value
+        path = tmp_path / "job.yaml"
+        path.write_text(yaml.safe_dump(data))
+        with pytest.raises(ConfigError) as e:
+            load_config(path)
+        assert str(path) in str(e.value) and f"workflow.params.{key}" in str(e.value) and repr(value) in str(e.value)
+        data["workflow"]["params"].update(good)
+        path.write_text(yaml.safe_dump(data))
+        return load_config(path)
+    return check

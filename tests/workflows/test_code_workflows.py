@@ -166,23 +166,10 @@ def test_testgen_fresh_retry_is_asked_the_plain_problem(tiny):
 
 
 @pytest.mark.parametrize("key,value", [("generator_reward", "balanced"), ("retry", "verdict")])
-def test_testgen_bad_params_are_config_errors(tmp_path, key, value):
-    import yaml
-
-    from astraflow.config import load_config
-    from astraflow.typed_config import ConfigError
-
+def test_testgen_bad_params_are_config_errors(bad_param_is_a_config_error, key, value):
     example = Path(__file__).resolve().parents[2] / "examples" / "code_solver_testgen.yaml"
-    data = yaml.safe_load(example.read_text())
-    data["workflow"]["params"][key] = value
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(data))
-    with pytest.raises(ConfigError) as e:
-        load_config(path)
-    assert str(path) in str(e.value) and f"workflow.params.{key}" in str(e.value) and repr(value) in str(e.value)
-    data["workflow"]["params"].update(generator_reward="verdict", retry="fresh")
-    path.write_text(yaml.safe_dump(data))
-    assert load_config(path).workflow.params["generator_reward"] == "verdict"
+    cfg = bad_param_is_a_config_error(example, key, value, {"generator_reward": "verdict", "retry": "feedback"})
+    assert cfg.workflow.params["retry"] == "feedback"
 
 
 def test_prompt_formats_and_pick_parsing():

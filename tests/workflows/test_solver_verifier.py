@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from astraflow.workflows.api import EngineRole, Episode, get_workflow, run_episode
 from astraflow.workflows.solver_verifier import verifier_rewards
@@ -136,17 +135,6 @@ def test_a_fresh_retry_is_asked_the_plain_problem(team):
 
 
 @pytest.mark.parametrize("key,value", [("verifier_reward", "balance"), ("retry", "again"), ("retry", 1)])
-def test_bad_params_are_config_errors_naming_the_key_and_file(tmp_path, key, value):
-    from astraflow.config import load_config
-    from astraflow.typed_config import ConfigError
-
-    data = yaml.safe_load(EXAMPLE.read_text())
-    data["workflow"]["params"][key] = value
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(data))
-    with pytest.raises(ConfigError) as e:
-        load_config(path)
-    assert str(path) in str(e.value) and f"workflow.params.{key}" in str(e.value) and repr(value) in str(e.value)
-    data["workflow"]["params"].update(verifier_reward="balanced", retry="fresh")
-    path.write_text(yaml.safe_dump(data))
-    assert load_config(path).workflow.params["retry"] == "fresh"
+def test_bad_params_are_config_errors_naming_the_key_and_file(bad_param_is_a_config_error, key, value):
+    cfg = bad_param_is_a_config_error(EXAMPLE, key, value, {"verifier_reward": "balanced", "retry": "fresh"})
+    assert cfg.workflow.params["retry"] == "fresh"
