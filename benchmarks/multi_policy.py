@@ -352,28 +352,47 @@ def run_solver_alone(base: dict, args, rep: int, seconds: float, tokens: float |
             if "timeout" not in str(e):
                 raise
             stopped = True
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        if not trainer_steps(rows):
+        if not trainer_steps(_rows(run_dir)):
             raise NoSteps(f"{run_dir}: no step trained in {limit_s:.0f} s")
-        summary = json.loads((run_dir / "summary.json").read_text())
-        start = launch_ts(rows, summary)
-        if exported:
-            marks = [seconds] + ([when - start] if tokens and (when := time_of_tokens(rows, tokens)) else [])
-            versions = exported_needed(rows, start, marks, exported_versions(run_dir, data["policy"]))
-            rows = [r for r in rows if r["name"] != "eval.accuracy" or int(r["step"]) == 0]
-            rows += evaluate_exported(path, run_dir, versions)
-        at = accuracy_at(rows, start, seconds)
-        out = {**at, "seconds": seconds, "stopped_at_timeout": stopped, **best_evaluated(rows),
-               "accuracy_initial": summary["accuracy_initial"], "load_before": load["loadavg"],
-               "generated_tokens": generated_tokens(rows),
-               "eval_k": _eval_k(rows), "run_dir": str(run_dir), "eval_mode": args.alone_eval}
-        if tokens:
-            when = time_of_tokens(rows, tokens)
-            out["equal_tokens"] = ({"tokens": tokens, "reached": False} if when is None else
-                                   {"tokens": tokens, "reached": True, "seconds": when - start,
-                                    **accuracy_at(rows, start, when - start)})
-        return out
+        return {**analyse_alone(run_dir, path, args.alone_eval, seconds, tokens), "stopped_at_timeout": stopped,
+                "load_before": load["loadavg"]}
     return run_attempts("alone", rep, once)
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def analyse_alone(run_dir: Path, config: Path, eval_mode: str, seconds: float, tokens: float | None = None) -> dict:
+    """(d)'s accuracies from its finished run ``run_dir`` (job config ``config``): at ``seconds``
+    from its launch and, with ``tokens``, when it had generated as many. ``eval_mode``
+    ``exported``: the versions read are evaluated here first (:func:`evaluate_exported`), and
+    version 0 too where its evaluator had not finished it when the run was stopped."""
+    rows = _rows(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    start = launch_ts(rows, summary)
+    initial = summary["accuracy_initial"]
+    if eval_mode == "exported":
+        from astraflow.config import load_config
+        policy = load_config(config).policy
+        marks = [seconds] + ([when - start] if tokens and (when := time_of_tokens(rows, tokens)) else [])
+        versions = exported_needed(rows, start, marks, exported_versions(run_dir, policy))
+        rows = [r for r in rows if r["name"] != "eval.accuracy" or int(r["step"]) == 0]
+        if initial is None:  # its evaluator was stopped with the run before version 0 was done
+            versions = [0, *versions]
+        rows += evaluate_exported(config, run_dir, versions)
+        if initial is None:
+            initial = next(r["value"] for r in rows if r.get("exported") and r["step"] == 0)
+    at = accuracy_at(rows, start, seconds)
+    out = {**at, "seconds": seconds, **best_evaluated(rows), "accuracy_initial": initial,
+           "generated_tokens": generated_tokens(rows), "eval_k": _eval_k(rows), "run_dir": str(run_dir),
+           "eval_mode": eval_mode}
+    if tokens:
+        when = time_of_tokens(rows, tokens)
+        out["equal_tokens"] = ({"tokens": tokens, "reached": False} if when is None else
+                               {"tokens": tokens, "reached": True, "seconds": when - start,
+                                **accuracy_at(rows, start, when - start)})
+    return out
 
 
 def run_sequential(config: Path, steps: int, threads: int) -> dict:
@@ -406,7 +425,7 @@ def evaluate_exported(config: Path, run_dir: Path, versions: list[int]) -> list[
     the evaluator's ``eval.accuracy`` metrics (``step``: the version)."""
     from transformers import AutoTokenizer
 
-    from astraflow.actors.common import configure_sandbox, make_rollout_engine, set_threads
+    from astraflow.actors.common import configure_sandbox, make_rollout_engine, model_path, set_threads
     from astraflow.actors.evaluator import heldout_accuracy, heldout_problems
     from astraflow.config import load_config
     cfg = load_config(config)
@@ -415,14 +434,15 @@ def evaluate_exported(config: Path, run_dir: Path, versions: list[int]) -> list[
     problems = heldout_problems(cfg)
     rows = []
     for v in versions:
-        path = run_dir / "hf" / cfg.policy / f"v{v}"
+        # version 0: the job's own model (what the trainer started from)
+        path = model_path(cfg) if v == 0 else run_dir / "hf" / cfg.policy / f"v{v}"
         t0 = time.perf_counter()
         engine = make_rollout_engine(cfg, path, kind="cpu", name=f"bench-eval-v{v}")
         acc = heldout_accuracy(cfg, engine, AutoTokenizer.from_pretrained(str(path)), problems)
         print(f"    (d) v{v}: held-out accuracy {acc:.3f} ({len(problems)} problems x {cfg.eval.k}, "
               f"{time.perf_counter() - t0:.0f} s after the run)", flush=True)
         rows.append({"ts": time.time(), "component": f"bench.eval.{cfg.policy}", "name": "eval.accuracy",
-                     "value": acc, "step": v, "exported": True})
+                     "value": acc, "step": v, "exported": True, "label.k": cfg.eval.k})
     return rows
 
 
@@ -824,6 +844,11 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.config).write_text(yaml.safe_dump(base, sort_keys=False))
     load_before = load_now()
     reps = [one_repetition(args, base, rep) for rep in range(args.repeats)]
+    return finish(args, base, overrides, reps, load_before)
+
+
+def finish(args, base: dict, overrides: dict, reps: list[dict], load_before: dict | None) -> int:
+    """Aggregate the repetitions, print the table and write the result."""
     agg = aggregate(reps, problems=base.get("eval", {}).get("problems"))
     print_table(agg)
     out = {"benchmark": "multi_policy", "steps": args.steps, "repeats": args.repeats, "config": args.config,

@@ -199,8 +199,10 @@ def test_exported_versions_are_evaluated_by_the_evaluators_own_function(tmp_path
     model.save_pretrained(str(broken))
     AutoTokenizer.from_pretrained(str(good)).save_pretrained(str(broken))
     assert mp.exported_versions(run, "solver") == [4, 8]
-    rows = mp.evaluate_exported(config, run, [4, 8])
-    assert [(r["name"], r["step"]) for r in rows] == [("eval.accuracy", 4), ("eval.accuracy", 8)]
+    rows = mp.evaluate_exported(config, run, [0, 4, 8])  # version 0: the job's own model
+    assert [(r["name"], r["step"]) for r in rows] == [("eval.accuracy", 0), ("eval.accuracy", 4), ("eval.accuracy", 8)]
+    assert rows[0]["value"] == rows[1]["value"] and rows[0]["label.k"] == 2
+    rows = rows[1:]
     direct = load_config(config)
     want = heldout_accuracy(direct, make_rollout_engine(direct, good, kind="cpu"), AutoTokenizer.from_pretrained(str(good)),
                             heldout_problems(direct))
