@@ -536,7 +536,9 @@ def aggregate(reps: list[dict], problems: int | None = None) -> dict:
         "failed_runs": [{"repetition": i + 1, "arm": arm, **f} for i, r in enumerate(reps)
                         for arm in (*KAFKA_ARMS, "solver_alone") if arm in r
                         for f in r[arm].get("failed_attempts", [])],
-        "load_1m_at_arm_start": spread([r[arm]["load_before"][0] for r in reps for arm in ran]),
+        # (unknown, None, for arms re-read from their run dirs after the fact)
+        "load_1m_at_arm_start": spread(loads) if (loads := [r[arm]["load_before"][0] for r in reps for arm in ran
+                                                            if r[arm].get("load_before")]) else None,
         "arms": arms,
     })
     return out
