@@ -633,7 +633,9 @@ DEFINITIONS = {
     "mean, se, se_upper": "on each headline accuracy: the mean over repetitions and its SE (sqrt(sum se_i^2) / "
                           "repetitions, from standard_errors.by_repetition)",
     "solver_alone_accuracy_best_evaluated": "(d)'s best held-out accuracy at any version it evaluated in its whole "
-                                            "run (--alone-run-factor x (a)'s wall-clock): a bound in its favour",
+                                            "run (--alone-run-factor x (a)'s wall-clock): a bound in its favour "
+                                            "(--alone-eval exported: of version 0, the versions read and its newest "
+                                            "export)",
     "team_minus_alone": "per comparison (equal_wall_clock, equal_tokens, best_evaluated): the mean of team - alone over "
                         "repetitions, its SE, and the difference in SEs (in_se: binomial over problems x k; "
                         "in_se_upper: problems only, the bound when a problem's k samples are all alike)",

@@ -204,8 +204,8 @@ def test_exported_versions_are_evaluated_by_the_evaluators_own_function(tmp_path
     assert rows[0]["value"] == rows[1]["value"] and rows[0]["label.k"] == 2
     rows = rows[1:]
     direct = load_config(config)
-    want = heldout_accuracy(direct, make_rollout_engine(direct, good, kind="cpu"), AutoTokenizer.from_pretrained(str(good)),
-                            heldout_problems(direct))
+    want = heldout_accuracy(direct, make_rollout_engine(direct, good, kind="cpu"),
+                            AutoTokenizer.from_pretrained(str(good)), heldout_problems(direct))
     assert rows[0]["value"] == pytest.approx(want) and want > 0
     assert rows[1]["value"] == 0.0  # zeroed weights answer nothing right
 

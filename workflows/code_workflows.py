@@ -204,8 +204,8 @@ def code_solver_selector(ep: Episode) -> EpisodeResult:
 
 
 @workflow("code_solver_testgen", roles=("solver", "test_generator"), reward="code_hidden_tests",
-          check=TESTGEN_RULES, reward_ranges={"solver": (0.0, 1.0), "test_generator": (0.0, 2.0)}, group_sizes={"solver": (1, 2)},
-          turn_tokens=_turn_tokens)
+          check=TESTGEN_RULES, reward_ranges={"solver": (0.0, 1.0), "test_generator": (0.0, 2.0)},
+          group_sizes={"solver": (1, 2)}, turn_tokens=_turn_tokens)
 def code_solver_testgen(ep: Episode) -> EpisodeResult:
     """Attempt 1; generated tests; on a failed generated test, a retry with the verdicts."""
     n, runs = ep.n_samples, _Runs()
