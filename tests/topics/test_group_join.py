@@ -49,6 +49,12 @@ def _short_polls(members, seconds: float, until_generation: int | None = None) -
             return
 
 
+def _short_polls_until_one_generation(members, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and len({c._coordinator._generation.generation_id for c in members}) > 1:
+        _short_polls(members, 0.5)
+
+
 def _storm(bootstrap: str, make, n: int = 2, seconds: float = 12,
            until_generation: int | None = None) -> tuple[list[int], list[set], list]:
     """``n`` members polling every ~20 ms with a 5 ms timeout for ``seconds`` (or until one
@@ -64,8 +70,11 @@ def _storm(bootstrap: str, make, n: int = 2, seconds: float = 12,
         _short_polls(members, seconds, until_generation)
         if until_generation is not None:
             return [c._coordinator._generation.generation_id for c in members], [], []
-        # once settled, a member that polls on holds what the group gave it: poll a little
-        # longer with the same short polls, then read the end state
+        # a late join (allowed: "at most one more") leaves the other member a generation behind
+        # until its own rejoin completes: poll until both are in one generation (bounded), then,
+        # settled, a member that polls on holds what the group gave it: poll a little longer
+        # with the same short polls, then read the end state
+        _short_polls_until_one_generation(members, 30)
         _short_polls(members, 3)
         return ([c._coordinator._generation.generation_id for c in members],
                 [{tp.partition for tp in c.assignment()} for c in members],
