@@ -274,10 +274,20 @@ def best_evaluated(rows: list[dict]) -> dict:
     return {"accuracy_best_evaluated": evals[v], "version_best_evaluated": v}
 
 
+def lead_steps(rows: list[dict]) -> dict[int, float]:
+    """The (first) trainer's version -> the time it was trained."""
+    return next(iter(trainer_steps(rows).values()), {})
+
+
+def version_reached(steps: dict[int, float], start: float, seconds: float) -> int:
+    """The newest of ``steps`` (:func:`lead_steps`) trained within ``seconds`` of ``start`` (0: none)."""
+    return max((s for s, ts in steps.items() if ts - start <= seconds), default=0)
+
+
 def accuracy_at(rows: list[dict], start: float, seconds: float) -> dict:
     """The held-out accuracy of the newest evaluated version trained within ``seconds`` of ``start``."""
-    steps = next(iter(trainer_steps(rows).values()), {})
-    reached = max((s for s, ts in steps.items() if ts - start <= seconds), default=0)
+    steps = lead_steps(rows)
+    reached = version_reached(steps, start, seconds)
     evals = {int(r["step"]): float(r["value"]) for r in rows if r["name"] == "eval.accuracy"}
     measured = [v for v in evals if v <= reached]
     if not measured:
@@ -372,10 +382,11 @@ def analyse_alone(run_dir: Path, config: Path, eval_mode: str, seconds: float, t
     summary = json.loads((run_dir / "summary.json").read_text())
     start = launch_ts(rows, summary)
     initial = summary["accuracy_initial"]
+    when = time_of_tokens(rows, tokens) if tokens else None  # (d) had generated (a)'s tokens
     if eval_mode == "exported":
         from astraflow.config import load_config
         policy = load_config(config).policy
-        marks = [seconds] + ([when - start] if tokens and (when := time_of_tokens(rows, tokens)) else [])
+        marks = [seconds] + ([when - start] if when is not None else [])
         versions = exported_needed(rows, start, marks, exported_versions(run_dir, policy))
         rows = [r for r in rows if r["name"] != "eval.accuracy" or int(r["step"]) == 0]
         if initial is None:  # its evaluator was stopped with the run before version 0 was done
@@ -388,7 +399,6 @@ def analyse_alone(run_dir: Path, config: Path, eval_mode: str, seconds: float, t
            "generated_tokens": generated_tokens(rows), "eval_k": _eval_k(rows), "run_dir": str(run_dir),
            "eval_mode": eval_mode}
     if tokens:
-        when = time_of_tokens(rows, tokens)
         out["equal_tokens"] = ({"tokens": tokens, "reached": False} if when is None else
                                {"tokens": tokens, "reached": True, "seconds": when - start,
                                 **accuracy_at(rows, start, when - start)})
@@ -450,10 +460,9 @@ def exported_needed(rows: list[dict], start: float, marks: list[float], exported
     """The exported versions the comparisons read: per mark (seconds from ``start``), the newest
     export at or below the version trained by then; and the newest export of all (for the best
     evaluated)."""
-    steps = next(iter(trainer_steps(rows).values()), {})
-    need = set()
+    steps, need = lead_steps(rows), set()
     for seconds in marks:
-        reached = max((s for s, ts in steps.items() if ts - start <= seconds), default=0)
+        reached = version_reached(steps, start, seconds)
         below = [v for v in exported if 0 < v <= reached]
         if below:
             need.add(max(below))
@@ -854,15 +863,16 @@ def main(argv: list[str] | None = None) -> int:
 def finish(args, base: dict, overrides: dict, reps: list[dict], load_before: dict | None) -> int:
     """Aggregate the repetitions, print the table and write the result."""
     agg = aggregate(reps, problems=base.get("eval", {}).get("problems"))
+    workflow = base.get("workflow", {}).get("name", "solver_verifier")
     print_table(agg)
     out = {"benchmark": "multi_policy", "steps": args.steps, "repeats": args.repeats, "config": args.config,
            "overrides": overrides, "arms": sorted(args.arms),
            "quick": args.quick, "sequential_threads": args.threads, "alone_eval_every": args.alone_eval_every,
            "alone_run_factor": args.alone_run_factor, "alone_eval": args.alone_eval,
-           "workflow": base.get("workflow", {}).get("name"),
+           "workflow": workflow,
            "method": __doc__, "definitions": DEFINITIONS,
            "notes": notes(agg, args.threads, args.steps, args.alone_eval_every), **agg, "repetitions": reps}
-    save(Path(args.out), args.arms, out, load_before, base.get("workflow", {}).get("name", "solver_verifier"))
+    save(Path(args.out), args.arms, out, load_before, workflow)
     return 0
 
 
