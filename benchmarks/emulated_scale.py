@@ -285,35 +285,22 @@ def sv_one(args, lay: dict, rep: int, table2: dict) -> dict:
 
 
 def sv_analyse(run_dir: Path, lay: dict, steps: int, dilation: float, max_staleness: int) -> dict:
-    """One team run at scale. Its s/iter is the steady window's: the last policy's steps from
-    the end of step ``max_staleness + 2`` (see below) to the last; its bound
-    is the busiest resource's modelled work per iteration **in that window**
-    (:func:`~astraflow.benchmarks.multi_policy_emulated.window_work`), so the scheduling
-    efficiency is that resource's utilisation there. A short run's pools roll out up to
-    ``max_staleness`` batches ahead before the window (4 polls in flight at once), so their
-    whole-run work per batch (``work_by_resource``, :func:`resource_work`) says what a long run
-    would need of them, not what limited this window."""
-    from astraflow.benchmarks.multi_policy import analyse_team, trainer_steps
-    from astraflow.benchmarks.multi_policy_emulated import cpu_fractions, overruns, resource_work, window_work
+    """One team run at scale: s/iter, bound and scheduling efficiency of its steady window
+    (:func:`~astraflow.benchmarks.multi_policy_emulated.steady_window`: from the end of step
+    ``max_staleness + 2`` to the last, the bound the busiest resource's work inside it). A short
+    run's pools roll out up to ``max_staleness`` batches ahead before the window (4 polls in
+    flight at once), so their whole-run work per batch (``work_by_resource``,
+    :func:`resource_work`) says what a long run would need of them, not what limited this window."""
+    from astraflow.benchmarks.multi_policy import analyse_team
+    from astraflow.benchmarks.multi_policy_emulated import cpu_fractions, overruns, resource_work, steady_window
     r = analyse_team(run_dir)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((run_dir / "summary.json").read_text())
-    ts = trainer_steps(rows)[r["last_policy"]]
-    last = max(ts)
-    # The pools roll out up to max_staleness batches ahead of the trainers before the first step
-    # (several polls in flight at once): the window starts once those are trained, when the
-    # schedule runs on what the pools produce as they go (with too few steps: the last two).
-    first = min(max(2, max_staleness + 2), last - 1)
-    iters = last - first
-    in_window = window_work(rows, ts[first], ts[last], iters)
+    window = steady_window(rows, r["last_policy"], max_staleness, dilation)
     whole = resource_work(summary, episodes_worked(rows), lay["groups_per_batch"], steps)
-    per_iter = (ts[last] - ts[first]) / iters / dilation
-    bound = max(in_window.values())
     em = summary.get("emulated", {})
-    return {"s_per_iter": per_iter, "samples_per_s": len(lay["split"]) * lay["groups_per_batch"] * lay["n_samples"]
-            / per_iter, "lower_bound_s_per_iter": bound, "scheduling_efficiency": bound / per_iter,
-            "busiest": max(in_window, key=in_window.get), "work_in_window_by_resource": in_window,
-            "window_steps": [first, last],
+    return {**window, "samples_per_s": len(lay["split"]) * lay["groups_per_batch"] * lay["n_samples"]
+            / window["s_per_iter"],
             "work_by_resource": whole, "busiest_whole_run": max(whole, key=whole.get),
             "fenced_episodes": episodes_fenced(rows), "task_group_rebalances": rebalances(rows),
             "episodes_per_trained_group": r["episodes"] / (steps * lay["groups_per_batch"]),

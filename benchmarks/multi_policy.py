@@ -840,7 +840,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out == str(RESULTS):
             args.out = str(multi_policy_emulated.RESULTS)
         if args.steps == ap.get_default("steps"):
-            args.steps = 5
+            args.steps = 12  # steady state: the window starts after step max_staleness + 2
         check_repetitions(ap, args, quick_steps=4)
         return multi_policy_emulated.main(args)
     check_repetitions(ap, args, quick_steps=5)

@@ -37,13 +37,19 @@ pool), and its engine batches every call in flight over its devices, as (c) deal
 batch's rows over all of them: fewer devices decode more rows each, at the
 batch size a memory-bound decode step prices (``emulation/cost.py``).
 
+**Steady state** (12 iterations per arm by default). (a), (b): s per iteration over the
+last policy's trainer steps from the end of step ``max_staleness + 2`` to the last
+(:func:`steady_window`): before it the pools roll out up to ``max_staleness`` batches ahead
+and the first steps train those, so a window that took them in would credit the schedule
+with work done before it (the 5-iteration runs of stops 40-41 did). (c): the mean of
+iterations 3.. (every iteration of it alike). All / dilation.
 **Lower bound** per arm: the busiest resource's modelled work per iteration. (c): all its
 devices are one resource, so the sum of every call's modelled seconds per iteration. (a),
-(b): per pool and trainer, its modelled seconds over the run scaled to one batch of
-episodes (pools: x batch / episodes rolled out; trainers: / steps); the largest.
+(b): per pool and trainer, its modelled seconds inside the steady window per iteration
+(:func:`window_work`); the largest. Each resource's whole-run work per batch is kept beside
+it (``work_by_resource``: pools over the episodes they rolled out, trainers per step).
 **Scheduling efficiency** = bound / measured s per iteration (1.0: the busiest resource
-never waits). s per iteration as ``multi_policy.py`` measures it (Kafka arms: from the
-trainers' step times, steady state; (c): mean of iterations 3..), / dilation.
+never waits).
 
 Prints one table; writes ``benchmarks/results/multi_policy_emulated.json``.
 """
@@ -302,6 +308,30 @@ def window_work(rows: list[dict], t0: float, t1: float, iterations: int, slack_s
     return out
 
 
+def steady_window(rows: list[dict], policy: str, max_staleness: int, dilation: float) -> dict:
+    """A Kafka arm's steady state, from its metrics ``rows``: seconds per iteration over
+    ``policy``'s trainer steps from the end of step ``max_staleness + 2`` to the last (modelled:
+    wall / ``dilation``), and the bound of that window, the busiest resource's modelled work
+    per iteration **inside it** (:func:`window_work`), so bound / measured is that resource's
+    utilisation there. Before the window the pools roll out up to ``max_staleness`` batches
+    ahead of the trainers (several polls in flight at once) and the first steps train those:
+    a window that took them in would credit the schedule with work done before it. With too few
+    steps the window is the last two."""
+    from astraflow.benchmarks.multi_policy import trainer_steps
+    ts = trainer_steps(rows)[policy]
+    last = max(ts)
+    if last < 3:
+        raise ValueError(f"{last} trained steps of {policy}; a steady window needs at least 3")
+    first = min(max(2, max_staleness + 2), last - 1)
+    iters = last - first
+    in_window = window_work(rows, ts[first], ts[last], iters)
+    per_iter = (ts[last] - ts[first]) / iters / dilation
+    bound = max(in_window.values())
+    return {"s_per_iter": per_iter, "lower_bound_s_per_iter": bound, "scheduling_efficiency": bound / per_iter,
+            "busiest": max(in_window, key=in_window.get), "work_in_window_by_resource": in_window,
+            "window_steps": [first, last]}
+
+
 def resource_work(summary: dict, episodes: float, groups_per_batch: int, steps: int) -> dict[str, float]:
     """Per pool and trainer of a Kafka arm, its modelled seconds per iteration: pools' over the
     episodes they rolled out scaled to a batch, trainers' per step."""
@@ -334,9 +364,11 @@ def run_split(base: dict, args, split: dict, barrier: str, rep: int) -> dict:
         batches = r["episodes"] / SEED_SHAPE["groups_per_batch"]
         calls = {comp: d.get("generate", {}).get("calls", 0) / batches for comp, d in em.items()
                  if "generate" in d and batches}
-        return {"s_per_iter": r["s_per_iter"] / args.dilation, "lower_bound_s_per_iter": max(work.values()),
+        return {**steady_window(rows, r["last_policy"], args.max_staleness, args.dilation),
                 "generate_calls_per_iteration": calls, "fenced_episodes": fenced,
-                "work_by_resource": work, "busiest": max(work, key=work.get),
+                # what a long run needs of each resource: its whole-run work per batch (a short run's
+                # pools also did, before the window, the batches the first steps train)
+                "work_by_resource": work, "busiest_whole_run": max(work, key=work.get),
                 "cpu_fraction": cpu_fractions(summary.get("emulated", {})),
                 "overruns": overruns(summary.get("emulated", {})),
                 "episodes_per_trained_group": r["episodes"] / (args.steps * SEED_SHAPE["groups_per_batch"]),

@@ -112,6 +112,32 @@ def test_the_bound_of_a_window_is_the_work_each_resource_did_inside_it():
     assert window_work([], 0.0, 1.0, 1) == {}
 
 
+def test_the_steady_window_leaves_out_the_batches_rolled_out_ahead_and_is_priced_inside_itself():
+    """Table 2's (a)/(b) and the team at scale read one steady window: it starts at the end of
+    step max_staleness + 2 (the pool's burst before it, the batches the first steps train, is
+    outside), its s/iter is modelled (wall / dilation), and its bound is the busiest resource's
+    work inside it: here the trainer, busy every second of the window, so efficiency 1."""
+    from astraflow.benchmarks.multi_policy_emulated import steady_window
+
+    steps = [{"name": "trainer.samples", "component": "trainer.solver", "step": k, "ts": 10.0 * k, "value": 256}
+             for k in range(1, 13)]
+    # the pool rolls out 4 batches in the first 20 s (280 modelled s), then 30 modelled s per 10 wall s
+    pool = [{"name": "emulated.generate.modelled_s", "component": "raas-solver-0", "ts": t,
+             "value": 280.0 if t <= 20 else 280.0 + 3.0 * (t - 20)} for t in range(0, 121, 5)]
+    # the trainer works all the time: 10 wall s = 100 modelled s per step at dilation 0.1
+    trainer = [{"name": "emulated.train.modelled_s", "component": "trainer.solver", "ts": 10.0 * k,
+                "value": 100.0 * k} for k in range(1, 13)]
+    w = steady_window(steps + pool + trainer, "solver", max_staleness=3, dilation=0.1)
+    assert w["window_steps"] == [5, 12]
+    assert w["s_per_iter"] == pytest.approx(100.0)
+    assert w["work_in_window_by_resource"]["raas-solver-0"] == pytest.approx(30.0)
+    assert w["busiest"] == "trainer.solver" and w["scheduling_efficiency"] == pytest.approx(1.0)
+    # no batches rolled out ahead (max_staleness 0): the window starts after step 2
+    assert steady_window(steps + pool + trainer, "solver", max_staleness=0, dilation=0.1)["window_steps"] == [2, 12]
+    with pytest.raises(ValueError, match="steady window"):
+        steady_window(steps[:2], "solver", max_staleness=3, dilation=0.1)
+
+
 def test_a_team_run_at_new_device_counts_keeps_the_counts_measured_the_same_way(tmp_path):
     """Running 32 devices after 8 and 16 must not drop them; a section measured with other
     steps (or another Table 2) is replaced, never mixed into the new one."""
