@@ -187,41 +187,16 @@ def sv_balanced_split(n: int, per_node: int, base: tuple[dict, list[dict]], trai
     Scaled by N/8, Table 2's split (3 + 2 solver, 1 + 2 verifier) gives each trainer 2N/8
     devices, but a trainer of more devices gains less per device, so at 64 the solver's trainer
     is the bound; this rule moves devices to it."""
-    import itertools
-    import math
-
+    from astraflow.benchmarks.multi_policy_emulated import split_from_runs
     lay8, reps = base
-    grow = n / lay8["devices"]
-    s = lambda d: train_scaling ** math.log2(d)  # noqa: E731
-    mean = lambda key: sum(r["work_by_resource"].get(key, 0.0) for r in reps) / len(reps)  # noqa: E731
-    device_s: dict[tuple[str, str], float] = {}
-    for p, pool in lay8["pools"].items():
-        nodes = [k for k in reps[0]["work_by_resource"] if k.startswith(f"raas-{p}-")]
-        device_s[p, "rollout"] = sum(mean(k) for k in nodes) * pool["devices_per_node"] * grow
-        d8 = pool["trainer_devices"]
-        device_s[p, "trainer"] = mean(f"trainer.{p}") * d8 * s(d8) * grow
     need = min(pool["trainer_devices"] for pool in lay8["pools"].values())
-
-    def price(key: tuple[str, str], d: int) -> float:
-        return device_s[key] / (d if key[1] == "rollout" else d * s(d))
-
-    keys = sorted(device_s)
-    best = None
-    for cut in itertools.combinations(range(1, n), len(keys) - 1):
-        parts = [b - a for a, b in zip((0, *cut), (*cut, n))]
-        if any((st == "trainer" and d < need) or (st == "rollout" and not pool_fits(d, per_node))
-               for (_, st), d in zip(keys, parts)):
-            continue
-        stages = {f"{p}.{st}": price((p, st), d) for (p, st), d in zip(keys, parts)}
-        cand = (max(stages.values()), parts, stages)
-        if best is None or cand[0] < best[0]:
-            best = cand
+    split8 = {p: {"rollout": pool["nodes"] * pool["devices_per_node"], "trainer": pool["trainer_devices"]}
+              for p, pool in lay8["pools"].items()}
+    best = split_from_runs(split8, reps, "work_by_resource", n, train_scaling, need,
+                           fits=lambda d: pool_fits(d, per_node), grow=n / lay8["devices"])
     if best is None:
         raise ValueError(f"{n} devices cannot hold the team's pools and trainers of >= {need} devices each")
-    split: dict[str, dict[str, int]] = {}
-    for (p, st), d in zip(keys, best[1]):
-        split.setdefault(p, {})[st] = d
-    return {"split": split, "priced_stage_s": best[2], "priced_bound_s_per_iter": best[0]}
+    return best
 
 
 def sv_layout(n: int, per_node: int, table2: dict, balanced: dict | None = None) -> dict:

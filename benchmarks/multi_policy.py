@@ -828,6 +828,10 @@ def main(argv: list[str] | None = None) -> int:
                          "lengths take ('' for the tiny model's lengths, scaled)")
     ap.add_argument("--prompt-token-scale", type=int, default=16, help="--emulated: modelled tokens per prompt token")
     ap.add_argument("--eval-problems", type=int, default=50, help="--emulated: held-out problems (start and end)")
+    ap.add_argument("--reprice", action="store_true",
+                    help="--emulated: measure (a)/(b) again on the split re-priced from the written Table 2's own "
+                         "(a) runs (its settings, its (c) repetitions paired): writes its 'repriced' section")
+    ap.add_argument("--reprice-arms", default="async,lockstep", help="--reprice: the arms to measure")
     ap.add_argument("--reanalyse", metavar="JSON[:SECTION]",
                     help="measure nothing: re-read the Kafka arms' run directories named in this result (or in "
                          "its SECTION, e.g. multi_policy.json:team_vs_alone), aggregate again and rewrite it")
@@ -842,7 +846,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.steps == ap.get_default("steps"):
             args.steps = 12  # steady state: the window starts after step max_staleness + 2
         check_repetitions(ap, args, quick_steps=4)
-        return multi_policy_emulated.main(args)
+        return (multi_policy_emulated.reprice_main if args.reprice else multi_policy_emulated.main)(args)
     check_repetitions(ap, args, quick_steps=5)
     args.arms = {a.strip() for a in args.arms.split(",") if a.strip()} | {"async"}
     if args.arms - set(ARMS):

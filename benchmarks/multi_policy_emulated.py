@@ -68,7 +68,7 @@ from pathlib import Path
 
 import yaml
 
-from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
+from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "multi_policy_emulated.json"
@@ -152,6 +152,52 @@ def work_by_policy(emulated: dict, steps: int) -> dict[str, dict[str, float]]:
     return out
 
 
+def min_max_split(keys: list[tuple[str, str]], devices: int, price, allowed) -> dict | None:
+    """Of every way to deal ``devices`` over the stages ``keys`` ((policy, "rollout" |
+    "trainer"), each at least one device, ``allowed(key, d)``), the one whose largest
+    ``price(key, d)`` is smallest: ``{"split": {policy: {stage: d}}, "priced_stage_s",
+    "priced_bound_s_per_iter"}``, or None when no way is allowed. The search of every split
+    rule here (Table 2's, the re-priced one, the team at scale's)."""
+    best = None
+    for cut in itertools.combinations(range(1, devices), len(keys) - 1):
+        parts = [b - a for a, b in zip((0, *cut), (*cut, devices))]
+        if not all(allowed(key, d) for key, d in zip(keys, parts)):
+            continue
+        stages = {f"{p}.{st}": price((p, st), d) for (p, st), d in zip(keys, parts)}
+        if best is None or max(stages.values()) < best[0]:
+            best = (max(stages.values()), parts, stages)
+    if best is None:
+        return None
+    split: dict[str, dict[str, int]] = {}
+    for (p, st), d in zip(keys, best[1]):
+        split.setdefault(p, {})[st] = d
+    return {"split": split, "priced_stage_s": best[2], "priced_bound_s_per_iter": best[0]}
+
+
+def split_from_runs(split: dict[str, dict[str, int]], reps: list[dict], key: str, devices: int,
+                    train_scaling: float, need: int, fits=lambda d: True, grow: float = 1.0) -> dict | None:
+    """The split of ``devices`` priced on the team's own runs on ``split`` (``reps``: each one's
+    modelled work per iteration by resource under ``key``, the mean over them), the batch
+    ``grow`` times theirs. A pool's work is its nodes' busy seconds times the devices each
+    holds, dealt over ``d`` devices (the same work per device at any size: conservative, as a
+    pool of fewer devices decodes more rows per step); a trainer's is rescaled to ``d``-way data
+    parallel with the profile's efficiency ``train_scaling`` per doubling, as :func:`choose_split`
+    does. Trainers keep >= ``need`` devices; a pool's ``d`` must pass ``fits``."""
+    s = lambda d: train_scaling ** math.log2(d)  # noqa: E731
+    mean = lambda k: sum(r[key].get(k, 0.0) for r in reps) / len(reps)  # noqa: E731
+    device_s: dict[tuple[str, str], float] = {}
+    for p, parts in split.items():
+        nodes = [k for k in reps[0][key] if k.startswith(f"raas-{p}-")]
+        device_s[p, "rollout"] = sum(mean(k) for k in nodes) * parts["rollout"] / max(1, len(nodes)) * grow
+        device_s[p, "trainer"] = mean(f"trainer.{p}") * parts["trainer"] * s(parts["trainer"]) * grow
+
+    def price(k: tuple[str, str], d: int) -> float:
+        return device_s[k] / (d if k[1] == "rollout" else d * s(d))
+
+    return min_max_split(sorted(device_s), devices, price,
+                         lambda k, d: d >= need if k[1] == "trainer" else fits(d))
+
+
 def choose_split(work: dict[str, dict[str, float]], rows: dict[str, list], devices: int, cost,
                  steps: int) -> dict:
     """The split of ``devices`` over every policy's pool and trainer that minimises the largest
@@ -168,7 +214,8 @@ def choose_split(work: dict[str, dict[str, float]], rows: dict[str, list], devic
     keys = [(p, st) for p in sorted(work) for st in STAGES]
     cache: dict[tuple[str, str, int], float] = {}
 
-    def price(p: str, st: str, d: int) -> float:
+    def price(key: tuple[str, str], d: int) -> float:
+        p, st = key
         if (p, st, d) not in cache:
             if st == "rollout":
                 cache[p, st, d] = (sum(dealt_s(cost, call, d) for call in rows[p]) / steps
@@ -178,21 +225,10 @@ def choose_split(work: dict[str, dict[str, float]], rows: dict[str, list], devic
         return cache[p, st, d]
 
     need = cost.min_train_devices()  # a trainer's states must fit its devices' memory
-    best = None
-    for cut in itertools.combinations(range(1, devices), len(keys) - 1):
-        parts = [b - a for a, b in zip((0, *cut), (*cut, devices))]
-        if any(st == "trainer" and d < need for (_, st), d in zip(keys, parts)):
-            continue
-        stages = {f"{p}.{st}": price(p, st, d) for (p, st), d in zip(keys, parts)}
-        cand = (max(stages.values()), parts, stages)
-        if best is None or cand[0] < best[0]:
-            best = cand
+    best = min_max_split(keys, devices, price, lambda key, d: key[1] == "rollout" or d >= need)
     if best is None:
         raise ValueError(f"{devices} devices cannot hold {len(work)} pools and trainers of >= {need} devices each")
-    bound, parts, stages = best
-    split: dict[str, dict[str, int]] = {}
-    for (p, st), d in zip(keys, parts):
-        split.setdefault(p, {})[st] = d
+    split, stages, bound = best["split"], best["priced_stage_s"], best["priced_bound_s_per_iter"]
     return {"split": split, "priced_stage_s": stages, "priced_bound_s_per_iter": bound,
             "min_train_devices": need,
             "rule": "minimise the largest priced stage: a pool of d devices = the cost model on (c)'s calls dealt "
@@ -504,4 +540,83 @@ def main(args) -> int:
               "device_split": split, "method": __doc__, "notes": notes(agg, split, args), **agg,
               "repetitions": reps, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     write_results(args.out, result, load_before)
+    return 0
+
+
+# -- the split re-priced on (a)'s own runs --------------------------------------------------
+#: the settings of a written Table 2 that ``--reprice`` measures with (the same as its arms')
+TABLE2_SETTINGS = ("profile", "devices", "polls_in_flight", "dilation", "token_scale", "prompt_token_scale",
+                   "workload", "max_staleness", "max_new_tokens_modelled", "steps", "config")
+REPRICED = "repriced"
+
+
+def repriced_split(table2: dict) -> dict:
+    """The split of Table 2's devices priced on its own (a) repetitions (each resource's work
+    inside the steady window, :func:`split_from_runs`), instead of on (c)'s calls: the first rule
+    prices a pool by (c)'s calls dealt over its devices, but (a)'s pools decode deeper batches
+    (several polls in flight) and do less work than that, while its trainers do what (c)'s
+    training rescaled says; a second pass on what (a) really did moves devices accordingly."""
+    from astraflow.emulation.profile import load_profile
+    first = table2["device_split"]
+    best = split_from_runs(first["split"], [r["async"] for r in table2["repetitions"]], "work_in_window_by_resource",
+                           table2["devices"], load_profile(table2["profile"]).efficiency.train_scaling,
+                           first["min_train_devices"])
+    if best is None:
+        raise ValueError(f"{table2['devices']} devices cannot hold the pools and trainers")
+    return {**best, "min_train_devices": first["min_train_devices"],
+            "rule": "minimise the largest priced stage, priced on Table 2's (a) repetitions: a pool of d devices = its "
+                    "node's work in the steady window x its devices / d, a trainer of d >= min_train_devices devices = "
+                    "its work there x d0*s(d0) / (d*s(d))"}
+
+
+def reprice_main(args) -> int:
+    """``multi_policy --emulated --reprice``: (a) (and (b)) again on the split re-priced from the
+    written Table 2's own (a) runs (:func:`repriced_split`), with its settings, against its (c)
+    repetitions paired by index; writes the file's ``repriced`` section (Table 2 stays)."""
+    table2 = json.loads(Path(args.out).read_text())
+    if not table2.get("repetitions") or "work_in_window_by_resource" not in table2["repetitions"][0]["async"]:
+        raise SystemExit(f"{args.out}: no steady-window Table 2 to re-price (run multi_policy --emulated first)")
+    for k in TABLE2_SETTINGS:
+        setattr(args, k, table2[k] if table2[k] is not None else "")
+    base = yaml.safe_load(Path(args.config).read_text())
+    split = repriced_split(table2)
+    print(f"EMULATED: Table 2's split {table2['device_split']['split']} re-priced on its (a) runs: {split['split']} "
+          f"(priced bound {split['priced_bound_s_per_iter']:.1f} s/iter; {split['rule']})", flush=True)
+    if split["split"] == table2["device_split"]["split"]:
+        print("the re-priced split is Table 2's: nothing new to measure")
+        return 0
+    load_before = load_now()
+    arms = [a for a in ("async", "lockstep") if a in args.reprice_arms]
+    reps = []
+    for rep in range(args.repeats):
+        row = {}
+        for barrier in arms:
+            print(f"--- repetition {rep + 1}: {barrier} on the re-priced split", flush=True)
+            row[barrier] = run_split(base, args, split["split"], barrier, rep)
+        reps.append(row)
+    c = [r["colocated"]["s_per_iter"] for r in table2["repetitions"]]
+    table_a = [r["async"]["s_per_iter"] for r in table2["repetitions"]]
+    section = {"emulated": True, "split": split, "arms": {}, "table2_created": table2.get("created"),
+               "pairing": "repetition i of each arm with repetition i of Table 2's (c) and (a) (same settings, seeds "
+                          "and config; measured in another invocation)",
+               "repetitions": reps}
+    for arm in arms:
+        per = [r[arm] for r in reps]
+        s = [x["s_per_iter"] for x in per]
+        n = min(len(s), len(c))
+        section["arms"][arm] = {
+            "s_per_iter": spread(s), "lower_bound_s_per_iter": spread([x["lower_bound_s_per_iter"] for x in per]),
+            "scheduling_efficiency": spread([x["lower_bound_s_per_iter"] / x["s_per_iter"] for x in per]),
+            "busiest": [x["busiest"] for x in per], "overruns": spread([x["overruns"] for x in per]),
+            "max_cpu_fraction": spread([max(x["cpu_fraction"].values()) for x in per]),
+            "speedup_vs_sequential": ratio_spread(spread(c[:n]), spread(s[:n])) if n else None,
+            "speedup_vs_table2_async": ratio_spread(spread(table_a[:n]), spread(s[:n])) if n else None}
+    if "lockstep" in section["arms"]:
+        section["arms"]["async"]["speedup_vs_lockstep"] = ratio_spread(section["arms"]["lockstep"]["s_per_iter"],
+                                                                       section["arms"]["async"]["s_per_iter"])
+    for arm, r in section["arms"].items():
+        print(f"{ARMS[arm] + ', re-priced':34} s/iter {fmt_spread(r['s_per_iter'], '.1f')}  bound "
+              f"{fmt_spread(r['lower_bound_s_per_iter'], '.1f')}  eff {fmt_spread(r['scheduling_efficiency'])}  "
+              f"vs (c) {fmt_spread(r['speedup_vs_sequential']) if r['speedup_vs_sequential'] else '-'}")
+    write_section(args.out, REPRICED, section, load_before, "multi_policy_emulated")
     return 0

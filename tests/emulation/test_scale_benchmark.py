@@ -191,3 +191,42 @@ def test_the_balanced_split_gives_the_busiest_trainer_the_devices_a_scaled_split
     assert not es.pool_fits(9, 8) and es.pool_fits(10, 8) and es.pool_fits(24, 8)
     with pytest.raises(ValueError, match="cannot hold"):
         es.sv_balanced_split(5, 8, base, 0.9)
+
+
+def _table2(solver_trainer_s: float) -> dict:
+    work = {"raas-solver-0": 62.0, "raas-verifier-0": 52.0, "trainer.solver": solver_trainer_s,
+            "trainer.verifier": 28.0}
+    return {"devices": 8, "profile": "h100-qwen3-8b",
+            "device_split": {"split": {"solver": {"rollout": 3, "trainer": 2}, "verifier": {"rollout": 1, "trainer": 2}},
+                             "min_train_devices": 2},
+            "repetitions": [{"async": {"work_in_window_by_resource": work}},
+                            {"async": {"work_in_window_by_resource": {**work, "trainer.solver": solver_trainer_s + 2}}}]}
+
+
+def test_the_repriced_split_follows_what_a_ran_not_what_c_priced():
+    """Table 2's (a) bound by its solver trainer (97 s against a 62-s pool of 3 devices): priced on
+    (a)'s own steady windows, a device moves from the solver's pool (3 x 62 = 186 device-s over
+    2: 93) to its trainer (97 x 2 s(2) over 3 s(3)); a trainer that is not the bound keeps the
+    split, and no trainer goes below the devices its states need."""
+    import math
+
+    from astraflow.benchmarks.multi_policy_emulated import repriced_split
+    from astraflow.emulation.profile import load_profile
+    s = lambda d: load_profile("h100-qwen3-8b").efficiency.train_scaling ** math.log2(d)  # noqa: E731
+    r = repriced_split(_table2(96.0))
+    assert r["split"] == {"solver": {"rollout": 2, "trainer": 3}, "verifier": {"rollout": 1, "trainer": 2}}
+    assert r["priced_stage_s"]["solver.rollout"] == pytest.approx(62.0 * 3 / 2)
+    assert r["priced_stage_s"]["solver.trainer"] == pytest.approx(97.0 * 2 * s(2) / (3 * s(3)))
+    assert r["priced_bound_s_per_iter"] == max(r["priced_stage_s"].values())
+    assert repriced_split(_table2(50.0))["split"] == _table2(50.0)["device_split"]["split"]
+    assert all(parts["trainer"] >= 2 for parts in repriced_split(_table2(400.0))["split"].values())
+
+
+def test_reprice_refuses_a_table_2_without_steady_windows(tmp_path):
+    from types import SimpleNamespace
+
+    from astraflow.benchmarks.multi_policy_emulated import reprice_main
+    old = tmp_path / "t2.json"
+    old.write_text('{"repetitions": [{"async": {"work_by_resource": {}}}]}')
+    with pytest.raises(SystemExit, match="no steady-window Table 2"):
+        reprice_main(SimpleNamespace(out=str(old)))
