@@ -352,7 +352,7 @@ def steady_window(rows: list[dict], policy: str, max_staleness: int, dilation: f
     utilisation there. Before the window the pools roll out up to ``max_staleness`` batches
     ahead of the trainers (several polls in flight at once) and the first steps train those:
     a window that took them in would credit the schedule with work done before it. With too few
-    steps the window is the last two."""
+    steps the window is the last step alone."""
     from astraflow.benchmarks.multi_policy import trainer_steps
     ts = trainer_steps(rows)[policy]
     last = max(ts)
