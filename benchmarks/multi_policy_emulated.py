@@ -431,6 +431,12 @@ def aggregate(reps: list[dict]) -> dict:
         if all(x.get("remote_calls", {}).get("calls") for x in per):  # the Kafka arms
             arms[arm]["remote_calls"] = {k: spread([x["remote_calls"][k] for x in per])
                                          for k in ("median_s", "p95_s", "hops_per_episode")}
+        if "work_in_window_by_resource" in per[0]:  # the Kafka arms' steady windows
+            arms[arm]["busiest"] = [x["busiest"] for x in per]
+            arms[arm]["window_steps"] = per[0]["window_steps"]
+            arms[arm]["work_in_window_by_resource"] = {
+                k: spread([x["work_in_window_by_resource"].get(k, 0.0) for x in per])
+                for k in per[0]["work_in_window_by_resource"]}
         comps = per[0].get("generate_calls_per_iteration", {})
         arms[arm]["generate_calls_per_iteration"] = {
             k: spread([x["generate_calls_per_iteration"].get(k, 0.0) for x in per]) for k in comps}
@@ -488,18 +494,41 @@ def notes(agg: dict, split: dict, args) -> list[str]:
     calls = (", ".join(f"{k} {v['median']:.1f}" for k, v in calls_a.items()) + " generate calls per iteration "
              "against (c)'s " + ", ".join(f"{k} {v['median']:.1f}" for k, v in
                                           agg["arms"]["colocated"].get("generate_calls_per_iteration", {}).items()))
-    why = ("more: calls that arrive fragmented by the episodes (answers, remote verdicts, retries) after a batch "
-           "has started decoding pay steps of their own, and a pool of fewer devices holds more rows each"
-           if lb_a > priced else
-           "less: with several polls in flight a pool's devices decode more rows per step than (c)'s calls dealt "
-           "over them, and no call's longest row holds its device idle (the next rows take its room)")
+    busiest = arms["async"].get("busiest") or []
+    top = max(set(busiest), key=busiest.count) if busiest else ""
+    if top.startswith("trainer."):
+        p = top.split(".", 1)[1]
+        why = (f"{'more' if lb_a > priced else 'less'}; in its steady window the busiest resource was {top} in "
+               f"{busiest.count(top)} of {len(busiest)} repetitions, the trainer the rule gave {split['split'][p]['trainer']} "
+               f"devices, which it priced from (c)'s training rescaled to them at "
+               f"{split['priced_stage_s'][f'{p}.trainer']:.1f} s/iter; the pools did less than their price: with "
+               f"several polls in flight a pool's devices decode more rows per step than (c)'s calls dealt over them")
+    elif lb_a > priced:
+        why = ("more: calls that arrive fragmented by the episodes (answers, remote verdicts, retries) after a batch "
+               "has started decoding pay steps of their own, and a pool of fewer devices holds more rows each")
+    else:
+        why = ("less: with several polls in flight a pool's devices decode more rows per step than (c)'s calls dealt "
+               "over them, and no call's longest row holds its device idle (the next rows take its room)")
     out.append(f"Priced before running, with (c)'s own calls (a batch's rows per call, each run to its end), the "
                f"split's busiest stage is {priced:.1f} s/iter ({lb_c / priced:.2f}x below (c)'s bound); (a)'s busiest "
-               f"resource did {lb_a / priced:.2f}x that work in its run, {why}"
+               f"resource did {lb_a / priced:.2f}x that work, {why}"
                + (f" ({calls})" if calls_a else "") + ".")
+    win = arms["async"].get("work_in_window_by_resource")
+    if win:
+        def devices_of(comp: str) -> int:
+            kind, _, rest = comp.partition("." if comp.startswith("trainer.") else "-")
+            policy = rest.rsplit("-", 1)[0] if kind == "raas" else rest
+            return split["split"][policy]["trainer" if kind == "trainer" else "rollout"]
+        dev_s = sum(v["median"] * devices_of(k) for k, v in win.items())
+        even = dev_s / args.devices
+        out.append(f"Granularity: (a)'s work per iteration in its window is {dev_s:.0f} device-seconds (medians: "
+                   + ", ".join(f"{k} {v['median']:.1f} s x {devices_of(k)}" for k, v in sorted(win.items()))
+                   + f"); dealt evenly over the {args.devices} devices that is {even:.1f} s/iter, {c / even:.2f}x of (c), "
+                   f"but a split is in whole devices and a trainer needs >= {split.get('min_train_devices', 1)}, so "
+                   f"the busiest stage of the best split is far above that mean.")
     out.append(f"Bounds: (c) cannot go below {lb_c:.1f} s/iter (all its work in series on the devices it shares); "
                f"the busiest resource of (a), at the work it really did, bounds it at {lb_a:.1f}, so no schedule of "
-               f"that work beats (c) by more than {lb_c / lb_a:.2f}x. Where (c) loses is what the model charges it: "
+               f"that work on this split beats (c) by more than {lb_c / lb_a:.2f}x. Where (c) loses is what the model charges it: "
                f"training each policy on all devices at the profile's data-parallel scaling, decoding at low batch per device, swapping each "
                f"policy's states off the devices, each generation phase waiting for its longest row, and every phase "
                f"waiting for the other.")
@@ -584,6 +613,8 @@ def reprice_main(args) -> int:
           f"(priced bound {split['priced_bound_s_per_iter']:.1f} s/iter; {split['rule']})", flush=True)
     if split["split"] == table2["device_split"]["split"]:
         print("the re-priced split is Table 2's: nothing new to measure")
+        write_section(args.out, REPRICED, {"emulated": True, "split": split, "same_as_table2": True, "measured": False,
+                                           "table2_created": table2.get("created")}, None, "multi_policy_emulated")
         return 0
     load_before = load_now()
     arms = [a for a in ("async", "lockstep") if a in args.reprice_arms]

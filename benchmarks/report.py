@@ -296,6 +296,17 @@ def multi_policy_emulated() -> list[str]:
                    f"{_sp(r['scheduling_efficiency'])} | {vs} | {_sp(r['max_cpu_fraction'])} |")
     out += ["", f"(a) vs (b): {_sp(d['speedup_vs_lockstep'])}x. The seed reports 2.74x on real 8 × H100 "
                 "(212.64 → 77.65 s/iter). " + " ".join(d["notes"][2:]), ""]
+    rp = d.get("repriced")
+    if rp and rp.get("table2_created") == d.get("created"):
+        parts = "; ".join(f"{p}: pool {x['rollout']}, trainer {x['trainer']}" for p, x in rp["split"]["split"].items())
+        line = (f"Re-priced on (a)'s own steady windows (`--reprice`): {parts}, priced bound "
+                f"{rp['split']['priced_bound_s_per_iter']:.1f} s/iter")
+        if rp.get("same_as_table2"):
+            line += " — the rule's split again, so nothing more to measure."
+        else:
+            line += "; measured: " + ", ".join(f"{a} {_sp(r['s_per_iter'], '.1f')} s/iter ({_sp(r['speedup_vs_sequential'])}x of (c))"
+                                               for a, r in rp["arms"].items()) + "."
+        out += [line, ""]
     return out
 
 
