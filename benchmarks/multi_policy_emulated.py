@@ -496,13 +496,27 @@ def notes(agg: dict, split: dict, args) -> list[str]:
                                           agg["arms"]["colocated"].get("generate_calls_per_iteration", {}).items()))
     busiest = arms["async"].get("busiest") or []
     top = max(set(busiest), key=busiest.count) if busiest else ""
+    win = arms["async"].get("work_in_window_by_resource") or {}
+
+    def stage_of(comp: str) -> tuple[str, str]:  # "raas-solver-0" -> (solver, rollout); "trainer.solver" -> ...
+        if comp.startswith("trainer."):
+            return comp.split(".", 1)[1], "trainer"
+        return comp.split("-", 1)[1].rsplit("-", 1)[0], "rollout"
+
+    def devices_of(comp: str) -> float:  # a pool's devices dealt over its nodes
+        p, st = stage_of(comp)
+        nodes = sum(1 for k in win if stage_of(k) == (p, st))
+        return split["split"][p][st] / nodes
+
     if top.startswith("trainer."):
-        p = top.split(".", 1)[1]
+        p = stage_of(top)[0]
+        pools = ", ".join(f"{k} {v['median']:.1f} s (priced {split['priced_stage_s'][f'{stage_of(k)[0]}.rollout']:.1f})"
+                          for k, v in sorted(win.items()) if stage_of(k)[1] == "rollout")
         why = (f"{'more' if lb_a > priced else 'less'}; in its steady window the busiest resource was {top} in "
                f"{busiest.count(top)} of {len(busiest)} repetitions, the trainer the rule gave {split['split'][p]['trainer']} "
                f"devices, which it priced from (c)'s training rescaled to them at "
-               f"{split['priced_stage_s'][f'{p}.trainer']:.1f} s/iter; the pools did less than their price: with "
-               f"several polls in flight a pool's devices decode more rows per step than (c)'s calls dealt over them")
+               f"{split['priced_stage_s'][f'{p}.trainer']:.1f} s/iter; the pools worked {pools} — with several polls "
+               f"in flight a pool's devices decode more rows per step than (c)'s calls dealt over them")
     elif lb_a > priced:
         why = ("more: calls that arrive fragmented by the episodes (answers, remote verdicts, retries) after a batch "
                "has started decoding pay steps of their own, and a pool of fewer devices holds more rows each")
@@ -513,16 +527,11 @@ def notes(agg: dict, split: dict, args) -> list[str]:
                f"split's busiest stage is {priced:.1f} s/iter ({lb_c / priced:.2f}x below (c)'s bound); (a)'s busiest "
                f"resource did {lb_a / priced:.2f}x that work, {why}"
                + (f" ({calls})" if calls_a else "") + ".")
-    win = arms["async"].get("work_in_window_by_resource")
     if win:
-        def devices_of(comp: str) -> int:
-            kind, _, rest = comp.partition("." if comp.startswith("trainer.") else "-")
-            policy = rest.rsplit("-", 1)[0] if kind == "raas" else rest
-            return split["split"][policy]["trainer" if kind == "trainer" else "rollout"]
         dev_s = sum(v["median"] * devices_of(k) for k, v in win.items())
         even = dev_s / args.devices
         out.append(f"Granularity: (a)'s work per iteration in its window is {dev_s:.0f} device-seconds (medians: "
-                   + ", ".join(f"{k} {v['median']:.1f} s x {devices_of(k)}" for k, v in sorted(win.items()))
+                   + ", ".join(f"{k} {v['median']:.1f} s x {devices_of(k):g}" for k, v in sorted(win.items()))
                    + f"); dealt evenly over the {args.devices} devices that is {even:.1f} s/iter, {c / even:.2f}x of (c), "
                    f"but a split is in whole devices and a trainer needs >= {split.get('min_train_devices', 1)}, so "
                    f"the busiest stage of the best split is far above that mean.")
@@ -583,7 +592,7 @@ def repriced_split(table2: dict) -> dict:
     """The split of Table 2's devices priced on its own (a) repetitions (each resource's work
     inside the steady window, :func:`split_from_runs`), instead of on (c)'s calls: the first rule
     prices a pool by (c)'s calls dealt over its devices, but (a)'s pools decode deeper batches
-    (several polls in flight) and do less work than that, while its trainers do what (c)'s
+    (several polls in flight) and do less work than that, and its trainers not exactly what (c)'s
     training rescaled says; a second pass on what (a) really did moves devices accordingly."""
     from astraflow.emulation.profile import load_profile
     first = table2["device_split"]
@@ -642,7 +651,7 @@ def reprice_main(args) -> int:
             "max_cpu_fraction": spread([max(x["cpu_fraction"].values()) for x in per]),
             "speedup_vs_sequential": ratio_spread(spread(c[:n]), spread(s[:n])) if n else None,
             "speedup_vs_table2_async": ratio_spread(spread(table_a[:n]), spread(s[:n])) if n else None}
-    if "lockstep" in section["arms"]:
+    if {"async", "lockstep"} <= section["arms"].keys():
         section["arms"]["async"]["speedup_vs_lockstep"] = ratio_spread(section["arms"]["lockstep"]["s_per_iter"],
                                                                        section["arms"]["async"]["s_per_iter"])
     for arm, r in section["arms"].items():

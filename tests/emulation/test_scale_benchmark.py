@@ -230,3 +230,33 @@ def test_reprice_refuses_a_table_2_without_steady_windows(tmp_path):
     old.write_text('{"repetitions": [{"async": {"work_by_resource": {}}}]}')
     with pytest.raises(SystemExit, match="no steady-window Table 2"):
         reprice_main(SimpleNamespace(out=str(old)))
+
+
+def test_table_2s_notes_name_the_bound_of_the_window_and_count_each_device_once():
+    """The notes say which resource bound (a)'s steady window and how many device-seconds its
+    work is: a pool's work counts once per device, dealt over its nodes (two nodes of a
+    3-device pool are 1.5 devices each, not 3)."""
+    from types import SimpleNamespace
+
+    from astraflow.benchmarks.multi_policy_emulated import notes
+    med = lambda v: {"median": v}  # noqa: E731
+
+    def agg(win):
+        return {"arms": {"async": {"s_per_iter": med(90.0), "lower_bound_s_per_iter": med(90.0),
+                                   "busiest": ["trainer.solver"] * 3, "work_in_window_by_resource":
+                                   {k: med(v) for k, v in win.items()}},
+                         "lockstep": {"s_per_iter": med(95.0), "lower_bound_s_per_iter": med(95.0)},
+                         "colocated": {"s_per_iter": med(180.0), "lower_bound_s_per_iter": med(180.0)}},
+                "speedup_vs_sequential": med(2.0)}
+    split = {"split": {"solver": {"rollout": 3, "trainer": 2}, "verifier": {"rollout": 1, "trainer": 2}},
+             "priced_stage_s": {"solver.rollout": 100.0, "solver.trainer": 99.0, "verifier.rollout": 60.0,
+                                "verifier.trainer": 30.0}, "priced_bound_s_per_iter": 100.0, "min_train_devices": 2}
+    args = SimpleNamespace(devices=8, profile="h100-qwen3-8b", dilation=0.3, workload="", polls_in_flight=4,
+                           max_staleness=3, max_new_tokens_modelled=4096)
+    one = " ".join(notes(agg({"raas-solver-0": 60.0, "raas-verifier-0": 50.0, "trainer.solver": 90.0,
+                              "trainer.verifier": 20.0}), split, args))
+    assert "trainer.solver in 3 of 3 repetitions" in one and "priced from (c)'s training" in one
+    assert "450 device-seconds" in one and "3.20x of (c)" in one  # 60x3 + 50 + 90x2 + 20x2
+    two = " ".join(notes(agg({"raas-solver-0": 60.0, "raas-solver-1": 60.0, "raas-verifier-0": 50.0,
+                              "trainer.solver": 90.0, "trainer.verifier": 20.0}), split, args))
+    assert "450 device-seconds" in two and "raas-solver-1 60.0 s x 1.5" in two
