@@ -174,6 +174,14 @@ def min_max_split(keys: list[tuple[str, str]], devices: int, price, allowed) -> 
     return {"split": split, "priced_stage_s": best[2], "priced_bound_s_per_iter": best[0]}
 
 
+def stage_of(comp: str) -> tuple[str, str]:
+    """A Kafka arm's emulated resource as (policy, stage): ``raas-<policy>-<i>`` -> (policy,
+    "rollout"), ``trainer.<policy>`` -> (policy, "trainer")."""
+    if comp.startswith("trainer."):
+        return comp.split(".", 1)[1], "trainer"
+    return comp.split("-", 1)[1].rsplit("-", 1)[0], "rollout"
+
+
 def split_from_runs(split: dict[str, dict[str, int]], reps: list[dict], key: str, devices: int,
                     train_scaling: float, need: int, fits=lambda d: True, grow: float = 1.0) -> dict | None:
     """The split of ``devices`` priced on the team's own runs on ``split`` (``reps``: each one's
@@ -187,7 +195,7 @@ def split_from_runs(split: dict[str, dict[str, int]], reps: list[dict], key: str
     mean = lambda k: sum(r[key].get(k, 0.0) for r in reps) / len(reps)  # noqa: E731
     device_s: dict[tuple[str, str], float] = {}
     for p, parts in split.items():
-        nodes = [k for k in reps[0][key] if k.startswith(f"raas-{p}-")]
+        nodes = [k for k in reps[0][key] if stage_of(k) == (p, "rollout")]
         device_s[p, "rollout"] = sum(mean(k) for k in nodes) * parts["rollout"] / max(1, len(nodes)) * grow
         device_s[p, "trainer"] = mean(f"trainer.{p}") * parts["trainer"] * s(parts["trainer"]) * grow
 
@@ -497,11 +505,6 @@ def notes(agg: dict, split: dict, args) -> list[str]:
     busiest = arms["async"].get("busiest") or []
     top = max(set(busiest), key=busiest.count) if busiest else ""
     win = arms["async"].get("work_in_window_by_resource") or {}
-
-    def stage_of(comp: str) -> tuple[str, str]:  # "raas-solver-0" -> (solver, rollout); "trainer.solver" -> ...
-        if comp.startswith("trainer."):
-            return comp.split(".", 1)[1], "trainer"
-        return comp.split("-", 1)[1].rsplit("-", 1)[0], "rollout"
 
     def devices_of(comp: str) -> float:  # a pool's devices dealt over its nodes
         p, st = stage_of(comp)

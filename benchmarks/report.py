@@ -405,10 +405,11 @@ def emulated_scale_team(sv: dict | None) -> list[str]:
     if not sv or not sv.get("by_devices"):
         return []
     reps = ", ".join(f"{n}: {r['s_per_iter']['n']}" for n, r in sv["by_devices"].items())
+    load = _load_note(sv)
     out = [f"**The solver–verifier team at scale, EMULATED** — `python -m astraflow.benchmarks.emulated_scale --job "
            f"solver_verifier` (Table 2's arm (a) at N devices, the batch grown with N; {sv['steps']} "
            f"iterations; **modelled seconds**; median (min–max) of each row's repetitions ({reps})"
-           f"{_load_note(sv) and _load_note(sv) + ' (the last run)'})", "",
+           f"{load and load + ' (the last run)'})", "",
            *_scale_rows(sv["by_devices"], "iter")]
     splits = []
     for n, lay in sv.get("layouts", {}).items():

@@ -49,10 +49,20 @@ def _short_polls(members, seconds: float, until_generation: int | None = None) -
             return
 
 
-def _short_polls_until_one_generation(members, seconds: float) -> None:
+def _generations(members) -> set[int]:
+    return {c._coordinator._generation.generation_id for c in members}
+
+
+def _settle(members, seconds: float) -> None:
+    """Short polls until the members share one generation and still do after 3 s more of them
+    (a rejoin that starts inside those 3 s is waited out the same way), bounded by ``seconds``."""
     end = time.monotonic() + seconds
-    while time.monotonic() < end and len({c._coordinator._generation.generation_id for c in members}) > 1:
-        _short_polls(members, 0.5)
+    while True:
+        while time.monotonic() < end and len(_generations(members)) > 1:
+            _short_polls(members, 0.5)
+        _short_polls(members, 3)
+        if len(_generations(members)) == 1 or time.monotonic() >= end:
+            return
 
 
 def _storm(bootstrap: str, make, n: int = 2, seconds: float = 12,
@@ -71,18 +81,10 @@ def _storm(bootstrap: str, make, n: int = 2, seconds: float = 12,
         if until_generation is not None:
             return [c._coordinator._generation.generation_id for c in members], [], []
         # a late join (allowed: "at most one more") leaves the other member a generation behind
-        # until its own rejoin completes: poll until both are in one generation (bounded), then,
-        # settled, a member that polls on holds what the group gave it: poll a little longer
-        # with the same short polls, then read the end state. A rejoin that starts inside those
-        # few seconds (CI at load: [4, 3]) is waited out the same way, within the same bound;
-        # a client that storms still climbs past the callers' generation bound.
-        deadline = time.monotonic() + 60
-        while True:
-            _short_polls_until_one_generation(members, max(0.0, deadline - time.monotonic()))
-            _short_polls(members, 3)
-            if (len({c._coordinator._generation.generation_id for c in members}) == 1
-                    or time.monotonic() >= deadline):
-                break
+        # until its own rejoin completes (CI at load read [4, 3]); settled, a member that polls on
+        # holds what the group gave it. A client that storms still climbs past the callers'
+        # generation bound.
+        _settle(members, 60)
         return ([c._coordinator._generation.generation_id for c in members],
                 [{tp.partition for tp in c.assignment()} for c in members],
                 [c._coordinator for c in members])
