@@ -23,20 +23,22 @@ def model_path(cfg: JobConfig) -> Path:
     return Path(resolve_model_path(cfg.model.path or "", cfg.model.seed, cfg.model.task, cfg.model.max_positions))
 
 
-def make_rollout_engine(cfg: JobConfig, path: Path, kind: str | None = None, device=None, name: str = "raas"):
+def make_rollout_engine(cfg: JobConfig, path: Path, kind: str | None = None, device=None, name: str = "raas",
+                        run_dir: str | Path | None = None):
     """The rollout engine of ``cfg`` (``kind`` overrides the engine kind), on ``device``
-    (default ``rollout.device``): an emulated device wraps it (:mod:`astraflow.emulation`)."""
+    (default ``rollout.device``): an emulated device wraps it (:mod:`astraflow.emulation`);
+    devices it shares with the policy's trainer (``device.share``) meet in ``run_dir``."""
     from astraflow.engines.factory import make_rollout_engine as make
     engine_cfg = dataclasses.replace(cfg.rollout.engine, model_path=str(path), kind=kind or cfg.rollout.engine.kind)
     engine = make(engine_cfg)
     device = device or cfg.rollout.device
     if device.emulated:
         from astraflow.emulation import EmulatedDevice, EmulatedRolloutEngine
-        engine = EmulatedRolloutEngine(engine, EmulatedDevice(device, name))
+        engine = EmulatedRolloutEngine(engine, EmulatedDevice(device, name, share_dir=run_dir))
     return engine
 
 
-def make_train_engine(cfg: JobConfig, path: Path):
+def make_train_engine(cfg: JobConfig, path: Path, run_dir: str | Path | None = None):
     from astraflow.engines.factory import make_train_engine as make
     e = cfg.trainer.engine
     # The trainer's logprobs must be those of the distribution the rollout sampled from.
@@ -47,7 +49,8 @@ def make_train_engine(cfg: JobConfig, path: Path):
     engine = make(engine_cfg)
     if cfg.trainer.device.emulated:
         from astraflow.emulation import EmulatedDevice, EmulatedTrainEngine
-        engine = EmulatedTrainEngine(engine, EmulatedDevice(cfg.trainer.device, f"trainer.{cfg.policy}"))
+        engine = EmulatedTrainEngine(engine, EmulatedDevice(cfg.trainer.device, f"trainer.{cfg.policy}",
+                                                            share_dir=run_dir))
     return engine
 
 

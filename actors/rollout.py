@@ -55,9 +55,11 @@ SNAPSHOT_REQUEST_INTERVAL_S = 10.0
 class RolloutActor(LoopActor):
     """One RaaS node of a policy."""
 
-    def __init__(self, supervisor, name: str, cfg: JobConfig, bootstrap: str, node_id: str) -> None:
+    def __init__(self, supervisor, name: str, cfg: JobConfig, bootstrap: str, node_id: str,
+                 run_dir: str | None = None) -> None:
         super().__init__(supervisor, name)
         self.cfg, self.bootstrap, self.node_id = cfg, bootstrap, node_id
+        self.run_dir = run_dir  #: where devices shared with the policy's trainer are met (device.share)
         self.topics = job_topics(cfg)
         self._last_hb = 0.0
         self._tokens = 0
@@ -82,7 +84,7 @@ class RolloutActor(LoopActor):
         set_threads(self.cfg.rollout.engine.threads)
         configure_sandbox(self.cfg)
         path = model_path(self.cfg)
-        self.engine = make_rollout_engine(self.cfg, path, name=self.node_id)
+        self.engine = make_rollout_engine(self.cfg, path, name=self.node_id, run_dir=self.run_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.engine_lock = EngineGate(self.engine)  # shared by calls when the engine batches them itself
         self.plain = Producer(self.bootstrap, client_id=self.node_id)

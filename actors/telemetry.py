@@ -83,7 +83,10 @@ class MetricsEmitter:
         if not summary:
             return
         for call, s in summary.items():
-            if isinstance(s, dict):
+            if call == "share":  # devices taken in turns: claims, yields and their waits (modelled s)
+                self.emit_many({f"emulated.share.{k}": v for k, v in s.items() if k != "name"}, step,
+                               profile=summary["profile"], share=s["name"], **labels)
+            elif isinstance(s, dict):
                 self.emit_many({f"emulated.{call}.{k}": s.get(k, 0)
                                 for k in ("modelled_s", "held_s", "cpu_fraction", "calls", "overruns", "joined")},
                                step, profile=summary["profile"], devices=summary["devices"], **labels)

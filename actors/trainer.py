@@ -61,7 +61,7 @@ tracer = trace.get_tracer(__name__)
 class TrainerActor(LoopActor):
     def __init__(self, supervisor, name: str, cfg: JobConfig, bootstrap: str, run_dir: str) -> None:
         super().__init__(supervisor, name)
-        self.cfg, self.bootstrap = cfg, bootstrap
+        self.cfg, self.bootstrap, self.run_dir = cfg, bootstrap, run_dir
         self.topics = job_topics(cfg)
         self.ckpt_dir = Path(run_dir) / "checkpoints" / cfg.policy
         self.exports = HFExports(Path(run_dir) / "hf" / cfg.policy)
@@ -74,7 +74,7 @@ class TrainerActor(LoopActor):
         from astraflow.weights import WeightPublisher
 
         set_threads(self.cfg.trainer.engine.threads)
-        self.engine = make_train_engine(self.cfg, model_path(self.cfg))
+        self.engine = make_train_engine(self.cfg, model_path(self.cfg), run_dir=self.run_dir)
         self.rank, self.world = getattr(self.engine, "rank", 0), getattr(self.engine, "world", 1)
         self.leader = self.rank == 0
         state: dict = {}

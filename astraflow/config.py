@@ -691,6 +691,7 @@ class JobConfig:
         self._check_workflow()
         self._check_eval()
         self._check_models()
+        self._check_device_shares()
         self.kafka.security.check_policies(self.policy_names, self.source)
 
     def _check_eval(self) -> None:
@@ -710,6 +711,39 @@ class JobConfig:
         elif ev.holdout == 0 and files and len(files) == len(self.data_sources):  # no generator's split either
             raise ConfigError(self.source, "eval.holdout", "0 holds no rows out and eval.data is null: nothing "
                                                            "would be evaluated; set eval.holdout > 0 or eval.data")
+
+    def _check_device_shares(self) -> None:
+        """``device.share``: one policy's single pool node and its trainer, on the same count of
+        the same profile's devices (emulation/share.py); the evaluator shares nothing."""
+        if self.eval.device.share:
+            raise ConfigError(self.source, "eval.device.share", "the evaluator runs on devices of its own")
+        owners: dict[str, tuple[str, object, str]] = {}
+        for p in self.policy_names:
+            where = f"policies.{p}." if self.policies else ""
+            sec = self.policies[p] if self.policies else self
+            for stage, dev in (("rollout", sec.rollout.device), ("trainer", sec.trainer.device)):
+                if not dev.share:
+                    continue
+                key = f"{where}{stage}.device.share"
+                if stage == "rollout" and sec.rollout.nodes != 1:
+                    raise ConfigError(self.source, key, f"{sec.rollout.nodes} RaaS nodes cannot take turns on one "
+                                                        f"trainer's devices (rollout.nodes must be 1)")
+                if dev.share in owners:
+                    other, odev, _ = owners.pop(dev.share)
+                    if other != p:
+                        raise ConfigError(self.source, key, f"{dev.share!r} is policy {other!r}'s: a pool shares its "
+                                                            f"devices with its own policy's trainer only")
+                    if (odev.count, odev.profile) != (dev.count, dev.profile):
+                        raise ConfigError(self.source, key, f"the pool and the trainer sharing {dev.share!r} must name "
+                                                            f"the same devices (count and profile), got "
+                                                            f"{odev.count} x {odev.profile} and {dev.count} x {dev.profile}")
+                    owners[dev.share] = (p, None, key)  # taken by both
+                else:
+                    owners[dev.share] = (p, dev, key)
+        for name, (_, dev, key) in owners.items():
+            if dev is not None:
+                raise ConfigError(self.source, key, f"{name!r} is named by this component only: a pool and its "
+                                                    f"policy's trainer share devices, both naming them")
 
     def _check_models(self) -> None:
         """Each policy's tiny bootstrapped model is one that ``astraflow model init`` can build."""

@@ -44,7 +44,7 @@ def child_specs(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id
                           required=True)]
     if role == "raas":
         from astraflow.actors.rollout import RolloutActor
-        return [ChildSpec(node_id, lambda sup, name: RolloutActor.start(sup, name, cfg, bootstrap, node_id),
+        return [ChildSpec(node_id, lambda sup, name: RolloutActor.start(sup, name, cfg, bootstrap, node_id, run_dir),
                           required=False)]
     if role == "trainer":
         from astraflow.actors.trainer import TrainerActor

@@ -16,8 +16,13 @@ waiting call recomputes its finish when one comes.
 Steps are applied once they have started (a step that began before ``now`` is committed
 with the batch it had), so the timeline never runs ahead of what the engine was given.
 :attr:`busy_s` is the modelled time at least one device had rows: the work the device
-group did, which overlapping calls share (their latencies would count it twice). It knows
-nothing about engines, Kafka or which component holds it.
+group did, which overlapping calls share (their latencies would count it twice).
+
+:meth:`BatchingClock.pause` and :meth:`BatchingClock.resume` are the devices going away and
+coming back (a trainer that shares them claimed them, ``emulation/share.py``): while paused
+no step starts (what was left of a step in progress is decoded after); on resume each device
+first prefills again the context its running rows held (their KV cache went with the devices), counted as device work. It knows nothing about
+engines, Kafka or which component holds it.
 """
 
 from __future__ import annotations
@@ -41,11 +46,12 @@ class CallTiming(NamedTuple):
 
 
 class _Device:
-    __slots__ = ("batch", "t")
+    __slots__ = ("batch", "t", "owed")
 
     def __init__(self, cost: CostModel) -> None:
         self.batch = ContinuousBatch(cost)
         self.t = 0.0  #: modelled time at which its next step starts
+        self.owed = 0.0  #: paused: what was left of the step it was decoding when the devices went away
 
 
 class BatchingClock:
@@ -65,6 +71,9 @@ class BatchingClock:
         self._joined: dict[int, bool] = {}
         self._busy_until = 0.0
         self.busy_s = 0.0  #: modelled seconds at least one device had rows
+        self._paused_at: float | None = None  #: modelled time the devices went away (None: they are here)
+        self.paused_s = 0.0  #: modelled seconds the devices were away
+        self.recompute_s = 0.0  #: modelled seconds of prefilling held context again on coming back
 
     def now(self) -> float:
         return (time.monotonic() - self._wall0) / self.dilation
@@ -98,6 +107,9 @@ class BatchingClock:
                 dev.batch.settle(row, n)
             self._cv.notify_all()
             while self._left[call]:
+                if self._paused_at is not None:  # no step starts until the devices are back
+                    self._cv.wait()
+                    continue
                 finish = self._finish_of(call)
                 wait = finish * self.dilation - (time.monotonic() - self._wall0)
                 if wait > 0:
@@ -116,8 +128,46 @@ class BatchingClock:
             self._joined.pop(call, None)
             self._cv.notify_all()
 
+    def pause(self) -> None:
+        """The devices go away: the steps that started by now are applied, no other starts, and
+        what is left of a step in progress is owed until they are back."""
+        with self._cv:
+            if self._paused_at is None:
+                now = self.now()
+                self._advance(now)
+                self._paused_at = now
+                for d in self._devices:
+                    d.owed = max(0.0, d.t - now)
+
+    def resume(self, recompute: bool = True) -> None:
+        """The devices are back: each device with running rows first prefills again the context
+        they held (``recompute``: the devices were away; False: they were never used), then
+        its steps go on from now."""
+        with self._cv:
+            if self._paused_at is None:
+                return
+            now = self.now()
+            self.paused_s += now - self._paused_at
+            self._paused_at = None
+            redo = 0.0
+            for d in self._devices:
+                owed, d.owed = d.owed, 0.0
+                if d.batch.idle:
+                    continue
+                took = self.cost.prefill_modelled_s(d.batch.held_context()) if recompute else 0.0
+                d.t = now + took + owed
+                redo = max(redo, took)
+            if redo:
+                self.recompute_s += redo
+                self.busy_s += redo
+                self._busy_until = max(self._busy_until, now + redo)
+            self._cv.notify_all()
+
     def _advance(self, to: float) -> None:
-        """Apply every step that starts by modelled time ``to``, in start order across devices."""
+        """Apply every step that starts by modelled time ``to`` (and not after a pause), in start
+        order across devices."""
+        if self._paused_at is not None:
+            to = min(to, self._paused_at)
         while True:
             ready = [d for d in self._devices if not d.batch.idle and d.t <= to]
             if not ready:

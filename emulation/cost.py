@@ -78,6 +78,11 @@ class CostModel:
         d, e = self.profile.device, self.profile.efficiency
         return 2.0 * self.params * tokens * self.prompt_token_scale / (d.bf16_dense_flops * e.prefill_flops)
 
+    def prefill_modelled_s(self, tokens: float) -> float:
+        """Prefill of ``tokens`` modelled tokens of context (a paused batch's KV cache built again)."""
+        d, e = self.profile.device, self.profile.efficiency
+        return 2.0 * self.params * tokens / (d.bf16_dense_flops * e.prefill_flops)
+
     def decode_step_s(self, batch: int, context_tokens: float) -> float:
         """One decode step of ``batch`` rows holding ``context_tokens`` of context in all (modelled tokens)."""
         if batch <= 0:
@@ -213,6 +218,10 @@ class ContinuousBatch:
         """Modelled tokens of context held or waiting (where a router sends the next row)."""
         c = self.cost
         return self.reserved + sum(c.prompt_token_scale * r[1] + r[2] for r in self.waiting)
+
+    def held_context(self) -> float:
+        """Modelled tokens of context the running rows hold now (prompt and generated so far)."""
+        return sum(self.cost.prompt_token_scale * r[1] + r[3] for r in self.running)
 
     def footprint(self, row: list) -> float:
         return self.cost.prompt_token_scale * row[1] + row[2]

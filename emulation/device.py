@@ -12,22 +12,27 @@ CPU the real work took is measured against that hold: emulation is only an instr
 the schedule while the real compute is a small part of each hold, so a device whose calls
 cost more than ``max_cpu_fraction`` of their hold warns, once, and its stats say so. Every
 number it reports is in modelled seconds and labelled emulated. It knows nothing about
-Kafka or which component holds it.
+Kafka or which component holds it. ``share`` names devices a policy's pool and trainer take
+turns on (``emulation/share.py``); the device then holds a :class:`~.share.DeviceShare` in the
+run's ``devices/`` directory.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from astraflow.typed_config import Bounds
 
 from .cost import CostModel
 from .profile import load_profile, load_workload, profile_names, workload_names
+from .share import DeviceShare
 
 __all__ = ["DeviceConfig", "EmulatedDevice", "CallStats"]
 
@@ -58,6 +63,9 @@ class DeviceConfig:
     workload: str = _f("", "emulated with a profile: a workload of emulation/profiles.yaml (e.g. reasoning) whose "
                            "response-length spread the modelled lengths take; empty: the tiny model's lengths, "
                            "scaled by token_scale")
+    share: str = _f("", "emulated with a profile: a name; a policy's pool and trainer that give the same name "
+                        "take turns on the same devices (the trainer claims them for each step, the pool "
+                        "pauses; emulation/share.py); empty: devices of its own")
     max_cpu_fraction: float = _f(0.2, "emulated: warn when a call's real CPU time exceeds this share of its hold",
                                  bounds=Bounds(0, 1, lo_open=True))
 
@@ -74,13 +82,18 @@ class DeviceConfig:
             if self.profile and self.profile not in profile_names():
                 raise ValueError(f"device.profile {self.profile!r} is not a profile of emulation/profiles.yaml "
                                  f"({', '.join(profile_names())})")
+            if self.share and not self.profile:
+                raise ValueError("device.share needs device.profile (a paused continuous batch is priced by it)")
+            if self.share and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", self.share):
+                raise ValueError(f"device.share {self.share!r}: expected a name of letters, digits, '_', '.', '-'")
             if self.workload and not self.profile:
                 raise ValueError("device.workload needs device.profile (a cost model prices the lengths)")
             if self.workload and self.workload not in workload_names():
                 raise ValueError(f"device.workload {self.workload!r} is not a workload of emulation/profiles.yaml "
                                  f"({', '.join(workload_names()) or 'none'})")
-        elif self.profile or self.slowdown != 1.0 or self.workload:
-            raise ValueError("device.profile, device.slowdown and device.workload need device.kind: emulated")
+        elif self.profile or self.slowdown != 1.0 or self.workload or self.share:
+            raise ValueError("device.profile, device.slowdown, device.workload and device.share need device.kind: "
+                             "emulated")
 
     @property
     def emulated(self) -> bool:
@@ -106,10 +119,15 @@ class CallStats:
 class EmulatedDevice:
     """The clock and the accounts of one emulated device (thread-safe)."""
 
-    def __init__(self, cfg: DeviceConfig, name: str = "device") -> None:
+    def __init__(self, cfg: DeviceConfig, name: str = "device", share_dir: str | Path | None = None) -> None:
         if not cfg.emulated:
             raise ValueError("EmulatedDevice needs device.kind: emulated")
+        if cfg.share and share_dir is None:
+            raise ValueError(f"device.share {cfg.share!r} of {name}: needs the run directory the components that "
+                             f"share the devices meet in")
         self.cfg, self.name = cfg, name
+        #: the devices' turn-taking with the other components that name them (None: its own devices)
+        self.share = DeviceShare(Path(share_dir) / "devices", cfg.share) if cfg.share else None
         #: None for a slowdown device: its calls are priced by their own measured time
         sigma = load_workload(cfg.workload).length_sigma if cfg.workload else 0.0
         self.cost = CostModel(load_profile(cfg.profile), token_scale=cfg.token_scale,
@@ -155,6 +173,13 @@ class EmulatedDevice:
                         "%.0f%% the emulation measures the CPU, not the device: raise device.dilation",
                         self.name, self.cfg.profile, kind, 100 * cpu / held, cpu, held, 100 * self.cfg.max_cpu_fraction)
 
+    def _share_summary(self) -> dict:
+        """The turn-taking's counts, its wall seconds in modelled ones (/ dilation)."""
+        out = self.share.summary()
+        for k in ("claim_wait_s", "yielded_s"):
+            out[k] = round(out[k] / self.cfg.dilation, 6)
+        return out
+
     def summary(self) -> dict:
         """Per kind of call: calls, modelled / held / CPU seconds, CPU fraction, overruns (labelled emulated)."""
         with self._lock:
@@ -164,6 +189,7 @@ class EmulatedDevice:
                     "prompt_token_scale": self.cfg.prompt_token_scale or self.cfg.token_scale,
                     **({"workload": self.cfg.workload,
                         "length_sigma": self.cost.length_sigma} if self.cfg.workload and self.cost else {}),
+                    **({"share": self._share_summary()} if self.share else {}),
                     **{k: {"calls": s.calls, "modelled_s": round(s.modelled_s, 6), "held_s": round(s.held_s, 6),
                            "cpu_s": round(s.cpu_s, 6), "cpu_fraction": round(s.cpu_fraction, 4),
                            "overruns": s.overruns, **({"joined": s.joined} if s.joined else {})} for k, s in self.stats.items()}}

@@ -12,7 +12,9 @@ while others decode joins their batch instead of waiting for its own.
 :class:`EmulatedTrainEngine` wraps a ``TrainEngine`` (the DeepSpeed trainer): a ``train_step``
 learns for real and is held for the modelled step on the device's ``count`` devices (data
 parallel), forward + backward over the batch's tokens once per PPO epoch plus the
-forward-only passes the trainer says its step makes (``proximal_pass``, its reference model). Everything else is the
+forward-only passes the trainer says its step makes (``proximal_pass``, its reference model).
+On devices it shares with a pool (``device.share``) a step first claims them (the pool's
+batch pauses) and pays the swap of its states onto them and off. Everything else is the
 wrapped engine's. They know nothing about Kafka or the components that hold them.
 """
 
@@ -44,6 +46,8 @@ class EmulatedRolloutEngine(RolloutEngine):
         self.clock = BatchingClock(device.cost, device.cfg.count, device.cfg.dilation) if self.concurrent_calls else None
         self._compute = threading.Lock()  # the wrapped engine computes one call at a time
         self._accounted_busy = 0.0
+        if device.share is not None:  # devices a trainer takes turns on: pause while it holds them
+            device.share.yield_to_claims(self.clock.pause, self.clock.resume)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  seeds: Sequence[int] | None = None) -> list[Generation]:
@@ -109,6 +113,8 @@ class EmulatedRolloutEngine(RolloutEngine):
         return self.inner.version
 
     def close(self) -> None:
+        if self.device.share is not None:
+            self.device.share.close()
         self.inner.close()
 
     def __getattr__(self, name: str):  # what only the wrapped engine has (e.g. its model, for the evaluator)
@@ -130,10 +136,19 @@ class EmulatedTrainEngine(TrainEngine):
         self.inner, self.device = inner, device
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        share = self.device.share
+        if share is None:
+            return self._step(batch, 0.0)
+        with share.claim():  # devices a pool takes turns on: held from the pool's pause to the step's end
+            return self._step(batch, self.device.cost.swap_s(self.device.cfg.count))
+
+    def _step(self, batch: TrainBatch, swap_s: float) -> dict[str, float]:
+        """One step held for its modelled time, plus ``swap_s`` (the training states onto shared
+        devices and off again, the pool's weights off and back)."""
         with self.device.hold("train") as price:
             out = self.inner.train_step(batch)
             if self.device.cost is not None:
-                price(self._modelled(batch))
+                price(self._modelled(batch) + swap_s)
         return out
 
     def _modelled(self, batch: TrainBatch) -> float:

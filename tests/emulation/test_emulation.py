@@ -106,19 +106,6 @@ def _device(profile: str = "h100-qwen3-8b", **kw) -> EmulatedDevice:
     return EmulatedDevice(DeviceConfig(kind="emulated", profile=profile, **kw), "test")
 
 
-@pytest.fixture(scope="module")
-def engine_1t(tiny_model_path):
-    """The CPU engine on one thread, as an emulated node runs it (more threads only contend)."""
-    import torch
-
-    from astraflow.engines.cpu import CpuEngine
-    before = torch.get_num_threads()
-    engine = CpuEngine(tiny_model_path, threads=1)
-    yield engine
-    engine.close()
-    torch.set_num_threads(before)  # the process-wide setting the other tests run with
-
-
 def test_an_emulated_generate_returns_the_real_tokens_held_for_their_modelled_time(engine_1t, tokenizer):
     cpu_engine = engine_1t
     prompts = [tokenizer.encode(p, add_special_tokens=False) for p in ("12+7=", "3+40=", "55+5=", "9+9=")]
