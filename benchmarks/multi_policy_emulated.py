@@ -128,11 +128,25 @@ def split_config(base: dict, args, split: dict[str, dict[str, int]], barrier: st
     data.update(job=job, barrier=barrier, run_dir=run_dir)
     for p, parts in split.items():
         sec = data.setdefault("policies", {}).setdefault(p, {})
-        sec.setdefault("rollout", {}).update(device=device(args, parts["rollout"]), nodes=1,
-                                             tasks_per_call=SEED_SHAPE["groups_per_batch"],
+        # a shared policy's pool and trainer name the same devices and take turns on them
+        share = {"share": p} if "shared" in parts else {}
+        sec.setdefault("rollout", {}).update(device={**device(args, devices_of_stage(parts, "rollout")), **share},
+                                             nodes=1, tasks_per_call=SEED_SHAPE["groups_per_batch"],
                                              polls_in_flight=args.polls_in_flight)
-        sec.setdefault("trainer", {})["device"] = device(args, parts["trainer"])
+        sec.setdefault("trainer", {})["device"] = {**device(args, devices_of_stage(parts, "trainer")), **share}
     return data
+
+
+def devices_of_stage(parts: dict[str, int], stage: str) -> int:
+    """A policy's devices for ``stage`` in a split: its own, or those its pool and trainer share."""
+    return parts["shared"] if "shared" in parts else parts[stage]
+
+
+def placement(parts: dict[str, int]) -> str:
+    """A policy's place in a split, in words."""
+    if "shared" in parts:
+        return f"pool and trainer taking turns on {parts['shared']}"
+    return f"pool {parts['rollout']} + trainer {parts['trainer']}"
 
 
 # -- the device split -------------------------------------------------------------------
@@ -174,36 +188,88 @@ def min_max_split(keys: list[tuple[str, str]], devices: int, price, allowed) -> 
     return {"split": split, "priced_stage_s": best[2], "priced_bound_s_per_iter": best[0]}
 
 
+#: a shared placement is taken only when priced this much below the best disjoint one: the
+#: turn-taking's waits (a pool's calls, and the other policy's episodes that need them, stand
+#: still for a step) are not in the price
+SHARE_MARGIN = 0.05
+
+
+def best_placement(policies: list[str], devices: int, price, allowed, shareable: bool) -> dict | None:
+    """:func:`min_max_split` over each placement of the ``policies``: every pool and trainer on
+    devices of its own, or (``shareable``) some policies' pool and trainer taking turns on the
+    same devices (stage ``"shared"``, ``price((p, "shared"), d)``, ``device.share``). A shared
+    placement is taken when its priced bound is ``SHARE_MARGIN`` below the best disjoint one's;
+    the answer keeps that one as ``disjoint``."""
+    best, disjoint = None, None
+    for k in range(len(policies) + 1 if shareable else 1):
+        for shared in itertools.combinations(policies, k):
+            keys = [(p, st) for p in policies for st in (("shared",) if p in shared else STAGES)]
+            got = min_max_split(keys, devices, price, allowed)
+            if got is None:
+                continue
+            if not shared:
+                disjoint = best = got
+            elif best is None or got["priced_bound_s_per_iter"] < best["priced_bound_s_per_iter"] * (
+                    1 - SHARE_MARGIN if best is disjoint else 1):
+                best = got
+    if best is None:
+        return None
+    return {**best, **({"disjoint": disjoint} if disjoint is not None and best is not disjoint else {})}
+
+
 def stage_of(comp: str) -> tuple[str, str]:
     """A Kafka arm's emulated resource as (policy, stage): ``raas-<policy>-<i>`` -> (policy,
-    "rollout"), ``trainer.<policy>`` -> (policy, "trainer")."""
-    if comp.startswith("trainer."):
-        return comp.split(".", 1)[1], "trainer"
+    "rollout"), ``trainer.<policy>`` -> (policy, "trainer"), ``shared.<policy>`` (a pool and
+    trainer taking turns, :func:`merge_shared`) -> (policy, "shared")."""
+    if comp.startswith(("trainer.", "shared.")):
+        kind, policy = comp.split(".", 1)
+        return policy, kind
     return comp.split("-", 1)[1].rsplit("-", 1)[0], "rollout"
 
 
+def merge_shared(work: dict[str, float], shared: set[str]) -> dict[str, float]:
+    """Per resource work with each shared policy's pool and trainer as one resource,
+    ``shared.<policy>`` (their devices are the same: their work adds up)."""
+    out: dict[str, float] = {}
+    for comp, v in work.items():
+        p, _ = stage_of(comp)
+        key = f"shared.{p}" if p in shared else comp
+        out[key] = out.get(key, 0.0) + v
+    return out
+
+
 def split_from_runs(split: dict[str, dict[str, int]], reps: list[dict], key: str, devices: int,
-                    train_scaling: float, need: int, fits=lambda d: True, grow: float = 1.0) -> dict | None:
+                    train_scaling: float, need: int, fits=lambda d: True, grow: float = 1.0,
+                    swap=None) -> dict | None:
     """The split of ``devices`` priced on the team's own runs on ``split`` (``reps``: each one's
     modelled work per iteration by resource under ``key``, the mean over them), the batch
     ``grow`` times theirs. A pool's work is its nodes' busy seconds times the devices each
     holds, dealt over ``d`` devices (the same work per device at any size: conservative, as a
     pool of fewer devices decodes more rows per step); a trainer's is rescaled to ``d``-way data
     parallel with the profile's efficiency ``train_scaling`` per doubling, as :func:`choose_split`
-    does. Trainers keep >= ``need`` devices; a pool's ``d`` must pass ``fits``."""
+    does. Trainers keep >= ``need`` devices; a pool's ``d`` must pass ``fits``. With ``swap``
+    (the swap's price on ``d`` devices, ``CostModel.swap_s``) a policy's pool and trainer may
+    also take turns on the same ``d`` devices, priced as the sum of both plus a swap per
+    iteration (:func:`best_placement`); a shared policy of the runs had its swaps in its
+    trainer's work, taken out before pricing."""
     s = lambda d: train_scaling ** math.log2(d)  # noqa: E731
     mean = lambda k: sum(r[key].get(k, 0.0) for r in reps) / len(reps)  # noqa: E731
     device_s: dict[tuple[str, str], float] = {}
     for p, parts in split.items():
         nodes = [k for k in reps[0][key] if stage_of(k) == (p, "rollout")]
-        device_s[p, "rollout"] = sum(mean(k) for k in nodes) * parts["rollout"] / max(1, len(nodes)) * grow
-        device_s[p, "trainer"] = mean(f"trainer.{p}") * parts["trainer"] * s(parts["trainer"]) * grow
+        pool_d, train_d = devices_of_stage(parts, "rollout"), devices_of_stage(parts, "trainer")
+        swapped = swap(train_d) if swap is not None and "shared" in parts else 0.0
+        device_s[p, "rollout"] = sum(mean(k) for k in nodes) * pool_d / max(1, len(nodes)) * grow
+        device_s[p, "trainer"] = (mean(f"trainer.{p}") - swapped) * train_d * s(train_d) * grow
 
     def price(k: tuple[str, str], d: int) -> float:
-        return device_s[k] / (d if k[1] == "rollout" else d * s(d))
+        p, st = k
+        if st == "shared":
+            return price((p, "rollout"), d) + price((p, "trainer"), d) + swap(d)
+        return device_s[k] / (d if st == "rollout" else d * s(d))
 
-    return min_max_split(sorted(device_s), devices, price,
-                         lambda k, d: d >= need if k[1] == "trainer" else fits(d))
+    return best_placement(sorted(split), devices, price,
+                          lambda k, d: d >= need if k[1] != "rollout" else fits(d), swap is not None)
 
 
 def choose_split(work: dict[str, dict[str, float]], rows: dict[str, list], devices: int, cost,
@@ -219,11 +285,12 @@ def choose_split(work: dict[str, dict[str, float]], rows: dict[str, list], devic
 
     scaling = cost.profile.efficiency.train_scaling
     s = lambda d: scaling ** math.log2(d)  # noqa: E731
-    keys = [(p, st) for p in sorted(work) for st in STAGES]
     cache: dict[tuple[str, str, int], float] = {}
 
     def price(key: tuple[str, str], d: int) -> float:
         p, st = key
+        if st == "shared":  # taking turns on the same devices: both, and a swap per iteration
+            return price((p, "rollout"), d) + price((p, "trainer"), d) + cost.swap_s(d)
         if (p, st, d) not in cache:
             if st == "rollout":
                 cache[p, st, d] = (sum(dealt_s(cost, call, d) for call in rows[p]) / steps
@@ -233,15 +300,16 @@ def choose_split(work: dict[str, dict[str, float]], rows: dict[str, list], devic
         return cache[p, st, d]
 
     need = cost.min_train_devices()  # a trainer's states must fit its devices' memory
-    best = min_max_split(keys, devices, price, lambda key, d: key[1] == "rollout" or d >= need)
+    best = best_placement(sorted(work), devices, price, lambda key, d: key[1] == "rollout" or d >= need, True)
     if best is None:
         raise ValueError(f"{devices} devices cannot hold {len(work)} pools and trainers of >= {need} devices each")
-    split, stages, bound = best["split"], best["priced_stage_s"], best["priced_bound_s_per_iter"]
-    return {"split": split, "priced_stage_s": stages, "priced_bound_s_per_iter": bound,
-            "min_train_devices": need,
-            "rule": "minimise the largest priced stage: a pool of d devices = the cost model on (c)'s calls dealt "
-                    "over d devices, a trainer of d >= min_train_devices devices = (c)'s training time * "
-                    "N*s(N)/(d*s(d))"}
+    return {**best, "min_train_devices": need, "rule": SPLIT_RULE}
+
+
+SPLIT_RULE = ("minimise the largest priced stage: a pool of d devices = the cost model on (c)'s calls dealt over d "
+              "devices, a trainer of d >= min_train_devices devices = (c)'s training time * N*s(N)/(d*s(d)); a "
+              f"policy's pool and trainer taking turns on d devices = both + a swap, taken when "
+              f"{SHARE_MARGIN:.0%} below the best disjoint split")
 
 
 # -- the arms ---------------------------------------------------------------------------
@@ -352,7 +420,8 @@ def window_work(rows: list[dict], t0: float, t1: float, iterations: int, slack_s
     return out
 
 
-def steady_window(rows: list[dict], policy: str, max_staleness: int, dilation: float) -> dict:
+def steady_window(rows: list[dict], policy: str, max_staleness: int, dilation: float,
+                  shared: set[str] = frozenset()) -> dict:
     """A Kafka arm's steady state, from its metrics ``rows``: seconds per iteration over
     ``policy``'s trainer steps from the end of step ``max_staleness + 2`` to the last (modelled:
     wall / ``dilation``), and the bound of that window, the busiest resource's modelled work
@@ -360,7 +429,8 @@ def steady_window(rows: list[dict], policy: str, max_staleness: int, dilation: f
     utilisation there. Before the window the pools roll out up to ``max_staleness`` batches
     ahead of the trainers (several polls in flight at once) and the first steps train those:
     a window that took them in would credit the schedule with work done before it. With too few
-    steps the window is the last step alone."""
+    steps the window is the last step alone. A ``shared`` policy's pool and trainer take turns on
+    the same devices: one resource, their work added (:func:`merge_shared`)."""
     from astraflow.benchmarks.multi_policy import trainer_steps
     ts = trainer_steps(rows)[policy]
     last = max(ts)
@@ -368,7 +438,7 @@ def steady_window(rows: list[dict], policy: str, max_staleness: int, dilation: f
         raise ValueError(f"{last} trained steps of {policy}; a steady window needs at least 3")
     first = min(max(2, max_staleness + 2), last - 1)
     iters = last - first
-    in_window = window_work(rows, ts[first], ts[last], iters)
+    in_window = merge_shared(window_work(rows, ts[first], ts[last], iters), set(shared))
     per_iter = (ts[last] - ts[first]) / iters / dilation
     bound = max(in_window.values())
     return {"s_per_iter": per_iter, "lower_bound_s_per_iter": bound, "scheduling_efficiency": bound / per_iter,
@@ -394,6 +464,8 @@ def run_split(base: dict, args, split: dict, barrier: str, rep: int) -> dict:
     from astraflow.config import load_config
     from astraflow.launcher import run_job
 
+    shared = {p for p, parts in split.items() if "shared" in parts}  # pools and trainers taking turns
+
     def once(job: str) -> dict:
         path = write_config(split_config(base, args, split, barrier, job, str(args.run_root)), Path(args.run_root))
         run_dir = Path(args.run_root) / job
@@ -403,12 +475,13 @@ def run_split(base: dict, args, split: dict, barrier: str, rep: int) -> dict:
         summary = json.loads((run_dir / "summary.json").read_text())
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         fenced = episodes_fenced(rows)
-        work = resource_work(summary, episodes_worked(rows), SEED_SHAPE["groups_per_batch"], args.steps)
+        work = merge_shared(resource_work(summary, episodes_worked(rows), SEED_SHAPE["groups_per_batch"], args.steps),
+                            shared)
         em = summary.get("emulated", {})
         batches = r["episodes"] / SEED_SHAPE["groups_per_batch"]
         calls = {comp: d.get("generate", {}).get("calls", 0) / batches for comp, d in em.items()
                  if "generate" in d and batches}
-        return {**steady_window(rows, r["last_policy"], args.max_staleness, args.dilation),
+        return {**steady_window(rows, r["last_policy"], args.max_staleness, args.dilation, shared),
                 "generate_calls_per_iteration": calls, "fenced_episodes": fenced,
                 # what a long run needs of each resource: its whole-run work per batch (a short run's
                 # pools also did, before the window, the batches the first steps train)
@@ -597,17 +670,21 @@ def repriced_split(table2: dict) -> dict:
     prices a pool by (c)'s calls dealt over its devices, but (a)'s pools decode deeper batches
     (several polls in flight) and do less work than that, and its trainers not exactly what (c)'s
     training rescaled says; a second pass on what (a) really did moves devices accordingly."""
+    from astraflow.emulation.cost import CostModel
     from astraflow.emulation.profile import load_profile
     first = table2["device_split"]
+    profile = load_profile(table2["profile"])
+    swap = CostModel(profile, table2["token_scale"], table2["prompt_token_scale"]).swap_s
     best = split_from_runs(first["split"], [r["async"] for r in table2["repetitions"]], "work_in_window_by_resource",
-                           table2["devices"], load_profile(table2["profile"]).efficiency.train_scaling,
-                           first["min_train_devices"])
+                           table2["devices"], profile.efficiency.train_scaling, first["min_train_devices"], swap=swap)
     if best is None:
         raise ValueError(f"{table2['devices']} devices cannot hold the pools and trainers")
     return {**best, "min_train_devices": first["min_train_devices"],
             "rule": "minimise the largest priced stage, priced on Table 2's (a) repetitions: a pool of d devices = its "
                     "node's work in the steady window x its devices / d, a trainer of d >= min_train_devices devices = "
-                    "its work there x d0*s(d0) / (d*s(d))"}
+                    "its work there x d0*s(d0) / (d*s(d)); a policy's pool and trainer taking turns on d devices = "
+                    f"both + a swap (CostModel.swap_s(d)) per iteration, taken when {SHARE_MARGIN:.0%} below the best "
+                    f"disjoint split"}
 
 
 def reprice_main(args) -> int:

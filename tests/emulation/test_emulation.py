@@ -241,15 +241,25 @@ def test_rows_beyond_the_kv_cache_wait_for_room_and_cost_more_than_rows_that_fit
 
 def test_the_device_split_balances_the_priced_stages_and_gives_every_trainer_room_for_its_states():
     from astraflow.benchmarks.multi_policy_emulated import choose_split
+    from astraflow.emulation.engines import dealt_s
 
     c = CostModel(load_profile("h100-qwen3-8b"), token_scale=512, prompt_token_scale=16)
     rows = {"a": [[(5, 3)] * 256], "b": [[(5, 1)] * 256]}
     work = {"a": {"trainer": 40.0, "weight_load": 0.5}, "b": {"trainer": 1.0, "weight_load": 0.5}}
     out = choose_split(work, rows, 8, c, steps=1)
-    split = out["split"]
+    apart = out["disjoint"]  # every pool and trainer on devices of its own
+    split = apart["split"]
     assert sum(d for parts in split.values() for d in parts.values()) == 8
     assert min(parts["trainer"] for parts in split.values()) >= c.min_train_devices() == 2
     assert split["a"]["trainer"] > split["b"]["trainer"]  # the heavier trainer gets the devices
-    assert out["priced_bound_s_per_iter"] == pytest.approx(max(out["priced_stage_s"].values()))
+    assert apart["priced_bound_s_per_iter"] == pytest.approx(max(apart["priced_stage_s"].values()))
+    # b's trainer is idle nearly all the iteration: its pool and trainer take turns on 2 devices
+    # (both priced, and a swap), which frees a device for a's stages
+    assert out["split"]["b"] == {"shared": 2} and sum(d for p in out["split"].values() for d in p.values()) == 8
+    b_pool = sum(dealt_s(c, call, 2) for call in rows["b"]) + 0.5
+    k = c.profile.efficiency.train_scaling  # s(8) = k^3, s(2) = k
+    assert out["priced_stage_s"]["b.shared"] == pytest.approx(b_pool + 1.0 * 8 * k**3 / (2 * k) + c.swap_s(2))
+    assert out["priced_bound_s_per_iter"] < 0.95 * apart["priced_bound_s_per_iter"]
+    assert choose_split(work, rows, 5, c, steps=1)["split"]["b"] == {"shared": 2}  # 6 devices apart, 5 in turns
     with pytest.raises(ValueError, match="cannot hold"):
-        choose_split(work, rows, 5, c, steps=1)  # two trainers of >= 2 and two pools need 6
+        choose_split(work, rows, 3, c, steps=1)  # two trainers of >= 2 need 4 even taking turns

@@ -196,30 +196,57 @@ def test_the_balanced_split_gives_the_busiest_trainer_the_devices_a_scaled_split
 def _table2(solver_trainer_s: float) -> dict:
     work = {"raas-solver-0": 62.0, "raas-verifier-0": 52.0, "trainer.solver": solver_trainer_s,
             "trainer.verifier": 28.0}
-    return {"devices": 8, "profile": "h100-qwen3-8b",
+    return {"devices": 8, "profile": "h100-qwen3-8b", "token_scale": 256, "prompt_token_scale": 16,
             "device_split": {"split": {"solver": {"rollout": 3, "trainer": 2}, "verifier": {"rollout": 1, "trainer": 2}},
                              "min_train_devices": 2},
             "repetitions": [{"async": {"work_in_window_by_resource": work}},
                             {"async": {"work_in_window_by_resource": {**work, "trainer.solver": solver_trainer_s + 2}}}]}
 
 
-def test_the_repriced_split_follows_what_a_ran_not_what_c_priced():
+def test_the_repriced_split_follows_what_a_ran_not_what_c_priced(monkeypatch):
     """Table 2's (a) bound by its solver trainer (97 s against a 62-s pool of 3 devices): priced on
-    (a)'s own steady windows, a device moves from the solver's pool (3 x 62 = 186 device-s over
-    2: 93) to its trainer (97 x 2 s(2) over 3 s(3)); a trainer that is not the bound keeps the
-    split, and no trainer goes below the devices its states need."""
+    (a)'s own steady windows, the best disjoint split moves a device from the solver's pool
+    (3 x 62 = 186 device-s over 2: 93) to its trainer (97 x 2 s(2) over 3 s(3)); better still, the
+    verifier's pool (52 s on 1) and trainer (28 s on 2) take turns on 2 devices (26 + 28 + a swap)
+    and free one for the solver's trainer. A split whose bound is not a trainer is kept; no
+    trainer goes below the devices its states need; a shared placement needs the margin."""
     import math
 
-    from astraflow.benchmarks.multi_policy_emulated import repriced_split
+    from astraflow.benchmarks import multi_policy_emulated as mpe
+    from astraflow.emulation.cost import CostModel
     from astraflow.emulation.profile import load_profile
     s = lambda d: load_profile("h100-qwen3-8b").efficiency.train_scaling ** math.log2(d)  # noqa: E731
-    r = repriced_split(_table2(96.0))
-    assert r["split"] == {"solver": {"rollout": 2, "trainer": 3}, "verifier": {"rollout": 1, "trainer": 2}}
-    assert r["priced_stage_s"]["solver.rollout"] == pytest.approx(62.0 * 3 / 2)
+    swap2 = CostModel(load_profile("h100-qwen3-8b"), 256, 16).swap_s(2)
+    r = mpe.repriced_split(_table2(96.0))
+    apart = r["disjoint"]
+    assert apart["split"] == {"solver": {"rollout": 2, "trainer": 3}, "verifier": {"rollout": 1, "trainer": 2}}
+    assert apart["priced_stage_s"]["solver.rollout"] == pytest.approx(62.0 * 3 / 2)
+    assert apart["priced_stage_s"]["solver.trainer"] == pytest.approx(97.0 * 2 * s(2) / (3 * s(3)))
+    assert r["split"] == {"solver": {"rollout": 3, "trainer": 3}, "verifier": {"shared": 2}}
+    assert r["priced_stage_s"]["verifier.shared"] == pytest.approx(52.0 / 2 + 28.0 + swap2)
     assert r["priced_stage_s"]["solver.trainer"] == pytest.approx(97.0 * 2 * s(2) / (3 * s(3)))
-    assert r["priced_bound_s_per_iter"] == max(r["priced_stage_s"].values())
-    assert repriced_split(_table2(50.0))["split"] == _table2(50.0)["device_split"]["split"]
-    assert all(parts["trainer"] >= 2 for parts in repriced_split(_table2(400.0))["split"].values())
+    assert r["priced_bound_s_per_iter"] == max(r["priced_stage_s"].values()) < 0.95 * apart["priced_bound_s_per_iter"]
+    # a solver trainer of 50 s: its pool (62 s on 3) bounds the split; taking turns on the
+    # verifier's devices still frees one for that pool (62 x 3 / 4), and the trainer stays on 2
+    turns = mpe.repriced_split(_table2(50.0))
+    assert turns["split"] == {"solver": {"rollout": 4, "trainer": 2}, "verifier": {"shared": 2}}
+    assert turns["disjoint"]["split"] == _table2(50.0)["device_split"]["split"]
+    assert all(d >= 2 for parts in mpe.repriced_split(_table2(400.0))["split"].values()
+               for st, d in parts.items() if st != "rollout")
+    # a policy measured sharing had its swap in its trainer's work: priced without it, then with one swap again
+    t2 = _table2(96.0)
+    t2["device_split"]["split"] = {"solver": {"rollout": 3, "trainer": 2}, "verifier": {"shared": 2}}
+    for rep in t2["repetitions"]:
+        w = rep["async"]["work_in_window_by_resource"]
+        w["trainer.verifier"] += swap2
+        w["raas-verifier-0"] /= 2  # the same device-seconds on 2 devices
+    again = mpe.repriced_split(t2)
+    assert again["split"] == r["split"]
+    assert again["priced_stage_s"]["verifier.shared"] == pytest.approx(52.0 / 2 + 28.0 + swap2)
+    monkeypatch.setattr(mpe, "SHARE_MARGIN", 0.5)  # a saving below the margin: devices of their own
+    assert mpe.repriced_split(_table2(96.0))["split"] == apart["split"]
+    kept = mpe.repriced_split(_table2(50.0))
+    assert kept["split"] == _table2(50.0)["device_split"]["split"] and "disjoint" not in kept
 
 
 def test_reprice_refuses_a_table_2_without_steady_windows(tmp_path):
