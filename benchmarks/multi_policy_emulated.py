@@ -430,7 +430,8 @@ def steady_window(rows: list[dict], policy: str, max_staleness: int, dilation: f
     ahead of the trainers (several polls in flight at once) and the first steps train those:
     a window that took them in would credit the schedule with work done before it. With too few
     steps the window is the last step alone. A ``shared`` policy's pool and trainer take turns on
-    the same devices: one resource, their work added (:func:`merge_shared`)."""
+    the same devices: one resource for the bound, their work added (:func:`merge_shared`;
+    ``work_in_window_by_resource`` keeps each component's)."""
     from astraflow.benchmarks.multi_policy import trainer_steps
     ts = trainer_steps(rows)[policy]
     last = max(ts)
@@ -438,11 +439,13 @@ def steady_window(rows: list[dict], policy: str, max_staleness: int, dilation: f
         raise ValueError(f"{last} trained steps of {policy}; a steady window needs at least 3")
     first = min(max(2, max_staleness + 2), last - 1)
     iters = last - first
-    in_window = merge_shared(window_work(rows, ts[first], ts[last], iters), set(shared))
+    in_window = window_work(rows, ts[first], ts[last], iters)
+    resources = merge_shared(in_window, set(shared))
     per_iter = (ts[last] - ts[first]) / iters / dilation
-    bound = max(in_window.values())
+    bound = max(resources.values())
     return {"s_per_iter": per_iter, "lower_bound_s_per_iter": bound, "scheduling_efficiency": bound / per_iter,
-            "busiest": max(in_window, key=in_window.get), "work_in_window_by_resource": in_window,
+            "busiest": max(resources, key=resources.get), "work_in_window_by_resource": in_window,
+            **({"shared_resources": {k: v for k, v in resources.items() if k.startswith("shared.")}} if shared else {}),
             "window_steps": [first, last]}
 
 
@@ -475,8 +478,8 @@ def run_split(base: dict, args, split: dict, barrier: str, rep: int) -> dict:
         summary = json.loads((run_dir / "summary.json").read_text())
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         fenced = episodes_fenced(rows)
-        work = merge_shared(resource_work(summary, episodes_worked(rows), SEED_SHAPE["groups_per_batch"], args.steps),
-                            shared)
+        work = resource_work(summary, episodes_worked(rows), SEED_SHAPE["groups_per_batch"], args.steps)
+        whole = merge_shared(work, shared)
         em = summary.get("emulated", {})
         batches = r["episodes"] / SEED_SHAPE["groups_per_batch"]
         calls = {comp: d.get("generate", {}).get("calls", 0) / batches for comp, d in em.items()
@@ -485,7 +488,7 @@ def run_split(base: dict, args, split: dict, barrier: str, rep: int) -> dict:
                 "generate_calls_per_iteration": calls, "fenced_episodes": fenced,
                 # what a long run needs of each resource: its whole-run work per batch (a short run's
                 # pools also did, before the window, the batches the first steps train)
-                "work_by_resource": work, "busiest_whole_run": max(work, key=work.get),
+                "work_by_resource": work, "busiest_whole_run": max(whole, key=whole.get),
                 "cpu_fraction": cpu_fractions(summary.get("emulated", {})),
                 "overruns": overruns(summary.get("emulated", {})),
                 "episodes_per_trained_group": r["episodes"] / (args.steps * SEED_SHAPE["groups_per_batch"]),
@@ -728,6 +731,10 @@ def reprice_main(args) -> int:
             "s_per_iter": spread(s), "lower_bound_s_per_iter": spread([x["lower_bound_s_per_iter"] for x in per]),
             "scheduling_efficiency": spread([x["lower_bound_s_per_iter"] / x["s_per_iter"] for x in per]),
             "busiest": [x["busiest"] for x in per], "overruns": spread([x["overruns"] for x in per]),
+            "work_in_window_by_resource": {k: spread([x["work_in_window_by_resource"].get(k, 0.0) for x in per])
+                                           for k in per[0]["work_in_window_by_resource"]},
+            **({"shared_resources": {k: spread([x["shared_resources"][k] for x in per])
+                                     for k in per[0]["shared_resources"]}} if "shared_resources" in per[0] else {}),
             "max_cpu_fraction": spread([max(x["cpu_fraction"].values()) for x in per]),
             "speedup_vs_sequential": ratio_spread(spread(c[:n]), spread(s[:n])) if n else None,
             "speedup_vs_table2_async": ratio_spread(spread(table_a[:n]), spread(s[:n])) if n else None}

@@ -132,6 +132,11 @@ def test_the_steady_window_leaves_out_the_batches_rolled_out_ahead_and_is_priced
     assert w["s_per_iter"] == pytest.approx(100.0)
     assert w["work_in_window_by_resource"]["raas-solver-0"] == pytest.approx(30.0)
     assert w["busiest"] == "trainer.solver" and w["scheduling_efficiency"] == pytest.approx(1.0)
+    # the pool and trainer taking turns on the same devices are one resource: their work adds up
+    turns = steady_window(steps + pool + trainer, "solver", max_staleness=3, dilation=0.1, shared={"solver"})
+    assert turns["busiest"] == "shared.solver" and turns["lower_bound_s_per_iter"] == pytest.approx(130.0)
+    assert turns["shared_resources"] == {"shared.solver": pytest.approx(130.0)}
+    assert turns["work_in_window_by_resource"] == w["work_in_window_by_resource"]  # each component's kept
     # no batches rolled out ahead (max_staleness 0): the window starts after step 2
     assert steady_window(steps + pool + trainer, "solver", max_staleness=0, dilation=0.1)["window_steps"] == [2, 12]
     with pytest.raises(ValueError, match="steady window"):
