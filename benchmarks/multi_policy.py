@@ -831,7 +831,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reprice", action="store_true",
                     help="--emulated: measure (a)/(b) again on the split re-priced from the written Table 2's own "
                          "(a) runs (its settings, its (c) repetitions paired): writes its 'repriced' section")
-    ap.add_argument("--reprice-arms", default="async,lockstep", help="--reprice: the arms to measure")
+    ap.add_argument("--reprice-arms", default="async,lockstep", help="--reprice / --tune: the arms to measure")
+    ap.add_argument("--tune", action="store_true",
+                    help="--emulated: find the split by measuring (a) (a device moved to the busiest stage per round, "
+                         "kept when 5%% faster), then measure (a) and (b) on it: writes its 'tuned' section")
+    ap.add_argument("--tune-rounds", type=int, default=3, help="--tune: probes at most")
     ap.add_argument("--reanalyse", metavar="JSON[:SECTION]",
                     help="measure nothing: re-read the Kafka arms' run directories named in this result (or in "
                          "its SECTION, e.g. multi_policy.json:team_vs_alone), aggregate again and rewrite it")
@@ -846,7 +850,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.steps == ap.get_default("steps"):
             args.steps = 12  # steady state: the window starts after step max_staleness + 2
         check_repetitions(ap, args, quick_steps=4)
-        return (multi_policy_emulated.reprice_main if args.reprice else multi_policy_emulated.main)(args)
+        mode = (multi_policy_emulated.tune_main if args.tune else
+                multi_policy_emulated.reprice_main if args.reprice else multi_policy_emulated.main)
+        return mode(args)
     check_repetitions(ap, args, quick_steps=5)
     args.arms = {a.strip() for a in args.arms.split(",") if a.strip()} | {"async"}
     if args.arms - set(ARMS):

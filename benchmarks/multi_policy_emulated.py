@@ -673,21 +673,21 @@ def repriced_split(table2: dict) -> dict:
     prices a pool by (c)'s calls dealt over its devices, but (a)'s pools decode deeper batches
     (several polls in flight) and do less work than that, and its trainers not exactly what (c)'s
     training rescaled says; a second pass on what (a) really did moves devices accordingly."""
-    from astraflow.emulation.cost import CostModel
     from astraflow.emulation.profile import load_profile
     first = table2["device_split"]
-    profile = load_profile(table2["profile"])
-    swap = CostModel(profile, table2["token_scale"], table2["prompt_token_scale"]).swap_s
+    # disjoint placements only: this rule's pool of d devices does its device-seconds over d, which
+    # credits a pool given more devices with a speed-up that decoding bound by its longest rows does
+    # not give (measured, stop 52: the verifier's pool 51 s on 1 device, 46 s on 2, priced 26), and
+    # so would take turns on devices where that loses (the turn-taking's own price aside)
     best = split_from_runs(first["split"], [r["async"] for r in table2["repetitions"]], "work_in_window_by_resource",
-                           table2["devices"], profile.efficiency.train_scaling, first["min_train_devices"], swap=swap)
+                           table2["devices"], load_profile(table2["profile"]).efficiency.train_scaling,
+                           first["min_train_devices"])
     if best is None:
         raise ValueError(f"{table2['devices']} devices cannot hold the pools and trainers")
     return {**best, "min_train_devices": first["min_train_devices"],
             "rule": "minimise the largest priced stage, priced on Table 2's (a) repetitions: a pool of d devices = its "
                     "node's work in the steady window x its devices / d, a trainer of d >= min_train_devices devices = "
-                    "its work there x d0*s(d0) / (d*s(d)); a policy's pool and trainer taking turns on d devices = "
-                    f"both + a swap (CostModel.swap_s(d)) per iteration, taken when {SHARE_MARGIN:.0%} below the best "
-                    f"disjoint split"}
+                    "its work there x d0*s(d0) / (d*s(d))"}
 
 
 def reprice_main(args) -> int:
@@ -709,12 +709,21 @@ def reprice_main(args) -> int:
                                            "table2_created": table2.get("created")}, None, "multi_policy_emulated")
         return 0
     load_before = load_now()
+    section = measure_on_split(args, table2, base, split, "re-priced")
+    write_section(args.out, REPRICED, section, load_before, "multi_policy_emulated")
+    return 0
+
+
+def measure_on_split(args, table2: dict, base: dict, split: dict, label: str) -> dict:
+    """(a) (and (b), ``args.reprice_arms``) ``args.repeats`` times on ``split["split"]`` with
+    Table 2's settings, each repetition paired with Table 2's (c) and (a) of the same index: the
+    section ``--reprice`` and ``--tune`` write."""
     arms = [a for a in ("async", "lockstep") if a in args.reprice_arms]
     reps = []
     for rep in range(args.repeats):
         row = {}
         for barrier in arms:
-            print(f"--- repetition {rep + 1}: {barrier} on the re-priced split", flush=True)
+            print(f"--- repetition {rep + 1}: {barrier} on the {label} split", flush=True)
             row[barrier] = run_split(base, args, split["split"], barrier, rep)
         reps.append(row)
     c = [r["colocated"]["s_per_iter"] for r in table2["repetitions"]]
@@ -742,8 +751,93 @@ def reprice_main(args) -> int:
         section["arms"]["async"]["speedup_vs_lockstep"] = ratio_spread(section["arms"]["lockstep"]["s_per_iter"],
                                                                        section["arms"]["async"]["s_per_iter"])
     for arm, r in section["arms"].items():
-        print(f"{ARMS[arm] + ', re-priced':34} s/iter {fmt_spread(r['s_per_iter'], '.1f')}  bound "
+        print(f"{ARMS[arm] + ', ' + label:34} s/iter {fmt_spread(r['s_per_iter'], '.1f')}  bound "
               f"{fmt_spread(r['lower_bound_s_per_iter'], '.1f')}  eff {fmt_spread(r['scheduling_efficiency'])}  "
               f"vs (c) {fmt_spread(r['speedup_vs_sequential']) if r['speedup_vs_sequential'] else '-'}")
-    write_section(args.out, REPRICED, section, load_before, "multi_policy_emulated")
+    return section
+
+
+
+# -- the split tuned by measuring (a) --------------------------------------------------------
+TUNED = "tuned"
+#: a probe replaces the current split when its (a) is this much faster (Table 2's (a) spreads
+#: about this much over its repetitions: a smaller gain in one run is not one)
+TUNE_GAIN = 0.05
+TUNE_RULE = ("start from Table 2's split and its (a) (median of its repetitions); each round, move one device to the "
+             "stage whose work in (a)'s steady window is largest from the least busy stage that can spare one (a "
+             f"pool keeps >= 1, a trainer >= min_train_devices), run (a) once on it, and keep it when it is "
+             f">= {TUNE_GAIN:.0%} faster; stop at the first probe that is not (or after --tune-rounds)")
+
+
+def stage_work(work: dict[str, float]) -> dict[tuple[str, str], float]:
+    """Window work per (policy, stage): a pool's nodes added."""
+    out: dict[tuple[str, str], float] = {}
+    for comp, v in work.items():
+        out[stage_of(comp)] = out.get(stage_of(comp), 0.0) + v
+    return out
+
+
+def next_move(split: dict[str, dict[str, int]], work: dict[str, float], need: int,
+              tried: list[dict]) -> dict | None:
+    """The next split to probe (:data:`TUNE_RULE`): a device from the least busy stage that can
+    spare one to the busiest, not a split already ``tried``; None when there is none."""
+    by_stage = stage_work(work)
+    to = max(by_stage, key=by_stage.get)
+    for frm in sorted((k for k in by_stage if k != to), key=by_stage.get):
+        if split[frm[0]][frm[1]] <= (1 if frm[1] == "rollout" else need):
+            continue
+        moved = copy.deepcopy(split)
+        moved[frm[0]][frm[1]] -= 1
+        moved[to[0]][to[1]] += 1
+        if moved not in tried:
+            return {"split": moved, "from": ".".join(frm), "to": ".".join(to)}
+    return None
+
+
+def tune_main(args) -> int:
+    """``multi_policy --emulated --tune``: the split found by measuring (a) (:data:`TUNE_RULE`),
+    then (a) and (b) ``--repeats`` times on it, paired with Table 2's (c) repetitions; writes
+    the file's ``tuned`` section with every probe (Table 2 stays). The probes choose; the
+    repetitions after them measure (a probe's one run is never the result)."""
+    table2 = json.loads(Path(args.out).read_text())
+    if not table2.get("repetitions") or "work_in_window_by_resource" not in table2["repetitions"][0]["async"]:
+        raise SystemExit(f"{args.out}: no steady-window Table 2 to tune from (run multi_policy --emulated first)")
+    start = table2["device_split"]["split"]
+    if any("shared" in parts for parts in start.values()):
+        raise SystemExit(f"{args.out}: Table 2's split has a shared placement; --tune moves devices between disjoint "
+                         f"stages only")
+    for k in TABLE2_SETTINGS:
+        setattr(args, k, table2[k] if table2[k] is not None else "")
+    base = yaml.safe_load(Path(args.config).read_text())
+    need = table2["device_split"]["min_train_devices"]
+    a = table2["arms"]["async"]
+    cur = {"split": start, "s_per_iter": a["s_per_iter"]["median"],
+           "work": {k: v["median"] for k, v in a["work_in_window_by_resource"].items()}}
+    print(f"EMULATED: tuning Table 2's split {start} ((a) {cur['s_per_iter']:.1f} s/iter); {TUNE_RULE}", flush=True)
+    load_before = load_now()
+    probes, tried = [], [start]
+    for i in range(args.tune_rounds):
+        move = next_move(cur["split"], cur["work"], need, tried)
+        if move is None:
+            break
+        tried.append(move["split"])
+        print(f"--- probe {i + 1}: a device from {move['from']} to {move['to']}: {move['split']}", flush=True)
+        r = run_split(base, args, move["split"], "async", 100 + i)
+        keep = r["s_per_iter"] <= cur["s_per_iter"] * (1 - TUNE_GAIN)
+        probes.append({**move, "accepted": keep, "against_s_per_iter": cur["s_per_iter"],
+                       **{k: r[k] for k in ("s_per_iter", "lower_bound_s_per_iter", "scheduling_efficiency", "busiest",
+                                            "work_in_window_by_resource", "overruns", "run_dir")}})
+        print(f"    (a) {r['s_per_iter']:.1f} s/iter against {cur['s_per_iter']:.1f}: {'kept' if keep else 'not kept'}",
+              flush=True)
+        if not keep:
+            break
+        cur = {"split": move["split"], "s_per_iter": r["s_per_iter"], "work": r["work_in_window_by_resource"]}
+    split = {"split": cur["split"], "rule": TUNE_RULE, "min_train_devices": need, "from_split": start}
+    if cur["split"] == start:
+        print("no probe was faster: Table 2's split stays")
+        section = {"emulated": True, "split": split, "same_as_table2": True, "measured": False, "probes": probes,
+                   "table2_created": table2.get("created")}
+    else:
+        section = {**measure_on_split(args, table2, base, split, "tuned"), "probes": probes}
+    write_section(args.out, TUNED, section, load_before, "multi_policy_emulated")
     return 0

@@ -208,50 +208,61 @@ def _table2(solver_trainer_s: float) -> dict:
                             {"async": {"work_in_window_by_resource": {**work, "trainer.solver": solver_trainer_s + 2}}}]}
 
 
-def test_the_repriced_split_follows_what_a_ran_not_what_c_priced(monkeypatch):
+def test_the_repriced_split_follows_what_a_ran_not_what_c_priced():
     """Table 2's (a) bound by its solver trainer (97 s against a 62-s pool of 3 devices): priced on
-    (a)'s own steady windows, the best disjoint split moves a device from the solver's pool
-    (3 x 62 = 186 device-s over 2: 93) to its trainer (97 x 2 s(2) over 3 s(3)); better still, the
-    verifier's pool (52 s on 1) and trainer (28 s on 2) take turns on 2 devices (26 + 28 + a swap)
-    and free one for the solver's trainer. A split whose bound is not a trainer is kept; no
-    trainer goes below the devices its states need; a shared placement needs the margin."""
+    (a)'s own steady windows, a device moves from the solver's pool (3 x 62 = 186 device-s over
+    2: 93) to its trainer (97 x 2 s(2) over 3 s(3)); a trainer that is not the bound keeps the
+    split, and no trainer goes below the devices its states need. Every pool and trainer keeps
+    devices of its own (this rule's pool model would credit taking turns with a speed-up)."""
+    import math
+
+    from astraflow.benchmarks.multi_policy_emulated import repriced_split
+    from astraflow.emulation.profile import load_profile
+    s = lambda d: load_profile("h100-qwen3-8b").efficiency.train_scaling ** math.log2(d)  # noqa: E731
+    r = repriced_split(_table2(96.0))
+    assert r["split"] == {"solver": {"rollout": 2, "trainer": 3}, "verifier": {"rollout": 1, "trainer": 2}}
+    assert r["priced_stage_s"]["solver.rollout"] == pytest.approx(62.0 * 3 / 2)
+    assert r["priced_stage_s"]["solver.trainer"] == pytest.approx(97.0 * 2 * s(2) / (3 * s(3)))
+    assert r["priced_bound_s_per_iter"] == max(r["priced_stage_s"].values())
+    assert repriced_split(_table2(50.0))["split"] == _table2(50.0)["device_split"]["split"]
+    assert all(parts["trainer"] >= 2 for parts in repriced_split(_table2(400.0))["split"].values())
+
+
+def test_a_split_priced_on_runs_may_take_turns_when_given_the_swaps_price(monkeypatch):
+    """With a swap price, the verifier's pool (52 s on 1) and trainer (28 s on 2) may take turns
+    on 2 devices (26 + 28 + a swap), freeing one for the solver's trainer; the disjoint best is
+    kept beside it; a policy measured taking turns had its swap in its trainer's work, priced
+    without it and then with one swap again; below the margin, devices of their own."""
     import math
 
     from astraflow.benchmarks import multi_policy_emulated as mpe
     from astraflow.emulation.cost import CostModel
     from astraflow.emulation.profile import load_profile
-    s = lambda d: load_profile("h100-qwen3-8b").efficiency.train_scaling ** math.log2(d)  # noqa: E731
-    swap2 = CostModel(load_profile("h100-qwen3-8b"), 256, 16).swap_s(2)
-    r = mpe.repriced_split(_table2(96.0))
-    apart = r["disjoint"]
-    assert apart["split"] == {"solver": {"rollout": 2, "trainer": 3}, "verifier": {"rollout": 1, "trainer": 2}}
-    assert apart["priced_stage_s"]["solver.rollout"] == pytest.approx(62.0 * 3 / 2)
-    assert apart["priced_stage_s"]["solver.trainer"] == pytest.approx(97.0 * 2 * s(2) / (3 * s(3)))
-    assert r["split"] == {"solver": {"rollout": 3, "trainer": 3}, "verifier": {"shared": 2}}
-    assert r["priced_stage_s"]["verifier.shared"] == pytest.approx(52.0 / 2 + 28.0 + swap2)
-    assert r["priced_stage_s"]["solver.trainer"] == pytest.approx(97.0 * 2 * s(2) / (3 * s(3)))
-    assert r["priced_bound_s_per_iter"] == max(r["priced_stage_s"].values()) < 0.95 * apart["priced_bound_s_per_iter"]
-    # a solver trainer of 50 s: its pool (62 s on 3) bounds the split; taking turns on the
-    # verifier's devices still frees one for that pool (62 x 3 / 4), and the trainer stays on 2
-    turns = mpe.repriced_split(_table2(50.0))
-    assert turns["split"] == {"solver": {"rollout": 4, "trainer": 2}, "verifier": {"shared": 2}}
-    assert turns["disjoint"]["split"] == _table2(50.0)["device_split"]["split"]
-    assert all(d >= 2 for parts in mpe.repriced_split(_table2(400.0))["split"].values()
-               for st, d in parts.items() if st != "rollout")
-    # a policy measured sharing had its swap in its trainer's work: priced without it, then with one swap again
+    k = load_profile("h100-qwen3-8b").efficiency.train_scaling
+    s = lambda d: k ** math.log2(d)  # noqa: E731
+    swap = CostModel(load_profile("h100-qwen3-8b"), 256, 16).swap_s
     t2 = _table2(96.0)
-    t2["device_split"]["split"] = {"solver": {"rollout": 3, "trainer": 2}, "verifier": {"shared": 2}}
-    for rep in t2["repetitions"]:
+
+    def price(t2):
+        return mpe.split_from_runs(t2["device_split"]["split"], [r["async"] for r in t2["repetitions"]],
+                                   "work_in_window_by_resource", 8, k, 2, swap=swap)
+    r = price(t2)
+    assert r["split"] == {"solver": {"rollout": 3, "trainer": 3}, "verifier": {"shared": 2}}
+    assert r["priced_stage_s"]["verifier.shared"] == pytest.approx(52.0 / 2 + 28.0 + swap(2))
+    assert r["priced_stage_s"]["solver.trainer"] == pytest.approx(97.0 * 2 * s(2) / (3 * s(3)))
+    assert r["disjoint"]["split"] == mpe.repriced_split(t2)["split"]
+    assert r["priced_bound_s_per_iter"] < (1 - mpe.SHARE_MARGIN) * r["disjoint"]["priced_bound_s_per_iter"]
+    turns = _table2(96.0)
+    turns["device_split"]["split"] = {"solver": {"rollout": 3, "trainer": 2}, "verifier": {"shared": 2}}
+    for rep in turns["repetitions"]:
         w = rep["async"]["work_in_window_by_resource"]
-        w["trainer.verifier"] += swap2
+        w["trainer.verifier"] += swap(2)
         w["raas-verifier-0"] /= 2  # the same device-seconds on 2 devices
-    again = mpe.repriced_split(t2)
+    again = price(turns)
     assert again["split"] == r["split"]
-    assert again["priced_stage_s"]["verifier.shared"] == pytest.approx(52.0 / 2 + 28.0 + swap2)
-    monkeypatch.setattr(mpe, "SHARE_MARGIN", 0.5)  # a saving below the margin: devices of their own
-    assert mpe.repriced_split(_table2(96.0))["split"] == apart["split"]
-    kept = mpe.repriced_split(_table2(50.0))
-    assert kept["split"] == _table2(50.0)["device_split"]["split"] and "disjoint" not in kept
+    assert again["priced_stage_s"]["verifier.shared"] == pytest.approx(52.0 / 2 + 28.0 + swap(2))
+    monkeypatch.setattr(mpe, "SHARE_MARGIN", 0.5)
+    assert price(t2)["split"] == r["disjoint"]["split"] and "disjoint" not in price(t2)
 
 
 def test_reprice_refuses_a_table_2_without_steady_windows(tmp_path):
@@ -292,3 +303,42 @@ def test_table_2s_notes_name_the_bound_of_the_window_and_count_each_device_once(
     two = " ".join(notes(agg({"raas-solver-0": 60.0, "raas-solver-1": 60.0, "raas-verifier-0": 50.0,
                               "trainer.solver": 90.0, "trainer.verifier": 20.0}), split, args))
     assert "450 device-seconds" in two and "raas-solver-1 60.0 s x 1.5" in two
+
+
+def test_the_tune_moves_a_device_from_the_least_busy_stage_that_can_spare_one_to_the_busiest():
+    """Table 2's (a) bound by its solver trainer: the verifier's pool (1 device) and trainer (2, the
+    fewest its states fit) cannot give one, so the solver's pool does; a split already tried is
+    not probed again, and with nothing to give there is no move."""
+    from astraflow.benchmarks.multi_policy_emulated import next_move
+    split = {"solver": {"rollout": 3, "trainer": 2}, "verifier": {"rollout": 1, "trainer": 2}}
+    work = {"raas-solver-0": 64.0, "trainer.solver": 92.5, "raas-verifier-0": 51.0, "trainer.verifier": 23.7}
+    m = next_move(split, work, 2, [split])
+    assert m == {"split": {"solver": {"rollout": 2, "trainer": 3}, "verifier": {"rollout": 1, "trainer": 2}},
+                 "from": "solver.rollout", "to": "solver.trainer"}
+    assert split["solver"] == {"rollout": 3, "trainer": 2}  # the split it was given is left as it was
+    # the least busy stage that can spare one goes first: a verifier trainer of 3 gives before the solver's pool
+    wide = {"solver": {"rollout": 3, "trainer": 1}, "verifier": {"rollout": 1, "trainer": 3}}
+    assert next_move(wide, work, 1, [wide])["from"] == "verifier.trainer"
+    assert next_move(wide, work, 1, [wide, next_move(wide, work, 1, [wide])["split"]])["from"] == "solver.rollout"
+    # a pool's nodes add up; when the busiest is a pool, a trainer above its minimum gives
+    two_nodes = {"raas-solver-0": 40.0, "raas-solver-1": 40.0, "trainer.solver": 60.0, "raas-verifier-0": 10.0,
+                 "trainer.verifier": 20.0}
+    assert next_move({"solver": {"rollout": 2, "trainer": 3}, "verifier": {"rollout": 1, "trainer": 2}}, two_nodes,
+                     2, [])["to"] == "solver.rollout"
+    tight = {"solver": {"rollout": 1, "trainer": 2}, "verifier": {"rollout": 1, "trainer": 2}}
+    assert next_move(tight, work, 2, [tight]) is None
+
+
+def test_tune_refuses_a_table_2_it_cannot_start_from(tmp_path):
+    from types import SimpleNamespace
+
+    from astraflow.benchmarks.multi_policy_emulated import tune_main
+    old = tmp_path / "t2.json"
+    old.write_text('{"repetitions": [{"async": {"work_by_resource": {}}}]}')
+    with pytest.raises(SystemExit, match="no steady-window Table 2"):
+        tune_main(SimpleNamespace(out=str(old)))
+    t2 = _table2(96.0)
+    t2["device_split"]["split"]["verifier"] = {"shared": 2}
+    old.write_text(__import__("json").dumps(t2))
+    with pytest.raises(SystemExit, match="shared placement"):
+        tune_main(SimpleNamespace(out=str(old)))
