@@ -278,8 +278,8 @@ def multi_policy_emulated() -> list[str]:
         return []
     from astraflow.benchmarks.multi_policy_emulated import placement
     split = "; ".join(f"{p}: {placement(x)}" for p, x in d["device_split"]["split"].items())
-    rp = d.get("repriced")
-    rp = rp if rp and rp.get("table2_created") == d.get("created") else None
+    # the splits found after Table 2 (of this Table 2: a section of an older one is not shown)
+    later = {k: d[k] for k in ("repriced", "tuned") if d.get(k) and d[k].get("table2_created") == d.get("created")}
     out = [f"**Multi-policy at the seed's scale, EMULATED** — `python -m astraflow.benchmarks.multi_policy --emulated` "
            f"(solver–verifier, {d['shape']['groups_per_batch']} prompts × {d['shape']['n_samples']} samples per batch, "
            f"{d['shape']['minibatches']} PPO minibatches; **{d['devices']} emulated {d['profile']} devices**: the tiny "
@@ -296,27 +296,42 @@ def multi_policy_emulated() -> list[str]:
         vs = _sp(r["speedup_vs_sequential"]) + "x" if "speedup_vs_sequential" in r else "1"
         out.append(f"| {label} | {_sp(r['s_per_iter'], '.1f')} | {_sp(r['lower_bound_s_per_iter'], '.1f')} | "
                    f"{_sp(r['scheduling_efficiency'])} | {vs} | {_sp(r['max_cpu_fraction'])} |")
-    measured = rp and not rp.get("same_as_table2") and rp.get("arms")
-    for arm, r in (rp["arms"].items() if measured else ()):
-        tag = {"async": "(a)", "lockstep": "(b)"}[arm]
-        out.append(f"| {tag} on the re-priced split (`--reprice`, {r['s_per_iter']['n']} repetitions) | "
-                   f"{_sp(r['s_per_iter'], '.1f')} | {_sp(r['lower_bound_s_per_iter'], '.1f')} | "
-                   f"{_sp(r['scheduling_efficiency'])} | {_sp(r['speedup_vs_sequential'])}x | {_sp(r['max_cpu_fraction'])} |")
+    how = {"repriced": ("re-priced", "--reprice"), "tuned": ("tuned", "--tune")}
+    for key, sec in later.items():
+        for arm, r in (sec.get("arms") or {}).items():
+            tag = {"async": "(a)", "lockstep": "(b)"}[arm]
+            out.append(f"| {tag} on the {how[key][0]} split (`{how[key][1]}`, {r['s_per_iter']['n']} repetitions) | "
+                       f"{_sp(r['s_per_iter'], '.1f')} | {_sp(r['lower_bound_s_per_iter'], '.1f')} | "
+                       f"{_sp(r['scheduling_efficiency'])} | {_sp(r['speedup_vs_sequential'])}x | "
+                       f"{_sp(r['max_cpu_fraction'])} |")
     out += ["", f"(a) vs (b): {_sp(d['speedup_vs_lockstep'])}x. The seed reports 2.74x on real 8 × H100 "
                 "(212.64 → 77.65 s/iter). " + " ".join(d["notes"][2:]), ""]
-    if rp:
-        parts = "; ".join(f"{p}: {placement(x)}" for p, x in rp["split"]["split"].items())
-        line = (f"Re-priced on (a)'s own steady windows (`--reprice`): {parts}, priced bound "
-                f"{rp['split']['priced_bound_s_per_iter']:.1f} s/iter")
-        if rp.get("same_as_table2"):
-            line += " — the rule's split again, so nothing more to measure."
-        elif measured:
-            line += (" — measured in its own invocation, each repetition paired with Table 2's (c) repetition of the "
-                     "same index (same settings, seeds and config)" + "".join(
-                         f"; (a) vs (b) there {_sp(r['speedup_vs_lockstep'])}x" for r in (rp["arms"].get("async"),)
-                         if r and "speedup_vs_lockstep" in r) + ".")
-        out += [line, ""]
+    for key, sec in later.items():
+        out += [_later_split(key, sec, placement), ""]
     return out
+
+
+def _later_split(key: str, sec: dict, placement) -> str:
+    """One line on a split found after Table 2: how, what it measured, how it pairs."""
+    parts = "; ".join(f"{p}: {placement(x)}" for p, x in sec["split"]["split"].items())
+    if key == "repriced":
+        line = (f"Re-priced on (a)'s own steady windows (`--reprice`): {parts}, priced bound "
+                f"{sec['split']['priced_bound_s_per_iter']:.1f} s/iter")
+    else:
+        probes = "; ".join(f"{p['from']} → {p['to']}: (a) {p['s_per_iter']:.1f} s/iter against "
+                           f"{p['against_s_per_iter']:.1f}, {'kept' if p['accepted'] else 'not kept'}"
+                           for p in sec.get("probes", []))
+        line = (f"Tuned by measuring (a) (`--tune`: a device to the busiest stage of the steady window from the least "
+                f"busy that can spare one, one run per probe, kept when ≥ 5 % faster; probes: {probes or 'none'}): "
+                f"{parts}")
+    if sec.get("same_as_table2"):
+        return line + " — the rule's split again, so nothing more to measure."
+    a = (sec.get("arms") or {}).get("async") or {}
+    return line + (" — measured in its own invocation, each repetition paired with Table 2's (c) repetition of the "
+                   "same index (same settings, seeds and config)"
+                   + (f"; (a) vs (b) there {_sp(a['speedup_vs_lockstep'])}x" if "speedup_vs_lockstep" in a else "")
+                   + (f"; vs Table 2's (a) {_sp(a['speedup_vs_table2_async'])}x" if a.get("speedup_vs_table2_async")
+                      else "") + ".")
 
 
 def _lengths(d: dict) -> str:
