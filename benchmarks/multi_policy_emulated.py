@@ -585,11 +585,14 @@ def notes(agg: dict, split: dict, args) -> list[str]:
     def devices_of(comp: str) -> float:  # a pool's devices dealt over its nodes
         p, st = stage_of(comp)
         nodes = sum(1 for k in win if stage_of(k) == (p, st))
-        return split["split"][p][st] / nodes
+        return devices_of_stage(split["split"][p], st) / nodes
 
     if top.startswith("trainer."):
         p = stage_of(top)[0]
-        pools = ", ".join(f"{k} {v['median']:.1f} s (priced {split['priced_stage_s'][f'{stage_of(k)[0]}.rollout']:.1f})"
+        def priced_pool(k: str) -> float:  # a pool taking turns with its trainer was priced with it
+            q = stage_of(k)[0]
+            return split["priced_stage_s"].get(f"{q}.rollout", split["priced_stage_s"].get(f"{q}.shared", 0.0))
+        pools = ", ".join(f"{k} {v['median']:.1f} s (priced {priced_pool(k):.1f})"
                           for k, v in sorted(win.items()) if stage_of(k)[1] == "rollout")
         why = (f"{'more' if lb_a > priced else 'less'}; in its steady window the busiest resource was {top} in "
                f"{busiest.count(top)} of {len(busiest)} repetitions, the trainer the rule gave {split['split'][p]['trainer']} "

@@ -21,8 +21,9 @@ group did, which overlapping calls share (their latencies would count it twice).
 :meth:`BatchingClock.pause` and :meth:`BatchingClock.resume` are the devices going away and
 coming back (a trainer that shares them claimed them, ``emulation/share.py``): while paused
 no step starts (what was left of a step in progress is decoded after); on resume each device
-first prefills again the context its running rows held (their KV cache went with the devices), counted as device work. It knows nothing about
-engines, Kafka or which component holds it.
+first prefills again the context its running rows held (their KV cache went with the
+devices), counted as device work. It knows nothing about engines, Kafka or which component
+holds it.
 """
 
 from __future__ import annotations
