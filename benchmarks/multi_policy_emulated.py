@@ -503,6 +503,11 @@ def run_split(base: dict, args, split: dict, barrier: str, rep: int) -> dict:
 ARMS = {"async": "(a) ours, async", "lockstep": "(b) lockstep", "colocated": "(c) trainer-centred"}
 
 
+def spread_each(per: list[dict], key: str) -> dict:
+    """Each entry of the repetitions' ``key`` dicts as a spread over them (0 where one lacks it)."""
+    return {k: spread([x[key].get(k, 0.0) for x in per]) for k in per[0][key]}
+
+
 def aggregate(reps: list[dict]) -> dict:
     arms = {}
     for arm in ARMS:
@@ -518,12 +523,9 @@ def aggregate(reps: list[dict]) -> dict:
         if "work_in_window_by_resource" in per[0]:  # the Kafka arms' steady windows
             arms[arm]["busiest"] = [x["busiest"] for x in per]
             arms[arm]["window_steps"] = per[0]["window_steps"]
-            arms[arm]["work_in_window_by_resource"] = {
-                k: spread([x["work_in_window_by_resource"].get(k, 0.0) for x in per])
-                for k in per[0]["work_in_window_by_resource"]}
-        comps = per[0].get("generate_calls_per_iteration", {})
-        arms[arm]["generate_calls_per_iteration"] = {
-            k: spread([x["generate_calls_per_iteration"].get(k, 0.0) for x in per]) for k in comps}
+            arms[arm]["work_in_window_by_resource"] = spread_each(per, "work_in_window_by_resource")
+        arms[arm]["generate_calls_per_iteration"] = (spread_each(per, "generate_calls_per_iteration")
+                                                     if "generate_calls_per_iteration" in per[0] else {})
     a, b, c = (arms[k]["s_per_iter"] for k in ("async", "lockstep", "colocated"))
     for arm, s in (("async", a), ("lockstep", b)):
         arms[arm]["speedup_vs_sequential"] = ratio_spread(c, s)
@@ -589,6 +591,7 @@ def notes(agg: dict, split: dict, args) -> list[str]:
 
     if top.startswith("trainer."):
         p = stage_of(top)[0]
+
         def priced_pool(k: str) -> float:  # a pool taking turns with its trainer was priced with it
             q = stage_of(k)[0]
             return split["priced_stage_s"].get(f"{q}.rollout", split["priced_stage_s"].get(f"{q}.shared", 0.0))
@@ -693,16 +696,29 @@ def repriced_split(table2: dict) -> dict:
                     "its work there x d0*s(d0) / (d*s(d))"}
 
 
+def steady_table2(path: str, purpose: str) -> dict:
+    """A written Table 2 with steady windows in its (a) repetitions (what ``--reprice`` and
+    ``--tune`` start from), or an exit saying there is none to ``purpose``."""
+    table2 = json.loads(Path(path).read_text())
+    if not table2.get("repetitions") or "work_in_window_by_resource" not in table2["repetitions"][0]["async"]:
+        raise SystemExit(f"{path}: no steady-window Table 2 to {purpose} (run multi_policy --emulated first)")
+    return table2
+
+
+def with_table2_settings(args, table2: dict) -> dict:
+    """``args`` takes Table 2's recorded settings (the arms measured after it run as its did);
+    returns its job config."""
+    for k in TABLE2_SETTINGS:
+        setattr(args, k, table2[k] if table2[k] is not None else "")
+    return yaml.safe_load(Path(args.config).read_text())
+
+
 def reprice_main(args) -> int:
     """``multi_policy --emulated --reprice``: (a) (and (b)) again on the split re-priced from the
     written Table 2's own (a) runs (:func:`repriced_split`), with its settings, against its (c)
     repetitions paired by index; writes the file's ``repriced`` section (Table 2 stays)."""
-    table2 = json.loads(Path(args.out).read_text())
-    if not table2.get("repetitions") or "work_in_window_by_resource" not in table2["repetitions"][0]["async"]:
-        raise SystemExit(f"{args.out}: no steady-window Table 2 to re-price (run multi_policy --emulated first)")
-    for k in TABLE2_SETTINGS:
-        setattr(args, k, table2[k] if table2[k] is not None else "")
-    base = yaml.safe_load(Path(args.config).read_text())
+    table2 = steady_table2(args.out, "re-price")
+    base = with_table2_settings(args, table2)
     split = repriced_split(table2)
     print(f"EMULATED: Table 2's split {table2['device_split']['split']} re-priced on its (a) runs: {split['split']} "
           f"(priced bound {split['priced_bound_s_per_iter']:.1f} s/iter; {split['rule']})", flush=True)
@@ -743,10 +759,8 @@ def measure_on_split(args, table2: dict, base: dict, split: dict, label: str) ->
             "s_per_iter": spread(s), "lower_bound_s_per_iter": spread([x["lower_bound_s_per_iter"] for x in per]),
             "scheduling_efficiency": spread([x["lower_bound_s_per_iter"] / x["s_per_iter"] for x in per]),
             "busiest": [x["busiest"] for x in per], "overruns": spread([x["overruns"] for x in per]),
-            "work_in_window_by_resource": {k: spread([x["work_in_window_by_resource"].get(k, 0.0) for x in per])
-                                           for k in per[0]["work_in_window_by_resource"]},
-            **({"shared_resources": {k: spread([x["shared_resources"][k] for x in per])
-                                     for k in per[0]["shared_resources"]}} if "shared_resources" in per[0] else {}),
+            "work_in_window_by_resource": spread_each(per, "work_in_window_by_resource"),
+            **({"shared_resources": spread_each(per, "shared_resources")} if "shared_resources" in per[0] else {}),
             "max_cpu_fraction": spread([max(x["cpu_fraction"].values()) for x in per]),
             "speedup_vs_sequential": ratio_spread(spread(c[:n]), spread(s[:n])) if n else None,
             "speedup_vs_table2_async": ratio_spread(spread(table_a[:n]), spread(s[:n])) if n else None}
@@ -758,7 +772,6 @@ def measure_on_split(args, table2: dict, base: dict, split: dict, label: str) ->
               f"{fmt_spread(r['lower_bound_s_per_iter'], '.1f')}  eff {fmt_spread(r['scheduling_efficiency'])}  "
               f"vs (c) {fmt_spread(r['speedup_vs_sequential']) if r['speedup_vs_sequential'] else '-'}")
     return section
-
 
 
 # -- the split tuned by measuring (a) --------------------------------------------------------
@@ -776,7 +789,8 @@ def stage_work(work: dict[str, float]) -> dict[tuple[str, str], float]:
     """Window work per (policy, stage): a pool's nodes added."""
     out: dict[tuple[str, str], float] = {}
     for comp, v in work.items():
-        out[stage_of(comp)] = out.get(stage_of(comp), 0.0) + v
+        st = stage_of(comp)
+        out[st] = out.get(st, 0.0) + v
     return out
 
 
@@ -802,16 +816,12 @@ def tune_main(args) -> int:
     then (a) and (b) ``--repeats`` times on it, paired with Table 2's (c) repetitions; writes
     the file's ``tuned`` section with every probe (Table 2 stays). The probes choose; the
     repetitions after them measure (a probe's one run is never the result)."""
-    table2 = json.loads(Path(args.out).read_text())
-    if not table2.get("repetitions") or "work_in_window_by_resource" not in table2["repetitions"][0]["async"]:
-        raise SystemExit(f"{args.out}: no steady-window Table 2 to tune from (run multi_policy --emulated first)")
+    table2 = steady_table2(args.out, "tune from")
     start = table2["device_split"]["split"]
     if any("shared" in parts for parts in start.values()):
         raise SystemExit(f"{args.out}: Table 2's split has a shared placement; --tune moves devices between disjoint "
                          f"stages only")
-    for k in TABLE2_SETTINGS:
-        setattr(args, k, table2[k] if table2[k] is not None else "")
-    base = yaml.safe_load(Path(args.config).read_text())
+    base = with_table2_settings(args, table2)
     need = table2["device_split"]["min_train_devices"]
     a = table2["arms"]["async"]
     cur = {"split": start, "s_per_iter": a["s_per_iter"]["median"],
