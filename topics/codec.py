@@ -18,8 +18,11 @@ dataclass in ``__dict__`` order, so a message decoded and sent on keeps its byte
 
 from __future__ import annotations
 
+import array
+import binascii
 import dataclasses
 import functools
+import sys
 import types
 import typing
 from typing import Any, Callable, Union
@@ -29,6 +32,7 @@ import orjson
 from .exceptions import DecodeError, InvalidRecord, UnknownMessageType, UnsupportedSchema
 from .fieldcheck import Check, all_of, all_of_source, checker, describe
 from .messages import MESSAGE_TYPES, Message
+from .packed import pack_fields, packed_fields, packer, wire_default
 
 H_TYPE = "af-type"
 H_SCHEMA = "af-schema"
@@ -39,7 +43,8 @@ Headers = list[tuple[str, bytes]]
 
 
 def dumps(obj: Any) -> bytes:
-    return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+    """JSON bytes; a packed number array (:mod:`.packed`) becomes its hex string."""
+    return orjson.dumps(obj, default=wire_default, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def loads(data: bytes | memoryview | str) -> Any:
@@ -140,6 +145,8 @@ class _Builder:
     #: whether an instance is just its fields in ``__dict__`` (the generated ``__init__``,
     #: no ``__post_init__``, no slots): then it is made without calling ``__init__``
     direct: bool
+    #: packed number arrays (:mod:`.packed`): (field, ``convert(value)`` from its wire form)
+    packed: tuple[tuple[str, Callable[[Any], Any]], ...]
     checks: tuple[tuple[str, Check], ...]  #: (field, its scalar type check), for fields that have one
     all_checks: Callable[[dict], bool]  #: all of ``checks`` in one call (:func:`.fieldcheck.all_of`)
     validate: bool  #: whether the class has a ``validate`` method (its bounds) to call on each instance
@@ -158,6 +165,8 @@ class _Builder:
             ok = False
         if not ok:
             self._refuse(data)
+        for name, convert in self.packed:
+            data[name] = convert(data[name])
         for name, builder, many, optional in self.nested:
             value = data[name]
             if value is None:
@@ -225,13 +234,15 @@ def _builder(cls: type) -> _Builder:
         elif f.default is not dataclasses.MISSING:
             defaults[f.name] = functools.partial(_same, f.default)
     nested = tuple((f.name, *n) for f in fields if (n := _nested(hints[f.name])) is not None)
-    direct = (all(f.init for f in fields) and not hasattr(cls, "__post_init__")
+    # a ``__post_init__`` that only packs number arrays does what the builder does itself
+    direct = (all(f.init for f in fields) and getattr(cls, "__post_init__", pack_fields) is pack_fields
               and not hasattr(cls, "__slots__") and cls.__dataclass_params__.init)
+    packed = tuple((name, packer(p, f"{cls.__name__}.{name}", InvalidRecord)) for name, p in packed_fields(cls))
     names = tuple(f.name for f in fields)
     checks = tuple((f.name, c) for f in fields if (c := checker(hints[f.name])) is not None)
     builder = _Builder(cls, names, frozenset(names), frozenset(names) - defaults.keys(),
                        defaults, frozenset(getattr(cls, "RETIRED", frozenset())), nested, direct,
-                       checks, all_of(checks), callable(getattr(cls, "validate", None)))
+                       packed, checks, all_of(checks), callable(getattr(cls, "validate", None)))
     _set(builder, "fast", _fast_path(builder))
     return builder
 
@@ -264,8 +275,20 @@ def _fast_path(b: _Builder) -> Callable[[Any], Any]:
         builds.append(f"    if {value} is not None:\n        data[{name!r}] = {build}" if optional
                       else f"    data[{name!r}] = {build}")
     lines += [f"    if not (ok and {' and '.join(shapes) or 'True'}):",
-              "        return slow(data)",
-              *builds,
+              "        return slow(data)"]
+    if b.packed:  # a hex string of a little-endian host in one C call; any other value, or a bad one, by the slow path
+        env.update(new_array=array.array.__new__, fromhex=binascii.a2b_hex)
+        lines.append("    try:")
+        for i, (name, convert) in enumerate(b.packed):
+            env[f"P{i}"], env[f"pack{i}"] = convert.cls, convert
+            value = f"data[{name!r}]"
+            if sys.byteorder == "little":
+                lines.append(f"        {value} = new_array(P{i}, {convert.cls.TYPECODE!r}, fromhex(_p)) "
+                             f"if type(_p := {value}) is str else pack{i}(_p)")
+            else:
+                lines.append(f"        {value} = pack{i}({value})")
+        lines += ["    except (ValueError, InvalidRecord):", "        return slow(data)"]
+    lines += [*builds,
               "    obj = new(CLS)",
               "    set_(obj, '__dict__', data)"]
     if b.validate:

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
+from .packed import Flags, Floats, Ints, pack_fields
+
 MESSAGE_TYPES: dict[str, type["Message"]] = {}
 
 
@@ -129,24 +131,31 @@ class Task(Message):
 
 @dataclass(frozen=True)
 class Sample:
-    """One completion of a trajectory group."""
+    """One completion of a trajectory group.
 
-    tokens: list[int]  #: generated token ids (the prompt is in the group)
-    logprobs: list[float]  #: behaviour-policy logprob of each generated token
-    versions: list[int]  #: policy version that generated each token
+    Its number arrays are packed (:mod:`.packed`): a list or tuple given to the constructor
+    becomes :class:`~.packed.Ints` / :class:`~.packed.Floats` / :class:`~.packed.Flags`, which
+    read, compare and concatenate as lists do.
+    """
+
+    tokens: Ints  #: generated token ids (the prompt is in the group)
+    logprobs: Floats  #: behaviour-policy logprob of each generated token
+    versions: Ints  #: policy version that generated each token
     reward: float
     finish_reason: str  #: "stop", "length" or "context" (the model's window was full)
     text: str = ""
     #: this sample's context (the tokens before ``tokens``); empty: the group's ``prompt_ids``
     #: (the task's prompt), which is what nodes write when the two are equal. A sample never
     #: has an empty context: its first token is trained as predicted from the one before.
-    prompt_ids: list[int] = field(default_factory=list)
+    prompt_ids: Ints = field(default_factory=Ints)
     #: per token: 1 trained on, 0 context written by another role or the environment
     #: (its logprob and version are 0); empty: every token is trained on
-    loss_mask: list[int] = field(default_factory=list)
+    loss_mask: Flags = field(default_factory=Flags)
     #: per token: index into the group's ``roles`` of who wrote it; empty: the group's role
-    token_roles: list[int] = field(default_factory=list)
+    token_roles: Flags = field(default_factory=Flags)
     info: dict[str, Any] = field(default_factory=dict)  #: the workflow's per-trajectory facts (attempt, verdict)
+
+    __post_init__ = pack_fields
 
     def validate(self) -> None:
         n = len(self.tokens)
@@ -165,7 +174,7 @@ class Sample:
         """Tokens trained on."""
         return sum(self.loss_mask) if self.loss_mask else len(self.tokens)
 
-    def own_versions(self) -> list[int]:
+    def own_versions(self) -> Sequence[int]:
         """Versions of the tokens this role generated (context tokens carry none)."""
         if not self.loss_mask:
             return self.versions
@@ -181,16 +190,18 @@ class TrajectoryGroup(Message):
     Schema 2 added the multi-role fields: ``role``, ``roles`` and ``role_policies`` (who wrote
     the tokens; samples index ``roles`` per token), the per-sample loss mask, and ``stats``
     (the role's group statistics and the episode's team outcome). Schema 1 records decode
-    with their defaults: one role, every token trained on.
+    with their defaults: one role, every token trained on. Schema 3 writes the number arrays
+    (``prompt_ids`` and each sample's) packed, as hex strings (:mod:`.packed`); the JSON
+    arrays of earlier records decode to the same packed types.
     """
 
     TYPE: ClassVar[str] = "trajectory-group"
-    SCHEMA: ClassVar[int] = 2
+    SCHEMA: ClassVar[int] = 3
     task_id: str
     prompt_id: str
     policy: str
     node_id: str
-    prompt_ids: list[int]  #: the task's prompt, tokenized: the context of every sample that names none of its own
+    prompt_ids: Ints  #: the task's prompt, tokenized: the context of every sample that names none of its own
     samples: list[Sample]
     scheduled_version: int = 0
     started_at: float = 0.0
@@ -204,6 +215,8 @@ class TrajectoryGroup(Message):
 
     #: the group statistics the dataflow computes with: numbers when present
     NUMERIC_STATS: ClassVar[tuple[str, ...]] = ("reward_mean", "reward_std", "n", "team_reward")
+
+    __post_init__ = pack_fields
 
     def validate(self) -> None:
         if self.status not in ("ok", "failed"):
@@ -309,11 +322,12 @@ class Batch(Message):
 
     Schema 2 added ``replay``: a group marked there was trained fresh by an earlier batch
     and is taken again from the replay buffer (the audit allows a group in several
-    batches only so). Empty (as in schema 1 records) means every group is fresh.
+    batches only so). Empty (as in schema 1 records) means every group is fresh. Schema 3:
+    its groups are schema 3 trajectory groups (packed number arrays).
     """
 
     TYPE: ClassVar[str] = "batch"
-    SCHEMA: ClassVar[int] = 2
+    SCHEMA: ClassVar[int] = 3
     policy: str
     step: int
     groups: list[TrajectoryGroup]

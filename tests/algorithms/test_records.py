@@ -17,7 +17,7 @@ def _as_schema_1(msg, drop: tuple[str, ...]):
 def test_a_schema_1_batch_decodes_as_all_fresh():
     old = decode(*_as_schema_1(Batch("policy", 3, [], [], {"reward_mean": 0.5}), drop=("replay",)))
     assert old == Batch("policy", 3, [], [], {"reward_mean": 0.5}) and old.replay == []
-    assert Batch.SCHEMA == 2
+    assert Batch.SCHEMA == 3  # schema 3: packed trajectory groups (tests/topics/test_packed.py)
 
 
 def test_a_schema_1_dataflow_state_decodes_without_algorithms():

@@ -1,5 +1,7 @@
 """Kafka's own tools, from the same jars as the broker, see what our wrappers write."""
 
+import struct
+
 import orjson
 
 from astraflow.topics import TrajectoryGroup
@@ -23,7 +25,11 @@ def test_trajectory_record_is_plain_json_to_kafkas_console_consumer(job_topics, 
     assert key == "task-1"
     data = orjson.loads(value)  # a client that knows nothing of astraflow reads plain JSON
     assert data["task_id"] == "task-1"
-    assert data["samples"][0]["tokens"] == [1, 2, 3]
+    # number arrays are packed: the hex of little-endian int32 / float64 items, readable without astraflow
+    tokens = bytes.fromhex(data["samples"][0]["tokens"])
+    assert list(struct.unpack(f"<{len(tokens) // 4}i", tokens)) == [1, 2, 3]
+    logprobs = bytes.fromhex(data["samples"][0]["logprobs"])
+    assert list(struct.unpack(f"<{len(logprobs) // 8}d", logprobs)) == list(GROUP.samples[0].logprobs)
     assert TrajectoryGroup.TYPE == "trajectory-group"
 
 

@@ -100,7 +100,7 @@ def test_defaults_decoded_from_a_record_are_not_shared_between_messages():
     ("samples", "abc", "expected a JSON array, got str"),
     ("samples", [7], "Sample: expected a JSON object, got int"),
     ("samples", [{"tokens": [1]}], "Sample: missing field"),
-    ("prompt_ids", None, "prompt_ids: expected list\\[int\\], got NoneType"),  # once decoded, unchecked
+    ("prompt_ids", None, "prompt_ids: expected integers in int32 \\(a hex string or a JSON array\\), got NoneType"),
     ("samples", None, "samples: expected a JSON array, got null"),  # once decoded: a group of no list
 ])
 def test_nested_records_of_the_wrong_shape_are_decode_errors(field, bad, match):
@@ -161,8 +161,14 @@ def test_a_dead_letter_keeps_a_null_header_value():
 
 @pytest.mark.parametrize("kind,path,bad,match", [
     ("trajectory-group", ("samples", 0, "reward"), "lots", r"Sample.reward: expected float, got str"),
-    ("trajectory-group", ("samples", 0, "tokens"), [1, 2.5, 3], r"Sample.tokens: expected list\[int\], got a list"),
-    ("trajectory-group", ("samples", 0, "logprobs"), [-0.1, None, -0.3], r"Sample.logprobs: expected list\[float\]"),
+    ("trajectory-group", ("samples", 0, "tokens"), [1, 2.5, 3], r"Sample.tokens: expected integers in int32 .*got a list"),
+    ("trajectory-group", ("samples", 0, "logprobs"), [-0.1, None, -0.3], r"Sample.logprobs: expected numbers"),
+    # packed arrays (hex of little-endian items) that are not: bad digits, a partial item, too big an id
+    ("trajectory-group", ("samples", 0, "tokens"), "01000000zz000000", r"Sample.tokens: .*got a string of 16"),
+    ("trajectory-group", ("samples", 0, "tokens"), "010000000200", r"Sample.tokens: .*not a multiple of item size"),
+    ("trajectory-group", ("samples", 0, "tokens"), [1, 2 ** 40, 3], r"Sample.tokens: .*int"),
+    ("trajectory-group", ("samples", 0, "loss_mask"), {"x": 1}, r"Sample.loss_mask: expected integers in -128..127"),
+    ("trajectory-group", ("samples", 0, "logprobs"), "00" * 16, "logprobs has 2 entries but tokens has 3"),
     ("trajectory-group", ("samples", 0, "logprobs"), [-0.1], "logprobs has 1 entries but tokens has 3"),
     ("trajectory-group", ("samples", 0, "versions"), [0], "versions has 1 entries but tokens has 3"),
     ("trajectory-group", ("samples", 0, "token_roles"), [0], "token_roles has 1 entries but tokens has 3"),
