@@ -1,12 +1,14 @@
 """Kafka path throughput: our typed wrappers and chunking vs Kafka's own perf tools.
 
-One embedded broker (or ``--bootstrap-servers``), one run, two workloads:
+One embedded broker (or ``--bootstrap-servers``), one run, three workloads:
 
-(a) ~4 KiB typed trajectory records through :class:`Producer` / :class:`Consumer`
-    (orjson encode + decode, idempotent, acks=all, zstd), next to
+(a) typed trajectory records (2 samples x 72 tokens, ~5 KiB) through :class:`Producer` /
+    :class:`Consumer` (orjson encode + decode, idempotent, acks=all, zstd), next to
     ``kafka-producer-perf-test`` / ``kafka-consumer-perf-test`` sending the very same
     JSON payloads (``--payload-file``) with the same producer settings;
-(b) 1 MiB weight chunks through ``write_chunks`` / ``ChunkReader`` (BLAKE3 per chunk
+(b) seed-shaped trajectory records (8 samples x ``--large-tokens``) through the same
+    wrappers, next to plain kafka-python only;
+(c) 1 MiB weight chunks through ``write_chunks`` / ``ChunkReader`` (BLAKE3 per chunk
     and per object), next to the perf tools at the same record size, no compression.
 
 A third client, plain kafka-python with the same settings and the same bytes (values
@@ -14,11 +16,13 @@ and headers encoded beforehand; no decoding, no checksums), shows what our wrapp
 cost on top of the client library they use, apart from what kafka-python costs
 against Kafka's Java clients. Importing ``astraflow.topics`` gives kafka-python larger
 socket reads (``topics/socket_reads.py``), so plain kafka-python consumes with them too; a
-fourth consumer, plain kafka-python with its stock 4 KiB reads, shows what they gain. Every
-client runs ``--repeats`` times on fresh topics, in turn, so load from other processes hits
-all alike: median (min–max).
+fourth consumer, plain kafka-python with its stock 4 KiB reads, shows what they gain. For
+(a) and (b) our consumer also reads the same groups as schema 2 wrote them (number arrays
+as JSON arrays, not packed hex: :mod:`astraflow.topics.packed`), which shows what packing
+gains. Every client runs ``--repeats`` times on fresh topics, in turn, so load from other
+processes hits all alike: median (min–max).
 
-Prints one table (MB/s, ours/Kafka tool, ours/kafka-python, larger/stock reads) and writes
+Prints one table (MB/s, ours/Kafka tool, ours/kafka-python, larger/stock reads, packed/JSON arrays) and writes
 JSON to ``benchmarks/results/topics_throughput.json``.
 """
 
@@ -33,6 +37,8 @@ import time
 import uuid
 from pathlib import Path
 
+import orjson
+
 from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
 from astraflow.topics import (ChunkReader, Consumer, EmbeddedBroker, Producer, Sample, TopicSpec,
                               TrajectoryGroup, ensure_topics, socket_reads, write_chunks)
@@ -44,20 +50,27 @@ MB = 1e6
 RESULTS = Path(__file__).resolve().parent / "results" / "topics_throughput.json"
 
 
-def trajectory(i: int, target_bytes: int = 4096) -> TrajectoryGroup:
-    """A trajectory group whose JSON value is close to ``target_bytes``."""
-    n_tokens = 72  # 2 samples x 72 tokens of ids, logprobs and versions, padded to ~4 KiB of JSON
+def trajectory(i: int, target_bytes: int = 4096, n_samples: int = 2, n_tokens: int = 72) -> TrajectoryGroup:
+    """A trajectory group of ``n_samples`` x ``n_tokens`` token ids, logprobs and versions,
+    its encoded value padded to ``target_bytes`` where it is shorter."""
     samples = [Sample(tokens=[(i * 7 + t) % 151 for t in range(n_tokens)],
                       logprobs=[-((i + t) % 97) / 37.0 for t in range(n_tokens)],
                       versions=[i // 100] * n_tokens, reward=float(i % 2), finish_reason="stop",
                       text=str(i))
-               for _ in range(2)]
+               for _ in range(n_samples)]
     g = TrajectoryGroup(f"task-{i}", f"p-{i}", "policy", "raas-0", list(range(12)), samples,
                         scheduled_version=i // 100)
     size = len(encode(g)[0])
     pad = max(0, target_bytes - size)
     return TrajectoryGroup(g.task_id, g.prompt_id, g.policy, g.node_id, g.prompt_ids, g.samples,
                            g.scheduled_version, error="x" * pad)
+
+
+def json_arrays(msgs: list[TrajectoryGroup]) -> list[tuple[bytes, list]]:
+    """``msgs`` as schema 2 wrote them: every number array a JSON array (what this code still
+    reads; the packed hex of schema 3 is what it writes)."""
+    headers = [("af-type", TrajectoryGroup.TYPE.encode()), ("af-schema", b"2"), ("af-producer", b"bench")]
+    return [(orjson.dumps(m, default=lambda a: a.tolist()), headers) for m in msgs]
 
 
 def perf_producer(bootstrap: str, topic: str, n: int, size: int | None, payload_file: str | None,
@@ -104,11 +117,18 @@ def ours_typed(bootstrap: str, topic: str, msgs: list[TrajectoryGroup], n: int, 
         p.flush()
         dt = time.perf_counter() - t0
     prod = {"records": n, "bytes": n * value_bytes, "seconds": dt}
+    return prod, ours_consume(bootstrap, topic, n, value_bytes)
+
+
+def ours_consume(bootstrap: str, topic: str, n: int, value_bytes: float) -> dict:
+    """Our :class:`Consumer` (a group member, decoding every record to its message) reading ``n`` records."""
     with Consumer(bootstrap, topics=[topic], group_id=f"bench-{uuid.uuid4().hex[:6]}",
                   max_poll_records=2000) as c:
         got, t0, cpu0 = 0, None, 0.0
         while got < n:
-            batch = c.poll(5000)
+            # the first poll (which joins the group) takes one record: the timing starts after it, so it must not
+            # take a large part of what is timed (a poll hands out whatever the fetches brought, tens of MB)
+            batch = c.poll(5000, max_records=1 if t0 is None else None)
             if not batch:
                 raise RuntimeError(f"consumer stalled at {got}/{n}")
             if t0 is None:
@@ -116,7 +136,7 @@ def ours_typed(bootstrap: str, topic: str, msgs: list[TrajectoryGroup], n: int, 
             got += len(batch)
         del batch  # the last batch's release counts too, as each earlier one's did
         dt, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
-    return prod, {"records": got, "bytes": got * value_bytes, "seconds": dt, "cpu_seconds": cpu}
+    return {"records": got, "bytes": got * value_bytes, "seconds": dt, "cpu_seconds": cpu}
 
 
 def plain_produce(bootstrap: str, topic: str, records: list[tuple[bytes, list]], n: int, **settings) -> dict:
@@ -151,7 +171,7 @@ def plain_consume(bootstrap: str, topic: str, n: int) -> dict:
         got = nbytes = 0
         t0, cpu0 = None, 0.0
         while got < n:
-            batches = kc.poll(5000, max_records=2000)
+            batches = kc.poll(5000, max_records=1 if t0 is None else 2000)  # the first: one record, as ours
             if not batches:
                 raise RuntimeError(f"kafka-python consumer stalled at {got}/{n}")
             if t0 is None:
@@ -191,11 +211,16 @@ def ours_chunks(bootstrap: str, topic: str, payload: bytes, chunk: int) -> tuple
             {"records": n, "bytes": len(payload), "seconds": dt_r})
 
 
+TYPED = "typed trajectories, 2 x 72 tokens"
+LARGE = "typed trajectories, 8 x {tokens} tokens"
+CHUNKS = "1 MiB weight chunks"
+
+
 def one_round(bootstrap: str, names: dict[str, str], args, msgs, value_bytes: float, payload_file: Path,
-              payload: bytes, chunk: int) -> list[tuple[str, str, str, dict]]:
+              payload: bytes, chunk: int, large: list[TrajectoryGroup]) -> list[tuple[str, str, str, dict]]:
     """Every client on every workload once: ``(workload, op, client, measurement)``."""
     out = []
-    typed, chunks = "typed ~4 KiB trajectories", "1 MiB weight chunks"
+    typed, chunks = TYPED, CHUNKS
     op, oc = ours_typed(bootstrap, names["ours4k"], msgs, args.records, value_bytes)
     encoded = [encode(m, "bench") for m in msgs]
     pp = plain_produce(bootstrap, names["plain4k"], encoded, args.records, compression_type="zstd", linger_ms=5)
@@ -210,6 +235,20 @@ def one_round(bootstrap: str, names: dict[str, str], args, msgs, value_bytes: fl
             (typed, "produce", "kafka-python", pp), (typed, "consume", "kafka-python", pc),
             (typed, "consume", "kafka-python stock reads", sc),
             (typed, "produce", "kafka tool", kp), (typed, "consume", "kafka tool", kc)]
+    out.append((typed, "consume", "ours, JSON arrays", _json_arrays_consume(bootstrap, names["json4k"], msgs,
+                                                                         args.records)))
+    if large:  # seed-shaped groups: the same clients but the perf tools
+        workload = LARGE.format(tokens=len(large[0].samples[0].tokens))
+        n = args.large_records
+        large_bytes = sum(len(encode(m)[0]) for m in large) / len(large)
+        lp, lc = ours_typed(bootstrap, names["ourslarge"], large, n, large_bytes)
+        lpp = plain_produce(bootstrap, names["plainlarge"], [encode(m, "bench") for m in large], n,
+                            compression_type="zstd", linger_ms=5)
+        lpc = plain_consume(bootstrap, names["plainlarge"], n)
+        out += [(workload, "produce", "ours", lp), (workload, "consume", "ours", lc),
+                (workload, "produce", "kafka-python", lpp), (workload, "consume", "kafka-python", lpc),
+                (workload, "consume", "ours, JSON arrays", _json_arrays_consume(bootstrap, names["jsonlarge"], large,
+                                                                                n))]
 
     cw, cr = ours_chunks(bootstrap, names["ourschunks"], payload, chunk)
     n_chunks = cw["records"]
@@ -230,7 +269,15 @@ def one_round(bootstrap: str, names: dict[str, str], args, msgs, value_bytes: fl
     return out
 
 
-CLIENTS = {"ours": "ours", "kafka-python": "plain", "kafka tool": "kafka", "kafka-python stock reads": "stock"}
+def _json_arrays_consume(bootstrap: str, topic: str, msgs: list[TrajectoryGroup], n: int) -> dict:
+    """Our consumer reading the same groups written as schema 2 did (JSON arrays; see :func:`json_arrays`)."""
+    records = json_arrays(msgs)
+    plain_produce(bootstrap, topic, records, n, compression_type="zstd", linger_ms=5)
+    return ours_consume(bootstrap, topic, n, sum(len(v) for v, _ in records) / len(records))
+
+
+CLIENTS = {"ours": "ours", "kafka-python": "plain", "kafka tool": "kafka", "kafka-python stock reads": "stock",
+           "ours, JSON arrays": "json"}
 
 
 def summarise(rounds: list[list[tuple[str, str, str, dict]]]) -> list[dict]:
@@ -251,9 +298,12 @@ def summarise(rounds: list[list[tuple[str, str, str, dict]]]) -> list[dict]:
             row[f"{prefix}_records_per_s"] = spread([m["records"] / m["seconds"] for m in ms])
             if all("cpu_seconds" in m for m in ms):  # the consuming thread's CPU: what load does not stretch
                 row[f"{prefix}_cpu_us_per_record"] = spread([m["cpu_seconds"] / m["records"] * 1e6 for m in ms])
-        row["ours_over_kafka"] = ratio_spread(row["ours_records_per_s"], row["kafka_records_per_s"])
+        if "kafka_records_per_s" in row:  # the perf tools run the first two workloads
+            row["ours_over_kafka"] = ratio_spread(row["ours_records_per_s"], row["kafka_records_per_s"])
+            row["plain_over_kafka"] = ratio_spread(row["plain_records_per_s"], row["kafka_records_per_s"])
         row["ours_over_plain"] = ratio_spread(row["ours_records_per_s"], row["plain_records_per_s"])
-        row["plain_over_kafka"] = ratio_spread(row["plain_records_per_s"], row["kafka_records_per_s"])
+        if "json_records_per_s" in row:  # the same groups, packed (schema 3) over JSON arrays (schema 2)
+            row["packed_over_json"] = ratio_spread(row["ours_records_per_s"], row["json_records_per_s"])
         if "ours_cpu_us_per_record" in row and "plain_cpu_us_per_record" in row:
             # as a rate: records per CPU second, ours over kafka-python's
             row["ours_over_plain_cpu"] = ratio_spread(row["plain_cpu_us_per_record"], row["ours_cpu_us_per_record"])
@@ -273,22 +323,26 @@ def print_cpu(table: list[dict]) -> None:
 
 
 def print_table(table: list[dict]) -> None:
-    hdr = (f"{'workload':26} {'op':8} {'ours MB/s':>20} {'kafka-python MB/s':>20} {'Kafka tool MB/s':>20} "
-           f"{'ours/tool':>18} {'ours/kafka-python':>18} {'4 KiB reads MB/s':>20} {'larger/4 KiB reads':>18}")
+    hdr = (f"{'workload':38} {'op':8} {'ours MB/s':>20} {'kafka-python MB/s':>20} {'Kafka tool MB/s':>20} "
+           f"{'ours/tool':>18} {'ours/kafka-python':>18} {'4 KiB reads MB/s':>20} {'larger/4 KiB reads':>18} "
+           f"{'packed/JSON arrays':>18}")
     print(hdr)
     print("-" * len(hdr))
     for r in table:
-        print(f"{r['workload']:26} {r['op']:8} {fmt_spread(r['ours_MB_per_s'], '.1f'):>20} "
-              f"{fmt_spread(r['plain_MB_per_s'], '.1f'):>20} {fmt_spread(r['kafka_MB_per_s'], '.1f'):>20} "
-              f"{fmt_spread(r['ours_over_kafka']):>18} {fmt_spread(r['ours_over_plain']):>18} "
-              f"{fmt_spread(r['stock_MB_per_s'], '.1f') if 'stock_MB_per_s' in r else '-':>20} "
-              f"{fmt_spread(r['plain_over_stock']) if 'plain_over_stock' in r else '-':>18}")
+        def cell(key: str, fmt: str = ".2f") -> str:
+            return fmt_spread(r[key], fmt) if key in r else "-"
+        print(f"{r['workload']:38} {r['op']:8} {cell('ours_MB_per_s', '.1f'):>20} "
+              f"{cell('plain_MB_per_s', '.1f'):>20} {cell('kafka_MB_per_s', '.1f'):>20} "
+              f"{cell('ours_over_kafka'):>18} {cell('ours_over_plain'):>18} "
+              f"{cell('stock_MB_per_s', '.1f'):>20} {cell('plain_over_stock'):>18} {cell('packed_over_json'):>18}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bootstrap-servers")
-    ap.add_argument("--records", type=int, default=30_000, help="4 KiB trajectory records")
+    ap.add_argument("--records", type=int, default=30_000, help="trajectory records of 2 x 72 tokens")
+    ap.add_argument("--large-records", type=int, default=1_000, help="trajectory records of 8 x --large-tokens")
+    ap.add_argument("--large-tokens", type=int, default=512, help="tokens per sample of the large records; 0: none")
     ap.add_argument("--chunk-mb", type=int, default=256, help="MiB of weight chunks")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="3,000 records, 32 MiB of chunks (a smoke run)")
@@ -296,11 +350,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.records, args.chunk_mb = min(args.records, 3000), min(args.chunk_mb, 32)
+        args.large_records = min(args.large_records, 200)
     if args.repeats < 3:
         ap.error("--repeats must be >= 3 (the tables show median and spread)")
     load_before = load_now()
     chunk = 1024 * 1024
     msgs = [trajectory(i) for i in range(min(args.records, 2000))]
+    large = ([trajectory(i, 0, n_samples=8, n_tokens=args.large_tokens) for i in range(min(args.large_records, 200))]
+             if args.large_tokens else [])
     value_bytes = sum(len(encode(m)[0]) for m in msgs) / len(msgs)
     payload = os.urandom(args.chunk_mb * 1024 * 1024)
     payload_file = Path(tempfile.gettempdir()) / f"af-bench-payloads-{os.getpid()}.txt"
@@ -313,11 +370,13 @@ def main(argv: list[str] | None = None) -> int:
                 bootstrap = stack.enter_context(EmbeddedBroker(heap="2g")).bootstrap_servers
             for _ in range(args.repeats):
                 job = f"bench{uuid.uuid4().hex[:6]}"
-                names = {k: f"af.{job}.{k}" for k in ("ours4k", "plain4k", "kafka4k", "ourschunks", "plainchunks",
+                names = {k: f"af.{job}.{k}" for k in ("ours4k", "plain4k", "kafka4k", "json4k", "ourslarge",
+                                                      "plainlarge", "jsonlarge", "ourschunks", "plainchunks",
                                                       "kafkachunks")}
                 ensure_topics(bootstrap, [TopicSpec(n, partitions=1, max_message_bytes=4 * 1024 * 1024)
                                           for n in names.values()])
-                rounds.append(one_round(bootstrap, names, args, msgs, value_bytes, payload_file, payload, chunk))
+                rounds.append(one_round(bootstrap, names, args, msgs, value_bytes, payload_file, payload, chunk,
+                                        large))
                 raw += [m.get("raw") for *_, m in rounds[-1] if m.get("raw")]
     finally:
         payload_file.unlink(missing_ok=True)
@@ -325,7 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     print_table(table)
     print_cpu(table)
     out = {"benchmark": "topics_throughput", "kafka_version": kafka_version(), "records": args.records,
-           "trajectory_value_bytes": int(value_bytes), "chunk_bytes": chunk, "chunk_total_mib": args.chunk_mb,
+           "trajectory_value_bytes": int(value_bytes), "large_records": args.large_records if large else 0,
+           "large_value_bytes": int(sum(len(encode(m)[0]) for m in large) / len(large)) if large else 0,
+           "json_arrays_value_bytes": int(sum(len(v) for v, _ in json_arrays(msgs)) / len(msgs)), "chunk_bytes": chunk, "chunk_total_mib": args.chunk_mb,
            "repeats": args.repeats, "rows": table, "kafka_tool_output": raw}
     write_results(args.out, out, load_before)
     return 0
