@@ -28,22 +28,25 @@ def topics() -> list[str]:
     d = _load("topics_throughput")
     if not d:
         return []
+    large = (f", {d['large_records']:,} of 8 x {d.get('large_tokens', 512)} tokens (~{d['large_value_bytes']:,} B)"
+             if d.get("large_records") else "")
     out = [f"**Kafka path** — `python -m astraflow.benchmarks.topics_throughput` (Kafka {d['kafka_version']}, "
-           f"{d['records']:,} trajectory records of ~{d['trajectory_value_bytes']:,} B, "
+           f"{d['records']:,} trajectory records of ~{d['trajectory_value_bytes']:,} B{large}, "
            f"{d['chunk_total_mib']} MiB of 1 MiB chunks; ours = typed wrappers with orjson, idempotence, "
            "acks=all, zstd / chunking with BLAKE3; kafka-python = the same client with the same settings and bytes, "
            "no decoding or checksums; Kafka tool = its own perf tools, same payloads and settings; 4 KiB reads = "
-           "plain kafka-python consuming with its stock socket reads instead of `topics/socket_reads.py`'s; MB/s "
-           f"median (min–max) of {d['repeats']} rounds{_load_note(d)})", "",
+           "plain kafka-python consuming with its stock socket reads instead of `topics/socket_reads.py`'s; "
+           "packed / JSON arrays = our consumer on the same groups with packed number arrays (schema 3) over "
+           f"JSON arrays (schema 2), records/s; MB/s median (min–max) of {d['repeats']} rounds{_load_note(d)})", "",
            "| workload | op | ours MB/s | kafka-python MB/s | Kafka tool MB/s | ours / Kafka tool | ours / kafka-python | "
-           "kafka-python, 4 KiB reads MB/s | larger / 4 KiB reads |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+           "kafka-python, 4 KiB reads MB/s | larger / 4 KiB reads | packed / JSON arrays |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in d["rows"]:
-        stock = (f"{_sp(r['stock_MB_per_s'], '.1f')} | {_sp(r['plain_over_stock'])}" if "stock_MB_per_s" in r
-                 else "– | –")
-        out.append(f"| {r['workload']} | {r['op']} | {_sp(r['ours_MB_per_s'], '.1f')} | {_sp(r['plain_MB_per_s'], '.1f')} | "
-                   f"{_sp(r['kafka_MB_per_s'], '.1f')} | {_sp(r['ours_over_kafka'])} | {_sp(r['ours_over_plain'])} | "
-                   f"{stock} |")
+        def cell(key: str, fmt: str = ".2f") -> str:
+            return _sp(r[key], fmt) if key in r else "–"
+        out.append(f"| {r['workload']} | {r['op']} | {cell('ours_MB_per_s', '.1f')} | {cell('plain_MB_per_s', '.1f')} | "
+                   f"{cell('kafka_MB_per_s', '.1f')} | {cell('ours_over_kafka')} | {cell('ours_over_plain')} | "
+                   f"{cell('stock_MB_per_s', '.1f')} | {cell('plain_over_stock')} | {cell('packed_over_json')} |")
     return out + [""]
 
 

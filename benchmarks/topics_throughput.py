@@ -385,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     print_cpu(table)
     out = {"benchmark": "topics_throughput", "kafka_version": kafka_version(), "records": args.records,
            "trajectory_value_bytes": int(value_bytes), "large_records": args.large_records if large else 0,
+           "large_tokens": args.large_tokens,
            "large_value_bytes": int(sum(len(encode(m)[0]) for m in large) / len(large)) if large else 0,
            "json_arrays_value_bytes": int(sum(len(v) for v, _ in json_arrays(msgs)) / len(msgs)), "chunk_bytes": chunk, "chunk_total_mib": args.chunk_mb,
            "repeats": args.repeats, "rows": table, "kafka_tool_output": raw}
