@@ -10,8 +10,8 @@ protocol, and list-like where the code reads them (indexing, slicing, iteration,
 ``sum``, ``==`` and ``+`` with lists).
 
 On the wire (:mod:`.codec`) a packed field is a JSON string: the hex of its items'
-little-endian bytes (int32, float64, int8). Hex, not base64: ``bytes.fromhex`` decodes about
-four times as fast per byte as ``binascii.a2b_base64`` (0.44 against 2.2 ns per character),
+little-endian bytes (int32, float64, int8). Hex, not base64: ``binascii.a2b_hex`` decodes
+about six times as fast per character as ``binascii.a2b_base64`` (~0.35 against ~2.2 ns),
 which outweighs its longer strings. A record written before the arrays were packed holds
 JSON arrays there; those decode to the same types. This module knows nothing about
 messages or Kafka.
@@ -44,6 +44,8 @@ class Packed(array.array):
 
     def __new__(cls, values: Iterable[Any] = (), *rest: Any) -> "Packed":
         if rest:  # array's own reconstruction (pickle, copy) passes (typecode, items)
+            if values != cls.TYPECODE:
+                raise TypeError(f"{cls.__name__} has typecode {cls.TYPECODE!r}, not {values!r}")
             return super().__new__(cls, values, *rest)
         if type(values) is str:  # array.array would read a str as unicode items
             raise TypeError(f"{cls.__name__} holds {cls.ITEMS}, not a string")
@@ -86,6 +88,10 @@ class Packed(array.array):
 
     def __radd__(self, other: Any) -> Any:
         return list(other) + self.tolist()
+
+    def __iadd__(self, other: Any) -> "Packed":
+        self.extend(other)  # any iterable of items, as a list's ``+=`` takes
+        return self
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.tolist()!r})"

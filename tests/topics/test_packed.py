@@ -61,6 +61,11 @@ def test_the_wire_holds_little_endian_hex_and_the_record_round_trips():
     assert decode(*encode(batch)) == batch
     with pytest.raises(TypeError, match="not a string"):
         Ints("0100")  # a hex string is the wire's business, never a constructor's
+    with pytest.raises(TypeError, match="typecode 'i'"):
+        Ints("d", [1.5])
+    grown = Ints([1])
+    grown += [2, 3]
+    assert grown == [1, 2, 3] and type(grown) is Ints
 
 
 def test_a_schema_2_record_with_json_arrays_decodes_to_the_same_packed_values():
