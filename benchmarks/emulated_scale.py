@@ -292,16 +292,17 @@ SV_SETTINGS = ("profile", "token_scale", "prompt_token_scale", "workload", "max_
 
 
 def kept_counts(out: Path, args, table2: dict, counts: list[int]) -> dict[int, tuple[dict, list[dict]]]:
-    """The solver-verifier section's earlier device counts that this run does not measure, with
-    their layouts and repetitions, when they were measured the same way (steps, dilation and
-    Table 2's settings equal); a section measured otherwise is replaced, not mixed."""
+    """The solver-verifier section's earlier device counts that this run does not measure (with
+    ``--add-repetitions``, also those it does), with their layouts and repetitions, when they were
+    measured the same way (steps, dilation and Table 2's settings equal); a section measured
+    otherwise is replaced, not mixed."""
     old = (json.loads(out.read_text()) if out.is_file() else {}).get("solver_verifier") or {}
     same = (old.get("steps") == args.steps and old.get("dilation_at_8") == args.dilation
             and old.get("table2_settings") == {k: table2.get(k) for k in SV_SETTINGS})
     if not same:
         return {}
     return {int(n): (old["layouts"][n], reps) for n, reps in old.get("repetitions", {}).items()
-            if int(n) not in counts and n in old.get("layouts", {})}
+            if (int(n) not in counts or getattr(args, "add_repetitions", False)) and n in old.get("layouts", {})}
 
 
 def sv_main(args, counts: list[int]) -> int:
@@ -318,7 +319,8 @@ def sv_main(args, counts: list[int]) -> int:
     rows: dict[int, list[dict]] = {n: [] for n in counts}
     kept = kept_counts(Path(args.out), args, table2, counts)
     for n, (lay, reps) in kept.items():  # device counts this run does not measure stay as measured
-        lays[n], rows[n] = lay, reps
+        lays[n], rows[n] = lay, list(reps)
+    start = {n: len(rows[n]) for n in counts}  # --add-repetitions: the recorded ones come first
     if args.split == "balanced" and at not in counts and at not in kept:
         raise SystemExit(f"--split balanced prices the split on the team's own run at {at} devices: "
                          f"none is recorded in {args.out} with these settings; run --devices {at} first")
@@ -333,10 +335,11 @@ def sv_main(args, counts: list[int]) -> int:
                 print(f"    balanced split at {n}: {bal['split']} (priced bound "
                       f"{bal['priced_bound_s_per_iter']:.1f} s/iter)", flush=True)
             lays = dict(sorted(lays.items()))
-            rows[n].append(sv_one(args, lays[n], rep, table2))
+            rows[n].append(sv_one(args, lays[n], start[n] + rep, table2))
             agg = aggregate({k: v for k, v in rows.items() if v}, SV_KEYS)
             write_section(Path(args.out), "solver_verifier", {
-                "emulated": True, "job": "solver_verifier", "steps": args.steps, "repeats_planned": args.repeats,
+                "emulated": True, "job": "solver_verifier", "steps": args.steps,
+                "repeats_planned": args.repeats + max(start.values(), default=0),
                 "dilation_at_8": args.dilation, "split_from": "each layout's split_rule: scaled = multi_policy_emulated.json's device_split "
                 "scaled by N/8; balanced = sv_balanced_split, priced on this section's run at 8 devices",
                 "table2_settings": {k: table2.get(k) for k in SV_SETTINGS},
@@ -370,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split", choices=("balanced", "scaled"), default="balanced",
                     help="solver_verifier: the split at N devices; scaled = Table 2's split x N/8; balanced = "
                          "re-chosen at each N to minimise the largest stage, priced on the team's run at 8")
+    ap.add_argument("--add-repetitions", action="store_true",
+                    help="solver_verifier: keep the repetitions recorded at --devices (same settings and layout) "
+                         "and add --repeats more")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--run-root", default=str(ROOT / "runs" / "bench-emulated-scale"))
     args = ap.parse_args(argv)

@@ -160,6 +160,10 @@ def test_a_team_run_at_new_device_counts_keeps_the_counts_measured_the_same_way(
     assert es.kept_counts(out, argparse.Namespace(steps=6, dilation=0.3), table2, [32]) == {}
     assert es.kept_counts(out, args, {**table2, "max_staleness": 1}, [32]) == {}
     assert es.kept_counts(tmp_path / "absent.json", args, table2, [32]) == {}
+    # --add-repetitions: the count remeasured keeps what it recorded too, and the new repetitions follow
+    more = argparse.Namespace(steps=12, dilation=0.3, add_repetitions=True)
+    assert es.kept_counts(out, more, table2, [16]) == {8: ({"devices": 8}, [{"samples_per_s": 6.1}]),
+                                                         16: ({"devices": 16}, [{"samples_per_s": 10.8}])}
 
 
 def _team_at_8(solver_trainer_s: float) -> tuple[dict, list[dict]]:
