@@ -217,13 +217,14 @@ CHUNKS = "1 MiB weight chunks"
 
 
 def one_round(bootstrap: str, names: dict[str, str], args, msgs, value_bytes: float, payload_file: Path,
-              payload: bytes, chunk: int, large: list[TrajectoryGroup]) -> list[tuple[str, str, str, dict]]:
-    """Every client on every workload once: ``(workload, op, client, measurement)``."""
+              payload: bytes, chunk: int, large: list[TrajectoryGroup],
+              encoded: dict[str, list[tuple[bytes, list]]]) -> list[tuple[str, str, str, dict]]:
+    """Every client on every workload once: ``(workload, op, client, measurement)``. ``encoded``:
+    the records made once for all rounds (:func:`prepared`)."""
     out = []
     typed, chunks = TYPED, CHUNKS
     op, oc = ours_typed(bootstrap, names["ours4k"], msgs, args.records, value_bytes)
-    encoded = [encode(m, "bench") for m in msgs]
-    pp = plain_produce(bootstrap, names["plain4k"], encoded, args.records, compression_type="zstd", linger_ms=5)
+    pp = plain_produce(bootstrap, names["plain4k"], encoded["typed"], args.records, compression_type="zstd", linger_ms=5)
     pc = plain_consume(bootstrap, names["plain4k"], args.records)
     sc = stock_consume(bootstrap, names["plain4k"], args.records)
     kp = perf_producer(bootstrap, names["kafka4k"], args.records, None, str(payload_file),
@@ -235,20 +236,18 @@ def one_round(bootstrap: str, names: dict[str, str], args, msgs, value_bytes: fl
             (typed, "produce", "kafka-python", pp), (typed, "consume", "kafka-python", pc),
             (typed, "consume", "kafka-python stock reads", sc),
             (typed, "produce", "kafka tool", kp), (typed, "consume", "kafka tool", kc)]
-    out.append((typed, "consume", "ours, JSON arrays", _json_arrays_consume(bootstrap, names["json4k"], msgs,
-                                                                         args.records)))
+    out.append((typed, "consume", "ours, JSON arrays", _json_arrays_consume(bootstrap, names["json4k"],
+                                                                         encoded["typed_json"], args.records)))
     if large:  # seed-shaped groups: the same clients but the perf tools
         workload = LARGE.format(tokens=len(large[0].samples[0].tokens))
         n = args.large_records
-        large_bytes = sum(len(encode(m)[0]) for m in large) / len(large)
-        lp, lc = ours_typed(bootstrap, names["ourslarge"], large, n, large_bytes)
-        lpp = plain_produce(bootstrap, names["plainlarge"], [encode(m, "bench") for m in large], n,
-                            compression_type="zstd", linger_ms=5)
+        lp, lc = ours_typed(bootstrap, names["ourslarge"], large, n, mean_bytes(encoded["large"]))
+        lpp = plain_produce(bootstrap, names["plainlarge"], encoded["large"], n, compression_type="zstd", linger_ms=5)
         lpc = plain_consume(bootstrap, names["plainlarge"], n)
         out += [(workload, "produce", "ours", lp), (workload, "consume", "ours", lc),
                 (workload, "produce", "kafka-python", lpp), (workload, "consume", "kafka-python", lpc),
-                (workload, "consume", "ours, JSON arrays", _json_arrays_consume(bootstrap, names["jsonlarge"], large,
-                                                                                n))]
+                (workload, "consume", "ours, JSON arrays", _json_arrays_consume(bootstrap, names["jsonlarge"],
+                                                                                encoded["large_json"], n))]
 
     cw, cr = ours_chunks(bootstrap, names["ourschunks"], payload, chunk)
     n_chunks = cw["records"]
@@ -269,11 +268,22 @@ def one_round(bootstrap: str, names: dict[str, str], args, msgs, value_bytes: fl
     return out
 
 
-def _json_arrays_consume(bootstrap: str, topic: str, msgs: list[TrajectoryGroup], n: int) -> dict:
-    """Our consumer reading the same groups written as schema 2 did (JSON arrays; see :func:`json_arrays`)."""
-    records = json_arrays(msgs)
+def _json_arrays_consume(bootstrap: str, topic: str, records: list[tuple[bytes, list]], n: int) -> dict:
+    """Our consumer reading the same groups written as schema 2 did (JSON arrays: :func:`json_arrays`)."""
     plain_produce(bootstrap, topic, records, n, compression_type="zstd", linger_ms=5)
-    return ours_consume(bootstrap, topic, n, sum(len(v) for v, _ in records) / len(records))
+    return ours_consume(bootstrap, topic, n, mean_bytes(records))
+
+
+def mean_bytes(records: list[tuple[bytes, list]]) -> float:
+    """The mean value size of (value, headers) records."""
+    return sum(len(v) for v, _ in records) / len(records)
+
+
+def prepared(msgs: list[TrajectoryGroup], large: list[TrajectoryGroup]) -> dict[str, list[tuple[bytes, list]]]:
+    """The records plain kafka-python sends, made once for every round: as this code writes them
+    and as schema 2 did."""
+    return {"typed": [encode(m, "bench") for m in msgs], "typed_json": json_arrays(msgs),
+            "large": [encode(m, "bench") for m in large], "large_json": json_arrays(large)}
 
 
 CLIENTS = {"ours": "ours", "kafka-python": "plain", "kafka tool": "kafka", "kafka-python stock reads": "stock",
@@ -358,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     msgs = [trajectory(i) for i in range(min(args.records, 2000))]
     large = ([trajectory(i, 0, n_samples=8, n_tokens=args.large_tokens) for i in range(min(args.large_records, 200))]
              if args.large_tokens else [])
-    value_bytes = sum(len(encode(m)[0]) for m in msgs) / len(msgs)
+    encoded = prepared(msgs, large)
+    value_bytes = mean_bytes(encoded["typed"])  # the values alone: the producer header adds nothing to them
     payload = os.urandom(args.chunk_mb * 1024 * 1024)
     payload_file = Path(tempfile.gettempdir()) / f"af-bench-payloads-{os.getpid()}.txt"
     payload_file.write_bytes(b"\n".join(encode(trajectory(i))[0] for i in range(200)))
@@ -376,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                 ensure_topics(bootstrap, [TopicSpec(n, partitions=1, max_message_bytes=4 * 1024 * 1024)
                                           for n in names.values()])
                 rounds.append(one_round(bootstrap, names, args, msgs, value_bytes, payload_file, payload, chunk,
-                                        large))
+                                        large, encoded))
                 raw += [m.get("raw") for *_, m in rounds[-1] if m.get("raw")]
     finally:
         payload_file.unlink(missing_ok=True)
@@ -386,8 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     out = {"benchmark": "topics_throughput", "kafka_version": kafka_version(), "records": args.records,
            "trajectory_value_bytes": int(value_bytes), "large_records": args.large_records if large else 0,
            "large_tokens": args.large_tokens,
-           "large_value_bytes": int(sum(len(encode(m)[0]) for m in large) / len(large)) if large else 0,
-           "json_arrays_value_bytes": int(sum(len(v) for v, _ in json_arrays(msgs)) / len(msgs)), "chunk_bytes": chunk, "chunk_total_mib": args.chunk_mb,
+           "large_value_bytes": int(mean_bytes(encoded["large"])) if large else 0,
+           "json_arrays_value_bytes": int(mean_bytes(encoded["typed_json"])), "chunk_bytes": chunk,
+           "chunk_total_mib": args.chunk_mb,
            "repeats": args.repeats, "rows": table, "kafka_tool_output": raw}
     write_results(args.out, out, load_before)
     return 0
