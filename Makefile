@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 WEB    := astraflow/web
 CHARTS := $(WEB)/node_modules/.installed
 
-$(STAMP): pyproject.toml setup.py weights/_deltakernel.c
+$(STAMP): pyproject.toml setup.py weights/_deltakernel.c topics/_recordreader.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=python3.11)")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip

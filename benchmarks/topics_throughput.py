@@ -12,9 +12,11 @@ One embedded broker (or ``--bootstrap-servers``), one run, three workloads:
     and per object), next to the perf tools at the same record size, no compression.
 
 A third client, plain kafka-python with the same settings and the same bytes (values
-and headers encoded beforehand; no decoding, no checksums), shows what our wrappers
-cost on top of the client library they use, apart from what kafka-python costs
-against Kafka's Java clients. Importing ``astraflow.topics`` gives kafka-python larger
+and headers encoded beforehand; no decoding, no checksums; kafka-python's own record
+reading), shows what our wrappers cost on top of the client library they use, apart from
+what kafka-python costs against Kafka's Java clients. Our consumers read fetched batches
+with the C record reader (``topics/records.py``); for (a) and (b) plain kafka-python also
+reads the same records with it, which shows what the reader alone gains. Importing ``astraflow.topics`` gives kafka-python larger
 socket reads (``topics/socket_reads.py``), so plain kafka-python consumes with them too; a
 fourth consumer, plain kafka-python with its stock 4 KiB reads, shows what they gain. For
 (a) and (b) our consumer also reads the same groups as schema 2 wrote them (number arrays
@@ -22,7 +24,7 @@ as JSON arrays, not packed hex: :mod:`astraflow.topics.packed`), which shows wha
 gains. Every client runs ``--repeats`` times on fresh topics, in turn, so load from other
 processes hits all alike: median (min–max).
 
-Prints one table (MB/s, ours/Kafka tool, ours/kafka-python, larger/stock reads, packed/JSON arrays) and writes
+Prints one table (MB/s, ours/Kafka tool, ours/kafka-python, larger/stock reads, packed/JSON arrays, our record reader/kafka-python's) and writes
 JSON to ``benchmarks/results/topics_throughput.json``.
 """
 
@@ -158,11 +160,13 @@ def plain_produce(bootstrap: str, topic: str, records: list[tuple[bytes, list]],
     return {"records": n, "bytes": sum(len(records[i % len(records)][0]) for i in range(n)), "seconds": dt}
 
 
-def plain_consume(bootstrap: str, topic: str, n: int) -> dict:
-    """kafka-python's ``KafkaConsumer`` reading ``n`` records' bytes (no decoding)."""
-    from kafka import KafkaConsumer, TopicPartition
+def plain_consume(bootstrap: str, topic: str, n: int, record_reader: bool = False) -> dict:
+    """kafka-python's ``KafkaConsumer`` reading ``n`` records' bytes (no decoding), the records
+    read by kafka-python itself or (``record_reader``) by our C reader (:mod:`astraflow.topics.records`)."""
+    from kafka import TopicPartition
 
     kc = security.consumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                           record_reader=record_reader,
                            isolation_level="read_committed", max_partition_fetch_bytes=8 * 1024 * 1024,
                            fetch_max_bytes=64 * 1024 * 1024, client_id="bench-plain")
     try:
@@ -214,6 +218,7 @@ def ours_chunks(bootstrap: str, topic: str, payload: bytes, chunk: int) -> tuple
 TYPED = "typed trajectories, 2 x 72 tokens"
 LARGE = "typed trajectories, 8 x {tokens} tokens"
 CHUNKS = "1 MiB weight chunks"
+READER = "kafka-python, our record reader"
 
 
 def one_round(bootstrap: str, names: dict[str, str], args, msgs, value_bytes: float, payload_file: Path,
@@ -227,6 +232,7 @@ def one_round(bootstrap: str, names: dict[str, str], args, msgs, value_bytes: fl
     pp = plain_produce(bootstrap, names["plain4k"], encoded["typed"], args.records, compression_type="zstd", linger_ms=5)
     pc = plain_consume(bootstrap, names["plain4k"], args.records)
     sc = stock_consume(bootstrap, names["plain4k"], args.records)
+    rc = plain_consume(bootstrap, names["plain4k"], args.records, record_reader=True)
     kp = perf_producer(bootstrap, names["kafka4k"], args.records, None, str(payload_file),
                        {"acks": "all", "enable.idempotence": "true", "compression.type": "zstd",
                         "linger.ms": "5", "batch.size": str(256 * 1024)})
@@ -234,7 +240,7 @@ def one_round(bootstrap: str, names: dict[str, str], args, msgs, value_bytes: fl
     kc = perf_consumer(bootstrap, names["kafka4k"], args.records)
     out += [(typed, "produce", "ours", op), (typed, "consume", "ours", oc),
             (typed, "produce", "kafka-python", pp), (typed, "consume", "kafka-python", pc),
-            (typed, "consume", "kafka-python stock reads", sc),
+            (typed, "consume", "kafka-python stock reads", sc), (typed, "consume", READER, rc),
             (typed, "produce", "kafka tool", kp), (typed, "consume", "kafka tool", kc)]
     out.append((typed, "consume", "ours, JSON arrays", _json_arrays_consume(bootstrap, names["json4k"],
                                                                          encoded["typed_json"], args.records)))
@@ -244,8 +250,10 @@ def one_round(bootstrap: str, names: dict[str, str], args, msgs, value_bytes: fl
         lp, lc = ours_typed(bootstrap, names["ourslarge"], large, n, mean_bytes(encoded["large"]))
         lpp = plain_produce(bootstrap, names["plainlarge"], encoded["large"], n, compression_type="zstd", linger_ms=5)
         lpc = plain_consume(bootstrap, names["plainlarge"], n)
+        lrc = plain_consume(bootstrap, names["plainlarge"], n, record_reader=True)
         out += [(workload, "produce", "ours", lp), (workload, "consume", "ours", lc),
                 (workload, "produce", "kafka-python", lpp), (workload, "consume", "kafka-python", lpc),
+                (workload, "consume", READER, lrc),
                 (workload, "consume", "ours, JSON arrays", _json_arrays_consume(bootstrap, names["jsonlarge"],
                                                                                 encoded["large_json"], n))]
 
@@ -287,7 +295,7 @@ def prepared(msgs: list[TrajectoryGroup], large: list[TrajectoryGroup]) -> dict[
 
 
 CLIENTS = {"ours": "ours", "kafka-python": "plain", "kafka tool": "kafka", "kafka-python stock reads": "stock",
-           "ours, JSON arrays": "json"}
+           "ours, JSON arrays": "json", READER: "reader"}
 
 
 def summarise(rounds: list[list[tuple[str, str, str, dict]]]) -> list[dict]:
@@ -317,6 +325,8 @@ def summarise(rounds: list[list[tuple[str, str, str, dict]]]) -> list[dict]:
         if "ours_cpu_us_per_record" in row and "plain_cpu_us_per_record" in row:
             # as a rate: records per CPU second, ours over kafka-python's
             row["ours_over_plain_cpu"] = ratio_spread(row["plain_cpu_us_per_record"], row["ours_cpu_us_per_record"])
+        if "reader_records_per_s" in row:  # the same records, read by our C reader instead of kafka-python's
+            row["reader_over_plain"] = ratio_spread(row["reader_records_per_s"], row["plain_records_per_s"])
         if "stock_records_per_s" in row:  # the same records read the same way but for the socket reads
             row["plain_over_stock"] = ratio_spread(row["plain_records_per_s"], row["stock_records_per_s"])
         table.append(row)
@@ -327,15 +337,17 @@ def print_cpu(table: list[dict]) -> None:
     """The consumers' CPU per record (the consuming thread's), where both sides measured it."""
     for r in table:
         if "ours_over_plain_cpu" in r:
+            reader = (f", kafka-python with our record reader {fmt_spread(r['reader_cpu_us_per_record'], '.1f')}"
+                      if "reader_cpu_us_per_record" in r else "")
             print(f"{r['workload']} {r['op']}: CPU µs/record ours {fmt_spread(r['ours_cpu_us_per_record'], '.1f')}, "
-                  f"kafka-python {fmt_spread(r['plain_cpu_us_per_record'], '.1f')}; "
+                  f"kafka-python {fmt_spread(r['plain_cpu_us_per_record'], '.1f')}{reader}; "
                   f"ours/kafka-python per CPU second {fmt_spread(r['ours_over_plain_cpu'])}")
 
 
 def print_table(table: list[dict]) -> None:
     hdr = (f"{'workload':38} {'op':8} {'ours MB/s':>20} {'kafka-python MB/s':>20} {'Kafka tool MB/s':>20} "
            f"{'ours/tool':>18} {'ours/kafka-python':>18} {'4 KiB reads MB/s':>20} {'larger/4 KiB reads':>18} "
-           f"{'packed/JSON arrays':>18}")
+           f"{'packed/JSON arrays':>18} {'C reader/kafka-py':>18}")
     print(hdr)
     print("-" * len(hdr))
     for r in table:
@@ -344,7 +356,8 @@ def print_table(table: list[dict]) -> None:
         print(f"{r['workload']:38} {r['op']:8} {cell('ours_MB_per_s', '.1f'):>20} "
               f"{cell('plain_MB_per_s', '.1f'):>20} {cell('kafka_MB_per_s', '.1f'):>20} "
               f"{cell('ours_over_kafka'):>18} {cell('ours_over_plain'):>18} "
-              f"{cell('stock_MB_per_s', '.1f'):>20} {cell('plain_over_stock'):>18} {cell('packed_over_json'):>18}")
+              f"{cell('stock_MB_per_s', '.1f'):>20} {cell('plain_over_stock'):>18} {cell('packed_over_json'):>18} "
+              f"{cell('reader_over_plain'):>18}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,12 +60,16 @@ def checker(tp: Any) -> Check | None:
         item = checker(item_tp)
         if item is None:
             return _is_list
+        if item is _is_str:
+            return _str_list
         return lambda v: type(v) is list and all(item(x) for x in v)
     if origin is dict:
         value_tp = args[1] if len(args) == 2 else Any
         item = checker(value_tp)
         if item is None:
             return _is_dict
+        if item is _is_str:
+            return _str_dict
         return lambda v: type(v) is dict and all(item(x) for x in v.values())
     return None
 
@@ -77,6 +81,9 @@ _INLINE = {
     "_is_number": "type({v}) in _NUMBER", "_is_list": "type({v}) is list", "_is_dict": "type({v}) is dict",
     "_int_list": "type({v}) is list and type(sum({v})) is int",
     "_number_list": "type({v}) is list and type(sum({v})) in _NUMBER",
+    # an empty one (the common case: a one-role group's roles) without a generator
+    "_str_list": "type({v}) is list and (not {v} or all(type(x) is str for x in {v}))",
+    "_str_dict": "type({v}) is dict and (not {v} or all(type(x) is str for x in {v}.values()))",
 }
 
 
@@ -145,6 +152,14 @@ def _is_list(v: Any) -> bool:
 
 def _is_dict(v: Any) -> bool:
     return type(v) is dict
+
+
+def _str_list(v: Any) -> bool:
+    return type(v) is list and all(type(x) is str for x in v)
+
+
+def _str_dict(v: Any) -> bool:
+    return type(v) is dict and all(type(x) is str for x in v.values())
 
 
 def _int_list(v: Any) -> bool:

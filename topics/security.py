@@ -220,13 +220,16 @@ def _build(cls: type, args: tuple, kwargs: dict[str, Any], security: ClientSecur
     return cls(*args, **{**sec.kwargs(), **kwargs})
 
 
-def consumer(*topics: str, security: ClientSecurity | None = None, **kwargs: Any):
+def consumer(*topics: str, security: ClientSecurity | None = None, record_reader: bool = True, **kwargs: Any):
     """A ``KafkaConsumer`` with the process's security setting (or ``security``), whose
-    group joins survive short polls (:mod:`.group_join`)."""
+    group joins survive short polls (:mod:`.group_join`) and whose fetched records are read
+    by the C record reader (:mod:`.records`; ``record_reader=False``: by kafka-python's own)."""
     from kafka import KafkaConsumer
 
+    from . import records
     from .group_join import keep_completed_joins
-    return keep_completed_joins(_build(KafkaConsumer, topics, kwargs, security))
+    kc = keep_completed_joins(_build(KafkaConsumer, topics, kwargs, security))
+    return records.install(kc) if record_reader else kc
 
 
 def producer(*, security: ClientSecurity | None = None, **kwargs: Any):
