@@ -259,6 +259,9 @@ class Delivery(NamedTuple):
         return tracing.extract(self.headers)
 
 
+_tuple_new = tuple.__new__  #: a Delivery without its generated __new__'s Python frame (one per record)
+
+
 #: The most of an original record's value a dead letter carries (its size and SHA-256 name
 #: the whole): a letter must fit its producer's limit whatever the record's size, or the
 #: consumer that gives up on a record too big to retell could not give up on it at all.
@@ -534,7 +537,7 @@ class Consumer:
                         raise DecodeError(f"{r.topic} carries {', '.join(t.TYPE for t in allowed)} records, "
                                           f"not {msg.TYPE}")
                     key = r.key.decode("utf-8", "replace") if r.key is not None else None
-                    delivery = Delivery(r.topic, r.partition, r.offset, key, msg, headers, r.timestamp)
+                    delivery = _tuple_new(Delivery, (r.topic, r.partition, r.offset, key, msg, headers, r.timestamp))
                     if validate is not None:
                         try:
                             validate(delivery)

@@ -221,14 +221,22 @@ class TrajectoryGroup(Message):
     def validate(self) -> None:
         if self.status not in ("ok", "failed"):
             raise ValueError(f"status is {self.status[:40]!r}; it is 'ok' or 'failed'")
+        for s in self.samples:
+            if s.token_roles:
+                self._check_writers()
+                break
+        stats = self.stats
+        if stats:
+            for k in self.NUMERIC_STATS:
+                v = stats.get(k)
+                if v is not None and type(v) not in (int, float):
+                    raise ValueError(f"stats[{k!r}] is {type(v).__name__}, not a number")
+
+    def _check_writers(self) -> None:
         for i, s in enumerate(self.samples):
             if s.token_roles and not 0 <= min(s.token_roles) <= max(s.token_roles) < max(1, len(self.roles)):
                 raise ValueError(f"samples[{i}].token_roles names writers {min(s.token_roles)}..{max(s.token_roles)} "
                                  f"but the group has {len(self.roles)} role(s)")
-        for k in self.NUMERIC_STATS:
-            v = self.stats.get(k)
-            if v is not None and type(v) not in (int, float):
-                raise ValueError(f"stats[{k!r}] is {type(v).__name__}, not a number")
 
     @property
     def group_key(self) -> str:

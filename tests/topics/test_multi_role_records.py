@@ -53,3 +53,23 @@ def test_multi_role_fields_round_trip_and_reach_the_trainer_masked():
     # the sample's own context is its prompt, the mask reaches the trainer, the version is its own tokens'
     assert ts.prompt_ids == (1, 2, 3) and ts.loss_mask == (1, 0, 0, 1) and ts.version == 4
     assert ts.group_id == "t9/solver" and ts.trained_tokens == 2
+
+
+@pytest.mark.parametrize("token_roles, stats, error", [
+    ([1, 3, 0, 1], {}, r"samples\[1\]\.token_roles names writers 0\.\.3 but the group has 3 role"),
+    ([1, -1, 0, 1], {}, r"samples\[1\]\.token_roles names writers -1\.\.1"),
+    ([1, 2, 0, 1], {"reward_mean": "0.5"}, r"stats\['reward_mean'\] is str, not a number"),
+])
+def test_a_group_naming_writers_it_lacks_or_a_stat_that_is_no_number_is_refused(token_roles, stats, error):
+    from astraflow.topics.exceptions import InvalidRecord
+
+    good = Sample([5, 6, 7, 8], [-0.1, 0.0, 0.0, -0.3], [4, 0, 0, 5], 1.0, "stop", "8", loss_mask=[1, 0, 0, 1],
+                  token_roles=[1, 2, 0, 1])
+    bad = Sample([5, 6, 7, 8], [-0.1, 0.0, 0.0, -0.3], [4, 0, 0, 5], 1.0, "stop", "8", loss_mask=[1, 0, 0, 1],
+                 token_roles=token_roles)
+    g = TrajectoryGroup("t9", "p9", "solver", "raas-0", [1, 2], [good, bad], role="solver",
+                        roles=["env", "solver", "verifier"], stats=stats)
+    with pytest.raises(InvalidRecord, match=error):
+        decode(*encode(g))
+    plain = TrajectoryGroup("t9", "p9", "solver", "raas-0", [1, 2], [good], roles=["env", "solver", "verifier"])
+    assert decode(*encode(plain)) == plain
