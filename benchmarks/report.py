@@ -37,16 +37,19 @@ def topics() -> list[str]:
            "no decoding or checksums; Kafka tool = its own perf tools, same payloads and settings; 4 KiB reads = "
            "plain kafka-python consuming with its stock socket reads instead of `topics/socket_reads.py`'s; "
            "packed / JSON arrays = our consumer on the same groups with packed number arrays (schema 3) over "
-           f"JSON arrays (schema 2), records/s; MB/s median (min–max) of {d['repeats']} rounds{_load_note(d)})", "",
+           "JSON arrays (schema 2), records/s; C reader / kafka-python = plain kafka-python reading the same records "
+           "with our C record reader (`topics/records.py`, which our consumers use) over kafka-python's own reading, "
+           f"records/s; MB/s median (min–max) of {d['repeats']} rounds{_load_note(d)})", "",
            "| workload | op | ours MB/s | kafka-python MB/s | Kafka tool MB/s | ours / Kafka tool | ours / kafka-python | "
-           "kafka-python, 4 KiB reads MB/s | larger / 4 KiB reads | packed / JSON arrays |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "kafka-python, 4 KiB reads MB/s | larger / 4 KiB reads | packed / JSON arrays | C reader / kafka-python |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in d["rows"]:
         def cell(key: str, fmt: str = ".2f") -> str:
             return _sp(r[key], fmt) if key in r else "–"
         out.append(f"| {r['workload']} | {r['op']} | {cell('ours_MB_per_s', '.1f')} | {cell('plain_MB_per_s', '.1f')} | "
                    f"{cell('kafka_MB_per_s', '.1f')} | {cell('ours_over_kafka')} | {cell('ours_over_plain')} | "
-                   f"{cell('stock_MB_per_s', '.1f')} | {cell('plain_over_stock')} | {cell('packed_over_json')} |")
+                   f"{cell('stock_MB_per_s', '.1f')} | {cell('plain_over_stock')} | {cell('packed_over_json')} | "
+                   f"{cell('reader_over_plain')} |")
     return out + [""]
 
 

@@ -1,8 +1,8 @@
 /* The records of one Kafka record batch (message format v2), read in one C pass.
  *
  * kafka-python reads a fetched batch record by record in Python: some fifteen varint calls,
- * a DefaultRecord, then a ConsumerRecord per record (~10 us for a record with four
- * headers, most of what a plain kafka-python consumer spends per record). topics/records.py
+ * a DefaultRecord, then a ConsumerRecord per record (~8 us of the ~12.5 a plain
+ * kafka-python consumer spends on a 5 KB record with four headers). topics/records.py
  * hands the body of each (checked, decompressed) batch here instead and gets back the same
  * ConsumerRecord tuples.
  *
