@@ -275,7 +275,8 @@ static PyObject *read_records(PyObject *self, PyObject *args) {
         r.error = body.error;
         break;
     }
-    if (r.error == NULL && PyList_GET_SIZE(records) == count && r.pos != r.end) r.error = "bytes left after the batch's last record";
+    if (r.error == NULL && PyList_GET_SIZE(records) < count) r.error = "record could not be read"; /* never silent */
+    if (r.error == NULL && r.pos != r.end) r.error = "bytes left after the batch's last record";
     Py_DECREF(ts_type);
     if (r.error != NULL) {
         error = PyUnicode_FromString(r.error);

@@ -276,7 +276,9 @@ def _fast_path(b: _Builder) -> Callable[[Any], Any]:
                       else f"    data[{name!r}] = {build}")
     lines += [f"    if not (ok and {' and '.join(shapes) or 'True'}):",
               "        return slow(data)"]
-    if b.packed:  # a hex string of a little-endian host in one C call (an empty one: none); any other value, or a bad one, by the slow path
+    # packed arrays: a hex string of a little-endian host in one C call (an empty one: none);
+    # any other value, or a bad one, by the slow path
+    if b.packed:
         env.update(new_array=array.array.__new__, fromhex=binascii.a2b_hex)
         lines.append("    try:")
         for i, (name, convert) in enumerate(b.packed):
@@ -284,8 +286,8 @@ def _fast_path(b: _Builder) -> Callable[[Any], Any]:
             value = f"data[{name!r}]"
             if sys.byteorder == "little":
                 tc = convert.cls.TYPECODE
-                lines.append(f"        {value} = (new_array(P{i}, {tc!r}, fromhex(_p)) if _p else new_array(P{i}, {tc!r})) "
-                             f"if type(_p := {value}) is str else pack{i}(_p)")
+                made = f"(new_array(P{i}, {tc!r}, fromhex(_p)) if _p else new_array(P{i}, {tc!r}))"
+                lines.append(f"        {value} = {made} if type(_p := {value}) is str else pack{i}(_p)")
             else:
                 lines.append(f"        {value} = pack{i}({value})")
         lines += ["    except (ValueError, InvalidRecord):", "        return slow(data)"]
