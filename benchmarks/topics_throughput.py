@@ -16,16 +16,18 @@ and headers encoded beforehand; no decoding, no checksums; kafka-python's own re
 reading), shows what our wrappers cost on top of the client library they use, apart from
 what kafka-python costs against Kafka's Java clients. Our consumers read fetched batches
 with the C record reader (``topics/records.py``); for (a) and (b) plain kafka-python also
-reads the same records with it, which shows what the reader alone gains. Importing ``astraflow.topics`` gives kafka-python larger
-socket reads (``topics/socket_reads.py``), so plain kafka-python consumes with them too; a
-fourth consumer, plain kafka-python with its stock 4 KiB reads, shows what they gain. For
+reads the same records with it, which shows what the reader alone gains. Importing
+``astraflow.topics`` gives kafka-python larger socket reads (``topics/socket_reads.py``), so
+plain kafka-python consumes with them too; a fourth consumer, plain kafka-python with its
+stock 4 KiB reads, shows what they gain. For
 (a) and (b) our consumer also reads the same groups as schema 2 wrote them (number arrays
 as JSON arrays, not packed hex: :mod:`astraflow.topics.packed`), which shows what packing
 gains. Every client runs ``--repeats`` times on fresh topics, in turn, so load from other
 processes hits all alike: median (min–max).
 
-Prints one table (MB/s, ours/Kafka tool, ours/kafka-python, larger/stock reads, packed/JSON arrays, our record reader/kafka-python's) and writes
-JSON to ``benchmarks/results/topics_throughput.json``.
+Prints one table (MB/s, ours/Kafka tool, ours/kafka-python, larger/stock reads, packed/JSON
+arrays, our record reader/kafka-python's) and writes JSON to
+``benchmarks/results/topics_throughput.json``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,6 @@ reads the records itself. Every consumer :func:`~.security.consumer` makes is gi
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any, Iterator
 
@@ -31,8 +30,6 @@ try:
     from . import _recordreader
 except ImportError:  # built without a C compiler
     _recordreader = None
-
-log = logging.getLogger(__name__)
 
 __all__ = ["available", "install"]
 
