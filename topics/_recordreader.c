@@ -80,21 +80,16 @@ static PyObject *shared_bytes(PyObject **cached, const unsigned char *p, Py_ssiz
     return b;
 }
 
-/* The str of a header key, shared with the previous record's key at this place when equal. */
-static PyObject *shared_key(PyObject **raw, PyObject **text, const unsigned char *p, Py_ssize_t len, Reader *r) {
+/* The str of a header key, shared with the previous record's key at this place when equal;
+ * NULL with Python's exception set (the caller names a UnicodeDecodeError as damage). */
+static PyObject *shared_key(PyObject **raw, PyObject **text, const unsigned char *p, Py_ssize_t len) {
     PyObject *c = *raw;
     if (c != NULL && PyBytes_GET_SIZE(c) == len && memcmp(PyBytes_AS_STRING(c), p, (size_t)len) == 0) {
         Py_INCREF(*text);
         return *text;
     }
     PyObject *s = PyUnicode_DecodeUTF8((const char *)p, len, "strict");
-    if (s == NULL) {
-        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-            PyErr_Clear();
-            r->error = "header key is not UTF-8";
-        }
-        return NULL;
-    }
+    if (s == NULL) return NULL;
     PyObject *b = PyBytes_FromStringAndSize((const char *)p, len);
     if (b == NULL) {
         Py_DECREF(s);
@@ -153,10 +148,10 @@ static PyObject *read_headers(Reader *r, HeaderCache *cache, int64_t *header_siz
             goto fail;
         }
         if ((k = take(r, klen)) == NULL) goto fail;
-        key = i < CACHED_HEADERS ? shared_key(&cache->key_raw[i], &cache->key_text[i], k, (Py_ssize_t)klen, r)
+        key = i < CACHED_HEADERS ? shared_key(&cache->key_raw[i], &cache->key_text[i], k, (Py_ssize_t)klen)
                                  : PyUnicode_DecodeUTF8((const char *)k, (Py_ssize_t)klen, "strict");
         if (key == NULL) {
-            if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
                 PyErr_Clear();
                 r->error = "header key is not UTF-8";
             }

@@ -47,12 +47,11 @@ def available() -> bool:
 
 def install(kc: Any) -> Any:
     """Make ``kc`` (a ``KafkaConsumer``) read fetched batches with the C reader; returns
-    ``kc``. Unchanged (kafka-python's own reading) when the reader is not :func:`available`,
-    the consumer has deserializers, or its fetcher is not the one this was written for."""
+    ``kc``. Unchanged (kafka-python's own reading) when the reader is not :func:`available`
+    or the fetcher is not the one this was written for. A consumer with deserializers gets it
+    too: their records are read by kafka-python (:meth:`_PartitionRecords._unpack_records`)."""
     fetcher = getattr(kc, "_fetcher", None)
-    if (not available() or fetcher is None or getattr(fetcher, "PartitionRecords", None) is not Fetcher.PartitionRecords
-            or getattr(fetcher, "config", {}).get("key_deserializer") is not None
-            or getattr(fetcher, "config", {}).get("value_deserializer") is not None):
+    if not available() or fetcher is None or getattr(fetcher, "PartitionRecords", None) is not Fetcher.PartitionRecords:
         return kc
     fetcher.PartitionRecords = _PartitionRecords  # the fetcher builds each fetch's reader as self.PartitionRecords
     return kc
@@ -62,7 +61,7 @@ class _PartitionRecords(Fetcher.PartitionRecords):
     """kafka-python's per-fetch reader, with records of v2 batches read by the C reader."""
 
     def _unpack_records(self, tp, records, key_deserializer, value_deserializer) -> Iterator[ConsumerRecord]:
-        if key_deserializer is not None or value_deserializer is not None:
+        if key_deserializer is not None or value_deserializer is not None:  # the reader hands out bytes only
             yield from super()._unpack_records(tp, records, key_deserializer, value_deserializer)
             return
         read = _recordreader.read_records
