@@ -665,6 +665,11 @@ class Consumer:
             if not self._subscribed:
                 raise
             self._lost(offs)
+            # kafka-python refuses a commit itself while it says "rebalancing", and its poll rejoins
+            # only when a rejoin is pending; a client left rebalancing with none pending (seen in CI)
+            # would refuse every commit and hand the same records out again forever. Ask for one:
+            # a no-op when a join is already pending or in flight (the next poll completes it).
+            self._kc._coordinator.request_rejoin()
             meta = self._kc.group_metadata()
             raise StaleMembershipError(
                 f"consumer {self._kc.config['client_id']} of group {meta.group_id}: the group rebalanced before "
