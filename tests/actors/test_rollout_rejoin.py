@@ -9,6 +9,7 @@ producers; the wedge's signature is entered by stopping the consumer's heartbeat
 client's own switch) until the broker expels it while the client still says "stable".
 """
 
+import threading
 import time
 import types
 
@@ -64,6 +65,25 @@ def test_a_task_consumer_the_broker_dropped_is_recreated_and_gets_the_waiting_ta
         node.plain.close()
 
 
+def _stepping_node(bootstrap, job_topics, node_id: str) -> rollout.RolloutActor:
+    """A RaaS node with only the parts ``step()`` uses when it polls no task (an undecodable
+    one is dead-lettered): its task consumer, dead letters, metrics and watch; no engine."""
+    node = rollout.RolloutActor.__new__(rollout.RolloutActor)
+    node.bootstrap, node.topics, node.node_id = bootstrap, job_topics, node_id
+    node.cfg = load_config("examples/arithmetic_grpo.yaml")
+    node.multi, node.server = False, None
+    node.plain = Producer(bootstrap, client_id=node_id)
+    node.metrics = MetricsEmitter(node.plain, job_topics.metrics, node_id)
+    node.engine = types.SimpleNamespace(version=0)
+    node.engine_lock = threading.Lock()
+    node.subscriber = types.SimpleNamespace(apply_to=lambda engine: None, held_by=lambda engine: None, version=0,
+                                            epoch=0)
+    node._heartbeat = lambda force=False: None
+    node.watch = MembershipWatch(bootstrap, node_id, unsettled_s=rollout.CONSUMER_REJOIN_S, idle_s=600)
+    node.consumer = node._task_consumer()
+    return node
+
+
 def test_a_commit_refused_by_a_rebalance_does_not_crash_the_node(bootstrap, job_topics, monkeypatch, expel_silently):
     """A node polls only an undecodable task (dead-lettered) and commits past it with a plain
     commit; the group rebalanced between that poll and the commit (its session expired: the
@@ -71,26 +91,13 @@ def test_a_commit_refused_by_a_rebalance_does_not_crash_the_node(bootstrap, job_
     CommitFailedError. The node must
     go on (the task path's fencing: nothing of its own to keep), rejoin, be handed the record
     again and commit past it once, without a second letter for it."""
-    import threading
-
     from kafka import TopicPartition
 
     from astraflow.topics import DeadLetter
 
-    cfg = load_config("examples/arithmetic_grpo.yaml")
-    node = rollout.RolloutActor.__new__(rollout.RolloutActor)  # only the parts step() uses with no task
-    node.bootstrap, node.topics, node.cfg, node.node_id = bootstrap, job_topics, cfg, "raas-f"
-    node.multi, node.server = False, None
-    node.plain = Producer(bootstrap, client_id="raas-f")
-    node.metrics = MetricsEmitter(node.plain, job_topics.metrics, "raas-f")
-    node.engine = types.SimpleNamespace(version=0)
-    node.engine_lock = threading.Lock()
-    node.subscriber = types.SimpleNamespace(apply_to=lambda engine: None, held_by=lambda engine: None, version=0,
-                                            epoch=0)
-    node._heartbeat = lambda force=False: None
-    node.watch = MembershipWatch(bootstrap, "raas-f", unsettled_s=rollout.CONSUMER_REJOIN_S, idle_s=600)
     monkeypatch.setattr(rollout, "TASK_SESSION_TIMEOUT_MS", 6_000)  # the broker's minimum: expelled sooner
-    node.consumer = node._task_consumer()
+    node = _stepping_node(bootstrap, job_topics, "raas-f")
+    cfg = node.cfg
     group = job_topics.rollout_group(cfg.policy)
     topic = job_topics.tasks(cfg.policy)
     try:
@@ -146,24 +153,11 @@ def test_a_client_left_rebalancing_with_no_rejoin_pending_rejoins_instead_of_ref
     joining). The node dead-lettered nothing new, committed nothing, and redid the same record
     for a minute. The signature is entered with the client's own state; the node must rejoin
     and commit past the record."""
-    import threading
-
     from kafka import TopicPartition
     from kafka.coordinator.base import MemberState
 
-    cfg = load_config("examples/arithmetic_grpo.yaml")
-    node = rollout.RolloutActor.__new__(rollout.RolloutActor)  # only the parts step() uses with no task
-    node.bootstrap, node.topics, node.cfg, node.node_id = bootstrap, job_topics, cfg, "raas-r"
-    node.multi, node.server = False, None
-    node.plain = Producer(bootstrap, client_id="raas-r")
-    node.metrics = MetricsEmitter(node.plain, job_topics.metrics, "raas-r")
-    node.engine = types.SimpleNamespace(version=0)
-    node.engine_lock = threading.Lock()
-    node.subscriber = types.SimpleNamespace(apply_to=lambda engine: None, held_by=lambda engine: None, version=0,
-                                            epoch=0)
-    node._heartbeat = lambda force=False: None
-    node.watch = MembershipWatch(bootstrap, "raas-r", unsettled_s=rollout.CONSUMER_REJOIN_S, idle_s=600)
-    node.consumer = node._task_consumer()
+    node = _stepping_node(bootstrap, job_topics, "raas-r")
+    cfg = node.cfg
     topic = job_topics.tasks(cfg.policy)
     try:
         consumer = node.consumer
