@@ -146,7 +146,7 @@ def test_a_commit_refused_by_a_rebalance_does_not_crash_the_node(bootstrap, job_
 
 
 def test_a_client_left_rebalancing_with_no_rejoin_pending_rejoins_instead_of_refusing_every_commit(
-        bootstrap, job_topics, monkeypatch):
+        bootstrap, job_topics):
     """Seen in CI (this file's test above, once in ~40 runs of the suite): after its rejoin the
     client said "rebalancing" (so kafka-python refuses every commit itself, without asking the
     broker) while it had no rejoin pending (so every poll hands the record out again instead of

@@ -20,7 +20,6 @@ from astraflow.topics import TopicSpec, ensure_topics, records, security
 from astraflow.topics.client import Producer
 
 
-
 def test_the_reader_is_built_and_used():
     assert records.available(), "topics/_recordreader.c was not built: reinstall (make install) with a C compiler"
 
