@@ -18,6 +18,7 @@ from astraflow.actors.telemetry import MetricsEmitter
 from astraflow.config import load_config
 from astraflow.topics import Producer, Task
 from astraflow.topics.membership import MembershipWatch
+from tests.topics.groups import settle
 
 
 def test_a_task_consumer_the_broker_dropped_is_recreated_and_gets_the_waiting_task(
@@ -162,13 +163,7 @@ def test_a_client_left_rebalancing_with_no_rejoin_pending_rejoins_instead_of_ref
     try:
         consumer = node.consumer
         coordinator = consumer.raw._coordinator
-        for _ in range(80):  # joined and settled: assigned on the topic's whole metadata, no rejoin pending
-            consumer.poll(250)
-            if (consumer.group_metadata().generation_id >= 0 and consumer.assignment()
-                    and coordinator.state is MemberState.STABLE and not coordinator.need_rejoin()
-                    and coordinator._assignment_snapshot
-                    and coordinator._assignment_snapshot == coordinator._metadata_snapshot):
-                break
+        settle(consumer)  # assigned on the topic's whole metadata, no rejoin pending
         real_poll = consumer.poll
         wedged: list = []
 
