@@ -186,10 +186,17 @@ def test_sigterm_stops_every_component_of_the_run(make_job_config, tmp_path, sig
 
     import psutil
     cfg = make_job_config({"trainer": {"steps": 200}}, name="sigterm")
-    # its own embedded broker, whose address the run prints for `astraflow status` and other clients
-    p = subprocess.Popen([sys.executable, "-m", "astraflow", "run", cfg.source, "--run-dir", str(tmp_path / "run")],
-                         text=True, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    # the run gets the signal's default disposition, as from a terminal: under `nohup` the test
+    # runner ignores SIGHUP, an ignored signal stays ignored across exec, and a run that inherits
+    # that keeps going on purpose (astraflow/launcher.py); a handler of ours is reset by the exec
+    previous = signal.signal(sig, lambda *_: None)
+    try:
+        # its own embedded broker, whose address the run prints for `astraflow status` and other clients
+        p = subprocess.Popen([sys.executable, "-m", "astraflow", "run", cfg.source,
+                              "--run-dir", str(tmp_path / "run")], text=True, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        signal.signal(sig, previous)
     try:
         launcher = psutil.Process(p.pid)
         deadline = time.monotonic() + 120

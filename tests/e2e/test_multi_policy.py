@@ -112,10 +112,15 @@ def test_a_slow_trainer_paces_the_episodes_and_every_episode_is_trained(bootstra
         verifier_at_solver_done = max(verifier_steps, default=0)
         h.wait_for(lambda m: m.name == "trainer.done" and m.component == "trainer.verifier", 1200, "verifier done")
         reports = h.audit_until_settled()
-        while h.poll_metrics(1000):  # every node's raas.tasks, to the end
-            pass
     finally:
         h.stop_all()
+    # every node's raas.tasks, read again from the start now that they are stopped (running, each
+    # node reports at every heartbeat, once a second here: a 1 s poll seldom came back empty, and
+    # a run spent its 600 s here after its job ended)
+    h.metrics = []
+    while h.poll_metrics(1000):
+        pass
+    h.stop_all()
     _assert_conserved(reports, cfg)
     steps, B, s = cfg.trainer.steps, cfg.dataflow.groups_per_batch, cfg.dataflow.max_staleness
     freed = {p: sum(n for reason, n in reports[p].drops.items() if DROP_REASONS[reason]) for p in cfg.policy_names}

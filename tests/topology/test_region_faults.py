@@ -90,7 +90,10 @@ class FaultyRun(TopologyRun):
 @pytest.mark.timeout(1800)
 def test_mirror_and_node_sigkill_and_a_30s_link_cut_mid_run_lose_nothing(tmp_path):
     from astraflow.launcher import run_job
-    sets = {"trainer.steps": 30, "eval.every": 0, "eval.problems": 20, "job": f"rfault-{uuid.uuid4().hex[:6]}"}
+    # long enough for the faults (from step 2: 5 s, then the 30 s cut) to land mid-run: 30 steps
+    # once finished 10 s before the heal; 120 took 142 s after step 2, the heal ~40 s after it
+    steps = 120
+    sets = {"trainer.steps": steps, "eval.every": 0, "eval.problems": 20, "job": f"rfault-{uuid.uuid4().hex[:6]}"}
     overrides = [f"{k}={v}" for k, v in sets.items()]
     cfg = load_config(str(JOB), sets)
     plan = load_plan(MIRRORED, cfg)
@@ -106,7 +109,7 @@ def test_mirror_and_node_sigkill_and_a_30s_link_cut_mid_run_lose_nothing(tmp_pat
 
     # nothing lost: every task ended as one committed group, every ok group in one batch
     assert summary["error"] is None and summary["audit"]["ok"], summary["audit"]
-    assert summary["steps_trained"] == 30
+    assert summary["steps_trained"] == steps
     assert summary["restarts"].get(VICTIM, 0) >= 1, summary["restarts"]
     topo = summary["topology"]
     mirror = topo["regional_clusters"][REGION]["mirror"]
