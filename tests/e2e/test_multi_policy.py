@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from astraflow.chaos.harness import JobHarness
-from astraflow.topics import Batch, Task, ensure_topics, job_topics
+from astraflow.topics import Batch, Metric, Task, ensure_topics, job_topics
 from astraflow.topics.messages import DROP_REASONS
 from astraflow.topics.replay import read_topic
 
@@ -55,6 +55,13 @@ def _start(cfg, bootstrap, tmp_path) -> JobHarness:
         h.start("trainer", f"trainer-{p}", policy=p)
         h.start("raas", f"raas-{p}-0", policy=p)
     return h
+
+
+def _metrics_to_the_end(bootstrap, cfg) -> list[Metric]:
+    """Every metric the job wrote, read to the topic's end: once its components are stopped
+    (running, each node reports at every heartbeat, so polling until a quiet second may not end:
+    a run spent its 600 s so)."""
+    return [m for _, _, m in read_topic(bootstrap, job_topics(cfg).metrics) if isinstance(m, Metric)]
 
 
 def _assert_conserved(reports, cfg) -> None:
@@ -114,13 +121,7 @@ def test_a_slow_trainer_paces_the_episodes_and_every_episode_is_trained(bootstra
         reports = h.audit_until_settled()
     finally:
         h.stop_all()
-    # every node's raas.tasks, read again from the start now that they are stopped (running, each
-    # node reports at every heartbeat, once a second here: a 1 s poll seldom came back empty, and
-    # a run spent its 600 s here after its job ended)
-    h.metrics = []
-    while h.poll_metrics(1000):
-        pass
-    h.stop_all()
+    metrics = _metrics_to_the_end(bootstrap, cfg)
     _assert_conserved(reports, cfg)
     steps, B, s = cfg.trainer.steps, cfg.dataflow.groups_per_batch, cfg.dataflow.max_staleness
     freed = {p: sum(n for reason, n in reports[p].drops.items() if DROP_REASONS[reason]) for p in cfg.policy_names}
@@ -132,7 +133,7 @@ def test_a_slow_trainer_paces_the_episodes_and_every_episode_is_trained(bootstra
     # a task trains one policy only when the other has every group it needs and this one replaces a drop
     assert len(tasks) - len(both) <= sum(freed.values())
     assert steps * B <= len(tasks) <= steps * B + sum(freed.values())
-    rolled_out = sum(m.value for m in h.metrics if m.name == "raas.tasks")
+    rolled_out = sum(m.value for m in metrics if m.name == "raas.tasks")
     assert rolled_out == len(tasks), f"{rolled_out} episodes rolled out for {len(tasks)} tasks"
     assert sum("verifier" in t.train for t in tasks) == reports["verifier"].tasks
 
@@ -199,17 +200,14 @@ def test_a_node_with_two_polls_in_flight_commits_them_in_order_and_loses_nothing
         reports = h.audit_until_settled()
     finally:
         h.stop_all()
-    h.metrics = []  # every metric the nodes wrote, read again from the start now that they are stopped
-    while h.poll_metrics(1000):  # (running, an emulated device reports at each heartbeat: no end)
-        pass
-    h.stop_all()
+    metrics = _metrics_to_the_end(bootstrap, cfg)
     _assert_conserved(reports, cfg)
-    in_flight = [m.value for m in h.metrics if m.name == "raas.polls_in_flight" and m.labels.get("node") == "raas-solver-0"]
+    in_flight = [m.value for m in metrics if m.name == "raas.polls_in_flight" and m.labels.get("node") == "raas-solver-0"]
     assert max(in_flight) == 2, in_flight  # the second poll started before the first committed
     tasks = [m for _, _, m in read_topic(bootstrap, job_topics(cfg).tasks("solver")) if isinstance(m, Task)]
-    rolled_out = sum(m.value for m in h.metrics if m.name == "raas.tasks")
+    rolled_out = sum(m.value for m in metrics if m.name == "raas.tasks")
     assert rolled_out == len(tasks), f"{rolled_out} episodes committed for {len(tasks)} tasks"
     # each node reports the episodes of its polls in flight with its heartbeat (what a benchmark
     # pricing work per episode counts): two polls' worth at most, none once every task committed
-    gauge = [m.value for m in h.metrics if m.name == "raas.tasks_in_flight" and m.labels.get("node") == "raas-solver-0"]
+    gauge = [m.value for m in metrics if m.name == "raas.tasks_in_flight" and m.labels.get("node") == "raas-solver-0"]
     assert gauge and max(gauge) <= 2 * 2 and gauge[-1] == 0, gauge
