@@ -14,7 +14,9 @@ from collections.abc import Collection
 from pathlib import Path
 
 from astraflow.config import JobConfig
+from astraflow.sandbox import SandboxSettings
 from astraflow.topics import Batch
+from astraflow.workflows.code_tasks import use_sandbox
 
 
 def model_path(cfg: JobConfig) -> Path:
@@ -70,8 +72,7 @@ def to_train_batch(batch: Batch):
 def configure_sandbox(cfg: JobConfig) -> None:
     """Before any episode runs: whether model-written code may run without namespaces here
     (``sandbox.allow_unisolated``; the sandbox refuses by default)."""
-    from astraflow.workflows import sandbox
-    sandbox.configure(allow_unisolated=cfg.sandbox.allow_unisolated)
+    use_sandbox(SandboxSettings(allow_unisolated=cfg.sandbox.allow_unisolated))
 
 
 def set_threads(n: int) -> None:

@@ -656,7 +656,7 @@ class JobConfig:
     eval: EvalConfig = _f(EvalConfig(), "evaluation")
     tracing: TracingConfig = _f(TracingConfig(), "tracing")
     tracking: TrackingConfig = _f(TrackingConfig(), "the metrics in TensorBoard and MLflow too (docs/tracking.md)")
-    sandbox: SandboxConfig = _f(SandboxConfig(), "the sandbox model-written code runs in (workflows/sandbox.py)")
+    sandbox: SandboxConfig = _f(SandboxConfig(), "the sandbox model-written code runs in (sandbox/)")
     audit: AuditConfig = _f(AuditConfig(), "the conservation audit of the job's topics (at the end, and every N "
                                            "versions)")
     policies: dict[str, PolicyConfig] = _f({}, "multi-policy jobs: name -> {model, rollout, dataflow, trainer}, "

@@ -4,7 +4,7 @@ Owns problem generation and the ``code_hidden_tests`` reward. A problem shows a 
 input/output examples of a small integer function ``f`` of one or two arguments
 (``f(1)=3;f(2)=5;f(4)=9;f=``); the answer is one Python expression over ``x`` (and ``y``),
 e.g. ``x*2+1``, ``x%3``, ``max(x,4)``, ``x*y+2``, which becomes ``def f(x): return <expr>``
-and is run on hidden test cases in :mod:`astraflow.workflows.sandbox`, never in this process.
+and is run on hidden test cases in :mod:`astraflow.sandbox`, never in this process.
 
 Problems are drawn deterministically from a seed out of a fixed family of expressions.
 Each is *identifiable*: every expression of the family that fits the visible examples
@@ -27,15 +27,15 @@ from typing import Any
 import orjson
 
 from astraflow.errors import DataError
+from astraflow.sandbox import Limits, SandboxSettings, check_function
 from astraflow.topics import Prompt
 
 from .api import reward
 from .arithmetic import split_of
-from .sandbox import Limits, check_function
 
 __all__ = ["Case", "CodeProblem", "CodeTaskError", "generate_code_problems", "code_prompts", "program_of",
            "expression_of", "format_cases", "parse_cases", "hidden_tests", "reference_of", "run_cases",
-           "family", "evaluate_expr", "probe_inputs", "hidden_tests_reward", "ENTRY", "LIMITS"]
+           "family", "evaluate_expr", "probe_inputs", "hidden_tests_reward", "use_sandbox", "ENTRY", "LIMITS"]
 
 Case = tuple[tuple[int, ...], int]  #: ``(args, expected)``
 ENTRY = "f"  #: the function every program defines
@@ -279,15 +279,31 @@ def reference_of(metadata: Mapping[str, Any] | None) -> str:
 LIMITS = Limits(cpu_s=1.0, wall_s=10.0, memory_mb=256, processes=8, file_mb=1.0, output_kb=16)
 
 
-def run_cases(expr: str | None, cases: Sequence[Case], limits: Limits = LIMITS) -> tuple[list[bool], str]:
+class _Bound:
+    #: the job's sandbox settings in this process: a reward is called with a completion, an
+    #: answer and metadata only, so the job's ``sandbox`` section cannot travel with the call
+    settings = SandboxSettings()
+
+
+def use_sandbox(settings: SandboxSettings) -> None:
+    """Bind the job's sandbox settings for this process's code runs: a component calls it
+    once, before any episode runs (:func:`astraflow.actors.common.configure_sandbox`)."""
+    if not isinstance(settings, SandboxSettings):
+        raise TypeError(f"use_sandbox: settings must be SandboxSettings, got {type(settings).__name__}")
+    _Bound.settings = settings
+
+
+def run_cases(expr: str | None, cases: Sequence[Case], limits: Limits = LIMITS,
+              settings: SandboxSettings | None = None) -> tuple[list[bool], str]:
     """Per case, whether ``expr`` (a completion's expression, or None) returns the expected
-    value, run in the sandbox; and the sandbox's reason (``"not an expression"`` for None,
-    without a run)."""
+    value, run in the sandbox with ``settings`` (default: the ones :func:`use_sandbox`
+    bound); and the sandbox's reason (``"not an expression"`` for None, without a run)."""
     if not cases:
         return [], "no cases"
     if expr is None:
         return [False] * len(cases), "not an expression"
-    result = check_function(program_of(expr, len(cases[0][0])), ENTRY, cases, limits=limits)
+    result = check_function(program_of(expr, len(cases[0][0])), ENTRY, cases, limits=limits,
+                            settings=settings or _Bound.settings)
     return [bool(p) for p in result.passed], result.reason
 
 

@@ -24,21 +24,6 @@ def tokenizer_and_engine():
 
 
 @pytest.fixture
-def no_sandbox_leftovers():
-    """A sandbox test: no process of a run survives it, and the caller still runs programs."""
-    import psutil
-
-    from astraflow.workflows.sandbox import Limits, run_python
-
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    yield
-    after = {p.pid for p in psutil.Process().children(recursive=True)}
-    assert after <= before, f"sandbox processes left behind: {after - before}"
-    check = run_python("print(sum(range(10)))", limits=Limits(cpu_s=1, wall_s=20, memory_mb=128, processes=16))
-    assert (check.reason, check.stdout) == ("ok", "45\n")
-
-
-@pytest.fixture
 def bad_param_is_a_config_error(tmp_path):
     """``check(example, key, value, good)``: ``value`` for ``workflow.params.<key>`` in the example
     config ``example`` is a ConfigError naming the key, the file and the value; with the params

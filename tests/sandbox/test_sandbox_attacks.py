@@ -24,9 +24,10 @@ import pytest
 
 from astraflow.config import JobConfig
 from astraflow.typed_config import ConfigError, from_dict
-from astraflow.workflows import sandbox
+from astraflow import sandbox
+from astraflow.sandbox import Limits, check_function, namespaces_available, run_python
+from astraflow.sandbox.api import _run
 from astraflow.workflows.code_tasks import ENTRY, program_of
-from astraflow.workflows.sandbox import Limits, _run, check_function, namespaces_available, run_python
 
 SMALL = Limits(cpu_s=1, wall_s=20, memory_mb=128, processes=16, file_mb=0.1, output_kb=8)
 CASES = [((1,), 2), ((2,), 3), ((5,), 6)]
@@ -324,18 +325,26 @@ prog = Prog(len(code), ctypes.addressof(buf))
 assert libc.prctl(38, 1, 0, 0, 0) == 0  # no_new_privs, so an unprivileged caller may filter
 assert libc.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0, ctypes.get_errno()  # SECCOMP_MODE_FILTER
 
-from astraflow.workflows import sandbox
+from astraflow import sandbox
 out = {"namespaces": sandbox.namespaces_available()}
 program = "def f(x):\n    return x + 1"
 cases = [((1,), 2), ((2,), 3)]
 refused = sandbox.check_function(program, "f", cases)
 out["refused"] = [refused.passed, refused.reason, refused.detail]
 out["run_refused"] = sandbox.run_python("print(1)").reason
-sandbox.configure(allow_unisolated=True)
-allowed = sandbox.check_function(program, "f", cases)
+opted_in = sandbox.SandboxSettings(allow_unisolated=True)
+allowed = sandbox.check_function(program, "f", cases, settings=opted_in)
 out["allowed"] = [allowed.passed, allowed.reason]
-run = sandbox.run_python("import os\nprint(os.getuid())")
+run = sandbox.run_python("import os\nprint(os.getuid())", settings=opted_in)
 out["run"] = [run.reason, run.stdout, run.network_isolated]
+# the path a component takes: its job config's sandbox section, bound once for the code reward
+from astraflow.actors.common import configure_sandbox
+from astraflow.config import JobConfig
+from astraflow.typed_config import from_dict
+from astraflow.workflows.code_tasks import run_cases
+out["reward_refused"] = run_cases("x+1", cases)
+configure_sandbox(from_dict(JobConfig, {"job": "j", "sandbox": {"allow_unisolated": True}}))
+out["reward_allowed"] = run_cases("x+1", cases)
 print(json.dumps(out))
 """
 
@@ -351,6 +360,8 @@ def test_without_namespaces_code_does_not_run_unless_the_config_opts_in():
     assert out["run_refused"] == "no_isolation"
     assert out["allowed"] == [[True, True], "ok"]
     assert out["run"] == ["ok", f"{65534 if os.geteuid() == 0 else os.getuid()}\n", False]
+    assert out["reward_refused"] == [[False, False], "no_isolation"]
+    assert out["reward_allowed"] == [[True, True], "ok"]
 
 
 def test_the_config_key_is_typed_and_off_by_default():
@@ -362,7 +373,7 @@ def test_the_config_key_is_typed_and_off_by_default():
     with pytest.raises(ConfigError, match="sandbox.allow_isolated"):
         from_dict(JobConfig, {**base, "sandbox": {"allow_isolated": True}})
     with pytest.raises(TypeError, match="allow_unisolated"):
-        sandbox.configure(allow_unisolated="yes")
+        sandbox.SandboxSettings(allow_unisolated="yes")
 
 
 @as_root
@@ -408,12 +419,11 @@ def test_a_result_cut_at_the_results_cap_fails_its_case_only():
 
 #: The real fallback: the seccomp filter above takes namespaces away, the config opts in, and
 #: ``run_python`` (not ``_run``) decides how the program runs. Prints the result as JSON.
-FALLBACK_RUN = SECCOMP_NO_UNSHARE.split("from astraflow.workflows import sandbox")[0] + r"""
-from astraflow.workflows import sandbox
-from astraflow.workflows.sandbox import Limits
+FALLBACK_RUN = SECCOMP_NO_UNSHARE.split("from astraflow import sandbox")[0] + r"""
+from astraflow import sandbox
+from astraflow.sandbox import Limits, SandboxSettings
 assert not sandbox.namespaces_available()
-sandbox.configure(allow_unisolated=True)
-run = sandbox.run_python(open(sys.argv[1]).read(),
+run = sandbox.run_python(open(sys.argv[1]).read(), settings=SandboxSettings(allow_unisolated=True),
                          limits=Limits(cpu_s=2, wall_s=30, memory_mb=256, processes=16, file_mb=0.1, output_kb=16))
 print(json.dumps({"reason": run.reason, "stdout": run.stdout, "network_isolated": run.network_isolated}))
 """

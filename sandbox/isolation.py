@@ -1,42 +1,30 @@
-"""The sandbox's side of a run: launcher, namespaces, private root, audit hook, check harness.
+"""Isolation: namespaces, the private root, the privilege drop, and pids cgroups.
 
-Runs only as ``python -I -S -B sandbox_child.py --launch|--guard|--run|--check ...``: the
-caller (:mod:`astraflow.workflows.sandbox`) copies this file into the run's directory, so
-it is stdlib only and imports nothing of the project. It knows nothing about workflows,
-rewards or training, and it is not imported by them either (the caller only reads
-:data:`NOBODY` and the result encoding's tags).
+Two sides of one job. The launcher runs as ``python -I -S -B isolation.py SPEC`` (started by
+:mod:`astraflow.sandbox.process`; without site-packages, so it is stdlib only and imports
+nothing of the project). With ``SPEC["isolate"]`` it enters new user, mount, network, PID,
+IPC, UTS and cgroup namespaces (a helper left outside writes the user namespace's id maps:
+real root maps ``0 -> 0`` for the mounts and ``65534 -> 65534`` for the program, anyone else
+its own id to ``65534``), builds a tmpfs root of read-only binds and moves into it
+(``pivot_root``), then forks the program, which sets its rlimits, gives up every capability,
+becomes uid/gid 65534 and execs the interpreter. The caller's side, imported as a module,
+creates and removes the run's v1 pids cgroup (as root).
 
-``--launch SPEC`` is the launcher. With ``SPEC["isolate"]`` it builds the isolation the
-caller's docstring describes, in this order:
-
-1. A helper that stays in the caller's user namespace writes the id maps of the launcher's
-   new user namespace (a process can map ids beyond its own only from outside). Real root
-   maps ``0 -> 0`` (the launcher, to set up mounts) and ``65534 -> 65534`` (the program);
-   any other user can map one id, its own, which becomes ``65534`` inside.
-2. New mount, network, PID, IPC, UTS and cgroup namespaces; the launcher's child is PID 1.
-3. PID 1 builds a root on a tmpfs: read-only binds of ``/usr`` (and ``/bin``, ``/lib*``,
-   ``/sbin``, as links where the host has links), of the interpreter's install and of
-   ``/etc/ld.so.cache``; a ``/dev`` with only ``null``, ``zero`` and ``urandom``; a fresh
-   ``/proc`` of the new PID namespace; empty, small tmpfs ``/tmp`` and ``/run``; the run's
-   directory read-only at its own path and its ``work/`` writable. Then ``pivot_root`` and
-   the host's tree is detached: no other host path exists for the program.
-4. PID 1 forks the program, which sets its rlimits, empties its capability bounding set,
-   locks its securebits, drops its supplementary groups, becomes uid/gid 65534, sets
-   no_new_privs and execs the interpreter: it holds no capability in any namespace.
-
-Without ``isolate`` (the opt-in fallback) the program only gets the rlimits, the same
-privilege drop where the caller is root (it can then not signal, read or write what only
-root may), and, through ``--guard``, an audit hook in its interpreter.
+It knows nothing about results, rewards or what the rlimits mean (it applies the numbers
+it is given). What a run gets and what it does not stop: ``docs/security.md`` (Sandbox).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import platform
 import resource
+import secrets
 import signal
 import sys
+import time
 from typing import Any
 
 NOBODY = 65534  #: the uid and gid the program runs as (inside the namespace; on the host too as root)
@@ -55,40 +43,28 @@ _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
 #: NOROOT on, NO_SETUID_FIXUP off (so becoming 65534 clears every capability), KEEP_CAPS off,
 #: NO_CAP_AMBIENT_RAISE on; each of them locked
 _SECUREBITS = 0b11101011
-_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+#: bound read-only as a whole (or linked, where the host links them)
+SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _PASSWD = f"nobody:x:{NOBODY}:{NOBODY}:nobody:/nonexistent:/usr/sbin/nologin\n"
 _GROUP = f"nogroup:x:{NOBODY}:\n"
 
-class _Libc:
-    """libc, loaded on first use: only the launcher needs it, and a guarded program must not
-    find it loaded in its own interpreter."""
-
-    def __getattr__(self, name: str):
-        import ctypes
-        lib = ctypes.CDLL(None, use_errno=True)
-        globals()["_libc"] = lib
-        return getattr(lib, name)
-
-
-_libc: Any = _Libc()
+#: libc for the system calls Python does not wrap (mount, unshare, pivot_root, prctl)
+_libc: Any = ctypes.CDLL(None, use_errno=True)
 
 
 def _check(rc: int, what: str) -> None:
     if rc != 0:
-        import ctypes
         errno = ctypes.get_errno()
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    import ctypes
     enc = [None if s is None else os.fsencode(s) for s in (source, target, fstype, data)]
     _check(_libc.mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]), f"mount {target}")
 
 
 def _set_attr(path: str, set_: int, clear: int = 0, recursive: bool = False) -> None:
     """``mount_setattr``: only adds or clears flags, so the locked ones of a host mount stay."""
-    import ctypes
 
     class MountAttr(ctypes.Structure):
         _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
@@ -100,7 +76,6 @@ def _set_attr(path: str, set_: int, clear: int = 0, recursive: bool = False) -> 
 
 
 def _prctl(option: int, arg: int = 0, what: str = "prctl") -> None:
-    import ctypes
     _check(_libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), what)
 
 
@@ -215,7 +190,7 @@ def _private_root(spec: dict) -> None:
         attrs = _ATTR_NOSUID | (_ATTR_NOEXEC if device else _ATTR_NODEV) | (0 if writable else _ATTR_RDONLY)
         _set_attr(target, attrs, _ATTR_RDONLY if writable else 0, recursive=recursive)
 
-    for name in _SYSTEM_DIRS:
+    for name in SYSTEM_DIRS:
         source = "/" + name
         if os.path.islink(source):
             os.symlink(os.readlink(source), inside(source))
@@ -297,137 +272,66 @@ def _become_program(spec: dict, isolated: bool) -> None:
     _prctl(_PR_SET_NO_NEW_PRIVS, 1, "no_new_privs")
 
 
-# --- the audit hook (without namespaces) -------------------------------------------------
+# --- the caller's side: a pids cgroup per run ------------------------------------------------
 
-_REFUSED_EVENTS = {"socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg",
-                   "os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn",
-                   "os.startfile", "pty.spawn", "os.killpg", "signal.pthread_kill", "ctypes.dlopen",
-                   "ctypes.dlsym", "ctypes.call_function", "ctypes.cdata", "socket.sethostname"}
-_PATH_EVENTS = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.symlink", "os.link",
-                "os.truncate", "os.chmod", "os.chown", "shutil.rmtree", "os.utime"}
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+_PIDS_HIERARCHY = "/sys/fs/cgroup/pids"  # cgroup v1; under v2 a delegated subtree is needed
 
 
-def _install_guard(work: str) -> None:
-    """Without namespaces: refuse writes outside ``work``, sockets, new programs, signals to
-    other processes than the program's own children, and loading C code through ctypes."""
-    work = os.path.realpath(work)
-    me = os.getpid()
-
-    def outside(path: Any) -> bool:
-        if isinstance(path, int) or path is None:
-            return False  # an fd: already open
-        real = os.path.realpath(os.fsdecode(path))
-        return real != work and not real.startswith(work + os.sep)
-
-    def own_child(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                return int(f.read().rsplit(b")", 1)[1].split()[1]) == me
-        except (OSError, ValueError, IndexError):
-            return False
-
-    def hook(event: str, args: tuple) -> None:
-        if event == "open":
-            path, mode, flags = args
-            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                isinstance(flags, int) and flags & _WRITE_FLAGS)
-            if writing and outside(path):
-                raise PermissionError(f"sandbox: writing outside the work directory: {path}")
-        elif event in _PATH_EVENTS:
-            if any(outside(a) for a in args[:2] if isinstance(a, (str, bytes, os.PathLike))):
-                raise PermissionError(f"sandbox: {event} outside the work directory: {args}")
-        elif event == "os.kill":
-            pid = args[0]
-            if pid != me and not (isinstance(pid, int) and pid > 0 and own_child(pid)):
-                raise PermissionError(f"sandbox: os.kill of process {pid} is not allowed")
-        elif event in _REFUSED_EVENTS:
-            raise PermissionError(f"sandbox: {event} is not allowed")
-
-    sys.addaudithook(hook)
-
-
-def _run_guarded(program: str) -> None:
-    import runpy
-
-    sys.argv = [program]
-    runpy.run_path(program, run_name="__main__")
-
-
-# --- the check harness ------------------------------------------------------------------
-
-
-def _run_checks(program_path: str, entry: str, cases_path: str, results_fd: int) -> int:
-    """The harness: define the program, run each case, write one result line per case."""
-    import pickle
-
-    nonce = sys.stdin.readline().strip()
-    write, dumps = os.write, json.dumps  # bound before the program can replace them
-    with open(cases_path, "rb") as f:
-        cases = pickle.load(f)
-    os.set_inheritable(results_fd, False)
-
-    def send(**message: Any) -> None:
-        write(results_fd, (dumps({"nonce": nonce, **message}) + "\n").encode())
-
-    with open(program_path, encoding="utf-8") as f:
-        source = f.read()
+def pids_cgroup(max_pids: int) -> str | None:
+    """For root, a v1 pids cgroup per run where one is writable, holding at most ``max_pids``
+    tasks: a second bound on the process count, and a way to kill what is left of a run
+    without namespaces. None where there is none."""
+    if os.geteuid() != 0 or not os.access(_PIDS_HIERARCHY, os.W_OK):
+        return None
+    _remove_stale_cgroups()
+    path = os.path.join(_PIDS_HIERARCHY, f"astraflow-sandbox-{secrets.token_hex(8)}")
     try:
-        code = compile(source, "program.py", "exec")
-    except (SyntaxError, ValueError) as e:
-        send(error="syntax_error", detail=f"{type(e).__name__}: {e}")
-        return 0
-    namespace: dict[str, Any] = {"__name__": "__program__", "__builtins__": __builtins__}
-    exec(code, namespace)  # an exception here ends the process: exit_1 with its traceback
-    function = namespace.get(entry)
-    if not callable(function):
-        send(error="no_function", detail=f"the program defines no function {entry!r}")
-        return 0
-    for i, args in enumerate(cases):
+        os.mkdir(path)
+        with open(os.path.join(path, "pids.max"), "w") as f:
+            f.write(str(max_pids))
+    except OSError:
+        remove_cgroup(path)
+        return None
+    return path
+
+
+def remove_cgroup(path: str) -> None:
+    """Kill what is left in the group (a ``setsid`` escapee without namespaces), remove it."""
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:  # killed tasks leave the group a moment later
         try:
-            value = encode(function(*args))
-        except BaseException as e:  # sys.exit in a case fails that case only
-            send(case=i, ok=False, detail=f"{type(e).__name__}: {e}"[:500])
-            continue
-        send(case=i, ok=True, value=value)
-    return 0
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            pass
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                for pid in f.read().split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        except OSError:
+            pass
+        time.sleep(0.02)
 
 
-MAX_DEPTH = 100  #: deepest nesting of a result value, both ways
+def _remove_stale_cgroups(max_age_s: float = 600.0) -> None:
+    """Groups of runs whose caller died before cleaning up (runs never last this long)."""
+    now = time.time()
+    for name in os.listdir(_PIDS_HIERARCHY):
+        path = os.path.join(_PIDS_HIERARCHY, name)
+        try:
+            if name.startswith("astraflow-sandbox-") and now - os.stat(path).st_mtime > max_age_s:
+                os.rmdir(path)  # fails, harmlessly, while tasks are still in it
+        except OSError:
+            pass
 
 
-def encode(value: Any, depth: int = 0) -> Any:
-    """Plain data as JSON with tags; exact built-in types only (no subclass, no __eq__)."""
-    if depth > MAX_DEPTH:
-        raise ValueError("result nested too deeply")
-    kind = type(value)
-    if value is None or kind in (bool, int, float, str):
-        return value
-    if kind is list:
-        return [encode(v, depth + 1) for v in value]
-    if kind in (tuple, set, frozenset):
-        return {kind.__name__: [encode(v, depth + 1) for v in value]}
-    if kind is dict:
-        return {"dict": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]}
-    if kind is bytes:
-        return {"bytes": value.hex()}
-    raise TypeError(f"returned a {kind.__name__}, not plain data")
-
-
-def main(argv: list[str]) -> int:
-    if argv[:1] == ["--launch"]:
-        return _launch(json.loads(argv[1]))
-    if argv[:1] == ["--guard"]:
-        _install_guard(argv[1])
-        argv = argv[2:]
-    if argv[:1] == ["--run"]:
-        _run_guarded(argv[1])
-        return 0
-    if argv[:1] == ["--check"]:
-        return _run_checks(argv[1], argv[2], argv[3], int(argv[4]))
-    print(f"sandbox_child.py: unknown arguments {argv!r}", file=sys.stderr)
-    return 2
+# --- the launcher's entry ----------------------------------------------------------------------
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(_launch(json.loads(sys.argv[1])))

@@ -15,8 +15,8 @@ import socket
 import psutil
 import pytest
 
-from astraflow.workflows.sandbox import (CheckResult, Limits, _run, check_function,
-                                         namespaces_available, run_python)
+from astraflow.sandbox import CheckResult, Limits, check_function, namespaces_available, run_python
+from astraflow.sandbox.api import _run
 
 SMALL = Limits(cpu_s=1, wall_s=20, memory_mb=128, processes=16, file_mb=0.1, output_kb=4)
 needs_namespaces = pytest.mark.skipif(not namespaces_available(),
