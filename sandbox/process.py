@@ -1,10 +1,11 @@
 """The caller's side of one run: the run's directory, the launcher process, limits, timeouts, killing.
 
-:func:`run` writes the program and its inputs into a fresh directory, starts the launcher
-(:mod:`astraflow.sandbox.isolation`) in a new session with the run's rlimits, reads its
-stdout, stderr, report and results pipes up to their caps until it ends or the wall clock
-runs out, kills the whole process group, and removes the directory and the run's cgroup.
-It returns an :class:`Outcome`: what the run left behind, not a verdict
+:func:`run` writes the program and its inputs into a fresh directory (open to uid 65534
+where the caller is root), picks the interpreter and the host trees the private root binds,
+starts the launcher (:mod:`astraflow.sandbox.isolation`) in a new session with the run's
+rlimits, reads its stdout, stderr, report and results pipes up to their caps until it ends
+or the wall clock runs out, kills the whole process group, and removes the directory and
+the run's cgroup. It returns an :class:`Outcome`: what the run left behind, not a verdict
 (:mod:`astraflow.sandbox.results` reads one). It knows nothing about rewards, cases or
 whether unisolated runs are allowed (:mod:`astraflow.sandbox.api` decides that).
 """

@@ -279,18 +279,19 @@ def reference_of(metadata: Mapping[str, Any] | None) -> str:
 LIMITS = Limits(cpu_s=1.0, wall_s=10.0, memory_mb=256, processes=8, file_mb=1.0, output_kb=16)
 
 
-class _Bound:
-    #: the job's sandbox settings in this process: a reward is called with a completion, an
-    #: answer and metadata only, so the job's ``sandbox`` section cannot travel with the call
-    settings = SandboxSettings()
+#: The job's sandbox settings in this process (:func:`use_sandbox`). A reward is called with
+#: a completion, an answer and metadata only, so the job's ``sandbox`` section cannot travel
+#: with the call; refused without namespaces until a component binds its job's.
+_sandbox_settings = SandboxSettings()
 
 
 def use_sandbox(settings: SandboxSettings) -> None:
     """Bind the job's sandbox settings for this process's code runs: a component calls it
     once, before any episode runs (:func:`astraflow.actors.common.configure_sandbox`)."""
+    global _sandbox_settings
     if not isinstance(settings, SandboxSettings):
         raise TypeError(f"use_sandbox: settings must be SandboxSettings, got {type(settings).__name__}")
-    _Bound.settings = settings
+    _sandbox_settings = settings
 
 
 def run_cases(expr: str | None, cases: Sequence[Case], limits: Limits = LIMITS,
@@ -303,7 +304,7 @@ def run_cases(expr: str | None, cases: Sequence[Case], limits: Limits = LIMITS,
     if expr is None:
         return [False] * len(cases), "not an expression"
     result = check_function(program_of(expr, len(cases[0][0])), ENTRY, cases, limits=limits,
-                            settings=settings or _Bound.settings)
+                            settings=settings or _sandbox_settings)
     return [bool(p) for p in result.passed], result.reason
 
 
