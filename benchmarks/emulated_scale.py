@@ -476,7 +476,7 @@ def readme_row(load: Loader) -> ReadmeRow | None:
         return None
     n = d["by_devices"]
     return ReadmeRow(REPORT_TITLE, f"samples / s of the demo job on N {d['profile']}, median of {d['repeats']}",
-                     " · ".join(f"{r['samples_per_s']['median']:.1f} at {k}" for k, r in n.items()), "higher",
+                     " · ".join(f"N={k}: {r['samples_per_s']['median']:.1f}" for k, r in n.items()), "higher",
                      emulated=True)
 
 
