@@ -212,5 +212,56 @@ def main(argv: list[str] | None = None) -> int:
     return run_repetitions("async_vs_sync", args, one_repetition, aggregate, print_table)
 
 
+# -- its results tables: benchmarks/report.py renders every benchmark's from these --------
+from astraflow.benchmarks.report_format import (  # noqa: E402 (kept with the tables)
+    Loader, ReadmeRow, heading, load_note, fmt_spread as _sp)
+
+
+REPORT_TITLE = "Async vs sync vs one process"
+
+
+def report_rows(load: Loader) -> list[str]:
+    """This benchmark's section of docs/benchmarks.md, from ``async_vs_sync.json``."""
+    d = load("async_vs_sync")
+    if not d:
+        return []
+    m = d["modes"]
+    out = [*heading(REPORT_TITLE),
+           f"**Async vs sync vs one process** — `python -m astraflow.benchmarks.async_vs_sync` (the demo job, "
+           f"{d['steps']} steps each; async and sync through `astraflow run` on one broker; in-process = the same "
+           "prompts, seeds, model, batch and LR in one plain Python process (CPU engine + the project's "
+           "DeepSpeedTrainer, no broker); s/step steady state after step 2; median (min–max) of "
+           f"{d['repeats']} repetitions{load_note(d)}. R and T are one batch's rollout and one train step, each "
+           "measured alone in the in-process run; the system's own busy times are contended and not used as "
+           "references)", "",
+           "| mode | s/step | time to last step s | accuracy v0 → final |", "|---|---:|---:|---|"]
+    labels = {"async": "async (1 RaaS node)", "sync": "sync", "inprocess": "in-process, 1 thread",
+              "inprocess_all_cores": f"in-process, {m['inprocess_all_cores']['threads']} threads",
+              "inprocess_overlapped": "in-process overlapped (async's schedule: rollout on a 2nd thread), "
+                                      "1 thread per side"}
+    for mode, label in labels.items():
+        r = m[mode]
+        out.append(f"| {label} | {_sp(r['s_per_step'])} | {_sp(r['time_to_last_step_s'], '.0f')} | "
+                   f"{r['accuracy_initial']:.3f} → {_sp(r['accuracy_final'], '.3f')} |")
+    out += ["", "| R alone s | T alone s | overlap efficiency max(R,T) / async s/step | sync efficiency (R+T) / sync "
+            "s/step | async / in-process s/step | async speedup over sync |", "|---:|---:|---:|---:|---:|---:|",
+            f"| {_sp(d['R_alone_s'], '.3f')} | {_sp(d['T_alone_s'], '.3f')} | {_sp(d['overlap_efficiency'])} | "
+            f"{_sp(d['sync_efficiency'])} | {_sp(d['ratio_to_inprocess'])} | {_sp(d['speedup_async_over_sync'])}x |"]
+    out += ["", "| overlap efficiency of the in-process overlapped loop (no plumbing) | async / in-process "
+            "overlapped s/step |", "|---:|---:|",
+            f"| {_sp(d['inprocess_overlap_efficiency'])} | {_sp(d['ratio_to_inprocess_overlapped'])} |"]
+    return out + [""]
+
+
+def readme_row(load: Loader) -> ReadmeRow | None:
+    """The README's line: s per step of each mode."""
+    d = load("async_vs_sync")
+    if not d:
+        return None
+    m = {k: v["s_per_step"]["median"] for k, v in d["modes"].items()}
+    return ReadmeRow(REPORT_TITLE, f"s / step, the demo job, median of {d['repeats']}",
+                     f"async {m['async']:.2f} · sync {m['sync']:.2f} · one process {m['inprocess']:.2f}", "lower")
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -112,3 +112,42 @@ def main(args) -> int:
                "quick": args.quick, "method": __doc__, **agg, "repetitions": reps}
     write_section(args.out, "emulated", section, load_before, "async_vs_sync")
     return 0
+
+
+# -- its results tables: benchmarks/report.py renders every benchmark's from these --------
+from astraflow.benchmarks.report_format import (  # noqa: E402 (kept with the tables)
+    Loader, ReadmeRow, heading, fmt_spread as _sp)
+
+
+REPORT_TITLE = "Async vs sync, EMULATED"
+
+
+def report_rows(load: Loader) -> list[str]:
+    """This benchmark's section of docs/benchmarks.md: the ``emulated`` section of ``async_vs_sync.json``."""
+    d = (load("async_vs_sync") or {}).get("emulated")
+    if not d:
+        return []
+    m = d["modes"]
+    out = [*heading(REPORT_TITLE),
+           f"**Async vs sync, EMULATED** — `python -m astraflow.benchmarks.async_vs_sync --emulated` (the demo job, "
+           f"{d['steps']} steps; RaaS node on {d['rollout_devices']} and trainer on {d['trainer_devices']} emulated "
+           f"{d['profile']} devices; **modelled seconds**; R and T from each run's own emulated accounts; median "
+           f"(min–max) of {d['repeats']} repetitions)", "",
+           "| mode (emulated) | modelled s/step | R s | T s |", "|---|---:|---:|---:|"]
+    for mode in ("async", "sync"):
+        r = m[mode]
+        out.append(f"| {mode} | {_sp(r['s_per_step'], '.1f')} | {_sp(r['R_s'], '.1f')} | {_sp(r['T_s'], '.1f')} |")
+    out += ["", f"Overlap efficiency max(R,T) / async s/step {_sp(d['overlap_efficiency'])}; sync efficiency "
+                f"{_sp(d['sync_efficiency'])}; async speed-up over sync {_sp(d['speedup_async_over_sync'])}x against "
+                f"the cost model's ideal {_sp(d['ideal_speedup_async_over_sync'])}x.", ""]
+    return out
+
+
+def readme_row(load: Loader) -> ReadmeRow | None:
+    """The README's line: modelled s per step, async and sync."""
+    d = (load("async_vs_sync") or {}).get("emulated")
+    if not d:
+        return None
+    m = {k: v["s_per_step"]["median"] for k, v in d["modes"].items()}
+    return ReadmeRow(REPORT_TITLE, f"modelled s / step on {d['profile']}, median of {d['repeats']}",
+                     f"async {m['async']:.1f} · sync {m['sync']:.1f}", "lower", emulated=True)

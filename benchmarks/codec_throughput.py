@@ -7,7 +7,7 @@ run by run) and :func:`entropy_estimate` (what the delta's size is compared with
 script adds what only the codec page needs: full snapshot encode/decode and the cost of
 the codec's options (re-hashing the base, skipping the result check).
 
-The README quotes the delta encode/decode numbers from ``weight_transfer.json`` (which
+docs/benchmarks.md quotes the delta encode/decode numbers from ``weight_transfer.json`` (which
 calls :func:`delta_codec` in its own run); ``codec_throughput.json`` holds the same
 measurement from this script's run, so the two differ only by run (time and load, both
 recorded).

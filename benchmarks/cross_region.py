@@ -355,5 +355,85 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# -- its results tables: benchmarks/report.py renders every benchmark's from these --------
+from astraflow.benchmarks.report_format import (  # noqa: E402 (kept with the tables)
+    Loader, ReadmeRow, heading, load_note)
+
+
+REPORT_TITLE = "Cross-region"
+#: the results files this benchmark's sections come from: the default run, a 10 Mbit/s link, a low learning rate
+REPORT_FILES = ("cross_region", "cross_region_10mbit", "cross_region_lr5e-6")
+
+
+def report_rows(load: Loader) -> list[str]:
+    """This benchmark's sections of docs/benchmarks.md, one per results file of :data:`REPORT_FILES`."""
+    return [line for name in REPORT_FILES for line in _report_one(load(name), name)]
+
+
+def _report_one(d: dict | None, name: str) -> list[str]:
+    if not d:
+        return []
+    st = d["settings"]
+    mbps, lr = d["settings"]["link"]["bandwidth_mbps"], st.get("lr")
+    flag = ("" if mbps == 100 else f" --bandwidth-mbps {mbps:g}") + ("" if lr is None else f" --lr {lr:g}")
+    flag += f" --out benchmarks/results/{name}.json" if flag else ""
+    title = f"{REPORT_TITLE}{'' if mbps == 100 else f', a {mbps:g} Mbit/s link'}" \
+            f"{'' if lr is None else f', learning rate {lr:g}'}"
+    out = [*heading(title), f"**{title}** — "
+           f"`python -m astraflow.benchmarks.cross_region{flag}` (the demo job, "
+           f"{st['steps']} steps, bf16 weights; trainer, dataflow and 1 RaaS node in region A, 2 RaaS nodes in B; "
+           f"an emulated link of {st['link']['bandwidth_mbps']:g} Mbit/s and {st['link']['latency_ms_each_way']:g} ms "
+           "each way (`tc tbf` shared by every connection + Toxiproxy); mirrored: B's own cluster filled by "
+           "MirrorMaker 2, direct: B's nodes read A's cluster over the link; delta: a snapshot every "
+           f"{st['delta_snapshot_every']} versions, full: a snapshot every version and no deltas; {st['repeats']} "
+           f"run{'s' if st['repeats'] > 1 else ''} per arm"
+           f"{load_note(d)}. Bytes are those the link carried toward B per version published, tasks included; "
+           "crossings = those bytes / the weight bytes published; lag = newest published version − the version a B "
+           "node generated with, at each of its rollout calls; accuracy at the last version ± its standard error, "
+           f"{st['eval_problems']} problems × {st['eval_k']})", "",
+           "| arm | link bytes / version | crossings | lag p50 | lag p95 | s / step | accuracy | audit |",
+           "|---|---:|---:|---:|---:|---:|---:|---|"]
+
+    def cell(c: dict, key: str, spec: str) -> str:
+        """The median over the repetitions, and their range when there are several."""
+        lo_hi = c.get(key + "_range")
+        text = format(c[key], spec)
+        return text if not lo_hi or lo_hi[0] == lo_hi[1] else \
+            f"{text} ({format(lo_hi[0], spec)}–{format(lo_hi[1], spec)})"
+
+    for m in ("mirrored", "direct"):
+        for t in ("delta", "full"):
+            c = d[m][t]
+            out.append(f"| {m}, {t} | {cell(c, 'link_bytes_per_version', ',.0f')} | "
+                       f"{cell(c, 'weights_crossings', '.2f')} | {cell(c, 'lag_versions_median', 'g')} | "
+                       f"{cell(c, 'lag_versions_p95', 'g')} | {cell(c, 's_per_step', '.2f')} | "
+                       f"{cell(c, 'accuracy', '.3f')} ± {c['accuracy_se']:.3f} | {'ok' if c['audit_ok'] else 'FAIL'} |")
+    s = d["single_region"]
+    out.append(f"| single region (3 nodes in A) | – | – | – | – | {cell(s, 's_per_step', '.2f')} | "
+               f"{cell(s, 'accuracy', '.3f')} ± {s['accuracy_se']:.3f} | {'ok' if s['audit_ok'] else 'FAIL'} |")
+    v = d["verdict"]
+    out += ["", f"Mirrored delta bytes per version: {v['mirrored_delta_link_bytes_over_full_snapshot']:.3f} of a full "
+                f"bf16 snapshot (goal ≤ 1/20: {'met' if v['goal_delta_le_1_20_of_snapshot'] else 'not met'}); "
+                f"region-B lag p95 ≤ 2 versions: {'met' if v['goal_region_b_lag_p95_le_2'] else 'not met'}; accuracy "
+                f"within 2 SE of single-region: {'met' if v['goal_accuracy_within_2_se_of_single_region'] else 'not met'}. "
+                + (f"Of the mirrored delta bytes, a delta's own payload is {v['mirrored_delta_payload_over_full_snapshot']:.3f} "
+                   f"of a snapshot ({v['bf16_elements_changed_per_version']:.1%} of bf16 elements changed per version, "
+                   f"median) and the periodic snapshots {v['mirrored_snapshots_per_version_over_full_snapshot']:.3f}. "
+                   if v.get("mirrored_delta_payload_over_full_snapshot") is not None else "")
+                + f"Scaling: {st['scaling']}.", ""]
+    return out
+
+
+def readme_row(load: Loader) -> ReadmeRow | None:
+    """The README's line: the bytes a region's link carries per version, mirrored deltas against direct reads."""
+    d = load(REPORT_FILES[0])
+    if not d:
+        return None
+    mb = {m: d[m]["delta"]["link_bytes_per_version"] / 1e6 for m in ("mirrored", "direct")}
+    return ReadmeRow(REPORT_TITLE, f"MB over the {d['settings']['link']['bandwidth_mbps']:g} Mbit/s link to region B "
+                     f"per version (bf16 deltas), median of {d['settings']['repeats']}",
+                     f"region B mirrored {mb['mirrored']:.2f} · reading A directly {mb['direct']:.2f}", "lower")
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -97,5 +97,31 @@ def main(argv: list[str] | None = None) -> int:
     return run_repetitions("delta_sparsity", args, one_repetition, aggregate, print_table)
 
 
+# -- its results tables: benchmarks/report.py renders every benchmark's from these --------
+from astraflow.benchmarks.report_format import (  # noqa: E402 (kept with the tables)
+    Loader, heading, load_note, fmt_spread as _sp)
+
+
+REPORT_TITLE = "Sparse-delta bytes against the learning rate"
+
+
+def report_rows(load: Loader) -> list[str]:
+    """This benchmark's section of docs/benchmarks.md, from ``delta_sparsity.json`` (none for a quick run)."""
+    d = load("delta_sparsity")
+    if not d or d.get("quick"):
+        return []
+    out = [*heading(REPORT_TITLE),
+           f"**Sparse-delta bytes against the learning rate** — `python -m astraflow.benchmarks.delta_sparsity` "
+           f"(the demo job, async, bf16 deltas, {d['steps']} steps, the same seeds at every learning rate; median "
+           f"(min–max) of {d['repeats']} repetitions{load_note(d)})", "",
+           "| lr | delta bytes / version | elements changed | delta / full snapshot | ≤ 1/20 | accuracy v0 → final |",
+           "|---:|---:|---:|---:|---|---|"]
+    for lr, r in sorted(d["by_lr"].items(), key=lambda kv: -float(kv[0])):
+        out.append(f"| {lr} | {_sp(r['delta_bytes'], ',.0f')} | {_sp(r['delta_changed_frac'], '.3f')} | "
+                   f"{_sp(r['delta_over_snapshot'], '.3f')} | {'yes' if r['meets_goal'] else 'no'} | "
+                   f"{r['accuracy_initial']:.3f} → {_sp(r['accuracy_final'], '.3f')} |")
+    return out + [""]
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -276,3 +276,54 @@ def main(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
                      title=f"EMULATED autoscaling arm ({a.profile}, dilation {a.dilation}): pool size and trainer wait")
     write_section(out, "emulated", section, load_before, "elastic")
     return 0
+
+
+# -- its results tables: benchmarks/report.py renders every benchmark's from these --------
+from astraflow.benchmarks.report_format import (  # noqa: E402 (kept with the tables)
+    Loader, heading, load_note, fmt_spread as _sp)
+
+
+REPORT_TITLE = "Elastic RaaS pools, EMULATED"
+
+
+def report_rows(load: Loader) -> list[str]:
+    """This benchmark's section of docs/benchmarks.md: the ``emulated`` section of ``elastic.json`` (none for a
+    quick run)."""
+    d = (load("elastic") or {}).get("emulated")
+    if not d or d.get("quick"):
+        return []
+    pr = d["pricing"]
+    out = [*heading(REPORT_TITLE),
+           f"**Elastic RaaS pools, EMULATED** — `python -m astraflow.benchmarks.elastic --emulated` (the demo job, "
+           f"{d['job_shape']['groups_per_batch']} prompts × {d['job_shape']['n_samples']} samples per step, "
+           f"{d['steps']} steps per arm, through `astraflow launch`; trainer on {pr['trainer_devices']} and each "
+           f"RaaS node on 1 emulated {d['profile']} device; pool sizes from the cost model's balance point N* = "
+           f"{pr['balance_nodes']:.2f} nodes: small {pr['small']}, large {pr['large']}; **modelled device-hours** "
+           f"(heartbeat wall hours / dilation {d['dilation']}), not GPU measurements; "
+           + (f"the median repetition of {d['repeats']}, arms interleaved" if d.get("repeats", 1) > 1 else "one run")
+           + f"{load_note(d)})", "",
+           "| arm (emulated) | modelled s | trainer wait | pool mean/max | rollout dev-h | trainer dev-h | "
+           "total dev-h (modelled) | held-out acc | overruns |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for arm in ("fixed_small", "fixed_large", "autoscaling"):
+        if arm not in d:
+            continue
+        r = d[arm]
+        acc = f"{r['accuracy']:.3f}" if r.get("accuracy") is not None else "–"
+        out.append(f"| {arm} | {r['modelled_s']:.0f} | {r['trainer_wait_frac'] or 0:.2f} | "
+                   f"{r['pool_mean'] or 0:.1f} / {r['pool_max'] or 0:.0f} | {r['rollout_device_hours']:.3f} | "
+                   f"{r['trainer_device_hours']:.3f} | "
+                   + (_sp(r["total_device_hours_spread"], ".3f") if "total_device_hours_spread" in r
+                      else f"{r['total_device_hours']:.3f}")
+                   + f" | {acc} | {r.get('overruns_total', r['instrument']['overruns'])} |")
+    if "verdict" in d and not d["verdict"].get("valid", True):
+        out += ["", "No verdict: an arm stopped short of its steps or failed its conservation audit."]
+    elif "verdict" in d:
+        v = d["verdict"]
+        pct = lambda k: (f"{v[k]:+.1%}" + (f" ({v[k + '_spread']['min']:+.1%} to {v[k + '_spread']['max']:+.1%})"  # noqa: E731
+                                             if k + "_spread" in v else ""))
+        out += ["", f"Autoscaling vs fixed_small {pct('autoscaling_vs_fixed_small')}, vs fixed_large "
+                    f"{pct('autoscaling_vs_fixed_large')} modelled device-hours"
+                    + (", paired repetition by repetition" if "autoscaling_vs_fixed_small_spread" in v else "")
+                    + " (the seed, Qwen3-14B on real GPUs: −13 %)."]
+    return out + [""]

@@ -409,5 +409,76 @@ def save(args, lays: dict, rows: dict, reps_done: int, load_before: dict) -> Non
         "repetitions": {str(n): r for n, r in rows.items()}}, load_before)
 
 
+# -- its results tables: benchmarks/report.py renders every benchmark's from these --------
+from astraflow.benchmarks.report_format import (  # noqa: E402 (kept with the tables)
+    Loader, ReadmeRow, heading, load_note, fmt_spread as _sp)
+
+
+REPORT_TITLE = "Scale, EMULATED"
+
+
+def report_rows(load: Loader) -> list[str]:
+    """This benchmark's sections of docs/benchmarks.md: the demo job and the solver–verifier team at N devices,
+    from ``emulated_scale.json`` (none for a quick run)."""
+    d = load("emulated_scale")
+    if not d or d.get("quick"):
+        return []
+    out = [*heading(REPORT_TITLE),
+           f"**Scale, EMULATED** — `python -m astraflow.benchmarks.emulated_scale` (the demo job, async, on N emulated "
+           f"{d['profile']} devices: half rollout on RaaS nodes of up to 8, half training; the batch grows with N; "
+           f"{d['steps']} steps; **modelled seconds**; median (min–max) of {d['repeats']} repetitions)", "",
+           *_report_scale_rows(d["by_devices"], "step")]
+    return out + [""] + _report_team_rows(d.get("solver_verifier"))
+
+
+def _report_scale_rows(by_devices: dict, per: str) -> list[str]:
+    """The table of a weak-scaling run: one row per device count, times per ``per`` (step, iter)."""
+    out = [f"| devices (emulated) | samples/s | s/{per} | lower bound s/{per} | scheduling efficiency | linearity vs 8 |",
+           "|---:|---:|---:|---:|---:|---:|"]
+    for n, r in by_devices.items():
+        out.append(f"| {n} | {_sp(r['samples_per_s'], '.1f')} | {_sp(r[f's_per_{per}'], '.1f')} | "
+                   f"{_sp(r[f'lower_bound_s_per_{per}'], '.1f')} | {_sp(r['scheduling_efficiency'])} | "
+                   f"{_sp(r['linearity'])} |")
+    return out
+
+
+def _report_team_rows(sv: dict | None) -> list[str]:
+    """The solver-verifier team's rows of ``emulated_scale --job solver_verifier``."""
+    if not sv or not sv.get("by_devices"):
+        return []
+    reps = ", ".join(f"{n}: {r['s_per_iter']['n']}" for n, r in sv["by_devices"].items())
+    note = load_note(sv)
+    out = [*heading("The solver–verifier team at scale, EMULATED"),
+           f"**The solver–verifier team at scale, EMULATED** — `python -m astraflow.benchmarks.emulated_scale --job "
+           f"solver_verifier` (Table 2's arm (a) at N devices, the batch grown with N; {sv['steps']} "
+           f"iterations; **modelled seconds**; median (min–max) of each row's repetitions ({reps})"
+           f"{note and note + ' (the last run)'})", "",
+           *_report_scale_rows(sv["by_devices"], "iter")]
+    splits = []
+    for n, lay in sv.get("layouts", {}).items():
+        parts = ", ".join(f"{p} {d['rollout']}+{d['trainer']}" for p, d in lay["split"].items())
+        rule = lay.get("split_rule", "scaled")
+        what = "Table 2 x N/8" if rule == "scaled" else "balanced at N"
+        measured = sv["by_devices"].get(n, {}).get("lower_bound_s_per_iter", {}).get("median")
+        if rule == "balanced" and "priced_bound_s_per_iter" in lay and measured is not None:
+            what += f"; priced bound {lay['priced_bound_s_per_iter']:.1f} s/iter, measured {measured:.1f}"
+        splits.append(f"{n}: {parts} ({what})")
+    if splits:
+        out += ["", "Devices (rollout + trainer per policy): " + "; ".join(splits) + ". Balanced: re-chosen at N to "
+                "minimise the largest stage, priced on the 8-device run (`--split balanced`)."]
+    return out + [""]
+
+
+def readme_row(load: Loader) -> ReadmeRow | None:
+    """The README's line: samples/s of the demo job at each device count."""
+    d = load("emulated_scale")
+    if not d or d.get("quick"):
+        return None
+    n = d["by_devices"]
+    return ReadmeRow(REPORT_TITLE, f"samples / s of the demo job on N {d['profile']}, median of {d['repeats']}",
+                     " · ".join(f"N={k}: {r['samples_per_s']['median']:.1f}" for k, r in n.items()), "higher",
+                     emulated=True)
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

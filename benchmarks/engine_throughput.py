@@ -211,5 +211,34 @@ def print_table(results: dict) -> None:
               f"{r['cold_step_s']:>22.3f}")
 
 
+# -- its results tables: benchmarks/report.py renders every benchmark's from these --------
+from astraflow.benchmarks.report_format import (  # noqa: E402 (kept with the tables)
+    Loader, heading, load_note, fmt_spread as _sp)
+
+
+REPORT_TITLE = "Rollout engine"
+
+
+def report_rows(load: Loader) -> list[str]:
+    """This benchmark's section of docs/benchmarks.md, from ``engine_throughput.json``."""
+    d = load("engine_throughput")
+    if not d:
+        return []
+    out = [*heading(REPORT_TITLE),
+           "**Rollout engine** — `python -m astraflow.benchmarks.engine_throughput --threads 1` "
+           f"(tiny model, {d['env']['parameters']:,} params, {d['env']['threads']} thread; both sides generate the "
+           f"same rows to the same lengths, so the same tokens; median (min–max) of {d['repeats']} alternating warm "
+           f"calls after a cold one{load_note(d)})", "",
+           f"| workload (batch {d['batch']}) | tokens | CPU engine tok/s | `transformers.generate` tok/s | speedup |",
+           "|---|---:|---:|---:|---:|"]
+    for r in d["generation"]:
+        out.append(f"| {r['workload']} | {r['tokens']:,} | {_sp(r['cpu_engine_tok_per_s'], ',.0f')} | "
+                   f"{_sp(r['hf_generate_tok_per_s'], ',.0f')} | {_sp(r['speedup'])}x |")
+    out += ["", "| DeepSpeed trainer (CPU) | samples/step | warm s/step | cold first step s |", "|---|---:|---:|---:|"]
+    for r in d["training"]:
+        out.append(f"| ZeRO stage {r['zero_stage']} | {r['samples']} | {_sp(r['step_s'], '.3f')} | {r['cold_step_s']:.3f} |")
+    return out + [""]
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

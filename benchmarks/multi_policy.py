@@ -958,5 +958,86 @@ def reanalyse(path: Path, section: str | None = None) -> int:
     return 0
 
 
+# -- its results tables: benchmarks/report.py renders every benchmark's from these --------
+from astraflow.benchmarks.report_format import (  # noqa: E402 (kept with the tables)
+    Loader, ReadmeRow, heading, load_note, fmt_spread as _sp)
+
+
+REPORT_TITLE = "Multi-policy"
+
+
+def report_rows(load: Loader) -> list[str]:
+    """This benchmark's sections of docs/benchmarks.md: Table 2 on the CPU and each team against its solver
+    alone, from ``multi_policy.json``."""
+    d = load("multi_policy")
+    if not d:
+        return []
+    s, arms = d["s_per_iter"], d["arms"]
+    out = [*heading(REPORT_TITLE),
+           f"**Multi-policy** — `python -m astraflow.benchmarks.multi_policy` (solver–verifier, "
+           f"{d['steps']} iterations per arm at equal samples per iteration, median (min–max) of {d['repeats']} "
+           f"repetitions{load_note(d)}; an iteration = every policy one step)", "",
+           "| arm | s / iteration | held-out team accuracy (this run's, the verifier before its revision 2) |",
+           "|---|---:|---:|"]
+    names = {"async": "(a) async multi-policy (Kafka, no barrier)", "lockstep": "(b) `barrier: lockstep`",
+             "sequential": "(c) sequential single controller, one process, no Kafka"}
+    for key, label in names.items():
+        team = arms.get(key, {}).get("team_accuracy")
+        out.append(f"| {label} | {_sp(s[key])} | {_sp(team, '.3f') if team else '–'} |")
+    out += [f"| (d) the solver alone, same wall-clock as (a) | – | solver alone: "
+            f"{_sp(d['solver_alone_accuracy'], '.3f')} |", "",
+            f"Speed-up of (a): {_sp(d['speedup_vs_sequential'])}x vs (c), {_sp(d['speedup_vs_lockstep'])}x vs (b); "
+            f"team accuracy at version 0: {_sp(d['team_accuracy_initial'], '.3f')}. "
+            + (f"A verifier call over Kafka (request on `generate.verifier`, served by the verifier's pool, "
+               f"reply on `replies`) costs the episode {_sp(arms['async']['remote_wait_s_per_call'], '.3f')} s "
+               f"in (a), against {_sp(arms['sequential']['G_verifier_s'], '.3f')} s per iteration for every "
+               f"verifier row of (c) in one engine call. "
+               if "remote_wait_s_per_call" in arms.get("async", {}) and "G_verifier_s" in arms["sequential"]
+               else "")
+            + " ".join(d.get("notes", [])[:1]), ""]
+    sections = sorted(k for k in d if k == "team_vs_alone" or k.startswith("team_vs_alone_"))
+    return out + [line for k in sections for line in _team_vs_alone_rows(d[k], k)]
+
+
+def _team_vs_alone_rows(t: dict | None, section: str) -> list[str]:
+    """A ``team_vs_alone[_<workflow>]`` section of multi_policy.json: a team against its solver alone."""
+    if not t:
+        return []
+    sets = " ".join(f"--set {k}={v}" for k, v in t.get("overrides", {}).items())
+    config = "" if section == "team_vs_alone" else f"--config examples/{section.removeprefix('team_vs_alone_')}.yaml "
+    live = "" if t.get("alone_eval", "live") == "live" else f"--alone-eval {t['alone_eval']} "
+    who = "" if section == "team_vs_alone" else f" ({section.removeprefix('team_vs_alone_')})"
+    out = [*heading(f"The team against the solver alone{who}"),
+           f"**The team against the solver alone{who}** — `python -m astraflow.benchmarks.multi_policy {config}"
+           f"--arms async,alone --steps {t['steps']} --alone-eval-every {t['alone_eval_every']} {live}"
+           f"--alone-run-factor {t['alone_run_factor']:g} {sets}` (`multi_policy.json`, section `{section}`; "
+           f"held-out accuracy, median (min–max) of {t['repeats']} repetitions{load_note(t)})", "",
+           "| held-out accuracy | median (min–max) | team − alone | in SEs (binomial / problems only) | team ahead |",
+           "|---|---:|---:|---:|---:|",
+           f"| team, after {t['steps']} iterations | {_sp(t['team_accuracy'], '.3f')} | | | |"]
+    rows = (("solver alone, equal generated tokens", "solver_alone_accuracy_equal_tokens", "equal_tokens"),
+            ("solver alone, equal wall-clock", "solver_alone_accuracy", "equal_wall_clock"),
+            ("solver alone, best version of a longer run", "solver_alone_accuracy_best_evaluated", "best_evaluated"))
+    for label, key, diff in rows:
+        if key not in t:
+            continue
+        m = t.get("team_minus_alone", {}).get(diff)
+        tail = (f"{m['diff']:+.3f} ± {m['se']:.3f} | {m['in_se']:.1f} / {m['in_se_upper']:.1f} | "
+                f"{m['repetitions_team_ahead']} of {m['repetitions']}" if m else "| |")
+        out.append(f"| {label} | {_sp(t[key], '.3f')} | {tail} |")
+    return out + [""]
+
+
+def readme_row(load: Loader) -> ReadmeRow | None:
+    """The README's line: s per iteration of the three arms (on 2 CPU cores the one process wins)."""
+    d = load("multi_policy")
+    if not d:
+        return None
+    s = {k: v["median"] for k, v in d["s_per_iter"].items()}
+    return ReadmeRow(REPORT_TITLE, f"s / iteration, solver–verifier on the CPU, median of {d['repeats']}",
+                     f"async {s['async']:.2f} · lockstep {s['lockstep']:.2f} · one process, no Kafka "
+                     f"{s['sequential']:.2f}", "lower")
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

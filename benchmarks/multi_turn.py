@@ -205,5 +205,40 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# -- its results tables: benchmarks/report.py renders every benchmark's from these --------
+from astraflow.benchmarks.report_format import (  # noqa: E402 (kept with the tables)
+    Loader, heading, load_note, fmt_spread as _sp)
+
+
+REPORT_TITLE = "Multi-turn episodes with tool waits"
+
+
+def report_rows(load: Loader) -> list[str]:
+    """This benchmark's section of docs/benchmarks.md, from ``multi_turn.json`` (none for a quick run)."""
+    d = load("multi_turn")
+    if not d or d.get("quick"):
+        return []
+    st = d["setup"]
+    out = [*heading(REPORT_TITLE),
+           f"**Multi-turn episodes with tool waits** — `python -m astraflow.benchmarks.multi_turn` (one RaaS "
+           f"node's poll on the CPU engine: {st['episodes']} agent episodes x {st['samples']} samples, {st['turns']} "
+           f"turns, every step a tool call of {st['tool_s']} s x [0.5, 1.5); the same episodes and tokens in both arms; "
+           f"median (min–max) of {st['repeats']} repetitions{load_note(d)})", "",
+           "| tool latency | arm | s / poll | episodes/s | tokens/s | engine calls | rows / call |",
+           "|---|---|---:|---:|---:|---:|---:|"]
+    for name, sc in d["scenarios"].items():
+        label = "uniform" if not sc["slow_share"] else f"{sc['slow_share']:.0%} of calls x{sc['slow_factor']:g}"
+        for arm, r in sc["arms"].items():
+            out.append(f"| {label} | {arm} | {_sp(r['wall_s'])} | {_sp(r['episodes_per_s'])} | "
+                       f"{_sp(r['tokens_per_s'], '.1f')} | {_sp(r['engine_calls'], '.0f')} | "
+                       f"{_sp(r['rows_per_call'], '.1f')} |")
+    out += ["", "Step-out speedup (stay_in s / step_out s): " + "; ".join(
+        f"{name} {_sp(sc['step_out_speedup'])}" for name, sc in d["scenarios"].items()) + ". Re-prefill on the CPU "
+        "engine (no prefix cache; a 6-token turn of 16 rows): " + ", ".join(
+        f"context {k}: {v['median']:.3f} s ({v['reprefill_share']:.0%} re-prefill)" for k, v in d["reprefill"].items())
+        + ".", ""]
+    return out
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -121,5 +121,39 @@ def main(argv: list[str] | None = None) -> int:
     return run_repetitions("publish_dtype", args, one_repetition, aggregate, print_table)
 
 
+# -- its results tables: benchmarks/report.py renders every benchmark's from these --------
+from astraflow.benchmarks.report_format import (  # noqa: E402 (kept with the tables)
+    Loader, heading, load_note, fmt_spread as _sp)
+
+
+REPORT_TITLE = "Publishing fp32 vs bf16 to the fp32 CPU engine"
+
+
+def report_rows(load: Loader) -> list[str]:
+    """This benchmark's section of docs/benchmarks.md, from ``publish_dtype.json``."""
+    d = load("publish_dtype")
+    if not d:
+        return []
+    out = [*heading(REPORT_TITLE),
+           f"**Publishing fp32 vs bf16 to the fp32 CPU engine** — `python -m astraflow.benchmarks.publish_dtype` "
+           f"(the demo job, {d['steps']} steps, the same seeds for both; s/step, bytes and accuracy from an async run, "
+           "the train–inference log-prob gap — mean |logp_trainer − logp_behaviour| over tokens generated at the "
+           "version the trainer held — from a sync run, where every step has such tokens; median (min–max) of "
+           f"{d['repeats']} repetitions{load_note(d)})", "",
+           "| published | s/step | delta bytes / version | elements changed | publisher encode s | "
+           "train–inference logp gap | accuracy v0 → final |", "|---|---:|---:|---:|---:|---:|---|"]
+    for dtype in ("float32", "bfloat16"):
+        r = d["dtypes"][dtype]
+        gap = _sp(r["logp_gap"], ".1e") if r.get("logp_gap") else "–"
+        out.append(f"| {dtype} | {_sp(r['s_per_step'])} | {_sp(r['delta_bytes'], ',.0f')} | "
+                   f"{_sp(r['delta_changed_frac'], '.3f')} | {_sp(r['delta_encode_s'], '.3f')} | {gap} | "
+                   f"{r['accuracy_initial']:.3f} → {_sp(r['accuracy_final'], '.3f')} |")
+    ratio = d.get("bf16_over_fp32_logp_gap")
+    out += ["", f"bf16 / fp32, paired by repetition: s/step {_sp(d['bf16_over_fp32_s_per_step'])}, bytes per "
+                f"version {_sp(d['bf16_over_fp32_delta_bytes'])}"
+                + (f", log-prob gap {_sp(ratio, ',.0f')}x" if ratio else "") + ".", ""]
+    return out
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -420,5 +420,44 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# -- its results tables: benchmarks/report.py renders every benchmark's from these --------
+from astraflow.benchmarks.report_format import (  # noqa: E402 (kept with the tables)
+    Loader, heading, load_note, fmt_spread as _sp)
+
+
+REPORT_TITLE = "Kafka path"
+
+
+def report_rows(load: Loader) -> list[str]:
+    """This benchmark's section of docs/benchmarks.md, from ``topics_throughput.json``."""
+    d = load("topics_throughput")
+    if not d:
+        return []
+    large = (f", {d['large_records']:,} of 8 x {d.get('large_tokens', 512)} tokens (~{d['large_value_bytes']:,} B)"
+             if d.get("large_records") else "")
+    out = [*heading(REPORT_TITLE),
+           f"**Kafka path** — `python -m astraflow.benchmarks.topics_throughput` (Kafka {d['kafka_version']}, "
+           f"{d['records']:,} trajectory records of ~{d['trajectory_value_bytes']:,} B{large}, "
+           f"{d['chunk_total_mib']} MiB of 1 MiB chunks; ours = typed wrappers with orjson, idempotence, "
+           "acks=all, zstd / chunking with BLAKE3; kafka-python = the same client with the same settings and bytes, "
+           "no decoding or checksums; Kafka tool = its own perf tools, same payloads and settings; 4 KiB reads = "
+           "plain kafka-python consuming with its stock socket reads instead of `topics/socket_reads.py`'s; "
+           "packed / JSON arrays = our consumer on the same groups with packed number arrays (schema 3) over "
+           "JSON arrays (schema 2), records/s; C reader / kafka-python = plain kafka-python reading the same records "
+           "with our C record reader (`topics/records.py`, which our consumers use) over kafka-python's own reading, "
+           f"records/s; MB/s median (min–max) of {d['repeats']} rounds{load_note(d)})", "",
+           "| workload | op | ours MB/s | kafka-python MB/s | Kafka tool MB/s | ours / Kafka tool | ours / kafka-python | "
+           "kafka-python, 4 KiB reads MB/s | larger / 4 KiB reads | packed / JSON arrays | C reader / kafka-python |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in d["rows"]:
+        def cell(key: str, fmt: str = ".2f") -> str:
+            return _sp(r[key], fmt) if key in r else "–"
+        out.append(f"| {r['workload']} | {r['op']} | {cell('ours_MB_per_s', '.1f')} | {cell('plain_MB_per_s', '.1f')} | "
+                   f"{cell('kafka_MB_per_s', '.1f')} | {cell('ours_over_kafka')} | {cell('ours_over_plain')} | "
+                   f"{cell('stock_MB_per_s', '.1f')} | {cell('plain_over_stock')} | {cell('packed_over_json')} | "
+                   f"{cell('reader_over_plain')} |")
+    return out + [""]
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -380,5 +380,49 @@ def _uptime() -> str:
         return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+# -- its results tables: benchmarks/report.py renders every benchmark's from these --------
+from astraflow.benchmarks.report_format import Loader, heading  # noqa: E402 (kept with the tables)
+
+
+REPORT_TITLE = "Trainer scaling"
+
+
+def report_rows(load: Loader) -> list[str]:
+    """This benchmark's section of docs/benchmarks.md, from ``trainer_scaling.json``."""
+    d = load("trainer_scaling")
+    if not d:
+        return []
+    m, s = d["model"], d["settings"]
+    out = [*heading(REPORT_TITLE),
+           f"**Trainer scaling** — `python -m astraflow.benchmarks.trainer_scaling` (DeepSpeed on CPU, gloo, ranks "
+           f"started by torch's launcher; random-init Qwen3 of {m['parameters'] / 1e6:.0f} M params, fp32 AdamW; the "
+           f"same batch of {s['samples']} × {s['tokens_per_sample']} tokens; {s['threads_per_rank']} torch thread per "
+           f"rank; {_report_zero_sizes(s)}; median (min–max) of {s['timed_steps']} steps after a dropped warm-up; "
+           f"1-minute load average {d['load']['before']['loadavg'][0]:.1f} → {d['load']['after']['loadavg'][0]:.1f} "
+           f"on {d['machine']['cpus']} cores)", "",
+           "| ranks | ZeRO | samples/s (min–max) | vs 1 rank | CPU s per step, busiest rank | peak RSS per rank | "
+           "RSS after the steps |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    one = {r["zero_stage"]: r for r in d["rows"] if r["ranks"] == 1 and "error" not in r}
+    for r in d["rows"]:
+        if "error" in r:
+            out.append(f"| {r['ranks']} | {r['zero_stage']} | failed | | | | |")
+            continue
+        base = one.get(r["zero_stage"])
+        vs = f"{r['samples_per_s'] / base['samples_per_s']:.2f}x" if base else ""
+        out.append(f"| {r['ranks']} | {r['zero_stage']} | {r['samples_per_s']:.2f} ({r['samples_per_s_min']:.2f}–"
+                   f"{r['samples_per_s_max']:.2f}) | {vs} | {r['rank_cpu_s']['median']:.1f} | {r['peak_rss_mb']:,.0f} MB | "
+                   f"{r['rss_after_mb']:,.0f} MB |")
+    return out + [""]
+
+
+def _report_zero_sizes(settings: dict) -> str:
+    """Which ZeRO bucket/live-parameter sizes a scaling run used (runs before they were keys: DeepSpeed's)."""
+    if settings.get("zero_sizes", "deepspeed") == "deepspeed":
+        return "DeepSpeed's default ZeRO buckets (5·10⁸ elements) and live parameters (10⁹)"
+    z = settings["zero_optimization"]
+    return (f"the trainer's ZeRO sizes ({z['reduce_bucket_size']:.0e}-element buckets, {z['stage3_max_live_parameters']:.0e} "
+            f"live parameters, {z['sub_group_size']:.0e}-element sub-groups)").replace("e+0", "e")
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

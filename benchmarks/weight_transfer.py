@@ -388,5 +388,66 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# -- its results tables: benchmarks/report.py renders every benchmark's from these --------
+from astraflow.benchmarks.report_format import (  # noqa: E402 (kept with the tables)
+    Loader, ReadmeRow, heading, load_note, fmt_spread as _sp)
+
+
+REPORT_TITLE = "Weight transfer"
+
+
+def report_rows(load: Loader) -> list[str]:
+    """This benchmark's section of docs/benchmarks.md, from ``weight_transfer.json``."""
+    d = load("weight_transfer")
+    if not d:
+        return []
+    rl, syn, lat = d["rl"], d["synthetic"], d["latency"]
+    out = [*heading(REPORT_TITLE),
+           "**Weight transfer** — `python -m astraflow.benchmarks.weight_transfer` (real GRPO steps of the "
+           f"DeepSpeed CPU trainer, {rl['info']['params']:,} params; synthetic {syn['params'] / 1e9:g} B-parameter "
+           f"bf16 model with 1 % of elements changed; median (min–max) of {d['repeats']} rounds{load_note(d)}. The "
+           "entropy estimate is log2 C(n, k) for the change mask plus the order-0 entropy of each byte plane of the "
+           "new values: an estimate, not a bound)", "",
+           "| measurement | fp32 (as trained on CPU) | bf16 (as a GPU engine holds it) |", "|---|---:|---:|"]
+    f, b = rl["fp32"], rl["bf16"]
+    out.append(f"| changed elements per step | {_sp(f['changed_fraction'], '.1%')} | {_sp(b['changed_fraction'], '.1%')} |")
+    out.append(f"| delta bytes / full snapshot bytes | {_sp(f['delta_over_snapshot'], '.3f')} | "
+               f"{_sp(b['delta_over_snapshot'], '.3f')} |")
+    out.append(f"| delta bytes / entropy estimate | {_sp(f['delta_over_entropy_estimate'], '.3f')} | "
+               f"{_sp(b['delta_over_entropy_estimate'], '.3f')} |")
+    big = f"{syn['params'] / 1e9:g} B"
+    out += ["", f"| {big} bf16, 1 % changed, {syn['threads']} threads | GB/s of weights | vs memcpy |", "|---|---:|---:|",
+            f"| memcpy (`numpy.copyto`, {syn['threads']} threads) | {_sp(syn['memcpy_gbps'])} | 1.00 |",
+            f"| delta encode | {_sp(syn['delta_encode_gbps'])} | {_sp(syn['encode_vs_memcpy'], '.3f')} |",
+            f"| delta decode + apply (verified) | {_sp(syn['delta_apply_gbps'])} | {_sp(syn['decode_vs_memcpy'], '.3f')} |",
+            "", "| publish → all subscribers hold it | delta | full snapshot | snapshot end to end |", "|---|---:|---:|---:|"]
+    for key, label in (("tiny", "tiny model"), ("big", f"{big} model"), ("big_fanout", f"{big} model")):
+        x = lat.get(key)
+        if x:
+            out.append(f"| {label} ({x['subscribers']} subscriber{'s' if x['subscribers'] != 1 else ''}) | {_sp(x['delta_s'])} s ({x['delta_bytes'] / 1e6:.1f} MB) | "
+                       f"{_sp(x['full_s'])} s ({x['full_bytes'] / 1e6:.1f} MB) | {_sp(x['snapshot_e2e_MBps'], '.1f')} MB/s |")
+    k = d["kafka_tool_consume"]
+    out += ["", f"`kafka-consumer-perf-test` reading the {big} model's {k['records']:,} chunk records from the same broker: "
+            f"{_sp(k['MBps'], '.1f')} MB/s; the snapshot's end-to-end rate (one subscriber) is "
+            f"{_sp(d['snapshot_e2e_vs_kafka_tool_paired'], '.3f')} of it (paired per round)."]
+    kp = d.get("kafka_tool_produce")
+    if kp:
+        out[-1] += (f" `kafka-producer-perf-test` writing {kp['records']:,} records of 1 MiB with the publisher's settings: "
+                    f"{_sp(kp['MBps'], '.1f')} MB/s. A version is announced only once durable, so the tools' produce "
+                    f"time plus their consume time ({d['kafka_tools_in_series_MBps']:.1f} MB/s) is the ceiling for "
+                    f"publish → applied: the snapshot reaches "
+                    f"{_sp(d['snapshot_e2e_vs_kafka_tools_in_series_paired'], '.3f')} of it (paired per round).")
+    return out + [""]
+
+
+def readme_row(load: Loader) -> ReadmeRow | None:
+    """The README's line: a bf16 delta's bytes against a full snapshot's, on real RL steps."""
+    d = load("weight_transfer")
+    if not d:
+        return None
+    return ReadmeRow(REPORT_TITLE, f"bytes of a bf16 delta / a full snapshot, real GRPO steps, median of {d['repeats']}",
+                     f"{d['rl']['bf16']['delta_over_snapshot']['median']:.3f}", "lower")
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -249,10 +249,10 @@ def test_committed_results_have_the_issues_fields_and_render_with_spread():
     assert "entropy bound" not in text and "kafka-python MB/s" in text and " (" in text
 
 
-def test_delta_sparsity_pairs_bytes_by_repetition_and_judges_the_goal_on_the_median(monkeypatch):
+def test_delta_sparsity_pairs_bytes_by_repetition_and_judges_the_goal_on_the_median():
     """Per learning rate: the delta's share of a snapshot, paired within a repetition; the
     1/20 goal is met only where that share's median is <= 0.05, and the table renders."""
-    from astraflow.benchmarks import delta_sparsity, report
+    from astraflow.benchmarks import delta_sparsity
 
     def run(nbytes, frac):
         return {"delta_bytes": nbytes, "delta_changed_frac": frac, "snapshot_bytes": 3e6,
@@ -265,8 +265,7 @@ def test_delta_sparsity_pairs_bytes_by_repetition_and_judges_the_goal_on_the_med
     reps[1]["5e-6"] = reps[2]["5e-6"] = run(2e5, 0.07)  # the median repetition misses: the goal is missed
     assert delta_sparsity.aggregate(reps)["by_lr"]["5e-6"]["meets_goal"] is False
     one = {**agg, "steps": 40, "repeats": 3, "quick": False, "machine": {"cpus": 2}}
-    monkeypatch.setattr(report, "_load", lambda name: one if name == "delta_sparsity" else {})
-    lines = report.delta_sparsity()
+    lines = delta_sparsity.report_rows(lambda name: one if name == "delta_sparsity" else {})
     assert any(line.startswith("| 5e-06") or line.startswith("| 5e-6") for line in lines)
     assert lines.index(next(x for x in lines if x.startswith("| 2e-4"))) < lines.index(
         next(x for x in lines if x.startswith("| 5e-6")))

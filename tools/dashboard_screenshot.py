@@ -1,4 +1,4 @@
-"""Take the README's dashboard screenshot (``benchmarks/results/dashboard.png``) of a real run.
+"""Take the dashboard screenshot (``benchmarks/results/dashboard.png``, in docs/dashboard.md) of a real run.
 
 Runs ``astraflow run CONFIG --dashboard`` (the demo's config by default, ``--steps`` versions),
 opens the page in Debian's chromium (headless, driven by Playwright), waits until the trainer

@@ -135,11 +135,10 @@ def test_emulated_device_hours_are_modelled_hours():
     assert m["trainer_wait_frac"] == row["trainer_wait_frac"]  # a fraction: the same in either unit
 
 
-def test_report_renders_the_emulated_section_and_skips_a_quick_one(tmp_path, monkeypatch):
+def test_report_renders_the_emulated_section_and_skips_a_quick_one(tmp_path):
     import json
 
     from astraflow.benchmarks import elastic_emulated as em
-    from astraflow.benchmarks import report
     p = em.price(emulated_args())
     arms = {arm: {**em.modelled(elastic.arm_numbers(summary(t, r, t - r), rows_of([1, n], [])), 0.4),
                   "instrument": {"overruns": 0, "cpu_fraction": {}}}
@@ -149,14 +148,15 @@ def test_report_renders_the_emulated_section_and_skips_a_quick_one(tmp_path, mon
                "verdict": elastic.verdict(arms), "machine": {"cpus": 2},
                "load": {"before": {"loadavg": [3.0, 2.0, 1.0]}, "after": {"loadavg": [4.0, 2.0, 1.0]}}}
     (tmp_path / "elastic.json").write_text(json.dumps({"benchmark": "elastic", "emulated": section}))
-    monkeypatch.setattr(report, "RES", tmp_path)
-    text = "\n".join(report.elastic_emulated())
+    def load(name):
+        return json.loads((tmp_path / f"{name}.json").read_text())
+    text = "\n".join(em.report_rows(load))
     assert "EMULATED" in text and "modelled device-hours" in text and "small 1, large 4" in text
     assert "| autoscaling | 150 |" in text and "| 0.750 |" in text  # 60 wall s and 0.3 device-hours at dilation 0.4
     assert "vs fixed_large -40.0%" in text
     section["quick"] = True
     (tmp_path / "elastic.json").write_text(json.dumps({"benchmark": "elastic", "emulated": section}))
-    assert report.elastic_emulated() == []
+    assert em.report_rows(load) == []
 
 
 def test_the_emulated_verdict_pairs_repetitions_and_an_incomplete_run_voids_it():
