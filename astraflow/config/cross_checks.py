@@ -48,6 +48,8 @@ class CrossSectionChecks:
                 raise ConfigError(self.source, key, problem)
 
     def _check_workflow(self) -> None:
+        """The user's module imports, the workflow and its reward are registered, its parameters
+        pass its own check, and its roles and the job's policies are bound one to another."""
         if self.workflow.module:
             try:
                 import_user_module(self.workflow.module, self.source)
