@@ -8,9 +8,10 @@ classmethod parses its own entries (a data algorithm and its parameters), and a 
 with a ``normalize_config(data, file)`` classmethod reshapes its raw mapping first (a job's
 per-policy defaults). It knows nothing about what the sections mean.
 
-Numbers are bounded where they are declared: a numeric field's ``metadata["bounds"]`` is a
-:class:`Bounds` (``field(..., metadata={"help": ..., "bounds": Bounds(1, 10**9)})``), and a
-value outside it, or any float that is not finite, is refused naming the key. A name that
+A section declares each key with :func:`setting`: its default, its help text (what ``astraflow
+config keys`` prints) and, for a number, its :class:`Bounds` (``metadata["bounds"]``). A value
+outside them, or any float that is not finite, is refused naming the key; a section's own
+``__post_init__`` checks only what bounds cannot say (one key against another). A name that
 becomes part of a path or a topic name is checked with :func:`check_name`.
 :func:`load_yaml` reads a file into the mapping; a key given twice in one mapping is an
 error naming the key, the file and both lines (PyYAML would keep the last silently).
@@ -19,7 +20,9 @@ error naming the key, the file and both lines (PyYAML would keep the last silent
 from __future__ import annotations
 
 import collections.abc
+import copy
 import dataclasses
+import functools
 import math
 import re
 import types
@@ -32,7 +35,7 @@ import yaml
 
 from astraflow.errors import FatalError
 
-__all__ = ["Bounds", "ConfigError", "NAME_PATTERN", "check_name", "from_dict", "load_yaml"]
+__all__ = ["Bounds", "ConfigError", "NAME_PATTERN", "check_name", "from_dict", "load_yaml", "setting"]
 
 
 class ConfigError(FatalError, ValueError):
@@ -61,6 +64,17 @@ class Bounds:
 
     def __str__(self) -> str:
         return f"in {'(' if self.lo_open else '['}{_num(self.lo)}, {_num(self.hi)}{')' if self.hi_open else ']'}"
+
+
+def setting(default: Any = dataclasses.MISSING, help: str = "", bounds: Bounds | None = None,  # noqa: A002
+            **kw: Any) -> Any:
+    """A section's field: its ``default`` (none: a required key), its ``help`` and, for a number,
+    the ``bounds`` :func:`from_dict` loads it within. A default of a mutable kind (a dict, a
+    list) is copied for each instance. ``kw`` goes to :func:`dataclasses.field` as it is."""
+    meta = {"help": help, **({"bounds": bounds} if bounds else {})}
+    if default is not dataclasses.MISSING and type(default).__hash__ is None:
+        return dataclasses.field(default_factory=functools.partial(copy.copy, default), metadata=meta, **kw)
+    return dataclasses.field(default=default, metadata=meta, **kw)
 
 
 def _num(x: float) -> str:

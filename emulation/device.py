@@ -24,11 +24,12 @@ import re
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from astraflow.typed_config import Bounds
+from astraflow.typed_config import setting as _f
 
 from .cost import CostModel
 from .profile import load_profile, load_workload, profile_names, workload_names
@@ -37,10 +38,6 @@ from .share import DeviceShare
 __all__ = ["DeviceConfig", "EmulatedDevice", "CallStats"]
 
 log = logging.getLogger(__name__)
-
-
-def _f(default, help: str, bounds: Bounds | None = None):  # noqa: A002
-    return field(default=default, metadata={"help": help, **({"bounds": bounds} if bounds else {})})
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,19 @@
-"""Typed engine configuration: the ``rollout`` and ``trainer`` sections of a job config.
+"""Typed engine configuration: the ``rollout.engine`` and ``trainer.engine`` sections of a job config.
 
-Owns the keys, their defaults, validation, and ``from_dict`` that rejects unknown keys by
-name. ``factory.py`` turns these into engines; nothing else reads raw dicts.
+Owns the keys, their defaults and validation; ``from_dict`` builds a section from a mapping
+with the shared loader (:mod:`astraflow.typed_config`: unknown keys, wrong types and numbers
+out of bounds are refused by name). ``factory.py`` turns these into engines; nothing else
+reads raw dicts.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from astraflow.typed_config import Bounds
+from astraflow import typed_config
+from astraflow.typed_config import Bounds, setting
 
 from .loss_names import LOSS_PARAMS, RETIRED_LOSSES
 
@@ -26,50 +28,38 @@ ZERO_SIZE_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetc
                   "sub_group_size")
 
 
-def _help(default: Any, text: str, bounds: Bounds | None = None) -> Any:
-    """A field with its ``astraflow config keys`` help text (and, for a number, its bounds)."""
-    return field(default=default, metadata={"help": text, **({"bounds": bounds} if bounds else {})})
-
-
 SEED = Bounds(0, 2**32 - 1)  #: what numpy and torch both take
 TIMEOUT_S = Bounds(0, 86_400, lo_open=True)
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any] | T | None, where: str = "config") -> T:
-    """Build dataclass ``cls`` from a mapping; an unknown key is an error naming it."""
+    """Build dataclass ``cls`` from a mapping strictly (the job config's loader: an unknown
+    key, a wrong type or a number out of bounds is a :class:`~astraflow.typed_config.ConfigError`,
+    a ``ValueError``, naming the key under ``where``); None is the defaults, an instance itself."""
     if data is None:
         return cls()
     if isinstance(data, cls):
         return data
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(names)}")
-    kwargs = dict(data)
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        nested = {"SGLangConfig": SGLangConfig}.get(str(f.type))
-        if nested and f.name in kwargs:
-            kwargs[f.name] = from_dict(nested, kwargs[f.name], f"{where}.{f.name}")
-    return cls(**kwargs)
+    return typed_config.from_dict(cls, dict(data), "<dict>", f"{where}.")
 
 
 @dataclass(frozen=True)
 class SGLangConfig:
     """Server options for ``kind: sglang``."""
 
-    host: str = field(default="127.0.0.1", metadata={"help": "interface the server binds"})
-    port: int = _help(0, "0 picks a free port", bounds=Bounds(0, 65_535))
-    url: str = field(default="", metadata={"help": "use an already running server; launch nothing"})
-    tp_size: int = _help(1, "tensor-parallel GPUs per server", bounds=Bounds(1, 1024))
-    mem_fraction_static: float = _help(0.8, "GPU memory share for weights + KV cache",
-                                       bounds=Bounds(0, 1, lo_open=True))
-    weight_transport: str = field(default="disk", metadata={"help": "disk | tensor"})
-    weights_dir: str = field(default="", metadata={"help": "where disk updates are written (default: a temp dir)"})
-    server_module: str = field(default="sglang.launch_server", metadata={"help": "module run with python -m (tests point it at a stub)"})
-    send_seed: bool = field(default=False, metadata={"help": "send each row's seed as sampling_seed (needs an SGLang that accepts it)"})
-    startup_timeout_s: float = _help(600.0, "how long the server may take to become ready", bounds=TIMEOUT_S)
-    request_timeout_s: float = _help(600.0, "per /generate request", bounds=TIMEOUT_S)
-    extra_args: tuple[str, ...] = _help((), "more sglang.launch_server arguments, verbatim")
+    host: str = setting("127.0.0.1", "interface the server binds")
+    port: int = setting(0, "0 picks a free port", bounds=Bounds(0, 65_535))
+    url: str = setting("", "use an already running server; launch nothing")
+    tp_size: int = setting(1, "tensor-parallel GPUs per server", bounds=Bounds(1, 1024))
+    mem_fraction_static: float = setting(0.8, "GPU memory share for weights + KV cache",
+                                         bounds=Bounds(0, 1, lo_open=True))
+    weight_transport: str = setting("disk", "disk | tensor")
+    weights_dir: str = setting("", "where disk updates are written (default: a temp dir)")
+    server_module: str = setting("sglang.launch_server", "module run with python -m (tests point it at a stub)")
+    send_seed: bool = setting(False, "send each row's seed as sampling_seed (needs an SGLang that accepts it)")
+    startup_timeout_s: float = setting(600.0, "how long the server may take to become ready", bounds=TIMEOUT_S)
+    request_timeout_s: float = setting(600.0, "per /generate request", bounds=TIMEOUT_S)
+    extra_args: tuple[str, ...] = setting((), "more sglang.launch_server arguments, verbatim")
 
     def __post_init__(self) -> None:
         if self.weight_transport not in ("disk", "tensor"):
@@ -86,11 +76,11 @@ class RolloutConfig:
     ``seed`` (bootstrap seed when ``model_path`` is empty), ``sglang`` (SGLangConfig).
     """
 
-    kind: str = _help("cpu", "cpu (embedded torch engine) | sglang (GPU server)")
-    model_path: str = _help("", "HF model dir (empty: the job's `model`)")
-    threads: int = _help(0, "CPU engine torch threads (0: torch's default)", bounds=Bounds(0, 1024))
-    seed: int = _help(0, "bootstrap seed when model_path is empty", bounds=SEED)
-    sglang: SGLangConfig = field(default_factory=SGLangConfig)
+    kind: str = setting("cpu", "cpu (embedded torch engine) | sglang (GPU server)")
+    model_path: str = setting("", "HF model dir (empty: the job's `model`)")
+    threads: int = setting(0, "CPU engine torch threads (0: torch's default)", bounds=Bounds(0, 1024))
+    seed: int = setting(0, "bootstrap seed when model_path is empty", bounds=SEED)
+    sglang: SGLangConfig = setting(SGLangConfig(), "server options of kind sglang")
 
     def __post_init__(self) -> None:
         if self.kind not in ("cpu", "sglang"):
@@ -128,59 +118,58 @@ class TrainerConfig:
     rate.
     """
 
-    model_path: str = _help("", "HF model dir (empty: the job's `model`)")
-    zero_stage: int = _help(0, "DeepSpeed ZeRO stage 0-3", bounds=Bounds(0, 3))
-    lr: float = _help(1e-4, "AdamW learning rate", bounds=Bounds(0, 10))
-    weight_decay: float = _help(0.0, "AdamW weight decay", bounds=Bounds(0, 10))
-    betas: tuple[float, float] = _help((0.9, 0.999), "AdamW betas", bounds=Bounds(0, 1, hi_open=True))
-    warmup_steps: int = _help(0, "linear LR warm-up, in versions", bounds=Bounds(0, 10**7))
-    lr_schedule: str = _help("constant", "constant | cosine (after warm-up, over total_steps)")
-    total_steps: int = _help(0, "cosine horizon in versions (0: the job's trainer.steps)", bounds=Bounds(0, 10**7))
-    grad_clip: float = _help(1.0, "max global gradient norm (0: off)", bounds=Bounds(0, 1e6))
-    token_budget: int = _help(4096, "padded tokens per micro-batch (a memory knob: losses are normalised over the whole minibatch)",
-                              bounds=Bounds(1, 10**9))
-    ppo_epochs: int = _help(1, "passes over each batch (PPO epochs)", bounds=Bounds(1, 1000))
-    minibatches: int = _help(1, "optimizer steps per pass: the batch split by sample index; proximal log-probs "
-                                "come from one no-grad pass before the first", bounds=Bounds(1, 100_000))
-    loss: str = _help("grpo", "grpo (PPO-clip vs the behaviour policy, group advantages) | decoupled_ppo | m2po")
-    loss_params: Mapping[str, float] = field(default_factory=dict, metadata={
-        "help": "clip_eps, clip_eps_high (grpo); clip_eps, iw_cap (decoupled_ppo); tau (m2po)",
-        "bounds": Bounds(0, 1e6)})
-    aggregation: str = _help("token", "token | sequence loss aggregation")
-    normalize_std: bool = _help(True, "GRPO: divide advantages by the group's reward std")
-    kl_coef: float = _help(0.0, "KL loss term against the initial policy (0: off)", bounds=Bounds(0, 1000))
-    kl_estimator: str = _help("k3", "k3 (low variance; expected gradient of KL(ref||pi)) | k2 (of KL(pi||ref))")
-    kl_in_reward_coef: float = _help(0.0, "k1 KL summed per sequence, subtracted from its reward before "
-                                          "advantages (verl's use_kl_in_reward; 0: off)", bounds=Bounds(0, 1000))
-    temperature: float = _help(1.0, "set from rollout.temperature by the job", bounds=Bounds(0, 100, lo_open=True))
-    top_p: float = _help(1.0, "set from rollout.top_p by the job: trainer log-probs use the sampled distribution",
-                         bounds=Bounds(0, 1, lo_open=True))
-    top_k: int = _help(0, "set from rollout.top_k by the job", bounds=Bounds(0, 1_000_000))
-    seed: int = _help(0, "torch seed (0: the job's seed)", bounds=SEED)
-    device: str = _help("auto", "auto | cpu | cuda")
-    bf16: bool = _help(True, "bf16 on GPU (CPU always trains fp32)")
-    threads: int = _help(0, "torch threads (0: torch's default)", bounds=Bounds(0, 1024))
-    collective_timeout_s: float = _help(300.0, "bound on every collective across ranks: a rank whose peer died "
-                                               "fails after this instead of hanging", bounds=TIMEOUT_S)
+    model_path: str = setting("", "HF model dir (empty: the job's `model`)")
+    zero_stage: int = setting(0, "DeepSpeed ZeRO stage 0-3", bounds=Bounds(0, 3))
+    lr: float = setting(1e-4, "AdamW learning rate", bounds=Bounds(0, 10))
+    weight_decay: float = setting(0.0, "AdamW weight decay", bounds=Bounds(0, 10))
+    betas: tuple[float, float] = setting((0.9, 0.999), "AdamW betas", bounds=Bounds(0, 1, hi_open=True))
+    warmup_steps: int = setting(0, "linear LR warm-up, in versions", bounds=Bounds(0, 10**7))
+    lr_schedule: str = setting("constant", "constant | cosine (after warm-up, over total_steps)")
+    total_steps: int = setting(0, "cosine horizon in versions (0: the job's trainer.steps)", bounds=Bounds(0, 10**7))
+    grad_clip: float = setting(1.0, "max global gradient norm (0: off)", bounds=Bounds(0, 1e6))
+    token_budget: int = setting(4096, "padded tokens per micro-batch (a memory knob: losses are normalised over the "
+                                      "whole minibatch)", bounds=Bounds(1, 10**9))
+    ppo_epochs: int = setting(1, "passes over each batch (PPO epochs)", bounds=Bounds(1, 1000))
+    minibatches: int = setting(1, "optimizer steps per pass: the batch split by sample index; proximal log-probs "
+                                  "come from one no-grad pass before the first", bounds=Bounds(1, 100_000))
+    loss: str = setting("grpo", "grpo (PPO-clip vs the behaviour policy, group advantages) | decoupled_ppo | m2po")
+    loss_params: Mapping[str, float] = setting({}, "clip_eps, clip_eps_high (grpo); clip_eps, iw_cap (decoupled_ppo); "
+                                                   "tau (m2po)", bounds=Bounds(0, 1e6))
+    aggregation: str = setting("token", "token | sequence loss aggregation")
+    normalize_std: bool = setting(True, "GRPO: divide advantages by the group's reward std")
+    kl_coef: float = setting(0.0, "KL loss term against the initial policy (0: off)", bounds=Bounds(0, 1000))
+    kl_estimator: str = setting("k3", "k3 (low variance; expected gradient of KL(ref||pi)) | k2 (of KL(pi||ref))")
+    kl_in_reward_coef: float = setting(0.0, "k1 KL summed per sequence, subtracted from its reward before "
+                                            "advantages (verl's use_kl_in_reward; 0: off)", bounds=Bounds(0, 1000))
+    temperature: float = setting(1.0, "set from rollout.temperature by the job", bounds=Bounds(0, 100, lo_open=True))
+    top_p: float = setting(1.0, "set from rollout.top_p by the job: trainer log-probs use the sampled distribution",
+                           bounds=Bounds(0, 1, lo_open=True))
+    top_k: int = setting(0, "set from rollout.top_k by the job", bounds=Bounds(0, 1_000_000))
+    seed: int = setting(0, "torch seed (0: the job's seed)", bounds=SEED)
+    device: str = setting("auto", "auto | cpu | cuda")
+    bf16: bool = setting(True, "bf16 on GPU (CPU always trains fp32)")
+    threads: int = setting(0, "torch threads (0: torch's default)", bounds=Bounds(0, 1024))
+    collective_timeout_s: float = setting(300.0, "bound on every collective across ranks: a rank whose peer died "
+                                                 "fails after this instead of hanging", bounds=TIMEOUT_S)
     # DeepSpeed zero_optimization sizes, in elements (DeepSpeed's names; its defaults in brackets).
-    reduce_bucket_size: int = _help(10_000_000, "ZeRO 1-3: gradient elements reduced per collective; ZeRO-3 touches "
-                                                "up to this much of its bucket buffer [DeepSpeed: 5e8]",
-                                                bounds=Bounds(1, 10**12))
-    allgather_bucket_size: int = _help(10_000_000, "ZeRO 1-2: parameter elements all-gathered per collective after "
-                                                   "each optimizer step [5e8]", bounds=Bounds(0, 10**12))
-    stage3_prefetch_bucket_size: int = _help(10_000_000, "ZeRO-3: parameter elements fetched ahead of use [5e7]",
-                                             bounds=Bounds(0, 10**12))
-    stage3_param_persistence_threshold: int = _help(100_000, "ZeRO-3: parameters smaller than this stay whole on "
-                                                             "every rank, never partitioned [1e5]",
-                                                             bounds=Bounds(0, 10**12))
-    stage3_max_live_parameters: int = _help(10_000_000, "ZeRO-3: gathered parameter elements a rank may hold "
-                                                        "before releasing [1e9: the whole model]",
-                                                        bounds=Bounds(0, 10**12))
-    stage3_max_reuse_distance: int = _help(10_000_000, "ZeRO-3: keep a gathered parameter if it is used again "
-                                                       "within this many elements [1e9]", bounds=Bounds(0, 10**12))
-    sub_group_size: int = _help(10_000_000, "ZeRO-3: optimizer step tile, in elements: the step's flat gradient "
-                                            "and AdamW temporaries are this size; a checkpoint resumes only under "
-                                            "the size it was saved with [1e9]", bounds=Bounds(0, 10**12))
+    reduce_bucket_size: int = setting(10_000_000, "ZeRO 1-3: gradient elements reduced per collective; ZeRO-3 touches "
+                                                  "up to this much of its bucket buffer [DeepSpeed: 5e8]",
+                                                  bounds=Bounds(1, 10**12))
+    allgather_bucket_size: int = setting(10_000_000, "ZeRO 1-2: parameter elements all-gathered per collective after "
+                                                     "each optimizer step [5e8]", bounds=Bounds(0, 10**12))
+    stage3_prefetch_bucket_size: int = setting(10_000_000, "ZeRO-3: parameter elements fetched ahead of use [5e7]",
+                                               bounds=Bounds(0, 10**12))
+    stage3_param_persistence_threshold: int = setting(100_000, "ZeRO-3: parameters smaller than this stay whole on "
+                                                               "every rank, never partitioned [1e5]",
+                                                               bounds=Bounds(0, 10**12))
+    stage3_max_live_parameters: int = setting(10_000_000, "ZeRO-3: gathered parameter elements a rank may hold "
+                                                          "before releasing [1e9: the whole model]",
+                                                          bounds=Bounds(0, 10**12))
+    stage3_max_reuse_distance: int = setting(10_000_000, "ZeRO-3: keep a gathered parameter if it is used again "
+                                                         "within this many elements [1e9]", bounds=Bounds(0, 10**12))
+    sub_group_size: int = setting(10_000_000, "ZeRO-3: optimizer step tile, in elements: the step's flat gradient "
+                                              "and AdamW temporaries are this size; a checkpoint resumes only under "
+                                              "the size it was saved with [1e9]", bounds=Bounds(0, 10**12))
 
     def __post_init__(self) -> None:
         if self.collective_timeout_s <= 0:

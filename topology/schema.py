@@ -18,13 +18,13 @@ strictly, like job configs: an unknown key or a wrong type is a
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from astraflow.config import ClusterSecurityConfig
 from astraflow.typed_config import Bounds, ConfigError, from_dict, load_yaml
+from astraflow.typed_config import setting as _k
 
 COMPONENTS = ("dataflow", "trainer", "raas")
 EMBEDDED = "embedded"
@@ -33,14 +33,6 @@ REGION_REF = "region:"
 
 class TopologyError(ConfigError):
     """An invalid topology file; names the file and the dotted key."""
-
-
-def _k(default: Any = dataclasses.MISSING, help: str = "", bounds: Bounds | None = None) -> Any:  # noqa: A002
-    meta = {"help": help, **({"bounds": bounds} if bounds else {})}
-    if isinstance(default, (dict, tuple)) or dataclasses.is_dataclass(default):
-        value = default
-        return field(default_factory=lambda: value, metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 PERIOD_S = Bounds(0, 86_400, lo_open=True)

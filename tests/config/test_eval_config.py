@@ -12,7 +12,7 @@ from astraflow.checks import check_data
 from astraflow.config import ConfigError, load_config
 from astraflow.errors import DataError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _rows(path: Path, n: int) -> str:

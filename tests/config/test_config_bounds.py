@@ -19,7 +19,7 @@ from astraflow.topics.bootstrap import BadBootstrapServers, BrokerUnreachable, p
 from astraflow.topology.schema import Topology, TopologyError, load_topology
 from astraflow.typed_config import Bounds, ConfigError, check_name
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _numeric(tp) -> bool:

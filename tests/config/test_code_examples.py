@@ -9,7 +9,7 @@ import pytest
 from astraflow.cli import main
 from astraflow.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = {"code_solver_selector": ("selector", "code_solver_selector"),
             "code_solver_testgen": ("test_generator", "code_solver_testgen")}
 

@@ -1,0 +1,190 @@
+"""The checks of a job config that span its sections, run once every section has loaded.
+
+:class:`CrossSectionChecks` is mixed into :class:`~astraflow.config.job.JobConfig`, whose
+``__post_init__`` runs :meth:`~CrossSectionChecks.check_sections`: names that become topic and
+path parts, the data-algorithm pipeline of each policy (its batch and group sizes), the
+workflow and its role -> policy binding, the evaluation keys against the data sources, each
+policy's model, device sharing, and the principals of each policy. Each failure is a
+:class:`ConfigError` naming the dotted key and the file. The checks read the job's sections
+and its policy properties (``policy_names``, ``role_policies``, ...); they know nothing of
+how a file becomes a job config (:mod:`.job`), nor of what runs the job.
+"""
+
+from __future__ import annotations
+
+from astraflow.algorithms.pipeline import PipelineError, build_pipeline, context_for, context_of, is_curator
+from astraflow.models.warm_start import WarmStartError, get_task
+from astraflow.typed_config import ConfigError, check_name
+from astraflow.workflows.api import WorkflowParamError, get_reward, get_workflow
+from astraflow.workflows.user_modules import import_user_module
+
+from .sections import GENERATORS
+
+
+class CrossSectionChecks:
+    """What a job config checks across its sections (a mixin of ``JobConfig``)."""
+
+    def check_sections(self) -> None:
+        """Every cross-section check, in order; :class:`ConfigError` on the first failure."""
+        self._check_names()
+        # the data algorithms against the batch and group sizes, at load time
+        try:
+            build_pipeline(self.dataflow.algorithms, context_of(self), self.dataflow.force_after_skips)
+        except PipelineError as e:
+            raise ConfigError(self.source, f"dataflow.{e.key}", e.problem) from None
+        self._check_workflow()
+        self._check_eval()
+        self._check_models()
+        self._check_device_shares()
+        self.kafka.security.check_policies(self.policy_names, self.source)
+
+    def _check_names(self) -> None:
+        """Names that become parts of Kafka topic names (af.<job>.tasks.<policy>, ...) and of
+        paths (<run_dir>/<job>-<time>, checkpoint and weight dirs per policy): refused here,
+        not by the broker or the file system once the components are already starting."""
+        for key, name in (("job", self.job), *((f"policies.{p}", p) for p in self.policies), ("policy", self.policy)):
+            problem = check_name(name)
+            if problem:
+                raise ConfigError(self.source, key, problem)
+
+    def _check_workflow(self) -> None:
+        """The user's module imports, the workflow and its reward are registered, its parameters
+        pass its own check, and its roles and the job's policies are bound one to another."""
+        if self.workflow.module:
+            try:
+                import_user_module(self.workflow.module, self.source)
+            except Exception as e:  # noqa: BLE001 - the user's module: any error it raises is a config error
+                raise ConfigError(self.source, "workflow.module",
+                                  f"cannot import {self.workflow.module!r}: {type(e).__name__}: {e}") from None
+        try:
+            spec = get_workflow(self.workflow.name)
+        except KeyError as e:
+            raise ConfigError(self.source, "workflow.name", str(e.args[0])) from None
+        if "reward" in self.workflow.params:  # the built-in workflows score with the reward it names
+            try:
+                get_reward(str(self.workflow.params["reward"]))
+            except KeyError as e:
+                raise ConfigError(self.source, "workflow.params.reward", str(e.args[0])) from None
+        if spec.check is not None:
+            try:
+                spec.check(self.workflow.params)
+            except WorkflowParamError as e:
+                raise ConfigError(self.source, f"workflow.params.{e.key}", e.message) from None
+        names = self.policy_names
+        if self.policies and self.policy not in self.policies:
+            raise ConfigError(self.source, "policy", f"{self.policy!r} is not one of policies ({', '.join(names)})")
+        bound = self.role_policies
+        for role in spec.roles:
+            if role not in bound:
+                raise ConfigError(self.source, f"workflow.roles.{role}",
+                                  f"workflow {spec.name!r} calls role {role!r}: bind it to one of the policies "
+                                  f"({', '.join(names)})")
+        for role, policy in bound.items():
+            if role not in spec.roles:
+                raise ConfigError(self.source, f"workflow.roles.{role}",
+                                  f"workflow {spec.name!r} has no role {role!r} (its roles: {', '.join(spec.roles)})")
+            if policy not in names:
+                raise ConfigError(self.source, f"workflow.roles.{role}",
+                                  f"no policy {policy!r} (policies: {', '.join(names)})")
+        if len(names) > 1:
+            self._check_policy_algorithms(names)
+        idle = [p for p in names if p not in bound.values()]
+        if idle:
+            raise ConfigError(self.source, f"policies.{idle[0]}", "no workflow role is bound to this policy: it "
+                                                                  "would never get data (workflow.roles)")
+
+    def _check_policy_algorithms(self, names) -> None:
+        """Each policy's lane runs its own data algorithms (filters and composers on its own
+        groups, checked against its own batch and group sizes). Prompt curators choose the
+        prompts the team's episodes run on, once for every policy: the lead policy's run (they
+        learn from its groups); a non-lead policy may repeat them (inherited from the top-level
+        ``dataflow`` section; its lane skips them), never add or change one."""
+        lead = self.lead_policy
+        lead_curators = [s for s in self.policies[lead].dataflow.algorithms if is_curator(s)]
+        for p in names:
+            section = self.policies[p]
+            specs = section.dataflow.algorithms
+            # the policy view's context, from its sections: a view is a JobConfig and would run
+            # these checks again
+            ctx = context_for(self.seed, section.dataflow, section.rollout,
+                              0 if self.mode == "sync" else section.dataflow.max_staleness)
+            try:
+                build_pipeline(specs, ctx, section.dataflow.force_after_skips)
+            except PipelineError as e:
+                raise ConfigError(self.source, f"policies.{p}.dataflow.{e.key}", e.problem) from None
+            if p == lead:
+                continue
+            for i, s in enumerate(specs):
+                if is_curator(s) and s not in lead_curators:
+                    raise ConfigError(self.source, f"policies.{p}.dataflow.algorithms[{i}]",
+                                      f"{s.name} is a prompt curator: curators choose the prompts every policy's "
+                                      f"episodes run on, once for the team, so they belong to the lead policy "
+                                      f"{lead!r} (the one playing the workflow's first role; they learn from its "
+                                      f"groups); {p!r} may run filters and composers of its own")
+
+    def _check_eval(self) -> None:
+        ev, files = self.eval, [s for s in self.data_sources if s not in GENERATORS]
+        if ev.data is not None:
+            if ev.data in GENERATORS or not ev.data.strip():
+                raise ConfigError(self.source, "eval.data", f"expected a JSONL or Parquet file of held-out rows, got "
+                                                            f"{ev.data!r} (the generators hold out a split of "
+                                                            f"their own: leave eval.data null)")
+            if ev.holdout:
+                raise ConfigError(self.source, "eval.holdout", "set either eval.holdout (a split of the training "
+                                                               "file) or eval.data (a held-out file), not both")
+        elif ev.holdout is not None and not files:
+            raise ConfigError(self.source, "eval.holdout", f"data.source {self.data.source!r} is a generator with a "
+                                                           f"held-out split of its own; eval.holdout splits a "
+                                                           f"dataset file (leave it null)")
+        elif ev.holdout == 0 and files and len(files) == len(self.data_sources):  # no generator's split either
+            raise ConfigError(self.source, "eval.holdout", "0 holds no rows out and eval.data is null: nothing "
+                                                           "would be evaluated; set eval.holdout > 0 or eval.data")
+
+    def _check_device_shares(self) -> None:
+        """``device.share``: one policy's single pool node and its trainer, on the same count of
+        the same profile's devices (emulation/share.py); the evaluator shares nothing."""
+        if self.eval.device.share:
+            raise ConfigError(self.source, "eval.device.share", "the evaluator runs on devices of its own")
+        owners: dict[str, tuple[str, object, str]] = {}
+        for p in self.policy_names:
+            where = f"policies.{p}." if self.policies else ""
+            sec = self.policies[p] if self.policies else self
+            for stage, dev in (("rollout", sec.rollout.device), ("trainer", sec.trainer.device)):
+                if not dev.share:
+                    continue
+                key = f"{where}{stage}.device.share"
+                if stage == "rollout" and sec.rollout.nodes != 1:
+                    raise ConfigError(self.source, key, f"{sec.rollout.nodes} RaaS nodes cannot take turns on one "
+                                                        f"trainer's devices (rollout.nodes must be 1)")
+                if dev.share in owners:
+                    other, odev, _ = owners.pop(dev.share)
+                    if other != p:
+                        raise ConfigError(self.source, key, f"{dev.share!r} is policy {other!r}'s: a pool shares its "
+                                                            f"devices with its own policy's trainer only")
+                    if (odev.count, odev.profile) != (dev.count, dev.profile):
+                        raise ConfigError(self.source, key, f"the pool and the trainer sharing {dev.share!r} must name "
+                                                            f"the same devices (count and profile), got "
+                                                            f"{odev.count} x {odev.profile} and {dev.count} x {dev.profile}")
+                    owners[dev.share] = (p, None, key)  # taken by both
+                else:
+                    owners[dev.share] = (p, dev, key)
+        for name, (_, dev, key) in owners.items():
+            if dev is not None:
+                raise ConfigError(self.source, key, f"{name!r} is named by this component only: a pool and its "
+                                                    f"policy's trainer share devices, both naming them")
+
+    def _check_models(self) -> None:
+        """Each policy's tiny bootstrapped model is one that ``astraflow model init`` can build."""
+        for p in self.policy_names:
+            where = f"policies.{p}.model" if self.policies else "model"
+            model = self.policies[p].model if self.policies else self.model  # (a view would check itself again)
+            if model.path:
+                if model.max_positions is not None:
+                    raise ConfigError(self.source, f"{where}.max_positions",
+                                      f"sets the window of the tiny bootstrapped model, but {where}.path is set "
+                                      f"({model.path}): its config.json declares its own positions (leave it null)")
+                continue
+            try:
+                get_task(model.task)
+            except WarmStartError as e:
+                raise ConfigError(self.source, f"{where}.task", str(e)) from None
