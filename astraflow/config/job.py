@@ -48,7 +48,7 @@ class JobConfig(CrossSectionChecks):
     eval: EvalConfig = setting(EvalConfig(), "evaluation")
     tracing: TracingConfig = setting(TracingConfig(), "tracing")
     tracking: TrackingConfig = setting(TrackingConfig(), "the metrics in TensorBoard and MLflow too (docs/tracking.md)")
-    sandbox: SandboxConfig = setting(SandboxConfig(), "the sandbox model-written code runs in (workflows/sandbox.py)")
+    sandbox: SandboxConfig = setting(SandboxConfig(), "the sandbox model-written code runs in (sandbox/)")
     audit: AuditConfig = setting(AuditConfig(), "the conservation audit of the job's topics (at the end, and every N "
                                                 "versions)")
     policies: dict[str, PolicyConfig] = setting({}, "multi-policy jobs: name -> {model, rollout, dataflow, trainer}, "
