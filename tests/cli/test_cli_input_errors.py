@@ -13,7 +13,7 @@ import pytest
 
 from astraflow.errors import EXIT_FATAL
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _astraflow(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
