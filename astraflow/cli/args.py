@@ -12,7 +12,10 @@ import argparse
 import re
 import sys
 
+import yaml
+
 from astraflow.errors import FatalError
+from astraflow.typed_config import check_name
 
 __all__ = ["EXIT_USAGE", "OverrideError", "Parser", "UsageError", "name", "overrides", "reachable", "source_flags",
            "usage_line"]
@@ -47,7 +50,6 @@ class Parser(argparse.ArgumentParser):
 
 def name(value: str) -> str:
     """A job, policy or node name from the command line: a safe topic- and path-part."""
-    from astraflow.typed_config import check_name
     problem = check_name(value)
     if problem:
         raise argparse.ArgumentTypeError(problem)
@@ -65,7 +67,6 @@ _SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 def overrides(pairs: list[str] | None) -> dict:
     """``--set KEY=VALUE`` pairs as a mapping of dotted keys to YAML values."""
-    import yaml
     out = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")

@@ -39,7 +39,8 @@ def describe(cls: type | None = None, prefix: str = "") -> list[tuple[str, str, 
             else:
                 default = "(required)"
             bounds = f.metadata.get("bounds")
-            rows.append((prefix + f.name, repr(default), f.metadata.get("help", "") + (f" ({bounds})" if bounds else "")))
+            help_ = f.metadata.get("help", "") + (f" ({bounds})" if bounds else "")
+            rows.append((prefix + f.name, repr(default), help_))
     return rows
 
 
