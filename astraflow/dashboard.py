@@ -40,7 +40,7 @@ from astraflow.errors import FatalError
 from astraflow.status import job_state
 
 __all__ = ["Dashboard", "DashboardError", "DashboardState", "WEB_DIR", "alive_window", "chart_library",
-           "dashboard_command", "plan_regions", "topology_regions"]
+           "plan_regions", "topology_regions"]
 
 log = logging.getLogger(__name__)
 
@@ -451,28 +451,3 @@ def topology_regions(path: str | Path) -> Callable[[str, str, str], str | None]:
     """Node id -> region, from a topology file."""
     from astraflow.topology.launch import load_plan
     return plan_regions(load_plan(path))
-
-
-def dashboard_command(args) -> int:
-    """``astraflow dashboard``: serve the page until SIGINT, SIGTERM or SIGHUP."""
-    import contextlib
-    import signal
-
-    from astraflow.config import load_config
-    cfg = load_config(args.config) if args.config else None
-    job = args.job or (cfg.job if cfg is not None else None)
-    if job is None:
-        raise DashboardError("astraflow dashboard: give --job (or --config, whose job it is)")
-    alive_s = args.alive_s or (alive_window(cfg.rollout.heartbeat_s) if cfg is not None else 15.0)
-    stop = threading.Event()
-    with contextlib.ExitStack() as stack:
-        regions = topology_regions(args.topology) if args.topology else None
-        # (a run dir given as --run-dir is opened by the CLI: args.bootstrap_servers is its broker)
-        dash = stack.enter_context(Dashboard(args.bootstrap_servers, job, host=args.host, port=args.port,
-                                             alive_s=alive_s, regions=regions, wait_for_job_s=args.wait))
-        print(f"dashboard of job {job}: {dash.url}  (Ctrl-C stops it)", flush=True)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            previous = signal.signal(sig, lambda *_: stop.set())
-            stack.callback(signal.signal, sig, previous)
-        stop.wait()
-    return 0

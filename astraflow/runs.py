@@ -85,15 +85,3 @@ def prune(root: Path, *, keep: int | None = None, older_than_s: float | None = N
                 if not dry_run:
                     shutil.rmtree(t)
     return removed
-
-
-def main(args) -> int:
-    root = Path(args.root)
-    removed = prune(root, keep=args.keep, older_than_s=parse_age(args.older_than) if args.older_than else None,
-                    kafka_only=args.kafka_only, dry_run=args.dry_run)
-    for path, n in removed:
-        print(f"{'would remove' if args.dry_run else 'removed'} {path} ({n / 2**20:.1f} MiB)")
-    total = sum(n for _, n in removed) / 2**20
-    print(f"{'would free' if args.dry_run else 'freed'} {total:.1f} MiB in {len(removed)} director"
-          f"{'y' if len(removed) == 1 else 'ies'} under {root}")
-    return 0

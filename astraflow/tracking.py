@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from astraflow.topics import Metric
 
 __all__ = ["MetricSink", "MlflowSink", "PassedOver", "Sinks", "TensorBoardSink", "TrackError", "TrackResult", "job_policies_at",
-           "open_sinks", "tag", "track", "track_command"]
+           "open_sinks", "tag", "track"]
 
 log = logging.getLogger(__name__)
 
@@ -285,55 +285,3 @@ def track(bootstrap: str, job: str, sinks: Sinks, *, policies: tuple[str, ...] |
                 break
     result.skipped = passed.count
     return result
-
-
-def track_command(args) -> int:
-    """``astraflow track``: the sinks from the flags (else ``--config``'s ``tracking``, else
-    TensorBoard and a local MLflow store), into ``--run-dir`` (else the run dir a run-dir source
-    names, else ``<run_dir>/<job>``, where ``astraflow node`` keeps the job's files), fed until the
-    job is done, ``--until-idle`` or a signal (SIGINT, SIGTERM, SIGHUP)."""
-    import contextlib
-    import dataclasses
-    import signal
-
-    from astraflow.config import TrackingConfig, load_config
-    cfg = load_config(args.config) if args.config else None
-    if cfg is not None:
-        from astraflow.config import install_security
-        install_security(cfg, "admin")
-    job = args.job or (cfg.job if cfg is not None else None)
-    if job is None:
-        raise TrackError("astraflow track: give --job (or --config, whose job it is)")
-    tracking = cfg.tracking if cfg is not None and cfg.tracking.enabled else TrackingConfig(tensorboard=True,
-                                                                                            mlflow=True)
-    if args.tensorboard or args.mlflow:
-        tracking = TrackingConfig(tensorboard=args.tensorboard, mlflow=args.mlflow or False)
-    tracking = dataclasses.replace(tracking, experiment=args.experiment or tracking.experiment,
-                                   run_name=args.run_name or tracking.run_name)
-    source = getattr(args, "run_dir_log", None)  # a run dir given as --bootstrap-servers, opened by the CLI
-    out = Path(args.run_dir or source or Path(cfg.run_dir if cfg is not None else "runs") / job)
-    stop = {"now": False}
-    with contextlib.ExitStack() as stack:
-        bootstrap = args.bootstrap_servers
-        if bootstrap is None and not args.run_dir:
-            raise TrackError("astraflow track: give --bootstrap-servers (the job's cluster) or --run-dir (a "
-                             "finished run's directory, whose Kafka log is read)")
-        if bootstrap is None:  # the run dir's own Kafka log, read by a broker of our own
-            from astraflow.offline import OfflineBroker
-            bootstrap = stack.enter_context(OfflineBroker(out))
-        policies = job_policies_at(bootstrap, job)  # before anything is written
-        out.mkdir(parents=True, exist_ok=True)
-        sinks = stack.enter_context(open_sinks(tracking, out, job, source="astraflow track"))
-        print(f"tracking job {job} from {args.bootstrap_servers or out} into:", flush=True)
-        for line in sinks.where():
-            print(f"  {line}", flush=True)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            previous = signal.signal(sig, lambda *_: stop.update(now=True))
-            stack.callback(signal.signal, sig, previous)
-        result = track(bootstrap, job, sinks, policies=policies, from_now=args.from_now, until_idle=args.until_idle,
-                       settle_s=args.settle, stop=lambda: stop["now"])
-    done = ", ".join(f"{p} at version {v}" for p, v in sorted(result.done.items()))
-    print(f"track: {result.written} metrics written ({result.reason}"
-          + (f"; trainers done: {done}" if done else "")
-          + (f"; {result.skipped} undecodable records passed over" if result.skipped else "") + ")", flush=True)
-    return 0

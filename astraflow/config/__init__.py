@@ -13,7 +13,6 @@ and the file. The package's modules, each with one job:
 - :mod:`.kafka`: the ``kafka`` section and topic retention;
 - :mod:`.security`: how clients authenticate (one login shape, the job's principals, a
   cluster's own setting) and :func:`install_security`;
-- :mod:`.describe`: the key listing ``astraflow config keys`` prints.
 
 It sits above the engines, workflows and algorithms whose settings and names it validates,
 and below the actors that read it.
@@ -21,7 +20,6 @@ and below the actors that read it.
 
 from astraflow.typed_config import ConfigError, from_dict
 
-from .describe import describe
 from .job import POLICY_SECTIONS, JobConfig, load_config
 from .kafka import KafkaConfig, RetentionConfig, RetentionLimit
 from .security import (POLICY_ROLES, PRINCIPAL_ROLES, ClusterSecurityConfig, KafkaPrincipal, KafkaSecurityConfig,
@@ -33,4 +31,4 @@ __all__ = ["AuditConfig", "ClusterSecurityConfig", "ConfigError", "DataConfig", 
            "GENERATORS", "JobConfig", "KafkaConfig", "KafkaPrincipal", "KafkaSecurityConfig", "ModelConfig",
            "POLICY_ROLES", "POLICY_SECTIONS", "PRINCIPAL_ROLES", "PolicyConfig", "RetentionConfig", "RetentionLimit",
            "RolloutConfig", "SandboxConfig", "TracingConfig", "TrackingConfig", "TrainerConfig", "WorkflowConfig",
-           "describe", "from_dict", "install_security", "load_config", "principal_role"]
+           "from_dict", "install_security", "load_config", "principal_role"]

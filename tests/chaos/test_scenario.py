@@ -125,12 +125,12 @@ def test_missing_file_and_bad_yaml_are_scenario_errors(tmp_path):
 
 
 def test_the_cli_checks_a_scenario_and_reports_a_bad_one_as_one_line(tmp_path, capsys):
-    from astraflow.chaos_cli import main
+    from astraflow.cli import main
     from astraflow.errors import EXIT_FATAL
-    assert main([str(SCENARIOS[0]), "--check"]) == 0
+    assert main(["chaos", str(SCENARIOS[0]), "--check"]) == 0
     assert "valid" in capsys.readouterr().out
     bad = _write(tmp_path, {"faults": [{"at_s": 1, "kind": "sigsegv", "target": "raas"}]})
-    assert main([str(bad), "--check"]) == EXIT_FATAL
+    assert main(["chaos", str(bad), "--check"]) == EXIT_FATAL
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"astraflow: error: {bad}: faults[0].kind: unknown fault kind 'sigsegv' (known: "
                    f"{', '.join(KINDS)})"]

@@ -3,7 +3,8 @@ shows its real default."""
 
 from __future__ import annotations
 
-from astraflow.config import JobConfig, describe
+from astraflow.cli.config import describe
+from astraflow.config import JobConfig
 
 
 def test_every_key_has_help_and_a_default():

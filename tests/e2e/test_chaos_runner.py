@@ -95,7 +95,7 @@ def test_a_rogue_duplicate_batch_fails_the_audit_and_the_runner(tmp_path, bootst
         # dead-letters the dataflow's real batch of that step as a repeat and trains on
         "restart": {"delay_s": 1, "max": 1},
         "faults": [{"at_step": 2, "kind": "rogue_batch"}]}))
-    out = subprocess.run([sys.executable, "-m", "astraflow.chaos_cli", str(scenario), "--bootstrap-servers",
+    out = subprocess.run([sys.executable, "-m", "astraflow", "chaos", str(scenario), "--bootstrap-servers",
                           bootstrap, "--run-dir", str(tmp_path / "run"), "--report", str(tmp_path / "report.json")],
                          capture_output=True, text=True, timeout=840)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]

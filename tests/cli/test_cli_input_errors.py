@@ -13,7 +13,7 @@ import pytest
 
 from astraflow.errors import EXIT_FATAL
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _astraflow(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -114,3 +114,22 @@ def test_a_reachable_bootstrap_is_not_refused(bootstrap):
     proc = _astraflow("status", "--bootstrap-servers", bootstrap, "--job", "nobody-ran-this", "--json")
     assert proc.returncode == 1 and not proc.stderr, proc.stderr  # reached; the job is unknown there (says so)
     assert '"job": "nobody-ran-this"' in proc.stdout and '"state": "unknown"' in proc.stdout
+
+
+def test_a_commands_own_usage_errors_exit_2_like_argparses(tmp_path, capsys):
+    """Flags a command checks itself (missing together, out of range, naming nothing known) are
+    the same usage error as argparse's: exit 2, one line naming the flag, the --help hint."""
+    from astraflow.cli import main
+    for args, words in ((["acl", "plan"], "astraflow acl: error: give --config (or --job and --policy)"),
+                        (["acl", "plan", "--job", "j", "--principal", "nobody=x"], "--principal 'nobody=x': expected"),
+                        (["runs", "prune", "--root", str(tmp_path), "--older-than", "3x"], "--older-than '3x'"),
+                        (["runs", "prune", "--root", str(tmp_path), "--keep", "-1"], "--keep -1: must be >= 0"),
+                        (["broker", "start", "--nodes", "0", "--state-dir", str(tmp_path)], "--nodes must be >= 1"),
+                        (["broker", "start", "--secure", "--nodes", "3", "--state-dir", str(tmp_path)],
+                         "--secure starts a lone node"),
+                        (["config", "check"], "astraflow config: error: check: give the config file"),
+                        (["track"], "astraflow track: error: give --job (or --config")):
+        assert main(args) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0] and err[0].endswith("--help)"), err
+    assert not (tmp_path / "data").exists()  # nothing started

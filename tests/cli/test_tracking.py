@@ -17,7 +17,7 @@ from astraflow.config import ConfigError, load_config
 from astraflow.topics import Heartbeat, Metric, Producer
 from astraflow.tracking import MlflowSink, Sinks, TensorBoardSink, open_sinks, tag
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: A job's kinds of records: per-policy trainer metrics, a RaaS node's, a policy-labelled one.
 METRICS = [

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.cli import _overrides
+from astraflow.cli.args import overrides as _overrides
 from astraflow.config import load_config
 from astraflow.secured_run import SecuredRun, principal_users
 from astraflow.topics import job_topics
 from astraflow.topics.acls import plan
 from astraflow.typed_config import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _job(tmp_path: Path, kafka: str) -> Path:

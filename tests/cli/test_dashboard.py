@@ -12,7 +12,7 @@ import pytest
 from astraflow.dashboard import DashboardState, Series, alive_window, chart_library, topology_regions
 from astraflow.topics import ChunkManifest, DeadLetter, Heartbeat, Metric, VersionAnnouncement
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Clock:

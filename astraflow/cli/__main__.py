@@ -1,0 +1,7 @@
+"""``python -m astraflow.cli``: the same as ``python -m astraflow``."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
