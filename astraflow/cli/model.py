@@ -14,7 +14,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from .args import name, overrides, source_flags
+from .args import UsageError, name, overrides, source_flags
 
 __all__ = ["add_parsers"]
 
@@ -26,15 +26,15 @@ def _cmd_model(args: argparse.Namespace) -> int:
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     from astraflow.config import install_security, load_config
-    from astraflow.replay import WHAT_IF_PREFIXES, RecordError, ReplayRequest, replay
+    from astraflow.replay import WHAT_IF_PREFIXES, ReplayRequest, replay
     if not args.config:
-        raise RecordError("astraflow replay needs --config: a job's topics record its batches and weights, not its "
+        raise UsageError("astraflow replay needs --config: a job's topics record its batches and weights, not its "
                           "config; pass the file `astraflow run` used, with its --set overrides written into it")
     changes = overrides(args.set)
     for key in changes:
         if not key.startswith(WHAT_IF_PREFIXES):
             allowed = " and ".join(p + "*" for p in WHAT_IF_PREFIXES)
-            raise RecordError(f"replay --set {key}: a replay changes only {allowed} keys; the recorded batches "
+            raise UsageError(f"replay --set {key}: a replay changes only {allowed} keys; the recorded batches "
                               "fix the data, rollout and dataflow")
     job = {"job": args.job, **({"policy": args.policy} if args.policy else {})}
     recorded = dataclasses.replace(load_config(args.config), **job)

@@ -119,24 +119,24 @@ def _cmd_node(args: argparse.Namespace) -> int:
     install_security(cfg, args.role if args.role in ("raas", "trainer", "dataflow") else "admin", args.policy)
     if args.topology or args.host:
         if not (args.topology and args.host):
-            raise FlagError("--topology and --host go together: the file, and which of its hosts this is")
+            raise UsageError("--topology and --host go together: the file, and which of its hosts this is")
         placed = [f for f in ("role", "node_id", "nnodes", "node_rank", "master_addr", "master_port")
                   if getattr(args, f) is not None]
         if placed:
-            raise FlagError(f"--{placed[0].replace('_', '-')} places one node; with --topology the file places "
+            raise UsageError(f"--{placed[0].replace('_', '-')} places one node; with --topology the file places "
                             f"every node of --host {args.host}")
         from astraflow.topology.launch import run_host
         return run_host(args.topology, cfg, args.host, bootstrap=args.bootstrap_servers,
                         run_dir=args.run_dir or str(Path(cfg.run_dir) / cfg.job), overrides=args.set or [])
     if args.role is None:
-        raise FlagError("--role is required (or --topology FILE --host NAME to start a host's share of a topology)")
+        raise UsageError("--role is required (or --topology FILE --host NAME to start a host's share of a topology)")
     if args.policy is not None:
         if args.policy not in cfg.policy_names:
-            raise FlagError(f"--policy {args.policy}: no such policy in {args.config} "
+            raise UsageError(f"--policy {args.policy}: no such policy in {args.config} "
                             f"(policies: {', '.join(cfg.policy_names)})")
         cfg = cfg.view(args.policy)
     elif len(cfg.policy_names) > 1 and args.role != "dataflow":
-        raise FlagError(f"--role {args.role} serves one policy: give --policy (one of {', '.join(cfg.policy_names)})")
+        raise UsageError(f"--role {args.role} serves one policy: give --policy (one of {', '.join(cfg.policy_names)})")
     bootstrap = args.bootstrap_servers or cfg.kafka.bootstrap_servers
     if not bootstrap:
         raise UsageError("--bootstrap-servers is required (or kafka.bootstrap_servers in the config)")
@@ -149,11 +149,14 @@ def _cmd_node(args: argparse.Namespace) -> int:
     if args.role != "trainer":
         if given:
             flags = ", ".join("--" + k.replace("_", "-") for k in given)
-            raise FlagError(f"{flags} place trainer ranks; --role {args.role} takes none")
+            raise UsageError(f"{flags} place trainer ranks; --role {args.role} takes none")
         reach()
         return run_node(args.role, cfg, bootstrap, run_dir, args.node_id)
     from astraflow import trainer_group
-    topo = trainer_group.Topology(cfg.trainer.ranks, **given)
+    try:
+        topo = trainer_group.Topology(cfg.trainer.ranks, **given)
+    except FlagError as e:  # the placing flags' values: a bad command line
+        raise UsageError(str(e)) from None
     reach()
     if topo.world_size > 1 and not trainer_group.is_rank_process():
         return trainer_group.run_trainer_group(cfg, topo, bootstrap=bootstrap, run_dir=run_dir,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from astraflow.cli.args import EXIT_USAGE
 from astraflow.errors import EXIT_FATAL
 from astraflow.trainer_group import FlagError, Topology, group_failure
 
@@ -100,9 +101,9 @@ def test_node_flags_are_checked_before_anything_starts(tmp_path, capsys):
     cfg = tmp_path / "job.yaml"
     cfg.write_text("job: flags\n")
     base = ["node", "--config", str(cfg), "--bootstrap-servers", "127.0.0.1:1", "--run-dir", str(tmp_path / "r")]
-    assert main(base + ["--role", "trainer", "--nnodes", "2", "--node-rank", "1"]) == EXIT_FATAL
+    assert main(base + ["--role", "trainer", "--nnodes", "2", "--node-rank", "1"]) == EXIT_USAGE
     assert "--master-port is required with --nnodes 2" in capsys.readouterr().err.splitlines()[-1]
-    assert main(base + ["--role", "raas", "--nnodes", "2", "--master-port", "29500"]) == EXIT_FATAL
+    assert main(base + ["--role", "raas", "--nnodes", "2", "--master-port", "29500"]) == EXIT_USAGE
     assert "--nnodes, --master-port place trainer ranks; --role raas takes none" in capsys.readouterr().err
     assert main(base + ["--role", "trainer", "--set", "trainer.ranks=0"]) == EXIT_FATAL
     assert "trainer.ranks: must be in [1, 4096], got 0" in capsys.readouterr().err  # (named with its file)

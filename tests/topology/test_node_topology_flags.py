@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.cli import main
+from astraflow.cli.args import EXIT_USAGE
 from astraflow.errors import EXIT_FATAL
 
 from .test_topology_files import changed, write
@@ -18,17 +19,18 @@ def last_error(capsys) -> str:
     return capsys.readouterr().err.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("flags, words", [
-    (["--topology", "{t}"], "--topology and --host go together"),
-    (["--host", "us-0"], "--topology and --host go together"),
-    (["--topology", "{t}", "--host", "us-0", "--role", "raas"], "--role places one node"),
-    (["--topology", "{t}", "--host", "us-0", "--nnodes", "2"], "--nnodes places one node"),
-    (["--topology", "{t}", "--host", "mars"], "--host: unknown host 'mars' (hosts: us-0, us-1, eu-0)"),
-    ([], "--role is required (or --topology FILE --host NAME"),
+@pytest.mark.parametrize("flags, words, code", [
+    (["--topology", "{t}"], "--topology and --host go together", EXIT_USAGE),
+    (["--host", "us-0"], "--topology and --host go together", EXIT_USAGE),
+    (["--topology", "{t}", "--host", "us-0", "--role", "raas"], "--role places one node", EXIT_USAGE),
+    (["--topology", "{t}", "--host", "us-0", "--nnodes", "2"], "--nnodes places one node", EXIT_USAGE),
+    # the flags are well formed; the topology file has no such host: an input error, as a bad key is
+    (["--topology", "{t}", "--host", "mars"], "--host: unknown host 'mars' (hosts: us-0, us-1, eu-0)", EXIT_FATAL),
+    ([], "--role is required (or --topology FILE --host NAME", EXIT_USAGE),
 ])
-def test_flag_errors(tmp_path, capsys, flags, words):
+def test_flag_errors(tmp_path, capsys, flags, words, code):
     t = str(write(tmp_path, changed(lambda d: d["regions"]["eu"]["pools"]["slow"].update(hosts=["eu-0"]))))
-    assert main(["node", "--config", JOB, *[f.format(t=t) for f in flags]]) == EXIT_FATAL
+    assert main(["node", "--config", JOB, *[f.format(t=t) for f in flags]]) == code
     assert words in last_error(capsys)
 
 
