@@ -53,7 +53,8 @@ from pathlib import Path
 
 import yaml
 
-from astraflow.benchmarks.results_io import load_now, write_results
+from astraflow.benchmarks.lib.results import load_now, write_results
+from astraflow.benchmarks.lib.run_metrics import read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "cross_region.json"
@@ -197,7 +198,7 @@ def earlier_runs(out: Path, a: argparse.Namespace) -> dict[str, list[dict]]:
         for r in reps:
             metrics = Path(r.get("run_dir", "")) / "metrics.jsonl"
             if "delta_changed_fraction_median" not in r and metrics.is_file():
-                r.update(weight_numbers([json.loads(line) for line in metrics.read_text().splitlines()]))
+                r.update(weight_numbers(read_rows(metrics.parent)))
     return runs
 
 
@@ -215,7 +216,7 @@ def run_arm(name: str, mode: str | None, transport: str, a: argparse.Namespace, 
     print(f"[{name}] launching ({run_dir})", flush=True)
     t0 = time.monotonic()
     summary = launch(run_dir / "topology.yaml", cfg, run_dir=run_dir / "run", progress=False, timeout_s=a.timeout)
-    rows = [json.loads(line) for line in (run_dir / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_rows(run_dir / "run")
     out = {**arm_numbers(summary, rows, a.problems), "run_dir": str(run_dir / "run")}
     print(f"[{name}] done in {time.monotonic() - t0:.0f} s: " +
           ", ".join(f"{k} {out.get(k)}" for k in CELL_KEYS if out.get(k) is not None), flush=True)

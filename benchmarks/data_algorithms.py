@@ -26,7 +26,6 @@ rollouts, one line per arm: the mean over seeds). ``--quick`` is a smoke run of 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from collections import Counter
@@ -34,7 +33,8 @@ from pathlib import Path
 
 import yaml
 
-from astraflow.benchmarks.results_io import write_results
+from astraflow.benchmarks.lib.results import write_results
+from astraflow.benchmarks.lib.table import print_header
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "data_algorithms.json"
@@ -226,8 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     hdr = (f"{'arm':22} {'acc@rollouts':>12} {'acc@steps':>9} {'rollouts':>9} {'dropped':>20} {'skipped':>10} "
            f"{'vs baseline (equal rollouts)':>30}")
     print(f"equal-rollout budget: {out['equal_rollouts_budget']} samples; {args.steps} steps; seeds {args.seeds}")
-    print(hdr)
-    print("-" * len(hdr))
+    print_header(hdr)
     for arm, a in out["arms"].items():
         vs = a.get("accuracy_at_equal_rollouts_vs_baseline")
         note = "" if vs is None else f"{vs['delta']:+.3f} ({'within' if vs['within_noise'] else 'beyond'} " \

@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from astraflow.benchmarks.results_io import load_now, write_results
+from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.topics import EmbeddedBroker
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
-from astraflow.benchmarks.results_io import load_now, write_results
+from astraflow.benchmarks.lib.results import load_now, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "long_context_model.json"

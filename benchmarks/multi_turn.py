@@ -42,7 +42,8 @@ from pathlib import Path
 
 import torch
 
-from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
+from astraflow.benchmarks.lib.results import load_now, write_results
+from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread
 from astraflow.workflows.environments import EnvTask, environment
 
 RESULTS = Path(__file__).resolve().parent / "results" / "multi_turn.json"

@@ -30,7 +30,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from astraflow.benchmarks.async_vs_sync import analyse
-from astraflow.benchmarks.results_io import load_now, write_results
+from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.config import load_config
 from astraflow.topics import EmbeddedBroker
 

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from astraflow.benchmarks.results_io import load_now, write_results
+from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.cli import _overrides
 from astraflow.config import load_config
 from astraflow.replay import ReplayRequest, replay

@@ -43,7 +43,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from astraflow.benchmarks.results_io import fmt_spread, load_now, spread, write_results
+from astraflow.benchmarks.lib.results import load_now, write_results
+from astraflow.benchmarks.lib.stats import fmt_spread, spread
 
 RESULTS = Path(__file__).resolve().parent / "results" / "trainer_scaling.json"
 #: DeepSpeed 0.19's zero_optimization defaults for the trainer's ZERO_SIZE_KEYS (sized for GPU jobs).

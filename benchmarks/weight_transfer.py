@@ -49,7 +49,9 @@ import numpy as np
 import torch
 
 from astraflow.benchmarks.codec_throughput import delta_codec, entropy_estimate, make_model, make_step
-from astraflow.benchmarks.results_io import fmt_spread, load_now, spread, write_results
+from astraflow.benchmarks.lib.results import load_now, write_results
+from astraflow.benchmarks.lib.stats import fmt_spread, spread
+from astraflow.benchmarks.lib.table import print_pairs
 from astraflow.topics import EmbeddedBroker, JobTopics, ensure_topics
 from astraflow.topics.chunking import DEFAULT_CHUNK_SIZE
 from astraflow.weights import WeightPublisher, WeightSubscriber, codec
@@ -313,9 +315,7 @@ def print_table(r: dict[str, Any]) -> None:
              ("snapshot end to end / the tools in series (produce, then consume; paired)",
               fmt_spread(r["snapshot_e2e_vs_kafka_tools_in_series_paired"], ".3f")),
              ("peak RSS (publisher + subscribers + models)", f"{r['peak_rss_gb']:.1f} GB")]
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")
+    print_pairs(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
