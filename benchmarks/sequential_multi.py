@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -48,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.actors.episodes import CallBatcher
+from astraflow.benchmarks.lib.child import write_result
 from astraflow.benchmarks.lib.cli import parse_sets
 from astraflow.config import load_config
 
@@ -310,9 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sequential: {args.steps} iterations, {result['threads']} thread(s): {result['s_per_iter']:.3f} s/iter "
           f"(G {result['G_s']:.3f} + {parts} + W {result['W_s']:.3f}), setup {result['setup_s']:.1f} s, "
           f"team accuracy {result['team_accuracy_final']}", file=sys.stderr)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
+    write_result(args.out, result)
     return 0
 
 

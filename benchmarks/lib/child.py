@@ -1,8 +1,8 @@
 """A baseline run as its own Python process: nothing shared with the benchmark's process.
 
 The in-process and sequential baselines (``inprocess_loop``, ``sequential_multi``) run as
-``python -m <module> ... --out <json>``; their result comes back as the JSON they wrote.
-Knows nothing about what the child measures.
+``python -m <module> ... --out <json>``: the child writes its result with :func:`write_result`,
+the parent reads it back with :func:`run_child`. Knows nothing about what the child measures.
 """
 
 from __future__ import annotations
@@ -23,3 +23,10 @@ def run_child(module: str, argv: list[str], what: str) -> dict:
         if proc.returncode != 0:
             raise RuntimeError(f"{what} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
         return json.loads(out.read_text())
+
+
+def write_result(out: Path | None, result: dict) -> None:
+    """The child's side: its result as JSON at ``out`` (``--out``; nothing when not given)."""
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
