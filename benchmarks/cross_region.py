@@ -55,6 +55,7 @@ import yaml
 
 from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.benchmarks.lib.run_metrics import read_rows
+from astraflow.topology.netns import check_capabilities
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "cross_region.json"
@@ -203,7 +204,7 @@ def earlier_runs(out: Path, a: argparse.Namespace) -> dict[str, list[dict]]:
 
 
 def run_arm(name: str, mode: str | None, transport: str, a: argparse.Namespace, run_root: Path) -> dict:
-    from astraflow.config import load_config
+    from astraflow.config import load_config  # the job machinery (~1 s to import): only when an arm runs
     from astraflow.launcher import launch
 
     data = _merge(yaml.safe_load((ROOT / "examples" / "arithmetic_grpo.yaml").read_text()), job_settings(a, transport))
@@ -308,7 +309,6 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.quick:
         a.steps, a.problems, a.snapshot_every = 4, 40, 2
-    from astraflow.topology.netns import check_capabilities
     check_capabilities()
     load = load_now()
     arms = [("single_region", None, "delta")] + [(f"{m}_{t}", m, t) for m in MODES for t in TRANSPORTS]

@@ -68,7 +68,7 @@ def _merge(base: dict, extra: dict) -> dict:
 
 
 def run_arm(arm: str, seed: int, job: dict, bootstrap: str, run_root: Path) -> dict:
-    from astraflow.config import load_config
+    from astraflow.config import load_config  # the job machinery (~1 s to import): only when a run starts
     from astraflow.launcher import run_job
 
     data = _merge(yaml.safe_load((ROOT / "examples" / "arithmetic_grpo.yaml").read_text()), job)
@@ -86,6 +86,7 @@ def run_arm(arm: str, seed: int, job: dict, bootstrap: str, run_root: Path) -> d
 
 def analyse(cfg, bootstrap: str, summary: dict) -> dict:
     """Per-version rollouts, drops, skips and the audit, from the run's topics."""
+    # the Kafka client, the ledger and the audit (~1.5 s to import): only once a run has ended
     from astraflow.actors.ledger import read_state
     from astraflow.chaos.invariants import audit
     from astraflow.topics import Batch, TrajectoryGroup, job_topics
@@ -174,7 +175,7 @@ def _spread(xs: list[float]) -> float:
 
 
 def plot(path: Path, out: dict) -> None:
-    import matplotlib
+    import matplotlib  # (~1 s to import): only when a plot is drawn
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.seeds, args.eval_every, args.problems, args.prompts = 4, args.seeds[:1], 2, 20, 32
-    from astraflow.topics import EmbeddedBroker
+    from astraflow.topics import EmbeddedBroker  # the Kafka client (~0.7 s to import): only when the arms run
 
     job = setting(args.steps, args.eval_every, args.problems, args.prompts)
     runs: dict[str, dict[int, dict]] = {}

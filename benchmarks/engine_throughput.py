@@ -39,7 +39,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "engine_throughput.json"
 
 def row_lengths_criterion(width: int, lengths: list[int]):
     """A ``StoppingCriteria`` that ends row ``i`` after ``lengths[i]`` new tokens."""
-    from transformers import StoppingCriteria
+    from transformers import StoppingCriteria  # transformers (~1 s to import), here and below: only when it measures
 
     class RowLengths(StoppingCriteria):
         def __init__(self) -> None:

@@ -52,7 +52,8 @@ from astraflow.benchmarks.codec_throughput import delta_codec, entropy_estimate,
 from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.benchmarks.lib.stats import fmt_spread, spread
 from astraflow.benchmarks.lib.table import print_pairs
-from astraflow.topics import EmbeddedBroker, JobTopics, ensure_topics
+from astraflow.benchmarks.topics_throughput import perf_consumer, perf_producer
+from astraflow.topics import EmbeddedBroker, JobTopics, TopicSpec, ensure_topics
 from astraflow.topics.chunking import DEFAULT_CHUNK_SIZE
 from astraflow.weights import WeightPublisher, WeightSubscriber, codec
 
@@ -65,7 +66,7 @@ GB, MB = 1e9, 1e6
 
 def rl_steps(steps: int, prompts: int, samples: int, seed: int) -> tuple[list[dict[str, torch.Tensor]], dict[str, Any]]:
     """Weights after each of ``steps`` on-policy GRPO steps (index 0: before the first)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # transformers and the engines (~1 s to import): only for the RL rows
 
     from astraflow.engines.base import SamplingParams, TrainBatch, TrainSample
     from astraflow.engines.cpu import CpuEngine
@@ -235,8 +236,6 @@ def _write_back() -> None:
 
 def _tool_consume_once(bootstrap: str, topic: str, records: int) -> float:
     """``kafka-consumer-perf-test`` reading ``records`` records of ``topic``: MB/s."""
-    from astraflow.benchmarks.topics_throughput import perf_consumer
-
     r = perf_consumer(bootstrap, topic, records)
     return r["bytes"] / r["seconds"] / MB
 
@@ -248,9 +247,6 @@ def _tool_records(payload_bytes: int) -> int:
 def _tool_produce_once(bootstrap: str, payload_bytes: int) -> float:
     """``kafka-producer-perf-test`` writing as many 1 MiB records as ``payload_bytes`` fill, with
     the publisher's settings (acks=all, idempotent, uncompressed), to a fresh topic: MB/s."""
-    from astraflow.benchmarks.topics_throughput import perf_producer
-    from astraflow.topics import TopicSpec
-
     topic = f"af.wtprod{uuid.uuid4().hex[:6]}"
     ensure_topics(bootstrap, [TopicSpec(topic, 1, max_message_bytes=4 * 1024 * 1024)])
     _write_back()
