@@ -31,33 +31,24 @@ within a repetition. Prints one table; writes ``benchmarks/results/async_vs_sync
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
+from astraflow.benchmarks import async_vs_sync_emulated
 from astraflow.benchmarks.critical_path import STAGES, batch_paths, summarize
 from astraflow.benchmarks.inprocess_loop import time_to_accuracy
 from astraflow.benchmarks.job_bench import job_arguments, run_job_once, run_repetitions
-from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread
+from astraflow.benchmarks.lib.child import run_child
+from astraflow.benchmarks.lib.results import load_now
+from astraflow.benchmarks.lib.run_metrics import read_summary
+from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread
+from astraflow.benchmarks.lib.steady import steady_steps
+from astraflow.benchmarks.lib.table import print_header
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "async_vs_sync.json"
 SYSTEM_MODES = ("async", "sync")
-
-
-def steady_steps(run_dir: Path) -> tuple[list[dict], dict[int, float], int, int]:
-    """A run's metrics, each trained step's time, and the steady window's first and last step
-    (the end of step 2 to the end of the last step)."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    step_ts = {int(r["step"]): r["ts"] for r in rows if r["name"] == "trainer.samples"}
-    steps = sorted(step_ts)
-    if len(steps) < 3:
-        raise RuntimeError(f"{run_dir}: {len(steps)} trained steps; steady state needs at least 3")
-    return rows, step_ts, steps[1], steps[-1]
 
 
 def analyse(run_dir: Path, nodes: int) -> dict:
@@ -68,7 +59,7 @@ def analyse(run_dir: Path, nodes: int) -> dict:
     in_window = [r for r in rows if step_ts[first] < r["ts"] <= step_ts[last]]
     train = sum(r["value"] for r in in_window if r["name"] == "trainer.train_s")
     busy = sum(r["value"] for r in in_window if r["name"] == "raas.busy_s")
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = read_summary(run_dir)
     return {
         "s_per_step": window / n, "steps_measured": n,
         "rollout_busy_frac": busy / (window * nodes), "trainer_busy_frac": train / window,
@@ -88,15 +79,9 @@ INPROCESS = {"inprocess": (1, ()), "inprocess_all_cores": (None, ()),
 
 def run_inprocess(config: str, steps: int, threads: int, eval_every: int, extra: tuple[str, ...] = ()) -> dict:
     """The in-process loop as its own Python process (nothing shared with this one)."""
-    with tempfile.TemporaryDirectory() as d:
-        out = Path(d) / "inprocess.json"
-        cmd = [sys.executable, "-m", "astraflow.benchmarks.inprocess_loop", "--config", config,
-               "--steps", str(steps), "--threads", str(threads), "--eval-every", str(eval_every), "--out", str(out),
-               *extra]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"in-process loop failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
-        r = json.loads(out.read_text())
+    r = run_child("astraflow.benchmarks.inprocess_loop", ["--config", config, "--steps", str(steps), "--threads",
+                                                          str(threads), "--eval-every", str(eval_every), *extra],
+                  "in-process loop")
     r.pop("per_step", None)
     r["time_to_last_step_s"] = r["setup_s"] + r["loop_s"]
     return r
@@ -172,8 +157,7 @@ def aggregate(reps: list[dict]) -> dict:
 def print_table(agg: dict) -> None:
     m = agg["modes"]
     hdr = (f"{'mode':22} {'s/step':>20} {'time to last step s':>22} {'acc final':>22}")
-    print(hdr)
-    print("-" * len(hdr))
+    print_header(hdr)
     for mode in (*SYSTEM_MODES, *INPROCESS):
         r = m[mode]
         print(f"{mode:22} {fmt_spread(r['s_per_step']):>20} {fmt_spread(r['time_to_last_step_s'], '.1f'):>22} "
@@ -204,7 +188,6 @@ def main(argv: list[str] | None = None) -> int:
 
     args = job_arguments(__doc__.splitlines()[0], RESULTS, argv, eval_every)
     if args.emulated:
-        from astraflow.benchmarks import async_vs_sync_emulated
         if args.steps == 40:  # the CPU default; modelled steps take longer
             args.steps = 8
         return async_vs_sync_emulated.main(args)

@@ -23,7 +23,12 @@ import json
 import time
 from pathlib import Path
 
-from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_section
+from astraflow.benchmarks.lib.emulated import cpu_fractions, overruns, resource_work
+from astraflow.benchmarks.lib.results import load_now, write_section
+from astraflow.benchmarks.lib.run_metrics import read_summary, total
+from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread
+from astraflow.benchmarks.lib.steady import steady_steps
+from astraflow.benchmarks.lib.table import print_header
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "async_vs_sync.json"
@@ -39,12 +44,10 @@ def overrides(args, mode: str, job: str) -> dict:
 
 
 def analyse(run_dir: Path, dilation: float, groups_per_batch: int) -> dict:
-    from astraflow.benchmarks.async_vs_sync import steady_steps
-    from astraflow.benchmarks.multi_policy_emulated import cpu_fractions, overruns, resource_work
     rows, step_ts, first, last = steady_steps(run_dir)
     steps = max(step_ts)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    episodes = sum(float(r["value"]) for r in rows if r["name"] == "raas.tasks")
+    summary = read_summary(run_dir)
+    episodes = total(rows, "raas.tasks")
     em = summary.get("emulated", {})
     work = resource_work(summary, episodes, groups_per_batch, steps)
     R = sum(w for k, w in work.items() if not k.startswith("trainer"))
@@ -58,7 +61,7 @@ def analyse(run_dir: Path, dilation: float, groups_per_batch: int) -> dict:
 
 
 def one_repetition(args, broker, rep: int) -> dict:
-    from astraflow.config import load_config
+    from astraflow.config import load_config  # the job machinery (~1 s to import): only when a run starts
     from astraflow.launcher import run_job
     out = {}
     for mode in MODES:
@@ -89,8 +92,7 @@ def print_table(agg: dict, args) -> None:
     print(f"EMULATED: rollout {args.rollout_devices} + trainer {args.trainer_devices} x {args.profile} "
           f"(modelled seconds; dilation {args.dilation})")
     hdr = f"{'mode':8} {'s/step':>22} {'R s':>22} {'T s':>22}"
-    print(hdr)
-    print("-" * len(hdr))
+    print_header(hdr)
     for m in MODES:
         r = agg["modes"][m]
         print(f"{m:8} {fmt_spread(r['s_per_step'], '.1f'):>22} {fmt_spread(r['R_s'], '.1f'):>22} "
@@ -100,7 +102,7 @@ def print_table(agg: dict, args) -> None:
 
 
 def main(args) -> int:
-    from astraflow.topics import EmbeddedBroker
+    from astraflow.topics import EmbeddedBroker  # the Kafka client (~0.7 s to import): only when the runs start
     load_before = load_now()
     with EmbeddedBroker(heap="1g") as broker:
         reps = [one_repetition(args, broker, rep) for rep in range(args.repeats)]

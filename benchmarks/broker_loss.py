@@ -42,7 +42,8 @@ from pathlib import Path
 from kafka import KafkaAdminClient
 from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 
-from astraflow.benchmarks.results_io import fmt_spread, load_now, spread, write_results
+from astraflow.benchmarks.lib.results import load_now, write_results
+from astraflow.benchmarks.lib.stats import fmt_spread, spread
 from astraflow.chaos.faults import coordinator_partition
 from astraflow.topics import (Consumer, EmbeddedCluster, JobTopics, Producer, Prompt,
                               StaleMembershipError, ensure_topics, txn_recovery)

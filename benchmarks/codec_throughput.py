@@ -32,7 +32,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
+from astraflow.benchmarks.lib.results import load_now, write_results
+from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread
+from astraflow.benchmarks.lib.table import print_pairs
 from astraflow.weights import codec
 from astraflow.weights.format import tensor_bits
 
@@ -258,9 +260,7 @@ def print_table(r: dict[str, Any]) -> None:
             ("delta decode+apply (hashing base)", f"{fmt_spread(o['delta_apply_gbps_hashing_base'])} GB/s"),
             ("delta decode+apply (no result check)", f"{fmt_spread(o['delta_apply_gbps_unverified'])} GB/s"),
         ]
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")
+    print_pairs(rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,10 +22,10 @@ checkpoint's time as a negative publish stage).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from statistics import median
 
+from astraflow.benchmarks.lib.run_metrics import read_rows
 from astraflow.config import JobConfig
 from astraflow.topics import Batch, Task, TrajectoryGroup, VersionAnnouncement, job_topics
 from astraflow.topics.replay import read_topic
@@ -49,7 +49,7 @@ def batch_paths(bootstrap: str, cfg: JobConfig, run_dir: Path, first_step: int =
               if isinstance(m, TrajectoryGroup) and m.policy == policy}
     batches = {m.step: (ts / 1000, m) for _, _, ts, m in read_topic(bootstrap, topics.batches(policy), timestamps=True)
                if isinstance(m, Batch)}
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_rows(run_dir)
     # trainer.handed_off at step v is stamped just after the step that made version v hands it
     # to the publisher. The trainer's thread runs niced and the publisher's threads do not, so
     # on a busy machine the publisher can announce v before the trainer's thread is scheduled

@@ -53,7 +53,9 @@ from pathlib import Path
 
 import yaml
 
-from astraflow.benchmarks.results_io import load_now, write_results
+from astraflow.benchmarks.lib.results import load_now, write_results
+from astraflow.benchmarks.lib.run_metrics import read_rows
+from astraflow.topology.netns import check_capabilities
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "cross_region.json"
@@ -197,12 +199,12 @@ def earlier_runs(out: Path, a: argparse.Namespace) -> dict[str, list[dict]]:
         for r in reps:
             metrics = Path(r.get("run_dir", "")) / "metrics.jsonl"
             if "delta_changed_fraction_median" not in r and metrics.is_file():
-                r.update(weight_numbers([json.loads(line) for line in metrics.read_text().splitlines()]))
+                r.update(weight_numbers(read_rows(metrics.parent)))
     return runs
 
 
 def run_arm(name: str, mode: str | None, transport: str, a: argparse.Namespace, run_root: Path) -> dict:
-    from astraflow.config import load_config
+    from astraflow.config import load_config  # the job machinery (~1 s to import): only when an arm runs
     from astraflow.launcher import launch
 
     data = _merge(yaml.safe_load((ROOT / "examples" / "arithmetic_grpo.yaml").read_text()), job_settings(a, transport))
@@ -215,7 +217,7 @@ def run_arm(name: str, mode: str | None, transport: str, a: argparse.Namespace, 
     print(f"[{name}] launching ({run_dir})", flush=True)
     t0 = time.monotonic()
     summary = launch(run_dir / "topology.yaml", cfg, run_dir=run_dir / "run", progress=False, timeout_s=a.timeout)
-    rows = [json.loads(line) for line in (run_dir / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_rows(run_dir / "run")
     out = {**arm_numbers(summary, rows, a.problems), "run_dir": str(run_dir / "run")}
     print(f"[{name}] done in {time.monotonic() - t0:.0f} s: " +
           ", ".join(f"{k} {out.get(k)}" for k in CELL_KEYS if out.get(k) is not None), flush=True)
@@ -307,7 +309,6 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.quick:
         a.steps, a.problems, a.snapshot_every = 4, 40, 2
-    from astraflow.topology.netns import check_capabilities
     check_capabilities()
     load = load_now()
     arms = [("single_region", None, "delta")] + [(f"{m}_{t}", m, t) for m in MODES for t in TRANSPORTS]

@@ -26,7 +26,6 @@ rollouts, one line per arm: the mean over seeds). ``--quick`` is a smoke run of 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from collections import Counter
@@ -34,7 +33,8 @@ from pathlib import Path
 
 import yaml
 
-from astraflow.benchmarks.results_io import write_results
+from astraflow.benchmarks.lib.results import write_results
+from astraflow.benchmarks.lib.table import print_header
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "data_algorithms.json"
@@ -68,7 +68,7 @@ def _merge(base: dict, extra: dict) -> dict:
 
 
 def run_arm(arm: str, seed: int, job: dict, bootstrap: str, run_root: Path) -> dict:
-    from astraflow.config import load_config
+    from astraflow.config import load_config  # the job machinery (~1 s to import): only when a run starts
     from astraflow.launcher import run_job
 
     data = _merge(yaml.safe_load((ROOT / "examples" / "arithmetic_grpo.yaml").read_text()), job)
@@ -86,6 +86,7 @@ def run_arm(arm: str, seed: int, job: dict, bootstrap: str, run_root: Path) -> d
 
 def analyse(cfg, bootstrap: str, summary: dict) -> dict:
     """Per-version rollouts, drops, skips and the audit, from the run's topics."""
+    # the Kafka client, the ledger and the audit (~1.5 s to import): only once a run has ended
     from astraflow.actors.ledger import read_state
     from astraflow.chaos.invariants import audit
     from astraflow.topics import Batch, TrajectoryGroup, job_topics
@@ -174,7 +175,7 @@ def _spread(xs: list[float]) -> float:
 
 
 def plot(path: Path, out: dict) -> None:
-    import matplotlib
+    import matplotlib  # (~1 s to import): only when a plot is drawn
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.seeds, args.eval_every, args.problems, args.prompts = 4, args.seeds[:1], 2, 20, 32
-    from astraflow.topics import EmbeddedBroker
+    from astraflow.topics import EmbeddedBroker  # the Kafka client (~0.7 s to import): only when the arms run
 
     job = setting(args.steps, args.eval_every, args.problems, args.prompts)
     runs: dict[str, dict[int, dict]] = {}
@@ -226,8 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     hdr = (f"{'arm':22} {'acc@rollouts':>12} {'acc@steps':>9} {'rollouts':>9} {'dropped':>20} {'skipped':>10} "
            f"{'vs baseline (equal rollouts)':>30}")
     print(f"equal-rollout budget: {out['equal_rollouts_budget']} samples; {args.steps} steps; seeds {args.seeds}")
-    print(hdr)
-    print("-" * len(hdr))
+    print_header(hdr)
     for arm, a in out["arms"].items():
         vs = a.get("accuracy_at_equal_rollouts_vs_baseline")
         note = "" if vs is None else f"{vs['delta']:+.3f} ({'within' if vs['within_noise'] else 'beyond'} " \

@@ -34,8 +34,10 @@ from pathlib import Path
 
 from astraflow.benchmarks.async_vs_sync import analyse
 from astraflow.benchmarks.job_bench import job_arguments, run_job_once, run_repetitions
+from astraflow.benchmarks.lib.results import load_now
+from astraflow.benchmarks.lib.stats import fmt_spread, spread
+from astraflow.benchmarks.lib.table import print_header
 from astraflow.benchmarks.publish_dtype import weight_stats
-from astraflow.benchmarks.results_io import fmt_spread, load_now, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "delta_sparsity.json"
@@ -81,8 +83,7 @@ def aggregate(reps: list[dict]) -> dict:
 def print_table(agg: dict) -> None:
     hdr = (f"{'lr':>8} {'delta bytes/version':>28} {'changed':>22} {'delta/snapshot':>22} {'goal':>5} "
            f"{'acc initial':>11} {'acc final':>22} {'s/step':>18}")
-    print(hdr)
-    print("-" * len(hdr))
+    print_header(hdr)
     for lr, r in sorted(agg["by_lr"].items(), key=lambda kv: -float(kv[0])):
         print(f"{lr:>8} {fmt_spread(r['delta_bytes'], ',.0f'):>28} {fmt_spread(r['delta_changed_frac'], '.3f'):>22} "
               f"{fmt_spread(r['delta_over_snapshot'], '.3f'):>22} {'yes' if r['meets_goal'] else 'no':>5} "

@@ -47,12 +47,18 @@ as measured) and ``elastic_emulated.png``.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
-from astraflow.benchmarks import elastic
-from astraflow.benchmarks.results_io import load_now, write_section
+from astraflow.benchmarks.elastic_arms import ARMS, job_settings, plot, run_arm
+from astraflow.benchmarks.elastic_arms import topology as arm_topology
+from astraflow.benchmarks.lib.emulated import cpu_fractions, overruns
+from astraflow.benchmarks.lib.results import load_now, write_section
+from astraflow.benchmarks.lib.run_metrics import read_rows
+from astraflow.benchmarks.lib.stats import spread
+from astraflow.emulation.cost import CostModel
+from astraflow.emulation.profile import load_profile
+from astraflow.workflows.arithmetic import generate_problems
 
 #: the job's shape in the emulated arms: two calls of 128 rows per batch (see the module docstring)
 GROUPS_PER_BATCH, TASKS_PER_CALL, N_SAMPLES = 32, 16, 8
@@ -61,15 +67,12 @@ DEFAULT_STEPS = 15
 
 
 def cost_model(a: argparse.Namespace):
-    from astraflow.emulation.cost import CostModel
-    from astraflow.emulation.profile import load_profile
     return CostModel(load_profile(a.profile), a.token_scale, a.prompt_token_scale)
 
 
 def row_lengths(seed: int, n: int = 200) -> tuple[int, int]:
     """Mean real prompt and completion tokens of the job's problems (char tokenizer: a
     token per character; a completion is the answer and its EOS)."""
-    from astraflow.workflows.arithmetic import generate_problems
     probs = generate_problems(n, seed=seed)
     return (round(sum(len(p.prompt) for p in probs) / n), round(sum(len(p.answer) + 1 for p in probs) / n))
 
@@ -135,11 +138,11 @@ def devices(a: argparse.Namespace, trainer_devices: int) -> tuple[dict, dict]:
 
 def topology(arm: str, a: argparse.Namespace, trainer_devices: int) -> dict:
     trainer, raas = devices(a, trainer_devices)
-    return elastic.topology(arm, a, trainer_device=trainer, raas_device=raas)
+    return arm_topology(arm, a, trainer_device=trainer, raas_device=raas)
 
 
 def settings(a: argparse.Namespace) -> dict:
-    return elastic.job_settings(a.steps, a.problems, GROUPS_PER_BATCH, TASKS_PER_CALL)
+    return job_settings(a.steps, a.problems, GROUPS_PER_BATCH, TASKS_PER_CALL)
 
 
 def modelled(row: dict, dilation: float) -> dict:
@@ -157,7 +160,6 @@ def modelled(row: dict, dilation: float) -> dict:
 def instrument(accounts: dict) -> dict:
     """How well the emulation held: calls whose real work outlasted the hold, and the largest
     share of a component's held time its real work took on the CPU."""
-    from astraflow.benchmarks.multi_policy_emulated import cpu_fractions, overruns
     return {"overruns": overruns(accounts), "cpu_fraction": cpu_fractions(accounts)}
 
 
@@ -165,7 +167,6 @@ def summarize(rows: list[dict]) -> dict:
     """An arm over its repetitions: the repetition of median total device-hours as the arm's
     row (its every figure from one run), each repetition under ``repetitions``, and the spread
     of the figures the verdict and the table read."""
-    from astraflow.benchmarks.results_io import spread
     ranked = sorted(rows, key=lambda r: r["total_device_hours"])
     out = {**ranked[(len(ranked) - 1) // 2], "repetitions": rows}
     for key in ("total_device_hours", "modelled_s", "trainer_wait_frac"):
@@ -178,7 +179,6 @@ def summarize(rows: list[dict]) -> dict:
 def verdict(reps: dict[str, list[dict]]) -> dict:
     """Autoscaling against each fixed arm in modelled device-hours, repetition by repetition
     (paired: the k-th runs of the arms ran one after another), and their median (min–max)."""
-    from astraflow.benchmarks.results_io import spread
     auto = [r["total_device_hours"] for r in reps["autoscaling"]]
     out: dict = {}
     for k in ("fixed_small", "fixed_large"):
@@ -199,7 +199,7 @@ def table(result: dict) -> str:
              f"{result['profile']} device (dilation {result['dilation']}; device-hours and seconds MODELLED)",
              f"{'arm':12} {'model s':>8} {'wait':>6} {'pool':>9} {'rollout dh':>11} {'trainer dh':>11} "
              f"{'total dh':>9} {'acc':>6} {'overruns':>8}"]
-    for arm in elastic.ARMS:
+    for arm in ARMS:
         if arm not in result:
             continue
         r = result[arm]
@@ -220,7 +220,7 @@ def table(result: dict) -> str:
 
 
 def main(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
-    from astraflow.topics import EmbeddedBroker
+    from astraflow.topics import EmbeddedBroker  # the Kafka client (~0.7 s to import): only when the arms run
     a.steps = a.steps or DEFAULT_STEPS
     a.repeats = a.repeats or (1 if a.quick else 3)
     if a.quick:
@@ -230,7 +230,7 @@ def main(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     if a.small < 1 or a.large <= a.small:
         ap.error(f"need 1 <= --small < --large, got {a.small} and {a.large}")
     print(rule_text(p), flush=True)
-    from astraflow.actors.rollout import TASK_SESSION_TIMEOUT_MS
+    from astraflow.actors.rollout import TASK_SESSION_TIMEOUT_MS  # the RaaS node (~0.5 s to import): only here
     if p["call_s"] * a.dilation > 0.8 * TASK_SESSION_TIMEOUT_MS / 1000:
         # kafka-python finishes a rebalance only inside poll(): a node held longer than the task
         # consumer's session timeout while one starts is dropped from the group and its poll
@@ -247,7 +247,7 @@ def main(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
             # machine's load over the run falls on every arm alike
             for arm in (a.arms if rep % 2 == 0 else a.arms[::-1]):
                 print(f"--- {arm}, repetition {rep + 1} of {a.repeats}", flush=True)
-                row = elastic.run_arm(arm, a, broker.bootstrap_servers, run_root, settings(a),
+                row = run_arm(arm, a, broker.bootstrap_servers, run_root, settings(a),
                                       topology(arm, a, p["trainer_devices"]))
                 accounts = row.pop("emulated_accounts")
                 reps[arm].append({**modelled(row, a.dilation), "instrument": instrument(accounts),
@@ -265,14 +265,13 @@ def main(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
                "pricing": p, **arms,
                "settings": {k: v for k, v in vars(a).items() if k not in ("out", "run_root")},
                "method": __doc__}
-    if all(k in arms for k in elastic.ARMS):
+    if all(k in arms for k in ARMS):
         section["verdict"] = verdict(reps)
     print(table(section))
     out = Path(a.out)
     if "autoscaling" in arms:
-        rows = [json.loads(line) for line in
-                (Path(arms["autoscaling"]["run_dir"]) / "run" / "metrics.jsonl").read_text().splitlines()]
-        elastic.plot(out.with_name(out.stem + "_emulated.png"), rows,
+        rows = read_rows(Path(arms["autoscaling"]["run_dir"]) / "run")
+        plot(out.with_name(out.stem + "_emulated.png"), rows,
                      title=f"EMULATED autoscaling arm ({a.profile}, dilation {a.dilation}): pool size and trainer wait")
     write_section(out, "emulated", section, load_before, "elastic")
     return 0

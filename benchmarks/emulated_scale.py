@@ -33,10 +33,22 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import types
 from pathlib import Path
 
-from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
-from astraflow.benchmarks.multi_policy_emulated import episodes_fenced, episodes_worked
+import yaml
+
+from astraflow.benchmarks.lib.device_split import split_from_runs
+from astraflow.benchmarks.lib.emulated import cpu_fractions, episodes_fenced, episodes_worked, overruns, resource_work
+from astraflow.benchmarks.lib.results import load_now, write_results, write_section
+from astraflow.benchmarks.lib.run_metrics import read_rows, read_summary, total
+from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread
+from astraflow.benchmarks.lib.steady import steady_steps, steady_window
+from astraflow.benchmarks.lib.table import print_header
+from astraflow.benchmarks.multi_policy_arms import write_config
+from astraflow.benchmarks.multi_policy_emulated_arms import SEED_SHAPE, split_config
+from astraflow.benchmarks.multi_policy_runs import analyse_team
+from astraflow.emulation.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "emulated_scale.json"
@@ -68,13 +80,11 @@ def overrides(args, lay: dict, job: str) -> dict:
 
 
 def analyse(run_dir: Path, dilation: float, lay: dict, n_samples: int) -> dict:
-    from astraflow.benchmarks.async_vs_sync import steady_steps
-    from astraflow.benchmarks.multi_policy_emulated import cpu_fractions, overruns, resource_work
     rows, step_ts, first, last = steady_steps(run_dir)
     steps = max(step_ts)
     per_step = (step_ts[last] - step_ts[first]) / (last - first) / dilation
-    summary = json.loads((run_dir / "summary.json").read_text())
-    episodes = sum(float(r["value"]) for r in rows if r["name"] == "raas.tasks")
+    summary = read_summary(run_dir)
+    episodes = total(rows, "raas.tasks")
     # A fenced poll's episodes were rolled out (their work is in the device totals) and redone
     # by the partition's owner, and the polls in flight at the stop were partly rolled out: the
     # work per batch is priced over every episode worked on, or the "bound" would count that
@@ -105,7 +115,7 @@ def rebalances(rows: list[dict]) -> int:
 
 
 def one(args, broker, lay: dict, rep: int) -> dict:
-    from astraflow.config import load_config
+    from astraflow.config import load_config  # the job machinery (~1 s to import): only when a count runs
     from astraflow.launcher import run_job
     job = f"bench-scale-{lay['devices']}-{int(time.time())}-{rep}"
     ov = overrides(args, lay, job)
@@ -145,8 +155,7 @@ def print_table(agg: dict, args) -> None:
     print(f"EMULATED: the demo job (async) on N x {args.profile}, half rollout, half trainer; modelled seconds")
     hdr = (f"{'N':>3} {'samples/s':>22} {'s/step':>20} {'bound s/step':>20} {'sched. eff.':>20} "
            f"{'linearity':>20} {'trainer wait s':>18} {'rebalances':>12}")
-    print(hdr)
-    print("-" * len(hdr))
+    print_header(hdr)
     for n, r in agg.items():
         print(f"{n:>3} {fmt_spread(r['samples_per_s'], '.1f'):>22} {fmt_spread(r['s_per_step'], '.1f'):>20} "
               f"{fmt_spread(r['lower_bound_s_per_step'], '.1f'):>20} {fmt_spread(r['scheduling_efficiency']):>20} "
@@ -187,7 +196,6 @@ def sv_balanced_split(n: int, per_node: int, base: tuple[dict, list[dict]], trai
     Scaled by N/8, Table 2's split (3 + 2 solver, 1 + 2 verifier) gives each trainer 2N/8
     devices, but a trainer of more devices gains less per device, so at 64 the solver's trainer
     is the bound; this rule moves devices to it."""
-    from astraflow.benchmarks.multi_policy_emulated import split_from_runs
     lay8, reps = base
     need = min(pool["trainer_devices"] for pool in lay8["pools"].values())
     split8 = {p: {"rollout": pool["nodes"] * pool["devices_per_node"], "trainer": pool["trainer_devices"]}
@@ -202,7 +210,6 @@ def sv_balanced_split(n: int, per_node: int, base: tuple[dict, list[dict]], trai
 def sv_layout(n: int, per_node: int, table2: dict, balanced: dict | None = None) -> dict:
     """The team's pools and trainers at ``n`` devices; each pool on RaaS nodes of <= ``per_node``:
     Table 2's split scaled by N/8, or ``balanced`` (:func:`sv_balanced_split`'s answer)."""
-    from astraflow.benchmarks.multi_policy_emulated import SEED_SHAPE
     split = balanced["split"] if balanced else sv_split(n, table2)
     pools = {}
     for p, parts in split.items():
@@ -224,11 +231,6 @@ def sv_layout(n: int, per_node: int, table2: dict, balanced: dict | None = None)
 def sv_config(args, lay: dict, job: str, table2: dict) -> dict:
     """Table 2's arm (a) (``multi_policy --emulated``'s own config builder, its recorded
     settings) on ``lay``'s devices, the batch grown with them, dilation raised with N."""
-    import types
-
-    import yaml
-
-    from astraflow.benchmarks.multi_policy_emulated import split_config
     t2 = types.SimpleNamespace(
         profile=table2["profile"], dilation=args.dilation * lay["devices"] / 8, token_scale=table2["token_scale"],
         prompt_token_scale=table2["prompt_token_scale"], workload=table2.get("workload") or "",
@@ -247,8 +249,7 @@ def sv_config(args, lay: dict, job: str, table2: dict) -> dict:
 
 
 def sv_one(args, lay: dict, rep: int, table2: dict) -> dict:
-    from astraflow.benchmarks.multi_policy import write_config
-    from astraflow.config import load_config
+    from astraflow.config import load_config  # the job machinery (~1 s to import): only when a count runs
     from astraflow.launcher import run_job
     job = f"bench-scale-sv-{lay['devices']}-{int(time.time())}-{rep}"
     data, dilation = sv_config(args, lay, job, table2)
@@ -261,16 +262,14 @@ def sv_one(args, lay: dict, rep: int, table2: dict) -> dict:
 
 def sv_analyse(run_dir: Path, lay: dict, steps: int, dilation: float, max_staleness: int) -> dict:
     """One team run at scale: s/iter, bound and scheduling efficiency of its steady window
-    (:func:`~astraflow.benchmarks.multi_policy_emulated.steady_window`: from the end of step
+    (:func:`~astraflow.benchmarks.lib.steady.steady_window`: from the end of step
     ``max_staleness + 2`` to the last, the bound the busiest resource's work inside it). A short
     run's pools roll out up to ``max_staleness`` batches ahead before the window (4 polls in
     flight at once), so their whole-run work per batch (``work_by_resource``,
     :func:`resource_work`) says what a long run would need of them, not what limited this window."""
-    from astraflow.benchmarks.multi_policy import analyse_team
-    from astraflow.benchmarks.multi_policy_emulated import cpu_fractions, overruns, resource_work, steady_window
     r = analyse_team(run_dir)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = read_rows(run_dir)
+    summary = read_summary(run_dir)
     window = steady_window(rows, r["last_policy"], max_staleness, dilation)
     whole = resource_work(summary, episodes_worked(rows), lay["groups_per_batch"], steps)
     em = summary.get("emulated", {})
@@ -306,7 +305,6 @@ def kept_counts(out: Path, args, table2: dict, counts: list[int]) -> dict[int, t
 
 
 def sv_main(args, counts: list[int]) -> int:
-    from astraflow.benchmarks.results_io import write_section
     table2 = json.loads(TABLE2.read_text())
     if args.steps < 2 * (table2["max_staleness"] + 2):
         print(f"note: {args.steps} steps; the steady window starts after step {table2['max_staleness'] + 2} (the "
@@ -328,7 +326,6 @@ def sv_main(args, counts: list[int]) -> int:
     for rep in range(args.repeats):
         for n in sorted(counts):
             if n not in lays:  # balanced: priced on the run at Table 2's devices (measured first)
-                from astraflow.emulation.profile import load_profile
                 scaling = load_profile(table2["profile"]).efficiency.train_scaling
                 bal = sv_balanced_split(n, args.devices_per_node, (lays[at], rows[at]), scaling)
                 lays[n] = sv_layout(n, args.devices_per_node, table2, bal)
@@ -385,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.job == "solver_verifier":
         return sv_main(args, counts)
     lays = {n: layout(n, args.devices_per_node) for n in counts}
-    from astraflow.topics import EmbeddedBroker
+    from astraflow.topics import EmbeddedBroker  # the Kafka client (~0.7 s to import): only when the demo job runs
     load_before = load_now()
     rows: dict[int, list[dict]] = {n: [] for n in counts}
     with EmbeddedBroker(heap="1g") as broker:

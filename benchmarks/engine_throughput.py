@@ -31,14 +31,15 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import torch  # noqa: E402
 
-from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results  # noqa: E402
+from astraflow.benchmarks.lib.results import load_now, write_results  # noqa: E402
+from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "engine_throughput.json"
 
 
 def row_lengths_criterion(width: int, lengths: list[int]):
     """A ``StoppingCriteria`` that ends row ``i`` after ``lengths[i]`` new tokens."""
-    from transformers import StoppingCriteria
+    from transformers import StoppingCriteria  # transformers (~1 s to import), here and below: only when it measures
 
     class RowLengths(StoppingCriteria):
         def __init__(self) -> None:

@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from astraflow.emulation.profile import ModelSpec, load_profile, profile_names
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu_profile.json"
 #: tokens per forward while a decode measurement fills its KV cache (bounds activation memory)
@@ -40,7 +42,7 @@ PREFILL_CHUNK = 512
 
 
 def _timed(fn, device, repeats: int = 5) -> float:
-    import torch
+    import torch  # torch and transformers (seconds to import) in each function: --help and the tests need neither
     fn()  # warm-up (allocator, kernels)
     times = []
     for _ in range(repeats):
@@ -247,8 +249,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import torch
-
-    from astraflow.emulation.profile import ModelSpec, load_profile, profile_names
     smoke = args.cpu_smoke
     device = torch.device("cpu" if smoke else "cuda")
     if not smoke and not torch.cuda.is_available():

@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from astraflow.benchmarks.results_io import load_now, write_results
+from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.topics import EmbeddedBroker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +62,7 @@ def run_repetitions(name: str, args: argparse.Namespace, one_repetition: Callabl
 def run_job_once(args: argparse.Namespace, broker, rep: int, overrides: dict, label: str):
     """One run of ``args.config`` with ``overrides`` (its ``job`` names the run) on ``broker``,
     under ``args.run_root``; returns its run dir and config."""
-    from astraflow.config import load_config
+    from astraflow.config import load_config  # the job machinery (~1 s to import): only when a run starts
     from astraflow.launcher import run_job
     cfg = load_config(args.config, overrides)
     run_dir = Path(args.run_root) / cfg.job

@@ -19,7 +19,8 @@ import argparse
 import json
 from pathlib import Path
 
-from astraflow.benchmarks.results_io import load_now, write_results
+from astraflow.benchmarks.lib.results import load_now, write_results
+from astraflow.models.bootstrap import _distinct, _measure, cache_root, default_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "long_context_model.json"
@@ -28,14 +29,13 @@ JOBS = {"search": ROOT / "examples" / "search_agent.yaml", "search_wide": ROOT /
 
 
 def measure(model_dir: Path) -> dict:
-    import torch
+    import torch  # torch, transformers and the engines (seconds to import): only when it measures
     from transformers import AutoTokenizer
 
     from astraflow.actors.evaluator import episode_evaluation
     from astraflow.actors.heldout import heldout_problems
     from astraflow.config import load_config
     from astraflow.engines.cpu import CpuEngine
-    from astraflow.models.bootstrap import _distinct, _measure, default_spec
     from astraflow.models.warm_start import get_task
 
     torch.set_num_threads(1)
@@ -60,7 +60,6 @@ def measure(model_dir: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from astraflow.models.bootstrap import cache_root, default_spec
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", type=Path,
                     default=[cache_root() / default_spec(t).key(0, t) for t in TASKS])

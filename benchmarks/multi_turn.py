@@ -42,7 +42,9 @@ from pathlib import Path
 
 import torch
 
-from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
+from astraflow.benchmarks.lib.results import load_now, write_results
+from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread
+from astraflow.engines.base import SamplingParams
 from astraflow.workflows.environments import EnvTask, environment
 
 RESULTS = Path(__file__).resolve().parent / "results" / "multi_turn.json"
@@ -83,7 +85,7 @@ class BenchTool:
 
 
 def _tasks(args, tail: float = 0.0) -> list:
-    from astraflow.topics import Task
+    from astraflow.topics import Task  # the Kafka client (~0.7 s to import): only when it measures
     sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 6}
     params = {"env": "bench_tool", "env_params": {"turns": args.turns, "tool_s": args.tool_s, "tail": tail},
               "action_format": "eos", "max_turns": args.turns + 2, "deadline_s": 600.0, "env_timeout_s": 60.0}
@@ -92,7 +94,7 @@ def _tasks(args, tail: float = 0.0) -> list:
 
 
 def run_arm(engine, tok, tasks, step_out: bool) -> dict:
-    from astraflow.actors.episodes import EpisodeRunner
+    from astraflow.actors.episodes import EpisodeRunner  # the Kafka client with it (~0.7 s): only when it measures
     runner = EpisodeRunner("p", "bench", engine, tok, 7, engine_lock=threading.Lock(), step_out=step_out)
     try:
         t0 = time.perf_counter()
@@ -115,7 +117,6 @@ def run_arm(engine, tok, tasks, step_out: bool) -> dict:
 def reprefill(engine, rows: int, repeats: int) -> dict:
     """Seconds of one call per context length, the lengths interleaved round by round (so the
     machine's load falls on all of them alike)."""
-    from astraflow.engines.base import SamplingParams
     params = SamplingParams(temperature=1.0, max_new_tokens=6)
     prompts = {n: [[5 + (i + j) % 20 for j in range(n)] for i in range(rows)] for n in CONTEXTS}
     for n in CONTEXTS:
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.episodes, args.repeats = 2, 1
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # transformers and the engine (~1 s to import): only when it measures
 
     from astraflow.engines.cpu import CpuEngine
     from astraflow.models.bootstrap import ensure_tiny_model

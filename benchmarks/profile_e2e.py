@@ -29,8 +29,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import psutil
+
 from astraflow.benchmarks.async_vs_sync import analyse
-from astraflow.benchmarks.results_io import load_now, write_results
+from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.config import load_config
 from astraflow.topics import EmbeddedBroker
 
@@ -209,8 +211,6 @@ def main(argv: list[str] | None = None) -> int:
         args.steps = min(args.steps, 4)
     if args.steps < 3:
         ap.error("--steps must be >= 3 (steady state starts after step 2)")
-    import psutil
-
     load_before = load_now()
     work = Path(args.work_dir) / time.strftime("%Y%m%d-%H%M%S")
     runs, procs, broker_cpu = {}, {"plain": {}, "profiled": {}}, {}

@@ -25,14 +25,16 @@ within a repetition. Prints one table; writes ``benchmarks/results/publish_dtype
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
 
 from astraflow.benchmarks.async_vs_sync import analyse
 from astraflow.benchmarks.job_bench import job_arguments, run_job_once, run_repetitions
-from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread
+from astraflow.benchmarks.lib.results import load_now
+from astraflow.benchmarks.lib.run_metrics import read_rows
+from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread
+from astraflow.benchmarks.lib.table import print_header
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "publish_dtype.json"
@@ -41,7 +43,7 @@ DTYPES = ("float32", "bfloat16")
 
 def weight_stats(run_dir: Path) -> dict:
     """Per-version weight payload numbers and the mismatch metric, medians over the run."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_rows(run_dir)
 
     def values(name: str) -> list[float]:
         return [float(r["value"]) for r in rows if r["name"] == name]
@@ -104,8 +106,7 @@ def aggregate(reps: list[dict]) -> dict:
 def print_table(agg: dict) -> None:
     hdr = (f"{'published':10} {'s/step':>18} {'delta bytes/version':>26} {'changed':>20} {'encode s':>20} "
            f"{'logp gap':>26} {'acc final':>20}")
-    print(hdr)
-    print("-" * len(hdr))
+    print_header(hdr)
     for d in DTYPES:
         r = agg["dtypes"][d]
         gap = fmt_spread(r["logp_gap"], ".2e") if r["logp_gap"] else "–"

@@ -22,10 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from astraflow.benchmarks.results_io import load_now, write_results
+from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.cli import _overrides
 from astraflow.config import load_config
+from astraflow.launcher import run_job
 from astraflow.replay import ReplayRequest, replay
+from astraflow.topics import EmbeddedBroker
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "replay_whatif.json"
@@ -74,8 +76,6 @@ def main(argv: list[str] | None = None) -> int:
             bootstrap, base = args.bootstrap_servers, {"job": args.job}
             source = "existing job"
         else:
-            from astraflow.launcher import run_job
-            from astraflow.topics import EmbeddedBroker
             broker = EmbeddedBroker(Path(stack.enter_context(tempfile.TemporaryDirectory())) / "kafka").start()
             stack.callback(broker.stop)
             bootstrap = broker.bootstrap_servers

@@ -20,7 +20,7 @@ from astraflow.benchmarks import (async_vs_sync, async_vs_sync_emulated, cross_r
                                   multi_policy_emulated, multi_turn, publish_dtype, topics_throughput,
                                   trainer_scaling, weight_transfer)
 from astraflow.benchmarks.report_format import Loader, between, readme_table, replace_between
-from astraflow.benchmarks.results_io import RESULTS_DIR
+from astraflow.benchmarks.lib.results import RESULTS_DIR
 
 #: every benchmark with a results table, in the order docs/benchmarks.md shows them
 BENCHMARKS = (demo_run, async_vs_sync, async_vs_sync_emulated, publish_dtype, delta_sparsity, multi_policy,

@@ -14,7 +14,7 @@ import unicodedata
 from collections.abc import Callable
 from typing import NamedTuple
 
-from astraflow.benchmarks.results_io import fmt_spread  # a spread's cell: every table's, so re-exported here
+from astraflow.benchmarks.lib.stats import fmt_spread  # a spread's cell: every table's, so re-exported here
 
 #: ``load(name)``: the results file ``benchmarks/results/<name>.json``, or None when it is missing
 Loader = Callable[[str], "dict | None"]

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -48,6 +47,9 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.actors.episodes import CallBatcher
+from astraflow.benchmarks.lib.child import write_result
+from astraflow.benchmarks.lib.cli import parse_sets
+from astraflow.config import load_config
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -301,26 +303,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     ap.add_argument("--out", type=Path, help="write the result as JSON here")
     args = ap.parse_args(argv)
-    import yaml
-
-    from astraflow.config import load_config
-
-    overrides = {"trainer.steps": args.steps}
-    for pair in args.set:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            ap.error(f"--set expects KEY=VALUE, got {pair!r}")
-        overrides[key] = yaml.safe_load(value)
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(args.config, {"trainer.steps": args.steps, **parse_sets(ap, args.set)})
     result = run(cfg, args.steps, args.threads or None, evaluate=not args.no_eval)
     result["config"] = args.config
     parts = " + ".join(f"T_{p} {result[f'T_{p}_s']:.3f}" for p in result["policies"])
     print(f"sequential: {args.steps} iterations, {result['threads']} thread(s): {result['s_per_iter']:.3f} s/iter "
           f"(G {result['G_s']:.3f} + {parts} + W {result['W_s']:.3f}), setup {result['setup_s']:.1f} s, "
           f"team accuracy {result['team_accuracy_final']}", file=sys.stderr)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
+    write_result(args.out, result)
     return 0
 
 

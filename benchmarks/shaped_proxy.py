@@ -17,7 +17,6 @@ import socket
 import threading
 import time
 
-from astraflow.topics.broker import free_port
 
 _CHUNK = 65536
 

@@ -43,7 +43,8 @@ from pathlib import Path
 
 import orjson
 
-from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
+from astraflow.benchmarks.lib.results import load_now, write_results
+from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread
 from astraflow.topics import (ChunkReader, Consumer, EmbeddedBroker, Producer, Sample, TopicSpec,
                               TrajectoryGroup, ensure_topics, socket_reads, write_chunks)
 from astraflow.topics.codec import encode

@@ -32,6 +32,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import resource
 import shutil
@@ -43,7 +44,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from astraflow.benchmarks.results_io import fmt_spread, load_now, spread, write_results
+import psutil
+
+from astraflow.benchmarks.lib.results import load_now, write_results
+from astraflow.benchmarks.lib.stats import fmt_spread, spread
+from astraflow.engines.config import ZERO_SIZE_KEYS, TrainerConfig
+from astraflow.models.bootstrap import cache_root
 
 RESULTS = Path(__file__).resolve().parent / "results" / "trainer_scaling.json"
 #: DeepSpeed 0.19's zero_optimization defaults for the trainer's ZERO_SIZE_KEYS (sized for GPU jobs).
@@ -57,8 +63,6 @@ def zero_sizes(which: str) -> dict[str, int]:
     """The ZeRO sizes a run uses: the trainer config's defaults or DeepSpeed's own."""
     if which == "deepspeed":
         return dict(DEEPSPEED_ZERO_SIZES)
-    from astraflow.engines.config import ZERO_SIZE_KEYS, TrainerConfig
-
     return {key: getattr(TrainerConfig(), key) for key in ZERO_SIZE_KEYS}
 VOCAB = 128  # the character tokenizer's size: the model's bulk is its blocks, not embeddings
 
@@ -87,8 +91,6 @@ QUICK = ModelSpec("qwen3-tiny", hidden_size=64, intermediate_size=128, num_layer
 
 
 def bench_model_root() -> Path:
-    from astraflow.models.bootstrap import cache_root
-
     return cache_root().parent / "bench-models"
 
 
@@ -101,7 +103,7 @@ def ensure_bench_model(spec: ModelSpec, root: Path | None = None) -> tuple[Path,
     marker = path / "bench_model.json"
     if marker.exists():
         return path, json.loads(marker.read_text())["parameters"]
-    import torch
+    import torch  # torch / transformers (seconds to import): only when it measures
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
@@ -125,7 +127,7 @@ def ensure_bench_model(spec: ModelSpec, root: Path | None = None) -> tuple[Path,
 def make_batch(samples: int = 8, prompt_len: int = 8, completion_len: int = 24, seed: int = 1234):
     """The same seeded synthetic batch for every configuration: random token ids, plausible
     behaviour log-probs, rewards that differ within each group of 4 (non-zero advantages)."""
-    import torch
+    import torch  # (seconds to import): only when a batch is made
 
     from astraflow.engines.base import TrainBatch, TrainSample
 
@@ -143,8 +145,6 @@ def make_batch(samples: int = 8, prompt_len: int = 8, completion_len: int = 24, 
 
 
 def _rss_mb() -> float:
-    import psutil
-
     return psutil.Process().memory_info().rss / 2**20
 
 
@@ -170,12 +170,9 @@ def _weights_digest(trainer) -> str:
 
 def worker(args: argparse.Namespace) -> int:
     """One rank: build the trainer, warm up, time ``args.steps`` steps, write ``rank<r>.json``."""
-    import math
-
-    import torch
+    import torch  # torch and DeepSpeed (seconds to import): only in the ranks
     import torch.distributed as dist
 
-    from astraflow.engines.config import TrainerConfig
     from astraflow.engines.deepspeed_trainer import DeepSpeedTrainer
 
     rank = int(os.environ.get("RANK", 0))

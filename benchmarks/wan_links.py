@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from astraflow.benchmarks.results_io import fmt_spread, load_now, spread, write_results
+from astraflow.benchmarks.lib.results import load_now, write_results
+from astraflow.benchmarks.lib.stats import fmt_spread, spread
 from astraflow.topology.links import RegionLink, Toxiproxy
 from astraflow.benchmarks.shaped_proxy import ShapedProxy
 

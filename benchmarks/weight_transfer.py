@@ -49,8 +49,11 @@ import numpy as np
 import torch
 
 from astraflow.benchmarks.codec_throughput import delta_codec, entropy_estimate, make_model, make_step
-from astraflow.benchmarks.results_io import fmt_spread, load_now, spread, write_results
-from astraflow.topics import EmbeddedBroker, JobTopics, ensure_topics
+from astraflow.benchmarks.lib.results import load_now, write_results
+from astraflow.benchmarks.lib.stats import fmt_spread, spread
+from astraflow.benchmarks.lib.table import print_pairs
+from astraflow.benchmarks.topics_throughput import perf_consumer, perf_producer
+from astraflow.topics import EmbeddedBroker, JobTopics, TopicSpec, ensure_topics
 from astraflow.topics.chunking import DEFAULT_CHUNK_SIZE
 from astraflow.weights import WeightPublisher, WeightSubscriber, codec
 
@@ -63,7 +66,7 @@ GB, MB = 1e9, 1e6
 
 def rl_steps(steps: int, prompts: int, samples: int, seed: int) -> tuple[list[dict[str, torch.Tensor]], dict[str, Any]]:
     """Weights after each of ``steps`` on-policy GRPO steps (index 0: before the first)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # transformers and the engines (~1 s to import): only for the RL rows
 
     from astraflow.engines.base import SamplingParams, TrainBatch, TrainSample
     from astraflow.engines.cpu import CpuEngine
@@ -233,8 +236,6 @@ def _write_back() -> None:
 
 def _tool_consume_once(bootstrap: str, topic: str, records: int) -> float:
     """``kafka-consumer-perf-test`` reading ``records`` records of ``topic``: MB/s."""
-    from astraflow.benchmarks.topics_throughput import perf_consumer
-
     r = perf_consumer(bootstrap, topic, records)
     return r["bytes"] / r["seconds"] / MB
 
@@ -246,9 +247,6 @@ def _tool_records(payload_bytes: int) -> int:
 def _tool_produce_once(bootstrap: str, payload_bytes: int) -> float:
     """``kafka-producer-perf-test`` writing as many 1 MiB records as ``payload_bytes`` fill, with
     the publisher's settings (acks=all, idempotent, uncompressed), to a fresh topic: MB/s."""
-    from astraflow.benchmarks.topics_throughput import perf_producer
-    from astraflow.topics import TopicSpec
-
     topic = f"af.wtprod{uuid.uuid4().hex[:6]}"
     ensure_topics(bootstrap, [TopicSpec(topic, 1, max_message_bytes=4 * 1024 * 1024)])
     _write_back()
@@ -313,9 +311,7 @@ def print_table(r: dict[str, Any]) -> None:
              ("snapshot end to end / the tools in series (produce, then consume; paired)",
               fmt_spread(r["snapshot_e2e_vs_kafka_tools_in_series_paired"], ".3f")),
              ("peak RSS (publisher + subscribers + models)", f"{r['peak_rss_gb']:.1f} GB")]
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")
+    print_pairs(rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,28 +4,30 @@ comparison measures equal work on both sides (same rows, same token counts)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
-from astraflow.benchmarks import engine_throughput, results_io
+from astraflow.benchmarks import engine_throughput
+from astraflow.benchmarks.lib import results, stats
 
 
 def test_spread_keeps_median_min_max_and_every_run():
-    s = results_io.spread([3.0, 1.0, 2.0, 10.0])
+    s = stats.spread([3.0, 1.0, 2.0, 10.0])
     assert (s["median"], s["min"], s["max"], s["n"]) == (2.5, 1.0, 10.0, 4)
     assert s["runs"] == [3.0, 1.0, 2.0, 10.0]
-    r = results_io.ratio_spread(results_io.spread([2, 4, 6]), results_io.spread([1, 2, 2]))
+    r = stats.ratio_spread(stats.spread([2, 4, 6]), stats.spread([1, 2, 2]))
     assert r["runs"] == [2.0, 2.0, 3.0] and r["median"] == 2.0
     with pytest.raises(ValueError, match="at least one"):
-        results_io.spread([])
+        stats.spread([])
     with pytest.raises(ValueError, match="paired runs"):
-        results_io.ratio_spread(results_io.spread([1, 2]), results_io.spread([1]))
+        stats.ratio_spread(stats.spread([1, 2]), stats.spread([1]))
 
 
 def test_results_record_the_load_they_were_measured_under(tmp_path):
-    before = results_io.load_now()
-    results_io.write_results(tmp_path / "x.json", {"a": 1}, before)
+    before = results.load_now()
+    results.write_results(tmp_path / "x.json", {"a": 1}, before)
     data = json.loads((tmp_path / "x.json").read_text())
     assert data["load"]["before"] == before
     assert len(data["load"]["after"]["loadavg"]) == 3 and isinstance(data["load"]["busy"], bool)
@@ -35,14 +37,14 @@ def test_results_record_the_load_they_were_measured_under(tmp_path):
 def test_a_section_is_written_beside_the_files_other_sections_and_records_its_own_load(tmp_path):
     """An emulated benchmark writes its section of a results file the CPU arms share."""
     path = tmp_path / "x.json"
-    results_io.write_results(path, {"benchmark": "x", "cpu_arm": 1}, results_io.load_now())
-    before = results_io.load_now()
-    results_io.write_section(path, "emulated", {"arm": 2}, before, "x")
+    results.write_results(path, {"benchmark": "x", "cpu_arm": 1}, results.load_now())
+    before = results.load_now()
+    results.write_section(path, "emulated", {"arm": 2}, before, "x")
     data = json.loads(path.read_text())
     assert data["cpu_arm"] == 1 and data["emulated"]["arm"] == 2
     assert data["emulated"]["load"]["before"] == before and "created" in data["emulated"]
     fresh = tmp_path / "y.json"
-    results_io.write_section(fresh, "emulated", {"arm": 3}, None, "y")
+    results.write_section(fresh, "emulated", {"arm": 3}, None, "y")
     assert json.loads(fresh.read_text())["benchmark"] == "y"
 
 
@@ -269,3 +271,45 @@ def test_delta_sparsity_pairs_bytes_by_repetition_and_judges_the_goal_on_the_med
     assert any(line.startswith("| 5e-06") or line.startswith("| 5e-6") for line in lines)
     assert lines.index(next(x for x in lines if x.startswith("| 2e-4"))) < lines.index(
         next(x for x in lines if x.startswith("| 5e-6")))
+
+
+def _benchmark_imports() -> dict[str, set[str]]:
+    """Benchmark module -> the benchmark modules it imports, those imported inside functions too
+    (``lib.<name>`` for the shared ones)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    files = {".".join(f.relative_to(root).with_suffix("").parts): f for f in [*root.glob("*.py"), *root.glob("lib/*.py")]}
+    graph: dict[str, set[str]] = {}
+    for name, f in files.items():
+        deps = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("astraflow.benchmarks"):
+                mod = node.module.removeprefix("astraflow.benchmarks").lstrip(".")
+                for alias in node.names:  # `from astraflow.benchmarks[.lib] import <module>` names modules
+                    sub = f"{mod}.{alias.name}" if mod else alias.name
+                    deps.add(sub if sub in files else mod)
+        graph[name] = deps & files.keys() - {name}
+    return graph
+
+
+def test_no_two_benchmark_modules_import_each_other_and_lib_imports_no_benchmark():
+    """The shared pieces sit below every benchmark (lib/ imports only lib/), and no chain of
+    imports between benchmark modules, inside functions or not, comes back to where it began."""
+    graph = _benchmark_imports()
+    assert {m: sorted(d) for m, d in graph.items() if m.startswith("lib.") and any(not x.startswith("lib.") for x in d)} == {}
+    cycles, done = [], set()
+
+    def visit(m: str, path: list[str]) -> None:
+        if m in path:
+            cycles.append(path[path.index(m):] + [m])
+            return
+        if m in done:
+            return
+        for d in sorted(graph[m]):
+            visit(d, [*path, m])
+        done.add(m)
+
+    for m in sorted(graph):
+        visit(m, [])
+    assert cycles == []

@@ -6,7 +6,7 @@ team on the tiny models: every episode's samples must be exactly what the workfl
 through ``run_episode`` for the same task and seeds on the same weights (with
 ``batch_invariant``), the weights must reach the engines between iterations, and without
 ``batch_invariant`` an iteration's calls must be coalesced into one per policy and stage.
-The result-shaping functions of ``benchmarks/multi_policy.py`` run on small made-up
+The result-shaping functions of ``benchmarks/multi_policy*.py`` run on small made-up
 metrics.
 """
 
@@ -20,7 +20,12 @@ import pytest
 import yaml
 
 from astraflow.benchmarks import multi_policy as mp
+from astraflow.benchmarks import multi_policy_alone as mp_alone
+from astraflow.benchmarks import multi_policy_arms as mp_arms
+from astraflow.benchmarks import multi_policy_results as mp_results
+from astraflow.benchmarks import multi_policy_runs as mp_runs
 from astraflow.benchmarks import sequential_multi as seq
+from astraflow.benchmarks.lib import steady
 from astraflow.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,7 +131,7 @@ def _team_run(tmp_path: Path) -> Path:
 
 
 def test_team_runs_are_measured_on_the_policy_that_finishes_last_after_start_up(tmp_path):
-    r = mp.analyse_team(_team_run(tmp_path))
+    r = mp_runs.analyse_team(_team_run(tmp_path))
     assert r["last_policy"] == "verifier" and r["raas_busy_s"] == 6.5 and r["groups_dropped"] == 1.0
     # verifier: step 3 ends at 127 (the first after the eval at 125.5), step 6 at 136: 9 s / 3 steps
     assert r["by_policy"]["verifier"] == {"s_per_step": 3.0, "from_step": 3, "to_step": 6}
@@ -138,20 +143,20 @@ def test_team_runs_are_measured_on_the_policy_that_finishes_last_after_start_up(
 
 
 def test_team_runs_count_the_episodes_rolled_out_per_trained_group(tmp_path):
-    r = mp.analyse_team(_team_run(tmp_path))
+    r = mp_runs.analyse_team(_team_run(tmp_path))
     assert r["episodes"] == 13.0  # every committed poll of the lead pool
     base = yaml.safe_load(CONFIG.read_text())
-    cfg = load_config(mp.write_config(mp.team_config(base, "async", 2, "j-team", str(tmp_path)), tmp_path))
-    out = mp.with_trained_groups(r, cfg)
+    cfg = load_config(mp_arms.write_config(mp_arms.team_config(base, "async", 2, "j-team", str(tmp_path)), tmp_path))
+    out = mp_runs.with_trained_groups(r, cfg)
     assert out["trained_groups"] == 2 * cfg.dataflow.groups_per_batch
     assert out["episodes_per_trained_group"] == 13.0 / out["trained_groups"]
 
 
 def test_steady_state_starts_after_step_two_without_an_evaluation():
     ts = {1: 10.0, 2: 11.0, 3: 13.0, 4: 15.0}
-    assert mp.steady_s_per_step(ts) == {"s_per_step": 2.0, "from_step": 2, "to_step": 4}
+    assert steady.steady_s_per_step(ts) == {"s_per_step": 2.0, "from_step": 2, "to_step": 4}
     with pytest.raises(ValueError, match="at least 3"):
-        mp.steady_s_per_step({1: 1.0, 2: 2.0})
+        steady.steady_s_per_step({1: 1.0, 2: 2.0})
 
 
 def test_solver_alone_accuracy_is_the_newest_evaluated_version_within_the_time():
@@ -159,19 +164,19 @@ def test_solver_alone_accuracy_is_the_newest_evaluated_version_within_the_time()
     rows += [_metric(101, "eval.solver", "eval.accuracy", 0.1, 0), _metric(121, "eval.solver", "eval.accuracy", 0.3, 2),
              _metric(131, "eval.solver", "eval.accuracy", 0.4, 5), _metric(142, "eval.solver", "eval.accuracy", 0.6, 7)]
     # launched at 90: within 40 s it trained up to version 6 (ts 130), whose newest evaluated version is 5
-    assert mp.accuracy_at(rows, 90.0, 40.0) == {"accuracy": 0.4, "version_reached": 6, "version_evaluated": 5,
+    assert mp_alone.accuracy_at(rows, 90.0, 40.0) == {"accuracy": 0.4, "version_reached": 6, "version_evaluated": 5,
                                                "steps_trained": 8}
-    assert mp.accuracy_at(rows, 90.0, 5.0)["version_evaluated"] == 0
+    assert mp_alone.accuracy_at(rows, 90.0, 5.0)["version_evaluated"] == 0
 
 
 def test_exported_evaluation_reads_the_newest_export_below_each_mark():
     rows = [_metric(100 + 5 * k, "trainer.solver", "trainer.samples", 8, k) for k in range(1, 13)]
     # launched at 90: by 40 s it trained v6, by 62 s v10; exports every 4 (v4, v8, v12)
-    assert mp.exported_needed(rows, 90.0, [40.0], [4, 8, 12]) == [4, 12]
-    assert mp.exported_needed(rows, 90.0, [40.0, 62.0], [4, 8, 12]) == [4, 8, 12]
-    assert mp.exported_needed(rows, 90.0, [50.0], [4, 8, 12]) == [8, 12]
-    assert mp.exported_needed(rows, 90.0, [12.0], [4, 8, 12]) == [12]  # v1 only: version 0 stays the live one
-    assert mp.exported_needed(rows, 90.0, [40.0], []) == []
+    assert mp_alone.exported_needed(rows, 90.0, [40.0], [4, 8, 12]) == [4, 12]
+    assert mp_alone.exported_needed(rows, 90.0, [40.0, 62.0], [4, 8, 12]) == [4, 8, 12]
+    assert mp_alone.exported_needed(rows, 90.0, [50.0], [4, 8, 12]) == [8, 12]
+    assert mp_alone.exported_needed(rows, 90.0, [12.0], [4, 8, 12]) == [12]  # v1 only: version 0 stays the live one
+    assert mp_alone.exported_needed(rows, 90.0, [40.0], []) == []
 
 
 def test_exported_versions_are_evaluated_by_the_evaluators_own_function(tmp_path):
@@ -186,8 +191,8 @@ def test_exported_versions_are_evaluated_by_the_evaluators_own_function(tmp_path
     from astraflow.actors.evaluator import heldout_accuracy, heldout_problems
 
     cfg = _tiny_config(tmp_path, eval={"problems": 8, "k": 2, "every": 0})
-    alone = mp.solver_alone_config(yaml.safe_load((tmp_path / "sv.yaml").read_text()), cfg, 4, 0, "j", str(tmp_path))
-    config = mp.write_config(alone, tmp_path)
+    alone = mp_arms.solver_alone_config(yaml.safe_load((tmp_path / "sv.yaml").read_text()), cfg, 4, 0, "j", str(tmp_path))
+    config = mp_arms.write_config(alone, tmp_path)
     run = tmp_path / "run"
     good = run / "hf" / "solver" / "v4"
     shutil.copytree(model_path(cfg), good)
@@ -198,8 +203,8 @@ def test_exported_versions_are_evaluated_by_the_evaluators_own_function(tmp_path
             p.zero_()
     model.save_pretrained(str(broken))
     AutoTokenizer.from_pretrained(str(good)).save_pretrained(str(broken))
-    assert mp.exported_versions(run, "solver") == [4, 8]
-    rows = mp.evaluate_exported(config, run, [0, 4, 8])  # version 0: the job's own model
+    assert mp_alone.exported_versions(run, "solver") == [4, 8]
+    rows = mp_alone.evaluate_exported(config, run, [0, 4, 8])  # version 0: the job's own model
     assert [(r["name"], r["step"]) for r in rows] == [("eval.accuracy", 0), ("eval.accuracy", 4), ("eval.accuracy", 8)]
     assert rows[0]["value"] == rows[1]["value"] and rows[0]["label.k"] == 2
     rows = rows[1:]
@@ -212,12 +217,12 @@ def test_exported_versions_are_evaluated_by_the_evaluators_own_function(tmp_path
 
 def test_arm_configs_are_the_team_job_and_the_solver_alone(tmp_path):
     base = yaml.safe_load(CONFIG.read_text())
-    team = mp.team_config(base, "lockstep", 7, "j-team", str(tmp_path))
-    cfg = load_config(mp.write_config(team, tmp_path))
+    team = mp_arms.team_config(base, "lockstep", 7, "j-team", str(tmp_path))
+    cfg = load_config(mp_arms.write_config(team, tmp_path))
     assert (cfg.barrier, cfg.eval.every) == ("lockstep", 0)
     assert {p: cfg.view(p).trainer.steps for p in cfg.policy_names} == {"solver": 7, "verifier": 7}
     assert base["barrier"] == "async", "the base config must not change"
-    alone = load_config(mp.write_config(mp.solver_alone_config(base, cfg, 30, 2, "j-alone", str(tmp_path)), tmp_path))
+    alone = load_config(mp_arms.write_config(mp_arms.solver_alone_config(base, cfg, 30, 2, "j-alone", str(tmp_path)), tmp_path))
     solver = cfg.view("solver")
     assert alone.policy_names == ("solver",) and alone.workflow.name == "rlvr"
     assert alone.workflow.params == {"reward": "exact_match"}
@@ -241,7 +246,7 @@ def _rep(a, b, c, team, alone):
 def test_aggregate_pairs_speedups_within_a_repetition_and_notes_say_who_wins(capsys):
     reps = [_rep(4.0, 5.0, 2.0, 0.5, 0.4), _rep(3.0, 6.0, 3.0, 0.6, 0.45), _rep(5.0, 5.0, 2.5, 0.55, 0.5)]
     reps[1]["lockstep"]["failed_attempts"] = [{"job": "j", "cause": "hung"}]
-    agg = mp.aggregate(reps)
+    agg = mp_results.aggregate(reps)
     assert agg["failed_runs"] == [{"repetition": 2, "arm": "lockstep", "job": "j", "cause": "hung"}]
     assert agg["speedup_vs_sequential"]["runs"] == [0.5, 1.0, 0.5]
     assert agg["speedup_vs_lockstep"]["runs"] == [1.25, 2.0, 1.0]
@@ -249,18 +254,18 @@ def test_aggregate_pairs_speedups_within_a_repetition_and_notes_say_who_wins(cap
     assert agg["team_accuracy"]["median"] == 0.55 and agg["solver_alone_accuracy"]["median"] == 0.45
     assert agg["arms"]["sequential"]["T_verifier_s"]["median"] == 0.4
     assert agg["load_1m_at_arm_start"]["max"] == 3.0
-    notes = mp.notes(agg, 2, 16, 2)
+    notes = mp_results.notes(agg, 2, 16, 2)
     assert notes[0].startswith("(c) sequential wins") and "2 cores" in notes[0]
     assert notes[1].startswith("(a) async beats (b) lockstep")
     assert "team's held-out accuracy is 0.550 and the solver alone's 0.450" in notes[2] and "12 versions" in notes[2]
     assert not any(n.startswith("Team training lowered") for n in notes)  # 0.3 at version 0, higher after
-    faster = mp.notes(mp.aggregate([_rep(1.0, 1.0, 2.0, 0.5, 0.4)] * 3), 2, 16, 2)
+    faster = mp_results.notes(mp_results.aggregate([_rep(1.0, 1.0, 2.0, 0.5, 0.4)] * 3), 2, 16, 2)
     assert faster[0].startswith("(a) async is 2.00x faster") and faster[1].startswith("(b) lockstep is not slower")
     assert "busy 10 s in (a) against 10 s in (b)" in faster[1]
-    worse = mp.notes(mp.aggregate([_rep(1.0, 1.0, 2.0, 0.2, 0.4)] * 3), 2, 16, 2)
+    worse = mp_results.notes(mp_results.aggregate([_rep(1.0, 1.0, 2.0, 0.2, 0.4)] * 3), 2, 16, 2)
     assert any(n.startswith("Team training lowered the team's held-out accuracy") and "0.300 at version 0" in n
                for n in worse)
-    mp.print_table(agg)
+    mp_results.print_table(agg)
     table = capsys.readouterr().out
     assert "(c) sequential" in table and "speedup_vs_sequential" in table and "(" in table
 
@@ -275,15 +280,15 @@ def test_a_failed_or_hung_arm_is_recorded_and_run_again():
             raise RunFailed("run exceeded its 360s timeout")
         return {"s_per_iter": 1.0}
 
-    r = mp.run_attempts("async", 0, once)
+    r = mp_arms.run_attempts("async", 0, once)
     assert r["s_per_iter"] == 1.0 and len(jobs) == 2
     assert r["failed_attempts"] == [{"job": jobs[0], "cause": "run exceeded its 360s timeout"}]
 
     def never(job):
-        raise mp.NoSteps(f"{job}: no step trained")
+        raise mp_runs.NoSteps(f"{job}: no step trained")
 
     with pytest.raises(RuntimeError, match="failed 2 times"):
-        mp.run_attempts("lockstep", 1, never)
+        mp_arms.run_attempts("lockstep", 1, never)
 
 
 def test_a_team_runs_last_line_gives_the_teams_accuracy_first_and_the_lead_alone_beside_it():
@@ -319,7 +324,7 @@ def test_a_team_runs_last_line_gives_every_policys_and_the_teams_accuracy_from_f
 def test_the_remote_call_cost_comes_from_the_runs_own_spans(tmp_path):
     import json
 
-    from astraflow.benchmarks.multi_policy import remote_calls
+    from astraflow.benchmarks.multi_policy_runs import remote_calls
 
     def span(name, start, end, **attrs):
         return json.dumps({"name": name, "start_time": f"2026-12-01T10:00:{start:06.3f}Z",
@@ -338,7 +343,7 @@ def test_the_remote_call_cost_comes_from_the_runs_own_spans(tmp_path):
 def test_the_team_against_the_solver_alone_at_equal_tokens_with_standard_errors(tmp_path, capsys):
     # (d): 10 tokens per poll every 5 s from 100; (a) generated 35 in its run, so (d) had by 115
     rows = [_metric(100 + 5 * k, "raas-solver-0", "raas.generated_tokens", 10, k) for k in range(8)]
-    assert mp.time_of_tokens(rows, 35) == 115.0 and mp.time_of_tokens(rows, 81) is None
+    assert mp_alone.time_of_tokens(rows, 35) == 115.0 and mp_alone.time_of_tokens(rows, 81) is None
     run = _team_run(tmp_path)
     extra = [{**_metric(124.5, "eval.solver", "eval.accuracy", 0.2, 0), "label.k": 4, "label.problems": 400},
              _metric(126.0, "raas-solver-0", "raas.generated_tokens", 30, 0),
@@ -349,20 +354,20 @@ def test_the_team_against_the_solver_alone_at_equal_tokens_with_standard_errors(
             extra.append(_metric(126.0 + step, "raas-solver-0", f"raas.episode.{key}", v, step))
     with (run / "metrics.jsonl").open("a") as f:
         f.write("".join(json.dumps(r) + "\n" for r in extra))
-    a = mp.analyse_team(run)
+    a = mp_runs.analyse_team(run)
     assert a["generated_tokens"] == 50.0 and a["eval_k"] == 4
     # the last half of the run (versions >= 2.5): steps 3, 5 at (0.5, ...), step 4 at (0.1, ...)
     assert a["verifier"]["accuracy"] == pytest.approx((0.5 + 0.1 + 0.5) / 3)
     assert a["verifier"]["tpr"] == pytest.approx((0.1 + 0 + 0.1) / 3 / 0.2)
     assert a["verifier"]["tnr"] == pytest.approx((0.4 + 0.1 + 0.4) / 3 / 0.8)
-    best = mp.best_evaluated([_metric(1.0, "eval.solver", "eval.accuracy", v, step)
+    best = mp_alone.best_evaluated([_metric(1.0, "eval.solver", "eval.accuracy", v, step)
                               for step, v in ((0, 0.2), (8, 0.45), (16, 0.45), (24, 0.3))])
     assert best == {"accuracy_best_evaluated": 0.45, "version_best_evaluated": 16}  # ties: the later version
     alone = {"accuracy": 0.4, "version_reached": 12, "seconds": 50.0, "load_before": [1.0] * 3,
              "accuracy_initial": 0.2, **best,
              "equal_tokens": {"tokens": 50.0, "reached": True, "seconds": 20.0, "version_reached": 5,
                               "accuracy": 0.3}}
-    agg = mp.aggregate([{"async": {**a, "load_before": [1.0] * 3}, "solver_alone": alone}], problems=400)
+    agg = mp_results.aggregate([{"async": {**a, "load_before": [1.0] * 3}, "solver_alone": alone}], problems=400)
     assert "lockstep" not in agg["arms"] and "speedup_vs_lockstep" not in agg
     assert agg["solver_alone_accuracy_equal_tokens"]["median"] == 0.3
     row = agg["standard_errors"]["by_repetition"][0]
@@ -384,17 +389,17 @@ def test_the_team_against_the_solver_alone_at_equal_tokens_with_standard_errors(
     pooled = agg["team_minus_alone"]["equal_tokens"]
     assert pooled["diff"] == pytest.approx(0.2) and pooled["in_se"] == pytest.approx(diff["in_se"])
     assert pooled["in_se_upper"] == pytest.approx(0.2 / diff["se_upper"]) and pooled["repetitions_team_ahead"] == 1
-    two = mp.aggregate([{"async": {**a, "load_before": [1.0] * 3}, "solver_alone": alone},
+    two = mp_results.aggregate([{"async": {**a, "load_before": [1.0] * 3}, "solver_alone": alone},
                         {"async": {**a, "load_before": [1.0] * 3, "team_accuracy": 0.2}, "solver_alone": alone}],
                        problems=400)
     d2 = two["team_minus_alone"]["equal_tokens"]  # +0.2 and -0.1: the mean, its SE shrinks by sqrt(2)
     assert d2["diff"] == pytest.approx(0.05) and d2["repetitions_team_ahead"] == 1 and d2["repetitions"] == 2
     rows2 = two["standard_errors"]["by_repetition"]
     assert d2["se"] == pytest.approx(math.hypot(*(r["team_minus_equal_tokens"]["se"] for r in rows2)) / 2)
-    notes = mp.notes(agg, 2, 6, 2)
+    notes = mp_results.notes(agg, 2, 6, 2)
     assert any("At equal generated tokens (50, every role's own)" in n and "0.300" in n for n in notes)
     assert any(n.startswith("repetition 1 (400 problems x k=4): team 0.500 +- 0.013") for n in notes)
-    mp.print_table(agg)
+    mp_results.print_table(agg)
     printed = capsys.readouterr().out
     assert "(d) at equal tokens" in printed and "team - alone at equal tokens (mean of 1): +0.200" in printed
 
@@ -403,9 +408,9 @@ def test_overrides_reach_every_arms_config(tmp_path):
     base = yaml.safe_load(CONFIG.read_text())
     data = mp.with_overrides(base, {"workflow.params.retry": "fresh", "eval.problems": 400})
     assert "retry" not in base["workflow"]["params"], "the base config must not change"
-    cfg = load_config(mp.write_config(mp.team_config(data, "async", 2, "j-team", str(tmp_path)), tmp_path))
+    cfg = load_config(mp_arms.write_config(mp_arms.team_config(data, "async", 2, "j-team", str(tmp_path)), tmp_path))
     assert cfg.workflow.params["retry"] == "fresh" and cfg.eval.problems == 400
-    alone = mp.solver_alone_config(data, cfg, 30, 2, "j-alone", str(tmp_path))
+    alone = mp_arms.solver_alone_config(data, cfg, 30, 2, "j-alone", str(tmp_path))
     assert alone["eval"]["problems"] == 400 and alone["workflow"]["name"] == "rlvr"
 
 

@@ -135,7 +135,7 @@ def test_table_2s_arms_share_the_seeds_length_cap_the_workload_and_the_staleness
     staleness bound is the benchmark's, whatever the example config says."""
     import argparse
 
-    from astraflow.benchmarks.multi_policy_emulated import colocated_config, split_config
+    from astraflow.benchmarks.multi_policy_emulated_arms import colocated_config, split_config
     from astraflow.config import load_config
     base = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "solver_verifier.yaml").read_text())
     assert base["policies"]["verifier"]["rollout"]["max_new_tokens"] != base["rollout"]["max_new_tokens"]

@@ -42,7 +42,7 @@ def test_the_bound_prices_a_batch_over_every_episode_rolled_out_fenced_ones_incl
     assert es.episodes_fenced(rows) == 20  # the last count of each node
     assert es.rebalances(rows) == 6
     assert es.rebalances([]) == 0 and es.episodes_fenced([]) == 0
-    from astraflow.benchmarks.multi_policy_emulated import resource_work
+    from astraflow.benchmarks.lib.emulated import resource_work
     summary = {"emulated": {"raas-0": {"generate": {"modelled_s": 120.0}}, "trainer": {"train": {"modelled_s": 60.0}}}}
     committed, fenced = 40, es.episodes_fenced(rows)
     priced = resource_work(summary, committed + fenced, 16, 3)["raas-0"]
@@ -54,7 +54,7 @@ def test_a_pools_work_is_priced_over_every_episode_it_worked_on_the_stops_polls_
     committed (stop 41's 16-device team run: 256 episodes committed, 4 x 64 in flight, the
     "bound" 85.5 s over a measured 73.6 s per iteration). Each node reports them with its
     device totals."""
-    from astraflow.benchmarks.multi_policy_emulated import episodes_worked, resource_work
+    from astraflow.benchmarks.lib.emulated import episodes_worked, resource_work
     rows = [{"name": "raas.tasks", "value": 64, "label.node": "raas-0"} for _ in range(4)]
     rows += [{"name": "raas.fenced_tasks", "value": 8, "label.node": "raas-1"},
              {"name": "raas.tasks_in_flight", "value": 192, "label.node": "raas-0", "ts": 1.0},
@@ -99,7 +99,7 @@ def test_the_team_at_scale_keeps_table_2s_split_per_device_and_loads_as_a_job(n,
 def test_the_bound_of_a_window_is_the_work_each_resource_did_inside_it():
     """A pool that rolled its batches out ahead, before the window, did no work in it: the
     window's bound is the trainer's work there, and never exceeds the window's length."""
-    from astraflow.benchmarks.multi_policy_emulated import window_work
+    from astraflow.benchmarks.lib.steady import window_work
 
     def cum(comp, points):
         return [{"name": "emulated.generate.modelled_s" if comp.startswith("raas") else "emulated.train.modelled_s",
@@ -117,7 +117,7 @@ def test_the_steady_window_leaves_out_the_batches_rolled_out_ahead_and_is_priced
     step max_staleness + 2 (the pool's burst before it, the batches the first steps train, is
     outside), its s/iter is modelled (wall / dilation), and its bound is the busiest resource's
     work inside it: here the trainer, busy every second of the window, so efficiency 1."""
-    from astraflow.benchmarks.multi_policy_emulated import steady_window
+    from astraflow.benchmarks.lib.steady import steady_window
 
     steps = [{"name": "trainer.samples", "component": "trainer.solver", "step": k, "ts": 10.0 * k, "value": 256}
              for k in range(1, 13)]
@@ -220,7 +220,7 @@ def test_the_repriced_split_follows_what_a_ran_not_what_c_priced():
     devices of its own (this rule's pool model would credit taking turns with a speed-up)."""
     import math
 
-    from astraflow.benchmarks.multi_policy_emulated import repriced_split
+    from astraflow.benchmarks.multi_policy_resplit import repriced_split
     from astraflow.emulation.profile import load_profile
     s = lambda d: load_profile("h100-qwen3-8b").efficiency.train_scaling ** math.log2(d)  # noqa: E731
     r = repriced_split(_table2(96.0))
@@ -239,7 +239,8 @@ def test_a_split_priced_on_runs_may_take_turns_when_given_the_swaps_price(monkey
     without it and then with one swap again; below the margin, devices of their own."""
     import math
 
-    from astraflow.benchmarks import multi_policy_emulated as mpe
+    from astraflow.benchmarks.lib import device_split
+    from astraflow.benchmarks.multi_policy_resplit import repriced_split
     from astraflow.emulation.cost import CostModel
     from astraflow.emulation.profile import load_profile
     k = load_profile("h100-qwen3-8b").efficiency.train_scaling
@@ -248,14 +249,14 @@ def test_a_split_priced_on_runs_may_take_turns_when_given_the_swaps_price(monkey
     t2 = _table2(96.0)
 
     def price(t2):
-        return mpe.split_from_runs(t2["device_split"]["split"], [r["async"] for r in t2["repetitions"]],
-                                   "work_in_window_by_resource", 8, k, 2, swap=swap)
+        return device_split.split_from_runs(t2["device_split"]["split"], [r["async"] for r in t2["repetitions"]],
+                                            "work_in_window_by_resource", 8, k, 2, swap=swap)
     r = price(t2)
     assert r["split"] == {"solver": {"rollout": 3, "trainer": 3}, "verifier": {"shared": 2}}
     assert r["priced_stage_s"]["verifier.shared"] == pytest.approx(52.0 / 2 + 28.0 + swap(2))
     assert r["priced_stage_s"]["solver.trainer"] == pytest.approx(97.0 * 2 * s(2) / (3 * s(3)))
-    assert r["disjoint"]["split"] == mpe.repriced_split(t2)["split"]
-    assert r["priced_bound_s_per_iter"] < (1 - mpe.SHARE_MARGIN) * r["disjoint"]["priced_bound_s_per_iter"]
+    assert r["disjoint"]["split"] == repriced_split(t2)["split"]
+    assert r["priced_bound_s_per_iter"] < (1 - device_split.SHARE_MARGIN) * r["disjoint"]["priced_bound_s_per_iter"]
     turns = _table2(96.0)
     turns["device_split"]["split"] = {"solver": {"rollout": 3, "trainer": 2}, "verifier": {"shared": 2}}
     for rep in turns["repetitions"]:
@@ -265,14 +266,14 @@ def test_a_split_priced_on_runs_may_take_turns_when_given_the_swaps_price(monkey
     again = price(turns)
     assert again["split"] == r["split"]
     assert again["priced_stage_s"]["verifier.shared"] == pytest.approx(52.0 / 2 + 28.0 + swap(2))
-    monkeypatch.setattr(mpe, "SHARE_MARGIN", 0.5)
+    monkeypatch.setattr(device_split, "SHARE_MARGIN", 0.5)
     assert price(t2)["split"] == r["disjoint"]["split"] and "disjoint" not in price(t2)
 
 
 def test_reprice_refuses_a_table_2_without_steady_windows(tmp_path):
     from types import SimpleNamespace
 
-    from astraflow.benchmarks.multi_policy_emulated import reprice_main
+    from astraflow.benchmarks.multi_policy_resplit import reprice_main
     old = tmp_path / "t2.json"
     old.write_text('{"repetitions": [{"async": {"work_by_resource": {}}}]}')
     with pytest.raises(SystemExit, match="no steady-window Table 2"):
@@ -313,7 +314,7 @@ def test_the_tune_moves_a_device_from_the_least_busy_stage_that_can_spare_one_to
     """Table 2's (a) bound by its solver trainer: the verifier's pool (1 device) and trainer (2, the
     fewest its states fit) cannot give one, so the solver's pool does; a split already tried is
     not probed again, and with nothing to give there is no move."""
-    from astraflow.benchmarks.multi_policy_emulated import next_move
+    from astraflow.benchmarks.multi_policy_resplit import next_move
     split = {"solver": {"rollout": 3, "trainer": 2}, "verifier": {"rollout": 1, "trainer": 2}}
     work = {"raas-solver-0": 64.0, "trainer.solver": 92.5, "raas-verifier-0": 51.0, "trainer.verifier": 23.7}
     m = next_move(split, work, 2, [split])
@@ -336,7 +337,7 @@ def test_the_tune_moves_a_device_from_the_least_busy_stage_that_can_spare_one_to
 def test_tune_refuses_a_table_2_it_cannot_start_from(tmp_path):
     from types import SimpleNamespace
 
-    from astraflow.benchmarks.multi_policy_emulated import tune_main
+    from astraflow.benchmarks.multi_policy_resplit import tune_main
     old = tmp_path / "t2.json"
     old.write_text('{"repetitions": [{"async": {"work_by_resource": {}}}]}')
     with pytest.raises(SystemExit, match="no steady-window Table 2"):

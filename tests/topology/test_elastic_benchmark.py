@@ -1,11 +1,11 @@
-"""benchmarks/elastic.py: each arm's numbers come from its run's summary and metrics."""
+"""benchmarks/elastic*.py: each arm's numbers come from its run's summary and metrics."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from astraflow.benchmarks import elastic
+from astraflow.benchmarks import elastic, elastic_arms
 
 
 def rows_of(sizes, waits_trains):
@@ -26,7 +26,7 @@ def summary(total, rollout, trainer, acc=0.5):
 
 
 def test_arm_numbers_skip_the_boot_step_and_weigh_pool_size_by_time():
-    r = elastic.arm_numbers(summary(0.3, 0.1, 0.2), rows_of([1, 1, 3, 3], [(50.0, 1.0), (1.0, 1.0), (3.0, 1.0)]))
+    r = elastic_arms.arm_numbers(summary(0.3, 0.1, 0.2), rows_of([1, 1, 3, 3], [(50.0, 1.0), (1.0, 1.0), (3.0, 1.0)]))
     assert r["trainer_wait_frac"] == pytest.approx(4.0 / 6.0, abs=1e-4)  # step 1 (every process booting) left out
     assert (r["pool_max"], r["pool_mean"]) == (3, pytest.approx((1 + 1 + 3) / 3, abs=1e-3))
     assert r["scaling_actions"] == [{"t_s": 30.0, "action": "up", "from": 1, "to": 3,
@@ -38,9 +38,9 @@ def test_arm_numbers_skip_the_boot_step_and_weigh_pool_size_by_time():
 
 
 def test_verdict_and_table():
-    arms = {"fixed_small": elastic.arm_numbers(summary(1.0, 0.2, 0.8), rows_of([1, 1], [])),
-            "fixed_large": elastic.arm_numbers(summary(1.2, 0.6, 0.6, acc=0.55), rows_of([4, 4], [])),
-            "autoscaling": elastic.arm_numbers(summary(0.9, 0.3, 0.6), rows_of([1, 2], []))}
+    arms = {"fixed_small": elastic_arms.arm_numbers(summary(1.0, 0.2, 0.8), rows_of([1, 1], [])),
+            "fixed_large": elastic_arms.arm_numbers(summary(1.2, 0.6, 0.6, acc=0.55), rows_of([4, 4], [])),
+            "autoscaling": elastic_arms.arm_numbers(summary(0.9, 0.3, 0.6), rows_of([1, 2], []))}
     v = elastic.verdict(arms)
     assert v["autoscaling_vs_fixed_small"] == pytest.approx(-0.1)
     assert v["autoscaling_vs_fixed_large"] == pytest.approx(0.9 / 1.2 - 1)
@@ -58,7 +58,7 @@ def test_topologies_differ_only_in_the_pool(tmp_path):
                            trainer_slowdown=6.0, interval=5.0, window=30.0, cooldown=45.0)
     pools = {}
     for arm in elastic.ARMS:
-        t = parse_topology(elastic.topology(arm, a), f"<{arm}>")
+        t = parse_topology(elastic_arms.topology(arm, a), f"<{arm}>")
         validate(t)
         plan = resolve(t, "policy")
         pools[arm] = (plan.pools["raas"].count, plan.pools["raas"].min, plan.pools["raas"].max,
@@ -103,7 +103,7 @@ def test_emulated_arms_put_cost_model_devices_on_the_trainer_and_raas_pools():
         # a node's job config with its pool's --set items is a cost-model emulated device
         overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in raas.overrides())
                      if k.startswith("rollout.device.")}
-        cfg = load_config(elastic.ROOT / "examples" / "arithmetic_grpo.yaml", overrides)
+        cfg = load_config(elastic_arms.ROOT / "examples" / "arithmetic_grpo.yaml", overrides)
         assert cfg.rollout.device.emulated and cfg.rollout.device.profile == "h100-qwen3-8b"
     assert sizes == {"fixed_small": (1, 1, 1), "fixed_large": (4, 4, 4), "autoscaling": (1, 1, 4)}
 
@@ -126,7 +126,7 @@ def test_the_pricing_rule_puts_small_below_and_large_above_the_balance_point():
 
 def test_emulated_device_hours_are_modelled_hours():
     from astraflow.benchmarks import elastic_emulated as em
-    row = elastic.arm_numbers(summary(0.3, 0.1, 0.2), rows_of([1, 2], [(3.0, 1.0)]))
+    row = elastic_arms.arm_numbers(summary(0.3, 0.1, 0.2), rows_of([1, 2], [(3.0, 1.0)]))
     m = em.modelled(row, dilation=0.4)
     assert m["total_device_hours"] == pytest.approx(0.3 / 0.4) and m["wall_total_device_hours"] == 0.3
     assert m["rollout_device_hours"] == pytest.approx(0.25) and m["trainer_device_hours"] == pytest.approx(0.5)
@@ -140,7 +140,7 @@ def test_report_renders_the_emulated_section_and_skips_a_quick_one(tmp_path):
 
     from astraflow.benchmarks import elastic_emulated as em
     p = em.price(emulated_args())
-    arms = {arm: {**em.modelled(elastic.arm_numbers(summary(t, r, t - r), rows_of([1, n], [])), 0.4),
+    arms = {arm: {**em.modelled(elastic_arms.arm_numbers(summary(t, r, t - r), rows_of([1, n], [])), 0.4),
                   "instrument": {"overruns": 0, "cpu_fraction": {}}}
             for arm, t, r, n in (("fixed_small", 0.4, 0.1, 1), ("fixed_large", 0.5, 0.3, 4), ("autoscaling", 0.3, 0.1, 2))}
     section = {"emulated": True, "quick": False, "profile": "h100-qwen3-8b", "dilation": 0.4, "steps": 15,

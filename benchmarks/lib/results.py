@@ -1,10 +1,9 @@
-"""Where benchmark results go, and the shared shape of a repeated measurement.
+"""Where benchmark results go: one JSON per benchmark under ``benchmarks/results/``.
 
-One JSON per benchmark under ``benchmarks/results/``, stamped with the machine, the time
-and the load average it was measured under (a 2-core box shared with other work makes
-absolute numbers move; the load says how far to trust them). A number measured several
-times is stored as a :func:`spread` — ``median`` with ``min``, ``max`` and every run — so
-each table can show the spread, and a first (cold) run is kept apart from the warm ones.
+Each file (or each section of one, e.g. a benchmark's ``emulated`` arms beside its CPU ones)
+is stamped with the machine, the time and the load average it was measured under (a 2-core
+box shared with other work makes absolute numbers move; the load says how far to trust
+them). Knows nothing about what a benchmark measured or how its JSON is laid out.
 """
 
 from __future__ import annotations
@@ -12,36 +11,14 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 
 #: 1-minute load average per core above which a result is marked as measured under load
 BUSY_LOAD_PER_CORE = 0.75
-
-
-def spread(values: Sequence[float]) -> dict[str, Any]:
-    """``{"median", "min", "max", "n", "runs"}`` of repeated measurements of one number."""
-    vals = [float(v) for v in values]
-    if not vals:
-        raise ValueError("spread() needs at least one measurement")
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals), "runs": vals}
-
-
-def ratio_spread(num: dict[str, Any], den: dict[str, Any]) -> dict[str, Any]:
-    """The spread of ``num / den`` run by run (runs paired in order: measured alternately)."""
-    if num["n"] != den["n"]:
-        raise ValueError(f"ratio of spreads needs paired runs, got {num['n']} and {den['n']}")
-    return spread([a / b for a, b in zip(num["runs"], den["runs"])])
-
-
-def fmt_spread(s: dict[str, Any], fmt: str = ".2f") -> str:
-    """``median (min–max)`` for tables."""
-    return f"{s['median']:{fmt}} ({s['min']:{fmt}}–{s['max']:{fmt}})"
 
 
 def load_now() -> dict[str, Any]:

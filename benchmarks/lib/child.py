@@ -1,0 +1,32 @@
+"""A baseline run as its own Python process: nothing shared with the benchmark's process.
+
+The in-process and sequential baselines (``inprocess_loop``, ``sequential_multi``) run as
+``python -m <module> ... --out <json>``: the child writes its result with :func:`write_result`,
+the parent reads it back with :func:`run_child`. Knows nothing about what the child measures.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def run_child(module: str, argv: list[str], what: str) -> dict:
+    """``python -m module *argv --out <tmp>.json`` to its end; its JSON. A failed child raises
+    ``RuntimeError("<what> failed (<status>): <its stderr's tail>")``."""
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "result.json"
+        proc = subprocess.run([sys.executable, "-m", module, *argv, "--out", str(out)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{what} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+        return json.loads(out.read_text())
+
+
+def write_result(out: Path | None, result: dict) -> None:
+    """The child's side: its result as JSON at ``out`` (``--out``; nothing when not given)."""
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))

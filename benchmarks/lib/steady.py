@@ -1,0 +1,89 @@
+"""Steady state: the window of a run whose steps say what the schedule does once started.
+
+A run's first steps pay start-up (every process booting, the evaluator's version-0 pass,
+batches rolled out ahead of the trainer); the benchmarks measure seconds per step from a
+later step's end to the last step's end, and the work each emulated resource did inside that
+window. Knows the trainer's step metrics and the emulated accounts' metrics, not any arm.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from astraflow.benchmarks.lib.emulated import merge_shared
+from astraflow.benchmarks.lib.run_metrics import read_rows, trainer_steps
+
+
+def steady_steps(run_dir: Path) -> tuple[list[dict], dict[int, float], int, int]:
+    """A run's metrics, each trained step's time, and the steady window's first and last step
+    (the end of step 2 to the end of the last step)."""
+    rows = read_rows(run_dir)
+    step_ts = {int(r["step"]): r["ts"] for r in rows if r["name"] == "trainer.samples"}
+    steps = sorted(step_ts)
+    if len(steps) < 3:
+        raise RuntimeError(f"{run_dir}: {len(steps)} trained steps; steady state needs at least 3")
+    return rows, step_ts, steps[1], steps[-1]
+
+
+def steady_s_per_step(step_ts: dict[int, float], not_before: float | None = None) -> dict:
+    """Seconds per step from the end of step 2 (or of the first step ending at or after
+    ``not_before``, if later) to the end of the last step."""
+    steps = sorted(step_ts)
+    if len(steps) < 3:
+        raise ValueError(f"{len(steps)} trained steps; steady state needs at least 3")
+    first = steps[1]
+    if not_before is not None:
+        later = [s for s in steps[1:-1] if step_ts[s] >= not_before]
+        first = later[0] if later else steps[-2]
+    last = steps[-1]
+    return {"s_per_step": (step_ts[last] - step_ts[first]) / (last - first), "from_step": first, "to_step": last}
+
+
+def window_work(rows: list[dict], t0: float, t1: float, iterations: int, slack_s: float = 0.5) -> dict[str, float]:
+    """Per emulated component, its modelled seconds of work between wall times ``t0`` and ``t1``
+    per iteration: the change of its cumulative ``emulated.<call>.modelled_s`` reports (a
+    trainer's at each step's end, a node's at each heartbeat; ``slack_s`` takes in a report
+    sent just after the instant it belongs to). Over a steady window this is the work each
+    resource did per iteration there, whatever it rolled out ahead before the window; the
+    busiest one's is the window's lower bound, and bound / measured its utilisation."""
+    series: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for r in rows:
+        name = r["name"]
+        if name.startswith("emulated.") and name.endswith(".modelled_s"):
+            series.setdefault((r["component"], name), []).append((float(r["ts"]), float(r["value"])))
+
+    def at(points: list[tuple[float, float]], t: float) -> float:
+        return max((v for ts, v in points if ts <= t + slack_s), default=0.0)  # cumulative: never falls
+
+    out: dict[str, float] = {}
+    for (comp, _), points in series.items():
+        out[comp] = out.get(comp, 0.0) + (at(points, t1) - at(points, t0)) / iterations
+    return out
+
+
+def steady_window(rows: list[dict], policy: str, max_staleness: int, dilation: float,
+                  shared: set[str] = frozenset()) -> dict:
+    """A Kafka arm's steady state, from its metrics ``rows``: seconds per iteration over
+    ``policy``'s trainer steps from the end of step ``max_staleness + 2`` to the last (modelled:
+    wall / ``dilation``), and the bound of that window, the busiest resource's modelled work
+    per iteration **inside it** (:func:`window_work`), so bound / measured is that resource's
+    utilisation there. Before the window the pools roll out up to ``max_staleness`` batches
+    ahead of the trainers (several polls in flight at once) and the first steps train those:
+    a window that took them in would credit the schedule with work done before it. With too few
+    steps the window is the last step alone. A ``shared`` policy's pool and trainer take turns on
+    the same devices: one resource for the bound, their work added (:func:`merge_shared`;
+    ``work_in_window_by_resource`` keeps each component's)."""
+    ts = trainer_steps(rows)[policy]
+    last = max(ts)
+    if last < 3:
+        raise ValueError(f"{last} trained steps of {policy}; a steady window needs at least 3")
+    first = min(max(2, max_staleness + 2), last - 1)
+    iters = last - first
+    in_window = window_work(rows, ts[first], ts[last], iters)
+    resources = merge_shared(in_window, set(shared))
+    per_iter = (ts[last] - ts[first]) / iters / dilation
+    bound = max(resources.values())
+    return {"s_per_iter": per_iter, "lower_bound_s_per_iter": bound, "scheduling_efficiency": bound / per_iter,
+            "busiest": max(resources, key=resources.get), "work_in_window_by_resource": in_window,
+            **({"shared_resources": {k: v for k, v in resources.items() if k.startswith("shared.")}} if shared else {}),
+            "window_steps": [first, last]}
