@@ -14,6 +14,8 @@ import time
 import types
 
 from astraflow.actors import rollout
+from astraflow.actors.engine_weights import EngineWeights
+from astraflow.actors.polls import PollsInFlight
 from astraflow.actors.telemetry import MetricsEmitter
 from astraflow.config import load_config
 from astraflow.topics import Producer, Task
@@ -68,7 +70,8 @@ def test_a_task_consumer_the_broker_dropped_is_recreated_and_gets_the_waiting_ta
 
 def _stepping_node(bootstrap, job_topics, node_id: str) -> rollout.RolloutActor:
     """A RaaS node with only the parts ``step()`` uses when it polls no task (an undecodable
-    one is dead-lettered): its task consumer, dead letters, metrics and watch; no engine."""
+    one is dead-lettered): its task consumer, dead letters, metrics, watch and (empty)
+    pipeline of polls; no engine."""
     node = rollout.RolloutActor.__new__(rollout.RolloutActor)
     node.bootstrap, node.topics, node.node_id = bootstrap, job_topics, node_id
     node.cfg = load_config("examples/arithmetic_grpo.yaml")
@@ -76,9 +79,10 @@ def _stepping_node(bootstrap, job_topics, node_id: str) -> rollout.RolloutActor:
     node.plain = Producer(bootstrap, client_id=node_id)
     node.metrics = MetricsEmitter(node.plain, job_topics.metrics, node_id)
     node.engine = types.SimpleNamespace(version=0)
-    node.engine_lock = threading.Lock()
-    node.subscriber = types.SimpleNamespace(apply_to=lambda engine: None, held_by=lambda engine: None, version=0,
-                                            epoch=0)
+    subscriber = types.SimpleNamespace(apply_to=lambda engine: None, held_by=lambda engine: None, version=0, epoch=0,
+                                       close=lambda: None)
+    node.weights = EngineWeights(subscriber, node.engine, threading.Lock(), node_id)
+    node._polls = PollsInFlight(1, None, node_id)
     node._heartbeat = lambda force=False: None
     node.watch = MembershipWatch(bootstrap, node_id, unsettled_s=rollout.CONSUMER_REJOIN_S, idle_s=600)
     node.consumer = node._task_consumer()
