@@ -87,9 +87,9 @@ def _drive(actor, until, what, peers=None, rewards=None, max_steps=300):
         actor.step()
         if peers is not None:
             for task in peers.new_tasks():
-                peers.answer(task, rewards(task), version=actor.version)
-            if actor.ledger.next_step > actor.version:
-                peers.announce(actor.ledger.next_step)
+                peers.answer(task, rewards(task), version=actor.lead.version)
+            if actor.lead.ledger.next_step > actor.lead.version:
+                peers.announce(actor.lead.ledger.next_step)
     raise AssertionError(f"dataflow never reached: {what}")
 
 
@@ -111,7 +111,7 @@ def test_dynamic_sampling_drops_are_recorded_and_replaced(bootstrap, tmp_path, p
     actor = _start(cfg, bootstrap)
     try:
         plan = iter([ALL_ONE, MIXED, MIXED, ALL_ZERO] + [MIXED] * 10)
-        _drive(actor, lambda: actor.ledger.next_step == 2 and not actor.ledger.pending_drops, "2 batches",
+        _drive(actor, lambda: actor.lead.ledger.next_step == 2 and not actor.lead.ledger.pending_drops, "2 batches",
                peers, lambda t: next(plan))
         for _ in range(3):
             actor.step()
@@ -138,25 +138,25 @@ def test_curators_learn_from_each_group_once_across_restarts(bootstrap, tmp_path
         # it, lies beyond that offset: a restart re-reads both and must learn from neither again
         peers.answer(t[0], MIXED)
         peers.answer(t[1], ALL_ONE)
-        _drive(actor, lambda: actor.partial and not actor.ledger.pending_drops and actor.ledger.dropped == 1,
+        _drive(actor, lambda: actor.lead.partial and not actor.lead.ledger.pending_drops and actor.lead.ledger.dropped == 1,
                "t0 waiting, t1 dropped")
-        before = actor.pipeline.state()
+        before = actor.lead.pipeline.state()
         assert before["algorithms"]["greso"]["streaks"] == {t[1].prompt_id: [1, "easy"]}
         assert before["algorithms"]["filter_solved"]["success"] == {t[1].prompt_id: 0.5}
         actor.teardown()
 
         actor = _start(cfg, bootstrap)
-        assert actor.pipeline.state() == before  # restored from the log: the committed state record
-        _drive(actor, lambda: [d.message.task_id for d in actor.partial] == [t[0].task_id], "t0 re-read")
+        assert actor.lead.pipeline.state() == before  # restored from the log: the committed state record
+        _drive(actor, lambda: [d.message.task_id for d in actor.lead.partial] == [t[0].task_id], "t0 re-read")
         for _ in range(3):
             actor.step()
-        after = actor.pipeline.state()["algorithms"]  # (the drop's slot went to a 5th task: one more decision)
+        after = actor.lead.pipeline.state()["algorithms"]  # (the drop's slot went to a 5th task: one more decision)
         assert (after["greso"]["streaks"], after["filter_solved"]["success"]) == \
             (before["algorithms"]["greso"]["streaks"], before["algorithms"]["filter_solved"]["success"])
 
         peers.answer(t[2], MIXED)
-        _drive(actor, lambda: actor.ledger.next_step == 1, "batch 0")
-        learnt = actor.pipeline.state()["algorithms"]
+        _drive(actor, lambda: actor.lead.ledger.next_step == 1, "batch 0")
+        learnt = actor.lead.pipeline.state()["algorithms"]
         assert learnt["filter_solved"]["success"] == {t[0].prompt_id: 0.25, t[1].prompt_id: 0.5,
                                                       t[2].prompt_id: 0.25}
         assert learnt["greso"]["streaks"] == {t[1].prompt_id: [1, "easy"]}
@@ -173,12 +173,12 @@ def test_replay_marks_batches_and_its_buffer_survives_a_restart(bootstrap, tmp_p
     peers = peers_of(cfg)
     actor = _start(cfg, bootstrap)
     try:
-        _drive(actor, lambda: actor.ledger.next_step == 2, "batch 1", peers, lambda t: MIXED)
-        buffer = [(g.group.task_id, g.step) for g in actor.pipeline.composers[0].buffer]
+        _drive(actor, lambda: actor.lead.ledger.next_step == 2, "batch 1", peers, lambda t: MIXED)
+        buffer = [(g.group.task_id, g.step) for g in actor.lead.pipeline.composers[0].buffer]
         actor.teardown()
         actor = _start(cfg, bootstrap)
-        assert [(g.group.task_id, g.step) for g in actor.pipeline.composers[0].buffer] == buffer
-        _drive(actor, lambda: actor.ledger.next_step == 4, "batch 3", peers, lambda t: MIXED)
+        assert [(g.group.task_id, g.step) for g in actor.lead.pipeline.composers[0].buffer] == buffer
+        _drive(actor, lambda: actor.lead.ledger.next_step == 4, "batch 3", peers, lambda t: MIXED)
         for _ in range(3):
             actor.step()
     finally:
@@ -205,7 +205,7 @@ def test_a_curator_that_rejects_every_prompt_is_overruled_and_the_metric_says_so
     peers = peers_of(cfg)
     actor = _start(cfg, bootstrap)
     try:
-        _drive(actor, lambda: actor.ledger.next_step == 1, "batch 0", peers, lambda t: MIXED)
+        _drive(actor, lambda: actor.lead.ledger.next_step == 1, "batch 0", peers, lambda t: MIXED)
     finally:
         actor.teardown()
     state, _ = read_state(bootstrap, peers.topics.dataflow_state(cfg.policy), cfg.policy)

@@ -55,7 +55,7 @@ def test_groups_not_signed_by_the_pool_settle_nothing_and_are_dead_lettered(cfg,
             forger.send_sync(topics.trajectories, g, key=g.task_id, headers=h, partition=0)
         for tid in t[:4]:
             peers.answer(tid)
-        _drive(actor, lambda: actor.ledger.next_step == 2, "batches 0 and 1 from the pool's groups")
+        _drive(actor, lambda: actor.lead.ledger.next_step == 2, "batches 0 and 1 from the pool's groups")
         batches = [m for _, _, m in read_topic(bootstrap, topics.batches(cfg.policy))]
         trained = [g for b in batches for g in b.groups]
         assert sorted(g.task_id for g in trained) == sorted(t[:4])
@@ -73,7 +73,7 @@ def test_groups_not_signed_by_the_pool_settle_nothing_and_are_dead_lettered(cfg,
         actor = _start(cfg, bootstrap)
         for _ in range(5):
             actor.step()
-        assert actor.ledger.next_step == 2
+        assert actor.lead.ledger.next_step == 2
     finally:
         actor.teardown()
         forger.close()

@@ -116,18 +116,18 @@ def test_signed_groups_with_impossible_content_are_refused_and_the_job_trains_on
             bad[task.task_id] = reason
         for task in later[2:]:
             pool.write(good(task))
-        _drive(actor, lambda: actor.ledger.next_step == 1 and len(pool.tasks()) == 10,
+        _drive(actor, lambda: actor.lead.ledger.next_step == 1 and len(pool.tasks()) == 10,
                "batch 0 from the good groups and 2 more replacements")
         for task in pool.tasks()[8:]:
             pool.write(good(task))
-        _drive(actor, lambda: actor.ledger.next_step == 2, "batch 1")
+        _drive(actor, lambda: actor.lead.ledger.next_step == 2, "batch 1")
         expected = {"group_size": 1, "token_out_of_vocab": 1, "length_over_limit": 3, "reward_out_of_range": 1}
         assert actor.content_rejected == expected
         actor.teardown()
         actor = _start(cfg, bootstrap)  # a restart re-reads nothing it refused: no second letter, no second drop
         for _ in range(5):
             actor.step()
-        assert actor.ledger.next_step == 2 and not actor.content_rejected
+        assert actor.lead.ledger.next_step == 2 and not actor.content_rejected
     finally:
         actor.teardown()
         pool.close()
@@ -173,7 +173,7 @@ def test_a_signed_group_for_a_task_never_published_settles_nothing(bootstrap, tm
             pool.write(g)
         for task in t[:2]:
             pool.write(good(task))
-        _drive(actor, lambda: actor.ledger.next_step == 1, "batch 0")
+        _drive(actor, lambda: actor.lead.ledger.next_step == 1, "batch 0")
         for _ in range(3):
             actor.step()
         assert actor.content_rejected == {"unknown_task": 3}
@@ -205,7 +205,7 @@ def test_the_audit_fails_when_a_refused_group_is_silently_dropped_or_trained(boo
     if sabotage == "checks_off":
         monkeypatch.setattr(dataflow_module, "impossible", lambda *a, **k: None)
     else:
-        ledger = actor.ledger
+        ledger = actor.lead.ledger
         take = ledger.take_drops
         monkeypatch.setattr(ledger, "take_drops", lambda: [d for d in take() if d.reason != "token_out_of_vocab"])
     try:
@@ -214,7 +214,7 @@ def test_the_audit_fails_when_a_refused_group_is_silently_dropped_or_trained(boo
         pool.write(with_sample(good(t[0]), tokens=[7, limits.vocab_size + 5]))
         for task in t[1:3]:
             pool.write(good(task))
-        _drive(actor, lambda: actor.ledger.next_step == 1, "batch 0")
+        _drive(actor, lambda: actor.lead.ledger.next_step == 1, "batch 0")
         for _ in range(3):
             actor.step()
     finally:

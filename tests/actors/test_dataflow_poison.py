@@ -59,7 +59,7 @@ def test_poison_groups_and_announcements_are_dead_lettered_once_and_batching_goe
             raw.send_raw(topic, value, key=b"policy", headers=headers, partition=0).get(30)
         peers.answer(t[0])
         peers.answer(t[1])
-        _drive(actor, lambda: actor.ledger.next_step == 1, "batch 0 from the valid groups")
+        _drive(actor, lambda: actor.lead.ledger.next_step == 1, "batch 0 from the valid groups")
         (batch,) = [m for _, _, m in read_topic(bootstrap, topics.batches(cfg.policy))]
         assert sorted(g.task_id for g in batch.groups) == [t[0], t[1]]
         assert all(isinstance(s.reward, float) for g in batch.groups for s in g.samples)
@@ -77,7 +77,7 @@ def test_poison_groups_and_announcements_are_dead_lettered_once_and_batching_goe
         actor = _start(cfg, bootstrap)
         for _ in range(10):  # re-reads versions from the start, and what lies past the committed offsets
             actor.step()
-        assert actor.ledger.next_step == 1
+        assert actor.lead.ledger.next_step == 1
         assert actor.dead.count == 0 and actor.dead.repeats >= 1  # the versions poison, read again
         assert len([m for _, _, m in read_topic(bootstrap, topics.dlq) if isinstance(m, DeadLetter)]) == len(poison)
     finally:

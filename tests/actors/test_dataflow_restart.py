@@ -98,15 +98,15 @@ def test_restart_after_drops_schedules_exactly_what_the_log_owes(cfg, bootstrap)
         # offset stays at t2, so a restart re-reads t3, which must not free a slot twice.
         for tid, ok in ((t[0], True), (t[1], True), (t[2], True), (t[3], False)):
             peers.answer(tid, ok=ok)
-        _drive(actor, lambda: actor.ledger.next_step == 1 and len(peers.tasks()) == 5,
+        _drive(actor, lambda: actor.lead.ledger.next_step == 1 and len(peers.tasks()) == 5,
                "batch 0 and one task replacing the failed one")
         actor.teardown()
 
         actor = _start(cfg, bootstrap)
         assert actor.state_records_read == 1
-        assert (actor.ledger.next_step, actor.ledger.tasks_scheduled, actor.ledger.dropped) == (1, 5, 1)
+        assert (actor.lead.ledger.next_step, actor.lead.ledger.tasks_scheduled, actor.lead.ledger.dropped) == (1, 5, 1)
         t = peers.tasks()
-        _drive(actor, lambda: [d.message.task_id for d in actor.partial] == [t[2]], "t2 re-read")
+        _drive(actor, lambda: [d.message.task_id for d in actor.lead.partial] == [t[2]], "t2 re-read")
         for _ in range(3):  # each step schedules first: a double count would schedule here
             actor.step()
         assert len(peers.tasks()) == 5
@@ -115,18 +115,18 @@ def test_restart_after_drops_schedules_exactly_what_the_log_owes(cfg, bootstrap)
         _drive(actor, lambda: len(peers.tasks()) == 7, "7 tasks after version 1")
         t = peers.tasks()
         peers.answer(t[4], partition=1)
-        _drive(actor, lambda: actor.ledger.next_step == 2, "batch 1")
+        _drive(actor, lambda: actor.lead.ledger.next_step == 2, "batch 1")
         peers.answer(t[5], partition=1, version=0)  # at step 2 a version-0 token is 2 > 1 stale
         _drive(actor, lambda: len(peers.tasks()) == 8, "a task replacing the stale group")
         actor.teardown()
 
         actor = _start(cfg, bootstrap)
         assert actor.state_records_read == 1
-        assert (actor.ledger.next_step, actor.ledger.tasks_scheduled, actor.ledger.dropped) == (2, 8, 2)
+        assert (actor.lead.ledger.next_step, actor.lead.ledger.tasks_scheduled, actor.lead.ledger.dropped) == (2, 8, 2)
         t = peers.tasks()
         peers.answer(t[6], partition=0, version=1)
         peers.answer(t[7], partition=1, version=1)
-        _drive(actor, lambda: actor.ledger.next_step == STEPS, "the last batch")
+        _drive(actor, lambda: actor.lead.ledger.next_step == STEPS, "the last batch")
         for _ in range(3):
             actor.step()
     finally:
@@ -151,7 +151,7 @@ def test_a_duplicate_group_is_recorded_and_frees_nothing(cfg, bootstrap):
         peers.answer(t[0], partition=1)  # a second answer while the first waits for its batch
         peers.answer(t[2], policy="verifier")  # the verifier's dataflow settles this one
         peers.answer(t[1])
-        _drive(actor, lambda: actor.ledger.next_step == 1 and len(peers.drops()) == 1, "batch 0 and a drop")
+        _drive(actor, lambda: actor.lead.ledger.next_step == 1 and len(peers.drops()) == 1, "batch 0 and a drop")
         for _ in range(3):
             actor.step()
     finally:

@@ -54,7 +54,7 @@ def test_forged_versions_are_dead_lettered_counted_and_the_schedule_follows_the_
 
         announce(real := _announcement(cfg, 1), trainer.headers_for(topics.versions, real))
         bound_at_1 = (1 + STALENESS + 1) * B
-        _drive(actor, lambda: actor.version == 1 and actor.ledger.tasks_scheduled == bound_at_1, "version 1")
+        _drive(actor, lambda: actor.lead.version == 1 and actor.lead.ledger.tasks_scheduled == bound_at_1, "version 1")
 
         # A far newer lineage: unsigned; with the real record's signature; signed by another key.
         stolen = trainer.headers_for(topics.versions, real)
@@ -64,14 +64,14 @@ def test_forged_versions_are_dead_lettered_counted_and_the_schedule_follows_the_
                    announce(forged, _other_signer(tmp_path).headers_for(topics.versions, forged))]
         _drive(actor, lambda: sum(actor.versions_gate.rejected.values()) == 3, "the forgeries read")
         assert actor.versions_gate.rejected == {"unsigned": 1, "bad_signature": 1, "wrong_key": 1}
-        assert (actor.main.epoch, actor.version) == (0, 1)
+        assert (actor.lead.epoch, actor.lead.version) == (0, 1)
         for _ in range(5):
             actor.step()
-        assert actor.ledger.tasks_scheduled == bound_at_1  # version 1000 would have opened the whole horizon
+        assert actor.lead.ledger.tasks_scheduled == bound_at_1  # version 1000 would have opened the whole horizon
 
         # The real trainer's next version moves the bound: the job goes on.
         announce(real := _announcement(cfg, 2), trainer.headers_for(topics.versions, real))
-        _drive(actor, lambda: actor.version == 2 and actor.ledger.tasks_scheduled == (2 + STALENESS + 1) * B,
+        _drive(actor, lambda: actor.lead.version == 2 and actor.lead.ledger.tasks_scheduled == (2 + STALENESS + 1) * B,
                "version 2")
 
         letters = [m for _, _, m in read_topic(bootstrap, topics.dlq) if isinstance(m, DeadLetter)]
