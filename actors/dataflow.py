@@ -199,8 +199,8 @@ class DataflowActor(LoopActor):
                 if not lanes:  # cannot happen: the poll took at most the tightest lane's room
                     raise RuntimeError("dataflow: a polled prompt found no lane with room")
                 task = make_task(self.job, d.message, d.offset, prompt_epoch=lead.ledger.prompt_epoch,
-                                 version=lead.version, versions={lane.policy: lane.version for lane in self.lanes.values()},
-                                 train=[role for lane in lanes for role in lane.roles])
+                                 version=lead.version, train=[role for lane in lanes for role in lane.roles],
+                                 versions={lane.policy: lane.version for lane in self.lanes.values()})
                 tasks.append(task)
                 for lane in lanes:
                     lane.ledger.scheduled(lane.keys(task.task_id))
