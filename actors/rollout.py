@@ -86,7 +86,7 @@ class RolloutActor(LoopActor):
         self.multi = len(cfg.policy_names) > 1
 
     def setup(self) -> None:
-        from transformers import AutoTokenizer  # (~2 s of imports a process that only imports this module skips)
+        from transformers import AutoTokenizer  # (with torch: ~2 s that what reads this module's constants skips)
 
         set_threads(self.cfg.rollout.engine.threads)
         configure_sandbox(self.cfg)
@@ -200,8 +200,8 @@ class RolloutActor(LoopActor):
                 # Rebalanced since the poll: the partition's owner is handed those records
                 # again and dead-letters them itself; nothing of ours to keep.
                 log.warning("%s: %s", self.node_id, e)
-        if not room:
-            self._serve_or_wait()
+        if not room and self.server is None:  # (serving, it waited for role calls above)
+            self._polls.wait(0.01)
         self._heartbeat()
 
     def _serve(self) -> int:
@@ -213,13 +213,6 @@ class RolloutActor(LoopActor):
         if not self._polls:  # serving during its own polls is inside their raas.busy_s
             self._serve_busy_s += self.server.busy_s - before
         return answered
-
-    def _serve_or_wait(self) -> None:
-        """At the limit of polls: serve other pools, or wait a moment for the oldest poll."""
-        if self.server is not None:
-            self._serve()
-        else:
-            self._polls.wait(0.01)
 
     def _start_held(self) -> None:
         """A poll waiting for weights it was scheduled at: those need the polls in flight to be
@@ -271,7 +264,10 @@ class RolloutActor(LoopActor):
         """Asked to stop: finish and commit the polls in flight (a retired node finishes its
         in-flight tasks before it leaves the group), serving other pools meanwhile."""
         while self._polls:
-            self._serve_or_wait()
+            if self.server is not None:
+                self._serve()
+            else:
+                self._polls.wait(0.05)
             self._commit_finished_polls()
             self._heartbeat()
         self._heartbeat(force=True)  # the device's totals and no task in flight, before "stopping"
