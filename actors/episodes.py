@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 from opentelemetry import trace
 
@@ -308,11 +308,10 @@ class EpisodeRunner:
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._reserved = 0  #: episodes running or about to, over every poll in flight
-        self.last_metrics: list[dict] = []
         self.failures = FailureStreak()
 
     def roll_out(self, tasks: Sequence[Task], spans: Sequence | None = None,
-                 on_wait=None, metrics_out: list | None = None) -> list[list[TrajectoryGroup]]:
+                 metrics_out: list | None = None) -> list[list[TrajectoryGroup]]:
         """A poll's tasks in, per task its groups (one per trained role) out: what a RaaS
         node writes for a poll, and what the in-process baseline trains on. The job seed
         and the task id alone decide each sample's seed. An episode that breaks yields
@@ -321,14 +320,14 @@ class EpisodeRunner:
         polls may be rolled out at once from different threads (a node with
         ``polls_in_flight`` above 1); ``metrics_out`` receives this poll's episode metrics."""
         spans = list(spans or [None] * len(tasks))
-        per_task, metrics, errors = self._run(tasks, spans, on_wait)
+        per_task, metrics, errors = self._run(tasks, spans)
         broken = [i for i, gs in enumerate(per_task) if gs and all(g.status == "failed" for g in gs)]
         if len(tasks) > 1 and len(broken) == len(tasks):
             log.warning("%s: every episode of the poll failed (%s); retrying them one by one", self.node_id,
                         per_task[0][0].error)
             per_task, metrics, errors = [], [], []
             for t, s in zip(tasks, spans):
-                gs, ms, es = self._run([t], [s], on_wait)
+                gs, ms, es = self._run([t], [s])
                 per_task += gs
                 metrics += ms
                 errors += es
@@ -338,16 +337,13 @@ class EpisodeRunner:
             self.failures.observe(task, error)
         if metrics_out is not None:
             metrics_out.extend(metrics)
-        self.last_metrics = metrics
         return per_task
 
-    def run(self, tasks: Sequence[Task], spans: Sequence | None = None, on_wait=None) -> list[list[TrajectoryGroup]]:
-        """Per task, its groups. ``on_wait`` is called repeatedly while the episodes run (the
-        rollout actor serves other pools' requests and heartbeats there)."""
-        per_task, self.last_metrics, _ = self._run(tasks, list(spans or [None] * len(tasks)), on_wait)
-        return per_task
+    def run(self, tasks: Sequence[Task], spans: Sequence | None = None) -> list[list[TrajectoryGroup]]:
+        """Per task, its groups."""
+        return self._run(tasks, list(spans or [None] * len(tasks)))[0]
 
-    def _run(self, tasks: Sequence[Task], spans: list, on_wait):
+    def _run(self, tasks: Sequence[Task], spans: list):
         """Per task its groups, its episode metrics and the error its episode raised (or None)."""
         batcher = CallBatcher(self.engine, self.engine_lock, self.before_call, self.batch_invariant,
                               timeout_s=self.call_wait_s)
@@ -355,18 +351,7 @@ class EpisodeRunner:
             batcher.enter()
         futures = self._submit(tasks, spans, batcher)
         try:
-            while not all(f.done() for f in futures):
-                if on_wait is not None:
-                    on_wait()
-                else:
-                    time.sleep(0.005)
-                for f in futures:
-                    if not f.done():
-                        try:
-                            f.result(timeout=0.01)
-                        except Exception:  # noqa: BLE001 - collected below
-                            pass
-                        break
+            wait(futures)
             results = [f.result() for f in futures]
         finally:
             with self._pool_lock:

@@ -36,37 +36,44 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
+import yaml
+
+from astraflow.actors.common import (configure_sandbox, make_rollout_engine, make_train_engine, model_path,
+                                     set_threads, to_train_batch)
+from astraflow.actors.episodes import EpisodeRunner
+from astraflow.actors.evaluator import heldout_accuracy, heldout_problems
+from astraflow.actors.tasks import make_task
+from astraflow.config import load_config
+from astraflow.topics import Batch
+from astraflow.workflows.datasets import load_prompts
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before the trainer imports DeepSpeed (in make_train_engine)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / "examples" / "arithmetic_grpo.yaml"
 
 
 def job_tasks(cfg, steps: int, staleness: int = 0) -> list:
-    """The tasks the dataflow schedules for ``steps`` batches (prompt offsets as task ids;
-    the job's workflow, its first role and ``workflow.params``); batch ``k``'s at version
-    ``k - staleness`` (at least 0)."""
-    from astraflow.topics import Task
-    from astraflow.workflows.datasets import load_prompts
-
+    """The tasks the dataflow schedules for ``steps`` batches, made as it makes them
+    (:func:`~astraflow.actors.tasks.make_task`: prompt offsets in the task ids, the job's
+    workflow, its first role and ``workflow.params``; an episode of several roles trains
+    every role); batch ``k``'s at version ``k - staleness`` (at least 0), every policy's."""
     if cfg.data.source != "arithmetic":
         raise ValueError(f"the in-process baseline supports data.source 'arithmetic', not {cfg.data.source!r}")
-    B, r = cfg.dataflow.groups_per_batch, cfg.rollout
+    B = cfg.dataflow.groups_per_batch
     prompts = load_prompts("arithmetic", cfg.data.num_prompts or 2 * cfg.trainer.steps * B, seed=cfg.data.seed,
                            max_digits=cfg.data.max_digits, ops=cfg.data.ops)
     if len(prompts) < steps * B:
         raise ValueError(f"{len(prompts)} prompts cannot fill {steps} batches of {B}")
-    sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k, "max_new_tokens": r.max_new_tokens}
-    return [Task(task_id=f"t{i:07d}-{p.prompt_id}", prompt_id=p.prompt_id, policy=cfg.policy, prompt=p.text,
-                 answer=p.answer, n_samples=r.n_samples, sampling=sampling,
-                 scheduled_version=max(0, i // B - staleness), workflow=cfg.workflow.name,
-                 role=next(iter(cfg.role_policies)), params=dict(cfg.workflow.params))
+    return [make_task(cfg, p, i, version=(v := max(0, i // B - staleness)),
+                      versions=dict.fromkeys(cfg.policy_names, v), train=cfg.role_policies)
             for i, p in enumerate(prompts[: steps * B])]
 
 
@@ -79,16 +86,8 @@ def run(cfg, steps: int, threads: int | None = None, eval_every: int = 0,
     trains, or (``overlap``) on a second thread while it trains; ``threads`` is then each
     side's torch threads. ``on_batch(step, groups)`` sees each batch's trajectory groups
     (outside the timing)."""
-    import threading
-
-    import torch
-    from transformers import AutoTokenizer
-
-    from astraflow.actors.common import (configure_sandbox, make_rollout_engine, make_train_engine, model_path,
-                                         set_threads, to_train_batch)
-    from astraflow.actors.episodes import EpisodeRunner
-    from astraflow.actors.evaluator import heldout_accuracy, heldout_problems
-    from astraflow.topics import Batch
+    import torch  # (torch and transformers: ~3 s of imports that --help and the callers of
+    from transformers import AutoTokenizer  # time_to_accuracy / job_tasks skip)
 
     if cfg.rollout.engine.kind != "cpu":
         raise ValueError(f"the in-process baseline runs the CPU engine, not rollout.engine.kind "
@@ -216,10 +215,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     ap.add_argument("--out", type=Path, help="write the result as JSON here")
     args = ap.parse_args(argv)
-    import yaml
-
-    from astraflow.config import load_config
-
     overrides = {"mode": "sync", "trainer.steps": args.steps}
     for pair in args.set:
         key, sep, value = pair.partition("=")

@@ -12,7 +12,6 @@ import uuid
 import pytest
 
 from astraflow.topics import job_topics
-from astraflow.actors.dataflow import DataflowActor
 from astraflow.actors.ledger import read_state
 from astraflow.chaos.invariants import audit
 from astraflow.actors.signing import group_signer_for, signer_for, with_run_keys
@@ -21,6 +20,8 @@ from astraflow.topics import (Batch, ChunkManifest, Consumer, Metric, Producer, 
                               VersionAnnouncement, ensure_topics)
 from astraflow.topics.messages import GroupDrop
 from astraflow.topics.replay import read_topic
+
+from .conftest import drive, start_dataflow
 
 MIXED, ALL_ONE, ALL_ZERO = [1, 0, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]
 
@@ -72,25 +73,15 @@ class Peers:
         self.producer.close()
 
 
-def _start(cfg, bootstrap) -> DataflowActor:
-    actor = DataflowActor(None, "dataflow", cfg, bootstrap)
-    actor.setup()
-    return actor
-
-
-def _drive(actor, until, what, peers=None, rewards=None, max_steps=300):
-    """Step the actor until ``until()``; with ``rewards(task)``, answer each new task at the newest
-    version and announce a version per batch written (a trainer that keeps up)."""
-    for _ in range(max_steps):
-        if until():
-            return
-        actor.step()
-        if peers is not None:
-            for task in peers.new_tasks():
-                peers.answer(task, rewards(task), version=actor.version)
-            if actor.ledger.next_step > actor.version:
-                peers.announce(actor.ledger.next_step)
-    raise AssertionError(f"dataflow never reached: {what}")
+def keeping_up(actor, peers: Peers, rewards):
+    """After each step: answer each new task at the newest version with ``rewards(task)`` and
+    announce a version per batch written (a pool and a trainer that keep up)."""
+    def after_step() -> None:
+        for task in peers.new_tasks():
+            peers.answer(task, rewards(task), version=actor.lead.version)
+        if actor.lead.ledger.next_step > actor.lead.version:
+            peers.announce(actor.lead.ledger.next_step)
+    return after_step
 
 
 @pytest.fixture
@@ -108,11 +99,11 @@ def peers_of(bootstrap):
 def test_dynamic_sampling_drops_are_recorded_and_replaced(bootstrap, tmp_path, peers_of):
     cfg = _cfg(bootstrap, tmp_path, ["dynamic_sampling"], steps=2)
     peers = peers_of(cfg)
-    actor = _start(cfg, bootstrap)
+    actor = start_dataflow(cfg, bootstrap)
     try:
         plan = iter([ALL_ONE, MIXED, MIXED, ALL_ZERO] + [MIXED] * 10)
-        _drive(actor, lambda: actor.ledger.next_step == 2 and not actor.ledger.pending_drops, "2 batches",
-               peers, lambda t: next(plan))
+        drive(actor, lambda: actor.lead.ledger.next_step == 2 and not actor.lead.ledger.pending_drops, "2 batches",
+              after_step=keeping_up(actor, peers, lambda t: next(plan)))
         for _ in range(3):
             actor.step()
     finally:
@@ -130,33 +121,34 @@ def test_curators_learn_from_each_group_once_across_restarts(bootstrap, tmp_path
     cfg = _cfg(bootstrap, tmp_path, ["greso", {"name": "filter_solved", "alpha": 0.5, "threshold": 0.7},
                                      "dynamic_sampling"])
     peers = peers_of(cfg)
-    actor = _start(cfg, bootstrap)
+    actor = start_dataflow(cfg, bootstrap)
     try:
-        _drive(actor, lambda: peers.new_tasks() is None or len(peers.tasks) == 4, "4 tasks")
+        drive(actor, lambda: peers.new_tasks() is None or len(peers.tasks) == 4, "4 tasks")
         t = peers.tasks
         # t0 waits for its batch, so the committed offset stays before it; t1, dropped after
         # it, lies beyond that offset: a restart re-reads both and must learn from neither again
         peers.answer(t[0], MIXED)
         peers.answer(t[1], ALL_ONE)
-        _drive(actor, lambda: actor.partial and not actor.ledger.pending_drops and actor.ledger.dropped == 1,
-               "t0 waiting, t1 dropped")
-        before = actor.pipeline.state()
+        lead = actor.lead
+        drive(actor, lambda: lead.partial and not lead.ledger.pending_drops and lead.ledger.dropped == 1,
+              "t0 waiting, t1 dropped")
+        before = actor.lead.pipeline.state()
         assert before["algorithms"]["greso"]["streaks"] == {t[1].prompt_id: [1, "easy"]}
         assert before["algorithms"]["filter_solved"]["success"] == {t[1].prompt_id: 0.5}
         actor.teardown()
 
-        actor = _start(cfg, bootstrap)
-        assert actor.pipeline.state() == before  # restored from the log: the committed state record
-        _drive(actor, lambda: [d.message.task_id for d in actor.partial] == [t[0].task_id], "t0 re-read")
+        actor = start_dataflow(cfg, bootstrap)
+        assert actor.lead.pipeline.state() == before  # restored from the log: the committed state record
+        drive(actor, lambda: [d.message.task_id for d in actor.lead.partial] == [t[0].task_id], "t0 re-read")
         for _ in range(3):
             actor.step()
-        after = actor.pipeline.state()["algorithms"]  # (the drop's slot went to a 5th task: one more decision)
+        after = actor.lead.pipeline.state()["algorithms"]  # (the drop's slot went to a 5th task: one more decision)
         assert (after["greso"]["streaks"], after["filter_solved"]["success"]) == \
             (before["algorithms"]["greso"]["streaks"], before["algorithms"]["filter_solved"]["success"])
 
         peers.answer(t[2], MIXED)
-        _drive(actor, lambda: actor.ledger.next_step == 1, "batch 0")
-        learnt = actor.pipeline.state()["algorithms"]
+        drive(actor, lambda: actor.lead.ledger.next_step == 1, "batch 0")
+        learnt = actor.lead.pipeline.state()["algorithms"]
         assert learnt["filter_solved"]["success"] == {t[0].prompt_id: 0.25, t[1].prompt_id: 0.5,
                                                       t[2].prompt_id: 0.25}
         assert learnt["greso"]["streaks"] == {t[1].prompt_id: [1, "easy"]}
@@ -171,14 +163,16 @@ def test_replay_marks_batches_and_its_buffer_survives_a_restart(bootstrap, tmp_p
     # 3 prompts for 5 tasks: the schedule makes a second pass over them
     cfg = _cfg(bootstrap, tmp_path, [{"name": "replay", "ratio": 0.5}], steps=4, data={"num_prompts": 3})
     peers = peers_of(cfg)
-    actor = _start(cfg, bootstrap)
+    actor = start_dataflow(cfg, bootstrap)
     try:
-        _drive(actor, lambda: actor.ledger.next_step == 2, "batch 1", peers, lambda t: MIXED)
-        buffer = [(g.group.task_id, g.step) for g in actor.pipeline.composers[0].buffer]
+        drive(actor, lambda: actor.lead.ledger.next_step == 2, "batch 1",
+              after_step=keeping_up(actor, peers, lambda t: MIXED))
+        buffer = [(g.group.task_id, g.step) for g in actor.lead.pipeline.composers[0].buffer]
         actor.teardown()
-        actor = _start(cfg, bootstrap)
-        assert [(g.group.task_id, g.step) for g in actor.pipeline.composers[0].buffer] == buffer
-        _drive(actor, lambda: actor.ledger.next_step == 4, "batch 3", peers, lambda t: MIXED)
+        actor = start_dataflow(cfg, bootstrap)
+        assert [(g.group.task_id, g.step) for g in actor.lead.pipeline.composers[0].buffer] == buffer
+        drive(actor, lambda: actor.lead.ledger.next_step == 4, "batch 3",
+              after_step=keeping_up(actor, peers, lambda t: MIXED))
         for _ in range(3):
             actor.step()
     finally:
@@ -203,9 +197,10 @@ def test_a_curator_that_rejects_every_prompt_is_overruled_and_the_metric_says_so
     cfg = _cfg(bootstrap, tmp_path, [{"name": "curriculum", "levels": [0.5, 1]}], steps=1,
                dataflow={"force_after_skips": 3})
     peers = peers_of(cfg)
-    actor = _start(cfg, bootstrap)
+    actor = start_dataflow(cfg, bootstrap)
     try:
-        _drive(actor, lambda: actor.ledger.next_step == 1, "batch 0", peers, lambda t: MIXED)
+        drive(actor, lambda: actor.lead.ledger.next_step == 1, "batch 0",
+              after_step=keeping_up(actor, peers, lambda t: MIXED))
     finally:
         actor.teardown()
     state, _ = read_state(bootstrap, peers.topics.dataflow_state(cfg.policy), cfg.policy)

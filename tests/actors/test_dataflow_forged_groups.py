@@ -25,7 +25,7 @@ from astraflow.topics.replay import read_topic
 from astraflow.weights.signing import AnnouncementSigner
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from .test_dataflow_restart import Peers, _drive, _start, cfg  # noqa: F401 - cfg is the fixture
+from .conftest import Peers, drive, start_dataflow
 
 
 def _forged(task_id: str, reward: float = 1.0) -> TrajectoryGroup:
@@ -33,13 +33,13 @@ def _forged(task_id: str, reward: float = 1.0) -> TrajectoryGroup:
                            [Sample([7, 8], [-0.5, -0.5], [0, 0], reward, "stop")])
 
 
-def test_groups_not_signed_by_the_pool_settle_nothing_and_are_dead_lettered(cfg, bootstrap):  # noqa: F811
+def test_groups_not_signed_by_the_pool_settle_nothing_and_are_dead_lettered(cfg, bootstrap):
     topics = job_topics(cfg)
     peers = Peers(cfg, bootstrap)
     forger = Producer(bootstrap, client_id="forger")
-    actor = _start(cfg, bootstrap)
+    actor = start_dataflow(cfg, bootstrap)
     try:
-        _drive(actor, lambda: len(peers.tasks()) == 4, "4 tasks")
+        drive(actor, lambda: len(peers.tasks()) == 4, "4 tasks")
         t = peers.tasks()
         other = AnnouncementSigner(Ed25519PrivateKey.generate())
         pool = group_signer_for(cfg)
@@ -55,7 +55,7 @@ def test_groups_not_signed_by_the_pool_settle_nothing_and_are_dead_lettered(cfg,
             forger.send_sync(topics.trajectories, g, key=g.task_id, headers=h, partition=0)
         for tid in t[:4]:
             peers.answer(tid)
-        _drive(actor, lambda: actor.ledger.next_step == 2, "batches 0 and 1 from the pool's groups")
+        drive(actor, lambda: actor.lead.ledger.next_step == 2, "batches 0 and 1 from the pool's groups")
         batches = [m for _, _, m in read_topic(bootstrap, topics.batches(cfg.policy))]
         trained = [g for b in batches for g in b.groups]
         assert sorted(g.task_id for g in trained) == sorted(t[:4])
@@ -70,10 +70,10 @@ def test_groups_not_signed_by_the_pool_settle_nothing_and_are_dead_lettered(cfg,
                                               "bad_signature": "does not match"}[reason] in letter.error, letter.error
             assert orjson.loads(encode(g)[0])["task_id"] in letter.error or True
         actor.teardown()
-        actor = _start(cfg, bootstrap)
+        actor = start_dataflow(cfg, bootstrap)
         for _ in range(5):
             actor.step()
-        assert actor.ledger.next_step == 2
+        assert actor.lead.ledger.next_step == 2
     finally:
         actor.teardown()
         forger.close()

@@ -16,11 +16,12 @@ import uuid
 import pytest
 
 from astraflow.actors import dataflow as dataflow_module
-from astraflow.actors.dataflow import DataflowActor
 from astraflow.actors.signing import with_run_keys
 from astraflow.config import JobConfig, from_dict
 from astraflow.topics import ensure_topics, job_topics
 from astraflow.topics.replay import read_topic
+
+from .conftest import start_dataflow
 
 MAX_POLL_INTERVAL_MS = 6_500
 
@@ -46,8 +47,7 @@ def test_a_window_full_longer_than_the_poll_interval_keeps_the_prompts_consumer_
     cfg = with_run_keys(cfg, tmp_path)
     topics = job_topics(cfg)
     ensure_topics(bootstrap, topics.specs())
-    actor = DataflowActor(None, "dataflow", cfg, bootstrap)
-    actor.setup()
+    actor = start_dataflow(cfg, bootstrap)
     try:
         for _ in range(100):  # schedule until the bound is reached (no group ever comes back)
             actor.step()

@@ -35,7 +35,7 @@ from astraflow.topics.messages import GroupDrop
 from astraflow.topics.replay import read_topic
 from astraflow.workflows.api import get_workflow
 
-from .test_dataflow_restart import _drive, _start
+from .conftest import drive, start_dataflow
 
 B, STEPS, STALENESS, N = 2, 3, 1, 4
 
@@ -101,33 +101,34 @@ def test_signed_groups_with_impossible_content_are_refused_and_the_job_trains_on
     topics, limits = job_topics(cfg), limits_for(cfg, cfg.policy)
     assert (limits.vocab_size, limits.max_positions, limits.turn_tokens) == (104, 128, 8)  # the tiny model's config
     pool = Pool(cfg, bootstrap)
-    actor = _start(cfg, bootstrap)
+    actor = start_dataflow(cfg, bootstrap)
     bad: dict[str, str] = {}  # task id -> the reason it must be refused for
     try:
-        _drive(actor, lambda: len(pool.tasks()) == 4, "4 tasks (version 0, staleness 1, B 2)")
+        drive(actor, lambda: len(pool.tasks()) == 4, "4 tasks (version 0, staleness 1, B 2)")
         # Each refused group frees its slot: a replacement task comes for every one.
         for (reason, make), task in zip(IMPOSSIBLE[:4], pool.tasks()):
             pool.write(make(task, limits))
             bad[task.task_id] = reason
-        _drive(actor, lambda: len(pool.tasks()) == 8, "4 replacement tasks")
+        drive(actor, lambda: len(pool.tasks()) == 8, "4 replacement tasks")
         later = pool.tasks()[4:]
         for (reason, make), task in zip(IMPOSSIBLE[4:], later):
             pool.write(make(task, limits))
             bad[task.task_id] = reason
         for task in later[2:]:
             pool.write(good(task))
-        _drive(actor, lambda: actor.ledger.next_step == 1 and len(pool.tasks()) == 10,
-               "batch 0 from the good groups and 2 more replacements")
+        drive(actor, lambda: actor.lead.ledger.next_step == 1 and len(pool.tasks()) == 10,
+              "batch 0 from the good groups and 2 more replacements")
         for task in pool.tasks()[8:]:
             pool.write(good(task))
-        _drive(actor, lambda: actor.ledger.next_step == 2, "batch 1")
+        drive(actor, lambda: actor.lead.ledger.next_step == 2, "batch 1")
         expected = {"group_size": 1, "token_out_of_vocab": 1, "length_over_limit": 3, "reward_out_of_range": 1}
         assert actor.content_rejected == expected
         actor.teardown()
-        actor = _start(cfg, bootstrap)  # a restart re-reads nothing it refused: no second letter, no second drop
+        # a restart re-reads nothing it refused: no second letter, no second drop
+        actor = start_dataflow(cfg, bootstrap)
         for _ in range(5):
             actor.step()
-        assert actor.ledger.next_step == 2 and not actor.content_rejected
+        assert actor.lead.ledger.next_step == 2 and not actor.content_rejected
     finally:
         actor.teardown()
         pool.close()
@@ -161,9 +162,9 @@ def test_a_signed_group_for_a_task_never_published_settles_nothing(bootstrap, tm
     cfg = _cfg(bootstrap, tmp_path)
     topics = job_topics(cfg)
     pool = Pool(cfg, bootstrap)
-    actor = _start(cfg, bootstrap)
+    actor = start_dataflow(cfg, bootstrap)
     try:
-        _drive(actor, lambda: len(pool.tasks()) == 4, "4 tasks")
+        drive(actor, lambda: len(pool.tasks()) == 4, "4 tasks")
         t = pool.tasks()
         # ids this dataflow never writes: an offset past the prompts, a pass not begun, a short offset
         forged = [dataclasses.replace(good(t[0]), task_id=f"t9999999-{t[0].prompt_id}"),
@@ -173,7 +174,7 @@ def test_a_signed_group_for_a_task_never_published_settles_nothing(bootstrap, tm
             pool.write(g)
         for task in t[:2]:
             pool.write(good(task))
-        _drive(actor, lambda: actor.ledger.next_step == 1, "batch 0")
+        drive(actor, lambda: actor.lead.ledger.next_step == 1, "batch 0")
         for _ in range(3):
             actor.step()
         assert actor.content_rejected == {"unknown_task": 3}
@@ -201,20 +202,20 @@ def test_the_audit_fails_when_a_refused_group_is_silently_dropped_or_trained(boo
     cfg = _cfg(bootstrap, tmp_path)
     topics, limits = job_topics(cfg), limits_for(cfg, cfg.policy)
     pool = Pool(cfg, bootstrap)
-    actor = _start(cfg, bootstrap)
+    actor = start_dataflow(cfg, bootstrap)
     if sabotage == "checks_off":
         monkeypatch.setattr(dataflow_module, "impossible", lambda *a, **k: None)
     else:
-        ledger = actor.ledger
+        ledger = actor.lead.ledger
         take = ledger.take_drops
         monkeypatch.setattr(ledger, "take_drops", lambda: [d for d in take() if d.reason != "token_out_of_vocab"])
     try:
-        _drive(actor, lambda: len(pool.tasks()) == 4, "4 tasks")
+        drive(actor, lambda: len(pool.tasks()) == 4, "4 tasks")
         t = pool.tasks()
         pool.write(with_sample(good(t[0]), tokens=[7, limits.vocab_size + 5]))
         for task in t[1:3]:
             pool.write(good(task))
-        _drive(actor, lambda: actor.ledger.next_step == 1, "batch 0")
+        drive(actor, lambda: actor.lead.ledger.next_step == 1, "batch 0")
         for _ in range(3):
             actor.step()
     finally:

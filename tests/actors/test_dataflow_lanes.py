@@ -14,13 +14,14 @@ import uuid
 import pytest
 
 from astraflow.topics import job_topics
-from astraflow.actors.dataflow import DataflowActor
 from astraflow.chaos.invariants import audit_job
 from astraflow.actors.signing import group_signer_for, signer_for, with_run_keys
 from astraflow.config import JobConfig, from_dict
 from astraflow.topics import (Batch, ChunkManifest, Producer, Sample, Task, TrajectoryGroup, VersionAnnouncement,
                               ensure_topics)
 from astraflow.topics.replay import read_topic
+
+from .conftest import drive, start_dataflow
 
 B, STEPS = 2, 4
 ROLES = {"solver": "solver", "verifier": "verifier"}
@@ -88,22 +89,13 @@ class Peers:
         self.producer.close()
 
 
-def drive(actor: DataflowActor, until, what: str, max_steps: int = 200) -> None:
-    for _ in range(max_steps):
-        if until():
-            return
-        actor.step()
-    raise AssertionError(f"dataflow never reached: {what}")
-
-
 @pytest.fixture
 def run(bootstrap, tmp_path):
     made = []
 
     def start(barrier: str, policies: dict | None = None, **top):
         cfg = make_cfg(bootstrap, tmp_path, barrier, policies, **top)
-        actor = DataflowActor(None, "dataflow", cfg, bootstrap)
-        actor.setup()
+        actor = start_dataflow(cfg, bootstrap)
         peers = Peers(cfg, bootstrap)
         made.append((actor, peers))
         return cfg, actor, peers
@@ -127,13 +119,12 @@ def both_trainers(peers: Peers, versions: dict[str, int], verifier_lag: int = 0)
 
 def train_to_the_end(actor, peers, versions, until, what: str, verifier_lag: int = 0, version_of=None,
                      max_steps: int = 400, rewards_of=None) -> None:
-    for _ in range(max_steps):
-        if until():
-            return
-        actor.step()
+    """Step until ``until()``, every pool answering each new episode and both trainers keeping
+    up (:func:`both_trainers`) after each step."""
+    def after_step() -> None:
         peers.answer_all(versions, version_of, rewards_of)
         both_trainers(peers, versions, verifier_lag)
-    raise AssertionError(f"dataflow never reached: {what}")
+    drive(actor, until, what, max_steps, after_step)
 
 
 def test_a_lagging_policy_paces_the_episodes_and_none_is_rolled_out_for_nothing(run, bootstrap):
@@ -146,8 +137,7 @@ def test_a_lagging_policy_paces_the_episodes_and_none_is_rolled_out_for_nothing(
     train_to_the_end(actor, peers, versions, lambda: len(peers.batches("solver")) >= STEPS // 2, "half the steps",
                      verifier_lag=1)
     actor.teardown()  # a restart: the admission rule reads nothing the state record lacks
-    actor = DataflowActor(None, "dataflow", cfg, bootstrap)
-    actor.setup()
+    actor = start_dataflow(cfg, bootstrap)
     try:
         train_to_the_end(actor, peers, versions, done, "every step of both policies", verifier_lag=1)
         for _ in range(5):
@@ -168,10 +158,10 @@ def test_a_lagging_policy_paces_the_episodes_and_none_is_rolled_out_for_nothing(
 def test_a_stuck_policy_holds_back_the_episodes_it_could_not_train(run, bootstrap):
     cfg, actor, peers = run("async")
     versions = {"solver": 0, "verifier": 0}  # the verifier's trainer never announces a version
-    drive(actor, lambda: len(peers.tasks()) >= 2 * B, "the episodes of two batches")
+    drive(actor, lambda: len(peers.tasks()) >= 2 * B, "the episodes of two batches", max_steps=200)
     peers.answer_all(versions)
     drive(actor, lambda: len(peers.batches("solver")) >= 2 and len(peers.batches("verifier")) >= 2,
-          "two batches of each policy")
+          "two batches of each policy", max_steps=200)
     for v in (1, 2):
         versions["solver"] = v
         peers.announce("solver", v)
@@ -185,7 +175,7 @@ def test_a_stuck_policy_holds_back_the_episodes_it_could_not_train(run, bootstra
     assert all(r.ok for r in reports.values()), {n: r.violations for n, r in reports.items()}
     versions["verifier"] = 1
     peers.announce("verifier", 1)
-    drive(actor, lambda: len(peers.tasks()) == 3 * B, "episodes once the verifier has room")
+    drive(actor, lambda: len(peers.tasks()) == 3 * B, "episodes once the verifier has room", max_steps=200)
     assert all(t.train == ["solver", "verifier"] for t in peers.tasks())
 
 
@@ -225,9 +215,9 @@ def test_each_lane_batches_on_its_own_and_only_a_lane_that_dropped_takes_a_repla
 def test_lockstep_schedules_only_what_every_policy_can_train(run, bootstrap):
     cfg, actor, peers = run("lockstep")
     versions = {"solver": 0, "verifier": 0}
-    drive(actor, lambda: len(peers.tasks()) >= 2 * B, "the first two batches of episodes")
+    drive(actor, lambda: len(peers.tasks()) >= 2 * B, "the first two batches of episodes", max_steps=200)
     peers.answer_all(versions)
-    drive(actor, lambda: len(peers.batches("solver")) >= 2, "two solver batches")
+    drive(actor, lambda: len(peers.batches("solver")) >= 2, "two solver batches", max_steps=200)
     for v in (1, 2):
         versions["solver"] = v
         peers.announce("solver", v)
@@ -238,12 +228,12 @@ def test_lockstep_schedules_only_what_every_policy_can_train(run, bootstrap):
     assert [b.step for b in peers.batches("verifier")] == [0, 1]
     versions["verifier"] = 1
     peers.announce("verifier", 1)
-    drive(actor, lambda: len(peers.tasks()) == 3 * B, "episodes once every policy has room")
+    drive(actor, lambda: len(peers.tasks()) == 3 * B, "episodes once every policy has room", max_steps=200)
 
 
 def test_the_audit_fails_when_an_episode_owes_a_group_it_never_wrote(run, bootstrap):
     cfg, actor, peers = run("async")
-    drive(actor, lambda: len(peers.tasks()) >= B, "episodes")
+    drive(actor, lambda: len(peers.tasks()) >= B, "episodes", max_steps=200)
     # a broken runner writes the solver's group of the first episode and forgets the verifier's
     first = peers.tasks()[0]
     peers.answered.add(first.task_id)
@@ -252,7 +242,7 @@ def test_the_audit_fails_when_an_episode_owes_a_group_it_never_wrote(run, bootst
                         role_policies=dict(ROLES))
     peers.send_group(g)
     peers.answer_all({"solver": 0, "verifier": 0})
-    drive(actor, lambda: len(peers.batches("solver")) >= 1, "a solver batch")
+    drive(actor, lambda: len(peers.batches("solver")) >= 1, "a solver batch", max_steps=200)
     for _ in range(5):
         actor.step()
     reports = audit_job(bootstrap, cfg)

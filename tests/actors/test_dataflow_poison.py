@@ -21,7 +21,7 @@ from astraflow.topics import DeadLetter, Producer, Sample, TrajectoryGroup, job_
 from astraflow.topics.codec import encode
 from astraflow.topics.replay import read_topic
 
-from .test_dataflow_restart import Peers, _drive, _start, cfg  # noqa: F401 - cfg is the fixture
+from .conftest import Peers, drive, start_dataflow
 
 
 def _group(task_id: str, **sample) -> dict:
@@ -32,13 +32,13 @@ def _group(task_id: str, **sample) -> dict:
     return data
 
 
-def test_poison_groups_and_announcements_are_dead_lettered_once_and_batching_goes_on(cfg, bootstrap):  # noqa: F811
+def test_poison_groups_and_announcements_are_dead_lettered_once_and_batching_goes_on(cfg, bootstrap):
     topics = job_topics(cfg)
     peers = Peers(cfg, bootstrap)
     raw = Producer(bootstrap, client_id="attacker", max_request_size=topics.max_message_bytes(topics.trajectories))
-    actor = _start(cfg, bootstrap)
+    actor = start_dataflow(cfg, bootstrap)
     try:
-        _drive(actor, lambda: len(peers.tasks()) == 4, "4 tasks")
+        drive(actor, lambda: len(peers.tasks()) == 4, "4 tasks")
         t = peers.tasks()
         group = [("af-type", b"trajectory-group"), ("af-schema", b"2")]
         garbage = os.urandom(3 * 1024 * 1024)
@@ -59,7 +59,7 @@ def test_poison_groups_and_announcements_are_dead_lettered_once_and_batching_goe
             raw.send_raw(topic, value, key=b"policy", headers=headers, partition=0).get(30)
         peers.answer(t[0])
         peers.answer(t[1])
-        _drive(actor, lambda: actor.ledger.next_step == 1, "batch 0 from the valid groups")
+        drive(actor, lambda: actor.lead.ledger.next_step == 1, "batch 0 from the valid groups")
         (batch,) = [m for _, _, m in read_topic(bootstrap, topics.batches(cfg.policy))]
         assert sorted(g.task_id for g in batch.groups) == [t[0], t[1]]
         assert all(isinstance(s.reward, float) for g in batch.groups for s in g.samples)
@@ -74,10 +74,10 @@ def test_poison_groups_and_announcements_are_dead_lettered_once_and_batching_goe
         assert [x.truncated for x in letters].count(True) == 1  # the 3 MB one: a prefix of it
         actor.teardown()
 
-        actor = _start(cfg, bootstrap)
+        actor = start_dataflow(cfg, bootstrap)
         for _ in range(10):  # re-reads versions from the start, and what lies past the committed offsets
             actor.step()
-        assert actor.ledger.next_step == 1
+        assert actor.lead.ledger.next_step == 1
         assert actor.dead.count == 0 and actor.dead.repeats >= 1  # the versions poison, read again
         assert len([m for _, _, m in read_topic(bootstrap, topics.dlq) if isinstance(m, DeadLetter)]) == len(poison)
     finally:

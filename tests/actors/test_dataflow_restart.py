@@ -12,121 +12,56 @@ import uuid
 
 import pytest
 
-from astraflow.topics import job_topics
 from astraflow.actors.dataflow import DataflowActor
 from astraflow.actors.ledger import read_state
 from astraflow.chaos.invariants import audit
-from astraflow.actors.signing import group_signer_for, signer_for, with_run_keys
-from astraflow.config import JobConfig, from_dict
-from astraflow.topics import (Batch, ChunkManifest, Producer, Sample, Task, TrajectoryGroup, VersionAnnouncement,
-                              ensure_topics)
+from astraflow.topics import Batch, Producer, job_topics
 from astraflow.topics.messages import DataflowState
 from astraflow.topics.replay import read_topic
 
-B, STEPS, STALENESS = 2, 3, 1
-
-
-@pytest.fixture
-def cfg(bootstrap, tmp_path) -> JobConfig:
-    cfg = from_dict(JobConfig, {"job": f"restart-{uuid.uuid4().hex[:8]}", "run_dir": str(tmp_path),
-                                "dataflow": {"groups_per_batch": B, "max_staleness": STALENESS},
-                                "trainer": {"steps": STEPS}, "kafka": {"trajectory_partitions": 2}})
-    cfg = with_run_keys(cfg, tmp_path)  # the peers sign as the trainer does
-    ensure_topics(bootstrap, job_topics(cfg).specs())
-    return cfg
-
-
-class Peers:
-    """The RaaS node and the trainer, reduced to the records they write."""
-
-    def __init__(self, cfg: JobConfig, bootstrap: str) -> None:
-        self.cfg, self.bootstrap, self.topics = cfg, bootstrap, job_topics(cfg)
-        self.producer = Producer(bootstrap, client_id="peers")
-
-    def tasks(self) -> list[str]:
-        """Task ids in schedule order (ids start with the prompt offset)."""
-        return sorted(m.task_id for _, _, m in read_topic(self.bootstrap, self.topics.tasks(self.cfg.policy))
-                      if isinstance(m, Task))
-
-    def answer(self, task_id: str, *, partition: int = 0, version: int = 0, ok: bool = True,
-               policy: str | None = None) -> None:
-        # a group of the size its workflow returns (the dataflow refuses any other: group_size)
-        samples = [Sample([7, 8], [-0.5, -0.5], [version, version], 1.0, "stop")] * self.cfg.rollout.n_samples \
-            if ok else []
-        group = TrajectoryGroup(task_id, task_id.split("-", 1)[1], policy or self.cfg.policy, "raas-test", [1, 2],
-                                samples,
-                                status="ok" if ok else "failed", error="" if ok else "engine crashed")
-        self.producer.send_sync(self.topics.trajectories, group, key=task_id, partition=partition,  # as the pool signs
-                                headers=group_signer_for(self.cfg).headers_for(self.topics.trajectories, group))
-
-    def drops(self) -> list:
-        return [m for _, _, m in read_topic(self.bootstrap, self.topics.drops(self.cfg.policy))]
-
-    def announce(self, version: int) -> None:
-        manifest = ChunkManifest(f"v{version}", self.topics.weights(self.cfg.policy), 0, "", [])
-        ann = VersionAnnouncement(self.cfg.policy, version, "snapshot", version, version, manifest, "digest")
-        self.producer.send_sync(self.topics.versions, ann, key=self.cfg.policy,
-                                headers=signer_for(self.cfg).headers_for(self.topics.versions, ann))
-
-    def close(self) -> None:
-        self.producer.close()
-
-
-def _start(cfg: JobConfig, bootstrap: str) -> DataflowActor:
-    actor = DataflowActor(None, "dataflow", cfg, bootstrap)
-    actor.setup()
-    return actor
-
-
-def _drive(actor: DataflowActor, until, what: str, max_steps: int = 300) -> None:
-    """Step the actor's loop until ``until()`` holds (each step polls for at most ~0.4 s)."""
-    for _ in range(max_steps):
-        if until():
-            return
-        actor.step()
-    raise AssertionError(f"dataflow never reached: {what}")
+from .conftest import B, STEPS, Peers, drive, start_dataflow
 
 
 def test_restart_after_drops_schedules_exactly_what_the_log_owes(cfg, bootstrap):
     peers = Peers(cfg, bootstrap)
-    actor = _start(cfg, bootstrap)
+    actor = start_dataflow(cfg, bootstrap)
     try:
         assert actor.state_records_read == 0  # a new job: nothing to resume
-        _drive(actor, lambda: len(peers.tasks()) == 4, "4 tasks (version 0, staleness 1, B 2)")
+        drive(actor, lambda: len(peers.tasks()) == 4, "4 tasks (version 0, staleness 1, B 2)")
         t = peers.tasks()
         # t2 waits behind batch 0 while the failed t3 after it is dropped: the committed
         # offset stays at t2, so a restart re-reads t3, which must not free a slot twice.
         for tid, ok in ((t[0], True), (t[1], True), (t[2], True), (t[3], False)):
             peers.answer(tid, ok=ok)
-        _drive(actor, lambda: actor.ledger.next_step == 1 and len(peers.tasks()) == 5,
-               "batch 0 and one task replacing the failed one")
+        drive(actor, lambda: actor.lead.ledger.next_step == 1 and len(peers.tasks()) == 5,
+              "batch 0 and one task replacing the failed one")
         actor.teardown()
 
-        actor = _start(cfg, bootstrap)
+        actor = start_dataflow(cfg, bootstrap)
         assert actor.state_records_read == 1
-        assert (actor.ledger.next_step, actor.ledger.tasks_scheduled, actor.ledger.dropped) == (1, 5, 1)
+        assert (actor.lead.ledger.next_step, actor.lead.ledger.tasks_scheduled, actor.lead.ledger.dropped) == (1, 5, 1)
         t = peers.tasks()
-        _drive(actor, lambda: [d.message.task_id for d in actor.partial] == [t[2]], "t2 re-read")
+        drive(actor, lambda: [d.message.task_id for d in actor.lead.partial] == [t[2]], "t2 re-read")
         for _ in range(3):  # each step schedules first: a double count would schedule here
             actor.step()
         assert len(peers.tasks()) == 5
 
         peers.announce(1)  # trainer at version 1: room for 2 more (bound (1 + 1 + 1) * 2 + 1)
-        _drive(actor, lambda: len(peers.tasks()) == 7, "7 tasks after version 1")
+        drive(actor, lambda: len(peers.tasks()) == 7, "7 tasks after version 1")
         t = peers.tasks()
         peers.answer(t[4], partition=1)
-        _drive(actor, lambda: actor.ledger.next_step == 2, "batch 1")
+        drive(actor, lambda: actor.lead.ledger.next_step == 2, "batch 1")
         peers.answer(t[5], partition=1, version=0)  # at step 2 a version-0 token is 2 > 1 stale
-        _drive(actor, lambda: len(peers.tasks()) == 8, "a task replacing the stale group")
+        drive(actor, lambda: len(peers.tasks()) == 8, "a task replacing the stale group")
         actor.teardown()
 
-        actor = _start(cfg, bootstrap)
+        actor = start_dataflow(cfg, bootstrap)
         assert actor.state_records_read == 1
-        assert (actor.ledger.next_step, actor.ledger.tasks_scheduled, actor.ledger.dropped) == (2, 8, 2)
+        assert (actor.lead.ledger.next_step, actor.lead.ledger.tasks_scheduled, actor.lead.ledger.dropped) == (2, 8, 2)
         t = peers.tasks()
         peers.answer(t[6], partition=0, version=1)
         peers.answer(t[7], partition=1, version=1)
-        _drive(actor, lambda: actor.ledger.next_step == STEPS, "the last batch")
+        drive(actor, lambda: actor.lead.ledger.next_step == STEPS, "the last batch")
         for _ in range(3):
             actor.step()
     finally:
@@ -143,15 +78,15 @@ def test_restart_after_drops_schedules_exactly_what_the_log_owes(cfg, bootstrap)
 def test_a_duplicate_group_is_recorded_and_frees_nothing(cfg, bootstrap):
     """A second answer to a task is dropped as a duplicate; another policy's group is not ours."""
     peers = Peers(cfg, bootstrap)
-    actor = _start(cfg, bootstrap)
+    actor = start_dataflow(cfg, bootstrap)
     try:
-        _drive(actor, lambda: len(peers.tasks()) == 4, "4 tasks")
+        drive(actor, lambda: len(peers.tasks()) == 4, "4 tasks")
         t = peers.tasks()
         peers.answer(t[0])
         peers.answer(t[0], partition=1)  # a second answer while the first waits for its batch
         peers.answer(t[2], policy="verifier")  # the verifier's dataflow settles this one
         peers.answer(t[1])
-        _drive(actor, lambda: actor.ledger.next_step == 1 and len(peers.drops()) == 1, "batch 0 and a drop")
+        drive(actor, lambda: actor.lead.ledger.next_step == 1 and len(peers.drops()) == 1, "batch 0 and a drop")
         for _ in range(3):
             actor.step()
     finally:

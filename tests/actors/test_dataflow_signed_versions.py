@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import uuid
 
-from astraflow.actors.dataflow import DataflowActor
 from astraflow.actors.signing import signer_for, with_run_keys
 from astraflow.config import JobConfig, from_dict
 from astraflow.topics import ChunkManifest, DeadLetter, Metric, Producer, VersionAnnouncement, ensure_topics, job_topics
 from astraflow.topics.replay import read_topic
 from astraflow.weights.signing import H_SIG, H_SIGNER, AnnouncementSigner, ensure_key_pair, load_private_key
+
+from .conftest import drive, start_dataflow
 
 B, STALENESS, STEPS = 2, 1, 10
 
@@ -33,28 +34,20 @@ def _announcement(cfg: JobConfig, version: int, epoch: int = 0) -> VersionAnnoun
     return VersionAnnouncement(cfg.policy, version, "snapshot", version, version, manifest, "digest", epoch=epoch)
 
 
-def _drive(actor: DataflowActor, until, what: str, max_steps: int = 100) -> None:
-    for _ in range(max_steps):
-        if until():
-            return
-        actor.step()
-    raise AssertionError(f"dataflow never reached: {what}")
-
-
 def test_forged_versions_are_dead_lettered_counted_and_the_schedule_follows_the_real_trainer(bootstrap, tmp_path):
     cfg = _cfg(bootstrap, tmp_path)
     topics = job_topics(cfg)
     trainer = signer_for(cfg)
     producer = Producer(bootstrap, client_id="peers")
-    actor = DataflowActor(None, "dataflow", cfg, bootstrap)
-    actor.setup()
+    actor = start_dataflow(cfg, bootstrap)
     try:
         def announce(ann: VersionAnnouncement, headers=None) -> int:
             return producer.send_sync(topics.versions, ann, key=cfg.policy, headers=headers).offset
 
         announce(real := _announcement(cfg, 1), trainer.headers_for(topics.versions, real))
         bound_at_1 = (1 + STALENESS + 1) * B
-        _drive(actor, lambda: actor.version == 1 and actor.ledger.tasks_scheduled == bound_at_1, "version 1")
+        drive(actor, lambda: actor.lead.version == 1 and actor.lead.ledger.tasks_scheduled == bound_at_1, "version 1",
+              max_steps=100)
 
         # A far newer lineage: unsigned; with the real record's signature; signed by another key.
         stolen = trainer.headers_for(topics.versions, real)
@@ -62,17 +55,17 @@ def test_forged_versions_are_dead_lettered_counted_and_the_schedule_follows_the_
         offsets = [announce(forged),
                    announce(forged, [h for h in stolen if h[0] in (H_SIG, H_SIGNER)]),
                    announce(forged, _other_signer(tmp_path).headers_for(topics.versions, forged))]
-        _drive(actor, lambda: sum(actor.versions_gate.rejected.values()) == 3, "the forgeries read")
+        drive(actor, lambda: sum(actor.versions_gate.rejected.values()) == 3, "the forgeries read", max_steps=100)
         assert actor.versions_gate.rejected == {"unsigned": 1, "bad_signature": 1, "wrong_key": 1}
-        assert (actor.main.epoch, actor.version) == (0, 1)
+        assert (actor.lead.epoch, actor.lead.version) == (0, 1)
         for _ in range(5):
             actor.step()
-        assert actor.ledger.tasks_scheduled == bound_at_1  # version 1000 would have opened the whole horizon
+        assert actor.lead.ledger.tasks_scheduled == bound_at_1  # version 1000 would have opened the whole horizon
 
         # The real trainer's next version moves the bound: the job goes on.
         announce(real := _announcement(cfg, 2), trainer.headers_for(topics.versions, real))
-        _drive(actor, lambda: actor.version == 2 and actor.ledger.tasks_scheduled == (2 + STALENESS + 1) * B,
-               "version 2")
+        drive(actor, lambda: actor.lead.version == 2 and actor.lead.ledger.tasks_scheduled == (2 + STALENESS + 1) * B,
+              "version 2", max_steps=100)
 
         letters = [m for _, _, m in read_topic(bootstrap, topics.dlq) if isinstance(m, DeadLetter)]
         assert [(d.source_topic, d.offset, d.consumer) for d in letters] == [

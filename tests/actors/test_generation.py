@@ -13,6 +13,7 @@ import pytest
 from astraflow.actors.generation import GenerationClient, GenerationServer, RemoteCallFailed
 from astraflow.engines.base import SamplingParams
 from astraflow.topics import JobTopics, ensure_topics
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -172,10 +173,8 @@ def test_a_commit_refused_by_a_rebalance_is_fenced_and_the_new_owner_answers_onc
     try:
         _joined(a)
         caller.start()
-        deadline = time.monotonic() + 60
-        while "ran" not in holder:
-            assert time.monotonic() < deadline, "server a never got the request"
-            a.serve(500)  # before the fix: CommitFailedError out of here
+        # a.serve: before the fix, CommitFailedError out of here
+        wait_until(lambda: "ran" in holder, 60, "server a never got the request", step=lambda: a.serve(500))
         assert (a.fenced, a.served) == (1, 0)
         assert a.consumer.pending_offsets() == {}  # the void offset is not tried again
         caller.join(60)
@@ -183,10 +182,7 @@ def test_a_commit_refused_by_a_rebalance_is_fenced_and_the_new_owner_answers_onc
 
         calls_b: list[int] = []
         b = _server(bootstrap, topics, tok, engine, "raas-verifier-b", calls_b)
-        deadline = time.monotonic() + 60
-        while not b.served:
-            assert time.monotonic() < deadline, "the request's new owner never got it"
-            b.serve(250)
+        wait_until(lambda: b.served, 60, "the request's new owner never got it", step=lambda: b.serve(250))
         assert calls_b == [1] and b.fenced == 0
         a.serve(100)  # a goes on (rejoining); nothing to answer again: b committed it
         assert a.served + b.served == 1
@@ -318,9 +314,7 @@ def test_a_concurrent_engine_is_handed_the_next_polls_requests_while_a_call_runs
         assert server.served == 0  # nothing committed while a call is in flight
         release.set()
         a.join(60)
-        deadline = time.monotonic() + 30
-        while server.served < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: server.served >= 2, 30, "the second poll was never committed", interval_s=0.1)
     finally:
         release.set()
         stop.set()
@@ -371,22 +365,17 @@ def test_a_server_that_always_has_a_call_in_flight_still_commits_what_it_answere
         callers = [threading.Thread(target=lambda i=i: out.setdefault(i, client.generate(
             "verifier", "verifier", f"ep{i}", prompt, [i], {}, tok))) for i in range(2)]
         callers[0].start()
-        deadline = time.monotonic() + 60
-        while not calls:
-            assert time.monotonic() < deadline, "the first request never reached the engine"
-            time.sleep(0.05)
+        deadline = time.monotonic() + 60  # for the three waits below together
+        wait_until(lambda: calls, deadline - time.monotonic(), "the first request never reached the engine")
         callers[1].start()
         callers[0].join(60)
         assert 0 in out and 1 not in out and not release.is_set()
-        while server.served < 1:  # the first poll is committed with the second still in the engine
-            assert time.monotonic() < deadline, "the answered poll was never committed"
-            time.sleep(0.05)
+        # the first poll is committed with the second still in the engine
+        wait_until(lambda: server.served >= 1, deadline - time.monotonic(), "the answered poll was never committed")
         assert server.served == 1 and committed() == 1 and 1 not in out
         release.set()
         callers[1].join(60)
-        while server.served < 2:
-            assert time.monotonic() < deadline, "the second poll was never committed"
-            time.sleep(0.05)
+        wait_until(lambda: server.served >= 2, deadline - time.monotonic(), "the second poll was never committed")
     finally:
         release.set()
         stop.set()

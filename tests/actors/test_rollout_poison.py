@@ -20,6 +20,8 @@ from astraflow.topics import DeadLetter, Producer, Task, TrajectoryGroup, ensure
 from astraflow.topics.codec import encode
 from astraflow.topics.replay import read_topic
 
+from .conftest import drive
+
 
 @pytest.fixture
 def cfg(bootstrap, tmp_path) -> JobConfig:
@@ -33,14 +35,6 @@ def cfg(bootstrap, tmp_path) -> JobConfig:
 
 def _groups(bootstrap: str, topic: str) -> list[TrajectoryGroup]:
     return [m for _, _, m in read_topic(bootstrap, topic) if isinstance(m, TrajectoryGroup)]
-
-
-def _drive(node, until, what: str, max_steps: int = 120) -> None:
-    for _ in range(max_steps):
-        if until():
-            return
-        node.step()
-    raise AssertionError(f"node never reached: {what}")
 
 
 def test_poison_tasks_are_answered_or_dead_lettered_once_and_the_node_goes_on(cfg, bootstrap, monkeypatch):
@@ -59,7 +53,7 @@ def test_poison_tasks_are_answered_or_dead_lettered_once_and_the_node_goes_on(cf
     try:
         node.setup()
         with pytest.raises(TimeoutError, match="version 1000000000 did not arrive"):
-            _drive(node, lambda: False, "the forged task's wait to end")
+            drive(node, lambda: False, "the forged task's wait to end", max_steps=120)
         node.teardown()
         (failed,) = _groups(bootstrap, topics.trajectories)
         assert (failed.task_id, failed.status) == ("t-forged", "failed") and "did not arrive" in failed.error
@@ -71,7 +65,8 @@ def test_poison_tasks_are_answered_or_dead_lettered_once_and_the_node_goes_on(cf
         feeder.send_sync(tasks, good, key="t-good", partition=0)
         node = rollout.RolloutActor(None, "raas", cfg, bootstrap, "raas-p")  # restarted, as its supervisor would
         node.setup()
-        _drive(node, lambda: len(_groups(bootstrap, topics.trajectories)) == 2, "the next task rolled out")
+        drive(node, lambda: len(_groups(bootstrap, topics.trajectories)) == 2, "the next task rolled out",
+              max_steps=120)
         assert sorted((g.task_id, g.status) for g in _groups(bootstrap, topics.trajectories)) == \
             [("t-forged", "failed"), ("t-good", "ok")]
         assert len([m for _, _, m in read_topic(bootstrap, topics.dlq) if isinstance(m, DeadLetter)]) == 2

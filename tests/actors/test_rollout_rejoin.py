@@ -14,11 +14,14 @@ import time
 import types
 
 from astraflow.actors import rollout
+from astraflow.actors.engine_weights import EngineWeights
+from astraflow.actors.polls import PollsInFlight
 from astraflow.actors.telemetry import MetricsEmitter
 from astraflow.config import load_config
 from astraflow.topics import Producer, Task
 from astraflow.topics.membership import MembershipWatch
 from tests.topics.groups import settle
+from tests.waiting import wait_until
 
 
 def test_a_task_consumer_the_broker_dropped_is_recreated_and_gets_the_waiting_task(
@@ -68,7 +71,8 @@ def test_a_task_consumer_the_broker_dropped_is_recreated_and_gets_the_waiting_ta
 
 def _stepping_node(bootstrap, job_topics, node_id: str) -> rollout.RolloutActor:
     """A RaaS node with only the parts ``step()`` uses when it polls no task (an undecodable
-    one is dead-lettered): its task consumer, dead letters, metrics and watch; no engine."""
+    one is dead-lettered): its task consumer, dead letters, metrics, watch and (empty)
+    pipeline of polls; no engine."""
     node = rollout.RolloutActor.__new__(rollout.RolloutActor)
     node.bootstrap, node.topics, node.node_id = bootstrap, job_topics, node_id
     node.cfg = load_config("examples/arithmetic_grpo.yaml")
@@ -76,9 +80,10 @@ def _stepping_node(bootstrap, job_topics, node_id: str) -> rollout.RolloutActor:
     node.plain = Producer(bootstrap, client_id=node_id)
     node.metrics = MetricsEmitter(node.plain, job_topics.metrics, node_id)
     node.engine = types.SimpleNamespace(version=0)
-    node.engine_lock = threading.Lock()
-    node.subscriber = types.SimpleNamespace(apply_to=lambda engine: None, held_by=lambda engine: None, version=0,
-                                            epoch=0)
+    subscriber = types.SimpleNamespace(apply_to=lambda engine: None, held_by=lambda engine: None, version=0, epoch=0,
+                                       close=lambda: None)
+    node.weights = EngineWeights(subscriber, node.engine, threading.Lock(), node_id)
+    node._polls = PollsInFlight(1, None, node_id)
     node._heartbeat = lambda force=False: None
     node.watch = MembershipWatch(bootstrap, node_id, unsettled_s=rollout.CONSUMER_REJOIN_S, idle_s=600)
     node.consumer = node._task_consumer()
@@ -121,16 +126,13 @@ def test_a_commit_refused_by_a_rebalance_does_not_crash_the_node(bootstrap, job_
         node.plain.send_raw(topic, b"\x00garbage", key=b"bad", partition=0,
                             headers=[("af-type", b"task")]).get(10)
         letters = node.consumer.dead_letters
-        deadline = time.monotonic() + 30
-        while letters.count == 0:
-            assert time.monotonic() < deadline, "the undecodable task never arrived"
-            node.step()  # before the fix: CommitFailedError out of here, and the actor crashes
+        # node.step: before the fix, CommitFailedError out of here, and the actor crashes
+        wait_until(lambda: letters.count, 30, "the undecodable task never arrived", step=node.step)
         assert expelled and node.consumer.pending_offsets() == {}
-        deadline = time.monotonic() + 60
         tp = TopicPartition(topic, 0)
-        while node.consumer.raw.committed(tp) != 1:  # rejoined, handed the record again, committed past it
-            assert time.monotonic() < deadline, "the node never committed past the record after rejoining"
-            node.step()
+        # rejoined, handed the record again, committed past it
+        wait_until(lambda: node.consumer.raw.committed(tp) == 1, 60,
+                   "the node never committed past the record after rejoining", step=node.step)
         assert node.consumer.group_metadata().generation_id >= 0
         assert (letters.count, letters.repeats) == (1, 1)
     finally:
@@ -180,10 +182,9 @@ def test_a_client_left_rebalancing_with_no_rejoin_pending_rejoins_instead_of_ref
                             headers=[("af-type", b"task")]).get(10)
         letters = consumer.dead_letters
         tp = TopicPartition(topic, 0)
-        deadline = time.monotonic() + 40  # below the watch's 45 s: the consumer itself must recover
-        while consumer.raw.committed(tp) != 1:
-            assert time.monotonic() < deadline, "the node never committed past the record"
-            node.step()
+        # 40 s: below the watch's 45 s, the consumer itself must recover
+        wait_until(lambda: consumer.raw.committed(tp) == 1, 40, "the node never committed past the record",
+                   step=node.step)
         assert wedged == [False]  # the wedge was entered: rebalancing, no rejoin pending
         assert node.consumer is consumer and node.watch.renewals == 0
         assert coordinator.state is MemberState.STABLE

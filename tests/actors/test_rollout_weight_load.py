@@ -11,11 +11,11 @@ publisher and subscriber, real CPU engine; the call in flight is held open by th
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 from transformers import Qwen3ForCausalLM
 
 from astraflow.actors import rollout
+from astraflow.actors.engine_weights import EngineWeights
 from astraflow.engines.cpu import CpuEngine
 from astraflow.engines.gate import EngineGate
 from astraflow.topics import Consumer, Producer, Task
@@ -27,12 +27,10 @@ def test_a_load_waits_for_the_call_in_flight_on_its_own_thread_and_the_step_retu
     trainer = Trainer(seed=11)
     pub = WeightPublisher(bootstrap, job_topics, "policy", snapshot_every=100, chunk_size=CHUNK)
     sub = WeightSubscriber(bootstrap, job_topics, "policy", node_id="raas-load").start()
-    node = rollout.RolloutActor.__new__(rollout.RolloutActor)  # only the parts the load uses
-    node.engine = CpuEngine(Qwen3ForCausalLM(tiny_config()), version=0)
-    node.engine_lock = EngineGate(concurrent=True)
-    node.subscriber, node._loading = sub, None
-    node._loader = ThreadPoolExecutor(1, thread_name_prefix="raas-load")
-    call = node.engine_lock.call()
+    # a node's weights: its engine, the gate its calls share, its subscriber
+    weights = EngineWeights(sub, CpuEngine(Qwen3ForCausalLM(tiny_config()), version=0), EngineGate(concurrent=True),
+                         "raas-load")
+    call = weights.engine_lock.call()
     try:
         pub.resume(trainer.named_weights(), 0)
         assert sub.wait_for(0, WAIT)  # the engine starts at version 0
@@ -40,23 +38,22 @@ def test_a_load_waits_for_the_call_in_flight_on_its_own_thread_and_the_step_retu
         pub.publish(trainer.named_weights(), 1)
         assert sub.wait_for(1, WAIT)
         call.__enter__()  # an episode's generate call in flight
-        stepped = threading.Thread(target=node._load_beside_polls, daemon=True)
+        stepped = threading.Thread(target=weights.load_beside, daemon=True)  # the step's load
         stepped.start()
         stepped.join(WAIT)
         assert not stepped.is_alive(), "the step waited for the call in flight instead of polling on"
-        assert node.engine.version == 0  # the load waits for the call ...
-        assert node._loading is not None and not node._loading.done()
-        node._load_beside_polls()  # ... and a second turn does not start another
-        with node.engine_lock.try_exclusive() as alone:
+        assert weights.engine.version == 0  # the load waits for the call ...
+        assert weights._loading is not None and not weights._loading.done()
+        weights.load_beside()  # ... and a second turn does not start another
+        with weights.engine_lock.try_exclusive() as alone:
             assert not alone
         call.__exit__(None, None, None)  # the call ends: the load takes the idle engine
-        node._loading.result(WAIT)
-        assert node.engine.version == 1
-        node._load_beside_polls()  # collects the finished load; nothing newer to load
-        assert node._loading is None and node.engine.version == 1
+        weights._loading.result(WAIT)
+        assert weights.engine.version == 1
+        weights.load_beside()  # collects the finished load; nothing newer to load
+        assert weights._loading is None and weights.engine.version == 1
     finally:
-        node._loader.shutdown(wait=False, cancel_futures=True)
-        sub.close()
+        weights.close()  # (the subscriber too)
         pub.close()
 
 

@@ -27,6 +27,8 @@ from astraflow.topics.codec import encode
 from astraflow.topics.registry import BATCH_RECORD_MAX_BYTES
 from astraflow.topics.replay import read_topic
 
+from .conftest import drive
+
 
 @pytest.fixture
 def cfg(bootstrap, tmp_path) -> JobConfig:
@@ -42,14 +44,6 @@ def batch(step: int, token: int = 7, reward: float = 1.0, policy: str = "policy"
     samples = [Sample([token, 8], [-0.5, -0.5], [step, step], r, "stop") for r in (reward, 0.0)]
     group = TrajectoryGroup(f"task-{step}-{token}", f"p-{step}", policy, "raas-test", [1, 2], samples)
     return Batch(policy, step, [group], [SourceOffset("af.x.trajectories", 0, step)])
-
-
-def _drive(actor: TrainerActor, until, what: str, max_steps: int = 200) -> None:
-    for _ in range(max_steps):
-        if until():
-            return
-        actor.step()
-    raise AssertionError(f"trainer never reached: {what}")
 
 
 def _letters(bootstrap: str, topic: str) -> list[DeadLetter]:
@@ -81,7 +75,7 @@ def test_poison_batches_and_control_records_are_dead_lettered_once_and_training_
         raw.send_raw(topics.control, b"{]", key=b"x").get(30)
         feeder.send_sync(batches, batch(1), key="1")
         actor.setup()
-        _drive(actor, lambda: actor.engine.step == 2, "step 2: batches 0 and 1 trained past the poison")
+        drive(actor, lambda: actor.engine.step == 2, "step 2: batches 0 and 1 trained past the poison", max_steps=200)
         assert actor.dead.count == len(poison) + 1
         lineage = [s for s, _ in actor.lineage]
         assert lineage == [0, 1]  # the repeat of step 0 and the forgeries of step 1 were not trained
@@ -104,7 +98,7 @@ def test_poison_batches_and_control_records_are_dead_lettered_once_and_training_
         # No checkpoint yet: the restarted trainer reads every record again from offset 0.
         actor = TrainerActor(None, "trainer", cfg, bootstrap, str(tmp_path / "run"))
         actor.setup()
-        _drive(actor, lambda: actor.engine.step == 2, "step 2 again after the restart")
+        drive(actor, lambda: actor.engine.step == 2, "step 2 again after the restart", max_steps=200)
         assert [s for s, _ in actor.lineage] == [0, 1]
         assert actor.dead.count == 0 and actor.dead.repeats == len(poison) + 1
         assert len(_letters(bootstrap, topics.dlq)) == len(poison) + 1  # no record was dead-lettered twice

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from astraflow.actors.dataflow import interleave
+from astraflow.actors.prompt_source import interleave
 from astraflow.algorithms.curriculum import Curriculum, CurriculumError, CurriculumParams
 from astraflow.algorithms.filter_solved import FilterSolved, FilterSolvedParams
 

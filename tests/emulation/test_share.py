@@ -16,16 +16,10 @@ from astraflow.emulation import CostModel, DeviceConfig, EmulatedDevice, Emulate
 from astraflow.emulation.batching import BatchingClock
 from astraflow.emulation.share import DeviceShare
 from astraflow.engines.base import SamplingParams, TrainBatch, TrainSample
+from tests.waiting import wait_until
 
 COST = CostModel(load_profile("h100-qwen3-8b"), token_scale=512, prompt_token_scale=16)
 ROWS = [(20, 30)] * 8
-
-
-def _wait_for(cond, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.005)
 
 
 def test_a_paused_batch_starts_no_step_and_prefills_its_context_again_when_it_goes_on():
@@ -59,12 +53,13 @@ def test_a_claim_waits_for_the_pool_to_pause_and_the_pool_goes_on_after_it(tmp_p
     pool, trainer = DeviceShare(tmp_path, "v"), DeviceShare(tmp_path, "v")
     events: list[str] = []
     pool.yield_to_claims(lambda: events.append("pause"), lambda redo: events.append(f"resume {redo}"))
-    _wait_for(lambda: events[-1:] == ["resume False"])  # the devices held: the pool runs
+    # the devices held: the pool runs
+    wait_until(lambda: events[-1:] == ["resume False"], 10.0, "timed out", interval_s=0.005)
     with trainer.claim():
         assert events == ["pause", "resume False", "pause"]  # the claim starts only once the pool paused
         time.sleep(0.05)
         assert events[-1] == "pause"  # and the pool stays paused while it holds the devices
-    _wait_for(lambda: events[-1] == "resume True")
+    wait_until(lambda: events[-1] == "resume True", 10.0, "timed out", interval_s=0.005)
     assert pool.yields == 1 and trainer.claims == 1 and pool.yielded_s >= 0.05
     # a claimant alone (the pool gone: its files closed) gets the devices at once
     pool.close()
@@ -93,7 +88,8 @@ def test_a_pool_and_trainer_sharing_devices_take_turns_and_the_step_pays_the_swa
     batch = TrainBatch(tuple(TrainSample(tuple(prompts[0]), g.tokens, g.logprobs, reward=float(i % 2), group_id=0)
                              for i, g in enumerate(gens)))
     try:
-        _wait_for(lambda: pool.clock._paused_at is None)  # the pool holds the devices
+        # the pool holds the devices
+        wait_until(lambda: pool.clock._paused_at is None, 10.0, "timed out", interval_s=0.005)
         done = []
         th = threading.Thread(target=lambda: done.append(pool.generate(prompts, params, seeds=list(range(8)))))
         th.start()

@@ -15,6 +15,7 @@ from astraflow.topology.backends import BackendError, CommandBackend, LocalBacke
 from astraflow.topology.plan import resolve
 from astraflow.topology.processes import supervise
 from astraflow.topology.schema import load_topology
+from tests.waiting import wait_until
 
 from .test_topology_files import changed, write
 
@@ -63,15 +64,6 @@ STUBBORN = [sys.executable, "-c", "import signal, time\nsignal.signal(signal.SIG
             "print('ready', flush=True)\ntime.sleep(120)"]
 
 
-def _until(predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_local_backend_starts_and_retires_processes_through_the_runner_loop(plan, tmp_path):
     b = LocalBackend(lambda node: SLEEPER, tmp_path / "logs")
     procs = []
@@ -81,10 +73,10 @@ def test_local_backend_starts_and_retires_processes_through_the_runner_loop(plan
     b.tick(procs)
     assert [p.node_id for p in procs] == ["fast-0"] and procs[0].alive()
     assert b.next_index("fast") == 1
-    assert _until(lambda: "ready" in procs[0].log_path.read_text())
+    wait_until(lambda: "ready" in procs[0].log_path.read_text(), 30.0, "timed out", interval_s=0.1)
     b.retire("fast-0")
     assert b.members("fast") == []
-    assert _until(lambda: (b.tick(procs), "fast-0" in b.exits)[1])
+    wait_until(lambda: (b.tick(procs), "fast-0" in b.exits)[1], 30.0, "timed out", interval_s=0.1)
     assert b.exits["fast-0"] == 0  # it stopped on SIGTERM, cleanly
     assert supervise(procs, 3, False) is None and not procs[0].alive()  # a retired node is not restarted
     with pytest.raises(KeyError):
@@ -108,7 +100,7 @@ def test_the_jobs_end_does_not_signal_a_retiring_node_again(plan, tmp_path):
     procs = []
     b.start(plan.node_spec(plan.pools["fast"], 0))
     b.tick(procs)
-    assert _until(lambda: "ready" in procs[0].log_path.read_text())
+    wait_until(lambda: "ready" in procs[0].log_path.read_text(), 30.0, "timed out", interval_s=0.1)
     b.retire("fast-0")
     b.tick(procs)  # SIGTERM: it starts winding down
     time.sleep(0.3)
@@ -122,9 +114,9 @@ def test_local_backend_kills_a_node_that_outlives_its_retire_timeout(plan, tmp_p
     procs = []
     b.start(plan.node_spec(plan.pools["slow"], 0))
     b.tick(procs)
-    assert _until(lambda: "ready" in procs[0].log_path.read_text())
+    wait_until(lambda: "ready" in procs[0].log_path.read_text(), 30.0, "timed out", interval_s=0.1)
     b.retire("slow-0")
-    assert _until(lambda: (b.tick(procs), "slow-0" in b.exits)[1])
+    wait_until(lambda: (b.tick(procs), "slow-0" in b.exits)[1], 30.0, "timed out", interval_s=0.1)
     assert b.exits["slow-0"] == -9
 
 

@@ -24,6 +24,7 @@ from astraflow.topics import EmbeddedBroker, TopicSpec, ensure_topics, security
 from astraflow.topics.broker import free_port
 from astraflow.topology import links, netns, toxiproxy as toxiproxy_mod
 from astraflow.topology.links import LinkEmulation, LinkUnavailable, RegionLink, Toxiproxy
+from tests.waiting import wait_until
 
 RATE_MBPS = 8  # 1 MB/s
 RATE_BYTES_S = RATE_MBPS * 1e6 / 8
@@ -51,13 +52,6 @@ def recv_exactly(s: socket.socket, n: int) -> bytes:
             raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
         buf += chunk
     return bytes(buf)
-
-
-def eventually(check, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 @contextlib.contextmanager
@@ -144,7 +138,7 @@ def test_a_links_bandwidth_is_shared_by_its_connections(link, direction):
     assert two >= 0.8 * 2 * N / RATE_BYTES_S, two  # a per-connection cap: ~N / rate
     key = "bytes_up" if direction == "up" else "bytes_down"
     # the relays' payload count, in the right direction (counted just after each write)
-    eventually(lambda: link.stats()[key] == 3 * N)
+    wait_until(lambda: link.stats()[key] == 3 * N, 10.0, "condition not met in time", interval_s=0.02)
     assert link.stats()["wire_" + key] >= 3 * N  # the tbf at that end sent every byte (plus headers)
 
 
@@ -290,7 +284,8 @@ def test_a_kafka_client_in_a_region_uses_the_broker_at_home_through_the_link(tmp
         assert stats["bytes_up"] > 20 * len(b"from-b-0") and stats["bytes_down"] > 25 * len(b"from-a-0")
         assert stats["wire_bytes_up"] > stats["bytes_up"] and stats["connections"] >= 2
         # what the relay handed Toxiproxy is what Toxiproxy counted in
-        eventually(lambda: em.toxiproxy.stats()["b-up-kafka"]["received_upstream"] == em.stats()[0]["bytes_up"])
+        wait_until(lambda: em.toxiproxy.stats()["b-up-kafka"]["received_upstream"] == em.stats()[0]["bytes_up"],
+                   10.0, "condition not met in time", interval_s=0.02)
 
 
 def _netns_inodes() -> set[str]:
@@ -370,5 +365,5 @@ def test_a_killed_owner_leaves_nothing_behind():
                 return f.read().split(") ")[1].startswith("Z")  # a zombie until init reaps it
         except FileNotFoundError:
             return True
-    eventually(lambda: all(gone(pid) for pid in made["pids"]))
-    eventually(lambda: not set(made["namespaces"]) & _netns_inodes())
+    wait_until(lambda: all(gone(pid) for pid in made["pids"]), 10.0, "condition not met in time", interval_s=0.02)
+    wait_until(lambda: not set(made["namespaces"]) & _netns_inodes(), 10.0, "condition not met in time", interval_s=0.02)

@@ -16,7 +16,8 @@ from transformers import Qwen3ForCausalLM
 from astraflow.engines.cpu import CpuEngine
 from astraflow.weights import WeightPublisher, WeightSubscriber, read_latest_announcement, subscriber
 from astraflow.weights.codec import weights_digest
-from tests.weights.test_weight_transfer import CHUNK, WAIT, Trainer, announcements, bits_equal, tiny_config, wait_until
+from tests.waiting import wait_until
+from tests.weights.test_weight_transfer import CHUNK, WAIT, Trainer, announcements, bits_equal, tiny_config
 
 
 def _fork(trainer: Trainer, seed: int) -> Trainer:
@@ -70,7 +71,8 @@ def test_a_resume_behind_the_head_opens_a_new_epoch_that_every_node_follows(boot
                 assert sub.wait_for(7, WAIT, epoch=1), (sub.node_id, sub.faults)
                 assert (sub.epoch, sub.version, sub.digest()) == (1, 7, final), sub.node_id
                 assert bits_equal(sub.weights(), new[7])
-            assert wait_until(lambda: "ignoring version 7 of lineage epoch 0" in caplog.text)
+            wait_until(lambda: "ignoring version 7 of lineage epoch 0" in caplog.text, WAIT,
+                       "no log of version 7 ignored")
         assert follower.faults == [] and late.faults == []
         head = read_latest_announcement(bootstrap, job_topics.versions, "policy")
         assert (head.epoch, head.version, head.checksum) == (1, 7, final)

@@ -22,7 +22,8 @@ from astraflow.weights import AnnouncementSigner, AnnouncementVerifier, WeightPu
 from astraflow.weights import read_latest_announcement, subscriber
 from astraflow.weights.codec import weights_digest
 from astraflow.weights.signing import H_SIG, H_SIGNER, ensure_key_pair, load_private_key, load_public_key
-from tests.weights.test_weight_transfer import CHUNK, WAIT, Trainer, announcements, bits_equal, tiny_config, wait_until
+from tests.waiting import wait_until
+from tests.weights.test_weight_transfer import CHUNK, WAIT, Trainer, announcements, bits_equal, tiny_config
 
 
 def _keys(tmp_path, name: str) -> tuple[AnnouncementSigner, AnnouncementVerifier]:
@@ -65,7 +66,7 @@ def test_a_forged_announcement_with_a_higher_epoch_is_dead_lettered_and_nodes_ke
                                   headers=[(H_SIG, real_headers[H_SIG]), (H_SIGNER, real_headers[H_SIGNER])]).offset
         with caplog.at_level(logging.WARNING, logger=subscriber.__name__):
             # the count moves before the callback runs: wait for both
-            assert wait_until(lambda: sum(sub.rejected.values()) == 2 and len(refused) == 2), sub.rejected
+            wait_until(lambda: sum(sub.rejected.values()) == 2 and len(refused) == 2, WAIT, lambda: sub.rejected)
         assert sub.rejected == {"unsigned": 1, "bad_signature": 1}
         assert [(r.offset, r.reason, r.epoch, r.version) for r in refused] == [
             (first, "unsigned", 5, 1000), (second, "bad_signature", 5, 1000)]
@@ -126,7 +127,7 @@ def test_a_snapshot_signed_by_another_key_under_a_newer_epoch_never_reaches_the_
         assert attacker.resume(negated, 2) == 1
         attacker.flush(WAIT)
         assert read_latest_announcement(bootstrap, job_topics.versions, "policy").epoch == 1  # it is on the topic
-        assert wait_until(lambda: sub.rejected.get("wrong_key", 0) >= 1), sub.rejected
+        wait_until(lambda: sub.rejected.get("wrong_key", 0) >= 1, WAIT, lambda: sub.rejected)
         assert sub.apply_to(engine) is None and engine.version == 2  # nothing newer to load
         assert (sub.epoch, sub.version) == (0, 2) and bits_equal(sub.weights(), real2)
 
@@ -170,7 +171,7 @@ def test_without_a_required_signature_unsigned_announcements_count_but_foreign_s
         forged = dataclasses.replace(head, epoch=3)
         make_producer(client_id="forger").send_sync(job_topics.versions, forged, key="policy",
                                                     headers=other.headers_for(job_topics.versions, forged))
-        assert wait_until(lambda: sub.rejected == {"wrong_key": 1}), sub.rejected
+        wait_until(lambda: sub.rejected == {"wrong_key": 1}, WAIT, lambda: sub.rejected)
         trainer.step()
         pub.publish(trainer.named_weights(), 1)
         pub.flush(WAIT)

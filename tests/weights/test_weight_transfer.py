@@ -24,6 +24,7 @@ from astraflow.topics import ChunkReader, MissingChunkError, VersionAnnouncement
 from astraflow.topics.codec import decode
 from astraflow.weights import WeightPublisher, WeightPublishError, WeightSubscriber, publisher, read_latest_announcement
 from astraflow.weights.codec import weights_digest
+from tests.waiting import wait_until
 
 CHUNK = 16 * 1024  # small chunks: every payload spans several records
 WAIT = 30.0
@@ -60,15 +61,6 @@ class Trainer:
 def bits_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(
         a[k].dtype == b[k].dtype and torch.equal(a[k].view(torch.int16), b[k].view(torch.int16)) for k in a)
-
-
-def wait_until(cond, timeout: float = WAIT) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 def announcements(bootstrap: str, topic: str) -> list[tuple[VersionAnnouncement, dict[str, bytes]]]:
@@ -229,7 +221,7 @@ def test_corrupt_chunk_is_detected_never_applied_and_recovered_through_a_snapsho
             elif v in (3, 4):
                 # Detected on the delta path and again on the snapshot path (snapshot 0's
                 # chain runs through version 3): the node keeps version 2.
-                assert wait_until(lambda: any(f"cannot reach version {v}" in f for f in sub.faults)), sub.faults
+                wait_until(lambda: any(f"cannot reach version {v}" in f for f in sub.faults), WAIT, lambda: sub.faults)
                 assert sub.version == 2
                 assert bits_equal(sub.weights(), history[2])
             if sub.apply_to(engine) is not None:
@@ -241,7 +233,7 @@ def test_corrupt_chunk_is_detected_never_applied_and_recovered_through_a_snapsho
         engine_versions.append(5)
         assert 3 not in engine_versions and 4 not in engine_versions
         recovered = "raas-0: recovered: reached version 5 through the snapshot path (snapshot 5)"
-        assert wait_until(lambda: recovered in sub.faults), sub.faults
+        wait_until(lambda: recovered in sub.faults, WAIT, lambda: sub.faults)
         faults = sub.faults
         assert any("CorruptChunkError" in f and "BLAKE3" in f and "version 3" in f for f in faults), faults
         assert faults[-1] == recovered
@@ -392,7 +384,8 @@ def test_a_subscriber_reads_chunks_while_they_are_written_and_checks_them_like_f
     on = WeightSubscriber(bootstrap, job_topics, "policy", node_id="prefetching", prefetch=True).start()
     off = WeightSubscriber(bootstrap, job_topics, "policy", node_id="fetching").start()
     try:
-        assert wait_until(lambda: on._prefetcher is not None)  # tailing before the first chunk is written
+        # tailing before the first chunk is written
+        wait_until(lambda: on._prefetcher is not None, WAIT, "the prefetcher never started")
         history = {0: trainer.named_weights()}
         pub.publish(history[0], 0)
         pub.flush(WAIT)

@@ -1,0 +1,84 @@
+"""When a RaaS node's engine takes new weights, and the one place it does.
+
+The subscriber (:class:`~astraflow.weights.WeightSubscriber`) holds the newest version it
+has verified; :meth:`EngineWeights.apply` puts it into the engine, always with the engine
+alone, so every row of a call comes from one version. That happens between the episodes'
+engine calls (the batcher's ``before_call``), before a served call when no call is in
+flight, in a load that waits for the calls in flight (which the node's loop runs on a
+thread of its own, so it goes on polling), and while the node waits for the version a
+task was scheduled at. It knows nothing about Kafka records, tasks or metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from astraflow.engines.gate import EngineGate
+from astraflow.weights import WeightSubscriber
+
+
+class EngineWeights:
+    """A node's engine and the subscriber it takes its weights from."""
+
+    def __init__(self, subscriber: WeightSubscriber, engine, engine_lock: EngineGate, name: str) -> None:
+        self.subscriber, self.engine, self.engine_lock, self.name = subscriber, engine, engine_lock, name
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-load")
+        self._loading: Future | None = None  #: a load waiting for the engine's calls in flight
+
+    def apply(self) -> None:
+        """The newest weights the subscriber holds into the engine; the caller holds the engine alone."""
+        self.subscriber.apply_to(self.engine)
+
+    def load(self, wait: bool = True) -> None:
+        """Take the engine alone and apply: once the calls in flight end, or (``wait=False``)
+        only if none is in flight."""
+        if wait:
+            with self.engine_lock:
+                self.apply()
+            return
+        with self.engine_lock.try_exclusive() as alone:
+            if alone:
+                self.apply()
+
+    def held(self):
+        """The lineage the engine rolls out with (None: none loaded through the subscriber)."""
+        return self.subscriber.held_by(self.engine)
+
+    def newer(self) -> bool:
+        """The subscriber holds a version the engine has not loaded (asked without the engine:
+        a load takes it alone only when there is something to load)."""
+        held = self.held()
+        if held is None:
+            return self.subscriber.version > self.engine.version
+        return (self.subscriber.epoch, self.subscriber.version) > (held.epoch, held.version)
+
+    def load_beside(self) -> None:
+        """Load newer weights on a thread of their own. A load needs the engine idle, so it waits
+        for the calls in flight (the gate holds new ones back meanwhile), which on an emulated or
+        GPU engine can take a long call's time; the caller meanwhile goes on polling, so the
+        node never holds up its group's rebalances (a join waits for every member's poll, and
+        each rebalance fences the polls in flight of every node)."""
+        if self._loading is not None:
+            if not self._loading.done():
+                return
+            loading, self._loading = self._loading, None
+            loading.result()  # a load that raised fails the caller's step
+        if self.newer():
+            self._loading = self._loader.submit(self.load)
+
+    def wait_for(self, version: int, limit_s: float, while_waiting: Callable[[], None]) -> None:
+        """Load until the engine has ``version``; TimeoutError after ``limit_s``."""
+        deadline = time.monotonic() + limit_s
+        while self.engine.version < version:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name}: weights version {version} did not arrive within "
+                                   f"{limit_s:.0f}s (have {self.engine.version})")
+            self.subscriber.wait_for(version, timeout=1.0)
+            self.load()
+            while_waiting()
+
+    def close(self) -> None:
+        self._loader.shutdown(wait=False, cancel_futures=True)
+        self.subscriber.close()
