@@ -201,7 +201,7 @@ def _mirror_acl(args: argparse.Namespace, cfg, topics) -> int:
     cluster: that cluster and its one mirror, named after the region that declares it)."""
     from astraflow.topics.acls import apply, format_plan, mirror_plan
     from astraflow.topology.launch import load_plan
-    from astraflow.topology.mirror_run import claim_group
+    from astraflow.topology.job_mirror import claim_group
     from astraflow.topology.plan import region_clusters
     from astraflow.topology.regional import HOME_ALIAS
     if not args.topology or cfg is None:
@@ -574,7 +574,7 @@ def _cmd_env(args: argparse.Namespace) -> int:
     import threading
 
     from astraflow.workflows.http_env import EnvServer
-    from astraflow.workflows.environments import get_environment
+    from astraflow.workflows.api import get_environment
     params = _overrides(args.param)
     if args.module:
         import importlib

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from astraflow.algorithms.base import AlgorithmSpec
+from astraflow.algorithms.registry import AlgorithmSpec
 from astraflow.emulation.device import DeviceConfig
 from astraflow.engines.config import RolloutConfig as EngineRolloutConfig
 from astraflow.engines.config import TrainerConfig as EngineTrainerConfig

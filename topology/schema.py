@@ -12,7 +12,8 @@ RaaS pools over to the autoscaler actor and chooses its actuator backend.
 This module holds the shapes and per-field checks only; cross-references (hosts of a pool,
 regions of a link, one trainer per policy, ...) are :mod:`.validation`'s, and what runs
 where is :mod:`.plan`'s. It knows nothing about processes or Kafka clients. Files load
-strictly, like job configs: an unknown key or a wrong type is a
+strictly, like job configs (:func:`~.validation.load_topology`: these shapes, then the
+cross-checks): an unknown key or a wrong type is a
 :class:`~astraflow.config.ConfigError` naming the file and the dotted key.
 """
 
@@ -20,11 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from astraflow.config import ClusterSecurityConfig
-from astraflow.typed_config import Bounds, ConfigError, from_dict, load_yaml
+from astraflow.typed_config import Bounds, ConfigError, from_dict
 
 COMPONENTS = ("dataflow", "trainer", "raas")
 EMBEDDED = "embedded"
@@ -228,16 +228,6 @@ class Topology:
                                    "link's latency and caps its bandwidth; false: they connect directly")
     autoscaler: AutoscalerSpec = _k(AutoscalerSpec(), "the elastic autoscaler")
     source: str = field(default="<dict>", compare=False, metadata={"help": "file it was loaded from"})
-
-
-def load_topology(path: str | Path) -> Topology:
-    """Read, type-check and cross-check a topology file (:class:`TopologyError` names file and key)."""
-    from .validation import validate
-    path = Path(path)
-    data = load_yaml(path, "a mapping with name and regions", TopologyError)
-    topo = parse_topology(data, str(path))
-    validate(topo)
-    return topo
 
 
 def parse_topology(data: dict, file: str = "<dict>") -> Topology:

@@ -29,8 +29,8 @@ import orjson
 from astraflow.errors import DataError
 from astraflow.topics import Prompt
 
-from .api import reward
 from .arithmetic import split_of
+from .registry import reward
 from .sandbox import Limits, check_function
 
 __all__ = ["Case", "CodeProblem", "CodeTaskError", "generate_code_problems", "code_prompts", "program_of",
