@@ -25,20 +25,6 @@ from astraflow.typed_config import Bounds
 
 
 @dataclass(frozen=True)
-class AlgorithmSpec:
-    """One ``dataflow.algorithms`` entry of a job config: a registered data algorithm and its
-    parsed parameters (:func:`~.registry.parse_spec` builds it, strictly)."""
-
-    name: str
-    params: Any
-
-    @classmethod
-    def from_config(cls, value: Any, file: str, key: str) -> "AlgorithmSpec":
-        from .registry import parse_spec
-        return parse_spec(value, file, key)
-
-
-@dataclass(frozen=True)
 class Context:
     """What every algorithm may know about the job it runs in."""
 

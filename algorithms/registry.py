@@ -12,12 +12,13 @@ is added with :func:`register`.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 from astraflow.typed_config import ConfigError, from_dict
 from astraflow.topics.messages import DROP_REASONS
 
-from .base import Algorithm, AlgorithmSpec, BatchComposer, GroupFilter, PromptCurator
+from .base import Algorithm, BatchComposer, GroupFilter, PromptCurator
 from .curriculum import Curriculum
 from .dynamic_sampling import DynamicSampling
 from .filter_solved import FilterSolved
@@ -27,6 +28,19 @@ from .ordering import EarliestDeadlineFirst, Fifo
 from .replay import Replay
 
 ALGORITHMS: dict[str, type[Algorithm]] = {}
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """One ``dataflow.algorithms`` entry of a job config: a registered data algorithm and its
+    parsed parameters (:func:`parse_spec` builds it, strictly)."""
+
+    name: str
+    params: Any
+
+    @classmethod
+    def from_config(cls, value: Any, file: str, key: str) -> "AlgorithmSpec":
+        return parse_spec(value, file, key)
 
 
 def register(cls: type[Algorithm]) -> type[Algorithm]:

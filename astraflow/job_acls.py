@@ -14,7 +14,7 @@ from astraflow.config import POLICY_ROLES, PRINCIPAL_ROLES, JobConfig
 from astraflow.topics import JobTopics
 from astraflow.topics.acls import AclEntry, mirror_plan, plan, principals_of
 from astraflow.topology.launch import load_plan
-from astraflow.topology.mirror_run import claim_group
+from astraflow.topology.job_mirror import claim_group
 from astraflow.topology.plan import Cluster, region_clusters
 from astraflow.topology.regional import HOME_ALIAS
 

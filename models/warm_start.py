@@ -187,7 +187,8 @@ def _shortest_turns(n: int, seed: int, split: str, env_name: str, prompts, solut
     them in its ``tag`` format) -> the next action with its closing tag. ``prompts(n, seed,
     split)`` draws the tasks, ``solution(prompt)`` gives a shortest solution's actions;
     ``env_params`` are the environment's (a job's ``workflow.params.env_params``)."""
-    from astraflow.workflows.environments import EnvTask, get_environment
+    from astraflow.workflows.api import get_environment
+    from astraflow.workflows.environments import EnvTask
     out: list[Example] = []
     k = 0
     while len(out) < n:

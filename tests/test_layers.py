@@ -1,9 +1,10 @@
-"""The layer contract (``[tool.importlinter]`` in pyproject.toml) holds, and it can fail.
+"""The import contracts (``[tool.importlinter]`` in pyproject.toml) hold, and they can fail.
 
 ``make test`` runs ``tools/import_layers.py`` first; these tests run the same check on a
-copy of the installed layout with one module added, so each shows a kind of breach the
-contract must catch: a lower layer importing a higher one (at the top of a module, or
-lazily inside a function) and a new folder placed in no layer.
+copy of the installed layout with modules added, so each shows a kind of breach the
+contracts must catch: a lower layer importing a higher one (at the top of a module, or
+lazily inside a function), a new folder placed in no layer, and a cycle between two
+modules of one package (one side lazy, inside a function or under ``TYPE_CHECKING``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _with(layers, tmp_path: Path, files: dict[str, str]):
 def test_the_layers_hold(layers, tmp_path):
     result = _with(layers, tmp_path, {})
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 1 kept, 0 broken." in result.stdout
+    assert "Contracts: 2 kept, 0 broken." in result.stdout
     # Every installed package was seen, not only the thin top the editable install maps.
     assert all((tmp_path / "tree" / n.replace(".", "/") / "__init__.py").exists() for n in layers.package_dirs())
 
@@ -63,3 +64,17 @@ def test_a_new_folder_must_be_given_a_layer(layers, tmp_path):
     result = _with(layers, tmp_path, {"newroom/__init__.py": '"""A folder nobody placed."""\n'})
     assert result.returncode == 1
     assert "astraflow.newroom" in result.stdout and "not listed as layers" in result.stdout
+
+
+@pytest.mark.parametrize("lazy", [
+    "def later():\n    from astraflow.topology import _cycle_a\n    return _cycle_a\n",
+    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from astraflow.topology._cycle_a import A\n",
+], ids=["inside-a-function", "type-checking"])
+def test_a_cycle_between_two_modules_breaks_the_acyclic_contract(layers, tmp_path, lazy):
+    result = _with(layers, tmp_path, {"topology/_cycle_a.py": "from astraflow.topology import _cycle_b\nA = 1\n",
+                                      "topology/_cycle_b.py": lazy})
+    assert result.returncode == 1
+    assert "layers: a lower layer never imports a higher one KEPT" in result.stdout  # one layer: only this sees it
+    assert "acyclic: no import cycle between the modules of a package BROKEN" in result.stdout
+    assert "No cycles are allowed in astraflow.topology." in result.stdout
+    assert "._cycle_a -> ._cycle_b" in result.stdout or "._cycle_b -> ._cycle_a" in result.stdout

@@ -1,4 +1,10 @@
-"""The layer check `make test` runs: import-linter's contracts over the installed layout.
+"""The import check `make test` runs: import-linter's contracts over the installed layout.
+
+Two contracts, both in ``pyproject.toml``: the layers (a lower layer never imports a higher
+one) and no cycles (no two modules of one package, nor two packages, import each other).
+grimp, import-linter's graph builder, counts every import statement it reads: at the top of
+a module, inside a function, under ``if TYPE_CHECKING:``; so neither contract can be dodged
+by importing lazily. An import by name at run time (``importlib.import_module``) it cannot see.
 
 The folders of the repository are installed as ``astraflow.<folder>`` through
 ``[tool.setuptools.package-dir]`` in ``pyproject.toml``. An editable install maps them with
@@ -9,8 +15,8 @@ tree of links under ``build/import-layers/``, then runs ``lint-imports`` on that
 the contracts of ``pyproject.toml`` (``[tool.importlinter]``).
 
 ``python tools/import_layers.py`` exits with lint-imports' status: 0 when every contract
-is kept, 1 with the offending import chains printed otherwise. It reads the code as text
-and runs none of it.
+is kept, 1 with the offending import chains (or cycles) printed otherwise. It reads the
+code as text and runs none of it.
 """
 
 from __future__ import annotations

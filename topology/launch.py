@@ -22,13 +22,27 @@ import sys
 import time
 from pathlib import Path
 
-from astraflow.config import JobConfig, load_config
+from kafka import TopicPartition
 
+from astraflow.actors.signing import unkeyed
+from astraflow.actors.supervisor import ChildSpec, Outcome, Supervisor
+from astraflow.config import JobConfig, load_config
+from astraflow.topics import Consumer, DeadLetters, Heartbeat, Metric, Producer, job_topics
+from astraflow.topics.claim import ExclusiveClaim
+from astraflow.topics.replay import read_topic
+from astraflow.typed_config import ConfigError
+
+from .accounting import DeviceHours, starting_heartbeat
+from .autoscaler import AutoscalerActor
+from .backends import CommandBackend, LocalBackend
+from .job_mirror import claim_group, snapshot_bytes
+from .links import LinkEmulation
 from .plan import (Plan, check_launchable, check_multi_host, cluster_security, format_plan, region_clusters,
                    resolve)
 from .processes import Proc, RunFailed, node_command, stop_processes, supervise
-from .schema import TopologyError, load_topology
-from .validation import local_backend_misplaced, validate_for_job
+from .regional import RegionalCluster, job_mirror_plan
+from .schema import TopologyError
+from .validation import load_topology, local_backend_misplaced, validate_for_job
 
 
 def load_plan(topology: str | Path, cfg: JobConfig | None = None) -> Plan:
@@ -90,7 +104,6 @@ def weights_security(plan: Plan) -> dict[str, list[str]]:
 
 
 def make_backend(plan: Plan, cfg: JobConfig, command_for, log_dir: Path):
-    from .backends import CommandBackend, LocalBackend
     a = plan.autoscaler
     if a["backend"] == "command":
         return CommandBackend(a["command"]["start"], a["command"]["stop"], command_for, cfg.job)
@@ -99,9 +112,6 @@ def make_backend(plan: Plan, cfg: JobConfig, command_for, log_dir: Path):
 
 def announce_started(bootstrap: str, cfg: JobConfig, nodes) -> None:
     """``starting`` heartbeats for nodes just started: their device time begins now, not at their first beat."""
-    from astraflow.topics import Producer, job_topics
-
-    from .accounting import starting_heartbeat
     topics = job_topics(cfg)
     with contextlib.closing(Producer(bootstrap, client_id="launcher")) as p:
         for n in (n for n in nodes if n.role != "dataflow"):  # the dataflow holds no device and never beats
@@ -119,9 +129,6 @@ def autoscaled_policies(plan: Plan, cfg: JobConfig) -> list[str]:
 @contextlib.contextmanager
 def autoscaler_running(plan: Plan, cfg: JobConfig, bootstrap: str, backend):
     """The autoscaler actor under a supervisor (restarted with backoff); yields its :class:`Outcome`."""
-    from astraflow.actors.supervisor import ChildSpec, Outcome, Supervisor
-
-    from .autoscaler import AutoscalerActor
     outcome = Outcome()
 
     def spec(policy: str, name: str, hours: bool) -> ChildSpec:
@@ -141,10 +148,6 @@ def autoscaler_running(plan: Plan, cfg: JobConfig, bootstrap: str, backend):
 
 def recount_device_hours(bootstrap: str, cfg: JobConfig, plan: Plan | None) -> dict:
     """Device-hours of the whole run, from every heartbeat on ``control`` (the summary's figures)."""
-    from astraflow.topics import Heartbeat, job_topics
-    from astraflow.topics.replay import read_topic
-
-    from .accounting import DeviceHours
     hours = DeviceHours(plan)
     for _, _, m in read_topic(bootstrap, job_topics(cfg).control):
         if isinstance(m, Heartbeat):
@@ -170,7 +173,6 @@ class TopologyRun:
     def broker_setup(self, broker):
         """Before the embedded broker starts: per emulated link, the region's namespace, its
         shaped link and a broker listener advertised at the link's address in the region."""
-        from .links import LinkEmulation
         links = self.plan.emulated_links()
         if not links:
             yield
@@ -194,11 +196,6 @@ class TopologyRun:
         declares it: its broker (embedded: started here, in that region's namespace when its link
         is emulated; existing: nothing to start) and one MirrorMaker 2 copying ``weights.<p>`` and
         ``versions`` from home."""
-        from astraflow.topics import job_topics
-        from astraflow.topics.claim import ExclusiveClaim
-
-        from .mirror_run import claim_group
-        from .regional import RegionalCluster
         there = self.wan.bootstrap_for() if self.wan is not None else {}
         try:
             for c in self.plan.mirrored_clusters():
@@ -213,7 +210,7 @@ class TopologyRun:
                                                       f"astraflow launch (mirror {region})",
                                                       security_setting=rc.security).acquire())
                 rc.mirror_from(job_topics(self.cfg), bootstrap, there.get(region, bootstrap),
-                               snapshot_bytes=_snapshot_bytes(self.cfg))
+                               snapshot_bytes=snapshot_bytes(self.cfg))
         except BaseException:
             self.close_regions()
             raise
@@ -290,9 +287,8 @@ class TopologyRun:
         region to report (an emulated link, a regional cluster); its supervisor's ref or None."""
         if self.wan is None and not self.regions:
             return None
-        from astraflow.actors.supervisor import ChildSpec, Outcome, Supervisor
-        from astraflow.topics import job_topics
-
+        # (at first use: the watcher reads announcements through astraflow.weights.publisher, which
+        # imports torch, ~1.6 s, in the launcher process that otherwise never needs it)
         from .region_watch import RegionWatchActor
         spec = ChildSpec("region-watch", lambda sup, n: RegionWatchActor.start(
             sup, n, self.plan, bootstrap, job_topics(self.cfg), self.wan, self.by_region()), required=False)
@@ -315,17 +311,7 @@ class TopologyRun:
         return self.extra
 
 
-def _snapshot_bytes(cfg: JobConfig) -> int:
-    """A full snapshot's size, for the bound of a region's mirrored weights: the model's weight files."""
-    from astraflow.actors.common import model_path
-    path = Path(model_path(cfg))
-    size = sum(f.stat().st_size for f in path.glob("*") if f.suffix in (".safetensors", ".bin", ".pt"))
-    return max(size, 64 * 1024 * 1024)
-
-
 def _metrics(bootstrap: str, cfg: JobConfig):
-    from astraflow.topics import Metric, job_topics
-    from astraflow.topics.replay import read_topic
     for _, _, m in read_topic(bootstrap, job_topics(cfg).metrics):
         if isinstance(m, Metric):
             yield m
@@ -357,8 +343,6 @@ def check_keys_on_hosts(plan: Plan, cfg: JobConfig) -> None:
     each host's own run dir would make up its own pair, and the readers on the other hosts would
     dead-letter every announcement and trajectory group it signs, so the job would never train.
     Raises a :class:`~astraflow.typed_config.ConfigError` naming the first such key and the job file."""
-    from astraflow.actors.signing import unkeyed
-    from astraflow.typed_config import ConfigError
     hosts = {h for h in plan.host_addresses if plan.nodes_on(h)}
     missing = unkeyed(cfg) if len(hosts) > 1 else []
     if missing:
@@ -457,18 +441,13 @@ def regional_mirror_plan(plan: Plan, cfg: JobConfig, region: str, home: str):
     """The MirrorMaker 2 flow into region ``region``'s regional cluster on a multi-host deployment
     (an existing cluster). It is the cluster's one flow, named after its declaring region, so the
     regions that share a cluster get the same plan (aliases, Connect group, internal topics)."""
-    from astraflow.topics import job_topics
-
-    from .regional import job_mirror_plan
     cluster = region_clusters(plan)[region]
-    return job_mirror_plan(cluster.declared_by, job_topics(cfg), home, cluster.name, _snapshot_bytes(cfg),
+    return job_mirror_plan(cluster.declared_by, job_topics(cfg), home, cluster.name, snapshot_bytes(cfg),
                            target_security=cluster_security(plan, cluster))
 
 
 def trainer_done_feed(stack: contextlib.ExitStack, bootstrap: str, cfg: JobConfig, client_id: str):
     """A reader of the job's ``metrics`` from the start, for :func:`trainer_done` (closed with ``stack``)."""
-    from astraflow.topics import Consumer, DeadLetters, Metric, job_topics
-    from kafka import TopicPartition
     dead = DeadLetters.own(bootstrap, job_topics(cfg).dlq, client_id)
     stack.callback(dead.close)
     feed = stack.enter_context(Consumer(bootstrap, client_id=client_id, dead_letters=dead,
@@ -479,5 +458,4 @@ def trainer_done_feed(stack: contextlib.ExitStack, bootstrap: str, cfg: JobConfi
 
 def trainer_done(feed, timeout_ms: int = 500) -> bool:
     """Whether the next poll of ``feed`` holds the trainer's ``trainer.done``."""
-    from astraflow.topics import Metric
     return any(isinstance(d.message, Metric) and d.message.name == "trainer.done" for d in feed.poll(timeout_ms))

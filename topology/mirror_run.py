@@ -16,7 +16,7 @@ cluster's ``metrics`` for ``astraflow status`` (:mod:`.region_watch`), and stops
 trainer reports it is done (after the mirror caught up) or on SIGTERM/SIGINT. It knows the plan,
 the two clusters and the job's topics; no nodes.
 
-One command per target: before anything starts it takes the claim :func:`claim_group` on the
+One command per target: before anything starts it takes the claim :func:`~.job_mirror.claim_group` on the
 region's cluster (:class:`~astraflow.topics.claim.ExclusiveClaim`: consumer-group membership,
 so it holds across hosts and lapses with its holder). A second command for the same job and
 cluster is refused, naming the pid and host of the one that runs; once that one exits (at once)
@@ -34,22 +34,23 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from astraflow.actors.supervisor import ChildSpec, Outcome, Supervisor
 from astraflow.config import JobConfig
+from astraflow.topics import job_topics
+from astraflow.topics.claim import ExclusiveClaim
 
-from .launch import _snapshot_bytes, home_bootstrap, load_plan, trainer_done, trainer_done_feed
+from .job_mirror import claim_group, snapshot_bytes
+from .launch import home_bootstrap, load_plan, trainer_done, trainer_done_feed
 from .plan import Cluster, Plan, check_multi_host, cluster_security, region_clusters
 from .processes import RunFailed
+from .region_watch import RegionWatchActor
+from .regional import RegionalCluster
 from .schema import TopologyError
 
 #: Restart backoff of a MirrorMaker that died: doubles from the first to the last.
 BACKOFF_S = (1.0, 30.0)
 #: After the trainer's done, how long the mirror may take to copy the last versions before it stops.
 DRAIN_S = 60.0
-
-
-def claim_group(job: str) -> str:
-    """The consumer group on a region's cluster whose member runs the job's mirror into it."""
-    return f"astraflow.mirror.{job}"
 
 
 def mirror_cluster(plan: Plan, region: str) -> Cluster:
@@ -72,13 +73,6 @@ def run_mirror(topology: str | Path, cfg: JobConfig, region: str, *, bootstrap: 
     """Run the MirrorMaker 2 from home into region ``region``'s cluster (:func:`mirror_cluster`)
     until the trainer is done, SIGTERM/SIGINT or ``stop()``; ``max_restarts`` (None: unbounded)
     deaths in a row without a successful start raise :class:`~.processes.RunFailed`. Returns 0."""
-    from astraflow.actors.supervisor import ChildSpec, Outcome, Supervisor
-    from astraflow.topics import job_topics
-    from astraflow.topics.claim import ExclusiveClaim
-
-    from .region_watch import RegionWatchActor
-    from .regional import RegionalCluster
-
     plan = load_plan(topology, cfg)
     cluster = mirror_cluster(plan, region)
     check_multi_host(plan)
@@ -102,7 +96,7 @@ def run_mirror(topology: str | Path, cfg: JobConfig, region: str, *, bootstrap: 
                                                    security_setting=rc.security))
         print(f"mirror {region}: holds claim {claim.group!r} on {rc.here} as {claim.client_id}", flush=True)
         stack.callback(rc.close)
-        mirror = rc.mirror_from(topics, home, home, _snapshot_bytes(cfg))
+        mirror = rc.mirror_from(topics, home, home, snapshot_bytes(cfg))
         watch = Supervisor.start([ChildSpec("region-watch", lambda sup, n: RegionWatchActor.start(
             sup, n, plan, home, topics, None, {r: rc for r in cluster.regions}), required=False)], Outcome())
         stack.callback(lambda: watch.stop(block=True, timeout=60))  # (its last report: the final lag)

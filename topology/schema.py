@@ -12,18 +12,18 @@ RaaS pools over to the autoscaler actor and chooses its actuator backend.
 This module holds the shapes and per-field checks only; cross-references (hosts of a pool,
 regions of a link, one trainer per policy, ...) are :mod:`.validation`'s, and what runs
 where is :mod:`.plan`'s. It knows nothing about processes or Kafka clients. Files load
-strictly, like job configs: an unknown key or a wrong type is a
+strictly, like job configs (:func:`~.validation.load_topology`: these shapes, then the
+cross-checks): an unknown key or a wrong type is a
 :class:`~astraflow.config.ConfigError` naming the file and the dotted key.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 from astraflow.config import ClusterSecurityConfig
-from astraflow.typed_config import Bounds, ConfigError, from_dict, load_yaml
+from astraflow.typed_config import Bounds, ConfigError, from_dict
 from astraflow.typed_config import setting as _k
 
 COMPONENTS = ("dataflow", "trainer", "raas")
@@ -220,16 +220,6 @@ class Topology:
                                    "link's latency and caps its bandwidth; false: they connect directly")
     autoscaler: AutoscalerSpec = _k(AutoscalerSpec(), "the elastic autoscaler")
     source: str = field(default="<dict>", compare=False, metadata={"help": "file it was loaded from"})
-
-
-def load_topology(path: str | Path) -> Topology:
-    """Read, type-check and cross-check a topology file (:class:`TopologyError` names file and key)."""
-    from .validation import validate
-    path = Path(path)
-    data = load_yaml(path, "a mapping with name and regions", TopologyError)
-    topo = parse_topology(data, str(path))
-    validate(topo)
-    return topo
 
 
 def parse_topology(data: dict, file: str = "<dict>") -> Topology:

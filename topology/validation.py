@@ -1,5 +1,8 @@
 """Cross-checks of a topology: every reference resolves and the deployment can run.
 
+:func:`load_topology` reads a topology file: the shapes and per-field checks of
+:mod:`.schema`, then these cross-checks.
+
 :func:`validate` needs the file alone: pools name hosts of their own region, host and pool
 names are unique across regions (node ids derive from pool names), one dataflow, one
 trainer per policy and at least one RaaS pool per trained policy, ``region:<name>``
@@ -13,12 +16,23 @@ Each failure is a :class:`~.schema.TopologyError` naming the file and the dotted
 
 from __future__ import annotations
 
+import string
 from collections import Counter
+from pathlib import Path
 
 from astraflow.topics.bootstrap import BadBootstrapServers, parse_bootstrap
-from astraflow.typed_config import check_name
+from astraflow.typed_config import check_name, load_yaml
 
-from .schema import EMBEDDED, REGION_REF, Topology, TopologyError
+from .schema import EMBEDDED, REGION_REF, Topology, TopologyError, parse_topology
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Read, type-check and cross-check a topology file (:class:`TopologyError` names file and key)."""
+    path = Path(path)
+    data = load_yaml(path, "a mapping with name and regions", TopologyError)
+    topo = parse_topology(data, str(path))
+    validate(topo)
+    return topo
 
 
 def validate(t: Topology) -> None:
@@ -294,7 +308,6 @@ _PLACEHOLDERS = {"cmd", "node_id", "pool", "policy", "host", "address", "region"
 
 
 def _check_templates(t: Topology) -> None:
-    import string
     for which in ("start", "stop"):
         template = getattr(t.autoscaler.command, which)
         key = f"autoscaler.command.{which}"

@@ -38,8 +38,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .api import ENV, Episode, EpisodeResult, Trajectory, Turn, WorkflowParamError, role_seed, workflow
 from .environments import ENV_TIMEOUT, EnvHandle, EnvironmentFailed, EnvTask, get_environment
+from .registry import WorkflowParamError, workflow
+from .roles import role_seed
+from .types import ENV, Episode, EpisodeResult, Trajectory, Turn
 
 __all__ = ["AgentParams", "agent", "parse_action", "END_REASONS", "LIMITS"]
 

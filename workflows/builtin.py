@@ -2,23 +2,26 @@
 
 ``rlvr`` (one role: generate ``n`` samples, score each) is what a single-policy job runs;
 ``solver_verifier`` is the maths solver-verifier team; the code workflows, the maths
-answer checker, the ``agent`` workflow and the ``text_game`` and ``search`` environments register
-themselves from their modules. A user workflow registers the same
-way from any module the job imports (``workflow.module`` in the job config). Nothing here
-knows where an episode runs or how its calls are batched: the episode runner
-(``astraflow.actors.episodes``) runs these for RaaS nodes and the in-process baselines.
+answer checker, the ``agent`` workflow and the ``text_game``, ``search`` and ``http``
+environments register themselves from their modules, imported here. A user workflow
+registers the same way from any module the job imports (``workflow.module`` in the job
+config). Nothing here knows where an episode runs or how its calls are batched: the episode
+runner (``astraflow.actors.episodes``) runs these for RaaS nodes and the in-process baselines.
+
+:mod:`astraflow.workflows.api`'s lookups import this module at their first call; a shipped
+module whose dependency is missing fails that call with its ``ModuleNotFoundError`` (naming
+the missing module), never with an "unknown workflow" later.
 """
 
 from __future__ import annotations
 
-import importlib
-import logging
-
+# Imported for what they register (their @workflow, @reward and @environment).
+from . import (agent, code_workflows, http_env, math_answers, openai_endpoint, search_env,  # noqa: F401
+               solver_verifier, text_game)
 from . import arithmetic
-from .api import Episode, EpisodeResult, Trajectory, get_scorer, reward, workflow
+from .registry import get_scorer, reward, workflow
 from .seeds import task_seeds
-
-log = logging.getLogger(__name__)
+from .types import Episode, EpisodeResult, Trajectory
 
 reward("exact_match")(arithmetic.reward)
 
@@ -38,10 +41,3 @@ def rlvr(ep: Episode) -> EpisodeResult:
     trajs = [Trajectory.of(t, score(t.text, ep.answer, ep.metadata)) for t in turns]
     return EpisodeResult({"solver": trajs}, team_reward=sum(t.reward for t in trajs) / len(trajs))
 
-
-for _module in ("solver_verifier", "code_workflows", "math_answers", "agent", "text_game", "search_env", "http_env", "openai_endpoint"):
-    try:
-        importlib.import_module(f"astraflow.workflows.{_module}")
-    except ModuleNotFoundError as e:  # an optional module not built yet / its package missing
-        if e.name != f"astraflow.workflows.{_module}":
-            log.debug("workflow module %s not loaded: %s", _module, e)

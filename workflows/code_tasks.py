@@ -30,8 +30,8 @@ from astraflow.errors import DataError
 from astraflow.sandbox import Limits, SandboxSettings, check_function
 from astraflow.topics import Prompt
 
-from .api import reward
 from .arithmetic import split_of
+from .registry import reward
 
 __all__ = ["Case", "CodeProblem", "CodeTaskError", "generate_code_problems", "code_prompts", "program_of",
            "expression_of", "format_cases", "parse_cases", "hidden_tests", "reference_of", "run_cases",

@@ -56,9 +56,10 @@ import random
 import re
 from collections.abc import Sequence
 
-from .api import ENV, Episode, EpisodeResult, RuleChoices, Trajectory, Turn, workflow
 from .code_tasks import (ENTRY, Case, CodeProblem, evaluate_expr, expression_of, family, format_cases,
                          generate_code_problems, hidden_tests, parse_cases, probe_inputs, reference_of, run_cases)
+from .registry import RuleChoices, workflow
+from .types import ENV, Episode, EpisodeResult, Trajectory, Turn
 
 __all__ = ["code_solver_selector", "code_solver_testgen", "warm_start_examples", "pick_of", "feedback_of",
            "problem_of", "selector_check", "selector_prompt", "generator_prompt", "retry_prompt", "ROLES",

@@ -39,7 +39,7 @@ from fractions import Fraction
 
 from astraflow.errors import FatalError
 
-from .api import reward
+from .registry import reward
 
 log = logging.getLogger(__name__)
 

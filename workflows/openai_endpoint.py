@@ -53,9 +53,10 @@ from dataclasses import dataclass, field, fields
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from .api import (ENV, Episode, EpisodeResult, SamplingOverrideError, Trajectory, Turn, WorkflowParamError, role_seed,
-                  workflow)
 from .http_env import JsonHandler
+from .registry import WorkflowParamError, workflow
+from .roles import SamplingOverrideError, role_seed
+from .types import ENV, Episode, EpisodeResult, Trajectory, Turn
 
 __all__ = ["OpenAIAgentParams", "openai_agent", "load_agent"]
 

@@ -34,7 +34,8 @@ answer.
 
 from __future__ import annotations
 
-from .api import ENV, Episode, EpisodeResult, RuleChoices, Trajectory, get_scorer, workflow
+from .registry import RuleChoices, get_scorer, workflow
+from .types import ENV, Episode, EpisodeResult, Trajectory
 
 APPROVE, REJECT = "<A>", "<R>"
 #: param -> its values; the first is the default (the reference system's rule)

@@ -18,7 +18,7 @@ __all__ = ["add_parsers"]
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
-    from astraflow.workflows.environments import get_environment  # lazy: the workflows and their libraries
+    from astraflow.workflows.api import get_environment  # lazy: the workflows and their libraries
     from astraflow.workflows.http_env import EnvServer
     params = overrides(args.param)
     if args.module:

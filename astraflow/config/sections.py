@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from astraflow.algorithms.base import AlgorithmSpec
+from astraflow.algorithms.registry import AlgorithmSpec
 from astraflow.emulation.device import DeviceConfig
 from astraflow.engines.config import RolloutConfig as EngineRolloutConfig
 from astraflow.engines.config import TrainerConfig as EngineTrainerConfig

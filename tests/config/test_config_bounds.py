@@ -16,7 +16,8 @@ import yaml
 from astraflow.algorithms.registry import ALGORITHMS
 from astraflow.config import JobConfig, load_config
 from astraflow.topics.bootstrap import BadBootstrapServers, BrokerUnreachable, parse_bootstrap, wait_reachable
-from astraflow.topology.schema import Topology, TopologyError, load_topology
+from astraflow.topology.schema import Topology, TopologyError
+from astraflow.topology.validation import load_topology
 from astraflow.typed_config import Bounds, ConfigError, check_name
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from astraflow.topology.accounting import DeviceHours, starting_heartbeat
 from astraflow.topology.backends import BackendError, CommandBackend, LocalBackend
 from astraflow.topology.plan import resolve
 from astraflow.topology.processes import supervise
-from astraflow.topology.schema import load_topology
+from astraflow.topology.validation import load_topology
 from tests.waiting import wait_until
 
 from .test_topology_files import changed, write

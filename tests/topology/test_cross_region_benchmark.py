@@ -10,7 +10,7 @@ import pytest
 
 from astraflow.benchmarks import cross_region as xr
 from astraflow.topology.plan import check_launchable, resolve
-from astraflow.topology.schema import load_topology
+from astraflow.topology.validation import load_topology
 
 
 def _args(**kw) -> argparse.Namespace:

@@ -333,7 +333,7 @@ def test_launch_does_not_mirror_into_an_existing_cluster_while_a_mirror_command_
     refuse to start, naming the holder, before any MirrorMaker; released, they would start."""
     from astraflow.topics.claim import ClaimRefused, ExclusiveClaim
     from astraflow.topology.launch import TopologyRun
-    from astraflow.topology.mirror_run import claim_group
+    from astraflow.topology.job_mirror import claim_group
     job = "ml" + uuid.uuid4().hex[:8]
     cfg = load_config(str(JOB), {"job": job})
     plan = load_plan(_topology(tmp_path, bootstrap, region_cluster.bootstrap_servers), cfg)
@@ -349,7 +349,7 @@ def test_launch_does_not_mirror_into_an_existing_cluster_while_a_mirror_command_
 def test_launch_holds_the_claim_while_its_mirror_runs_and_releases_it_after(tmp_path, bootstrap, region_cluster):
     from astraflow.topics.claim import ClaimRefused, ExclusiveClaim
     from astraflow.topology.launch import TopologyRun
-    from astraflow.topology.mirror_run import claim_group
+    from astraflow.topology.job_mirror import claim_group
     job = "mh" + uuid.uuid4().hex[:8]
     cfg = load_config(str(JOB), {"job": job})
     plan = load_plan(_topology(tmp_path, bootstrap, region_cluster.bootstrap_servers), cfg)

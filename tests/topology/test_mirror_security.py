@@ -326,7 +326,7 @@ def test_the_mirror_runs_as_a_least_privilege_principal(tmp_path, bootstrap, sec
 
     from astraflow.topics.acls import apply, mirror_plan
     from astraflow.topics.secured import add_users
-    from astraflow.topology.mirror_run import claim_group
+    from astraflow.topology.job_mirror import claim_group
 
     setup = secure_broker.secure
     job = "mp" + uuid.uuid4().hex[:8]

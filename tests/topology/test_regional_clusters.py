@@ -20,7 +20,8 @@ from astraflow.topology.launch import TopologyRun, load_plan, node_command_for
 from astraflow.status import format_status, job_status
 from astraflow.topology.plan import check_launchable, format_plan, resolve
 from astraflow.topology.region_watch import MirroredWeights, RegionWatchActor, regions_status
-from astraflow.topology.schema import TopologyError, load_topology
+from astraflow.topology.schema import TopologyError
+from astraflow.topology.validation import load_topology
 from astraflow.weights import WeightPublisher, WeightSubscriber
 from astraflow.weights.codec import weights_digest
 

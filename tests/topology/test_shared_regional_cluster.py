@@ -22,12 +22,14 @@ from astraflow.cli import main
 from astraflow.config import load_config
 from astraflow.topics.claim import ClaimRefused, ExclusiveClaim
 from astraflow.topics.mirror import connect_group, internal_topics
+from astraflow.topology.job_mirror import claim_group
 from astraflow.topology.launch import TopologyRun, load_plan, node_command_for, regional_mirror_plan, weights_security
-from astraflow.topology.mirror_run import claim_group, mirror_cluster, run_mirror
+from astraflow.topology.mirror_run import mirror_cluster, run_mirror
 from astraflow.topology.plan import (check_launchable, check_multi_host, format_plan, own_clusters,
                                      region_clusters, resolve)
 from astraflow.topology.regional import RegionalCluster
-from astraflow.topology.schema import TopologyError, load_topology
+from astraflow.topology.schema import TopologyError
+from astraflow.topology.validation import load_topology
 
 from .test_existing_regional_clusters import region_cluster  # noqa: F401 - the module's second real cluster
 

@@ -12,8 +12,8 @@ import yaml
 from astraflow.cli import main
 from astraflow.errors import EXIT_FATAL
 from astraflow.topology.plan import check_launchable, format_plan, grow_order, resolve
-from astraflow.topology.schema import TopologyError, load_topology
-from astraflow.topology.validation import validate_for_job
+from astraflow.topology.schema import TopologyError
+from astraflow.topology.validation import load_topology, validate_for_job
 
 ROOT = Path(__file__).resolve().parents[2]
 

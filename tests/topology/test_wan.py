@@ -19,7 +19,8 @@ from astraflow.config import load_config
 from astraflow.topics import EmbeddedBroker, TopicSpec, ensure_topics
 from astraflow.topology.launch import TopologyRun, load_plan, node_command_for
 from astraflow.topology.plan import format_plan, resolve, without_emulation
-from astraflow.topology.schema import TopologyError, load_topology
+from astraflow.topology.schema import TopologyError
+from astraflow.topology.validation import load_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO_REGIONS = ROOT / "examples" / "topology_two_regions.yaml"
