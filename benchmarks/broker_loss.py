@@ -39,9 +39,6 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kafka import KafkaAdminClient
-from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
-
 from astraflow.benchmarks.results_io import fmt_spread, load_now, spread, write_results
 from astraflow.chaos.faults import coordinator_partition
 from astraflow.topics import (Consumer, EmbeddedCluster, JobTopics, Producer, Prompt,
@@ -59,7 +56,7 @@ GIVE_UP_S = 120.0
 
 # -- where Kafka puts a coordinator (chaos.faults.coordinator_partition) -----------------------
 
-def _leaders(admin: KafkaAdminClient, topic: str) -> dict[int, int]:
+def _leaders(admin: security.KafkaAdminClient, topic: str) -> dict[int, int]:
     return {p["partition_index"]: p["leader_id"] for p in admin.describe_topics([topic])[0]["partitions"]}
 
 
@@ -157,7 +154,7 @@ class Node(threading.Thread):
                 Consumer(self.bootstrap, topics=[self.topics.tasks("policy")], group_id=self.group,
                          client_id=self.name, session_timeout_ms=SESSION_TIMEOUT_MS,
                          heartbeat_interval_ms=SESSION_TIMEOUT_MS // 5,
-                         partition_assignment_strategy=[StickyPartitionAssignor], expect=(Prompt,)))
+                         sticky=True, expect=(Prompt,)))
 
     def run(self) -> None:
         producer, consumer = self._clients()

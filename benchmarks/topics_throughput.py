@@ -44,7 +44,7 @@ from pathlib import Path
 import orjson
 
 from astraflow.benchmarks.results_io import fmt_spread, load_now, ratio_spread, spread, write_results
-from astraflow.topics import (ChunkReader, Consumer, EmbeddedBroker, Producer, Sample, TopicSpec,
+from astraflow.topics import (ChunkReader, Consumer, EmbeddedBroker, Producer, Sample, TopicPartition, TopicSpec,
                               TrajectoryGroup, ensure_topics, socket_reads, write_chunks)
 from astraflow.topics.codec import encode
 from astraflow.topics.runtime import kafka_version, run_tool
@@ -145,8 +145,6 @@ def ours_consume(bootstrap: str, topic: str, n: int, value_bytes: float) -> dict
 
 def plain_produce(bootstrap: str, topic: str, records: list[tuple[bytes, list]], n: int, **settings) -> dict:
     """kafka-python's ``KafkaProducer`` sending ready-made (value, headers) pairs."""
-    from kafka import KafkaProducer
-
     kp = security.producer(bootstrap_servers=bootstrap, client_id="bench-plain", acks="all", enable_idempotence=True,
                            batch_size=256 * 1024, **settings)
     try:
@@ -165,8 +163,6 @@ def plain_produce(bootstrap: str, topic: str, records: list[tuple[bytes, list]],
 def plain_consume(bootstrap: str, topic: str, n: int, record_reader: bool = False) -> dict:
     """kafka-python's ``KafkaConsumer`` reading ``n`` records' bytes (no decoding), the records
     read by kafka-python itself or (``record_reader``) by our C reader (:mod:`astraflow.topics.records`)."""
-    from kafka import TopicPartition
-
     kc = security.consumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                            record_reader=record_reader,
                            isolation_level="read_committed", max_partition_fetch_bytes=8 * 1024 * 1024,

@@ -467,13 +467,12 @@ def regional_mirror_plan(plan: Plan, cfg: JobConfig, region: str, home: str):
 
 def trainer_done_feed(stack: contextlib.ExitStack, bootstrap: str, cfg: JobConfig, client_id: str):
     """A reader of the job's ``metrics`` from the start, for :func:`trainer_done` (closed with ``stack``)."""
-    from astraflow.topics import Consumer, DeadLetters, Metric, job_topics
-    from kafka import TopicPartition
+    from astraflow.topics import Consumer, DeadLetters, Metric, TopicPartition, job_topics
     dead = DeadLetters.own(bootstrap, job_topics(cfg).dlq, client_id)
     stack.callback(dead.close)
     feed = stack.enter_context(Consumer(bootstrap, client_id=client_id, dead_letters=dead,
                                         partitions=[TopicPartition(job_topics(cfg).metrics, 0)], expect=(Metric,)))
-    feed.raw.seek_to_beginning()
+    feed.seek_to_beginning()
     return feed
 
 

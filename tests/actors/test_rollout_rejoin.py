@@ -128,7 +128,7 @@ def test_a_commit_refused_by_a_rebalance_does_not_crash_the_node(bootstrap, job_
         assert expelled and node.consumer.pending_offsets() == {}
         deadline = time.monotonic() + 60
         tp = TopicPartition(topic, 0)
-        while node.consumer.raw.committed(tp) != 1:  # rejoined, handed the record again, committed past it
+        while node.consumer.committed(tp) != 1:  # rejoined, handed the record again, committed past it
             assert time.monotonic() < deadline, "the node never committed past the record after rejoining"
             node.step()
         assert node.consumer.group_metadata().generation_id >= 0
@@ -181,7 +181,7 @@ def test_a_client_left_rebalancing_with_no_rejoin_pending_rejoins_instead_of_ref
         letters = consumer.dead_letters
         tp = TopicPartition(topic, 0)
         deadline = time.monotonic() + 40  # below the watch's 45 s: the consumer itself must recover
-        while consumer.raw.committed(tp) != 1:
+        while consumer.committed(tp) != 1:
             assert time.monotonic() < deadline, "the node never committed past the record"
             node.step()
         assert wedged == [False]  # the wedge was entered: rebalancing, no rejoin pending
