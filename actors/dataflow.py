@@ -47,15 +47,14 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-from kafka import TopicPartition
 from opentelemetry import trace
 from opentelemetry.trace import Link
 
 from astraflow.algorithms import Candidate, TrainedGroup
 from astraflow.algorithms.pipeline import digest
 from astraflow.config import JobConfig
-from astraflow.topics import (Batch, Consumer, DeadLetters, Delivery, Producer, Prompt, Task, TrajectoryGroup,
-                              VersionAnnouncement)
+from astraflow.topics import (Batch, Consumer, DeadLetters, Delivery, Producer, Prompt, Task, TopicPartition,
+                              TrajectoryGroup, VersionAnnouncement)
 from astraflow.topics import tracing as topic_tracing, job_topics
 from astraflow.topics.codec import encode
 from astraflow.topics.messages import DROP_REASONS
@@ -224,7 +223,7 @@ class DataflowActor(LoopActor):
 
     def _prompts_exhausted(self) -> bool:
         tp = TopicPartition(self.topics.prompts, 0)
-        return tp in self.prompts.assignment() and self.prompts.raw.position(tp) >= self.prompts_end
+        return tp in self.prompts.assignment() and self.prompts.position(tp) >= self.prompts_end
 
     def _next_prompt_epoch(self) -> None:
         """Every prompt was read: begin the next pass (its own transaction: pass number and offset 0)."""
@@ -233,7 +232,7 @@ class DataflowActor(LoopActor):
         with self.txn.transaction():
             self._send_state()
             self.txn.send_offsets(self.prompts, {tp: 0})
-        self.prompts.raw.seek(tp, 0)
+        self.prompts.seek(tp, 0)
         epoch = self.lead.ledger.prompt_epoch
         log.info("dataflow: every prompt read; pass %d over %s begins", epoch, self.topics.prompts)
         self.metrics.emit("dataflow.prompt_epoch", epoch, step=self.lead.version)

@@ -35,11 +35,9 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from kafka import TopicPartition
-
 from astraflow.engines.base import Generation, SamplingParams
 from astraflow.topics import (Consumer, DeadLetters, GenerationReply, GenerationRequest, JobTopics, Producer,
-                              StaleMembershipError)
+                              StaleMembershipError, TopicPartition)
 from astraflow.topics.codec import header
 from astraflow.topics.membership import MembershipWatch
 from astraflow.workflows.api import Turn
@@ -81,9 +79,7 @@ class GenerationClient:
         self._waiting: dict[str, tuple[threading.Event, list]] = {}
         self.consumer = Consumer(bootstrap, partitions=parts, client_id=f"{node_id}.gen-client",
                                  dead_letters=dead_letters, expect=(GenerationReply,), accept=self._awaited)
-        self.consumer.raw.seek_to_end(*parts)
-        for tp in parts:  # resolve the end positions now: replies to this node's requests come after
-            self.consumer.raw.position(tp)
+        self.consumer.seek_to_end(*parts)  # resolved now: replies to this node's requests come after
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._nonce = f"{node_id}.{os.getpid()}.{int(time.time() * 1000) % 10**9}"
@@ -167,7 +163,6 @@ class GenerationServer:
                  run: Callable[[Sequence[Sequence[int]], SamplingParams, Sequence[int]], list[Generation]],
                  params: Callable[[dict], SamplingParams], dead_letters: DeadLetters | None = None,
                  producer: Producer | None = None, concurrent: bool = False, devices: int = 1) -> None:
-        from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
         self.topics, self.policy, self.node_id, self.run, self.params = topics, policy, node_id, run, params
         self._own_producer = producer is None
         self.producer = producer or Producer(bootstrap, client_id=f"{node_id}.gen-server")
@@ -175,7 +170,7 @@ class GenerationServer:
             bootstrap, topics=[topics.generate(policy)], group_id=topics.generation_group(policy),
             client_id=f"{node_id}.gen-server", dead_letters=dead_letters, max_poll_records=8,
             session_timeout_ms=10_000, heartbeat_interval_ms=2_000,
-            partition_assignment_strategy=[StickyPartitionAssignor], expect=(GenerationRequest,), redo_lost=True)
+            sticky=True, expect=(GenerationRequest,), redo_lost=True)
         self.consumer = self._new_consumer()
         # The consumer wedge of the task consumer (actors/rollout.py) can hit this one too;
         # nothing is in flight between serve() calls, so a replacement loses nothing.

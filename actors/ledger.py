@@ -15,9 +15,7 @@ from __future__ import annotations
 import time
 from typing import Iterable
 
-from kafka import TopicPartition
-
-from astraflow.topics import DeadLetters, DecodeError, Delivery, SourceOffset, TrajectoryGroup, decode
+from astraflow.topics import DeadLetters, DecodeError, Delivery, SourceOffset, TopicPartition, TrajectoryGroup, decode
 from astraflow.topics.messages import DROP_REASONS, DataflowState, GroupDrop
 from astraflow.topics import security
 

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import logging
 
-from kafka import TopicPartition
-
 from astraflow.config import GENERATORS, JobConfig
-from astraflow.topics import DeadLetters, JobTopics, Producer, Prompt
+from astraflow.topics import DeadLetters, JobTopics, Producer, Prompt, TopicPartition
 from astraflow.topics import security
 from astraflow.workflows.datasets import bad_row_handler
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import time
 
-from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from opentelemetry import trace
 
 from astraflow.config import JobConfig
@@ -148,7 +147,7 @@ class RolloutActor(LoopActor):
                                                               recall=self.bootstrap),
             max_poll_records=self.cfg.rollout.tasks_per_call, session_timeout_ms=TASK_SESSION_TIMEOUT_MS,
             heartbeat_interval_ms=TASK_SESSION_TIMEOUT_MS // 5, max_poll_interval_ms=int(WEIGHT_WAIT_LIMIT_S * 1000) + 60_000,
-            partition_assignment_strategy=[StickyPartitionAssignor], expect=(Task,), redo_lost=True)
+            sticky=True, expect=(Task,), redo_lost=True)
 
     def _rejoin_if_stuck(self) -> None:
         """Recreate the task consumer when the broker says it is not in its group.

@@ -40,14 +40,13 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from kafka import TopicPartition
 from opentelemetry import trace
 
 from astraflow.config import JobConfig
 from astraflow.engines.checkpoints import CheckpointStore
 from astraflow.engines.hf_export import HFExports
 from astraflow.topics import (Batch, Consumer, DeadLetters, Delivery, Heartbeat, Producer, SnapshotRequest,
-                              job_topics)
+                              TopicPartition, job_topics)
 
 from .common import close_quietly, lower_priority, make_train_engine, model_path, niceness, set_threads, to_train_batch
 from .signing import trainer_keys
@@ -93,7 +92,7 @@ class TrainerActor(LoopActor):
         self.dead = DeadLetters(self.producer, self.topics.dlq, client, recall=self.bootstrap)
         self.consumer = Consumer(self.bootstrap, partitions=[tp], client_id=client, dead_letters=self.dead,
                                  max_poll_records=1, expect=(Batch,), validate=self._check_batch)
-        self.consumer.raw.seek(tp, self.offset)
+        self.consumer.seek(tp, self.offset)
         if not self.leader:
             self._weights()  # rank 0's publisher resumes from the gathered weights: join the gather
             lower_priority(self.cfg.trainer.cpu_nice)
@@ -104,7 +103,7 @@ class TrainerActor(LoopActor):
         self.control = Consumer(self.bootstrap, partitions=[TopicPartition(self.topics.control, 0)],
                                 client_id=f"trainer.{self.cfg.policy}", dead_letters=self.dead,
                                 expect=(Heartbeat, SnapshotRequest))
-        self.control.raw.seek_to_beginning()
+        self.control.seek_to_beginning()
         self._snapshot_next = False
         self._catch_up_control()
         # Signed announcements (actors/signing.py): readers refuse any other, whatever epoch it claims.
@@ -204,9 +203,9 @@ class TrainerActor(LoopActor):
     def _catch_up_control(self, limit_s: float = 10.0) -> None:
         """Read the requests already on ``control`` before training, so none waits a step."""
         tp = TopicPartition(self.topics.control, 0)
-        end = self.control.raw.end_offsets([tp])[tp]
+        end = self.control.end_offsets([tp])[tp]
         deadline = time.monotonic() + limit_s
-        while self.control.raw.position(tp) < end and time.monotonic() < deadline:
+        while self.control.position(tp) < end and time.monotonic() < deadline:
             self._check_snapshot_requests(timeout_ms=200)
 
     def _check_snapshot_requests(self, timeout_ms: int = 0) -> None:

@@ -391,9 +391,8 @@ class Dashboard:
 
     def _read(self) -> None:
         """Feed the state from the four topics, from their beginning, until stopped."""
-        from kafka import TopicPartition
-
-        from astraflow.topics import Consumer, DeadLetter, Heartbeat, JobTopics, Metric, VersionAnnouncement
+        from astraflow.topics import (Consumer, DeadLetter, Heartbeat, JobTopics, Metric, TopicPartition,
+                                      VersionAnnouncement)
         from astraflow.tracking import PassedOver
         topics = JobTopics(job=self.job)
         tps = [TopicPartition(t, 0) for t in (topics.metrics, topics.control, topics.versions, topics.dlq)]
@@ -403,7 +402,7 @@ class Dashboard:
                           expect={topics.metrics: (Metric,), topics.versions: (VersionAnnouncement,),
                                   topics.dlq: (DeadLetter,)}) as consumer:
                 for tp in tps:
-                    consumer.raw.seek_to_beginning(tp)
+                    consumer.seek_to_beginning(tp)
                 while not self.stopping.is_set():
                     for d in consumer.poll(300):
                         if isinstance(d.message, (Metric, Heartbeat, VersionAnnouncement, DeadLetter)):

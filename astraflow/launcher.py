@@ -45,8 +45,6 @@ import sys
 import time
 from pathlib import Path
 
-from kafka import TopicPartition
-
 from astraflow.config import JobConfig
 from astraflow.job_audit import PeriodicAudit, audit_summary, final_audit
 from astraflow.progress import progress_bar, say, update_bar
@@ -70,7 +68,7 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
     that port (0: a free one) while it runs; None: none."""
     from astraflow.actors.common import model_path
     from astraflow.topics import (Consumer, DeadLetters, EmbeddedBroker, Heartbeat, Metric, SnapshotRequest,
-                                  ensure_topics, job_topics)
+                                  TopicPartition, ensure_topics, job_topics)
 
     from astraflow.config import ConfigError, KafkaSecurityConfig, install_security
     secured = cfg.kafka.security.embedded
@@ -145,9 +143,8 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
                 bootstrap, partitions=[TopicPartition(topics.metrics, 0), TopicPartition(topics.control, 0)],
                 client_id="launcher", dead_letters=dead,
                 expect={topics.metrics: (Metric,), topics.control: (Heartbeat, SnapshotRequest)}))
-            feed.raw.seek_to_beginning(TopicPartition(topics.metrics, 0))
-            control = TopicPartition(topics.control, 0)
-            feed.raw.seek(control, feed.raw.end_offsets([control])[control])
+            feed.seek_to_beginning(TopicPartition(topics.metrics, 0))
+            feed.seek_to_end(TopicPartition(topics.control, 0))
         if dashboard is not None:
             from astraflow.dashboard import Dashboard, alive_window, plan_regions
             plan = getattr(extension, "plan", None)  # `astraflow launch`: nodes grouped by their pools' regions

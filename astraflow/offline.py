@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from astraflow.errors import FatalError
-from astraflow.topics import security
+from astraflow.topics import KafkaError, security
 
 __all__ = ["OfflineBroker", "OfflineError", "kafka_dir", "offline"]
 
@@ -84,8 +84,6 @@ def _wait_for_coordinators(bootstrap: str, timeout_s: float) -> None:
     """Until the group coordinators answer: a broker reopened on a log loads its groups (or,
     where the run used none, creates their internal topic) after it starts listening, and a
     command asking for a group's offsets meanwhile gets CoordinatorNotAvailable."""
-    from kafka.errors import KafkaError
-
     deadline = time.monotonic() + timeout_s
     admin = security.admin(bootstrap_servers=bootstrap, client_id="astraflow-offline")
     try:

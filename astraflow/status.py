@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import time
 
-from kafka import KafkaAdminClient, TopicPartition
-
 from astraflow.errors import FatalError
-from astraflow.topics import Heartbeat, JobTopics, Metric, VersionAnnouncement
+from astraflow.topics import Heartbeat, JobTopics, KafkaError, Metric, TopicPartition, VersionAnnouncement
 from astraflow.topics.replay import read_topic
 from astraflow.topics import security
 
@@ -167,10 +165,9 @@ def _task_lag(bootstrap: str, topics: JobTopics, policies: tuple[str, ...]) -> d
     return lag
 
 
-def _group_offsets(admin: KafkaAdminClient, group: str, wait_s: float = 15.0) -> dict:
+def _group_offsets(admin: security.KafkaAdminClient, group: str, wait_s: float = 15.0) -> dict:
     """The group's committed offsets; a broker that has not yet placed group coordinators (a
     fresh one, on the first group lookup) answers with a retriable error for a few seconds."""
-    from kafka.errors import KafkaError
     deadline = time.monotonic() + wait_s
     while True:
         try:

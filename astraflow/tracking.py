@@ -240,9 +240,7 @@ def track(bootstrap: str, job: str, sinks: Sinks, *, policies: tuple[str, ...] |
     on the cluster, reported ``trainer.done``, and the final evaluation arrived or ``settle_s``
     passed without it), ``until_idle`` seconds went by without a record, or ``stop()`` says so
     (a signal)."""
-    from kafka import TopicPartition
-
-    from astraflow.topics import Consumer, JobTopics, Metric
+    from astraflow.topics import Consumer, JobTopics, Metric, TopicPartition
 
     topics = JobTopics(job=job)
     if policies is None:
@@ -253,9 +251,9 @@ def track(bootstrap: str, job: str, sinks: Sinks, *, policies: tuple[str, ...] |
     with Consumer(bootstrap, partitions=[tp], client_id="astraflow-track", dead_letters=passed,  # type: ignore[arg-type]
                   expect={topics.metrics: (Metric,)}) as consumer:
         if from_now:
-            consumer.raw.seek(tp, consumer.raw.end_offsets([tp])[tp])
+            consumer.seek_to_end(tp)
         else:
-            consumer.raw.seek_to_beginning(tp)
+            consumer.seek_to_beginning(tp)
         last = time.monotonic()
         all_done_at: float | None = None  # when every trainer had reported done
         final_eval, eval_step = False, -1

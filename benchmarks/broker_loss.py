@@ -39,9 +39,6 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kafka import KafkaAdminClient
-from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
-
 from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.benchmarks.lib.stats import fmt_spread, spread
 from astraflow.chaos.faults import coordinator_partition
@@ -60,7 +57,7 @@ GIVE_UP_S = 120.0
 
 # -- where Kafka puts a coordinator (chaos.faults.coordinator_partition) -----------------------
 
-def _leaders(admin: KafkaAdminClient, topic: str) -> dict[int, int]:
+def _leaders(admin: security.KafkaAdminClient, topic: str) -> dict[int, int]:
     return {p["partition_index"]: p["leader_id"] for p in admin.describe_topics([topic])[0]["partitions"]}
 
 
@@ -158,7 +155,7 @@ class Node(threading.Thread):
                 Consumer(self.bootstrap, topics=[self.topics.tasks("policy")], group_id=self.group,
                          client_id=self.name, session_timeout_ms=SESSION_TIMEOUT_MS,
                          heartbeat_interval_ms=SESSION_TIMEOUT_MS // 5,
-                         partition_assignment_strategy=[StickyPartitionAssignor], expect=(Prompt,)))
+                         sticky=True, expect=(Prompt,)))
 
     def run(self) -> None:
         producer, consumer = self._clients()

@@ -45,7 +45,7 @@ import orjson
 
 from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread
-from astraflow.topics import (ChunkReader, Consumer, EmbeddedBroker, Producer, Sample, TopicSpec,
+from astraflow.topics import (ChunkReader, Consumer, EmbeddedBroker, Producer, Sample, TopicPartition, TopicSpec,
                               TrajectoryGroup, ensure_topics, socket_reads, write_chunks)
 from astraflow.topics.codec import encode
 from astraflow.topics.runtime import kafka_version, run_tool
@@ -146,8 +146,6 @@ def ours_consume(bootstrap: str, topic: str, n: int, value_bytes: float) -> dict
 
 def plain_produce(bootstrap: str, topic: str, records: list[tuple[bytes, list]], n: int, **settings) -> dict:
     """kafka-python's ``KafkaProducer`` sending ready-made (value, headers) pairs."""
-    from kafka import KafkaProducer
-
     kp = security.producer(bootstrap_servers=bootstrap, client_id="bench-plain", acks="all", enable_idempotence=True,
                            batch_size=256 * 1024, **settings)
     try:
@@ -166,8 +164,6 @@ def plain_produce(bootstrap: str, topic: str, records: list[tuple[bytes, list]],
 def plain_consume(bootstrap: str, topic: str, n: int, record_reader: bool = False) -> dict:
     """kafka-python's ``KafkaConsumer`` reading ``n`` records' bytes (no decoding), the records
     read by kafka-python itself or (``record_reader``) by our C reader (:mod:`astraflow.topics.records`)."""
-    from kafka import TopicPartition
-
     kc = security.consumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                            record_reader=record_reader,
                            isolation_level="read_committed", max_partition_fetch_bytes=8 * 1024 * 1024,

@@ -14,10 +14,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from kafka import TopicPartition
-
 from astraflow.config import JobConfig
-from astraflow.topics import Consumer, DeadLetters, Metric
+from astraflow.topics import Consumer, DeadLetters, Metric, TopicPartition
 from astraflow.topology.processes import Proc, node_command, stop_processes
 
 
@@ -51,7 +49,7 @@ class JobHarness:
             self._dead = DeadLetters.own(self.bootstrap, self.topics.dlq, "harness")
             self._consumer = Consumer(self.bootstrap, partitions=[TopicPartition(self.topics.metrics, 0)],
                                       client_id="harness", dead_letters=self._dead, expect=(Metric,))
-            self._consumer.raw.seek_to_beginning()
+            self._consumer.seek_to_beginning()
         new = [d.message for d in self._consumer.poll(timeout_ms) if isinstance(d.message, Metric)]
         self.metrics += new
         return new

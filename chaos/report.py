@@ -33,10 +33,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kafka import TopicPartition
-
 from astraflow.chaos.invariants import Audit, JobLog
-from astraflow.topics import Heartbeat, Metric, TrajectoryGroup
+from astraflow.topics import Heartbeat, Metric, TopicPartition, TrajectoryGroup
 from astraflow.topics import security
 
 

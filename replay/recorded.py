@@ -17,10 +17,8 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from kafka import KafkaConsumer, TopicPartition
-
 from astraflow.errors import FatalError
-from astraflow.topics import Batch, JobTopics, Message, Metric, VersionAnnouncement
+from astraflow.topics import Batch, JobTopics, Message, Metric, TopicPartition, VersionAnnouncement
 from astraflow.topics.chunking import H_INDEX, H_OBJECT
 from astraflow.topics.codec import decode, header
 from astraflow.topics.exceptions import DecodeError
@@ -49,7 +47,7 @@ class RecordedVersion:
     sources: tuple[str, ...] = field(default=())  #: where the digest was read: versions, weights, metrics
 
 
-def _consumer(bootstrap: str, client_id: str) -> KafkaConsumer:
+def _consumer(bootstrap: str, client_id: str) -> security.KafkaConsumer:
     return security.consumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                              isolation_level="read_committed", client_id=client_id,
                              max_partition_fetch_bytes=16 * 1024 * 1024)

@@ -39,6 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+from .claim import CLAIM_TOPIC
+from .mirror_plan import connect_group, internal_topics, weight_topics
 from .registry import JobTopics
 
 __all__ = ["AclEntry", "POLICY_ROLES", "ROLES", "apply", "format_plan", "mirror_plan", "plan", "principals_of"]
@@ -175,9 +177,6 @@ def mirror_plan(topics: JobTopics, user: str, *, source_alias: str, claim_group:
     not write tasks, trajectories, batches or anything else of the job on that cluster; the
     region's RaaS nodes only read what it writes. At home MirrorMaker reads as the process's
     own login (the job's admin principal reads every topic of the job)."""
-    from .claim import CLAIM_TOPIC
-    from .mirror import connect_group, internal_topics, weight_topics
-
     who, key, group = f"User:{user}", "mirror", connect_group(source_alias)
     out: list[AclEntry] = []
     for name in weight_topics(topics):

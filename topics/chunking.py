@@ -26,7 +26,7 @@ from blake3 import blake3
 from kafka import TopicPartition
 
 from . import security
-from .client import Producer, wait
+from .producer import Producer, wait
 from .codec import Headers, header
 from .exceptions import CorruptChunkError, MissingChunkError
 from .messages import ChunkManifest, ChunkRef

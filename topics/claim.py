@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from kafka import TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 
 from . import security
 from .exceptions import TopicsError
@@ -153,7 +154,7 @@ class ExclusiveClaim:
         try:
             consumer = security.consumer(bootstrap_servers=self.bootstrap, group_id=self.group,
                                          client_id=self.client_id, enable_auto_commit=False,
-                                         partition_assignment_strategy=_sticky(),
+                                         partition_assignment_strategy=(StickyPartitionAssignor,),
                                          session_timeout_ms=self.session_timeout_ms,
                                          heartbeat_interval_ms=max(1000, self.session_timeout_ms // 4),
                                          security=self.security)
@@ -202,8 +203,3 @@ class ExclusiveClaim:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def _sticky():
-    from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
-    return (StickyPartitionAssignor,)

@@ -3,11 +3,21 @@
 One base class, :class:`TopicsError` (a branch of :class:`astraflow.errors.AstraflowError`);
 every error says what failed and what to do. ``retriable`` tells callers whether trying
 again can help.
+
+kafka-python's own errors reach callers as they are (an admin request refused, a broker
+not reachable); their base class is re-exported here as :class:`KafkaError` (it has
+``retriable`` too), so code outside ``topics/`` catches them without importing kafka-python.
 """
 
 from __future__ import annotations
 
+from kafka.errors import KafkaError
+
 from astraflow.errors import AstraflowError
+
+__all__ = ["BrokerStartError", "ChunkError", "CorruptChunkError", "DecodeError", "InvalidRecord", "KafkaError",
+           "KafkaRuntimeError", "MissingChunkError", "ProduceError", "StaleMembershipError", "TopicConfigMismatch",
+           "TopicsError", "UnknownMessageType", "UnsupportedSchema"]
 
 
 class TopicsError(AstraflowError):
@@ -78,7 +88,7 @@ class StaleMembershipError(ProduceError):
     Its partitions may already belong to another member, which fetched the old committed
     offsets and redoes those records; committing them here too would answer them twice.
     The transaction is aborted (a plain :meth:`Consumer.commit
-    <astraflow.topics.client.Consumer.commit>` raises it too, for kafka-python's
+    <astraflow.topics.consumer.Consumer.commit>` raises it too, for kafka-python's
     ``CommitFailedError`` and its kin, and forgets the void offsets); the next poll rejoins
     the group and starts again from the committed offsets.
     """

@@ -22,7 +22,7 @@ from kafka import KafkaAdminClient
 from kafka.errors import KafkaError
 
 from . import security
-from .client import Consumer
+from .consumer import Consumer
 
 log = logging.getLogger(__name__)
 

@@ -1,78 +1,30 @@
-"""Typed records carried by the job's topics.
+"""Typed records carried by the job's topics: the data path, and (re-exported) every other.
 
-Every message is a frozen dataclass with a class-level ``TYPE`` (the ``af-type`` header)
-and ``SCHEMA`` (the ``af-schema`` header, bumped on any incompatible change). One
-registry, :data:`MESSAGE_TYPES`, maps ``af-type`` to class. Encoding lives in
-:mod:`.codec`; this module holds only the shapes and what each field means.
-Lists stay lists (not tuples) because they are decoded straight from JSON arrays.
-A message class is a plain dataclass: no ``__init__`` of its own, since decoding fills a
-record's fields in without calling it (a ``__post_init__`` makes decoding call it).
-
-The codec checks every field's scalar type against its annotation; a class's
-``validate()`` adds the bounds only its meaning gives (lists that must be as long as each
-other, ids and steps that cannot be negative) and raises ``ValueError`` naming the field:
-decoding turns that into a dead letter. Bounds that need a component's knowledge (the
-model's vocabulary, the trainer's last step) are checked by that component.
+The data path's records live here: prompts, tasks, trajectory groups and their samples, role
+calls (generation requests and replies), batches, group drops and the dataflow's state. The
+records of the bookkeeping topics (versions, control, metrics, dead letters) live in
+:mod:`.control_messages` and are re-exported here, so ``astraflow.topics.messages`` names
+every message type; the base class, the ``af-type`` registry (:data:`MESSAGE_TYPES`) and the
+shared field checks are :mod:`.message_base`'s. Encoding lives in :mod:`.codec`; this module
+holds only the shapes and what each field means. Lists stay lists (not tuples) because they
+are decoded straight from JSON arrays. A message class is a plain dataclass: no ``__init__``
+of its own, since decoding fills a record's fields in without calling it (a
+``__post_init__`` makes decoding call it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
+from .control_messages import (ChunkManifest, ChunkRef, DeadLetter, Heartbeat, Metric, SnapshotRequest,
+                               VersionAnnouncement)
+from .message_base import MESSAGE_TYPES, Message, check_sampling, non_negative, register, same_length
 from .packed import Flags, Floats, Ints, pack_fields
 
-MESSAGE_TYPES: dict[str, type["Message"]] = {}
-
-
-def _non_negative(name: str, values: Sequence[int]) -> None:
-    if values and min(values) < 0:
-        raise ValueError(f"{name} holds {min(values)}; ids, versions and steps are >= 0")
-
-
-def _check_sampling(sampling: dict[str, Any]) -> None:
-    """The sampling keys engines read, when present: numbers in their ranges."""
-    for key, lo, hi, whole in (("temperature", 0.0, None, False), ("top_p", 0.0, 1.0, False),
-                               ("top_k", 0, None, True), ("max_new_tokens", 1, None, True)):
-        if key not in sampling:
-            continue
-        v = sampling[key]
-        if type(v) not in ((int,) if whole else (int, float)) or v < lo or (hi is not None and v > hi) \
-                or (key == "top_p" and v == 0):
-            raise ValueError(f"sampling[{key!r}] is {v!r:.40}; it is {'an int' if whole else 'a number'} "
-                             f">= {lo}" + (f" and <= {hi}" if hi is not None else ""))
-    # a role call's stop sequences (GenerationRequest): stop strings and stop token ids
-    stop = sampling.get("stop")
-    if stop is not None and (type(stop) is not list or not all(type(x) is str and x for x in stop)):
-        raise ValueError(f"sampling['stop'] is {stop!r:.60}; it is a list of non-empty strings")
-    ids = sampling.get("stop_token_ids")
-    if ids is not None and (type(ids) is not list or not all(type(x) is int and x >= 0 for x in ids)):
-        raise ValueError(f"sampling['stop_token_ids'] is {ids!r:.60}; it is a list of token ids (ints >= 0)")
-
-
-def _same_length(name: str, values: Sequence, other: str, n: int, may_be_empty: bool = False) -> None:
-    if len(values) != n and not (may_be_empty and not values):
-        raise ValueError(f"{name} has {len(values)} entries but {other} has {n}"
-                         + ("; leave it empty or give one per entry" if may_be_empty else ""))
-
-
-def register(cls: type["Message"]) -> type["Message"]:
-    """Class decorator: add a message class to :data:`MESSAGE_TYPES` under its ``TYPE``."""
-    if cls.TYPE in MESSAGE_TYPES:
-        raise ValueError(f"af-type {cls.TYPE!r} registered twice")
-    MESSAGE_TYPES[cls.TYPE] = cls
-    return cls
-
-
-@dataclass(frozen=True)
-class Message:
-    """Base of all topic payloads."""
-
-    TYPE: ClassVar[str] = ""
-    SCHEMA: ClassVar[int] = 1
-    #: Fields this type no longer has that records written before may still carry: accepted
-    #: and ignored on decode, never written (removing a field breaks no reader either way).
-    RETIRED: ClassVar[frozenset[str]] = frozenset()
+__all__ = ["MESSAGE_TYPES", "Batch", "ChunkManifest", "ChunkRef", "DROP_REASONS", "DataflowState", "DeadLetter", "GenerationReply",
+           "GenerationRequest", "GroupDrop", "Heartbeat", "Message", "Metric", "Prompt", "Sample", "SnapshotRequest",
+           "SourceOffset", "Task", "TrajectoryGroup", "VersionAnnouncement", "register"]
 
 
 @register
@@ -125,8 +77,8 @@ class Task(Message):
     def validate(self) -> None:
         if self.n_samples < 1:
             raise ValueError(f"n_samples is {self.n_samples}; a task asks for at least one sample")
-        _non_negative("scheduled_version", [self.scheduled_version, *self.scheduled_versions.values()])
-        _check_sampling(self.sampling)
+        non_negative("scheduled_version", [self.scheduled_version, *self.scheduled_versions.values()])
+        check_sampling(self.sampling)
 
 
 @dataclass(frozen=True)
@@ -161,10 +113,10 @@ class Sample:
         n = len(self.tokens)
         if len(self.logprobs) == n == len(self.versions) and not self.loss_mask and not self.token_roles:
             return  # the common record in one expression (a poll decodes thousands of samples)
-        _same_length("logprobs", self.logprobs, "tokens", n)
-        _same_length("versions", self.versions, "tokens", n)
-        _same_length("loss_mask", self.loss_mask, "tokens", n, may_be_empty=True)
-        _same_length("token_roles", self.token_roles, "tokens", n, may_be_empty=True)
+        same_length("logprobs", self.logprobs, "tokens", n)
+        same_length("versions", self.versions, "tokens", n)
+        same_length("loss_mask", self.loss_mask, "tokens", n, may_be_empty=True)
+        same_length("token_roles", self.token_roles, "tokens", n, may_be_empty=True)
         # Token ids are bounded by the model's vocabulary where it is known (the trainer);
         # checking them here too would double the cost of decoding a trajectory.
         if self.loss_mask and not set(self.loss_mask) <= {0, 1}:
@@ -280,10 +232,10 @@ class GenerationRequest(Message):
     reply_partition: int = -1  #: the partition of ``replies`` to answer on; -1: the key's
 
     def validate(self) -> None:
-        _check_sampling(self.sampling)
-        _same_length("seeds", self.seeds, "prompts", len(self.prompts))
+        check_sampling(self.sampling)
+        same_length("seeds", self.seeds, "prompts", len(self.prompts))
         for row in self.prompts:
-            _non_negative("prompts", row)
+            non_negative("prompts", row)
 
 
 @register
@@ -306,12 +258,12 @@ class GenerationReply(Message):
 
     def validate(self) -> None:
         n = len(self.tokens)
-        _same_length("logprobs", self.logprobs, "tokens", n)
-        _same_length("versions", self.versions, "tokens", n)
-        _same_length("finish_reasons", self.finish_reasons, "tokens", n)
+        same_length("logprobs", self.logprobs, "tokens", n)
+        same_length("versions", self.versions, "tokens", n)
+        same_length("finish_reasons", self.finish_reasons, "tokens", n)
         for i, (row, lp) in enumerate(zip(self.tokens, self.logprobs)):
-            _same_length(f"logprobs[{i}]", lp, f"tokens[{i}]", len(row))
-            _non_negative(f"tokens[{i}]", row)
+            same_length(f"logprobs[{i}]", lp, f"tokens[{i}]", len(row))
+            non_negative(f"tokens[{i}]", row)
 
 
 @dataclass(frozen=True)
@@ -346,8 +298,8 @@ class Batch(Message):
     def validate(self) -> None:
         if self.step < 0:
             raise ValueError(f"step is {self.step}; steps count from 0")
-        _same_length("sources", self.sources, "groups", len(self.groups))
-        _same_length("replay", self.replay, "groups", len(self.groups), may_be_empty=True)
+        same_length("sources", self.sources, "groups", len(self.groups))
+        same_length("replay", self.replay, "groups", len(self.groups), may_be_empty=True)
 
     def is_replay(self, i: int) -> bool:
         return i < len(self.replay) and self.replay[i]
@@ -411,140 +363,3 @@ class DataflowState(Message):
     #: the data algorithms' state (curators, skip counters, tags of open tasks), as of the
     #: groups these offsets settle; empty when no algorithm is configured
     algorithms: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ChunkRef:
-    """One chunk of a chunked binary payload."""
-
-    partition: int
-    offset: int
-    size: int
-    digest: str  #: BLAKE3 (hex) of the chunk's bytes
-
-
-@dataclass(frozen=True)
-class ChunkManifest:
-    """Where the chunks of one binary object live and how to verify them."""
-
-    object_id: str
-    topic: str
-    total_bytes: int
-    digest: str  #: ``manifest_digest(chunks)``: BLAKE3 over the chunks' sizes and digests, in order
-    chunks: list[ChunkRef]
-    #: the chunks' record timestamps (create time, ms), earliest and latest; -1: unknown (written
-    #: before schema 4). Offsets hold only on the cluster the chunks were written to, timestamps
-    #: also on a mirror (MirrorMaker 2 copies them): a reader there finds the chunks from these.
-    first_timestamp_ms: int = -1
-    last_timestamp_ms: int = -1
-
-
-@register
-@dataclass(frozen=True)
-class VersionAnnouncement(Message):
-    """A policy version is durable on ``weights.<policy>``; keyed by policy on compacted ``versions``.
-
-    Compaction keeps only the latest announcement per policy, so each one carries the whole
-    chain a late joiner needs: the newest snapshot and every delta after it, in order.
-    Versions are ordered by ``(epoch, version)``: a trainer that resumes behind the announced
-    head starts a new lineage epoch with a snapshot, and announcements of an older epoch are
-    ignored (fenced) by subscribers. Schema 2 added ``delta_versions``; schema 3 ``epoch``;
-    schema 4 the manifests' chunk timestamps (a mirror's readers locate chunks by them).
-    """
-
-    TYPE: ClassVar[str] = "version"
-    SCHEMA: ClassVar[int] = 4
-    policy: str
-    version: int
-    kind: str  #: "snapshot" (``version`` has a full snapshot, ``snapshot_manifest``) or "delta"
-    base_version: int  #: version ``manifest`` applies to (== version when it is a snapshot)
-    snapshot_version: int  #: newest full snapshot at or below ``version``
-    manifest: ChunkManifest  #: the payload from ``base_version`` to ``version``: a delta or a snapshot
-    checksum: str  #: digest of the full weights at ``version``
-    snapshot_manifest: ChunkManifest | None = None  #: where ``snapshot_version`` lives
-    deltas: list[ChunkManifest] = field(default_factory=list)  #: deltas after the snapshot, in order
-    delta_versions: list[int] = field(default_factory=list)  #: the version each of ``deltas`` produces
-    created_at: float = 0.0
-    epoch: int = 0  #: lineage epoch; every payload of the chain belongs to it
-
-    def validate(self) -> None:
-        if self.kind not in ("snapshot", "delta"):
-            raise ValueError(f"kind is {self.kind[:40]!r}; it is 'snapshot' or 'delta'")
-        _same_length("delta_versions", self.delta_versions, "deltas", len(self.deltas), may_be_empty=True)
-
-
-@register
-@dataclass(frozen=True)
-class Heartbeat(Message):
-    """Liveness and load of a component, on ``control``. Schema 2 added ``epoch`` and ``weights_digest``,
-    schema 3 ``error``. Retired: ``busy_slots`` / ``total_slots`` (never set by any node, never read)."""
-
-    TYPE: ClassVar[str] = "heartbeat"
-    SCHEMA: ClassVar[int] = 3
-    RETIRED: ClassVar[frozenset[str]] = frozenset({"busy_slots", "total_slots"})
-    node_id: str
-    role: str  #: "raas", "trainer", "dataflow"
-    policy: str
-    version: int  #: policy version the node holds
-    tokens_per_s: float = 0.0
-    ts: float = 0.0
-    #: "alive", "stopping" (leaving on request), "starting" (sent for it by its launcher) or "failed"
-    #: (stopping on a fatal error, ``error``: a launcher that reads it stops the job)
-    status: str = "alive"
-    epoch: int = 0  #: lineage epoch of the weights the node holds
-    weights_digest: str = ""  #: digest of those weights ("" when unknown)
-    error: str = ""  #: with status "failed": the cause, one line
-
-
-@register
-@dataclass(frozen=True)
-class SnapshotRequest(Message):
-    """A node could not reach the newest version by deltas; asks the trainer for a snapshot (on ``control``)."""
-
-    TYPE: ClassVar[str] = "snapshot-request"
-    policy: str
-    node_id: str
-    have_version: int  #: newest version the node holds
-    reason: str  #: the subscriber's fault report
-    ts: float = 0.0
-
-
-@register
-@dataclass(frozen=True)
-class Metric(Message):
-    """One measurement, on ``metrics``."""
-
-    TYPE: ClassVar[str] = "metric"
-    component: str
-    name: str
-    value: float
-    step: int = 0
-    ts: float = 0.0
-    labels: dict[str, Any] = field(default_factory=dict)
-
-
-@register
-@dataclass(frozen=True)
-class DeadLetter(Message):
-    """A record that could not be processed, with where it came from and why.
-
-    Schema 2 bounded it: ``value`` holds at most a prefix of the original (64 KiB), and
-    ``value_size`` / ``value_sha256`` name the whole, so a letter fits any producer's limit
-    whatever the record it tells of (schema 1 letters carry the whole value; -1, "").
-    """
-
-    TYPE: ClassVar[str] = "dead-letter"
-    SCHEMA: ClassVar[int] = 2
-    source_topic: str
-    partition: int
-    offset: int
-    error_type: str
-    error: str
-    key: str | None  #: base64 of the original key
-    value: str  #: base64 of the original value, or of its first 64 KiB (``truncated``)
-    headers: dict[str, str | None] = field(default_factory=dict)  #: original headers (bytes as latin-1; null: null)
-    consumer: str = ""  #: who gave up on it
-    ts: float = 0.0
-    value_size: int = -1  #: bytes of the original value (-1: schema 1, ``value`` is all of it)
-    value_sha256: str = ""  #: hex SHA-256 of the original value
-    truncated: bool = False  #: value, key or headers were cut to their bounds

@@ -32,7 +32,7 @@ MiB = 1024 * 1024
 #: The largest record a topic takes (its ``max.message.bytes``) and so the largest record a
 #: producer writing to it may send (its ``max_request_size``): one number for both sides, so
 #: whatever a topic holds a consumer of it can also have dead-lettered (a letter is bounded:
-#: ``client.DEAD_LETTER_VALUE_BYTES``) and no producer accepts a record its topic refuses.
+#: ``dead_letters.DEAD_LETTER_VALUE_BYTES``) and no producer accepts a record its topic refuses.
 RECORD_MAX_BYTES = 4 * MiB
 #: ``batches.<policy>``'s: one record is a whole training batch.
 BATCH_RECORD_MAX_BYTES = 16 * MiB

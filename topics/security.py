@@ -32,10 +32,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+
 from .exceptions import TopicsError
 
-__all__ = ["CONNECT_TIMEOUT_S", "ClientSecurity", "KafkaAuthError", "MECHANISMS", "PROTOCOLS", "SecurityError",
-           "admin", "client_kwargs", "consumer", "current", "from_env", "install", "probe", "producer",
+#: The client types the constructors below return are exported for annotations outside
+#: ``topics/`` (which imports no kafka-python itself).
+__all__ = ["CONNECT_TIMEOUT_S", "ClientSecurity", "KafkaAdminClient", "KafkaAuthError", "KafkaConsumer",
+           "KafkaProducer", "MECHANISMS", "PROTOCOLS", "SecurityError", "admin", "client_kwargs", "consumer", "current", "from_env", "install", "probe", "producer",
            "read_password", "uninstall", "with_credentials"]
 
 PROTOCOLS = ("PLAINTEXT", "SASL_PLAINTEXT", "SSL", "SASL_SSL")
@@ -220,27 +224,24 @@ def _build(cls: type, args: tuple, kwargs: dict[str, Any], security: ClientSecur
     return cls(*args, **{**sec.kwargs(), **kwargs})
 
 
-def consumer(*topics: str, security: ClientSecurity | None = None, record_reader: bool = True, **kwargs: Any):
+def consumer(*topics: str, security: ClientSecurity | None = None, record_reader: bool = True,
+             **kwargs: Any) -> KafkaConsumer:
     """A ``KafkaConsumer`` with the process's security setting (or ``security``), whose
     group joins survive short polls (:mod:`.group_join`) and whose fetched records are read
     by the C record reader (:mod:`.records`; ``record_reader=False``: by kafka-python's own)."""
-    from kafka import KafkaConsumer
-
     from . import records
     from .group_join import keep_completed_joins
     kc = keep_completed_joins(_build(KafkaConsumer, topics, kwargs, security))
     return records.install(kc) if record_reader else kc
 
 
-def producer(*, security: ClientSecurity | None = None, **kwargs: Any):
+def producer(*, security: ClientSecurity | None = None, **kwargs: Any) -> KafkaProducer:
     """A ``KafkaProducer`` with the process's security setting (or ``security``)."""
-    from kafka import KafkaProducer
     return _build(KafkaProducer, (), kwargs, security)
 
 
-def admin(*, security: ClientSecurity | None = None, **kwargs: Any):
+def admin(*, security: ClientSecurity | None = None, **kwargs: Any) -> KafkaAdminClient:
     """A ``KafkaAdminClient`` with the process's security setting (or ``security``)."""
-    from kafka import KafkaAdminClient
     return _build(KafkaAdminClient, (), kwargs, security)
 
 

@@ -2,7 +2,7 @@
 
 kafka-python 3.0.12's producer loses a pending transactional request when the broker of the
 coordinator it goes to has died; the request's result is then never answered, and
-:meth:`~astraflow.topics.client.Producer._await` gives up on the producer after
+:meth:`~astraflow.topics.producer.Producer._await` gives up on the producer after
 ``max_block_ms`` (60 s). That is what made losing one broker of three stall rollout 75–83 s:
 every RaaS node's ``TxnOffsetCommit`` went to the group coordinator on the dead broker,
 hung for the full bound, and the supervisor restarted the actor. Two places drop it:

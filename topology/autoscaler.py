@@ -23,13 +23,12 @@ from __future__ import annotations
 import logging
 import time
 
-from kafka import TopicPartition
-
 from astraflow.actors.common import close_quietly
 from astraflow.actors.supervisor import LoopActor
 from astraflow.actors.telemetry import MetricsEmitter
 from astraflow.config import JobConfig
-from astraflow.topics import Consumer, DeadLetters, Heartbeat, Metric, Producer, SnapshotRequest, job_topics
+from astraflow.topics import (Consumer, DeadLetters, Heartbeat, Metric, Producer, SnapshotRequest, TopicPartition,
+                              job_topics)
 from astraflow.topics.messages import GroupDrop
 from astraflow.topics import security
 
@@ -75,7 +74,7 @@ class AutoscalerActor(LoopActor):
     def _from_beginning(self, topic: str, expect: tuple) -> Consumer:
         c = Consumer(self.bootstrap, partitions=[TopicPartition(topic, 0)], client_id="autoscaler",
                      dead_letters=self.dead, expect=expect)
-        c.raw.seek_to_beginning()
+        c.seek_to_beginning()
         return c
 
     def _policy_of(self, node_id: str) -> str | None:
@@ -157,8 +156,8 @@ class AutoscalerActor(LoopActor):
         """Task lag of the policy's RaaS group (offsets not yet committed, incl. transaction markers)."""
         topic, group = self.topics.tasks(self.policy), self.topics.rollout_group(self.policy)
         try:
-            tps = [TopicPartition(topic, i) for i in sorted(self.control.raw.partitions_for_topic(topic) or [])]
-            ends = self.control.raw.end_offsets(tps)
+            tps = self.control.partitions_of(topic)
+            ends = self.control.end_offsets(tps)
             committed = self.admin.list_group_offsets(group).get(group, {})
         except Exception as e:  # noqa: BLE001 - lag is for the record (no group before the first node joins)
             log.debug("autoscaler: task lag unavailable: %s", e)

@@ -22,12 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-from kafka import TopicPartition
-
 from astraflow.actors.signing import unkeyed
 from astraflow.actors.supervisor import ChildSpec, Outcome, Supervisor
 from astraflow.config import JobConfig, load_config
-from astraflow.topics import Consumer, DeadLetters, Heartbeat, Metric, Producer, job_topics
+from astraflow.topics import Consumer, DeadLetters, Heartbeat, Metric, Producer, TopicPartition, job_topics
 from astraflow.topics.claim import ExclusiveClaim
 from astraflow.topics.replay import read_topic
 from astraflow.typed_config import ConfigError
@@ -452,7 +450,7 @@ def trainer_done_feed(stack: contextlib.ExitStack, bootstrap: str, cfg: JobConfi
     stack.callback(dead.close)
     feed = stack.enter_context(Consumer(bootstrap, client_id=client_id, dead_letters=dead,
                                         partitions=[TopicPartition(job_topics(cfg).metrics, 0)], expect=(Metric,)))
-    feed.raw.seek_to_beginning()
+    feed.seek_to_beginning()
     return feed
 
 

@@ -35,9 +35,7 @@ class MirroredWeights:
     counted (compaction never touches the active segment, so in practice none is lost)."""
 
     def __init__(self, bootstrap: str, versions_topic: str, security_setting=None) -> None:
-        from kafka import TopicPartition
-
-        from astraflow.topics import security
+        from astraflow.topics import TopicPartition, security
         self.tp = TopicPartition(versions_topic, 0)
         self.consumer = security.consumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                           isolation_level="read_committed", client_id="astraflow-mirrored-bytes",

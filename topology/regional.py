@@ -30,7 +30,8 @@ from pathlib import Path
 
 from astraflow.topics import JobTopics
 from astraflow.topics.broker import EmbeddedBroker, free_port
-from astraflow.topics.mirror import MirrorMaker, MirrorPlan
+from astraflow.topics.mirror import MirrorMaker
+from astraflow.topics.mirror_plan import MirrorPlan
 from astraflow.topics.security import ClientSecurity
 
 from .links import RegionLink

@@ -28,12 +28,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
 from blake3 import blake3
-from kafka import TopicPartition
 
 from astraflow.topics.chunking import H_OBJECT
 from astraflow.topics.codec import header
 from astraflow.topics.messages import ChunkManifest
-from astraflow.topics import security
+from astraflow.topics import TopicPartition, security
 
 __all__ = ["ChunkPrefetcher"]
 

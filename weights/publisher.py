@@ -64,11 +64,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-from kafka import KafkaAdminClient, TopicPartition
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from astraflow.topics import ChunkManifest, ChunkWriter, DeadLetters, JobTopics, Producer, VersionAnnouncement
+from astraflow.topics import (ChunkManifest, ChunkWriter, DeadLetters, JobTopics, Producer, TopicPartition,
+                              VersionAnnouncement)
 from astraflow.topics.chunking import DEFAULT_CHUNK_SIZE
 from astraflow.topics.codec import decode
 from astraflow.topics.exceptions import DecodeError
@@ -236,7 +236,7 @@ class WeightPublisher:
         self._base: Mapping[str, torch.Tensor] | None = None
         self._base_hashes: Mapping[str, bytes] | None = None
         self._producer = Producer(bootstrap_servers, client_id=producer_id, compression_type=None)
-        self._admin: KafkaAdminClient | None = None
+        self._admin: security.KafkaAdminClient | None = None
         self._queue: queue.Queue[object] = queue.Queue(maxsize=queue_size)
         self._cond = threading.Condition()
         self._pending = 0

@@ -49,12 +49,11 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple, Protocol
 
 import torch
-from kafka import KafkaConsumer, TopicPartition
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from astraflow.topics import (ChunkError, ChunkManifest, ChunkReader, CorruptChunkError, DeadLetters, JobTopics,
-                              ReleasableBuffer, VersionAnnouncement)
+                              ReleasableBuffer, TopicPartition, VersionAnnouncement)
 from astraflow.topics import tracing
 from astraflow.topics import security
 
@@ -349,7 +348,7 @@ class WeightSubscriber:
             while not self._stop.is_set():
                 self._follow(consumer, tp, reader)
 
-    def _follow(self, consumer: KafkaConsumer, tp: TopicPartition, reader: ChunkReader) -> None:
+    def _follow(self, consumer: security.KafkaConsumer, tp: TopicPartition, reader: ChunkReader) -> None:
         # Drain what is there, then act on the newest: a late joiner jumps straight to the head.
         timeout_ms = 200
         while True:

@@ -220,17 +220,17 @@ def test_a_node_reads_only_its_reply_partition_and_decodes_only_its_own_replies(
     node (then dropped the others' by request id), a cost that grows with the pool."""
     import collections
 
-    from astraflow.topics import client as client_mod
+    from astraflow.topics import consumer as consumer_mod
 
     tok, engine = tok_engine
-    real_decode = client_mod.decode
+    real_decode = consumer_mod.decode
     decoded: collections.Counter = collections.Counter()
 
     def counting_decode(value, headers):
         msg = real_decode(value, headers)
         decoded[(threading.current_thread().name, type(msg).__name__)] += 1
         return msg
-    monkeypatch.setattr(client_mod, "decode", counting_decode)
+    monkeypatch.setattr(consumer_mod, "decode", counting_decode)
 
     # Two requesters that share a reply partition (the header check is what keeps them apart)
     # and one on another partition.

@@ -131,7 +131,7 @@ def test_a_commit_refused_by_a_rebalance_does_not_crash_the_node(bootstrap, job_
         assert expelled and node.consumer.pending_offsets() == {}
         tp = TopicPartition(topic, 0)
         # rejoined, handed the record again, committed past it
-        wait_until(lambda: node.consumer.raw.committed(tp) == 1, 60,
+        wait_until(lambda: node.consumer.committed(tp) == 1, 60,
                    "the node never committed past the record after rejoining", step=node.step)
         assert node.consumer.group_metadata().generation_id >= 0
         assert (letters.count, letters.repeats) == (1, 1)
@@ -183,7 +183,7 @@ def test_a_client_left_rebalancing_with_no_rejoin_pending_rejoins_instead_of_ref
         letters = consumer.dead_letters
         tp = TopicPartition(topic, 0)
         # 40 s: below the watch's 45 s, the consumer itself must recover
-        wait_until(lambda: consumer.raw.committed(tp) == 1, 40, "the node never committed past the record",
+        wait_until(lambda: consumer.committed(tp) == 1, 40, "the node never committed past the record",
                    step=node.step)
         assert wedged == [False]  # the wedge was entered: rebalancing, no rejoin pending
         assert node.consumer is consumer and node.watch.renewals == 0

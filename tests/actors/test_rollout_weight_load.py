@@ -67,7 +67,7 @@ def test_a_held_consumer_keeps_polling_but_hands_out_nothing_until_let_go(bootst
     try:
         for _ in range(60):  # joined, with every partition assigned
             consumer.poll(200)
-            if len(consumer.raw.assignment()) == 4:
+            if len(consumer.assignment()) == 4:
                 break
         consumer.hold(True)
         for i in range(4):

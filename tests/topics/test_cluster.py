@@ -242,7 +242,7 @@ def test_a_transaction_follows_its_coordinator_to_a_new_broker(cluster, role):
         reader.close()
         assert sorted(out) == ["out-t0", "out-t1"]  # each answered once, read_committed
         tps = [TopicPartition(topics.tasks("policy"), p) for p in range(topics.task_partitions)]
-        assert sum(consumer.raw.committed(tp) or 0 for tp in tps) == 2  # both tasks' offsets committed
+        assert sum(consumer.committed(tp) or 0 for tp in tps) == 2  # both tasks' offsets committed
     finally:
         producer.close(timeout=0)
         consumer.close()

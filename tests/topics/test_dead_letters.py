@@ -7,7 +7,7 @@ import pytest
 from kafka import TopicPartition
 
 from astraflow.topics import DeadLetter, DeadLetters, DecodeError, Prompt
-from astraflow.topics import client as topics_client
+from astraflow.topics import consumer as topics_consumer
 from astraflow.topics.codec import encode
 
 from .samples import GROUP
@@ -99,7 +99,7 @@ def test_poll_pauses_the_collector_only_while_it_decodes(job_topics, make_produc
     producer.send(topic, Prompt("p0", "q", "a"), partition=0)
     producer.send_raw(topic, b"junk", headers=[("af-type", b"prompt")], partition=0).get(10)
     seen = {"decode": [], "dead letter": []}
-    real_decode, real_put = topics_client.decode, DeadLetters.put
+    real_decode, real_put = topics_consumer.decode, DeadLetters.put
 
     def decode(value, headers):
         seen["decode"].append(gc.isenabled())
@@ -109,7 +109,7 @@ def test_poll_pauses_the_collector_only_while_it_decodes(job_topics, make_produc
         seen["dead letter"].append(gc.isenabled())
         return real_put(self, *args)
 
-    monkeypatch.setattr(topics_client, "decode", decode)
+    monkeypatch.setattr(topics_consumer, "decode", decode)
     monkeypatch.setattr(DeadLetters, "put", put)
     dlq = DeadLetters(make_producer(), job_topics.dlq)
     consumer = make_consumer(partitions=[TopicPartition(topic, 0)], dead_letters=dlq)
@@ -209,7 +209,7 @@ def test_a_record_as_large_as_its_topic_takes_is_dead_lettered_with_its_size_has
     import hashlib
     import os
     from astraflow.topics import TrajectoryGroup
-    from astraflow.topics.client import DEAD_LETTER_VALUE_BYTES
+    from astraflow.topics.dead_letters import DEAD_LETTER_VALUE_BYTES
     topic = job_topics.trajectories
     limit = job_topics.max_message_bytes(topic)
     garbage = os.urandom(limit - 64 * 1024)  # random: zstd cannot shrink it below the limit
@@ -244,7 +244,7 @@ def test_every_topic_takes_what_its_producers_may_send_and_refuses_more_at_the_p
     specs = {s.name: s.max_message_bytes for s in job_topics.specs()}
     assert specs[job_topics.batches("policy")] == BATCH_RECORD_MAX_BYTES
     assert {v for k, v in specs.items() if k != job_topics.batches("policy")} == {RECORD_MAX_BYTES}
-    from astraflow.topics.client import Producer
+    from astraflow.topics.producer import Producer
     assert Producer.__init__.__kwdefaults__["max_request_size"] == RECORD_MAX_BYTES
     for topic in (job_topics.trajectories, job_topics.batches("policy")):
         limit = job_topics.max_message_bytes(topic)

@@ -24,7 +24,8 @@ from astraflow.topics import (ChunkReader, EmbeddedBroker, JobTopics, MissingChu
                               write_chunks)
 from astraflow.topics.chunking import H_DIGEST, H_INDEX, H_OBJECT, iter_slices, manifest_digest
 from astraflow.topics.messages import ChunkManifest, ChunkRef
-from astraflow.topics.mirror import MirrorMaker, MirrorPlan, mirrored_specs
+from astraflow.topics.mirror import MirrorMaker
+from astraflow.topics.mirror_plan import MirrorPlan, mirrored_specs
 from astraflow.topics import security
 from astraflow.weights import WeightPublisher, WeightSubscriber, read_latest_announcement
 from astraflow.weights.codec import weights_digest

@@ -17,7 +17,7 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 from kafka.serializer import Deserializer
 
 from astraflow.topics import TopicSpec, ensure_topics, records, security
-from astraflow.topics.client import Producer
+from astraflow.topics.producer import Producer
 
 
 def test_the_reader_is_built_and_used():

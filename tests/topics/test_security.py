@@ -22,7 +22,7 @@ from kafka.errors import KafkaError, TopicAuthorizationFailedError
 from astraflow.config import describe, install_security, load_config
 from astraflow.topics import JobTopics, Producer, ensure_topics, security
 from astraflow.topics.acls import apply, plan
-from astraflow.topics.client import Consumer
+from astraflow.topics.consumer import Consumer
 from astraflow.topics.messages import Metric
 from astraflow.topics.secured import add_users
 from astraflow.typed_config import ConfigError

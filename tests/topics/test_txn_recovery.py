@@ -95,7 +95,7 @@ def test_a_timed_out_transactional_request_is_retried_and_the_transaction_commit
             break
     assert sorted(out) == ["out-t0", "out-t1"]
     partitions = [TopicPartition(tasks_topic, p) for p in range(job_topics.task_partitions)]
-    assert sum(consumer.raw.committed(tp) or 0 for tp in partitions) == 2  # t1's offset in the transaction
+    assert sum(consumer.committed(tp) or 0 for tp in partitions) == 2  # t1's offset in the transaction
 
 
 def test_a_membership_the_coordinator_refuses_is_stale_membership_not_a_failed_producer(
@@ -122,7 +122,7 @@ def test_a_membership_the_coordinator_refuses_is_stale_membership_not_a_failed_p
             producer.send_offsets(node)
     with producer.transaction():  # aborted, not fatal: the producer keeps working
         producer.send(job_topics.trajectories, Prompt("other", "y", "1"), key="other")
-    assert node.raw.committed(TopicPartition(src, 0)) in (None, -1)
+    assert node.committed(TopicPartition(src, 0)) in (None, -1)
     assert node.group_metadata().generation_id < 0  # told it is out: its next poll rejoins
     redone = []
     for _ in range(40):  # rejoined, it is handed the uncommitted task again
@@ -133,4 +133,4 @@ def test_a_membership_the_coordinator_refuses_is_stale_membership_not_a_failed_p
     with producer.transaction():
         producer.send(job_topics.trajectories, Prompt("out-t0", "y", "1"), key="t0")
         producer.send_offsets(node)
-    assert node.raw.committed(TopicPartition(src, 0)) == 1
+    assert node.committed(TopicPartition(src, 0)) == 1

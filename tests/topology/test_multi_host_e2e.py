@@ -22,7 +22,7 @@ import yaml
 from astraflow.chaos.invariants import audit_job
 from astraflow.config import load_config
 from astraflow.topics import JobTopics, Metric, ensure_topics, job_topics
-from astraflow.topics.mirror import weight_topics
+from astraflow.topics.mirror_plan import weight_topics
 from astraflow.topics.replay import read_topic
 from astraflow.weights.signing import ensure_key_pair
 

@@ -21,7 +21,7 @@ import yaml
 from astraflow.cli import main
 from astraflow.config import load_config
 from astraflow.topics.claim import ClaimRefused, ExclusiveClaim
-from astraflow.topics.mirror import connect_group, internal_topics
+from astraflow.topics.mirror_plan import connect_group, internal_topics
 from astraflow.topology.job_mirror import claim_group
 from astraflow.topology.launch import TopologyRun, load_plan, node_command_for, regional_mirror_plan, weights_security
 from astraflow.topology.mirror_run import mirror_cluster, run_mirror
