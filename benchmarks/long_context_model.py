@@ -1,7 +1,7 @@
 """The longer-context tiny model against the 128-position one, on the search agent's work.
 
 Two cached builds (``astraflow model init --task search`` and ``--task search_wide``; or any
-``--models``), each measured the way its bootstrap measures (:func:`astraflow.models.bootstrap._measure`)
+``--models``), each measured the way its bootstrap measures (:func:`astraflow.models.measure.mean_score`)
 on the held-out turns of both warm-start tasks — ``search`` (a search shows one document; every
 episode fits 128 positions) and ``search_wide`` (five documents; up to ~190) — greedy and at
 t=0.6 (k=4), and by whole held-out episodes of both jobs (``examples/search_agent.yaml`` and
@@ -35,7 +35,8 @@ def measure(model_dir: Path) -> dict:
     from astraflow.actors.heldout import heldout_problems
     from astraflow.config import load_config
     from astraflow.engines.cpu import CpuEngine
-    from astraflow.models.bootstrap import _distinct, _measure, default_spec
+    from astraflow.models.measure import distinct_examples, mean_score
+    from astraflow.models.spec import default_spec
     from astraflow.models.warm_start import get_task
 
     torch.set_num_threads(1)
@@ -47,9 +48,9 @@ def measure(model_dir: Path) -> dict:
     for task in TASKS:
         warm, spec = get_task(task), default_spec(task)
         knobs = {"max_digits": spec.max_digits, "ops": spec.ops}
-        held = _distinct(warm, spec.heldout_problems, 0, "heldout", knobs)
-        out["turns"][task] = {"greedy": _measure(warm, engine, tok, held, k=1, temperature=0.0),
-                              "t0.6_k4": _measure(warm, engine, tok, held, k=4, temperature=0.6, seed=0),
+        held = distinct_examples(warm, spec.heldout_problems, 0, "heldout", knobs)
+        out["turns"][task] = {"greedy": mean_score(warm, engine, tok, held, k=1, temperature=0.0),
+                              "t0.6_k4": mean_score(warm, engine, tok, held, k=4, temperature=0.6, seed=0),
                               "examples": len(held)}
         cfg = load_config(JOBS[task])
         ev = episode_evaluation(cfg, engine, tok, heldout_problems(cfg))
@@ -60,7 +61,8 @@ def measure(model_dir: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from astraflow.models.bootstrap import cache_root, default_spec
+    from astraflow.models.bootstrap import cache_root
+    from astraflow.models.spec import default_spec
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", type=Path,
                     default=[cache_root() / default_spec(t).key(0, t) for t in TASKS])
