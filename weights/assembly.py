@@ -204,7 +204,8 @@ class VersionAssembler:
             read["cached"] = cached = source.prefetcher.take(manifest)
             self.prefetched += len(cached)
         try:
-            payload = source.reader.read(manifest, **read)  # type: ignore[arg-type]  # checks the manifest and every chunk's digest
+            # Checks the manifest and every chunk's digest.
+            payload = source.reader.read(manifest, **read)  # type: ignore[arg-type]
         except ChunkError as e:
             if isinstance(e, CorruptChunkError):
                 self._bad.add(manifest.object_id)
