@@ -25,7 +25,7 @@ from .filter_solved import FilterSolved
 from .greso import Greso
 from .mixing import Mixing
 from .ordering import EarliestDeadlineFirst, Fifo
-from .replay import Replay
+from .experience_replay import ExperienceReplay
 
 ALGORITHMS: dict[str, type[Algorithm]] = {}
 
@@ -58,7 +58,7 @@ def register(cls: type[Algorithm]) -> type[Algorithm]:
     return cls
 
 
-for _cls in (Greso, FilterSolved, Curriculum, Mixing, DynamicSampling, Replay, EarliestDeadlineFirst, Fifo):
+for _cls in (Greso, FilterSolved, Curriculum, Mixing, DynamicSampling, ExperienceReplay, EarliestDeadlineFirst, Fifo):
     register(_cls)
 
 

@@ -77,7 +77,7 @@ def _check_heldout(cfg: JobConfig, rows: list | None) -> str:
 def check_model(cfg: JobConfig) -> str:
     """The configured model dir exists and holds a loadable HF config; raises :class:`ModelError`."""
     if not cfg.model.path:
-        from astraflow.models.bootstrap import default_spec
+        from astraflow.models.spec import default_spec
         spec = default_spec(cfg.model.task, cfg.model.max_positions)
         return (f"tiny bootstrapped model (task {cfg.model.task}, seed {cfg.model.seed}, {spec.max_positions} positions; "
                 f"built and cached on first use as {spec.key(cfg.model.seed, cfg.model.task)})")

@@ -97,7 +97,7 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
     keyed = _run_keys(cfg, run_dir, progress)  # what the audit checks signed groups with
     # The model first (a missing tiny model is built once, minutes on a small machine): no broker
     # sits idle meanwhile, and none can die unwatched before the job has started.
-    from astraflow.models.bootstrap import model_warning
+    from astraflow.models.target import model_warning
     warm_starts: dict[str, str] = {}  # policy -> the warning of a warm start that missed its target
     for policy in cfg.policy_names:
         path = model_path(cfg.view(policy))

@@ -66,7 +66,7 @@ def stage(name):
 
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 from astraflow.engines import char_tokenizer
-from astraflow.models.bootstrap import add_legacy_config_keys
+from astraflow.models.build import add_legacy_config_keys
 from astraflow.engines.base import SamplingParams, TrainBatch, TrainSample
 from astraflow.engines.config import SGLangConfig, TrainerConfig
 

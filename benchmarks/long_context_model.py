@@ -1,7 +1,7 @@
 """The longer-context tiny model against the 128-position one, on the search agent's work.
 
 Two cached builds (``astraflow model init --task search`` and ``--task search_wide``; or any
-``--models``), each measured the way its bootstrap measures (:func:`astraflow.models.bootstrap._measure`)
+``--models``), each measured the way its bootstrap measures (:func:`astraflow.models.measure.mean_score`)
 on the held-out turns of both warm-start tasks — ``search`` (a search shows one document; every
 episode fits 128 positions) and ``search_wide`` (five documents; up to ~190) — greedy and at
 t=0.6 (k=4), and by whole held-out episodes of both jobs (``examples/search_agent.yaml`` and
@@ -20,7 +20,9 @@ import json
 from pathlib import Path
 
 from astraflow.benchmarks.lib.results import load_now, write_results
-from astraflow.models.bootstrap import _distinct, _measure, cache_root, default_spec
+from astraflow.models.bootstrap import cache_root
+from astraflow.models.measure import distinct_examples, mean_score
+from astraflow.models.spec import default_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "long_context_model.json"
@@ -47,9 +49,9 @@ def measure(model_dir: Path) -> dict:
     for task in TASKS:
         warm, spec = get_task(task), default_spec(task)
         knobs = {"max_digits": spec.max_digits, "ops": spec.ops}
-        held = _distinct(warm, spec.heldout_problems, 0, "heldout", knobs)
-        out["turns"][task] = {"greedy": _measure(warm, engine, tok, held, k=1, temperature=0.0),
-                              "t0.6_k4": _measure(warm, engine, tok, held, k=4, temperature=0.6, seed=0),
+        held = distinct_examples(warm, spec.heldout_problems, 0, "heldout", knobs)
+        out["turns"][task] = {"greedy": mean_score(warm, engine, tok, held, k=1, temperature=0.0),
+                              "t0.6_k4": mean_score(warm, engine, tok, held, k=4, temperature=0.6, seed=0),
                               "examples": len(held)}
         cfg = load_config(JOBS[task])
         ev = episode_evaluation(cfg, engine, tok, heldout_problems(cfg))

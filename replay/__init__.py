@@ -8,7 +8,9 @@
 * :mod:`.export` — ``astraflow export``: the recorded trajectories as a Parquet dataset.
 
 It sits above the components (it runs the trainer engine and the evaluator's held-out
-measure in-process) and knows nothing about how the job was launched.
+measure in-process) and knows nothing about how the job was launched. The package is named
+after the ``astraflow replay`` command it serves; the data algorithm that retrains groups
+inside a job is experience replay (:mod:`astraflow.algorithms.experience_replay`).
 """
 
 from .export import export_trajectories

@@ -18,7 +18,7 @@ import time
 from astraflow.actors.supervisor import LoopActor
 from astraflow.actors.telemetry import MetricsEmitter
 from astraflow.topics import JobTopics, Producer
-from astraflow.weights.publisher import read_latest_announcement
+from astraflow.weights.announcements import read_latest_announcement
 
 #: Seconds between two reports (a lag query opens consumers on both clusters, across the link).
 INTERVAL_S = 5.0

@@ -10,14 +10,17 @@ The room holds, low to high:
 * :mod:`.native` — the codec's optional C kernel (``_deltakernel.c``, loaded with ctypes);
   without it the codec's numpy path writes the same bytes;
 * :mod:`.signing` — Ed25519 signatures on announcements (who may move a policy's weights);
+* :mod:`.announcements` — the ``versions`` topic read back: a policy's announcements, the newest;
 * :mod:`.publisher` — the trainer's side: encode, chunk, make durable, announce, trim;
 * :mod:`.prefetch` — chunks read while they are written, before their version is announced;
-* :mod:`.subscriber` — a node's side: follow announcements, assemble verified versions.
+* :mod:`.held` — a node's verified copy of the weights, and what each engine was given;
+* :mod:`.assembly` — reaching a version: the delta or snapshot path, every payload checked;
+* :mod:`.subscriber` — a node's side: follow announcements, move the held copy to the newest.
 
 The two ends share nothing but ``weights.<policy>`` (chunked snapshots and sparse deltas)
 and the compacted ``versions`` topic (one announcement per version, latest per policy).
 The protocol and the retention rule are described in :mod:`.publisher`; how a node
-reaches a version (delta path, snapshot path, verification) in :mod:`.subscriber`.
+reaches a version (delta path, snapshot path, verification) in :mod:`.assembly`.
 
 It builds on the topics (chunking, messages, clients) and nothing above them: it knows
 no job config, no actors (the trainer and rollout actors host a publisher and a
@@ -33,7 +36,7 @@ from typing import Any
 #: checks announcements (the launcher making a run's keys, the dataflow) imports no torch.
 _EXPORTS = {
     "WeightPublisher": ".publisher", "WeightPublishError": ".publisher", "PublishedVersion": ".publisher",
-    "read_latest_announcement": ".publisher", "WeightSubscriber": ".subscriber", "WeightEngine": ".subscriber",
+    "read_latest_announcement": ".announcements", "WeightSubscriber": ".subscriber", "WeightEngine": ".held",
     "AnnouncementSigner": ".signing", "AnnouncementVerifier": ".signing", "Rejection": ".signing",
     "SignatureError": ".signing",
 }

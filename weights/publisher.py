@@ -67,17 +67,16 @@ import torch
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from astraflow.topics import (ChunkManifest, ChunkWriter, DeadLetters, JobTopics, Producer, TopicPartition,
+from astraflow.topics import (ChunkManifest, ChunkWriter, JobTopics, Producer, TopicPartition,
                               VersionAnnouncement)
 from astraflow.topics.chunking import DEFAULT_CHUNK_SIZE
-from astraflow.topics.codec import decode
-from astraflow.topics.exceptions import DecodeError
 from astraflow.topics import security
 
 from . import codec
-from .signing import AnnouncementSigner, AnnouncementVerifier, SignatureError
+from .announcements import read_latest_announcement
+from .signing import AnnouncementSigner, AnnouncementVerifier
 
-__all__ = ["WeightPublisher", "WeightPublishError", "PublishedVersion", "read_latest_announcement"]
+__all__ = ["WeightPublisher", "WeightPublishError", "PublishedVersion"]
 
 log = logging.getLogger(__name__)
 
@@ -120,73 +119,6 @@ class _Job:
 
 
 _STOP = object()
-
-
-def read_latest_announcement(bootstrap_servers: str, versions_topic: str, policy: str,
-                             timeout: float = 30.0,
-                             verifier: AnnouncementVerifier | None = None,
-                             security_setting: security.ClientSecurity | None = None) -> VersionAnnouncement | None:
-    """The newest announcement of ``policy`` on the ``versions`` topic, or None (read with
-    ``security_setting``, default the process's client setting).
-
-    With ``verifier``, only announcements it accepts count (:mod:`.signing`); the others
-    are logged and passed over, so a forged head cannot set the epoch a trainer resumes in.
-    """
-    tp = TopicPartition(versions_topic, 0)
-    kc = security.consumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
-                           client_id=f"astraflow-versions-{policy}", max_partition_fetch_bytes=8 * 1024 * 1024,
-                           security=security_setting)
-    latest: VersionAnnouncement | None = None
-    try:
-        kc.assign([tp])
-        kc.seek_to_beginning(tp)
-        end = kc.end_offsets([tp])[tp]
-        deadline = time.monotonic() + timeout
-        while kc.position(tp) < end:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {versions_topic} up to offset {end} took over {timeout}s; "
-                                   "is the broker reachable?")
-            for r in kc.poll(timeout_ms=500).get(tp, []):
-                ann = _announcement(r, policy)
-                if ann is not None and verifier is not None and not _verified(verifier, r, ann):
-                    continue
-                if ann is not None and (latest is None or _newer(ann, latest)):
-                    latest = ann
-    finally:
-        kc.close()
-    return latest
-
-
-def _announcement(record, policy: str, dead_letters: DeadLetters | None = None) -> VersionAnnouncement | None:
-    """The record's announcement if it is one for ``policy``; undecodable ones are logged and
-    passed over, and dead-lettered when ``dead_letters`` is given."""
-    if record.key is not None and record.key.decode("utf-8", "replace") != policy:
-        return None
-    try:
-        msg = decode(record.value, record.headers)
-    except DecodeError as e:
-        log.warning("skipping undecodable record %s[%d]@%d: %s", record.topic, record.partition, record.offset, e)
-        if dead_letters is not None:
-            dead_letters.put(record.topic, record.partition, record.offset, record.key, record.value,
-                             record.headers, e)
-        return None
-    return msg if isinstance(msg, VersionAnnouncement) and msg.policy == policy else None
-
-
-def _verified(verifier: AnnouncementVerifier, record, ann: VersionAnnouncement) -> bool:
-    try:
-        verifier.check(record.topic, record.value, record.headers)
-    except SignatureError as e:
-        log.warning("%s: passing over the announcement at %s[%d]@%d (version %s of epoch %s): %s", ann.policy,
-                    record.topic, record.partition, record.offset, ann.version, ann.epoch, e)
-        return False
-    return True
-
-
-def _newer(a: VersionAnnouncement, b: VersionAnnouncement) -> bool:
-    # A newer epoch wins whatever its version (the fence); a snapshot version is announced
-    # twice and the second (its own snapshot) is the newer head.
-    return (a.epoch, a.version, a.snapshot_version) > (b.epoch, b.version, b.snapshot_version)
 
 
 class WeightPublisher:

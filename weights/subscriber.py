@@ -1,22 +1,14 @@
-"""A RaaS node's side of weight transfer: follow announcements, assemble verified versions.
+"""A RaaS node's side of weight transfer: follow announcements, keep the newest verified version.
 
-:class:`WeightSubscriber` owns a background thread and its own copy of the weights. The
-thread follows the compacted ``versions`` topic and moves its copy to the newest
-announced version, off the rollout path:
-
-* **delta path** — when it holds a version on the announced chain, it fetches and
-  applies the deltas after it, in order (a follower applies exactly one per version);
-* **snapshot path** — when it holds nothing, holds a version off the chain (too old, a
-  late joiner), or a delta is missing, corrupt or does not fit its weights, it loads the
-  chain's snapshot and the deltas after it into fresh tensors and swaps them in.
+:class:`WeightSubscriber` owns a background thread that follows the compacted ``versions``
+topic and moves the node's copy of the weights (:mod:`.held`) to the newest announced
+version, off the rollout path, through the delta or the snapshot path (:mod:`.assembly`,
+where every check is described). A failure is reported in :attr:`WeightSubscriber.faults`
+with the path that recovered; a version that cannot be reached is retried with backoff, and
+the subscriber keeps its last good version until a newer snapshot is announced.
 
 With ``prefetch``, chunks are read while they are written (:mod:`.prefetch`), so a
-payload is mostly in memory when its version is announced; what was missed is fetched then. Every chunk's BLAKE3 digest, the manifest's, the delta's base
-digest, every tensor's result hash and the announced digest of the full weights are
-checked before a version counts as held; a failure is reported in :attr:`WeightSubscriber.faults` with the path
-that recovered. A payload that failed verification is never fetched again: when it lies
-on every path, the subscriber keeps its last good version until a newer snapshot is
-announced.
+payload is mostly in memory when its version is announced; what was missed is fetched then.
 
 Lineage epochs: versions are ordered by ``(epoch, version)``. When a trainer resumes
 behind the announced head it opens a new epoch with a snapshot (see
@@ -33,9 +25,9 @@ per record and process: the compacted topic is re-read on every reconnect) and h
 trainer for a snapshot would let anyone who can write ``versions`` make it write snapshots.
 
 The rollout side calls :meth:`WeightSubscriber.apply_to` between requests; it copies the
-held version into the engine under the subscriber's lock, so an engine never sees a
-half-applied version. This module does not talk to engines otherwise, and knows nothing
-about rollouts.
+held version into the engine under the held weights' lock, so an engine never sees a
+half-applied version. This module does not talk to engines otherwise, does not decode or
+verify payloads itself, and knows nothing about rollouts.
 """
 
 from __future__ import annotations
@@ -44,27 +36,24 @@ import contextlib
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping
-from typing import NamedTuple, Protocol
 
 import torch
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from astraflow.topics import (ChunkError, ChunkManifest, ChunkReader, CorruptChunkError, DeadLetters, JobTopics,
-                              ReleasableBuffer, TopicPartition, VersionAnnouncement)
+from astraflow.topics import ChunkReader, DeadLetters, JobTopics, TopicPartition, VersionAnnouncement
 from astraflow.topics import tracing
 from astraflow.topics import security
 
-from . import codec
-from .format import PayloadKind, WeightCodecError, read_table
+from .announcements import announcement_of, newer
+from .assembly import PathFailed, PayloadSource, VersionAssembler
+from .held import Held, HeldWeights, WeightEngine
 from .prefetch import DEFAULT_MAX_BYTES as DEFAULT_PREFETCH_BYTES
 from .prefetch import ChunkPrefetcher
-from .publisher import _announcement, _newer
 from .signing import AnnouncementVerifier, Rejection, SignatureError
 
-__all__ = ["WeightSubscriber", "WeightEngine", "Held"]
+__all__ = ["WeightSubscriber"]
 
 log = logging.getLogger(__name__)
 
@@ -72,59 +61,9 @@ _MAX_FAULTS = 1000
 _RETRY_S = (1.0, 30.0)  # backoff bounds for retrying a version that could not be reached
 
 
-class WeightEngine(Protocol):
-    """What :meth:`WeightSubscriber.apply_to` needs of a rollout engine."""
-
-    @property
-    def version(self) -> int: ...
-
-    def load_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None: ...
-
-
-class Held(NamedTuple):
-    """Which weights: lineage epoch, version and ``weights_digest`` (heartbeats report it)."""
-
-    epoch: int
-    version: int
-    digest: str
-
-
 def _claimed(n: object) -> int:
     """A number a refused record claims, for metrics: -1 unless it is an int (nothing checked its types)."""
     return n if type(n) is int else -1
-
-
-class _PathFailed(Exception):
-    """One path to a version failed; the message is the fault report."""
-
-
-class _ReadAborted(Exception):
-    """The payload being decoded will not arrive (the fetch failed)."""
-
-
-class _Arrival:
-    """How much of a payload has arrived, for a decoder running alongside the fetch."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._have = 0
-        self._aborted = False
-
-    def advance(self, nbytes: int) -> None:
-        with self._cond:
-            self._have = nbytes
-            self._cond.notify_all()
-
-    def abort(self) -> None:
-        with self._cond:
-            self._aborted = True
-            self._cond.notify_all()
-
-    def ready(self, nbytes: int) -> None:
-        with self._cond:
-            self._cond.wait_for(lambda: self._have >= nbytes or self._aborted)
-            if self._have < nbytes:
-                raise _ReadAborted(f"the fetch stopped before byte {nbytes}")
 
 
 class WeightSubscriber:
@@ -175,25 +114,16 @@ class WeightSubscriber:
         self.security_setting = security_setting
         self.node_id = node_id or "subscriber"
         self.codec_threads = codec_threads
-        self._tracer = tracer or trace.get_tracer(__name__)
+        self._held = HeldWeights(initial, initial_version, initial_epoch, policy=policy, node_id=self.node_id,
+                                 tracer=tracer or trace.get_tracer(__name__))
+        self._assembler = VersionAssembler(self._held, node_id=self.node_id, codec_threads=codec_threads)
         self._on_fault = on_fault
-        self._lock = threading.Condition(threading.RLock())
-        # Guarded by _lock: the held weights, their tensor hashes, version and trace context.
-        self._state: dict[str, torch.Tensor] | None = (
-            {k: v.detach().clone() for k, v in initial.items()} if initial is not None else None)
-        self._hashes: dict[str, bytes] | None = None
-        self._version = initial_version
-        self._epoch = self._initial_epoch = initial_epoch
-        self._digest: str | None = None  # of the held weights, computed when first asked
-        # What each engine was given by apply_to: engines know their version, not its epoch.
-        self._engines: weakref.WeakKeyDictionary[object, Held] = weakref.WeakKeyDictionary()
-        self._context: otel_context.Context | None = None
+        self._lock = threading.Lock()  # guards the fault reports and the rejection counts
         self._faults: list[str] = []
-        self._path_counts = {"delta": 0, "snapshot": 0}
+        self._rejected: dict[str, int] = {}  # by reason
         # Only the thread touches these.
         self._head: VersionAnnouncement | None = None
         self._head_context: otel_context.Context | None = None
-        self._bad: set[str] = set()  # object ids that failed verification: never fetched again
         self._retry_at = 0.0
         self._backoff = _RETRY_S[0]
         self._unrecovered = False  # a fault was reported and no version was reached since
@@ -203,11 +133,9 @@ class WeightSubscriber:
         self._prefetch = prefetch
         self._prefetch_bytes = prefetch_bytes
         self._prefetcher: ChunkPrefetcher | None = None  # the thread's, while connected
-        self._prefetched = 0
         self._wanted = -1  # on demand: the lowest version worth fetching; -1: none asked for yet
         self._verifier = verifier if verifier is not None and verifier.checks else None
         self._dead_letters, self._on_reject = dead_letters, on_reject
-        self._rejected: dict[str, int] = {}  # by reason; guarded by _lock
         self._judged: dict[int, int] = {}  # partition -> newest offset whose signature was checked
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -233,23 +161,20 @@ class WeightSubscriber:
     @property
     def version(self) -> int:
         """The newest version fully assembled and verified (what the node reports in heartbeats)."""
-        return self._version
+        return self._held.version
 
     @property
     def epoch(self) -> int:
         """The lineage epoch of the held version."""
-        return self._epoch
+        return self._held.epoch
 
     def held(self) -> Held | None:
         """Epoch, version and digest of the held weights; None before the first version."""
-        with self._lock:
-            digest = self.digest()
-            return None if digest is None else Held(self._epoch, self._version, digest)
+        return self._held.held()
 
     def held_by(self, engine: WeightEngine) -> Held | None:
         """What :meth:`apply_to` last loaded into ``engine``; None if it never loaded anything."""
-        with self._lock:
-            return self._engines.get(engine)
+        return self._held.held_by(engine)
 
     @property
     def faults(self) -> list[str]:
@@ -266,57 +191,38 @@ class WeightSubscriber:
     @property
     def path_counts(self) -> dict[str, int]:
         """Payloads applied, by kind: ``{"delta": n, "snapshot": m}``."""
-        with self._lock:
-            return dict(self._path_counts)
+        return self._held.path_counts
+
+    @property
+    def prefetched_chunks(self) -> int:
+        """Chunks offered by the prefetcher (read during their write) for payloads fetched so far."""
+        return self._assembler.prefetched
 
     def weights(self) -> dict[str, torch.Tensor]:
         """A copy of the held weights (tests, checkpoints)."""
-        with self._lock:
-            return {k: v.clone() for k, v in (self._state or {}).items()}
+        return self._held.weights()
 
     def digest(self) -> str | None:
         """``weights_digest`` of the held weights (equal to the trainer's iff bit-identical)."""
-        with self._lock:
-            if self._state is None:
-                return None
-            if self._digest is None:
-                self._digest = codec.weights_digest(self._state, self._hashes)
-            return self._digest
+        return self._held.digest()
 
     def want(self, version: int) -> None:
         """On demand: move to the head once it reaches ``version`` (the latest ask counts; no-op
         when following every version)."""
-        with self._lock:
-            self._wanted = version
+        self._wanted = version
 
     def wait_for(self, version: int, timeout: float, *, epoch: int | None = None) -> bool:
         """Wait until a version >= ``version`` is held (in ``epoch`` or a newer one, if given); False on timeout."""
-        with self._lock:
-            self._wanted = version
-            if epoch is None:
-                return self._lock.wait_for(lambda: self._version >= version, timeout)
-            return self._lock.wait_for(lambda: (self._epoch, self._version) >= (epoch, version), timeout)
+        self._wanted = version
+        return self._held.wait_for(version, timeout, epoch)
 
     def apply_to(self, engine: WeightEngine) -> int | None:
         """Load the held version into ``engine`` if it is newer; returns it, else None.
 
-        Call between requests. Runs under the subscriber's lock, so the engine gets one
+        Call between requests. Runs under the held weights' lock, so the engine gets one
         whole verified version (engines copy the tensors in).
         """
-        with self._lock:
-            given = self._engines.get(engine)
-            engine_epoch = given.epoch if given is not None else self._initial_epoch
-            if self._state is None or (self._epoch, self._version) <= (engine_epoch, engine.version):
-                return None
-            with self._tracer.start_as_current_span(
-                    "raas.weights.apply", context=self._context,
-                    attributes={"policy": self.policy, "policy.version": self._version, "policy.epoch": self._epoch,
-                                "node.id": self.node_id, "engine.version": engine.version}):
-                engine.load_weights(self._state, self._version)
-            held = self.held()
-            assert held is not None
-            self._engines[engine] = held
-            return self._version
+        return self._held.apply_to(engine)
 
     # -- the background thread ---------------------------------------------------------
     def _run(self) -> None:
@@ -340,15 +246,21 @@ class WeightSubscriber:
             if self._prefetch:
                 self._prefetcher = ChunkPrefetcher(
                     self.bootstrap_servers, self.topics.weights(self.policy), node_id=self.node_id,
-                    want_snapshots=lambda: self._state is None, max_bytes=self._prefetch_bytes,
+                    want_snapshots=lambda: not self._held.holds_weights, max_bytes=self._prefetch_bytes,
                     security_setting=self.security_setting)
                 stack.callback(self._drop_prefetcher)
             consumer.assign([tp])
             consumer.seek_to_beginning(tp)
+            source = PayloadSource(reader, self._prefetcher)
             while not self._stop.is_set():
-                self._follow(consumer, tp, reader)
+                self._follow(consumer, tp, source)
 
-    def _follow(self, consumer: security.KafkaConsumer, tp: TopicPartition, reader: ChunkReader) -> None:
+    def _drop_prefetcher(self) -> None:
+        prefetcher, self._prefetcher = self._prefetcher, None
+        if prefetcher is not None:
+            prefetcher.close()
+
+    def _follow(self, consumer: security.KafkaConsumer, tp: TopicPartition, source: PayloadSource) -> None:
         # Drain what is there, then act on the newest: a late joiner jumps straight to the head.
         timeout_ms = 200
         while True:
@@ -356,10 +268,10 @@ class WeightSubscriber:
             if not records:
                 break
             for r in records:
-                ann = _announcement(r, self.policy, self._dead_letters)
+                ann = announcement_of(r, self.policy, self._dead_letters)
                 if ann is None or not self._signed(r, ann):
                     continue
-                if self._head is None or _newer(ann, self._head):
+                if self._head is None or newer(ann, self._head):
                     self._head, self._head_context = ann, tracing.extract(r.headers)
                     self._retry_at, self._backoff = 0.0, _RETRY_S[0]
                 elif ann.epoch < self._head.epoch:
@@ -368,12 +280,12 @@ class WeightSubscriber:
                                 self._head.epoch)
             timeout_ms = 0
         head = self._head
-        if (head is None or (head.epoch, head.version) <= (self._epoch, self._version)
+        if (head is None or (head.epoch, head.version) <= (self._held.epoch, self._held.version)
                 or time.monotonic() < self._retry_at):
             return
         if self._on_demand and (self._wanted < 0 or head.version < self._wanted):
             return  # not asked for yet: announcements are followed, payloads are not fetched
-        if not self._advance(reader, head):
+        if not self._advance(source, head):
             self._retry_at = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, _RETRY_S[1])
 
@@ -398,7 +310,7 @@ class WeightSubscriber:
             self._rejected[error.reason] = self._rejected.get(error.reason, 0) + 1
         log.warning("%s: refusing the announcement at %s[%d]@%d (version %s of lineage epoch %s): %s; keeping "
                     "version %d of epoch %d", self.node_id, record.topic, record.partition, record.offset,
-                    ann.version, ann.epoch, error, self._version, self._epoch)
+                    ann.version, ann.epoch, error, self._held.version, self._held.epoch)
         if self._dead_letters is not None:
             try:
                 self._dead_letters.put(record.topic, record.partition, record.offset, record.key, record.value,
@@ -412,20 +324,20 @@ class WeightSubscriber:
             except Exception:  # noqa: BLE001 - a failing callback must not stop the subscriber
                 log.exception("%s: on_reject callback failed", self.node_id)
 
-    def _advance(self, reader: ChunkReader, head: VersionAnnouncement) -> bool:
+    def _advance(self, source: PayloadSource, head: VersionAnnouncement) -> bool:
         """Move to ``head``: delta path if possible, else snapshot path. True when reached."""
-        steps = self._delta_steps(head)
+        steps = self._assembler.delta_steps(head)
         if steps is not None:
             try:
-                self._apply_deltas(reader, steps, head)
+                self._assembler.apply_deltas(source, steps, head, self._head_context)
                 self._report_recovery(head, "delta path")
                 return True
-            except _PathFailed as e:
+            except PathFailed as e:
                 self._fault(f"delta path to version {head.version} failed: {e}; trying the snapshot path")
         try:
-            self._load_snapshot(reader, head)
-        except _PathFailed as e:
-            self._fault(f"cannot reach version {head.version}: {e}; holding version {self._version} "
+            self._assembler.load_snapshot(source, head, self._head_context)
+        except PathFailed as e:
+            self._fault(f"cannot reach version {head.version}: {e}; holding version {self._held.version} "
                         "until a newer snapshot is announced")
             return False
         self._report_recovery(head, f"snapshot path (snapshot {head.snapshot_version})")
@@ -435,182 +347,6 @@ class WeightSubscriber:
         if self._unrecovered:
             self._fault(f"recovered: reached version {head.version} through the {path}", recovered=True)
 
-    def _delta_steps(self, head: VersionAnnouncement) -> list[tuple[int, ChunkManifest]] | None:
-        """The deltas from the held version to ``head``, or None when there is no such path."""
-        if self._state is None or head.epoch != self._epoch:
-            return None  # another lineage: only its snapshot leads there
-        v = self._version
-        if head.base_version == v and head.base_version != head.version:
-            steps = [(head.version, head.manifest)]  # a follower, one version behind
-        else:
-            chain = [head.snapshot_version, *head.delta_versions]
-            if v not in chain or len(head.delta_versions) != len(head.deltas):
-                return None
-            steps = list(zip(head.delta_versions, head.deltas))[chain.index(v):]
-        return None if any(m.object_id in self._bad for _, m in steps) else steps
-
-    def _apply_deltas(self, reader: ChunkReader, steps: list[tuple[int, ChunkManifest]],
-                      head: VersionAnnouncement) -> None:
-        for version, manifest in steps:
-            payload = self._fetch(reader, manifest, version, PayloadKind.DELTA, self._expect(head, version))
-            with self._lock:
-                assert self._state is not None
-                try:
-                    # Verifies the base digest and the data before writing anything.
-                    hashes = codec.apply_in_place(payload, self._state, base_hashes=self._hashes,
-                                                  threads=self.codec_threads)
-                except codec.BaseMismatchError as e:
-                    raise _PathFailed(f"delta to version {version} does not fit the held version "
-                                      f"{self._version}: {e}") from e
-                except WeightCodecError as e:
-                    # Checks after writing failed: the held tensors can no longer be trusted.
-                    self._state, self._hashes, self._digest = None, None, None
-                    self._bad.add(manifest.object_id)
-                    raise _PathFailed(f"delta to version {version} failed to apply ({e}); "
-                                      "dropped the held weights") from e
-                self._hashes, self._version, self._context = hashes, version, self._head_context
-                self._digest = None
-                self._path_counts["delta"] += 1
-                self._lock.notify_all()
-        self._check_head(head)
-
-    def _load_snapshot(self, reader: ChunkReader, head: VersionAnnouncement) -> None:
-        """Assemble ``head`` in fresh tensors from its snapshot, then swap them in."""
-        snap = head.snapshot_manifest
-        if snap is None:
-            raise _PathFailed(f"announcement of version {head.version} names no snapshot")
-        if snap.object_id in self._bad:
-            raise _PathFailed(f"snapshot {head.snapshot_version} failed verification before")
-        payload, state = self._fetch_and_decode_snapshot(reader, snap, head)
-        hashes = {e.name: e.hash for e in read_table(payload)[1]}
-        del payload
-        version, error, intact = head.snapshot_version, None, True
-        for dv, manifest in zip(head.delta_versions, head.deltas):
-            try:
-                if manifest.object_id in self._bad:
-                    raise _PathFailed(f"delta to version {dv} failed verification before")
-                payload = self._fetch(reader, manifest, dv, PayloadKind.DELTA, self._expect(head, dv))
-                hashes = codec.apply_in_place(payload, state, base_hashes=hashes, threads=self.codec_threads)
-            except (_PathFailed, codec.BaseMismatchError) as e:
-                error = e  # raised before anything was written: `state` still holds `version`
-                break
-            except WeightCodecError as e:
-                self._bad.add(manifest.object_id)
-                error, intact = e, False
-                break
-            version = dv
-        # Even a partial chain is a verified, newer version; a newer epoch replaces any version.
-        if intact and (head.epoch, version) > (self._epoch, self._version):
-            with self._lock:
-                if head.epoch != self._epoch:
-                    log.info("%s: moving to lineage epoch %d at version %d (dropping version %d of epoch %d)",
-                             self.node_id, head.epoch, version, self._version, self._epoch)
-                self._state, self._hashes, self._version = state, hashes, version
-                self._epoch, self._digest = head.epoch, None
-                self._context = self._head_context
-                self._path_counts["snapshot"] += 1
-                self._path_counts["delta"] += len([v for v in head.delta_versions if v <= version])
-                self._lock.notify_all()
-        if error is not None:
-            raise _PathFailed(f"snapshot path stopped at version {version}: {error}")
-        self._check_head(head)
-
-    def _fetch_and_decode_snapshot(self, reader: ChunkReader, snap: ChunkManifest,
-                                   head: VersionAnnouncement) -> tuple[memoryview, dict[str, torch.Tensor]]:
-        """Fetch a snapshot and decode it while it arrives: a decoder thread takes each tensor
-        as soon as its chunks are verified (the payload's head is fetched first), so decoding
-        overlaps the transfer instead of following it, and gives each decoded tensor's bytes
-        back to the OS, so the payload is never held whole beside the tensors it becomes."""
-        buf = ReleasableBuffer(snap.total_bytes)
-        arrival = _Arrival()
-        outcome: dict[str, object] = {}
-
-        def decode() -> None:
-            try:
-                outcome["state"] = codec.decode_streaming(buf.view, arrival.ready, threads=self.codec_threads,
-                                                          release=buf.release)
-            except BaseException as e:  # noqa: BLE001 - handed to the subscriber's thread below
-                outcome["error"] = e
-
-        decoder = threading.Thread(target=decode, name=f"weight-decoder-{self.node_id}", daemon=True)
-        decoder.start()
-        try:
-            payload = self._fetch(reader, snap, head.snapshot_version, PayloadKind.SNAPSHOT,
-                                  self._expect(head, head.snapshot_version), into=buf.view,
-                                  on_progress=arrival.advance)
-        except BaseException:
-            arrival.abort()
-            raise
-        finally:
-            decoder.join()
-        error = outcome.get("error")
-        if isinstance(error, WeightCodecError):
-            self._bad.add(snap.object_id)
-            raise _PathFailed(f"snapshot {head.snapshot_version} does not decode: {error}") from error
-        if error is not None:
-            raise error  # type: ignore[misc]
-        return payload, outcome["state"]  # type: ignore[return-value]
-
-    @staticmethod
-    def _expect(head: VersionAnnouncement, version: int) -> str | None:
-        return head.checksum if version == head.version else None
-
-    def _fetch(self, reader: ChunkReader, manifest: ChunkManifest, version: int, kind: PayloadKind,
-               digest: str | None = None, **read: object) -> bytearray | memoryview:
-        """The verified payload of ``version``; ``digest``: the announced digest it must produce.
-
-        ``read``: passed to :meth:`ChunkReader.read` (a buffer to fill, a progress callback).
-        """
-        prefetcher = self._prefetcher
-        if prefetcher is not None:
-            read["cached"] = cached = prefetcher.take(manifest)
-            self._prefetched += len(cached)
-        try:
-            payload = reader.read(manifest, **read)  # type: ignore[arg-type]  # checks the manifest and every chunk's digest
-        except ChunkError as e:
-            if isinstance(e, CorruptChunkError):
-                self._bad.add(manifest.object_id)
-            raise _PathFailed(f"{kind.name.lower()} of version {version}: {type(e).__name__}: {e}") from e
-        try:
-            header = codec.read_header(payload)
-        except WeightCodecError as e:
-            self._bad.add(manifest.object_id)
-            raise _PathFailed(f"{kind.name.lower()} of version {version} is not a weight payload: {e}") from e
-        if header.version != version or header.kind != kind:
-            self._bad.add(manifest.object_id)
-            raise _PathFailed(f"announced {kind.name.lower()} of version {version} holds a "
-                              f"{header.kind.name.lower()} of version {header.version}")
-        if digest is not None and header.digest != digest:
-            self._bad.add(manifest.object_id)
-            raise _PathFailed(f"{kind.name.lower()} of version {version} produces weights digest "
-                              f"{header.digest[:16]}…, the announcement says {digest[:16]}…")
-        return payload
-
-    def _drop_prefetcher(self) -> None:
-        prefetcher, self._prefetcher = self._prefetcher, None
-        if prefetcher is not None:
-            prefetcher.close()
-
-    @property
-    def prefetched_chunks(self) -> int:
-        """Chunks offered by the prefetcher (read during their write) for payloads fetched so far."""
-        return self._prefetched
-
-    def _check_head(self, head: VersionAnnouncement) -> None:
-        """Belt and braces: the held weights must have the announced digest.
-
-        Each payload's result digest was compared with the announcement before it was
-        applied, and apply_in_place checked every tensor, so this only trips on a bug.
-        """
-        with self._lock:
-            if (self._epoch, self._version) != (head.epoch, head.version) or self._state is None:
-                return
-            digest = self.digest()
-            if digest != head.checksum:
-                self._state, self._hashes, self._version, self._digest = None, None, -1, None
-                raise _PathFailed(f"version {head.version} assembled with digest {digest[:16]}…, announced "
-                                  f"{head.checksum[:16]}…; dropped the held weights")
-
     def _fault(self, report: str, *, recovered: bool = False) -> None:
         """Record a fault report (or, with ``recovered``, the recovery that follows faults)."""
         report = f"{self.node_id}: {report}"
@@ -618,7 +354,7 @@ class WeightSubscriber:
         with self._lock:
             self._faults.append(report)
             del self._faults[:-_MAX_FAULTS]
-            held = self._version
+        held = self._held.version
         self._unrecovered = not recovered
         if not recovered and self._on_fault is not None:
             try:

@@ -1,6 +1,7 @@
 """``astraflow model | replay | export``: the tiny model, and what a job's topics recorded.
 
-``model`` is the tiny-model bootstrap (:mod:`astraflow.models.bootstrap`, its own flags);
+``model`` builds or reuses the tiny model of a warm-start task (:mod:`astraflow.models`; its own
+flags, parsed by :func:`model_command`) and prints a model directory's build report;
 ``replay`` re-trains a job from its recorded batches (:mod:`astraflow.replay`): bit for bit,
 or a what-if lineage with ``--set``; ``export`` writes its trajectories as Parquet or, with
 ``--model``, a trained version as a Hugging Face model directory. Handlers import those
@@ -11,17 +12,93 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import shutil
 import sys
 from pathlib import Path
 
 from .args import UsageError, name, overrides, source_flags
 
-__all__ = ["add_parsers"]
+__all__ = ["add_parsers", "model_command"]
 
 
 def _cmd_model(args: argparse.Namespace) -> int:
-    from astraflow.models.bootstrap import main as model_main  # lazy: see the module docstring
-    return model_main(args.args)
+    return model_command(args.args)
+
+
+def model_command(argv: list[str]) -> int:
+    """``astraflow model init|info``."""
+    # lazy: see the module docstring (a build imports torch)
+    from astraflow.models.bootstrap import cache_root, ensure_tiny_model
+    from astraflow.models.spec import DEFAULT_POSITIONS, MARKER, default_spec
+    from astraflow.models.target import target_of, target_warning
+    from astraflow.models.warm_start import DEFAULT_TASK, get_task, task_names
+
+    parser = argparse.ArgumentParser(prog="astraflow model", description="Tiny-model bootstrap.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    init = sub.add_parser("init", help="build (or reuse from cache) the warm-started tiny model of a task")
+    init.add_argument("--task", default=DEFAULT_TASK, help=f"warm-start task (default {DEFAULT_TASK}; see --list)")
+    init.add_argument("--list", action="store_true", help="print the warm-start tasks and exit")
+    init.add_argument("--out", type=Path, help="also copy the model to this directory")
+    init.add_argument("--seed", type=int, default=0)
+    init.add_argument("--cache-dir", type=Path, help="models cache (default $ASTRAFLOW_CACHE/models)")
+    init.add_argument("--target-accuracy", type=float, help="early-stop accuracy (default: the task's own)")
+    init.add_argument("--max-steps", type=int, default=None, help="SFT step cap (default: the task's spec's)")
+    init.add_argument("--max-positions", type=int, default=None,
+                      help=f"the model's window in tokens (default {DEFAULT_POSITIONS}); another window is another "
+                           f"cache entry (a job selects it with model.max_positions)")
+    init.add_argument("--force", action="store_true", help="rebuild even if cached")
+    info = sub.add_parser("info", help="print a model directory's bootstrap report")
+    info.add_argument("path", type=Path)
+    args = parser.parse_args(argv)
+
+    if args.command == "info":
+        marker = args.path / MARKER
+        if not marker.exists():
+            print(f"{marker} not found: not a bootstrapped model directory", file=sys.stderr)
+            return 2
+        print(marker.read_text())
+        return 0
+
+    if args.list:
+        for task in task_names():
+            t = get_task(task)
+            print(f"{task:16s} target accuracy {t.target_accuracy:.2f}  {t.doc}")
+        return 0
+    if args.task not in task_names():
+        print(f"--task: unknown warm-start task {args.task!r}; tasks: {', '.join(task_names())}", file=sys.stderr)
+        return 2
+    try:
+        spec = default_spec(args.task, args.max_positions)
+        if args.max_steps is not None:  # (the default keeps the task's own cap, so init builds what a job resolves)
+            spec = dataclasses.replace(spec, max_steps=args.max_steps)
+    except ValueError as e:
+        print(f"--max-positions: {e}", file=sys.stderr)
+        return 2
+    if args.target_accuracy is not None:
+        spec = dataclasses.replace(spec, target_accuracy=args.target_accuracy)
+    root = args.cache_dir or cache_root()
+    if args.force:
+        shutil.rmtree(Path(root) / spec.key(args.seed, args.task), ignore_errors=True)
+    path = ensure_tiny_model(root, seed=args.seed, spec=spec, task=args.task)
+    if args.out:
+        if args.out.exists() and any(args.out.iterdir()):
+            print(f"--out {args.out} exists and is not empty; choose an empty directory", file=sys.stderr)
+            return 2
+        shutil.copytree(path, args.out, dirs_exist_ok=True)
+        path = args.out
+    report = json.loads((path / MARKER).read_text())
+    print(f"model: {path}  task: {report.get('task', DEFAULT_TASK)}  "
+          f"positions: {report['spec'].get('max_positions', DEFAULT_POSITIONS)}")
+    print(f"parameters: {report['parameters']}  sft steps: {report['sft_steps']}  "
+          f"held-out exact match: greedy {report['heldout_accuracy_greedy']:.3f}, "
+          f"t=0.6 {report['heldout_accuracy_t0.6_k4']:.3f}")
+    target = report.get("target") or target_of(report)
+    if warning := target_warning(report):
+        print(warning)
+    else:
+        print(f"target accuracy {target['accuracy']:.2f}: met")
+    return 0
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:

@@ -36,7 +36,8 @@ QUICK = {"max_steps": 4, "eval_every": 2, "eval_problems": 8, "heldout_problems"
 def code_models(tmp_path_factory) -> Path:
     """A models cache holding each code role's warm start (seed 0) under its default key,
     each a real bootstrap build of a few steps."""
-    from astraflow.models.bootstrap import build_tiny_model, default_spec
+    from astraflow.models.build import build_tiny_model
+    from astraflow.models.spec import default_spec
     cache = tmp_path_factory.mktemp("cache")
     for task in ("code_solver", "selector", "test_generator"):
         spec = default_spec(task)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from astraflow.models.bootstrap import MARKER, TinyModelSpec, build_tiny_model, ensure_tiny_model, main
+from astraflow.cli.model import model_command
+from astraflow.models.bootstrap import ensure_tiny_model
+from astraflow.models.build import build_tiny_model
+from astraflow.models.spec import MARKER, TinyModelSpec
 
 BAND = (0.10, 0.50)
 
@@ -50,7 +53,7 @@ def test_build_is_reproducible_from_seed(tmp_path):
 
 def test_cli_init_copies_cached_model(tiny_model_path, tmp_path, capsys):
     out = tmp_path / "copy"
-    assert main(["init", "--out", str(out)]) == 0
+    assert model_command(["init", "--out", str(out)]) == 0
     assert (out / "model.safetensors").read_bytes() == (tiny_model_path / "model.safetensors").read_bytes()
     assert "held-out exact match" in capsys.readouterr().out
-    assert main(["info", str(out)]) == 0
+    assert model_command(["info", str(out)]) == 0

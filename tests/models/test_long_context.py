@@ -15,8 +15,10 @@ import shutil
 import pytest
 
 from astraflow.engines.base import CONTEXT, SamplingParams
-from astraflow.models.bootstrap import (DEFAULT_POSITIONS, MARKER, build_tiny_model, default_spec, main,
-                                        model_shape, resolve_model_path)
+from astraflow.cli.model import model_command
+from astraflow.models.bootstrap import model_shape, resolve_model_path
+from astraflow.models.build import build_tiny_model
+from astraflow.models.spec import DEFAULT_POSITIONS, MARKER, default_spec
 from astraflow.models.warm_start import task_names
 from astraflow.typed_config import ConfigError
 from astraflow.workflows.api import EngineRole, Episode, get_workflow, run_episode
@@ -163,11 +165,11 @@ def test_model_init_builds_and_reports_the_window(long_model, tmp_path, capsys):
     cache = tmp_path / "models"
     shutil.copytree(long_model, cache / long_model.name)  # cached: init reuses it (no full build in a test)
     out = tmp_path / "copy"
-    assert main(["init", "--task", "search", "--max-positions", str(LONG), "--cache-dir", str(cache),
+    assert model_command(["init", "--task", "search", "--max-positions", str(LONG), "--cache-dir", str(cache),
                  "--out", str(out)]) == 0
     assert f"positions: {LONG}" in capsys.readouterr().out
     assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == LONG
-    assert main(["init", "--task", "search", "--max-positions", "4", "--cache-dir", str(cache)]) == 2
+    assert model_command(["init", "--task", "search", "--max-positions", "4", "--cache-dir", str(cache)]) == 2
     assert "--max-positions" in capsys.readouterr().err
 
 
@@ -220,8 +222,8 @@ def test_model_init_builds_what_a_job_resolves_for_a_task_with_its_own_step_cap(
                                              "heldout_accuracy_greedy": 0.7, "heldout_accuracy_t0.6_k4": 0.7,
                                              "val_accuracy": 0.7, "spec": {"target_accuracy": 0.6,
                                                                            "max_steps": 600, "max_positions": LONG}}))
-    from astraflow.models import bootstrap
-    monkeypatch.setattr(bootstrap, "build_tiny_model", lambda *a, **k: pytest.fail(f"model init built {k}"))
-    assert main(["init", "--task", "search_wide"]) == 0  # found in the cache: nothing is built
+    from astraflow.models import build
+    monkeypatch.setattr(build, "build_tiny_model", lambda *a, **k: pytest.fail(f"model init built {k}"))
+    assert model_command(["init", "--task", "search_wide"]) == 0  # found in the cache: nothing is built
     assert str(cached) in capsys.readouterr().out
     assert model_path(load_config("examples/search_agent_long.yaml")) == cached

@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from astraflow.models.bootstrap import (FORMAT_VERSION, MARKER, TinyModelSpec, default_spec, ensure_tiny_model,
-                                         main)
-from astraflow.models.bootstrap import resolve_model_path
+from astraflow.cli.model import model_command
+from astraflow.models.bootstrap import ensure_tiny_model, resolve_model_path
+from astraflow.models.spec import FORMAT_VERSION, MARKER, TinyModelSpec, default_spec
 from astraflow.models.warm_start import (ACCEPT, REJECT, TASKS, VERIFIER_TARGET, WarmStartError, get_task,
                                           near_miss, task_names)
 from astraflow.workflows.arithmetic import split_of
@@ -54,18 +54,19 @@ def test_verifier_examples_are_deterministic_and_prefix_stable():
 def test_the_verifier_validates_on_problems_kept_out_of_its_training(tmp_path):
     """Revision 1 validated on the problems it trained on (0.67 there, 0.525 held out): the
     early stop measured memory. Now the validation problems never reach the training pool."""
-    from astraflow.models.bootstrap import _distinct, _without_validation_problems, build_tiny_model
+    from astraflow.models.build import build_tiny_model, without_validation_problems
+    from astraflow.models.measure import distinct_examples
     task = get_task("verifier")
     pool = task.training_pool(4000, seed=0)
-    val = _distinct(task, 64, 1, "train", {"max_digits": 2, "ops": "+"})
-    kept, dropped = _without_validation_problems(task, pool, val)
+    val = distinct_examples(task, 64, 1, "train", {"max_digits": 2, "ops": "+"})
+    kept, dropped = without_validation_problems(task, pool, val)
     held = {p[: p.index("=") + 1] for p, _ in val}
     assert dropped > 0 and len(kept) == len(pool) - dropped
     assert not {p[: p.index("=") + 1] for p, _ in kept} & held
     assert {p[: p.index("=") + 1] for p, _ in pool} & held  # there was something to keep out
     # Tasks without ``problem`` (whose cache keys must not move) keep their whole pool.
     game = get_task("text_game")
-    assert game.problem is None and _without_validation_problems(game, pool, val) == (pool, 0)
+    assert game.problem is None and without_validation_problems(game, pool, val) == (pool, 0)
     report = build_tiny_model(tmp_path / "v", seed=1, task="verifier", log=lambda _: None,
                               spec=dataclasses.replace(default_spec("verifier"), **SMALL))
     assert report["val_problems_kept_out"] is True and report["train_examples_kept_out"] > 0
@@ -92,12 +93,12 @@ def test_unknown_task_is_a_clear_error_listing_the_tasks(tmp_path, capsys):
             call()
         assert "'nope'" in str(e.value) and all(name in str(e.value) for name in TASKS)
     assert not any(tmp_path.iterdir())  # nothing was written to the cache
-    assert main(["init", "--task", "nope", "--cache-dir", str(tmp_path)]) == 2
+    assert model_command(["init", "--task", "nope", "--cache-dir", str(tmp_path)]) == 2
     assert "verifier" in capsys.readouterr().err
 
 
 def test_cli_lists_the_tasks(capsys):
-    assert main(["init", "--list"]) == 0
+    assert model_command(["init", "--list"]) == 0
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert listed == task_names()
     assert {"arithmetic", "verifier", "code_solver", "selector", "test_generator"} <= set(listed)
@@ -166,7 +167,8 @@ def test_code_tasks_without_code_workflows_fail_when_built(monkeypatch):
 
 
 def test_a_warm_start_that_misses_its_target_says_so_in_its_log_its_metadata_and_model_init(tmp_path, capsys):
-    from astraflow.models.bootstrap import build_tiny_model, target_of, target_warning
+    from astraflow.models.build import build_tiny_model
+    from astraflow.models.target import target_of, target_warning
     # 30 steps cannot reach 0.99: the early stop never fires and the held-out accuracy is below it.
     spec = dataclasses.replace(TinyModelSpec(), **SMALL, target_accuracy=0.99)
     lines: list[str] = []
@@ -181,7 +183,7 @@ def test_a_warm_start_that_misses_its_target_says_so_in_its_log_its_metadata_and
     assert "never reached it in 30 steps" in warning[0] and "held-out greedy accuracy is" in warning[0]
     assert warning[0] == target_warning(saved)
     # what `astraflow run` says of the model it starts from (launcher: "model of <policy>")
-    from astraflow.models.bootstrap import model_warning
+    from astraflow.models.target import model_warning
     assert model_warning(tmp_path / "miss") == warning[0]
     assert model_warning(tmp_path) is None  # not a bootstrapped model (a configured HF directory)
     (tmp_path / "met").mkdir()
@@ -194,14 +196,14 @@ def test_a_warm_start_that_misses_its_target_says_so_in_its_log_its_metadata_and
     cli_spec = dataclasses.replace(default_spec(), max_steps=30, target_accuracy=0.99)
     shutil.copytree(tmp_path / "miss", tmp_path / "cache" / cli_spec.key(1))
     capsys.readouterr()
-    assert main(["init", "--cache-dir", str(tmp_path / "cache"), "--seed", "1", "--max-steps", "30",
+    assert model_command(["init", "--cache-dir", str(tmp_path / "cache"), "--seed", "1", "--max-steps", "30",
                  "--target-accuracy", "0.99"]) == 0
     out = capsys.readouterr().out
     assert warning[0] in out.splitlines()
 
 
 def test_a_report_from_before_the_target_field_is_judged_from_its_own_figures():
-    from astraflow.models.bootstrap import target_of, target_warning
+    from astraflow.models.target import target_of, target_warning
     # The verifier build of issue 28: stopped at 0.655 on validation, 0.565 held out, target 0.65.
     old = {"task": "verifier", "spec": {"target_accuracy": 0.65, "max_steps": 2000}, "sft_steps": 1650,
            "val_accuracy": 0.655, "heldout_accuracy_greedy": 0.565}

@@ -23,7 +23,7 @@ from astraflow.topology.launch import load_plan, regional_mirror_plan
 from astraflow.topology.mirror_run import run_mirror
 from astraflow.topology.schema import TopologyError
 from astraflow.weights import WeightPublisher
-from astraflow.weights.publisher import read_latest_announcement
+from astraflow.weights.announcements import read_latest_announcement
 
 from .test_existing_regional_clusters import EXAMPLE, JOB, _history, _publish, _stop, _topology, _trainer_done
 

@@ -336,7 +336,7 @@ def test_an_on_demand_subscriber_fetches_only_when_asked_and_jumps_to_the_snapsh
 
 def test_a_joining_subscriber_gives_each_decoded_tensors_payload_bytes_back(bootstrap, job_topics, monkeypatch):
     """The snapshot path never holds the payload whole beside the tensors it becomes."""
-    from astraflow.weights import subscriber
+    from astraflow.weights import assembly
     from astraflow.topics import ReleasableBuffer
 
     buffers: list[ReleasableBuffer] = []
@@ -351,7 +351,7 @@ def test_a_joining_subscriber_gives_each_decoded_tensors_payload_bytes_back(boot
             calls.append((start, end))
             super().release(start, end)
 
-    monkeypatch.setattr(subscriber, "ReleasableBuffer", Recorded)
+    monkeypatch.setattr(assembly, "ReleasableBuffer", Recorded)
     gen = torch.Generator().manual_seed(5)
     named = {f"layer{i}.weight": torch.randn(256, 512, generator=gen).to(torch.bfloat16) for i in range(4)}
     pub = WeightPublisher(bootstrap, job_topics, "policy", chunk_size=CHUNK)

@@ -4,7 +4,7 @@ Rule: batch ``k`` takes ``r = round(ratio * B)`` groups from a bounded buffer of
 recent ``capacity`` groups trained fresh (replayed groups never re-enter it), and
 ``B - r`` fresh groups. The buffer starts empty, so the first batches take
 ``min(r, buffer size)``; how many that is depends only on ``B``, ``r`` and ``capacity``
-(:meth:`Replay.replay_slots`), which lets the dataflow schedule exactly the fresh groups
+(:meth:`ExperienceReplay.replay_slots`), which lets the dataflow schedule exactly the fresh groups
 the batches will take. ``sampling: recent`` replays the newest groups in the buffer;
 ``uniform`` draws without replacement with a coin seeded by (job seed, step).
 
@@ -30,7 +30,7 @@ from .base import BatchComposer, BatchPlan, Context, TrainedGroup, param
 
 
 @dataclass(frozen=True)
-class ReplayParams:
+class ExperienceReplayParams:
     ratio: float = param(0.5, "share of each batch taken from the replay buffer (round(ratio * B) groups)",
                          bounds=Bounds(0, 1, lo_open=True, hi_open=True))
     capacity: int | None = param(None, "groups the buffer holds (the newest trained fresh); null: 4 * B",
@@ -45,11 +45,11 @@ class ReplayParams:
             raise ValueError(f"replay.capacity must be >= 1, got {self.capacity}")
 
 
-class Replay(BatchComposer):
-    name = "replay"
-    Params = ReplayParams
+class ExperienceReplay(BatchComposer):
+    name = "replay"  # what users write in dataflow.algorithms
+    Params = ExperienceReplayParams
 
-    def __init__(self, params: ReplayParams, ctx: Context) -> None:
+    def __init__(self, params: ExperienceReplayParams, ctx: Context) -> None:
         super().__init__(params, ctx)
         B = ctx.groups_per_batch
         self.slots = round(params.ratio * B)
