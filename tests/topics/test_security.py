@@ -19,7 +19,8 @@ import pytest
 from kafka import TopicPartition
 from kafka.errors import KafkaError, TopicAuthorizationFailedError
 
-from astraflow.config import describe, install_security, load_config
+from astraflow.cli.config import describe
+from astraflow.config import install_security, load_config
 from astraflow.topics import JobTopics, Producer, ensure_topics, security
 from astraflow.topics.acls import apply, plan
 from astraflow.topics.consumer import Consumer
