@@ -90,7 +90,9 @@ def test_a_rogue_duplicate_batch_fails_the_audit_and_the_runner(tmp_path, bootst
             "rollout.n_samples": 4, "rollout.max_new_tokens": 6, "rollout.tasks_per_call": 4,
             "rollout.heartbeat_s": 1.0, "dataflow.groups_per_batch": 4,
             "eval.every": 0, "eval.problems": 20, "eval.k": 1}},
-        "timeout_s": 600, "settle_s": 30,
+        # settle_s bounds the wait for a passing audit: this one never passes (a group settled twice
+        # stays so), so the runner waits all of it; the batches are all on the topics once the job is done
+        "timeout_s": 600, "settle_s": 5,
         # the copy takes the next step's number: the trainer trains it (groups twice), then
         # dead-letters the dataflow's real batch of that step as a repeat and trains on
         "restart": {"delay_s": 1, "max": 1},

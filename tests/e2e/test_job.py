@@ -267,21 +267,28 @@ def test_bad_config_is_rejected_naming_key_and_file(tmp_path):
     assert f"{bad}: rollout.n_sample: unknown key" in proc.stderr
 
 
+#: Steps of the learning run. The held-out accuracy of this sync run (seed 0, 200 problems x 4),
+#: measured every 10 versions: 0.171, 0.158, 0.177, 0.190, 0.200, 0.229, 0.239, 0.250, 0.237 at 80:
+#: from version 50 on it is above the margin by about as much as at 80 (+0.058 vs +0.066), at 40
+#: (+0.029) it is not. The run used to be 80 steps; 50 is the same check for 5/8 of the time.
+LEARN_STEPS = 50
+
+
 def test_training_raises_heldout_accuracy(make_job_config, bootstrap):
     """Sync mode: each batch is exactly the tasks scheduled at its version, so the run is
     reproducible and the margin below is not noise (200 problems x 4 samples)."""
     cfg = make_job_config({"mode": "sync",
                            "rollout": {"n_samples": 8, "tasks_per_call": 8},
                            "dataflow": {"groups_per_batch": 16},
-                           "trainer": {"steps": 80, "checkpoint_every": 40, "snapshot_every": 20},
+                           "trainer": {"steps": LEARN_STEPS, "checkpoint_every": 25, "snapshot_every": 25},
                            "eval": {"every": 0, "problems": 200, "k": 4}}, name="learn")
     summary = run_job(cfg, bootstrap=bootstrap, progress=False, timeout_s=900)
     before, after = summary["accuracy_initial"], summary["accuracy_final"]
-    assert set(summary["accuracy_by_version"]) == {0, 80}
+    assert set(summary["accuracy_by_version"]) == {0, LEARN_STEPS}
     assert after >= before + 0.03, summary["accuracy_by_version"]
     # sync: every token of every batch was generated at the version being trained, so each
     # step reports the training-inference gap, and the trainer's log-probs match the engine's
-    assert summary["train_inference_logp_gap_steps"] == 80
+    assert summary["train_inference_logp_gap_steps"] == LEARN_STEPS
     assert summary["train_inference_logp_gap"] < 1e-4 and summary["train_inference_logp_gap_max"] < 1e-3
 
 

@@ -135,8 +135,9 @@ def test_an_episode_past_128_tokens_generates_and_one_past_1024_ends_with_the_co
         assert len(t.prompt_ids) > 300 and sum(t.loss_mask) >= 1
         assert t.info["end_reason"] != "context"
     # Turn after turn the context grows until the window is full: the episode ends "context",
-    # past 128 tokens and never past 1,024.
-    for t in run_agent(tok, engine, {"pad": 60, "problems": 1000}, max_turns=100):
+    # past 128 tokens and never past 1,024 (~160 tokens a turn: six turns, each generating on
+    # the whole context so far, rather than fifteen at 60).
+    for t in run_agent(tok, engine, {"pad": 150, "problems": 1000}, max_turns=100):
         assert t.info["end_reason"] == "context"
         assert DEFAULT_POSITIONS < len(t.prompt_ids) + len(t.tokens) <= LONG
     # A first observation longer than the window: no token, the reason is the context.

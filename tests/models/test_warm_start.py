@@ -51,10 +51,19 @@ def test_verifier_examples_are_deterministic_and_prefix_stable():
     assert task.examples(300, seed=2) != task.examples(300, seed=3)
 
 
-def test_the_verifier_validates_on_problems_kept_out_of_its_training(tmp_path):
+@pytest.fixture(scope="module")
+def small_verifier(tmp_path_factory):
+    """The few-step verifier build (seed 1, ``SMALL``) that two tests below read, built once by
+    ``ensure_tiny_model`` into a cache of this module's: ``(cache root, model dir)``."""
+    root = tmp_path_factory.mktemp("cache")
+    spec = dataclasses.replace(default_spec("verifier"), **SMALL)
+    return root, ensure_tiny_model(root / "models", seed=1, spec=spec, task="verifier")
+
+
+def test_the_verifier_validates_on_problems_kept_out_of_its_training(small_verifier):
     """Revision 1 validated on the problems it trained on (0.67 there, 0.525 held out): the
     early stop measured memory. Now the validation problems never reach the training pool."""
-    from astraflow.models.build import build_tiny_model, without_validation_problems
+    from astraflow.models.build import without_validation_problems
     from astraflow.models.measure import distinct_examples
     task = get_task("verifier")
     pool = task.training_pool(4000, seed=0)
@@ -67,8 +76,7 @@ def test_the_verifier_validates_on_problems_kept_out_of_its_training(tmp_path):
     # Tasks without ``problem`` (whose cache keys must not move) keep their whole pool.
     game = get_task("text_game")
     assert game.problem is None and without_validation_problems(game, pool, val) == (pool, 0)
-    report = build_tiny_model(tmp_path / "v", seed=1, task="verifier", log=lambda _: None,
-                              spec=dataclasses.replace(default_spec("verifier"), **SMALL))
+    report = json.loads((small_verifier[1] / MARKER).read_text())  # what build_tiny_model returned
     assert report["val_problems_kept_out"] is True and report["train_examples_kept_out"] > 0
     assert report["target"]["met"] is False  # 30 steps: the warning says so (tested below)
 
@@ -125,10 +133,12 @@ def test_tasks_have_their_own_early_stop_accuracy():
     assert default_spec("code_solver").target_accuracy < default_spec("verifier").target_accuracy
 
 
-def test_verifier_model_builds_records_its_task_and_is_cached_apart(tmp_path, monkeypatch):
-    monkeypatch.setenv("ASTRAFLOW_CACHE", str(tmp_path / "cache"))
+def test_verifier_model_builds_records_its_task_and_is_cached_apart(small_verifier, monkeypatch):
+    root, built = small_verifier  # ensure_tiny_model built it there, as below
+    monkeypatch.setenv("ASTRAFLOW_CACHE", str(root))
     spec = dataclasses.replace(default_spec("verifier"), **SMALL)
     path = ensure_tiny_model(seed=1, spec=spec, task="verifier")
+    assert path == built
     report = json.loads((path / MARKER).read_text())
     assert report["task"] == "verifier" and report["key"] == path.name == spec.key(1, "verifier")
     assert report["spec"]["target_accuracy"] == get_task("verifier").target_accuracy
