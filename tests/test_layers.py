@@ -9,33 +9,15 @@ modules of one package (one side lazy, inside a function or under ``TYPE_CHECKIN
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("import_layers", ROOT / "tools" / "import_layers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.layer_tool import lint_with as _with
+from tests.layer_tool import load_tool
 
 
 @pytest.fixture(scope="module")
 def layers():
-    return _tool()
-
-
-def _with(layers, tmp_path: Path, files: dict[str, str]):
-    tree = layers.mirror(tmp_path / "tree")
-    for rel, text in files.items():
-        path = tree / "astraflow" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return layers.lint(tree)
+    return load_tool()
 
 
 def test_the_layers_hold(layers, tmp_path):

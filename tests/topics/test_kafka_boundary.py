@@ -9,11 +9,13 @@ does for the layers, and scan the product code for callers reaching past a
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
+
+from tests.layer_tool import lint_with as _with
+from tests.layer_tool import load_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = "kafka: kafka-python is imported only inside astraflow.topics"
@@ -21,17 +23,7 @@ CONTRACT = "kafka: kafka-python is imported only inside astraflow.topics"
 
 @pytest.fixture(scope="module")
 def layers():
-    spec = importlib.util.spec_from_file_location("import_layers", ROOT / "tools" / "import_layers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _with(layers, tmp_path: Path, files: dict[str, str]):
-    tree = layers.mirror(tmp_path / "tree")
-    for rel, text in files.items():
-        (tree / "astraflow" / rel).write_text(text)
-    return layers.lint(tree)
+    return load_tool()
 
 
 def test_only_topics_imports_kafka(layers, tmp_path):
