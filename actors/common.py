@@ -16,13 +16,23 @@ from pathlib import Path
 from astraflow.config import JobConfig
 from astraflow.sandbox import SandboxSettings
 from astraflow.topics import Batch
+from astraflow.workflows.chat import PromptRenderer
 from astraflow.workflows.code_tasks import use_sandbox
 
 
 def model_path(cfg: JobConfig) -> Path:
     """The policy's initial HF model dir (the cached tiny bootstrapped model unless configured)."""
     from astraflow.models.bootstrap import resolve_model_path
-    return Path(resolve_model_path(cfg.model.path or "", cfg.model.seed, cfg.model.task, cfg.model.max_positions))
+    return Path(resolve_model_path(cfg.model.path or "", cfg.model.seed, cfg.model.task, cfg.model.max_positions,
+                                   cfg.model.name))
+
+
+def prompt_renderer(cfg: JobConfig) -> PromptRenderer:
+    """How the policy's prompts become token ids: its model's chat template (``data.chat_template``,
+    ``data.system``), or raw text for a model without one. Built once per component."""
+    # The tiny bootstrapped models have no template: their renderer is off without resolving (building) them.
+    path = model_path(cfg) if cfg.model.path or cfg.model.name else None
+    return PromptRenderer(path, cfg.data.chat_template, cfg.data.system)
 
 
 def make_rollout_engine(cfg: JobConfig, path: Path, kind: str | None = None, device=None, name: str = "raas",

@@ -59,8 +59,9 @@ from astraflow.topics import tracing as topic_tracing, job_topics
 from astraflow.topics.codec import encode
 from astraflow.topics.messages import DROP_REASONS
 from astraflow.topics.replay import read_topic
+from astraflow.workflows.chat import ChatTemplateError
 
-from .common import close_quietly
+from .common import close_quietly, prompt_renderer
 from .group_checks import CONTENT_REASONS, ImpossibleGroup, impossible, limits_for
 from .lanes import Lane, episode_room, make_lanes, training_lanes
 from .ledger import Ledger, read_state
@@ -103,6 +104,7 @@ class DataflowActor(LoopActor):
         self.content_rejected: Counter = Counter()  #: signed groups refused by a content check, by reason
         for lane in self.lanes.values():
             lane.limits = limits_for(self.job, lane.policy)
+        self.render = prompt_renderer(cfg)  # chat models: each task's prompt as token ids, rendered once
         publish_prompts(cfg, self.bootstrap, self.topics, self.txn, self.dead, self.lead.pipeline.sources())
         self.prompts_end = end_offset(self.bootstrap, self.topics.prompts)
         self.state_records_read = 0
@@ -197,9 +199,14 @@ class DataflowActor(LoopActor):
                 lanes = training_lanes(self.lanes.values(), self.lockstep)
                 if not lanes:  # cannot happen: the poll took at most the tightest lane's room
                     raise RuntimeError("dataflow: a polled prompt found no lane with room")
-                task = make_task(self.job, d.message, d.offset, prompt_epoch=lead.ledger.prompt_epoch,
-                                 version=lead.version, train=[role for lane in lanes for role in lane.roles],
-                                 versions={lane.policy: lane.version for lane in self.lanes.values()})
+                try:
+                    task = make_task(self.job, d.message, d.offset, prompt_epoch=lead.ledger.prompt_epoch,
+                                     version=lead.version, train=[role for lane in lanes for role in lane.roles],
+                                     versions={lane.policy: lane.version for lane in self.lanes.values()},
+                                     render=self.render)
+                except ChatTemplateError as e:  # a prompt the model cannot read: its letter, and no slot taken
+                    self.dead.put(d.topic, d.partition, d.offset, None, encode(d.message)[0], d.headers, e)
+                    continue
                 tasks.append(task)
                 for lane in lanes:
                     lane.ledger.scheduled(lane.keys(task.task_id))

@@ -393,7 +393,8 @@ class EpisodeRunner:
                                               sampling, self.tracer, ctx)
             params = {**task.params, "_job_seed": self.job_seed}
             ep = Episode(task.task_id, task.prompt, task.answer, task.n_samples, roles, self.tokenizer, params,
-                         task.metadata, off_engine=batcher.away if self.step_out else contextlib.nullcontext, attempt=f"{self.node_id}/{uuid.uuid4().hex[:12]}")
+                         task.metadata, off_engine=batcher.away if self.step_out else contextlib.nullcontext,
+                         attempt=f"{self.node_id}/{uuid.uuid4().hex[:12]}", prompt_ids=tuple(task.prompt_ids))
             with self.tracer.start_as_current_span("raas.workflow", context=ctx,
                                                    attributes={"workflow": task.workflow, "task.id": task.task_id}):
                 result = run_episode(spec, ep, self.job_seed)
@@ -404,7 +405,7 @@ class EpisodeRunner:
             return [self._failed(task, role, roles_of, f"{type(e).__name__}: {e}") for role in train], {}, e
         finally:
             batcher.leave()
-        prompt_ids = list(self.tokenizer.encode(task.prompt, add_special_tokens=False))
+        prompt_ids = list(task.prompt_ids) or list(self.tokenizer.encode(task.prompt, add_special_tokens=False))
         groups = [self.group(task, role, roles_of, prompt_ids, result, started) for role in train]
         return groups, dict(result.metrics, **({"team_reward": result.team_reward}
                                                 if result.team_reward is not None else {})), None

@@ -34,7 +34,7 @@ from astraflow.topics import DeadLetters, Producer, Prompt, job_topics
 from astraflow.workflows.api import EngineRole
 
 from .common import (close_quietly, configure_sandbox, lower_thread_priority, make_rollout_engine, model_path,
-                     niceness, set_threads)
+                     niceness, prompt_renderer, set_threads)
 from .episodes import CallBatcher
 from .heldout import eval_reward, heldout_label, heldout_problems
 from .signing import verifier_for
@@ -55,8 +55,11 @@ def heldout_accuracy(cfg: JobConfig, engine, tokenizer, problems: list[Prompt]) 
     if spec.episode_eval:
         return episode_accuracy(cfg, engine, tokenizer, problems)
     rows = [(p.text, p.answer, p.metadata) for p in problems]
+    render = prompt_renderer(cfg)
+    ids = [render(p.text, p.messages) for p in problems] if render.active else None
     return pass_at_1(engine, tokenizer, rows, get_scorer(eval_reward(cfg)), k=cfg.eval.k,
-                     temperature=cfg.eval.temperature, max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
+                     temperature=cfg.eval.temperature, max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed,
+                     prompt_ids=ids)
 
 
 class EpisodeEval(NamedTuple):

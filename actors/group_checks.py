@@ -76,7 +76,7 @@ def limits_for(cfg: JobConfig, policy: str) -> GroupLimits:
     from astraflow.models.bootstrap import model_shape
     from astraflow.workflows.api import get_workflow
     view = cfg.view(policy)
-    shape = model_shape(view.model.path, view.model.seed, view.model.task, view.model.max_positions)
+    shape = model_shape(view.model.path, view.model.seed, view.model.task, view.model.max_positions, view.model.name)
     spec = get_workflow(cfg.workflow.name)
     params = dict(cfg.workflow.params)
     n = cfg.view(cfg.lead_policy).rollout.n_samples  # a task carries the lead's n_samples to every role

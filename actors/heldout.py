@@ -79,12 +79,12 @@ def heldout_problems(cfg: JobConfig) -> list[Prompt]:
     else:
         per_source = []
         for spec in cfg.data_sources:
-            if spec == "arithmetic":
-                from astraflow.workflows.arithmetic import generate_problems
+            if spec in ("arithmetic", "arithmetic_chat"):
+                from astraflow.workflows.arithmetic import chat_question, generate_problems
                 problems = generate_problems(cfg.eval.problems, seed=cfg.seed + 1000, split="heldout",
                                              max_digits=cfg.data.max_digits, ops=cfg.data.ops, unique=True)
-                per_source.append([Prompt(f"heldout-{i}", p.prompt, p.answer, "arithmetic")
-                                   for i, p in enumerate(problems)])
+                ask = chat_question if spec == "arithmetic_chat" else (lambda p: p.prompt)
+                per_source.append([Prompt(f"heldout-{i}", ask(p), p.answer, spec) for i, p in enumerate(problems)])
             elif spec == "code":
                 from astraflow.workflows.code_tasks import code_prompts
                 per_source.append(code_prompts(cfg.eval.problems, cfg.seed + 1000, split="heldout"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from astraflow.config import JobConfig
 from astraflow.topics import Prompt, Task
@@ -27,11 +27,14 @@ def task_id(offset: int, prompt_id: str, prompt_epoch: int = 0) -> str:
 
 
 def make_task(cfg: JobConfig, prompt: Prompt, offset: int, *, prompt_epoch: int = 0, version: int = 0,
-              versions: dict[str, int] | None = None, train: Iterable[str] = ()) -> Task:
+              versions: dict[str, int] | None = None, train: Iterable[str] = (),
+              render: Callable[[str, list], list[int] | None] | None = None) -> Task:
     """The task for ``prompt`` at ``offset`` of ``prompts`` in pass ``prompt_epoch``, scheduled
     at the lead policy's ``version``, with the lead policy's sampling settings. An episode of
     several roles also names every role's policy, the roles it trains (``train``) and each
-    policy's version (``versions``)."""
+    policy's version (``versions``). ``render`` (a :class:`~astraflow.workflows.chat.PromptRenderer`)
+    gives the prompt's token ids under the model's chat template, or None for a raw prompt."""
+    ids = render(prompt.text, prompt.messages) if render is not None else None
     lead, wf, roles = cfg.view(cfg.lead_policy), cfg.workflow, cfg.role_policies
     r, multi = lead.rollout, len(roles) > 1
     return Task(task_id=task_id(offset, prompt.prompt_id, prompt_epoch), prompt_id=prompt.prompt_id,
@@ -40,7 +43,8 @@ def make_task(cfg: JobConfig, prompt: Prompt, offset: int, *, prompt_epoch: int 
                           "max_new_tokens": r.max_new_tokens},
                 scheduled_version=version, created_at=time.time(), workflow=wf.name, role=next(iter(roles)),
                 roles=dict(roles) if multi else {}, train=sorted(train) if multi else [], params=dict(wf.params),
-                metadata=dict(prompt.metadata), scheduled_versions=dict(versions or {}) if multi else {})
+                metadata=dict(prompt.metadata), scheduled_versions=dict(versions or {}) if multi else {},
+                prompt_ids=list(ids or ()))
 
 
 def published(task: str, prompt_id: str, prompt_epoch: int, prompts_end: int) -> bool:

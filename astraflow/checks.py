@@ -76,6 +76,15 @@ def _check_heldout(cfg: JobConfig, rows: list | None) -> str:
 
 def check_model(cfg: JobConfig) -> str:
     """The configured model dir exists and holds a loadable HF config; raises :class:`ModelError`."""
+    if cfg.model.name and not cfg.model.path:
+        from astraflow.models.bootstrap import cache_root
+        from astraflow.models.pretrained import MARKER, fetched_path, pretrained, source_file
+        entry = pretrained(cfg.model.name)
+        where = fetched_path(entry.name, cache_root())
+        if (where / MARKER).exists():
+            return f"{entry.name} (fetched: {where})"
+        source_file(entry)  # the package that ships it is installed, or a one-line error now
+        return f"{entry.name} (fetched into {where} on first use, from the package {entry.package})"
     if not cfg.model.path:
         from astraflow.models.spec import default_spec
         spec = default_spec(cfg.model.task, cfg.model.max_positions)

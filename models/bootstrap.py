@@ -1,10 +1,11 @@
-"""Which model a job uses: its configured directory, or the cached tiny model, built on first use.
+"""Which model a job uses: its configured directory, a fetched pretrained model, or the cached tiny model.
 
-Owns :func:`resolve_model_path` (a job's model: its configured directory, checked, or the
-tiny model warm-started on the job's task), :func:`ensure_tiny_model` (the cached build,
-made once: builds are atomic and serialised by a file lock) and :func:`model_shape` (what a
-sequence must fit of that model, read from its ``config.json`` or, for a tiny model not
-built yet, its spec).
+Owns :func:`resolve_model_path` (a job's model: its configured directory, checked; the
+pretrained model it names, fetched on first use; or the tiny model warm-started on the
+job's task), :func:`ensure_tiny_model` (the cached build, made once: builds are atomic and
+serialised by a file lock) and :func:`model_shape` (what a sequence must fit of that model,
+read from its ``config.json`` or, for a model not built or fetched yet, its spec or
+catalogue entry).
 
 Cache: ``$ASTRAFLOW_CACHE/models`` (default ``~/.cache/astraflow/models``), one directory
 per :meth:`~.spec.TinyModelSpec.key`. Looking a model up needs no torch (every launcher
@@ -14,37 +15,35 @@ trains or what makes it good.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
 from astraflow.engines.factory import model_dir
 
 from . import char_tokenizer
+from .cache import cache_root, file_lock
+from .pretrained import MARKER as PRETRAINED_MARKER
+from .pretrained import fetch_pretrained, fetched_path, pretrained
 from .spec import MARKER, TinyModelSpec, default_spec
 from .warm_start import DEFAULT_TASK, get_task
 
 __all__ = ["ModelShape", "cache_root", "ensure_tiny_model", "model_shape", "resolve_model_path", "shape_of_config"]
 
 
-def cache_root() -> Path:
-    env = os.environ.get("ASTRAFLOW_CACHE")
-    base = Path(env) if env else Path.home() / ".cache" / "astraflow"
-    return base / "models"
-
-
 def resolve_model_path(model_path: str, seed: int = 0, task: str = DEFAULT_TASK,
-                       max_positions: int | None = None) -> Path:
+                       max_positions: int | None = None, name: str | None = None) -> Path:
     """``model_path`` if set (checked: :func:`astraflow.engines.factory.model_dir`), else the
-    cached tiny model warm-started on ``task`` with a window of ``max_positions`` (None: the
+    pretrained model ``name`` (fetched into the cache on first use: :mod:`.pretrained`), else
+    the cached tiny model warm-started on ``task`` with a window of ``max_positions`` (None: the
     default) (built on first use)."""
     if model_path:
         return model_dir(model_path)
+    if name:
+        return fetch_pretrained(name, cache_root())
     return ensure_tiny_model(seed=seed, task=task, spec=default_spec(task, max_positions))
 
 
@@ -60,7 +59,7 @@ def ensure_tiny_model(cache_dir: str | Path | None = None, seed: int = 0, spec: 
     final = root / key
     if (final / MARKER).exists():
         return final
-    with _file_lock(root / f".{key}.lock"):
+    with file_lock(root / f".{key}.lock"):
         if (final / MARKER).exists():  # another process built it while we waited
             return final
         # Imported here: the build imports torch and transformers (seconds, ~300 MB), which a
@@ -73,16 +72,6 @@ def ensure_tiny_model(cache_dir: str | Path | None = None, seed: int = 0, spec: 
         shutil.rmtree(final, ignore_errors=True)
         os.rename(tmp, final)
     return final
-
-
-@contextmanager
-def _file_lock(path: Path):
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 class ModelShape(NamedTuple):
@@ -104,7 +93,7 @@ def shape_of_config(cfg: dict, where: str) -> ModelShape:
 
 
 def model_shape(model_path: str | None, seed: int = 0, task: str = DEFAULT_TASK,
-                max_positions: int | None = None) -> ModelShape:
+                max_positions: int | None = None, name: str | None = None) -> ModelShape:
     """The shape of the model a job configures: ``model_path``'s ``config.json``, or the cached
     tiny model's (of window ``max_positions``, None: the default); a tiny model not built yet is
     described by its spec (what its build writes), so a reader of the shape never builds or
@@ -112,6 +101,12 @@ def model_shape(model_path: str | None, seed: int = 0, task: str = DEFAULT_TASK,
     if model_path:
         path = model_dir(model_path) / "config.json"
         return shape_of_config(json.loads(path.read_text()), str(path))
+    if name:  # the catalogue says what a fetch will write
+        fetched = fetched_path(name, cache_root()) / "config.json"
+        if (fetched.parent / PRETRAINED_MARKER).exists():
+            return shape_of_config(json.loads(fetched.read_text()), str(fetched))
+        entry = pretrained(name)
+        return ModelShape(entry.vocab_size, entry.max_positions)
     spec = default_spec(task, max_positions)
     built = cache_root() / spec.key(seed, task) / "config.json"
     if (built.parent / MARKER).exists():

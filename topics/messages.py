@@ -38,6 +38,15 @@ class Prompt(Message):
     answer: str  #: reference answer used by the reward function
     source: str = ""  #: dataset name / file the prompt came from
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: the conversation for a chat model (``{"role", "content"}`` objects; ``text`` is its last
+    #: user message); empty: ``text`` is the whole prompt. Rendered with the model's chat
+    #: template when the task is made (``Task.prompt_ids``).
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+    def validate(self) -> None:
+        for i, m in enumerate(self.messages):
+            if type(m) is not dict or type(m.get("role")) is not str:
+                raise ValueError(f"messages[{i}] is {m!r:.80}; each message is an object with a string role")
 
 
 @register
@@ -73,8 +82,12 @@ class Task(Message):
     params: dict[str, Any] = field(default_factory=dict)  #: the workflow's parameters
     metadata: dict[str, Any] = field(default_factory=dict)  #: the prompt's metadata (hidden tests, ...)
     scheduled_versions: dict[str, int] = field(default_factory=dict)  #: per policy, as ``scheduled_version``
+    #: the prompt as the lead policy's model reads it, rendered once with its chat template when
+    #: the task was made (:mod:`astraflow.workflows.chat`); empty: workflows tokenize ``prompt``
+    prompt_ids: list[int] = field(default_factory=list)
 
     def validate(self) -> None:
+        non_negative("prompt_ids", self.prompt_ids)
         if self.n_samples < 1:
             raise ValueError(f"n_samples is {self.n_samples}; a task asks for at least one sample")
         non_negative("scheduled_version", [self.scheduled_version, *self.scheduled_versions.values()])

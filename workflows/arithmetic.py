@@ -4,6 +4,9 @@ Owns problem generation (deterministic from a seed, with train / held-out splits
 never overlap because a problem's split is a function of its text), the reward function,
 and ``evaluate`` over any ``RolloutEngine``. It knows nothing about Kafka or training.
 
+The ``arithmetic_chat`` source asks the same problems as a question (:func:`chat_question`)
+for a chat model, whose reply the ``math_answer`` reward reads.
+
 Difficulty knobs: ``max_digits`` (operand size; each operand first draws its digit count
 uniformly from ``1..max_digits``, so easy and hard problems mix) and ``ops`` (which
 operators appear). The default (up to two digits, ``+`` only) is where the bootstrapped
@@ -25,6 +28,7 @@ __all__ = [
     "reward",
     "evaluate",
     "answer_of",
+    "chat_question",
 ]
 
 HELDOUT_BUCKETS = 10  # one bucket in ten is held out
@@ -41,6 +45,17 @@ class Problem:
 
     prompt: str
     answer: str
+
+
+#: how the ``arithmetic_chat`` source asks a problem of a chat model (the reply is read by ``math_answer``)
+CHAT_QUESTION = "What is {expression}? Answer with the number only."
+
+
+def chat_question(problem: Problem) -> str:
+    """``problem`` asked as a chat model's user message: ``"12+7="`` becomes
+    ``"What is 12+7? Answer with the number only."``; the train/held-out split stays the
+    problem's own (:func:`split_of` of its ``prompt``)."""
+    return CHAT_QUESTION.format(expression=problem.prompt.rstrip("="))
 
 
 def answer_of(a: int, op: str, b: int) -> str:

@@ -35,7 +35,7 @@ def rlvr(ep: Episode) -> EpisodeResult:
     the runner batches their calls (RaaS nodes and the in-process baseline alike).
     """
     score = get_scorer(str(ep.params.get("reward", "exact_match")))
-    ids = ep.encode(ep.prompt)
+    ids = ep.prompt_tokens()
     seeds = task_seeds(int(ep.params.get("_job_seed", 0)), ep.episode_id, ep.n_samples)
     turns = ep.roles["solver"].generate([ids] * ep.n_samples, seeds=seeds)
     trajs = [Trajectory.of(t, score(t.text, ep.answer, ep.metadata)) for t in turns]

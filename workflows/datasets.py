@@ -3,7 +3,8 @@
 A loader returns :class:`~astraflow.topics.Prompt` records; the dataflow actor publishes
 them to the job's ``prompts`` topic once. Sources: the synthetic arithmetic generator,
 or a JSONL / Parquet file whose rows have ``prompt`` and ``answer`` (and optionally
-``id``). A bad row raises :class:`DatasetError` naming it as ``file:line`` (JSONL) or
+``id``), or, for a chat model, ``messages`` (a conversation ending in a user message) and
+``answer``; either may add a ``system`` message. A bad row raises :class:`DatasetError` naming it as ``file:line`` (JSONL) or
 ``file: row i`` (Parquet) — a fatal error, since re-reading the file cannot fix it — or,
 with ``on_bad_row``, is handed to that callback and skipped. This module reads files; it
 knows nothing about Kafka beyond the duck-typed dead-letter writer of
@@ -23,7 +24,8 @@ import orjson
 from astraflow.errors import DataError
 from astraflow.topics import Prompt
 
-from .arithmetic import generate_problems
+from .arithmetic import chat_question, generate_problems
+from .chat import ChatTemplateError, check_messages, prompt_messages
 
 
 class DatasetError(DataError, ValueError):
@@ -51,6 +53,12 @@ def load_prompts(source: str, n: int | None, *, seed: int = 0, max_digits: int =
             raise DatasetError("the arithmetic generator needs a prompt count (data.num_prompts)")
         problems = generate_problems(n, seed=seed, split="train", max_digits=max_digits, ops=ops)
         return [Prompt(f"arith-{seed}-{i}", p.prompt, p.answer, "arithmetic") for i, p in enumerate(problems)]
+    if source == "arithmetic_chat":  # the same problems asked as a question, for a chat model
+        if n is None:
+            raise DatasetError("the arithmetic_chat generator needs a prompt count (data.num_prompts)")
+        problems = generate_problems(n, seed=seed, split="train", max_digits=max_digits, ops=ops)
+        return [Prompt(f"arith-{seed}-{i}", chat_question(p), p.answer, "arithmetic_chat")
+                for i, p in enumerate(problems)]
     if source == "text_game":  # the agent workflow's shipped environment: generated games
         if n is None:
             raise DatasetError("the text_game task generator needs a prompt count (data.num_prompts)")
@@ -137,12 +145,42 @@ def bad_row_handler(setting: str, dead_letters: Any) -> Callable[[BadRow], None]
 
 
 def _prompt(path: Path, line: int, index: int, row: Any) -> Prompt:
+    if isinstance(row, dict) and "messages" in row and "answer" in row:
+        return _chat_prompt(path, line, index, row)
     if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "answer" not in row:
-        raise DatasetError(f"{_where(path, line)}: needs string 'prompt' and 'answer' fields, got {row!r:.200}")
-    # Other scalar columns travel as metadata (e.g. a difficulty column a curriculum schedules by).
-    extra = {k: v for k, v in row.items()
-             if k not in ("id", "prompt", "answer") and isinstance(v, (str, int, float, bool))}
-    return Prompt(str(row.get("id", f"{path.stem}-{index}")), row["prompt"], str(row["answer"]), path.name, extra)
+        raise DatasetError(f"{_where(path, line)}: needs string 'prompt' (or a 'messages' list) and 'answer' fields, "
+                           f"got {row!r:.200}")
+    messages = []
+    if row.get("system") is not None:  # a system message makes the prompt a conversation
+        if not isinstance(row["system"], str):
+            raise DatasetError(f"{_where(path, line)}: 'system' must be a string, got {row['system']!r:.80}")
+        messages = prompt_messages(row["prompt"], (), row["system"])
+    return Prompt(str(row.get("id", f"{path.stem}-{index}")), row["prompt"], str(row["answer"]), path.name,
+                  _extra(row), messages)
+
+
+def _chat_prompt(path: Path, line: int, index: int, row: dict) -> Prompt:
+    """A row whose prompt is a conversation: ``messages`` (and an optional ``system``) with a
+    last user message, which is the prompt's ``text``."""
+    try:
+        messages = check_messages(row["messages"], f"{_where(path, line)}: messages")
+        if row.get("system") is not None and not isinstance(row["system"], str):
+            raise ChatTemplateError(f"{_where(path, line)}: 'system' must be a string, got {row['system']!r:.80}")
+    except ChatTemplateError as e:
+        raise DatasetError(str(e)) from None
+    users = [m["content"] for m in messages if m["role"] == "user"]
+    if not users or messages[-1]["role"] == "assistant":
+        raise DatasetError(f"{_where(path, line)}: messages must hold a user message and not end with the "
+                           f"assistant's (the model writes the reply)")
+    convo = prompt_messages(users[-1], messages, row.get("system"))
+    return Prompt(str(row.get("id", f"{path.stem}-{index}")), users[-1], str(row["answer"]), path.name, _extra(row),
+                  convo)
+
+
+def _extra(row: dict) -> dict:
+    """Other scalar columns travel as metadata (e.g. a difficulty column a curriculum schedules by)."""
+    return {k: v for k, v in row.items()
+            if k not in ("id", "prompt", "answer", "messages", "system") and isinstance(v, (str, int, float, bool))}
 
 
 def _where(path: Path, line: int) -> str:

