@@ -11,7 +11,8 @@ parameter count), written last, so a directory without it is not a finished fetc
 fetch is atomic (a temporary directory renamed) and serialised across processes by a file
 lock, so the nodes and trainers of a job that all resolve the model on first use fetch it
 once. :func:`random_like` builds a small random-initialised model of the same family with
-the same tokenizer and chat template (what the fast tests and the GPU check run).
+the same tokenizer and chat template, without dequantising the real weights (what the fast
+tests run).
 
 It knows nothing about jobs, config files or engines; :mod:`.bootstrap` resolves a job's
 ``model.name`` through it.
@@ -122,7 +123,7 @@ def _convert(model: PretrainedModel, src: Path, out: Path) -> None:
     # Imported here: torch and transformers cost seconds, and a lookup of a fetched model must not pay them.
     import blake3
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     kw = {"gguf_file": src.name}
     tokenizer = AutoTokenizer.from_pretrained(str(src.parent), **kw)
@@ -143,9 +144,7 @@ def _convert(model: PretrainedModel, src: Path, out: Path) -> None:
     out.mkdir(parents=True)
     plain.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    eot = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
-    GenerationConfig(eos_token_id=eot if eot is not None else tokenizer.eos_token_id,
-                     bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(out)
+    _generation_config(tokenizer, out)
     digest = blake3.blake3()
     with open(src, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 22), b""):
@@ -156,27 +155,56 @@ def _convert(model: PretrainedModel, src: Path, out: Path) -> None:
         "parameters": sum(p.numel() for p in plain.parameters()), "doc": model.doc}, indent=2) + "\n")
 
 
-def random_like(source: str | Path, out: str | Path, *, layers: int = 2, hidden: int = 64, heads: int = 4,
-                kv_heads: int = 2, intermediate: int = 128, seed: int = 0, max_positions: int | None = None) -> Path:
-    """A random-initialised model of ``source``'s architecture, shrunk (``layers``, ``hidden``,
-    ...), with ``source``'s tokenizer, chat template and generation config, saved to ``out``.
-    Same vocabulary and token ids, so every tokenizer and template path runs as on the real
-    model at a fraction of its cost."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+def random_like(name: str, cache_dir: str | Path, *, layers: int = 2, hidden: int = 64, heads: int = 4,
+                kv_heads: int = 2, intermediate: int = 128, seed: int = 0) -> Path:
+    """A random-initialised model of ``name``'s architecture, shrunk (``layers``, ``hidden``, ...),
+    with its tokenizer, chat template and generation config: the same vocabulary and token ids,
+    so every tokenizer and template path runs as on the real model at a fraction of its cost
+    (what the fast tests run). Read from the package's file without dequantising its weights,
+    cached under ``cache_dir`` like a fetch (``<name>-random-<shape>``)."""
+    model = pretrained(name)
+    shape = f"l{layers}-h{hidden}-a{heads}-kv{kv_heads}-i{intermediate}-s{seed}"
+    root = Path(cache_dir)
+    final = root / f"{model.name}-random-{shape}"
+    if (final / MARKER).exists():
+        return final
+    src = source_file(model)
+    root.mkdir(parents=True, exist_ok=True)
+    with file_lock(root / f".{final.name}.lock"):
+        if (final / MARKER).exists():
+            return final
+        # Imported here: torch and transformers cost seconds (see _convert).
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    source, out = Path(source), Path(out)
-    config = AutoConfig.from_pretrained(source)
-    config.num_hidden_layers, config.hidden_size, config.intermediate_size = layers, hidden, intermediate
-    config.num_attention_heads, config.num_key_value_heads = heads, kv_heads
-    config.head_dim = hidden // heads
-    if max_positions is not None:
-        config.max_position_embeddings = max_positions
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    AutoTokenizer.from_pretrained(source).save_pretrained(out)
-    if (source / "generation_config.json").exists():
-        GenerationConfig.from_pretrained(source).save_pretrained(out)
-    return out
+        tmp = root / f".tmp-{final.name}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        kw = {"gguf_file": src.name}
+        config = AutoConfig.from_pretrained(str(src.parent), **kw)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.num_hidden_layers, config.hidden_size, config.intermediate_size = layers, hidden, intermediate
+        config.num_attention_heads, config.num_key_value_heads = heads, kv_heads
+        config.head_dim = hidden // heads
+        config.dtype = "float32"
+        torch.manual_seed(seed)
+        net = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        tmp.mkdir(parents=True)
+        net.save_pretrained(tmp, safe_serialization=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(src.parent), **kw)
+        tokenizer.save_pretrained(tmp)
+        _generation_config(tokenizer, tmp)
+        (tmp / MARKER).write_text(json.dumps({
+            "name": final.name, "random_like": model.name, "package": model.package, "version": model.version,
+            "shape": shape, "dtype": "float32", "parameters": sum(p.numel() for p in net.parameters())}, indent=2) + "\n")
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+    return final
+
+
+def _generation_config(tokenizer, out: Path) -> None:
+    """``generation_config.json`` whose EOS is the end-of-turn token (ChatML's ``<|im_end|>``)."""
+    from transformers import GenerationConfig
+    eot = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
+    GenerationConfig(eos_token_id=eot if eot is not None else tokenizer.eos_token_id,
+                     bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(out)

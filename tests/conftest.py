@@ -119,3 +119,13 @@ def secure_broker(tmp_path_factory):
         yield broker
     finally:
         broker.close()
+
+
+@pytest.fixture(scope="session")
+def smol_random():
+    """A 2-layer random-initialised Llama with SmolLM2-135M-Instruct's tokenizer, chat template and
+    generation config (:func:`astraflow.models.pretrained.random_like`): the real model's token
+    paths at a tiny model's cost. Cached in the model cache (built once per machine, ~15 s)."""
+    from astraflow.models.bootstrap import cache_root
+    from astraflow.models.pretrained import random_like
+    return random_like("smollm2-135m-instruct", cache_root())
