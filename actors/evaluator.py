@@ -99,6 +99,7 @@ def episode_evaluation(cfg: JobConfig, engine, tokenizer, problems: list[Prompt]
     # batch. A poll-sized batch keeps an episode's wall time, which its deadline_s bounds, what
     # it is in training: all rows at once made every turn wait for hundreds of rows.
     per_call = max(1, cfg.rollout.tasks_per_call)
+    render = prompt_renderer(cfg)
     results = []
     with ThreadPoolExecutor(max_workers=per_call, thread_name_prefix="eval-ep") as pool:
         for start in range(0, len(problems), per_call):
@@ -111,7 +112,7 @@ def episode_evaluation(cfg: JobConfig, engine, tokenizer, problems: list[Prompt]
                              for role in spec.roles}
                     ep = Episode(f"eval-{i}", p.text, p.answer, cfg.eval.k, roles, tokenizer,
                                  {**cfg.workflow.params, "_job_seed": cfg.seed + 1000}, p.metadata,
-                                 off_engine=batcher.away)
+                                 off_engine=batcher.away, prompt_ids=tuple(render(p.text, p.messages) or ()))
                     return run_episode(spec, ep, cfg.seed + 1000)
                 finally:
                     batcher.leave()
@@ -159,13 +160,15 @@ def team_evaluation(cfg: JobConfig, engines: dict, tokenizer, problems: list[Pro
     spec = get_workflow(cfg.workflow.name)
     sampling = {"temperature": cfg.eval.temperature, "top_p": 1.0, "top_k": 0}
     total = 0.0
+    render = prompt_renderer(cfg)
     rewards: dict[str, list[float]] = {p: [] for p in cfg.policy_names}
     for i, p in enumerate(problems):
         roles = {role: EngineRole(role, policy, engines[policy], tokenizer,
                                   {**sampling, "max_new_tokens": cfg.view(policy).rollout.max_new_tokens})
                  for role, policy in cfg.role_policies.items()}
         ep = Episode(f"eval-{i}", p.text, p.answer, cfg.eval.k, roles, tokenizer,
-                     {**cfg.workflow.params, "_job_seed": cfg.seed + 1000}, p.metadata)
+                     {**cfg.workflow.params, "_job_seed": cfg.seed + 1000}, p.metadata,
+                     prompt_ids=tuple(render(p.text, p.messages) or ()))
         result = run_episode(spec, ep, cfg.seed + 1000)
         total += float(result.team_reward or 0.0)
         for role, trajs in result.trajectories.items():

@@ -147,7 +147,7 @@ class SequentialTeam:
     def episode(self, task, roles: dict):
         from astraflow.workflows.api import Episode
         return Episode(task.task_id, task.prompt, task.answer, task.n_samples, roles, self.tokenizer,
-                       {**task.params, "_job_seed": self.cfg.seed}, task.metadata)
+                       {**task.params, "_job_seed": self.cfg.seed}, task.metadata, prompt_ids=tuple(task.prompt_ids))
 
     def rollout(self, tasks: Sequence) -> tuple[list, dict[str, list], "CallBatcher"]:
         """Run ``tasks``' episodes together; their results, each policy's groups, the batcher."""

@@ -148,8 +148,8 @@ def _prompt(path: Path, line: int, index: int, row: Any) -> Prompt:
     if isinstance(row, dict) and "messages" in row and "answer" in row:
         return _chat_prompt(path, line, index, row)
     if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "answer" not in row:
-        raise DatasetError(f"{_where(path, line)}: needs string 'prompt' (or a 'messages' list) and 'answer' fields, "
-                           f"got {row!r:.200}")
+        raise DatasetError(f"{_where(path, line)}: needs string 'prompt' and 'answer' fields (or a 'messages' list "
+                           f"and 'answer'), got {row!r:.200}")
     messages = []
     if row.get("system") is not None:  # a system message makes the prompt a conversation
         if not isinstance(row["system"], str):

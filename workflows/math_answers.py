@@ -1,4 +1,4 @@
-"""Answer checking for maths datasets: the ``math_answer`` reward.
+"""Answer checking for maths datasets: the ``math_answer`` and ``last_number`` rewards.
 
 Owns how a completion's final answer is compared with a dataset's reference answer:
 
@@ -43,7 +43,7 @@ from .registry import reward
 
 log = logging.getLogger(__name__)
 
-__all__ = ["math_answer", "number_of", "numbers_equal", "MathVerifyMissing", "TIMEOUT_S", "MATH_VERIFY_VERSION"]
+__all__ = ["last_number", "math_answer", "number_of", "numbers_equal", "MathVerifyMissing", "TIMEOUT_S", "MATH_VERIFY_VERSION"]
 
 MATH_VERIFY_VERSION = "0.9.0"  #: the pin this module is tested with
 TIMEOUT_S = 10.0  #: longest wait for one math-verify comparison (the helper's start included)
@@ -90,6 +90,26 @@ def math_answer(completion_text: str, answer: str) -> float:
     if not text.strip() or not gold.strip():
         return 0.0
     return 1.0 if _HELPER.verify(gold, text) else 0.0
+
+
+#: a number as a reply writes it: optional minus, digits with optional thousands commas, decimals
+_NUMBER_IN_TEXT = re.compile(r"(?<![\w.])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|(?<![\w.])-?\d+(?:\.\d+)?")
+
+
+@reward("last_number")
+def last_number(completion_text: str, answer: str) -> float:
+    """1.0 if the last number written in the completion equals the (numeric) reference, else 0.0.
+
+    What a chat model's reply to "What is 23+45? Answer with the number only." is read by:
+    ``"23 + 45 = 78"``, ``"The answer is 78."`` and ``"78"`` all score 1. Unlike
+    :func:`math_answer` it never evaluates an expression, so a reply that restates the
+    question (``"23+45"``) scores 0 rather than being read as its value."""
+    gold = number_of("" if answer is None else str(answer))
+    found = _NUMBER_IN_TEXT.findall("" if completion_text is None else str(completion_text)[-MAX_CHARS:])
+    if gold is None or not found:
+        return 0.0
+    value = number_of(found[-1].replace(",", ""))
+    return 1.0 if value is not None and numbers_equal(value, gold) else 0.0
 
 
 class MathVerifyMissing(FatalError):

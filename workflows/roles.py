@@ -16,6 +16,7 @@ Kafka, the registry's names or training.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -179,8 +180,7 @@ def run_episode(spec: WorkflowSpec, episode: Episode, job_seed: int) -> EpisodeR
     missing = set(spec.roles) - set(seeded)
     if missing:
         raise KeyError(f"workflow {spec.name!r} needs roles {sorted(missing)} bound to a policy")
-    ep = Episode(episode.episode_id, episode.prompt, episode.answer, episode.n_samples, seeded, episode.tokenizer,
-                 episode.params, episode.metadata, episode.off_engine, episode.attempt)
+    ep = dataclasses.replace(episode, roles=seeded)
     result = spec.fn(ep)
     if not isinstance(result, EpisodeResult):
         raise TypeError(f"workflow {spec.name!r} returned {type(result).__name__}, not EpisodeResult")
