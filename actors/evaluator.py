@@ -44,10 +44,12 @@ from .telemetry import MetricsEmitter
 log = logging.getLogger(__name__)
 
 
-def heldout_accuracy(cfg: JobConfig, engine, tokenizer, problems: list[Prompt]) -> float:
+def heldout_accuracy(cfg: JobConfig, engine, tokenizer, problems: list[Prompt],
+                     per_row: list[float] | None = None) -> float:
     """Pass@1 of the weights ``engine`` holds on ``problems``, scored by the job's reward with
     each row's metadata; for a workflow scored by whole episodes (``episode_eval``: an agent
     in an environment), the mean reward of its episodes' first-role trajectories.
+    ``per_row``, when given, receives each problem's mean reward (pass@1 jobs only).
     ``astraflow replay`` evaluates through here too."""
     from astraflow.workflows.api import get_scorer, get_workflow
     from astraflow.workflows.evaluation import pass_at_1
@@ -59,7 +61,7 @@ def heldout_accuracy(cfg: JobConfig, engine, tokenizer, problems: list[Prompt]) 
     ids = [render(p.text, p.messages) for p in problems] if render.active else None
     return pass_at_1(engine, tokenizer, rows, get_scorer(eval_reward(cfg)), k=cfg.eval.k,
                      temperature=cfg.eval.temperature, max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed,
-                     prompt_ids=ids)
+                     prompt_ids=ids, per_row=per_row)
 
 
 class EpisodeEval(NamedTuple):
@@ -251,9 +253,11 @@ class EvaluatorActor(LoopActor):
         from astraflow.workflows.api import get_workflow
         if get_workflow(self.cfg.workflow.name).episode_eval:  # an agent: its episodes say more than the mean
             episodes = episode_evaluation(self.cfg, self.engine, self.tokenizer, self.problems)
-            acc = episodes.accuracy
+            acc, per_task = episodes.accuracy, episodes.per_task
         else:
-            acc = heldout_accuracy(self.cfg, self.engine, self.tokenizer, self.problems)
+            per_row: list[float] = []
+            acc = heldout_accuracy(self.cfg, self.engine, self.tokenizer, self.problems, per_row)
+            per_task = dict(enumerate(per_row))
         held = self.subscriber.held_by(self.engine)
         log.info("eval: version %d accuracy %.3f on %d problems of %s (%.1fs)", v, acc, len(self.problems),
                  self.label, time.monotonic() - t0)
@@ -263,8 +267,8 @@ class EvaluatorActor(LoopActor):
         if episodes is not None:
             for key in ("stderr", "stderr_tasks", "episodes", "turns", "actions"):
                 self.metrics.emit(f"eval.{key}", float(getattr(episodes, key)), step=v, heldout=self.label)
-            for i, r in episodes.per_task.items():  # per held-out task: a rise can be judged paired, task by task
-                self.metrics.emit("eval.task_reward", r, step=v, task=i)
+        for i, r in per_task.items():  # per held-out problem: a rise can be judged paired (summary.json)
+            self.metrics.emit("eval.task_reward", r, step=v, task=i)
         self.metrics.emit_device(self.engine, step=v)
         if self.team:
             engines = {self.cfg.policy: self.engine, **{p: e for p, (e, _) in self.others.items()}}

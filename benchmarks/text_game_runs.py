@@ -26,30 +26,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+from astraflow.benchmarks.lib.job_runs import run_job_cli, run_load
 from astraflow.benchmarks.lib.results import load_now, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "text_game_runs.json"
-LOAD_FILE = "bench_load.json"  #: what this script adds to a run dir it made: the load around the run
-
-
-def _run_one(cfg: str, run_dir: Path, seed: int, sets: list[str]) -> None:
-    cmd = [sys.executable, "-m", "astraflow.cli", "run", cfg, "--run-dir", str(run_dir), "--quiet",
-           "--set", f"seed={seed}", "--set", f"data.seed={seed}", *(a for s in sets for a in ("--set", s))]
-    before = load_now()
-    started = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / LOAD_FILE).write_text(json.dumps({"before": before, "after": load_now(), "command": cmd,
-                                                 "exit_code": proc.returncode,
-                                                 "elapsed_s": round(time.time() - started, 1)}, indent=2))
 
 
 def _se(values: list[float]) -> float:
@@ -72,7 +57,7 @@ def repetition(run_dir: Path) -> dict:
     unpaired = math.hypot(a["stderr_tasks"], b["stderr_tasks"])
     paired = _se(change)
     over_episodes = math.hypot(a["stderr"], b["stderr"])
-    load = json.loads((run_dir / LOAD_FILE).read_text()) if (run_dir / LOAD_FILE).exists() else {}
+    load = run_load(run_dir)
     cfg_seed = next((c.split("=", 1)[1] for c in load.get("command", []) if c.startswith("seed=")), None)
     return {
         "run_dir": str(run_dir), "seed": int(cfg_seed) if cfg_seed is not None else None,
@@ -127,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         dirs = [Path(args.run_root) / f"{Path(args.config).stem}-rep-s{s}-{stamp}" for s in seeds]
         for seed, d in zip(seeds, dirs):
-            _run_one(args.config, d, seed, args.set)
+            run_job_cli(args.config, d, seed, args.set)
     rows = [repetition(d) for d in dirs]
     print(table(rows))
     rises = [r["rise"] for r in rows]

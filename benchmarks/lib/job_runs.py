@@ -1,0 +1,43 @@
+"""A job run as a user runs it, for benchmarks that repeat a job: ``astraflow run CONFIG`` in a run dir of its own.
+
+:func:`run_job_cli` runs one repetition (``--set seed=S --set data.seed=S`` and any other
+overrides) as a child process and leaves, beside the run's own ``summary.json``, the load
+average before and after it, the command and its exit code (:data:`LOAD_FILE`). Knows
+nothing about what a benchmark reads from the run dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .results import load_now
+
+__all__ = ["LOAD_FILE", "ROOT", "run_job_cli", "run_load"]
+
+ROOT = Path(__file__).resolve().parents[2]
+LOAD_FILE = "bench_load.json"  #: what a benchmark adds to a run dir it made: the load around the run
+
+
+def run_job_cli(cfg: str, run_dir: Path, seed: int, sets: list[str]) -> int:
+    """``astraflow run cfg`` with seed ``seed`` into ``run_dir``; its exit code."""
+    cmd = [sys.executable, "-m", "astraflow.cli", "run", cfg, "--run-dir", str(run_dir), "--quiet",
+           "--set", f"seed={seed}", "--set", f"data.seed={seed}", *(a for s in sets for a in ("--set", s))]
+    before = load_now()
+    started = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / LOAD_FILE).write_text(json.dumps({"before": before, "after": load_now(), "command": cmd,
+                                                 "exit_code": proc.returncode,
+                                                 "elapsed_s": round(time.time() - started, 1)}, indent=2))
+    return proc.returncode
+
+
+def run_load(run_dir: Path) -> dict:
+    """What :func:`run_job_cli` recorded of a run (empty for a run dir it did not make)."""
+    path = run_dir / LOAD_FILE
+    return json.loads(path.read_text()) if path.exists() else {}

@@ -1,0 +1,149 @@
+"""Does a real pretrained model learn here? Repetitions of the SmolLM2 chat-arithmetic job, paired over problems.
+
+Runs ``astraflow run examples/smollm2_chat_arithmetic.yaml`` (or ``--config``) once per seed,
+one after another, each in a run dir of its own (``--set seed=S --set data.seed=S``: the
+sampling, the training prompts' order and the held-out problems), or, with ``--collect
+DIR...``, reads run dirs made before. Per run, from its ``summary.json`` (the run's own
+record of its metrics topic; the job evaluates greedily at its first and last version):
+
+* held-out accuracy at v0 and at the final version, each with its standard error over problems;
+* the rise, and its standard error **paired** over problems (the same held-out problems at
+  both versions: the standard error of the mean per-problem change), and the rise in those
+  standard errors (``rise_se_paired``; the issue's bar is >= 2 within 30 minutes);
+* wall seconds of the run and the load average around it (this box is shared).
+
+With ``--sets gsm8k100 humaneval`` each run's v0 model and its final exported version
+(``<run>/hf/<policy>/v<N>``) are also evaluated on those benchmark sets after the run
+(greedy; outside the run's wall time). Prints one table; writes
+``benchmarks/results/real_model_runs.json`` (or ``--out``).
+
+Usage: ``python -m astraflow.benchmarks.real_model_runs [--seeds 0 1 2] [--set KEY=VALUE]...
+[--sets gsm8k100 humaneval] [--sets-limit N]`` or ``... --collect RUN_DIR...``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+from astraflow.benchmarks.lib.job_runs import ROOT, run_job_cli, run_load
+from astraflow.benchmarks.lib.results import load_now, write_results
+from astraflow.benchmarks.lib.table import print_header
+
+RESULTS = ROOT / "benchmarks" / "results" / "real_model_runs.json"
+CONFIG = "examples/smollm2_chat_arithmetic.yaml"
+
+
+def _se(values: list[float]) -> float:
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+
+
+def repetition(run_dir: Path) -> dict:
+    """One run dir's figures, from its ``summary.json``."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    per_problem = summary.get("eval_task_reward_by_version")
+    if not per_problem or len(per_problem) < 2:
+        raise ValueError(f"{run_dir}/summary.json has no per-problem held-out rewards at two versions "
+                         f"(eval_task_reward_by_version): a run from before they were recorded, or one that "
+                         f"evaluated once")
+    v0, v1 = min(per_problem, key=int), max(per_problem, key=int)
+    problems = sorted(set(per_problem[v0]) & set(per_problem[v1]), key=int)
+    a = [per_problem[v0][p] for p in problems]
+    b = [per_problem[v1][p] for p in problems]
+    change = [y - x for x, y in zip(a, b)]
+    rise = statistics.mean(change)
+    paired = _se(change)
+    load = run_load(run_dir)
+    seed = next((c.split("=", 1)[1] for c in load.get("command", []) if c.startswith("seed=")), None)
+    return {
+        "run_dir": str(run_dir), "seed": int(seed) if seed is not None else None,
+        "versions": [int(v0), int(v1)], "problems": len(problems),
+        "accuracy_v0": statistics.mean(a), "accuracy_final": statistics.mean(b),
+        "se_v0": _se(a), "se_final": _se(b), "rise": rise, "se_rise_paired": paired,
+        "rise_se_paired": rise / paired if paired else None,
+        "problems_up_down_same": [sum(c > 0 for c in change), sum(c < 0 for c in change), sum(c == 0 for c in change)],
+        "wall_s": summary["wall_s"], "time_to_first_step_s": summary.get("time_to_first_step_s"),
+        "steps_trained": summary["steps_trained"], "audit_ok": (summary.get("audit") or {}).get("ok"),
+        "load_before": load.get("before", {}).get("loadavg"), "load_after": load.get("after", {}).get("loadavg"),
+    }
+
+
+def benchmark_sets(run: dict, config: str, sets: list[str], limit: int | None) -> dict:
+    """``sets`` at the run's v0 model and its final exported version: {set: {v0, final, rows}}."""
+    from transformers import AutoTokenizer
+
+    from astraflow.actors.common import model_path
+    from astraflow.config import load_config
+    from astraflow.engines.cpu import CpuEngine
+    from astraflow.workflows.chat import PromptRenderer
+    from astraflow.workflows.eval_sets import evaluate_set
+
+    cfg = load_config(ROOT / config)
+    start = model_path(cfg)
+    final = Path(run["run_dir"]) / "hf" / cfg.policy / f"v{run['versions'][1]}"
+    out: dict = {}
+    for label, path in (("v0", start), ("final", final)):
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        engine = CpuEngine(path, threads=None)
+        render = PromptRenderer(path, cfg.data.chat_template, cfg.data.system)
+        for name in sets:
+            mean, rows = evaluate_set(engine, tokenizer, name, render=render, limit=limit)
+            out.setdefault(name, {"rows": len(rows)})[label] = mean
+        engine.close()
+    return out
+
+
+def table(rows: list[dict]) -> None:
+    print_header(f"{'seed':>4} {'v0':>13} {'final':>13} {'rise':>7} {'SE paired':>9} {'rise/SE':>7} "
+                 f"{'+/-/=':>9} {'wall s':>7} {'load':>11}  benchmark sets (v0 -> final)")
+    for r in rows:
+        ud = "/".join(map(str, r["problems_up_down_same"]))
+        load = f"{(r['load_before'] or ['?'])[0]}->{(r['load_after'] or ['?'])[0]}"
+        z = f"{r['rise_se_paired']:+.1f}" if r["rise_se_paired"] is not None else "-"
+        sets = "  ".join(f"{k} {v.get('v0', float('nan')):.3f}->{v.get('final', float('nan')):.3f}"
+                         for k, v in (r.get("sets") or {}).items())
+        print(f"{r['seed'] if r['seed'] is not None else '?':>4} {r['accuracy_v0']:6.3f}±{r['se_v0']:.3f} "
+              f"{r['accuracy_final']:6.3f}±{r['se_final']:.3f} {r['rise']:+7.3f} {r['se_rise_paired']:9.3f} "
+              f"{z:>7} {ud:>9} {r['wall_s']:7.0f} {load:>11}  {sets}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=CONFIG)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed to every run")
+    ap.add_argument("--sets", nargs="*", default=[], help="benchmark sets to evaluate at v0 and final (gsm8k100, "
+                                                         "humaneval) after each run")
+    ap.add_argument("--sets-limit", type=int, help="evaluate only the first N items of each set")
+    ap.add_argument("--run-root", default=str(ROOT / "runs"))
+    ap.add_argument("--collect", nargs="+", type=Path, metavar="RUN_DIR", help="read these run dirs; run nothing")
+    ap.add_argument("--out", default=str(RESULTS))
+    args = ap.parse_args(argv)
+    load_before = load_now()
+    if args.collect:
+        dirs = args.collect
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        dirs = [Path(args.run_root) / f"{Path(args.config).stem}-s{s}-{stamp}" for s in args.seeds]
+        for seed, d in zip(args.seeds, dirs):
+            run_job_cli(args.config, d, seed, args.set)
+    runs = [repetition(d) for d in dirs]
+    for r in runs:
+        if args.sets:
+            r["sets"] = benchmark_sets(r, args.config, args.sets, args.sets_limit)
+    table(runs)
+    zs = [r["rise_se_paired"] for r in runs if r["rise_se_paired"] is not None]
+    result = {"benchmark": "real_model_runs", "config": args.config, "overrides": args.set, "runs": runs,
+              "min_rise_se_paired": min(zs) if zs else None, "wall_s_max": max(r["wall_s"] for r in runs)}
+    print(f"{len(runs)} runs: rise in paired SE min {result['min_rise_se_paired']}, wall max "
+          f"{result['wall_s_max']:.0f} s (bar: >= 2 SE within 1800 s in each)")
+    write_results(args.out, result, load_before)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
