@@ -46,7 +46,7 @@ from typing import Any
 import yaml
 
 from astraflow.actors.common import (configure_sandbox, make_rollout_engine, make_train_engine, model_path,
-                                     set_threads, to_train_batch)
+                                     prompt_renderer, set_threads, to_train_batch)
 from astraflow.actors.episodes import EpisodeRunner
 from astraflow.actors.evaluator import heldout_accuracy, heldout_problems
 from astraflow.actors.tasks import make_task
@@ -65,15 +65,17 @@ def job_tasks(cfg, steps: int, staleness: int = 0) -> list:
     (:func:`~astraflow.actors.tasks.make_task`: prompt offsets in the task ids, the job's
     workflow, its first role and ``workflow.params``; an episode of several roles trains
     every role); batch ``k``'s at version ``k - staleness`` (at least 0), every policy's."""
-    if cfg.data.source != "arithmetic":
-        raise ValueError(f"the in-process baseline supports data.source 'arithmetic', not {cfg.data.source!r}")
+    if cfg.data.source not in ("arithmetic", "arithmetic_chat"):
+        raise ValueError(f"the in-process baseline supports data.source 'arithmetic' and 'arithmetic_chat', not "
+                         f"{cfg.data.source!r}")
     B = cfg.dataflow.groups_per_batch
-    prompts = load_prompts("arithmetic", cfg.data.num_prompts or 2 * cfg.trainer.steps * B, seed=cfg.data.seed,
+    prompts = load_prompts(cfg.data.source, cfg.data.num_prompts or 2 * cfg.trainer.steps * B, seed=cfg.data.seed,
                            max_digits=cfg.data.max_digits, ops=cfg.data.ops)
     if len(prompts) < steps * B:
         raise ValueError(f"{len(prompts)} prompts cannot fill {steps} batches of {B}")
+    render = prompt_renderer(cfg)  # a chat model's prompts as the dataflow renders them
     return [make_task(cfg, p, i, version=(v := max(0, i // B - staleness)),
-                      versions=dict.fromkeys(cfg.policy_names, v), train=cfg.role_policies)
+                      versions=dict.fromkeys(cfg.policy_names, v), train=cfg.role_policies, render=render)
             for i, p in enumerate(prompts[: steps * B])]
 
 
