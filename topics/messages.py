@@ -30,9 +30,13 @@ __all__ = ["MESSAGE_TYPES", "Batch", "ChunkManifest", "ChunkRef", "DROP_REASONS"
 @register
 @dataclass(frozen=True)
 class Prompt(Message):
-    """One input problem on the ``prompts`` topic."""
+    """One input problem on the ``prompts`` topic.
+
+    Schema 2 added ``messages`` (a chat model's conversation); a schema-1 record has none.
+    """
 
     TYPE: ClassVar[str] = "prompt"
+    SCHEMA: ClassVar[int] = 2
     prompt_id: str
     text: str  #: the prompt as text (engines tokenize it)
     answer: str  #: reference answer used by the reward function
@@ -61,11 +65,13 @@ class Task(Message):
     whether trained or not; the dataflow leaves out of ``train`` only a policy that already
     has every group its training needs (an episode that replaces another policy's dropped
     group at the end of a job). Records of earlier jobs may also leave out a policy whose
-    staleness bound was full, as the dataflow's admission then did.
+    staleness bound was full, as the dataflow's admission then did. Schema 4 added
+    ``prompt_ids``: the prompt rendered with the model's chat template when the task was
+    made (a schema-3 record has none, and its prompt is tokenized as text).
     """
 
     TYPE: ClassVar[str] = "task"
-    SCHEMA: ClassVar[int] = 3
+    SCHEMA: ClassVar[int] = 4
     task_id: str
     prompt_id: str
     policy: str
