@@ -37,6 +37,8 @@ PY="${1:-${PYTHON:-python3}}"
 [ -x .venv/bin/python ] && [ -z "${1:-}" ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
 STAGES="${AF_GPU_STAGES:-real_shape sglang profile}"
 OUT_DIR="$PWD/benchmarks/results"
+mkdir -p "$OUT_DIR"
+export PYTHONUNBUFFERED=1  # a stage cut by its timeout still leaves what it printed in gpu_check.txt
 WORK="$(mktemp -d /tmp/af-gpu-check-XXXX)"
 trap 'rm -rf "$WORK"' EXIT
 asked() { case " $STAGES " in *" $1 "*) return 0;; *) return 1;; esac; }

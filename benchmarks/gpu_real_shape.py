@@ -277,7 +277,8 @@ def parse(argv: list[str] | None):
                    help="longest completion per batch shape, comma-separated (24: the example's max_new_tokens)")
     p.add_argument("--steps", type=int, default=5, help="timed steps per batch shape (after one warm-up)")
     p.add_argument("--repeats", type=int, default=3, help="repetitions of each codec measurement")
-    p.add_argument("--codec-threads", type=int, default=4)
+    p.add_argument("--codec-threads", type=int, default=1,
+                   help="codec threads (1: what a job's publisher and subscribers use by default)")
     p.add_argument("--threads", type=int, default=0, help="trainer torch threads (0: torch's default)")
     p.add_argument("--out", type=Path, default=None,
                    help=f"results file whose {SECTION!r} section this writes (default on CUDA: {GPU_CHECK})")
