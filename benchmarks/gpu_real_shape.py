@@ -41,6 +41,10 @@ from pathlib import Path
 from astraflow.benchmarks.lib.results import load_now, write_section
 from astraflow.benchmarks.lib.stats import fmt_spread, spread
 
+# torch, transformers and DeepSpeed are imported inside the functions that use them: DeepSpeed picks
+# its accelerator when imported (DS_ACCELERATOR must be set first on a CPU), and gpu_check.sh's summary
+# step and --help import this module for its constants alone (seconds of imports saved).
+
 GPU_CHECK = Path(__file__).resolve().parent / "results" / "gpu_check.json"
 SECTION = "real_shape"
 #: SmolLM2-135M(-Instruct)'s config.json (the fetched model's, read from its GGUF): the shape
@@ -150,6 +154,9 @@ def measure_codec(trainer, batch, repeats: int, threads: int, device) -> dict:
     import torch
     from astraflow.weights import codec, native
     clock = _Clock(device)
+    seen: dict[int, str] = {}
+    # Names of one storage (tied embeddings): the trainer's named_weights, and so a publisher, sends each.
+    tied = [k for k, v in trainer.engine.module.state_dict().items() if seen.setdefault(v.data_ptr(), k) != k]
     base = {k: v.clone() for k, v in published(trainer, torch.bfloat16).items()}
     trainer.train_step(batch)  # one version on: the delta a subscriber receives
     new = {k: v.clone() for k, v in published(trainer, torch.bfloat16).items()}
@@ -176,6 +183,7 @@ def measure_codec(trainer, batch, repeats: int, threads: int, device) -> dict:
     on_device = first.device.type != "cpu"
     return {
         "dtype": "bfloat16", "tensors": len(new), "raw_bytes": raw, "threads": threads,
+        "tied_duplicates": tied, "tied_duplicate_bytes": sum(new[k].numel() * new[k].element_size() for k in tied),
         "native_kernel": native.available(),
         "snapshot": {"bytes": len(snapshot), "over_raw": len(snapshot) / raw,
                      "encode_s": spread([t for t, _ in snap_enc]), "decode_s": spread([t for t, _ in snap_dec])},
@@ -253,7 +261,8 @@ def table(section: dict) -> str:
                      f"{b['tokens']:>7} {fmt_spread(r['step_s'], '.3f'):>22} "
                      f"{fmt_spread(r['tokens_per_s'], '.0f'):>26} {peak:>9.0f}")
     c = section["codec"]
-    lines += [f"codec ({c['tensors']} bf16 tensors, {c['raw_bytes'] / 1e6:.1f} MB raw, {c['threads']} threads):",
+    lines += [f"codec ({c['tensors']} bf16 tensors, {c['raw_bytes'] / 1e6:.1f} MB raw of which "
+              f"{c['tied_duplicate_bytes'] / 1e6:.1f} MB tied duplicates {c['tied_duplicates']}, {c['threads']} threads):",
               f"  snapshot {c['snapshot']['bytes'] / 1e6:8.2f} MB  encode {fmt_spread(c['snapshot']['encode_s'], '.3f')} s"
               f"  decode {fmt_spread(c['snapshot']['decode_s'], '.3f')} s",
               f"  delta    {c['delta']['bytes'] / 1e6:8.2f} MB  encode {fmt_spread(c['delta']['encode_s'], '.3f')} s"

@@ -41,6 +41,7 @@ def test_cpu_smoke_trains_encodes_and_writes_the_section_as_cpu_numbers(tmp_path
     assert "peak_gpu_mb" not in row and s["trainer"]["resident_after_init_gpu_mb"] is None  # no GPU numbers on a CPU
     c = s["codec"]
     assert c["dtype"] == "bfloat16" and c["raw_bytes"] > 0
+    assert c["tied_duplicates"] == ["lm_head.weight"] and c["tied_duplicate_bytes"] == 2048 * 576 * 2
     assert 0 < c["delta"]["bytes"] < c["snapshot"]["bytes"] < c["raw_bytes"]  # one step moves few bf16 bits
     assert 0 < c["delta"]["changed_fraction"] < 1 and c["delta"]["bit_exact"]
     assert c["apply_in_place_kept_storage"] and not c["copied_to_host"] and c["where"]["input"] == "cpu tensors"
