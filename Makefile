@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-all kafka install layers benchmarks browser clean netns-tools toxiproxy
+.PHONY: demo test test-all kafka install layers benchmarks browser clean netns-tools toxiproxy gpu-wheels
 WEB    := astraflow/web
 CHARTS := $(WEB)/node_modules/.installed
 
@@ -85,5 +85,11 @@ layers: $(STAMP)
 benchmarks: kafka
 	$(PY) benchmarks/topics_throughput.py
 
+# What benchmarks/gpu_check.sh needs on a GPU machine with PyTorch but no package index, as wheels in
+# .gpu-wheels/ (benchmarks/gpu_wheels.txt; DeepSpeed built from its sdist): carry that folder with the
+# checkout (docs/gpu-quickstart.md). GPU_PYTHON names that machine's Python (default 3.12).
+gpu-wheels: $(STAMP)
+	PYTHON=$(PY) bash benchmarks/gpu_wheels.sh .gpu-wheels
+
 clean:
-	rm -rf $(VENV) build *.egg-info weights/_deltakernel*.so $(WEB)/node_modules .tools
+	rm -rf $(VENV) build *.egg-info weights/_deltakernel*.so $(WEB)/node_modules .tools .gpu-wheels
