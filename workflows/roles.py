@@ -180,7 +180,7 @@ def run_episode(spec: WorkflowSpec, episode: Episode, job_seed: int) -> EpisodeR
     if missing:
         raise KeyError(f"workflow {spec.name!r} needs roles {sorted(missing)} bound to a policy")
     ep = Episode(episode.episode_id, episode.prompt, episode.answer, episode.n_samples, seeded, episode.tokenizer,
-                 episode.params, episode.metadata, episode.off_engine, episode.attempt)
+                 episode.params, episode.metadata, episode.off_engine, episode.attempt, episode.prompt_ids)
     result = spec.fn(ep)
     if not isinstance(result, EpisodeResult):
         raise TypeError(f"workflow {spec.name!r} returned {type(result).__name__}, not EpisodeResult")
