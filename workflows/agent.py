@@ -55,7 +55,7 @@ from .registry import WorkflowParamError, workflow
 from .roles import role_seed
 from .types import ENV, Episode, EpisodeResult, Trajectory, Turn
 
-__all__ = ["AgentParams", "agent", "parse_action", "END_REASONS", "LIMITS"]
+__all__ = ["AgentParams", "agent", "chat_action", "parse_action", "END_REASONS", "LIMITS"]
 
 #: every reason a sample ends for; the limits among them take ``limit_reward``
 LIMITS = ("max_turns", "max_tokens", "context", "deadline")
@@ -185,11 +185,15 @@ def parse_action(text: str, action_format: str, ended: bool = False) -> tuple[An
 
 
 def chat_action(text: str, ended: bool, names=None) -> tuple[Any, str]:
-    """A chat turn's action: its first tool call (``{"name", "arguments"}``), else, once the
-    turn has ended, its text; ``(None, why)`` when it has neither."""
+    """A chat turn's action: its first tool call (``{"name", "arguments"}``, one of ``names``
+    when given), else, once the turn has ended, its text; ``(None, why)`` when it has neither
+    or holds a tool call that does not parse."""
     _rest, calls = parse_tool_calls(text, names)
     if calls:
         return {"name": calls[0]["name"], "arguments": calls[0]["arguments"]}, ""
+    if "<tool_call>" in text and "</tool_call>" in text:
+        return None, ('a tool call is <tool_call>{"name": ..., "arguments": {...}}</tool_call>' +
+                      (f" with a name in {', '.join(names)}" if names else ""))
     if not ended:
         return None, "end the turn"
     return (text.strip(), "") if text.strip() else (None, "empty action")

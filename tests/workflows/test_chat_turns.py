@@ -313,6 +313,15 @@ def test_tool_calls_are_parsed_from_the_reply_and_the_rest_is_its_text():
         [{"name": "add", "arguments": {"a": 1}}]
 
 
+def test_a_chat_turns_action_is_its_first_tool_call_else_its_ended_text():
+    from astraflow.workflows.agent import chat_action
+    assert chat_action(f"{CALL} {CALL}", False, ["add"]) == ({"name": "add", "arguments": {"a": 2, "b": 3}}, "")
+    assert chat_action(" go 3 ", True) == ("go 3", "")
+    assert chat_action("go 3", False) == (None, "end the turn")
+    action, why = chat_action('<tool_call>{"name": "jump"}</tool_call>', True, ["go", "take"])
+    assert action is None and "go, take" in why
+
+
 def test_a_task_prompt_rendered_at_task_creation_is_what_a_workflow_samples_from(smol):
     tok, engine, _ = smol
     ids = _ids(tok.apply_chat_template([{"role": "user", "content": "What is 1+2?"}], tokenize=True,
