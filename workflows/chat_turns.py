@@ -42,7 +42,7 @@ from typing import Any
 
 from .chat import ChatTemplateError, render
 
-__all__ = ["ChatTurns", "ChatTurnsError", "PLACEHOLDER", "ToolCall", "chat_message", "check_tools",
+__all__ = ["ChatTurns", "ChatTurnsError", "PLACEHOLDER", "chat_message", "check_tools",
            "openai_tool_calls", "parse_tool_calls", "tools_system_text"]
 
 #: what a generated reply's content is rendered as when the template renders a conversation
@@ -84,15 +84,11 @@ def tools_system_text(tools: Sequence[Mapping[str, Any]]) -> str:
             "object>}}</tool_call> and end your turn; its result comes back in a message of role tool.")
 
 
-class ToolCall(dict):
-    """One parsed call: ``{"name": str, "arguments": dict}``."""
-
-
-def parse_tool_calls(text: str, names: Sequence[str] | None = None) -> tuple[str, list[ToolCall]]:
+def parse_tool_calls(text: str, names: Sequence[str] | None = None) -> tuple[str, list[dict[str, Any]]]:
     """A reply's tool calls in the ``<tool_call>{"name", "arguments"}</tool_call>`` format and
-    the rest of its text (stripped). A block whose JSON is not such an object, or that names a
+    the rest of its text (stripped); a call is ``{"name": str, "arguments": dict}``. A block whose JSON is not such an object, or that names a
     tool outside ``names`` (when given), is not a call: it stays in the text."""
-    calls: list[ToolCall] = []
+    calls: list[dict[str, Any]] = []
     rest: list[str] = []
     at = 0
     for m in _TOOL_CALL.finditer(text):
@@ -109,7 +105,7 @@ def parse_tool_calls(text: str, names: Sequence[str] | None = None) -> tuple[str
         if not isinstance(body, dict) or not isinstance(body.get("name"), str) or not isinstance(args, dict) \
                 or (names is not None and body["name"] not in names):
             continue
-        calls.append(ToolCall(name=body["name"], arguments=args))
+        calls.append({"name": body["name"], "arguments": args})
         rest.append(text[at:m.start()])
         at = m.end()
     rest.append(text[at:])

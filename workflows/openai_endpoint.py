@@ -378,10 +378,9 @@ class _Endpoint:
                     s.parts.append(t)
                     s.turns += 1
                     message: dict[str, Any] = {"role": "assistant", "content": t.text}
-                    calls = parse_tool_calls(t.text, s.chat.tool_names)[1] if s.chat and s.chat.tools and \
-                        s.parse_tools else []
+                    rest, calls = parse_tool_calls(t.text, s.chat.tool_names) if s.chat and s.chat.tools and \
+                        s.parse_tools else ("", [])
                     if calls:
-                        rest = parse_tool_calls(t.text, s.chat.tool_names)[0]
                         message = {"role": "assistant", "content": rest or None, "tool_calls": openai_tool_calls(calls)}
                     s.messages.append(chat_message(message))
                     if t.finish_reason == "context":
