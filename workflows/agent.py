@@ -9,6 +9,17 @@ and stepped in the environment while the episode is out of the node's batch
 (``ep.off_engine``); the observation's tokens, then the next opening tag, are appended.
 A malformed action is answered by an observation saying so, without a step.
 
+**Chat models** (``action_format: chat``): the episode is a conversation under the model's
+chat template (:class:`~.chat_turns.ChatTurns`). The first observation is a user message
+(after ``system``, if set), rendered with the tools' schemas (``tools``, else the
+environment's ``tools`` attribute) as ``apply_chat_template(..., add_generation_prompt=True)``
+gives it; a turn ends at the end-of-turn token; its action is its first tool call
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, else its text; the
+observation comes back as a ``tool`` message after a tool call, else a ``user`` message,
+rendered as the template renders it after the reply and appended after the reply's
+generated tokens (never re-rendered). ``max_observation_tokens`` cuts an observation's
+text, not the template's markup around it.
+
 **Tokens in, tokens out.** Each sample's trajectory is the exact token sequence the engine
 saw and produced: every turn's prompt is the previous prompt plus the tokens appended since
 (:meth:`Trajectory.chain` checks it and fails loudly otherwise); model tokens train (loss
@@ -38,12 +49,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .chat_turns import ChatTurns, ChatTurnsError, check_tools, parse_tool_calls
 from .environments import ENV_TIMEOUT, EnvHandle, EnvironmentFailed, EnvTask, get_environment
 from .registry import WorkflowParamError, workflow
 from .roles import role_seed
 from .types import ENV, Episode, EpisodeResult, Trajectory, Turn
 
-__all__ = ["AgentParams", "agent", "parse_action", "END_REASONS", "LIMITS"]
+__all__ = ["AgentParams", "agent", "chat_action", "parse_action", "END_REASONS", "LIMITS"]
 
 #: every reason a sample ends for; the limits among them take ``limit_reward``
 LIMITS = ("max_turns", "max_tokens", "context", "deadline")
@@ -51,7 +63,7 @@ END_REASONS = ("done", "eos") + LIMITS
 
 #: action format -> (opening tag appended after each observation, the closing tag the turn stops at);
 #: ``eos``: the turn is the action and ends with end-of-sequence (a chat model's end of turn)
-_TAGS = {"tag": ("<a>", "</a>"), "json": ("<tool_call>", "</tool_call>"), "eos": ("", "")}
+_TAGS = {"tag": ("<a>", "</a>"), "json": ("<tool_call>", "</tool_call>"), "eos": ("", ""), "chat": ("", "")}
 
 
 @dataclass(frozen=True)
@@ -60,8 +72,12 @@ class AgentParams:
 
     env: str = ""  #: the registered environment
     env_params: Mapping[str, Any] = field(default_factory=dict)  #: keywords for its factory
-    #: ``tag`` (``<a>go 2</a>``), ``json`` (a ``<tool_call>`` JSON object) or ``eos`` (the turn's text)
+    #: ``tag`` (``<a>go 2</a>``), ``json`` (a ``<tool_call>`` JSON object), ``eos`` (the turn's text) or
+    #: ``chat`` (turns under the model's chat template; a tool call or the reply's text)
     action_format: str = "tag"
+    #: ``chat``: the tools' schemas (default: the environment's ``tools`` attribute, if any)
+    tools: tuple = ()
+    system: str = ""  #: ``chat``: a system message before the first observation
     max_turns: int = 4
     max_tokens_per_turn: int = 0  #: 0: the policy's rollout.max_new_tokens
     max_total_tokens: int = 0  #: prompt + turns + observations of a sample; 0: the context window alone
@@ -110,6 +126,12 @@ class AgentParams:
                 raise WorkflowParamError("env_params", f"{e} (environment {self.env!r})") from None
         if self.action_format not in _TAGS:
             raise WorkflowParamError("action_format", f"is {self.action_format!r}; it is one of {', '.join(_TAGS)}")
+        try:
+            check_tools(list(self.tools) if isinstance(self.tools, (list, tuple)) else self.tools, "tools")
+        except ChatTurnsError as e:
+            raise WorkflowParamError("tools", str(e)) from None
+        if not isinstance(self.system, str):
+            raise WorkflowParamError("system", f"is {self.system!r}; it is text")
         if self.on_eos not in ("end", "continue"):
             raise WorkflowParamError("on_eos", f"is {self.on_eos!r}; it is 'end' or 'continue'")
         for key, lo in (("max_turns", 1), ("max_tokens_per_turn", 0), ("max_total_tokens", 0),
@@ -162,6 +184,21 @@ def parse_action(text: str, action_format: str, ended: bool = False) -> tuple[An
     return {"name": call["name"], "arguments": call.get("arguments", {})}, ""
 
 
+def chat_action(text: str, ended: bool, names=None) -> tuple[Any, str]:
+    """A chat turn's action: its first tool call (``{"name", "arguments"}``, one of ``names``
+    when given), else, once the turn has ended, its text; ``(None, why)`` when it has neither
+    or holds a tool call that does not parse."""
+    _rest, calls = parse_tool_calls(text, names)
+    if calls:
+        return {"name": calls[0]["name"], "arguments": calls[0]["arguments"]}, ""
+    if "<tool_call>" in text and "</tool_call>" in text:
+        return None, ('a tool call is <tool_call>{"name": ..., "arguments": {...}}</tool_call>' +
+                      (f" with a name in {', '.join(names)}" if names else ""))
+    if not ended:
+        return None, "end the turn"
+    return (text.strip(), "") if text.strip() else (None, "empty action")
+
+
 @dataclass
 class _Sample:
     index: int
@@ -176,6 +213,8 @@ class _Sample:
     malformed: int = 0
     truncated: int = 0
     pending: Any = None  #: the action to step
+    messages: list = field(default_factory=list)  #: ``chat``: the conversation (replies as placeholders' stand-ins)
+    answer_as: str = "user"  #: ``chat``: the role of the next observation (``tool`` after a tool call)
 
     @property
     def context(self) -> list[int]:
@@ -218,6 +257,13 @@ def agent(ep: Episode) -> EpisodeResult:
     job_seed = int(ep.params.get("_job_seed", 0))
     deadline = time.monotonic() + float(cfg.deadline_s)
     samples = [_Sample(i) for i in range(ep.n_samples)]
+    chat = None
+    if cfg.action_format == "chat":
+        if not getattr(ep.tokenizer, "chat_template", None):
+            raise ValueError("agent: action_format chat needs the model's chat template, and the policy's tokenizer "
+                             "has none (use tag, json or eos)")
+        tools = list(cfg.tools) or list(getattr(factory, "tools", None) or ())
+        chat = ChatTurns(ep.tokenizer, tools)
 
     def left() -> float:
         return deadline - time.monotonic()
@@ -235,10 +281,25 @@ def agent(ep: Episode) -> EpisodeResult:
             raise
 
     def observe(s: _Sample, text: str) -> None:
+        if chat is not None:  # a message after the reply, rendered as the template renders it
+            message = {"role": s.answer_as, "content": clip(s, text.strip())}
+            last = s.parts[-1].tokens[-1] if s.parts and isinstance(s.parts[-1], Turn) and s.parts[-1].tokens \
+                else None
+            s.add((ENV, chat.after_reply(s.messages, [message], last)))
+            s.messages.append(message)
+            return
         ids = ep.encode(text)
         if len(ids) > cfg.max_observation_tokens:
             ids, s.truncated = ids[:cfg.max_observation_tokens], s.truncated + 1
         s.add((ENV, ids + ep.encode(open_tag)))
+
+    def clip(s: _Sample, text: str) -> str:
+        """``text`` within max_observation_tokens (cut on tokens, counted)."""
+        ids = ep.encode(text)
+        if len(ids) <= cfg.max_observation_tokens:
+            return text
+        s.truncated += 1
+        return ep.decode(ids[:cfg.max_observation_tokens])
 
     try:
         with ep.off_engine():
@@ -250,9 +311,14 @@ def agent(ep: Episode) -> EpisodeResult:
                 if s.end is not None:  # (the deadline passed while resetting)
                     raise EnvironmentFailed(cfg.env, ENV_TIMEOUT, "reset outlasted the episode's deadline_s", True)
                 first = s.env.checked_reset(first)
-                ids = ep.encode(first)
-                s.truncated += len(ids) > cfg.max_observation_tokens
-                ids = ids[:cfg.max_observation_tokens] + ep.encode(open_tag)
+                if chat is not None:
+                    s.messages = [{"role": "system", "content": cfg.system}] if cfg.system else []
+                    s.messages.append({"role": "user", "content": clip(s, first)})
+                    ids = chat.first(s.messages)
+                else:
+                    ids = ep.encode(first)
+                    s.truncated += len(ids) > cfg.max_observation_tokens
+                    ids = ids[:cfg.max_observation_tokens] + ep.encode(open_tag)
                 s.prompt, s.length = ids, len(ids)
         turn = 0
         while True:
@@ -291,10 +357,15 @@ def agent(ep: Episode) -> EpisodeResult:
                         s.end = "context"
                         continue
                     ended = bool(t.tokens) and t.tokens[-1] == eos
-                    if ended and cfg.on_eos == "end" and cfg.action_format != "eos":
+                    if ended and cfg.on_eos == "end" and cfg.action_format not in ("eos", "chat"):
                         s.end = "eos"
                         continue
-                    action, why = parse_action(t.text, cfg.action_format, ended)
+                    if chat is not None:
+                        s.messages.append({"role": "assistant", "content": t.text})
+                        action, why = chat_action(t.text, ended, chat.tool_names or None)
+                        s.answer_as = "tool" if isinstance(action, Mapping) else "user"
+                    else:
+                        action, why = parse_action(t.text, cfg.action_format, ended)
                     if action is None:
                         s.malformed += 1
                         observe(s, f" error: {why}")

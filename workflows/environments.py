@@ -6,7 +6,9 @@ or ``async``. A module registers a factory with ``@environment("name")`` (a clas
 function taking the job's ``workflow.params.env_params`` as keywords), and the agent
 workflow (:mod:`.agent`) makes one instance per sample of an episode. An environment knows
 its task set and its observation format; it knows nothing about tokenizers, engines, Kafka
-or training: actions and observations are text (or, for JSON tool calls, a mapping).
+or training: actions and observations are text (or, for JSON tool calls, a mapping). A factory
+may declare its commands as OpenAI tool schemas (a ``tools`` attribute): the agent
+workflow's ``chat`` format gives them to a chat model's template.
 
 :class:`EnvHandle` is how an episode talks to one instance: every call runs on the
 instance's own daemon thread (an event loop, so ``async`` methods and plain ones alike),

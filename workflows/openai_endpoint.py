@@ -17,18 +17,36 @@ for the episode's lifetime) and answers every completion with the policy's engin
 **Tokens in, tokens out.** The endpoint keeps each sample's conversation as the exact token
 ids the engine saw and produced; a request's ``messages`` must extend the conversation so
 far (the messages already sent, then the assistant replies exactly as returned) with new
-messages, which are encoded once (``content`` as text, joined by ``separator``) and
-appended as context (loss mask 0). A request that rewrites the history is refused (400),
-never re-tokenized. The trajectory is that token sequence: model tokens train with their
-behaviour logprobs, the rest is masked.
+messages, appended as context (loss mask 0). A request that rewrites the history is refused
+(400), never re-tokenized. The trajectory is that token sequence: model tokens train with
+their behaviour logprobs, the rest is masked.
+
+**Chat template.** A model whose tokenizer has one (``chat_template: auto``, the default;
+``on`` requires it, ``off`` ignores it) gets its first messages rendered as
+``apply_chat_template(messages, tools, add_generation_prompt=True)`` gives them; later
+messages are rendered as the template renders them after the reply and appended after the
+reply's generated tokens, with the text the template closes a turn with (ChatML's
+``<|im_end|>`` the model generated, the newline after it it did not) and the next
+generation prompt (:class:`~.chat_turns.ChatTurns`). Past replies are never re-rendered:
+where a template would render history differently (reasoning dropped, whitespace trimmed)
+the generated tokens stay. A model without a template gets the new messages' ``content``
+joined by ``separator`` and encoded once.
+
+**Tools.** ``tools`` (function schemas) go to the template, or, when it ignores them
+(SmolLM2's), into the system message in the project's words; they must stay the same for a
+conversation. A reply holding ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+for a declared tool comes back as ``tool_calls`` (``finish_reason`` ``tool_calls``; the
+rest of its text as ``content``, or null); ``role: tool`` messages in later requests are
+rendered and appended like any other. ``tool_choice`` may be ``auto`` or ``none`` (no
+parsing). Without a chat template ``tools`` is refused.
 
 **Requests.** ``max_tokens`` / ``max_completion_tokens`` cap a reply (within the policy's
 ``max_new_tokens``); ``stop`` is passed to the engine; ``temperature`` is accepted only equal
 to the policy's rollout temperature (the trainer must reproduce the sampling); ``n`` > 1,
-``stream`` and ``tools`` are refused with a clear error. A reply is ``finish_reason``
-``stop`` (EOS or a stop string) or ``length`` (its cap, or the model's context window: the
-sample then ends with reason ``context``). Past ``max_turns`` completions a request is
-refused (the sample ends ``max_turns``).
+``stream`` and ``logit_bias`` are refused with a clear error. A reply is ``finish_reason``
+``stop`` (EOS or a stop string), ``tool_calls`` or ``length`` (its cap, or the model's
+context window: the sample then ends with reason ``context``). Past ``max_turns``
+completions a request is refused (the sample ends ``max_turns``).
 
 **Concurrency.** The samples' requests are gathered and answered in one engine call when
 several wait at once; seeds are per sample and turn, so batching never changes a sample.
@@ -53,6 +71,7 @@ from dataclasses import dataclass, field, fields
 from http.server import ThreadingHTTPServer
 from typing import Any
 
+from .chat_turns import ChatTurns, ChatTurnsError, chat_message, check_tools, openai_tool_calls, parse_tool_calls
 from .http_env import JsonHandler
 from .registry import WorkflowParamError, workflow
 from .roles import SamplingOverrideError, role_seed
@@ -72,6 +91,8 @@ class OpenAIAgentParams:
     deadline_s: float = 120.0  #: wall time of an episode, agent code included
     separator: str = " "  #: between a new message's content and the conversation before it
     model: str = ""  #: the model name the endpoint reports (default: the policy's name)
+    #: ``auto``: render messages with the model's chat template when it has one; ``on``: it must; ``off``: never
+    chat_template: str = "auto"
 
     @classmethod
     def of(cls, params: Mapping[str, Any]) -> "OpenAIAgentParams":
@@ -96,6 +117,8 @@ class OpenAIAgentParams:
             raise WorkflowParamError("deadline_s", f"is {p.deadline_s!r}; it is a number of seconds > 0")
         if not isinstance(p.separator, str) or not isinstance(p.model, str):
             raise WorkflowParamError("separator", "separator and model are text")
+        if p.chat_template not in ("auto", "on", "off"):
+            raise WorkflowParamError("chat_template", f"is {p.chat_template!r}; it is auto, on or off")
         return p
 
 
@@ -119,6 +142,8 @@ class _Sample:
     prompt: list[int] | None = None  #: the first request's messages, encoded
     parts: list = field(default_factory=list)  #: Turns and (ENV, ids), in order
     messages: list[dict] = field(default_factory=list)  #: the conversation as the agent sent and received it
+    chat: ChatTurns | None = None  #: its rendering under the chat template (a templated model)
+    parse_tools: bool = True  #: the last request's tool_choice was not "none"
     turns: int = 0
     end: str | None = None
     reward: float | None = None
@@ -143,19 +168,6 @@ class _Request:
     answer: "queue.Queue[tuple[int, dict]]" = field(default_factory=lambda: queue.Queue(1))
 
 
-def _message_text(m: Any) -> tuple[str, str]:
-    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-        raise _Refused(400, "each message is an object with a role")
-    content = m.get("content")
-    if isinstance(content, list):  # content parts: text only
-        if not all(isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str) for c in content):
-            raise _Refused(400, "only text content parts are supported")
-        content = "".join(c["text"] for c in content)
-    if not isinstance(content, str):
-        raise _Refused(400, f"a {m['role']} message needs text content")
-    return m["role"], content
-
-
 class _Endpoint:
     """The episode's HTTP server; requests are queued for the episode's own thread to answer."""
 
@@ -164,6 +176,11 @@ class _Endpoint:
         self.requests: "queue.Queue[_Request]" = queue.Queue()
         self.lock = threading.Lock()
         self.model = cfg.model or ep.roles["agent"].policy
+        templated = bool(getattr(ep.tokenizer, "chat_template", None))
+        if cfg.chat_template == "on" and not templated:
+            raise ValueError("openai_agent: workflow.params.chat_template is on, but the policy's tokenizer has no "
+                             "chat template")
+        self.chat = templated and cfg.chat_template != "off"  #: messages rendered with the chat template
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, name=f"openai-{ep.episode_id}", daemon=True).start()
@@ -179,13 +196,20 @@ class _Endpoint:
 
     def completion(self, s: _Sample, body: dict) -> dict:
         for key, bad in (("n", lambda v: v not in (None, 1)), ("stream", lambda v: bool(v)),
-                         ("tools", lambda v: bool(v)), ("logit_bias", lambda v: bool(v))):
+                         ("logit_bias", lambda v: bool(v))):
             if bad(body.get(key)):
                 raise _Refused(400, f"{key}={body.get(key)!r} is not supported by this endpoint (the group's "
-                                    f"samples are the job's n_samples; tool calls are text the agent parses)")
+                                    f"samples are the job's n_samples)")
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
             raise _Refused(400, "messages must be a non-empty list")
+        tools = body.get("tools") or None
+        if tools is not None and self.chat is False:
+            raise _Refused(400, "tools need the model's chat template, and this model has none (or the workflow's "
+                                "chat_template is off): describe the tools in a message and parse the reply instead")
+        if body.get("tool_choice") not in (None, "auto", "none"):
+            raise _Refused(400, f"tool_choice={body.get('tool_choice')!r} is not supported (auto or none): the "
+                                f"endpoint cannot force a call the sampled tokens did not make")
         cap = body.get("max_completion_tokens", body.get("max_tokens"))
         if cap is not None and (type(cap) is not int or cap < 1):
             raise _Refused(400, f"max_tokens is {cap!r}; it is an integer >= 1")
@@ -194,6 +218,11 @@ class _Endpoint:
         if stop is not None and not (isinstance(stop, list) and all(isinstance(x, str) and x for x in stop)):
             raise _Refused(400, "stop is a string or a list of strings")
         temperature = body.get("temperature")
+        try:
+            sent = [chat_message(m, f"messages[{i}]") for i, m in enumerate(msgs)]
+            tools = check_tools(tools)
+        except ChatTurnsError as e:
+            raise _Refused(400, str(e)) from None
         with self.lock:
             if s.end is not None:
                 raise _Refused(400, f"this sample has ended ({s.end})", "episode_ended")
@@ -202,20 +231,37 @@ class _Endpoint:
                 raise _Refused(400, f"the episode's limit of {self.cfg.max_turns} completions is reached",
                                "max_turns")
             known = len(s.messages)
-            if [_message_text(m) for m in msgs[:known]] != [_message_text(m) for m in s.messages] \
-                    or len(msgs) <= known:
+            if sent[:known] != s.messages or len(sent) <= known:
                 raise _Refused(400, "messages must extend the conversation so far (the messages sent before and "
                                     "the replies exactly as returned) with new ones; this endpoint never "
                                     "re-tokenizes a rewritten history")
-            new = [_message_text(m) for m in msgs[known:]]
-            if any(role == "assistant" for role, _ in new):
+            new = sent[known:]
+            if any(m["role"] == "assistant" for m in new):
                 raise _Refused(400, "a new message may not be an assistant's: replies come from the endpoint")
-            text = self.cfg.separator.join(c for _, c in new)
-            if s.prompt is None:
-                s.prompt = self.ep.encode(text)
+            if not self.chat:
+                text = self.cfg.separator.join(m["content"] for m in new)
+                if s.prompt is None:
+                    s.prompt = self.ep.encode(text)
+                else:
+                    s.parts.append((ENV, self.ep.encode(self.cfg.separator + text)))
             else:
-                s.parts.append((ENV, self.ep.encode(self.cfg.separator + text)))
-            s.messages = [dict(role=r, content=c) for r, c in (_message_text(m) for m in msgs)]
+                try:
+                    if s.prompt is None:
+                        s.chat = ChatTurns(self.ep.tokenizer, tools)
+                        s.prompt = s.chat.first(new)
+                    elif tools != s.chat.tools:
+                        raise _Refused(400, "tools must stay those of the conversation's first request: they are "
+                                            "rendered into its first tokens")
+                    else:
+                        last = next((p for p in reversed(s.parts) if isinstance(p, Turn)), None)
+                        s.parts.append((ENV, s.chat.after_reply(s.messages, new, last.tokens[-1] if last and
+                                                                last.tokens else None)))
+                except ChatTurnsError as e:
+                    if s.prompt is None:
+                        s.chat = None
+                    raise _Refused(400, str(e)) from None
+            s.messages = sent
+            s.parse_tools = body.get("tool_choice") != "none"
             context = s.context
         if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))):
             raise _Refused(400, f"temperature is {temperature!r}; it is a number")
@@ -282,7 +328,7 @@ class _Endpoint:
             if s.parts and not isinstance(s.parts[-1], Turn):
                 s.parts.pop()
             elif not s.parts:
-                s.prompt = None
+                s.prompt, s.chat = None, None
             while s.messages and s.messages[-1]["role"] != "assistant":
                 s.messages.pop()
 
@@ -331,15 +377,19 @@ class _Endpoint:
                         continue
                     s.parts.append(t)
                     s.turns += 1
-                    s.messages.append({"role": "assistant", "content": t.text})
+                    message: dict[str, Any] = {"role": "assistant", "content": t.text}
+                    rest, calls = parse_tool_calls(t.text, s.chat.tool_names) if s.chat and s.chat.tools and \
+                        s.parse_tools else ("", [])
+                    if calls:
+                        message = {"role": "assistant", "content": rest or None, "tool_calls": openai_tool_calls(calls)}
+                    s.messages.append(chat_message(message))
                     if t.finish_reason == "context":
                         s.end = "context"
-                    finish = "length" if t.finish_reason in ("length", "context") else "stop"
+                    finish = "tool_calls" if calls else "length" if t.finish_reason in ("length", "context") else "stop"
                 r.answer.put((200, {
                     "id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion", "created": int(time.time()),
                     "model": self.model,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": t.text},
-                                 "finish_reason": finish, "logprobs": None}],
+                    "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
                     "usage": {"prompt_tokens": len(t.prompt_ids), "completion_tokens": len(t.tokens),
                               "total_tokens": len(t.prompt_ids) + len(t.tokens)}}))
 

@@ -180,7 +180,7 @@ def run_episode(spec: WorkflowSpec, episode: Episode, job_seed: int) -> EpisodeR
     missing = set(spec.roles) - set(seeded)
     if missing:
         raise KeyError(f"workflow {spec.name!r} needs roles {sorted(missing)} bound to a policy")
-    ep = dataclasses.replace(episode, roles=seeded)
+    ep = dataclasses.replace(episode, roles=seeded)  # every field kept (prompt_ids among them)
     result = spec.fn(ep)
     if not isinstance(result, EpisodeResult):
         raise TypeError(f"workflow {spec.name!r} returned {type(result).__name__}, not EpisodeResult")

@@ -163,6 +163,16 @@ class SearchEnv:
     """One question. ``top_k``: documents a search shows (1-8); ``max_chars``: the longest
     observation a search gives (the documents that fit, whole; a first one longer is cut)."""
 
+    #: the commands as tool schemas (what a chat model's template is given: ``action_format: chat``)
+    tools = (
+        {"type": "function", "function": {"name": "search", "description": "Search the corpus.",
+                                          "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
+                                                         "required": ["query"]}}},
+        {"type": "function", "function": {"name": "answer", "description": "Give the final answer.",
+                                          "parameters": {"type": "object", "properties": {"text": {"type": "string"}},
+                                                         "required": ["text"]}}},
+    )
+
     def __init__(self, top_k: int = 1, max_chars: int = 48) -> None:
         self.check_params(top_k, max_chars)
         self.top_k, self.max_chars = top_k, max_chars

@@ -77,6 +77,17 @@ def text_game_prompts(n: int, seed: int = 0, split: str = "train") -> list[Promp
 class TextGame:
     """One game. ``max_room`` bounds the rooms ``go`` accepts (default 9)."""
 
+    #: the commands as tool schemas (what a chat model's template is given: ``action_format: chat``)
+    tools = (
+        {"type": "function", "function": {"name": "go", "description": "Enter a room (0 is the hall).",
+                                          "parameters": {"type": "object", "properties": {"room": {"type": "integer"}},
+                                                         "required": ["room"]}}},
+        {"type": "function", "function": {"name": "take", "description": "Take the key in this room.",
+                                          "parameters": {"type": "object", "properties": {}}}},
+        {"type": "function", "function": {"name": "open", "description": "Open the locked door with the held key.",
+                                          "parameters": {"type": "object", "properties": {}}}},
+    )
+
     def __init__(self, max_room: int = ROOMS - 1) -> None:
         self.max_room = int(max_room)
         self.keys: dict[int, str] = {}
