@@ -103,7 +103,7 @@ def write_outputs(run_dir: Path, cfg: JobConfig, state: RunState, started: float
         return sum(r["value"] for r in rows if r["name"] == name)
     acc = {int(k): v for k, v in sorted(state.accuracy.items())}
     summary = {
-        "job": cfg.job, "mode": cfg.mode, "config": cfg.source, "run_dir": str(run_dir),
+        "job": cfg.job, "mode": cfg.mode, "seed": cfg.seed, "config": cfg.source, "run_dir": str(run_dir),
         "steps_trained": max(steps, default=0), "wall_s": round(time.time() - started, 2),
         # launch -> the first trained step's metric (broker, model, processes, first batch)
         "time_to_first_step_s": round(min(r["ts"] for r in first) - started, 2) if first else None,

@@ -58,9 +58,8 @@ def repetition(run_dir: Path) -> dict:
     rise = statistics.mean(change)
     paired = _se(change)
     load = run_load(run_dir)
-    seed = next((c.split("=", 1)[1] for c in load.get("command", []) if c.startswith("seed=")), None)
     return {
-        "run_dir": str(run_dir), "seed": int(seed) if seed is not None else None,
+        "run_dir": str(run_dir), "seed": summary.get("seed"),
         "versions": [int(v0), int(v1)], "problems": len(problems),
         "accuracy_v0": statistics.mean(a), "accuracy_final": statistics.mean(b),
         "se_v0": _se(a), "se_final": _se(b), "rise": rise, "se_rise_paired": paired,
@@ -147,3 +146,42 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# -- its results tables: benchmarks/report.py renders every benchmark's from these --------
+from astraflow.benchmarks.report_format import Loader, ReadmeRow, heading, load_note  # noqa: E402 (with the tables)
+
+REPORT_TITLE = "A real model learns: SmolLM2-135M-Instruct"
+
+
+def report_rows(load: Loader) -> list[str]:
+    """This benchmark's section of docs/benchmarks.md, from ``real_model_runs.json``."""
+    d = load("real_model_runs")
+    if not d:
+        return []
+    out = [*heading(REPORT_TITLE),
+           f"**{REPORT_TITLE}** — `python -m astraflow.benchmarks.real_model_runs` (`{d['config']}`: GRPO on "
+           f"chat-formatted sums, greedy held-out accuracy of the job's own evaluator at its first and last "
+           f"version, {len(d['runs'])} run(s){load_note(d)}; the bar is a rise of at least 2 standard errors, "
+           f"paired over problems, within 1,800 s)", "",
+           "| seed | v0 ± SE | final ± SE | rise | SE of the rise (paired) | rise / SE | problems +/−/= | wall s |",
+           "|---:|---|---|---:|---:|---:|---|---:|"]
+    for r in d["runs"]:
+        z = f"{r['rise_se_paired']:+.1f}" if r["rise_se_paired"] is not None else "–"
+        out.append(f"| {r['seed'] if r['seed'] is not None else '?'} | {r['accuracy_v0']:.3f} ± {r['se_v0']:.3f} "
+                   f"(v{r['versions'][0]}) | {r['accuracy_final']:.3f} ± {r['se_final']:.3f} (v{r['versions'][1]}) | "
+                   f"{r['rise']:+.3f} | {r['se_rise_paired']:.3f} | {z} | "
+                   f"{'/'.join(map(str, r['problems_up_down_same']))} | {r['wall_s']:,.0f} |")
+    return out + [""]
+
+
+def readme_row(load: Loader) -> ReadmeRow | None:
+    """The README's line: the real model's held-out rise, in paired standard errors."""
+    d = load("real_model_runs")
+    if not d:
+        return None
+    runs = d["runs"]
+    return ReadmeRow(REPORT_TITLE, f"held-out greedy accuracy v0 → final, rise in paired SE; {len(runs)} seed(s), "
+                     f"≤ {max(r['wall_s'] for r in runs):,.0f} s wall",
+                     " · ".join(f"{r['accuracy_v0']:.2f} → {r['accuracy_final']:.2f} ({r['rise_se_paired']:+.1f} SE)"
+                                for r in runs), "higher")
