@@ -150,7 +150,8 @@ _LOADERS: dict[str, Callable[[EvalSet], list[Prompt]]] = {"gsm8k100": _gsm8k, "h
 
 def load_eval_set(name: str, limit: int | None = None) -> list[Prompt]:
     """The first ``limit`` (None: all) items of set ``name``, in the file's order."""
-    rows = _LOADERS[name](eval_set(name))
+    spec = eval_set(name)
+    rows = _LOADERS[spec.name](spec)
     return rows if limit is None else rows[:limit]
 
 
