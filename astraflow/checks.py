@@ -49,9 +49,11 @@ def check_data(cfg: JobConfig) -> str:
 def _check_eval_sets(cfg: JobConfig) -> str:
     """``eval.dataset``'s sets read from their packages (a missing package is a one-line
     :class:`DataError` naming it, now rather than at the evaluator's first measurement)."""
+    if not cfg.eval.datasets:
+        return ""
     from astraflow.workflows.eval_sets import load_eval_set
     sizes = [f"{name} {len(load_eval_set(name, cfg.eval.dataset_problems))} items" for name in cfg.eval.datasets]
-    return f"; benchmark sets (eval.dataset): {', '.join(sizes)}" if sizes else ""
+    return f"; benchmark sets (eval.dataset): {', '.join(sizes)}"
 
 
 def _check_heldout(cfg: JobConfig, rows: list | None) -> str:
