@@ -19,6 +19,11 @@ held-out problems with every role on its policy's newest weights, scored by the 
 ``eval.team_accuracy``, labelled with each policy's version, and per policy the mean
 reward of its roles in those episodes as ``eval.policy_reward`` (labelled with the policy
 and its version).
+
+With ``eval.dataset`` it also measures real benchmark items (GSM8K-100, HumanEval:
+:mod:`astraflow.workflows.eval_sets`), greedy pass@1 with the job's chat rendering, at the
+first version it evaluates and at the final one, as ``eval.dataset_accuracy`` and
+``eval.dataset_stderr`` labelled with the set.
 """
 
 from __future__ import annotations
@@ -192,6 +197,7 @@ class EvaluatorActor(LoopActor):
         self.engine = self.subscriber = self.producer = None
         self.team = len(cfg.policy_names) > 1
         self.others: dict = {}  #: multi-policy: policy -> (engine, subscriber) of every other policy
+        self.dataset_versions: set[int] = set()  #: versions eval.dataset was measured at
 
     def setup(self) -> None:
         from transformers import AutoTokenizer
@@ -208,6 +214,7 @@ class EvaluatorActor(LoopActor):
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.problems = heldout_problems(self.cfg)
         self.label = heldout_label(self.cfg)
+        self.render = prompt_renderer(self.cfg)  # eval.dataset's prompts, rendered as the job's
         log.info("eval: %d held-out problems from %s", len(self.problems), self.label)
         self.producer = Producer(self.bootstrap, client_id=f"eval.{self.cfg.policy}")
         self.metrics = MetricsEmitter(self.producer, self.topics.metrics, f"eval.{self.cfg.policy}")
@@ -270,6 +277,9 @@ class EvaluatorActor(LoopActor):
         for i, r in per_task.items():  # per held-out problem: a rise can be judged paired (summary.json)
             self.metrics.emit("eval.task_reward", r, step=v, task=i)
         self.metrics.emit_device(self.engine, step=v)
+        if self.cfg.eval.datasets and v not in self.dataset_versions and (not self.dataset_versions or v >= final):
+            self.dataset_versions.add(v)
+            self.evaluate_datasets(v)
         if self.team:
             engines = {self.cfg.policy: self.engine, **{p: e for p, (e, _) in self.others.items()}}
             t0 = time.monotonic()
@@ -288,6 +298,23 @@ class EvaluatorActor(LoopActor):
             self.next_target = min(final, (v // every + 1) * every) if v < final else final + 1
         if all_final:
             self.finished = True
+
+    def evaluate_datasets(self, v: int) -> None:
+        """``eval.dataset``'s sets on the weights held now (version ``v``): greedy pass@1 and its
+        standard error over items, prompts rendered as the job's."""
+        from astraflow.workflows.eval_sets import EVAL_SETS, evaluate_set
+        ev = self.cfg.eval
+        for name in ev.datasets:
+            t0 = time.monotonic()
+            acc, per_row = evaluate_set(self.engine, self.tokenizer, name, render=self.render,
+                                        limit=ev.dataset_problems, max_new_tokens=ev.dataset_max_new_tokens,
+                                        seed=self.cfg.seed)
+            log.info("eval: version %d %s accuracy %.3f on %d items (%.1fs)", v, name, acc, len(per_row),
+                     time.monotonic() - t0)
+            labels = {"dataset": name, "problems": len(per_row), "reward": EVAL_SETS[name].reward,
+                      "max_new_tokens": ev.dataset_max_new_tokens or EVAL_SETS[name].max_new_tokens}
+            self.metrics.emit("eval.dataset_accuracy", acc, step=v, **labels)
+            self.metrics.emit("eval.dataset_stderr", _stderr(per_row), step=v, **labels)
 
     def teardown(self) -> None:
         close_quietly(self.subscriber, self.producer, self.engine,

@@ -39,11 +39,21 @@ def check_data(cfg: JobConfig) -> str:
         raise DataError(f"{cfg.source}: {e}") from None
     if not prompts:
         raise DataError(f"data.source {d.source}: no usable rows" + (f" (first bad row: {bad[0].error})" if bad else ""))
-    held = _check_heldout(cfg, prompts if not generated else None)
+    held = _check_heldout(cfg, prompts if not generated else None) + _check_eval_sets(cfg)
     if generated:
         return f"synthetic {d.source} generator{held}"
     skipped = f", {len(bad)} bad rows to skip into the dlq (first: {bad[0].error})" if bad else ""
     return f"{d.source}: {len(prompts)} rows{skipped}{held}"
+
+
+def _check_eval_sets(cfg: JobConfig) -> str:
+    """``eval.dataset``'s sets read from their packages (a missing package is a one-line
+    :class:`DataError` naming it, now rather than at the evaluator's first measurement)."""
+    if not cfg.eval.datasets:
+        return ""
+    from astraflow.workflows.eval_sets import load_eval_set
+    sizes = [f"{name} {len(load_eval_set(name, cfg.eval.dataset_problems))} items" for name in cfg.eval.datasets]
+    return f"; benchmark sets (eval.dataset): {', '.join(sizes)}"
 
 
 def _check_heldout(cfg: JobConfig, rows: list | None) -> str:

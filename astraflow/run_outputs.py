@@ -4,9 +4,10 @@
 the last reward and the held-out accuracy by version; per policy and for the team in a
 multi-policy job); :func:`record` adds one ``metrics`` record to it. :func:`write_outputs`
 writes, when the run ends, ``metrics.jsonl`` and ``metrics.csv`` (the rows by time),
-``summary.json`` (the figures of the run: steps, wall and first-step time, accuracy,
-busy and wait time, weight-update sizes, the train-inference logp gap, restarts, and what
-the caller adds) and ``plot.png`` (drawn by :mod:`astraflow.plots`).
+``summary.json`` (the figures of the run: steps, wall and first-step time, accuracy and
+``eval.dataset``'s benchmark sets by version, busy and wait time, weight-update sizes, the
+train-inference logp gap, restarts, and what the caller adds) and ``plot.png`` (drawn by
+:mod:`astraflow.plots`).
 
 It knows nothing of the broker or of how the records were read: the caller's loop feeds
 it; of processes it reads only their restart counts.
@@ -141,6 +142,7 @@ def write_outputs(run_dir: Path, cfg: JobConfig, state: RunState, started: float
                                              for k, v in sorted(state.policy_reward.get(p, {}).items())}
                                          for p in cfg.policy_names}}
            if len(cfg.policy_names) > 1 else {}),
+        **_dataset_summary(rows),
         **_emulated_summary(rows),
         # the trained models: the trainers' final Hugging Face exports (engines/hf_export.py)
         "models": {p: str(d) for p in cfg.policy_names if (d := HFExports(run_dir / "hf" / p).final()) is not None},
@@ -149,6 +151,19 @@ def write_outputs(run_dir: Path, cfg: JobConfig, state: RunState, started: float
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_run(run_dir / "plot.png", rows, cfg)
     return summary
+
+
+def _dataset_summary(rows: list[dict]) -> dict:
+    """``{"dataset_accuracy_by_version": {set: {version: {"accuracy", "stderr", "problems"}}}}``
+    from the evaluator's ``eval.dataset`` measurements (``eval.dataset_accuracy`` and
+    ``eval.dataset_stderr``, labelled with the set); nothing when the job named no set."""
+    out: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        if r["name"] in ("eval.dataset_accuracy", "eval.dataset_stderr") and r.get("label.dataset"):
+            at = out.setdefault(str(r["label.dataset"]), {}).setdefault(str(r["step"]), {})
+            at["accuracy" if r["name"] == "eval.dataset_accuracy" else "stderr"] = round(r["value"], 6)
+            at["problems"] = r.get("label.problems")
+    return {"dataset_accuracy_by_version": out} if out else {}
 
 
 def _emulated_summary(rows: list[dict]) -> dict:

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from astraflow.errors import DataError
-from astraflow.sandbox import Limits, SandboxSettings, check_function
+from astraflow.sandbox import CheckResult, Limits, SandboxSettings, check_function
 from astraflow.topics import Prompt
 
 from .arithmetic import split_of
@@ -35,7 +35,8 @@ from .registry import reward
 
 __all__ = ["Case", "CodeProblem", "CodeTaskError", "generate_code_problems", "code_prompts", "program_of",
            "expression_of", "format_cases", "parse_cases", "hidden_tests", "reference_of", "run_cases",
-           "family", "evaluate_expr", "probe_inputs", "hidden_tests_reward", "use_sandbox", "ENTRY", "LIMITS"]
+           "family", "evaluate_expr", "probe_inputs", "hidden_tests_reward", "use_sandbox", "check_program", "ENTRY",
+           "LIMITS"]
 
 Case = tuple[tuple[int, ...], int]  #: ``(args, expected)``
 ENTRY = "f"  #: the function every program defines
@@ -303,9 +304,16 @@ def run_cases(expr: str | None, cases: Sequence[Case], limits: Limits = LIMITS,
         return [], "no cases"
     if expr is None:
         return [False] * len(cases), "not an expression"
-    result = check_function(program_of(expr, len(cases[0][0])), ENTRY, cases, limits=limits,
-                            settings=settings or _sandbox_settings)
+    result = check_program(program_of(expr, len(cases[0][0])), ENTRY, cases, limits=limits, settings=settings)
     return [bool(p) for p in result.passed], result.reason
+
+
+def check_program(program: str, entry: str, cases: Sequence[tuple[Sequence[Any], Any]], limits: Limits = LIMITS,
+                  settings: SandboxSettings | None = None) -> CheckResult:
+    """Model-written ``program``'s ``entry`` called on ``cases`` in the sandbox
+    (:func:`~astraflow.sandbox.check_function`) with ``settings`` (default: the ones
+    :func:`use_sandbox` bound): how every shipped reward runs code."""
+    return check_function(program, entry, cases, limits=limits, settings=settings or _sandbox_settings)
 
 
 def probe_inputs(visible: Sequence[Case], arity: int, k: int = 2) -> list[tuple[int, ...]]:

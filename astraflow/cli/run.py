@@ -22,8 +22,9 @@ def done_line(summary: dict, lead: str) -> str:
     """The run's last word on what it learnt: held-out accuracy from -> to. For a team: the
     team's first (the job's result), the lead policy's alone beside it, then every policy's
     mean role reward in the held-out team evaluation (what each policy contributes, the
-    lead's included), each from its first to its last measured version; then the
-    conservation audit's verdict, when the run audited."""
+    lead's included), each from its first to its last measured version; then each
+    ``eval.dataset`` set's greedy pass@1 (GSM8K-100, HumanEval) at the versions it was measured
+    at; then the conservation audit's verdict, when the run audited."""
     fmt = lambda curve: " -> ".join(f"v{v}:{a:.3f}" for v, a in curve.items()) or "not measured"  # noqa: E731
     head = f"done: {summary['steps_trained']} versions in {summary['wall_s']:.0f}s; held-out accuracy"
     team = summary.get("team_accuracy_by_version")
@@ -35,6 +36,8 @@ def done_line(summary: dict, lead: str) -> str:
         roles = summary.get("policy_reward_by_version") or {}
         if roles:
             line += "; held-out role reward " + ", ".join(f"of {p} {fmt(_ends(curve))}" for p, curve in roles.items())
+    for name, curve in (summary.get("dataset_accuracy_by_version") or {}).items():  # eval.dataset's sets
+        line += f"; {name} {fmt({v: at['accuracy'] for v, at in curve.items() if 'accuracy' in at})}"
     return _with_audit(line, summary)
 
 

@@ -28,6 +28,8 @@ SEED = Bounds(0, 2**32 - 1)
 NICE = Bounds(0, 19)
 #: The data sources that generate prompts (and their own held-out split); any other source is a file.
 GENERATORS = ("arithmetic", "arithmetic_chat", "code", "text_game", "search")
+#: The evaluation sets of real benchmark items (``eval.dataset``; astraflow.workflows.eval_sets.EVAL_SETS).
+EvalSetName = Literal["gsm8k100", "humaneval"]
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,22 @@ class EvalConfig:
                                 "only measures, so where it shares cores with the dataflow, rollout nodes and trainer "
                                 "(the dataflow node hosts it) it takes what they leave; a busy machine makes it "
                                 "evaluate a later version of a target (the metric says which)", bounds=NICE)
+    dataset: EvalSetName | tuple[EvalSetName, ...] | None = setting(
+        None, "real benchmark items the evaluator also measures, greedy pass@1, at the first evaluated version and "
+              "the last (eval.k and eval.temperature do not apply): gsm8k100 (100 GSM8K test items, the reply's final "
+              "number), humaneval (164 problems, hidden tests run in the sandbox), or a list of both; prompts are "
+              "rendered as the job's (data.chat_template); metric eval.dataset_accuracy labelled with the set")
+    dataset_problems: int | None = setting(None, "the first N items of each eval.dataset set (null: all)",
+                                           bounds=Bounds(1, 10**6))
+    dataset_max_new_tokens: int | None = setting(None, "reply budget on eval.dataset items (null: the set's own, 256 "
+                                                       "for gsm8k100, 384 for humaneval)", bounds=Bounds(1, 1_000_000))
+
+    @property
+    def datasets(self) -> tuple[str, ...]:
+        """``dataset`` as a tuple of set names (empty when null)."""
+        if self.dataset is None:
+            return ()
+        return (self.dataset,) if isinstance(self.dataset, str) else tuple(dict.fromkeys(self.dataset))
 
 
 @dataclass(frozen=True)
