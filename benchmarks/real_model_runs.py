@@ -27,10 +27,9 @@ import argparse
 import json
 import math
 import statistics
-import time
 from pathlib import Path
 
-from astraflow.benchmarks.lib.job_runs import ROOT, run_job_cli, run_load
+from astraflow.benchmarks.lib.job_runs import ROOT, add_run_flags, run_load, run_or_collect
 from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.benchmarks.lib.table import print_header
 
@@ -114,22 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=CONFIG)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed to every run")
     ap.add_argument("--sets", nargs="*", default=[], help="benchmark sets to evaluate at v0 and final (gsm8k100, "
                                                          "humaneval) after each run")
     ap.add_argument("--sets-limit", type=int, help="evaluate only the first N items of each set")
-    ap.add_argument("--run-root", default=str(ROOT / "runs"))
-    ap.add_argument("--collect", nargs="+", type=Path, metavar="RUN_DIR", help="read these run dirs; run nothing")
-    ap.add_argument("--out", default=str(RESULTS))
+    add_run_flags(ap, RESULTS)
     args = ap.parse_args(argv)
     load_before = load_now()
-    if args.collect:
-        dirs = args.collect
-    else:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        dirs = [Path(args.run_root) / f"{Path(args.config).stem}-s{s}-{stamp}" for s in args.seeds]
-        for seed, d in zip(args.seeds, dirs):
-            run_job_cli(args.config, d, seed, args.set)
+    dirs = run_or_collect(args, args.seeds, "")
     runs = [repetition(d) for d in dirs]
     for r in runs:
         if args.sets:

@@ -27,10 +27,9 @@ import argparse
 import json
 import math
 import statistics
-import time
 from pathlib import Path
 
-from astraflow.benchmarks.lib.job_runs import run_job_cli, run_load
+from astraflow.benchmarks.lib.job_runs import add_run_flags, run_load, run_or_collect
 from astraflow.benchmarks.lib.results import load_now, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,20 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default="examples/text_game.yaml")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seeds", type=int, nargs="*", help="one per repetition (default 0, 1, ...)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed to every run")
-    ap.add_argument("--run-root", default=str(ROOT / "runs"))
-    ap.add_argument("--collect", nargs="+", type=Path, metavar="RUN_DIR", help="read these run dirs; run nothing")
-    ap.add_argument("--out", default=str(RESULTS))
+    add_run_flags(ap, RESULTS)
     args = ap.parse_args(argv)
     load_before = load_now()
-    if args.collect:
-        dirs = args.collect
-    else:
-        seeds = args.seeds if args.seeds else list(range(args.repeats))
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        dirs = [Path(args.run_root) / f"{Path(args.config).stem}-rep-s{s}-{stamp}" for s in seeds]
-        for seed, d in zip(seeds, dirs):
-            run_job_cli(args.config, d, seed, args.set)
+    dirs = run_or_collect(args, args.seeds if args.seeds else list(range(args.repeats)), "rep-")
     rows = [repetition(d) for d in dirs]
     print(table(rows))
     rises = [r["rise"] for r in rows]

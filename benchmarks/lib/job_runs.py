@@ -8,6 +8,7 @@ nothing about what a benchmark reads from the run dir.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from .results import load_now
 
-__all__ = ["LOAD_FILE", "ROOT", "run_job_cli", "run_load"]
+__all__ = ["LOAD_FILE", "ROOT", "add_run_flags", "run_job_cli", "run_load", "run_or_collect"]
 
 ROOT = Path(__file__).resolve().parents[2]
 LOAD_FILE = "bench_load.json"  #: what a benchmark adds to a run dir it made: the load around the run
@@ -41,3 +42,23 @@ def run_load(run_dir: Path) -> dict:
     """What :func:`run_job_cli` recorded of a run (empty for a run dir it did not make)."""
     path = run_dir / LOAD_FILE
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+def add_run_flags(ap: argparse.ArgumentParser, results: Path) -> None:
+    """``--set``, ``--run-root``, ``--collect`` and ``--out``: what every repeated-job benchmark takes."""
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed to every run")
+    ap.add_argument("--run-root", default=str(ROOT / "runs"))
+    ap.add_argument("--collect", nargs="+", type=Path, metavar="RUN_DIR", help="read these run dirs; run nothing")
+    ap.add_argument("--out", default=str(results))
+
+
+def run_or_collect(args: argparse.Namespace, seeds: list[int], tag: str) -> list[Path]:
+    """The run dirs to read: ``--collect``'s, or one new run per seed of ``args.config``
+    (``<run-root>/<config stem>-<tag>s<seed>-<time>``), run one after another."""
+    if args.collect:
+        return list(args.collect)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    dirs = [Path(args.run_root) / f"{Path(args.config).stem}-{tag}s{s}-{stamp}" for s in seeds]
+    for seed, d in zip(seeds, dirs):
+        run_job_cli(args.config, d, seed, args.set)
+    return dirs
