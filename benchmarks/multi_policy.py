@@ -43,6 +43,9 @@ units of the two SEs combined. (a)'s verifier: its accuracy, true-positive and t
 rates on the training episodes of the run's last half (rollout temperature), from the
 episode metrics.
 
+``--config`` names another team (its section of the results: its file's name, e.g.
+``--config examples/smollm2_solver_verifier.yaml``, the team and the solver alone on
+SmolLM2-135M-Instruct, whose arms need a longer ``--run-timeout`` than the tiny models').
 ``--set KEY=VALUE`` overrides a key of the team config in every arm (e.g.
 ``workflow.params.retry=fresh``, ``eval.problems=400``); ``--arms`` runs a subset (e.g.
 ``async,alone`` for the team against the solver alone only).
@@ -157,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--arms: unknown {sorted(args.arms - set(ARMS))}; the arms are {', '.join(ARMS)}")
     args.alone_steps = 20 * args.steps  # more than (d) can train in (a)'s time: it is stopped by the clock
     base = yaml.safe_load(Path(args.config).read_text())
+    args.team = Path(args.config).stem  # the results section's name (before --set rewrites the config's path)
     overrides = parse_sets(ap, args.overrides)
     if overrides:  # every arm reads the same overridden config ((c) and (d) from the file)
         base = with_overrides(base, overrides)
@@ -180,24 +184,25 @@ def finish(args, base: dict, overrides: dict, reps: list[dict], load_before: dic
            "workflow": workflow,
            "method": __doc__, "definitions": DEFINITIONS,
            "notes": notes(agg, args.threads, args.steps, args.alone_eval_every), **agg, "repetitions": reps}
-    save(Path(args.out), args.arms, out, load_before, workflow)
+    save(Path(args.out), args.arms, out, load_before, getattr(args, "team", workflow))
     return 0
 
 
-def team_vs_alone_section(workflow: str) -> str:
-    """The section of the default results file that holds ``workflow``'s team against its
-    solver alone: ``team_vs_alone`` for the solver-verifier (the default config), else
-    ``team_vs_alone_<workflow>``."""
-    return TEAM_VS_ALONE if workflow == "solver_verifier" else f"{TEAM_VS_ALONE}_{workflow}"
+def team_vs_alone_section(team: str) -> str:
+    """The section of the default results file that holds a team against its solver alone,
+    ``team`` the name of its config file (``examples/<team>.yaml``): ``team_vs_alone`` for the
+    default config (``solver_verifier``), else ``team_vs_alone_<team>`` (the same workflow on
+    another model, ``smollm2_solver_verifier``, is a team of its own)."""
+    return TEAM_VS_ALONE if team == DEFAULT_CONFIG.stem else f"{TEAM_VS_ALONE}_{team}"
 
 
-def save(path: Path, arms, out: dict, load_before: dict | None, workflow: str = "solver_verifier") -> Path:
+def save(path: Path, arms, out: dict, load_before: dict | None, team: str = DEFAULT_CONFIG.stem) -> Path:
     """Write a run's result. Into the default file, the team against the solver alone
-    (``--arms async,alone``) is its own section, one per workflow, so the speed arms' run
+    (``--arms async,alone``) is its own section, one per team config, so the speed arms' run
     beside it is kept and every accuracy number has one home; a run of other arms keeps those
     sections."""
     if path == RESULTS and set(arms) == set(TEAM_VS_ALONE_ARMS):
-        return write_section(RESULTS, team_vs_alone_section(workflow), out, load_before, "multi_policy")
+        return write_section(RESULTS, team_vs_alone_section(team), out, load_before, "multi_policy")
     if path == RESULTS and RESULTS.is_file():
         for key, kept in json.loads(RESULTS.read_text()).items():
             if key == TEAM_VS_ALONE or key.startswith(f"{TEAM_VS_ALONE}_"):

@@ -414,6 +414,19 @@ def test_overrides_reach_every_arms_config(tmp_path):
     assert alone["eval"]["problems"] == 400 and alone["workflow"]["name"] == "rlvr"
 
 
+def test_the_smollm2_team_and_its_solver_alone_are_both_on_smollm2(tmp_path):
+    path = ROOT / "examples" / "smollm2_solver_verifier.yaml"
+    base = yaml.safe_load(path.read_text())
+    cfg = load_config(mp_arms.write_config(mp_arms.team_config(base, "async", 2, "j-team", str(tmp_path)), tmp_path))
+    assert cfg.trainer.steps == 2 and cfg.eval.every == 0
+    alone = load_config(mp_arms.write_config(mp_arms.solver_alone_config(base, cfg, 30, 2, "j-alone", str(tmp_path)),
+                                             tmp_path))
+    assert alone.workflow.name == "rlvr" and alone.workflow.params == {"reward": "last_number"}
+    assert alone.model.name == "smollm2-135m-instruct" and alone.data.source == "arithmetic_chat"
+    assert alone.rollout.max_new_tokens == cfg.view("solver").rollout.max_new_tokens
+    assert mp.team_vs_alone_section(path.stem) == "team_vs_alone_smollm2_solver_verifier"
+
+
 def test_the_team_against_the_solver_alone_is_a_section_of_the_one_results_file(tmp_path, monkeypatch):
     """`--arms async,alone` into the default file writes its `team_vs_alone` section and keeps the
     speed arms' run; a speed run written afterwards keeps that section."""
@@ -433,6 +446,11 @@ def test_the_team_against_the_solver_alone_is_a_section_of_the_one_results_file(
     data = json.loads(results.read_text())
     assert data["team_vs_alone_code_solver_testgen"]["team_accuracy"] == {"median": 0.2}
     assert data["team_vs_alone"]["team_accuracy"] == {"median": 0.3} and data["s_per_iter"] == 3
+    # the same workflow on SmolLM2 (its config file's name): a team of its own, the tiny one's kept
+    mp.save(results, ["async", "alone"], {"team_accuracy": {"median": 0.1}}, None, "smollm2_solver_verifier")
+    data = json.loads(results.read_text())
+    assert data["team_vs_alone_smollm2_solver_verifier"]["team_accuracy"] == {"median": 0.1}
+    assert data["team_vs_alone"]["team_accuracy"] == {"median": 0.3}
     other = tmp_path / "elsewhere.json"  # --out elsewhere: the whole result, as before
     mp.save(other, ["async", "alone"], {"benchmark": "multi_policy", "team_accuracy": {"median": 0.4}}, None)
     assert json.loads(other.read_text())["team_accuracy"] == {"median": 0.4}

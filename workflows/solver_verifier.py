@@ -25,21 +25,43 @@ Two ``workflow.params`` change those rules (the defaults are the reference's):
   independent second sample from the plain prompt, the solver's own distribution), so the
   team is a verifier-gated best of two; the retry trains as a plain answer.
 
-Prompt formats (what the warm-started tiny models learn, ``models/warm_start.py``):
-solver ``12+7=`` -> ``19``; verifier ``12+7=19|`` -> ``9<A>`` (the units digit the sum
-must end in, then the verdict of that check: a test easier than solving, which the tiny
-verifier gets right on problems it never saw); retry ``12+7=18|9<R>;12+7=`` -> the second
-answer.
+Two prompt formats, chosen by the episode (the rules above are the same in both):
+
+* **raw** (the tiny models, ``ep.prompt_ids`` empty; what ``models/warm_start.py`` teaches
+  them): solver ``12+7=`` -> ``19``; verifier ``12+7=19|`` -> ``9<A>`` (the units digit the
+  sum must end in, then the verdict of that check: a test easier than solving, which the
+  tiny verifier gets right on problems it never saw); retry ``12+7=18|9<R>;12+7=`` -> the
+  second answer.
+* **chat** (a model with a chat template, ``ep.prompt_ids`` its rendering of the task): the
+  solver answers the task's rendered conversation; the verifier gets a conversation of its
+  own (:func:`verifier_messages`: the problem, the solver's reply, "Answer Yes or No")
+  rendered with the template, and its verdict is the first Yes / No (or APPROVE / REJECT)
+  of its reply (:func:`chat_verdict_of`). A retry continues the solver's conversation, token-exact:
+  the task's ids, the first reply's tokens as generated (the end-of-turn token appended when
+  the turn was cut), then a user turn with the verifier's feedback and the assistant
+  prompt, rendered as the template renders them after an assistant turn
+  (:func:`continuation_ids`). Only the retry's own tokens train.
+
+It knows nothing about Kafka, engines or training.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .chat import ChatTemplateError, prompt_messages, render
 from .registry import RuleChoices, get_scorer, workflow
-from .types import ENV, Episode, EpisodeResult, Trajectory
+from .types import ENV, Episode, EpisodeResult, Trajectory, Turn
 
 APPROVE, REJECT = "<A>", "<R>"
 #: param -> its values; the first is the default (the reference system's rule)
 RULES = RuleChoices({"verifier_reward": ("reference", "balanced"), "retry": ("verdict", "fresh")})
+#: the chat verifier's instruction, after the problem and the proposed answer
+#: (SmolLM2-135M-Instruct says Yes/No far more often than it follows "reply APPROVE or REJECT")
+VERIFIER_ASK = "Is the proposed answer correct? Answer Yes or No."
+FEEDBACK_CHARS = 300  #: the most of the verifier's reply a chat retry is shown
 
 
 def verifier_rewards(verdicts: list[bool | None], first_correct: list[bool], rule: str = "reference") -> list[float]:
@@ -63,6 +85,94 @@ def verdict_of(text: str) -> bool | None:
     return a > r
 
 
+_VERDICT_WORD = re.compile(r"\b(yes|no|approve[sd]?|reject(?:s|ed)?)\b", re.IGNORECASE)
+#: the instruction's options repeated back ("Yes or No", "APPROVE/REJECT"): no verdict
+_ECHO = re.compile(r"\b(yes|approve)\W*(?:or|/)\W*(no|reject)\b|\b(no|reject)\W*(?:or|/)\W*(yes|approve)\b",
+                   re.IGNORECASE)
+
+
+def chat_verdict_of(text: str) -> bool | None:
+    """A chat verifier's verdict: the first of the words Yes / No (or APPROVE / REJECT,
+    approved, rejected; any case) in its reply, the options repeated back ("Yes or No") left
+    out; None when there is none. The first, because a chat model answers, then explains
+    ("No, the proposed answer is incorrect. The correct answer is 146.")."""
+    word = _VERDICT_WORD.search(_ECHO.sub(" ", text))
+    return None if word is None else word[1].lower() in ("yes", "approve", "approves", "approved")
+
+
+def verifier_messages(problem: str, reply: str) -> list[dict[str, str]]:
+    """The chat verifier's conversation: one user message with the problem, the solver's reply
+    and the instruction (the template adds its default system message, if it has one)."""
+    return [{"role": "user", "content": f"Problem: {problem}\nProposed answer: {reply.strip()}\n{VERIFIER_ASK}"}]
+
+
+def feedback_message(problem: str, verdict_text: str) -> dict[str, str]:
+    """The user turn a chat retry is asked after a rejection: the verifier's words and the problem again."""
+    said = " ".join(verdict_text.split())[:FEEDBACK_CHARS]
+    return {"role": "user", "content": f"A checker reviewed your answer and rejected it (it said: \"{said}\"). "
+                                       f"Try again. {problem}"}
+
+
+def continuation_ids(tokenizer: Any, history: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]) -> list[int]:
+    """The ids the chat template puts after ``history``'s last end-of-turn token when ``new``
+    messages follow it, up to and including the assistant generation prompt.
+
+    ``history`` ends with an assistant turn whose tokens are kept as generated (ending with
+    the end-of-turn token); this is what goes after them: for ChatML, the newline that
+    closes the turn, ``new`` in the template's per-message form and ``<|im_start|>assistant\\n``.
+    Taken from the full conversation's rendering past the history's, so whatever the
+    template adds once per conversation (SmolLM2's default system message) is not repeated.
+    :class:`ChatTemplateError` when the template renders the history differently once more
+    messages follow it (then nothing can be appended after kept tokens)."""
+    before = render(tokenizer, history, add_generation_prompt=False)
+    after = render(tokenizer, [*history, *new], add_generation_prompt=True)
+    if after[:len(before)] != before:
+        raise ChatTemplateError("the chat template renders a conversation's earlier turns differently once more "
+                                "messages follow: a new turn cannot be appended to the generated tokens")
+    eot = tokenizer.eos_token_id
+    ends = [i for i, t in enumerate(before) if t == eot]
+    return after[ends[-1] + 1 if ends else len(before):]
+
+
+class _RawFormat:
+    """The tiny models' prompts (see the module docstring), exactly as they were trained."""
+
+    def __init__(self, ep: Episode) -> None:
+        self.ep = ep
+        self.problem = ep.encode(ep.prompt)
+        self.verdict = verdict_of
+
+    def check_prompt(self, answer: Turn) -> list[int]:
+        return self.problem + _ids(self.ep, answer) + self.ep.encode("|")
+
+    def retry_parts(self, answer: Turn, check: Turn) -> list[tuple[str, list[int]]]:
+        ep = self.ep
+        return [("solver", _ids(ep, answer)), (ENV, ep.encode("|")), ("verifier", _ids(ep, check)),
+                (ENV, ep.encode(";")), (ENV, self.problem)]
+
+
+class _ChatFormat:
+    """Chat prompts rendered with the model's template (see the module docstring)."""
+
+    def __init__(self, ep: Episode) -> None:
+        self.ep = ep
+        self.problem = ep.prompt_tokens()
+        self.verdict = chat_verdict_of
+
+    def check_prompt(self, answer: Turn) -> list[int]:
+        return render(self.ep.tokenizer, verifier_messages(self.ep.prompt, answer.text))
+
+    def retry_parts(self, answer: Turn, check: Turn) -> list[tuple[str, list[int]]]:
+        ep = self.ep
+        eot = ep.tokenizer.eos_token_id
+        reply = list(answer.tokens) if answer.tokens and answer.tokens[-1] == eot else [*answer.tokens, eot]
+        # The history stands in for the task's conversation (which the episode has as ids only):
+        # what follows an assistant turn does not depend on the turns before it.
+        history = [*prompt_messages(ep.prompt), {"role": "assistant", "content": answer.text}]
+        return [("solver", reply), (ENV, continuation_ids(ep.tokenizer, history,
+                                                          [feedback_message(ep.prompt, check.text)]))]
+
+
 # The solver retries once per rejected sample (up to 2n trajectories); the verifier's rewards lie
 # in [0, 1] whatever the reward and rule.
 @workflow("solver_verifier", roles=("solver", "verifier"), check=RULES,
@@ -71,16 +181,16 @@ def solver_verifier(ep: Episode) -> EpisodeResult:
     """Solver answers, verifier approves or rejects, the solver retries once on reject."""
     score = get_scorer(str(ep.params.get("reward", "exact_match")))
     n = ep.n_samples
-    problem = ep.encode(ep.prompt)
+    fmt = _ChatFormat(ep) if ep.prompt_ids else _RawFormat(ep)
+    problem = fmt.problem
     first = ep.roles["solver"].generate([problem] * n)
-    sep = ep.encode("|")
-    checks = ep.roles["verifier"].generate([problem + _ids(ep, t) + sep for t in first])
+    checks = ep.roles["verifier"].generate([fmt.check_prompt(t) for t in first])
     correct1 = [score(t.text, ep.answer, ep.metadata) for t in first]
-    verdicts = [verdict_of(v.text) for v in checks]
+    verdicts = [fmt.verdict(v.text) for v in checks]
     retry_rows = [i for i, v in enumerate(verdicts) if v is False]
     fresh = RULES.rule(ep.params, "retry") == "fresh"
-    retry_ctx = {i: problem if fresh else problem + _ids(ep, first[i]) + sep + _ids(ep, checks[i]) + ep.encode(";")
-                 + problem for i in retry_rows}
+    retry_parts = {} if fresh else {i: fmt.retry_parts(first[i], checks[i]) for i in retry_rows}
+    retry_ctx = {i: problem if fresh else problem + [t for _, ids in retry_parts[i] for t in ids] for i in retry_rows}
     second = dict(zip(retry_rows, ep.roles["solver"].generate([retry_ctx[i] for i in retry_rows])
                       if retry_rows else []))
     v_rewards = verifier_rewards(verdicts, [c > 0 for c in correct1], RULES.rule(ep.params, "verifier_reward"))
@@ -98,9 +208,7 @@ def solver_verifier(ep: Episode) -> EpisodeResult:
             else:
                 # The retry trains on its own second answer only: its first attempt (already a
                 # trajectory of its own), the verifier's text and the separators are context.
-                solver.append(Trajectory.chain(problem, [("solver", _ids(ep, first[i])), (ENV, sep),
-                                                         ("verifier", _ids(ep, checks[i])), (ENV, ep.encode(";")),
-                                                         (ENV, problem), t2], "solver", c2, attempt=2))
+                solver.append(Trajectory.chain(problem, [*retry_parts[i], t2], "solver", c2, attempt=2))
             final.append(c2)
         else:
             final.append(correct1[i])
@@ -118,7 +226,7 @@ def solver_verifier(ep: Episode) -> EpisodeResult:
 
 
 def _ids(ep: Episode, turn) -> list[int]:
-    """A turn's tokens without its stop token (context must not contain an end of sequence)."""
+    """A turn's tokens without its stop token (raw prompts: context must not contain an end of sequence)."""
     eos = ep.tokenizer.eos_token_id
     return [t for t in turn.tokens if t != eos]
 
