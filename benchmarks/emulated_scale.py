@@ -408,7 +408,7 @@ def save(args, lays: dict, rows: dict, reps_done: int, load_before: dict) -> Non
 
 # -- its results tables: benchmarks/report.py renders every benchmark's from these --------
 from astraflow.benchmarks.report_format import (  # noqa: E402 (kept with the tables)
-    Loader, ReadmeRow, heading, load_note, fmt_spread as _sp)
+    Loader, heading, load_note, fmt_spread as _sp)
 
 
 REPORT_TITLE = "Scale, EMULATED"
@@ -464,17 +464,6 @@ def _report_team_rows(sv: dict | None) -> list[str]:
         out += ["", "Devices (rollout + trainer per policy): " + "; ".join(splits) + ". Balanced: re-chosen at N to "
                 "minimise the largest stage, priced on the 8-device run (`--split balanced`)."]
     return out + [""]
-
-
-def readme_row(load: Loader) -> ReadmeRow | None:
-    """The README's line: samples/s of the demo job at each device count."""
-    d = load("emulated_scale")
-    if not d or d.get("quick"):
-        return None
-    n = d["by_devices"]
-    return ReadmeRow(REPORT_TITLE, f"samples / s of the demo job on N {d['profile']}, median of {d['repeats']}",
-                     " · ".join(f"N={k}: {r['samples_per_s']['median']:.1f}" for k, r in n.items()), "higher",
-                     emulated=True)
 
 
 if __name__ == "__main__":
