@@ -111,4 +111,8 @@ def check_model(cfg: JobConfig) -> str:
         config = AutoConfig.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 - any load failure is the same verdict: unusable model
         raise ModelError(f"model.path {path}: config.json does not load: {type(e).__name__}: {e}") from e
+    from astraflow.workflows.chat import has_chat_template
+    if cfg.data.chat_template == "on" and not has_chat_template(path):
+        raise ModelError(f"data.chat_template is on, but the tokenizer in model.path {path} has no chat template "
+                         f"(set data.chat_template: auto or off to send prompts as raw text)")
     return f"{path} ({config.model_type})"

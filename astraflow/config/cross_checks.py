@@ -186,6 +186,10 @@ class CrossSectionChecks:
                 if model.name not in CATALOGUE:
                     raise ConfigError(self.source, f"{where}.name", f"unknown pretrained model {model.name!r}; "
                                                                     f"known: {', '.join(sorted(CATALOGUE))}")
+            if self.data.chat_template == "on" and not (model.path or model.name):
+                raise ConfigError(self.source, "data.chat_template", f"is on, but {where} is the tiny bootstrapped "
+                                                                     f"model, which has no chat template (name a "
+                                                                     f"chat model in {where}.name or .path)")
             if model.path or model.name:
                 if model.max_positions is not None:
                     raise ConfigError(self.source, f"{where}.max_positions",

@@ -138,3 +138,19 @@ def test_chat_sums_keep_the_arithmetic_split_and_ask_a_question():
     ("68 apples, then 70", "68", 0.0), ("", "68", 0.0), ("no number", "68", 0.0)])
 def test_last_number_reads_the_final_number_of_a_reply(reply, answer, score):
     assert last_number(reply, answer) == score
+
+
+def test_chat_template_on_without_a_template_fails_before_the_job_starts(tmp_path, smol_random):
+    from astraflow.checks import check_model
+    from astraflow.errors import ModelError
+    from astraflow.typed_config import ConfigError
+    with pytest.raises(ConfigError, match=r"data.chat_template: is on, but model is the tiny bootstrapped model"):
+        load_config("examples/arithmetic_grpo.yaml", {"data.chat_template": "on"})
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text((smol_random / "config.json").read_text())  # a model dir, no tokenizer files
+    cfg = load_config(EXAMPLE, {"model.name": None, "model.path": str(plain), "data.chat_template": "on"})
+    with pytest.raises(ModelError, match="data.chat_template is on, but the tokenizer in model.path .* has no chat"):
+        check_model(cfg)
+    assert "llama" in check_model(load_config(EXAMPLE, {"model.name": None, "model.path": str(smol_random),
+                                                        "data.chat_template": "on"}))
