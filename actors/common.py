@@ -27,12 +27,13 @@ def model_path(cfg: JobConfig) -> Path:
                                    cfg.model.name))
 
 
-def prompt_renderer(cfg: JobConfig) -> PromptRenderer:
+def prompt_renderer(cfg: JobConfig, tokenizer=None) -> PromptRenderer:
     """How the policy's prompts become token ids: its model's chat template (``data.chat_template``,
-    ``data.system``), or raw text for a model without one. Built once per component."""
+    ``data.system``), or raw text for a model without one. ``tokenizer``: the model's, when the
+    caller has loaded it (else the renderer loads it on first use)."""
     # The tiny bootstrapped models have no template: their renderer is off without resolving (building) them.
     path = model_path(cfg) if cfg.model.path or cfg.model.name else None
-    return PromptRenderer(path, cfg.data.chat_template, cfg.data.system)
+    return PromptRenderer(path, cfg.data.chat_template, cfg.data.system, tokenizer)
 
 
 def make_rollout_engine(cfg: JobConfig, path: Path, kind: str | None = None, device=None, name: str = "raas",

@@ -62,7 +62,7 @@ def heldout_accuracy(cfg: JobConfig, engine, tokenizer, problems: list[Prompt],
     if spec.episode_eval:
         return episode_accuracy(cfg, engine, tokenizer, problems)
     rows = [(p.text, p.answer, p.metadata) for p in problems]
-    render = prompt_renderer(cfg)
+    render = prompt_renderer(cfg, tokenizer)  # (the tokenizer held, not a second load)
     ids = [render(p.text, p.messages) for p in problems] if render.active else None
     return pass_at_1(engine, tokenizer, rows, get_scorer(eval_reward(cfg)), k=cfg.eval.k,
                      temperature=cfg.eval.temperature, max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed,
@@ -106,7 +106,7 @@ def episode_evaluation(cfg: JobConfig, engine, tokenizer, problems: list[Prompt]
     # batch. A poll-sized batch keeps an episode's wall time, which its deadline_s bounds, what
     # it is in training: all rows at once made every turn wait for hundreds of rows.
     per_call = max(1, cfg.rollout.tasks_per_call)
-    render = prompt_renderer(cfg)
+    render = prompt_renderer(cfg, tokenizer)
     results = []
     with ThreadPoolExecutor(max_workers=per_call, thread_name_prefix="eval-ep") as pool:
         for start in range(0, len(problems), per_call):
@@ -167,7 +167,7 @@ def team_evaluation(cfg: JobConfig, engines: dict, tokenizer, problems: list[Pro
     spec = get_workflow(cfg.workflow.name)
     sampling = {"temperature": cfg.eval.temperature, "top_p": 1.0, "top_k": 0}
     total = 0.0
-    render = prompt_renderer(cfg)
+    render = prompt_renderer(cfg, tokenizer)
     rewards: dict[str, list[float]] = {p: [] for p in cfg.policy_names}
     for i, p in enumerate(problems):
         roles = {role: EngineRole(role, policy, engines[policy], tokenizer,
@@ -214,7 +214,7 @@ class EvaluatorActor(LoopActor):
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.problems = heldout_problems(self.cfg)
         self.label = heldout_label(self.cfg)
-        self.render = prompt_renderer(self.cfg)  # eval.dataset's prompts, rendered as the job's
+        self.render = prompt_renderer(self.cfg, self.tokenizer)  # eval.dataset's prompts, rendered as the job's
         log.info("eval: %d held-out problems from %s", len(self.problems), self.label)
         self.producer = Producer(self.bootstrap, client_id=f"eval.{self.cfg.policy}")
         self.metrics = MetricsEmitter(self.producer, self.topics.metrics, f"eval.{self.cfg.policy}")

@@ -94,10 +94,12 @@ class PromptRenderer:
     ``mode`` is ``data.chat_template``: ``auto`` (render when the model has a template),
     ``on`` (it must have one) or ``off``; ``model_dir`` None is a model without one (the tiny
     models). ``system`` is ``data.system``, a system message for prompts that bring none. The
-    tokenizer is loaded on the first prompt that needs it.
+    tokenizer (``tokenizer``: the model's, if the caller holds it) is loaded on the first prompt
+    that needs it.
     """
 
-    def __init__(self, model_dir: str | Path | None, mode: str = "auto", system: str | None = None) -> None:
+    def __init__(self, model_dir: str | Path | None, mode: str = "auto", system: str | None = None,
+                 tokenizer: Any = None) -> None:
         if mode not in CHAT_MODES:
             raise ChatTemplateError(f"data.chat_template must be one of {', '.join(CHAT_MODES)}, got {mode!r}")
         self.model_dir, self.system = Path(model_dir) if model_dir is not None else None, system
@@ -105,7 +107,7 @@ class PromptRenderer:
         if mode == "on" and not templated:
             raise ChatTemplateError(f"data.chat_template is on, but the model {self.model_dir} has no chat template")
         self.active = templated and mode != "off"
-        self._tokenizer = None
+        self._tokenizer = tokenizer  #: the model's, when the caller has it loaded already
 
     @property
     def tokenizer(self):
