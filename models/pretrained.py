@@ -123,17 +123,14 @@ def _convert(model: PretrainedModel, src: Path, out: Path) -> None:
     # Imported here: torch and transformers cost seconds, and a lookup of a fetched model must not pay them.
     import blake3
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kw = {"gguf_file": src.name}
     tokenizer = AutoTokenizer.from_pretrained(str(src.parent), **kw)
     loaded = AutoModelForCausalLM.from_pretrained(str(src.parent), dtype=torch.float32, **kw)
     # A GGUF-loaded model refuses save_pretrained (its config carries the quantisation): the same
     # architecture built from a plain config takes its (dequantised) state dict and saves.
-    config = AutoConfig.from_pretrained(str(src.parent), **kw)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config.dtype = "float32"
+    config = _plain_config(src)
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
     missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
@@ -175,18 +172,15 @@ def random_like(name: str, cache_dir: str | Path, *, layers: int = 2, hidden: in
             return final
         # Imported here: torch and transformers cost seconds (see _convert).
         import torch
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tmp = root / f".tmp-{final.name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         kw = {"gguf_file": src.name}
-        config = AutoConfig.from_pretrained(str(src.parent), **kw)
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
+        config = _plain_config(src)
         config.num_hidden_layers, config.hidden_size, config.intermediate_size = layers, hidden, intermediate
         config.num_attention_heads, config.num_key_value_heads = heads, kv_heads
         config.head_dim = hidden // heads
-        config.dtype = "float32"
         torch.manual_seed(seed)
         net = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         tmp.mkdir(parents=True)
@@ -200,6 +194,18 @@ def random_like(name: str, cache_dir: str | Path, *, layers: int = 2, hidden: in
         shutil.rmtree(final, ignore_errors=True)
         os.rename(tmp, final)
     return final
+
+
+def _plain_config(src: Path):
+    """The GGUF's model config as a plain float32 one: without its quantisation, so a model
+    built from it saves (a GGUF-loaded config makes ``save_pretrained`` refuse)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(src.parent), gguf_file=src.name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.dtype = "float32"
+    return config
 
 
 def _generation_config(tokenizer, out: Path) -> None:
