@@ -47,16 +47,22 @@ def start_dataflow(cfg: JobConfig, bootstrap: str) -> DataflowActor:
     return actor
 
 
+def signed_job(bootstrap: str, tmp_path, name: str, sections: dict) -> JobConfig:
+    """A job config of ``sections`` named ``<name>-<random>`` in ``tmp_path``: its run keys written
+    (the peers sign as its trainers and pools do) and its topics made."""
+    cfg = from_dict(JobConfig, {"job": f"{name}-{uuid.uuid4().hex[:8]}", "run_dir": str(tmp_path), **sections})
+    cfg = with_run_keys(cfg, tmp_path)
+    ensure_topics(bootstrap, job_topics(cfg).specs())
+    return cfg
+
+
 @pytest.fixture
 def cfg(bootstrap, tmp_path) -> JobConfig:
     """The small dataflow job (``B`` groups per batch, ``STEPS`` steps, staleness ``STALENESS``),
     its topics made, its run keys written (the peers sign as the trainer and the pool do)."""
-    cfg = from_dict(JobConfig, {"job": f"restart-{uuid.uuid4().hex[:8]}", "run_dir": str(tmp_path),
-                                "dataflow": {"groups_per_batch": B, "max_staleness": STALENESS},
-                                "trainer": {"steps": STEPS}, "kafka": {"trajectory_partitions": 2}})
-    cfg = with_run_keys(cfg, tmp_path)
-    ensure_topics(bootstrap, job_topics(cfg).specs())
-    return cfg
+    return signed_job(bootstrap, tmp_path, "restart", {"dataflow": {"groups_per_batch": B, "max_staleness": STALENESS},
+                                                       "trainer": {"steps": STEPS},
+                                                       "kafka": {"trajectory_partitions": 2}})
 
 
 class Peers:

@@ -14,27 +14,24 @@ import pytest
 from astraflow.topics import job_topics
 from astraflow.actors.ledger import read_state
 from astraflow.chaos.invariants import audit
-from astraflow.actors.signing import group_signer_for, signer_for, with_run_keys
-from astraflow.config import JobConfig, from_dict
+from astraflow.actors.signing import group_signer_for, signer_for
+from astraflow.config import JobConfig
 from astraflow.topics import (Batch, ChunkManifest, Consumer, Metric, Producer, Sample, Task, TrajectoryGroup,
-                              VersionAnnouncement, ensure_topics)
+                              VersionAnnouncement)
 from astraflow.topics.messages import GroupDrop
 from astraflow.topics.replay import read_topic
 
-from .conftest import drive, start_dataflow
+from .conftest import drive, signed_job, start_dataflow
 
 MIXED, ALL_ONE, ALL_ZERO = [1, 0, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]
 
 
 def _cfg(bootstrap, tmp_path, algorithms, *, B=2, steps=3, staleness=1, **extra) -> JobConfig:
-    cfg = from_dict(JobConfig, {"job": f"algo-{uuid.uuid4().hex[:8]}", "run_dir": str(tmp_path),
-                                "rollout": {"n_samples": 4},
-                                "dataflow": {"groups_per_batch": B, "max_staleness": staleness,
-                                             "algorithms": algorithms, **extra.pop("dataflow", {})},
-                                "trainer": {"steps": steps}, "kafka": {"trajectory_partitions": 1}, **extra})
-    cfg = with_run_keys(cfg, tmp_path)  # the peers sign as the trainer does
-    ensure_topics(bootstrap, job_topics(cfg).specs())
-    return cfg
+    return signed_job(bootstrap, tmp_path, "algo", {"rollout": {"n_samples": 4},
+                                                    "dataflow": {"groups_per_batch": B, "max_staleness": staleness,
+                                                                 "algorithms": algorithms, **extra.pop("dataflow", {})},
+                                                    "trainer": {"steps": steps}, "kafka": {"trajectory_partitions": 1},
+                                                    **extra})
 
 
 class Peers:

@@ -11,17 +11,14 @@ real broker; the consumer's poll interval shortened to a few seconds.
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 
 from astraflow.actors import dataflow as dataflow_module
-from astraflow.actors.signing import with_run_keys
-from astraflow.config import JobConfig, from_dict
-from astraflow.topics import ensure_topics, job_topics
+from astraflow.topics import job_topics
 from astraflow.topics.replay import read_topic
 
-from .conftest import start_dataflow
+from .conftest import signed_job, start_dataflow
 
 MAX_POLL_INTERVAL_MS = 6_500
 
@@ -41,12 +38,9 @@ def short_poll_interval(monkeypatch):
 
 def test_a_window_full_longer_than_the_poll_interval_keeps_the_prompts_consumer_in_its_group(
         bootstrap, tmp_path, short_poll_interval):
-    cfg = from_dict(JobConfig, {"job": f"full-{uuid.uuid4().hex[:8]}", "run_dir": str(tmp_path),
-                                "dataflow": {"groups_per_batch": 2, "max_staleness": 1},
-                                "trainer": {"steps": 4}, "kafka": {"trajectory_partitions": 2}})
-    cfg = with_run_keys(cfg, tmp_path)
+    cfg = signed_job(bootstrap, tmp_path, "full", {"dataflow": {"groups_per_batch": 2, "max_staleness": 1},
+                                                   "trainer": {"steps": 4}, "kafka": {"trajectory_partitions": 2}})
     topics = job_topics(cfg)
-    ensure_topics(bootstrap, topics.specs())
     actor = start_dataflow(cfg, bootstrap)
     try:
         for _ in range(100):  # schedule until the bound is reached (no group ever comes back)

@@ -21,33 +21,29 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import uuid
 
 import pytest
 
 from astraflow.actors import dataflow as dataflow_module
 from astraflow.actors.group_checks import GroupLimits, impossible, limits_for
-from astraflow.actors.signing import group_signer_for, with_run_keys
+from astraflow.actors.signing import group_signer_for
 from astraflow.chaos.invariants import audit, content_limits, group_verifier
-from astraflow.config import JobConfig, from_dict
-from astraflow.topics import (Batch, DeadLetter, Producer, Sample, Task, TrajectoryGroup, ensure_topics, job_topics)
+from astraflow.config import JobConfig
+from astraflow.topics import (Batch, DeadLetter, Producer, Sample, Task, TrajectoryGroup, job_topics)
 from astraflow.topics.messages import GroupDrop
 from astraflow.topics.replay import read_topic
 from astraflow.workflows.api import get_workflow
 
-from .conftest import drive, start_dataflow
+from .conftest import drive, signed_job, start_dataflow
 
 B, STEPS, STALENESS, N = 2, 3, 1, 4
 
 
 def _cfg(bootstrap, tmp_path) -> JobConfig:
-    cfg = from_dict(JobConfig, {"job": f"content-{uuid.uuid4().hex[:8]}", "run_dir": str(tmp_path),
-                                "rollout": {"n_samples": N, "max_new_tokens": 8},
-                                "dataflow": {"groups_per_batch": B, "max_staleness": STALENESS},
-                                "trainer": {"steps": STEPS}, "kafka": {"trajectory_partitions": 1}})
-    cfg = with_run_keys(cfg, tmp_path)
-    ensure_topics(bootstrap, job_topics(cfg).specs())
-    return cfg
+    return signed_job(bootstrap, tmp_path, "content", {"rollout": {"n_samples": N, "max_new_tokens": 8},
+                                                       "dataflow": {"groups_per_batch": B, "max_staleness": STALENESS},
+                                                       "trainer": {"steps": STEPS},
+                                                       "kafka": {"trajectory_partitions": 1}})
 
 
 class Pool:

@@ -9,33 +9,27 @@ groups: one episode per trained group, whichever trainer lags.
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from astraflow.topics import job_topics
 from astraflow.chaos.invariants import audit_job
-from astraflow.actors.signing import group_signer_for, signer_for, with_run_keys
-from astraflow.config import JobConfig, from_dict
-from astraflow.topics import (Batch, ChunkManifest, Producer, Sample, Task, TrajectoryGroup, VersionAnnouncement,
-                              ensure_topics)
+from astraflow.actors.signing import group_signer_for, signer_for
+from astraflow.config import JobConfig
+from astraflow.topics import (Batch, ChunkManifest, Producer, Sample, Task, TrajectoryGroup, VersionAnnouncement)
 from astraflow.topics.replay import read_topic
 
-from .conftest import drive, start_dataflow
+from .conftest import drive, signed_job, start_dataflow
 
 B, STEPS = 2, 4
 ROLES = {"solver": "solver", "verifier": "verifier"}
 
 
 def make_cfg(bootstrap, tmp_path, barrier: str, policies: dict | None = None, **top) -> JobConfig:
-    cfg = from_dict(JobConfig, {"job": f"lanes-{uuid.uuid4().hex[:8]}", "run_dir": str(tmp_path), "barrier": barrier,
-                                "dataflow": {"groups_per_batch": B, "max_staleness": 1},
-                                "trainer": {"steps": STEPS}, "kafka": {"trajectory_partitions": 2},
-                                "policies": policies or {"solver": {}, "verifier": {}},
-                                "workflow": {"name": "solver_verifier", "roles": ROLES}, **top})
-    cfg = with_run_keys(cfg, tmp_path)  # the peers sign as each policy's trainer does
-    ensure_topics(bootstrap, job_topics(cfg).specs())
-    return cfg
+    return signed_job(bootstrap, tmp_path, "lanes", {"barrier": barrier,
+                                                     "dataflow": {"groups_per_batch": B, "max_staleness": 1},
+                                                     "trainer": {"steps": STEPS}, "kafka": {"trajectory_partitions": 2},
+                                                     "policies": policies or {"solver": {}, "verifier": {}},
+                                                     "workflow": {"name": "solver_verifier", "roles": ROLES}, **top})
 
 
 class Peers:
