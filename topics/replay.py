@@ -63,6 +63,18 @@ def read_topic(bootstrap_servers: str, topic: str, *, tail: int | None = None,
         c.close()
 
 
+def log_range(bootstrap_servers: str, topic: str, partition: int = 0) -> tuple[int, int]:
+    """``(log start, end)`` offsets of one partition of ``topic``: what the broker still holds
+    (a trim by ``delete_records`` or by retention moves the start)."""
+    c = security.consumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
+                          client_id="astraflow-log-range")
+    try:
+        tp = TopicPartition(topic, partition)
+        return c.beginning_offsets([tp])[tp], c.end_offsets([tp])[tp]
+    finally:
+        c.close()
+
+
 def read_headers(bootstrap_servers: str, topic: str, names: tuple[str, ...], timeout_s: float = 30.0) -> list[tuple]:
     """For every record now on ``topic`` (all partitions, from the beginning): the values of
     its headers ``names`` (None where it has none); no value is decoded. Raises
