@@ -70,8 +70,11 @@ def repetition(run_dir: Path) -> dict:
     }
 
 
-def benchmark_sets(run: dict, config: str, sets: list[str], limit: int | None) -> dict:
-    """``sets`` at the run's v0 model and its final exported version: {set: {v0, final, rows}}."""
+def benchmark_sets(run: dict, config: str, sets: list[str], limit: int | None,
+                   done: dict | None = None) -> dict:
+    """``sets`` at the run's v0 model and its final exported version: {set: {v0, final, rows}}.
+    ``done`` keeps each (model dir, set)'s score across runs: every seed starts from the same
+    fetched model, and greedy decoding scores it the same each time."""
     from transformers import AutoTokenizer
 
     from astraflow.actors.common import model_path
@@ -83,15 +86,20 @@ def benchmark_sets(run: dict, config: str, sets: list[str], limit: int | None) -
     cfg = load_config(ROOT / config)
     start = model_path(cfg)
     final = Path(run["run_dir"]) / "hf" / cfg.policy / f"v{run['versions'][1]}"
+    done = {} if done is None else done
     out: dict = {}
     for label, path in (("v0", start), ("final", final)):
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-        engine = CpuEngine(path, threads=None)
-        render = PromptRenderer(path, cfg.data.chat_template, cfg.data.system)
+        todo = [name for name in sets if (str(path), name) not in done]
+        if todo:
+            tokenizer = AutoTokenizer.from_pretrained(str(path))
+            engine = CpuEngine(path, threads=None)
+            render = PromptRenderer(path, cfg.data.chat_template, cfg.data.system)
+            for name in todo:
+                done[str(path), name] = evaluate_set(engine, tokenizer, name, render=render, limit=limit)
+            engine.close()
         for name in sets:
-            mean, rows = evaluate_set(engine, tokenizer, name, render=render, limit=limit)
+            mean, rows = done[str(path), name]
             out.setdefault(name, {"rows": len(rows)})[label] = mean
-        engine.close()
     return out
 
 
@@ -121,9 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     load_before = load_now()
     dirs = run_or_collect(args, args.seeds, "")
     runs = [repetition(d) for d in dirs]
+    scored: dict = {}
     for r in runs:
         if args.sets:
-            r["sets"] = benchmark_sets(r, args.config, args.sets, args.sets_limit)
+            r["sets"] = benchmark_sets(r, args.config, args.sets, args.sets_limit, scored)
     table(runs)
     zs = [r["rise_se_paired"] for r in runs if r["rise_se_paired"] is not None]
     result = {"benchmark": "real_model_runs", "config": args.config, "overrides": args.set, "runs": runs,
