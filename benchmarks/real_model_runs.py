@@ -163,15 +163,23 @@ def report_rows(load: Loader) -> list[str]:
            f"chat-formatted sums, greedy held-out accuracy of the job's own evaluator at its first and last "
            f"version, {len(d['runs'])} run(s){load_note(d)}; the bar is a rise of at least 2 standard errors, "
            f"paired over problems, within 1,800 s)", "",
-           "| seed | v0 ± SE | final ± SE | rise | SE of the rise (paired) | rise / SE | problems +/−/= | wall s |",
-           "|---:|---|---|---:|---:|---:|---|---:|"]
+           "| seed | v0 ± SE | final ± SE | rise | SE of the rise (paired) | rise / SE | problems +/−/= | wall s |"
+           + "".join(f" {name} v0 → final |" for name in _set_names(d)),
+           "|---:|---|---|---:|---:|---:|---|---:|" + "---|" * len(_set_names(d))]
     for r in d["runs"]:
         z = f"{r['rise_se_paired']:+.1f}" if r["rise_se_paired"] is not None else "–"
+        sets = "".join(f" {r['sets'][n]['v0']:.2f} → {r['sets'][n]['final']:.2f} ({r['sets'][n]['rows']} items) |"
+                       if n in (r.get("sets") or {}) else " – |" for n in _set_names(d))
         out.append(f"| {r['seed'] if r['seed'] is not None else '?'} | {r['accuracy_v0']:.3f} ± {r['se_v0']:.3f} "
                    f"(v{r['versions'][0]}) | {r['accuracy_final']:.3f} ± {r['se_final']:.3f} (v{r['versions'][1]}) | "
                    f"{r['rise']:+.3f} | {r['se_rise_paired']:.3f} | {z} | "
-                   f"{'/'.join(map(str, r['problems_up_down_same']))} | {r['wall_s']:,.0f} |")
+                   f"{'/'.join(map(str, r['problems_up_down_same']))} | {r['wall_s']:,.0f} |{sets}")
     return out + [""]
+
+
+def _set_names(d: dict) -> list[str]:
+    """The benchmark sets any run was scored on, in first-seen order."""
+    return list(dict.fromkeys(n for r in d["runs"] for n in (r.get("sets") or {})))
 
 
 def readme_row(load: Loader) -> ReadmeRow | None:
