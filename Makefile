@@ -66,8 +66,9 @@ demo: kafka
 	$(VENV)/bin/astraflow run examples/arithmetic_grpo.yaml $(if $(SECURE),--set kafka.security.embedded=true)
 
 # `make test`: the layer check, then every fast test plus the end-to-end runs marked core, on
-# TEST_WORKERS pytest-xdist workers (default 2, this machine's cores: 1,431 tests in 13.7 min of
-# wall, 24.4 min on one worker; most of a test's time is waiting on brokers and child processes);
+# TEST_WORKERS pytest-xdist workers (default 2, this machine's cores: 1,431 tests in 13.7, 15.8 and
+# 15.5 min of wall in three clean-clone runs, 24.4 min on one worker; a test mostly waits on brokers
+# and child processes);
 # `make test-all`: every test, the long end-to-end and chaos runs included. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 test: kafka layers browser
