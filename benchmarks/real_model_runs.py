@@ -93,7 +93,7 @@ def benchmark_sets(run: dict, config: str, sets: list[str], limit: int | None,
         if todo:
             tokenizer = AutoTokenizer.from_pretrained(str(path))
             engine = CpuEngine(path, threads=None)
-            render = PromptRenderer(path, cfg.data.chat_template, cfg.data.system)
+            render = PromptRenderer(path, cfg.data.chat_template, cfg.data.system, tokenizer)
             for name in todo:
                 done[str(path), name] = evaluate_set(engine, tokenizer, name, render=render, limit=limit)
             engine.close()

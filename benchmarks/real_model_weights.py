@@ -112,7 +112,7 @@ def rollouts(seed: int, steps: int, groups: int) -> tuple[list[list], dict[str, 
 def deltas_at(lr: float, seed: int, batches: list[list], threads: int, keep: bool = False) -> dict[str, Any]:
     """A fresh trainer at ``lr`` trained on ``batches``: per version, the bf16 delta's bytes
     and changed fraction against the previous version, and the bf16 snapshot's bytes;
-    ``keep``: also the trainer's fp32 weights before and after (``first``, ``last``)."""
+    ``keep``: also the trainer's fp32 weights before and after its first step (``first``, ``stepped``)."""
     from astraflow.actors.common import make_train_engine, model_path, to_train_batch
     from astraflow.topics import Batch
     from astraflow.weights import codec
@@ -137,9 +137,9 @@ def deltas_at(lr: float, seed: int, batches: list[list], threads: int, keep: boo
             per_version.append({"version": k + 1, "delta_bytes": ev.nbytes,
                                 "changed_fraction": ev.stats.changed_fraction,
                                 "delta_over_snapshot": ev.nbytes / snapshot.nbytes})
+            if keep and k == 0:
+                kept["stepped"] = {n: t.clone() for n, t in trainer.named_weights().items()}
             prev = new
-        if keep:
-            kept["last"] = {n: t.clone() for n, t in trainer.named_weights().items()}
     finally:
         trainer.close()
     return {"lr": lr, "snapshot_bytes": snapshot.nbytes, "raw_bytes": snapshot.stats.raw_nbytes,
@@ -150,21 +150,25 @@ def deltas_at(lr: float, seed: int, batches: list[list], threads: int, keep: boo
             "train_step_s": statistics.median(train_s), **kept}
 
 
-def part_a(lrs: list[float], repeats: int, steps: int, groups: int, threads: int) -> tuple[list[dict], list[dict]]:
-    """Every repetition's rows per lr (the order rotated per repetition) and its rollouts' info."""
-    reps, infos = [], []
+def part_a(lrs: list[float], repeats: int, steps: int, groups: int, threads: int,
+           keep_lr: float | None) -> tuple[list[dict], list[dict], dict]:
+    """Every repetition's rows per lr (the order rotated per repetition), its rollouts' info, and
+    repetition 0's fp32 weights at ``keep_lr`` before and after its first step (part (b)'s)."""
+    reps, infos, kept = [], [], {}
     for r in range(repeats):
         batches, info = rollouts(r, steps, groups)
         infos.append(info)
         order = lrs[r % len(lrs):] + lrs[:r % len(lrs)]  # no lr always first on a cold box
         rows = {}
         for lr in order:
-            rows[lr] = res = deltas_at(lr, r, batches, threads)
+            rows[lr] = res = deltas_at(lr, r, batches, threads, keep=r == 0 and lr == keep_lr)
+            if r == 0 and lr == keep_lr:
+                kept = {"first": res.pop("first"), "stepped": res.pop("stepped")}
             print(f"  rep {r} lr {lr:g}: delta/snapshot {res['delta_over_snapshot']:.4f} "
                   f"changed {res['changed_fraction']:.4f} ({res['train_step_s']:.0f} s a step)", flush=True)
             gc.collect()
         reps.append({lr: rows[lr] for lr in lrs})
-    return reps, infos
+    return reps, infos, kept
 
 
 def aggregate(lrs: list[float], reps: list[dict]) -> list[dict]:
@@ -194,13 +198,13 @@ def transfer_child(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--transfer-child", action="store_true")
-    ap.add_argument("--weights", type=Path, required=True, help="torch.save'd {'first', 'last'} (fp32)")
+    ap.add_argument("--weights", type=Path, required=True, help="torch.save'd {'first', 'stepped'} (fp32)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     saved = torch.load(args.weights)
-    base, stepped = saved["first"], saved["last"]
+    base, stepped = saved["first"], saved["stepped"]
     del saved
     gc.collect()
     rss = _RssPeaks()
@@ -300,18 +304,16 @@ def retention(bootstrap: str, v0: dict, v1: dict, threads: int, snapshot_every: 
             "bytes_rule": sum(p.payload_bytes for p in kept), "holds": end - start == rule_records}
 
 
-def transfer(lr: float, rounds: int, threads: int) -> dict[str, Any]:
-    """Part (b): one real step at ``lr`` here (repetition 0's first batch), then the transfer
-    in a child process given those weights."""
+def transfer(kept: dict, lr: float, rounds: int, threads: int) -> dict[str, Any]:
+    """Part (b): the transfer in a child process, given part (a)'s weights before and after one
+    real step at ``lr`` (``kept``; handed over and dropped here)."""
     import tempfile
 
     import torch
-    batches, _ = rollouts(0, 1, 4)
-    res = deltas_at(lr, 0, batches, threads, keep=True)
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "weights.pt"
-        torch.save({"first": res["first"], "last": res["last"]}, path)
-        del res
+        torch.save(kept, path)
+        kept.clear()
         gc.collect()
         out = run_child("astraflow.benchmarks.real_model_weights",
                         ["--transfer-child", "--weights", str(path), "--rounds", str(rounds),
@@ -371,14 +373,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--repeats must be >= 3 (the table shows median and spread)")
     load_before = load_now()
     t0 = time.perf_counter()
-    reps, infos = part_a(lrs, args.repeats, args.steps, args.groups, args.threads)
+    keep_lr = lrs[len(lrs) // 2]
+    reps, infos, kept = part_a(lrs, args.repeats, args.steps, args.groups, args.threads,
+                               keep_lr=None if args.no_transfer else keep_lr)
     r: dict[str, Any] = {"benchmark": "real_model_weights", "quick": args.quick,
                          "config": str(CONFIG.relative_to(ROOT)),
                          "repeats": args.repeats, "steps": args.steps, "groups": args.groups, "goal": GOAL,
                          "publish_dtype": "bfloat16", "rollouts": infos, "rows": aggregate(lrs, reps)}
     r["part_a_s"] = time.perf_counter() - t0
     if not args.no_transfer:
-        r["transfer"] = transfer(lrs[len(lrs) // 2], args.rounds, args.threads)
+        r["transfer"] = transfer(kept, keep_lr, args.rounds, args.threads)
     print_table(r)
     write_results(args.out, r, load_before)
     return 0
