@@ -89,7 +89,8 @@ def test_without_a_certificate_of_the_brokers_ca_the_handshake_fails(super_user,
                                      key_file=str(tmp_path / "forged.key"))
     for sec in (bare, forged):
         with pytest.raises(KafkaError):
-            p = _producer(mtls, sec, max_block_ms=8_000, request_timeout_ms=5_000)
+            # a refused handshake fails the bootstrap: wait 8 s for it, not kafka-python's 30
+            p = _producer(mtls, sec, max_block_ms=8_000, request_timeout_ms=5_000, bootstrap_timeout_ms=8_000)
             try:
                 p.send(topic, b"x").get(timeout=10)
             finally:
