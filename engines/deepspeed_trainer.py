@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import os
 import time
@@ -296,7 +297,7 @@ class DeepSpeedTrainer(TrainEngine):
         the version, ``extra_state`` and the RNG (``deepspeed_checkpoint.save``)."""
         deepspeed_checkpoint.save(self.engine, directory, extra_state, step=self._step, ranks=self.ranks,
                                   zero_stage=self.cfg.zero_stage, device=self.device,
-                                  sub_group_size=self.cfg.sub_group_size, frozen_base=self.lora is not None)
+                                  sub_group_size=self.cfg.sub_group_size, adapter=self._adapter_layout)
 
     def load_checkpoint(self, directory: str | Path) -> dict[str, object]:
         """Resume from ``save_checkpoint``'s files (``deepspeed_checkpoint.load``): exactly
@@ -306,7 +307,7 @@ class DeepSpeedTrainer(TrainEngine):
         restored = deepspeed_checkpoint.load(self.engine, directory, ranks=self.ranks,
                                              zero_stage=self.cfg.zero_stage, device=self.device,
                                              sub_group_size=self.cfg.sub_group_size,
-                                             frozen_base=self.lora is not None)
+                                             adapter=self._adapter_layout)
         self.resharded = restored.resharded
         self._step = restored.step
         return restored.extra_state
@@ -326,6 +327,11 @@ class DeepSpeedTrainer(TrainEngine):
         self.ref_model = None
 
     # --- internals ---------------------------------------------------------------
+
+    @property
+    def _adapter_layout(self) -> dict | None:
+        """The LoRA settings a checkpoint records and must be resumed with (None: full fine-tuning)."""
+        return dataclasses.asdict(self.lora) if self.lora is not None else None
 
     def _reference_logprobs(self, samples) -> list[torch.Tensor]:
         """Full tempered log-probs under the reference policy: the frozen copy of the initial

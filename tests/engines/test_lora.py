@@ -138,6 +138,16 @@ def test_resume_restores_the_adapter_and_its_optimizer_state(smol_random, base_b
     for name, t in resumed.named_weights().items():
         assert torch.equal(t, expected_w[name]), name
 
+    # Only under the settings it was saved with, else one line naming the key.
+    from astraflow.engines.deepspeed_checkpoint import CheckpointLayoutError
+
+    with pytest.raises(CheckpointLayoutError, match=r'saved with trainer.engine.lora \{"rank": 4.*this trainer has '
+                                                    r'\{"rank": 8'):
+        make_trainer(smol_random, lora=LoraConfig(rank=8, target_modules=LORA.target_modules)).load_checkpoint(
+            tmp_path / "ckpt")
+    with pytest.raises(CheckpointLayoutError, match=r"this trainer has null \(full fine-tuning\)"):
+        make_trainer(smol_random, lora=None).load_checkpoint(tmp_path / "ckpt")
+
 
 def _peft_logprobs(base_dir, adapter: dict[str, torch.Tensor], batch: TrainBatch) -> list[torch.Tensor]:
     """A fresh forward pass of the peft model holding ``adapter`` (published names) on ``batch``'s rows."""
