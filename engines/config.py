@@ -130,7 +130,8 @@ class TrainerConfig:
     sequence), ``normalize_std`` (GRPO std normalisation), ``kl_coef`` and
     ``kl_estimator`` (a KL loss term: k3 | k2), ``kl_in_reward_coef`` (k1 KL subtracted
     from each sequence's reward before advantages; a frozen copy of the initial weights
-    is the reference for both), ``temperature``, ``top_p``, ``top_k`` (the rollout's
+    is the reference for both, or for a LoRA policy the base, its adapter disabled),
+    ``lora`` (train a LoRA adapter, :class:`LoraConfig`), ``temperature``, ``top_p``, ``top_k`` (the rollout's
     sampling, so trainer logprobs are those of the distribution tokens were drawn from),
     ``seed``, ``device`` (auto | cpu | cuda), ``bf16`` (GPU only), ``threads``,
     ``collective_timeout_s`` (across ranks), and DeepSpeed's ``zero_optimization`` sizes

@@ -123,6 +123,14 @@ def test_a_version_for_another_base_is_refused_and_dead_lettered(bootstrap, job_
                                  WAIT, f"{name}: two dead letters")
             assert {(x.source_topic, x.error_type) for x in letters} == {(job_topics.versions, "WrongBaseError")}
             assert all(WRONG_BASE in x.error and base[:16] in x.error for x in letters)
+        # A node waiting for a version it refused says why when its wait runs out.
+        from astraflow.actors.engine_weights import EngineWeights
+        from astraflow.engines.gate import EngineGate
+
+        mine = CpuEngine(other)
+        with pytest.raises(TimeoutError, match=r"did not arrive within 0s \(have 0\); versions refused: "
+                                               r"\{'wrong_base': 2\}"):
+            EngineWeights(subs["other"], mine, EngineGate(mine), "other").wait_for(head, 0.0, lambda: None)
         assert "this reader serves full weights" in _letters(bootstrap, job_topics.dlq, "full")[0].error
         assert "this reader's base is" in _letters(bootstrap, job_topics.dlq, "other")[0].error
         assert subs["same"].rejected == {}
