@@ -43,12 +43,23 @@ def make_rollout_engine(cfg: JobConfig, path: Path, kind: str | None = None, dev
     devices it shares with the policy's trainer (``device.share``) meet in ``run_dir``."""
     from astraflow.engines.factory import make_rollout_engine as make
     engine_cfg = dataclasses.replace(cfg.rollout.engine, model_path=str(path), kind=kind or cfg.rollout.engine.kind)
-    engine = make(engine_cfg)
+    engine = make(engine_cfg, lora=cfg.trainer.engine.lora)
     device = device or cfg.rollout.device
     if device.emulated:
         from astraflow.emulation import EmulatedDevice, EmulatedRolloutEngine
         engine = EmulatedRolloutEngine(engine, EmulatedDevice(device, name, share_dir=run_dir))
     return engine
+
+
+def base_model(cfg: JobConfig, path: Path) -> str:
+    """What the policy's versions apply to: for a LoRA policy (``trainer.engine.lora``) the
+    digest of its base model directory ``path`` (``weights.adapters.base_digest``, computed
+    once per process); "" when its versions are full weights. The trainer's publisher names
+    it in every announcement; the nodes' subscribers refuse versions for anything else."""
+    if cfg.trainer.engine.lora is None:
+        return ""
+    from astraflow.weights.adapters import base_digest
+    return base_digest(path)
 
 
 def make_train_engine(cfg: JobConfig, path: Path, run_dir: str | Path | None = None):

@@ -73,8 +73,11 @@ class EngineWeights:
         deadline = time.monotonic() + limit_s
         while self.engine.version < version:
             if time.monotonic() > deadline:
+                refused = self.subscriber.rejected  # e.g. wrong_base: a LoRA policy's adapters for another model
                 raise TimeoutError(f"{self.name}: weights version {version} did not arrive within "
-                                   f"{limit_s:.0f}s (have {self.engine.version})")
+                                   f"{limit_s:.0f}s (have {self.engine.version})" + (
+                                       f"; versions refused: {refused} (reasons on the dead-letter topic)"
+                                       if refused else ""))
             self.subscriber.wait_for(version, timeout=1.0)
             self.load()
             while_waiting()

@@ -38,8 +38,8 @@ from astraflow.config import JobConfig
 from astraflow.topics import DeadLetters, Producer, Prompt, job_topics
 from astraflow.workflows.api import EngineRole
 
-from .common import (close_quietly, configure_sandbox, lower_thread_priority, make_rollout_engine, model_path,
-                     niceness, prompt_renderer, set_threads)
+from .common import (base_model, close_quietly, configure_sandbox, lower_thread_priority, make_rollout_engine,
+                     model_path, niceness, prompt_renderer, set_threads)
 from .episodes import CallBatcher
 from .heldout import eval_reward, heldout_label, heldout_problems
 from .signing import verifier_for
@@ -220,8 +220,9 @@ class EvaluatorActor(LoopActor):
         self.metrics = MetricsEmitter(self.producer, self.topics.metrics, f"eval.{self.cfg.policy}")
         dead = DeadLetters(self.producer, self.topics.dlq, f"eval.{self.cfg.policy}", recall=self.bootstrap)
 
-        def signed(view: JobConfig) -> dict:  # only the policy's trainer's announcements count
+        def signed(view: JobConfig) -> dict:  # only the policy's trainer's announcements, for its base, count
             return {"verifier": verifier_for(view), "dead_letters": dead,
+                    "base_model": base_model(view, model_path(view)),
                     "on_reject": lambda r: self.metrics.emit("eval.versions_rejected", 1, reason=r.reason,
                                                              policy=r.policy, epoch=r.epoch, version=r.version)}
         # On demand: it evaluates every `eval.every`-th version, so it loads the chain's latest

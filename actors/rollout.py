@@ -41,7 +41,7 @@ from astraflow.topics.membership import MembershipWatch
 from astraflow.weights import WeightSubscriber
 
 from . import fault_points
-from .common import close_quietly, configure_sandbox, make_rollout_engine, model_path, set_threads
+from .common import base_model, close_quietly, configure_sandbox, make_rollout_engine, model_path, set_threads
 from .engine_weights import EngineWeights
 from .episodes import CALL_WAIT_S, EpisodeRunner, EpisodesFailing
 from .generation import REPLY_TIMEOUT_S, GenerationClient, GenerationServer
@@ -104,7 +104,7 @@ class RolloutActor(LoopActor):
                                       initial=None, initial_version=self.engine.version, node_id=self.node_id,
                                       on_fault=self._request_snapshot, prefetch=self.cfg.rollout.prefetch_weights,
                                       verifier=verifier_for(self.cfg), dead_letters=dead,
-                                      security_setting=self._weights_security(),
+                                      security_setting=self._weights_security(), base_model=base_model(self.cfg, path),
                                       on_reject=lambda r: self.metrics.emit(
                                           "raas.versions_rejected", 1, step=self.engine.version,
                                           reason=r.reason, epoch=r.epoch, version=r.version))

@@ -48,7 +48,8 @@ from astraflow.engines.hf_export import HFExports
 from astraflow.topics import (Batch, Consumer, DeadLetters, Delivery, Heartbeat, Producer, SnapshotRequest,
                               TopicPartition, job_topics)
 
-from .common import close_quietly, lower_priority, make_train_engine, model_path, niceness, set_threads, to_train_batch
+from .common import (base_model, close_quietly, lower_priority, make_train_engine, model_path, niceness, set_threads,
+                     to_train_batch)
 from .signing import trainer_keys
 from .supervisor import LoopActor
 from .telemetry import MetricsEmitter
@@ -111,7 +112,8 @@ class TrainerActor(LoopActor):
         self.publisher = WeightPublisher(self.bootstrap, self.topics, self.cfg.policy,
                                          snapshot_every=self.cfg.trainer.snapshot_every,
                                          write_deltas=self.cfg.trainer.weight_transport == "delta",
-                                         producer_id=f"trainer.{self.cfg.policy}", signer=signer, verifier=verifier)
+                                         producer_id=f"trainer.{self.cfg.policy}", signer=signer, verifier=verifier,
+                                         base_model=base_model(self.cfg, model_path(self.cfg)))
         head = self.publisher.last_announced
         epoch = self.publisher.resume(self._weights(), self.engine.step)
         self.metrics.emit("trainer.resumed_step", self.engine.step, step=self.engine.step, epoch=epoch,

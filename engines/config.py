@@ -17,7 +17,7 @@ from astraflow.typed_config import Bounds, setting
 
 from .loss_names import LOSS_PARAMS, RETIRED_LOSSES
 
-__all__ = ["RolloutConfig", "SGLangConfig", "TrainerConfig", "ZERO_SIZE_KEYS", "from_dict"]
+__all__ = ["LoraConfig", "RolloutConfig", "SGLangConfig", "TrainerConfig", "ZERO_SIZE_KEYS", "from_dict"]
 
 T = TypeVar("T")
 
@@ -90,6 +90,32 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """``trainer.engine.lora``: train the policy as a LoRA adapter of its model (peft).
+
+    Only the adapter's matrices are trained and published; the model directory is the base,
+    loaded once by every engine and never changed. The adapter of a module ``W`` is ``B @ A``
+    (``A``: rank x in, ``B``: out x rank), scaled by ``alpha / rank``.
+    """
+
+    rank: int = setting(8, "rank r of each adapter (A is r x in, B is out x r)", bounds=Bounds(1, 4096))
+    alpha: float = setting(16.0, "scale: the adapter adds (alpha / rank) * B @ A to each target's weight",
+                           bounds=Bounds(0, 1e6, lo_open=True))
+    dropout: float = setting(0.0, "dropout on the adapter's input while training (none in rollouts)",
+                             bounds=Bounds(0, 1, hi_open=True))
+    target_modules: tuple[str, ...] = setting(("q_proj", "v_proj"), "names of the linear modules that get an "
+                                                                     "adapter (the last part of a module's name, "
+                                                                     "e.g. q_proj, k_proj, v_proj, o_proj, "
+                                                                     "gate_proj, up_proj, down_proj)")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        if not self.target_modules or not all(isinstance(m, str) and m for m in self.target_modules):
+            raise ValueError(f"trainer.engine.lora.target_modules must list module names (e.g. [q_proj, v_proj]), "
+                             f"got {list(self.target_modules)!r}")
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     """``trainer:`` section (DeepSpeed).
 
@@ -104,7 +130,8 @@ class TrainerConfig:
     sequence), ``normalize_std`` (GRPO std normalisation), ``kl_coef`` and
     ``kl_estimator`` (a KL loss term: k3 | k2), ``kl_in_reward_coef`` (k1 KL subtracted
     from each sequence's reward before advantages; a frozen copy of the initial weights
-    is the reference for both), ``temperature``, ``top_p``, ``top_k`` (the rollout's
+    is the reference for both, or for a LoRA policy the base, its adapter disabled),
+    ``lora`` (train a LoRA adapter, :class:`LoraConfig`), ``temperature``, ``top_p``, ``top_k`` (the rollout's
     sampling, so trainer logprobs are those of the distribution tokens were drawn from),
     ``seed``, ``device`` (auto | cpu | cuda), ``bf16`` (GPU only), ``threads``,
     ``collective_timeout_s`` (across ranks), and DeepSpeed's ``zero_optimization`` sizes
@@ -149,6 +176,9 @@ class TrainerConfig:
     device: str = setting("auto", "auto | cpu | cuda")
     bf16: bool = setting(True, "bf16 on GPU (CPU always trains fp32)")
     threads: int = setting(0, "torch threads (0: torch's default)", bounds=Bounds(0, 1024))
+    lora: LoraConfig | None = setting(None, "train a LoRA adapter of the model instead of all its weights "
+                                            "({rank, alpha, dropout, target_modules}); versions carry the adapter "
+                                            "only. null: full fine-tuning")
     collective_timeout_s: float = setting(300.0, "bound on every collective across ranks: a rank whose peer died "
                                                  "fails after this instead of hanging", bounds=TIMEOUT_S)
     # DeepSpeed zero_optimization sizes, in elements (DeepSpeed's names; its defaults in brackets).

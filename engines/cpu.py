@@ -17,6 +17,12 @@ Two guards a model server has live here too: no row generates past the model's p
 ``"context"``, a prompt that fills them alone gets no token), and stop strings
 (``SamplingParams.stop``) end a row at the first token whose decoded completion spells one,
 which is the one place this engine reads the model directory's tokenizer.
+
+A LoRA policy (``lora``): the model directory is the base, loaded once; a version is an
+adapter's tensors only, which :class:`~.lora.MergedAdapter` merges into a working copy of
+the targeted weights, the base kept aside, so every version applies to the base itself.
+Merging suits one adapter serving the whole batch (the forward is the base's); rows of
+several adapters in one batch would need the adapter applied per row instead.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from .base import (Generation, NamedTensors, RolloutEngine, SamplingParams, context_budgets, finish_of,
                    iter_named_tensors, out_of_context, row_seeds)
+from .config import LoraConfig
 from .kv_cache import preallocated_cache
+from .lora import MergedAdapter, is_adapter_name
 from .sampling import sample
 
 __all__ = ["CpuEngine"]
@@ -40,11 +48,12 @@ class CpuEngine(RolloutEngine):
     """Rollout engine for one HF causal LM on CPU (float32)."""
 
     def __init__(self, model: str | Path | PreTrainedModel, threads: int | None = None, version: int = 0,
-                 tokenizer=None) -> None:
+                 tokenizer=None, lora: LoraConfig | None = None) -> None:
         """``model`` is an HF model directory, or a live model to share (the bootstrap
         evaluates the model it is training this way; the caller keeps ownership).
         ``tokenizer`` decodes for stop strings; by default the model directory's, loaded
-        the first time a call asks for stop strings."""
+        the first time a call asks for stop strings. ``lora``: the policy is a LoRA adapter
+        of ``model`` (its settings give the adapter's scale): versions are adapters."""
         if threads:
             torch.set_num_threads(threads)
         if isinstance(model, PreTrainedModel):
@@ -60,6 +69,7 @@ class CpuEngine(RolloutEngine):
         self._version = version
         self._closed = False
         self._tokenizer = tokenizer
+        self._adapter = MergedAdapter(self.model, lora) if lora is not None else None
         #: the model's context window: no row's prompt + completion exceeds it
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
 
@@ -73,7 +83,18 @@ class CpuEngine(RolloutEngine):
         self.model = None  # type: ignore[assignment]
 
     def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        """Copy ``named_tensors`` into the model (any subset of its weights); for a LoRA
+        engine they are a whole adapter, applied to the base (:class:`~.lora.MergedAdapter`)."""
         self._check_open()
+        if self._adapter is not None:
+            named = list(iter_named_tensors(named_tensors))
+            plain = [name for name, _ in named if not is_adapter_name(name)]
+            if plain:
+                raise KeyError(f"load_weights: this engine serves a LoRA adapter of {self.model_path}, and "
+                               f"{plain[0]!r} is not an adapter tensor (a full-weights version of another policy?)")
+            self._adapter.apply(named)
+            self._version = version
+            return
         state = self.model.state_dict()
         with torch.no_grad():
             for name, tensor in iter_named_tensors(named_tensors):

@@ -11,6 +11,14 @@ caller's ``extra_state``, resharding on a world-size change) to
 ``deepspeed_checkpoint.py`` and the HF export to ``hf_export.py``. It does not read Kafka
 or publish weights.
 
+A LoRA policy (``cfg.lora``): the model is wrapped by peft (``lora.py``) so that only the
+adapter's matrices train, and only they are in the optimizer (ZeRO partitions their state
+as any other); ``named_weights`` is the adapter alone, under its published names;
+checkpoints hold the adapter and its optimizer state (DeepSpeed's
+``exclude_frozen_parameters``: the frozen base comes from the model directory); the
+reference policy of the KL terms is the base itself, scored with the adapter disabled,
+so no second model is held; the HF export is the peft adapter directory.
+
 A step over a ``TrainBatch`` (one batch = one version):
 
 1. ``prepare``: the no-grad passes the step needs, each once per batch and before any
@@ -41,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import os
 import time
@@ -55,6 +64,7 @@ from .base import TrainBatch, TrainEngine
 from .config import ZERO_SIZE_KEYS, TrainerConfig
 from .distributed import Ranks, init_single_process_distributed
 from .hf_export import export_hf_atomic
+from .lora import is_adapter_name, peft_name, published_name, wrap
 from .losses import BATCH_MASKS, POLICY_LOSSES, aggregate, grpo_advantages, kl_penalty, kl_shaped_rewards
 from .packing import collate, minibatches, pack_rows, row_tokens
 from .trainer_logprobs import batch_logprobs, logp_gaps, token_logprobs
@@ -119,12 +129,17 @@ class DeepSpeedTrainer(TrainEngine):
 
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
         self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        self.lora = cfg.lora  #: the adapter's settings; None: every weight trains
+        self._kl = cfg.kl_coef > 0 or cfg.kl_in_reward_coef > 0
         self.ref_model = None
-        if cfg.kl_coef > 0 or cfg.kl_in_reward_coef > 0:
+        if self.lora is not None:
+            model = wrap(model, self.lora)  # the reference is this model with its adapter disabled
+        elif self._kl:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
             self.ref_model.to(self.device, dtype=torch.bfloat16 if self.bf16 else torch.float32)
 
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         ds_config = {
             # The batch is one TrainBatch; micro-batching is by token budget and the
             # accumulation boundary is set explicitly, so these counts are nominal.
@@ -222,10 +237,8 @@ class DeepSpeedTrainer(TrainEngine):
             logp_prox, full_old = batch_logprobs(self.engine, samples, cfg, self.ranks, self.device,
                                                  full=cfg.kl_in_reward_coef > 0,
                                                  keep_step=lambda: self._idle_pass(backward=False))
-        if self.ref_model is not None:
-            # A local copy: no collectives in its forward, so no pass to keep step with the ranks.
-            _, logp_ref = batch_logprobs(self.ref_model, samples, cfg, self.ranks, self.device, full=True,
-                                         sampled=False)
+        if self._kl:
+            logp_ref = self._reference_logprobs(samples)
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         kl_seq = None
         if cfg.kl_in_reward_coef > 0:
@@ -249,7 +262,8 @@ class DeepSpeedTrainer(TrainEngine):
                         keep=keep, kl_in_reward=kl_seq)
 
     def named_weights(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
-        """fp32 CPU copies of the module's full state dict.
+        """fp32 CPU copies of the module's full state dict; for a LoRA policy, of the
+        adapter's matrices alone, under their published names (``lora.published_name``).
 
         Under ZeRO-3 this is a collective — every rank must call it — that gathers one
         parameter at a time (DeepSpeed's ``GatheredParameters``), so no rank ever holds
@@ -259,11 +273,14 @@ class DeepSpeedTrainer(TrainEngine):
         import deepspeed
 
         keep = not rank0_only or self.rank == 0
-        module = self.engine.module
-        if self.cfg.zero_stage != 3:
-            return {name: _cpu32(t) for name, t in module.state_dict().items()} if keep else {}
+        zero3 = self.cfg.zero_stage == 3
+        state = self.engine.module.state_dict(keep_vars=zero3).items()
+        if self.lora is not None:
+            state = [(published_name(name), t) for name, t in state if is_adapter_name(name)]
+        if not zero3:
+            return {name: _cpu32(t) for name, t in state} if keep else {}
         out: dict[str, torch.Tensor] = {}
-        for name, t in module.state_dict(keep_vars=True).items():
+        for name, t in state:
             partitioned = hasattr(t, "ds_id")
             with deepspeed.zero.GatheredParameters([t]) if partitioned else contextlib.nullcontext():
                 if keep:
@@ -280,7 +297,7 @@ class DeepSpeedTrainer(TrainEngine):
         the version, ``extra_state`` and the RNG (``deepspeed_checkpoint.save``)."""
         deepspeed_checkpoint.save(self.engine, directory, extra_state, step=self._step, ranks=self.ranks,
                                   zero_stage=self.cfg.zero_stage, device=self.device,
-                                  sub_group_size=self.cfg.sub_group_size)
+                                  sub_group_size=self.cfg.sub_group_size, adapter=self._adapter_layout)
 
     def load_checkpoint(self, directory: str | Path) -> dict[str, object]:
         """Resume from ``save_checkpoint``'s files (``deepspeed_checkpoint.load``): exactly
@@ -289,15 +306,20 @@ class DeepSpeedTrainer(TrainEngine):
         zero and ``resharded`` becomes true. Returns the saved ``extra_state``."""
         restored = deepspeed_checkpoint.load(self.engine, directory, ranks=self.ranks,
                                              zero_stage=self.cfg.zero_stage, device=self.device,
-                                             sub_group_size=self.cfg.sub_group_size)
+                                             sub_group_size=self.cfg.sub_group_size,
+                                             adapter=self._adapter_layout)
         self.resharded = restored.resharded
         self._step = restored.step
         return restored.extra_state
 
     def export_hf(self, directory: str | Path, weights: Mapping[str, torch.Tensor] | None = None) -> Path:
         """The current weights (or ``weights``, gathered already: the trainer passes the
-        published ones) as an HF model directory, written atomically (``hf_export``)."""
+        published ones) as an HF model directory, written atomically (``hf_export``); for a
+        LoRA policy, peft's adapter directory (``adapter_config.json`` and the adapter's
+        safetensors, for the base ``model_path``)."""
         named = self.named_weights() if weights is None else weights
+        if self.lora is not None:
+            named = {peft_name(k): v for k, v in named.items()}
         return export_hf_atomic(directory, self.engine.module, named, self.model_path)
 
     def close(self) -> None:
@@ -305,6 +327,25 @@ class DeepSpeedTrainer(TrainEngine):
         self.ref_model = None
 
     # --- internals ---------------------------------------------------------------
+
+    @property
+    def _adapter_layout(self) -> dict | None:
+        """The LoRA settings a checkpoint records and must be resumed with (None: full fine-tuning)."""
+        return dataclasses.asdict(self.lora) if self.lora is not None else None
+
+    def _reference_logprobs(self, samples) -> list[torch.Tensor]:
+        """Full tempered log-probs under the reference policy: the frozen copy of the initial
+        weights, or for a LoRA policy the base itself, the trained model with its adapter
+        disabled (no second model; under ZeRO-3 its forward gathers, so a short rank keeps step)."""
+        cfg = self.cfg
+        if self.ref_model is not None:
+            # A local copy: no collectives in its forward, so no pass to keep step with the ranks.
+            _, ref = batch_logprobs(self.ref_model, samples, cfg, self.ranks, self.device, full=True, sampled=False)
+            return ref
+        with self.engine.module.disable_adapter():
+            _, ref = batch_logprobs(self.engine, samples, cfg, self.ranks, self.device, full=True, sampled=False,
+                                    keep_step=lambda: self._idle_pass(backward=False))
+        return ref
 
     def _lr_factor(self, step: int) -> float:
         cfg = self.cfg

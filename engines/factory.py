@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import RolloutEngine, TrainEngine
-from .config import RolloutConfig, SGLangConfig, TrainerConfig, from_dict
+from .config import LoraConfig, RolloutConfig, SGLangConfig, TrainerConfig, from_dict
 
 __all__ = ["make_rollout_engine", "make_train_engine", "model_dir", "RolloutConfig", "TrainerConfig", "SGLangConfig"]
 
@@ -35,13 +35,19 @@ def model_dir(model_path: str | Path) -> Path:
     return path
 
 
-def make_rollout_engine(cfg: RolloutConfig | Mapping[str, Any] | None = None) -> RolloutEngine:
+def make_rollout_engine(cfg: RolloutConfig | Mapping[str, Any] | None = None,
+                        lora: LoraConfig | None = None) -> RolloutEngine:
+    """``lora``: the policy is a LoRA adapter of the model (``trainer.engine.lora``): the
+    engine loads the model as the base once and takes adapters as versions."""
     cfg = from_dict(RolloutConfig, cfg, "rollout")
     path = model_dir(cfg.model_path)
     if cfg.kind == "cpu":
         from .cpu import CpuEngine
 
-        return CpuEngine(path, threads=cfg.threads or None)
+        return CpuEngine(path, threads=cfg.threads or None, lora=lora)
+    if lora is not None:
+        raise ValueError("trainer.engine.lora: rollout.engine.kind sglang does not serve LoRA adapters yet; "
+                         "use rollout.engine.kind cpu")
     from .sglang import SGLangEngine
 
     return SGLangEngine(path, cfg.sglang)

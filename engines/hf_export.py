@@ -4,7 +4,9 @@ Owns the directory's layout: the model's config and the given weights as safeten
 (``save_pretrained``), and the tokenizer of the model the trainer started from when that
 directory has one; and :class:`HFExports`, a run's exports of one policy
 (``<root>/v<version>/`` each, written into a temporary directory and renamed into place,
-so a reader never sees half a model; ``final`` names the last one).
+so a reader never sees half a model; ``final`` names the last one). A peft model (a LoRA
+policy, given its adapter's tensors under peft's names) writes peft's adapter directory
+(``adapter_config.json``, ``adapter_model.safetensors``) the same way.
 
 It does not gather the weights: the trainer hands over full, unsharded tensors
 (``DeepSpeedTrainer.named_weights``), and ``astraflow export --model`` the ones it

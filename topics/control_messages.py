@@ -52,11 +52,12 @@ class VersionAnnouncement(Message):
     Versions are ordered by ``(epoch, version)``: a trainer that resumes behind the announced
     head starts a new lineage epoch with a snapshot, and announcements of an older epoch are
     ignored (fenced) by subscribers. Schema 2 added ``delta_versions``; schema 3 ``epoch``;
-    schema 4 the manifests' chunk timestamps (a mirror's readers locate chunks by them).
+    schema 4 the manifests' chunk timestamps (a mirror's readers locate chunks by them);
+    schema 5 ``base_model``.
     """
 
     TYPE: ClassVar[str] = "version"
-    SCHEMA: ClassVar[int] = 4
+    SCHEMA: ClassVar[int] = 5
     policy: str
     version: int
     kind: str  #: "snapshot" (``version`` has a full snapshot, ``snapshot_manifest``) or "delta"
@@ -69,6 +70,9 @@ class VersionAnnouncement(Message):
     delta_versions: list[int] = field(default_factory=list)  #: the version each of ``deltas`` produces
     created_at: float = 0.0
     epoch: int = 0  #: lineage epoch; every payload of the chain belongs to it
+    #: a LoRA policy's: the digest of the base model its adapter tensors apply to
+    #: (``weights.adapters.base_digest``); "" for a policy whose versions are full weights
+    base_model: str = ""
 
     def validate(self) -> None:
         if self.kind not in ("snapshot", "delta"):

@@ -47,6 +47,10 @@ Signatures (:mod:`.signing`): an epoch is a fence only if no one else can raise 
 (and so over every manifest in it); readers with the policy's public key refuse anything
 else. The head a publisher resumes from is read through the same check.
 
+A LoRA policy's versions are its adapter's tensors (the trainer hands over only those);
+every announcement then names the base they apply to (``base_model``, :mod:`.adapters`),
+and nothing else changes: deltas, snapshots, signatures and epochs are the same.
+
 The bytes of a payload come from :mod:`.codec`; this module owns the transport (chunks,
 acknowledgements, announcements, trimming, epochs). It knows no job config and nothing
 about training: the trainer actor that hosts it hands over CPU copies of its weights.
@@ -140,13 +144,15 @@ class WeightPublisher:
             unsigned, and readers that require signatures refuse them.
         verifier: checks the announced head read at start (the one :meth:`resume` continues
             or fences); None: any head counts.
+        base_model: for a LoRA policy, the digest of the base its adapter tensors apply to
+            (:func:`.adapters.base_digest`), named in every announcement; "": full weights.
     """
 
     def __init__(self, bootstrap_servers: str, topics: JobTopics, policy: str, *, snapshot_every: int = 10,
                  queue_size: int = 2, producer_id: str = "publisher", tracer: trace.Tracer | None = None,
                  write_deltas: bool = True, codec_threads: int = 1, trim: bool = True,
                  chunk_size: int = DEFAULT_CHUNK_SIZE, signer: AnnouncementSigner | None = None,
-                 verifier: AnnouncementVerifier | None = None) -> None:
+                 verifier: AnnouncementVerifier | None = None, base_model: str = "") -> None:
         if snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
         if queue_size < 1:
@@ -157,6 +163,7 @@ class WeightPublisher:
         self._tracer = tracer or trace.get_tracer(__name__)
         self._weights_topic = topics.weights(policy)
         self._signer = signer
+        self.base_model = base_model
         self._head = read_latest_announcement(bootstrap_servers, topics.versions, policy, verifier=verifier)
         # Digests of versions announced before this process started, for the restart check.
         self._announced: dict[int, str] = {self._head.version: self._head.checksum} if self._head else {}
@@ -316,7 +323,7 @@ class WeightPublisher:
                 head = delta_ann = self._announce(VersionAnnouncement(
                     self.policy, v, DELTA, head.version, head.snapshot_version, manifest, digest,
                     head.snapshot_manifest, [*head.deltas, manifest], [*head.delta_versions, v],
-                    created_at=time.time(), epoch=job.epoch))
+                    created_at=time.time(), epoch=job.epoch, base_model=self.base_model))
                 # The announced version is the next base, even if its snapshot fails below.
                 self._base, self._base_hashes = job.named, hashes
                 span.set_attribute("weights.delta_bytes", manifest.total_bytes)
@@ -328,7 +335,7 @@ class WeightPublisher:
                 self._announce(VersionAnnouncement(
                     self.policy, v, SNAPSHOT, delta_ann.base_version if delta_ann else v, v,
                     delta_ann.manifest if delta_ann else manifest, digest, manifest, [], [],
-                    created_at=time.time(), epoch=job.epoch))
+                    created_at=time.time(), epoch=job.epoch, base_model=self.base_model))
                 self._base, self._base_hashes = job.named, hashes
                 span.set_attribute("weights.snapshot_bytes", manifest.total_bytes)
                 if self.trim and previous_snapshot is not None:

@@ -73,7 +73,7 @@ class Rejection(NamedTuple):
     policy: str
     epoch: int  #: what the record claims, not what anyone holds
     version: int
-    reason: str  #: :attr:`SignatureError.reason`
+    reason: str  #: :attr:`SignatureError.reason`, or ``wrong_base`` (:mod:`.adapters`)
     error: str  #: the whole message
 
 

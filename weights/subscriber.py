@@ -24,6 +24,12 @@ per record and process: the compacted topic is re-read on every reconnect) and h
 ``on_reject``; the node keeps following the real lineage. It is no fault: asking the
 trainer for a snapshot would let anyone who can write ``versions`` make it write snapshots.
 
+Bases (:mod:`.adapters`): a node serves either full weights or adapters of one base model
+(``base_model``, its digest). An announcement for anything else (an adapter of another
+base, an adapter on a full-weights node, full weights on an adapter node) is refused the
+same way, with reason ``wrong_base``: counted, dead-lettered once, handed to ``on_reject``,
+and the node keeps what it holds.
+
 The rollout side calls :meth:`WeightSubscriber.apply_to` between requests; it copies the
 held version into the engine under the held weights' lock, so an engine never sees a
 half-applied version. This module does not talk to engines otherwise, does not decode or
@@ -46,6 +52,7 @@ from astraflow.topics import ChunkReader, DeadLetters, JobTopics, TopicPartition
 from astraflow.topics import tracing
 from astraflow.topics import security
 
+from .adapters import WrongBaseError, check_base
 from .announcements import announcement_of, newer
 from .assembly import PathFailed, PayloadSource, VersionAssembler
 from .held import Held, HeldWeights, WeightEngine
@@ -99,6 +106,9 @@ class WeightSubscriber:
             (a node counts them in its metrics).
         security_setting: the client setting on ``bootstrap_servers`` (a region's own cluster:
             ``rollout.weights_security``); None: the process's.
+        base_model: the digest of the base model this node's engine applies adapters to
+            (:func:`.adapters.base_digest`); "": it serves full weights. Versions for
+            anything else are refused (see the module docstring).
     """
 
     def __init__(self, bootstrap_servers: str, topics: JobTopics, policy: str, *,
@@ -109,7 +119,7 @@ class WeightSubscriber:
                  prefetch: bool = False, prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
                  verifier: AnnouncementVerifier | None = None, dead_letters: DeadLetters | None = None,
                  on_reject: Callable[[Rejection], None] | None = None,
-                 security_setting: security.ClientSecurity | None = None) -> None:
+                 security_setting: security.ClientSecurity | None = None, base_model: str = "") -> None:
         self.bootstrap_servers, self.topics, self.policy = bootstrap_servers, topics, policy
         self.security_setting = security_setting
         self.node_id = node_id or "subscriber"
@@ -136,6 +146,7 @@ class WeightSubscriber:
         self._wanted = -1  # on demand: the lowest version worth fetching; -1: none asked for yet
         self._verifier = verifier if verifier is not None and verifier.checks else None
         self._dead_letters, self._on_reject = dead_letters, on_reject
+        self.base_model = base_model
         self._judged: dict[int, int] = {}  # partition -> newest offset whose signature was checked
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -184,7 +195,7 @@ class WeightSubscriber:
 
     @property
     def rejected(self) -> dict[str, int]:
-        """Announcements refused for their signature, by reason (``unsigned``, ``wrong_key``, ...)."""
+        """Announcements refused, by reason (signatures: ``unsigned``, ``wrong_key``, ...; ``wrong_base``)."""
         with self._lock:
             return dict(self._rejected)
 
@@ -269,7 +280,7 @@ class WeightSubscriber:
                 break
             for r in records:
                 ann = announcement_of(r, self.policy, self._dead_letters)
-                if ann is None or not self._signed(r, ann):
+                if ann is None or not self._admitted(r, ann):
                     continue
                 if self._head is None or newer(ann, self._head):
                     self._head, self._head_context = ann, tracing.extract(r.headers)
@@ -289,23 +300,24 @@ class WeightSubscriber:
             self._retry_at = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, _RETRY_S[1])
 
-    def _signed(self, record, ann: VersionAnnouncement) -> bool:
-        """Whether ``ann`` may count: signed by the policy's trainer (or nothing is checked)."""
-        if self._verifier is None:
-            return True
+    def _admitted(self, record, ann: VersionAnnouncement) -> bool:
+        """Whether ``ann`` may count: signed by the policy's trainer (or nothing is checked)
+        and for the weights this node serves (its base, or full weights)."""
         # The topic is re-read from its start on every reconnect: a record at or below the
         # newest offset checked before was refused, counted and dead-lettered then.
         seen = record.offset <= self._judged.get(record.partition, -1)
         self._judged[record.partition] = max(record.offset, self._judged.get(record.partition, -1))
         try:
-            self._verifier.check(record.topic, record.value, record.headers)
+            if self._verifier is not None:
+                self._verifier.check(record.topic, record.value, record.headers)
+            check_base(ann.base_model, self.base_model)
             return True
-        except SignatureError as e:
+        except (SignatureError, WrongBaseError) as e:
             if not seen:
                 self._refuse(record, ann, e)
             return False
 
-    def _refuse(self, record, ann: VersionAnnouncement, error: SignatureError) -> None:
+    def _refuse(self, record, ann: VersionAnnouncement, error: SignatureError | WrongBaseError) -> None:
         with self._lock:
             self._rejected[error.reason] = self._rejected.get(error.reason, 0) + 1
         log.warning("%s: refusing the announcement at %s[%d]@%d (version %s of lineage epoch %s): %s; keeping "

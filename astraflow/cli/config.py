@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import types
 import typing
 
 from .args import UsageError, overrides
@@ -41,6 +42,11 @@ def describe(cls: type | None = None, prefix: str = "") -> list[tuple[str, str, 
             bounds = f.metadata.get("bounds")
             help_ = f.metadata.get("help", "") + (f" ({bounds})" if bounds else "")
             rows.append((prefix + f.name, repr(default), help_))
+            # an optional section (null by default, e.g. trainer.engine.lora): its keys too
+            optional = typing.get_origin(hint) in (typing.Union, types.UnionType)
+            section = [a for a in typing.get_args(hint) if optional and dataclasses.is_dataclass(a)]
+            if section:
+                rows += describe(section[0], prefix + f.name + ".")
     return rows
 
 

@@ -175,10 +175,16 @@ class CrossSectionChecks:
                                                     f"policy's trainer share devices, both naming them")
 
     def _check_models(self) -> None:
-        """Each policy's tiny bootstrapped model is one that ``astraflow model init`` can build."""
+        """Each policy's tiny bootstrapped model is one that ``astraflow model init`` can build;
+        a LoRA policy's engine serves adapters."""
         for p in self.policy_names:
             where = f"policies.{p}.model" if self.policies else "model"
-            model = self.policies[p].model if self.policies else self.model  # (a view would check itself again)
+            own = self.policies[p] if self.policies else self  # (a view would check itself again)
+            model = own.model
+            if own.trainer.engine.lora is not None and own.rollout.engine.kind == "sglang":
+                key = f"policies.{p}.trainer.engine.lora" if self.policies else "trainer.engine.lora"
+                raise ConfigError(self.source, key, "the SGLang engine does not serve LoRA adapters yet: use "
+                                                    "rollout.engine.kind cpu, or full fine-tuning (lora: null)")
             if model.name:
                 if model.path:
                     raise ConfigError(self.source, f"{where}.name", f"names a pretrained model ({model.name}) and "

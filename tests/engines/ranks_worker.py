@@ -4,7 +4,7 @@
 same seeded batch as the tests' one-rank reference under every ZeRO stage, checks a
 checkpoint round trip, and writes rank 0's results to ``OUT_DIR`` (``weights_z<S>.pt``,
 ``resume_z<S>.pt``, ``after1_z<S>.pt`` beside checkpoint ``ckpt_z<S>``, ``zero3.pt``,
-``meta.json``).
+``weights_lora.pt`` beside checkpoint ``ckpt_lora``, ``meta.json``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,13 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import torch  # noqa: E402
 
 STEPS = 2
+
+
+def lora_settings() -> dict:
+    """A LoRA policy with a KL term: under ZeRO-3 its reference pass (the adapter disabled) gathers too."""
+    from astraflow.engines.config import LoraConfig
+
+    return {"lora": LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj")), "kl_coef": 0.05}
 
 
 def fixed_batch():
@@ -77,6 +84,13 @@ def main(out: Path) -> None:
         if rank == 0:
             torch.save(w, out / f"resume_z{z}.pt")
             meta[f"resume_z{z}"] = {"extra": extra, "step": resumed.step}
+    t = trainer(path, 3, **lora_settings())  # a LoRA policy under ZeRO-3; its checkpoint is the adapter's
+    for _ in range(STEPS):
+        t.train_step(batch)
+    w = t.named_weights(rank0_only=True)
+    t.save_checkpoint(out / "ckpt_lora", {"batches_offset": 3})
+    if rank == 0:
+        torch.save(w, out / "weights_lora.pt")
     # ZeRO-3: what rank 0 would publish vs DeepSpeed's own consolidation of the shards.
     t = trainer(path, 3)
     t.train_step(batch)

@@ -1,7 +1,8 @@
 """The DeepSpeed trainer across 2 ranks (gloo on CPU, torch's launcher): every ZeRO stage
 trains the same global batch to the weights one rank reaches, checkpoints round-trip on
 2 ranks and load on 1 rank (consolidated), and what rank 0 publishes under ZeRO-3 is
-DeepSpeed's own consolidation of the partitioned parameters, bit for bit.
+DeepSpeed's own consolidation of the partitioned parameters, bit for bit; a LoRA policy
+under ZeRO-3 too (its adapter, its KL reference pass, its adapter-only checkpoint).
 
 Tolerance: 2 ranks sum a gradient from two shards where one rank sums micro-batches in
 order, so fp32 results differ in the last bits; after 2 AdamW steps at lr 1e-3 we allow
@@ -123,3 +124,28 @@ def _initial(path) -> dict:
         m = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
         _INITIAL.update({k: v.detach().clone() for k, v in m.state_dict().items()})
     return _INITIAL
+
+
+def test_a_lora_policy_under_zero3_trains_on_two_ranks_like_one_and_its_checkpoint_resumes_on_one(
+        two_ranks, tiny_model_path):
+    from astraflow.engines.lora import is_adapter_name
+
+    sys.path.insert(0, str(HERE))
+    try:
+        import ranks_worker
+    finally:
+        sys.path.remove(str(HERE))
+    out, _ = two_ranks
+    got = torch.load(out / "weights_lora.pt")
+    one = ranks_worker.trainer(tiny_model_path, 3, **ranks_worker.lora_settings())
+    for _ in range(ranks_worker.STEPS):
+        one.train_step(ranks_worker.fixed_batch())
+    want = one.named_weights()
+    assert got.keys() == want.keys() and got and all(is_adapter_name(k) for k in got)
+    assert _max_diff(got, want) <= TOL
+    assert max(float(t.abs().max()) for k, t in want.items() if ".lora_B." in k) > 20 * TOL  # B started at 0
+    resumed = ranks_worker.trainer(tiny_model_path, 3, **ranks_worker.lora_settings())
+    assert resumed.load_checkpoint(out / "ckpt_lora") == {"batches_offset": 3}
+    assert resumed.resharded and resumed.step == ranks_worker.STEPS
+    for k, t in resumed.named_weights().items():
+        assert torch.equal(t, got[k]), k
