@@ -51,6 +51,19 @@ def make_rollout_engine(cfg: JobConfig, path: Path, kind: str | None = None, dev
     return engine
 
 
+def make_pool_engines(cfg: JobConfig, path: Path, name: str = "raas", run_dir: str | Path | None = None) -> dict:
+    """Policy -> its engine, for every policy this node's pool serves (``cfg.pool_policies``):
+    its own policy's engine alone, or on a pool shared by LoRA policies of one base, one CPU
+    engine holding the base once and each policy's adapter (``host.adapter(policy)``)."""
+    policies = cfg.pool_policies(cfg.policy) or (cfg.policy,)
+    if len(policies) == 1:
+        return {cfg.policy: make_rollout_engine(cfg, path, name=name, run_dir=run_dir)}
+    from astraflow.engines.cpu import CpuEngine  # (torch and transformers: a RaaS node's start-up only)
+    host = CpuEngine(path, threads=cfg.rollout.engine.threads or None,
+                     adapters={p: cfg.view(p).trainer.engine.lora for p in policies})
+    return {p: host.adapter(p) for p in policies}
+
+
 def base_model(cfg: JobConfig, path: Path) -> str:
     """What the policy's versions apply to: for a LoRA policy (``trainer.engine.lora``) the
     digest of its base model directory ``path`` (``weights.adapters.base_digest``, computed

@@ -6,7 +6,11 @@ alone, so every row of a call comes from one version. That happens between the e
 engine calls (the batcher's ``before_call``), before a served call when no call is in
 flight, in a load that waits for the calls in flight (which the node's loop runs on a
 thread of its own, so it goes on polling), and while the node waits for the version a
-task was scheduled at. It knows nothing about Kafka records, tasks or metrics.
+task was scheduled at. A shared pool's node holds more than its own policy's weights: the
+adapters of the other policies it serves (``others``: each its subscriber and its adapter
+engine) are applied at the same moments, each at its own policy's newest version; only the
+node's own policy's version is waited for (a remote role's pool waits for none either).
+It knows nothing about Kafka records, tasks or metrics.
 """
 
 from __future__ import annotations
@@ -22,14 +26,18 @@ from astraflow.weights import WeightSubscriber
 class EngineWeights:
     """A node's engine and the subscriber it takes its weights from."""
 
-    def __init__(self, subscriber: WeightSubscriber, engine, engine_lock: EngineGate, name: str) -> None:
+    def __init__(self, subscriber: WeightSubscriber, engine, engine_lock: EngineGate, name: str,
+                 others: list[tuple[WeightSubscriber, object]] = ()) -> None:
         self.subscriber, self.engine, self.engine_lock, self.name = subscriber, engine, engine_lock, name
+        self.others = list(others)  #: (subscriber, engine) of the other policies this node serves
         self._loader = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-load")
         self._loading: Future | None = None  #: a load waiting for the engine's calls in flight
 
     def apply(self) -> None:
-        """The newest weights the subscriber holds into the engine; the caller holds the engine alone."""
+        """The newest weights the subscribers hold into the engines; the caller holds the engine alone."""
         self.subscriber.apply_to(self.engine)
+        for subscriber, engine in self.others:
+            subscriber.apply_to(engine)
 
     def load(self, wait: bool = True) -> None:
         """Take the engine alone and apply: once the calls in flight end, or (``wait=False``)
@@ -47,12 +55,9 @@ class EngineWeights:
         return self.subscriber.held_by(self.engine)
 
     def newer(self) -> bool:
-        """The subscriber holds a version the engine has not loaded (asked without the engine:
+        """A subscriber holds a version its engine has not loaded (asked without the engine:
         a load takes it alone only when there is something to load)."""
-        held = self.held()
-        if held is None:
-            return self.subscriber.version > self.engine.version
-        return (self.subscriber.epoch, self.subscriber.version) > (held.epoch, held.version)
+        return any(_newer(s, e) for s, e in [(self.subscriber, self.engine), *self.others])
 
     def load_beside(self) -> None:
         """Load newer weights on a thread of their own. A load needs the engine idle, so it waits
@@ -85,3 +90,12 @@ class EngineWeights:
     def close(self) -> None:
         self._loader.shutdown(wait=False, cancel_futures=True)
         self.subscriber.close()
+        for subscriber, _ in self.others:
+            subscriber.close()
+
+
+def _newer(subscriber: WeightSubscriber, engine) -> bool:
+    held = subscriber.held_by(engine)
+    if held is None:
+        return subscriber.version > engine.version
+    return (subscriber.epoch, subscriber.version) > (held.epoch, held.version)

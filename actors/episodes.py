@@ -109,7 +109,9 @@ class CallBatcher:
     """Coalesces the engine calls of concurrently running episodes (see the module docstring).
 
     ``engines`` is this node's engine, or a mapping policy -> engine when one process holds
-    every policy (the sequential baseline); calls name their policy then. Each running
+    every policy (the sequential baseline) or a shared pool holds several policies' adapters;
+    calls name their policy then, and the rows of adapters of one host engine
+    (:class:`~astraflow.engines.cpu.AdapterEngine`) go into one call of it, each naming its adapter. Each running
     episode is counted with :meth:`enter` (or ``episodes=`` up front) and uncounted with
     :meth:`leave` when it finishes or while it waits on another pool (:meth:`away`).
     """
@@ -223,11 +225,15 @@ class CallBatcher:
                 self._call_outside(batch)
 
     def _call(self, pending: list) -> None:
-        """One engine call per engine and sampling setting, rows in episode order; fills the slots."""
+        """One engine call per engine and sampling setting, rows in episode order; fills the
+        slots. Adapters of one host engine (a shared pool's policies) share its calls: each
+        row names its adapter."""
         groups: dict = {}
         for item in pending:
             policy, _, params, _, _ = item[1]
-            groups.setdefault(item[0] if self.batch_invariant else (policy, params), []).append(item)
+            host = getattr(self.engines[policy if policy in self.engines else None], "host", None)
+            engine = ("host", id(host)) if host is not None else policy
+            groups.setdefault(item[0] if self.batch_invariant else (engine, params), []).append(item)
         for group in groups.values():
             policy, _, params, _, _ = group[0][1]
             key = policy if policy in self.engines else None
@@ -235,7 +241,7 @@ class CallBatcher:
             seeds = [s for _, (_, _, _, ss, _) in group for s in ss]
             t0 = time.perf_counter()
             try:
-                gens = self.engines[key].generate(rows, params, seeds=seeds)
+                gens = self._generate(group, rows, params, seeds)
             except Exception as e:  # noqa: BLE001 - every episode in the call fails with it
                 for _, (*_, slot) in group:
                     slot["error"] = e
@@ -250,6 +256,14 @@ class CallBatcher:
             for _, (_, prompts, _, _, slot) in group:
                 slot["out"] = gens[i:i + len(prompts)]
                 i += len(prompts)
+
+    def _generate(self, group: list, rows: list, params: SamplingParams, seeds: list) -> list[Generation]:
+        engines = [self.engines[policy if policy in self.engines else None] for _, (policy, *_) in group]
+        host = getattr(engines[0], "host", None)
+        if host is None:
+            return engines[0].generate(rows, params, seeds=seeds)
+        names = [e.name for e, (_, (_, prompts, *_)) in zip(engines, group) for _ in prompts]
+        return host.generate(rows, params, seeds=seeds, adapters=names)
 
 
 class _BatchedRole(EngineRole):
@@ -293,8 +307,12 @@ class EpisodeRunner:
 
     def __init__(self, policy: str, node_id: str, engine, tokenizer, job_seed: int, *, engine_lock: threading.Lock,
                  before_call=None, client=None, batch_invariant: bool = False, tracer=None,
-                 sampling_of=None, step_out: bool = True, call_wait_s: float | None = None) -> None:
+                 sampling_of=None, step_out: bool = True, call_wait_s: float | None = None,
+                 engines: dict | None = None) -> None:
         self.policy, self.node_id, self.engine, self.tokenizer = policy, node_id, engine, tokenizer
+        #: the policies whose roles this node plays on its own engine(s): its policy, and on a
+        #: shared pool the policies whose adapters its engine holds (``engines``: policy -> engine)
+        self.engines = dict(engines) if engines else {policy: engine}
         self.call_wait_s = call_wait_s  #: a call's bound on waiting for the others (None: CALL_WAIT_S)
         #: an episode's tool and environment time out of the engine's batch (``ep.off_engine``);
         #: False keeps it in (every other episode's call then waits for it): the baseline of
@@ -345,7 +363,7 @@ class EpisodeRunner:
 
     def _run(self, tasks: Sequence[Task], spans: list):
         """Per task its groups, its episode metrics and the error its episode raised (or None)."""
-        batcher = CallBatcher(self.engine, self.engine_lock, self.before_call, self.batch_invariant,
+        batcher = CallBatcher(self.engines, self.engine_lock, self.before_call, self.batch_invariant,
                               timeout_s=self.call_wait_s)
         for _ in tasks:
             batcher.enter()
@@ -383,7 +401,7 @@ class EpisodeRunner:
             roles = {}
             for name, policy in roles_of.items():
                 sampling = self.sampling_of(policy, task)
-                if policy == self.policy:
+                if policy in self.engines:
                     roles[name] = _BatchedRole(name, policy, batcher, index, self.tokenizer, sampling, self.tracer, ctx)
                 elif self.client is None:
                     raise RuntimeError(f"role {name!r} of policy {policy!r} needs another pool, but this job has "

@@ -35,13 +35,14 @@ from opentelemetry import trace
 from astraflow.config import JobConfig
 from astraflow.engines.base import SamplingParams
 from astraflow.engines.gate import EngineGate
+from astraflow.errors import FatalError
 from astraflow.topics import (Consumer, DeadLetters, Heartbeat, Producer, SnapshotRequest, StaleMembershipError, Task,
                               TrajectoryGroup, job_topics)
 from astraflow.topics.membership import MembershipWatch
 from astraflow.weights import WeightSubscriber
 
 from . import fault_points
-from .common import base_model, close_quietly, configure_sandbox, make_rollout_engine, model_path, set_threads
+from .common import base_model, close_quietly, configure_sandbox, make_pool_engines, model_path, set_threads
 from .engine_weights import EngineWeights
 from .episodes import CALL_WAIT_S, EpisodeRunner, EpisodesFailing
 from .generation import REPLY_TIMEOUT_S, GenerationClient, GenerationServer
@@ -78,7 +79,7 @@ class RolloutActor(LoopActor):
         self._serve_busy_s = 0.0  # serving other policies' episodes outside a rollout of its own, not yet reported
         self._fenced = 0  # tasks whose results were dropped because the node lost its group membership
         self._started = time.monotonic()
-        self._last_snapshot_request = -SNAPSHOT_REQUEST_INTERVAL_S
+        self._last_snapshot_request: dict[str, float] = {}  #: policy -> when this node last asked for a snapshot
         self.engine = self.consumer = self.producer = self.plain = self.weights = None
         self.client = self.server = self.runner = self.watch = None
         self._polls: PollsInFlight | None = None  #: the polls rolling out, oldest first
@@ -87,10 +88,15 @@ class RolloutActor(LoopActor):
     def setup(self) -> None:
         from transformers import AutoTokenizer  # (with torch: ~2 s that what reads this module's constants skips)
 
+        if not self.cfg.pool_policies(self.cfg.policy):
+            raise FatalError(f"policy {self.cfg.policy!r} runs no RaaS node of its own: its rows are served by "
+                             f"{self.cfg.pool_of(self.cfg.policy)!r}'s pool (policies.{self.cfg.policy}.rollout.pool)")
         set_threads(self.cfg.rollout.engine.threads)
         configure_sandbox(self.cfg)
         path = model_path(self.cfg)
-        self.engine = make_rollout_engine(self.cfg, path, name=self.node_id, run_dir=self.run_dir)
+        #: policy -> engine of every policy whose rows this node serves (a shared pool: several adapters)
+        self.engines = make_pool_engines(self.cfg, path, name=self.node_id, run_dir=self.run_dir)
+        self.engine = self.engines[self.cfg.policy]
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.engine_lock = EngineGate(self.engine)  # shared by calls when the engine batches them itself
         self.plain = Producer(self.bootstrap, client_id=self.node_id)
@@ -100,15 +106,9 @@ class RolloutActor(LoopActor):
         # copies them from home once per region); everything else stays on the home cluster.
         self.weights_bootstrap = self.cfg.rollout.weights_bootstrap_servers or self.bootstrap
         self._weights_loaded = -1
-        subscriber = WeightSubscriber(self.weights_bootstrap, self.topics, self.cfg.policy,
-                                      initial=None, initial_version=self.engine.version, node_id=self.node_id,
-                                      on_fault=self._request_snapshot, prefetch=self.cfg.rollout.prefetch_weights,
-                                      verifier=verifier_for(self.cfg), dead_letters=dead,
-                                      security_setting=self._weights_security(), base_model=base_model(self.cfg, path),
-                                      on_reject=lambda r: self.metrics.emit(
-                                          "raas.versions_rejected", 1, step=self.engine.version,
-                                          reason=r.reason, epoch=r.epoch, version=r.version))
-        self.weights = EngineWeights(subscriber, self.engine, self.engine_lock, self.node_id)
+        subscriber, *others = [self._subscriber(p, engine, path, dead) for p, engine in self.engines.items()]
+        self.weights = EngineWeights(subscriber, self.engine, self.engine_lock, self.node_id,
+                                     others=list(zip(others, list(self.engines.values())[1:])))
         stretch = self._emulation_stretch()
         if self.multi:
             self.client = GenerationClient(self.bootstrap, self.topics, self.node_id, dead_letters=dead,
@@ -120,7 +120,8 @@ class RolloutActor(LoopActor):
         self.runner = EpisodeRunner(self.cfg.policy, self.node_id, self.engine, self.tokenizer, self.cfg.seed,
                                     engine_lock=self.engine_lock, before_call=self.weights.apply,
                                     client=self.client, batch_invariant=self.cfg.rollout.batch_invariant,
-                                    tracer=tracer, sampling_of=self._sampling_of, call_wait_s=CALL_WAIT_S * stretch)
+                                    tracer=tracer, sampling_of=self._sampling_of, call_wait_s=CALL_WAIT_S * stretch,
+                                    engines=self.engines)
         # The pool's identity on every group it writes: the dataflow counts no other (actors/signing.py).
         self.group_signer = group_signer_for(self.cfg)
         self.producer = Producer(self.bootstrap, client_id=self.node_id,
@@ -129,9 +130,23 @@ class RolloutActor(LoopActor):
         self.consumer = self._task_consumer()
         self.watch = MembershipWatch(self.bootstrap, self.node_id, unsettled_s=CONSUMER_REJOIN_S,
                                      idle_s=CONSUMER_IDLE_PROBE_S)
-        subscriber.start()
+        for sub in (subscriber, *others):
+            sub.start()
         self._polls = PollsInFlight(self.cfg.rollout.polls_in_flight, self.runner.roll_out, self.node_id)
         self._heartbeat(force=True)
+
+    def _subscriber(self, policy: str, engine, path, dead) -> WeightSubscriber:
+        """The subscriber that follows ``policy``'s versions into ``engine`` (its adapter, on a shared pool)."""
+        view = self.cfg.view(policy) if self.multi else self.cfg
+        return WeightSubscriber(self.weights_bootstrap, self.topics, policy,
+                                initial=None, initial_version=engine.version, node_id=self.node_id,
+                                on_fault=lambda report, held: self._request_snapshot(report, held, policy),
+                                prefetch=self.cfg.rollout.prefetch_weights, verifier=verifier_for(view),
+                                dead_letters=dead, security_setting=self._weights_security(),
+                                base_model=base_model(view, path),
+                                on_reject=lambda r: self.metrics.emit(
+                                    "raas.versions_rejected", 1, step=engine.version, reason=r.reason, epoch=r.epoch,
+                                    version=r.version, policy=policy))
 
     def _emulation_stretch(self) -> float:
         """The bounds on waiting for device work (a role call's reply, a call's wait for the
@@ -364,14 +379,14 @@ class RolloutActor(LoopActor):
         except Exception:  # noqa: BLE001 - the wait's error is the one to report; the tasks are redelivered
             log.warning("%s: could not answer %d task(s) as failed", self.node_id, len(tasks), exc_info=True)
 
-    def _request_snapshot(self, report: str, held_version: int) -> None:
-        """Runs on the subscriber's thread: ask the trainer for a snapshot, at most every 10 s."""
+    def _request_snapshot(self, report: str, held_version: int, policy: str) -> None:
+        """Runs on a subscriber's thread: ask ``policy``'s trainer for a snapshot, at most every 10 s."""
         now = time.monotonic()
-        if now - self._last_snapshot_request < SNAPSHOT_REQUEST_INTERVAL_S:
+        if now - self._last_snapshot_request.get(policy, -SNAPSHOT_REQUEST_INTERVAL_S) < SNAPSHOT_REQUEST_INTERVAL_S:
             return
-        self._last_snapshot_request = now
-        self.plain.send(self.topics.control, SnapshotRequest(self.cfg.policy, self.node_id, held_version, report,
-                                                             time.time()), key=self.cfg.policy, trace=False)
+        self._last_snapshot_request[policy] = now
+        self.plain.send(self.topics.control, SnapshotRequest(policy, self.node_id, held_version, report,
+                                                             time.time()), key=policy, trace=False)
 
     def _heartbeat(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -443,7 +458,7 @@ class RolloutActor(LoopActor):
         if self._polls is not None:
             self._polls.close()
         close_quietly(self.runner, self.server, self.client, self.weights, self.consumer, self.watch,
-                      self.producer, self.plain, self.engine)
+                      self.producer, self.plain, getattr(self.engine, "host", self.engine))
         self.engine = self.consumer = self.producer = self.plain = self.weights = None
         self.client = self.server = self.runner = self.watch = None
 

@@ -14,7 +14,9 @@ newest ``dataflow-state.<policy>`` record as a plain ``read_committed`` consumer
 * batch sources and drop records point at records that hold the groups they name;
   batches are numbered 0, 1, 2, ... without a gap;
 * every fresh sample respects the staleness bound: a token generated at version ``v``
-  is in a batch ``k`` with ``k - v <= max_staleness`` (replays are stale by design);
+  is in a batch ``k`` with ``k - v <= max_staleness`` (replays are stale by design), and
+  ``v <= k``: version ``v`` exists once ``v`` batches were trained, so a token ahead of its
+  batch carries another policy's version (a shared pool that mixed up its adapters' versions);
 * the dataflow's newest state agrees with the log (tasks scheduled, slots freed by drops,
   next step, nothing open), so the counts it restarts from are the ones the log implies;
 * with the job's content limits (:func:`content_limits`), every group's content is checked
@@ -297,6 +299,9 @@ def _check_batches(log: JobLog, a: Audit, max_staleness: int) -> None:
             a.batched_groups += 1
             for s in g.samples:
                 own = s.own_versions()
+                if own and max(own) > b.step:
+                    a.violations.append(f"batch {b.step}: group {g.group_key} has a token of version {max(own)}, "
+                                        f"ahead of the batch (not a version of policy {g.policy} yet)")
                 if own:
                     lag = b.step - min(own)
                     a.max_staleness_seen = max(a.max_staleness_seen, lag)

@@ -19,16 +19,19 @@ Two guards a model server has live here too: no row generates past the model's p
 which is the one place this engine reads the model directory's tokenizer.
 
 A LoRA policy (``lora``): the model directory is the base, loaded once; a version is an
-adapter's tensors only, which :class:`~.lora.MergedAdapter` merges into a working copy of
-the targeted weights, the base kept aside, so every version applies to the base itself.
-Merging suits one adapter serving the whole batch (the forward is the base's); rows of
-several adapters in one batch would need the adapter applied per row instead.
+adapter's tensors only, applied to the base itself (:class:`~.lora.AdapterSlots`). One
+engine may hold several adapters of its base (``adapters``: one per policy, each at its own
+version; :meth:`CpuEngine.adapter` is one of them as an engine of its own), and one call may
+mix their rows (``generate(..., adapters=[...])``): each row is computed under its own
+adapter and reports its adapter's version. A call whose rows share one adapter runs on the
+adapter merged into the weights (the base's cost); a mixed call adds each row's update.
 """
 
 from __future__ import annotations
 
+import contextlib
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -38,22 +41,27 @@ from .base import (Generation, NamedTensors, RolloutEngine, SamplingParams, cont
                    iter_named_tensors, out_of_context, row_seeds)
 from .config import LoraConfig
 from .kv_cache import preallocated_cache
-from .lora import MergedAdapter, is_adapter_name
+from .lora import ADAPTER, AdapterSlots, is_adapter_name
 from .sampling import sample
 
-__all__ = ["CpuEngine"]
+__all__ = ["AdapterEngine", "CpuEngine"]
 
 
 class CpuEngine(RolloutEngine):
     """Rollout engine for one HF causal LM on CPU (float32)."""
 
     def __init__(self, model: str | Path | PreTrainedModel, threads: int | None = None, version: int = 0,
-                 tokenizer=None, lora: LoraConfig | None = None) -> None:
+                 tokenizer=None, lora: LoraConfig | None = None,
+                 adapters: Mapping[str, LoraConfig] | None = None) -> None:
         """``model`` is an HF model directory, or a live model to share (the bootstrap
         evaluates the model it is training this way; the caller keeps ownership).
         ``tokenizer`` decodes for stop strings; by default the model directory's, loaded
         the first time a call asks for stop strings. ``lora``: the policy is a LoRA adapter
-        of ``model`` (its settings give the adapter's scale): versions are adapters."""
+        of ``model`` (its settings give the adapter's scale): versions are adapters.
+        ``adapters``: several adapters of ``model`` by name (policy -> its LoRA settings), each
+        loaded and versioned on its own (:meth:`adapter`); the first is the default one."""
+        if lora is not None and adapters:
+            raise ValueError("CpuEngine: give lora (one adapter) or adapters (several by name), not both")
         if threads:
             torch.set_num_threads(threads)
         if isinstance(model, PreTrainedModel):
@@ -69,13 +77,23 @@ class CpuEngine(RolloutEngine):
         self._version = version
         self._closed = False
         self._tokenizer = tokenizer
-        self._adapter = MergedAdapter(self.model, lora) if lora is not None else None
+        named = {ADAPTER: lora} if lora is not None else dict(adapters or {})
+        self._slots = AdapterSlots(self.model, named, version) if named else None
         #: the model's context window: no row's prompt + completion exceeds it
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
 
     @property
     def version(self) -> int:
-        return self._version
+        """The weights' version; on an adapter engine, the default adapter's."""
+        return self._slots.version(self._slots.names[0]) if self._slots is not None else self._version
+
+    def adapter(self, name: str) -> AdapterEngine:
+        """Adapter ``name`` of this engine as a rollout engine of its own: its loads, its
+        version, its rows (the base and the calls are this engine's)."""
+        if self._slots is None or name not in self._slots.names:
+            raise KeyError(f"no adapter {name!r} on this engine "
+                           f"(it serves {', '.join(self._slots.names) if self._slots else 'full weights'})")
+        return AdapterEngine(self, name)
 
     def close(self) -> None:
         # Dropping the model frees its memory; further calls fail loudly.
@@ -84,16 +102,10 @@ class CpuEngine(RolloutEngine):
 
     def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
         """Copy ``named_tensors`` into the model (any subset of its weights); for a LoRA
-        engine they are a whole adapter, applied to the base (:class:`~.lora.MergedAdapter`)."""
+        engine they are a whole adapter, applied to the base (the default adapter's slot)."""
         self._check_open()
-        if self._adapter is not None:
-            named = list(iter_named_tensors(named_tensors))
-            plain = [name for name, _ in named if not is_adapter_name(name)]
-            if plain:
-                raise KeyError(f"load_weights: this engine serves a LoRA adapter of {self.model_path}, and "
-                               f"{plain[0]!r} is not an adapter tensor (a full-weights version of another policy?)")
-            self._adapter.apply(named)
-            self._version = version
+        if self._slots is not None:
+            self.load_adapter(self._slots.names[0], named_tensors, version)
             return
         state = self.model.state_dict()
         with torch.no_grad():
@@ -106,12 +118,35 @@ class CpuEngine(RolloutEngine):
                 target.copy_(tensor)
         self._version = version
 
+    def load_adapter(self, name: str, named_tensors: NamedTensors, version: int) -> None:
+        """Adapter ``name`` becomes ``named_tensors`` (a whole adapter of the base) at ``version``."""
+        self._check_open()
+        if self._slots is None:
+            raise KeyError(f"load_adapter: this engine serves full weights of {self.model_path}, not adapters")
+        named = list(iter_named_tensors(named_tensors))
+        plain = [n for n, _ in named if not is_adapter_name(n)]
+        if plain:
+            raise KeyError(f"load_weights: this engine serves LoRA adapters of {self.model_path}, and "
+                           f"{plain[0]!r} is not an adapter tensor (a full-weights version of another policy?)")
+        self._slots.load(name, named, version)
+
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 seeds: Sequence[int] | None = None) -> list[Generation]:
+                 seeds: Sequence[int] | None = None, adapters: Sequence[str] | None = None) -> list[Generation]:
+        """``adapters`` (an adapter engine): the adapter of each row (default: the default one)."""
         self._check_open()
         if not prompts:
             return []
+        if self._slots is None:
+            if adapters is not None:
+                raise ValueError("generate: adapters name LoRA adapters, and this engine serves full weights")
+            names = None
+            versions = [self._version] * len(prompts)
+        else:
+            names = list(adapters) if adapters is not None else [self._slots.names[0]] * len(prompts)
+            if len(names) != len(prompts):
+                raise ValueError(f"generate: {len(names)} adapters for {len(prompts)} prompts (one per prompt)")
+            versions = [self._slots.version(n) for n in names]
         if any(len(p) == 0 for p in prompts):
             raise ValueError("generate: every prompt needs at least one token")
         seeds = row_seeds(prompts, params, seeds)
@@ -120,17 +155,20 @@ class CpuEngine(RolloutEngine):
             seeds = [fresh + i for i in range(len(prompts))]
         budgets = context_budgets(prompts, params.max_new_tokens, self.max_positions)
         fits = [i for i, b in enumerate(budgets) if b > 0]
-        out: list[Generation | None] = [None if b > 0 else out_of_context(prompts[i], self._version)
+        out: list[Generation | None] = [None if b > 0 else out_of_context(prompts[i], versions[i])
                                         for i, b in enumerate(budgets)]
         if fits:
-            gens = self._decode([prompts[i] for i in fits], params, [seeds[i] for i in fits],
-                                [budgets[i] for i in fits])
+            with (self._slots.serving([names[i] for i in fits]) if names is not None
+                  else contextlib.nullcontext()) as per_row:
+                gens = self._decode([prompts[i] for i in fits], params, [seeds[i] for i in fits],
+                                    [budgets[i] for i in fits], [versions[i] for i in fits], per_row)
             for i, g in zip(fits, gens):
                 out[i] = g
         return out  # type: ignore[return-value]
 
     def _decode(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: list[int],
-                budgets: list[int]) -> list[Generation]:
+                budgets: list[int], versions: list[int], per_row=None) -> list[Generation]:
+        """``per_row``: the rows' adapter updates (a mixed call), told the live rows before each forward."""
         batch = len(prompts)
         longest = max(budgets)
         # One uniform per (row, step), drawn up front from the row's own seed (the same draws
@@ -191,6 +229,8 @@ class CpuEngine(RolloutEngine):
                 keep = live.nonzero().squeeze(-1)
                 cache.batch_select_indices(keep)
                 rows, tok, next_pos, mask = rows[keep], tok[keep], next_pos[keep], mask[keep]
+                if per_row is not None:
+                    per_row.select(rows)
             mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long)], dim=-1)
             out = self.model(
                 input_ids=tok.unsqueeze(-1),
@@ -208,7 +248,7 @@ class CpuEngine(RolloutEngine):
                 tokens=tuple(tokens[i]),
                 logprobs=tuple(logprobs[i]),
                 finish_reason=reasons[i],  # type: ignore[arg-type]
-                version=self._version,
+                version=versions[i],
             )
             for i in range(batch)
         ]
@@ -243,3 +283,26 @@ class _StopStrings:
     def hit(self, tokens: list[int]) -> bool:
         text = self.tokenizer.decode(tokens[-self.window:], skip_special_tokens=True)
         return any(x in text for x in self.stops)
+
+
+class AdapterEngine(RolloutEngine):
+    """One adapter of a :class:`CpuEngine` as a rollout engine: what a policy's weight
+    subscriber loads and its role calls (a shared pool holds one per policy). ``host`` and
+    ``name`` let a caller batch rows of several adapters of one host into one call."""
+
+    def __init__(self, host: CpuEngine, name: str) -> None:
+        self.host, self.name = host, name
+
+    @property
+    def version(self) -> int:
+        return self.host._slots.version(self.name)  # noqa: SLF001 - the host's own slots
+
+    def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        self.host.load_adapter(self.name, named_tensors, version)
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
+        return self.host.generate(prompts, params, seeds, adapters=[self.name] * len(prompts))
+
+    def close(self) -> None:
+        """The host owns the model: closing one adapter's view closes nothing."""

@@ -8,11 +8,14 @@ Owns three things:
 * The adapter's names on the wire: peft's saved-adapter names
   (``base_model.model.<module>.lora_A.weight``, what ``adapter_model.safetensors`` holds),
   without the in-memory adapter name (:func:`published_name`, :func:`peft_name`).
-* :class:`MergedAdapter`: how the CPU engine serves one adapter. It keeps the base weight of
-  every targeted module untouched aside and writes ``base + (alpha / rank) * B @ A`` into the
-  model's working weight, so each version applies to the base, never on top of the previous
-  version, and the forward costs what the base's costs. (One adapter per engine; rows of
-  several adapters in one batch need the unmerged per-row path, not built yet.)
+* :class:`AdapterSlots`: how the CPU engine serves adapters of its base, one slot per
+  adapter (a policy), each with its own version. A call whose rows all use one adapter
+  *merges* it: the base weight of every targeted module is kept aside untouched and
+  ``base + (alpha / rank) * B @ A`` is written into the model's working weight, so each
+  version applies to the base, never on top of the previous one, and the forward costs what
+  the base's costs. A call mixing adapters runs on the base weights with a hook on every
+  targeted module that adds each row's own update, ``scale * B(A(x))``, to that row's output
+  (what peft computes for a lone adapter), so each row gets exactly its adapter's output.
 
 It knows nothing about Kafka, weight streams or which base an adapter belongs to: the
 weights layer names the base by its digest (``weights.adapters``).
@@ -20,13 +23,15 @@ weights layer names the base by its digest (``weights.adapters``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
 
 from .config import LoraConfig
 
-__all__ = ["ADAPTER", "MergedAdapter", "is_adapter_name", "peft_name", "published_name", "wrap"]
+__all__ = ["ADAPTER", "AdapterSlots", "is_adapter_name", "peft_name", "published_name", "wrap"]
 
 #: peft's name of the one adapter a trainer holds (inside its parameter names, never on the wire).
 ADAPTER = "default"
@@ -77,48 +82,156 @@ def _module_of(name: str) -> tuple[str, str]:
     raise KeyError(f"{name!r} is not an adapter matrix (no .lora_A. or .lora_B. in its name)")
 
 
-class MergedAdapter:
-    """One adapter merged into a model's working weights, the base kept aside (see the module docstring).
+def _adapter_pairs(named: Iterable[tuple[str, torch.Tensor]], params: dict[str, torch.Tensor],
+                   cfg: LoraConfig) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Target module -> its ``(A, B)`` in the weight's dtype; KeyError/ValueError when the
+    tensors are not a whole rank-``cfg.rank`` adapter of this model."""
+    found: dict[str, dict[str, torch.Tensor]] = {}
+    for name, t in named:
+        module, which = _module_of(name)
+        found.setdefault(module, {})[which] = t
+    pairs = {}
+    for module, ab in sorted(found.items()):
+        weight = params.get(f"{module}.weight")
+        if weight is None:
+            raise KeyError(f"load_weights: the adapter names module {module!r}, which the model has no weight for")
+        if set(ab) != {"A", "B"}:
+            raise ValueError(f"load_weights: module {module!r} has lora_{''.join(ab)} but not both lora_A and lora_B")
+        a, b = ab["A"], ab["B"]
+        if a.dim() != 2 or b.dim() != 2 or a.shape[0] != cfg.rank or b.shape[1] != cfg.rank \
+                or (b.shape[0], a.shape[1]) != tuple(weight.shape):
+            raise ValueError(f"load_weights: {module!r}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do "
+                             f"not make a rank-{cfg.rank} adapter of its {tuple(weight.shape)} weight "
+                             "(trainer.engine.lora.rank must be the trainer's)")
+        pairs[module] = (a.detach().to(weight.dtype).clone(), b.detach().to(weight.dtype).clone())
+    return pairs
+
+
+class _Slot:
+    """One adapter the engine serves: its settings, its matrices and its version."""
+
+    __slots__ = ("cfg", "scaling", "pairs", "version", "loads")
+
+    def __init__(self, cfg: LoraConfig, version: int) -> None:
+        self.cfg, self.scaling, self.version = cfg, cfg.alpha / cfg.rank, version
+        self.pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  #: empty: B = 0, the base itself
+        self.loads = 0  #: adapters loaded into it so far (which matrices a merge holds)
+
+
+class AdapterSlots:
+    """Adapters of one base model, by name, and which one the model's weights hold merged
+    (see the module docstring).
 
     Args:
-        model: the engine's HF model (its weights are changed in place).
-        cfg: the policy's LoRA settings (rank and alpha give the scale).
+        model: the engine's HF model (its targeted weights are changed in place).
+        configs: adapter name (a policy) -> its LoRA settings (rank and alpha give its scale).
+        version: every slot's version before its first load.
     """
 
-    def __init__(self, model, cfg: LoraConfig) -> None:
-        self.model, self.cfg = model, cfg
-        self.scaling = cfg.alpha / cfg.rank
+    def __init__(self, model, configs: dict[str, LoraConfig], version: int = 0) -> None:
+        if not configs:
+            raise ValueError("AdapterSlots: name at least one adapter")
+        self.model = model
+        self.slots = {name: _Slot(cfg, version) for name, cfg in configs.items()}
         self._params = dict(model.named_parameters())
         self._base: dict[str, torch.Tensor] = {}  #: module weight name -> its base value (first touch)
+        self._merged: str | None = None  #: the slot the working weights hold (None: the base)
+        self._merged_key: tuple | None = (None, None)  #: ... and which of its versions' matrices
 
-    def apply(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Make the model compute ``base + scaling * B @ A`` for every module the adapter
-        names, and the base for every module an earlier adapter touched and this one does not.
-        Raises KeyError/ValueError (nothing changed) when the tensors are not a whole adapter
-        of this model."""
-        pairs: dict[str, dict[str, torch.Tensor]] = {}
-        for name, t in named:
-            module, which = _module_of(name)
-            pairs.setdefault(module, {})[which] = t
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.slots)
+
+    def version(self, name: str) -> int:
+        return self._slot(name).version
+
+    def load(self, name: str, named: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Make slot ``name`` hold this adapter at ``version``. Raises KeyError/ValueError
+        (nothing changed) when the tensors are not a whole adapter of this model."""
+        slot = self._slot(name)
+        slot.pairs = _adapter_pairs(named, self._params, slot.cfg)
+        slot.version, slot.loads = version, slot.loads + 1
+        if self._merged == name or (self._merged is None and len(self.slots) == 1):
+            self._merge(name)  # the working weights follow the adapter they hold
+
+    @contextmanager
+    def serving(self, names: Sequence[str]):
+        """While a call runs on rows of adapters ``names`` (one per row). Rows of one adapter:
+        it is merged and this yields None. Rows of several: the base weights and a per-row
+        hook on every targeted module; this yields a :class:`_RowUpdates` the caller tells which
+        rows are live before each forward (``select``)."""
+        wanted = set(names)
+        for name in wanted:
+            self._slot(name)
+        if len(wanted) == 1:
+            self._merge(next(iter(wanted)))
+            yield None
+            return
+        self._merge(None)
+        rows = _RowUpdates(self.model, [self.slots[n] for n in names])
+        try:
+            yield rows
+        finally:
+            rows.remove()
+
+    def _slot(self, name: str) -> _Slot:
+        slot = self.slots.get(name)
+        if slot is None:
+            raise KeyError(f"no adapter {name!r} on this engine (it serves {', '.join(self.slots)})")
+        return slot
+
+    def _merge(self, name: str | None) -> None:
+        """Working weights = base + slot ``name``'s update (None: the base) for every module
+        an adapter touched so far."""
+        key = (name, self.slots[name].loads if name is not None else None)
+        if key == self._merged_key:
+            return  # (a merge copies every targeted weight: once per adapter version, not per call)
         merged: dict[str, torch.Tensor] = {}
-        for module, ab in sorted(pairs.items()):
-            target = f"{module}.weight"
-            weight = self._params.get(target)
-            if weight is None:
-                raise KeyError(f"load_weights: the adapter names module {module!r}, which the model has no weight for")
-            if set(ab) != {"A", "B"}:
-                raise ValueError(f"load_weights: module {module!r} has lora_{''.join(ab)} but not both lora_A and lora_B")
-            a, b = ab["A"], ab["B"]
-            if a.dim() != 2 or b.dim() != 2 or a.shape[0] != self.cfg.rank or b.shape[1] != self.cfg.rank \
-                    or (b.shape[0], a.shape[1]) != tuple(weight.shape):
-                raise ValueError(f"load_weights: {module!r}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do "
-                                 f"not make a rank-{self.cfg.rank} adapter of its {tuple(weight.shape)} weight "
-                                 "(trainer.engine.lora.rank must be the trainer's)")
-            merged[target] = (b.to(torch.float32) @ a.to(torch.float32)) * self.scaling
+        if name is not None:
+            slot = self.slots[name]
+            merged = {f"{m}.weight": (b.to(torch.float32) @ a.to(torch.float32)) * slot.scaling
+                      for m, (a, b) in slot.pairs.items()}
         with torch.no_grad():
-            for target in set(self._base) - set(merged):  # an earlier adapter's module: back to the base
+            for target in set(self._base) - set(merged):  # another adapter's module: back to the base
                 self._params[target].copy_(self._base[target])
             for target, delta in merged.items():
                 weight = self._params[target]
                 base = self._base.setdefault(target, weight.detach().clone())
                 weight.copy_(base + delta.to(weight.dtype))
+        self._merged, self._merged_key = name, key
+
+
+class _RowUpdates:
+    """Forward hooks adding each live row's own adapter update to a targeted module's output:
+    ``out[i] += scale_i * B_i(A_i(x[i]))``, computed once per adapter over its rows."""
+
+    def __init__(self, model, slots: Sequence[_Slot]) -> None:
+        self.slots = list(slots)  #: per original row
+        self._groups: list[tuple[_Slot, torch.Tensor]] = []
+        modules = sorted({m for s in self.slots for m in s.pairs})
+        self._hooks = [model.get_submodule(m).register_forward_hook(self._hook(m)) for m in modules]
+        self.select(torch.arange(len(self.slots)))
+
+    def select(self, rows: torch.Tensor) -> None:
+        """The original row of each live batch entry, in batch order."""
+        by_slot: dict[int, tuple[_Slot, list[int]]] = {}
+        for i, r in enumerate(rows.tolist()):
+            slot = self.slots[r]
+            by_slot.setdefault(id(slot), (slot, []))[1].append(i)
+        self._groups = [(slot, torch.tensor(idx)) for slot, idx in by_slot.values() if slot.pairs]
+
+    def _hook(self, module: str):
+        def add_updates(_mod, inputs, out):
+            x = inputs[0]
+            for slot, idx in self._groups:
+                pair = slot.pairs.get(module)
+                if pair is not None:
+                    a, b = pair
+                    out.index_add_(0, idx, F.linear(F.linear(x.index_select(0, idx), a), b) * slot.scaling)
+            return out
+        return add_updates
+
+    def remove(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []

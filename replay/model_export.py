@@ -12,7 +12,11 @@ so the versions the log can still rebuild are named in the error for one it cann
 run dir's own ``hf/<policy>/v<k>`` exports are the way to keep others).
 
 :func:`export_model` writes those weights with the config and tokenizer of a base model
-directory (the job's model, or one of the run's own exports). Nothing is written to the
+directory (the job's model, or one of the run's own exports). A LoRA policy's versions are
+adapters (they name their base by digest, which must be the base directory's): its export
+is peft's adapter directory, or with ``merged`` the base with the adapter merged in, a plain
+HF model; either needs the policy's adapter settings (``trainer.engine.lora``: the job's
+config, or the run's own adapter exports). Nothing is written to the
 job's topics; signatures are not checked here (the digests are): an offline reader of a
 run dir trusts the run dir.
 """
@@ -24,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from astraflow.engines.config import LoraConfig
 from astraflow.replay.recorded import RecordError, check_job
 from astraflow.topics import ChunkError, ChunkReader, JobTopics, VersionAnnouncement
 from astraflow.topics.replay import read_topic
@@ -40,6 +45,7 @@ class RebuiltVersion:
     digest: str  #: ``weights_digest`` of ``weights``: what the trainer announced for the version
     weights: dict[str, torch.Tensor]
     snapshot_version: int  #: the snapshot the chain started from
+    base_model: str = ""  #: a LoRA policy's: the digest of the base its adapter applies to ("": full weights)
 
 
 def _announcements(bootstrap: str, topics: JobTopics, policy: str) -> list[VersionAnnouncement]:
@@ -105,7 +111,7 @@ def rebuild_version(bootstrap: str, topics: JobTopics, policy: str, version: int
     expected = holder.checksum if holder.version == version else digest
     if actual != expected:
         raise RecordError(f"{what} assembled with digest {actual[:16]}…, the trainer announced {expected[:16]}…")
-    return RebuiltVersion(version, holder.epoch, actual, state, holder.snapshot_version)
+    return RebuiltVersion(version, holder.epoch, actual, state, holder.snapshot_version, holder.base_model)
 
 
 def _check_payload(header, version: int, kind: str, what: str) -> None:
@@ -129,17 +135,25 @@ def _spans(vs: list[int]) -> str:
 
 
 def export_model(bootstrap: str, job: str, policy: str, out: str | Path, *, base_model: str | Path,
-                 version: int | None = None) -> tuple[Path, RebuiltVersion]:
+                 version: int | None = None, lora: LoraConfig | None = None,
+                 merged: bool = False) -> tuple[Path, RebuiltVersion]:
     """Rebuild ``version`` and write it into ``out`` (new, or an earlier export to replace)
-    as an HF directory with ``base_model``'s config and tokenizer."""
+    as an HF directory with ``base_model``'s config and tokenizer; for a LoRA policy (its
+    settings ``lora``) peft's adapter directory, or with ``merged`` the merged model."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from astraflow.engines.hf_export import export_hf_atomic
 
     out = Path(out)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "config.json").exists())):
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "config.json").exists()
+                                              and not (out / "adapter_config.json").exists())):
         raise RecordError(f"--out {out} exists and is not an HF export; give a new directory")
     rebuilt = rebuild_version(bootstrap, JobTopics(job=job), policy, version)
+    if rebuilt.base_model:
+        return _export_adapter(rebuilt, policy, out, Path(base_model), lora, merged), rebuilt
+    if merged:
+        raise RecordError(f"export --merged: {policy!r} is not a LoRA policy (its versions are full weights, "
+                          "already a whole model): leave --merged out")
     try:
         config = AutoConfig.from_pretrained(str(base_model))
     except (OSError, ValueError) as e:
@@ -153,31 +167,75 @@ def export_model(bootstrap: str, job: str, policy: str, out: str | Path, *, base
     return export_hf_atomic(out, module, rebuilt.weights, base_model), rebuilt
 
 
-def _base_model(args, policy: str) -> Path:
-    """The HF dir whose config and tokenizer an export carries (see ``--base-model``)."""
-    if args.base_model:
-        return Path(args.base_model)
+def _export_adapter(rebuilt: RebuiltVersion, policy: str, out: Path, base_model: Path, lora: LoraConfig | None,
+                    merged: bool) -> Path:
+    """A LoRA policy's version out: peft's adapter directory, or (``merged``) the merged model."""
+    from astraflow.engines.hf_export import export_adapter, export_merged
+    from astraflow.weights.adapters import base_digest
+
+    what = f"version {rebuilt.version} of {policy!r}"
+    if lora is None:
+        raise RecordError(f"{what} is a LoRA adapter, and its settings (trainer.engine.lora: rank, alpha, targets) "
+                          "are not in the log: give --config (the job's config file)")
+    try:
+        digest = base_digest(base_model)
+    except FileNotFoundError as e:
+        raise RecordError(f"base model {base_model}: {e}") from None
+    if digest != rebuilt.base_model:
+        raise RecordError(f"{what} is a LoRA adapter of base {rebuilt.base_model[:16]}…, and {base_model} is "
+                          f"{digest[:16]}… (another model): give the job's model as --base-model")
+    if not merged:
+        return export_adapter(out, lora, rebuilt.weights, base_model)
+    try:
+        return export_merged(out, lora, rebuilt.weights, base_model)
+    except ValueError as e:
+        raise RecordError(f"{what}: {e}") from None
+
+
+def _sources(args, policy: str) -> tuple[Path, LoraConfig | None]:
+    """The HF dir whose config and tokenizer an export carries (see ``--base-model``), and a
+    LoRA policy's adapter settings (None: a full-weights policy, or none known)."""
     config = args.config
     run = Path(args.run_dir_log) if getattr(args, "run_dir_log", None) else None
     if run is not None and not config:
         from astraflow.engines.hf_export import HFExports
         exports = HFExports(run / "hf" / policy)
         done = exports.final() or next((exports.path(v) for v in reversed(exports.versions())), None)
-        if done is not None:
-            return done
+        if done is not None and (done / "adapter_config.json").is_file():  # the trainer's adapter export
+            lora, base = _adapter_settings(done / "adapter_config.json")
+            return Path(args.base_model or base), lora
+        if done is not None and not args.base_model:
+            return done, None
         try:
             import json
             config = json.loads((run / "summary.json").read_text()).get("config")
         except (OSError, ValueError):
             config = None
     if not config:
+        if args.base_model:
+            return Path(args.base_model), None
         raise RecordError("export --model: give --base-model (the job's HF model dir) or --config (the job's config "
                           "file): the weights topic holds the weights, not the model's config or tokenizer")
 
     from astraflow.actors.common import model_path
     from astraflow.config import load_config
     cfg = load_config(config)
-    return model_path(cfg.view(policy) if policy in cfg.policy_names else cfg)
+    view = cfg.view(policy) if policy in cfg.policy_names else cfg
+    return Path(args.base_model) if args.base_model else model_path(view), view.trainer.engine.lora
+
+
+def _adapter_settings(path: Path) -> tuple[LoraConfig, str]:
+    """The LoRA settings and base model an ``adapter_config.json`` (peft's) names."""
+    import json
+
+    try:
+        c = json.loads(path.read_text())
+        targets = c["target_modules"]
+        return (LoraConfig(rank=int(c["r"]), alpha=float(c["lora_alpha"]), dropout=float(c.get("lora_dropout") or 0),
+                           target_modules=tuple(targets if isinstance(targets, list) else sorted(targets))),
+                str(c.get("base_model_name_or_path") or ""))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise RecordError(f"{path}: not a peft adapter config ({type(e).__name__}: {e})") from None
 
 
 def cli_export_model(args) -> int:
@@ -194,10 +252,13 @@ def cli_export_model(args) -> int:
             raise RecordError(f"export --model: job {args.job!r} has policies {', '.join(found) or 'none'}; "
                               "pass --policy")
         policy = found[0]
-    out, rebuilt = export_model(args.bootstrap_servers, args.job, policy, args.out,
-                                base_model=_base_model(args, policy), version=args.version)
+    base, lora = _sources(args, policy)
+    out, rebuilt = export_model(args.bootstrap_servers, args.job, policy, args.out, base_model=base,
+                                version=args.version, lora=lora, merged=args.merged)
     deltas = rebuilt.version - rebuilt.snapshot_version
     print(f"exported version {rebuilt.version} of {policy} (epoch {rebuilt.epoch}, snapshot {rebuilt.snapshot_version}"
           + (f" + {deltas} delta{'s' * (deltas > 1)}" if deltas else "")
-          + f", digest {rebuilt.digest[:16]}…) as a Hugging Face model: {out}")
+          + f", digest {rebuilt.digest[:16]}…) as "
+          + ("a Hugging Face model" if not rebuilt.base_model else "the base with the LoRA adapter merged in"
+             if args.merged else "a PEFT adapter directory") + f": {out}")
     return 0

@@ -58,11 +58,15 @@ def validate(t: Topology) -> None:
     _check_autoscaler(t)
 
 
-def validate_for_job(t: Topology, job_policy: str | tuple[str, ...], task_partitions: int, job_file: str) -> None:
+def validate_for_job(t: Topology, job_policy: str | tuple[str, ...], task_partitions: int, job_file: str,
+                     served_by: dict[str, str] | None = None) -> None:
     """What the job config decides: pools serve its policies, and partitions cover the most nodes.
 
     ``job_policy`` is the job's policy, or all of a multi-policy job's policies; there a
-    trainer or RaaS pool must name the policy it serves, and every policy needs both."""
+    trainer or RaaS pool must name the policy it serves, and every policy needs both, except
+    that a policy in ``served_by`` (policy -> the policy whose pool serves its rows: the job's
+    ``rollout.pool``) has no RaaS pool of its own."""
+    served_by = served_by or {}
     policies = (job_policy,) if isinstance(job_policy, str) else tuple(job_policy)
     multi = len(policies) > 1
     nodes: dict[str, int] = {}
@@ -79,12 +83,16 @@ def validate_for_job(t: Topology, job_policy: str | tuple[str, ...], task_partit
             raise TopologyError(t.source, f"regions.{rname}.pools.{pname}.policy",
                                 f"serves policy {pool.policy!r} but the job ({job_file}) trains "
                                 f"{' and '.join(repr(p) for p in policies)}")
+        if pool.component == "raas" and policy in served_by:
+            raise TopologyError(t.source, f"regions.{rname}.pools.{pname}.policy",
+                                f"policy {policy!r}'s rows are served by {served_by[policy]!r}'s pool (rollout.pool "
+                                f"in {job_file}): it has no RaaS pool of its own; remove this pool")
         served.setdefault(policy, set()).add(pool.component)
         if pool.component == "raas":
             nodes[policy] = nodes.get(policy, 0) + pool.hi
     if multi:
         for policy in policies:
-            missing = {"trainer", "raas"} - served.get(policy, set())
+            missing = ({"trainer"} if policy in served_by else {"trainer", "raas"}) - served.get(policy, set())
             if missing:
                 raise TopologyError(t.source, "regions.*.pools",
                                     f"policy {policy!r} of {job_file} has no {' and no '.join(sorted(missing))} pool")

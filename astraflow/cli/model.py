@@ -169,6 +169,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from astraflow.replay import export_trajectories
+    if args.merged and not args.model:
+        raise UsageError("export --merged: a LoRA policy's merged model is a model export; add --model")
     if args.model:
         from astraflow.replay.model_export import cli_export_model
         return cli_export_model(args)
@@ -214,6 +216,9 @@ def add_parsers(sub) -> None:
                                                  "with --model for the model (new, or an earlier export to replace)")
     ex.add_argument("--model", action="store_true", help="export a policy version's weights, rebuilt from the "
                                                          "weights topic (snapshot + deltas), as an HF directory")
+    ex.add_argument("--merged", action="store_true", help="with --model, for a LoRA policy: the base with the adapter "
+                                                          "merged in, a plain HF model (default: peft's adapter "
+                                                          "directory, which loads onto the base with peft)")
     ex.add_argument("--version", type=int, help="with --model: the version (default: the newest announced)")
     ex.add_argument("--base-model", help="with --model: the HF dir whose config and tokenizer go with the weights "
                                          "(default: the job's model from --config, else the run dir's own exports)")

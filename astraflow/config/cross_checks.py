@@ -4,7 +4,7 @@
 ``__post_init__`` runs :meth:`~CrossSectionChecks.check_sections`: names that become topic and
 path parts, the data-algorithm pipeline of each policy (its batch and group sizes), the
 workflow and its role -> policy binding, the evaluation keys against the data sources, each
-policy's model, device sharing, and the principals of each policy. Each failure is a
+policy's model, the pools shared by LoRA policies, device sharing, and the principals of each policy. Each failure is a
 :class:`ConfigError` naming the dotted key and the file. The checks read the job's sections
 and its policy properties (``policy_names``, ``role_policies``, ...); they know nothing of
 how a file becomes a job config (:mod:`.job`), nor of what runs the job.
@@ -36,6 +36,7 @@ class CrossSectionChecks:
         self._check_workflow()
         self._check_eval()
         self._check_models()
+        self._check_shared_pools()
         self._check_device_shares()
         self.kafka.security.check_policies(self.policy_names, self.source)
 
@@ -174,6 +175,41 @@ class CrossSectionChecks:
                 raise ConfigError(self.source, key, f"{name!r} is named by this component only: a pool and its "
                                                     f"policy's trainer share devices, both naming them")
 
+    def _check_shared_pools(self) -> None:
+        """``rollout.pool``: a policy whose rows another policy's pool serves. That pool is the
+        lead's (its nodes run the episodes, so the other roles are played there), and every
+        policy on it is a LoRA adapter of the same base model on the CPU engine (one engine
+        holds the base once and serves each policy's adapter per row)."""
+        for p in self.policy_names:
+            own = self.policies[p] if self.policies else self
+            pool = own.rollout.pool
+            if pool is None or pool == p:
+                continue
+            key = f"policies.{p}.rollout.pool" if self.policies else "rollout.pool"
+            if not self.policies:
+                raise ConfigError(self.source, key, f"names pool {pool!r}, and a single-policy job has one pool of its "
+                                                    f"own (leave it null)")
+            if pool not in self.policies:
+                raise ConfigError(self.source, key, f"no policy {pool!r} (policies: {', '.join(self.policy_names)})")
+            lead = self.lead_policy
+            if pool != lead:
+                raise ConfigError(self.source, key, f"{pool!r}'s pool runs no episodes: only the lead policy {lead!r}'s "
+                                                    f"pool (it plays the workflow's first role) plays other policies' "
+                                                    f"roles, so a shared pool is {lead!r}'s")
+            host = self.policies[pool]
+            for who, sec in ((p, own), (pool, host)):
+                if sec.trainer.engine.lora is None:
+                    raise ConfigError(self.source, key, f"a shared pool serves LoRA adapters of one base, and {who!r} "
+                                                        f"is full fine-tuning (set policies.{who}.trainer.engine.lora)")
+                if sec.rollout.engine.kind != "cpu" or sec.rollout.device.emulated:
+                    raise ConfigError(self.source, key, f"a shared pool runs on the CPU engine (it mixes adapters per "
+                                                        f"row), and {who!r} has rollout.engine.kind "
+                                                        f"{sec.rollout.engine.kind} on device {sec.rollout.device.kind}")
+            if own.model != host.model:
+                raise ConfigError(self.source, key, f"a shared pool serves adapters of one base model, and {p!r} is "
+                                                    f"on {_model_name(own.model)} while {pool!r} is on "
+                                                    f"{_model_name(host.model)} (policies.<p>.model must be the same)")
+
     def _check_models(self) -> None:
         """Each policy's tiny bootstrapped model is one that ``astraflow model init`` can build;
         a LoRA policy's engine serves adapters."""
@@ -207,3 +243,7 @@ class CrossSectionChecks:
                 get_task(model.task)
             except WarmStartError as e:
                 raise ConfigError(self.source, f"{where}.task", str(e)) from None
+
+
+def _model_name(model) -> str:
+    return model.path or model.name or f"the tiny {model.task} model (seed {model.seed})"

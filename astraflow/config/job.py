@@ -107,6 +107,17 @@ class JobConfig(CrossSectionChecks):
         """The policy whose pool runs the episodes: the one playing the workflow's first role."""
         return self.role_policies[get_workflow(self.workflow.name).roles[0]]
 
+    def pool_of(self, policy: str) -> str:
+        """The policy whose RaaS pool serves ``policy``'s rows: ``rollout.pool``, or its own."""
+        return (self.policies[policy].rollout.pool or policy) if self.policies else policy
+
+    def pool_policies(self, policy: str) -> tuple[str, ...]:
+        """The policies whose rows ``policy``'s pool serves, itself first; () when another
+        policy's pool serves it (it has no nodes of its own)."""
+        if self.pool_of(policy) != policy:
+            return ()
+        return (policy, *(p for p in self.policy_names if p != policy and self.pool_of(p) == policy))
+
     def view(self, policy: str) -> "JobConfig":
         """This job as seen by one policy's components: ``policy``, ``model``, ``rollout``,
         ``dataflow`` and ``trainer`` are that policy's. A single-policy job is its own view."""

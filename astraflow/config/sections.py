@@ -75,6 +75,11 @@ class RolloutConfig:
                                                                  "cpu|sglang, threads, sglang server options); model "
                                                                  "from `model`")
     nodes: int = setting(1, "RaaS node processes `astraflow run` starts", bounds=Bounds(1, 1024))
+    pool: str | None = setting(None, "multi-policy jobs: the policy whose RaaS pool also serves this policy's rows "
+                                     "(null: a pool of its own). Only the lead policy's pool (it plays the workflow's "
+                                     "first role) is shared, and only by LoRA policies of its base (trainer.engine."
+                                     "lora on the same model, CPU engine): its nodes hold the base once and each "
+                                     "policy's adapter at that policy's own version (docs/weight-transfer.md)")
     n_samples: int = setting(8, "samples per prompt (the GRPO group size)", bounds=Bounds(1, 4096))
     temperature: float = setting(1.0, "sampling temperature", bounds=Bounds(0, 100, lo_open=True))
     top_p: float = setting(1.0, "nucleus sampling mass", bounds=Bounds(0, 1, lo_open=True))

@@ -117,6 +117,12 @@ def _too_stale(log: JobLog) -> None:
     log.batches[1] = dataclasses.replace(log.batches[1], groups=[log.groups[3][2], log.groups[4][2]])
 
 
+def _another_policys_version(log: JobLog) -> None:
+    # a shared pool's row tagged with another policy's (newer) version
+    log.groups[4] = (1, 0, _group("t4", version=5))
+    log.batches[1] = dataclasses.replace(log.batches[1], groups=[log.groups[3][2], log.groups[4][2]])
+
+
 DOCTORED = [
     (_unsettled_group, "t6 at trajectories[1]@2 is neither batched nor dropped"),
     (_group_in_two_batches, "t0 at trajectories[0]@0 is settled 2 times: batch 0, batch 2"),
@@ -132,6 +138,7 @@ DOCTORED = [
     (_no_state, "no dataflow state record"),
     (_gap_in_steps, "batch #1 has step 2"),
     (_too_stale, "staleness 2 > 1"),
+    (_another_policys_version, "has a token of version 5, ahead of the batch"),
 ]
 
 

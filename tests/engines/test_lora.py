@@ -6,6 +6,7 @@ log-probs the peft model computes (so the trainer's agreement check holds)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import pytest
 import torch
@@ -149,7 +150,8 @@ def test_resume_restores_the_adapter_and_its_optimizer_state(smol_random, base_b
         make_trainer(smol_random, lora=None).load_checkpoint(tmp_path / "ckpt")
 
 
-def _peft_logprobs(base_dir, adapter: dict[str, torch.Tensor], batch: TrainBatch) -> list[torch.Tensor]:
+def _peft_logprobs(base_dir, adapter: dict[str, torch.Tensor], batch: TrainBatch,
+                   cfg: LoraConfig = LORA) -> list[torch.Tensor]:
     """A fresh forward pass of the peft model holding ``adapter`` (published names) on ``batch``'s rows."""
     from peft import set_peft_model_state_dict
     from transformers import AutoModelForCausalLM
@@ -157,7 +159,7 @@ def _peft_logprobs(base_dir, adapter: dict[str, torch.Tensor], batch: TrainBatch
     from astraflow.engines.distributed import Ranks
     from astraflow.engines.trainer_logprobs import batch_logprobs
 
-    model = wrap(AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32), LORA)
+    model = wrap(AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32), cfg)
     result = set_peft_model_state_dict(model, {k: v for k, v in adapter.items()})
     assert not result.unexpected_keys
     logp, _ = batch_logprobs(model, batch.samples, TrainerConfig(), Ranks(0, 1, torch.device("cpu")),
@@ -198,6 +200,71 @@ def test_the_engine_serving_an_adapter_agrees_with_the_peft_model_and_the_traine
 
 def trainer_v0(path) -> dict[str, torch.Tensor]:
     return make_trainer(path).named_weights()
+
+
+#: a second policy's adapter: another rank, scale and set of modules than LORA's
+OTHER = LoraConfig(rank=2, alpha=3.0, target_modules=("q_proj", "o_proj", "down_proj"))
+
+
+def random_adapter(path, cfg: LoraConfig, seed: int) -> dict[str, torch.Tensor]:
+    """An adapter of ``cfg`` whose ``B`` is not zero (published names), drawn from ``seed``."""
+    from transformers import AutoModelForCausalLM
+
+    from astraflow.engines.lora import ADAPTER
+
+    model = wrap(AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32), cfg)
+    g = torch.Generator().manual_seed(seed)
+    return {published_name(n): (torch.randn(p.shape, generator=g) * 0.2 if ".lora_B." in n else p.detach().clone())
+            for n, p in model.named_parameters() if f".{ADAPTER}." in n}
+
+
+def test_rows_of_two_adapters_in_one_batch_each_get_their_own_adapters_logprobs(smol_random, smol_tokenizer,
+                                                                                 base_batch):
+    from astraflow.engines.cpu import CpuEngine
+
+    trainer = make_trainer(smol_random)
+    for _ in range(2):
+        trainer.train_step(base_batch)
+    own = {"solver": (trainer.named_weights(), LORA, 2), "verifier": (random_adapter(smol_random, OTHER, 1), OTHER, 7)}
+    engine = CpuEngine(smol_random, adapters={"solver": LORA, "verifier": OTHER})
+    base_weights = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    for name, (adapter, _, version) in own.items():
+        engine.adapter(name).load_weights(adapter, version)
+    assert (engine.adapter("solver").version, engine.adapter("verifier").version) == (2, 7)
+
+    prompts = [tokenizer_ids for tokenizer_ids in (smol_tokenizer.encode(t, add_special_tokens=False)
+                                                   for t in ("What is 3+4?", "Say hi.", "12+7=", "Count:"))]
+    names = ["solver", "verifier", "verifier", "solver", "solver", "verifier", "solver", "verifier"]
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, seed=11)
+    first = engine.generate(prompts * 2, params, adapters=names)
+    # Stop on a token one verifier row samples third: rows leave the batch while others go on.
+    stop = first[1].tokens[2]
+    gens = engine.generate(prompts * 2, dataclasses.replace(params, stop_token_ids=(stop,)), adapters=names)
+    assert len({len(g.tokens) for g in gens}) > 1 and gens[1].finish_reason == "stop"
+    for name, (adapter, cfg, version) in own.items():
+        rows = [g for g, n in zip(gens, names) if n == name]
+        assert {g.version for g in rows} == {version}
+        batch = TrainBatch(tuple(TrainSample(g.prompt_ids, g.tokens, g.logprobs) for g in rows))
+        for got, want in zip(_peft_logprobs(smol_random, adapter, batch, cfg), batch.samples):
+            torch.testing.assert_close(got, torch.tensor(want.behaviour_logprobs), atol=2e-5, rtol=0)
+    # A mixed call leaves the base weights as they were (the updates are added per row).
+    for name, t in engine.model.state_dict().items():
+        assert torch.equal(t, base_weights[name]), name
+
+    # A call of one adapter takes the merged path: what an engine serving that adapter alone gives.
+    alone = CpuEngine(smol_random, lora=LORA)
+    alone.load_weights(own["solver"][0], 2)
+    want = alone.generate(prompts, params)
+    for got in (engine.adapter("solver").generate(prompts, params), engine.generate(prompts, params)):
+        assert [(g.tokens, g.logprobs, g.version) for g in got] == [(g.tokens, g.logprobs, g.version) for g in want]
+    # ... and a new version of the merged adapter replaces the merge (applies to the base).
+    engine.adapter("solver").load_weights(trainer_v0(smol_random), 3)
+    for name, t in engine.model.state_dict().items():
+        assert torch.equal(t, base_weights[name]), name
+    with pytest.raises(KeyError, match="no adapter 'critic'"):
+        engine.generate(prompts[:1], params, adapters=["critic"])
+    with pytest.raises(ValueError, match="1 adapters for 2 prompts"):
+        engine.generate(prompts[:2], params, adapters=["solver"])
 
 
 def test_an_engine_refuses_what_is_not_a_whole_adapter_of_its_model(smol_random):

@@ -1,0 +1,57 @@
+"""Two LoRA policies of one base on ONE RaaS pool, end to end (examples/solver_verifier_lora_shared.yaml):
+real processes; the solver's node holds the base once and both adapters, plays both roles, and
+every group carries its own policy's versions; each policy trains its own adapter and the
+audit holds per policy and per episode."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from astraflow.launcher import run_job
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_lora_policies_share_one_pool_with_their_own_versions_and_audit_ok(bootstrap, tmp_path):
+    from astraflow.config import load_config
+    from astraflow.topics import Batch, TrajectoryGroup, VersionAnnouncement, job_topics
+    from astraflow.topics.replay import read_topic
+
+    data = yaml.safe_load((ROOT / "examples" / "solver_verifier_lora_shared.yaml").read_text())
+    data.update({"job": f"lora-shared-{uuid.uuid4().hex[:8]}", "run_dir": str(tmp_path / "runs")})
+    data["rollout"].update({"tasks_per_call": 4, "heartbeat_s": 1.0})
+    data["dataflow"] = {"groups_per_batch": 4, "max_staleness": 1}
+    data["trainer"].update({"steps": 4, "checkpoint_every": 2, "snapshot_every": 2})
+    data["eval"] = {"every": 0, "problems": 20, "k": 1, "threads": 1}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cfg = load_config(path)
+
+    summary = run_job(cfg, bootstrap=bootstrap, progress=False, timeout_s=700)
+    assert summary["error"] is None, summary["error"]
+    assert summary["audit"]["ok"] is True, summary["audit"]
+
+    topics = job_topics(cfg)
+    anns = [m for _, _, m in read_topic(bootstrap, topics.versions) if isinstance(m, VersionAnnouncement)]
+    bases = {a.policy: a.base_model for a in anns}
+    assert set(bases) == {"solver", "verifier"} and len(set(bases.values())) == 1 and all(bases.values())
+    groups = [m for _, _, m in read_topic(bootstrap, topics.trajectories) if isinstance(m, TrajectoryGroup)]
+    # one pool: every group of both roles was written by the solver's node
+    assert groups and {g.node_id for g in groups} == {"raas-solver-0"}, {g.node_id for g in groups}
+    for p in cfg.policy_names:
+        batches = [b for _, _, b in read_topic(bootstrap, topics.batches(p)) if isinstance(b, Batch)]
+        assert len(batches) == 4 and all(g.policy == p and g.role == p for b in batches for g in b.groups)
+        own = [v for b in batches for g in b.groups for s in g.samples for v in s.own_versions()]
+        # each role's tokens carry its own policy's versions: never ahead of the batch that
+        # trains them, and past 0 (the node took its policy's new adapters into that slot)
+        for b in batches:
+            for g in b.groups:
+                for s in g.samples:
+                    assert max(s.own_versions()) <= b.step, (p, b.step, s.own_versions())
+        assert max(own) >= 1, (p, sorted(set(own)))
