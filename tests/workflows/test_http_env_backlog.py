@@ -146,3 +146,18 @@ def test_max_in_flight_is_checked_when_the_config_loads():
         with pytest.raises(ValueError, match=r"env_params.max_in_flight is .*an integer in \[1, 1024\]"):
             check("http://127.0.0.1:1", 30, bad)
     check("http://127.0.0.1:1", 30, 1)
+
+
+def test_the_summary_adds_up_each_processs_last_counts_per_server():
+    """What a RaaS node reports (``raas.env_*``, cumulative per process) becomes summary.json's
+    ``env_servers``: the last totals of each process, added up per server."""
+    from astraflow.run_outputs import _env_server_summary
+    rows = []
+    for node, pid, requests, failures in (("raas-0", 11, 40, 0), ("raas-0", 11, 90, 1), ("raas-1", 12, 30, 0)):
+        for name, v in (("requests", requests), ("retries", 2), ("failures", failures)):
+            rows.append({"name": f"raas.env_{name}", "value": v, "component": node, "label.server": "http://e:1",
+                         "label.node": node, "label.pid": pid})
+    rows.append({"name": "raas.busy_s", "value": 3.0, "component": "raas-0"})
+    assert _env_server_summary(rows) == {"env_servers": {"http://e:1": {"requests": 120, "retries": 4,
+                                                                       "failures": 1}}}
+    assert _env_server_summary(rows[-1:]) == {}
