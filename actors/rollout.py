@@ -28,6 +28,7 @@ episode is committed with every role's group in the one transaction, or not at a
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from opentelemetry import trace
@@ -40,6 +41,7 @@ from astraflow.topics import (Consumer, DeadLetters, Heartbeat, Producer, Snapsh
                               TrajectoryGroup, job_topics)
 from astraflow.topics.membership import MembershipWatch
 from astraflow.weights import WeightSubscriber
+from astraflow.workflows.http_pool import server_counts
 
 from . import fault_points
 from .common import base_model, close_quietly, configure_sandbox, make_pool_engines, model_path, set_threads
@@ -106,6 +108,7 @@ class RolloutActor(LoopActor):
         # copies them from home once per region); everything else stays on the home cluster.
         self.weights_bootstrap = self.cfg.rollout.weights_bootstrap_servers or self.bootstrap
         self._weights_loaded = -1
+        self._env_counts: dict[str, dict[str, int]] = {}  # per environment server, as last reported
         subscriber, *others = [self._subscriber(p, engine, path, dead) for p, engine in self.engines.items()]
         self.weights = EngineWeights(subscriber, self.engine, self.engine_lock, self.node_id,
                                      others=list(zip(others, list(self.engines.values())[1:])))
@@ -411,10 +414,21 @@ class RolloutActor(LoopActor):
             self.metrics.emit_many({"raas.task_group_generation": generation}, step=self.engine.version,
                                    node=self.node_id, policy=self.cfg.policy)
         self._report_weights_source()
+        self._report_env_servers()
         if self._serve_busy_s > 0:  # a pool that serves other policies' episodes is busy too (its autoscaler's demand)
             self.metrics.emit_many({"raas.serve_busy_s": self._serve_busy_s}, step=self.engine.version,
                                    node=self.node_id, policy=self.cfg.policy)
             self._serve_busy_s = 0.0
+
+    def _report_env_servers(self) -> None:
+        """``raas.env_requests`` / ``env_retries`` / ``env_failures``: this process's totals per
+        environment server (label ``server``, the URL; ``pid``: the summary adds processes up),
+        sent when they change."""
+        for url, counts in server_counts().items():
+            if self._env_counts.get(url) != counts:
+                self._env_counts[url] = counts
+                self.metrics.emit_many({f"raas.env_{k}": v for k, v in counts.items()}, step=self.engine.version,
+                                       node=self.node_id, policy=self.cfg.policy, server=url, pid=os.getpid())
 
     def _report_weights_source(self) -> None:
         """``raas.weights_loaded``: versions reached so far (snapshots + deltas applied), labelled

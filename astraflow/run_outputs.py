@@ -6,7 +6,8 @@ multi-policy job); :func:`record` adds one ``metrics`` record to it. :func:`writ
 writes, when the run ends, ``metrics.jsonl`` and ``metrics.csv`` (the rows by time),
 ``summary.json`` (the figures of the run: steps, wall and first-step time, accuracy and
 ``eval.dataset``'s benchmark sets by version, busy and wait time, weight-update sizes, the
-train-inference logp gap, restarts, and what the caller adds) and ``plot.png`` (drawn by
+train-inference logp gap, restarts, the requests, retries and failures per environment
+server, and what the caller adds) and ``plot.png`` (drawn by
 :mod:`astraflow.plots`).
 
 It knows nothing of the broker or of how the records were read: the caller's loop feeds
@@ -144,6 +145,7 @@ def write_outputs(run_dir: Path, cfg: JobConfig, state: RunState, started: float
            if len(cfg.policy_names) > 1 else {}),
         **_dataset_summary(rows),
         **_emulated_summary(rows),
+        **_env_server_summary(rows),
         # the trained models: the trainers' final Hugging Face exports (engines/hf_export.py)
         "models": {p: str(d) for p in cfg.policy_names if (d := HFExports(run_dir / "hf" / p).final()) is not None},
         "interrupted": interrupted, "error": error, **(extra or {}),
@@ -177,6 +179,23 @@ def _emulated_summary(rows: list[dict]) -> dict:
             comp = out.setdefault(r["component"], {"profile": r.get("label.profile"), "devices": r.get("label.devices")})
             comp.setdefault(call, {})[stat] = r["value"]
     return {"emulated": out} if out else {}
+
+
+def _env_server_summary(rows: list[dict]) -> dict:
+    """``{"env_servers": {url: {"requests", "retries", "failures"}}}``: each RaaS process's last
+    ``raas.env_*`` totals per environment server, added up over processes; nothing when the job
+    reached no environment server."""
+    last: dict[tuple[str, object, object], dict[str, float]] = {}
+    for r in rows:
+        if r["name"] in ("raas.env_requests", "raas.env_retries", "raas.env_failures") and r.get("label.server"):
+            process = (str(r["label.server"]), r.get("label.node"), r.get("label.pid"))
+            last.setdefault(process, {})[r["name"][len("raas.env_"):]] = r["value"]
+    out: dict[str, dict[str, int]] = {}
+    for (url, _, _), counts in sorted(last.items(), key=lambda kv: str(kv[0])):
+        at = out.setdefault(url, {"requests": 0, "retries": 0, "failures": 0})
+        for k, v in counts.items():
+            at[k] += int(v)
+    return {"env_servers": out} if out else {}
 
 
 def _gap_summary(gaps: list[float]) -> dict:

@@ -14,7 +14,9 @@ outside them, or any float that is not finite, is refused naming the key; a sect
 ``__post_init__`` checks only what bounds cannot say (one key against another). A name that
 becomes part of a path or a topic name is checked with :func:`check_name`.
 :func:`load_yaml` reads a file into the mapping; a key given twice in one mapping is an
-error naming the key, the file and both lines (PyYAML would keep the last silently).
+error naming the key, the file and both lines (PyYAML would keep the last silently). Input
+that would hang a loader is refused naming the file: anything but a regular file of at most
+:data:`MAX_YAML_BYTES`, and aliases that expand past :data:`MAX_ALIAS_NODES` extra nodes.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import dataclasses
 import functools
 import math
 import re
+import stat
 import types
 import typing
 from dataclasses import dataclass
@@ -35,7 +38,8 @@ import yaml
 
 from astraflow.errors import FatalError
 
-__all__ = ["Bounds", "ConfigError", "NAME_PATTERN", "check_name", "from_dict", "load_yaml", "setting"]
+__all__ = ["Bounds", "ConfigError", "MAX_ALIAS_NODES", "MAX_YAML_BYTES", "NAME_PATTERN", "check_name", "from_dict",
+           "load_yaml", "setting"]
 
 
 class ConfigError(FatalError, ValueError):
@@ -94,9 +98,21 @@ def check_name(name: object) -> str | None:
             "'.', '_' and '-', starting with a letter or digit")
 
 
+#: The largest config file read (a job config or topology file is a few KB).
+MAX_YAML_BYTES = 4 << 20
+#: How many nodes aliases may add to a document once expanded: repeating a block is fine; a
+#: document of aliases of aliases (nine levels of nine: 387 million nodes from 31 lines) is not.
+MAX_ALIAS_NODES = 100_000
+
+_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe"),
+          (stat.S_ISSOCK, "a socket"))
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, minus its silent last-one-wins on a key given twice: the node tree
-    is checked before it is constructed, so the error names the dotted key and both lines."""
+    """PyYAML's safe loader, minus its silent last-one-wins on a key given twice and its
+    unbounded aliases: the node tree is checked before it is constructed, so the error names
+    the dotted key and both lines, and a document whose aliases expand past
+    :data:`MAX_ALIAS_NODES` is refused before anything walks it."""
 
     def __init__(self, text: str, file: str, error: type[Exception]) -> None:
         super().__init__(text)
@@ -106,14 +122,54 @@ class _StrictLoader(yaml.SafeLoader):
         node = self.get_single_node()
         if node is None:
             return None
-        _refuse_duplicate_keys(node, self.file, self.error)
+        sizes: dict[int, int] = {}
+        if _expanded_size(node, sizes) - len(sizes) > MAX_ALIAS_NODES:
+            raise self.error(self.file, "<file>", f"YAML aliases expand to more than {MAX_ALIAS_NODES} nodes beyond "
+                                                  "the file's own; write the repeated parts out")
+        _refuse_duplicate_keys(node, self.file, self.error, seen=set())
         return self.construct_document(node)
 
 
-def _refuse_duplicate_keys(node: yaml.Node, file: str, error: type[Exception], prefix: str = "") -> None:
+_OPEN = -1  # a node whose size is being counted: met again below itself, it is an alias inside its anchor
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many nodes ``node`` stands for with every alias written out; each distinct node is
+    counted once (``sizes``), so the count costs the file's size, not the expansion's. It stops
+    growing past the alias budget."""
+    known = sizes.get(id(node))
+    if known == _OPEN:
+        raise _Recursive
+    if known is not None:
+        return known
+    sizes[id(node)] = _OPEN
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    else:
+        children = []
+    for child in children:
+        total += _expanded_size(child, sizes)
+        if total > MAX_ALIAS_NODES + len(sizes):
+            break
+    sizes[id(node)] = total
+    return total
+
+
+class _Recursive(Exception):
+    """An alias inside the node its anchor names (a structure that contains itself)."""
+
+
+def _refuse_duplicate_keys(node: yaml.Node, file: str, error: type[Exception], prefix: str = "", *,
+                           seen: set[int]) -> None:
+    if id(node) in seen:  # an alias: its keys were checked where its anchor is
+        return
+    seen.add(id(node))
     if isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _refuse_duplicate_keys(item, file, error, f"{prefix}[{i}]")
+            _refuse_duplicate_keys(item, file, error, f"{prefix}[{i}]", seen=seen)
     if not isinstance(node, yaml.MappingNode):
         return
     first: dict[str, int] = {}
@@ -125,29 +181,54 @@ def _refuse_duplicate_keys(node: yaml.Node, file: str, error: type[Exception], p
         if key in first:
             raise error(file, dotted, f"given twice (lines {first[key]} and {line}); keep one")
         first[key] = line
-        _refuse_duplicate_keys(value_node, file, error, dotted)
+        _refuse_duplicate_keys(value_node, file, error, dotted, seen=seen)
+
+
+def _read_config_text(path: Path, error: type[Exception]) -> str:
+    """The file's text: a regular file of at most :data:`MAX_YAML_BYTES` (``/dev/zero`` never
+    ends, a named pipe waits for a writer), checked before it is opened and again while read."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise error(str(path), "<file>", "no such file") from None
+    except OSError as e:
+        raise error(str(path), "<file>", f"cannot be read: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise error(str(path), "<file>", "is a directory; give the YAML file")
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((k for is_kind, k in _KINDS if is_kind(st.st_mode)), "not a file")
+        raise error(str(path), "<file>", f"is {kind}, not a regular file; give the YAML file")
+    if st.st_size > MAX_YAML_BYTES:
+        raise error(str(path), "<file>", f"is {st.st_size} bytes; a config file is at most {MAX_YAML_BYTES} bytes")
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)
+    except OSError as e:
+        raise error(str(path), "<file>", f"cannot be read: {e.strerror or e}") from None
+    if len(raw) > MAX_YAML_BYTES:  # it grew since the stat
+        raise error(str(path), "<file>", f"is over {MAX_YAML_BYTES} bytes; a config file is at most {MAX_YAML_BYTES} "
+                                         "bytes")
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as e:
+        raise error(str(path), "<file>", f"not a text file ({e.reason} at byte {e.start})") from None
 
 
 def load_yaml(path: str | Path, root: str = "a mapping", error: type[Exception] = ConfigError) -> dict:
     """The mapping a YAML file holds; ``error`` (naming the file) when it is missing, not a
-    readable file, not YAML, has a key twice, or is not a mapping (``root`` says what the
-    root should be)."""
+    regular file of at most :data:`MAX_YAML_BYTES`, not text, not YAML, has a key twice, has
+    aliases that expand past :data:`MAX_ALIAS_NODES` nodes or inside their own anchor, or is not
+    a mapping (``root`` says what the root should be)."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise error(str(path), "<file>", "no such file") from None
-    except IsADirectoryError:
-        raise error(str(path), "<file>", "is a directory; give the YAML file") from None
-    except UnicodeDecodeError as e:
-        raise error(str(path), "<file>", f"not a text file ({e.reason} at byte {e.start})") from None
-    except OSError as e:
-        raise error(str(path), "<file>", f"cannot be read: {e.strerror or e}") from None
+    text = _read_config_text(path, error)
     loader = _StrictLoader(text, str(path), error)
     try:
         data = loader.get_single_data()
     except (ConfigError, error):  # a key given twice, already naming it
         raise
+    except _Recursive:
+        raise error(str(path), "<file>", "an alias inside its own anchor (a structure that contains itself); "
+                                         "a config is a tree") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -81,3 +81,47 @@ def test_a_mistyped_reward_fails_run_and_config_check_at_once(tmp_path):
         assert r.returncode == EXIT_FATAL and "Traceback" not in r.stderr, r.stderr
         assert "workflow.params.reward: unknown reward 'nosuch'" in r.stderr.splitlines()[-1], r.stderr
     assert not (tmp_path / "run").exists()  # nothing started
+
+
+AGENT = '''
+def run(base_url, task):
+    return 1.0
+'''
+
+
+def test_an_agent_beside_the_config_file_resolves_as_workflow_module_does(tmp_path, monkeypatch):
+    """``workflow.params.agent: my_agent:run`` with my_agent.py beside the job's YAML, run from
+    another directory: found in the config's folder at load (it said ``No module named
+    'my_agent'``), and the node's own lookup at episode time finds the same function."""
+    from astraflow.workflows.openai_endpoint import OpenAIAgentParams, load_agent
+    cfg_dir = tmp_path / "jobs"
+    cfg_dir.mkdir()
+    (cfg_dir / "agent_beside_cfg.py").write_text(AGENT)
+    (cfg_dir / "agent_pkg_beside").mkdir()
+    (cfg_dir / "agent_pkg_beside" / "__init__.py").write_text("")
+    (cfg_dir / "agent_pkg_beside" / "loop.py").write_text(AGENT)
+    monkeypatch.chdir(tmp_path)  # neither the cwd nor PYTHONPATH holds them
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        for spec in ("agent_beside_cfg:run", "agent_pkg_beside.loop:run"):
+            cfg = load_config(_config(cfg_dir / "job.yaml", name="openai_agent", params={"agent": spec}))
+            assert cfg.workflow.params["agent"] == spec
+            fn = load_agent(OpenAIAgentParams.of(cfg.workflow.params).agent)  # as the episode looks it up
+            assert fn(None, {}) == 1.0 and fn.__module__ == spec.partition(":")[0]
+            assert fn is load_agent(spec, cfg.source)
+        # the same directory rule as workflow.module, and the same error for a missing one
+        with pytest.raises(ConfigError, match=r"workflow.params.agent: cannot import the module of "
+                                              r"'agent_nowhere:run': No module named 'agent_nowhere'"):
+            load_config(_config(cfg_dir / "job.yaml", name="openai_agent", params={"agent": "agent_nowhere:run"}))
+    finally:
+        for name in [m for m in sys.modules if m.startswith(("agent_beside_cfg", "agent_pkg_beside"))]:
+            del sys.modules[name]
+
+
+def test_config_check_finds_an_agent_beside_the_config_from_another_directory(tmp_path):
+    (tmp_path / "my_agent.py").write_text(AGENT)
+    path = _config(tmp_path / "agent.yaml", name="openai_agent", params={"agent": "my_agent:run"})
+    r = subprocess.run([sys.executable, "-m", "astraflow", "config", "check", path], capture_output=True, text=True,
+                       timeout=120, cwd="/", stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines()[-1].endswith("agent.yaml: valid")

@@ -20,11 +20,13 @@ registered environment.
 
 An answer with status 4xx says the request was wrong (the adapter fails the episode, not
 retriable: the same task fails the same way); 5xx or a broken connection says the world is
-(retriable). A session idle for longer than the server's ``idle_s`` is cancelled
+(retriable). A call that failed before the server could have acted on it is sent again first
+(:class:`HttpEnvironment` says which). A session idle for longer than the server's ``idle_s`` is cancelled
 (``idle``), so a node that vanishes leaves nothing running for long even if no attempt
 follows.
 
-:class:`HttpEnvironment` (registered as ``http``) is the client: ``env_params: {url, timeout_s}``.
+:class:`HttpEnvironment` (registered as ``http``) is the client: ``env_params: {url, timeout_s,
+max_in_flight}``; its connections are kept alive and bounded per server (:mod:`.http_pool`).
 :class:`EnvServer` serves one registered environment (an instance per session) with the
 standard library's threaded HTTP server; ``astraflow env serve`` runs it as a process.
 Neither knows about tokenizers, engines or Kafka.
@@ -32,25 +34,27 @@ Neither knows about tokenizers, engines or Kafka.
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from .environments import EnvTask, environment, get_environment, retriable
+from .http_pool import Retry, ServerPool, pool_for
 
 __all__ = ["HttpEnvironment", "EnvServer", "EnvServerError", "EnvRequestError"]
 
 SUPERSEDED, IDLE, CLIENT = "superseded", "idle", "client"
 _MAX_BODY = 1 << 20
+#: ``env_params.max_in_flight``'s default: a node's requests outstanding at one server
+MAX_IN_FLIGHT = 8
 
 
 class EnvRequestError(ValueError):
@@ -61,18 +65,17 @@ class EnvServerError(RuntimeError):
     """The server failed (5xx) or answered something that is not the protocol's JSON."""
 
 
-def _post(url: str, path: str, body: Mapping[str, Any], timeout_s: float) -> dict:
-    data = json.dumps(body).encode()
-    req = urllib.request.Request(url.rstrip("/") + path, data=data, method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            raw = r.read(_MAX_BODY + 1)
-    except urllib.error.HTTPError as e:
-        detail = e.read(2000).decode("utf-8", "replace")
-        err = EnvRequestError if 400 <= e.code < 500 else EnvServerError
-        raise err(f"{path} answered {e.code}: {detail[:300]}") from None
-    # a refused or broken connection is an OSError (URLError): the world's, retriable
+def _call(pool: ServerPool, path: str, body: Mapping[str, Any], timeout_s: float, retry: Retry,
+          repeat: Callable[[int], Mapping[str, Any]] | None = None) -> dict:
+    """POST one protocol call through the server's pool; ``repeat(k)``: the body of retry ``k``."""
+    def data(k: int) -> bytes:
+        return json.dumps(body if k == 0 or repeat is None else repeat(k)).encode()
+    status, raw = pool.request("POST", path, data, timeout_s, retry, _MAX_BODY)
+    # a refused or broken connection raised above (OSError, HTTPException): the world's, retriable
+    if status >= 400:
+        detail = raw[:2000].decode("utf-8", "replace")
+        err = EnvRequestError if 400 <= status < 500 else EnvServerError
+        raise err(f"{path} answered {status}: {detail[:300]}")
     try:
         out = json.loads(raw)
     except ValueError:
@@ -84,26 +87,47 @@ def _post(url: str, path: str, body: Mapping[str, Any], timeout_s: float) -> dic
 
 @environment("http")
 class HttpEnvironment:
-    """An environment served elsewhere, reached with the protocol above (one session per instance)."""
+    """An environment served elsewhere, reached with the protocol above (one session per instance).
 
-    def __init__(self, url: str = "", timeout_s: float = 30.0) -> None:
-        self.check_params(url, timeout_s)
+    Its calls go through the server's :class:`~.http_pool.ServerPool` (kept-alive connections
+    shared by the process's sessions, at most ``max_in_flight`` requests outstanding). Which
+    calls are retried when the connection fails, from the protocol's rules:
+
+    * every call, when nothing was sent (the connection was refused or not made);
+    * ``/start`` also when the connection broke after it was sent, before any answer: the lost
+      start may have opened a session, so the retry is a start of a derived attempt
+      (``<attempt>~retry<k>``), which supersedes that session if it exists (the server cancels
+      it, reason ``superseded``), never a second world and never the 409 of a repeated attempt;
+    * ``/cancel`` also then: cancelling twice answers ``false``, not an error;
+    * ``/interact`` never once sent: the server may have stepped the world, and a repeated
+      action would step it twice. It goes out only on a connection that has already carried an
+      answer, so a full listen backlog (which resets new connections after their request) fails
+      the safe call that proves the connection, not the step.
+    """
+
+    def __init__(self, url: str = "", timeout_s: float = 30.0, max_in_flight: int = MAX_IN_FLIGHT) -> None:
+        self.check_params(url, timeout_s, max_in_flight)
         self.url, self.timeout_s = url, float(timeout_s)
+        self.pool = pool_for(url, max_in_flight)
         self.session: str | None = None
         self.done = False
 
     @staticmethod
-    def check_params(url: str = "", timeout_s: float = 30.0) -> None:
+    def check_params(url: str = "", timeout_s: float = 30.0, max_in_flight: int = MAX_IN_FLIGHT) -> None:
         """``env_params`` checked when the job config loads."""
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"env_params.url is {url!r}; it is the environment server's http(s):// address")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < 3600:
             raise ValueError(f"env_params.timeout_s is {timeout_s!r}; it is a number of seconds in (0, 3600)")
+        if type(max_in_flight) is not int or not 1 <= max_in_flight <= 1024:
+            raise ValueError(f"env_params.max_in_flight is {max_in_flight!r}; it is how many requests a node may "
+                             f"have outstanding at this server, an integer in [1, 1024]")
 
     def reset(self, task: EnvTask) -> str:
-        out = _post(self.url, "/start", {
-            "episode": task.episode_id, "sample": task.sample, "attempt": task.attempt, "seed": task.seed,
-            "task": {"prompt": task.prompt, "answer": task.answer, "metadata": dict(task.metadata)}}, self.timeout_s)
+        body = {"episode": task.episode_id, "sample": task.sample, "attempt": task.attempt, "seed": task.seed,
+                "task": {"prompt": task.prompt, "answer": task.answer, "metadata": dict(task.metadata)}}
+        out = _call(self.pool, "/start", body, self.timeout_s, Retry.SENT,
+                    repeat=lambda k: {**body, "attempt": f"{task.attempt}~retry{k}"})
         self.session = out.get("session")
         if not isinstance(self.session, str):
             raise EnvServerError(f"/start answered no session id: {str(out)[:80]}")
@@ -112,7 +136,8 @@ class HttpEnvironment:
     def step(self, action: Any):
         if self.session is None:
             raise EnvRequestError("step before reset")
-        out = _post(self.url, "/interact", {"session": self.session, "action": action}, self.timeout_s)
+        out = _call(self.pool, "/interact", {"session": self.session, "action": action}, self.timeout_s,
+                    Retry.UNSENT)
         missing = [k for k in ("observation", "reward", "done") if k not in out]
         if missing:
             return out  # not the protocol's four values: the handle fails the episode (env_garbage)
@@ -122,8 +147,8 @@ class HttpEnvironment:
     def close(self) -> None:
         if self.session is not None and not self.done:
             try:
-                _post(self.url, "/cancel", {"session": self.session}, min(self.timeout_s, 5.0))
-            except (OSError, EnvServerError, EnvRequestError):
+                _call(self.pool, "/cancel", {"session": self.session}, min(self.timeout_s, 5.0), Retry.SENT)
+            except (OSError, http.client.HTTPException, EnvServerError, EnvRequestError):
                 pass  # the server's idle bound ends it
         self.session = None
 

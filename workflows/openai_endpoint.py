@@ -1,7 +1,8 @@
 """Bring your own agent: an OpenAI-compatible ``/v1/chat/completions`` endpoint per episode.
 
 ``workflow: {name: openai_agent, params: {agent: "my_pkg.my_agent:run"}}`` runs, per sample
-of a task, the user's agent function in a thread of its own:
+of a task, the user's agent function in a thread of its own (its module found as
+``workflow.module`` is: beside the config file first, then on ``sys.path``):
 
     def run(base_url: str, task: dict) -> float | None:
         client = openai.OpenAI(base_url=base_url, api_key="unused")
@@ -59,7 +60,6 @@ episode fails with the error and the runner's retry rule), hits a limit, or the 
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import queue
@@ -76,6 +76,7 @@ from .http_env import JsonHandler
 from .registry import WorkflowParamError, workflow
 from .roles import SamplingOverrideError, role_seed
 from .types import ENV, Episode, EpisodeResult, Trajectory, Turn
+from .user_modules import import_user_module
 
 __all__ = ["OpenAIAgentParams", "openai_agent", "load_agent"]
 
@@ -102,10 +103,11 @@ class OpenAIAgentParams:
             raise WorkflowParamError(unknown[0], f"the openai_agent workflow has no parameter {unknown[0]!r} (its "
                                                  f"parameters: {', '.join(sorted(known))})")
         p = cls(**{k: v for k, v in params.items() if k in known})
-        if not isinstance(p.agent, str) or ":" not in p.agent:
-            raise WorkflowParamError("agent", f"is {p.agent!r}; name the agent function as 'module:function'")
+        if not isinstance(p.agent, str) or ":" not in p.agent or p.agent.partition(":")[0].endswith(".py"):
+            raise WorkflowParamError("agent", f"is {p.agent!r}; name the agent function as 'module:function' (a "
+                                              "dotted module name, found beside the config file or on sys.path)")
         try:
-            load_agent(p.agent)
+            load_agent(p.agent, str(params.get("_config", "<dict>")))
         except ImportError as e:
             raise WorkflowParamError("agent", f"cannot import the module of {p.agent!r}: {e}") from None
         except (AttributeError, TypeError) as e:
@@ -122,9 +124,12 @@ class OpenAIAgentParams:
         return p
 
 
-def load_agent(spec: str) -> Callable[[str, dict], Any]:
+def load_agent(spec: str, source: str = "<dict>") -> Callable[[str, dict], Any]:
+    """The function ``module:function`` names; the module is found as ``workflow.module`` is
+    (:func:`~.user_modules.import_user_module`): first beside the config file ``source``, whose
+    folder then stays on ``sys.path``, so an episode's lookup by name alone finds it too."""
     module, _, name = spec.partition(":")
-    fn = getattr(importlib.import_module(module), name)
+    fn = getattr(import_user_module(module, source), name)
     if not callable(fn):
         raise TypeError(f"{spec} is not a function")
     return fn

@@ -40,7 +40,9 @@ class WorkflowSpec:
     #: the reward that scores one answer of the first role alone, unless ``workflow.params.reward``
     #: names another (what the evaluator's per-policy accuracy of the lead policy measures)
     reward: str = "exact_match"
-    #: checks ``workflow.params`` when a job config is loaded; raises :class:`WorkflowParamError`
+    #: checks ``workflow.params`` when a job config is loaded; raises :class:`WorkflowParamError`.
+    #: The params it gets hold ``_config`` too: the config file's path, beside which user code the
+    #: params name is found (:func:`~.user_modules.import_user_module`)
     check: Callable[[Mapping[str, Any]], None] | None = None
     #: True: the held-out score is the mean reward of the first role's trajectories from whole
     #: episodes of the workflow (its reward comes from an environment over several turns, not

@@ -68,8 +68,8 @@ class CrossSectionChecks:
             except KeyError as e:
                 raise ConfigError(self.source, "workflow.params.reward", str(e.args[0])) from None
         if spec.check is not None:
-            try:
-                spec.check(self.workflow.params)
+            try:  # with the file's path: user code the params name is found beside it, as workflow.module is
+                spec.check({**self.workflow.params, "_config": self.source})
             except WorkflowParamError as e:
                 raise ConfigError(self.source, f"workflow.params.{e.key}", e.message) from None
         names = self.policy_names

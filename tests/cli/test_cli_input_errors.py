@@ -4,6 +4,7 @@ runs ``python -m astraflow`` as a process, as a user would."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -63,6 +64,66 @@ def test_a_directory_as_the_config_file_is_one_line(tmp_path):
         proc = _astraflow(*args)
         assert proc.returncode == EXIT_FATAL
         assert _one_line(proc) == f"astraflow: error: {tmp_path}: <file>: is a directory; give the YAML file"
+
+
+def _bounded_memory() -> None:
+    """A guard for the machine, not for the test: a loader that reads without end (today's
+    /dev/zero) fails on this limit (a MemoryError traceback) instead of eating the host's memory."""
+    import resource
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+def _alias_bomb(levels: int = 9, fan: int = 9) -> str:
+    """Nine levels of nine-fold aliases: 31 lines that expand to 9**9 (387 million) strings."""
+    rows = [f"    l0: &l0 [{', '.join(['lol'] * fan)}]"]
+    rows += [f"    l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * fan)}]" for i in range(1, levels)]
+    return "job: x\nworkflow:\n  params:\n" + "\n".join(rows) + "\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_in_one_line(tmp_path):
+    """Aliases may repeat a block; they may not make the loader (or anything that walks the
+    config after it) visit hundreds of millions of nodes. The timeout is the hang's guard."""
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_alias_bomb())
+    proc = subprocess.run([sys.executable, "-m", "astraflow", "config", "check", str(path)], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT, preexec_fn=_bounded_memory)
+    line = _one_line(proc)
+    assert proc.returncode == EXIT_FATAL, proc.stderr
+    assert line.startswith(f"astraflow: error: {path}: <file>: YAML aliases expand to more than "), line
+    # a few aliases that repeat a block stay fine (an anchor reused, a merge key)
+    path.write_text("job: x\nworkflow:\n  params:\n    base: &b {max_turns: 2}\n    more: {<<: *b}\n"
+                    "    again: *b\n")
+    from astraflow.typed_config import load_yaml
+    assert load_yaml(path)["workflow"]["params"]["again"] == {"max_turns": 2}
+
+
+def test_a_recursive_alias_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "loop.yaml"
+    path.write_text("job: x\nworkflow:\n  params:\n    loop: &l [1, *l]\n")
+    proc = _astraflow("config", "check", str(path), timeout=60)
+    assert proc.returncode == EXIT_FATAL
+    assert _one_line(proc).startswith(f"astraflow: error: {path}: <file>: an alias inside its own anchor")
+
+
+def test_a_config_file_that_is_not_a_regular_file_of_bounded_size_is_refused_in_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "astraflow", "config", "check", "/dev/zero"], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT, preexec_fn=_bounded_memory)
+    assert proc.returncode == EXIT_FATAL
+    assert _one_line(proc) == "astraflow: error: /dev/zero: <file>: is a character device, not a regular file; " \
+                              "give the YAML file"
+    from astraflow.typed_config import MAX_YAML_BYTES
+    big = tmp_path / "big.yaml"
+    big.write_text("job: x\n" + "#" * MAX_YAML_BYTES + "\n")
+    proc = _astraflow("config", "check", str(big), timeout=60)
+    assert proc.returncode == EXIT_FATAL
+    assert _one_line(proc) == (f"astraflow: error: {big}: <file>: is {big.stat().st_size} bytes; a config file "
+                               f"is at most {MAX_YAML_BYTES} bytes")
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)  # opening it would wait for a writer forever
+    proc = _astraflow("config", "check", str(fifo), timeout=60)
+    assert proc.returncode == EXIT_FATAL
+    assert _one_line(proc) == f"astraflow: error: {fifo}: <file>: is a named pipe, not a regular file; " \
+                              "give the YAML file"
 
 
 def test_a_bad_override_is_one_line_naming_it():
