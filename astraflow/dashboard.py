@@ -214,9 +214,15 @@ class DashboardState:
         self._token_window[policy] = (open_bucket, total + tokens)
 
     # -- what the page reads --------------------------------------------------------------
-    def _node_state(self, b: Any, now: float) -> str:
+    def _node_state(self, b: Any, now: float, job_done: bool) -> str:
+        """A node's state: its heartbeat's while fresh; once it is older than the window, ``done``
+        when the node stopped because its work ended (the job is done, or it is the trainer of
+        a policy that reported ``trainer.done``), else ``gone`` (it died or was cut off)."""
         if b.status in ("alive", "starting"):
-            return b.status if now - b.ts < self.alive_s else "gone"
+            if now - b.ts < self.alive_s:
+                return b.status
+            finished = job_done or (b.role == "trainer" and b.policy in self.done)
+            return "done" if finished else "gone"
         return b.status  # failed, stopped, ...
 
     def tables(self) -> dict:
@@ -224,12 +230,14 @@ class DashboardState:
         now = self.clock()
         with self._lock:
             newest = {p: a.version for p, a in self.versions.items()}
+            policies = sorted(set(self.policies) | set(self.versions) | {b.policy for b in self.beats.values() if b.policy})
+            job_done = job_state(policies, self.done, False, False, False) == "done"
             nodes = []
             for b in sorted(self.beats.values(), key=lambda b: (b.role, b.node_id)):
                 region = self.regions(b.node_id, b.role, b.policy) if self.regions else None
                 nodes.append({"node": b.node_id, "role": b.role, "policy": b.policy, "version": b.version,
                               "behind": max(0, newest.get(b.policy, b.version) - b.version),
-                              "tokens_per_s": round(b.tokens_per_s, 1), "state": self._node_state(b, now),
+                              "tokens_per_s": round(b.tokens_per_s, 1), "state": self._node_state(b, now, job_done),
                               "last_seen_s": round(max(0.0, now - b.ts), 1), "region": region})
             raas = [n for n in nodes if n["role"] == "raas"]
             regions: dict[str, dict] = {}
@@ -242,7 +250,6 @@ class DashboardState:
                     if n["state"] in ("alive", "starting"):
                         r["max_behind"] = max(r["max_behind"], n["behind"])
                         r["max_last_seen_s"] = max(r["max_last_seen_s"], n["last_seen_s"])
-            policies = sorted(set(self.policies) | set(self.versions) | {n["policy"] for n in nodes if n["policy"]})
             state = job_state(policies, self.done, bool(self.failed),
                               any(n["state"] in ("alive", "starting") for n in nodes), bool(self.records))
             return {

@@ -143,19 +143,29 @@ function tables(s) {
 function connect() {
   const events = new EventSource("/events");
   const link = document.getElementById("link");
+  let finished = false;  // the job's end is on its topics: nothing more will come
+  const show = (s) => {
+    addSeries(s.series);
+    tables(s);
+    finished = s.state === "done";
+  };
   events.addEventListener("snapshot", (e) => {
     for (const ds of Object.values(datasets)) ds.data.length = 0;
-    const s = JSON.parse(e.data);
-    addSeries(s.series);
-    tables(s);
-    text(link, "live");
+    show(JSON.parse(e.data));
+    text(link, finished ? "job done" : "live");
   });
   events.addEventListener("update", (e) => {
-    const s = JSON.parse(e.data);
-    addSeries(s.series);
-    tables(s);
+    show(JSON.parse(e.data));
+    if (finished) text(link, "job done");
   });
-  events.onerror = () => text(link, "reconnecting…");  // EventSource reconnects by itself
+  events.onerror = () => {
+    if (finished) {  // the server closed after the job ended: what the page shows is final
+      events.close();
+      text(link, "job done · the dashboard has stopped");
+    } else {
+      text(link, "reconnecting…");  // EventSource reconnects by itself
+    }
+  };
 }
 
 // What a test (or a curious user in the console) reads: the charts and their points.

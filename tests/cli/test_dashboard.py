@@ -82,6 +82,32 @@ def test_a_node_whose_heartbeat_stops_is_gone_after_the_window():
     assert next(n for n in t["pool"]["nodes"] if n["node"] == "raas-0")["last_seen_s"] == 7.5
 
 
+def test_a_node_that_stopped_because_its_work_ended_is_done_not_gone():
+    """After a run: the trainer of a policy that reported ``trainer.done`` is ``done`` once its
+    heartbeat is old, the other policy's nodes stay ``gone`` until the whole job is done, then
+    every node that stopped beating is ``done``; a failed node stays failed."""
+    clock = Clock(1000.0)
+    s = DashboardState("j", ("solver", "verifier"), alive_s=alive_window(2.0), clock=clock)
+    s.feed(_beat("raas-solver-0", 8, 1000.0))
+    s.feed(_beat("raas-verifier-0", 8, 1000.0, policy="verifier"))
+    s.feed(_beat("raas-verifier-1", 3, 1000.0, policy="verifier", status="failed", error="boom"))
+    s.feed(_beat("trainer-solver", 8, 1000.0, role="trainer"))
+    s.feed(_beat("trainer-verifier", 8, 1000.0, role="trainer", policy="verifier"))
+    clock.t = 1010.0  # every heartbeat is past the 7 s window, nothing is done yet
+    t = s.tables()
+    assert {n["node"]: n["state"] for n in t["components"]} == {"trainer-solver": "gone", "trainer-verifier": "gone"}
+    s.feed(Metric("trainer.solver", "trainer.done", 8, 8, 1009.0))
+    t = s.tables()
+    assert {n["node"]: n["state"] for n in t["components"]} == {"trainer-solver": "done", "trainer-verifier": "gone"}
+    assert {n["node"]: n["state"] for n in t["pool"]["nodes"]}["raas-solver-0"] == "gone"  # the job goes on
+    s.feed(Metric("trainer.verifier", "trainer.done", 8, 8, 1009.5))
+    t = s.tables()
+    assert t["state"] == "done"
+    assert {n["node"]: n["state"] for n in t["pool"]["nodes"] + t["components"]} == {
+        "raas-solver-0": "done", "raas-verifier-0": "done", "raas-verifier-1": "failed",
+        "trainer-solver": "done", "trainer-verifier": "done"}
+
+
 def test_the_pools_tokens_per_second_in_windows_of_the_records_own_time():
     """From ``raas.tokens`` (one record per poll, every node): a window's rate once it closed,
     an empty window as 0, per policy; the pool's figure is the newest window's."""

@@ -110,9 +110,15 @@ def test_the_dashboard_follows_a_running_job_in_a_real_browser(bootstrap, make_j
                 shutil.copy(shot, os.environ["ASTRAFLOW_DASHBOARD_SCREENSHOT"])
             # the job ends done: the page says so before the launcher closes the dashboard
             page.wait_for_function("document.getElementById('state').textContent === 'done'", timeout=300_000)
+            out, _ = launcher.communicate(timeout=300)
+            lines.append(out)
+            # the launcher closed the dashboard after the job's end: the page says so and stops
+            # reconnecting (it said "reconnecting…" forever before)
+            page.wait_for_function("document.getElementById('link').textContent.startsWith('job done')",
+                                   timeout=30_000)
+            page.wait_for_timeout(3_000)  # EventSource would have retried by now
+            assert page.inner_text("#link") == "job done · the dashboard has stopped"
             browser.close()
-        out, _ = launcher.communicate(timeout=300)
-        lines.append(out)
         assert launcher.returncode == 0, "".join(lines)
         assert "audit ok" in "".join(lines)
     finally:
