@@ -66,11 +66,10 @@ demo: kafka
 	$(VENV)/bin/astraflow run examples/arithmetic_grpo.yaml $(if $(SECURE),--set kafka.security.embedded=true)
 
 # `make test`: the layer check, then every fast test plus the end-to-end runs marked core, on
-# TEST_WORKERS pytest-xdist workers (default 2, this machine's cores: 1,431 tests in 13.7, 15.8 and
-# 15.5 min of wall in three clean-clone runs, 24.4 min on one worker; a test mostly waits on brokers
-# and child processes);
+# TEST_WORKERS pytest-xdist workers (default 3 on this 2-core machine: a test mostly waits on brokers
+# and child processes; clean-clone runs of 1,464 tests: 13.6 min on 3 workers, 15.6 on 2, 24.4 on 1);
 # `make test-all`: every test, the long end-to-end and chaos runs included. TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: kafka layers browser
 	@$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow or core"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests - treating as a failure"; exit 1; fi; \
