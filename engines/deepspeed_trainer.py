@@ -108,6 +108,7 @@ class DeepSpeedTrainer(TrainEngine):
     def __init__(self, model_path: str | Path, cfg: TrainerConfig | None = None) -> None:
         cfg = cfg or TrainerConfig()
         self.cfg = cfg
+        marks = [time.monotonic()]
         self.model_path = Path(model_path)
         use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
         # DeepSpeed picks its accelerator at import; on CPU it must be told before that.
@@ -116,6 +117,7 @@ class DeepSpeedTrainer(TrainEngine):
         import deepspeed
         from transformers import AutoModelForCausalLM
 
+        marks.append(time.monotonic())
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if use_cuda else torch.device("cpu")
@@ -126,6 +128,7 @@ class DeepSpeedTrainer(TrainEngine):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.ranks = Ranks(self.rank, self.world, self.device)  #: the collectives the step uses
         torch.manual_seed(cfg.seed)
+        marks.append(time.monotonic())
 
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
         self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
@@ -154,7 +157,12 @@ class DeepSpeedTrainer(TrainEngine):
         }
         # No DeepSpeed LR scheduler: it would count optimizer steps, and the schedule
         # counts versions (``_apply_lr``), which the checkpoint already holds.
+        marks.append(time.monotonic())
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        marks.append(time.monotonic())
+        #: seconds each part of this constructor took (the trainer's start-up metrics)
+        self.init_s = dict(zip(("imports", "process_group", "model_load", "deepspeed_initialize"),
+                               (b - a for a, b in zip(marks, marks[1:]))))
         self._step = 0
         self.resharded = False  #: the last load_checkpoint changed the world size (see there)
 
