@@ -98,6 +98,27 @@ def zero_optimization(cfg: TrainerConfig) -> dict[str, int]:
     return {"stage": cfg.zero_stage, **{key: getattr(cfg, key) for key in ZERO_SIZE_KEYS}}
 
 
+def _import_deepspeed():
+    """``import deepspeed`` without MLflow. DeepSpeed's config module imports its autotuner,
+    which imports ``mlflow`` when it is installed (``tracking.mlflow`` installs it) to log
+    autotuning experiments: a second or more of a trainer's start (measured by
+    ``benchmarks/trainer_loss.py``; ~80 % of ``import deepspeed`` here), for a feature only
+    the ``deepspeed --autotuning`` launcher runs. The autotuner catches the failed import;
+    ``mlflow`` is hidden for this import only, so a later ``import mlflow`` works as before."""
+    import sys
+
+    if "deepspeed" in sys.modules or "mlflow" in sys.modules:
+        import deepspeed
+        return deepspeed
+    sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` raises ImportError
+    try:
+        import deepspeed
+    finally:
+        if sys.modules.get("mlflow", False) is None:
+            del sys.modules["mlflow"]
+    return deepspeed
+
+
 def _cpu32(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", dtype=torch.float32, copy=True)
 
@@ -114,7 +135,7 @@ class DeepSpeedTrainer(TrainEngine):
         # DeepSpeed picks its accelerator at import; on CPU it must be told before that.
         if not use_cuda:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        import deepspeed
+        deepspeed = _import_deepspeed()
         from transformers import AutoModelForCausalLM
 
         marks.append(time.monotonic())
