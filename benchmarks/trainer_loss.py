@@ -187,25 +187,47 @@ def main(argv: list[str] | None = None) -> int:
 
 
 REPORT_TITLE = "Trainer loss"
+#: what each breakdown phase is, for the docs' table
+LABELS = {"restart_wait": "the supervisor's restart delay (kill → the new process)",
+          "python": "interpreter, CLI, config and imports up to the actor's setup (torch among them)",
+          "torch_import": "torch import in setup (0: imported before)",
+          "engine_imports": "DeepSpeed and transformers imports",
+          "engine_other": "the engine's other construction",
+          "engine_process_group": "process group (gloo, a world of one)",
+          "engine_model_load": "model load (transformers' modelling imports included)",
+          "engine_deepspeed_initialize": "`deepspeed.initialize`",
+          "checkpoint_load": "checkpoint load",
+          "clients": "Kafka clients (and the `control` catch-up)",
+          "publisher": "weight publisher (the announced head, `resume`)",
+          "first_step": "setup done → the first step's metric (fetch and train it)"}
 
 
 def report_rows(load: Loader) -> list[str]:
-    """This benchmark's section of docs/benchmarks.md, from ``trainer_loss.json`` (none for a quick run)."""
+    """This benchmark's section of docs/benchmarks.md, from ``trainer_loss.json`` (none for a quick
+    run), beside ``trainer_loss_before.json`` (the same benchmark before the restart was made
+    faster) when that exists."""
     d = load("trainer_loss")
     if not d or d.get("quick"):
         return []
+    b = load("trainer_loss_before")
+    arms = [("before", b), ("now", d)] if b and not b.get("quick") else [("now", d)]
     out = [*heading(REPORT_TITLE),
            f"**{REPORT_TITLE}** — `python -m astraflow.benchmarks.trainer_loss` (the demo job under the chaos "
            f"runner; the trainer SIGKILLed {d['kills_measured']} times, two steps past a checkpoint, restarted after "
-           f"{d['method']['restart_delay_s']:g} s; median (min–max) over the kills{load_note(d)})", "",
-           "| from the SIGKILL to | seconds |", "|---|---:|",
-           f"| the next trained step (`next_batch_after_kill_s`) | {fmt_spread(d['next_batch_after_kill_s'], '.1f')} |"]
-    if d.get("new_step_after_kill_s"):
-        out.append(f"| a step past the one trained before the kill | {fmt_spread(d['new_step_after_kill_s'], '.1f')} |")
-    out += ["", "| where the restart's time goes | seconds |", "|---|---:|"]
-    out += [f"| {p.replace('_', ' ')} | {fmt_spread(d['breakdown_s'][p], '.2f')} |" for p in BREAKDOWN]
+           f"{d['method']['restart_delay_s']:g} s; seconds, median (min–max) over the kills{load_note(d)})"
+           + ("; *before*: the same run before the trainer stopped importing MLflow with DeepSpeed "
+              f"(`--out benchmarks/results/trainer_loss_before.json`{load_note(b)})" if len(arms) > 1 else ""), "",
+           "| from the SIGKILL to | " + " | ".join(a for a, _ in arms) + " |", "|---|" + "---:|" * len(arms)]
+    out.append("| the next trained step (`next_batch_after_kill_s`) | "
+               + " | ".join(fmt_spread(x["next_batch_after_kill_s"], ".1f") for _, x in arms) + " |")
+    out.append("| a step past the one trained before the kill | "
+               + " | ".join(fmt_spread(x["new_step_after_kill_s"], ".1f") if x.get("new_step_after_kill_s") else "–"
+                            for _, x in arms) + " |")
+    out += ["", "| where the time to the next trained step goes | " + " | ".join(a for a, _ in arms) + " |",
+            "|---|" + "---:|" * len(arms)]
+    out += [f"| {LABELS[p]} | " + " | ".join(fmt_spread(x["breakdown_s"][p], ".2f") for _, x in arms) + " |"
+            for p in BREAKDOWN]
     return out + [""]
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -56,7 +56,7 @@ def test_the_result_is_a_spread_over_the_recovered_kills_and_renders(tmp_path):
     assert set(agg["breakdown_s"]) == set(trainer_loss.BREAKDOWN)
     d = {"quick": False, "method": {"restart_delay_s": 2.0}, **agg}
     text = "\n".join(trainer_loss.report_rows(lambda name: d if name == "trainer_loss" else None))
-    assert "`next_batch_after_kill_s`" in text and "13.5 (13.5–13.5)" in text and "engine imports" in text
+    assert "`next_batch_after_kill_s`" in text and "13.5 (13.5–13.5)" in text and "DeepSpeed and transformers imports" in text
     with pytest.raises(RuntimeError, match="no kill"):
         trainer_loss.aggregate(kills[1:])
 
