@@ -90,3 +90,16 @@ class MetricsEmitter:
                 self.emit_many({f"emulated.{call}.{k}": s.get(k, 0)
                                 for k in ("modelled_s", "held_s", "cpu_fraction", "calls", "overruns", "joined")},
                                step, profile=summary["profile"], devices=summary["devices"], **labels)
+
+
+def process_started_at() -> float | None:
+    """When this process started, in epoch seconds (``/proc/self/stat``'s start time against
+    the boot-time clock, 10 ms resolution); None where there is no ``/proc``. The start-up
+    metrics measure from it: the interpreter and the imports before any of our code runs."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime (the name may hold spaces)
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return time.time() - age

@@ -73,8 +73,12 @@ class TrainerActor(LoopActor):
     def setup(self) -> None:
         from astraflow.weights import WeightPublisher
 
+        began = time.time()
+        marks = {"setup": time.monotonic()}
         set_threads(self.cfg.trainer.engine.threads)
+        marks["torch_import"] = time.monotonic()
         self.engine = make_train_engine(self.cfg, model_path(self.cfg), run_dir=self.run_dir)
+        marks["engine"] = time.monotonic()
         self.rank, self.world = getattr(self.engine, "rank", 0), getattr(self.engine, "world", 1)
         self.leader = self.rank == 0
         state: dict = {}
@@ -82,6 +86,7 @@ class TrainerActor(LoopActor):
         if ckpt is not None:
             state = dict(self.engine.load_checkpoint(ckpt.path))
             log.info("trainer: resumed at step %d from %s", self.engine.step, ckpt.path)
+        marks["checkpoint_load"] = time.monotonic()
         self.offset = int(state.get("batches_offset", 0))
         self.lineage: list[list[int]] = [list(x) for x in state.get("lineage", [])]
         client = f"trainer.{self.cfg.policy}" + (f".rank{self.rank}" if self.rank else "")
@@ -107,6 +112,7 @@ class TrainerActor(LoopActor):
         self.control.seek_to_beginning()
         self._snapshot_next = False
         self._catch_up_control()
+        marks["clients"] = time.monotonic()
         # Signed announcements (actors/signing.py): readers refuse any other, whatever epoch it claims.
         signer, verifier = trainer_keys(self.cfg)
         self.publisher = WeightPublisher(self.bootstrap, self.topics, self.cfg.policy,
@@ -116,8 +122,10 @@ class TrainerActor(LoopActor):
                                          base_model=base_model(self.cfg, model_path(self.cfg)))
         head = self.publisher.last_announced
         epoch = self.publisher.resume(self._weights(), self.engine.step)
+        marks["publisher"] = time.monotonic()
         self.metrics.emit("trainer.resumed_step", self.engine.step, step=self.engine.step, epoch=epoch,
                           announced_head=-1 if head is None else head)
+        self._report_startup(began, marks)
         # Steady state only: at full priority the start-up (DeepSpeed, the first weights) is not
         # starved by the evaluator's first evaluation and the rollout nodes' start. The
         # publisher's threads keep theirs: the next batch's rollout waits for what they send.
@@ -193,6 +201,26 @@ class TrainerActor(LoopActor):
         self.metrics.emit_device(self.engine, step=self.engine.step)
         self._wait_s = 0.0
         self._heartbeat()
+
+    def _report_startup(self, began: float, marks: dict[str, float]) -> None:
+        """Where this process's start-up went, as ``trainer.start.<phase>_s`` (seconds): the
+        interpreter and imports before setup (``python``, from the process's start), torch's
+        import, the engine's own parts (``engine_<part>``: DeepSpeed's and transformers'
+        imports, the process group, the model load, ``deepspeed.initialize``; ``engine_other``
+        the rest), the checkpoint load, the Kafka clients (with the ``control`` catch-up) and the
+        weight publisher (the announced head, ``resume``). Benchmarks read it
+        (``benchmarks/trainer_loss.py``)."""
+        from .telemetry import process_started_at
+        names = list(marks)
+        phases = {f"{b}_s": marks[b] - marks[a] for a, b in zip(names, names[1:])}
+        engine = phases.pop("engine_s")
+        parts = {f"engine_{k}_s": float(v) for k, v in (getattr(self.engine, "init_s", None) or {}).items()}
+        phases.update(parts, engine_other_s=max(0.0, engine - sum(parts.values())))
+        started = process_started_at()
+        if started is not None:
+            phases["python_s"] = max(0.0, began - started)
+        phases["total_s"] = marks[names[-1]] - marks["setup"] + phases.get("python_s", 0.0)
+        self.metrics.emit_many({f"trainer.start.{k}": v for k, v in phases.items()}, step=self.engine.step)
 
     def _check_batch(self, d: Delivery) -> None:
         """The consumer's check of each batch as it is handed out (a refusal dead-letters it)."""

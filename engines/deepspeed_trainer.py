@@ -98,6 +98,27 @@ def zero_optimization(cfg: TrainerConfig) -> dict[str, int]:
     return {"stage": cfg.zero_stage, **{key: getattr(cfg, key) for key in ZERO_SIZE_KEYS}}
 
 
+def _import_deepspeed():
+    """``import deepspeed`` without MLflow. DeepSpeed's config module imports its autotuner,
+    which imports ``mlflow`` when it is installed (``tracking.mlflow`` installs it) to log
+    autotuning experiments: a second or more of a trainer's start (measured by
+    ``benchmarks/trainer_loss.py``; ~80 % of ``import deepspeed`` here), for a feature only
+    the ``deepspeed --autotuning`` launcher runs. The autotuner catches the failed import;
+    ``mlflow`` is hidden for this import only, so a later ``import mlflow`` works as before."""
+    import sys
+
+    if "deepspeed" in sys.modules or "mlflow" in sys.modules:
+        import deepspeed
+        return deepspeed
+    sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` raises ImportError
+    try:
+        import deepspeed
+    finally:
+        if sys.modules.get("mlflow", False) is None:
+            del sys.modules["mlflow"]
+    return deepspeed
+
+
 def _cpu32(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", dtype=torch.float32, copy=True)
 
@@ -108,14 +129,16 @@ class DeepSpeedTrainer(TrainEngine):
     def __init__(self, model_path: str | Path, cfg: TrainerConfig | None = None) -> None:
         cfg = cfg or TrainerConfig()
         self.cfg = cfg
+        marks = [time.monotonic()]
         self.model_path = Path(model_path)
         use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
         # DeepSpeed picks its accelerator at import; on CPU it must be told before that.
         if not use_cuda:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        import deepspeed
+        deepspeed = _import_deepspeed()
         from transformers import AutoModelForCausalLM
 
+        marks.append(time.monotonic())
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if use_cuda else torch.device("cpu")
@@ -126,6 +149,7 @@ class DeepSpeedTrainer(TrainEngine):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.ranks = Ranks(self.rank, self.world, self.device)  #: the collectives the step uses
         torch.manual_seed(cfg.seed)
+        marks.append(time.monotonic())
 
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
         self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
@@ -154,7 +178,12 @@ class DeepSpeedTrainer(TrainEngine):
         }
         # No DeepSpeed LR scheduler: it would count optimizer steps, and the schedule
         # counts versions (``_apply_lr``), which the checkpoint already holds.
+        marks.append(time.monotonic())
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        marks.append(time.monotonic())
+        #: seconds each part of this constructor took (the trainer's start-up metrics)
+        self.init_s = dict(zip(("imports", "process_group", "model_load", "deepspeed_initialize"),
+                               (b - a for a, b in zip(marks, marks[1:]))))
         self._step = 0
         self.resharded = False  #: the last load_checkpoint changed the world size (see there)
 

@@ -3,14 +3,18 @@
 DeepSpeed JIT-compiles ``deepspeed_shm_comm`` into ``TORCH_EXTENSIONS_DIR`` when its CPU
 process group starts (a minute or more of C++ on a fresh machine), which a world of one
 never uses. The trainer is built in a fresh process (the process group is per process) with
-an empty extensions dir; nothing may be compiled into it.
+an empty extensions dir; nothing may be compiled into it. Nor does it import MLflow, which
+DeepSpeed's autotuner imports when installed (a second or more of every trainer restart).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+
+import pytest
 
 SCRIPT = """
 import sys
@@ -71,3 +75,24 @@ def test_a_single_rank_trainer_under_torch_launcher_joins_its_agent_store(tiny_m
                            str(script), str(tiny_model_path)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "step 0" in proc.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="mlflow is not installed here")
+def test_a_cpu_trainer_starts_without_importing_mlflow_and_times_its_parts(tiny_model_path):
+    """``import deepspeed`` imports its autotuner, which imports ``mlflow`` when installed; the
+    trainer never autotunes. It is hidden for that import only: ``import mlflow`` works later."""
+    script = SCRIPT + """
+print("mlflow imported:", "mlflow" in sys.modules)
+print("parts:", sorted(t.init_s), min(t.init_s.values()) >= 0)
+import mlflow
+print("later:", mlflow.__name__)
+"""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "WORLD_SIZE": "1"}
+    for k in ("RANK", "LOCAL_RANK", "MASTER_PORT"):
+        env.pop(k, None)
+    proc = subprocess.run([sys.executable, "-c", script, str(tiny_model_path)], env=env, capture_output=True,
+                          text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "mlflow imported: False" in proc.stdout, proc.stdout
+    assert "parts: ['deepspeed_initialize', 'imports', 'model_load', 'process_group'] True" in proc.stdout
+    assert "later: mlflow" in proc.stdout
