@@ -27,11 +27,11 @@ def _cmd_env(args: argparse.Namespace) -> int:
         get_environment(args.env)
     except KeyError as e:
         raise UsageError(f"--env: {e.args[0]}") from None
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # before the address is printed: a caller may signal at once
+        signal.signal(sig, lambda *_: stop.set())
     server = EnvServer(args.env, params, host=args.host, port=args.port, idle_s=args.idle_s).start()
     print(f"environment {args.env!r} served at {server.address}", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     stats = server.stats()
     server.close()
