@@ -155,7 +155,9 @@ class DashboardState:
         if comp.startswith("trainer."):
             p = _policy_of(comp)
             key = {"trainer.reward": "reward", "trainer.staleness_max": "staleness", "trainer.wait_s": "wait_s",
-                   "trainer.train_s": "train_s"}.get(name)
+                   "trainer.train_s": "train_s", "trainer.behav_logp_gap": "logp_gap",
+                   "trainer.behav_logp_gap_p99": "logp_gap_p99",
+                   "trainer.correction_masked_frac": "masked_frac"}.get(name)
             if key:
                 self._series(f"{key}/{p}").add(m.step, m.value)
             elif name == "trainer.done":

@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 from astraflow import typed_config
 from astraflow.typed_config import Bounds, setting
 
-from .loss_names import LOSS_PARAMS, RETIRED_LOSSES
+from .loss_names import CORRECTIONS, LOSS_PARAMS, RETIRED_LOSSES
 
-__all__ = ["LoraConfig", "RolloutConfig", "SGLangConfig", "TrainerConfig", "ZERO_SIZE_KEYS", "from_dict"]
+__all__ = ["CorrectionConfig", "LoraConfig", "RolloutConfig", "SGLangConfig", "TrainerConfig", "ZERO_SIZE_KEYS", "from_dict"]
 
 T = TypeVar("T")
 
@@ -116,6 +116,25 @@ class LoraConfig:
 
 
 @dataclass(frozen=True)
+class CorrectionConfig:
+    """``trainer.engine.correction``: correct the gap between the rollout engine's log-probs and the
+    trainer's (:mod:`astraflow.engines.corrections` has the formulas). ``method``: tis (weight
+    ``min(ρ, cap)``) | mis_token (``ρ`` kept in ``[lo, hi]``, else 0) | mis_seq (the sequence
+    ratio kept in ``[lo, hi]``) | icepop (tokens whose ``ρ`` leaves ``[lo, hi]`` get no gradient;
+    IcePop's published band is ``[0.5, 5]``) | geo_seq (sequences whose geometric-mean ratio
+    leaves ``[lo, hi]`` get no gradient)."""
+
+    method: str = setting("tis", "tis | mis_token | mis_seq | icepop | geo_seq")
+    cap: float = setting(2.0, "tis: the largest weight", bounds=Bounds(1, 1e6))
+    lo: float = setting(0.5, "the masks: smallest ratio kept", bounds=Bounds(0, 1))
+    hi: float = setting(2.0, "the masks: largest ratio kept", bounds=Bounds(1, 1e6))
+
+    def __post_init__(self) -> None:
+        if self.method not in CORRECTIONS:
+            raise ValueError(f"trainer.engine.correction.method must be one of {sorted(CORRECTIONS)}, got {self.method!r}")
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     """``trainer:`` section (DeepSpeed).
 
@@ -131,7 +150,8 @@ class TrainerConfig:
     ``kl_estimator`` (a KL loss term: k3 | k2), ``kl_in_reward_coef`` (k1 KL subtracted
     from each sequence's reward before advantages; a frozen copy of the initial weights
     is the reference for both, or for a LoRA policy the base, its adapter disabled),
-    ``lora`` (train a LoRA adapter, :class:`LoraConfig`), ``temperature``, ``top_p``, ``top_k`` (the rollout's
+    ``lora`` (train a LoRA adapter, :class:`LoraConfig`), ``correction`` (weights for the gap between
+    the engine's and the trainer's log-probs, :class:`CorrectionConfig`), ``temperature``, ``top_p``, ``top_k`` (the rollout's
     sampling, so trainer logprobs are those of the distribution tokens were drawn from),
     ``seed``, ``device`` (auto | cpu | cuda), ``bf16`` (GPU only), ``threads``,
     ``collective_timeout_s`` (across ranks), and DeepSpeed's ``zero_optimization`` sizes
@@ -179,6 +199,9 @@ class TrainerConfig:
     lora: LoraConfig | None = setting(None, "train a LoRA adapter of the model instead of all its weights "
                                             "({rank, alpha, dropout, target_modules}); versions carry the adapter "
                                             "only. null: full fine-tuning")
+    correction: CorrectionConfig | None = setting(None, "rollout-trainer mismatch correction ({method: tis | "
+                                                        "mis_token | mis_seq | icepop | geo_seq, cap, lo, hi}); "
+                                                        "null: the loss sees the behaviour log-probs as they are")
     collective_timeout_s: float = setting(300.0, "bound on every collective across ranks: a rank whose peer died "
                                                  "fails after this instead of hanging", bounds=TIMEOUT_S)
     # DeepSpeed zero_optimization sizes, in elements (DeepSpeed's names; its defaults in brackets).

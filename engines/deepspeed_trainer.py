@@ -65,6 +65,7 @@ from .config import ZERO_SIZE_KEYS, TrainerConfig
 from .distributed import Ranks, init_single_process_distributed
 from .hf_export import export_hf_atomic
 from .lora import is_adapter_name, peft_name, published_name, wrap
+from .corrections import correction_weights
 from .losses import BATCH_MASKS, POLICY_LOSSES, aggregate, grpo_advantages, kl_penalty, kl_shaped_rewards
 from .packing import collate, minibatches, pack_rows, row_tokens
 from .trainer_logprobs import batch_logprobs, logp_gaps, token_logprobs
@@ -72,7 +73,8 @@ from .trainer_logprobs import batch_logprobs, logp_gaps, token_logprobs
 __all__ = ["DeepSpeedTrainer", "StepPlan", "zero_optimization"]
 
 # Per-token diagnostics a loss may return -> the metric reporting their token fraction.
-_TOKEN_STATS = {"clipped": "clipped_frac", "iw_capped": "iw_capped_frac", "m2po_masked": "m2po_masked_frac", "kl": "kl"}
+_TOKEN_STATS = {"clipped": "clipped_frac", "iw_capped": "iw_capped_frac", "m2po_masked": "m2po_masked_frac", "kl": "kl",
+                "correction_masked": "correction_masked_frac", "correction_capped": "correction_capped_frac"}
 
 
 @dataclass(frozen=True)
@@ -197,9 +199,10 @@ class DeepSpeedTrainer(TrainEngine):
         """One version: ``ppo_epochs`` x ``minibatches`` optimizer steps on ``batch``.
 
         Metrics: ``loss`` and ``grad_norm`` (means over the updates), token fractions
-        ``clipped_frac`` / ``iw_capped_frac`` / ``m2po_masked_frac`` and the KL term
-        ``kl`` over all updates, and, when a batch takes several updates, the same per
-        update ``k = epoch * minibatches + j`` as ``<name>_mb<k>``; ``behav_logp_gap``
+        ``clipped_frac`` / ``iw_capped_frac`` / ``m2po_masked_frac`` / ``correction_masked_frac`` /
+        ``correction_capped_frac`` and the KL term ``kl`` over all updates, and, when a batch
+        takes several updates, the same per update ``k = epoch * minibatches + j`` as
+        ``<name>_mb<k>``; ``behav_logp_gap`` (and its ``_p99``), ``rollout_ratio_p01/p50/p99``
         and ``train_inference_logp_gap`` (see ``trainer_logprobs.logp_gaps``), ``kl_in_reward`` (mean
         per-sequence k1) when the KL is in the reward.
         """
@@ -453,8 +456,15 @@ class DeepSpeedTrainer(TrainEngine):
             if first_logp is not None:
                 for j, i in enumerate(rows):
                     first_logp[i] = row_tokens(logp.detach(), j, part[j])
-            per_token, stats = loss_fn(logp, logp.detach() if prox is None else prox, behav, adv, mask,
-                                       cfg.loss_params, keep)
+            trainer_logp = logp.detach() if prox is None else prox
+            if cfg.correction is None:
+                per_token, stats = loss_fn(logp, trainer_logp, behav, adv, mask, cfg.loss_params, keep)
+            else:  # the loss's trust region around the trainer's log-probs; the correction owns the engine's gap
+                c = cfg.correction
+                weight, corr_stats = correction_weights(trainer_logp, behav, mask, c.method, c.cap, c.lo, c.hi)
+                per_token, stats = loss_fn(logp, trainer_logp, trainer_logp, adv, mask, cfg.loss_params, keep)
+                per_token = weight * per_token
+                stats.update(corr_stats)
             if kl_term:
                 kl = kl_penalty(full, ref, cfg.kl_estimator)
                 per_token = per_token + cfg.kl_coef * kl

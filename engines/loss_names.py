@@ -7,7 +7,7 @@ that loads a job config (the launcher, the CLI's ``status``/``run``); importing
 
 from __future__ import annotations
 
-__all__ = ["LOSS_PARAMS", "RETIRED_LOSSES"]
+__all__ = ["CORRECTIONS", "LOSS_PARAMS", "RETIRED_LOSSES"]
 
 #: loss name -> the ``trainer.loss_params`` keys it takes
 LOSS_PARAMS: dict[str, set[str]] = {
@@ -20,4 +20,13 @@ RETIRED_LOSSES: dict[str, str] = {
     "ppo": "'ppo' was an alias of 'grpo' and has been removed: use 'grpo' (PPO-clip against the "
            "behaviour policy, group-relative advantages) or 'decoupled_ppo' (PPO-clip around the "
            "proximal policy, importance-weighted for stale samples)",
+}
+#: rollout-correction method (``trainer.correction.method``) -> the parameters it reads
+#: (the math: :mod:`astraflow.engines.corrections`)
+CORRECTIONS: dict[str, tuple[str, ...]] = {
+    "tis": ("cap",),
+    "mis_token": ("lo", "hi"),
+    "mis_seq": ("lo", "hi"),
+    "icepop": ("lo", "hi"),
+    "geo_seq": ("lo", "hi"),
 }

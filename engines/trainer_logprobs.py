@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from .config import TrainerConfig
+from .corrections import ratio_percentiles
 from .distributed import Ranks
 from .packing import collate, pack_rows, row_tokens
 from .sampling import sampling_logprobs
@@ -108,24 +109,31 @@ def logp_gaps(samples, logp: list[torch.Tensor], version: int, ranks: Ranks) -> 
     staleness plus mismatch) and over the tokens generated at ``version``, the
     weights the trainer held before this step (``train_inference_logp_gap``: the
     training-inference mismatch alone). The latter is absent when no token of the
-    batch was generated at ``version`` (nothing to compare). ``logp`` is None for the
-    samples of other ranks, which add their own."""
+    batch was generated at ``version`` (nothing to compare). Over all tokens too: the
+    gap's p99 and the ratio ``exp(logp_trainer - logp_behaviour)``'s p1, p50 and p99
+    (``corrections.ratio_percentiles``). ``logp`` is None for the samples of other
+    ranks, which add their own."""
     total = at_version = 0.0
     n_total = n_at = 0
+    signed: list[torch.Tensor] = []
     for s, lp in zip(samples, logp):
         if lp is None:  # another rank's sample: it adds its own
             continue
         own = torch.tensor(s.mask_values(), dtype=torch.bool)  # context tokens have no behaviour logprob
-        gap = (lp.float().cpu() - torch.tensor(s.behaviour_logprobs, dtype=torch.float32)).abs()[own]
+        diff = (lp.float().cpu() - torch.tensor(s.behaviour_logprobs, dtype=torch.float32))[own]
+        gap = diff.abs()
+        signed.append(diff)
         versions = torch.tensor(s.token_versions or (s.version,) * len(s.completion_ids))[own]
         total += float(gap.sum())
         n_total += gap.numel()
         at_version += float(gap[versions == version].sum())
         n_at += int((versions == version).sum())
+    diffs = torch.cat(signed) if signed else torch.zeros(0)
     if ranks.world > 1:
-        parts = ranks.all_gather((total, n_total, at_version, n_at))
+        parts = ranks.all_gather((total, n_total, at_version, n_at, diffs.tolist()))
         total, n_total, at_version, n_at = (sum(p[j] for p in parts) for j in range(4))
-    out = {"behav_logp_gap": total / max(n_total, 1)}
+        diffs = torch.tensor([d for p in parts for d in p[4]], dtype=torch.float32)
+    out = {"behav_logp_gap": total / max(n_total, 1), **ratio_percentiles(diffs)}
     if n_at:
         out["train_inference_logp_gap"] = at_version / n_at
     return out

@@ -16,11 +16,14 @@ const KINDS = {
   weight_bytes: { chart: "bytes", label: (p) => p, scatter: true },
   publish_s: { chart: "latency", label: (p) => `${p} publish`, scatter: true },
   weight_latency: { chart: "latency", label: (p) => `${p} at a node`, scatter: true, triangle: true },
+  logp_gap: { chart: "mismatch", label: (p) => `${p} |Δ log p| mean` },
+  logp_gap_p99: { chart: "mismatch", label: (p) => `${p} |Δ log p| p99`, dash: true },
+  masked_frac: { chart: "mismatch", label: (p) => `${p} masked tokens`, scatter: true, triangle: true },
 };
 const AXES = {
   reward: ["trainer step", "mean reward"], heldout: ["version", "held-out"], version: ["s since start", "version"],
   staleness: ["trainer step", "versions"], trainer: ["trainer step", "s"], tokens: ["s since start", "tokens/s"],
-  bytes: ["version", "bytes"], latency: ["version", "s"],
+  bytes: ["version", "bytes"], latency: ["version", "s"], mismatch: ["trainer step", "nats · fraction"],
 };
 const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"];
 const colorOf = {};  // policy (or "team") -> its colour, the same on every chart

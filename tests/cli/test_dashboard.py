@@ -220,3 +220,15 @@ def test_the_server_serves_the_page_its_library_and_the_state(bootstrap):
         assert state["job"] == "dash-serve" and state["policies"] == ["policy"] and state["state"] == "not started"
         with pytest.raises(urllib.error.HTTPError, match="404"):
             urllib.request.urlopen(dash.url + "package.json", timeout=10)
+
+
+def test_the_rollout_trainer_gap_and_the_masked_fraction_are_series():
+    s = DashboardState("j", ("solver",), clock=Clock(1000.0))
+    s.feed(Metric("trainer.solver", "trainer.behav_logp_gap", 0.02, 1, 1001.0))
+    s.feed(Metric("trainer.solver", "trainer.behav_logp_gap_p99", 0.3, 1, 1001.0))
+    s.feed(Metric("trainer.solver", "trainer.correction_masked_frac", 0.01, 1, 1001.0))
+    s.feed(Metric("trainer.solver", "trainer.rollout_ratio_p50", 1.0, 1, 1001.0))  # in the topic, not charted
+    series = s.snapshot()[0]["series"]
+    assert series["logp_gap/solver"] == [(1, 0.02)] and series["logp_gap_p99/solver"] == [(1, 0.3)]
+    assert series["masked_frac/solver"] == [(1, 0.01)]
+    assert not any(k.startswith("rollout_ratio") for k in series)

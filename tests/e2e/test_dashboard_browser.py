@@ -84,6 +84,9 @@ def test_the_dashboard_follows_a_running_job_in_a_real_browser(bootstrap, make_j
             page.wait_for_function(f"window.astraflow.points('reward/policy') > {first}", timeout=120_000)
             drawn = page.evaluate("window.astraflow.charts.reward.data.datasets[0].data.length")
             assert drawn > first >= 2
+            # the rollout-trainer gap, reported by every step, has its own chart
+            assert page.evaluate("window.astraflow.charts.mismatch.data.datasets.length") >= 2  # mean, p99
+            assert page.evaluate("window.astraflow.points('logp_gap/policy')") >= 1
             # a poison record on `metrics`: the launcher dead-letters it, the page counts and names it
             poison = KafkaProducer(bootstrap_servers=bootstrap)
             poison.send(job_topics(cfg).metrics, b"{]").get(timeout=30)
