@@ -59,7 +59,7 @@ def make_pool_engines(cfg: JobConfig, path: Path, name: str = "raas", run_dir: s
     if len(policies) == 1:
         return {cfg.policy: make_rollout_engine(cfg, path, name=name, run_dir=run_dir)}
     from astraflow.engines.cpu import CpuEngine  # (torch and transformers: a RaaS node's start-up only)
-    host = CpuEngine(path, threads=cfg.rollout.engine.threads or None,
+    host = CpuEngine(path, threads=cfg.rollout.engine.threads or None, dtype=cfg.rollout.engine.dtype,
                      adapters={p: cfg.view(p).trainer.engine.lora for p in policies})
     return {p: host.adapter(p) for p in policies}
 

@@ -124,8 +124,10 @@ def run(cfg, steps: int, threads: int | None = None, eval_every: int = 0,
 
     def evaluate(version: int, loop_s: float) -> dict[str, Any]:
         t0 = time.perf_counter()
-        acc = heldout_accuracy(cfg, engine, tokenizer, problems)
-        return {"version": version, "accuracy": acc, "loop_s": loop_s, "eval_s": time.perf_counter() - t0}
+        per_problem: list[float] = []
+        acc = heldout_accuracy(cfg, engine, tokenizer, problems, per_row=per_problem)
+        return {"version": version, "accuracy": acc, "loop_s": loop_s, "eval_s": time.perf_counter() - t0,
+                "per_problem": per_problem}
 
     def rollout(k: int) -> tuple[list, float]:
         t0 = time.perf_counter()
@@ -165,7 +167,10 @@ def run(cfg, steps: int, threads: int | None = None, eval_every: int = 0,
             # R: the rollout this step ran (batch k + 1's when stale), timed on its own thread
             rows.append({"step": k + 1, "R_s": R, "T_s": t2 - t1, "W_s": t4 - t3, "step_s": t4 - t0,
                          "reward": statistics.fmean(s.reward for g in groups for s in g.samples),
-                         "loss": float(out.get("loss", float("nan")))})
+                         "loss": float(out.get("loss", float("nan"))),
+                         # the trainer's own metrics of the step (not its per-update copies)
+                         "train": {n: float(v) for n, v in out.items()
+                                   if isinstance(v, (int, float)) and "_mb" not in n}})
             if (eval_every and (k + 1) % eval_every == 0) or k + 1 == steps:
                 evals.append(evaluate(k + 1, loop_s))
     finally:

@@ -72,13 +72,16 @@ class RolloutConfig:
     """``rollout:`` section.
 
     Keys: ``kind`` (cpu | sglang), ``model_path`` (HF directory; empty = the bootstrapped
-    tiny model), ``threads`` (CPU engine torch threads; 0 = leave torch's default),
+    tiny model), ``threads`` (CPU engine torch threads; 0 = leave torch's default), ``dtype``
+    (CPU engine: fp32 | bf16),
     ``seed`` (bootstrap seed when ``model_path`` is empty), ``sglang`` (SGLangConfig).
     """
 
     kind: str = setting("cpu", "cpu (embedded torch engine) | sglang (GPU server)")
     model_path: str = setting("", "HF model dir (empty: the job's `model`)")
     threads: int = setting(0, "CPU engine torch threads (0: torch's default)", bounds=Bounds(0, 1024))
+    dtype: str = setting("fp32", "CPU engine: fp32 | bf16 (weights and forward in bfloat16, as a GPU engine runs: "
+                                 "a real rollout-trainer mismatch against the fp32 trainer)")
     seed: int = setting(0, "bootstrap seed when model_path is empty", bounds=SEED)
     sglang: SGLangConfig = setting(SGLangConfig(), "server options of kind sglang")
 
@@ -87,6 +90,11 @@ class RolloutConfig:
             raise ValueError(f"rollout.kind must be 'cpu' or 'sglang', got {self.kind!r}")
         if self.threads < 0:
             raise ValueError(f"rollout.threads must be >= 0, got {self.threads}")
+        if self.dtype not in ("fp32", "bf16"):
+            raise ValueError(f"rollout.engine.dtype must be 'fp32' or 'bf16', got {self.dtype!r}")
+        if self.dtype != "fp32" and self.kind != "cpu":
+            raise ValueError("rollout.engine.dtype applies to kind cpu; an SGLang server takes its dtype from "
+                             "sglang.extra_args (--dtype)")
 
 
 @dataclass(frozen=True)

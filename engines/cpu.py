@@ -44,22 +44,32 @@ from .kv_cache import preallocated_cache
 from .lora import ADAPTER, AdapterSlots, is_adapter_name
 from .sampling import sample
 
-__all__ = ["AdapterEngine", "CpuEngine"]
+__all__ = ["AdapterEngine", "CpuEngine", "DTYPES"]
+
+#: ``rollout.engine.dtype`` -> the torch dtype the CPU engine holds and computes in
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class CpuEngine(RolloutEngine):
-    """Rollout engine for one HF causal LM on CPU (float32)."""
+    """Rollout engine for one HF causal LM on CPU (float32, or bfloat16 with ``dtype="bf16"``)."""
 
     def __init__(self, model: str | Path | PreTrainedModel, threads: int | None = None, version: int = 0,
                  tokenizer=None, lora: LoraConfig | None = None,
-                 adapters: Mapping[str, LoraConfig] | None = None) -> None:
+                 adapters: Mapping[str, LoraConfig] | None = None, dtype: str = "fp32") -> None:
         """``model`` is an HF model directory, or a live model to share (the bootstrap
         evaluates the model it is training this way; the caller keeps ownership).
         ``tokenizer`` decodes for stop strings; by default the model directory's, loaded
         the first time a call asks for stop strings. ``lora``: the policy is a LoRA adapter
         of ``model`` (its settings give the adapter's scale): versions are adapters.
         ``adapters``: several adapters of ``model`` by name (policy -> its LoRA settings), each
-        loaded and versioned on its own (:meth:`adapter`); the first is the default one."""
+        loaded and versioned on its own (:meth:`adapter`); the first is the default one.
+        ``dtype``: ``bf16`` holds the weights and computes the forward in bfloat16, as a GPU
+        engine does (weights loaded later are rounded to it), against a trainer in float32:
+        a real rollout–trainer mismatch. Log-probs and sampling are float32 either way."""
+        if dtype not in DTYPES:
+            raise ValueError(f"rollout.engine.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        if dtype != "fp32" and (lora is not None or adapters):
+            raise ValueError("rollout.engine.dtype bf16: the CPU engine serves LoRA adapters in fp32 only")
         if lora is not None and adapters:
             raise ValueError("CpuEngine: give lora (one adapter) or adapters (several by name), not both")
         if threads:
@@ -69,7 +79,7 @@ class CpuEngine(RolloutEngine):
             self.model = model
         else:
             self.model_path = Path(model)
-            self.model = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+            self.model = AutoModelForCausalLM.from_pretrained(str(model), dtype=DTYPES[dtype])
             self.model.eval()
             self.model.requires_grad_(False)
         pad = self.model.config.pad_token_id
@@ -202,7 +212,7 @@ class CpuEngine(RolloutEngine):
             use_cache=True,
             logits_to_keep=1,
         )
-        logits = out.logits[:, -1]
+        logits = out.logits[:, -1].float()
         next_pos = positions[:, -1] + 1
 
         rows = torch.arange(batch)  # original row of each live batch entry
@@ -239,7 +249,7 @@ class CpuEngine(RolloutEngine):
                 past_key_values=cache,
                 use_cache=True,
             )
-            logits = out.logits[:, -1]
+            logits = out.logits[:, -1].float()
             next_pos = next_pos + 1
 
         return [

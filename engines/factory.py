@@ -44,7 +44,7 @@ def make_rollout_engine(cfg: RolloutConfig | Mapping[str, Any] | None = None,
     if cfg.kind == "cpu":
         from .cpu import CpuEngine
 
-        return CpuEngine(path, threads=cfg.threads or None, lora=lora)
+        return CpuEngine(path, threads=cfg.threads or None, lora=lora, dtype=cfg.dtype)
     if lora is not None:
         raise ValueError("trainer.engine.lora: rollout.engine.kind sglang does not serve LoRA adapters yet; "
                          "use rollout.engine.kind cpu")

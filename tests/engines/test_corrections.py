@@ -180,3 +180,31 @@ def test_a_correction_weights_the_loss_inside_the_trainer(tiny_model_path, token
     uncorrected.train_step(shifted)
     corrected.train_step(shifted)
     assert not torch.equal(_params(uncorrected), _params(corrected))
+
+
+def test_a_bf16_engine_is_a_real_mismatch(tiny_model_path, tokenizer, cpu_engine):
+    """``rollout.engine.dtype: bf16``: the engine holds and runs bfloat16 weights (fp32 ones it
+    is given are rounded), and the trainer sees the gap an fp32 engine does not have."""
+    from astraflow.engines.config import RolloutConfig, from_dict
+    from astraflow.engines.cpu import CpuEngine
+    from astraflow.engines.factory import make_rollout_engine
+
+    bf16 = make_rollout_engine({"model_path": str(tiny_model_path), "dtype": "bf16"})
+    try:
+        assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
+        name, value = next(iter(cpu_engine.model.state_dict().items()))
+        bf16.load_weights({name: value + 1e-4}, 1)
+        assert torch.equal(bf16.model.state_dict()[name], (value + 1e-4).to(torch.bfloat16))
+        bf16.load_weights(dict(cpu_engine.model.state_dict()), 0)
+        gap_bf16 = _trainer(tiny_model_path).train_step(_batch(bf16, tokenizer))["behav_logp_gap"]
+    finally:
+        bf16.close()
+    gap_fp32 = _trainer(tiny_model_path).train_step(_batch(cpu_engine, tokenizer))["behav_logp_gap"]
+    assert gap_fp32 < 1e-5 < 1e-3 < gap_bf16
+    with pytest.raises(ValueError, match="rollout.engine.dtype applies to kind cpu"):
+        from_dict(RolloutConfig, {"kind": "sglang", "dtype": "bf16"})
+    with pytest.raises(ValueError, match="rollout.engine.dtype must be"):
+        from_dict(RolloutConfig, {"dtype": "fp16"})
+    with pytest.raises(ValueError, match="LoRA adapters in fp32 only"):
+        from astraflow.engines.config import LoraConfig
+        CpuEngine(tiny_model_path, lora=LoraConfig(), dtype="bf16")
