@@ -12,7 +12,7 @@ as a model server does). Every engine keeps a row inside the model's positions
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeAlias
@@ -120,7 +120,10 @@ class Generation:
             (``max_new_tokens``) or ``"context"`` (:data:`CONTEXT`: the prompt and the
             completion reached the model's positions; a prompt that fills them alone has no
             token at all — the engine never generates past the context window).
-        version: the engine's weight version that generated every token of this sample.
+        version: the engine's weight version that generated the first token (the oldest).
+        token_versions: per token, the version that generated it, when the row went on under
+            newer weights mid-generation (a partial rollout: :meth:`RolloutEngine.set_weight_refresh`);
+            empty when one version generated every token.
     """
 
     prompt_ids: tuple[int, ...]
@@ -128,6 +131,11 @@ class Generation:
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
     version: int = 0
+    token_versions: tuple[int, ...] = ()
+
+    def versions(self) -> tuple[int, ...]:
+        """The version of each token (``token_versions``, or ``version`` for every one)."""
+        return self.token_versions or (self.version,) * len(self.tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +283,16 @@ class RolloutEngine(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release processes, threads and memory. Idempotent."""
+
+    def set_weight_refresh(self, refresh: Callable[[], object] | None, max_versions: int = 0) -> None:
+        """Partial rollouts: call ``refresh`` between tokens of a call, which may load newer
+        weights (``load_weights``, on the calling thread); rows in flight then continue under
+        them, each token keeping the version that produced it (``Generation.token_versions``).
+        ``max_versions`` (> 0): a row never spans more versions — a load that would take a
+        row past it waits for the call's end. None turns it off. Engines that cannot
+        continue rows across weights refuse it."""
+        raise NotImplementedError(f"{type(self).__name__} does not continue rows across weight updates "
+                                  f"(rollout.partial)")
 
     def __enter__(self) -> RolloutEngine:
         return self

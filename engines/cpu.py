@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -87,6 +87,10 @@ class CpuEngine(RolloutEngine):
         self._version = version
         self._closed = False
         self._tokenizer = tokenizer
+        self._refresh: Callable[[], object] | None = None  #: partial rollouts: loads newer weights mid-call
+        self._max_versions = 0
+        #: rows continued under newer weights, and the prefix tokens their KV cache was recomputed for
+        self.refreshes = {"rows": 0, "recomputed_tokens": 0}
         named = {ADAPTER: lora} if lora is not None else dict(adapters or {})
         self._slots = AdapterSlots(self.model, named, version) if named else None
         #: the model's context window: no row's prompt + completion exceeds it
@@ -127,6 +131,20 @@ class CpuEngine(RolloutEngine):
                     raise ValueError(f"load_weights: {name!r} has shape {tuple(tensor.shape)}, model expects {tuple(target.shape)}")
                 target.copy_(tensor)
         self._version = version
+
+    def set_weight_refresh(self, refresh: Callable[[], object] | None, max_versions: int = 0) -> None:
+        """Partial rollouts (see ``RolloutEngine.set_weight_refresh``). Between two tokens of a
+        call the engine calls ``refresh``; when it loaded newer weights, the rows in flight are
+        prefilled again — prompt and tokens so far, under the new weights — and go on from
+        there. The KV cache is recomputed, not kept: keys and values of the old weights would
+        make every later token a function of two versions, and its log-prob no version's. The
+        price is one prefill of the live rows per version they cross. Full-weight engines only:
+        an adapter engine's versions are its adapters' and are loaded between calls."""
+        if refresh is not None and self._slots is not None:
+            raise ValueError("rollout.partial: an engine serving LoRA adapters loads them between calls only")
+        if max_versions < 0:
+            raise ValueError(f"max_versions must be >= 0 (0: no bound), got {max_versions}")
+        self._refresh, self._max_versions = refresh, max_versions
 
     def load_adapter(self, name: str, named_tensors: NamedTensors, version: int) -> None:
         """Adapter ``name`` becomes ``named_tensors`` (a whole adapter of the base) at ``version``."""
@@ -218,12 +236,24 @@ class CpuEngine(RolloutEngine):
         rows = torch.arange(batch)  # original row of each live batch entry
         tokens: list[list[int]] = [[] for _ in range(batch)]
         logprobs: list[list[float]] = [[] for _ in range(batch)]
+        token_versions: list[list[int]] = [[] for _ in range(batch)]
+        spans = [1] * batch  # versions each row has spanned so far
         reasons: list[str] = [finish_of("length", b, params) for b in budgets]
+        refresh = self._refresh if per_row is None else None
         for step in range(longest):
+            if refresh is not None and step and self._may_refresh(rows, spans):
+                before = self._version
+                refresh()
+                if self._version != before:  # newer weights: the live rows go on under them
+                    logits, cache, mask, next_pos, padded = self._prefill_again(prompts, tokens, rows, budgets)
+                    for r in rows.tolist():
+                        spans[r] += 1
+            version = self._version if per_row is None else None
             tok, lp = sample(logits, params.temperature, params.top_p, params.top_k, uniforms[rows, step])
             for r, t, l in zip(rows.tolist(), tok.tolist(), lp.tolist()):
                 tokens[r].append(t)
                 logprobs[r].append(l)
+                token_versions[r].append(versions[r] if version is None else version)
             stopped = torch.isin(tok, stop)
             if stop_text is not None:
                 stopped |= torch.tensor([stop_text.hit(tokens[r]) for r in rows.tolist()])
@@ -258,10 +288,37 @@ class CpuEngine(RolloutEngine):
                 tokens=tuple(tokens[i]),
                 logprobs=tuple(logprobs[i]),
                 finish_reason=reasons[i],  # type: ignore[arg-type]
-                version=versions[i],
+                version=token_versions[i][0] if token_versions[i] else versions[i],
+                token_versions=tuple(token_versions[i]) if spans[i] > 1 else (),
             )
             for i in range(batch)
         ]
+
+    def _may_refresh(self, rows: torch.Tensor, spans: list[int]) -> bool:
+        """Newer weights may come in now: no live row would span more than ``max_versions``."""
+        return not self._max_versions or all(spans[r] < self._max_versions for r in rows.tolist())
+
+    def _prefill_again(self, prompts, tokens: list[list[int]], rows: torch.Tensor, budgets: list[int]):
+        """The live rows' prompts and tokens so far, prefilled under the weights the engine holds
+        now, into a fresh cache sized for their remaining budgets: the next logits, the cache, the
+        attention mask, the next positions and whether any row is padded."""
+        live = rows.tolist()
+        seqs = [list(prompts[r]) + tokens[r] for r in live]
+        width = max(len(q) for q in seqs)
+        room = max(budgets[r] - len(tokens[r]) for r in live)
+        ids = torch.full((len(live), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(live), width), dtype=torch.long)
+        for i, q in enumerate(seqs):
+            ids[i, width - len(q):] = torch.as_tensor(q, dtype=torch.long)
+            mask[i, width - len(q):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp_(min=0)
+        padded = bool((mask == 0).any())
+        cache = preallocated_cache(self.model.config.num_hidden_layers, width + max(room, 1))
+        out = self.model(input_ids=ids, attention_mask=mask if padded else None, position_ids=positions,
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        self.refreshes["rows"] += len(live)
+        self.refreshes["recomputed_tokens"] += sum(len(q) for q in seqs)
+        return out.logits[:, -1].float(), cache, mask, positions[:, -1] + 1, padded
 
     def _stop_tokenizer(self):
         if self._tokenizer is None:
