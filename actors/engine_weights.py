@@ -2,7 +2,8 @@
 
 The subscriber (:class:`~astraflow.weights.WeightSubscriber`) holds the newest version it
 has verified; :meth:`EngineWeights.apply` puts it into the engine, always with the engine
-alone, so every row of a call comes from one version. That happens between the episodes'
+alone, so every row of a call comes from one version — unless ``rollout.partial`` is on, when the
+engine also asks between two tokens of a call (:meth:`EngineWeights.refresh_mid_call`). It happens between the episodes'
 engine calls (the batcher's ``before_call``), before a served call when no call is in
 flight, in a load that waits for the calls in flight (which the node's loop runs on a
 thread of its own, so it goes on polling), and while the node waits for the version a
@@ -22,6 +23,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from astraflow.engines.gate import EngineGate
 from astraflow.weights import WeightSubscriber
 
+from . import fault_points
+
 
 class EngineWeights:
     """A node's engine and the subscriber it takes its weights from."""
@@ -38,6 +41,13 @@ class EngineWeights:
         self.subscriber.apply_to(self.engine)
         for subscriber, engine in self.others:
             subscriber.apply_to(engine)
+
+    def refresh_mid_call(self) -> None:
+        """Partial rollouts: the engine asks between two tokens of a call, on the calling thread,
+        which holds the engine (``rollout.partial``; ``CpuEngine.set_weight_refresh``). Only the
+        node's own policy: a shared pool's adapters are loaded between calls."""
+        fault_points.reach(fault_points.BETWEEN_TOKENS, self.name)
+        self.subscriber.apply_to(self.engine)
 
     def load(self, wait: bool = True) -> None:
         """Take the engine alone and apply: once the calls in flight end, or (``wait=False``)

@@ -302,14 +302,34 @@ class _RemoteRole:
                                             self.tokenizer)
 
 
+class VersionSpanError(RuntimeError):
+    """A trajectory's trained tokens span more versions than ``rollout.max_versions_per_trajectory``
+    (a transient failure: the task is scheduled again, and a new attempt may span fewer)."""
+
+
+def check_version_span(result, train: Sequence[str], bound: int) -> None:
+    """Raise :class:`VersionSpanError` if a trained role's trajectory spans more than ``bound``
+    versions over its own tokens (partial rollouts, or turns under several versions)."""
+    for role in train:
+        for t in result.trajectories.get(role, []):
+            spanned = sorted({v for v, m in zip(t.versions, t.loss_mask) if m})
+            if len(spanned) > bound:
+                raise VersionSpanError(f"a trajectory of role {role!r} spans {len(spanned)} versions "
+                                       f"({spanned[0]}..{spanned[-1]}), more than rollout.max_versions_per_trajectory "
+                                       f"= {bound}")
+
+
 class EpisodeRunner:
     """Runs tasks (episodes) of any registered workflow on this node; see the module docstring."""
 
     def __init__(self, policy: str, node_id: str, engine, tokenizer, job_seed: int, *, engine_lock: threading.Lock,
                  before_call=None, client=None, batch_invariant: bool = False, tracer=None,
                  sampling_of=None, step_out: bool = True, call_wait_s: float | None = None,
-                 engines: dict | None = None) -> None:
+                 engines: dict | None = None, max_versions: int = 0) -> None:
         self.policy, self.node_id, self.engine, self.tokenizer = policy, node_id, engine, tokenizer
+        #: ``rollout.max_versions_per_trajectory`` (0: no bound): an episode with a trajectory whose
+        #: trained tokens span more versions fails (its task is scheduled again)
+        self.max_versions = max_versions
         #: the policies whose roles this node plays on its own engine(s): its policy, and on a
         #: shared pool the policies whose adapters its engine holds (``engines``: policy -> engine)
         self.engines = dict(engines) if engines else {policy: engine}
@@ -416,6 +436,8 @@ class EpisodeRunner:
             with self.tracer.start_as_current_span("raas.workflow", context=ctx,
                                                    attributes={"workflow": task.workflow, "task.id": task.task_id}):
                 result = run_episode(spec, ep, self.job_seed)
+            if self.max_versions:
+                check_version_span(result, train, self.max_versions)
         except Exception as e:  # noqa: BLE001 - an explicit failure record per role, never a lost task
             if span is not None:
                 span.record_exception(e)

@@ -15,7 +15,9 @@ from collections.abc import Callable
 
 #: A RaaS node's transaction is open: its trajectories are sent, its task offsets not yet.
 IN_TRANSACTION = "raas.in_transaction"
-POINTS = (IN_TRANSACTION,)
+#: A RaaS node's engine is between two tokens of a call and asks for newer weights (rollout.partial).
+BETWEEN_TOKENS = "raas.between_tokens"
+POINTS = (IN_TRANSACTION, BETWEEN_TOKENS)
 
 Handler = Callable[[str], None]  #: called with the node id at the point
 _handlers: dict[str, Handler] = {}

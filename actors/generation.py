@@ -137,10 +137,11 @@ class GenerationClient:
         reply: GenerationReply = box[0]
         if reply.error:
             raise RemoteCallFailed(f"role {role!r}: pool {policy!r} node {reply.node_id} failed: {reply.error}")
+        per_token = reply.token_versions or [[]] * len(reply.tokens)
         return [Turn(tuple(p), tuple(t), tuple(lp), v, fr, tokenizer.decode(list(t), skip_special_tokens=True),
-                     role, policy)
-                for p, t, lp, v, fr in zip(prompts, reply.tokens, reply.logprobs, reply.versions,
-                                          reply.finish_reasons)]
+                     role, policy, tuple(tv))
+                for p, t, lp, v, fr, tv in zip(prompts, reply.tokens, reply.logprobs, reply.versions,
+                                              reply.finish_reasons, per_token)]
 
     def close(self) -> None:
         self._stop.set()
@@ -305,7 +306,9 @@ class GenerationServer:
             reply = GenerationReply(req.request_id, req.episode_id, self.node_id,
                                     [list(g.tokens) for g in mine], [list(g.logprobs) for g in mine],
                                     [g.version for g in mine], [g.finish_reason for g in mine], error=error,
-                                    ts=time.time())
+                                    ts=time.time(),
+                                    token_versions=[list(g.token_versions) for g in mine]
+                                    if any(g.token_versions for g in mine) else [])
             self.producer.send(self.topics.replies, reply, key=req.episode_id,
                                partition=req.reply_partition if req.reply_partition >= 0 else None,
                                headers=[(H_REQUEST, req.request_id.encode())])

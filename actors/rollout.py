@@ -112,6 +112,9 @@ class RolloutActor(LoopActor):
         subscriber, *others = [self._subscriber(p, engine, path, dead) for p, engine in self.engines.items()]
         self.weights = EngineWeights(subscriber, self.engine, self.engine_lock, self.node_id,
                                      others=list(zip(others, list(self.engines.values())[1:])))
+        if self.cfg.rollout.partial:  # rows in flight go on under each new version (engines/cpu.py)
+            self.engine.set_weight_refresh(self.weights.refresh_mid_call, self.cfg.rollout.max_versions_per_trajectory)
+        self._partial_rows = 0
         stretch = self._emulation_stretch()
         if self.multi:
             self.client = GenerationClient(self.bootstrap, self.topics, self.node_id, dead_letters=dead,
@@ -124,7 +127,7 @@ class RolloutActor(LoopActor):
                                     engine_lock=self.engine_lock, before_call=self.weights.apply,
                                     client=self.client, batch_invariant=self.cfg.rollout.batch_invariant,
                                     tracer=tracer, sampling_of=self._sampling_of, call_wait_s=CALL_WAIT_S * stretch,
-                                    engines=self.engines)
+                                    engines=self.engines, max_versions=self.cfg.rollout.max_versions_per_trajectory)
         # The pool's identity on every group it writes: the dataflow counts no other (actors/signing.py).
         self.group_signer = group_signer_for(self.cfg)
         self.producer = Producer(self.bootstrap, client_id=self.node_id,
@@ -436,6 +439,12 @@ class RolloutActor(LoopActor):
         of where each node's weights came from)."""
         paths = self.weights.subscriber.path_counts
         loaded = paths["snapshot"] + paths["delta"]
+        partial = getattr(self.engine, "refreshes", None)
+        if partial and partial["rows"] != self._partial_rows:  # rows continued under a newer version
+            self._partial_rows = partial["rows"]
+            self.metrics.emit_many({"raas.partial_rows": partial["rows"],
+                                    "raas.partial_recomputed_tokens": partial["recomputed_tokens"]},
+                                   step=self.engine.version, node=self.node_id, policy=self.cfg.policy)
         if loaded != self._weights_loaded:
             self._weights_loaded = loaded
             self.metrics.emit("raas.weights_loaded", loaded, step=self.engine.version, node=self.node_id,

@@ -29,10 +29,25 @@ def hang_in_transaction(node_id: str) -> None:
         time.sleep(60)
 
 
+#: ``ASTRAFLOW_TEST_SLOW_TOKENS=<node id or *>:<seconds>``: that node's engine (every node's with
+#: ``*``) waits this long between two tokens of a call, so new versions land mid-generation
+#: (partial rollouts) on a model that would otherwise finish its rows first.
+SLOW_TOKENS = "ASTRAFLOW_TEST_SLOW_TOKENS"
+
+
+def slow_tokens(node_id: str) -> None:
+    who, _, seconds = os.environ.get(SLOW_TOKENS, "").rpartition(":")
+    if who in ("*", node_id):
+        time.sleep(float(seconds))
+
+
 def install_from_env() -> list[str]:
     """Install the handlers this process's environment asks for; returns their points."""
     installed = []
     if os.environ.get(HANG_IN_TXN):
         fault_points.install(fault_points.IN_TRANSACTION, hang_in_transaction)
         installed.append(fault_points.IN_TRANSACTION)
+    if os.environ.get(SLOW_TOKENS):
+        fault_points.install(fault_points.BETWEEN_TOKENS, slow_tokens)
+        installed.append(fault_points.BETWEEN_TOKENS)
     return installed

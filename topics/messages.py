@@ -262,27 +262,38 @@ class GenerationRequest(Message):
 class GenerationReply(Message):
     """The answer to a :class:`GenerationRequest`, on ``replies`` keyed by episode, in the
     request's ``reply_partition``; the record's ``af-request`` header repeats ``request_id``
-    so a requester passes over other requesters' replies without decoding them."""
+    so a requester passes over other requesters' replies without decoding them.
+
+    Schema 2 added ``token_versions``: per row, the version of each token when the row went on
+    under newer weights (partial rollouts), else empty; absent (schema 1): every row's
+    tokens are its ``versions`` entry."""
 
     TYPE: ClassVar[str] = "generation-reply"
+    SCHEMA: ClassVar[int] = 2
     request_id: str
     episode_id: str
     node_id: str
     tokens: list[list[int]]
     logprobs: list[list[float]]
-    versions: list[int]  #: per row: the weight version that generated it
+    versions: list[int]  #: per row: the weight version that generated its first token
     finish_reasons: list[str]
     error: str = ""
     ts: float = 0.0
+    token_versions: list[list[int]] = field(default_factory=list)  #: per row (or none): each token's version
 
     def validate(self) -> None:
         n = len(self.tokens)
         same_length("logprobs", self.logprobs, "tokens", n)
         same_length("versions", self.versions, "tokens", n)
         same_length("finish_reasons", self.finish_reasons, "tokens", n)
+        if self.token_versions:
+            same_length("token_versions", self.token_versions, "tokens", n)
         for i, (row, lp) in enumerate(zip(self.tokens, self.logprobs)):
             same_length(f"logprobs[{i}]", lp, f"tokens[{i}]", len(row))
             non_negative(f"tokens[{i}]", row)
+            if self.token_versions and self.token_versions[i]:
+                same_length(f"token_versions[{i}]", self.token_versions[i], f"tokens[{i}]", len(row))
+                non_negative(f"token_versions[{i}]", self.token_versions[i])
 
 
 @dataclass(frozen=True)

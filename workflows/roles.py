@@ -116,7 +116,8 @@ class EngineRole:
 
     def turn(self, g: Generation) -> Turn:
         return Turn(tuple(g.prompt_ids), tuple(g.tokens), tuple(g.logprobs), g.version, g.finish_reason,
-                    self.tokenizer.decode(list(g.tokens), skip_special_tokens=True), self.name, self.policy)
+                    self.tokenizer.decode(list(g.tokens), skip_special_tokens=True), self.name, self.policy,
+                    tuple(g.token_versions))
 
 
 class _SeededRole:

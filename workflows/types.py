@@ -28,11 +28,17 @@ class Turn:
     prompt_ids: tuple[int, ...]
     tokens: tuple[int, ...]
     logprobs: tuple[float, ...]
-    version: int  #: weight version of the policy that generated every token
+    version: int  #: weight version of the policy that generated the first token
     finish_reason: str
     text: str  #: the tokens decoded (special tokens skipped)
     role: str
     policy: str
+    #: per token, the version that generated it, when the turn went on under newer weights
+    #: mid-generation (partial rollouts); empty: ``version`` generated every token
+    token_versions: tuple[int, ...] = ()
+
+    def versions(self) -> tuple[int, ...]:
+        return self.token_versions or (self.version,) * len(self.tokens)
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,7 @@ class Trajectory:
     def of(cls, turn: Turn, reward: float, **info: Any) -> "Trajectory":
         """A single-turn trajectory: the turn's prompt is context, every token is trained on."""
         n = len(turn.tokens)
-        return cls(turn.prompt_ids, turn.tokens, turn.logprobs, (turn.version,) * n, (1,) * n, (turn.role,) * n,
+        return cls(turn.prompt_ids, turn.tokens, turn.logprobs, turn.versions(), (1,) * n, (turn.role,) * n,
                    float(reward), turn.finish_reason, turn.text, dict(info))
 
     @classmethod
@@ -109,7 +115,7 @@ class Trajectory:
                         f"never by re-tokenizing text")
                 tokens += p.tokens
                 logprobs += p.logprobs if own else [0.0] * len(p.tokens)
-                versions += [p.version if own else 0] * len(p.tokens)
+                versions += p.versions() if own else [0] * len(p.tokens)
                 mask += [1 if own else 0] * len(p.tokens)
                 roles += [p.role] * len(p.tokens)
                 if own:

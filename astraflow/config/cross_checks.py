@@ -221,6 +221,10 @@ class CrossSectionChecks:
                 key = f"policies.{p}.trainer.engine.lora" if self.policies else "trainer.engine.lora"
                 raise ConfigError(self.source, key, "the SGLang engine does not serve LoRA adapters yet: use "
                                                     "rollout.engine.kind cpu, or full fine-tuning (lora: null)")
+            if own.trainer.engine.lora is not None and own.rollout.partial:
+                key = f"policies.{p}.rollout.partial" if self.policies else "rollout.partial"
+                raise ConfigError(self.source, key, "a LoRA policy's engine loads its adapters between calls only: "
+                                                    "partial rollouts need full fine-tuning (trainer.engine.lora: null)")
             if model.name:
                 if model.path:
                     raise ConfigError(self.source, f"{where}.name", f"names a pretrained model ({model.name}) and "

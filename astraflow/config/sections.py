@@ -94,6 +94,15 @@ class RolloutConfig:
                                            "logprob bits (not only its seeds) never depend on which tasks share a poll "
                                            "and same-seed sync runs are byte-identical; costs ~2.5x the CPU engine's "
                                            "tokens/s (batched kernels change their reduction order with the row count)")
+    partial: bool = setting(False, "partial rollouts: when a new version arrives, a node's rows in flight stop at "
+                                   "their next token, the engine loads it and the same rows go on under it (their KV "
+                                   "recomputed); each token keeps the version that produced it, and staleness counts "
+                                   "the oldest. CPU engine, full weights (docs/off-policy.md)")
+    max_versions_per_trajectory: int = setting(0, "with partial: the most versions one trajectory's tokens may span "
+                                                  "(0: no bound); the engine holds a load back while a row in flight "
+                                                  "is at the bound, and an episode whose trajectory still spans more "
+                                                  "(several turns) fails and its task is scheduled again",
+                                               bounds=Bounds(0, 10**6))
     heartbeat_s: float = setting(2.0, "heartbeat interval on the control topic", bounds=Bounds(0, 3_600, lo_open=True))
     max_episode_failures: int = setting(16, "a RaaS node stops the job (a fatal error, reported on the control topic) "
                                             "after this many episodes in a row failed with a deterministic error (the "
@@ -130,6 +139,15 @@ class RolloutConfig:
                                              "ones count too; with no key configured either, nothing is checked")
 
     def __post_init__(self) -> None:
+        if self.partial and self.engine.kind != "cpu":
+            raise ValueError(f"rollout.partial: the {self.engine.kind} engine does not continue rows across weight "
+                             f"updates yet; use rollout.engine.kind cpu or partial: false")
+        if self.partial and self.device.emulated:
+            raise ValueError("rollout.partial: an emulated device prices whole calls, not calls cut by weight "
+                             "updates; use device cpu or partial: false")
+        if self.max_versions_per_trajectory and not self.partial:
+            raise ValueError("rollout.max_versions_per_trajectory bounds partial rollouts: set rollout.partial: true "
+                             "or leave it 0")
         if self.weights_bootstrap_servers is not None:
             parse_bootstrap(self.weights_bootstrap_servers, "rollout.weights_bootstrap_servers")
         if self.weights_security is not None:
