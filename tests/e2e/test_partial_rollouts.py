@@ -2,12 +2,16 @@
 rows go on under them, a RaaS node is SIGKILLed mid-row, and the topics still keep the
 conservation law and the staleness bound (counted from each sample's oldest token).
 
-Each node's engine waits 50 ms between tokens (the ``raas.between_tokens`` fault point, a test
-hook: :mod:`astraflow.chaos.hooks`), so a call outlasts a trainer step on the tiny model and
+The job is the SmolLM2 chat job on a random-weight model of its architecture (rows run to
+their length limit); each node's engine waits 50 ms between tokens (the ``raas.between_tokens`` fault point, a test
+hook: :mod:`astraflow.chaos.hooks`), so a call outlasts a trainer step and
 versions arrive while rows are in flight, as they do on long generations.
 """
 
 from __future__ import annotations
+
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -16,22 +20,30 @@ from astraflow.topics import TrajectoryGroup, ensure_topics, job_topics
 from astraflow.topics.replay import read_topic
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(900)
-def test_rows_span_versions_and_a_kill_mid_row_loses_nothing(make_job_config, bootstrap, tmp_path, monkeypatch):
+def test_rows_span_versions_and_a_kill_mid_row_loses_nothing(bootstrap, smol_random, tmp_path, monkeypatch):
     from astraflow.chaos.harness import JobHarness
+    from astraflow.config import load_config
 
     monkeypatch.setenv(SLOW_TOKENS, "*:0.05")
-    cfg = make_job_config({"trainer": {"steps": 8}, "rollout": {"partial": True, "max_new_tokens": 10}},
-                          name="partial")
+    # a random-weight model: its rows run to max_new_tokens instead of stopping after a few tokens
+    sets = {"job": f"partial-{uuid.uuid4().hex[:8]}", "model.name": None, "model.path": str(smol_random),
+            "trainer.steps": 8, "trainer.checkpoint_every": 2, "trainer.snapshot_every": 4,
+            "dataflow.groups_per_batch": 2, "rollout.n_samples": 2, "rollout.tasks_per_call": 2,
+            "rollout.max_new_tokens": 16, "rollout.heartbeat_s": 1.0, "rollout.partial": True,
+            "eval.every": 0, "eval.problems": 4, "run_dir": str(tmp_path / "runs")}
+    cfg = load_config(ROOT / "examples" / "smollm2_chat_arithmetic.yaml", sets)
     ensure_topics(bootstrap, job_topics(cfg).specs())
-    h = JobHarness(cfg, bootstrap, tmp_path / "run")
+    h = JobHarness(cfg, bootstrap, tmp_path / "run",
+                   overrides=[f"{k}={'null' if v is None else v}" for k, v in sets.items()])
     try:
         for role, node in (("dataflow", "dataflow"), ("trainer", "trainer"), ("raas", "raas-0"), ("raas", "raas-1")):
             h.start(role, node)
         # raas-0 has continued rows under a newer version: kill it while it generates
-        h.wait_for(lambda m: m.name == "raas.partial_rows" and m.labels.get("node") == "raas-0", 400,
+        h.wait_for(lambda m: m.name == "raas.partial_rows" and m.labels.get("node") == "raas-0", 300,
                    "raas-0 continuing rows across a version")
         h.kill("raas-0")
         h.wait_for(lambda m: m.name == "trainer.done", 600, "trainer.done")
