@@ -8,7 +8,8 @@ health wait, clean stop) and the HTTP calls the RL loop needs:
   weights next to the base model's config and tokenizer) or
   ``POST /update_weights_from_tensor`` (same-host tensor handles, needs ``sglang``
   importable here), each with ``weight_version`` so the server reports it;
-* ``POST /pause_generation`` / ``POST /continue_generation`` around a refresh;
+* ``POST /pause_generation`` / ``POST /continue_generation`` around a refresh (mode
+  ``retract``; ``abort`` with partial rollouts, whose rows are then sent again);
 * ``GET /model_info`` (``weight_version``; older servers: ``/get_model_info``).
 
 Stop strings go as ``stop`` and stop token ids as ``stop_token_ids``, with ``no_stop_trim``
@@ -32,10 +33,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 import torch
@@ -44,7 +48,10 @@ from .base import (Generation, NamedTensors, RolloutEngine, SamplingParams, cont
                    iter_named_tensors, out_of_context, row_seeds)
 from .config import SGLangConfig
 
-__all__ = ["SGLangEngine", "SGLangError", "sampling_params_json", "parse_generation"]
+__all__ = ["SGLangEngine", "SGLangError", "sampling_params_json", "parse_generation", "parse_item"]
+
+#: partial rollouts: how often a call in flight asks for newer weights
+REFRESH_S = 0.05
 
 # Files of the base model a disk update directory needs besides the weights.
 _MODEL_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -80,12 +87,10 @@ def sampling_params_json(params: SamplingParams) -> dict:
     return out
 
 
-def parse_generation(prompt: Sequence[int], item: dict, version: int) -> Generation:
-    """One ``/generate`` result -> ``Generation``.
-
-    Tokens come from ``meta_info.output_token_logprobs`` (``[logprob, token_id, text]``
-    triples), which pairs every token with its logprob; ``output_ids`` must agree.
-    """
+def parse_item(item: dict) -> tuple[tuple[int, ...], tuple[float, ...], str]:
+    """One ``/generate`` result's tokens, their logprobs and its finish type (stop | length |
+    abort). Tokens come from ``meta_info.output_token_logprobs`` (``[logprob, token_id, text]``
+    triples), which pairs every token with its logprob; ``output_ids`` must agree."""
     meta = item.get("meta_info") or {}
     triples = meta.get("output_token_logprobs")
     if triples is None:
@@ -95,9 +100,16 @@ def parse_generation(prompt: Sequence[int], item: dict, version: int) -> Generat
     out_ids = item.get("output_ids")
     if out_ids is not None and tuple(int(t) for t in out_ids) != tokens:
         raise SGLangError(f"output_ids {out_ids} disagree with output_token_logprobs tokens {list(tokens)}")
-    finish = (meta.get("finish_reason") or {}).get("type", "length")
+    return tokens, logprobs, (meta.get("finish_reason") or {}).get("type", "length")
+
+
+def parse_generation(prompt: Sequence[int], item: dict, version: int) -> Generation:
+    """One ``/generate`` result -> ``Generation`` (an aborted one is an error: outside partial
+    rollouts nothing here aborts a request)."""
+    tokens, logprobs, finish = parse_item(item)
     if finish == "abort":
-        raise SGLangError(f"generation aborted by the server: {meta.get('finish_reason')}", retriable=True)
+        raise SGLangError(f"generation aborted by the server: {(item.get('meta_info') or {}).get('finish_reason')}",
+                          retriable=True)
     return Generation(
         prompt_ids=tuple(int(x) for x in prompt),
         tokens=tokens,
@@ -120,6 +132,12 @@ class SGLangEngine(RolloutEngine):
         self._own_weights_root = not self.cfg.weights_dir
         #: the model's context window (config.json's max_position_embeddings; None: unknown)
         self.max_positions = _max_positions(self.model_path)
+        self._refresh: Callable[[], object] | None = None  #: partial rollouts (set_weight_refresh)
+        self._max_versions = 0
+        #: a load and a request's submission never interleave (a request sent while paused would be refused)
+        self._loading = threading.RLock()
+        self._calls = ThreadPoolExecutor(4, thread_name_prefix="sglang-call")
+        self.refreshes = {"rows": 0, "recomputed_tokens": 0}
         if self.cfg.url:
             self.base_url = self.cfg.url.rstrip("/")
         else:
@@ -138,10 +156,26 @@ class SGLangEngine(RolloutEngine):
     def version(self) -> int:
         return self._version
 
+    def set_weight_refresh(self, refresh: Callable[[], object] | None, max_versions: int = 0) -> None:
+        """Partial rollouts through SGLang's pause in **abort** mode. While a ``/generate`` is in
+        flight, the calling thread calls ``refresh`` every ``REFRESH_S``; a load it makes pauses
+        the server with ``mode: abort`` — the rows in flight come back at once with the tokens
+        they have (``finish_reason.type == "abort"``), all generated under the old version —
+        then updates the weights and continues. The unfinished rows are sent again as prompt +
+        tokens so far with the rest of their budget, under the new version; the server's prefix
+        cache was flushed by the update, so their KV is recomputed as on the CPU engine. Each
+        token keeps the version of the request that produced it. ``max_versions``: as
+        ``RolloutEngine.set_weight_refresh``."""
+        if max_versions < 0:
+            raise ValueError(f"max_versions must be >= 0 (0: no bound), got {max_versions}")
+        self._refresh, self._max_versions = refresh, max_versions
+
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  seeds: Sequence[int] | None = None) -> list[Generation]:
         if not prompts:
             return []
+        if self._refresh is not None:
+            return self._generate_partial(prompts, params, seeds)
         base = sampling_params_json(params)
         seeds = row_seeds(prompts, params, seeds)
         budgets = context_budgets(prompts, params.max_new_tokens, self.max_positions)
@@ -170,8 +204,70 @@ class SGLangEngine(RolloutEngine):
                                                                     g.version)  # type: ignore[arg-type]
         return out  # type: ignore[return-value]
 
+    def _generate_partial(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                          seeds: Sequence[int] | None) -> list[Generation]:
+        """``generate`` with partial rollouts (see :meth:`set_weight_refresh`)."""
+        base = sampling_params_json(params)
+        seeds = row_seeds(prompts, params, seeds)
+        budgets = context_budgets(prompts, params.max_new_tokens, self.max_positions)
+        rows = {i: {"tokens": [], "logprobs": [], "versions": [], "finish": None}
+                for i, b in enumerate(budgets) if b > 0}
+        empty_aborts = 0
+        while live := [i for i, r in rows.items() if r["finish"] is None]:
+            sampling = [dict(base, max_new_tokens=budgets[i] - len(rows[i]["tokens"]),
+                             **({"sampling_seed": seeds[i]} if self.cfg.send_seed and seeds is not None else {}))
+                        for i in live]
+            body = {"input_ids": [list(map(int, prompts[i])) + rows[i]["tokens"] for i in live],
+                    "sampling_params": sampling, "return_logprob": True}
+            with self._loading:  # never between a load's pause and its continue
+                version = self._version
+                call = self._calls.submit(self._post, "/generate", body)
+            spans = [len(set(rows[i]["versions"]) | {version}) for i in live]  # with this request's version
+            while True:
+                try:
+                    answer = call.result(timeout=REFRESH_S)
+                    break
+                except FutureTimeout:
+                    if not self._max_versions or max(spans) < self._max_versions:
+                        self._refresh()
+            if not isinstance(answer, list) or len(answer) != len(live):
+                raise SGLangError(f"/generate returned {type(answer).__name__} for {len(live)} prompts")
+            got = 0
+            for i, item in zip(live, answer):
+                tokens, logprobs, finish = parse_item(item)
+                r = rows[i]
+                if r["tokens"]:  # a row sent again: its prefix was prefilled under the new weights
+                    self.refreshes["rows"] += 1
+                    self.refreshes["recomputed_tokens"] += len(prompts[i]) + len(r["tokens"])
+                r["tokens"] += tokens
+                r["logprobs"] += logprobs
+                r["versions"] += [version] * len(tokens)
+                got += len(tokens)
+                if finish != "abort" or len(r["tokens"]) >= budgets[i]:
+                    r["finish"] = "stop" if finish == "stop" else "length"
+            empty_aborts = empty_aborts + 1 if not got else 0
+            if empty_aborts >= 3:
+                raise SGLangError("the server aborted a request three times before it produced a token",
+                                  retriable=True)
+        out: list[Generation] = []
+        for i, prompt in enumerate(prompts):
+            r = rows.get(i)
+            if r is None:
+                out.append(out_of_context(prompt, self._version))
+                continue
+            versions = tuple(r["versions"])
+            out.append(Generation(tuple(int(x) for x in prompt), tuple(r["tokens"]), tuple(r["logprobs"]),
+                                  finish_of(r["finish"], budgets[i], params),  # type: ignore[arg-type]
+                                  versions[0] if versions else self._version,
+                                  versions if len(set(versions)) > 1 else ()))
+        return out
+
     def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
         """Pause generation, load the weights as ``version``, continue."""
+        with self._loading:
+            self._load_weights(named_tensors, version)
+
+    def _load_weights(self, named_tensors: NamedTensors, version: int) -> None:
         self.pause()
         try:
             if self.cfg.weight_transport == "disk":
@@ -192,6 +288,7 @@ class SGLangEngine(RolloutEngine):
         self._prune_weight_dirs(keep=version)
 
     def close(self) -> None:
+        self._calls.shutdown(wait=False, cancel_futures=True)
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             # The server spawns scheduler/detokenizer children: stop the whole group.
@@ -213,8 +310,11 @@ class SGLangEngine(RolloutEngine):
     # --- SGLang-specific ---------------------------------------------------------
 
     def pause(self) -> None:
-        # "retract" puts running requests back in the queue; they resume with new weights.
-        self._post("/pause_generation", {"mode": "retract"})
+        # "retract" puts running requests back in the queue; they resume with new weights — but
+        # nothing would tell which tokens came before: outside partial rollouts no request is
+        # in flight during a load. With partial rollouts, "abort" returns each row's tokens so
+        # far, all of the old version, and _generate_partial sends the rest again.
+        self._post("/pause_generation", {"mode": "abort" if self._refresh is not None else "retract"})
 
     def resume(self) -> None:
         self._post("/continue_generation", {})

@@ -97,7 +97,8 @@ class RolloutConfig:
     partial: bool = setting(False, "partial rollouts: when a new version arrives, a node's rows in flight stop at "
                                    "their next token, the engine loads it and the same rows go on under it (their KV "
                                    "recomputed); each token keeps the version that produced it, and staleness counts "
-                                   "the oldest. CPU engine, full weights (docs/off-policy.md)")
+                                   "the oldest. CPU engine, or SGLang through pause in abort mode; full weights "
+                                   "(docs/off-policy.md)")
     max_versions_per_trajectory: int = setting(0, "with partial: the most versions one trajectory's tokens may span "
                                                   "(0: no bound); the engine holds a load back while a row in flight "
                                                   "is at the bound, and an episode whose trajectory still spans more "
@@ -139,9 +140,6 @@ class RolloutConfig:
                                              "ones count too; with no key configured either, nothing is checked")
 
     def __post_init__(self) -> None:
-        if self.partial and self.engine.kind != "cpu":
-            raise ValueError(f"rollout.partial: the {self.engine.kind} engine does not continue rows across weight "
-                             f"updates yet; use rollout.engine.kind cpu or partial: false")
         if self.partial and self.device.emulated:
             raise ValueError("rollout.partial: an emulated device prices whole calls, not calls cut by weight "
                              "updates; use device cpu or partial: false")

@@ -14,6 +14,10 @@ validates requests the way SGLang's request dataclasses do (unknown keys rejecte
 
 Tokens are a deterministic function of (prompt, step, weight version) so a weight update
 is observable. ``GET /stub/calls`` (stub only) returns the request log for assertions.
+With ``token_delay_s`` (``--token-delay-s``) each decoding step of a ``/generate`` takes that
+long, outside the server's lock, and a ``/pause_generation`` with ``mode: abort`` meanwhile
+ends it at once: every row answers the tokens it has with ``finish_reason.type == "abort"``,
+as SGLang's scheduler does for the requests it aborts.
 Run as ``python -m sglang_stub --model-path DIR --port N`` (same flags as
 ``sglang.launch_server``; unknown flags are ignored).
 """
@@ -24,6 +28,7 @@ import argparse
 import json
 import math
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -47,12 +52,15 @@ def _check_keys(body: dict, allowed: set[str], what: str) -> None:
 
 
 class StubState:
-    def __init__(self, model_path: str, weight_version: str, vocab_size: int = 104) -> None:
+    def __init__(self, model_path: str, weight_version: str, vocab_size: int = 104,
+                 token_delay_s: float = 0.0) -> None:
         from safetensors import safe_open
 
         self.model_path = model_path
         self.weight_version = weight_version
         self.vocab_size = vocab_size
+        self.token_delay_s = token_delay_s
+        self.aborts = 0  #: pauses in abort mode so far: a generation started before one ends
         self.paused = False
         self.calls: list[tuple[str, dict]] = []
         self.lock = threading.Lock()
@@ -78,23 +86,34 @@ class StubState:
         if self.paused:
             raise BadRequest("generation is paused")
         version = int(self.weight_version) if self.weight_version.isdigit() else 0
-        out = []
-        for prompt, s in zip(ids, per):
-            stops = set(s.get("stop_token_ids") or [])
-            tokens, triples, reason = [], [], {"type": "length", "length": s.get("max_new_tokens", 128)}
-            for step in range(s.get("max_new_tokens", 128)):
-                tok = (sum(prompt) + 7 * step + 13 * version) % self.vocab_size
-                lp = -math.log(2.0 + (tok % 5))
-                tokens.append(tok)
-                triples.append([lp, tok, None])
-                if tok in stops:
-                    reason = {"type": "stop", "matched": tok}
+        aborts = self.aborts
+        rows = [{"prompt": prompt, "stops": set(s.get("stop_token_ids") or []), "limit": s.get("max_new_tokens", 128),
+                 "tokens": [], "triples": [], "reason": None} for prompt, s in zip(ids, per)]
+        for step in range(max(r["limit"] for r in rows)):  # step-major, as a batch decodes
+            if self.token_delay_s:
+                time.sleep(self.token_delay_s)
+                if self.aborts != aborts:  # paused in abort mode: every unfinished row ends now
+                    for r in rows:
+                        r["reason"] = r["reason"] or {"type": "abort", "message": "Abort in pause_generation."}
                     break
-            meta = {"id": f"stub-{len(self.calls)}", "finish_reason": reason, "prompt_tokens": len(prompt),
-                    "completion_tokens": len(tokens), "cached_tokens": 0, "weight_version": self.weight_version}
+            for r in rows:
+                if r["reason"] is not None:
+                    continue
+                tok = (sum(r["prompt"]) + 7 * step + 13 * version) % self.vocab_size
+                r["tokens"].append(tok)
+                r["triples"].append([-math.log(2.0 + (tok % 5)), tok, None])
+                if tok in r["stops"]:
+                    r["reason"] = {"type": "stop", "matched": tok}
+                elif len(r["tokens"]) >= r["limit"]:
+                    r["reason"] = {"type": "length", "length": r["limit"]}
+        out = []
+        for r in rows:
+            reason = r["reason"] or {"type": "length", "length": r["limit"]}
+            meta = {"id": f"stub-{len(self.calls)}", "finish_reason": reason, "prompt_tokens": len(r["prompt"]),
+                    "completion_tokens": len(r["tokens"]), "cached_tokens": 0, "weight_version": self.weight_version}
             if body.get("return_logprob"):
-                meta["output_token_logprobs"] = triples
-            out.append({"text": "", "output_ids": tokens, "meta_info": meta})
+                meta["output_token_logprobs"] = r["triples"]
+            out.append({"text": "", "output_ids": r["tokens"], "meta_info": meta})
         return out
 
     def update_from_disk(self, body: dict) -> dict:
@@ -162,6 +181,13 @@ def make_server(state: StubState, host: str = "127.0.0.1", port: int = 0) -> Thr
                 body = json.loads(self.rfile.read(length) or b"{}")
             except json.JSONDecodeError:
                 return self._reply(400, {"error": "invalid JSON"})
+            if self.path == "/generate" and state.token_delay_s:  # a slow generation runs outside the lock
+                with state.lock:
+                    state.calls.append((self.path, body))
+                try:
+                    return self._reply(200, state.generate(body))
+                except (BadRequest, KeyError, TypeError) as err:
+                    return self._reply(400, {"error": {"message": str(err)}})
             with state.lock:
                 state.calls.append((self.path, body))
                 try:
@@ -177,6 +203,8 @@ def make_server(state: StubState, host: str = "127.0.0.1", port: int = 0) -> Thr
                         if body.get("mode", "abort") not in ("abort", "retract", "in_place"):
                             raise BadRequest(f"Invalid mode: {body.get('mode')!r}")
                         state.paused = True
+                        if body.get("mode", "abort") == "abort":
+                            state.aborts += 1
                         return self._reply(200, {"message": "Generation paused successfully.", "status": 200})
                     if self.path == "/continue_generation":
                         _check_keys(body, {"torch_empty_cache"}, "ContinueGenerationReqInput")
@@ -195,8 +223,10 @@ def main() -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--weight-version", default="default")
+    p.add_argument("--token-delay-s", type=float, default=0.0)
     args, _unknown = p.parse_known_args()
-    make_server(StubState(args.model_path, args.weight_version), args.host, args.port).serve_forever()
+    make_server(StubState(args.model_path, args.weight_version, token_delay_s=args.token_delay_s),
+                args.host, args.port).serve_forever()
 
 
 if __name__ == "__main__":

@@ -161,3 +161,66 @@ def test_stop_sequences_and_the_context_guard_reach_the_server(tiny_model_path, 
     assert len(gens[1].tokens) <= 4 and gens[1].finish_reason in ("stop", "context")
     assert all(len(g.prompt_ids) + len(g.tokens) <= 128 for g in gens)
     engine.close()
+
+
+@pytest.fixture()
+def slow_stub(tiny_model_path):
+    """The stub decoding one step every 20 ms, so a weight update lands while a request is in flight."""
+    import sglang_stub
+
+    state = sglang_stub.StubState(str(tiny_model_path), "0", token_delay_s=0.02)
+    server = sglang_stub.make_server(state)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", state
+    server.shutdown()
+    server.server_close()
+
+
+def stub_tokens(prompt, version, n, vocab=104):
+    """What the stub generates for ``prompt`` under ``version`` (its deterministic rule)."""
+    return [(sum(prompt) + 7 * step + 13 * version) % vocab for step in range(n)]
+
+
+def test_partial_rollouts_abort_update_and_send_the_rest_again(tiny_model_path, slow_stub):
+    from safetensors.torch import load_file
+
+    url, state = slow_stub
+    engine = SGLangEngine(tiny_model_path, SGLangConfig(url=url))
+    weights = load_file(str(tiny_model_path / "model.safetensors"))
+    asked = [0]
+
+    def refresh():  # the node's subscriber: version 1 is there from the third ask on
+        asked[0] += 1
+        if asked[0] == 3 and engine.version == 0:
+            engine.load_weights(weights, 1)
+
+    engine.set_weight_refresh(refresh)
+    prompts = [[20, 21, 27], [22, 15, 23, 29]]
+    gens = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=24))
+    log = calls(url)
+    paths = [p for p, _ in log]
+    assert paths.count("/generate") == 2
+    pause = next(b for p, b in log if p == "/pause_generation")
+    assert pause == {"mode": "abort"}  # abort: the rows in flight come back with what they have
+    first, second = [b for p, b in log if p == "/generate"]
+    for row, (prompt, g) in enumerate(zip(prompts, gens)):
+        k = g.token_versions.index(1)  # where the version changed
+        assert 0 < k < 24 and g.token_versions == (0,) * k + (1,) * (24 - k)
+        assert list(g.tokens[:k]) == stub_tokens(prompt, 0, k)  # the old version's tokens, kept
+        # the rest was asked for again: prompt + the tokens so far, the remaining budget, under version 1
+        assert second["input_ids"][row] == prompt + list(g.tokens[:k])
+        assert second["sampling_params"][row]["max_new_tokens"] == 24 - k
+        assert list(g.tokens[k:]) == stub_tokens(prompt + list(g.tokens[:k]), 1, 24 - k)
+        assert g.version == 0 and len(g.logprobs) == 24 and g.finish_reason == "length"
+    assert first["input_ids"] == prompts and engine.refreshes["rows"] == 2
+    engine.close()
+
+
+def test_partial_rollouts_respect_max_versions(tiny_model_path, slow_stub):
+    url, _ = slow_stub
+    engine = SGLangEngine(tiny_model_path, SGLangConfig(url=url))
+    asked = [0]
+    engine.set_weight_refresh(lambda: asked.__setitem__(0, asked[0] + 1), max_versions=1)
+    (g,) = engine.generate([[20, 21, 27]], SamplingParams(temperature=1.0, max_new_tokens=10))
+    assert asked[0] == 0 and g.token_versions == () and len(g.tokens) == 10  # never asked: one version per row
+    engine.close()
