@@ -45,12 +45,9 @@ def make_rollout_engine(cfg: RolloutConfig | Mapping[str, Any] | None = None,
         from .cpu import CpuEngine
 
         return CpuEngine(path, threads=cfg.threads or None, lora=lora, dtype=cfg.dtype)
-    if lora is not None:
-        raise ValueError("trainer.engine.lora: rollout.engine.kind sglang does not serve LoRA adapters yet; "
-                         "use rollout.engine.kind cpu")
     from .sglang import SGLangEngine
 
-    return SGLangEngine(path, cfg.sglang)
+    return SGLangEngine(path, cfg.sglang, lora=lora)
 
 
 def make_train_engine(cfg: TrainerConfig | Mapping[str, Any] | None = None) -> TrainEngine:

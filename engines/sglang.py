@@ -10,7 +10,10 @@ health wait, clean stop) and the HTTP calls the RL loop needs:
   importable here), each with ``weight_version`` so the server reports it;
 * ``POST /pause_generation`` / ``POST /continue_generation`` around a refresh (mode
   ``retract``; ``abort`` with partial rollouts, whose rows are then sent again);
-* ``GET /model_info`` (``weight_version``; older servers: ``/get_model_info``).
+* ``GET /model_info`` (``weight_version``; older servers: ``/get_model_info``);
+* a LoRA policy: the server runs with ``--enable-lora``; each version is written as peft's
+  adapter directory and loaded with ``POST /load_lora_adapter`` (``lora_name`` ``v<N>``), the
+  one before it unloaded with ``POST /unload_lora_adapter``; rows name it in ``lora_path``.
 
 Stop strings go as ``stop`` and stop token ids as ``stop_token_ids``, with ``no_stop_trim``
 so the tokens that spell a stop stay in the output as on the CPU engine. The context guard
@@ -46,7 +49,7 @@ import torch
 
 from .base import (Generation, NamedTensors, RolloutEngine, SamplingParams, context_budgets, finish_of,
                    iter_named_tensors, out_of_context, row_seeds)
-from .config import SGLangConfig
+from .config import LoraConfig, SGLangConfig
 
 __all__ = ["SGLangEngine", "SGLangError", "sampling_params_json", "parse_generation", "parse_item"]
 
@@ -122,8 +125,14 @@ def parse_generation(prompt: Sequence[int], item: dict, version: int) -> Generat
 class SGLangEngine(RolloutEngine):
     """Rollout through one SGLang server (launched here unless ``cfg.url`` is set)."""
 
-    def __init__(self, model_path: str | Path, cfg: SGLangConfig | None = None, version: int = 0) -> None:
+    def __init__(self, model_path: str | Path, cfg: SGLangConfig | None = None, version: int = 0,
+                 lora: LoraConfig | None = None) -> None:
+        """``lora``: the policy is a LoRA adapter of ``model_path`` (the base): the server is
+        launched with LoRA serving on, each version is loaded as a named adapter
+        (``/load_lora_adapter``, the one before it unloaded) and every row names it."""
         self.cfg = cfg or SGLangConfig()
+        self.lora = lora
+        self._adapter: str | None = None  #: the adapter the rows use (None: the base, as at version 0)
         self.model_path = Path(model_path)
         self._version = version
         self._proc: subprocess.Popen | None = None
@@ -192,7 +201,8 @@ class SGLangEngine(RolloutEngine):
                                      for i in fits]
         else:
             sampling = base
-        body = {"input_ids": [list(map(int, p)) for p in rows], "sampling_params": sampling, "return_logprob": True}
+        body = {"input_ids": [list(map(int, p)) for p in rows], "sampling_params": sampling, "return_logprob": True,
+                **self._adapter_field(len(rows))}
         answer = self._post("/generate", body)
         if not isinstance(answer, list) or len(answer) != len(rows):
             raise SGLangError(f"/generate returned {type(answer).__name__} of length "
@@ -218,7 +228,7 @@ class SGLangEngine(RolloutEngine):
                              **({"sampling_seed": seeds[i]} if self.cfg.send_seed and seeds is not None else {}))
                         for i in live]
             body = {"input_ids": [list(map(int, prompts[i])) + rows[i]["tokens"] for i in live],
-                    "sampling_params": sampling, "return_logprob": True}
+                    "sampling_params": sampling, "return_logprob": True, **self._adapter_field(len(live))}
             with self._loading:  # never between a load's pause and its continue
                 version = self._version
                 call = self._calls.submit(self._post, "/generate", body)
@@ -262,12 +272,21 @@ class SGLangEngine(RolloutEngine):
                                   versions if len(set(versions)) > 1 else ()))
         return out
 
+    def _adapter_field(self, n: int) -> dict:
+        """``lora_path`` of a request's ``n`` rows: the adapter of the current version (none
+        before the first: version 0 of an adapter is the base, its B matrices zero)."""
+        return {"lora_path": [self._adapter] * n} if self._adapter is not None else {}
+
     def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
-        """Pause generation, load the weights as ``version``, continue."""
+        """Pause generation, load the weights as ``version``, continue (a LoRA version: load it
+        as a new adapter, no pause)."""
         with self._loading:
             self._load_weights(named_tensors, version)
 
     def _load_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        if self.lora is not None:
+            self._load_adapter(named_tensors, version)
+            return
         self.pause()
         try:
             if self.cfg.weight_transport == "disk":
@@ -285,6 +304,27 @@ class SGLangEngine(RolloutEngine):
         finally:
             self.resume()
         self._version = version
+        self._prune_weight_dirs(keep=version)
+
+    def _load_adapter(self, named_tensors: NamedTensors, version: int) -> None:
+        """A LoRA version: peft's adapter directory (the published names are peft's saved ones),
+        loaded as adapter ``v<version>``; rows use it from now on and the previous one is unloaded
+        (requests still running on it finish first: the server holds an adapter while in use)."""
+        from .hf_export import export_adapter  # (peft: LoRA policies only)
+
+        named = {n: t for n, t in iter_named_tensors(named_tensors)}
+        plain = [n for n in named if ".lora_A." not in n and ".lora_B." not in n]
+        if plain:
+            raise KeyError(f"load_weights: this engine serves LoRA adapters of {self.model_path}, and {plain[0]!r} "
+                           f"is not an adapter tensor")
+        path = export_adapter(self._weights_root / f"adapter-v{version}", self.lora, named, self.model_path)
+        name = f"v{version}"
+        answer = self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+        if not answer.get("success", False):
+            raise SGLangError(f"loading adapter version {version} failed: {answer.get('message') or answer}")
+        before, self._adapter, self._version = self._adapter, name, version
+        if before is not None and before != name:
+            self._post("/unload_lora_adapter", {"lora_name": before})
         self._prune_weight_dirs(keep=version)
 
     def close(self) -> None:
@@ -362,6 +402,9 @@ class SGLangEngine(RolloutEngine):
             "--mem-fraction-static", str(self.cfg.mem_fraction_static),
             *self.cfg.extra_args,
         ]
+        if self.lora is not None:  # two adapters at once: the new version's beside the old one's, as it switches
+            cmd += ["--enable-lora", "--max-lora-rank", str(self.lora.rank), "--max-loras-per-batch", "2",
+                    "--lora-target-modules", *self.lora.target_modules]
         if self._version:
             # Resuming at a later version: the server should report it from the start.
             cmd += ["--weight-version", str(self._version)]

@@ -217,10 +217,6 @@ class CrossSectionChecks:
             where = f"policies.{p}.model" if self.policies else "model"
             own = self.policies[p] if self.policies else self  # (a view would check itself again)
             model = own.model
-            if own.trainer.engine.lora is not None and own.rollout.engine.kind == "sglang":
-                key = f"policies.{p}.trainer.engine.lora" if self.policies else "trainer.engine.lora"
-                raise ConfigError(self.source, key, "the SGLang engine does not serve LoRA adapters yet: use "
-                                                    "rollout.engine.kind cpu, or full fine-tuning (lora: null)")
             if own.trainer.engine.lora is not None and own.rollout.partial:
                 key = f"policies.{p}.rollout.partial" if self.policies else "rollout.partial"
                 raise ConfigError(self.source, key, "a LoRA policy's engine loads its adapters between calls only: "

@@ -11,6 +11,8 @@ validates requests the way SGLang's request dataclasses do (unknown keys rejecte
   safetensors whose names/shapes exist in the served model
 * ``POST /update_weights_from_tensor``: ``serialized_named_tensors`` (one str per rank)
 * ``POST /pause_generation`` (``mode``: abort | retract | in_place), ``/continue_generation``
+* ``POST /load_lora_adapter`` (``lora_name``, ``lora_path``: a peft adapter directory) and
+  ``/unload_lora_adapter``; ``/generate``'s ``lora_path`` names loaded adapters, per row
 
 Tokens are a deterministic function of (prompt, step, weight version) so a weight update
 is observable. ``GET /stub/calls`` (stub only) returns the request log for assertions.
@@ -35,7 +37,8 @@ from pathlib import Path
 SAMPLING_KEYS = {"temperature", "top_p", "top_k", "min_p", "max_new_tokens", "stop_token_ids", "stop",
                  "no_stop_trim", "ignore_eos", "sampling_seed", "skip_special_tokens", "n"}
 GENERATE_KEYS = {"input_ids", "text", "sampling_params", "return_logprob", "logprob_start_len",
-                 "top_logprobs_num", "return_text_in_logprobs", "stream", "rid"}
+                 "top_logprobs_num", "return_text_in_logprobs", "stream", "rid", "lora_path"}
+LOAD_LORA_KEYS = {"lora_name", "lora_path", "pinned"}
 DISK_KEYS = {"model_path", "load_format", "abort_all_requests", "weight_version", "is_async",
              "torch_empty_cache", "keep_pause", "recapture_cuda_graph", "token_step", "flush_cache"}
 TENSOR_KEYS = {"serialized_named_tensors", "load_format", "flush_cache", "abort_all_requests", "weight_version"}
@@ -61,6 +64,7 @@ class StubState:
         self.vocab_size = vocab_size
         self.token_delay_s = token_delay_s
         self.aborts = 0  #: pauses in abort mode so far: a generation started before one ends
+        self.loras: dict[str, str] = {}  #: loaded adapters: name -> directory
         self.paused = False
         self.calls: list[tuple[str, dict]] = []
         self.lock = threading.Lock()
@@ -85,10 +89,16 @@ class StubState:
                 raise BadRequest("top_k must be -1 (disable) or >= 1")
         if self.paused:
             raise BadRequest("generation is paused")
+        adapters = body.get("lora_path")
+        adapters = adapters if isinstance(adapters, list) else [adapters] * len(ids)
+        for name in adapters:
+            if name is not None and name not in self.loras:
+                raise BadRequest(f"LoRA adapter {name!r} is not loaded")
         version = int(self.weight_version) if self.weight_version.isdigit() else 0
         aborts = self.aborts
         rows = [{"prompt": prompt, "stops": set(s.get("stop_token_ids") or []), "limit": s.get("max_new_tokens", 128),
-                 "tokens": [], "triples": [], "reason": None} for prompt, s in zip(ids, per)]
+                 "tokens": [], "triples": [], "reason": None, "adapter": sum(map(ord, a or ""))}
+                for prompt, s, a in zip(ids, per, adapters)]
         for step in range(max(r["limit"] for r in rows)):  # step-major, as a batch decodes
             if self.token_delay_s:
                 time.sleep(self.token_delay_s)
@@ -99,7 +109,7 @@ class StubState:
             for r in rows:
                 if r["reason"] is not None:
                     continue
-                tok = (sum(r["prompt"]) + 7 * step + 13 * version) % self.vocab_size
+                tok = (sum(r["prompt"]) + 7 * step + 13 * version + r["adapter"]) % self.vocab_size
                 r["tokens"].append(tok)
                 r["triples"].append([-math.log(2.0 + (tok % 5)), tok, None])
                 if tok in r["stops"]:
@@ -145,6 +155,25 @@ class StubState:
         if body.get("weight_version") is not None:
             self.weight_version = str(body["weight_version"])
         return {"success": True, "message": "Succeeded to update model weights."}
+
+    def load_lora(self, body: dict) -> dict:
+        _check_keys(body, LOAD_LORA_KEYS, "LoadLoRAAdapterReqInput")
+        path = Path(body["lora_path"])
+        if not (path / "adapter_config.json").exists() or not (path / "adapter_model.safetensors").exists():
+            return {"success": False, "error_message": f"{path} is not a peft adapter directory"}
+        config = json.loads((path / "adapter_config.json").read_text())
+        if config.get("peft_type") != "LORA" or not config.get("r"):
+            return {"success": False, "error_message": f"{path}: not a LoRA adapter config"}
+        if body["lora_name"] in self.loras:
+            return {"success": False, "error_message": f"adapter {body['lora_name']!r} is already loaded"}
+        self.loras[body["lora_name"]] = str(path)
+        return {"success": True, "loaded_adapters": dict(self.loras)}
+
+    def unload_lora(self, body: dict) -> dict:
+        _check_keys(body, {"lora_name"}, "UnloadLoRAAdapterReqInput")
+        if self.loras.pop(body["lora_name"], None) is None:
+            return {"success": False, "error_message": f"adapter {body['lora_name']!r} is not loaded"}
+        return {"success": True, "loaded_adapters": dict(self.loras)}
 
     def model_info(self) -> dict:
         return {"model_path": self.model_path, "tokenizer_path": self.model_path, "is_generation": True,
@@ -195,6 +224,9 @@ def make_server(state: StubState, host: str = "127.0.0.1", port: int = 0) -> Thr
                         return self._reply(200, state.generate(body))
                     if self.path == "/update_weights_from_disk":
                         res = state.update_from_disk(body)
+                        return self._reply(200 if res["success"] else 400, res)
+                    if self.path in ("/load_lora_adapter", "/unload_lora_adapter"):
+                        res = state.load_lora(body) if self.path == "/load_lora_adapter" else state.unload_lora(body)
                         return self._reply(200 if res["success"] else 400, res)
                     if self.path == "/update_weights_from_tensor":
                         return self._reply(200, state.update_from_tensor(body))

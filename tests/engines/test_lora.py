@@ -295,8 +295,7 @@ def test_lora_settings_are_checked_by_key(smol_random, tmp_path):
         with pytest.raises(ConfigError, match=match):
             load_config(path)
     path.write_text("job: j\nrollout:\n  engine:\n    kind: sglang\ntrainer:\n  engine:\n    lora: {rank: 8}\n")
-    with pytest.raises(ConfigError, match="trainer.engine.lora: the SGLang engine does not serve LoRA adapters"):
-        load_config(path)
+    assert load_config(path).trainer.engine.lora == LoraConfig(rank=8)  # SGLang serves adapters (contract-tested)
     path.write_text("job: j\n")
     assert load_config(path).trainer.engine.lora is None
     cfg = load_config(path, {"trainer.engine.lora.rank": 16})

@@ -224,3 +224,47 @@ def test_partial_rollouts_respect_max_versions(tiny_model_path, slow_stub):
     (g,) = engine.generate([[20, 21, 27]], SamplingParams(temperature=1.0, max_new_tokens=10))
     assert asked[0] == 0 and g.token_versions == () and len(g.tokens) == 10  # never asked: one version per row
     engine.close()
+
+
+def adapter_tensors(tiny_model_path, lora, seed: int):
+    """An adapter version of the tiny model as the weights stream carries it (published names)."""
+    from peft import LoraConfig as PeftLora
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from astraflow.engines.lora import is_adapter_name, published_name
+
+    torch.manual_seed(seed)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(tiny_model_path)),
+                           PeftLora(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.target_modules)))
+    return {published_name(k): v.detach().clone() for k, v in model.state_dict().items() if is_adapter_name(k)}
+
+
+def test_a_lora_policy_loads_each_version_as_a_named_adapter(tiny_model_path, stub_url):
+    from safetensors.torch import load_file
+
+    from astraflow.engines.config import LoraConfig
+    from astraflow.engines.factory import make_rollout_engine
+
+    lora = LoraConfig(rank=4, target_modules=("q_proj", "v_proj"))
+    engine = make_rollout_engine({"kind": "sglang", "model_path": str(tiny_model_path),
+                                  "sglang": {"url": stub_url}}, lora=lora)
+    params = SamplingParams(temperature=0.0, max_new_tokens=3)
+    base = engine.generate([[20, 21, 27]], params)[0]
+    assert "lora_path" not in calls(stub_url)[-1][1]  # version 0: the base (B = 0), no adapter named
+    v1 = adapter_tensors(tiny_model_path, lora, 1)
+    engine.load_weights(v1, 1)
+    path, body = calls(stub_url)[-1]
+    assert path == "/load_lora_adapter" and body["lora_name"] == "v1"
+    saved = load_file(str(Path(body["lora_path"]) / "adapter_model.safetensors"))
+    assert saved.keys() == v1.keys() and all(torch.equal(saved[k], v1[k]) for k in v1)
+    config = json.loads((Path(body["lora_path"]) / "adapter_config.json").read_text())
+    assert (config["r"], sorted(config["target_modules"])) == (4, ["q_proj", "v_proj"])
+    g = engine.generate([[20, 21, 27]], params)[0]
+    assert calls(stub_url)[-1][1]["lora_path"] == ["v1"] and g.version == 1 and g.tokens != base.tokens
+    engine.load_weights(adapter_tensors(tiny_model_path, lora, 2), 2)
+    assert [p for p, _ in calls(stub_url)[-2:]] == ["/load_lora_adapter", "/unload_lora_adapter"]
+    assert calls(stub_url)[-1][1] == {"lora_name": "v1"}
+    with pytest.raises(KeyError, match="not an adapter tensor"):
+        engine.load_weights({"model.norm.weight": torch.zeros(3)}, 3)
+    engine.close()
