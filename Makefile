@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-all kafka install layers benchmarks browser clean netns-tools toxiproxy gpu-wheels
+.PHONY: demo test test-all kafka install layers benchmarks browser clean netns-tools toxiproxy gpu-wheels helm
 WEB    := astraflow/web
 CHARTS := $(WEB)/node_modules/.installed
 
@@ -70,12 +70,30 @@ demo: kafka
 # and child processes; clean-clone runs of 1,464 tests: 13.6 min on 3 workers, 15.6 on 2, 24.4 on 1);
 # `make test-all`: every test, the long end-to-end and chaos runs included. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 3
-test: kafka layers browser
+# Helm v4 for the chart's tests (deploy/helm/astraflow: helm lint and helm template, no cluster),
+# built once from the Go module proxy like Toxiproxy. ASTRAFLOW_HELM: use an existing helm instead.
+HELM := $(TOOLS)/helm
+HELM_VERSION := v4.3.2
+ifdef ASTRAFLOW_HELM
+helm:
+	@test -x "$(ASTRAFLOW_HELM)" || { echo "make: ASTRAFLOW_HELM=$(ASTRAFLOW_HELM) is not an executable file"; exit 1; }
+else
+helm: $(HELM)
+endif
+
+$(HELM):
+	@command -v go >/dev/null 2>&1 || { echo "make: building Helm $(HELM_VERSION) needs Go (https://go.dev/dl), or set ASTRAFLOW_HELM to a helm binary"; exit 1; }
+	mkdir -p $(TOOLS)/.helm-build
+	GOBIN=$(CURDIR)/$(TOOLS)/.helm-build go install helm.sh/helm/v4/cmd/helm@$(HELM_VERSION)
+	mv $(TOOLS)/.helm-build/helm $(HELM)
+	rmdir $(TOOLS)/.helm-build
+
+test: kafka layers browser helm
 	@$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow or core"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests - treating as a failure"; exit 1; fi; \
 	exit $$rc
 
-test-all: kafka browser
+test-all: kafka browser helm
 	@$(PY) -m pytest -n $(TEST_WORKERS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-all: pytest collected no tests - treating as a failure"; exit 1; fi; \
 	exit $$rc

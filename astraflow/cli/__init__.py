@@ -24,14 +24,14 @@ import sys
 
 from astraflow import __version__
 
-from . import acl, broker, chaos, config, env, model, observe, run, topology
+from . import acl, broker, chaos, config, env, k8s, model, observe, run, topology
 from .args import EXIT_USAGE, Parser, UsageError, reachable, usage_line
 from .args import overrides as _overrides  # noqa: F401 - the name benchmarks/replay_whatif.py and tests import
 from .run import done_line
 
 __all__ = ["build_parser", "done_line", "main"]
 
-_GROUPS = (broker, acl, run, topology, observe, config, model, env, chaos)
+_GROUPS = (broker, acl, run, topology, k8s, observe, config, model, env, chaos)
 
 
 def build_parser() -> argparse.ArgumentParser:
