@@ -35,6 +35,7 @@ from typing import Any
 from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.benchmarks.lib.stats import fmt_spread, spread
 from astraflow.benchmarks.lib.table import print_header
+from astraflow.benchmarks.report_format import Loader, ReadmeRow, heading, load_note
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "off_policy.json"
@@ -166,6 +167,46 @@ def main(argv: list[str] | None = None) -> int:
     print_table(data)
     write_results(args.out, data, load_before)
     return 0
+
+
+REPORT_TITLE = "Rollout-trainer corrections on a real mismatch"
+
+
+def report_rows(load: Loader) -> list[str]:
+    """This benchmark's section of docs/benchmarks.md, from ``off_policy.json`` (none for a smoke run)."""
+    d = load("off_policy")
+    if not d or not d.get("config", "").endswith("smollm2_chat_arithmetic.yaml"):
+        return []
+    out = [*heading(REPORT_TITLE),
+           f"**{REPORT_TITLE}** — `python -m astraflow.benchmarks.off_policy` (SmolLM2-135M-Instruct on chat "
+           f"sums, rollout engine in {d['rollout_dtype']} against the {d['trainer_dtype']} trainer, {d['steps']} "
+           f"synchronous steps in one process, {d['seeds_run']} seeds paired across arms; gap and ratio: medians "
+           f"over steps, then median (min–max) over seeds; masked/capped: mean share of tokens; accuracy: held-out "
+           f"greedy, mean ± SE over seeds{load_note(d)})", "",
+           "| correction | gap mean | gap p99 | ratio p1 – p99 | tokens masked (tis: capped) | accuracy v0 | "
+           "final ± SE | rise ± SE |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for arm, a in d["arms"].items():
+        s = a["summary"]
+        share = s.get("correction_masked_frac") or s.get("correction_capped_frac")
+        out.append(f"| {arm} | {fmt_spread(s['behav_logp_gap'], '.4f')} | {fmt_spread(s['behav_logp_gap_p99'], '.3f')} "
+                   f"| {s['rollout_ratio_p01']['median']:.3f} – {s['rollout_ratio_p99']['median']:.3f} "
+                   f"| {format(share['median'], '.4f') if share else '–'} | {s['accuracy_v0_mean']:.3f} "
+                   f"| {s['accuracy_final_mean']:.3f} ± {s['accuracy_final_se']:.3f} "
+                   f"| {s['rise_mean']:+.3f} ± {s['rise_se']:.3f} |")
+    return out + [""]
+
+
+def readme_row(load: Loader) -> ReadmeRow | None:
+    """The README's line: each correction's held-out rise on the bf16-rollout mismatch."""
+    d = load("off_policy")
+    if not d or not d.get("config", "").endswith("smollm2_chat_arithmetic.yaml"):
+        return None
+    arms = d["arms"]
+    gap = next(iter(arms.values()))["summary"]["behav_logp_gap"]["median"]
+    return ReadmeRow(REPORT_TITLE, f"SmolLM2, {d['rollout_dtype']} rollout vs fp32 trainer (gap {gap:.3f} nats/token); "
+                                   f"held-out rise over {d['steps']} steps, mean ± SE of {d['seeds_run']} seeds",
+                     " · ".join(f"{arm} {a['summary']['rise_mean']:+.3f} ± {a['summary']['rise_se']:.3f}"
+                                for arm, a in arms.items()), "higher")
 
 
 if __name__ == "__main__":

@@ -248,7 +248,7 @@ class CpuEngine(RolloutEngine):
                     logits, cache, mask, next_pos, padded = self._prefill_again(prompts, tokens, rows, budgets)
                     for r in rows.tolist():
                         spans[r] += 1
-            version = self._version if per_row is None else None
+            version = self._version if self._slots is None else None  # an adapter's version: its row's
             tok, lp = sample(logits, params.temperature, params.top_p, params.top_k, uniforms[rows, step])
             for r, t, l in zip(rows.tolist(), tok.tolist(), lp.tolist()):
                 tokens[r].append(t)
