@@ -127,8 +127,12 @@ def test_a_two_host_trainer_and_a_strimzi_cluster(tmp_path):
     assert {"af-raas", "af-trainer", "af-dataflow"} <= set(users)
     raas_acls = users["af-raas"]["spec"]["authorization"]["acls"]
     assert {"resource": {"type": "transactionalId", "name": "af.arithmetic-grpo.raas.", "patternType": "prefix"},
-            "operations": ["Write"], "host": "*"} in raas_acls or any(
-        a["resource"]["type"] == "transactionalId" for a in raas_acls)
+            "operations": ["Write"], "host": "*"} in raas_acls
+    assert {"resource": {"type": "topic", "name": "af.arithmetic-grpo.trajectories", "patternType": "literal"},
+            "operations": ["Write"], "host": "*"} in raas_acls
+    # a RaaS node may not write what only the trainer writes
+    assert not any(a["resource"].get("name") == "af.arithmetic-grpo.weights.policy" and a["operations"] == ["Write"]
+                   for a in raas_acls)
     env = {e["name"]: e for e in container(trainer)["env"]}
     assert env["AF_BOOTSTRAP"]["value"] == "astraflow-kafka-bootstrap:9092"
 
