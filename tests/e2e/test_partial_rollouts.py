@@ -19,6 +19,8 @@ from astraflow.chaos.hooks import SLOW_TOKENS
 from astraflow.topics import TrajectoryGroup, ensure_topics, job_topics
 from astraflow.topics.replay import read_topic
 
+from .test_chaos import _assert_conserved
+
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,11 +53,8 @@ def test_rows_span_versions_and_a_kill_mid_row_loses_nothing(bootstrap, smol_ran
         report = h.audit_until_settled()
     finally:
         h.stop_all()
-    assert report.ok, report.violations[:10]
-    assert report.batches == cfg.trainer.steps
+    _assert_conserved(report, cfg)  # every task settled once, none lost with raas-0's rows in flight
     assert report.max_staleness_seen <= cfg.effective_staleness  # from each sample's oldest token
-    freed = report.drops["failed"] + report.drops["stale"]
-    assert report.tasks == report.groups == cfg.trainer.steps * cfg.dataflow.groups_per_batch + freed
     groups = [m for _, _, m in read_topic(bootstrap, h.topics.trajectories) if isinstance(m, TrajectoryGroup)]
     spanning = [s for g in groups for s in g.samples if len(set(s.versions)) > 1]
     assert spanning, "no sample spans two versions: the partial path never ran"
