@@ -35,7 +35,7 @@ from typing import Any
 from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.benchmarks.lib.stats import fmt_spread, spread
 from astraflow.benchmarks.lib.table import print_header
-from astraflow.benchmarks.report_format import Loader, ReadmeRow, heading, load_note
+from astraflow.benchmarks.report_format import Loader, heading, load_note
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "off_policy.json"
@@ -194,19 +194,6 @@ def report_rows(load: Loader) -> list[str]:
                    f"| {s['accuracy_final_mean']:.3f} ± {s['accuracy_final_se']:.3f} "
                    f"| {s['rise_mean']:+.3f} ± {s['rise_se']:.3f} |")
     return out + [""]
-
-
-def readme_row(load: Loader) -> ReadmeRow | None:
-    """The README's line: each correction's held-out rise on the bf16-rollout mismatch."""
-    d = load("off_policy")
-    if not d or not d.get("config", "").endswith("smollm2_chat_arithmetic.yaml"):
-        return None
-    arms = d["arms"]
-    gap = next(iter(arms.values()))["summary"]["behav_logp_gap"]["median"]
-    return ReadmeRow(REPORT_TITLE, f"SmolLM2, {d['rollout_dtype']} rollout vs fp32 trainer (gap {gap:.3f} nats/token); "
-                                   f"held-out rise over {d['steps']} steps, mean ± SE of {d['seeds_run']} seeds",
-                     " · ".join(f"{arm} {a['summary']['rise_mean']:+.3f} ± {a['summary']['rise_se']:.3f}"
-                                for arm, a in arms.items()), "higher")
 
 
 if __name__ == "__main__":
