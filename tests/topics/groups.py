@@ -14,8 +14,9 @@ def settled(consumer) -> bool:
             and coordinator._assignment_snapshot == coordinator._metadata_snapshot)
 
 
-def settle(consumer, polls: int = 80, timeout_ms: int = 250) -> list:
-    """Poll ``consumer`` until :func:`settled` (at most ``polls`` polls); the deliveries it polled,
+def settle(consumer, polls: int = 240, timeout_ms: int = 250) -> list:
+    """Poll ``consumer`` until :func:`settled` (at most ``polls`` polls: 60 s, as a loaded machine
+    running the suite on three workers has needed more than 20 s); the deliveries it polled,
     or an ``AssertionError`` when it never settled."""
     got: list = []
     for _ in range(polls):
