@@ -69,7 +69,7 @@ def render_values(topology: str | Path, job: str | Path, overrides: dict | None 
             threads = pool.threads or view.trainer.engine.threads or 1
             values["trainers"].append({
                 "name": pool.name, "policy": policy, "hosts": pool.count, "ranksPerHost": view.trainer.ranks,
-                "masterPort": _master_port(topology, pool.name) or DEFAULT_MASTER_PORT, "gpus": gpus,
+                "masterPort": _master_port(plan, pool.name) or DEFAULT_MASTER_PORT, "gpus": gpus,
                 "resources": {"cpu": str(threads * view.trainer.ranks), "memory": MEMORY["trainer"]}})
         else:
             view = cfg.view(policy)
@@ -87,11 +87,11 @@ def password_envs(cfg: JobConfig) -> list[str]:
     return sorted({login.password_env for login in logins if getattr(login, "password_env", None)})
 
 
-def _master_port(topology: str | Path, pool: str) -> int | None:
-    from astraflow.topology.validation import load_topology
-    for region in load_topology(topology).regions.values():
-        if pool in region.pools:
-            return region.pools[pool].master_port
+def _master_port(plan, pool: str) -> int | None:
+    """The rendezvous port the plan gives a trainer pool on several hosts (its nodes' flags)."""
+    for node in plan.nodes:
+        if node.pool == pool and "--master-port" in node.flags:
+            return int(node.flags[node.flags.index("--master-port") + 1])
     return None
 
 

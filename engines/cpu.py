@@ -196,7 +196,8 @@ class CpuEngine(RolloutEngine):
 
     def _decode(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: list[int],
                 budgets: list[int], versions: list[int], per_row=None) -> list[Generation]:
-        """``per_row``: the rows' adapter updates (a mixed call), told the live rows before each forward."""
+        """``per_row``: the rows' adapter updates (a mixed call), told the live rows before each forward.
+        ``versions``: each row's version, moved on in place when the row goes on under newer weights."""
         batch = len(prompts)
         longest = max(budgets)
         # One uniform per (row, step), drawn up front from the row's own seed (the same draws
@@ -211,27 +212,7 @@ class CpuEngine(RolloutEngine):
         stop_text = _StopStrings(params.stop, self._stop_tokenizer()) if params.stop else None
         budget_of = torch.tensor(budgets)
 
-        # Left-pad so every row's next token sits in the last column.
-        width = max(len(p) for p in prompts)
-        ids = torch.full((batch, width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((batch, width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
-            mask[i, width - len(p) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp_(min=0)
-        padded = bool((mask == 0).any())
-
-        cache = preallocated_cache(self.model.config.num_hidden_layers, width + longest)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask if padded else None,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        logits = out.logits[:, -1].float()
-        next_pos = positions[:, -1] + 1
+        logits, cache, mask, next_pos, padded = self._prefill([list(p) for p in prompts], longest)
 
         rows = torch.arange(batch)  # original row of each live batch entry
         tokens: list[list[int]] = [[] for _ in range(batch)]
@@ -245,15 +226,19 @@ class CpuEngine(RolloutEngine):
                 before = self._version
                 refresh()
                 if self._version != before:  # newer weights: the live rows go on under them
-                    logits, cache, mask, next_pos, padded = self._prefill_again(prompts, tokens, rows, budgets)
-                    for r in rows.tolist():
+                    live = rows.tolist()
+                    logits, cache, mask, next_pos, padded = self._prefill(
+                        [list(prompts[r]) + tokens[r] for r in live], max(budgets[r] - len(tokens[r]) for r in live))
+                    self.refreshes["rows"] += len(live)
+                    self.refreshes["recomputed_tokens"] += sum(len(prompts[r]) + len(tokens[r]) for r in live)
+                    for r in live:
                         spans[r] += 1
-            version = self._version if self._slots is None else None  # an adapter's version: its row's
+                        versions[r] = self._version
             tok, lp = sample(logits, params.temperature, params.top_p, params.top_k, uniforms[rows, step])
             for r, t, l in zip(rows.tolist(), tok.tolist(), lp.tolist()):
                 tokens[r].append(t)
                 logprobs[r].append(l)
-                token_versions[r].append(versions[r] if version is None else version)
+                token_versions[r].append(versions[r])
             stopped = torch.isin(tok, stop)
             if stop_text is not None:
                 stopped |= torch.tensor([stop_text.hit(tokens[r]) for r in rows.tolist()])
@@ -288,7 +273,7 @@ class CpuEngine(RolloutEngine):
                 tokens=tuple(tokens[i]),
                 logprobs=tuple(logprobs[i]),
                 finish_reason=reasons[i],  # type: ignore[arg-type]
-                version=token_versions[i][0] if token_versions[i] else versions[i],
+                version=token_versions[i][0],
                 token_versions=tuple(token_versions[i]) if spans[i] > 1 else (),
             )
             for i in range(batch)
@@ -298,26 +283,22 @@ class CpuEngine(RolloutEngine):
         """Newer weights may come in now: no live row would span more than ``max_versions``."""
         return not self._max_versions or all(spans[r] < self._max_versions for r in rows.tolist())
 
-    def _prefill_again(self, prompts, tokens: list[list[int]], rows: torch.Tensor, budgets: list[int]):
-        """The live rows' prompts and tokens so far, prefilled under the weights the engine holds
-        now, into a fresh cache sized for their remaining budgets: the next logits, the cache, the
-        attention mask, the next positions and whether any row is padded."""
-        live = rows.tolist()
-        seqs = [list(prompts[r]) + tokens[r] for r in live]
+    def _prefill(self, seqs: list[list[int]], room: int):
+        """``seqs`` left-padded so every row's next token sits in the last column, run through the
+        model under the weights it holds now, into a fresh cache with ``room`` more positions: the
+        next logits, the cache, the attention mask, the next positions and whether any row is
+        padded. A call's first pass, and a partial rollout's pass again over prompt + tokens so far."""
         width = max(len(q) for q in seqs)
-        room = max(budgets[r] - len(tokens[r]) for r in live)
-        ids = torch.full((len(live), width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((len(live), width), dtype=torch.long)
+        ids = torch.full((len(seqs), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
         for i, q in enumerate(seqs):
             ids[i, width - len(q):] = torch.as_tensor(q, dtype=torch.long)
             mask[i, width - len(q):] = 1
         positions = (mask.cumsum(-1) - 1).clamp_(min=0)
         padded = bool((mask == 0).any())
-        cache = preallocated_cache(self.model.config.num_hidden_layers, width + max(room, 1))
+        cache = preallocated_cache(self.model.config.num_hidden_layers, width + room)
         out = self.model(input_ids=ids, attention_mask=mask if padded else None, position_ids=positions,
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
-        self.refreshes["rows"] += len(live)
-        self.refreshes["recomputed_tokens"] += sum(len(q) for q in seqs)
         return out.logits[:, -1].float(), cache, mask, positions[:, -1] + 1, padded
 
     def _stop_tokenizer(self):

@@ -50,6 +50,7 @@ import torch
 from .base import (Generation, NamedTensors, RolloutEngine, SamplingParams, context_budgets, finish_of,
                    iter_named_tensors, out_of_context, row_seeds)
 from .config import LoraConfig, SGLangConfig
+from .lora import is_adapter_name
 
 __all__ = ["SGLangEngine", "SGLangError", "sampling_params_json", "parse_generation", "parse_item"]
 
@@ -313,7 +314,7 @@ class SGLangEngine(RolloutEngine):
         from .hf_export import export_adapter  # (peft: LoRA policies only)
 
         named = {n: t for n, t in iter_named_tensors(named_tensors)}
-        plain = [n for n in named if ".lora_A." not in n and ".lora_B." not in n]
+        plain = [n for n in named if not is_adapter_name(n)]
         if plain:
             raise KeyError(f"load_weights: this engine serves LoRA adapters of {self.model_path}, and {plain[0]!r} "
                            f"is not an adapter tensor")

@@ -113,27 +113,22 @@ def logp_gaps(samples, logp: list[torch.Tensor], version: int, ranks: Ranks) -> 
     gap's p99 and the ratio ``exp(logp_trainer - logp_behaviour)``'s p1, p50 and p99
     (``corrections.ratio_percentiles``). ``logp`` is None for the samples of other
     ranks, which add their own."""
-    total = at_version = 0.0
-    n_total = n_at = 0
-    signed: list[torch.Tensor] = []
+    signed: list[torch.Tensor] = []  # log p_trainer - log p_behaviour, per trained token
+    at: list[torch.Tensor] = []  # whether that token was generated at ``version``
     for s, lp in zip(samples, logp):
         if lp is None:  # another rank's sample: it adds its own
             continue
         own = torch.tensor(s.mask_values(), dtype=torch.bool)  # context tokens have no behaviour logprob
-        diff = (lp.float().cpu() - torch.tensor(s.behaviour_logprobs, dtype=torch.float32))[own]
-        gap = diff.abs()
-        signed.append(diff)
-        versions = torch.tensor(s.token_versions or (s.version,) * len(s.completion_ids))[own]
-        total += float(gap.sum())
-        n_total += gap.numel()
-        at_version += float(gap[versions == version].sum())
-        n_at += int((versions == version).sum())
+        signed.append((lp.float().cpu() - torch.tensor(s.behaviour_logprobs, dtype=torch.float32))[own])
+        at.append(torch.tensor(s.token_versions or (s.version,) * len(s.completion_ids))[own] == version)
     diffs = torch.cat(signed) if signed else torch.zeros(0)
+    at_version = torch.cat(at) if at else torch.zeros(0, dtype=torch.bool)
     if ranks.world > 1:
-        parts = ranks.all_gather((total, n_total, at_version, n_at, diffs.tolist()))
-        total, n_total, at_version, n_at = (sum(p[j] for p in parts) for j in range(4))
-        diffs = torch.tensor([d for p in parts for d in p[4]], dtype=torch.float32)
-    out = {"behav_logp_gap": total / max(n_total, 1), **ratio_percentiles(diffs)}
-    if n_at:
-        out["train_inference_logp_gap"] = at_version / n_at
+        parts = ranks.all_gather((diffs.tolist(), at_version.tolist()))
+        diffs = torch.tensor([d for p in parts for d in p[0]], dtype=torch.float32)
+        at_version = torch.tensor([a for p in parts for a in p[1]], dtype=torch.bool)
+    gap = diffs.abs()
+    out = {"behav_logp_gap": float(gap.mean()) if gap.numel() else 0.0, **ratio_percentiles(diffs)}
+    if bool(at_version.any()):
+        out["train_inference_logp_gap"] = float(gap[at_version].mean())
     return out

@@ -66,7 +66,8 @@ def main(out: Path) -> None:
         if rank == 0:
             torch.save(w, out / f"weights_z{z}.pt")
             meta[f"z{z}"] = {"world": t.world, "loss": metrics[-1]["loss"],
-                             "micro_batches": metrics[-1]["micro_batches"]}
+                             "micro_batches": metrics[-1]["micro_batches"],
+                             **{k: metrics[-1][k] for k in ("behav_logp_gap", "behav_logp_gap_p99", "rollout_ratio_p50")}}
         else:
             assert w == {}, "ranks other than 0 must not hold a copy of the weights"
     for z in (2, 3):  # checkpoint after step 1 on N ranks, resume on N ranks, train step 2

@@ -70,6 +70,9 @@ def test_two_ranks_train_the_global_batch_like_one(two_ranks, tiny_model_path, z
     # The shards' losses add up to the one-rank loss, and both ranks' micro-batches count.
     assert meta[f"z{zero_stage}"]["loss"] == pytest.approx(metrics["loss"], abs=1e-5)
     assert meta[f"z{zero_stage}"]["micro_batches"] >= metrics["micro_batches"]
+    # The gap metrics are over every rank's tokens (gathered), as on one rank.
+    for key in ("behav_logp_gap", "behav_logp_gap_p99", "rollout_ratio_p50"):
+        assert meta[f"z{zero_stage}"][key] == pytest.approx(metrics[key], abs=1e-5), key
     assert _max_diff(got, want) <= TOL
     # Not vacuous: training moved the weights by far more than the tolerance.
     assert _max_diff(want, initial) > 50 * TOL
