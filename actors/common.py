@@ -97,7 +97,7 @@ def to_train_batch(batch: Batch):
     samples = [TrainSample(prompt_ids=tuple(s.prompt_ids or g.prompt_ids), completion_ids=tuple(s.tokens),
                            behaviour_logprobs=tuple(s.logprobs), reward=s.reward, group_id=g.group_key,
                            version=min(s.own_versions(), default=0), token_versions=tuple(s.versions),
-                           loss_mask=tuple(s.loss_mask))
+                           loss_mask=tuple(s.loss_mask), context_generated=s.context_generated)
                # Groups arrive in poll order; training them in task order keeps a step's float
                # sums, and so the weights, independent of arrival timing.
                for g in sorted(batch.groups, key=lambda g: g.group_key) for s in g.samples if s.tokens and s.trained()]

@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 from opentelemetry import trace
 
-from astraflow.engines.base import Generation, SamplingParams
+from astraflow.engines.base import Generation, SamplingParams, generated_context, prompt_rows
 from astraflow.errors import AstraflowError, FatalError, one_line
 from astraflow.engines.gate import EngineGate
 from astraflow.topics import Sample, Task, TrajectoryGroup
@@ -171,7 +171,7 @@ class CallBatcher:
                 raise ConcurrentGenerateError(
                     f"episode {index} of this poll called the engine while its previous call is still waiting; an "
                     f"episode's generate calls must be sequential")
-            self._pending[index] = (policy, [list(p) for p in prompts], params, list(seeds), slot)
+            self._pending[index] = (policy, prompt_rows(prompts), params, list(seeds), slot)
             batch = self._flush_if_all_waiting()
         if batch:
             self._call_outside(batch)
@@ -279,7 +279,7 @@ class _BatchedRole(EngineRole):
                                                            "task.samples": len(prompts)}):
             gens = self.batcher.generate(self.index, prompts, self.params(max_new_tokens, temperature, stop), seeds,
                                          policy=self.policy)
-        return [self.turn(g) for g in gens]
+        return [self.turn(g, generated_context(p)) for g, p in zip(gens, prompts)]
 
 
 class _RemoteRole:
@@ -475,7 +475,7 @@ class EpisodeRunner:
                                   prompt_ids=[] if list(t.prompt_ids) == prompt_ids else list(t.prompt_ids),
                                   loss_mask=[] if own_only else list(t.loss_mask),
                                   token_roles=[] if own_only else [index[w] for w in t.token_roles],
-                                  info=dict(t.info)))
+                                  info=dict(t.info), context_generated=t.context_generated))
         rewards = [s.reward for s in samples]
         stats = {"n": len(samples), "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
                  "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0}

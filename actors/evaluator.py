@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from astraflow.config import JobConfig
+from astraflow.engines.base import generated_context
 from astraflow.topics import DeadLetters, Producer, Prompt, job_topics
 from astraflow.workflows.api import EngineRole
 
@@ -152,7 +153,7 @@ class _BatchedEvalRole(EngineRole):
     def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None, stop=None):
         gens = self.batcher.generate(self.index, prompts, self.params(max_new_tokens, temperature, stop), seeds,
                                      policy=self.policy)
-        return [self.turn(g) for g in gens]
+        return [self.turn(g, generated_context(p)) for g, p in zip(gens, prompts)]
 
 
 def episode_accuracy(cfg: JobConfig, engine, tokenizer, problems: list[Prompt]) -> float:

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from astraflow.engines.base import Generation, SamplingParams
+from astraflow.engines.base import Generation, PromptRow, SamplingParams, generated_context
 from astraflow.topics import (Consumer, DeadLetters, GenerationReply, GenerationRequest, JobTopics, Producer,
                               StaleMembershipError, TopicPartition)
 from astraflow.topics.codec import header
@@ -122,8 +122,10 @@ class GenerationClient:
         event, box = threading.Event(), []
         with self._lock:
             self._waiting[request_id] = (event, box)
+        generated = [generated_context(p) for p in prompts]
         req = GenerationRequest(request_id, episode_id, policy, role, [list(p) for p in prompts], list(seeds),
-                                dict(sampling), ts=time.time(), reply_partition=self.partition)
+                                dict(sampling), ts=time.time(), reply_partition=self.partition,
+                                context_generated=generated if any(generated) else [])
         t0 = time.monotonic()
         self.producer.send(self.topics.generate(policy), req, key=episode_id)
         self.producer.flush()
@@ -139,9 +141,9 @@ class GenerationClient:
             raise RemoteCallFailed(f"role {role!r}: pool {policy!r} node {reply.node_id} failed: {reply.error}")
         per_token = reply.token_versions or [[]] * len(reply.tokens)
         return [Turn(tuple(p), tuple(t), tuple(lp), v, fr, tokenizer.decode(list(t), skip_special_tokens=True),
-                     role, policy, tuple(tv))
-                for p, t, lp, v, fr, tv in zip(prompts, reply.tokens, reply.logprobs, reply.versions,
-                                              reply.finish_reasons, per_token)]
+                     role, policy, tuple(tv), g)
+                for p, t, lp, v, fr, tv, g in zip(prompts, reply.tokens, reply.logprobs, reply.versions,
+                                                 reply.finish_reasons, per_token, generated)]
 
     def close(self) -> None:
         self._stop.set()
@@ -291,7 +293,8 @@ class GenerationServer:
                     self.busy_s += time.monotonic() - self._busy_from
 
     def _answer_now(self, reqs: list[GenerationRequest]) -> None:
-        rows = [p for r in reqs for p in r.prompts]
+        rows = [PromptRow(p, g) for r in reqs
+                for p, g in zip(r.prompts, r.context_generated or [0] * len(r.prompts))]
         seeds = [s for r in reqs for s in r.seeds]
         try:
             gens = self.run(rows, self.params(reqs[0].sampling), seeds)

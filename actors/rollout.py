@@ -34,7 +34,7 @@ import time
 from opentelemetry import trace
 
 from astraflow.config import JobConfig
-from astraflow.engines.base import SamplingParams
+from astraflow.engines.base import SamplingParams, prompt_rows
 from astraflow.engines.gate import EngineGate
 from astraflow.errors import FatalError
 from astraflow.topics import (Consumer, DeadLetters, Heartbeat, Producer, SnapshotRequest, StaleMembershipError, Task,
@@ -359,7 +359,7 @@ class RolloutActor(LoopActor):
     def _serve_rows(self, prompts, params, seeds):
         self.weights.load(wait=False)  # new weights only while no call is in flight
         with self.engine_lock.call():
-            return self.engine.generate([list(p) for p in prompts], params, seeds=list(seeds))
+            return self.engine.generate(prompt_rows(prompts), params, seeds=list(seeds))
 
     def _sampling_params(self, sampling: dict) -> SamplingParams:
         return SamplingParams.from_mapping(sampling, stop_token_ids=(self.tokenizer.eos_token_id,))

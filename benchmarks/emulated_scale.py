@@ -43,7 +43,7 @@ from astraflow.benchmarks.lib.emulated import cpu_fractions, episodes_fenced, ep
 from astraflow.benchmarks.lib.results import load_now, write_results, write_section
 from astraflow.benchmarks.lib.run_metrics import read_rows, read_summary, total
 from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread
-from astraflow.benchmarks.lib.steady import steady_steps, steady_window
+from astraflow.benchmarks.lib.steady import steady_steps, steady_window, steps_for_window
 from astraflow.benchmarks.lib.table import print_header
 from astraflow.benchmarks.multi_policy_arms import write_config
 from astraflow.benchmarks.multi_policy_emulated_arms import SEED_SHAPE, split_config
@@ -263,23 +263,29 @@ def sv_one(args, lay: dict, rep: int, table2: dict) -> dict:
 def sv_analyse(run_dir: Path, lay: dict, steps: int, dilation: float, max_staleness: int) -> dict:
     """One team run at scale: s/iter, bound and scheduling efficiency of its steady window
     (:func:`~astraflow.benchmarks.lib.steady.steady_window`: from the end of step
-    ``max_staleness + 2`` to the last, the bound the busiest resource's work inside it). A short
+    ``max_staleness + 2`` to the end of step ``steps``, the job training past it so work is in
+    flight at both ends; the bound the busiest resource's work inside it). A short
     run's pools roll out up to ``max_staleness`` batches ahead before the window (4 polls in
     flight at once), so their whole-run work per batch (``work_by_resource``,
     :func:`resource_work`) says what a long run would need of them, not what limited this window."""
     r = analyse_team(run_dir)
     rows = read_rows(run_dir)
     summary = read_summary(run_dir)
-    window = steady_window(rows, r["last_policy"], max_staleness, dilation)
-    whole = resource_work(summary, episodes_worked(rows), lay["groups_per_batch"], steps)
+    window = steady_window(rows, r["last_policy"], max_staleness, dilation, window_end=steps)
+    trained = steps_for_window(steps, max_staleness)
+    whole = resource_work(summary, episodes_worked(rows), lay["groups_per_batch"], trained)
     em = summary.get("emulated", {})
     return {**window, "samples_per_s": len(lay["split"]) * lay["groups_per_batch"] * lay["n_samples"]
             / window["s_per_iter"],
             "work_by_resource": whole, "busiest_whole_run": max(whole, key=whole.get),
             "fenced_episodes": episodes_fenced(rows), "task_group_rebalances": rebalances(rows),
-            "episodes_per_trained_group": r["episodes"] / (steps * lay["groups_per_batch"]),
+            "episodes_per_trained_group": r["episodes"] / (trained * lay["groups_per_batch"]),
             "cpu_fraction": cpu_fractions(em), "overruns": overruns(em), "run_dir": str(run_dir),
             "wall_s": r["wall_s"]}
+
+
+#: how a section's steady windows were measured (a section measured otherwise is not mixed in)
+WINDOW_RULE = "in_flight_both_ends"
 
 
 SV_KEYS = ("s_per_iter", "samples_per_s", "lower_bound_s_per_iter", "scheduling_efficiency", "fenced_episodes",
@@ -297,6 +303,7 @@ def kept_counts(out: Path, args, table2: dict, counts: list[int]) -> dict[int, t
     otherwise is replaced, not mixed."""
     old = (json.loads(out.read_text()) if out.is_file() else {}).get("solver_verifier") or {}
     same = (old.get("steps") == args.steps and old.get("dilation_at_8") == args.dilation
+            and old.get("window") == WINDOW_RULE
             and old.get("table2_settings") == {k: table2.get(k) for k in SV_SETTINGS})
     if not same:
         return {}
@@ -335,7 +342,7 @@ def sv_main(args, counts: list[int]) -> int:
             rows[n].append(sv_one(args, lays[n], start[n] + rep, table2))
             agg = aggregate({k: v for k, v in rows.items() if v}, SV_KEYS)
             write_section(Path(args.out), "solver_verifier", {
-                "emulated": True, "job": "solver_verifier", "steps": args.steps,
+                "emulated": True, "job": "solver_verifier", "steps": args.steps, "window": WINDOW_RULE,
                 "repeats_planned": args.repeats + max(start.values(), default=0),
                 "dilation_at_8": args.dilation, "split_from": "each layout's split_rule: scaled = multi_policy_emulated.json's device_split "
                 "scaled by N/8; balanced = sv_balanced_split, priced on this section's run at 8 devices",

@@ -21,7 +21,7 @@ from astraflow.benchmarks.lib.device_split import devices_of_stage
 from astraflow.benchmarks.lib.emulated import (cpu_fractions, episodes_fenced, episodes_worked, merge_shared,
                                                modelled_s, overruns, resource_work)
 from astraflow.benchmarks.lib.run_metrics import read_rows, read_summary
-from astraflow.benchmarks.lib.steady import steady_window
+from astraflow.benchmarks.lib.steady import steady_window, steps_for_window
 from astraflow.benchmarks.multi_policy_arms import run_attempts, write_config
 from astraflow.benchmarks.multi_policy_runs import analyse_team
 
@@ -78,9 +78,12 @@ def colocated_config(base: dict, args) -> dict:
 
 
 def split_config(base: dict, args, split: dict[str, dict[str, int]], barrier: str, job: str, run_dir: str) -> dict:
-    """(a) / (b): each policy's pool and trainer on their own devices (``split[policy][stage]``)."""
+    """(a) / (b): each policy's pool and trainer on their own devices (``split[policy][stage]``),
+    training past the steady window's end (:func:`steps_for_window`) so its pools still have
+    work in flight when the window closes."""
     data = shaped(base, args)
     data.update(job=job, barrier=barrier, run_dir=run_dir)
+    data["trainer"]["steps"] = steps_for_window(args.steps, args.max_staleness)
     for p, parts in split.items():
         sec = data.setdefault("policies", {}).setdefault(p, {})
         # a shared policy's pool and trainer name the same devices and take turns on them
@@ -148,20 +151,25 @@ def run_split(base: dict, args, split: dict, barrier: str, rep: int) -> dict:
         summary = read_summary(run_dir)
         rows = read_rows(run_dir)
         fenced = episodes_fenced(rows)
-        work = resource_work(summary, episodes_worked(rows), SEED_SHAPE["groups_per_batch"], args.steps)
+        trained = steps_for_window(args.steps, args.max_staleness)
+        work = resource_work(summary, episodes_worked(rows), SEED_SHAPE["groups_per_batch"], trained)
         whole = merge_shared(work, shared)
         em = summary.get("emulated", {})
         batches = r["episodes"] / SEED_SHAPE["groups_per_batch"]
         calls = {comp: d.get("generate", {}).get("calls", 0) / batches for comp, d in em.items()
                  if "generate" in d and batches}
-        return {**steady_window(rows, r["last_policy"], args.max_staleness, args.dilation, shared),
+        return {**steady_window(rows, r["last_policy"], args.max_staleness, args.dilation, shared, args.steps),
                 "generate_calls_per_iteration": calls, "fenced_episodes": fenced,
                 # what a long run needs of each resource: its whole-run work per batch (a short run's
                 # pools also did, before the window, the batches the first steps train)
                 "work_by_resource": work, "busiest_whole_run": max(whole, key=whole.get),
+                # the cross-check no steady state beats: the busiest resource's work per batch over
+                # the whole run (a window measured faster than it took in work done outside it)
+                "whole_run_bound_s_per_iter": max(whole.values()),
                 "cpu_fraction": cpu_fractions(summary.get("emulated", {})),
                 "overruns": overruns(summary.get("emulated", {})),
-                "episodes_per_trained_group": r["episodes"] / (args.steps * SEED_SHAPE["groups_per_batch"]),
+                "episodes_per_trained_group": r["episodes"] / (trained * SEED_SHAPE["groups_per_batch"]),
+                "trained_steps": trained,
                 "by_policy": r["by_policy"], "run_dir": str(run_dir), "wall_s": r["wall_s"],
                 # a role served by the other pool: median / p95 seconds per call (modelled) and hops per episode
                 "remote_calls": {k: (v / args.dilation if k.endswith("_s") else v)

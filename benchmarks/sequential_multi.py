@@ -50,6 +50,7 @@ from astraflow.actors.episodes import CallBatcher
 from astraflow.benchmarks.lib.child import write_result
 from astraflow.benchmarks.lib.cli import parse_sets
 from astraflow.config import load_config
+from astraflow.engines.base import generated_context
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -80,8 +81,8 @@ class _TeamRole:
 
     def generate(self, prompts, *, seeds, max_new_tokens=None, temperature=None):
         params = self.role.params(max_new_tokens, temperature)
-        return [self.role.turn(g) for g in self.batcher.generate(self.index, prompts, params, seeds,
-                                                                 policy=self.policy)]
+        gens = self.batcher.generate(self.index, prompts, params, seeds, policy=self.policy)
+        return [self.role.turn(g, generated_context(p)) for g, p in zip(gens, prompts)]
 
 
 class SequentialTeam:

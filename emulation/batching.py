@@ -79,9 +79,10 @@ class BatchingClock:
     def now(self) -> float:
         return (time.monotonic() - self._wall0) / self.dilation
 
-    def admit(self, prompts: Sequence[int], max_tokens: int, arrived: float,
+    def admit(self, prompts: Sequence[float], max_tokens: int, arrived: float,
               factors: Sequence[float] | None = None) -> int:
-        """A call arrives at modelled time ``arrived`` with rows of these real prompt lengths,
+        """A call arrives at modelled time ``arrived`` with rows of these prompt lengths (real
+        tokens, generated context weighted: :meth:`~.cost.CostModel.prompt_units`),
         each generating at most ``max_tokens`` (its modelled length scaled by its ``factors``
         entry, :meth:`CostModel.length_factor`): its rows join the schedule now, before the
         real work says how long they are (:meth:`run` settles that); returns the call's id."""

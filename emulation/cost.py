@@ -24,6 +24,11 @@ Owns the formulas; every number in them comes from a :class:`~.profile.Profile`:
 ``token_scale`` lets one real token stand for several modelled ones (the tiny model writes
 a few tokens where the emulated model would write hundreds): every generated length is
 multiplied by it, and every prompt length by ``prompt_token_scale`` (by default the same).
+Context a model generated stays generated: the earlier turns a prompt carries (an answer in
+a verifier's prompt, answer and verdict in a retry; the count a
+:class:`~astraflow.engines.base.PromptRow` or a trained sample holds) count ``token_scale``
+each, as when they were generated, at the workload's mean length factor (1), not the
+prompt's scale (:meth:`CostModel.prompt_units`, :meth:`CostModel.modelled_tokens`).
 
 ``length_sigma`` (a workload of the profiles file) gives the emulated model's response
 lengths the spread the tiny model's lack: a row's modelled length is ``token_scale x`` its
@@ -138,9 +143,20 @@ class CostModel:
             return k * max(0, real)
         return max(1, min(k * cap, round(k * real * factor)))
 
-    def modelled_tokens(self, prompt_tokens: int, completion_tokens: int) -> int:
-        """Modelled tokens of rows holding these real prompt and completion tokens."""
-        return self.prompt_token_scale * prompt_tokens + self.token_scale * completion_tokens
+    def modelled_tokens(self, written_tokens: int, generated_tokens: int) -> int:
+        """Modelled tokens of rows holding these real tokens: ``written_tokens`` no model
+        generated (prompts, the environment's text) and ``generated_tokens`` a model did
+        (completions, and earlier turns carried as context)."""
+        return self.prompt_token_scale * written_tokens + self.token_scale * generated_tokens
+
+    def prompt_units(self, length: int, generated: int = 0) -> float:
+        """A prompt of ``length`` real tokens, ``generated`` of them a model's (earlier turns
+        carried as context), in the units ``prompt_token_scale`` multiplies: each generated
+        token counts ``token_scale / prompt_token_scale``, so it is priced as the generated
+        token it stood for (at the workload's mean length factor, 1)."""
+        if not 0 <= generated <= length:
+            raise ValueError(f"a prompt of {length} tokens cannot hold {generated} generated ones")
+        return length - generated + generated * self.token_scale / self.prompt_token_scale
 
     def train_step_s(self, tokens: float, forward_only_tokens: float = 0, devices: int = 1) -> float:
         """A step over ``tokens`` trained (forward + backward) and ``forward_only_tokens`` scored, on
@@ -186,7 +202,8 @@ class ContinuousBatch:
 
     def __init__(self, cost: CostModel) -> None:
         self.cost, self.capacity = cost, cost.kv_capacity_tokens()
-        #: [tag, prompt (real), length, generated (modelled), factor, cap (real)], oldest first
+        #: [tag, prompt (real, in :meth:`CostModel.prompt_units`), length, generated (modelled), factor,
+        #: cap (real)], oldest first
         self.waiting: list[list] = []
         self.running: list[list] = []
         self.reserved = 0.0  #: modelled tokens of context the running rows will hold

@@ -24,7 +24,8 @@ import threading
 import time
 from collections.abc import Sequence
 
-from astraflow.engines.base import Generation, NamedTensors, RolloutEngine, SamplingParams, TrainBatch, TrainEngine
+from astraflow.engines.base import (Generation, NamedTensors, RolloutEngine, SamplingParams, TrainBatch, TrainEngine,
+                                    generated_context)
 
 from .batching import BatchingClock
 from .device import EmulatedDevice
@@ -64,7 +65,8 @@ class EmulatedRolloutEngine(RolloutEngine):
         time), settled to the lengths it generated and held until its rows are decoded there."""
         t0, arrived = time.monotonic(), self.clock.now()
         factors = self._factors(len(prompts), seeds)
-        call = self.clock.admit([len(p) for p in prompts], params.max_new_tokens, arrived, factors)
+        units = self._prompt_units(prompts)
+        call = self.clock.admit(units, params.max_new_tokens, arrived, factors)
         try:
             with self._compute:
                 c0 = time.process_time()
@@ -73,7 +75,7 @@ class EmulatedRolloutEngine(RolloutEngine):
         except BaseException:
             self.clock.cancel(call)
             raise
-        lens = [(len(p), len(g.tokens), f, params.max_new_tokens) for p, g, f in zip(prompts, out, factors)]
+        lens = [(u, len(g.tokens), f, params.max_new_tokens) for u, g, f in zip(units, out, factors)]
         computed = time.monotonic() - t0
         timing = self.clock.run(call, [row[1] for row in lens], arrived)
         with self._compute:
@@ -84,6 +86,12 @@ class EmulatedRolloutEngine(RolloutEngine):
         self.device.account("generate", work, held, cpu, overrun=computed > timing.latency_s * self.device.cfg.dilation,
                             target=timing.latency_s * self.device.cfg.dilation, joined=timing.joined)
         return out
+
+    def _prompt_units(self, prompts) -> list[float]:
+        """Each row's prompt in prompt-token units, its generated context priced as generated
+        (:meth:`CostModel.prompt_units`, the row's :class:`~astraflow.engines.base.PromptRow` count)."""
+        cost = self.device.cost
+        return [cost.prompt_units(len(p), generated_context(p)) for p in prompts]
 
     def _factors(self, rows: int, seeds: Sequence[int] | None) -> list[float]:
         """Each row's length factor (:meth:`CostModel.length_factor`), keyed by its seed."""
@@ -96,8 +104,8 @@ class EmulatedRolloutEngine(RolloutEngine):
     def _modelled(self, prompts, out: list[Generation], params: SamplingParams, seeds) -> float:
         """The call on ``device.count`` devices: its rows dealt out in turn (engine replicas, data
         parallel), each device decoding its share by continuous batching; the slowest finishes it."""
-        lens = [(len(p), len(g.tokens), f, params.max_new_tokens)
-                for p, g, f in zip(prompts, out, self._factors(len(prompts), seeds))]
+        lens = [(u, len(g.tokens), f, params.max_new_tokens)
+                for u, g, f in zip(self._prompt_units(prompts), out, self._factors(len(prompts), seeds))]
         if self.rows is not None:
             self.rows.append(lens)
         return dealt_s(self.device.cost, lens, self.device.cfg.count)
@@ -157,8 +165,11 @@ class EmulatedTrainEngine(TrainEngine):
         passes = int(getattr(self.inner, "proximal_pass", False))
         passes += int(getattr(self.inner, "ref_model", None) is not None)
         cost = self.device.cost
-        tokens = cost.modelled_tokens(sum(len(s.prompt_ids) for s in batch.samples),
-                                      sum(len(s.completion_ids) for s in batch.samples))
+        # what a model generated (each sample's trained tokens and the earlier turns in its
+        # context) at the generated scale; the prompts' and the environment's text at the prompt's
+        generated = sum(s.trained_tokens + s.context_generated for s in batch.samples)
+        held = sum(len(s.prompt_ids) + len(s.completion_ids) for s in batch.samples)
+        tokens = cost.modelled_tokens(held - generated, generated)
         return cost.train_step_s(tokens * epochs, tokens * passes, devices=self.device.cfg.count)
 
     def named_weights(self, *args, **kwargs):

@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # annotations only: config loading (launcher, CLI) imports th
     import torch
 
 __all__ = [
+    "PromptRow",
+    "generated_context",
+    "prompt_rows",
     "SamplingParams",
     "Generation",
     "TrainSample",
@@ -106,6 +109,35 @@ class SamplingParams:
                    stop_token_ids=tuple(dict.fromkeys(ids)), stop=tuple(s.get("stop") or ()))
 
 
+class PromptRow(list):
+    """One row's prompt ids, saying how many of them a model generated: the earlier turns a
+    workflow carries as context (the solver's answer inside the verifier's prompt, the answer
+    and verdict inside a retry). A list, so every engine reads it as the ids it is; only an
+    emulated device looks at :attr:`generated`, to price those tokens as the generated tokens
+    they stood for (one real generated token stands for ``token_scale`` modelled ones, a
+    written one for ``prompt_token_scale``). The count travels with the row: role calls keep
+    it, a remote role's request carries it (:attr:`GenerationRequest.context_generated`), and
+    the turn it yields keeps it for training (``Turn.context_generated``)."""
+
+    __slots__ = ("generated",)
+
+    def __init__(self, ids=(), generated: int = 0) -> None:
+        super().__init__(ids)
+        if not 0 <= generated <= len(self):
+            raise ValueError(f"a prompt of {len(self)} tokens cannot hold {generated} generated ones")
+        self.generated = int(generated)
+
+
+def generated_context(prompt: Sequence[int]) -> int:
+    """Of ``prompt``'s tokens, how many a model generated (:class:`PromptRow`; 0 for plain ids)."""
+    return getattr(prompt, "generated", 0)
+
+
+def prompt_rows(prompts: Iterable[Sequence[int]]) -> list[PromptRow]:
+    """Copies of ``prompts`` as :class:`PromptRow` s, each keeping its generated count."""
+    return [PromptRow(p, generated_context(p)) for p in prompts]
+
+
 @dataclass(frozen=True, slots=True)
 class Generation:
     """One generated sample.
@@ -156,6 +188,9 @@ class TrainSample:
         loss_mask: per completion token, 1 to train on it and 0 for context written by
             another role or the environment inside the completion (multi-turn episodes);
             empty means every token is trained on.
+        context_generated: of the context (``prompt_ids`` and the completion tokens the loss
+            mask leaves out), how many a model generated (earlier turns): an emulated
+            trainer prices them as generated tokens, the rest as written ones.
     """
 
     prompt_ids: tuple[int, ...]
@@ -167,6 +202,7 @@ class TrainSample:
     version: int = 0
     token_versions: tuple[int, ...] = ()
     loss_mask: tuple[int, ...] = ()
+    context_generated: int = 0
 
     @property
     def trained_tokens(self) -> int:
@@ -189,6 +225,9 @@ class TrainSample:
             )
         if not self.completion_ids:
             raise ValueError("a train sample needs at least one completion token")
+        context = len(self.prompt_ids) + len(self.completion_ids) - self.trained_tokens
+        if not 0 <= self.context_generated <= context:
+            raise ValueError(f"context_generated is {self.context_generated}; the sample's context has {context} tokens")
 
 
 @dataclass(frozen=True, slots=True)

@@ -125,10 +125,16 @@ class Sample:
     #: per token: index into the group's ``roles`` of who wrote it; empty: the group's role
     token_roles: Flags = field(default_factory=Flags)
     info: dict[str, Any] = field(default_factory=dict)  #: the workflow's per-trajectory facts (attempt, verdict)
+    #: of the context (``prompt_ids`` and the tokens ``loss_mask`` leaves out), how many tokens
+    #: a model generated (earlier turns carried as context, :class:`~astraflow.engines.base.PromptRow`):
+    #: what an emulated trainer prices as generated tokens; 0 in records before schema 4
+    context_generated: int = 0
 
     __post_init__ = pack_fields
 
     def validate(self) -> None:
+        if self.context_generated < 0:
+            raise ValueError(f"context_generated is {self.context_generated}; a count of tokens is >= 0")
         n = len(self.tokens)
         if len(self.logprobs) == n == len(self.versions) and not self.loss_mask and not self.token_roles:
             return  # the common record in one expression (a poll decodes thousands of samples)
@@ -163,11 +169,12 @@ class TrajectoryGroup(Message):
     (the role's group statistics and the episode's team outcome). Schema 1 records decode
     with their defaults: one role, every token trained on. Schema 3 writes the number arrays
     (``prompt_ids`` and each sample's) packed, as hex strings (:mod:`.packed`); the JSON
-    arrays of earlier records decode to the same packed types.
+    arrays of earlier records decode to the same packed types. Schema 4 added each sample's
+    ``context_generated`` (absent: 0).
     """
 
     TYPE: ClassVar[str] = "trajectory-group"
-    SCHEMA: ClassVar[int] = 3
+    SCHEMA: ClassVar[int] = 4
     task_id: str
     prompt_id: str
     policy: str
@@ -235,10 +242,14 @@ class GenerationRequest(Message):
     A call's stop sequences travel in ``sampling``, in SGLang's names: ``stop`` (strings) and
     ``stop_token_ids`` (besides the serving policy's end-of-sequence token); a server stops
     each row at the first one, keeping its tokens (absent in older records: stop at EOS only).
+
+    Schema 3 added ``context_generated``: per row, how many of its prompt tokens a model
+    generated (:class:`~astraflow.engines.base.PromptRow`), for an emulated device's prices;
+    empty (and in older records): none.
     """
 
     TYPE: ClassVar[str] = "generation-request"
-    SCHEMA: ClassVar[int] = 2
+    SCHEMA: ClassVar[int] = 3
     RETIRED: ClassVar[frozenset[str]] = frozenset({"reply_to", "min_version"})
     request_id: str
     episode_id: str
@@ -249,12 +260,18 @@ class GenerationRequest(Message):
     sampling: dict[str, Any] = field(default_factory=dict)
     ts: float = 0.0
     reply_partition: int = -1  #: the partition of ``replies`` to answer on; -1: the key's
+    context_generated: list[int] = field(default_factory=list)  #: per row (or none): prompt tokens a model wrote
 
     def validate(self) -> None:
         check_sampling(self.sampling)
         same_length("seeds", self.seeds, "prompts", len(self.prompts))
         for row in self.prompts:
             non_negative("prompts", row)
+        if self.context_generated:
+            same_length("context_generated", self.context_generated, "prompts", len(self.prompts))
+            for i, (g, row) in enumerate(zip(self.context_generated, self.prompts)):
+                if not 0 <= g <= len(row):
+                    raise ValueError(f"context_generated[{i}] is {g}; prompts[{i}] has {len(row)} tokens")
 
 
 @register

@@ -53,7 +53,7 @@ from .chat_turns import ChatTurns, ChatTurnsError, check_tools, parse_tool_calls
 from .environments import ENV_TIMEOUT, EnvHandle, EnvironmentFailed, EnvTask, get_environment
 from .registry import WorkflowParamError, workflow
 from .roles import role_seed
-from .types import ENV, Episode, EpisodeResult, Trajectory, Turn
+from .types import ENV, Episode, EpisodeResult, Trajectory, Turn, chain_context
 
 __all__ = ["AgentParams", "agent", "chat_action", "parse_action", "END_REASONS", "LIMITS"]
 
@@ -218,10 +218,8 @@ class _Sample:
 
     @property
     def context(self) -> list[int]:
-        out = list(self.prompt)
-        for p in self.parts:
-            out += p.tokens if isinstance(p, Turn) else p[1]
-        return out
+        """The next turn's prompt, saying how much of it the agent generated (:func:`chain_context`)."""
+        return chain_context(self.prompt, self.parts)
 
     def add(self, part) -> None:
         self.parts.append(part)

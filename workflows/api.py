@@ -34,13 +34,13 @@ from .registry import (REWARD_RANGES, REWARDS, UNBOUNDED, WORKFLOWS, RuleChoices
                        reward, takes_metadata, workflow)
 from .roles import (ConcurrentGenerateError, EngineRole, SamplingOverrideError, call_sampling, role_seed,
                     run_episode)
-from .types import ENV, Episode, EpisodeResult, Role, Trajectory, Turn
+from .types import ENV, Episode, EpisodeResult, PromptRow, Role, Trajectory, Turn, chain_context
 
 __all__ = ["Turn", "Trajectory", "EpisodeResult", "Episode", "Role", "EngineRole", "WorkflowSpec", "WorkflowParamError",
            "workflow", "get_workflow", "WORKFLOWS", "reward", "get_reward", "get_scorer", "takes_metadata",
            "REWARDS", "REWARD_RANGES", "reward_range", "UNBOUNDED", "run_episode",
            "ENV", "role_seed", "ConcurrentGenerateError", "SamplingOverrideError", "call_sampling", "RuleChoices",
-           "get_environment"]
+           "get_environment", "PromptRow", "chain_context"]
 
 Lookup = TypeVar("Lookup", bound=Callable)
 

@@ -75,7 +75,7 @@ from .chat_turns import ChatTurns, ChatTurnsError, chat_message, check_tools, op
 from .http_env import JsonHandler
 from .registry import WorkflowParamError, workflow
 from .roles import SamplingOverrideError, role_seed
-from .types import ENV, Episode, EpisodeResult, Trajectory, Turn
+from .types import ENV, Episode, EpisodeResult, Trajectory, Turn, chain_context
 from .user_modules import import_user_module
 
 __all__ = ["OpenAIAgentParams", "openai_agent", "load_agent"]
@@ -157,10 +157,8 @@ class _Sample:
 
     @property
     def context(self) -> list[int]:
-        out = list(self.prompt or [])
-        for p in self.parts:
-            out += p.tokens if isinstance(p, Turn) else p[1]
-        return out
+        """The next turn's prompt, saying how much of it the agent generated (:func:`chain_context`)."""
+        return chain_context(self.prompt or [], self.parts)
 
 
 @dataclass

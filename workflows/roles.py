@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from astraflow.engines.base import Generation, RolloutEngine, SamplingParams
+from astraflow.engines.base import Generation, RolloutEngine, SamplingParams, generated_context, prompt_rows
 
 from .registry import WorkflowSpec
 from .types import Episode, EpisodeResult, Role, Turn
@@ -107,17 +107,18 @@ class EngineRole:
         else:
             with self.lock:
                 gens = self._call(prompts, params, seeds)
-        return [self.turn(g) for g in gens]
+        return [self.turn(g, generated_context(p)) for g, p in zip(gens, prompts)]
 
     def _call(self, prompts, params, seeds) -> list[Generation]:
         if self.before_call is not None:
             self.before_call()
-        return self.engine.generate([list(p) for p in prompts], params, seeds=list(seeds))
+        return self.engine.generate(prompt_rows(prompts), params, seeds=list(seeds))
 
-    def turn(self, g: Generation) -> Turn:
+    def turn(self, g: Generation, context_generated: int = 0) -> Turn:
+        """The turn of ``g``; ``context_generated``: of its prompt, the tokens a model generated."""
         return Turn(tuple(g.prompt_ids), tuple(g.tokens), tuple(g.logprobs), g.version, g.finish_reason,
                     self.tokenizer.decode(list(g.tokens), skip_special_tokens=True), self.name, self.policy,
-                    tuple(g.token_versions))
+                    tuple(g.token_versions), context_generated)
 
 
 class _SeededRole:
@@ -138,7 +139,7 @@ class _SeededRole:
 
     def generate(self, prompts, *, seeds=None, max_new_tokens=None, temperature=None, stop=None) -> list[Turn]:
         with self._guard.call(self.name):
-            prompts = [list(p) for p in prompts]
+            prompts = prompt_rows(prompts)
             if seeds is None:
                 seeds = [role_seed(self._seed, self._episode, self.name, self._calls, j) for j in range(len(prompts))]
             self._calls += 1

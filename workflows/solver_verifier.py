@@ -42,7 +42,8 @@ Two prompt formats, chosen by the episode (the rules above are the same in both)
   prompt, rendered as the template renders them after an assistant turn
   (:func:`continuation_ids`). Only the retry's own tokens train.
 
-It knows nothing about Kafka, engines or training.
+It knows nothing about Kafka, engines or training (its prompts say how much of them a model
+generated: :func:`~.types.chain_context`).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from typing import Any
 
 from .chat import ChatTemplateError, prompt_messages, render
 from .registry import RuleChoices, get_scorer, workflow
-from .types import ENV, Episode, EpisodeResult, Trajectory, Turn
+from .types import ENV, Episode, EpisodeResult, PromptRow, Trajectory, Turn, chain_context
 
 APPROVE, REJECT = "<A>", "<R>"
 #: param -> its values; the first is the default (the reference system's rule)
@@ -143,7 +144,7 @@ class _RawFormat:
         self.verdict = verdict_of
 
     def check_prompt(self, answer: Turn) -> list[int]:
-        return self.problem + _ids(self.ep, answer) + self.ep.encode("|")
+        return chain_context(self.problem, [("solver", _ids(self.ep, answer)), (ENV, self.ep.encode("|"))])
 
     def retry_parts(self, answer: Turn, check: Turn) -> list[tuple[str, list[int]]]:
         ep = self.ep
@@ -160,7 +161,10 @@ class _ChatFormat:
         self.verdict = chat_verdict_of
 
     def check_prompt(self, answer: Turn) -> list[int]:
-        return render(self.ep.tokenizer, verifier_messages(self.ep.prompt, answer.text))
+        ids = render(self.ep.tokenizer, verifier_messages(self.ep.prompt, answer.text))
+        # the reply's text, re-rendered inside the verifier's conversation: as many tokens as it generated
+        n = min(len(ids), len(_ids(self.ep, answer)))
+        return PromptRow(ids, n)
 
     def retry_parts(self, answer: Turn, check: Turn) -> list[tuple[str, list[int]]]:
         ep = self.ep
@@ -190,7 +194,7 @@ def solver_verifier(ep: Episode) -> EpisodeResult:
     retry_rows = [i for i, v in enumerate(verdicts) if v is False]
     fresh = RULES.rule(ep.params, "retry") == "fresh"
     retry_parts = {} if fresh else {i: fmt.retry_parts(first[i], checks[i]) for i in retry_rows}
-    retry_ctx = {i: problem if fresh else problem + [t for _, ids in retry_parts[i] for t in ids] for i in retry_rows}
+    retry_ctx = {i: problem if fresh else chain_context(problem, retry_parts[i]) for i in retry_rows}
     second = dict(zip(retry_rows, ep.roles["solver"].generate([retry_ctx[i] for i in retry_rows])
                       if retry_rows else []))
     v_rewards = verifier_rewards(verdicts, [c > 0 for c in correct1], RULES.rule(ep.params, "verifier_reward"))

@@ -8,7 +8,8 @@ with its own rewards and a loss mask: tokens written by another role or by the e
 
 These are plain data and one protocol. How a role samples (seeds, one call at a time, the
 sampling a call may ask for) is :mod:`.roles`'; which workflows and rewards exist is
-:mod:`.registry`'s. Nothing here knows about engines, Kafka or training.
+:mod:`.registry`'s. Nothing here knows about Kafka or training; of engines only the
+:class:`~astraflow.engines.base.PromptRow` a chain's next prompt is (:func:`chain_context`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,22 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from astraflow.engines.base import PromptRow
+
 ENV = "env"  #: the writer of tokens that no role generated (feedback, tool output)
+
+
+def chain_context(prompt_ids: Sequence[int], parts: Sequence["Turn | tuple[str, Sequence[int]]"]) -> PromptRow:
+    """The prompt of a chain's next turn: ``prompt_ids`` then every part's tokens, as a
+    :class:`~astraflow.engines.base.PromptRow` that says how many of them a model generated
+    (every :class:`Turn`, every ``(writer, ids)`` whose writer is a role, not :data:`ENV`;
+    ``prompt_ids``' own count when it is a row): what an emulated device prices as generated."""
+    ids, generated = list(prompt_ids), getattr(prompt_ids, "generated", 0)
+    for p in parts:
+        part = p.tokens if isinstance(p, Turn) else p[1]
+        ids += part
+        generated += len(part) if isinstance(p, Turn) or p[0] != ENV else 0
+    return PromptRow(ids, generated)
 
 
 @dataclass(frozen=True)
@@ -36,6 +52,9 @@ class Turn:
     #: per token, the version that generated it, when the turn went on under newer weights
     #: mid-generation (partial rollouts); empty: ``version`` generated every token
     token_versions: tuple[int, ...] = ()
+    #: of ``prompt_ids``, how many tokens a model generated (the row's
+    #: :class:`~astraflow.engines.base.PromptRow` count: earlier turns carried as context)
+    context_generated: int = 0
 
     def versions(self) -> tuple[int, ...]:
         return self.token_versions or (self.version,) * len(self.tokens)
@@ -68,6 +87,9 @@ class Trajectory:
     finish_reason: str
     text: str = ""
     info: Mapping[str, Any] = field(default_factory=dict)
+    #: of the context (``prompt_ids`` and the tokens ``loss_mask`` leaves out), how many tokens a
+    #: model generated: an emulated trainer prices them as generated tokens, the rest as written ones
+    context_generated: int = 0
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -86,7 +108,7 @@ class Trajectory:
         """A single-turn trajectory: the turn's prompt is context, every token is trained on."""
         n = len(turn.tokens)
         return cls(turn.prompt_ids, turn.tokens, turn.logprobs, turn.versions(), (1,) * n, (turn.role,) * n,
-                   float(reward), turn.finish_reason, turn.text, dict(info))
+                   float(reward), turn.finish_reason, turn.text, dict(info), turn.context_generated)
 
     @classmethod
     def chain(cls, prompt_ids: Sequence[int], parts: Sequence[Turn | tuple[str, Sequence[int]]], role: str,
@@ -96,7 +118,11 @@ class Trajectory:
 
         Tokens in, tokens out: each turn of ``role`` must have been generated from exactly
         ``prompt_ids`` + the tokens of the parts before it (else ``ValueError``), so what is
-        trained is the sequence the engine saw and produced, never a re-tokenized history."""
+        trained is the sequence the engine saw and produced, never a re-tokenized history.
+
+        Of the context, a model generated: the tokens of ``prompt_ids`` a
+        :class:`~astraflow.engines.base.PromptRow` says it did, every other role's turn and
+        every ``(writer, ids)`` part whose writer is a role, not :data:`ENV`."""
         tokens: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
@@ -127,8 +153,10 @@ class Trajectory:
                 versions += [0] * len(ids)
                 mask += [0] * len(ids)
                 roles += [writer] * len(ids)
+        generated = getattr(prompt_ids, "generated", 0) + sum(
+            1 for m, w in zip(mask, roles) if not m and w != ENV)
         return cls(tuple(prompt_ids), tuple(tokens), tuple(logprobs), tuple(versions), tuple(mask), tuple(roles),
-                   float(reward), last, text, dict(info))
+                   float(reward), last, text, dict(info), generated)
 
 
 @dataclass

@@ -61,20 +61,35 @@ def window_work(rows: list[dict], t0: float, t1: float, iterations: int, slack_s
     return out
 
 
+def steps_for_window(window_end: int, max_staleness: int) -> int:
+    """Steps a Kafka arm must train for its steady window to end at step ``window_end`` with
+    work still in flight: the dataflow schedules no episode past the job's last batch, and
+    at step ``k``'s end the staleness bound lets it schedule up to batch
+    ``k + max_staleness + 1``; a job of fewer steps would let the pools run dry inside the
+    window (their last batches already rolled out, nothing new admitted), so the window's
+    last steps would train work done before it and flatter the schedule."""
+    return window_end + max_staleness + 1
+
+
 def steady_window(rows: list[dict], policy: str, max_staleness: int, dilation: float,
-                  shared: set[str] = frozenset()) -> dict:
+                  shared: set[str] = frozenset(), window_end: int | None = None) -> dict:
     """A Kafka arm's steady state, from its metrics ``rows``: seconds per iteration over
-    ``policy``'s trainer steps from the end of step ``max_staleness + 2`` to the last (modelled:
-    wall / ``dilation``), and the bound of that window, the busiest resource's modelled work
-    per iteration **inside it** (:func:`window_work`), so bound / measured is that resource's
-    utilisation there. Before the window the pools roll out up to ``max_staleness`` batches
-    ahead of the trainers (several polls in flight at once) and the first steps train those:
-    a window that took them in would credit the schedule with work done before it. With too few
-    steps the window is the last step alone. A ``shared`` policy's pool and trainer take turns on
+    ``policy``'s trainer steps from the end of step ``max_staleness + 2`` to the end of step
+    ``window_end`` (default: the last; a run of :func:`steps_for_window` keeps work in flight at
+    both ends), modelled (wall / ``dilation``), and the bound of that window, the busiest
+    resource's modelled work per iteration **inside it** (:func:`window_work`), so bound /
+    measured is that resource's utilisation there. Before the window the pools roll out up to
+    ``max_staleness`` batches ahead of the trainers (several polls in flight at once) and the
+    first steps train those: a window that took them in would credit the schedule with work
+    done before it; after the job's last batch is scheduled they run dry, and a window that
+    took that in would credit the schedule with work done before it too. With too few steps
+    the window is the last step alone. A ``shared`` policy's pool and trainer take turns on
     the same devices: one resource for the bound, their work added (:func:`merge_shared`;
     ``work_in_window_by_resource`` keeps each component's)."""
     ts = trainer_steps(rows)[policy]
-    last = max(ts)
+    last = max(ts) if window_end is None else window_end
+    if last not in ts:
+        raise ValueError(f"{policy} trained no step {last}; the window cannot end there")
     if last < 3:
         raise ValueError(f"{last} trained steps of {policy}; a steady window needs at least 3")
     first = min(max(2, max_staleness + 2), last - 1)

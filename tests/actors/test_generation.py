@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from astraflow.actors.generation import GenerationClient, GenerationServer, RemoteCallFailed
-from astraflow.engines.base import SamplingParams
+from astraflow.engines.base import PromptRow, SamplingParams, generated_context
 from astraflow.topics import JobTopics, ensure_topics
 from tests.waiting import wait_until
 
@@ -36,9 +36,11 @@ def tok_engine():
     engine.close()
 
 
-def _server(bootstrap, topics, tok, engine, node_id, calls):
+def _server(bootstrap, topics, tok, engine, node_id, calls, contexts=None):
     def run(prompts, params, seeds):
         calls.append(len(prompts))
+        if contexts is not None:  # each row's generated-context count, as the engine is handed it
+            contexts.append(sorted(generated_context(p) for p in prompts))
         return engine.generate([list(p) for p in prompts], params, seeds=list(seeds))
 
     def params(sampling):
@@ -56,9 +58,11 @@ def _serve_until(server, stop: threading.Event):
 def test_concurrent_calls_are_answered_from_one_engine_call(bootstrap, topics, tok_engine):
     tok, engine = tok_engine
     calls: list[int] = []
-    server = _server(bootstrap, topics, tok, engine, "raas-verifier-0", calls)
+    contexts: list[list[int]] = []
+    server = _server(bootstrap, topics, tok, engine, "raas-verifier-0", calls, contexts)
     client = GenerationClient(bootstrap, topics, "raas-solver-0", timeout_s=120)
-    prompts = {i: [tok.encode(f"{i}+1=", add_special_tokens=False)] * 3 for i in range(2)}
+    # episode 1's rows carry 2 tokens a model generated (an answer as context): the request says so
+    prompts = {i: [PromptRow(tok.encode(f"{i}+1=", add_special_tokens=False), 2 * i)] * 3 for i in range(2)}
     out: dict = {}
     sampling = {"temperature": 1.0, "max_new_tokens": 4}
 
@@ -82,9 +86,11 @@ def test_concurrent_calls_are_answered_from_one_engine_call(bootstrap, topics, t
         server.close()
     assert sorted(out) == [0, 1]
     assert calls == [6], "the two requests of one poll must be one engine call"
+    assert contexts == [[0, 0, 0, 2, 2, 2]]
     for i in range(2):
         turns = out[i]
         assert [t.prompt_ids for t in turns] == [tuple(p) for p in prompts[i]]
+        assert [t.context_generated for t in turns] == [2 * i] * 3
         assert all(t.role == "verifier" and t.policy == "verifier" for t in turns)
         # the reply is the sample the seeds decide: the same rows generated locally agree
         local = engine.generate(prompts[i], SamplingParams(temperature=1.0, max_new_tokens=4,

@@ -153,6 +153,9 @@ def test_table_2s_arms_share_the_seeds_length_cap_the_workload_and_the_staleness
             assert view.rollout.max_new_tokens == 16
             assert view.rollout.device.workload == "reasoning" and view.trainer.device.workload == "reasoning"
         assert cfg.dataflow.max_staleness == 3
+        # (c) trains the iterations it is timed over; (a)/(b) train past their window's end
+        # (step 5) so their pools still have work in flight when it closes
+        assert cfg.trainer.steps == (5 if i == 0 else 5 + 3 + 1)
     args.token_scale = 8192
     with pytest.raises(ValueError, match="above the modelled cap"):
         colocated_config(base, args)

@@ -143,13 +143,43 @@ def test_the_steady_window_leaves_out_the_batches_rolled_out_ahead_and_is_priced
         steady_window(steps[:2], "solver", max_staleness=3, dilation=0.1)
 
 
+def test_a_window_that_ends_where_the_pools_run_dry_flatters_the_schedule_and_one_ended_earlier_does_not():
+    """The fault Table 2 had before stop 68: the job's last batches were rolled out before
+    the window closed, so its last steps only waited for the trainer. A 16-step run whose pool
+    runs dry after step 12 (its horizon reached) measured to step 16 reads faster than the pool
+    can go; measured to step 12 (:func:`steps_for_window` steps trained: 12 + max_staleness + 1)
+    it reads the pool's own pace, bound and efficiency 1."""
+    from astraflow.benchmarks.lib.steady import steady_window, steps_for_window
+
+    assert steps_for_window(12, 3) == 16
+    # the pool needs 200 modelled s per batch (20 wall s at dilation 0.1): the trainer waits on it
+    # until step 12; the rest was rolled out ahead, so steps 13..16 come every 5 wall s
+    ts = {k: 20.0 * k for k in range(1, 13)} | {12 + j: 240.0 + 5.0 * j for j in range(1, 5)}
+    steps = [{"name": "trainer.samples", "component": "trainer.solver", "step": k, "ts": t, "value": 256}
+             for k, t in ts.items()]
+    pool = [{"name": "emulated.generate.modelled_s", "component": "raas-solver-0", "ts": float(t),
+             "value": 10.0 * min(t, 240)} for t in range(0, 261, 5)]
+    trainer = [{"name": "emulated.train.modelled_s", "component": "trainer.solver", "ts": t,
+                "value": 50.0 * k} for k, t in ts.items()]
+    rows = steps + pool + trainer
+    dry = steady_window(rows, "solver", max_staleness=3, dilation=0.1)
+    honest = steady_window(rows, "solver", max_staleness=3, dilation=0.1, window_end=12)
+    assert dry["window_steps"] == [5, 16] and honest["window_steps"] == [5, 12]
+    assert honest["s_per_iter"] == pytest.approx(200.0) and honest["busiest"] == "raas-solver-0"
+    assert honest["scheduling_efficiency"] == pytest.approx(1.0)
+    # the whole window reads faster than the pool's pace: credit for batches rolled out before it
+    assert dry["s_per_iter"] < 0.8 * honest["s_per_iter"]
+    with pytest.raises(ValueError, match="no step 17"):
+        steady_window(rows, "solver", max_staleness=3, dilation=0.1, window_end=17)
+
+
 def test_a_team_run_at_new_device_counts_keeps_the_counts_measured_the_same_way(tmp_path):
     """Running 32 devices after 8 and 16 must not drop them; a section measured with other
     steps (or another Table 2) is replaced, never mixed into the new one."""
     import json
     table2 = {"profile": "h100-qwen3-8b", "token_scale": 256, "max_staleness": 3}
     settings = {k: table2.get(k) for k in es.SV_SETTINGS}
-    old = {"steps": 12, "dilation_at_8": 0.3, "table2_settings": settings,
+    old = {"steps": 12, "dilation_at_8": 0.3, "table2_settings": settings, "window": es.WINDOW_RULE,
            "layouts": {"8": {"devices": 8}, "16": {"devices": 16}},
            "repetitions": {"8": [{"samples_per_s": 6.1}], "16": [{"samples_per_s": 10.8}]}}
     out = tmp_path / "scale.json"
@@ -160,6 +190,10 @@ def test_a_team_run_at_new_device_counts_keeps_the_counts_measured_the_same_way(
     assert es.kept_counts(out, argparse.Namespace(steps=6, dilation=0.3), table2, [32]) == {}
     assert es.kept_counts(out, args, {**table2, "max_staleness": 1}, [32]) == {}
     assert es.kept_counts(tmp_path / "absent.json", args, table2, [32]) == {}
+    # a section whose windows ended where its pools ran dry (before stop 68) is not mixed in
+    out.write_text(json.dumps({"benchmark": "emulated_scale", "solver_verifier": {**old, "window": None}}))
+    assert es.kept_counts(out, args, table2, [32]) == {}
+    out.write_text(json.dumps({"benchmark": "emulated_scale", "solver_verifier": old}))
     # --add-repetitions: the count remeasured keeps what it recorded too, and the new repetitions follow
     more = argparse.Namespace(steps=12, dilation=0.3, add_repetitions=True)
     assert es.kept_counts(out, more, table2, [16]) == {8: ({"devices": 8}, [{"samples_per_s": 6.1}]),

@@ -138,3 +138,47 @@ def test_a_fresh_retry_is_asked_the_plain_problem(team):
 def test_bad_params_are_config_errors_naming_the_key_and_file(bad_param_is_a_config_error, key, value):
     cfg = bad_param_is_a_config_error(EXAMPLE, key, value, {"verifier_reward": "balanced", "retry": "fresh"})
     assert cfg.workflow.params["retry"] == "fresh"
+
+
+class _Seen:
+    """The real engine, noting each row's generated-context count as the engine receives it."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.counts = engine, []
+
+    def generate(self, prompts, params, seeds=None):
+        from astraflow.engines.base import generated_context
+        self.counts.append([generated_context(p) for p in prompts])
+        return self.engine.generate(prompts, params, seeds=seeds)
+
+
+def test_the_verifier_and_the_retry_say_how_much_of_their_context_a_model_generated(team):
+    """What an emulated device prices (issue 60, item 0): the verifier's prompt holds the
+    answer (generated), a retry's the answer and the verdict (generated) besides separators and
+    the restated problem (written); the rows reach the engine saying so, and the trajectories
+    keep the counts for the trainer."""
+    from astraflow.workflows.api import ENV
+    tok, solver, verifier = team
+    retries = 0
+    for seed, (prompt, answer) in enumerate(PROBLEMS):
+        seen = {"solver": _Seen(solver), "verifier": _Seen(verifier)}
+        roles = {"solver": EngineRole("solver", "solver", seen["solver"], tok, SAMPLING),
+                 "verifier": EngineRole("verifier", "verifier", seen["verifier"], tok,
+                                        {**SAMPLING, "max_new_tokens": 5})}
+        ep = Episode(f"t{seed:07d}-{prompt}", prompt, answer, 4, roles, tok, {"_job_seed": seed})
+        result = run_episode(get_workflow("solver_verifier"), ep, seed)
+        firsts = [t for t in result.trajectories["solver"] if t.info["attempt"] == 1]
+        eos = tok.eos_token_id
+        answers = [len([x for x in t.tokens if x != eos]) for t in firsts]
+        assert seen["solver"].counts[0] == [0] * 4  # the problem alone: written
+        assert seen["verifier"].counts == [answers]
+        assert [t.context_generated for t in result.trajectories["verifier"]] == answers
+        verdicts = [len([x for x in t.tokens if x != eos]) for t in result.trajectories["verifier"]]
+        rejected = [i for i, t in enumerate(result.trajectories["verifier"]) if t.info["verdict"] == "reject"]
+        if rejected:
+            assert seen["solver"].counts[1] == [answers[i] + verdicts[i] for i in rejected]
+        for t in (t for t in result.trajectories["solver"] if t.info["attempt"] == 2):
+            context = [w for w, m in zip(t.token_roles, t.loss_mask) if not m]
+            assert t.context_generated == sum(w != ENV for w in context) > 0
+            retries += 1
+    assert retries > 0, "the verifier rejected nothing: no retry was exercised"
