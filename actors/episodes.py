@@ -46,6 +46,8 @@ from astraflow.topics import Sample, Task, TrajectoryGroup
 from astraflow.workflows.api import (ConcurrentGenerateError, Episode, EngineRole, EpisodeResult, Trajectory,
                                     call_sampling, get_workflow, run_episode)
 
+from .version_span import check_version_span
+
 log = logging.getLogger(__name__)
 
 
@@ -300,23 +302,6 @@ class _RemoteRole:
             with self.batcher.away():
                 return self.client.generate(self.name, self.policy, self.episode_id, prompts, seeds, sampling,
                                             self.tokenizer)
-
-
-class VersionSpanError(RuntimeError):
-    """A trajectory's trained tokens span more versions than ``rollout.max_versions_per_trajectory``
-    (a transient failure: the task is scheduled again, and a new attempt may span fewer)."""
-
-
-def check_version_span(result, train: Sequence[str], bound: int) -> None:
-    """Raise :class:`VersionSpanError` if a trained role's trajectory spans more than ``bound``
-    versions over its own tokens (partial rollouts, or turns under several versions)."""
-    for role in train:
-        for t in result.trajectories.get(role, []):
-            spanned = sorted({v for v, m in zip(t.versions, t.loss_mask) if m})
-            if len(spanned) > bound:
-                raise VersionSpanError(f"a trajectory of role {role!r} spans {len(spanned)} versions "
-                                       f"({spanned[0]}..{spanned[-1]}), more than rollout.max_versions_per_trajectory "
-                                       f"= {bound}")
 
 
 class EpisodeRunner:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from astraflow.actors.episodes import VersionSpanError, check_version_span
+from astraflow.actors.version_span import VersionSpanError, check_version_span
 from astraflow.workflows.types import EpisodeResult, Trajectory, Turn
 
 
