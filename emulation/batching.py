@@ -69,6 +69,7 @@ class BatchingClock:
         self._left: dict[int, int] = {}  #: call id -> its rows not yet finished
         self._done_at: dict[int, float] = {}  #: call id -> when its latest finished row finished
         self._rows: dict[int, list] = {}  #: call id -> (device, row) of rows not settled yet
+        self._settled: dict[int, list] = {}  #: call id -> (device, row) of its rows once settled, until done
         self._joined: dict[int, bool] = {}
         self._busy_until = 0.0
         self.busy_s = 0.0  #: modelled seconds at least one device had rows
@@ -104,26 +105,65 @@ class BatchingClock:
     def run(self, call: int, lengths: Sequence[int], arrived: float) -> CallTiming:
         """Settle ``call``'s rows to the lengths the real work generated (at most what
         :meth:`admit` was told) and block until they are all decoded."""
+        self.settle(call, lengths)
+        timing = self.wait(call, arrived)
+        assert timing is not None
+        return timing
+
+    def settle(self, call: int, lengths: Sequence[int]) -> None:
+        """Settle ``call``'s rows to the lengths the real work generated (at most what
+        :meth:`admit` was told); they stay on the schedule until :meth:`wait` sees them decoded."""
         with self._cv:
-            for (dev, row), n in zip(self._rows.pop(call), lengths):
+            self._settled[call] = self._rows.pop(call)
+            for (dev, row), n in zip(self._settled[call], lengths):
                 dev.batch.settle(row, n)
             self._cv.notify_all()
+
+    def wait(self, call: int, arrived: float, until: float | None = None) -> CallTiming | None:
+        """Block until ``call``'s settled rows are all decoded (its timing), or until modelled
+        time ``until`` has passed (None: the call is not done yet)."""
+        with self._cv:
             while self._left[call]:
+                if until is not None and self.now() >= until:
+                    return None
                 if self._paused_at is not None:  # no step starts until the devices are back
-                    self._cv.wait()
+                    self._cv.wait(None if until is None else max(0.0, (until - self.now()) * self.dilation))
                     continue
-                finish = self._finish_of(call)
+                finish = self._finish_of(call) if until is None else min(self._finish_of(call), until)
                 wait = finish * self.dilation - (time.monotonic() - self._wall0)
                 if wait > 0:
                     self._cv.wait(wait)
                 self._advance(self.now())
             del self._left[call]
+            self._settled.pop(call, None)
             finished = self._done_at.pop(call, arrived)
             return CallTiming(max(0.0, finished - arrived), self._joined.pop(call))
+
+    def progress(self, call: int) -> list[float | None]:
+        """Of each row of a settled ``call`` (in order), the modelled tokens decoded so far, or
+        None once it is finished (a partial rollout continues the rows still running, and those
+        still waiting from their start)."""
+        with self._cv:
+            self._advance(self.now())
+            out: list[float | None] = []
+            for dev, row in self._settled.get(call, []):
+                live = any(r is row for r in dev.batch.running) or any(r is row for r in dev.batch.waiting)
+                out.append(float(row[3]) if live and row[3] < row[2] else None)
+            return out
+
+    def resettle(self, call: int, index: int, length: int) -> None:
+        """Row ``index`` of a settled ``call`` now generates ``length`` real tokens in all (a
+        partial rollout regenerated its rest under new weights); finished rows are left alone."""
+        with self._cv:
+            dev, row = self._settled[call][index]
+            if any(r is row for r in dev.batch.running) or any(r is row for r in dev.batch.waiting):
+                dev.batch.settle(row, length)
+            self._cv.notify_all()
 
     def cancel(self, call: int) -> None:
         """The real work failed: the call's rows leave the schedule."""
         with self._cv:
+            self._settled.pop(call, None)
             for dev, row in self._rows.pop(call, []):
                 dev.batch.settle(row, 0)
             self._left.pop(call, None)

@@ -25,10 +25,11 @@ import time
 from collections.abc import Sequence
 
 from astraflow.engines.base import (Generation, NamedTensors, RolloutEngine, SamplingParams, TrainBatch, TrainEngine,
-                                    generated_context)
+                                    generated_context, row_seeds)
 
 from .batching import BatchingClock
 from .device import EmulatedDevice
+from .partial import InFlightRows
 
 __all__ = ["EmulatedRolloutEngine", "EmulatedTrainEngine", "dealt_s"]
 
@@ -47,6 +48,11 @@ class EmulatedRolloutEngine(RolloutEngine):
         self.clock = BatchingClock(device.cost, device.cfg.count, device.cfg.dilation) if self.concurrent_calls else None
         self._compute = threading.Lock()  # the wrapped engine computes one call at a time
         self._accounted_busy = 0.0
+        #: partial rollouts (:meth:`set_weight_refresh`): the calls held on the clock, whose live
+        #: rows a mid-call load cuts and continues under the new weights (:mod:`.partial`)
+        self.partial: InFlightRows | None = None
+        self._refresh = None
+        self._switching = threading.Lock()
         if device.share is not None:  # devices a trainer takes turns on: pause while it holds them
             device.share.yield_to_claims(self.clock.pause, self.clock.resume)
 
@@ -72,12 +78,17 @@ class EmulatedRolloutEngine(RolloutEngine):
                 c0 = time.process_time()
                 out = self.inner.generate(prompts, params, seeds=seeds)
                 cpu = time.process_time() - c0
+                self.clock.settle(call, [len(g.tokens) for g in out])
+                if self.partial is not None:  # held from now: a load cuts its live rows
+                    self.partial.add(call, prompts, out, params, row_seeds(prompts, params, seeds), factors)
         except BaseException:
             self.clock.cancel(call)
             raise
-        lens = [(u, len(g.tokens), f, params.max_new_tokens) for u, g, f in zip(units, out, factors)]
         computed = time.monotonic() - t0
-        timing = self.clock.run(call, [row[1] for row in lens], arrived)
+        timing = self._held(call, arrived)
+        if self.partial is not None:
+            out = self.partial.pop(call)
+        lens = [(u, len(g.tokens), f, params.max_new_tokens) for u, g, f in zip(units, out, factors)]
         with self._compute:
             if self.rows is not None:
                 self.rows.append(lens)
@@ -86,6 +97,46 @@ class EmulatedRolloutEngine(RolloutEngine):
         self.device.account("generate", work, held, cpu, overrun=computed > timing.latency_s * self.device.cfg.dilation,
                             target=timing.latency_s * self.device.cfg.dilation, joined=timing.joined)
         return out
+
+    #: modelled seconds between two asks for newer weights while a call is held (partial rollouts)
+    REFRESH_EVERY_S = 1.0
+
+    def _held(self, call: int, arrived: float):
+        """Wait out ``call``'s decode on the clock; with partial rollouts, ask for newer weights
+        every :attr:`REFRESH_EVERY_S` modelled seconds meanwhile (a load cuts the live rows)."""
+        if self._refresh is None:
+            return self.clock.wait(call, arrived)
+        while (timing := self.clock.wait(call, arrived, until=self.clock.now() + self.REFRESH_EVERY_S)) is None:
+            if self._switching.acquire(blocking=False):  # one call's thread asks; the others wait on
+                try:
+                    if self.partial.may_switch():
+                        self._refresh()
+                finally:
+                    self._switching.release()
+        return timing
+
+    def set_weight_refresh(self, refresh, max_versions: int = 0) -> None:
+        """Partial rollouts (see ``RolloutEngine.set_weight_refresh`` and :mod:`.partial`): while
+        calls are held, ``refresh`` is asked for newer weights; a load then cuts every live row
+        where the schedule has decoded it and generates its rest under the new weights. Needs a
+        cost profile (a slowdown device holds whole calls, with no schedule to cut)."""
+        if refresh is None:
+            self._refresh, self.partial = None, None
+            return
+        if self.clock is None:
+            raise NotImplementedError("rollout.partial: a slowdown device holds whole calls; give the device a "
+                                      "profile (device.profile) to continue rows across weight updates")
+        if max_versions < 0:
+            raise ValueError(f"max_versions must be >= 0 (0: no bound), got {max_versions}")
+        self.partial = InFlightRows(self.clock, self.device.cost.token_scale)
+        self.partial.max_versions = max_versions
+        self._refresh = refresh
+
+    @property
+    def refreshes(self) -> dict[str, int]:
+        """Rows continued under newer weights and the real tokens prefilled again for them."""
+        p = self.partial
+        return {"rows": p.rows if p else 0, "recomputed_tokens": p.recomputed_tokens if p else 0}
 
     def _prompt_units(self, prompts) -> list[float]:
         """Each row's prompt in prompt-token units, its generated context priced as generated
@@ -111,10 +162,27 @@ class EmulatedRolloutEngine(RolloutEngine):
         return dealt_s(self.device.cost, lens, self.device.cfg.count)
 
     def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        if self.partial is not None and self.partial.holding():
+            return self._load_mid_call(named_tensors, version)
         with self.device.hold("weight_load") as price:
             self.inner.load_weights(named_tensors, version)
             if self.device.cost is not None:
                 price(self.device.cost.weight_load_s())
+
+    def _load_mid_call(self, named_tensors: NamedTensors, version: int) -> None:
+        """A load while calls are held (partial rollouts): the devices stop, the load is held
+        for its modelled time, the live rows are cut and continued under the new weights
+        (:meth:`.partial.InFlightRows.switch`), and the devices resume by prefilling again the
+        context their rows hold."""
+        self.clock.pause()
+        try:
+            with self.device.hold("weight_load") as price:
+                with self._compute:
+                    self.inner.load_weights(named_tensors, version)
+                    self.partial.switch(lambda p, params, seeds: self.inner.generate(p, params, seeds=seeds), version)
+                price(self.device.cost.weight_load_s())
+        finally:
+            self.clock.resume(recompute=True)
 
     @property
     def version(self) -> int:

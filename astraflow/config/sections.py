@@ -140,9 +140,9 @@ class RolloutConfig:
                                              "ones count too; with no key configured either, nothing is checked")
 
     def __post_init__(self) -> None:
-        if self.partial and self.device.emulated:
-            raise ValueError("rollout.partial: an emulated device prices whole calls, not calls cut by weight "
-                             "updates; use device cpu or partial: false")
+        if self.partial and self.device.emulated and not self.device.profile:
+            raise ValueError("rollout.partial: an emulated slowdown device holds whole calls, with no schedule to cut "
+                             "at a weight update; give it a profile (device.profile), use device cpu or partial: false")
         if self.max_versions_per_trajectory and not self.partial:
             raise ValueError("rollout.max_versions_per_trajectory bounds partial rollouts: set rollout.partial: true "
                              "or leave it 0")

@@ -17,11 +17,14 @@ def test_partial_on_the_cpu_and_sglang_engines_loads():
     cfg = load_config(DEMO, {"rollout.partial": True, "rollout.max_versions_per_trajectory": 2})
     assert cfg.rollout.partial and cfg.rollout.max_versions_per_trajectory == 2
     assert load_config(DEMO, {"rollout.partial": True, "rollout.engine.kind": "sglang"}).rollout.partial
+    # an emulated device with a cost profile cuts its held calls' rows at a load (emulation/partial.py)
+    emulated = {"kind": "emulated", "profile": "h100-qwen3-8b", "token_scale": 64}
+    assert load_config(DEMO, {"rollout.partial": True, "rollout.device": emulated}).rollout.partial
 
 
 @pytest.mark.parametrize("sets,match", [
     ({"rollout.max_versions_per_trajectory": 2}, "set rollout.partial: true"),
-    ({"rollout.partial": True, "rollout.device": {"kind": "emulated", "slowdown": 2.0}}, "an emulated device prices whole calls"),
+    ({"rollout.partial": True, "rollout.device": {"kind": "emulated", "slowdown": 2.0}}, "an emulated slowdown device holds whole calls"),
     ({"rollout.partial": True, "trainer.engine.lora": {"rank": 4}}, "partial rollouts need full fine-tuning"),
 ])
 def test_refused_naming_the_key_and_file(sets, match):
