@@ -68,7 +68,7 @@ def test_three_hosts_on_an_existing_cluster(tmp_path, monkeypatch):
     assert h100["spec"]["replicas"] == 2 and l40["spec"]["replicas"] == 2
     assert l40["metadata"]["annotations"] == {"astraflow.io/min": "1", "astraflow.io/max": "6"}
     assert container(h100)["resources"]["limits"] == {"nvidia.com/gpu": 1}
-    assert "--role raas --policy policy --node-id \"$POD_NAME\"" in container(h100)["args"][0]
+    assert "--role raas --policy policy --node-id \"raas-h100-$POD_NAME\"" in container(h100)["args"][0]
     assert "--bootstrap-servers \"$AF_BOOTSTRAP\"" in container(h100)["args"][0]
     (trainer,) = objects(docs, "StatefulSet").values()
     assert trainer["spec"]["replicas"] == 1 and container(trainer)["resources"]["limits"] == {"nvidia.com/gpu": 8}
