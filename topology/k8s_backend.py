@@ -113,14 +113,18 @@ def api_client(kubeconfig: str | None, context: str | None, source: str = "<topo
     """A client for the cluster: ``kubeconfig`` (and ``context``) when given; else the pod's service
     account when running in one (``KUBERNETES_SERVICE_HOST``); else ``$KUBECONFIG`` or ``~/.kube/config``."""
     cfg = client.Configuration()
+    in_cluster = kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST")
+    where = "the pod's service account" if in_cluster else (kubeconfig or "$KUBECONFIG or ~/.kube/config")
+    key = "autoscaler.kubernetes." + ("context" if context and not kubeconfig else "kubeconfig")
+    if kubeconfig and not Path(kubeconfig).is_file():
+        raise TopologyError(source, key, f"{kubeconfig}: no such file")
     try:
-        if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        if in_cluster:
             config.load_incluster_config(client_configuration=cfg)
         else:
             config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
     except (config.ConfigException, OSError) as e:
-        key = "autoscaler.kubernetes." + ("kubeconfig" if kubeconfig or context is None else "context")
-        raise TopologyError(source, key, f"no usable Kubernetes client configuration: {e}") from None
+        raise TopologyError(source, key, f"no usable Kubernetes client configuration in {where}: {e}") from None
     return client.ApiClient(cfg)
 
 
