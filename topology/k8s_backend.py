@@ -184,7 +184,7 @@ class KubernetesBackend(Backend):
         except BackendError as e:
             undone = f"putting the replicas back failed too ({e})"
         raise BackendError(f"start {pool}: Deployment {self.namespace}/{self._name(pool)} scaled to {replicas} "
-                           f"but no new pod within {self.start_timeout_s:.0f}s (a quota, an admission webhook, a "
+                           f"but no new pod within {self.start_timeout_s:g}s (a quota, an admission webhook, a "
                            f"missing service account? `kubectl -n {self.namespace} describe rs -l "
                            f"{selector_string(self._selector(pool))}`); {undone}")
 

@@ -30,15 +30,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-kubernetes = pytest.importorskip("kubernetes", reason="the kubernetes client: pip install -e '.[test]'")
+from kubernetes import client, config
 
-from astraflow.topology.backends import BackendError  # noqa: E402
-from astraflow.topology.k8s_backend import (DELETION_COST, RETIRE_COST, RETIRED, KubernetesBackend,  # noqa: E402
-                                            pool_state, selector_string)
-from astraflow.topology.launch import load_plan, make_backend  # noqa: E402
-from astraflow.topology.schema import TopologyError  # noqa: E402
+from astraflow.topology.backends import BackendError
+from astraflow.topology.k8s_backend import (DELETION_COST, RETIRE_COST, RETIRED, KubernetesBackend, pool_state,
+                                            selector_string)
+from astraflow.topology.launch import load_plan, make_backend
+from astraflow.topology.schema import TopologyError
 
-from .k8s_api import MockApiServer  # noqa: E402
+from .k8s_api import MockApiServer
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "astraflow"
@@ -78,7 +78,6 @@ def namespace() -> str:
 
 @pytest.fixture
 def api(kubeconfig):
-    from kubernetes import client, config
     cfg = client.Configuration()
     config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
     return client.ApiClient(cfg)
@@ -109,7 +108,6 @@ class ControllerStandIn:
     order. :meth:`running` does it in the background, every 50 ms."""
 
     def __init__(self, api, namespace: str) -> None:
-        from kubernetes import client
         self.apps, self.core, self.namespace = client.AppsV1Api(api), client.CoreV1Api(api), namespace
         self.hash = "5d8f7c9b6"
         self.created: list[str] = []
@@ -171,7 +169,6 @@ class ControllerStandIn:
 @pytest.fixture
 def pool(api, namespace):
     """The chart's Deployment (2 replicas) in a fresh namespace, its pods made and running."""
-    from kubernetes import client
     client.AppsV1Api(api).create_namespaced_deployment(namespace, chart_deployment(replicas=2))
     controller = ControllerStandIn(api, namespace)
     controller.reconcile()
@@ -184,7 +181,6 @@ def backend(api, namespace, **kw) -> KubernetesBackend:
 
 
 def replicas(api, namespace) -> int:
-    from kubernetes import client
     return client.AppsV1Api(api).read_namespaced_deployment(DEPLOYMENT, namespace).spec.replicas
 
 
@@ -239,7 +235,6 @@ def test_retire_marks_the_chosen_pod_cheapest_and_scales_down_so_the_controller_
     chosen = members[0]  # not the newest: the annotation, not the controller's default, picks the pod
     pod = chosen.removeprefix(f"{POOL}-")
     b.retire(chosen)
-    from kubernetes import client
     notes = client.CoreV1Api(api).read_namespaced_pod(pod, namespace).metadata.annotations
     assert notes[DELETION_COST] == RETIRE_COST and RETIRED in notes
     assert replicas(api, namespace) == 2
@@ -269,7 +264,6 @@ def test_a_marked_pod_the_controller_spared_is_a_member_again(api, namespace, po
 def test_a_dead_pod_is_replaced_by_the_controller_and_membership_follows(api, namespace, pool):
     b = backend(api, namespace)
     dead = b.members(POOL)[0]
-    from kubernetes import client
     client.CoreV1Api(api).delete_namespaced_pod(dead.removeprefix(f"{POOL}-"), namespace)  # the node died
     assert dead not in b.members(POOL) and len(b.members(POOL)) == 1
     pool.reconcile()
@@ -302,7 +296,6 @@ def test_the_topology_wires_the_backend_and_a_new_one_sees_the_same_pool(api, na
 
 
 def test_an_unreachable_api_is_a_retriable_backend_error(tmp_path):
-    from kubernetes import client
     cfg = client.Configuration()
     cfg.host = "http://127.0.0.1:9"  # discard: nothing listens
     cfg.retries = 0
