@@ -19,7 +19,7 @@ from typing import Any
 from astraflow.config import ConfigError, JobConfig, load_config
 from astraflow.job_acls import job_acls, users_of
 from astraflow.topics import job_topics
-from astraflow.topology.launch import load_plan
+from astraflow.topology.launch import check_keys_on_hosts, load_plan
 
 __all__ = ["K8sRenderError", "render_values"]
 
@@ -60,6 +60,9 @@ def render_values(topology: str | Path, job: str | Path, overrides: dict | None 
         "raasPools": [],
         "autoscaler": _autoscaler(plan, topology),
     }
+    if values["autoscaler"]["enabled"]:
+        # its pod runs `node --topology`, which refuses key pairs each host would make up itself
+        check_keys_on_hosts(plan, cfg)
     for pool in plan.pools.values():
         policy = pool.policy or cfg.policy
         gpus = pool.devices_per_node if pool.device_kind != "cpu" and not pool.device.emulated else 0

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from astraflow.config import ConfigError
 from astraflow.k8s_values import K8sRenderError, render_values
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,7 +160,11 @@ def elastic_topology(tmp_path, host: str = "ctl") -> Path:
 
 def test_the_autoscaler_pod_scales_this_releases_deployments_with_a_role_for_exactly_that(tmp_path):
     from astraflow.topology.launch import load_plan
-    values = render_values(elastic_topology(tmp_path), ROOT / "examples" / "arithmetic_grpo.yaml")
+    job = ROOT / "examples" / "arithmetic_grpo.yaml"
+    with pytest.raises(ConfigError, match=r"trainer\.signing_key: this topology runs on 2 hosts"):
+        render_values(elastic_topology(tmp_path), job)  # `node --topology` in its pod would refuse it
+    unsigned = {"trainer.require_signatures": False, "rollout.require_signatures": False}
+    values = render_values(elastic_topology(tmp_path), job, unsigned)
     assert values["autoscaler"]["enabled"] and values["autoscaler"]["host"] == "ctl"
     docs = render(tmp_path, values)
     name = "rel-astraflow-autoscaler"
@@ -187,7 +192,8 @@ def test_the_autoscaler_pod_scales_this_releases_deployments_with_a_role_for_exa
 
 def test_the_autoscaler_pod_is_only_for_the_kubernetes_backend_on_a_host_without_pools(tmp_path):
     with pytest.raises(K8sRenderError, match=r"autoscaler\.host: t0 holds nodes \(dataflow, trainer\)"):
-        render_values(elastic_topology(tmp_path, host="t0"), ROOT / "examples" / "arithmetic_grpo.yaml")
+        render_values(elastic_topology(tmp_path, host="t0"), ROOT / "examples" / "arithmetic_grpo.yaml",
+                      {"trainer.require_signatures": False, "rollout.require_signatures": False})
     # the command backend starts processes, which a release does not: its pools keep their replicas
     values = render_values(ROOT / "examples" / "topology_three_hosts.yaml", ROOT / "examples" / "arithmetic_grpo.yaml")
     assert values["autoscaler"] == {"enabled": False}
