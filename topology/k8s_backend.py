@@ -87,7 +87,7 @@ def pool_state(pods: Sequence[dict], match_labels: dict[str, str], replicas: int
     neither ``Succeeded`` nor ``Failed``) are members, except marked ones (``astraflow.io/retired``)
     up to the number of live pods beyond ``replicas``: those the controller is about to delete.
     """
-    mine = [p for p in pods if all(_meta(p).get("labels", {}).get(k) == v for k, v in match_labels.items())]
+    mine = [p for p in pods if all((_meta(p).get("labels") or {}).get(k) == v for k, v in match_labels.items())]
     live = sorted((p for p in mine if not _meta(p).get("deletionTimestamp")
                    and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")),
                   key=lambda p: (_meta(p).get("creationTimestamp", ""), _meta(p)["name"]))

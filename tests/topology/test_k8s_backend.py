@@ -24,6 +24,7 @@ import os
 import random
 import subprocess
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -32,11 +33,16 @@ import yaml
 
 from kubernetes import client, config
 
+from astraflow.config import load_config
+from astraflow.topics import Metric, Producer, ensure_topics, job_topics
+from astraflow.topics.replay import read_topic
 from astraflow.topology.backends import BackendError
 from astraflow.topology.k8s_backend import (DELETION_COST, RETIRE_COST, RETIRED, KubernetesBackend, pool_state,
                                             selector_string)
-from astraflow.topology.launch import load_plan, make_backend
+from astraflow.topology.launch import autoscaler_running, load_plan, make_backend
 from astraflow.topology.schema import TopologyError
+
+from tests.waiting import wait_until
 
 from .k8s_api import MockApiServer
 
@@ -293,6 +299,39 @@ def test_the_topology_wires_the_backend_and_a_new_one_sees_the_same_pool(api, na
     assert isinstance(again, KubernetesBackend) and again.deployments == {POOL: DEPLOYMENT}
     assert again.members(POOL) == first.members(POOL) and len(again.members(POOL)) == 3
     assert again.retire_all() == [] and replicas(api, namespace) == 3  # the pods are the release's
+
+
+def test_the_autoscaler_grows_the_pool_to_count_and_releases_it_to_min_through_the_deployment(
+        api, namespace, pool, kubeconfig, tmp_path, bootstrap):
+    """The autoscaler actor (on the session's real broker) acting through this backend: at start it
+    brings the elastic pool to its ``count`` (3) by scaling the Deployment; when the trainer says it
+    is done it retires down to ``min`` (1), newest first, and reports the nodes by their pod ids."""
+    cfg = load_config(ROOT / "examples" / "arithmetic_grpo.yaml", {"job": f"k8s-{uuid.uuid4().hex[:8]}"})
+    topics = job_topics(cfg)
+    ensure_topics(bootstrap, topics.specs())
+    path = topology(tmp_path, {"enabled": True, "backend": "kubernetes", "interval_s": 0.2, "cooldown_s": 0,
+                               "kubernetes": {"namespace": namespace, "release": RELEASE,
+                                              "kubeconfig": str(kubeconfig), "start_timeout_s": 30}})
+    raw = yaml.safe_load(path.read_text())
+    raw["regions"]["r"]["pools"][POOL].update(count=3, min=1, max=4)
+    path.write_text(yaml.safe_dump(raw))
+    plan = load_plan(path, cfg)
+    b = make_backend(plan, cfg, None, tmp_path)
+    first = b.members(POOL)
+    with pool.running(), autoscaler_running(plan, cfg, bootstrap, b) as outcome:
+        wait_until(lambda: len(b.members(POOL)) == 3, 60, lambda: f"pool {b.state(POOL)}, {outcome.fatal}")
+        assert replicas(api, namespace) == 3
+        grown = b.members(POOL)
+        with contextlib.closing(Producer(bootstrap, client_id="test")) as producer:
+            producer.send(topics.metrics, Metric(f"trainer.{cfg.policy}", "trainer.done", 1.0, 1, time.time(), {}),
+                          key=f"trainer.{cfg.policy}", trace=False)
+            producer.flush()
+        wait_until(lambda: replicas(api, namespace) == 1 and len(pool.pods()) == 1, 60,
+                   lambda: f"replicas {replicas(api, namespace)}, pool {b.state(POOL)}, {outcome.fatal}")
+    assert b.members(POOL) == grown[:1] and set(first) <= set(grown)
+    scaled = [m for _, _, m in read_topic(bootstrap, topics.metrics)
+              if isinstance(m, Metric) and m.name == "autoscaler.scaled"]
+    assert [m.labels["action"] for m in scaled] == ["down"] and sorted(scaled[0].labels["nodes"]) == sorted(grown[1:])
 
 
 def test_an_unreachable_api_is_a_retriable_backend_error(tmp_path):
