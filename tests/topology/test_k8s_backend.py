@@ -334,6 +334,29 @@ def test_the_autoscaler_grows_the_pool_to_count_and_releases_it_to_min_through_t
     assert [m.labels["action"] for m in scaled] == ["down"] and sorted(scaled[0].labels["nodes"]) == sorted(grown[1:])
 
 
+def test_an_autoscaler_whose_backend_cannot_start_a_node_reports_it_and_goes_on(api, namespace, pool, kubeconfig,
+                                                                               tmp_path, bootstrap):
+    """No controller answers (the stand-in is not running): the start at setup fails once, is
+    reported, the replicas are put back, and the actor goes on to its decisions instead of asking
+    again and again for the node it cannot have."""
+    cfg = load_config(ROOT / "examples" / "arithmetic_grpo.yaml", {"job": f"k8s-{uuid.uuid4().hex[:8]}"})
+    topics = job_topics(cfg)
+    ensure_topics(bootstrap, topics.specs())
+    path = topology(tmp_path, {"enabled": True, "backend": "kubernetes", "interval_s": 0.2,
+                               "kubernetes": {"namespace": namespace, "release": RELEASE,
+                                              "kubeconfig": str(kubeconfig), "start_timeout_s": 0.5}})
+    raw = yaml.safe_load(path.read_text())
+    raw["regions"]["r"]["pools"][POOL].update(count=3)
+    path.write_text(yaml.safe_dump(raw))
+    plan = load_plan(path, cfg)
+
+    def names():
+        return [m.name for _, _, m in read_topic(bootstrap, topics.metrics, idle_polls=2) if isinstance(m, Metric)]
+    with autoscaler_running(plan, cfg, bootstrap, make_backend(plan, cfg, None, tmp_path)):
+        wait_until(lambda: "autoscaler.pool_size" in names(), 60, lambda: f"metrics so far: {sorted(set(names()))}")
+    assert names().count("autoscaler.backend_error") == 1 and replicas(api, namespace) == 2
+
+
 def test_an_unreachable_api_is_a_retriable_backend_error(tmp_path):
     cfg = client.Configuration()
     cfg.host = "http://127.0.0.1:9"  # discard: nothing listens
