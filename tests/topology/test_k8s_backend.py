@@ -93,9 +93,10 @@ def chart_deployment(replicas: int) -> dict:
     """The chart's RaaS Deployment for pool ``raas`` of release ``rel`` (``helm template``)."""
     if not HELM.exists():
         pytest.fail(f"{HELM} is missing: `make helm` builds it (make test does), or set ASTRAFLOW_HELM")
+    # no GPUs: the chart writes nvidia.com/gpu as an int, which the API takes and the client's model refuses
     values = {"job": {"name": "j", "config": "job: j\n"}, "kafka": {"bootstrap": "kafka:9092"},
               "dataflow": {"enabled": False},
-              "raasPools": [{"name": POOL, "policy": "policy", "replicas": replicas, "min": 1, "max": 4, "gpus": 1,
+              "raasPools": [{"name": POOL, "policy": "policy", "replicas": replicas, "min": 1, "max": 4, "gpus": 0,
                              "resources": {"cpu": "4", "memory": "16Gi"}}]}
     env = {**os.environ, "HELM_CACHE_HOME": "/nonexistent-cache", "HELM_CONFIG_HOME": "/nonexistent-config"}
     out = subprocess.run([str(HELM), "template", RELEASE, str(CHART), "--show-only", "templates/raas.yaml",
