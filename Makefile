@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-all kafka install layers benchmarks browser clean netns-tools toxiproxy gpu-wheels helm
+.PHONY: demo test test-all kafka install layers benchmarks browser clean netns-tools toxiproxy gpu-wheels helm k8s-mock
 WEB    := astraflow/web
 CHARTS := $(WEB)/node_modules/.installed
 
@@ -88,12 +88,17 @@ $(HELM):
 	mv $(TOOLS)/.helm-build/helm $(HELM)
 	rmdir $(TOOLS)/.helm-build
 
-test: kafka layers browser helm
+# fabric8's mock Kubernetes API server for the Kubernetes backend's tests (a stand-in for the API, not a
+# cluster): its jars from Maven Central by tools/k8s_mock/pom.xml, its main compiled with javac, once.
+k8s-mock: $(STAMP)
+	$(PY) -m tests.topology.k8s_api
+
+test: kafka layers browser helm k8s-mock
 	@$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow or core"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests - treating as a failure"; exit 1; fi; \
 	exit $$rc
 
-test-all: kafka browser helm
+test-all: kafka browser helm k8s-mock
 	@$(PY) -m pytest -n $(TEST_WORKERS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-all: pytest collected no tests - treating as a failure"; exit 1; fi; \
 	exit $$rc

@@ -5,8 +5,9 @@ holds a password — a job names ``password_env`` or ``password_file`` and the c
 carries the value), the cluster (the topology's home Kafka cluster, or a Strimzi cluster with
 the job's topics and one user per component principal with the ACLs ``astraflow acl plan``
 gives), one trainer StatefulSet per trainer pool (its hosts become pods, each a rank-group
-agent of ``trainer.ranks`` ranks), one RaaS Deployment per RaaS pool (replicas, min, max) and
-the GPUs each pod requests (a pool's ``device.count`` of a device kind other than cpu).
+agent of ``trainer.ranks`` ranks), one RaaS Deployment per RaaS pool (replicas, min, max), the
+GPUs each pod requests (a pool's ``device.count`` of a device kind other than cpu) and, with
+``autoscaler.backend: kubernetes``, the autoscaler's pod with the topology it reads.
 Knows nothing about Kubernetes' API; the chart's templates turn these values into objects.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 from astraflow.config import ConfigError, JobConfig, load_config
 from astraflow.job_acls import job_acls, users_of
 from astraflow.topics import job_topics
-from astraflow.topology.launch import load_plan
+from astraflow.topology.launch import check_keys_on_hosts, load_plan
 
 __all__ = ["K8sRenderError", "render_values"]
 
@@ -57,8 +58,11 @@ def render_values(topology: str | Path, job: str | Path, overrides: dict | None 
         "dataflow": {"enabled": False},
         "trainers": [],
         "raasPools": [],
-        "autoscaler": {"enabled": False},
+        "autoscaler": _autoscaler(plan, topology),
     }
+    if values["autoscaler"]["enabled"]:
+        # its pod runs `node --topology`, which refuses key pairs each host would make up itself
+        check_keys_on_hosts(plan, cfg)
     for pool in plan.pools.values():
         policy = pool.policy or cfg.policy
         gpus = pool.devices_per_node if pool.device_kind != "cpu" and not pool.device.emulated else 0
@@ -78,6 +82,23 @@ def render_values(topology: str | Path, job: str | Path, overrides: dict | None 
                 "name": pool.name, "policy": policy, "replicas": pool.count, "min": pool.min, "max": pool.max,
                 "gpus": gpus, "threads": threads, "resources": {"cpu": str(threads), "memory": MEMORY["raas"]}})
     return values
+
+
+def _autoscaler(plan, topology: str | Path) -> dict[str, Any]:
+    """The chart's autoscaler pod: on with ``autoscaler.backend: kubernetes`` (another backend starts
+    processes, which a release does not: its pools keep their replicas). The pod runs ``astraflow
+    node --topology`` for the autoscaler's host, which must hold no pool, or it would run those too."""
+    a = plan.autoscaler
+    if not a["enabled"] or a["backend"] != "kubernetes":
+        return {"enabled": False}
+    host = plan.autoscaler_host
+    held = [n.node_id for n in plan.nodes_on(host)]
+    if held:
+        raise K8sRenderError(str(topology), "autoscaler.host", f"{host} holds nodes ({', '.join(held)}); in a release "
+                                                               f"the autoscaler's pod runs only the autoscaler: name "
+                                                               f"a host of the topology that holds no pool")
+    return {"enabled": True, "host": host, "topology": Path(topology).read_text(encoding="utf-8"),
+            "resources": {"cpu": "500m", "memory": "1Gi"}}
 
 
 def password_envs(cfg: JobConfig) -> list[str]:

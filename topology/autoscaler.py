@@ -69,7 +69,8 @@ class AutoscalerActor(LoopActor):
         if self.enabled:
             for pool in self.pools:
                 while pool.elastic and len(self.backend.members(pool.name)) < pool.count:
-                    self._start(pool)
+                    if self._start(pool) is None:
+                        break  # the backend failed (reported): later decisions grow the pool, not a loop here
 
     def _from_beginning(self, topic: str, expect: tuple) -> Consumer:
         c = Consumer(self.bootstrap, partitions=[TopicPartition(topic, 0)], client_id="autoscaler",

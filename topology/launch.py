@@ -106,6 +106,15 @@ def make_backend(plan: Plan, cfg: JobConfig, command_for, log_dir: Path):
     a = plan.autoscaler
     if a["backend"] == "command":
         return CommandBackend(a["command"]["start"], a["command"]["stop"], command_for, cfg.job)
+    if a["backend"] == "kubernetes":
+        # Imported here: the kubernetes client takes ~0.25 s to import (measured), paid only by this backend.
+        try:
+            from .k8s_backend import KubernetesBackend
+        except ModuleNotFoundError as e:
+            raise TopologyError(plan.source, "autoscaler.backend", f"kubernetes needs the Kubernetes client ({e}): "
+                                                                   f"pip install 'astraflow[kubernetes]'") from None
+        return KubernetesBackend.from_spec(a["kubernetes"], [p.name for p in plan.pools.values()
+                                                             if p.component == "raas"], plan.source)
     return LocalBackend(command_for, log_dir, retire_timeout_s=a["retire_timeout_s"])
 
 

@@ -157,14 +157,18 @@ class Plan:
         return [n for n in self.nodes if n.host == host]
 
     def pool_of(self, node_id: str, role: str = "", policy: str | None = None) -> PoolPlan | None:
-        """The pool a node belongs to, from its id (``<pool>-<i>``) or, for a trainer, its policy."""
+        """The pool a node belongs to, from its id (``<pool>-<i>``; on Kubernetes a RaaS pod's
+        ``<pool>-<pod name>``, the longest pool name that prefixes it) or, for a trainer, its policy."""
         if role == "trainer":
             return next((p for p in self.pools.values() if p.component == "trainer"
                          and p.policy in (policy, None)), None)
         name, _, index = node_id.rpartition("-")
         if index.isdigit() and name in self.pools:
             return self.pools[name]
-        return self.pools.get(node_id)
+        if node_id in self.pools:
+            return self.pools[node_id]
+        return max((p for p in self.pools.values() if p.component == "raas" and node_id.startswith(p.name + "-")),
+                   key=lambda p: len(p.name), default=None)
 
     def node_spec(self, pool: PoolPlan, index: int) -> NodePlan:
         """Node ``index`` of ``pool`` (the autoscaler makes these as it grows a pool)."""

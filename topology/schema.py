@@ -169,12 +169,39 @@ class CommandTemplates:
 
 
 @dataclass(frozen=True)
+class KubernetesSpec:
+    namespace: str = _k("default", "namespace of the release's RaaS Deployments")
+    release: str | None = _k(None, "the Helm release's name, filling {release} in deployment")
+    deployment: str = _k("{release}-astraflow-raas-{pool}", "a pool's Deployment: {pool} is its topology name, "
+                                                            "{release} the release (the chart's name; it cuts "
+                                                            "<release>-astraflow to 52 characters)")
+    kubeconfig: str | None = _k(None, "kubeconfig file, relative to the topology's folder (null: the pod's service "
+                                      "account in a cluster, else $KUBECONFIG or ~/.kube/config)")
+    context: str | None = _k(None, "the kubeconfig's context (null: its current one)")
+    start_timeout_s: float = _k(120.0, "a scale-up whose pod the controller has not created by then is undone",
+                                bounds=PERIOD_S)
+
+    def __post_init__(self) -> None:
+        if "{pool}" not in self.deployment:
+            raise ValueError(f"deployment must contain {{pool}} (one Deployment per pool), got {self.deployment!r}")
+        try:
+            self.deployment.format(pool="p", release="r")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"deployment {self.deployment!r}: only {{pool}} and {{release}} can be filled in ({e})") \
+                from None
+        if "{release}" in self.deployment and not self.release:
+            raise ValueError("deployment names {release}: set release (the Helm release's name)")
+
+
+@dataclass(frozen=True)
 class AutoscalerSpec:
     enabled: bool = _k(False, "true: the autoscaler starts and retires the nodes of elastic pools (min < max)")
     host: str | None = _k(None, "host it runs on under `astraflow node --topology` (null: the trainer's)")
-    backend: Literal["local", "command"] = _k("local", "local: node processes on its own host; command: the "
-                                                       "command templates (e.g. a cluster scheduler's CLI)")
+    backend: Literal["local", "command", "kubernetes"] = _k(
+        "local", "local: node processes on its own host; command: the command templates (e.g. a cluster "
+                 "scheduler's CLI); kubernetes: scale the pools' Deployments of the Helm chart")
     command: CommandTemplates | None = _k(None, "backend command: the start/stop templates")
+    kubernetes: KubernetesSpec | None = _k(None, "backend kubernetes: where the pools' Deployments are")
     interval_s: float = _k(5.0, "seconds between decisions", bounds=PERIOD_S)
     window_s: float = _k(60.0, "the trainer wait fraction and the pool's busy time are measured over this window",
                          bounds=PERIOD_S)
@@ -194,6 +221,8 @@ class AutoscalerSpec:
     def __post_init__(self) -> None:
         if self.backend == "command" and self.command is None:
             raise ValueError("backend 'command' needs command: {start: ..., stop: ...}")
+        if (self.backend == "kubernetes") != (self.kubernetes is not None):
+            raise ValueError("backend 'kubernetes' needs kubernetes: {namespace: ..., release: ...}, and only it")
         if not 0 <= self.scale_down_wait < self.scale_up_wait < 1:
             raise ValueError(f"need 0 <= scale_down_wait < scale_up_wait < 1 (a gap between them is the hysteresis), "
                              f"got {self.scale_down_wait} and {self.scale_up_wait}")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from astraflow.config import ConfigError
 from astraflow.k8s_values import K8sRenderError, render_values
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +69,7 @@ def test_three_hosts_on_an_existing_cluster(tmp_path, monkeypatch):
     assert h100["spec"]["replicas"] == 2 and l40["spec"]["replicas"] == 2
     assert l40["metadata"]["annotations"] == {"astraflow.io/min": "1", "astraflow.io/max": "6"}
     assert container(h100)["resources"]["limits"] == {"nvidia.com/gpu": 1}
-    assert "--role raas --policy policy --node-id \"$POD_NAME\"" in container(h100)["args"][0]
+    assert "--role raas --policy policy --node-id \"raas-h100-$POD_NAME\"" in container(h100)["args"][0]
     assert "--bootstrap-servers \"$AF_BOOTSTRAP\"" in container(h100)["args"][0]
     (trainer,) = objects(docs, "StatefulSet").values()
     assert trainer["spec"]["replicas"] == 1 and container(trainer)["resources"]["limits"] == {"nvidia.com/gpu": 8}
@@ -142,10 +143,59 @@ def test_what_a_release_cannot_run_is_refused():
         render_values(ROOT / "examples" / "topology_two_regions_existing.yaml", ROOT / "examples" / "arithmetic_grpo.yaml")
 
 
-def test_the_autoscaler_is_refused_until_its_backend_exists(tmp_path):
+def elastic_topology(tmp_path, host: str = "ctl") -> Path:
+    kubernetes = {"namespace": "mine", "release": "other", "kubeconfig": "kube/config", "start_timeout_s": 60}
+    topo = {"name": "k8s-elastic",
+            "autoscaler": {"enabled": True, "host": host, "backend": "kubernetes", "cooldown_s": 120,
+                           "kubernetes": kubernetes},
+            "regions": {"dc": {"kafka": "kafka.example:9092", "hosts": ["ctl", "t0", "r0"],
+                               "pools": {"dataflow": {"component": "dataflow", "hosts": ["t0"]},
+                                         "trainer": {"component": "trainer", "hosts": ["t0"]},
+                                         "raas": {"component": "raas", "hosts": ["r0"], "count": 2, "min": 1,
+                                                  "max": 5}}}}}
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump(topo))
+    return path
+
+
+def test_the_autoscaler_pod_scales_this_releases_deployments_with_a_role_for_exactly_that(tmp_path):
+    from astraflow.topology.launch import load_plan
+    job = ROOT / "examples" / "arithmetic_grpo.yaml"
+    with pytest.raises(ConfigError, match=r"trainer\.signing_key: this topology runs on 2 hosts"):
+        render_values(elastic_topology(tmp_path), job)  # `node --topology` in its pod would refuse it
+    unsigned = {"trainer.require_signatures": False, "rollout.require_signatures": False}
+    values = render_values(elastic_topology(tmp_path), job, unsigned)
+    assert values["autoscaler"]["enabled"] and values["autoscaler"]["host"] == "ctl"
+    docs = render(tmp_path, values)
+    name = "rel-astraflow-autoscaler"
+    (role,) = objects(docs, "Role").values()
+    assert role["rules"] == [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get"]},
+                             {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["get", "patch"]},
+                             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]}]
+    (binding,) = objects(docs, "RoleBinding").values()
+    assert binding["roleRef"]["name"] == name and binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": name, "namespace": "default"}]
+    assert list(objects(docs, "ServiceAccount")) == [name]
+    scaler = objects(docs, "Deployment")[name]
+    assert scaler["spec"]["template"]["spec"]["serviceAccountName"] == name and scaler["spec"]["replicas"] == 1
+    assert container(scaler)["args"][0].endswith("--topology /etc/astraflow/job/topology.yaml --host ctl")
+    # the topology it reads names this release's Deployments in this namespace, in-cluster credentials
+    (cm,) = objects(docs, "ConfigMap").values()
+    path = tmp_path / "in-pod-topology.yaml"
+    path.write_text(cm["data"]["topology.yaml"])
+    a = load_plan(path).autoscaler
+    assert a["backend"] == "kubernetes" and a["cooldown_s"] == 120
+    assert a["kubernetes"] == {"namespace": "default", "release": "rel", "deployment": "rel-astraflow-raas-{pool}",
+                               "kubeconfig": None, "context": None, "start_timeout_s": 60}
+    assert a["kubernetes"]["deployment"].format(pool="raas") in objects(docs, "Deployment")
+
+
+def test_the_autoscaler_pod_is_only_for_the_kubernetes_backend_on_a_host_without_pools(tmp_path):
+    with pytest.raises(K8sRenderError, match=r"autoscaler\.host: t0 holds nodes \(dataflow, trainer\)"):
+        render_values(elastic_topology(tmp_path, host="t0"), ROOT / "examples" / "arithmetic_grpo.yaml",
+                      {"trainer.require_signatures": False, "rollout.require_signatures": False})
+    # the command backend starts processes, which a release does not: its pools keep their replicas
     values = render_values(ROOT / "examples" / "topology_three_hosts.yaml", ROOT / "examples" / "arithmetic_grpo.yaml")
-    path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    out = subprocess.run([str(HELM), "template", "rel", str(CHART), "-f", str(path), "--set", "autoscaler.enabled=true"],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode != 0 and "autoscaler's Kubernetes backend is not built yet" in out.stderr
+    assert values["autoscaler"] == {"enabled": False}
+    docs = render(tmp_path, values)
+    assert not objects(docs, "Role") and "rel-astraflow-autoscaler" not in objects(docs, "Deployment")
