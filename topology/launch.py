@@ -40,6 +40,8 @@ from .plan import (Plan, check_launchable, check_multi_host, cluster_security, f
 from .processes import Proc, RunFailed, node_command, stop_processes, supervise
 from .regional import RegionalCluster, job_mirror_plan
 from .schema import TopologyError
+from .slurm import Slurm, SlurmBackend, check_slurm_launchable, slurm_proc
+from .slurm_accounting import slurm_summary
 from .validation import load_topology, local_backend_misplaced, validate_for_job
 
 
@@ -102,10 +104,15 @@ def weights_security(plan: Plan) -> dict[str, list[str]]:
             for r, c in region_clusters(plan).items() if c.security is not None}
 
 
-def make_backend(plan: Plan, cfg: JobConfig, command_for, log_dir: Path):
+def make_backend(plan: Plan, cfg: JobConfig, command_for, log_dir: Path, slurm: Slurm | None = None):
+    """The autoscaler's actuator the topology names; ``slurm`` (``launch --backend slurm``'s
+    client) turns the local backend into the Slurm one: the run's nodes are Slurm jobs."""
     a = plan.autoscaler
     if a["backend"] == "command":
         return CommandBackend(a["command"]["start"], a["command"]["stop"], command_for, cfg.job)
+    if a["backend"] == "slurm" or slurm is not None:
+        return SlurmBackend(slurm or Slurm(plan.slurm), command_for, log_dir, cfg.job, plan.pools,
+                            retire_timeout_s=a["retire_timeout_s"])
     return LocalBackend(command_for, log_dir, retire_timeout_s=a["retire_timeout_s"])
 
 
@@ -158,8 +165,14 @@ class TopologyRun:
     """What ``astraflow launch`` (:func:`astraflow.launcher.launch`) adds to the launcher's run
     (see :func:`astraflow.launcher.run_job`)."""
 
-    def __init__(self, plan: Plan, cfg: JobConfig, overrides: list[str]) -> None:
+    def __init__(self, plan: Plan, cfg: JobConfig, overrides: list[str], backend: str = "local") -> None:
         self.plan, self.cfg, self.overrides = plan, cfg, overrides
+        if backend not in ("local", "slurm"):
+            raise ValueError(f"backend must be local or slurm, got {backend!r}")
+        #: ``launch --backend slurm``: every node a Slurm job (:mod:`.slurm`), None: processes here
+        self.slurm = Slurm(plan.slurm) if backend == "slurm" else None
+        if self.slurm is not None:
+            check_slurm_launchable(plan)
         self.backend = None
         self.outcome = None
         self.wan = None  #: the emulated links (:class:`~.links.LinkEmulation`), with the embedded broker
@@ -241,9 +254,12 @@ class TopologyRun:
     def processes(self, bootstrap: str, run_dir: Path):
         self.start_regions(bootstrap, run_dir)
         command_for = self.command_for(bootstrap, run_dir)
-        self.backend = make_backend(self.plan, self.cfg, command_for, run_dir / "logs")
+        self.backend = make_backend(self.plan, self.cfg, command_for, run_dir / "logs", self.slurm)
         mine = [n for n in self.plan.nodes if n.owner == "host"]
         announce_started(bootstrap, self.cfg, mine)
+        if self.slurm is not None:
+            return [slurm_proc(self.slurm, n, self.plan.pools[n.pool], command_for(n), run_dir / "logs", self.cfg.job)
+                    for n in mine]
         return [Proc(n.role, n.node_id, command_for(n), run_dir / "logs" / f"{n.node_id}.log") for n in mine]
 
     @contextlib.contextmanager
@@ -280,6 +296,8 @@ class TopologyRun:
                           "device_hours": recount_device_hours(bootstrap, self.cfg, self.plan),
                           # 0: the node finished its in-flight tasks and left the group on SIGTERM
                           "retired_exit_codes": dict(getattr(self.backend, "exits", {}))}
+            if self.slurm is not None:  # every job stopped: Slurm has accounted for them
+                self.extra["slurm"] = slurm_summary(self.slurm, self.plan, self.cfg.job, procs)
 
     def _watch_regions(self, bootstrap: str):
         """The region watcher (:mod:`.region_watch`) under a supervisor, when there is a remote
