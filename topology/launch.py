@@ -180,6 +180,8 @@ class TopologyRun:
         self.regions: dict = {}
         self.claims: list = []  #: the mirror claims held on existing regional clusters
         self.extra: dict = {}
+        self.job_feed = None  #: with Slurm: the producer of the ``slurm.job`` metrics
+        self.reported: set[str] = set()  #: the Slurm job ids on ``metrics`` already
 
     @contextlib.contextmanager
     def broker_setup(self, broker):
@@ -265,6 +267,8 @@ class TopologyRun:
     @contextlib.contextmanager
     def running(self, bootstrap: str, run_dir: Path, procs):
         watch = self._watch_regions(bootstrap)
+        if self.slurm is not None:  # each job id on `metrics` (`astraflow status` lists them)
+            self.job_feed = Producer(bootstrap, client_id="launcher-slurm")
         try:
             with autoscaler_running(self.plan, self.cfg, bootstrap, self.backend) as self.outcome:
                 yield self
@@ -298,6 +302,8 @@ class TopologyRun:
                           "retired_exit_codes": dict(getattr(self.backend, "exits", {}))}
             if self.slurm is not None:  # every job stopped: Slurm has accounted for them
                 self.extra["slurm"] = slurm_summary(self.slurm, self.plan, self.cfg.job, procs)
+                self._report_jobs(procs)
+                self.job_feed.close()
 
     def _watch_regions(self, bootstrap: str):
         """The region watcher (:mod:`.region_watch`) under a supervisor, when there is a remote
@@ -311,8 +317,19 @@ class TopologyRun:
             sup, n, self.plan, bootstrap, job_topics(self.cfg), self.wan, self.by_region()), required=False)
         return Supervisor.start([spec], Outcome())
 
+    def _report_jobs(self, procs) -> None:
+        for p in procs:
+            for job_id in getattr(p, "job_ids", ()):
+                if job_id not in self.reported:
+                    self.reported.add(job_id)
+                    self.job_feed.send(job_topics(self.cfg).metrics, Metric(
+                        "launcher", "slurm.job", float(job_id), 0, time.time(), {"node": p.node_id, "job_id": job_id}),
+                        key="launcher", trace=False)
+
     def tick(self, procs):
         self.backend.tick(procs)
+        if self.slurm is not None:
+            self._report_jobs(procs)
         if self.outcome is not None and self.outcome.fatal:
             return RunFailed(f"autoscaler: {self.outcome.fatal}", node_id="autoscaler",
                              retriable=self.outcome.retriable)
