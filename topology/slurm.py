@@ -17,7 +17,8 @@ there after its grace period; a job still pending is cancelled at once.
 :class:`SlurmBackend` is the autoscaler's actuator on Slurm (:mod:`.backends`): ``start`` submits
 the node's job at once (a refusal is the autoscaler's :class:`~.backends.BackendError`) and
 hands its :class:`SlurmProc` to the runner's loop (``tick``), which supervises it like the local
-backend's processes; ``retire`` is the TERM-then-cancel above.
+backend's processes; ``retire`` is the TERM-then-cancel above, carried out by ``tick`` in the
+runner's thread, which owns the process list (it may be resubmitting that very node).
 
 It knows nothing about Kafka or the plan's meaning: callers give it argv and sbatch flags
 (:func:`sbatch_resources` makes those from a pool).
@@ -48,6 +49,11 @@ BIN_ENV = "ASTRAFLOW_SLURM_BIN"
 #: A job in one of these states still holds its resources (its process may be running).
 LIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
                          "SIGNALING", "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED"})
+
+
+#: How long squeue may fail before a job is taken as lost (the supervisor then resubmits it,
+#: and a cluster still unreachable fails that sbatch: the run stops naming it).
+LOST_AFTER_S = 120.0
 
 
 class SlurmError(BackendError):
@@ -90,8 +96,9 @@ class Slurm:
         """``sbatch`` one job whose batch step execs ``argv``; its output appended to ``log_path``."""
         log_path = Path(log_path).resolve()
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = self.env()
-        env.update(component_env())
+        # A launcher inside an allocation (salloc, a batch script) must not hand its own job's
+        # SLURM_* settings to sbatch, which would take them for the new job's.
+        env = {k: v for k, v in component_env().items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
         env.pop(LAUNCHER_PID_ENV, None)  # its parent is slurmstepd, wherever it runs: nothing to watch
         if self.spec.conf:
             env["SLURM_CONF"] = self.spec.conf
@@ -134,8 +141,11 @@ class Slurm:
         out = self.run("scancel", *flags, job_id, check=False)
         self._states_at = 0.0
         if out.returncode != 0:
-            state = self.states().get(job_id, ("GONE", 0))[0]
-            if state.split()[0] in LIVE_STATES - {"COMPLETING"}:
+            try:
+                state = self.states().get(job_id, ("GONE", 0))[0]
+            except SlurmError:
+                state = "UNKNOWN"
+            if state.split()[0] in LIVE_STATES - {"COMPLETING"} or state == "UNKNOWN":
                 tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
                 raise SlurmError(f"scancel {' '.join(flags)} {job_id} exited with {out.returncode} while the job is "
                                  f"{state}: {tail[0]}")
@@ -170,11 +180,22 @@ class SlurmJob:
         self.pid = int(job_id)  #: (what log lines print as the process id)
         self.returncode: int | None = None
         self.state = "PENDING"
+        self.unreachable_since: float | None = None  #: monotonic time squeue started failing
 
     def poll(self) -> int | None:
         if self.returncode is not None:
             return self.returncode
-        found = self.slurm.states(newer_than=self.submitted).get(self.job_id)
+        try:
+            found = self.slurm.states(newer_than=self.submitted).get(self.job_id)
+        except SlurmError as e:  # a busy or restarting controller: the job is as it was, for a while
+            self.unreachable_since = self.unreachable_since or time.monotonic()
+            if time.monotonic() - self.unreachable_since < LOST_AFTER_S:
+                log.warning("slurm job %s: %s", self.job_id, e)
+                return None
+            log.error("slurm job %s: squeue has failed for %.0fs; taking the job as lost: %s", self.job_id,
+                      LOST_AFTER_S, e)
+            found = None
+        self.unreachable_since = None
         if found is None:  # purged already (MinJobAge) or the controller lost it: it is not running
             log.warning("slurm job %s is not known to squeue any more; taking it as failed", self.job_id)
             self.state, self.returncode = "UNKNOWN", -1
@@ -261,7 +282,8 @@ class SlurmBackend(Backend):
         self.pools, self.retire_timeout_s = pools, retire_timeout_s
         self._new: list[SlurmProc] = []  #: submitted, not yet in the runner's list
         self._procs: dict[str, SlurmProc] = {}
-        self._retiring: dict[str, tuple[SlurmProc, float]] = {}
+        self._asked: list[str] = []  #: retirements asked for, not yet carried out (by tick)
+        self._retiring: dict[str, tuple[SlurmProc, float]] = {}  #: (only tick's thread touches it)
         self.exits: dict[str, int] = {}  #: retired node -> its exit status (0: it left cleanly)
 
     def _start(self, node: NodePlan) -> None:
@@ -272,13 +294,10 @@ class SlurmBackend(Backend):
             self._procs[node.node_id] = p
 
     def _retire(self, node: NodePlan) -> None:
-        p = self._procs.get(node.node_id)
-        if p is None or p.popen is None:
+        if node.node_id not in self._procs:
             raise BackendError(f"retire {node.node_id}: no slurm job of this backend")
-        with self._lock:
-            self._retiring[node.node_id] = (p, time.monotonic() + self.retire_timeout_s)
-        retire_process(p)  # done (no resubmission), then scancel --signal=TERM --full
-        log.info("retiring %s: scancel --signal=TERM slurm job %s", node.node_id, p.popen.job_id)
+        with self._lock:  # carried out by tick: the runner's thread owns the procs (it may be resubmitting one)
+            self._asked.append(node.node_id)
 
     def jobs(self) -> dict[str, list[str]]:
         """Node -> the ids of every Slurm job it was (a resubmission adds one)."""
@@ -287,21 +306,30 @@ class SlurmBackend(Backend):
     def tick(self, procs: list[Proc]) -> None:
         with self._lock:
             new, self._new = self._new, []
-            retiring = list(self._retiring.items())
+            asked, self._asked = self._asked, []
         procs.extend(new)
-        for node_id, (p, deadline) in retiring:
+        for node_id in asked:
+            p = self._procs[node_id]
+            self._retiring[node_id] = (p, time.monotonic() + self.retire_timeout_s)
+            log.info("retiring %s: scancel --signal=TERM slurm job %s", node_id, p.popen.job_id)
+            try:
+                retire_process(p)  # done (no resubmission), then scancel --signal=TERM --full
+            except SlurmError as e:  # its grace period still ends in scancel
+                log.error("retire %s: %s", node_id, e)
+        for node_id, (p, deadline) in list(self._retiring.items()):
             code = p.popen.poll()
             if code is not None:
                 self.exits[node_id] = code
-                with self._lock:
-                    self._retiring.pop(node_id, None)
+                del self._retiring[node_id]
                 log.info("retired %s: slurm job %s ended %s, exit %d", node_id, p.popen.job_id, p.popen.state, code)
             elif time.monotonic() > deadline:
                 log.warning("retired %s still runs after %.0fs; scancel %s (its uncommitted tasks are redelivered)",
                             node_id, self.retire_timeout_s, p.popen.job_id)
-                p.popen.kill()
-                with self._lock:
-                    self._retiring[node_id] = (p, float("inf"))
+                self._retiring[node_id] = (p, float("inf"))
+                try:
+                    p.popen.kill()
+                except SlurmError as e:
+                    log.error("retire %s: %s", node_id, e)
 
     def retire_all(self) -> list[str]:
         """Its nodes are the runner's to stop with the others; here only those it has not taken yet."""

@@ -96,7 +96,10 @@ def test_demo_job_on_slurm_scales_through_sbatch_and_scancel_survives_a_killed_j
     _conserved(bootstrap, cfg, summary)
     # device-hours from Slurm's own accounting: every job of the run, the killed one included
     hours = summary["slurm"]["device_hours"]
-    assert hours["pools"]["raas"]["jobs"] == 3 and hours["pools"]["raas"]["nodes"] == 2
+    raas = {n: ids for n, ids in jobs.items() if n.startswith("raas-")}
+    assert hours["pools"]["raas"]["jobs"] == sum(map(len, raas.values())) >= 3  # raas-0 twice, raas-1
+    assert hours["pools"]["raas"]["nodes"] == len(raas)
+    assert {j["node"] for j in hours["jobs"].values()} == set(jobs)
     assert hours["rollout"] > 0 and hours["trainer"] > 0
     assert hours["pools"]["raas"]["cost"] == pytest.approx(hours["pools"]["raas"]["device_hours"])
     beats = summary["device_hours"]["rollout"]  # the heartbeats' count of the same time
