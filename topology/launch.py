@@ -402,7 +402,7 @@ def run_host(topology: str | Path, cfg: JobConfig, host: str, *, bootstrap: str 
     if misplaced:
         raise TopologyError(plan.source, misplaced[0], f"elastic pool {misplaced[1]} is on host {misplaced[2]}, but "
                                                        f"the local backend starts nodes on the autoscaler's host "
-                                                       f"({plan.autoscaler_host}); use autoscaler.backend: command")
+                                                       f"({plan.autoscaler_host}); use autoscaler.backend: command or slurm")
     # Every topic lives on the home cluster; a region with a regional cluster reads only weights there.
     bootstrap = home_bootstrap(plan, cfg, bootstrap)
     check_keys_on_hosts(plan, cfg)

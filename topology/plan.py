@@ -218,7 +218,7 @@ def resolve(t: Topology, job_policy: str | None = None) -> Plan:
     if misplaced:
         plan.notes.append(f"the local backend starts nodes on the autoscaler's host ({plan.autoscaler_host}) but "
                           f"elastic pool {misplaced[1]} is on {misplaced[2]}: fine for `astraflow launch` (one "
-                          f"machine), refused by `astraflow node --topology` (use autoscaler.backend: command)")
+                          f"machine), refused by `astraflow node --topology` (use autoscaler.backend: command or slurm)")
     return plan
 
 
