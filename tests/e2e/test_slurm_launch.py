@@ -50,7 +50,8 @@ def _kill_when_working(cluster, bootstrap, cfg, node: str, killed: dict, stop: t
 
 def test_demo_job_on_slurm_scales_through_sbatch_and_scancel_survives_a_killed_job(make_job_config, bootstrap,
                                                                                     tmp_path, cluster):
-    cfg = make_job_config({"trainer": {"steps": 40}, "rollout": {"tasks_per_call": 2}}, name="slurm")
+    # long enough that the node it adds (~10 s to load and join) still finds work
+    cfg = make_job_config({"trainer": {"steps": 120}, "rollout": {"tasks_per_call": 2}}, name="slurm")
     topology = _write(tmp_path, {
         "name": "slurm",
         "regions": {"local": {"hosts": ["h"], "pools": {
