@@ -3,8 +3,9 @@
 ``check`` loads a topology (and optionally a job config), resolves its plan and prints it.
 :class:`TopologyRun` is what ``astraflow launch`` (:func:`astraflow.launcher.launch`) adds
 to the launcher's own run (:func:`astraflow.launcher.run_job`: broker, topics, progress,
-restarts, run directory): the plan's processes instead of the job config's, and the
-autoscaler actor beside them; with the embedded broker, nodes of a region other than the
+restarts, run directory): the plan's processes instead of the job config's (``--backend
+slurm``: a Slurm batch job each, :mod:`.slurm`, supervised by the same loop, the autoscaler
+acting through Slurm too), and the autoscaler actor beside them; with the embedded broker, nodes of a region other than the
 Kafka cluster's run in a network namespace of their own and reach it through an emulation
 of their link (:mod:`.links`: bandwidth shared by all the region's connections, latency, cuts). ``node
 --topology F --host H`` (:func:`run_host`) is one host's share of the same plan on a real
@@ -301,9 +302,11 @@ class TopologyRun:
                           # 0: the node finished its in-flight tasks and left the group on SIGTERM
                           "retired_exit_codes": dict(getattr(self.backend, "exits", {}))}
             if self.slurm is not None:  # every job stopped: Slurm has accounted for them
-                self.extra["slurm"] = slurm_summary(self.slurm, self.plan, self.cfg.job, procs)
-                self._report_jobs(procs)
-                self.job_feed.close()
+                try:
+                    self.extra["slurm"] = slurm_summary(self.slurm, self.plan, self.cfg.job, procs)
+                    self._report_jobs(procs)
+                finally:
+                    self.job_feed.close()
 
     def _watch_regions(self, bootstrap: str):
         """The region watcher (:mod:`.region_watch`) under a supervisor, when there is a remote

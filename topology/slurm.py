@@ -117,7 +117,7 @@ class Slurm:
             now = time.monotonic()
             if now - self._states_at < self.spec.poll_s and self._states_at > newer_than:
                 return self._states
-            out = self.run("squeue", "--noheader", "--states=all", "--Format=JobID:|,State:|,exit_code:|")
+            out = self.run("squeue", "--noheader", "--me", "--states=all", "--Format=JobID:|,State:|,exit_code:|")
             states = {}
             for line in out.stdout.splitlines():
                 parts = [p.strip() for p in line.split("|")]
