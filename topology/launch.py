@@ -41,8 +41,7 @@ from .plan import (Plan, check_launchable, check_multi_host, cluster_security, f
 from .processes import Proc, RunFailed, node_command, stop_processes, supervise
 from .regional import RegionalCluster, job_mirror_plan
 from .schema import TopologyError
-from .slurm import Slurm, SlurmBackend, check_slurm_launchable, slurm_proc
-from .slurm_accounting import slurm_summary
+from .slurm import Slurm, SlurmBackend, check_slurm_launchable, slurm_proc, slurm_summary
 from .validation import load_topology, local_backend_misplaced, validate_for_job
 
 

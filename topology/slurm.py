@@ -18,7 +18,10 @@ there after its grace period; a job still pending is cancelled at once.
 the node's job at once (a refusal is the autoscaler's :class:`~.backends.BackendError`) and
 hands its :class:`SlurmProc` to the runner's loop (``tick``), which supervises it like the local
 backend's processes; ``retire`` is the TERM-then-cancel above, carried out by ``tick`` in the
-runner's thread, which owns the process list (it may be resubmitting that very node).
+runner's thread, which owns the process list (it may be resubmitting that very node); its
+``accounted_hours`` are the run's device-hours as Slurm accounts them (:class:`SlurmHours`:
+:mod:`.slurm_accounting` over the job completion log, and squeue for the jobs still running),
+which the autoscaler reports beside the heartbeats' count.
 
 It knows nothing about Kafka or the plan's meaning: callers give it argv and sbatch flags
 (:func:`sbatch_resources` makes those from a pool).
@@ -33,17 +36,19 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from .backends import Backend, BackendError, CommandFor, retire_process
 from .plan import NodePlan, Plan, PoolPlan
 from .processes import LAUNCHER_PID_ENV, Proc, component_env
 from .schema import SlurmSpec, TopologyError
+from .slurm_accounting import JobcompTail, read_jobcomp, slurm_device_hours
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BIN_ENV", "Slurm", "SlurmBackend", "SlurmError", "SlurmJob", "SlurmProc", "check_slurm_launchable",
-           "sbatch_resources", "slurm_proc"]
+__all__ = ["BIN_ENV", "Slurm", "SlurmBackend", "SlurmError", "SlurmHours", "SlurmJob", "SlurmProc",
+           "check_slurm_launchable", "sbatch_resources", "slurm_proc", "slurm_summary"]
 
 BIN_ENV = "ASTRAFLOW_SLURM_BIN"
 #: A job in one of these states still holds its resources (its process may be running).
@@ -149,6 +154,18 @@ class Slurm:
                 tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
                 raise SlurmError(f"scancel {' '.join(flags)} {job_id} exited with {out.returncode} while the job is "
                                  f"{state}: {tail[0]}")
+
+    def running(self) -> list[dict[str, str]]:
+        """This user's running jobs as job completion records that end now (``squeue``'s start time)."""
+        out = self.run("squeue", "--noheader", "--me", "--states=RUNNING", "--Format=JobID:|,Name:|,StartTime:|,NumCPUs:|")
+        now = datetime.now().isoformat(timespec="seconds")
+        records = []
+        for line in out.stdout.splitlines():
+            parts = [p.strip() for p in line.split("|")]
+            if len(parts) >= 4 and parts[0]:
+                records.append({"JobId": parts[0], "Name": parts[1], "JobState": "RUNNING", "StartTime": parts[2],
+                                "EndTime": now, "ProcCnt": parts[3]})
+        return records
 
     def config(self) -> dict[str, str]:
         """``scontrol show config`` as key -> value."""
@@ -272,6 +289,46 @@ def slurm_proc(slurm: Slurm, node: NodePlan, pool: PoolPlan, cmd: list[str], log
                      job_name=f"{job}.{node.node_id}", flags=sbatch_resources(pool, slurm.spec))
 
 
+class SlurmHours:
+    """A run's device-hours as Slurm accounts them, live: its finished jobs from the job
+    completion log (read as it grows), its running ones from squeue's start times. None where
+    the cluster keeps no such log as text (``JobCompType`` other than ``jobcomp/filetxt``)."""
+
+    def __init__(self, slurm: Slurm, pools: dict[str, PoolPlan], job: str) -> None:
+        self.slurm, self.pools, self.job = slurm, pools, job
+        self.tail: JobcompTail | None = None
+        self.finished: dict[str, dict[str, str]] = {}  #: job id -> its completion record
+
+    def totals(self) -> dict | None:
+        if self.tail is None:
+            path = self.slurm.jobcomp_path()
+            if path is None:
+                return None
+            self.tail = JobcompTail(path)
+        prefix = f"{self.job}."
+        self.finished.update((r.get("JobId", ""), r) for r in self.tail.read() if r.get("Name", "").startswith(prefix))
+        running = [r for r in self.slurm.running() if r["JobId"] not in self.finished]
+        return slurm_device_hours([*self.finished.values(), *running], self.pools, self.job)
+
+
+def slurm_summary(slurm: Slurm, plan: Plan, job: str, procs) -> dict:
+    """What ``summary.json`` says under ``slurm`` once every job has ended: each node's job ids
+    and the device-hours from Slurm's job completion log (None, with the reason, without one)."""
+    out: dict = {"conf": slurm.spec.conf, "jobs": {p.node_id: list(p.job_ids) for p in procs
+                                                   if isinstance(p, SlurmProc)}, "jobcomp": None, "device_hours": None}
+    try:
+        path = slurm.jobcomp_path()
+    except SlurmError as e:
+        out["device_hours_unavailable"] = str(e)
+        return out
+    if path is None:
+        out["device_hours_unavailable"] = "the cluster's JobCompType is not jobcomp/filetxt"
+        return out
+    out["jobcomp"] = str(path)
+    out["device_hours"] = slurm_device_hours(read_jobcomp(path), plan.pools, job)
+    return out
+
+
 class SlurmBackend(Backend):
     """The autoscaler's nodes as Slurm jobs; the runner's loop supervises them once handed over (:meth:`tick`)."""
 
@@ -285,6 +342,15 @@ class SlurmBackend(Backend):
         self._asked: list[str] = []  #: retirements asked for, not yet carried out (by tick)
         self._retiring: dict[str, tuple[SlurmProc, float]] = {}  #: (only tick's thread touches it)
         self.exits: dict[str, int] = {}  #: retired node -> its exit status (0: it left cleanly)
+        self.hours = SlurmHours(slurm, pools, job)
+
+    def accounted_hours(self) -> dict | None:
+        """The whole run's device-hours by Slurm's accounting (its every job, not only these)."""
+        try:
+            return self.hours.totals()
+        except SlurmError as e:
+            log.warning("device-hours from slurm: %s", e)
+            return None
 
     def _start(self, node: NodePlan) -> None:
         p = slurm_proc(self.slurm, node, self.pools[node.pool], self.command_for(node), self.log_dir, self.job)

@@ -10,8 +10,8 @@ times the devices one node of the pool holds (a trainer pool: times its hosts; t
 none, as :mod:`.accounting` counts them), its CPU-hours (``ProcCnt``) and its cost. The totals have
 :class:`~.accounting.DeviceHours`' shape, so the two can be compared side by side.
 
-:func:`slurm_summary` is what a run's ``summary.json`` says under ``slurm``: each node's job ids
-and these totals. It knows nothing about Kafka.
+A record of a job still running (``squeue``'s start time, ``EndTime`` now: :mod:`.slurm`) counts
+the same way. It knows nothing about the commands that wrote the log, or about Kafka.
 """
 
 from __future__ import annotations
@@ -20,22 +20,44 @@ import re
 from datetime import datetime
 from pathlib import Path
 
-from .backends import BackendError
-from .plan import Plan
-from .slurm import Slurm, SlurmProc
+from .plan import PoolPlan
 
-__all__ = ["read_jobcomp", "slurm_device_hours", "slurm_summary"]
+__all__ = ["JobcompTail", "pool_of", "read_jobcomp", "slurm_device_hours"]
 
 _PAIR = re.compile(r"(\w+)=(.*?)(?= \w+=|$)")
 
 
+class JobcompTail:
+    """The records a ``jobcomp/filetxt`` log gained since the last :meth:`read` (a missing file:
+    none yet), so a live count reads each line once however long the log grows."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path, self.offset, self.partial = Path(path), 0, b""
+
+    def read(self) -> list[dict[str, str]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")  # (a line being written waits)
+        return [dict(_PAIR.findall(line.decode("utf-8", "replace").strip())) for line in lines
+                if line.startswith(b"JobId=")]
+
+
 def read_jobcomp(path: str | Path) -> list[dict[str, str]]:
-    """Every record of a ``jobcomp/filetxt`` log, as key -> value (a missing file: none yet)."""
-    try:
-        text = Path(path).read_text(errors="replace")
-    except FileNotFoundError:
-        return []
-    return [dict(_PAIR.findall(line.strip())) for line in text.splitlines() if line.startswith("JobId=")]
+    """Every record of a ``jobcomp/filetxt`` log, as key -> value."""
+    return JobcompTail(path).read()
+
+
+def pool_of(pools: dict[str, PoolPlan], node_id: str) -> PoolPlan | None:
+    """The pool of a node id as the plan names them: ``<pool>-<i>``, or the pool's own name."""
+    name, _, index = node_id.rpartition("-")
+    if index.isdigit() and name in pools:
+        return pools[name]
+    return pools.get(node_id)
 
 
 def _seconds(record: dict[str, str]) -> float:
@@ -46,11 +68,11 @@ def _seconds(record: dict[str, str]) -> float:
     return max(0.0, (end - start).total_seconds())
 
 
-def slurm_device_hours(records: list[dict[str, str]], plan: Plan, job: str) -> dict:
+def slurm_device_hours(records: list[dict[str, str]], pools: dict[str, PoolPlan], job: str) -> dict:
     """Per pool, per device kind and in all, the hours the run's jobs held their allocations:
     ``{pools: {name: {role, kind, node_hours, device_hours, cpu_hours, cost, nodes, jobs}}, kinds,
     rollout, trainer, total, cost, jobs: {job id: {node, state, seconds, cpus}}}``."""
-    pools: dict[str, dict] = {}
+    out: dict[str, dict] = {}
     jobs: dict[str, dict] = {}
     prefix = f"{job}."
     for r in records:
@@ -58,7 +80,7 @@ def slurm_device_hours(records: list[dict[str, str]], plan: Plan, job: str) -> d
         if not name.startswith(prefix):
             continue
         node_id = name[len(prefix):]
-        pool = plan.pool_of(node_id)
+        pool = pool_of(pools, node_id)
         if pool is None:
             continue
         seconds, cpus = _seconds(r), int(r.get("ProcCnt", "0") or 0)
@@ -66,43 +88,24 @@ def slurm_device_hours(records: list[dict[str, str]], plan: Plan, job: str) -> d
         # (the dataflow holds CPUs, which cpu_hours counts, but no device: as in .accounting)
         devices = 0 if pool.component == "dataflow" else \
             pool.devices_per_node * (len(pool.hosts) if pool.component == "trainer" else 1)
-        p = pools.setdefault(pool.name, {"role": pool.component, "kind": pool.device_kind, "node_hours": 0.0,
-                                         "device_hours": 0.0, "cpu_hours": 0.0, "cost": 0.0, "nodes": set(),
-                                         "jobs": 0})
+        p = out.setdefault(pool.name, {"role": pool.component, "kind": pool.device_kind, "node_hours": 0.0,
+                                       "device_hours": 0.0, "cpu_hours": 0.0, "cost": 0.0, "nodes": set(), "jobs": 0})
         p["nodes"].add(node_id)
         p["jobs"] += 1
         p["node_hours"] += seconds / 3600
         p["device_hours"] += seconds * devices / 3600
         p["cpu_hours"] += seconds * cpus / 3600
         p["cost"] += seconds * devices / 3600 * pool.cost_per_device_hour
-    for p in pools.values():
+    for p in out.values():
         p["nodes"] = len(p["nodes"])
     kinds: dict[str, dict] = {}
-    for p in pools.values():
+    for p in out.values():
         k = kinds.setdefault(p["kind"], {"device_hours": 0.0, "cost": 0.0})
         k["device_hours"] += p["device_hours"]
         k["cost"] += p["cost"]
 
     def role(name: str) -> float:
-        return sum(p["device_hours"] for p in pools.values() if p["role"] == name)
-    return {"pools": pools, "kinds": kinds, "rollout": role("raas"), "trainer": role("trainer"),
-            "total": sum(p["device_hours"] for p in pools.values()), "cost": sum(p["cost"] for p in pools.values()),
+        return sum(p["device_hours"] for p in out.values() if p["role"] == name)
+    return {"pools": out, "kinds": kinds, "rollout": role("raas"), "trainer": role("trainer"),
+            "total": sum(p["device_hours"] for p in out.values()), "cost": sum(p["cost"] for p in out.values()),
             "jobs": jobs}
-
-
-def slurm_summary(slurm: Slurm, plan: Plan, job: str, procs) -> dict:
-    """The run's Slurm jobs per node and device-hours from Slurm's own accounting (its job
-    completion log; ``device_hours`` None, with the reason, when the cluster keeps none as text)."""
-    jobs = {p.node_id: list(p.job_ids) for p in procs if isinstance(p, SlurmProc)}
-    out: dict = {"conf": slurm.spec.conf, "jobs": jobs, "jobcomp": None, "device_hours": None}
-    try:
-        path = slurm.jobcomp_path()
-    except BackendError as e:
-        out["device_hours_unavailable"] = str(e)
-        return out
-    if path is None:
-        out["device_hours_unavailable"] = "the cluster's JobCompType is not jobcomp/filetxt"
-        return out
-    out["jobcomp"] = str(path)
-    out["device_hours"] = slurm_device_hours(read_jobcomp(path), plan, job)
-    return out

@@ -105,5 +105,8 @@ def test_demo_job_on_slurm_scales_through_sbatch_and_scancel_survives_a_killed_j
     assert hours["pools"]["raas"]["cost"] == pytest.approx(hours["pools"]["raas"]["device_hours"])
     beats = summary["device_hours"]["rollout"]  # the heartbeats' count of the same time
     assert 0.3 < hours["rollout"] / beats < 3
+    # the autoscaler reported Slurm's count as the run went, beside the heartbeats'
+    live = [r["value"] for r in rows if r["name"] == "devices.scheduler_total_hours"]
+    assert live and max(live) > 0
     assert not cluster.jobs()  # nothing left queued
     assert job_status(bootstrap, cfg.job)["slurm_jobs"] == jobs  # `astraflow status` names them too

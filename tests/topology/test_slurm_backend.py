@@ -122,6 +122,8 @@ def test_a_started_node_is_in_squeue_and_a_retired_one_leaves_on_sigterm(cluster
     wait_until(lambda: ready(procs[0]), 60, lambda: f"never ran: {slurm.states().get(job)}", interval_s=0.2)
     assert slurm.states(newer_than=time.monotonic())[job][0] == "RUNNING"
     time.sleep(2)  # (the completion log counts whole seconds)
+    live = b.accounted_hours()  # while it runs: from squeue's start time
+    assert live["jobs"][job]["state"] == "RUNNING" and live["pools"]["fast"]["node_hours"] >= 1 / 3600
     t0 = time.monotonic()
     b.retire("fast-0")
     assert b.members("fast") == []
@@ -135,12 +137,13 @@ def test_a_started_node_is_in_squeue_and_a_retired_one_leaves_on_sigterm(cluster
     wait_until(lambda: any(r.get("JobId") == job for r in read_jobcomp(cluster.jobcomp)), 30, "no jobcomp record")
     record = next(r for r in read_jobcomp(cluster.jobcomp) if r["JobId"] == job)
     assert record["Name"] == "job1.fast-0" and record["JobState"] == "COMPLETED" and record["ProcCnt"] == "2"
-    hours = slurm_device_hours(read_jobcomp(cluster.jobcomp), plan, "job1")
+    hours = slurm_device_hours(read_jobcomp(cluster.jobcomp), plan.pools, "job1")
     assert set(hours["pools"]) == {"fast"} and hours["pools"]["fast"]["jobs"] == 1
     seconds = hours["jobs"][job]["seconds"]
     assert 2 <= seconds < 60
     assert hours["pools"]["fast"]["cpu_hours"] == pytest.approx(2 * seconds / 3600)
     assert hours["rollout"] == hours["total"] == pytest.approx(seconds / 3600)  # kind cpu, 1 device
+    assert b.accounted_hours()["jobs"][job] == hours["jobs"][job]  # once it ended: from the completion log
 
 
 def test_a_node_ignoring_sigterm_is_cancelled_after_its_grace_period(slurm, plan, tmp_path):
