@@ -86,6 +86,23 @@ def test_topology_slurm_keys_load_typed_and_bad_ones_name_their_key(tmp_path):
         assert error_of(tmp_path, changed(edit)).key == key
 
 
+def test_the_slurm_backend_is_built_from_the_topology_or_from_launch_backend_slurm(tmp_path):
+    from astraflow.config import JobConfig
+    from astraflow.topology.backends import CommandBackend, LocalBackend
+    from astraflow.topology.launch import make_backend
+
+    def backend(edit, slurm=None):
+        plan = resolve(load_topology(write(tmp_path, changed(edit))), "policy")
+        return make_backend(plan, JobConfig(job="j"), lambda n: [], tmp_path / "logs", slurm)
+
+    assert isinstance(backend(lambda d: None), LocalBackend)
+    built = backend(lambda d: d.update(slurm={"conf": "/x/slurm.conf"}, autoscaler={"backend": "slurm"}))
+    assert isinstance(built, SlurmBackend) and built.slurm.spec.conf == "/x/slurm.conf"
+    assert isinstance(backend(lambda d: None, Slurm()), SlurmBackend)  # launch --backend slurm
+    command = {"backend": "command", "command": {"start": "run {cmd}", "stop": "stop {node_id}"}}
+    assert isinstance(backend(lambda d: d.update(autoscaler=command), Slurm()), CommandBackend)  # named: kept
+
+
 def test_launch_refuses_what_slurm_jobs_cannot_be(tmp_path):
     linked = resolve(load_topology(write(tmp_path, changed(lambda d: None))), "policy")
     with pytest.raises(TopologyError) as e:
