@@ -23,8 +23,10 @@ runner's thread, which owns the process list (it may be resubmitting that very n
 :mod:`.slurm_accounting` over the job completion log, and squeue for the jobs still running),
 which the autoscaler reports beside the heartbeats' count.
 
-It knows nothing about Kafka or the plan's meaning: callers give it argv and sbatch flags
-(:func:`sbatch_resources` makes those from a pool).
+:func:`sbatch_resources` turns a pool's ``slurm`` keys into sbatch flags,
+:func:`check_slurm_launchable` names what ``launch --backend slurm`` cannot run yet and
+:func:`slurm_summary` is what ``summary.json`` says under ``slurm``. It knows nothing about
+Kafka: callers give it each node's argv.
 """
 
 from __future__ import annotations
