@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-all kafka install layers benchmarks browser clean netns-tools toxiproxy gpu-wheels helm k8s-mock
+.PHONY: demo test test-all kafka install layers benchmarks browser clean netns-tools toxiproxy gpu-wheels helm k8s-mock slurm
 WEB    := astraflow/web
 CHARTS := $(WEB)/node_modules/.installed
 
@@ -61,6 +61,16 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null) \
 	    || { echo "make: apt-get could not install chromium"; exit 1; }; }
 
+# Debian's Slurm and munge for the Slurm backend's tests: each test starts a single-node cluster of its own
+# in a temporary directory (topology/slurm_cluster.py: its own munged, slurmctld and slurmd, no systemd, nothing
+# under /etc or /run), so only the packages are needed, not a configured cluster.
+slurm:
+	@command -v sbatch >/dev/null 2>&1 && test -x /usr/sbin/slurmctld && test -x /usr/sbin/slurmd && test -x /usr/sbin/munged || { \
+	  echo "installing Debian's slurm-wlm and munge for the Slurm backend's tests (apt-get) ..."; \
+	  if [ "$$(id -u)" != 0 ]; then echo "make: the Slurm tests need Debian's Slurm: run 'apt-get install slurm-wlm munge' as root"; exit 1; fi; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null) \
+	    || { echo "make: apt-get could not install slurm-wlm and munge"; exit 1; }; }
+
 # `make demo SECURE=1`: the same run on a secured embedded broker (SASL_SSL, ACLs per role).
 demo: kafka
 	$(VENV)/bin/astraflow run examples/arithmetic_grpo.yaml $(if $(SECURE),--set kafka.security.embedded=true)
@@ -93,12 +103,12 @@ $(HELM):
 k8s-mock: $(STAMP)
 	$(PY) -m tests.topology.k8s_api
 
-test: kafka layers browser helm k8s-mock
+test: kafka layers browser helm k8s-mock slurm
 	@$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow or core"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests - treating as a failure"; exit 1; fi; \
 	exit $$rc
 
-test-all: kafka browser helm k8s-mock
+test-all: kafka browser helm k8s-mock slurm
 	@$(PY) -m pytest -n $(TEST_WORKERS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-all: pytest collected no tests - treating as a failure"; exit 1; fi; \
 	exit $$rc

@@ -306,10 +306,11 @@ def _broker(broker):
 
 def launch(topology: str | Path, cfg: JobConfig, *, overrides: list[str] | None = None,
            run_dir: str | Path | None = None, bootstrap: str | None = None, progress: bool = True,
-           timeout_s: float | None = None, dashboard: int | None = None) -> dict:
+           timeout_s: float | None = None, dashboard: int | None = None, backend: str = "local") -> dict:
     """``astraflow launch``: run the job ``cfg`` (loaded with ``overrides``, which its nodes get
-    too) on the deployment ``topology`` describes, every node a process of this machine;
-    ``dashboard`` as :func:`run_job`'s (with the nodes grouped by region)."""
+    too) on the deployment ``topology`` describes, every node a process of this machine
+    (``backend`` ``slurm``: a Slurm job, :mod:`astraflow.topology.slurm`); ``dashboard`` as
+    :func:`run_job`'s (with the nodes grouped by region)."""
     from astraflow.topology.launch import TopologyRun, load_plan
     from astraflow.topology.plan import check_launchable, format_plan, without_emulation
     overrides = list(overrides or [])
@@ -322,4 +323,4 @@ def launch(topology: str | Path, cfg: JobConfig, *, overrides: list[str] | None 
     if progress:
         print(format_plan(plan), flush=True)
     return run_job(cfg, bootstrap=bootstrap, overrides=overrides, run_dir=run_dir, progress=progress,
-                   timeout_s=timeout_s, extension=TopologyRun(plan, cfg, overrides), dashboard=dashboard)
+                   timeout_s=timeout_s, extension=TopologyRun(plan, cfg, overrides, backend), dashboard=dashboard)

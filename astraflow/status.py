@@ -9,7 +9,8 @@ when none is; ``not started`` when nothing was written yet), policy versions
 heartbeats), the task lag of each ``raas.<policy>`` group while the job runs, and the
 trainers' time, summed over every ``metrics`` record (what ``summary.json`` sums), and per
 remote region of an ``astraflow launch`` its cluster, its mirror's lag, the bytes across its
-link and its nodes (what the launcher's region watcher writes to ``metrics``). Works
+link and its nodes (what the launcher's region watcher writes to ``metrics``), and under
+``launch --backend slurm`` each node's Slurm job ids. Works
 against any cluster the job runs on; ``--json`` prints the same dict for scripts.
 """
 
@@ -137,6 +138,8 @@ def job_status(bootstrap: str, job: str, policies: tuple[str, ...] | None = None
         # written by the autoscaler actor of `astraflow launch` / `node --topology` (topology/accounting.py)
         "device_hours": {pool: {"kind": m.labels.get("kind"), "device_hours": round(m.value, 4),
                                 "cost": round(float(m.labels.get("cost", 0.0)), 4)} for pool, m in hours.items()},
+        # written by `astraflow launch --backend slurm` (topology/launch.py): node -> its jobs' ids
+        "slurm_jobs": _slurm_jobs(metrics),
         "autoscalers": {policy: {"pool_size": sc["autoscaler.pool_size"].value,
                                  "wait_frac": sc["autoscaler.wait_frac"].value if "autoscaler.wait_frac" in sc else None,
                                  "last_decision": sc["autoscaler.target"].labels.get("reason")
@@ -178,6 +181,14 @@ def _group_offsets(admin: security.KafkaAdminClient, group: str, wait_s: float =
             time.sleep(0.5)
 
 
+def _slurm_jobs(metrics: list[Metric]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for m in metrics:
+        if m.name == "slurm.job":
+            out.setdefault(str(m.labels.get("node")), []).append(str(m.labels.get("job_id")))
+    return out
+
+
 def format_status(s: dict) -> str:
     if s["state"] == "unknown":
         others = ", ".join(s["known_jobs"]) or "none"
@@ -202,6 +213,8 @@ def format_status(s: dict) -> str:
         lines.append(f"  task lag (offsets not yet committed by raas.<policy>, incl. transaction markers): {lag}")
     for pool, h in s.get("device_hours", {}).items():
         lines.append(f"  device-hours {pool}: {h['device_hours']} ({h['kind']}), cost {h['cost']}")
+    if s.get("slurm_jobs"):
+        lines.append("  slurm jobs: " + ", ".join(f"{n} {'/'.join(ids)}" for n, ids in sorted(s["slurm_jobs"].items())))
     for policy, a in s.get("autoscalers", {}).items():
         lines.append(f"  autoscaler ({policy}): {a['pool_size']:.0f} nodes, trainer wait fraction {a['wait_frac']}; "
                      f"last decision: {a['last_decision']}")

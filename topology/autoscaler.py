@@ -6,7 +6,8 @@ per-step wait and train time, every node's busy time: its own rollouts and the r
 it serves for other policies' episodes, the trainer's ``done``) and
 ``drops.<policy>`` (stale drops), all from their beginning, so a restarted actor rebuilds
 the same picture. Every ``interval_s`` it writes the device-hours so far to ``metrics``
-(``devices.hours`` per pool, ``devices.total_hours``) and, when the topology enables
+(``devices.hours`` per pool, ``devices.total_hours``; with the Slurm backend also Slurm's own
+count, ``devices.scheduler_hours`` and ``devices.scheduler_total_hours``) and, when the topology enables
 scaling, asks :class:`~.scaling.Scaler` for a decision and carries it out: growing the
 cheapest pool per unit of speed that is below its ``max`` (nearest the trainer at equal
 cost), retiring the newest node of the dearest pool above its ``min``.
@@ -196,6 +197,13 @@ class AutoscalerActor(LoopActor):
                               cost=p["cost"], node_hours=p["node_hours"])
         self.metrics.emit("devices.total_hours", t["total"], rollout=t["rollout"], trainer=t["trainer"],
                           cost=t["cost"])
+        s = self.backend.accounted_hours()  # the scheduler's own count (Slurm), beside the heartbeats'
+        if s is not None:
+            for name, p in s["pools"].items():
+                self.metrics.emit("devices.scheduler_hours", p["device_hours"], pool=name, kind=p["kind"],
+                                  role=p["role"], cost=p["cost"], cpu_hours=p["cpu_hours"], jobs=p["jobs"])
+            self.metrics.emit("devices.scheduler_total_hours", s["total"], rollout=s["rollout"], trainer=s["trainer"],
+                              cost=s["cost"])
 
     def teardown(self) -> None:
         if self.producer is not None and self.report_hours:

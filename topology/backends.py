@@ -86,7 +86,12 @@ class Backend:
         return failed
 
     def tick(self, procs: list[Proc]) -> None:
-        """Called by the runner's loop; only the local backend has work to do there."""
+        """Called by the runner's loop; the local and Slurm backends have work to do there."""
+
+    def accounted_hours(self) -> dict | None:
+        """The run's device-hours by the scheduler's own accounting (:class:`~.accounting.DeviceHours`'
+        shape), where the backend has one; None: only the heartbeats count."""
+        return None
 
     def _start(self, node: NodePlan) -> None:
         raise NotImplementedError

@@ -3,8 +3,9 @@
 ``check`` loads a topology (and optionally a job config), resolves its plan and prints it.
 :class:`TopologyRun` is what ``astraflow launch`` (:func:`astraflow.launcher.launch`) adds
 to the launcher's own run (:func:`astraflow.launcher.run_job`: broker, topics, progress,
-restarts, run directory): the plan's processes instead of the job config's, and the
-autoscaler actor beside them; with the embedded broker, nodes of a region other than the
+restarts, run directory): the plan's processes instead of the job config's (``--backend
+slurm``: a Slurm batch job each, :mod:`.slurm`, supervised by the same loop, the autoscaler
+acting through Slurm too), and the autoscaler actor beside them; with the embedded broker, nodes of a region other than the
 Kafka cluster's run in a network namespace of their own and reach it through an emulation
 of their link (:mod:`.links`: bandwidth shared by all the region's connections, latency, cuts). ``node
 --topology F --host H`` (:func:`run_host`) is one host's share of the same plan on a real
@@ -32,7 +33,7 @@ from astraflow.typed_config import ConfigError
 
 from .accounting import DeviceHours, starting_heartbeat
 from .autoscaler import AutoscalerActor
-from .backends import CommandBackend, LocalBackend
+from .actuators import make_backend
 from .job_mirror import claim_group, snapshot_bytes
 from .links import LinkEmulation
 from .plan import (Plan, check_launchable, check_multi_host, cluster_security, format_plan, region_clusters,
@@ -40,6 +41,7 @@ from .plan import (Plan, check_launchable, check_multi_host, cluster_security, f
 from .processes import Proc, RunFailed, node_command, stop_processes, supervise
 from .regional import RegionalCluster, job_mirror_plan
 from .schema import TopologyError
+from .slurm import Slurm, check_slurm_launchable, slurm_proc, slurm_summary
 from .validation import load_topology, local_backend_misplaced, validate_for_job
 
 
@@ -102,22 +104,6 @@ def weights_security(plan: Plan) -> dict[str, list[str]]:
             for r, c in region_clusters(plan).items() if c.security is not None}
 
 
-def make_backend(plan: Plan, cfg: JobConfig, command_for, log_dir: Path):
-    a = plan.autoscaler
-    if a["backend"] == "command":
-        return CommandBackend(a["command"]["start"], a["command"]["stop"], command_for, cfg.job)
-    if a["backend"] == "kubernetes":
-        # Imported here: the kubernetes client takes ~0.25 s to import (measured), paid only by this backend.
-        try:
-            from .k8s_backend import KubernetesBackend
-        except ModuleNotFoundError as e:
-            raise TopologyError(plan.source, "autoscaler.backend", f"kubernetes needs the Kubernetes client ({e}): "
-                                                                   f"pip install 'astraflow[kubernetes]'") from None
-        return KubernetesBackend.from_spec(a["kubernetes"], [p.name for p in plan.pools.values()
-                                                             if p.component == "raas"], plan.source)
-    return LocalBackend(command_for, log_dir, retire_timeout_s=a["retire_timeout_s"])
-
-
 def announce_started(bootstrap: str, cfg: JobConfig, nodes) -> None:
     """``starting`` heartbeats for nodes just started: their device time begins now, not at their first beat."""
     topics = job_topics(cfg)
@@ -167,8 +153,14 @@ class TopologyRun:
     """What ``astraflow launch`` (:func:`astraflow.launcher.launch`) adds to the launcher's run
     (see :func:`astraflow.launcher.run_job`)."""
 
-    def __init__(self, plan: Plan, cfg: JobConfig, overrides: list[str]) -> None:
+    def __init__(self, plan: Plan, cfg: JobConfig, overrides: list[str], backend: str = "local") -> None:
         self.plan, self.cfg, self.overrides = plan, cfg, overrides
+        if backend not in ("local", "slurm"):
+            raise ValueError(f"backend must be local or slurm, got {backend!r}")
+        #: ``launch --backend slurm``: every node a Slurm job (:mod:`.slurm`), None: processes here
+        self.slurm = Slurm(plan.slurm) if backend == "slurm" else None
+        if self.slurm is not None:
+            check_slurm_launchable(plan)
         self.backend = None
         self.outcome = None
         self.wan = None  #: the emulated links (:class:`~.links.LinkEmulation`), with the embedded broker
@@ -176,6 +168,8 @@ class TopologyRun:
         self.regions: dict = {}
         self.claims: list = []  #: the mirror claims held on existing regional clusters
         self.extra: dict = {}
+        self.job_feed = None  #: with Slurm: the producer of the ``slurm.job`` metrics
+        self.reported: set[str] = set()  #: the Slurm job ids on ``metrics`` already
 
     @contextlib.contextmanager
     def broker_setup(self, broker):
@@ -250,14 +244,19 @@ class TopologyRun:
     def processes(self, bootstrap: str, run_dir: Path):
         self.start_regions(bootstrap, run_dir)
         command_for = self.command_for(bootstrap, run_dir)
-        self.backend = make_backend(self.plan, self.cfg, command_for, run_dir / "logs")
+        self.backend = make_backend(self.plan, self.cfg, command_for, run_dir / "logs", self.slurm)
         mine = [n for n in self.plan.nodes if n.owner == "host"]
         announce_started(bootstrap, self.cfg, mine)
+        if self.slurm is not None:
+            return [slurm_proc(self.slurm, n, self.plan.pools[n.pool], command_for(n), run_dir / "logs", self.cfg.job)
+                    for n in mine]
         return [Proc(n.role, n.node_id, command_for(n), run_dir / "logs" / f"{n.node_id}.log") for n in mine]
 
     @contextlib.contextmanager
     def running(self, bootstrap: str, run_dir: Path, procs):
         watch = self._watch_regions(bootstrap)
+        if self.slurm is not None:  # each job id on `metrics` (`astraflow status` lists them)
+            self.job_feed = Producer(bootstrap, client_id="launcher-slurm")
         try:
             with autoscaler_running(self.plan, self.cfg, bootstrap, self.backend) as self.outcome:
                 yield self
@@ -289,6 +288,12 @@ class TopologyRun:
                           "device_hours": recount_device_hours(bootstrap, self.cfg, self.plan),
                           # 0: the node finished its in-flight tasks and left the group on SIGTERM
                           "retired_exit_codes": dict(getattr(self.backend, "exits", {}))}
+            if self.slurm is not None:  # every job stopped: Slurm has accounted for them
+                try:
+                    self.extra["slurm"] = slurm_summary(self.slurm, self.plan, self.cfg.job, procs)
+                    self._report_jobs(procs)
+                finally:
+                    self.job_feed.close()
 
     def _watch_regions(self, bootstrap: str):
         """The region watcher (:mod:`.region_watch`) under a supervisor, when there is a remote
@@ -302,8 +307,19 @@ class TopologyRun:
             sup, n, self.plan, bootstrap, job_topics(self.cfg), self.wan, self.by_region()), required=False)
         return Supervisor.start([spec], Outcome())
 
+    def _report_jobs(self, procs) -> None:
+        for p in procs:
+            for job_id in getattr(p, "job_ids", ()):
+                if job_id not in self.reported:
+                    self.reported.add(job_id)
+                    self.job_feed.send(job_topics(self.cfg).metrics, Metric(
+                        "launcher", "slurm.job", float(job_id), 0, time.time(), {"node": p.node_id, "job_id": job_id}),
+                        key="launcher", trace=False)
+
     def tick(self, procs):
         self.backend.tick(procs)
+        if self.slurm is not None:
+            self._report_jobs(procs)
         if self.outcome is not None and self.outcome.fatal:
             return RunFailed(f"autoscaler: {self.outcome.fatal}", node_id="autoscaler",
                              retriable=self.outcome.retriable)
@@ -376,7 +392,7 @@ def run_host(topology: str | Path, cfg: JobConfig, host: str, *, bootstrap: str 
     if misplaced:
         raise TopologyError(plan.source, misplaced[0], f"elastic pool {misplaced[1]} is on host {misplaced[2]}, but "
                                                        f"the local backend starts nodes on the autoscaler's host "
-                                                       f"({plan.autoscaler_host}); use autoscaler.backend: command")
+                                                       f"({plan.autoscaler_host}); use autoscaler.backend: command or slurm")
     # Every topic lives on the home cluster; a region with a regional cluster reads only weights there.
     bootstrap = home_bootstrap(plan, cfg, bootstrap)
     check_keys_on_hosts(plan, cfg)

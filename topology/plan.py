@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .schema import EMBEDDED, REGION_REF, ClusterSecurityConfig, Device, Topology, TopologyError
+from .schema import (EMBEDDED, REGION_REF, ClusterSecurityConfig, Device, SlurmResources, SlurmSpec, Topology,
+                     TopologyError)
 from .validation import autoscaler_host, local_backend_misplaced, pools
 
 #: The job's policy when a pool names none and no job is given.
@@ -54,6 +55,7 @@ class PoolPlan:
     cost_per_device_hour: float
     device: Device  #: its nodes' devices (emulated or not: ``Device.device_config``)
     threads: int | None
+    slurm: SlurmResources = SlurmResources()  #: what sbatch asks for one of its nodes
 
     @property
     def cost_per_speed(self) -> float:
@@ -107,6 +109,7 @@ class Plan:
     region_hosts: dict[str, list[str]]  #: region -> its hosts, in file order
     notes: list[str] = field(default_factory=list)
     emulate_links: bool = True  #: the topology's ``emulate_links``
+    slurm: SlurmSpec = SlurmSpec()  #: the topology's ``slurm`` (``conf`` made absolute)
 
     @property
     def shared_cluster(self) -> bool:
@@ -180,7 +183,8 @@ class Plan:
                 "pools": {n: asdict(p) for n, p in self.pools.items()},
                 "nodes": [asdict(n) for n in self.nodes], "links": self.links,
                 "autoscaler": {**self.autoscaler, "host": self.autoscaler_host}, "notes": self.notes,
-                "emulate_links": self.emulate_links, "emulated_links": self.emulated_links()}
+                "emulate_links": self.emulate_links, "emulated_links": self.emulated_links(),
+                "slurm": asdict(self.slurm)}
 
 
 def resolve(t: Topology, job_policy: str | None = None) -> Plan:
@@ -192,7 +196,7 @@ def resolve(t: Topology, job_policy: str | None = None) -> Plan:
         policy = None if p.component == "dataflow" else (p.policy or job_policy)
         pool_plans[pname] = PoolPlan(
             pname, p.component, rname, p.hosts, policy, p.count, p.lo, p.hi, scaling and p.elastic,
-            p.device.kind, p.device.count, p.node_speed, p.cost_per_device_hour, p.device, p.threads)
+            p.device.kind, p.device.count, p.node_speed, p.cost_per_device_hour, p.device, p.threads, p.slurm)
     nodes: list[NodePlan] = []
     for rname, pname, p in pools(t):
         pp = pool_plans[pname]
@@ -207,7 +211,8 @@ def resolve(t: Topology, job_policy: str | None = None) -> Plan:
                 [{"between": list(link.between), "bandwidth_mbps": link.bandwidth_mbps,
                   "latency_ms": link.latency_ms} for link in t.links],
                 {k: v for k, v in asdict(t.autoscaler).items() if k != "host"}, autoscaler_host(t), addresses,
-                {r: list(region.hosts) for r, region in t.regions.items()}, emulate_links=t.emulate_links)
+                {r: list(region.hosts) for r, region in t.regions.items()}, emulate_links=t.emulate_links,
+                slurm=_absolute_conf(t))
     if plan.home.security is not None:
         raise TopologyError(t.source, f"regions.{plan.home.declared_by}.kafka_security",
                             "set on the home cluster, whose clients (every component of the job) authenticate with "
@@ -217,8 +222,15 @@ def resolve(t: Topology, job_policy: str | None = None) -> Plan:
     if misplaced:
         plan.notes.append(f"the local backend starts nodes on the autoscaler's host ({plan.autoscaler_host}) but "
                           f"elastic pool {misplaced[1]} is on {misplaced[2]}: fine for `astraflow launch` (one "
-                          f"machine), refused by `astraflow node --topology` (use autoscaler.backend: command)")
+                          f"machine), refused by `astraflow node --topology` (use autoscaler.backend: command or slurm)")
     return plan
+
+
+def _absolute_conf(t: Topology) -> SlurmSpec:
+    conf = t.slurm.conf
+    if conf is None or Path(conf).is_absolute():
+        return t.slurm
+    return replace(t.slurm, conf=str(Path(t.source).parent.resolve() / conf))
 
 
 def _node(pool: PoolPlan, index: int, addresses: dict[str, str]) -> NodePlan:

@@ -7,7 +7,9 @@ they run, the device kind and count of one node, its relative speed and cost per
 device-hour, and for RaaS pools the ``min``/``max`` the autoscaler keeps to. **Links**
 between regions carry bandwidth and latency (used for placement, and emulated by
 ``astraflow launch`` unless ``emulate_links: false``); the **autoscaler** section turns elastic
-RaaS pools over to the autoscaler actor and chooses its actuator backend.
+RaaS pools over to the autoscaler actor and chooses its actuator backend; **slurm** names the
+Slurm cluster a run or the autoscaler submits to, and each pool's ``slurm`` what one of its
+nodes asks for there.
 
 This module holds the shapes and per-field checks only; cross-references (hosts of a pool,
 regions of a link, one trainer per policy, ...) are :mod:`.validation`'s, and what runs
@@ -19,6 +21,7 @@ cross-checks): an unknown key or a wrong type is a
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -84,6 +87,62 @@ class Host:
     address: str = _k("127.0.0.1", "address the other hosts reach this one at (a trainer group's master address)")
 
 
+#: Slurm's time formats (``--time``): minutes, m:s, h:m:s, d-h, d-h:m, d-h:m:s, or no limit.
+SLURM_TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}|UNLIMITED|INFINITE")
+SLURM_MEM = re.compile(r"\d+[KMGT]?")
+#: sbatch flags the Slurm backend sets itself: a pool's ``slurm.extra`` may not.
+SLURM_OWN_FLAGS = ("--job-name", "--output", "--error", "--wrap", "--parsable", "--open-mode", "--chdir", "-J", "-o",
+                   "-e", "-D")
+
+
+def _check_slurm_common(partition: str | None, time_limit: str | None) -> None:
+    if partition is not None and not partition.strip():
+        raise ValueError("partition is empty (null: the cluster's default)")
+    if time_limit is not None and not SLURM_TIME.fullmatch(time_limit):
+        raise ValueError(f"time_limit {time_limit!r} is not a Slurm time (minutes, h:m:s, d-h:m:s, UNLIMITED)")
+
+
+@dataclass(frozen=True)
+class SlurmResources:
+    """What ``sbatch`` asks for one node of a pool (``launch --backend slurm``, ``autoscaler.backend: slurm``)."""
+
+    cpus: int | None = _k(None, "--cpus-per-task (null: the pool's threads, else 1)", bounds=Bounds(1, 100_000))
+    gpus: int | None = _k(None, "--gres=gpu:N (null: device.count when device.kind is not cpu and the device is not "
+                                "emulated, else none)", bounds=Bounds(0, 100_000))
+    mem: str | None = _k(None, "--mem, Slurm's form: 8G, 500M (null: the partition's default)")
+    partition: str | None = _k(None, "--partition (null: slurm.partition)")
+    time_limit: str | None = _k(None, "--time, Slurm's form: 30, 2:00:00, 1-12 (null: slurm.time_limit)")
+    extra: tuple[str, ...] = _k((), "further sbatch flags, each one word: --account=A, --qos=Q, --constraint=C, "
+                                    "--nodelist=N")
+
+    def __post_init__(self) -> None:
+        _check_slurm_common(self.partition, self.time_limit)
+        if self.mem is not None and not SLURM_MEM.fullmatch(self.mem):
+            raise ValueError(f"mem {self.mem!r} is not a Slurm size (a number with K, M, G or T)")
+        for flag in self.extra:
+            if not flag.startswith("-"):
+                raise ValueError(f"extra: {flag!r} is not a flag (one word each: --account=A)")
+            if flag.split("=")[0] in SLURM_OWN_FLAGS:
+                raise ValueError(f"extra: {flag.split('=')[0]} is set by the Slurm backend itself")
+
+
+@dataclass(frozen=True)
+class SlurmSpec:
+    """The Slurm cluster ``launch --backend slurm`` and ``autoscaler.backend: slurm`` submit to."""
+
+    conf: str | None = _k(None, "its slurm.conf, given to the commands as SLURM_CONF (relative: to this file's "
+                                "folder; null: $SLURM_CONF, else Slurm's own default)")
+    bin_dir: str | None = _k(None, "the folder of sbatch, squeue, scancel and scontrol (null: "
+                                   "$ASTRAFLOW_SLURM_BIN, else PATH)")
+    partition: str | None = _k(None, "--partition of every node whose pool names none (null: the cluster's default)")
+    time_limit: str | None = _k(None, "--time of every node whose pool names none (null: the partition's)")
+    poll_s: float = _k(2.0, "squeue is asked at most this often for the state of the run's jobs",
+                       bounds=Bounds(0.1, 600))
+
+    def __post_init__(self) -> None:
+        _check_slurm_common(self.partition, self.time_limit)
+
+
 @dataclass(frozen=True)
 class Pool:
     component: Literal["dataflow", "trainer", "raas"] = _k(help="what its nodes run")
@@ -101,6 +160,7 @@ class Pool:
                                      bounds=Bounds(0, 1e6))
     threads: int | None = _k(None, "torch threads per node (null: the job config's)", bounds=Bounds(1, 1024))
     master_port: int | None = _k(None, "trainer on several hosts: host 0's rendezvous port", bounds=Bounds(1, 65_535))
+    slurm: SlurmResources = _k(SlurmResources(), "what sbatch asks for one node on Slurm")
 
     def __post_init__(self) -> None:
         if not self.hosts:
@@ -197,9 +257,10 @@ class KubernetesSpec:
 class AutoscalerSpec:
     enabled: bool = _k(False, "true: the autoscaler starts and retires the nodes of elastic pools (min < max)")
     host: str | None = _k(None, "host it runs on under `astraflow node --topology` (null: the trainer's)")
-    backend: Literal["local", "command", "kubernetes"] = _k(
+    backend: Literal["local", "command", "kubernetes", "slurm"] = _k(
         "local", "local: node processes on its own host; command: the command templates (e.g. a cluster "
-                 "scheduler's CLI); kubernetes: scale the pools' Deployments of the Helm chart")
+                 "scheduler's CLI); kubernetes: scale the pools' Deployments of the Helm chart; slurm: a Slurm job "
+                 "per node (sbatch, scancel; see slurm)")
     command: CommandTemplates | None = _k(None, "backend command: the start/stop templates")
     kubernetes: KubernetesSpec | None = _k(None, "backend kubernetes: where the pools' Deployments are")
     interval_s: float = _k(5.0, "seconds between decisions", bounds=PERIOD_S)
@@ -216,7 +277,7 @@ class AutoscalerSpec:
     target_utilization: float = _k(0.8, "shrinking keeps busy time / pool size at most this",
                                    bounds=Bounds(0, 1, lo_open=True))
     retire_timeout_s: float = _k(120.0, "a retired node still running after this long is killed (its tasks are "
-                                        "redelivered)", bounds=PERIOD_S)
+                                        "redelivered; slurm: scancel --signal=TERM, then scancel)", bounds=PERIOD_S)
 
     def __post_init__(self) -> None:
         if self.backend == "command" and self.command is None:
@@ -248,6 +309,7 @@ class Topology:
                                    "Kafka cluster's reach the broker through a loopback proxy that adds their "
                                    "link's latency and caps its bandwidth; false: they connect directly")
     autoscaler: AutoscalerSpec = _k(AutoscalerSpec(), "the elastic autoscaler")
+    slurm: SlurmSpec = _k(SlurmSpec(), "the Slurm cluster of `launch --backend slurm` and autoscaler.backend: slurm")
     source: str = field(default="<dict>", compare=False, metadata={"help": "file it was loaded from"})
 
 

@@ -99,13 +99,18 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     from astraflow.launcher import launch
     summary = launch(args.topology, load_config(args.job, overrides(args.set)), overrides=args.set or [],
                      run_dir=args.run_dir, bootstrap=args.bootstrap_servers, progress=not args.quiet,
-                     dashboard=args.dashboard)
+                     dashboard=args.dashboard, backend=args.backend)
     if _interrupted(summary):
         return 130
     d = summary["device_hours"]
     print(_with_audit(f"done: {summary['steps_trained']} versions in {summary['wall_s']:.0f}s; device-hours "
                       f"{d['total']:.4f} (rollout {d['rollout']:.4f}, trainer {d['trainer']:.4f}), "
                       f"cost {d['cost']:.4f}", summary))
+    slurm = summary.get("slurm")
+    if slurm is not None:
+        jobs = ", ".join(f"{n} {'/'.join(ids)}" for n, ids in slurm["jobs"].items())
+        hours = slurm["device_hours"]
+        print(f"slurm jobs: {jobs}" + (f"; device-hours by Slurm's accounting {hours['total']:.4f}" if hours else ""))
     print(f"run dir: {summary['run_dir']}")
     return _audit_exit(summary)
 
@@ -214,6 +219,10 @@ def add_parsers(sub) -> None:
     la.add_argument("--bootstrap-servers", help="use an existing Kafka cluster (starts no broker)")
     la.add_argument("--run-dir", help="run directory (default: <run_dir>/<job>-<time>)")
     la.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a job-config key (repeatable)")
+    la.add_argument("--backend", choices=["local", "slurm"], default="local",
+                    help="local: every node a process of this machine; slurm: every node a Slurm batch job (sbatch, "
+                         "the topology's slurm section and each pool's slurm resources), resubmitted when it dies, the "
+                         "autoscaler's nodes too (docs/clusters.md)")
     la.add_argument("--quiet", action="store_true", help="no progress bar")
     la.add_argument("--dashboard", nargs="?", type=int, const=0, metavar="PORT",
                     help="serve the job's live dashboard while it runs, nodes grouped by region (on PORT; default: "
