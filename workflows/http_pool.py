@@ -90,9 +90,6 @@ class ServerGate:
             self.retries += retries
             self.failures += failures
 
-    def close(self) -> None:
-        pass
-
 
 class ServerPool(ServerGate):
     """Keep-alive connections to one environment server, at most ``max_in_flight`` in use."""
