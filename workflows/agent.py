@@ -228,10 +228,11 @@ class _Sample:
 
 def reward_range(params: Mapping[str, Any]) -> tuple[float, float]:
     """What a sample's reward may be: the environment's (its factory's ``reward_range``, the
-    sum of its step rewards; default 0 to 1) plus the turn penalty over ``max_turns``, or the
-    limit reward."""
+    sum of its step rewards, or ``reward_range(env_params)`` where the job says it; default 0
+    to 1) plus the turn penalty over ``max_turns``, or the limit reward."""
     cfg = AgentParams.of(params)
-    lo, hi = getattr(get_environment(cfg.env), "reward_range", (0.0, 1.0))
+    declared = getattr(get_environment(cfg.env), "reward_range", (0.0, 1.0))
+    lo, hi = declared(dict(cfg.env_params)) if callable(declared) else declared
     shaping = cfg.turn_penalty * cfg.max_turns
     lo, hi = lo + min(0.0, shaping), hi + max(0.0, shaping)
     if cfg.limit_reward is not None:

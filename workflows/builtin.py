@@ -3,8 +3,8 @@
 ``rlvr`` (one role: generate ``n`` samples, score each) is what a single-policy job runs;
 ``solver_verifier`` is the maths solver-verifier team; the code workflows, the maths
 answer checker, HumanEval's hidden-test reward (``humaneval_tests``, :mod:`.eval_sets`), the
-``agent`` workflow and the ``text_game``, ``search`` and ``http`` environments register
-themselves from their modules, imported here. A user workflow registers the same way from
+``agent`` workflow and the ``text_game``, ``search``, ``http`` and ``openenv`` environments
+register themselves from their modules, imported here. A user workflow registers the same way from
 any module the job imports (``workflow.module`` in the job config). Nothing here knows
 where an episode runs or how its calls are batched: the episode runner
 (``astraflow.actors.episodes``) runs these for RaaS nodes and the in-process baselines.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 # Imported for what they register (their @workflow, @reward and @environment).
 from . import (agent, code_workflows, eval_sets, http_env, math_answers, openai_endpoint,  # noqa: F401
-               search_env, solver_verifier, text_game)
+               openenv_env, search_env, solver_verifier, text_game)
 from . import arithmetic
 from .registry import get_scorer, reward, workflow
 from .seeds import task_seeds

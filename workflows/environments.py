@@ -100,7 +100,7 @@ def environment(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 
 def get_environment(name: str) -> Callable[..., Any]:
     """The factory registered as ``name`` so far; :func:`astraflow.workflows.api.get_environment`
-    registers the shipped ones (``text_game``, ``search``, ``http``) first."""
+    registers the shipped ones (``text_game``, ``search``, ``http``, ``openenv``) first."""
     if name not in ENVIRONMENTS:
         raise KeyError(f"unknown environment {name!r} (registered: {', '.join(sorted(ENVIRONMENTS)) or 'none'})")
     return ENVIRONMENTS[name]

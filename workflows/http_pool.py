@@ -8,6 +8,10 @@ server's listen backlog), retries with backoff the calls that failed before the 
 have acted on them (see :class:`Retry`), and counts requests, retries and failures per server
 (:func:`server_counts`, what a RaaS node reports as ``raas.env_*`` metrics).
 
+What every transport to an environment server shares (the bound, the backoff, the counts)
+is :class:`ServerGate`; :class:`ServerPool` adds HTTP connections to it, and the OpenEnv client
+(:mod:`.openenv_env`) its WebSocket sessions. ``pool_for(url, n, kind)`` makes the one per URL.
+
 It speaks HTTP and JSON bytes only: it knows nothing of the protocol's calls beyond which of
 them are safe to repeat (its callers say so), nor of episodes, engines or Kafka.
 """
@@ -21,9 +25,11 @@ import select
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
 
-__all__ = ["Retry", "ServerPool", "pool_for", "server_counts", "ATTEMPTS"]
+__all__ = ["Retry", "ServerGate", "ServerPool", "pool_for", "server_counts", "backoff", "ATTEMPTS"]
 
 #: tries of one call (the first and its retries); the backoff doubles from 50 ms up to 2 s
 ATTEMPTS = 6
@@ -46,26 +52,57 @@ class Retry(enum.Enum):
     SENT = "sent"
 
 
-class ServerPool:
-    """Keep-alive connections to one environment server, at most ``max_in_flight`` in use."""
+def backoff(k: int) -> float:
+    """Seconds to wait before retry ``k + 1``: doubling from 50 ms, at most 2 s, jittered."""
+    return min(_BACKOFF_MAX_S, _BACKOFF_S * 2 ** k) * random.uniform(0.5, 1.0)
+
+
+class ServerGate:
+    """One environment server as this process sees it: at most ``max_in_flight`` requests
+    outstanding (:meth:`slot`), and the counts of requests, retries and failures."""
 
     def __init__(self, url: str, max_in_flight: int) -> None:
-        parts = urllib.parse.urlsplit(url)
         self.url = url.rstrip("/")
         self.max_in_flight = int(max_in_flight)
-        self._conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        self._host, self._port, self._base = parts.hostname or "", parts.port, parts.path.rstrip("/")
         self._slots = threading.BoundedSemaphore(self.max_in_flight)
-        self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
-        #: False once the server closed a connection after an answer (an HTTP/1.0 server):
-        #: new connections are then not proven before a call that is not safe to repeat
-        self.keep_alive = True
         self.requests = self.retries = self.failures = 0
 
     def counts(self) -> dict[str, int]:
         with self._lock:
             return {"requests": self.requests, "retries": self.retries, "failures": self.failures}
+
+    @contextmanager
+    def slot(self, timeout_s: float) -> Iterator[None]:
+        """Hold one of the server's ``max_in_flight`` slots (waiting up to ``timeout_s`` for it)."""
+        if not self._slots.acquire(timeout=timeout_s):
+            self.count(failures=1)
+            raise TimeoutError(f"{self.url}: {self.max_in_flight} requests in flight for {timeout_s:g} s "
+                               "(env_params.max_in_flight)")
+        try:
+            yield
+        finally:
+            self._slots.release()
+
+    def count(self, requests: int = 0, retries: int = 0, failures: int = 0) -> None:
+        with self._lock:
+            self.requests += requests
+            self.retries += retries
+            self.failures += failures
+
+
+class ServerPool(ServerGate):
+    """Keep-alive connections to one environment server, at most ``max_in_flight`` in use."""
+
+    def __init__(self, url: str, max_in_flight: int) -> None:
+        super().__init__(url, max_in_flight)
+        parts = urllib.parse.urlsplit(url)
+        self._conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        self._host, self._port, self._base = parts.hostname or "", parts.port, parts.path.rstrip("/")
+        self._idle: list[http.client.HTTPConnection] = []
+        #: False once the server closed a connection after an answer (an HTTP/1.0 server):
+        #: new connections are then not proven before a call that is not safe to repeat
+        self.keep_alive = True
 
     def request(self, method: str, path: str, body: Callable[[int], bytes] | bytes | None, timeout_s: float,
                 retry: Retry, limit: int) -> tuple[int, bytes]:
@@ -73,18 +110,12 @@ class ServerPool:
         ``k``'s body (a retried ``/start`` changes its attempt). Raises the transport's error
         (``OSError``, ``http.client.HTTPException``) when every try failed, or at once when a
         retry would not be safe."""
-        if not self._slots.acquire(timeout=timeout_s):
-            self._count(failures=1)
-            raise TimeoutError(f"{self.url}: {self.max_in_flight} requests in flight for {timeout_s:g} s "
-                               "(env_params.max_in_flight)")
-        try:
+        with self.slot(timeout_s):
             return self._tries(method, path, body, timeout_s, retry, limit)
-        finally:
-            self._slots.release()
 
     def _tries(self, method, path, body, timeout_s, retry, limit) -> tuple[int, bytes]:
         for k in range(ATTEMPTS):
-            self._count(requests=1)
+            self.count(requests=1)
             sent = False
             conn = None
             try:
@@ -102,16 +133,16 @@ class ServerPool:
                 # never retried (the server may still be acting; the call's bound is spent).
                 again = not sent or (retry is Retry.SENT and isinstance(e, _BROKEN))
                 if not again or k == ATTEMPTS - 1:
-                    self._count(failures=1)
+                    self.count(failures=1)
                     raise
-                self._count(retries=1)
-                time.sleep(min(_BACKOFF_MAX_S, _BACKOFF_S * 2 ** k) * random.uniform(0.5, 1.0))
+                self.count(retries=1)
+                time.sleep(backoff(k))
                 continue
             try:
                 raw = resp.read(limit + 1)
             except (OSError, http.client.HTTPException):
                 conn.close()  # an answer began: the server acted; the caller's failure
-                self._count(failures=1)
+                self.count(failures=1)
                 raise
             if len(raw) > limit or not resp.isclosed():  # an answer past the limit: the rest is never read
                 conn.close()
@@ -161,12 +192,6 @@ class ServerPool:
         with self._lock:
             self._idle.append(conn)
 
-    def _count(self, requests: int = 0, retries: int = 0, failures: int = 0) -> None:
-        with self._lock:
-            self.requests += requests
-            self.retries += retries
-            self.failures += failures
-
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
@@ -184,18 +209,23 @@ def _closed_by_peer(sock) -> bool:
     return bool(readable)
 
 
-_POOLS: dict[str, ServerPool] = {}
+_POOLS: dict[str, ServerGate] = {}
 _POOLS_LOCK = threading.Lock()
+Gate = TypeVar("Gate", bound=ServerGate)
 
 
-def pool_for(url: str, max_in_flight: int) -> ServerPool:
-    """The process's pool for the server at ``url`` (made on first use; one job names one
-    bound per server, so the first caller's ``max_in_flight`` is the pool's)."""
+def pool_for(url: str, max_in_flight: int, kind: type[Gate] = ServerPool) -> Gate:  # type: ignore[assignment]
+    """The process's ``kind`` (a :class:`ServerPool` unless another transport asks) for the
+    server at ``url`` (made on first use; one job names one bound per server, so the first
+    caller's ``max_in_flight`` is the pool's)."""
     key = url.rstrip("/")
     with _POOLS_LOCK:
         pool = _POOLS.get(key)
         if pool is None:
-            pool = _POOLS[key] = ServerPool(key, max_in_flight)
+            pool = _POOLS[key] = kind(key, max_in_flight)
+        if not isinstance(pool, kind):
+            raise ValueError(f"{key} is reached as a {type(pool).__name__} already in this process, not as a "
+                             f"{kind.__name__}: one server, one protocol")
         return pool
 
 

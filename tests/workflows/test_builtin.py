@@ -48,5 +48,5 @@ def test_the_lookups_of_the_api_see_every_shipped_workflow_reward_and_environmen
     for name in ("rlvr", "solver_verifier", "agent"):
         assert get_workflow(name).name == name
     assert get_reward("exact_match") and get_reward("math_answer")
-    for env in ("text_game", "search", "http"):
+    for env in ("text_game", "search", "http", "openenv"):
         assert callable(get_environment(env))
