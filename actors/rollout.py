@@ -108,6 +108,7 @@ class RolloutActor(LoopActor):
         # copies them from home once per region); everything else stays on the home cluster.
         self.weights_bootstrap = self.cfg.rollout.weights_bootstrap_servers or self.bootstrap
         self._weights_loaded = -1
+        self._weights_loads = 0
         self._env_counts: dict[str, dict[str, int]] = {}  # per environment server, as last reported
         subscriber, *others = [self._subscriber(p, engine, path, dead) for p, engine in self.engines.items()]
         self.weights = EngineWeights(subscriber, self.engine, self.engine_lock, self.node_id,
@@ -449,6 +450,11 @@ class RolloutActor(LoopActor):
             self._weights_loaded = loaded
             self.metrics.emit("raas.weights_loaded", loaded, step=self.engine.version, node=self.node_id,
                               bootstrap=self.weights_bootstrap, snapshots=paths["snapshot"], deltas=paths["delta"])
+        waits = self.weights.subscriber.load_waits
+        if waits["loads"] != self._weights_loads:  # how long the loaded versions waited for the engine, summed
+            self._weights_loads = waits["loads"]
+            self.metrics.emit_many({"raas.weights_loads": waits["loads"], "raas.weights_wait_s": waits["wait_s"]},
+                                   step=self.engine.version, node=self.node_id, policy=self.cfg.policy)
 
     def _weights_security(self):
         """The client setting of ``rollout.weights_bootstrap_servers`` (None: the process's)."""

@@ -138,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="--emulated: find the split by measuring (a) (a device moved to the busiest stage per round, "
                          "kept when 5%% faster), then measure (a) and (b) on it: writes its 'tuned' section")
     ap.add_argument("--tune-rounds", type=int, default=3, help="--tune: probes at most")
+    ap.add_argument("--no-partial", action="store_true",
+                    help="--emulated: skip arm (a) with partial rollouts (rollout.partial on every pool)")
     ap.add_argument("--reanalyse", metavar="JSON[:SECTION]",
                     help="measure nothing: re-read the Kafka arms' run directories named in this result (or in "
                          "its SECTION, e.g. multi_policy.json:team_vs_alone), aggregate again and rewrite it")

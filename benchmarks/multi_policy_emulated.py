@@ -25,6 +25,11 @@ Arms, per repetition, same config, seeds and prompts:
   back (``CostModel.swap_s``) and loading the new weights into the engines (verl's pipeline);
 * **(a) ours**: ``run_job`` with disjoint devices per pool and trainer, ``barrier: async``;
 * **(b) lockstep**: the same devices, ``barrier: lockstep``.
+* **(a) with partial rollouts** (``--no-partial`` skips it): (a) with ``rollout.partial`` on every
+  pool: a new version cuts the rows held on a pool's schedule and they go on under it
+  (``emulation/partial.py``) instead of the version waiting for the pool's calls in flight to
+  end. Beside (a) without them in ``partial_rollouts``, with the time a version waits to be
+  loaded (``raas.weights_wait_s`` per load, the most-waiting node, modelled).
 
 **Device split of (a)/(b)** (printed): from the first (c) run, each policy's modelled
 generation seconds ``G_p`` and training seconds ``T_p`` per iteration on all ``N`` devices;
@@ -138,6 +143,9 @@ def main(args) -> int:
         for barrier in ("async", "lockstep"):
             print(f"--- repetition {rep + 1}: ({'a' if barrier == 'async' else 'b'}) {barrier}", flush=True)
             out[barrier] = run_split(base, args, split["split"], barrier, rep)
+        if not getattr(args, "no_partial", False):
+            print(f"--- repetition {rep + 1}: (a) with partial rollouts", flush=True)
+            out["async_partial"] = run_split(base, args, split["split"], "async", rep, partial=True)
         reps.append(out)
     agg = aggregate(reps)
     print_table(agg, split, args)
@@ -157,7 +165,7 @@ def main(args) -> int:
 
 def aggregate(reps: list[dict]) -> dict:
     arms = {}
-    for arm in ARMS:
+    for arm in (a for a in ARMS if a in reps[0]):  # (a run with --no-partial lacks the partial arm)
         per = [r[arm] for r in reps]
         arms[arm] = {"s_per_iter": spread([x["s_per_iter"] for x in per]),
                      "lower_bound_s_per_iter": spread([x["lower_bound_s_per_iter"] for x in per]),
@@ -177,12 +185,29 @@ def aggregate(reps: list[dict]) -> dict:
             arms[arm]["work_in_window_by_resource"] = spread_each(per, "work_in_window_by_resource")
         arms[arm]["generate_calls_per_iteration"] = (spread_each(per, "generate_calls_per_iteration")
                                                      if "generate_calls_per_iteration" in per[0] else {})
+        if "weights_wait_s_per_load" in per[0]:  # the time weights wait to be loaded: the most-waiting node's
+            arms[arm]["weights_wait_s_per_load"] = spread([max(x["weights_wait_s_per_load"].values(), default=0.0)
+                                                           for x in per])
+            arms[arm]["partial_rows"] = spread([x.get("partial_rows", 0.0) for x in per])
     a, b, c = (arms[k]["s_per_iter"] for k in ("async", "lockstep", "colocated"))
-    for arm, s in (("async", a), ("lockstep", b)):
-        arms[arm]["speedup_vs_sequential"] = ratio_spread(c, s)
+    for arm in (k for k in ("async", "lockstep", "async_partial") if k in arms):
+        arms[arm]["speedup_vs_sequential"] = ratio_spread(c, arms[arm]["s_per_iter"])
     arms["async"]["speedup_vs_lockstep"] = ratio_spread(b, a)
-    return {"arms": arms, "speedup_vs_sequential": arms["async"]["speedup_vs_sequential"],
-            "speedup_vs_lockstep": arms["async"]["speedup_vs_lockstep"]}
+    out = {"arms": arms, "speedup_vs_sequential": arms["async"]["speedup_vs_sequential"],
+           "speedup_vs_lockstep": arms["async"]["speedup_vs_lockstep"]}
+    if "async_partial" in arms:
+        out["partial_rollouts"] = partial_section(arms)
+    return out
+
+
+def partial_section(arms: dict) -> dict:
+    """Arm (a) with and without partial rollouts, side by side (EMULATED, modelled seconds)."""
+    keys = ("s_per_iter", "lower_bound_s_per_iter", "scheduling_efficiency", "weights_wait_s_per_load",
+            "partial_rows")
+    side = {name: {k: arms[arm][k] for k in keys if k in arms[arm]}
+            for name, arm in (("without", "async"), ("with", "async_partial"))}
+    return {"emulated": True, **side,
+            "speedup_with_over_without": ratio_spread(arms["async"]["s_per_iter"], arms["async_partial"]["s_per_iter"])}
 
 
 def print_table(agg: dict, split: dict, args) -> None:
@@ -190,14 +215,20 @@ def print_table(agg: dict, split: dict, args) -> None:
           f"token_scale {args.token_scale}, cap {args.max_new_tokens_modelled} tokens, "
           f"workload {args.workload or 'none'}); split of (a)/(b): "
           + ", ".join(f"{p} {placement(d)}" for p, d in split["split"].items()))
-    hdr = f"{'arm':24} {'s/iter':>22} {'lower bound s/iter':>22} {'sched. efficiency':>20} {'vs (c)':>18}"
+    hdr = f"{'arm':26} {'s/iter':>22} {'lower bound s/iter':>22} {'sched. efficiency':>20} {'vs (c)':>18}"
     print_header(hdr)
-    for arm, label in ARMS.items():
+    for arm, label in ((a, lbl) for a, lbl in ARMS.items() if a in agg["arms"]):
         r = agg["arms"][arm]
         vs = fmt_spread(r["speedup_vs_sequential"]) if "speedup_vs_sequential" in r else "1"
-        print(f"{label:24} {fmt_spread(r['s_per_iter'], '.1f'):>22} {fmt_spread(r['lower_bound_s_per_iter'], '.1f'):>22} "
+        print(f"{label:26} {fmt_spread(r['s_per_iter'], '.1f'):>22} {fmt_spread(r['lower_bound_s_per_iter'], '.1f'):>22} "
               f"{fmt_spread(r['scheduling_efficiency']):>20} {vs:>18}")
     print(f"(a) vs (b): {fmt_spread(agg['speedup_vs_lockstep'])}")
+    pr = agg.get("partial_rollouts")
+    if pr:
+        w, wo = pr["with"], pr["without"]
+        print(f"(a) with partial rollouts vs without: {fmt_spread(pr['speedup_with_over_without'])}; time weights wait "
+              f"to be loaded (modelled s per load, the most-waiting node): {fmt_spread(wo['weights_wait_s_per_load'], '.1f')}"
+              f" without, {fmt_spread(w['weights_wait_s_per_load'], '.1f')} with")
 
 
 def notes(agg: dict, split: dict, args) -> list[str]:
@@ -313,8 +344,9 @@ def report_rows(load: Loader) -> list[str]:
            "speed-up vs (c) | max CPU share of a hold |",
            "|---|---:|---:|---:|---:|---:|"]
     labels = {"async": "(a) ours: disjoint devices, async", "lockstep": "(b) the same, `barrier: lockstep`",
-              "colocated": "(c) trainer-centred: one controller, all devices colocated"}
-    for arm, label in labels.items():
+              "colocated": "(c) trainer-centred: one controller, all devices colocated",
+              "async_partial": "(a) with partial rollouts (`rollout.partial`)"}
+    for arm, label in ((a, lbl) for a, lbl in labels.items() if a in d["arms"]):
         r = d["arms"][arm]
         vs = _sp(r["speedup_vs_sequential"]) + "x" if "speedup_vs_sequential" in r else "1"
         out.append(f"| {label} | {_sp(r['s_per_iter'], '.1f')} | {_sp(r['lower_bound_s_per_iter'], '.1f')} | "
@@ -327,6 +359,13 @@ def report_rows(load: Loader) -> list[str]:
                        f"{_sp(r['s_per_iter'], '.1f')} | {_sp(r['lower_bound_s_per_iter'], '.1f')} | "
                        f"{_sp(r['scheduling_efficiency'])} | {_sp(r['speedup_vs_sequential'])}x | "
                        f"{_sp(r['max_cpu_fraction'])} |")
+    pr = d.get("partial_rollouts")
+    if pr:
+        out += ["", f"Partial rollouts (EMULATED): (a) with them {_sp(pr['speedup_with_over_without'])}x of (a) "
+                    f"without; the time a version waits to be loaded, per load on the most-waiting node: "
+                    f"{_sp(pr['without']['weights_wait_s_per_load'], '.1f')} modelled s without, "
+                    f"{_sp(pr['with']['weights_wait_s_per_load'], '.1f')} with; rows continued under a newer version: "
+                    f"{_sp(pr['with']['partial_rows'], '.0f')} per run."]
     out += ["", f"(a) vs (b): {_sp(d['speedup_vs_lockstep'])}x. The seed reports 2.74x on real 8 × H100 "
                 "(212.64 → 77.65 s/iter). " + " ".join(d["notes"][2:]), ""]
     for key, sec in later.items():

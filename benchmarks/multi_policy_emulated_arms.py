@@ -18,8 +18,8 @@ import yaml
 
 from astraflow.benchmarks.lib.child import run_child
 from astraflow.benchmarks.lib.device_split import devices_of_stage
-from astraflow.benchmarks.lib.emulated import (cpu_fractions, episodes_fenced, episodes_worked, merge_shared,
-                                               modelled_s, overruns, resource_work)
+from astraflow.benchmarks.lib.emulated import (cpu_fractions, episodes_fenced, episodes_worked, last_per_node,
+                                               merge_shared, modelled_s, overruns, resource_work)
 from astraflow.benchmarks.lib.run_metrics import read_rows, read_summary
 from astraflow.benchmarks.lib.steady import steady_window, steps_for_window
 from astraflow.benchmarks.multi_policy_arms import run_attempts, write_config
@@ -33,7 +33,8 @@ SEED_SHAPE = {"groups_per_batch": 32, "n_samples": 8, "minibatches": 4}
 SEED_MAX_NEW_TOKENS = 4096
 
 
-ARMS = {"async": "(a) ours, async", "lockstep": "(b) lockstep", "colocated": "(c) trainer-centred"}
+ARMS = {"async": "(a) ours, async", "lockstep": "(b) lockstep", "colocated": "(c) trainer-centred",
+        "async_partial": "(a) with partial rollouts"}
 
 
 def device(args, count: int) -> dict:
@@ -77,7 +78,8 @@ def colocated_config(base: dict, args) -> dict:
     return data
 
 
-def split_config(base: dict, args, split: dict[str, dict[str, int]], barrier: str, job: str, run_dir: str) -> dict:
+def split_config(base: dict, args, split: dict[str, dict[str, int]], barrier: str, job: str, run_dir: str,
+                 partial: bool = False) -> dict:
     """(a) / (b): each policy's pool and trainer on their own devices (``split[policy][stage]``),
     training past the steady window's end (:func:`steps_for_window`) so its pools still have
     work in flight when the window closes."""
@@ -92,6 +94,8 @@ def split_config(base: dict, args, split: dict[str, dict[str, int]], barrier: st
                                              nodes=1, tasks_per_call=SEED_SHAPE["groups_per_batch"],
                                              polls_in_flight=args.polls_in_flight)
         sec.setdefault("trainer", {})["device"] = {**device(args, devices_of_stage(parts, "trainer")), **share}
+        if partial:  # rows in flight go on under each new version (emulation/partial.py)
+            sec["rollout"]["partial"] = True
     return data
 
 
@@ -136,14 +140,28 @@ def run_colocated(base: dict, args, rep: int) -> dict:
             "_rows": rows}
 
 
-def run_split(base: dict, args, split: dict, barrier: str, rep: int) -> dict:
+def weights_waits(rows: list[dict], dilation: float) -> dict[str, float]:
+    """Per RaaS node, the modelled seconds a version it loaded had waited for its engine (its
+    calls in flight), per load: each node's last ``raas.weights_wait_s`` over its last
+    ``raas.weights_loads``."""
+    last: dict[tuple[str, str], float] = {}
+    for r in rows:
+        if r["name"] in ("raas.weights_wait_s", "raas.weights_loads"):
+            last[r.get("label.node", r["component"]), r["name"]] = float(r["value"])
+    nodes = {n for n, _ in last}
+    return {n: last.get((n, "raas.weights_wait_s"), 0.0) / dilation / last[n, "raas.weights_loads"]
+            for n in sorted(nodes) if last.get((n, "raas.weights_loads"))}
+
+
+def run_split(base: dict, args, split: dict, barrier: str, rep: int, partial: bool = False) -> dict:
     from astraflow.config import load_config  # the job machinery (~1 s to import): only when an arm runs
     from astraflow.launcher import run_job
 
     shared = {p for p, parts in split.items() if "shared" in parts}  # pools and trainers taking turns
 
     def once(job: str) -> dict:
-        path = write_config(split_config(base, args, split, barrier, job, str(args.run_root)), Path(args.run_root))
+        path = write_config(split_config(base, args, split, barrier, job, str(args.run_root), partial),
+                            Path(args.run_root))
         run_dir = Path(args.run_root) / job
         cfg = load_config(path)
         run_job(cfg, run_dir=run_dir, progress=False, timeout_s=args.run_timeout)
@@ -170,8 +188,12 @@ def run_split(base: dict, args, split: dict, barrier: str, rep: int) -> dict:
                 "overruns": overruns(summary.get("emulated", {})),
                 "episodes_per_trained_group": r["episodes"] / (trained * SEED_SHAPE["groups_per_batch"]),
                 "trained_steps": trained,
+                # the time weights wait to be loaded (modelled s per load, per node), and the rows a
+                # partial rollout continued under a newer version
+                "weights_wait_s_per_load": weights_waits(rows, args.dilation),
+                "partial_rows": last_per_node(rows, "raas.partial_rows"),
                 "by_policy": r["by_policy"], "run_dir": str(run_dir), "wall_s": r["wall_s"],
                 # a role served by the other pool: median / p95 seconds per call (modelled) and hops per episode
                 "remote_calls": {k: (v / args.dilation if k.endswith("_s") else v)
                                  for k, v in r["remote_calls"].items()}}
-    return run_attempts(f"emulated-{barrier}", rep, once)
+    return run_attempts(f"emulated-{barrier}{'-partial' if partial else ''}", rep, once)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Mapping
 from typing import NamedTuple, Protocol
@@ -76,6 +77,10 @@ class HeldWeights:
         self._engines: weakref.WeakKeyDictionary[object, Held] = weakref.WeakKeyDictionary()
         self._context: otel_context.Context | None = None
         self._path_counts = {"delta": 0, "snapshot": 0}
+        self._since = time.monotonic()  #: when the held (epoch, version) came
+        #: engine loads, and the seconds the versions they loaded had been held before (what a
+        #: node's calls in flight made them wait: a load needs the engine between calls)
+        self._waits = {"loads": 0, "wait_s": 0.0}
 
     @property
     def version(self) -> int:
@@ -94,6 +99,13 @@ class HeldWeights:
     def path_counts(self) -> dict[str, int]:
         with self.lock:
             return dict(self._path_counts)
+
+    @property
+    def load_waits(self) -> dict[str, float]:
+        """``{"loads": n, "wait_s": s}``: engine loads, and the seconds between each version being
+        held here and an engine loading it, summed."""
+        with self.lock:
+            return dict(self._waits)
 
     def digest(self) -> str | None:
         """``weights_digest`` of the held weights (equal to the trainer's iff bit-identical)."""
@@ -135,6 +147,8 @@ class HeldWeights:
                     attributes={"policy": self.policy, "policy.version": self._version, "policy.epoch": self._epoch,
                                 "node.id": self.node_id, "engine.version": engine.version}):
                 engine.load_weights(self._state, self._version)
+            self._waits["loads"] += 1
+            self._waits["wait_s"] += time.monotonic() - self._since
             held = self.held()
             assert held is not None
             self._engines[engine] = held
@@ -160,7 +174,7 @@ class HeldWeights:
                 self._state, self._hashes, self._digest = None, None, None
                 raise
             self._hashes, self._version, self._context = hashes, version, context
-            self._digest = None
+            self._digest, self._since = None, time.monotonic()
             self._path_counts["delta"] += 1
             self.lock.notify_all()
 
@@ -176,7 +190,7 @@ class HeldWeights:
                          self.node_id, epoch, version, self._version, self._epoch)
             self._state, self._hashes, self._version = state, hashes, version
             self._epoch, self._digest = epoch, None
-            self._context = context
+            self._context, self._since = context, time.monotonic()
             self._path_counts["snapshot"] += 1
             self._path_counts["delta"] += deltas
             self.lock.notify_all()

@@ -205,6 +205,11 @@ class WeightSubscriber:
         return self._held.path_counts
 
     @property
+    def load_waits(self) -> dict[str, float]:
+        """Engine loads, and the seconds each loaded version had been held before (summed)."""
+        return self._held.load_waits
+
+    @property
     def prefetched_chunks(self) -> int:
         """Chunks offered by the prefetcher (read during their write) for payloads fetched so far."""
         return self._assembler.prefetched

@@ -48,7 +48,7 @@ def resource_work(summary: dict, episodes: float, groups_per_batch: int, steps: 
     return out
 
 
-def _last_per_node(rows: list[dict], name: str) -> float:
+def last_per_node(rows: list[dict], name: str) -> float:
     """The sum over nodes of each node's last (largest) value of running count ``name``."""
     last: dict[str, float] = {}
     for r in rows:
@@ -61,7 +61,7 @@ def _last_per_node(rows: list[dict], name: str) -> float:
 def episodes_fenced(rows: list[dict]) -> float:
     """Episodes rolled out in polls that were fenced (dropped at their commit after a rebalance):
     ``raas.fenced_tasks`` is each node's running count, so its last value per node."""
-    return _last_per_node(rows, "raas.fenced_tasks")
+    return last_per_node(rows, "raas.fenced_tasks")
 
 
 def episodes_worked(rows: list[dict]) -> float:
