@@ -43,7 +43,7 @@ from astraflow.benchmarks.lib.emulated import cpu_fractions, episodes_fenced, ep
 from astraflow.benchmarks.lib.results import load_now, write_results, write_section
 from astraflow.benchmarks.lib.run_metrics import read_rows, read_summary, total
 from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread
-from astraflow.benchmarks.lib.steady import steady_steps, steady_window, steps_for_window
+from astraflow.benchmarks.lib.steady import WINDOW_RULE, steady_steps, steady_window, steps_for_window
 from astraflow.benchmarks.lib.table import print_header
 from astraflow.benchmarks.multi_policy_arms import write_config
 from astraflow.benchmarks.multi_policy_emulated_arms import SEED_SHAPE, split_config
@@ -284,10 +284,6 @@ def sv_analyse(run_dir: Path, lay: dict, steps: int, dilation: float, max_stalen
             "wall_s": r["wall_s"]}
 
 
-#: how a section's steady windows were measured (a section measured otherwise is not mixed in)
-WINDOW_RULE = "in_flight_both_ends"
-
-
 SV_KEYS = ("s_per_iter", "samples_per_s", "lower_bound_s_per_iter", "scheduling_efficiency", "fenced_episodes",
            "task_group_rebalances", "episodes_per_trained_group")
 
@@ -457,6 +453,9 @@ def _report_team_rows(sv: dict | None) -> list[str]:
            f"solver_verifier` (Table 2's arm (a) at N devices, the batch grown with N; {sv['steps']} "
            f"iterations; **modelled seconds**; median (min–max) of each row's repetitions ({reps})"
            f"{note and note + ' (the last run)'})", "",
+           *([] if sv.get("window") == WINDOW_RULE else [
+               "**Measured before stop 68's fixes to the instrument, rerun pending** (the steady window ended where "
+               "the pools ran dry; generated context priced at the prompt's scale: see Table 2's section).", ""]),
            *_report_scale_rows(sv["by_devices"], "iter")]
     splits = []
     for n, lay in sv.get("layouts", {}).items():

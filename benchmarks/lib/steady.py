@@ -61,6 +61,12 @@ def window_work(rows: list[dict], t0: float, t1: float, iterations: int, slack_s
     return out
 
 
+#: how a result's steady windows were measured: ending at a step with work still in flight
+#: (:func:`steps_for_window`) and generated context priced as generated (``emulation/cost.py``);
+#: a result without it was measured before stop 68's fixes, and is not mixed with one that has it
+WINDOW_RULE = "in_flight_both_ends"
+
+
 def steps_for_window(window_end: int, max_staleness: int) -> int:
     """Steps a Kafka arm must train for its steady window to end at step ``window_end`` with
     work still in flight: the dataflow schedules no episode past the job's last batch, and
