@@ -37,7 +37,7 @@ import argparse
 import time
 from pathlib import Path
 
-from astraflow.benchmarks import elastic_emulated
+from astraflow.benchmarks import elastic_emulated, elastic_slurm
 from astraflow.benchmarks.elastic_arms import ARMS, ROOT, plot, run_arm
 from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.benchmarks.lib.run_metrics import read_rows
@@ -110,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                     "(0.25: a RaaS call's hold, ~7 s, stays under the task consumer's 10 s session timeout)")
     ap.add_argument("--token-scale", type=int, default=512, help="--emulated: modelled tokens per generated one")
     ap.add_argument("--prompt-token-scale", type=int, default=16, help="--emulated: modelled tokens per prompt one")
+    ap.add_argument("--slurm", action="store_true", help="the CPU arms through the Slurm backend on a single-node "
+                    "cluster of their own (elastic_slurm.py): the JSON's slurm section, Slurm's device-hours")
     a = ap.parse_args(argv)
     if a.emulated:
         return elastic_emulated.main(a, ap)
@@ -119,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"need 1 <= --small < --large, got {a.small} and {a.large}")
     if a.quick:
         a.steps, a.problems, a.window, a.cooldown, a.interval = 4, 10, 10.0, 10.0, 2.0
+    if a.slurm:
+        return elastic_slurm.main(a, ap)
     from astraflow.topics import EmbeddedBroker  # the Kafka client (~0.7 s to import): only when the arms run
     load_before = load_now()
     run_root = Path(a.run_root)

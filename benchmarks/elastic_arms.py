@@ -68,7 +68,7 @@ def _merge(base: dict, extra: dict) -> dict:
 
 
 def run_arm(arm: str, a: argparse.Namespace, bootstrap: str, run_root: Path, settings: dict | None = None,
-            topo: dict | None = None) -> dict:
+            topo: dict | None = None, backend: str = "local") -> dict:
     # the job machinery and the audit (~2 s to import): only when an arm runs
     from astraflow.chaos.invariants import audit
     from astraflow.config import load_config
@@ -85,11 +85,12 @@ def run_arm(arm: str, a: argparse.Namespace, bootstrap: str, run_root: Path, set
     cfg = load_config(run_dir / "job.yaml")
     print(f"[{arm}] launching ({run_dir})", flush=True)
     summary = launch(run_dir / "topology.yaml", cfg, bootstrap=bootstrap, run_dir=run_dir / "run", progress=False,
-                     timeout_s=a.timeout)
+                     timeout_s=a.timeout, backend=backend)
     rows = read_rows(run_dir / "run")
     report = audit(bootstrap, job_topics(cfg), cfg.policy, cfg.effective_staleness)
     return {**arm_numbers(summary, rows), "audit_ok": report.ok, "run_dir": str(run_dir),
-            "emulated_accounts": summary.get("emulated", {})}
+            "emulated_accounts": summary.get("emulated", {}),
+            **({"slurm_summary": summary["slurm"]} if "slurm" in summary else {})}
 
 
 def arm_numbers(summary: dict, rows: list[dict]) -> dict:
