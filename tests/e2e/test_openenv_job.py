@@ -14,7 +14,7 @@ from astraflow.topics import TrajectoryGroup, job_topics
 from astraflow.topics.replay import read_topic
 from tests.workflows.openenv_servers import get, guess_server
 
-pytestmark = [pytest.mark.slow, pytest.mark.core]
+pytestmark = [pytest.mark.slow]  # the slow tier (make test-all); tests/workflows/test_openenv_env.py runs in make test
 
 
 @pytest.mark.timeout(900)

@@ -18,7 +18,7 @@ from astraflow.topics.claim import ClaimRefused, ExclusiveClaim
 HOLD = """
 import sys, time
 from astraflow.topics.claim import ExclusiveClaim
-c = ExclusiveClaim(sys.argv[1], sys.argv[2], "holder", session_timeout_ms=6000).acquire()
+c = ExclusiveClaim(sys.argv[1], sys.argv[2], "holder", session_timeout_ms=int(sys.argv[3])).acquire()
 print("held", flush=True)
 print("lost" if c.lost.wait(600) else "timeout", flush=True)
 """
@@ -43,8 +43,10 @@ def test_a_second_claimant_is_refused_with_the_holders_identity_until_the_holder
 
 def test_a_killed_holders_claim_lapses_and_passes_to_the_next_claimant(bootstrap, tmp_path):
     group = "claim-" + uuid.uuid4().hex[:8]
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, bootstrap, group], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    # a session of 12 s: on a loaded box (the suite on three workers) a 6 s session of a live holder
+    # lapsed before the second claimant asked (a clean-clone run of stop 68), which is not what this tests
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, bootstrap, group, "12000"], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         assert proc.stdout.readline().strip() == "held"
         with pytest.raises(ClaimRefused, match=f"pid {proc.pid} on host"):
@@ -63,8 +65,8 @@ def test_a_holder_paused_past_its_session_loses_the_claim_to_the_next_and_is_tol
     """SIGSTOP the holder (no heartbeats): the coordinator expels it and the next claimant gets
     the claim; on SIGCONT the old holder learns it lost it (its owner must then stop)."""
     group = "claim-" + uuid.uuid4().hex[:8]
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, bootstrap, group], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, bootstrap, group, "6000"], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         assert proc.stdout.readline().strip() == "held"
         os.kill(proc.pid, signal.SIGSTOP)

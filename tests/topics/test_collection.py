@@ -63,7 +63,9 @@ def test_objects_the_application_froze_stay_frozen_and_a_disabled_collector_stay
         paused = collection.pause()
         promote = collection.sweep(paused, 10_000)
         collection.resume(paused, promote)
-        assert not promote and gc.get_freeze_count() == frozen
+        # neither unfrozen (0) nor frozen again (more); the worker's other threads may free a few
+        # frozen objects by reference count meanwhile (a clean-clone run saw 62 of 659,976 go)
+        assert not promote and 0.99 * frozen <= gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
     gc.disable()

@@ -30,8 +30,9 @@ def test_a_schema_1_group_decodes_as_one_role_with_every_token_trained():
 
 def test_a_record_newer_than_the_code_is_refused_with_its_schema():
     value, headers = _schema1_group()
-    with pytest.raises(UnsupportedSchema, match="trajectory-group schema 4 is newer"):
-        decode(value, [("af-type", b"trajectory-group"), ("af-schema", b"4")])
+    group = TrajectoryGroup.SCHEMA + 1  # (schema 4 added Sample.context_generated)
+    with pytest.raises(UnsupportedSchema, match=f"trajectory-group schema {group} is newer"):
+        decode(value, [("af-type", b"trajectory-group"), ("af-schema", str(group).encode())])
     newer = Task.SCHEMA + 1  # (schema 4 added prompt_ids)
     with pytest.raises(UnsupportedSchema, match=f"task schema {newer} is newer"):
         decode(b"{}", [("af-type", b"task"), ("af-schema", str(newer).encode())])
