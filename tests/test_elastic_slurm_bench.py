@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from astraflow.benchmarks.elastic_slurm import slurm_numbers, table, verdict
+from astraflow.benchmarks.elastic_slurm import slurm_numbers, summarize, table, verdict
 
 
 def _row(total: float, heartbeat: float) -> dict:
@@ -22,6 +22,13 @@ def test_arms_are_compared_on_slurms_device_hours_not_the_heartbeats():
     assert v["autoscaling_vs_fixed_small"] == pytest.approx(-0.1) and v["autoscaling_vs_fixed_large"] == pytest.approx(-0.325)
     assert v["below_both"] is True
     assert "autoscaling vs fixed_small -10.0%" in table({**arms, "verdict": v})
+    # over repetitions: paired run by run, the arm's row the median repetition's
+    reps = {k: summarize([_row(t * f, 0.1) for f in (1.0, 1.1, 0.9)]) for k, t in
+            (("fixed_small", 0.30), ("fixed_large", 0.40), ("autoscaling", 0.33))}
+    assert reps["autoscaling"]["slurm_device_hours"]["total"] == pytest.approx(0.33)
+    v3 = verdict(reps)
+    assert v3["autoscaling_vs_fixed_small_spread"]["runs"] == pytest.approx([0.1, 0.1, 0.1])
+    assert v3["below_both"] is False and v3["below_both_every_repetition"] is False
 
 
 def test_a_cluster_without_a_completion_log_says_why():
