@@ -79,17 +79,23 @@ class DeviceHours:
             p["node_hours"] += n.seconds / 3600
             p["device_hours"] += n.seconds * n.devices / 3600
             p["cost"] += n.seconds * n.devices / 3600 * n.cost
-        kinds: dict[str, dict] = {}
-        for p in pools.values():
-            k = kinds.setdefault(p["kind"], {"device_hours": 0.0, "cost": 0.0})
-            k["device_hours"] += p["device_hours"]
-            k["cost"] += p["cost"]
+        return pool_totals(pools)
 
-        def role(r: str) -> float:
-            return sum(p["device_hours"] for p in pools.values() if p["role"] == r)
-        return {"pools": pools, "kinds": kinds, "rollout": role("raas"), "trainer": role("trainer"),
-                "total": sum(p["device_hours"] for p in pools.values()),
-                "cost": sum(p["cost"] for p in pools.values())}
+
+def pool_totals(pools: dict[str, dict]) -> dict:
+    """``pools`` (name -> ``{role, kind, device_hours, cost, ...}``) with their sums: per device
+    kind, the rollout and trainer roles' device-hours, the total and the cost (the heartbeats'
+    count and Slurm's job completion log add up alike)."""
+    kinds: dict[str, dict] = {}
+    for p in pools.values():
+        k = kinds.setdefault(p["kind"], {"device_hours": 0.0, "cost": 0.0})
+        k["device_hours"] += p["device_hours"]
+        k["cost"] += p["cost"]
+
+    def role(r: str) -> float:
+        return sum(p["device_hours"] for p in pools.values() if p["role"] == r)
+    return {"pools": pools, "kinds": kinds, "rollout": role("raas"), "trainer": role("trainer"),
+            "total": sum(p["device_hours"] for p in pools.values()), "cost": sum(p["cost"] for p in pools.values())}
 
 
 def starting_heartbeat(node_id: str, role: str, policy: str | None, ts: float) -> Heartbeat:

@@ -20,6 +20,7 @@ import re
 from datetime import datetime
 from pathlib import Path
 
+from .accounting import pool_totals
 from .plan import PoolPlan
 
 __all__ = ["JobcompTail", "pool_of", "read_jobcomp", "slurm_device_hours"]
@@ -98,14 +99,4 @@ def slurm_device_hours(records: list[dict[str, str]], pools: dict[str, PoolPlan]
         p["cost"] += seconds * devices / 3600 * pool.cost_per_device_hour
     for p in out.values():
         p["nodes"] = len(p["nodes"])
-    kinds: dict[str, dict] = {}
-    for p in out.values():
-        k = kinds.setdefault(p["kind"], {"device_hours": 0.0, "cost": 0.0})
-        k["device_hours"] += p["device_hours"]
-        k["cost"] += p["cost"]
-
-    def role(name: str) -> float:
-        return sum(p["device_hours"] for p in out.values() if p["role"] == name)
-    return {"pools": out, "kinds": kinds, "rollout": role("raas"), "trainer": role("trainer"),
-            "total": sum(p["device_hours"] for p in out.values()), "cost": sum(p["cost"] for p in out.values()),
-            "jobs": jobs}
+    return {**pool_totals(out), "jobs": jobs}
