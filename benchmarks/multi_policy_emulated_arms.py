@@ -19,7 +19,7 @@ import yaml
 from astraflow.benchmarks.lib.child import run_child
 from astraflow.benchmarks.lib.device_split import devices_of_stage
 from astraflow.benchmarks.lib.emulated import (cpu_fractions, episodes_fenced, episodes_worked, last_per_node,
-                                               merge_shared, modelled_s, overruns, resource_work)
+                                               merge_shared, modelled_s, overruns, per_node, resource_work)
 from astraflow.benchmarks.lib.run_metrics import read_rows, read_summary
 from astraflow.benchmarks.lib.steady import steady_window, steps_for_window
 from astraflow.benchmarks.multi_policy_arms import run_attempts, write_config
@@ -144,13 +144,8 @@ def weights_waits(rows: list[dict], dilation: float) -> dict[str, float]:
     """Per RaaS node, the modelled seconds a version it loaded had waited for its engine (its
     calls in flight), per load: each node's last ``raas.weights_wait_s`` over its last
     ``raas.weights_loads``."""
-    last: dict[tuple[str, str], float] = {}
-    for r in rows:
-        if r["name"] in ("raas.weights_wait_s", "raas.weights_loads"):
-            last[r.get("label.node", r["component"]), r["name"]] = float(r["value"])
-    nodes = {n for n, _ in last}
-    return {n: last.get((n, "raas.weights_wait_s"), 0.0) / dilation / last[n, "raas.weights_loads"]
-            for n in sorted(nodes) if last.get((n, "raas.weights_loads"))}
+    waited, loads = per_node(rows, "raas.weights_wait_s"), per_node(rows, "raas.weights_loads")
+    return {n: waited.get(n, 0.0) / dilation / loads[n] for n in sorted(loads) if loads[n]}
 
 
 def run_split(base: dict, args, split: dict, barrier: str, rep: int, partial: bool = False) -> dict:

@@ -147,8 +147,7 @@ class BatchingClock:
             self._advance(self.now())
             out: list[float | None] = []
             for dev, row in self._settled.get(call, []):
-                live = any(r is row for r in dev.batch.running) or any(r is row for r in dev.batch.waiting)
-                out.append(float(row[3]) if live and row[3] < row[2] else None)
+                out.append(float(row[3]) if dev.batch.holds(row) and row[3] < row[2] else None)
             return out
 
     def resettle(self, call: int, index: int, length: int) -> None:
@@ -156,7 +155,7 @@ class BatchingClock:
         partial rollout regenerated its rest under new weights); finished rows are left alone."""
         with self._cv:
             dev, row = self._settled[call][index]
-            if any(r is row for r in dev.batch.running) or any(r is row for r in dev.batch.waiting):
+            if dev.batch.holds(row):
                 dev.batch.settle(row, length)
             self._cv.notify_all()
 

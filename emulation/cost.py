@@ -227,6 +227,10 @@ class ContinuousBatch:
             self.reserved -= row[2] - target
         row[2] = target
 
+    def holds(self, row: list) -> bool:
+        """``row`` still waits or runs here (not finished)."""
+        return any(r is row for r in self.running) or any(r is row for r in self.waiting)
+
     @property
     def idle(self) -> bool:
         return not self.waiting and not self.running

@@ -61,7 +61,6 @@ class InFlightRows:
         self.max_versions = 0
         self.rows = 0  #: rows continued under a newer version
         self.recomputed_tokens = 0  #: real tokens prefilled again for them (prompt + tokens kept)
-        self.regenerated_tokens = 0  #: real tokens generated anew for their rest
 
     def add(self, call: int, prompts, out: list[Generation], params: SamplingParams, seeds, factors) -> None:
         seeds = list(seeds) if seeds is not None else [0] * len(prompts)
@@ -132,5 +131,4 @@ class InFlightRows:
                 self.clock.resettle(call, i, kept + len(tokens))
                 self.rows += 1
                 self.recomputed_tokens += len(c.prompts[i]) + kept
-                self.regenerated_tokens += len(tokens)
         return len(cut)

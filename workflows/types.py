@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from astraflow.engines.base import PromptRow
+from astraflow.engines.base import PromptRow, generated_context
 
 ENV = "env"  #: the writer of tokens that no role generated (feedback, tool output)
 
@@ -29,7 +29,7 @@ def chain_context(prompt_ids: Sequence[int], parts: Sequence["Turn | tuple[str, 
     :class:`~astraflow.engines.base.PromptRow` that says how many of them a model generated
     (every :class:`Turn`, every ``(writer, ids)`` whose writer is a role, not :data:`ENV`;
     ``prompt_ids``' own count when it is a row): what an emulated device prices as generated."""
-    ids, generated = list(prompt_ids), getattr(prompt_ids, "generated", 0)
+    ids, generated = list(prompt_ids), generated_context(prompt_ids)
     for p in parts:
         part = p.tokens if isinstance(p, Turn) else p[1]
         ids += part
@@ -153,7 +153,7 @@ class Trajectory:
                 versions += [0] * len(ids)
                 mask += [0] * len(ids)
                 roles += [writer] * len(ids)
-        generated = getattr(prompt_ids, "generated", 0) + sum(
+        generated = generated_context(prompt_ids) + sum(
             1 for m, w in zip(mask, roles) if not m and w != ENV)
         return cls(tuple(prompt_ids), tuple(tokens), tuple(logprobs), tuple(versions), tuple(mask), tuple(roles),
                    float(reward), last, text, dict(info), generated)

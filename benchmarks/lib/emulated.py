@@ -48,14 +48,19 @@ def resource_work(summary: dict, episodes: float, groups_per_batch: int, steps: 
     return out
 
 
-def last_per_node(rows: list[dict], name: str) -> float:
-    """The sum over nodes of each node's last (largest) value of running count ``name``."""
+def per_node(rows: list[dict], name: str) -> dict[str, float]:
+    """Each node's last (largest) value of running count ``name``."""
     last: dict[str, float] = {}
     for r in rows:
         if r["name"] == name:
             node = r.get("label.node", "")
             last[node] = max(last.get(node, 0.0), float(r["value"]))
-    return sum(last.values())
+    return last
+
+
+def last_per_node(rows: list[dict], name: str) -> float:
+    """The sum over nodes of each node's last (largest) value of running count ``name``."""
+    return sum(per_node(rows, name).values())
 
 
 def episodes_fenced(rows: list[dict]) -> float:
