@@ -194,6 +194,9 @@ class TrainerActor(LoopActor):
             "trainer.train_s": train_s, "trainer.wait_s": self._wait_s,
             "trainer.reward": float(batch.stats.get("reward_mean", 0.0)),
             "trainer.staleness_max": float(batch.step - min(versions)) if versions else 0.0,
+            # every trained token's lag behind this step, averaged: what partial rollouts shorten
+            # (their rows' later tokens come from newer versions; staleness_max keeps the oldest)
+            "trainer.token_lag_mean": float(batch.step - sum(versions) / len(versions)) if versions else 0.0,
             "trainer.samples": float(sum(len(g.samples) for g in batch.groups)),
             "trainer.batch_offset": float(d.offset),
             "trainer.peak_rss_mb": rss_mb,

@@ -35,7 +35,7 @@ import os
 import time
 from pathlib import Path
 
-from astraflow.benchmarks import async_vs_sync_emulated
+from astraflow.benchmarks import async_vs_sync_emulated, async_vs_sync_partial
 from astraflow.benchmarks.critical_path import STAGES, batch_paths, summarize
 from astraflow.benchmarks.inprocess_loop import time_to_accuracy
 from astraflow.benchmarks.job_bench import job_arguments, run_job_once, run_repetitions
@@ -185,14 +185,23 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("--dilation", type=float, default=0.3, help="--emulated: wall seconds per modelled second")
         ap.add_argument("--token-scale", type=int, default=512, help="--emulated: modelled tokens per generated one")
         ap.add_argument("--prompt-token-scale", type=int, default=16, help="--emulated: modelled tokens per prompt one")
+        ap.add_argument("--partial-rollouts", action="store_true",
+                        help="partial rollouts with and without, on the demo with a long-tailed length spread "
+                             "(async_vs_sync_partial.py; --config defaults to examples/arithmetic_long_tail.yaml): "
+                             "the JSON's partial_rollouts section")
 
     args = job_arguments(__doc__.splitlines()[0], RESULTS, argv, eval_every)
+    if args.partial_rollouts:
+        if args.config == str(ROOT / "examples" / "arithmetic_grpo.yaml"):  # the default: the long-tailed demo instead
+            args.config = str(async_vs_sync_partial.CONFIG)
+        return async_vs_sync_partial.main(args)
     if args.emulated:
         if args.steps == 40:  # the CPU default; modelled steps take longer
             args.steps = 8
         return async_vs_sync_emulated.main(args)
     args.eval_every = args.eval_every or max(1, args.steps // 4)
-    return run_repetitions("async_vs_sync", args, one_repetition, aggregate, print_table)
+    return run_repetitions("async_vs_sync", args, one_repetition, aggregate, print_table,
+                           keep=("emulated", "partial_rollouts"))
 
 
 # -- its results tables: benchmarks/report.py renders every benchmark's from these --------

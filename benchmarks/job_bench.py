@@ -7,6 +7,7 @@ Used by ``async_vs_sync.py``, ``publish_dtype.py`` and ``delta_sparsity.py``.
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,8 +47,10 @@ def check_repetitions(ap: argparse.ArgumentParser, args: argparse.Namespace, qui
 
 
 def run_repetitions(name: str, args: argparse.Namespace, one_repetition: Callable[..., dict],
-                    aggregate: Callable[[list[dict]], dict], print_table: Callable[[dict], None]) -> int:
-    """Every repetition on one embedded broker, then the table and ``args.out``."""
+                    aggregate: Callable[[list[dict]], dict], print_table: Callable[[dict], None],
+                    keep: tuple[str, ...] = ()) -> int:
+    """Every repetition on one embedded broker, then the table and ``args.out`` (the sections
+    ``keep`` names, which other runs of the benchmark write, carried over as they were)."""
     load_before = load_now()
     with EmbeddedBroker(heap="1g") as broker:
         reps = [one_repetition(args, broker, rep) for rep in range(args.repeats)]
@@ -55,6 +58,8 @@ def run_repetitions(name: str, args: argparse.Namespace, one_repetition: Callabl
     print_table(agg)
     out = {"benchmark": name, "steps": args.steps, "repeats": args.repeats, "config": args.config,
            "quick": args.quick, **agg, "repetitions": reps}
+    before = json.loads(Path(args.out).read_text()) if keep and Path(args.out).is_file() else {}
+    out.update({k: before[k] for k in keep if k in before})
     write_results(args.out, out, load_before)
     return 0
 

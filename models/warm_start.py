@@ -11,6 +11,8 @@ Tasks:
 
 * ``arithmetic`` — the solver of the demo (``12+7=`` -> ``19``), exactly the data the
   bootstrap has always trained on.
+* ``arithmetic_long_tail`` — the same problems, the answer followed by a run of dots of
+  long-tailed length (``12+7=`` -> ``19.....``): the long-tailed demo's solver.
 * ``verifier`` — checks a proposed answer by a test easier than solving: it writes the
   units digit the sum must end in, then its verdict, ``<A>`` (accept) when the answer ends
   in it, ``<R>`` (reject) otherwise: ``12+7=19|`` -> ``9<A>``, ``12+7=18|`` -> ``9<R>``.
@@ -47,6 +49,7 @@ from dataclasses import dataclass
 
 from astraflow.errors import FatalError
 from astraflow.workflows.arithmetic import generate_problems
+from astraflow.workflows.arithmetic import TAIL, tail_length, tail_reward
 from astraflow.workflows.arithmetic import reward as arithmetic_reward
 
 __all__ = ["Example", "WarmStartTask", "WarmStartError", "TASKS", "DEFAULT_TASK", "get_task", "task_names",
@@ -134,6 +137,17 @@ class WarmStartTask:
 
 def _arithmetic(n: int, seed: int, split: str, max_digits: int, ops: str) -> list[Example]:
     return [(p.prompt, p.answer) for p in generate_problems(n, seed=seed, split=split, max_digits=max_digits, ops=ops)]
+
+
+def _arithmetic_long_tail(n: int, seed: int, split: str, max_digits: int, ops: str) -> list[Example]:
+    """The demo's problems, each answer followed by a tail of long-tailed length (``19.....``)."""
+    rng = random.Random(f"tail-{seed}-{split}")
+    return [(p, a + TAIL * tail_length(rng)) for p, a in _arithmetic(n, seed, split, max_digits, ops)]
+
+
+def tail_score(completion: str, target: str) -> float:
+    """The long-tailed task's score: its answer right, whatever the length of the runs after it."""
+    return tail_reward(completion, target.rstrip(TAIL))
 
 
 def near_miss(answer: str, rng: random.Random) -> str:
@@ -265,6 +279,14 @@ TASKS: dict[str, WarmStartTask] = {t.name: t for t in (
     # 0.265 on the kept-out problems, 0.300 held out (greedy).
     WarmStartTask("arithmetic", "solve a+b= (the demo's solver)", _arithmetic, 0.25,
                   score=arithmetic_reward, max_new_tokens=8, revision=2, problem=arithmetic_problem),
+    # The long-tailed demo (examples/arithmetic_long_tail.yaml): the same problems, each answer
+    # followed by a run of dots whose length the model learns from a log-normal spread (median 6,
+    # one in 20 over 30, capped at 60), so its sampled lengths have the long tail partial rollouts
+    # are for. (Revision 1 put the run before the answer: at step 1,125 of a build the model had
+    # not learnt to find the prompt again after it, 0.000-0.005 exact match.)
+    WarmStartTask("arithmetic_long_tail", "solve a+b=, then a long-tailed run of dots (19......)",
+                  _arithmetic_long_tail, 0.25, score=tail_score, max_new_tokens=None, revision=2,
+                  problem=arithmetic_problem),
     # Revision 1 judged the whole answer (a+b=c| -> <A>/<R>, half its pool arithmetic) and
     # validated on the problems it trained on: 0.67 there, at chance on the solver's answers.
     WarmStartTask("verifier", "check a+b=c| by its units digit: 9<A> (ends right) or 9<R>; half are near misses",

@@ -313,3 +313,45 @@ def test_no_two_benchmark_modules_import_each_other_and_lib_imports_no_benchmark
     for m in sorted(graph):
         visit(m, [])
     assert cycles == []
+
+
+def test_partial_rollouts_on_cpu_pairs_the_arms_by_repetition_and_renders(monkeypatch, tmp_path):
+    """The CPU partial-rollouts arms: ratios paired within a repetition (with over without), the
+    order alternating; the section renders; and a rerun of the CPU benchmark keeps the section."""
+    from astraflow.benchmarks import async_vs_sync_partial as p
+    from astraflow.benchmarks import job_bench
+
+    def arm(s, wait, lag, acc):
+        return {"s_per_step": s, "weights_wait_s_per_load": wait, "weights_loads": 20.0, "partial_rows": 0.0,
+                "partial_recomputed_tokens": 0.0, "token_lag_mean": lag, "staleness_max_mean": 1.0,
+                "tokens_per_row": 9.5, "accuracy_initial": 0.2, "accuracy_final": acc}
+
+    reps = [{"without": arm(1.0 + i, 0.4, 0.8, 0.3), "with": arm(0.5 + i, 0.1, 0.4 + i / 10, 0.31)} for i in range(3)]
+    agg = p.aggregate(reps)
+    assert agg["speedup_with_over_without"]["runs"] == pytest.approx([1 / 0.5, 2 / 1.5, 3 / 2.5])
+    assert agg["token_lag_with_over_without"]["runs"] == pytest.approx([0.5, 0.625, 0.75])
+    assert agg["weights_wait_with_over_without"]["median"] == pytest.approx(0.25)
+    assert agg["arms"]["with"]["accuracy_final"]["n"] == 3
+    rows = p.report_rows(lambda name: {"partial_rollouts": {"steps": 30, "repeats": 3, **agg}})
+    assert any(r.startswith("| on |") for r in rows) and any(r.startswith("| off |") for r in rows)
+    assert any("not emulated" in r for r in rows)
+
+    out = tmp_path / "async_vs_sync.json"
+    out.write_text(json.dumps({"partial_rollouts": {"kept": 1}, "emulated": {"kept": 2}, "modes": "old"}))
+
+    class NoBroker:  # the loop's broker is not used by this repetition
+        def __init__(self, **_):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(job_bench, "EmbeddedBroker", NoBroker)
+    args = job_bench.job_arguments("t", out, ["--out", str(out), "--quick"])
+    job_bench.run_repetitions("async_vs_sync", args, lambda a, b, rep: {"x": rep}, lambda reps: {"modes": "new"},
+                              lambda agg: None, keep=("emulated", "partial_rollouts"))
+    data = json.loads(out.read_text())
+    assert data["modes"] == "new" and data["partial_rollouts"] == {"kept": 1} and data["emulated"] == {"kept": 2}

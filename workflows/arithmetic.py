@@ -29,6 +29,9 @@ __all__ = [
     "evaluate",
     "answer_of",
     "chat_question",
+    "TAIL",
+    "tail_length",
+    "tail_reward",
 ]
 
 HELDOUT_BUCKETS = 10  # one bucket in ten is held out
@@ -120,6 +123,27 @@ def reward(completion_text: str, answer: str) -> float:
     answer, else 0.0. The caller strips special tokens (decode with
     ``skip_special_tokens=True``)."""
     return 1.0 if completion_text.strip() == answer else 0.0
+
+
+#: The long-tailed variant (``examples/arithmetic_long_tail.yaml``): after its answer the model
+#: writes a run of this token, of a length it learnt from a long-tailed spread (``12+7=`` ->
+#: ``19.....``), so the rows of one call end at very different steps, as a reasoning model's do,
+#: and a call lasts as long as its longest row. The answer comes first so that learning it is
+#: the demo's task unchanged (a tiny model does not learn to find the prompt again after a long
+#: run of filler), and the greedy path, which writes the longest tail, still answers.
+TAIL = "."
+
+
+def tail_length(rng: random.Random, median: float = 6.0, sigma: float = 1.0, cap: int = 60) -> int:
+    """A tail's length: log-normal around ``median`` (``sigma`` in log space), at most ``cap``.
+    With the defaults one tail in 20 is over 30 tokens and one in 100 reaches the cap."""
+    return min(cap, int(median * rng.lognormvariate(0.0, sigma)))
+
+
+def tail_reward(completion_text: str, answer: str) -> float:
+    """Exact match of what comes before the trailing run of :data:`TAIL` tokens (of any
+    length, none included): the reward of the long-tailed variant."""
+    return reward(completion_text.strip().rstrip(TAIL), answer)
 
 
 def evaluate(

@@ -25,6 +25,7 @@ from .seeds import task_seeds
 from .types import Episode, EpisodeResult, Trajectory
 
 reward("exact_match")(arithmetic.reward)
+reward("answer_before_tail")(arithmetic.tail_reward)
 
 
 @workflow("rlvr", roles=("solver",))

@@ -60,3 +60,12 @@ def test_rows_span_versions_and_a_kill_mid_row_loses_nothing(bootstrap, smol_ran
     assert spanning, "no sample spans two versions: the partial path never ran"
     for s in spanning:  # versions only move forward within a row
         assert list(s.versions) == sorted(s.versions)
+    # per step the trained tokens' mean lag is at most the oldest token's, and below it where a
+    # row crossed a version (its later tokens are newer): what partial rollouts shorten
+    by_step = {}
+    for m in h.metrics:
+        if m.name in ("trainer.token_lag_mean", "trainer.staleness_max"):
+            by_step.setdefault(m.step, {})[m.name] = m.value
+    lags = [(v["trainer.token_lag_mean"], v["trainer.staleness_max"]) for v in by_step.values() if len(v) == 2]
+    assert lags and all(0 <= mean <= oldest for mean, oldest in lags)
+    assert any(mean < oldest for mean, oldest in lags)

@@ -300,3 +300,28 @@ def test_search_examples_are_the_agents_exact_text_and_disjoint_from_heldout():
     held = {p.split("<a>", 1)[0] for p, _ in task.examples(60, 0, "heldout")}
     assert held and all(split_of(h) == "heldout" for h in held)
     assert not held & {p.split("<a>", 1)[0] for p, _ in ex}
+
+
+def test_long_tail_examples_answer_first_then_a_long_tailed_run_of_dots():
+    """The long-tailed demo's solver: the demo's problems, each answer followed by a run of dots
+    whose lengths are log-normal (median 5, about one in 20 over 30, capped at 60); the reward
+    reads the answer before the run, so the score of a target is 1 and of a wrong answer 0."""
+    from astraflow.workflows.arithmetic import TAIL, answer_of, tail_reward
+    task = get_task("arithmetic_long_tail")
+    examples = task.examples(4000, 0)
+    assert [p for p, _ in examples] == [p for p, _ in get_task("arithmetic").examples(4000, 0)]
+    runs = []
+    for prompt, target in examples:
+        a, b = prompt[:-1].split("+")
+        answer = answer_of(int(a), "+", int(b))
+        assert target.startswith(answer) and set(target[len(answer):]) <= {TAIL}
+        runs.append(len(target) - len(answer))
+        assert task.score(target, target) == task.score(answer, target) == tail_reward(target, answer) == 1.0
+        assert task.score(answer + "1" + TAIL, target) == 0.0  # a run's length is not scored, the answer is
+    runs.sort()
+    assert runs[len(runs) // 2] == 5 and max(runs) == 60
+    assert 0.03 < sum(r > 30 for r in runs) / len(runs) < 0.07  # the tail: ~5% past six times the median
+    assert 0.005 < runs.count(60) / len(runs) < 0.02
+    assert task.examples(50, 0) == examples[:50] and task.examples(50, 1) != examples[:50]
+    assert tail_reward("19", "19") == tail_reward(" 19... ", "19") == 1.0
+    assert tail_reward("1.9", "19") == tail_reward("19.x.", "19") == tail_reward("...19", "19") == 0.0
