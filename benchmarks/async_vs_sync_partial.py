@@ -43,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "arithmetic_long_tail.yaml"
 ARMS = {"without": False, "with": True}  #: arm -> rollout.partial
 KEYS = ("s_per_step", "weights_wait_s_per_load", "weights_loads", "partial_rows", "partial_recomputed_tokens",
-        "token_lag_mean", "staleness_max_mean", "tokens_per_row", "accuracy_final")
+        "token_lag_mean", "staleness_max_mean", "tokens_per_row", "accuracy_final", "train_s", "trainer_wait_s",
+        "rollout_busy_s")
 
 
 def analyse(run_dir: Path, n_samples: int) -> dict:
@@ -54,7 +55,17 @@ def analyse(run_dir: Path, n_samples: int) -> dict:
     loads = last_per_node(rows, "raas.weights_loads")
     generated, trajectories = total(rows, "raas.generated_tokens"), total(rows, "raas.tasks") * n_samples
     summary = read_summary(run_dir)
-    return {"s_per_step": (step_ts[last] - step_ts[first]) / (last - first),
+    n = last - first
+
+    def trainer_per_step(name: str) -> float:  # the window's steps, by the step each value reports
+        return sum({int(r["step"]): r["value"] for r in rows if r["name"] == name and first < int(r["step"]) <= last}
+                   .values()) / n
+
+    busy = sum(r["value"] for r in rows if r["name"] == "raas.busy_s" and step_ts[first] < r["ts"] <= step_ts[last])
+    return {"s_per_step": (step_ts[last] - step_ts[first]) / n,
+            # which side binds: the trainer's busy and waiting seconds and the node's busy ones, per step
+            "train_s": trainer_per_step("trainer.train_s"), "trainer_wait_s": trainer_per_step("trainer.wait_s"),
+            "rollout_busy_s": busy / n,
             "weights_loads": loads,
             "weights_wait_s_per_load": last_per_node(rows, "raas.weights_wait_s") / loads if loads else 0.0,
             "partial_rows": last_per_node(rows, "raas.partial_rows"),
@@ -100,6 +111,11 @@ def print_table(agg: dict) -> None:
         print(f"{arm:8} {fmt_spread(r['s_per_step']):>20} {fmt_spread(r['weights_wait_s_per_load'], '.3f'):>22} "
               f"{fmt_spread(r['token_lag_mean']):>20} {fmt_spread(r['staleness_max_mean']):>20} "
               f"{fmt_spread(r['tokens_per_row'], '.1f'):>20} {fmt_spread(r['accuracy_final'], '.3f'):>22}")
+    for arm in ARMS:
+        r = agg["arms"][arm]
+        print(f"{arm}: per step, trainer busy {fmt_spread(r['train_s'])} s and waiting {fmt_spread(r['trainer_wait_s'])}"
+              f" s, the node busy {fmt_spread(r['rollout_busy_s'])} s; rows continued under a newer version "
+              f"{fmt_spread(r['partial_rows'], '.0f')}")
     for k in ("speedup_with_over_without", "token_lag_with_over_without", "weights_wait_with_over_without"):
         print(f"{k:34} {fmt_spread(agg[k])}")
 
@@ -142,6 +158,11 @@ def report_rows(load: Loader) -> list[str]:
                    f"{_sp(r['weights_wait_s_per_load'], '.3f')} | {_sp(r['token_lag_mean'])} | "
                    f"{_sp(r['staleness_max_mean'])} | {_sp(r['tokens_per_row'], '.1f')} | "
                    f"{r['accuracy_initial']:.3f} → {_sp(r['accuracy_final'], '.3f')} |")
+    busy = "; ".join(f"{'on' if ARMS[a] else 'off'}: trainer busy {_sp(d['arms'][a]['train_s'])} s and waiting "
+                     f"{_sp(d['arms'][a]['trainer_wait_s'])} s per step, the RaaS node busy "
+                     f"{_sp(d['arms'][a]['rollout_busy_s'])} s, rows continued under a newer version "
+                     f"{_sp(d['arms'][a]['partial_rows'], '.0f')}" for a in ARMS if "train_s" in d["arms"][a])
+    out += ["", f"{busy}." if busy else ""]
     out += ["", f"With over without: s/step speed-up {_sp(d['speedup_with_over_without'])}x; trained tokens' mean "
                 f"lag x{_sp(d['token_lag_with_over_without'])}; wait per load x"
                 f"{_sp(d['weights_wait_with_over_without'])}.", ""]

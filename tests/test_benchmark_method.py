@@ -324,7 +324,8 @@ def test_partial_rollouts_on_cpu_pairs_the_arms_by_repetition_and_renders(monkey
     def arm(s, wait, lag, acc):
         return {"s_per_step": s, "weights_wait_s_per_load": wait, "weights_loads": 20.0, "partial_rows": 0.0,
                 "partial_recomputed_tokens": 0.0, "token_lag_mean": lag, "staleness_max_mean": 1.0,
-                "tokens_per_row": 9.5, "accuracy_initial": 0.2, "accuracy_final": acc}
+                "tokens_per_row": 9.5, "accuracy_initial": 0.2, "accuracy_final": acc, "train_s": 0.9,
+                "trainer_wait_s": 0.1, "rollout_busy_s": 0.6}
 
     reps = [{"without": arm(1.0 + i, 0.4, 0.8, 0.3), "with": arm(0.5 + i, 0.1, 0.4 + i / 10, 0.31)} for i in range(3)]
     agg = p.aggregate(reps)
@@ -334,7 +335,7 @@ def test_partial_rollouts_on_cpu_pairs_the_arms_by_repetition_and_renders(monkey
     assert agg["arms"]["with"]["accuracy_final"]["n"] == 3
     rows = p.report_rows(lambda name: {"partial_rollouts": {"steps": 30, "repeats": 3, **agg}})
     assert any(r.startswith("| on |") for r in rows) and any(r.startswith("| off |") for r in rows)
-    assert any("not emulated" in r for r in rows)
+    assert any("not emulated" in r for r in rows) and any("trainer busy 0.90" in r for r in rows)
 
     out = tmp_path / "async_vs_sync.json"
     out.write_text(json.dumps({"partial_rollouts": {"kept": 1}, "emulated": {"kept": 2}, "modes": "old"}))
