@@ -174,6 +174,46 @@ def print_table(agg: dict) -> None:
                                                     if k in path) + " s")
 
 
+REAL_MODEL_CONFIG = ROOT / "examples" / "smollm2_chat_arithmetic.yaml"
+REAL_MODEL_GOAL = 1.15  #: the distributed job's s/step over one process's on every core, at most (issue 58)
+
+
+def one_repetition_real(args, broker, rep: int) -> dict:
+    """The real model (``--real-model``): async through ``astraflow run`` and the in-process loop
+    on every core (what a user would run instead), same prompts, seeds, model, batch and LR."""
+    overrides = {"mode": "async", "trainer.steps": args.steps, "eval.every": 0,
+                 "job": f"bench-real-async-{int(time.time())}-{rep}"}
+    load = load_now()
+    run_dir, cfg = run_job_once(args, broker, rep, overrides, "async, real model")
+    out = {"async": {**analyse(run_dir, cfg.rollout.nodes), "load_before": load["loadavg"]}}
+    threads = os.cpu_count() or 1
+    print(f"--- repetition {rep + 1}: in-process, real model ({threads} threads)", flush=True)
+    load = load_now()
+    out["inprocess_all_cores"] = {**run_inprocess(args.config, args.steps, threads, args.eval_every),
+                                  "load_before": load["loadavg"]}
+    return out
+
+
+def aggregate_real(reps: list[dict]) -> dict:
+    """The real model's two modes, and their ratio paired within each repetition."""
+    modes = {m: {k: spread([r[m][k] for r in reps]) for k in ("s_per_step", "time_to_last_step_s", "accuracy_final")}
+             for m in ("async", "inprocess_all_cores")}
+    for m in modes:
+        modes[m]["accuracy_initial"] = reps[0][m]["accuracy_initial"]
+    ratio = ratio_spread(modes["async"]["s_per_step"], modes["inprocess_all_cores"]["s_per_step"])
+    return {"modes": modes, "ratio_to_inprocess_all_cores": ratio, "goal": REAL_MODEL_GOAL,
+            "goal_met": ratio["median"] <= REAL_MODEL_GOAL}
+
+
+def print_real(agg: dict) -> None:
+    print_header(f"{'real model':22} {'s/step':>20} {'time to last step s':>22} {'acc final':>22}")
+    for mode, r in agg["modes"].items():
+        print(f"{mode:22} {fmt_spread(r['s_per_step']):>20} {fmt_spread(r['time_to_last_step_s'], '.1f'):>22} "
+              f"{fmt_spread(r['accuracy_final'], '.3f'):>22}")
+    print(f"ratio_to_inprocess_all_cores {fmt_spread(agg['ratio_to_inprocess_all_cores'])} "
+          f"(goal <= {agg['goal']}: {'met' if agg['goal_met'] else 'not met'})")
+
+
 def main(argv: list[str] | None = None) -> int:
     def eval_every(ap) -> None:
         ap.add_argument("--eval-every", type=int, default=0, help="in-process evaluations (default: steps / 4)")
@@ -185,14 +225,26 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("--dilation", type=float, default=0.3, help="--emulated: wall seconds per modelled second")
         ap.add_argument("--token-scale", type=int, default=512, help="--emulated: modelled tokens per generated one")
         ap.add_argument("--prompt-token-scale", type=int, default=16, help="--emulated: modelled tokens per prompt one")
+        ap.add_argument("--real-model", action="store_true",
+                        help="async vs one process on every core on the real model (--config defaults to "
+                             "examples/smollm2_chat_arithmetic.yaml): the JSON's real_model section")
         ap.add_argument("--partial-rollouts", action="store_true",
                         help="partial rollouts with and without, on the demo with a long-tailed length spread "
                              "(async_vs_sync_partial.py; --config defaults to examples/arithmetic_long_tail.yaml): "
                              "the JSON's partial_rollouts section")
 
     args = job_arguments(__doc__.splitlines()[0], RESULTS, argv, eval_every)
+    default_config = args.config == str(ROOT / "examples" / "arithmetic_grpo.yaml")
+    if args.real_model:
+        if default_config:
+            args.config = str(REAL_MODEL_CONFIG)
+        if args.steps == 40:  # the CPU default; a real model's step takes ~100x the tiny one's
+            args.steps = 10
+        args.eval_every = args.eval_every or args.steps
+        return run_repetitions("async_vs_sync", args, one_repetition_real, aggregate_real, print_real,
+                               section="real_model")
     if args.partial_rollouts:
-        if args.config == str(ROOT / "examples" / "arithmetic_grpo.yaml"):  # the default: the long-tailed demo instead
+        if default_config:  # the long-tailed demo instead
             args.config = str(async_vs_sync_partial.CONFIG)
         return async_vs_sync_partial.main(args)
     if args.emulated:
@@ -201,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         return async_vs_sync_emulated.main(args)
     args.eval_every = args.eval_every or max(1, args.steps // 4)
     return run_repetitions("async_vs_sync", args, one_repetition, aggregate, print_table,
-                           keep=("emulated", "partial_rollouts"))
+                           keep=("emulated", "partial_rollouts", "real_model"))
 
 
 # -- its results tables: benchmarks/report.py renders every benchmark's from these --------
@@ -242,6 +294,14 @@ def report_rows(load: Loader) -> list[str]:
     out += ["", "| overlap efficiency of the in-process overlapped loop (no plumbing) | async / in-process "
             "overlapped s/step |", "|---:|---:|",
             f"| {_sp(d['inprocess_overlap_efficiency'])} | {_sp(d['ratio_to_inprocess_overlapped'])} |"]
+    real = d.get("real_model")
+    if real:  # the same comparison on the real model (--real-model)
+        rm = real["modes"]
+        out += ["", f"On the real model (`--real-model`: `{Path(real['config']).name}`, {real['steps']} steps, median "
+                    f"(min–max) of {real['repeats']} repetitions): async {_sp(rm['async']['s_per_step'])} s/step, "
+                    f"one process on every core {_sp(rm['inprocess_all_cores']['s_per_step'])}; ratio "
+                    f"{_sp(real['ratio_to_inprocess_all_cores'])} (goal ≤ {real['goal']}: "
+                    f"{'met' if real['goal_met'] else 'not met'})."]
     return out + [""]
 
 

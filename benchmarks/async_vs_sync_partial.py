@@ -31,9 +31,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from astraflow.benchmarks.job_bench import run_job_once
+from astraflow.benchmarks.job_bench import run_job_once, run_repetitions
 from astraflow.benchmarks.lib.emulated import last_per_node
-from astraflow.benchmarks.lib.results import load_now, write_section
+from astraflow.benchmarks.lib.results import load_now
 from astraflow.benchmarks.lib.run_metrics import read_summary, total
 from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread
 from astraflow.benchmarks.lib.steady import steady_steps
@@ -121,16 +121,8 @@ def print_table(agg: dict) -> None:
 
 
 def main(args) -> int:
-    from astraflow.topics import EmbeddedBroker  # the Kafka client (~0.7 s to import): only when the runs start
-    load_before = load_now()
-    with EmbeddedBroker(heap="1g") as broker:
-        reps = [one_repetition(args, broker, rep) for rep in range(args.repeats)]
-    agg = aggregate(reps)
-    print_table(agg)
-    section = {"emulated": False, "config": args.config, "steps": args.steps, "repeats": args.repeats,
-               "quick": args.quick, "method": __doc__, **agg, "repetitions": reps}
-    write_section(args.out, "partial_rollouts", section, load_before, "async_vs_sync")
-    return 0
+    return run_repetitions("async_vs_sync", args, one_repetition, aggregate, print_table, section="partial_rollouts",
+                           extra={"emulated": False, "method": __doc__})
 
 
 # -- its results tables: benchmarks/report.py renders every benchmark's from these --------

@@ -454,7 +454,7 @@ def _report_team_rows(sv: dict | None) -> list[str]:
            f"iterations; **modelled seconds**; median (min–max) of each row's repetitions ({reps})"
            f"{note and note + ' (the last run)'})", "",
            *([] if sv.get("window") == WINDOW_RULE else [
-               "**Measured before stop 68's fixes to the instrument, rerun pending** (the steady window ended where "
+               "**Measured before stop 66's fixes to the instrument, rerun pending** (the steady window ended where "
                "the pools ran dry; generated context priced at the prompt's scale: see Table 2's section).", ""]),
            *_report_scale_rows(sv["by_devices"], "iter")]
     splits = []

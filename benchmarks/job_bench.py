@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from astraflow.benchmarks.lib.results import load_now, write_results
+from astraflow.benchmarks.lib.results import load_now, write_results, write_section
 from astraflow.topics import EmbeddedBroker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,16 +48,20 @@ def check_repetitions(ap: argparse.ArgumentParser, args: argparse.Namespace, qui
 
 def run_repetitions(name: str, args: argparse.Namespace, one_repetition: Callable[..., dict],
                     aggregate: Callable[[list[dict]], dict], print_table: Callable[[dict], None],
-                    keep: tuple[str, ...] = ()) -> int:
-    """Every repetition on one embedded broker, then the table and ``args.out`` (the sections
-    ``keep`` names, which other runs of the benchmark write, carried over as they were)."""
+                    keep: tuple[str, ...] = (), section: str | None = None, extra: dict | None = None) -> int:
+    """Every repetition on one embedded broker, then the table and ``args.out``: the whole file
+    (the sections ``keep`` names, which other runs of the benchmark write, carried over as they
+    were), or only its ``section`` (with ``extra`` fields), the rest left as measured."""
     load_before = load_now()
     with EmbeddedBroker(heap="1g") as broker:
         reps = [one_repetition(args, broker, rep) for rep in range(args.repeats)]
     agg = aggregate(reps)
     print_table(agg)
     out = {"benchmark": name, "steps": args.steps, "repeats": args.repeats, "config": args.config,
-           "quick": args.quick, **agg, "repetitions": reps}
+           "quick": args.quick, **(extra or {}), **agg, "repetitions": reps}
+    if section is not None:
+        write_section(args.out, section, out, load_before, name)
+        return 0
     before = json.loads(Path(args.out).read_text()) if keep and Path(args.out).is_file() else {}
     out.update({k: before[k] for k in keep if k in before})
     write_results(args.out, out, load_before)

@@ -49,7 +49,7 @@ last policy's trainer steps from the end of step ``max_staleness + 2`` to the en
 before the window the pools roll out up to ``max_staleness`` batches ahead and the first
 steps train those, and once the job's last batch is scheduled they run dry while the
 trainers catch up; a window that took in either would credit the schedule with work done
-outside it (the 5-iteration runs of stops 40-41 took in the first; Table 2 before stop 68
+outside it (the 5-iteration runs of stops 40-41 took in the first; Table 2 before stop 66
 ended where the dataflow stopped scheduling, the second). Beside it, each arm's busiest
 resource's work per batch over the whole run (``whole_run_bound_s_per_iter``): no steady
 state beats it, and a repetition measured faster is counted (``faster_than_whole_run_work``). (c): the mean of
@@ -342,7 +342,7 @@ def report_rows(load: Loader) -> list[str]:
            f"{d['steps']} iterations per arm, median (min–max) of {d['repeats']} repetitions; "
            f"{_report_lengths(d)}; split of (a)/(b) chosen by the benchmark's rule: {split})", "",
            *([] if d.get("window") == WINDOW_RULE else [
-               "**Measured before stop 68's fixes to the instrument, rerun pending:** the Kafka arms' steady window "
+               "**Measured before stop 66's fixes to the instrument, rerun pending:** the Kafka arms' steady window "
                "ended where the dataflow stopped scheduling (the pools ran dry inside it, which flatters (a) and "
                "(b)), and context a model generated (the answer in the verifier's prompt, answer and verdict in a "
                "retry) was priced at the prompt's scale; see docs/emulation.md.", ""]),
@@ -419,7 +419,7 @@ def readme_row(load: Loader) -> ReadmeRow | None:
     s = {k: r["s_per_iter"]["median"] for k, r in d["arms"].items()}
     tuned = d.get("tuned") if (d.get("tuned") or {}).get("table2_created") == d.get("created") else None
     a_tuned = ((tuned or {}).get("arms") or {}).get("async")
-    stale = "" if d.get("window") == WINDOW_RULE else ", measured before stop 68's window and context-pricing fixes"
+    stale = "" if d.get("window") == WINDOW_RULE else ", measured before stop 66's window and context-pricing fixes"
     return ReadmeRow(REPORT_TITLE, f"modelled s / iteration on {d['devices']} {d['profile']}, median of {d['repeats']}"
                      + stale,
                      f"async {s['async']:.1f} · lockstep {s['lockstep']:.1f} · trainer-centred {s['colocated']:.1f}"

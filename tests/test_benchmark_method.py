@@ -356,3 +356,23 @@ def test_partial_rollouts_on_cpu_pairs_the_arms_by_repetition_and_renders(monkey
                               lambda agg: None, keep=("emulated", "partial_rollouts"))
     data = json.loads(out.read_text())
     assert data["modes"] == "new" and data["partial_rollouts"] == {"kept": 1} and data["emulated"] == {"kept": 2}
+
+
+def test_the_real_model_section_pairs_async_with_one_process_on_every_core():
+    """``--real-model``: the ratio is paired within each repetition and judged against 1.15 on its
+    median; the async_vs_sync table shows it under the CPU one."""
+    from astraflow.benchmarks import async_vs_sync
+
+    def mode(s):
+        return {"s_per_step": s, "time_to_last_step_s": 10 * s, "accuracy_initial": 0.3, "accuracy_final": 0.4}
+
+    reps = [{"async": mode(a), "inprocess_all_cores": mode(b)} for a, b in ((12.0, 10.0), (11.0, 10.0), (13.0, 10.0))]
+    agg = async_vs_sync.aggregate_real(reps)
+    assert agg["ratio_to_inprocess_all_cores"]["runs"] == pytest.approx([1.2, 1.1, 1.3])
+    assert agg["ratio_to_inprocess_all_cores"]["median"] == pytest.approx(1.2) and not agg["goal_met"]
+    reps[2]["async"]["s_per_step"] = 11.4
+    assert async_vs_sync.aggregate_real(reps)["goal_met"]  # median 1.14
+    data = json.loads((Path(async_vs_sync.RESULTS)).read_text())
+    data["real_model"] = {"config": "examples/smollm2_chat_arithmetic.yaml", "steps": 10, "repeats": 3, **agg}
+    text = "\n".join(async_vs_sync.report_rows(lambda name: data))
+    assert "On the real model" in text and "1.20 (1.10–1.30)" in text and "not met" in text

@@ -63,7 +63,7 @@ def window_work(rows: list[dict], t0: float, t1: float, iterations: int, slack_s
 
 #: how a result's steady windows were measured: ending at a step with work still in flight
 #: (:func:`steps_for_window`) and generated context priced as generated (``emulation/cost.py``);
-#: a result without it was measured before stop 68's fixes, and is not mixed with one that has it
+#: a result without it was measured before stop 66's fixes, and is not mixed with one that has it
 WINDOW_RULE = "in_flight_both_ends"
 
 

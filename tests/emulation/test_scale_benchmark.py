@@ -144,7 +144,7 @@ def test_the_steady_window_leaves_out_the_batches_rolled_out_ahead_and_is_priced
 
 
 def test_a_window_that_ends_where_the_pools_run_dry_flatters_the_schedule_and_one_ended_earlier_does_not():
-    """The fault Table 2 had before stop 68: the job's last batches were rolled out before
+    """The fault Table 2 had before stop 66: the job's last batches were rolled out before
     the window closed, so its last steps only waited for the trainer. A 16-step run whose pool
     runs dry after step 12 (its horizon reached) measured to step 16 reads faster than the pool
     can go; measured to step 12 (:func:`steps_for_window` steps trained: 12 + max_staleness + 1)
@@ -190,7 +190,7 @@ def test_a_team_run_at_new_device_counts_keeps_the_counts_measured_the_same_way(
     assert es.kept_counts(out, argparse.Namespace(steps=6, dilation=0.3), table2, [32]) == {}
     assert es.kept_counts(out, args, {**table2, "max_staleness": 1}, [32]) == {}
     assert es.kept_counts(tmp_path / "absent.json", args, table2, [32]) == {}
-    # a section whose windows ended where its pools ran dry (before stop 68) is not mixed in
+    # a section whose windows ended where its pools ran dry (before stop 66) is not mixed in
     out.write_text(json.dumps({"benchmark": "emulated_scale", "solver_verifier": {**old, "window": None}}))
     assert es.kept_counts(out, args, table2, [32]) == {}
     out.write_text(json.dumps({"benchmark": "emulated_scale", "solver_verifier": old}))

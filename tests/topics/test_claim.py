@@ -44,7 +44,7 @@ def test_a_second_claimant_is_refused_with_the_holders_identity_until_the_holder
 def test_a_killed_holders_claim_lapses_and_passes_to_the_next_claimant(bootstrap, tmp_path):
     group = "claim-" + uuid.uuid4().hex[:8]
     # a session of 12 s: on a loaded box (the suite on three workers) a 6 s session of a live holder
-    # lapsed before the second claimant asked (a clean-clone run of stop 68), which is not what this tests
+    # lapsed before the second claimant asked (a clean-clone run of stop 66), which is not what this tests
     proc = subprocess.Popen([sys.executable, "-c", HOLD, bootstrap, group, "12000"], stdout=subprocess.PIPE,
                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
