@@ -376,3 +376,28 @@ def test_the_real_model_section_pairs_async_with_one_process_on_every_core():
     data["real_model"] = {"config": "examples/smollm2_chat_arithmetic.yaml", "steps": 10, "repeats": 3, **agg}
     text = "\n".join(async_vs_sync.report_rows(lambda name: data))
     assert "On the real model" in text and "1.20 (1.10–1.30)" in text and "not met" in text
+
+
+def test_lora_rows_are_over_the_full_snapshot_of_the_same_repetition_and_judged_on_the_median():
+    """lora.json's rows: every arm's bytes per version over the full model's bf16 snapshot of its
+    own repetition; the 1/100 goal judged on the median of the LoRA arms only; the table renders."""
+    from astraflow.benchmarks import lora
+
+    def arm(snapshot, delta, rss):
+        return {"snapshot_bytes": snapshot, "delta_bytes": delta, "published_params": 10, "trained_params": 10,
+                "train_step_s": 1.0, "peak_rss_mb": rss}
+
+    reps = [{"full": arm(1000.0 * (i + 1), 500.0, 900.0), "lora_r8": arm(5.0, 5.0 * (i + 1), 400.0),
+             "lora_r32": arm(20.0, 30.0, 410.0)} for i in range(3)]
+    rows = {r["arm"]: r for r in lora.aggregate(reps)}
+    assert rows["lora_r8"]["bytes_over_full_snapshot"]["runs"] == pytest.approx([5 / 1000, 10 / 2000, 15 / 3000])
+    assert rows["lora_r32"]["bytes_over_full_snapshot"]["runs"] == pytest.approx([0.03, 0.015, 0.01])
+    assert rows["lora_r8"]["meets_goal"] and not rows["lora_r32"]["meets_goal"] and rows["full"]["meets_goal"] is None
+    assert rows["lora_r8"]["rank"] == 8 and rows["full"]["rank"] is None
+    d = {"quick": False, "config": "examples/smollm2_chat_arithmetic.yaml", "steps": 3, "groups": 4,
+         "targets": ["q_proj"], "lora_lr": 1e-4, "repeats": 3, "goal": 0.01, "rows": list(rows.values())}
+    text = "\n".join(lora.report_rows(lambda name: d))
+    assert "| lora_r8 | 0.00500 (0.00500–0.00500) ✓" in text and "| lora_r32 | 0.01500" in text and "✗" in text
+    assert lora.report_rows(lambda name: {**d, "quick": True}) == []
+    assert lora.arm_overrides(None, 1e-4, ["q_proj"]) == {}
+    assert lora.arm_overrides(32, 1e-4, ["q_proj"])["trainer.engine.lora"]["alpha"] == 64.0

