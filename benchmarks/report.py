@@ -15,17 +15,17 @@ import argparse
 import json
 from pathlib import Path
 
-from astraflow.benchmarks import (async_vs_sync, async_vs_sync_emulated, cross_region, delta_sparsity, demo_run,
+from astraflow.benchmarks import (async_vs_sync, async_vs_sync_emulated, async_vs_sync_partial, cross_region, delta_sparsity, demo_run,
                                   elastic_emulated, elastic_slurm, emulated_scale, engine_throughput, multi_policy,
                                   multi_policy_emulated, multi_turn, off_policy, publish_dtype, real_model_runs, real_model_weights,
                                   topics_throughput, trainer_loss, trainer_scaling, weight_transfer)
 from astraflow.benchmarks.report_format import Loader, between, readme_table, replace_between
 from astraflow.benchmarks.lib.results import RESULTS_DIR
 
-#: every benchmark with a results table, in the order docs/benchmarks.md shows them (lora and
-#: async_vs_sync_partial join when their results are measured: every entry must render a section)
+#: every benchmark with a results table, in the order docs/benchmarks.md shows them (lora joins
+#: when lora.json is measured: every entry must render a section)
 BENCHMARKS = (demo_run, real_model_runs, real_model_weights, off_policy, async_vs_sync, async_vs_sync_emulated,
-              publish_dtype,
+              async_vs_sync_partial, publish_dtype,
               delta_sparsity, multi_policy,
               multi_policy_emulated, emulated_scale, elastic_emulated, elastic_slurm, multi_turn, cross_region, topics_throughput,
               weight_transfer, engine_throughput, trainer_scaling, trainer_loss)
