@@ -37,9 +37,7 @@ import json
 import os
 import pickle
 import resource
-import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +65,10 @@ def arm_overrides(rank: int | None, lora_lr: float, targets: list[str]) -> dict[
 
 
 def train_child(argv: list[str]) -> int:
-    """``--train-child``: one arm on the pickled batches, in a process of its own."""
-    from astraflow.actors.common import make_train_engine, model_path, set_threads, to_train_batch
-    from astraflow.benchmarks.real_model_weights import _bf16
-    from astraflow.config import load_config
-    from astraflow.topics import Batch
-    from astraflow.weights import codec
+    """``--train-child``: one arm on the pickled batches, in a process of its own (the trainer and
+    the codec are ``real_model_weights.deltas_at``'s; this process's peak RSS is the arm's)."""
+    from astraflow.actors.common import set_threads
+    from astraflow.benchmarks.real_model_weights import deltas_at
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--train-child", action="store_true")
@@ -83,31 +79,12 @@ def train_child(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     batches = pickle.loads(args.batches.read_bytes())
-    cfg = load_config(CONFIG, {"seed": args.seed, "data.seed": args.seed, "trainer.publish_dtype": "bfloat16",
-                               **json.loads(args.overrides)})
     set_threads(args.threads)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    trainer = make_train_engine(cfg, model_path(cfg))
-    try:
-        prev = _bf16(trainer.named_weights())
-        snapshot = codec.encode_version(prev, 0, threads=args.threads)
-        versions, train_s = [], []
-        for k, groups in enumerate(batches):
-            t0 = time.perf_counter()
-            trainer.train_step(to_train_batch(Batch(cfg.policy, k, groups, [])))
-            train_s.append(time.perf_counter() - t0)
-            new = _bf16(trainer.named_weights())
-            ev = codec.encode_version(new, k + 1, base=prev, base_version=k, threads=args.threads)
-            versions.append({"version": k + 1, "delta_bytes": ev.nbytes, "changed_fraction": ev.stats.changed_fraction})
-            prev = new
-        trained = sum(p.numel() for p in trainer.engine.module.parameters() if p.requires_grad)
-    finally:
-        trainer.close()
+    r = deltas_at(None, args.seed, batches, args.threads, extra=json.loads(args.overrides))
     write_result(args.out, {
-        "snapshot_bytes": snapshot.nbytes, "published_params": sum(t.numel() for t in prev.values()),
-        "trained_params": trained, "versions": versions,
-        "delta_bytes": statistics.median(v["delta_bytes"] for v in versions),
-        "train_step_s": statistics.median(train_s),
+        "snapshot_bytes": r["snapshot_bytes"], "published_params": r["params"], "trained_params": r["trained_params"],
+        "versions": r["versions"], "delta_bytes": r["delta_bytes"], "train_step_s": r["train_step_s"],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, "rss_before_mb": rss_before})
     return 0
 

@@ -62,10 +62,10 @@ GOAL = 1 / 20
 MB, GB = 1e6, 1e9
 
 
-def _config(seed: int, lr: float | None = None, groups: int = 4):
+def _config(seed: int, lr: float | None = None, groups: int = 4, extra: dict[str, Any] | None = None):
     from astraflow.config import load_config
     over: dict[str, Any] = {"seed": seed, "data.seed": seed, "dataflow.groups_per_batch": groups,
-                            "trainer.publish_dtype": "bfloat16"}
+                            "trainer.publish_dtype": "bfloat16", **(extra or {})}
     if lr is not None:
         over["trainer.engine.lr"] = lr
     return load_config(CONFIG, over)
@@ -109,15 +109,17 @@ def rollouts(seed: int, steps: int, groups: int) -> tuple[list[list], dict[str, 
                      "samples": len(rewards)}
 
 
-def deltas_at(lr: float, seed: int, batches: list[list], threads: int, keep: bool = False) -> dict[str, Any]:
-    """A fresh trainer at ``lr`` trained on ``batches``: per version, the bf16 delta's bytes
-    and changed fraction against the previous version, and the bf16 snapshot's bytes;
-    ``keep``: also the trainer's fp32 weights before and after its first step (``first``, ``stepped``)."""
+def deltas_at(lr: float | None, seed: int, batches: list[list], threads: int, keep: bool = False,
+              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A fresh trainer at ``lr`` (None: the job's) trained on ``batches``: per version, the bf16
+    delta's bytes and changed fraction against the previous version, and the bf16 snapshot's
+    bytes; ``extra``: more config overrides (a LoRA arm's); ``keep``: also the trainer's fp32
+    weights before and after its first step (``first``, ``stepped``)."""
     from astraflow.actors.common import make_train_engine, model_path, to_train_batch
     from astraflow.topics import Batch
     from astraflow.weights import codec
 
-    cfg = _config(seed, lr)
+    cfg = _config(seed, lr, extra=extra)
     trainer = make_train_engine(cfg, model_path(cfg))
     kept: dict[str, Any] = {}
     try:
@@ -140,9 +142,10 @@ def deltas_at(lr: float, seed: int, batches: list[list], threads: int, keep: boo
             if keep and k == 0:
                 kept["stepped"] = {n: t.clone() for n, t in trainer.named_weights().items()}
             prev = new
+        trained = sum(p.numel() for p in trainer.engine.module.parameters() if p.requires_grad)
     finally:
         trainer.close()
-    return {"lr": lr, "snapshot_bytes": snapshot.nbytes, "raw_bytes": snapshot.stats.raw_nbytes,
+    return {"lr": lr, "trained_params": trained, "snapshot_bytes": snapshot.nbytes, "raw_bytes": snapshot.stats.raw_nbytes,
             "params": sum(t.numel() for t in prev.values()), "versions": per_version,
             "delta_over_snapshot": statistics.median(v["delta_over_snapshot"] for v in per_version),
             "delta_bytes": statistics.median(v["delta_bytes"] for v in per_version),
