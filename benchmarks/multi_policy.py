@@ -68,7 +68,7 @@ import yaml
 from astraflow.benchmarks import multi_policy_emulated, multi_policy_resplit
 from astraflow.benchmarks.job_bench import check_repetitions
 from astraflow.benchmarks.lib.cli import parse_sets
-from astraflow.benchmarks.lib.results import load_now, write_results, write_section
+from astraflow.benchmarks.lib.results import load_now, repo_path, repo_relative, write_results, write_section
 from astraflow.benchmarks.lib.run_metrics import read_rows
 from astraflow.benchmarks.multi_policy_alone import best_evaluated
 from astraflow.benchmarks.multi_policy_arms import ARMS, one_repetition
@@ -179,7 +179,7 @@ def finish(args, base: dict, overrides: dict, reps: list[dict], load_before: dic
     agg = aggregate(reps, problems=base.get("eval", {}).get("problems"))
     workflow = base.get("workflow", {}).get("name", "solver_verifier")
     print_table(agg)
-    out = {"benchmark": "multi_policy", "steps": args.steps, "repeats": args.repeats, "config": args.config,
+    out = {"benchmark": "multi_policy", "steps": args.steps, "repeats": args.repeats, "config": repo_relative(args.config),
            "overrides": overrides, "arms": sorted(args.arms),
            "quick": args.quick, "sequential_threads": args.threads, "alone_eval_every": args.alone_eval_every,
            "alone_run_factor": args.alone_run_factor, "alone_eval": args.alone_eval,
@@ -240,8 +240,9 @@ def reanalyse(path: Path, section: str | None = None) -> int:
         alone = r.get("solver_alone")
         if alone and alone.get("run_dir") and (Path(alone["run_dir"]) / "metrics.jsonl").exists():
             alone.update(best_evaluated(read_rows(Path(alone["run_dir"]))))
-    agg = aggregate(reps, problems=yaml.safe_load(Path(out["config"]).read_text()).get("eval", {}).get("problems")
-                    if Path(out["config"]).exists() else None)
+    config = repo_path(out["config"])
+    agg = aggregate(reps, problems=yaml.safe_load(config.read_text()).get("eval", {}).get("problems")
+                    if config.exists() else None)
     print_table(agg)
     out.update(agg, method=__doc__, definitions=DEFINITIONS,
                notes=notes(agg, out["sequential_threads"], out["steps"], out["alone_eval_every"]),

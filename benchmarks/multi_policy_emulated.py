@@ -75,7 +75,7 @@ import yaml
 
 from astraflow.benchmarks.lib.device_split import SHARE_MARGIN, best_placement, devices_of_stage, placement
 from astraflow.benchmarks.lib.emulated import stage_of
-from astraflow.benchmarks.lib.results import load_now, write_results
+from astraflow.benchmarks.lib.results import load_now, repo_relative, write_results
 from astraflow.benchmarks.lib.steady import WINDOW_RULE
 from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread, spread_each
 from astraflow.benchmarks.lib.table import print_header
@@ -155,7 +155,7 @@ def main(args) -> int:
               "token_scale": args.token_scale, "prompt_token_scale": args.prompt_token_scale,
               "workload": args.workload or None, "max_staleness": args.max_staleness, "max_new_tokens_modelled": args.max_new_tokens_modelled,
               "max_new_tokens_real": real_max_new_tokens(args),
-              "steps": args.steps, "repeats": args.repeats, "config": args.config, "quick": args.quick,
+              "steps": args.steps, "repeats": args.repeats, "config": repo_relative(args.config), "quick": args.quick,
               "shape": SEED_SHAPE, "seed_reference": {"trainer_centred_s_per_iter": 212.64, "ours_s_per_iter": 77.65,
                                                       "speedup": 2.74, "hardware": "8 x H100, Qwen3-8B"},
               "window": WINDOW_RULE, "device_split": split, "method": __doc__, "notes": notes(agg, split, args), **agg,

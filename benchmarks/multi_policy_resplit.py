@@ -18,7 +18,7 @@ import yaml
 
 from astraflow.benchmarks.lib.device_split import split_from_runs
 from astraflow.benchmarks.lib.emulated import stage_of
-from astraflow.benchmarks.lib.results import load_now, write_section
+from astraflow.benchmarks.lib.results import load_now, repo_path, write_section
 from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread, spread_each
 from astraflow.benchmarks.multi_policy_emulated_arms import ARMS, run_split
 from astraflow.emulation.profile import load_profile
@@ -66,6 +66,7 @@ def with_table2_settings(args, table2: dict) -> dict:
     returns its job config."""
     for k in TABLE2_SETTINGS:
         setattr(args, k, table2[k] if table2[k] is not None else "")
+    args.config = str(repo_path(args.config))
     return yaml.safe_load(Path(args.config).read_text())
 
 

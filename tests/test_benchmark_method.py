@@ -401,3 +401,12 @@ def test_lora_rows_are_over_the_full_snapshot_of_the_same_repetition_and_judged_
     assert lora.report_rows(lambda name: {**d, "quick": True}) == []
     assert lora.arm_overrides(None, 1e-4, ["q_proj"]) == {}
     assert lora.arm_overrides(32, 1e-4, ["q_proj"])["trainer.engine.lora"]["alpha"] == 64.0
+
+
+def test_a_recorded_config_path_is_relative_to_the_repository_and_reads_back_from_this_checkout(tmp_path):
+    inside = results.ROOT / "examples" / "solver_verifier.yaml"
+    assert results.repo_relative(inside) == "examples/solver_verifier.yaml"
+    assert results.repo_path(results.repo_relative(inside)) == inside and inside.exists()
+    outside = tmp_path / "job.yaml"
+    assert results.repo_relative(outside) == str(outside.resolve())  # outside the repo: kept absolute
+    assert results.repo_path(str(outside)) == outside

@@ -21,6 +21,23 @@ RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 BUSY_LOAD_PER_CORE = 0.75
 
 
+#: the repository's root: a path a result records is relative to it, so a result written from one
+#: checkout (a worktree, a clone) reads back from another
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def repo_relative(path: str | os.PathLike) -> str:
+    """``path`` as a result records it: relative to the repository when inside it."""
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
+def repo_path(recorded: str) -> Path:
+    """A path a result recorded (:func:`repo_relative`), to open from this checkout."""
+    p = Path(recorded)
+    return p if p.is_absolute() else ROOT / p
+
+
 def load_now() -> dict[str, Any]:
     """The 1/5/15-minute load averages and whether the box counts as busy."""
     one, five, fifteen = os.getloadavg()
