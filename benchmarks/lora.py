@@ -14,10 +14,13 @@ Per arm, what the job would publish, encoded by the weights codec in bf16
 (``trainer.publish_dtype: bfloat16``): the snapshot's bytes, and per version the sparse delta's
 against the previous version (median over the run's versions), each over the **full model's
 compressed bf16 snapshot** (``bytes_over_full_snapshot``: the issue's goal is <= 1/100 for a
-LoRA version); the parameters trained; one train step's seconds; and the process's peak RSS
-after its trainer was built and trained (``peak_rss_mb``: the trainer's memory, weights,
-optimizer states and activations; the rollouts were read from a file). Median (min–max) over
-``--repeats``.
+LoRA version); the parameters trained; one train step's seconds; and the arm's memory: its
+process's peak resident set (``peak_rss_mb``, ``VmHWM``: weights, optimizer states and a
+micro-batch's activations and logits at once; the rollouts were read from a file) and its
+resident set once trained (``rss_after_train_mb``: what the trainer keeps between steps). Each
+child runs with glibc's mmap threshold pinned (``lib.memory.PINNED_MALLOC``), so freed tensors
+go back to the system and both figures measure live memory, not the allocator's history.
+Median (min–max) over ``--repeats``.
 
 Not yet here (issue 59, later sessions): held-out accuracy after equal versions, LoRA against
 full fine-tuning, with the LoRA lr chosen by a sweep (``accuracy``), and the two-policy job on
@@ -36,12 +39,12 @@ import argparse
 import json
 import os
 import pickle
-import resource
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from astraflow.benchmarks.lib.child import run_child, write_result
+from astraflow.benchmarks.lib.memory import PINNED_MALLOC, vm_mb
 from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.benchmarks.lib.stats import fmt_spread, spread
 from astraflow.benchmarks.lib.table import print_header
@@ -80,12 +83,12 @@ def train_child(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     batches = pickle.loads(args.batches.read_bytes())
     set_threads(args.threads)
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    rss_before = vm_mb("VmRSS")
     r = deltas_at(None, args.seed, batches, args.threads, extra=json.loads(args.overrides))
     write_result(args.out, {
         "snapshot_bytes": r["snapshot_bytes"], "published_params": r["params"], "trained_params": r["trained_params"],
         "versions": r["versions"], "delta_bytes": r["delta_bytes"], "train_step_s": r["train_step_s"],
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, "rss_before_mb": rss_before})
+        "peak_rss_mb": vm_mb("VmHWM"), "rss_after_train_mb": r["rss_after_train_mb"], "rss_before_mb": rss_before})
     return 0
 
 
@@ -104,7 +107,8 @@ def one_repetition(rep: int, args) -> dict:
             print(f"--- repetition {rep + 1}: {arm}", flush=True)
             out[arm] = run_child("astraflow.benchmarks.lora", ["--train-child", "--batches", str(path), "--seed",
                                                                str(rep), "--overrides", over, "--threads",
-                                                               str(args.threads)], f"lora arm {arm}")
+                                                               str(args.threads)], f"lora arm {arm}",
+                                 env=PINNED_MALLOC)
     out["order"] = order
     return out
 
@@ -123,17 +127,19 @@ def aggregate(reps: list[dict]) -> list[dict]:
                      "published_params": per[0]["published_params"], "trained_params": per[0]["trained_params"],
                      "train_step_s": spread([x["train_step_s"] for x in per]),
                      "peak_rss_mb": spread([x["peak_rss_mb"] for x in per]),
+                     "rss_after_train_mb": spread([x["rss_after_train_mb"] for x in per]),
                      "meets_goal": None if rank is None else delta["median"] <= GOAL})
     return rows
 
 
 def print_table(r: dict) -> None:
     print_header(f"{'arm':10} {'bytes/version over full snapshot':>34} {'snapshot over full':>26} "
-                 f"{'trained params':>15} {'step s':>20} {'peak RSS MB':>24}")
+                 f"{'trained params':>15} {'step s':>20} {'peak RSS MB':>24} {'RSS once trained MB':>24}")
     for row in r["rows"]:
         print(f"{row['arm']:10} {fmt_spread(row['bytes_over_full_snapshot'], '.5f'):>34} "
               f"{fmt_spread(row['snapshot_over_full_snapshot'], '.5f'):>26} {row['trained_params']:>15,} "
-              f"{fmt_spread(row['train_step_s'], '.1f'):>20} {fmt_spread(row['peak_rss_mb'], '.0f'):>24}")
+              f"{fmt_spread(row['train_step_s'], '.1f'):>20} {fmt_spread(row['peak_rss_mb'], '.0f'):>24} "
+              f"{fmt_spread(row['rss_after_train_mb'], '.0f'):>24}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     reps = [one_repetition(rep, args) for rep in range(args.repeats)]
     r = {"benchmark": "lora", "quick": args.quick, "config": str(CONFIG.relative_to(ROOT)), "repeats": args.repeats,
          "steps": args.steps, "groups": args.groups, "lora_lr": args.lora_lr, "targets": args.targets.split(","),
-         "goal": GOAL, "publish_dtype": "bfloat16", "rows": aggregate(reps), "repetitions": reps}
+         "goal": GOAL, "publish_dtype": "bfloat16", "malloc_env": PINNED_MALLOC, "rows": aggregate(reps), "repetitions": reps}
     print_table(r)
     write_results(args.out, r, load_before)
     return 0
@@ -186,12 +192,13 @@ def report_rows(load: Loader) -> list[str]:
            f"{d['lora_lr']:g}; what the job publishes, encoded in bf16; median (min–max) of {d['repeats']} "
            f"repetitions{load_note(d)})", "",
            "| arm | bytes per version / full bf16 snapshot | snapshot / full bf16 snapshot | trained parameters | "
-           "train step s | peak RSS MB |", "|---|---:|---:|---:|---:|---:|"]
+           "train step s | peak RSS MB | RSS once trained MB |", "|---|---:|---:|---:|---:|---:|---:|"]
     for row in d["rows"]:
         goal = "" if row["meets_goal"] is None else (" ✓" if row["meets_goal"] else " ✗")
         out.append(f"| {row['arm']} | {_sp(row['bytes_over_full_snapshot'], '.5f')}{goal} | "
                    f"{_sp(row['snapshot_over_full_snapshot'], '.5f')} | {row['trained_params']:,} | "
-                   f"{_sp(row['train_step_s'], '.1f')} | {_sp(row['peak_rss_mb'], '.0f')} |")
+                   f"{_sp(row['train_step_s'], '.1f')} | {_sp(row['peak_rss_mb'], '.0f')} | "
+                   f"{_sp(row['rss_after_train_mb'], '.0f')} |")
     return out + ["", f"Goal: a LoRA version ≤ {d['goal']:g} of the full bf16 snapshot (✓ met on the median).", ""]
 
 

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.benchmarks.lib.child import run_child, write_result
+from astraflow.benchmarks.lib.memory import vm_mb
 from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.benchmarks.lib.stats import fmt_spread, spread
 from astraflow.benchmarks.lib.table import print_header
@@ -113,8 +114,9 @@ def deltas_at(lr: float | None, seed: int, batches: list[list], threads: int, ke
               extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """A fresh trainer at ``lr`` (None: the job's) trained on ``batches``: per version, the bf16
     delta's bytes and changed fraction against the previous version, and the bf16 snapshot's
-    bytes; ``extra``: more config overrides (a LoRA arm's); ``keep``: also the trainer's fp32
-    weights before and after its first step (``first``, ``stepped``)."""
+    bytes, and the process's resident set once trained (``rss_after_train_mb``); ``extra``: more
+    config overrides (a LoRA arm's); ``keep``: also the trainer's fp32 weights before and after
+    its first step (``first``, ``stepped``)."""
     from astraflow.actors.common import make_train_engine, model_path, to_train_batch
     from astraflow.topics import Batch
     from astraflow.weights import codec
@@ -143,6 +145,7 @@ def deltas_at(lr: float | None, seed: int, batches: list[list], threads: int, ke
                 kept["stepped"] = {n: t.clone() for n, t in trainer.named_weights().items()}
             prev = new
         trained = sum(p.numel() for p in trainer.engine.module.parameters() if p.requires_grad)
+        resident = vm_mb("VmRSS")  # the trained trainer's weights, gradients and optimizer states
     finally:
         trainer.close()
     return {"lr": lr, "trained_params": trained, "snapshot_bytes": snapshot.nbytes, "raw_bytes": snapshot.stats.raw_nbytes,
@@ -150,7 +153,8 @@ def deltas_at(lr: float | None, seed: int, batches: list[list], threads: int, ke
             "delta_over_snapshot": statistics.median(v["delta_over_snapshot"] for v in per_version),
             "delta_bytes": statistics.median(v["delta_bytes"] for v in per_version),
             "changed_fraction": statistics.median(v["changed_fraction"] for v in per_version),
-            "train_step_s": statistics.median(train_s), **kept}
+            "train_step_s": statistics.median(train_s),
+            "rss_after_train_mb": resident, **kept}
 
 
 def part_a(lrs: list[float], repeats: int, steps: int, groups: int, threads: int,

@@ -385,7 +385,7 @@ def test_lora_rows_are_over_the_full_snapshot_of_the_same_repetition_and_judged_
 
     def arm(snapshot, delta, rss):
         return {"snapshot_bytes": snapshot, "delta_bytes": delta, "published_params": 10, "trained_params": 10,
-                "train_step_s": 1.0, "peak_rss_mb": rss}
+                "train_step_s": 1.0, "peak_rss_mb": rss, "rss_after_train_mb": rss / 2}
 
     reps = [{"full": arm(1000.0 * (i + 1), 500.0, 900.0), "lora_r8": arm(5.0, 5.0 * (i + 1), 400.0),
              "lora_r32": arm(20.0, 30.0, 410.0)} for i in range(3)]
@@ -398,9 +398,24 @@ def test_lora_rows_are_over_the_full_snapshot_of_the_same_repetition_and_judged_
          "targets": ["q_proj"], "lora_lr": 1e-4, "repeats": 3, "goal": 0.01, "rows": list(rows.values())}
     text = "\n".join(lora.report_rows(lambda name: d))
     assert "| lora_r8 | 0.00500 (0.00500–0.00500) ✓" in text and "| lora_r32 | 0.01500" in text and "✗" in text
+    assert "| 400 (400–400) | 200 (200–200) |" in text  # peak, then resident once trained
     assert lora.report_rows(lambda name: {**d, "quick": True}) == []
     assert lora.arm_overrides(None, 1e-4, ["q_proj"]) == {}
     assert lora.arm_overrides(32, 1e-4, ["q_proj"])["trainer.engine.lora"]["alpha"] == 64.0
+
+
+def test_a_childs_peak_memory_is_its_own_and_grows_with_what_it_holds():
+    """lib.memory.vm_mb reads this process's own address space (not ru_maxrss, which keeps a
+    parent's peak across exec): the peak is at least the resident set and rises with a 200 MB
+    tensor held."""
+    from astraflow.benchmarks.lib.memory import vm_mb
+    rss = vm_mb("VmRSS")
+    assert vm_mb("VmHWM") >= rss > 0
+    held = torch.ones(50_000_000)  # 200 MB, touched (a fresh mapping: glibc maps blocks this big)
+    assert vm_mb("VmRSS") >= rss + 150 and vm_mb("VmHWM") >= vm_mb("VmRSS")
+    del held
+    with pytest.raises(KeyError, match="VmNothing"):
+        vm_mb("VmNothing")
 
 
 def test_a_recorded_config_path_is_relative_to_the_repository_and_reads_back_from_this_checkout(tmp_path):

@@ -8,18 +8,21 @@ the parent reads it back with :func:`run_child`. Knows nothing about what the ch
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 
-def run_child(module: str, argv: list[str], what: str) -> dict:
-    """``python -m module *argv --out <tmp>.json`` to its end; its JSON. A failed child raises
+def run_child(module: str, argv: list[str], what: str, env: dict[str, str] | None = None) -> dict:
+    """``python -m module *argv --out <tmp>.json`` to its end (``env``: variables added to this
+    process's environment for it); its JSON. A failed child raises
     ``RuntimeError("<what> failed (<status>): <its stderr's tail>")``."""
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "result.json"
-        proc = subprocess.run([sys.executable, "-m", module, *argv, "--out", str(out)], capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-m", module, *argv, "--out", str(out)], capture_output=True, text=True,
+                              env={**os.environ, **env} if env else None)
         if proc.returncode != 0:
             raise RuntimeError(f"{what} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
         return json.loads(out.read_text())
