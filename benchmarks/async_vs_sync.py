@@ -43,7 +43,7 @@ from astraflow.benchmarks.lib.child import run_child
 from astraflow.benchmarks.lib.results import load_now
 from astraflow.benchmarks.lib.run_metrics import read_summary
 from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread
-from astraflow.benchmarks.lib.steady import steady_steps
+from astraflow.benchmarks.lib.steady import in_steps, in_time, steady_steps
 from astraflow.benchmarks.lib.table import print_header
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,9 +56,8 @@ def analyse(run_dir: Path, nodes: int) -> dict:
     rows, step_ts, first, last = steady_steps(run_dir)
     window = step_ts[last] - step_ts[first]
     n = last - first
-    in_window = [r for r in rows if step_ts[first] < r["ts"] <= step_ts[last]]
-    train = sum(r["value"] for r in in_window if r["name"] == "trainer.train_s")
-    busy = sum(r["value"] for r in in_window if r["name"] == "raas.busy_s")
+    train = in_steps(rows, "trainer.train_s", first, last)  # the window's steps, by step
+    busy = in_time(rows, "raas.busy_s", step_ts[first], step_ts[last])
     summary = read_summary(run_dir)
     return {
         "s_per_step": window / n, "steps_measured": n,
@@ -87,21 +86,31 @@ def run_inprocess(config: str, steps: int, threads: int, eval_every: int, extra:
     return r
 
 
+def system_run(args, broker, rep: int, mode: str, job: str, what: str, paths: bool = True) -> dict:
+    """One ``astraflow run`` of the job in ``mode`` (no evaluation during it): its figures
+    (:func:`analyse`), the load before it and, with ``paths``, its batches' critical paths."""
+    overrides = {"mode": mode, "trainer.steps": args.steps, "eval.every": 0, "job": f"{job}-{int(time.time())}-{rep}"}
+    load = load_now()
+    run_dir, cfg = run_job_once(args, broker, rep, overrides, what)
+    out = {**analyse(run_dir, cfg.rollout.nodes), "load_before": load["loadavg"]}
+    if paths:
+        out["critical_path"] = summarize(batch_paths(broker.bootstrap_servers, cfg, run_dir))
+    return out
+
+
+def inprocess_run(args, rep: int, label: str, what: str = "") -> dict:
+    """The in-process loop of :data:`INPROCESS` ``label`` and the load before it."""
+    threads, extra = INPROCESS[label]
+    threads = threads or os.cpu_count() or 1
+    print(f"--- repetition {rep + 1}: {label}{what} ({threads} thread(s){' per side' if extra else ''})", flush=True)
+    load = load_now()
+    return {**run_inprocess(args.config, args.steps, threads, args.eval_every, extra), "load_before": load["loadavg"]}
+
+
 def one_repetition(args, broker, rep: int) -> dict:
-    out: dict = {}
-    for mode in SYSTEM_MODES:
-        overrides = {"mode": mode, "trainer.steps": args.steps, "eval.every": 0,
-                     "job": f"bench-{mode}-{int(time.time())}-{rep}"}
-        load = load_now()
-        run_dir, cfg = run_job_once(args, broker, rep, overrides, mode)
-        out[mode] = {**analyse(run_dir, cfg.rollout.nodes), "load_before": load["loadavg"],
-                     "critical_path": summarize(batch_paths(broker.bootstrap_servers, cfg, run_dir))}
-    for label, (threads, extra) in INPROCESS.items():
-        threads = threads or os.cpu_count() or 1
-        print(f"--- repetition {rep + 1}: {label} ({threads} thread(s){' per side' if extra else ''})", flush=True)
-        load = load_now()
-        out[label] = {**run_inprocess(args.config, args.steps, threads, args.eval_every, extra),
-                      "load_before": load["loadavg"]}
+    out: dict = {mode: system_run(args, broker, rep, mode, f"bench-{mode}", mode) for mode in SYSTEM_MODES}
+    for label in INPROCESS:
+        out[label] = inprocess_run(args, rep, label)
     ref = out["inprocess"]
     # Start-up included, as in the system's time to its last step.
     loop_s = time_to_accuracy(ref["accuracy_curve"], out["async"]["accuracy_final"])
@@ -181,17 +190,8 @@ REAL_MODEL_GOAL = 1.15  #: the distributed job's s/step over one process's on ev
 def one_repetition_real(args, broker, rep: int) -> dict:
     """The real model (``--real-model``): async through ``astraflow run`` and the in-process loop
     on every core (what a user would run instead), same prompts, seeds, model, batch and LR."""
-    overrides = {"mode": "async", "trainer.steps": args.steps, "eval.every": 0,
-                 "job": f"bench-real-async-{int(time.time())}-{rep}"}
-    load = load_now()
-    run_dir, cfg = run_job_once(args, broker, rep, overrides, "async, real model")
-    out = {"async": {**analyse(run_dir, cfg.rollout.nodes), "load_before": load["loadavg"]}}
-    threads = os.cpu_count() or 1
-    print(f"--- repetition {rep + 1}: in-process, real model ({threads} threads)", flush=True)
-    load = load_now()
-    out["inprocess_all_cores"] = {**run_inprocess(args.config, args.steps, threads, args.eval_every),
-                                  "load_before": load["loadavg"]}
-    return out
+    return {"async": system_run(args, broker, rep, "async", "bench-real-async", "async, real model", paths=False),
+            "inprocess_all_cores": inprocess_run(args, rep, "inprocess_all_cores", ", real model")}
 
 
 def aggregate_real(reps: list[dict]) -> dict:

@@ -36,7 +36,7 @@ from astraflow.benchmarks.lib.emulated import last_per_node
 from astraflow.benchmarks.lib.results import load_now
 from astraflow.benchmarks.lib.run_metrics import read_summary, total
 from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread
-from astraflow.benchmarks.lib.steady import steady_steps
+from astraflow.benchmarks.lib.steady import in_steps, in_time, steady_steps
 from astraflow.benchmarks.lib.table import print_header
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,14 +57,11 @@ def analyse(run_dir: Path, n_samples: int) -> dict:
     summary = read_summary(run_dir)
     n = last - first
 
-    def trainer_per_step(name: str) -> float:  # the window's steps, by the step each value reports
-        return sum({int(r["step"]): r["value"] for r in rows if r["name"] == name and first < int(r["step"]) <= last}
-                   .values()) / n
-
-    busy = sum(r["value"] for r in rows if r["name"] == "raas.busy_s" and step_ts[first] < r["ts"] <= step_ts[last])
+    busy = in_time(rows, "raas.busy_s", step_ts[first], step_ts[last])
     return {"s_per_step": (step_ts[last] - step_ts[first]) / n,
             # which side binds: the trainer's busy and waiting seconds and the node's busy ones, per step
-            "train_s": trainer_per_step("trainer.train_s"), "trainer_wait_s": trainer_per_step("trainer.wait_s"),
+            "train_s": in_steps(rows, "trainer.train_s", first, last) / n,
+            "trainer_wait_s": in_steps(rows, "trainer.wait_s", first, last) / n,
             "rollout_busy_s": busy / n,
             "weights_loads": loads,
             "weights_wait_s_per_load": last_per_node(rows, "raas.weights_wait_s") / loads if loads else 0.0,

@@ -425,3 +425,15 @@ def test_a_recorded_config_path_is_relative_to_the_repository_and_reads_back_fro
     outside = tmp_path / "job.yaml"
     assert results.repo_relative(outside) == str(outside.resolve())  # outside the repo: kept absolute
     assert results.repo_path(str(outside)) == outside
+
+
+def test_a_trainer_metric_is_summed_over_the_windows_steps_by_step_not_by_timestamp():
+    """lib.steady.in_steps: the window (first, last] by the step a value reports, whatever its
+    timestamp (the last step's value lands a moment after the step's own mark); a node's metric
+    (no step) is summed by time (in_time)."""
+    from astraflow.benchmarks.lib.steady import in_steps, in_time
+    rows = [{"name": "trainer.train_s", "step": k, "ts": 10.0 * k + 0.003, "value": float(k)} for k in range(1, 6)]
+    rows += [{"name": "raas.busy_s", "ts": t, "value": 1.0} for t in (15.0, 25.0, 40.0, 41.0)]
+    assert in_steps(rows, "trainer.train_s", 2, 4) == 3.0 + 4.0  # step 4's value is at ts 40.003 > the mark 40
+    assert in_steps(rows, "trainer.wait_s", 2, 4) == 0.0
+    assert in_time(rows, "raas.busy_s", 20.0, 40.0) == 2.0  # 25 and 40; 41 is past the window

@@ -25,6 +25,19 @@ def steady_steps(run_dir: Path) -> tuple[list[dict], dict[int, float], int, int]
     return rows, step_ts, steps[1], steps[-1]
 
 
+def in_steps(rows: list[dict], name: str, first: int, last: int) -> float:
+    """The sum of a trainer metric ``name`` over steps ``first`` (excluded) to ``last``, keyed by
+    the step each value reports (one per step): by its timestamp, the step that ends a window
+    would be counted or not by a few milliseconds."""
+    return sum({int(r["step"]): r["value"] for r in rows if r["name"] == name and first < int(r["step"]) <= last}
+               .values())
+
+
+def in_time(rows: list[dict], name: str, t0: float, t1: float) -> float:
+    """The sum of metric ``name`` reported after ``t0`` up to ``t1`` (a node's, which has no step)."""
+    return sum(r["value"] for r in rows if r["name"] == name and t0 < r["ts"] <= t1)
+
+
 def steady_s_per_step(step_ts: dict[int, float], not_before: float | None = None) -> dict:
     """Seconds per step from the end of step 2 (or of the first step ending at or after
     ``not_before``, if later) to the end of the last step."""
