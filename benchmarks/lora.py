@@ -57,6 +57,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "lora.json"
 GOAL = 1 / 100  #: a LoRA version's bytes over a full bf16 snapshot, at most (issue 59)
 ARMS = {"full": None, "lora_r8": 8, "lora_r32": 32}  #: arm -> LoRA rank (None: full fine-tuning)
 MB = 1e6
+KEPT_SECTIONS = ("accuracy", "shared_pool")  #: lora.json's sections other benchmarks write
 
 
 def arm_overrides(rank: int | None, lora_lr: float, targets: list[str]) -> dict[str, Any]:
@@ -169,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
          "steps": args.steps, "groups": args.groups, "lora_lr": args.lora_lr, "targets": args.targets.split(","),
          "goal": GOAL, "publish_dtype": "bfloat16", "malloc_env": PINNED_MALLOC, "rows": aggregate(reps), "repetitions": reps}
     print_table(r)
+    if args.out.is_file():  # the sections other runs write (lora_accuracy's) stay
+        before = json.loads(args.out.read_text())
+        r.update({k: before[k] for k in KEPT_SECTIONS if k in before})
     write_results(args.out, r, load_before)
     return 0
 
@@ -199,7 +203,30 @@ def report_rows(load: Loader) -> list[str]:
                    f"{_sp(row['snapshot_over_full_snapshot'], '.5f')} | {row['trained_params']:,} | "
                    f"{_sp(row['train_step_s'], '.1f')} | {_sp(row['peak_rss_mb'], '.0f')} | "
                    f"{_sp(row['rss_after_train_mb'], '.0f')} |")
-    return out + ["", f"Goal: a LoRA version ≤ {d['goal']:g} of the full bf16 snapshot (✓ met on the median).", ""]
+    out += ["", f"Goal: a LoRA version ≤ {d['goal']:g} of the full bf16 snapshot (✓ met on the median).", ""]
+    return out + accuracy_rows(d.get("accuracy"))
+
+
+def accuracy_rows(a: dict | None) -> list[str]:
+    """The ``accuracy`` section (``benchmarks/lora_accuracy.py``): LoRA against full fine-tuning."""
+    if not a:
+        return []
+    sweep = a["sweep"]
+    out = [f"Held-out accuracy after {a['steps']} versions, LoRA (rank {a['rank']}) against full fine-tuning — "
+           f"`python -m astraflow.benchmarks.lora_accuracy` (LoRA lr {sweep['chosen_lr']:g}, chosen by a sweep of "
+           f"{', '.join(f'{x:g}' for x in sweep['lrs'])} at seed {sweep['seed']}; mean ± SE over problems per seed, "
+           f"the difference paired over problems{load_note(a)})", "",
+           "| seed | full v0 | full final | LoRA v0 | LoRA final | LoRA − full, final |", "|---|---:|---:|---:|---:|---:|"]
+    full, lora = a["arms"]["full"]["seeds"], a["arms"]["lora"]["seeds"]
+    for seed, diff in a["lora_minus_full"].items():
+        out.append(f"| {seed} | {_ms(full[seed]['accuracy_v0'])} | {_ms(full[seed]['accuracy_final'])} | "
+                   f"{_ms(lora[seed]['accuracy_v0'])} | {_ms(lora[seed]['accuracy_final'])} | {_ms(diff, '+.3f')} |")
+    m = a["lora_minus_full_over_seeds"]
+    return out + ["", f"Over {m['n']} seeds, LoRA − full at the end: {_ms(m, '+.3f')} (SE over seeds).", ""]
+
+
+def _ms(x: dict, fmt: str = ".3f") -> str:
+    return f"{x['mean']:{fmt}} ± {x['se']:.3f}"
 
 
 if __name__ == "__main__":

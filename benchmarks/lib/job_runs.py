@@ -16,11 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-from .results import load_now
+from .results import ROOT, load_now
 
 __all__ = ["LOAD_FILE", "ROOT", "add_run_flags", "run_job_cli", "run_load", "run_or_collect"]
 
-ROOT = Path(__file__).resolve().parents[2]
 LOAD_FILE = "bench_load.json"  #: what a benchmark adds to a run dir it made: the load around the run
 
 
