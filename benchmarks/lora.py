@@ -204,7 +204,23 @@ def report_rows(load: Loader) -> list[str]:
                    f"{_sp(row['train_step_s'], '.1f')} | {_sp(row['peak_rss_mb'], '.0f')} | "
                    f"{_sp(row['rss_after_train_mb'], '.0f')} |")
     out += ["", f"Goal: a LoRA version ≤ {d['goal']:g} of the full bf16 snapshot (✓ met on the median).", ""]
-    return out + accuracy_rows(d.get("accuracy"))
+    return out + accuracy_rows(d.get("accuracy")) + shared_pool_rows(d.get("shared_pool"))
+
+
+def shared_pool_rows(sp: dict | None) -> list[str]:
+    """The ``shared_pool`` section (``benchmarks/lora_shared_pool.py``): one pool against two."""
+    if not sp:
+        return []
+    out = [f"Two LoRA policies of one base on one RaaS pool against two pools — "
+           f"`python -m astraflow.benchmarks.lora_shared_pool` (`{sp['config']}`, {sp['steps']} iterations, CPU, "
+           f"median (min–max) of {sp['repeats']} repetitions{load_note(sp)})", "",
+           "| pools | s/iteration | versions per policy | team accuracy, start → end | audit |", "|---|---:|---|---|---|"]
+    for arm, a in sp["arms"].items():
+        versions = ", ".join(f"{p} {v['median']:.0f}" for p, v in a["versions_by_policy"].items())
+        acc = " → ".join(_sp(a[k], ".3f") if a[k] else "–" for k in ("team_accuracy_initial", "team_accuracy_final"))
+        out.append(f"| {'one (shared)' if arm == 'shared' else 'two'} | {_sp(a['s_per_iter'])} | {versions} | {acc} | "
+                   f"{'ok' if a['audit_ok'] else 'FAILED'} |")
+    return out + ["", f"One pool's s/iteration over two pools', paired: {_sp(sp['shared_over_two_pools'])}.", ""]
 
 
 def accuracy_rows(a: dict | None) -> list[str]:
