@@ -203,11 +203,14 @@ def earlier_runs(out: Path, a: argparse.Namespace) -> dict[str, list[dict]]:
     return runs
 
 
-def run_arm(name: str, mode: str | None, transport: str, a: argparse.Namespace, run_root: Path) -> dict:
+def run_arm(name: str, mode: str | None, transport: str, a: argparse.Namespace, run_root: Path,
+            extra: dict | None = None) -> dict:
+    """One launch of the job in ``mode`` with ``transport`` (``extra``: more job settings, merged last)."""
     from astraflow.config import load_config  # the job machinery (~1 s to import): only when an arm runs
     from astraflow.launcher import launch
 
     data = _merge(yaml.safe_load((ROOT / "examples" / "arithmetic_grpo.yaml").read_text()), job_settings(a, transport))
+    data = _merge(data, extra or {})
     data.update(job=f"xr-{name.replace('_', '-')}-{int(time.time())}", seed=a.seed)
     run_dir = run_root / data["job"]
     run_dir.mkdir(parents=True, exist_ok=True)
