@@ -12,6 +12,7 @@ and records its pid in a state file for ``stop``/``status``.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import shutil
 import signal
@@ -26,6 +27,8 @@ from typing import TYPE_CHECKING, Callable
 
 from .exceptions import BrokerStartError, KafkaRuntimeError
 from .runtime import cache_root, java_command
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from .secured import SecureSetup
@@ -150,6 +153,12 @@ class EmbeddedBroker:
         self.conf_dir = Path(conf_dir) if conf_dir is not None else self.data_dir
         self.port = port or free_port()
         self.controller_port = controller_port or free_port()
+        #: the ports this broker chose itself (0 given): a start that loses one of them to another
+        #: process between the choice and the JVM's bind chooses again (:meth:`start`)
+        self._chosen = {"port"} if not port else set()
+        if not controller_port:
+            self._chosen.add("controller_port")
+        self._formatted_now = False  #: this start formatted the data dir (no node ran on it yet)
         self.heap = heap
         self.startup_timeout = startup_timeout
         self.detach = detach
@@ -195,10 +204,44 @@ class EmbeddedBroker:
         return BrokerInfo(self._proc.pid, self.port, self.controller_port, str(self.data_dir),
                           str(self.log_path))
 
+    #: starts of a lone node whose self-chosen port was taken before its JVM bound it
+    PORT_RETRIES = 3
+
     def start(self) -> "EmbeddedBroker":
-        self.launch()
-        self.wait_ready()
-        return self
+        for attempt in range(self.PORT_RETRIES + 1):
+            self.launch()
+            try:
+                self.wait_ready()
+                return self
+            except BrokerStartError as e:
+                lost = self._lost_port()
+                if lost is None or attempt == self.PORT_RETRIES:
+                    raise
+                # A free port is free when chosen, not when the JVM binds it: another process
+                # (a parallel test's broker, a client's ephemeral port) took it meanwhile.
+                log.warning("Kafka broker: port %d was taken before it bound it (%s); choosing another",
+                            getattr(self, lost), str(e).splitlines()[0])
+                setattr(self, lost, free_port())
+        raise AssertionError("unreachable")
+
+    def _lost_port(self) -> str | None:
+        """Which self-chosen port (``port`` or ``controller_port``) the failed start could not
+        bind, when choosing again can fix it (the controller's only on a dir this start
+        formatted: the voter set it wrote names the port, so the dir is formatted again); else None."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_offset)
+                text = f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return None
+        for name in ("port", "controller_port"):
+            if name in self._chosen and f"bind to 127.0.0.1:{getattr(self, name)}: Address already in use" in text:
+                if name == "controller_port":
+                    if not self._formatted_now:
+                        return None
+                    shutil.rmtree(self.data_dir / "meta", ignore_errors=True)
+                return name
+        return None
 
     def launch(self) -> None:
         """Start the JVM without waiting for it: a cluster's nodes only become ready together."""
@@ -211,6 +254,7 @@ class EmbeddedBroker:
         try:
             if not (self.data_dir / "meta" / "meta.properties").exists():
                 self._format(props, jvm)
+                self._formatted_now = True
             gc_log = f"-Xlog:gc,gc+init:file={self.gc_log_path}:uptime,level,tags:filecount=2,filesize=10m"
             cmd = java_command("kafka.Kafka", [str(props)], heap=self.heap, jvm_opts=[*jvm, gc_log])
             if self.wrap is not None:

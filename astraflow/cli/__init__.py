@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         log_path = getattr(e, "log_path", None)
         if log_path:
             print(f"astraflow: {getattr(e, 'node_id', None) or 'job'} stopped; its log: {log_path}", file=sys.stderr)
+        detail = str(e).strip().splitlines()[1:]
+        if detail:  # what the error carries below its first line (a broker's log tail), before the cause
+            print("\n".join(detail), file=sys.stderr)
         # The cause is the last line: that is where a user (and a launcher) looks.
         print(f"astraflow: error: {one_line(e)}", file=sys.stderr, flush=True)
         return 1 if e.retriable else EXIT_FATAL

@@ -20,6 +20,45 @@ def test_port_taken_gives_a_clear_error_quoting_the_log(tmp_path):
     assert broker.pid is None  # no JVM left behind
 
 
+def test_a_self_chosen_port_taken_before_the_jvm_binds_it_is_chosen_again(tmp_path):
+    """A free port is free when chosen, not when the JVM binds it: a broker that chose its ports
+    itself and lost both (another process bound them in between) chooses again and starts,
+    formatting its fresh dir again for the new controller port; an explicit port is not changed
+    (the test above)."""
+    from kafka import KafkaAdminClient
+    broker = EmbeddedBroker(tmp_path / "data", heap="256m", startup_timeout=90)
+    lost = (broker.port, broker.controller_port)
+    with socket.socket() as a, socket.socket() as b:
+        for s, port in ((a, lost[0]), (b, lost[1])):
+            s.bind(("127.0.0.1", port))
+            s.listen(1)
+        broker.start()
+    try:
+        assert broker.port != lost[0] and broker.controller_port != lost[1]
+        admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)  # a real broker answers there
+        admin.list_topics()
+        admin.close()
+    finally:
+        broker.close()
+
+
+def test_the_cli_shows_the_brokers_log_above_its_one_line_cause(tmp_path):
+    """``astraflow broker start`` on a taken port: the log lines saying why come before the last
+    line, which is the cause (what a user and a launcher read)."""
+    import subprocess
+    import sys
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        p = subprocess.run([sys.executable, "-m", "astraflow", "broker", "start", "--port", str(port), "--heap", "256m",
+                            "--state-dir", str(tmp_path / "state")], capture_output=True, text=True, timeout=120)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode != 0
+    assert lines[-1].startswith("astraflow: error: Kafka broker exited") and str(port) in lines[-1]
+    assert any("Address already in use" in line for line in lines[:-1])
+
+
 def test_no_java_gives_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))  # a PATH with no java on it
