@@ -47,7 +47,8 @@ def make_rollout_engine(cfg: JobConfig, path: Path, kind: str | None = None, dev
     device = device or cfg.rollout.device
     if device.emulated:
         from astraflow.emulation import EmulatedDevice, EmulatedRolloutEngine
-        engine = EmulatedRolloutEngine(engine, EmulatedDevice(device, name, share_dir=run_dir))
+        engine = EmulatedRolloutEngine(engine, EmulatedDevice(device, name, share_dir=run_dir,
+                                                              lora=cfg.trainer.engine.lora))
     return engine
 
 
@@ -87,7 +88,7 @@ def make_train_engine(cfg: JobConfig, path: Path, run_dir: str | Path | None = N
     if cfg.trainer.device.emulated:
         from astraflow.emulation import EmulatedDevice, EmulatedTrainEngine
         engine = EmulatedTrainEngine(engine, EmulatedDevice(cfg.trainer.device, f"trainer.{cfg.policy}",
-                                                            share_dir=run_dir))
+                                                            share_dir=run_dir, lora=e.lora))
     return engine
 
 

@@ -15,6 +15,13 @@ Owns the formulas; every number in them comes from a :class:`~.profile.Profile`:
   no-grad passes) on ``k`` devices: ``(6·N·T + 2·N·F) / (peak · train_flops · k · s(k))``
   with ``s(k) = train_scaling ** log2(k)`` (data parallel, ZeRO/FSDP);
 * a **weight load**: the model's bf16 bytes at ``weight_sync_bytes_per_s``;
+* a **LoRA policy** (``lora_rank``, ``lora_targets``: the job's ``trainer.engine.lora`` on the
+  modelled shape, :meth:`~.profile.ModelSpec.adapter_params` ``P``): a training step's backward
+  computes the frozen base's activation gradients but not its weight gradients
+  (``(f - 2)·N + f·P`` FLOPs per trained token, ``f`` the profile's
+  ``train_flops_per_token_per_param``), a version's load moves the adapter's bf16 bytes
+  (``2·P``), and the training states are the base's bf16 weights and the adapter's states
+  (``2·N + 16·P`` bytes);
 * a **swap** of a colocated policy (what a trainer-centred system pays to keep several
   policies on the same devices): its training states (bf16 weights and gradients, fp32
   master weights and Adam moments: 16 bytes per parameter, sharded over ``k`` devices) and
@@ -59,6 +66,8 @@ class CostModel:
     token_scale: int = 1
     prompt_token_scale: int = 0  #: 0: token_scale
     length_sigma: float = 0.0  #: log-space spread of a row's modelled length around token_scale x its real one
+    lora_rank: int = 0  #: a LoRA policy's adapter rank on the modelled shape (0: full fine-tuning)
+    lora_targets: tuple[str, ...] = ()  #: ... and the projection modules it adapts
 
     def __post_init__(self) -> None:
         if self.token_scale < 1:
@@ -69,6 +78,10 @@ class CostModel:
             raise ValueError(f"prompt_token_scale must be >= 0, got {self.prompt_token_scale}")
         if not self.prompt_token_scale:
             object.__setattr__(self, "prompt_token_scale", self.token_scale)
+        if self.lora_rank < 0 or bool(self.lora_rank) != bool(self.lora_targets):
+            raise ValueError(f"a LoRA policy needs a rank >= 1 and its target modules, got rank {self.lora_rank} "
+                             f"on {list(self.lora_targets)}")
+        self.adapter_params  # noqa: B018 - an unknown target fails here, not at the first price
 
     @property
     def params(self) -> int:
@@ -77,6 +90,24 @@ class CostModel:
     @property
     def weight_bytes(self) -> int:
         return 2 * self.params  # bf16
+
+    @property
+    def adapter_params(self) -> int:
+        """The LoRA adapter's parameters on the modelled shape (0: full fine-tuning)."""
+        return self.profile.model.adapter_params(self.lora_rank, self.lora_targets) if self.lora_rank else 0
+
+    @property
+    def version_bytes(self) -> int:
+        """What one version's load moves: the adapter's bf16 matrices, or the model's bf16 weights."""
+        return 2 * self.adapter_params if self.lora_rank else self.weight_bytes
+
+    @property
+    def train_state_bytes(self) -> float:
+        """Training states: bf16 weights and gradients, fp32 master weights and Adam's moments of
+        every parameter; a LoRA policy's, of its adapter, beside the frozen base's bf16 weights."""
+        if self.lora_rank:
+            return self.weight_bytes + self.TRAIN_STATE_BYTES_PER_PARAM * self.adapter_params
+        return self.TRAIN_STATE_BYTES_PER_PARAM * self.params
 
     def prefill_s(self, tokens: int) -> float:
         """Prefill of ``tokens`` real prompt tokens."""
@@ -105,7 +136,7 @@ class CostModel:
     def min_train_devices(self) -> int:
         """The fewest devices whose usable memory holds the training states (ZeRO-3 shards them)."""
         d, e = self.profile.device, self.profile.efficiency
-        return max(1, math.ceil(self.TRAIN_STATE_BYTES_PER_PARAM * self.params / (d.memory_bytes * e.usable_memory_fraction)))
+        return max(1, math.ceil(self.train_state_bytes / (d.memory_bytes * e.usable_memory_fraction)))
 
     def generate_s(self, prompt_lens: Sequence[int], output_lens: Sequence[int],
                    factors: Sequence[float] | None = None, caps: Sequence[int] | None = None) -> float:
@@ -164,12 +195,17 @@ class CostModel:
         if devices < 1:
             raise ValueError(f"devices must be >= 1, got {devices}")
         d, e = self.profile.device, self.profile.efficiency
-        flops = self.params * (e.train_flops_per_token_per_param * tokens + 2.0 * forward_only_tokens)
+        f = e.train_flops_per_token_per_param
+        if self.lora_rank:  # the frozen base: activation gradients only; the adapter: all of it
+            per_token = (f - 2.0) * self.params + f * self.adapter_params
+            flops = per_token * tokens + 2.0 * (self.params + self.adapter_params) * forward_only_tokens
+        else:
+            flops = self.params * (f * tokens + 2.0 * forward_only_tokens)
         scaling = e.train_scaling ** math.log2(devices)
         return flops / (d.bf16_dense_flops * e.train_flops * devices * scaling)
 
     def weight_load_s(self) -> float:
-        return self.weight_bytes / self.profile.efficiency.weight_sync_bytes_per_s
+        return self.version_bytes / self.profile.efficiency.weight_sync_bytes_per_s
 
     #: bytes of training state per parameter: bf16 weights + bf16 gradients + fp32 master + Adam m and v
     TRAIN_STATE_BYTES_PER_PARAM = 2 + 2 + 4 + 4 + 4
@@ -179,7 +215,7 @@ class CostModel:
         sharded over them, the rollout weights a replica on each); the devices copy at once."""
         if devices < 1:
             raise ValueError(f"devices must be >= 1, got {devices}")
-        per_device = self.TRAIN_STATE_BYTES_PER_PARAM * self.params / devices + self.weight_bytes
+        per_device = self.train_state_bytes / devices + self.weight_bytes
         link = self.profile.device.host_link_bytes_per_s * self.profile.efficiency.offload_bandwidth
         return 2.0 * per_device / link
 

@@ -116,7 +116,8 @@ class CallStats:
 class EmulatedDevice:
     """The clock and the accounts of one emulated device (thread-safe)."""
 
-    def __init__(self, cfg: DeviceConfig, name: str = "device", share_dir: str | Path | None = None) -> None:
+    def __init__(self, cfg: DeviceConfig, name: str = "device", share_dir: str | Path | None = None,
+                 lora=None) -> None:
         if not cfg.emulated:
             raise ValueError("EmulatedDevice needs device.kind: emulated")
         if cfg.share and share_dir is None:
@@ -127,9 +128,11 @@ class EmulatedDevice:
         self.share = DeviceShare(Path(share_dir) / "devices", cfg.share) if cfg.share else None
         #: None for a slowdown device: its calls are priced by their own measured time
         sigma = load_workload(cfg.workload).length_sigma if cfg.workload else 0.0
+        # a LoRA policy (its trainer.engine.lora): the same adapter on the modelled shape
+        adapter = {"lora_rank": lora.rank, "lora_targets": tuple(lora.target_modules)} if lora is not None else {}
         self.cost = CostModel(load_profile(cfg.profile), token_scale=cfg.token_scale,
                               prompt_token_scale=cfg.prompt_token_scale or cfg.token_scale,
-                              length_sigma=sigma) if cfg.profile else None
+                              length_sigma=sigma, **adapter) if cfg.profile else None
         self.stats: dict[str, CallStats] = {}
         self._lock = threading.Lock()
         self._warned = False

@@ -60,6 +60,23 @@ class ModelSpec:
         embed = self.vocab_size * h * (1 if self.tied_embeddings else 2)
         return self.num_layers * layer + embed
 
+    def module_shapes(self) -> dict[str, tuple[int, int]]:
+        """Each projection module of a layer, ``(in_features, out_features)``, by its HF name."""
+        h, q, kv, i = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, \
+            self.intermediate_size
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    def adapter_params(self, rank: int, targets: tuple[str, ...] | list[str]) -> int:
+        """Parameters of a rank-``rank`` LoRA adapter on ``targets`` in every layer: ``A`` (rank x
+        in) and ``B`` (out x rank) per module. ValueError naming a target the shape has not."""
+        shapes = self.module_shapes()
+        unknown = [t for t in targets if t not in shapes]
+        if unknown:
+            raise ValueError(f"LoRA target module(s) {', '.join(unknown)} not in {self.name} "
+                             f"(its projections: {', '.join(shapes)})")
+        return self.num_layers * sum(rank * sum(shapes[t]) for t in dict.fromkeys(targets))
+
     @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of KV cache one token of context holds (bf16 keys and values, every layer)."""

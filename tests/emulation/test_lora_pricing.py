@@ -1,0 +1,55 @@
+"""A LoRA policy on an emulated device (issue 59's arm (d)): the adapter on the modelled shape,
+and what it changes in the price of training, loading a version and fitting on devices.
+Hand-computed on Qwen3-8B's shape (emulation/profiles.yaml)."""
+
+from __future__ import annotations
+
+import pytest
+
+from astraflow.emulation import CostModel, DeviceConfig, EmulatedDevice
+from astraflow.emulation.profile import load_profile
+from astraflow.engines.config import LoraConfig
+
+ALL7 = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def test_the_adapter_is_counted_on_the_modelled_shape_per_module_and_layer():
+    m = load_profile("h100-qwen3-8b").model
+    # hidden 4096, 32 heads x 128 = 4096, 8 kv heads x 128 = 1024, intermediate 12288, 36 layers:
+    # r x (in + out) per module: q 8192, k 5120, v 5120, o 8192, gate 16384, up 16384, down 16384
+    assert m.adapter_params(8, ALL7) == 36 * 8 * (8192 + 5120 + 5120 + 8192 + 3 * 16384) == 21_823_488
+    assert m.adapter_params(16, ("q_proj", "v_proj")) == 36 * 16 * (8192 + 5120)
+    assert m.adapter_params(8, ("q_proj", "q_proj")) == m.adapter_params(8, ("q_proj",))  # a module once
+    with pytest.raises(ValueError, match="qkv_proj not in qwen3-8b"):
+        m.adapter_params(8, ("qkv_proj",))
+
+
+def test_a_lora_step_skips_the_bases_weight_gradients_and_a_version_moves_the_adapter_alone():
+    full = CostModel(load_profile("h100-qwen3-8b"))
+    lora = CostModel(load_profile("h100-qwen3-8b"), lora_rank=8, lora_targets=ALL7)
+    n, p = full.params, 21_823_488
+    f = full.profile.efficiency.train_flops_per_token_per_param
+    assert lora.adapter_params == p and full.adapter_params == 0
+    # per trained token: forward 2N + activation gradients 2N of the frozen base, the adapter's f·P
+    assert lora.train_step_s(4096) == pytest.approx(full.train_step_s(4096) * ((f - 2) * n + f * p) / (f * n))
+    assert lora.train_step_s(0, forward_only_tokens=4096) == pytest.approx(
+        full.train_step_s(0, forward_only_tokens=4096) * (n + p) / n)
+    assert lora.weight_load_s() == pytest.approx(full.weight_load_s() * p / n)
+    # states: the frozen base in bf16 and the adapter's 16 bytes a parameter: one H100, not two
+    assert lora.train_state_bytes == 2 * n + 16 * p and full.train_state_bytes == 16 * n
+    assert (full.min_train_devices(), lora.min_train_devices()) == (2, 1)
+    link = full.profile.device.host_link_bytes_per_s * full.profile.efficiency.offload_bandwidth
+    assert lora.swap_s(2) == pytest.approx(2 * ((2 * n + 16 * p) / 2 + 2 * n) / link)
+
+
+def test_a_half_stated_adapter_is_refused():
+    for rank, targets in ((8, ()), (0, ("q_proj",)), (-1, ("q_proj",))):
+        with pytest.raises(ValueError, match="needs a rank >= 1 and its target modules"):
+            CostModel(load_profile("h100-qwen3-8b"), lora_rank=rank, lora_targets=targets)
+
+
+def test_an_emulated_device_prices_the_policys_adapter_from_its_lora_config():
+    cfg = DeviceConfig(kind="emulated", profile="h100-qwen3-8b", count=1)
+    lora = LoraConfig(rank=32, alpha=64.0, target_modules=["q_proj", "v_proj"])
+    assert EmulatedDevice(cfg, "trainer.solver", lora=lora).cost.adapter_params == 36 * 32 * (8192 + 5120)
+    assert EmulatedDevice(cfg, "trainer.solver").cost.adapter_params == 0
