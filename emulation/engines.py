@@ -20,6 +20,7 @@ wrapped engine's. They know nothing about Kafka or the components that hold them
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Sequence
@@ -53,20 +54,23 @@ class EmulatedRolloutEngine(RolloutEngine):
         self.partial: InFlightRows | None = None
         self._refresh = None
         self._switching = threading.Lock()
+        self._adapter_costs: dict = {}  #: adapter name -> the cost model pricing its loads (:meth:`adapter`)
         if device.share is not None:  # devices a trainer takes turns on: pause while it holds them
             device.share.yield_to_claims(self.clock.pause, self.clock.resume)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 seeds: Sequence[int] | None = None) -> list[Generation]:
+                 seeds: Sequence[int] | None = None, adapters: Sequence[str] | None = None) -> list[Generation]:
+        """``adapters``: each row's adapter, on a host engine serving several (a shared pool)."""
+        extra = {} if adapters is None else {"adapters": adapters}
         if self.clock is not None:
-            return self._scheduled(prompts, params, seeds)
+            return self._scheduled(prompts, params, seeds, extra)
         with self.device.hold("generate") as price:
-            out = self.inner.generate(prompts, params, seeds=seeds)
+            out = self.inner.generate(prompts, params, seeds=seeds, **extra)
             if self.device.cost is not None:
                 price(self._modelled(prompts, out, params, seeds))
         return out
 
-    def _scheduled(self, prompts, params: SamplingParams, seeds) -> list[Generation]:
+    def _scheduled(self, prompts, params: SamplingParams, seeds, extra: dict) -> list[Generation]:
         """A call on the shared schedule: in the batch from its arrival, computed (one call at a
         time), settled to the lengths it generated and held until its rows are decoded there."""
         t0, arrived = time.monotonic(), self.clock.now()
@@ -76,7 +80,7 @@ class EmulatedRolloutEngine(RolloutEngine):
         try:
             with self._compute:
                 c0 = time.process_time()
-                out = self.inner.generate(prompts, params, seeds=seeds)
+                out = self.inner.generate(prompts, params, seeds=seeds, **extra)
                 cpu = time.process_time() - c0
                 self.clock.settle(call, [len(g.tokens) for g in out])
                 if self.partial is not None:  # held from now: a load cuts its live rows
@@ -168,6 +172,30 @@ class EmulatedRolloutEngine(RolloutEngine):
             self.inner.load_weights(named_tensors, version)
             if self.device.cost is not None:
                 price(self.device.cost.weight_load_s())
+
+    # -- a host engine serving several adapters (a shared pool on this device) -------------
+
+    def adapter(self, name: str, lora=None):
+        """Adapter ``name`` of the wrapped host as a rollout engine whose calls and loads go
+        through this device (the pool's: one clock for every adapter's rows); ``lora``: its
+        settings, which price its loads (default: the device's own policy's)."""
+        from astraflow.engines.cpu import AdapterEngine  # the wrapped host is a CPU engine
+        self.inner.adapter(name)  # KeyError for an adapter the host does not serve
+        if lora is not None and self.device.cost is not None:
+            self._adapter_costs[name] = dataclasses.replace(self.device.cost, lora_rank=lora.rank,
+                                                            lora_targets=tuple(lora.target_modules))
+        return AdapterEngine(self, name)
+
+    def load_adapter(self, name: str, named_tensors: NamedTensors, version: int) -> None:
+        """A version of adapter ``name``, held for its modelled load (the adapter's bytes)."""
+        with self.device.hold("weight_load") as price:
+            self.inner.load_adapter(name, named_tensors, version)
+            cost = self._adapter_costs.get(name, self.device.cost)
+            if cost is not None:
+                price(cost.weight_load_s())
+
+    def adapter_version(self, name: str) -> int:
+        return self.inner.adapter_version(name)
 
     def _load_mid_call(self, named_tensors: NamedTensors, version: int) -> None:
         """A load while calls are held (partial rollouts): the devices stop, the load is held

@@ -109,6 +109,12 @@ class CpuEngine(RolloutEngine):
                            f"(it serves {', '.join(self._slots.names) if self._slots else 'full weights'})")
         return AdapterEngine(self, name)
 
+    def adapter_version(self, name: str) -> int:
+        """The version adapter ``name`` holds (KeyError: no such adapter)."""
+        if self._slots is None:
+            raise KeyError(f"no adapter {name!r}: this engine serves full weights")
+        return self._slots.version(name)
+
     def close(self) -> None:
         # Dropping the model frees its memory; further calls fail loudly.
         self._closed = True
@@ -336,14 +342,16 @@ class _StopStrings:
 class AdapterEngine(RolloutEngine):
     """One adapter of a :class:`CpuEngine` as a rollout engine: what a policy's weight
     subscriber loads and its role calls (a shared pool holds one per policy). ``host`` and
-    ``name`` let a caller batch rows of several adapters of one host into one call."""
+    ``name`` let a caller batch rows of several adapters of one host into one call. ``host`` is
+    the CPU engine or an engine wrapping it with the same three calls (``generate`` with
+    ``adapters``, ``load_adapter``, ``adapter_version``: an emulated device's)."""
 
     def __init__(self, host: CpuEngine, name: str) -> None:
         self.host, self.name = host, name
 
     @property
     def version(self) -> int:
-        return self.host._slots.version(self.name)  # noqa: SLF001 - the host's own slots
+        return self.host.adapter_version(self.name)
 
     def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
         self.host.load_adapter(self.name, named_tensors, version)

@@ -51,8 +51,12 @@ def test_the_shared_pool_is_the_leads_and_the_other_policy_starts_no_node(tmp_pa
     (lambda d: (d["policies"]["verifier"]["rollout"].pop("pool"), d["policies"]["solver"].update(
         rollout={"pool": "verifier"})),
      r"policies.solver.rollout.pool: 'verifier''s pool runs no episodes: only the lead policy 'solver''s pool"),
+    (lambda d: d["policies"]["verifier"]["rollout"].update(engine={"kind": "sglang"}),
+     r"policies.verifier.rollout.pool: a shared pool runs on the CPU engine .* 'verifier' has rollout.engine.kind "
+     r"sglang"),
     (lambda d: d["policies"]["verifier"]["rollout"].update(device={"kind": "emulated", "slowdown": 2.0}),
-     r"policies.verifier.rollout.pool: a shared pool runs on the CPU engine"),
+     r"policies.verifier.rollout.device: 'verifier''s rows run on 'solver''s pool, so on its devices \(cpu\); this "
+     r"says emulated"),
 ])
 def test_a_shared_pool_of_policies_that_are_not_lora_adapters_of_one_base_is_refused(tmp_path, change, match):
     with pytest.raises(ConfigError, match=match) as e:

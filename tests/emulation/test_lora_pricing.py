@@ -4,6 +4,8 @@ Hand-computed on Qwen3-8B's shape (emulation/profiles.yaml)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from astraflow.emulation import CostModel, DeviceConfig, EmulatedDevice
@@ -53,3 +55,43 @@ def test_an_emulated_device_prices_the_policys_adapter_from_its_lora_config():
     lora = LoraConfig(rank=32, alpha=64.0, target_modules=["q_proj", "v_proj"])
     assert EmulatedDevice(cfg, "trainer.solver", lora=lora).cost.adapter_params == 36 * 32 * (8192 + 5120)
     assert EmulatedDevice(cfg, "trainer.solver").cost.adapter_params == 0
+
+
+def test_a_shared_pool_on_an_emulated_device_prices_every_adapters_rows_and_loads_on_one_clock(
+        tiny_model_path, tmp_path):
+    """The LoRA team's pool on an emulated device (what arm (d) runs): each policy's engine is an
+    adapter of ONE emulated host, so a call mixing both policies' rows is one generate on its
+    clock, and each adapter's version load is held for its own adapter's bytes on the shape."""
+    import yaml
+
+    from astraflow.actors.common import make_pool_engines
+    from astraflow.config import load_config
+    from astraflow.emulation import EmulatedRolloutEngine
+    from astraflow.engines.base import SamplingParams
+    from tests.engines.test_lora import random_adapter
+
+    data = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" /
+                           "solver_verifier_lora_shared.yaml").read_text())
+    data["rollout"]["device"] = {"kind": "emulated", "profile": "h100-qwen3-8b", "count": 1, "dilation": 0.0001,
+                                 "token_scale": 4}
+    data["policies"]["verifier"]["trainer"]["engine"]["lora"] = {"rank": 16, "alpha": 32,
+                                                                 "target_modules": ["q_proj", "v_proj"]}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cfg = load_config(path)
+    engines = make_pool_engines(cfg, tiny_model_path, name="raas-solver-0", run_dir=tmp_path)
+    host = engines["solver"].host
+    assert isinstance(host, EmulatedRolloutEngine) and engines["verifier"].host is host
+    try:
+        gens = host.generate([[1, 2, 3], [1, 2, 4]], SamplingParams(max_new_tokens=3, temperature=1.0), seeds=[1, 2],
+                             adapters=["solver", "verifier"])
+        assert len(gens) == 2 and host.device.stats["generate"].calls == 1
+        lora = cfg.view("verifier").trainer.engine.lora
+        engines["verifier"].load_weights(random_adapter(tiny_model_path, lora, seed=0), 3)
+        assert engines["verifier"].version == 3 and engines["solver"].version == 0
+        load = host.device.stats["weight_load"]
+        m = host.device.cost.profile.model
+        expected = 2 * m.adapter_params(16, ("q_proj", "v_proj")) / host.device.cost.profile.efficiency.weight_sync_bytes_per_s
+        assert load.calls == 1 and load.modelled_s == pytest.approx(expected)
+    finally:
+        host.close()
