@@ -95,8 +95,10 @@ def make_train_engine(cfg: JobConfig, path: Path, run_dir: str | Path | None = N
     engine = make(engine_cfg)
     if cfg.trainer.device.emulated:
         from astraflow.emulation import EmulatedDevice, EmulatedTrainEngine
+        share = cfg.trainer.device.share
         engine = EmulatedTrainEngine(engine, EmulatedDevice(cfg.trainer.device, f"trainer.{cfg.policy}",
-                                                            share_dir=run_dir, lora=e.lora))
+                                                            share_dir=run_dir, lora=e.lora),
+                                     swap=not share or share in cfg.pool_device_shares())
     return engine
 
 

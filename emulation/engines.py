@@ -236,15 +236,19 @@ def dealt_s(cost, rows: Sequence[Sequence], devices: int) -> float:
 
 
 class EmulatedTrainEngine(TrainEngine):
-    def __init__(self, inner: TrainEngine, device: EmulatedDevice) -> None:
-        self.inner, self.device = inner, device
+    """``swap``: a step on shared devices pays the swap (a pool's devices); False: trainers of
+    LoRA adapters of one base taking turns on their devices, which keep the base and every
+    adapter's states resident (one trainer process training several adapters), swap nothing."""
+
+    def __init__(self, inner: TrainEngine, device: EmulatedDevice, swap: bool = True) -> None:
+        self.inner, self.device, self.swap = inner, device, swap
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         share = self.device.share
         if share is None:
             return self._step(batch, 0.0)
         with share.claim():  # devices a pool takes turns on: held from the pool's pause to the step's end
-            return self._step(batch, self.device.cost.swap_s(self.device.cfg.count))
+            return self._step(batch, self.device.cost.swap_s(self.device.cfg.count) if self.swap else 0.0)
 
     def _step(self, batch: TrainBatch, swap_s: float) -> dict[str, float]:
         """One step held for its modelled time, plus ``swap_s`` (the training states onto shared

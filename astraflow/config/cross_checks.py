@@ -143,11 +143,12 @@ class CrossSectionChecks:
                                                            "would be evaluated; set eval.holdout > 0 or eval.data")
 
     def _check_device_shares(self) -> None:
-        """``device.share``: one policy's single pool node and its trainer, on the same count of
-        the same profile's devices (emulation/share.py); the evaluator shares nothing."""
+        """``device.share``: one policy's single pool node and its trainer, or the trainers of
+        LoRA policies of one base (one trainer training each adapter in turn), on the same count
+        of the same profile's devices (emulation/share.py); the evaluator shares nothing."""
         if self.eval.device.share:
             raise ConfigError(self.source, "eval.device.share", "the evaluator runs on devices of its own")
-        owners: dict[str, tuple[str, object, str]] = {}
+        named: dict[str, list[tuple[str, str, object, str]]] = {}  # share -> (policy, stage, device, key)
         for p in self.policy_names:
             where = f"policies.{p}." if self.policies else ""
             sec = self.policies[p] if self.policies else self
@@ -158,22 +159,39 @@ class CrossSectionChecks:
                 if stage == "rollout" and sec.rollout.nodes != 1:
                     raise ConfigError(self.source, key, f"{sec.rollout.nodes} RaaS nodes cannot take turns on one "
                                                         f"trainer's devices (rollout.nodes must be 1)")
-                if dev.share in owners:
-                    other, odev, _ = owners.pop(dev.share)
-                    if other != p:
-                        raise ConfigError(self.source, key, f"{dev.share!r} is policy {other!r}'s: a pool shares its "
+                named.setdefault(dev.share, []).append((p, stage, dev, key))
+        for name, users in named.items():
+            first, last = users[0], users[-1]
+            if len(users) == 1:
+                raise ConfigError(self.source, first[3], f"{name!r} is named by this component only: a pool and its "
+                                                         f"policy's trainer share devices, both naming them (or the "
+                                                         f"trainers of LoRA policies of one base)")
+            if any(stage == "rollout" for _, stage, _, _ in users):
+                if len(users) > 2 or first[0] != last[0]:
+                    raise ConfigError(self.source, last[3], f"{name!r} is policy {first[0]!r}'s: a pool shares its "
                                                             f"devices with its own policy's trainer only")
-                    if (odev.count, odev.profile) != (dev.count, dev.profile):
-                        raise ConfigError(self.source, key, f"the pool and the trainer sharing {dev.share!r} must name "
-                                                            f"the same devices (count and profile), got "
-                                                            f"{odev.count} x {odev.profile} and {dev.count} x {dev.profile}")
-                    owners[dev.share] = (p, None, key)  # taken by both
-                else:
-                    owners[dev.share] = (p, dev, key)
-        for name, (_, dev, key) in owners.items():
-            if dev is not None:
-                raise ConfigError(self.source, key, f"{name!r} is named by this component only: a pool and its "
-                                                    f"policy's trainer share devices, both naming them")
+            else:
+                self._check_trainers_share(name, users)
+            for _, _, dev, key in users[1:]:
+                odev = first[2]
+                if (odev.count, odev.profile) != (dev.count, dev.profile):
+                    raise ConfigError(self.source, key, f"the components sharing {name!r} must name the same devices "
+                                                        f"(count and profile), got {odev.count} x {odev.profile} and "
+                                                        f"{dev.count} x {dev.profile}")
+
+    def _check_trainers_share(self, name: str, users: list[tuple[str, str, object, str]]) -> None:
+        """Trainers alone on one share: each a LoRA policy, all of one base model."""
+        base = self.policies[users[0][0]].model if self.policies else self.model
+        for p, _, _, key in users:
+            sec = self.policies[p] if self.policies else self
+            if sec.trainer.engine.lora is None:
+                raise ConfigError(self.source, key, f"trainers share devices ({name!r}) as LoRA adapters of one base "
+                                                    f"only (their states stay side by side), and {p!r} is full "
+                                                    f"fine-tuning")
+            if sec.model != base:
+                raise ConfigError(self.source, key, f"trainers sharing {name!r} train adapters of one base, and {p!r} is "
+                                                    f"on {_model_name(sec.model)}, {users[0][0]!r} on "
+                                                    f"{_model_name(base)}")
 
     def _check_shared_pools(self) -> None:
         """``rollout.pool``: a policy whose rows another policy's pool serves. That pool is the

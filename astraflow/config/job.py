@@ -118,6 +118,12 @@ class JobConfig(CrossSectionChecks):
             return ()
         return (policy, *(p for p in self.policy_names if p != policy and self.pool_of(p) == policy))
 
+    def pool_device_shares(self) -> set[str]:
+        """The ``device.share`` names a RaaS pool takes turns on (with its own policy's trainer);
+        a share named by trainers alone is LoRA trainers of one base taking turns."""
+        secs = self.policies.values() if self.policies else (self,)
+        return {sec.rollout.device.share for sec in secs if sec.rollout.device.share}
+
     def view(self, policy: str) -> "JobConfig":
         """This job as seen by one policy's components: ``policy``, ``model``, ``rollout``,
         ``dataflow`` and ``trainer`` are that policy's. A single-policy job is its own view."""

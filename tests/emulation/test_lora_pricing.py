@@ -95,3 +95,48 @@ def test_a_shared_pool_on_an_emulated_device_prices_every_adapters_rows_and_load
         assert load.calls == 1 and load.modelled_s == pytest.approx(expected)
     finally:
         host.close()
+
+
+def _lora_team(tmp_path, mutate=None):
+    """examples/solver_verifier_lora_shared.yaml with both trainers on the same 2 emulated devices."""
+    import yaml
+
+    from astraflow.config import load_config
+    data = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" /
+                           "solver_verifier_lora_shared.yaml").read_text())
+    dev = {"kind": "emulated", "profile": "h100-qwen3-8b", "count": 2, "dilation": 0.0001, "share": "lora"}
+    data["policies"]["solver"]["trainer"] = {"device": dict(dev)}
+    data["policies"]["verifier"]["trainer"]["device"] = dict(dev)
+    if mutate:
+        mutate(data)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_config(path)
+
+
+def test_trainers_of_lora_adapters_of_one_base_take_turns_on_their_devices_and_swap_nothing(tiny_model_path,
+                                                                                            tmp_path):
+    """Arm (d)'s one trainer: the two policies' trainers name one share (no pool does), so their
+    steps take turns on the devices, and a step pays no swap: the base and both adapters' states
+    stay on the devices (one trainer process training each adapter in turn)."""
+    from astraflow.actors.common import make_train_engine
+    cfg = _lora_team(tmp_path)
+    assert cfg.pool_device_shares() == set()
+    engine = make_train_engine(cfg.view("verifier"), tiny_model_path, run_dir=tmp_path)
+    try:
+        assert engine.swap is False and engine.device.share is not None
+        model = engine.device.cost.profile.model  # the example's adapter on the modelled shape
+        assert engine.device.cost.adapter_params == model.adapter_params(8, ("q_proj", "v_proj", "up_proj"))
+    finally:
+        engine.device.share.close()
+
+
+def test_a_trainers_share_needs_lora_adapters_of_one_base_and_a_partner(tmp_path):
+    from astraflow.config import ConfigError
+    with pytest.raises(ConfigError, match=r"policies.verifier.trainer.device.share: trainers share devices \('lora'\) "
+                                          r"as LoRA adapters of one base only .* 'verifier' is full fine-tuning"):
+        _lora_team(tmp_path, lambda d: (d["policies"]["verifier"]["rollout"].pop("pool"),
+                                        d["policies"]["verifier"]["trainer"]["engine"].update(lora=None)))
+    with pytest.raises(ConfigError, match="policies.solver.trainer.device.share: 'lora' is named by this component "
+                                          "only"):
+        _lora_team(tmp_path, lambda d: d["policies"]["verifier"]["trainer"]["device"].pop("share"))
