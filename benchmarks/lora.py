@@ -22,9 +22,10 @@ child runs with glibc's mmap threshold pinned (``lib.memory.PINNED_MALLOC``), so
 go back to the system and both figures measure live memory, not the allocator's history.
 Median (min–max) over ``--repeats``.
 
-Not yet here (issue 59, later sessions): held-out accuracy after equal versions, LoRA against
-full fine-tuning, with the LoRA lr chosen by a sweep (``accuracy``), and the two-policy job on
-one shared pool against two pools (``shared_pool``).
+The file's other sections come from their own benchmarks, and stay when this one rewrites its
+rows: held-out accuracy after equal versions, LoRA against full fine-tuning with the LoRA lr
+chosen by a sweep (``accuracy``, ``benchmarks/lora_accuracy.py``), and the two-policy job on one
+shared pool against two pools (``shared_pool``, ``benchmarks/lora_shared_pool.py``).
 
     python -m astraflow.benchmarks.lora            # 3 repetitions x 3 steps x 3 arms
     python -m astraflow.benchmarks.lora --quick    # 1 repetition, 1 step (a smoke run)
