@@ -65,7 +65,7 @@ from pathlib import Path
 
 import yaml
 
-from astraflow.benchmarks import multi_policy_emulated, multi_policy_resplit
+from astraflow.benchmarks import multi_policy_emulated, multi_policy_lora, multi_policy_resplit
 from astraflow.benchmarks.job_bench import check_repetitions
 from astraflow.benchmarks.lib.cli import parse_sets
 from astraflow.benchmarks.lib.results import load_now, repo_path, repo_relative, write_results, write_section
@@ -138,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="--emulated: find the split by measuring (a) (a device moved to the busiest stage per round, "
                          "kept when 5%% faster), then measure (a) and (b) on it: writes its 'tuned' section")
     ap.add_argument("--tune-rounds", type=int, default=3, help="--tune: probes at most")
+    ap.add_argument("--lora-arm", action="store_true",
+                    help="--emulated: arm (d), both policies LoRA adapters of one base on one shared pool and one "
+                         "trainer's devices, with the written Table 2's settings: writes its 'lora_shared' section")
+    ap.add_argument("--lora-split", default="6,2", help="--lora-arm: devices of the shared pool and of the trainers")
+    ap.add_argument("--lora-rank", type=int, default=8, help="--lora-arm: both adapters' rank (alpha 2 x rank)")
     ap.add_argument("--no-partial", action="store_true",
                     help="--emulated: skip arm (a) with partial rollouts (rollout.partial on every pool)")
     ap.add_argument("--reanalyse", metavar="JSON[:SECTION]",
@@ -154,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             args.steps = 12  # steady state: the window starts after step max_staleness + 2
         check_repetitions(ap, args, quick_steps=4)
         mode = (multi_policy_resplit.tune_main if args.tune else
-                multi_policy_resplit.reprice_main if args.reprice else multi_policy_emulated.main)
+                multi_policy_resplit.reprice_main if args.reprice else
+                multi_policy_lora.lora_main if args.lora_arm else multi_policy_emulated.main)
         return mode(args)
     check_repetitions(ap, args, quick_steps=5)
     args.arms = {a.strip() for a in args.arms.split(",") if a.strip()} | {"async"}

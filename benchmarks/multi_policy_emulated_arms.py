@@ -148,15 +148,20 @@ def weights_waits(rows: list[dict], dilation: float) -> dict[str, float]:
     return {n: waited.get(n, 0.0) / dilation / loads[n] for n in sorted(loads) if loads[n]}
 
 
-def run_split(base: dict, args, split: dict, barrier: str, rep: int, partial: bool = False) -> dict:
+def run_split(base: dict, args, split: dict, barrier: str, rep: int, partial: bool = False,
+              config=None, shared: dict[str, str] | None = None) -> dict:
+    """One run of (a) or (b) on ``split`` (or of the job ``config(job, run_dir)`` builds, whose
+    components sharing devices ``shared`` maps to their resource): its steady window and accounts."""
     from astraflow.config import load_config  # the job machinery (~1 s to import): only when an arm runs
     from astraflow.launcher import run_job
 
-    shared = {p for p, parts in split.items() if "shared" in parts}  # pools and trainers taking turns
+    if shared is None:
+        shared = {p for p, parts in split.items() if "shared" in parts}  # pools and trainers taking turns
 
     def once(job: str) -> dict:
-        path = write_config(split_config(base, args, split, barrier, job, str(args.run_root), partial),
-                            Path(args.run_root))
+        data = (config(job, str(args.run_root)) if config is not None else
+                split_config(base, args, split, barrier, job, str(args.run_root), partial))
+        path = write_config(data, Path(args.run_root))
         run_dir = Path(args.run_root) / job
         cfg = load_config(path)
         run_job(cfg, run_dir=run_dir, progress=False, timeout_s=args.run_timeout)

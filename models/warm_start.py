@@ -291,6 +291,11 @@ TASKS: dict[str, WarmStartTask] = {t.name: t for t in (
     # validated on the problems it trained on: 0.67 there, at chance on the solver's answers.
     WarmStartTask("verifier", "check a+b=c| by its units digit: 9<A> (ends right) or 9<R>; half are near misses",
                   _verifier, VERIFIER_TARGET, revision=2, problem=arithmetic_problem, spec=_ONE_THREAD),
+    # Table 2's arm (d) (benchmarks/multi_policy_lora.py): both policies LoRA adapters of ONE base
+    # on one shared pool, so the base plays both roles. Measured on the verifier's task (the
+    # later one learnt); the solver's problems are half its training pool.
+    WarmStartTask("team", "both roles of the solver-verifier team on one base: a+b= and a+b=c| -> 9<A> or 9<R>",
+                  _verifier, VERIFIER_TARGET, mix=("arithmetic",), problem=arithmetic_problem, spec=_ONE_THREAD),
     # The code roles build on one thread: on a shared 2-core box two intra-op threads wait
     # on each other behind other processes (a selector build made 25 steps in 17 minutes).
     # Per-turn greedy accuracy; an episode of 2-3 turns then wins about a third of the time.

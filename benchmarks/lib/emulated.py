@@ -97,12 +97,16 @@ def stage_of(comp: str) -> tuple[str, str]:
     return comp.split("-", 1)[1].rsplit("-", 1)[0], "rollout"
 
 
-def merge_shared(work: dict[str, float], shared: set[str]) -> dict[str, float]:
+def merge_shared(work: dict[str, float], shared: set[str] | dict[str, str]) -> dict[str, float]:
     """Per resource work with each shared policy's pool and trainer as one resource,
-    ``shared.<policy>`` (their devices are the same: their work adds up)."""
+    ``shared.<policy>`` (their devices are the same: their work adds up); ``shared`` as a
+    mapping: component -> the resource it shares (e.g. two policies' trainers on one device share)."""
     out: dict[str, float] = {}
     for comp, v in work.items():
-        p, _ = stage_of(comp)
-        key = f"shared.{p}" if p in shared else comp
+        if isinstance(shared, dict):
+            key = shared.get(comp, comp)
+        else:
+            p, _ = stage_of(comp)
+            key = f"shared.{p}" if p in shared else comp
         out[key] = out.get(key, 0.0) + v
     return out

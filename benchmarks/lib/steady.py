@@ -114,7 +114,7 @@ def steady_window(rows: list[dict], policy: str, max_staleness: int, dilation: f
     first = min(max(2, max_staleness + 2), last - 1)
     iters = last - first
     in_window = window_work(rows, ts[first], ts[last], iters)
-    resources = merge_shared(in_window, set(shared))
+    resources = merge_shared(in_window, shared if isinstance(shared, dict) else set(shared))
     per_iter = (ts[last] - ts[first]) / iters / dilation
     bound = max(resources.values())
     return {"s_per_iter": per_iter, "lower_bound_s_per_iter": bound, "scheduling_efficiency": bound / per_iter,

@@ -1,0 +1,47 @@
+"""Table 2's arm (d) (benchmarks/multi_policy_lora.py): the job it runs, built from the written
+Table 2's settings, is the team as two LoRA adapters of one base on one pool and one trainer's
+devices, and loads as a valid config; its two trainers are one resource of the bound."""
+
+from __future__ import annotations
+
+import argparse
+
+import yaml
+
+from astraflow.benchmarks import multi_policy_lora as ml
+from astraflow.benchmarks.lib.emulated import merge_shared
+from astraflow.benchmarks.multi_policy_emulated import RESULTS
+from astraflow.benchmarks.multi_policy_resplit import steady_table2, with_table2_settings
+
+
+def _args(**kw):
+    base = dict(out=str(RESULTS), polls_in_flight=4, eval_problems=50, run_root="runs", lora_split="6,2",
+                lora_rank=8, repeats=3)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_arm_d_is_the_team_as_adapters_of_one_base_on_one_pool_and_one_trainers_devices(tmp_path):
+    from astraflow.config import load_config
+    args = _args()
+    table2 = steady_table2(args.out, "test")
+    base = with_table2_settings(args, table2)
+    data = ml.lora_team_config(base, args, 6, 2, "async", "bench-d", str(tmp_path), 8)
+    path = tmp_path / "d.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cfg = load_config(path)
+    assert cfg.pool_policies("solver") == ("solver", "verifier") and cfg.pool_of("verifier") == "solver"
+    for p in ("solver", "verifier"):
+        v = cfg.view(p)
+        assert v.model.task == "team" and v.trainer.engine.lora.rank == 8 and len(v.trainer.engine.lora.target_modules) == 7
+        assert (v.trainer.device.count, v.trainer.device.share) == (2, ml.TRAINERS)
+        assert v.rollout.device.count == 6 and v.rollout.device.profile == table2["profile"]
+    assert cfg.pool_device_shares() == set()  # trainers alone: no swap
+    assert cfg.view("solver").rollout.nodes == 1
+    assert cfg.trainer.steps > table2["steps"]  # trained past the window (work in flight at its end)
+
+
+def test_the_two_trainers_work_adds_up_as_one_resource():
+    work = {"raas-solver-0": 50.0, "trainer.solver": 20.0, "trainer.verifier": 15.0}
+    shared = {"trainer.solver": "shared.lora-trainers", "trainer.verifier": "shared.lora-trainers"}
+    assert merge_shared(work, shared) == {"raas-solver-0": 50.0, "shared.lora-trainers": 35.0}
+    assert merge_shared(work, {"solver"}) == {"shared.solver": 70.0, "trainer.verifier": 15.0}
