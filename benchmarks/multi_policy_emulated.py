@@ -365,6 +365,14 @@ def report_rows(load: Loader) -> list[str]:
                        f"{_sp(r['s_per_iter'], '.1f')} | {_sp(r['lower_bound_s_per_iter'], '.1f')} | "
                        f"{_sp(r['scheduling_efficiency'])} | {_sp(r['speedup_vs_sequential'])}x | "
                        f"{_sp(r['max_cpu_fraction'])} |")
+    d_arm = d.get("lora_shared") if (d.get("lora_shared") or {}).get("table2_created") == d.get("created") else None
+    if d_arm:  # benchmarks/multi_policy_lora.py
+        r, sp = d_arm["arm"], d_arm["split"]
+        out.append(f"| (d) both policies LoRA adapters (rank {d_arm['lora']['rank']}) of one base: one shared pool "
+                   f"({sp['pool']} devices) and one trainer's devices ({sp['trainer']}) (`--lora-arm`, "
+                   f"{r['s_per_iter']['n']} repetitions) | {_sp(r['s_per_iter'], '.1f')} | "
+                   f"{_sp(r['lower_bound_s_per_iter'], '.1f')} | {_sp(r['scheduling_efficiency'])} | "
+                   f"{_sp(r['speedup_vs_sequential'])}x | – |")
     pr = d.get("partial_rollouts")
     if pr:
         out += ["", f"Partial rollouts (EMULATED): (a) with them {_sp(pr['speedup_with_over_without'])}x of (a) "
@@ -372,6 +380,11 @@ def report_rows(load: Loader) -> list[str]:
                     f"{_sp(pr['without']['weights_wait_s_per_load'], '.1f')} modelled s without, "
                     f"{_sp(pr['with']['weights_wait_s_per_load'], '.1f')} with; rows continued under a newer version: "
                     f"{_sp(pr['with']['partial_rows'], '.0f')} per run."]
+    if d_arm:
+        out += ["", f"Arm (d) runs the tiny `{d_arm['base_task']}` base (both roles in one model, as a shared pool "
+                    f"needs) where (a)–(c) run a solver and a verifier model: its modelled work comes from that "
+                    f"model's rows. (d) vs Table 2's (a), paired by repetition: "
+                    f"{_sp(d_arm['arm']['speedup_vs_table2_async'])}x."]
     out += ["", f"(a) vs (b): {_sp(d['speedup_vs_lockstep'])}x. The seed reports 2.74x on real 8 × H100 "
                 "(212.64 → 77.65 s/iter). " + " ".join(d["notes"][2:]), ""]
     for key, sec in later.items():

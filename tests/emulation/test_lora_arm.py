@@ -45,3 +45,22 @@ def test_the_two_trainers_work_adds_up_as_one_resource():
     shared = {"trainer.solver": "shared.lora-trainers", "trainer.verifier": "shared.lora-trainers"}
     assert merge_shared(work, shared) == {"raas-solver-0": 50.0, "shared.lora-trainers": 35.0}
     assert merge_shared(work, {"solver"}) == {"shared.solver": 70.0, "trainer.verifier": 15.0}
+
+
+def test_arm_d_renders_in_table_2_only_beside_the_table_2_it_was_paired_with():
+    import json
+
+    from astraflow.benchmarks import multi_policy_emulated as mpe
+    from astraflow.benchmarks.lib.stats import spread
+    d = json.loads(RESULTS.read_text())
+    arm = {"s_per_iter": spread([60.0, 62.0, 70.0]), "lower_bound_s_per_iter": spread([58.0, 60.0, 61.0]),
+           "scheduling_efficiency": spread([0.9, 0.95, 0.97]), "speedup_vs_sequential": spread([3.0, 3.1, 2.7]),
+           "speedup_vs_table2_async": spread([1.4, 1.5, 1.3])}
+    d["lora_shared"] = {"arm": arm, "split": {"pool": 6, "trainer": 2}, "lora": {"rank": 8}, "base_task": "team",
+                        "table2_created": d["created"]}
+    text = "\n".join(mpe.report_rows(lambda name: d))
+    assert ("| (d) both policies LoRA adapters (rank 8) of one base: one shared pool (6 devices) and one trainer's "
+            "devices (2) (`--lora-arm`, 3 repetitions) | 62.0 (60.0–70.0) | 60.0 (58.0–61.0) |") in text
+    assert "(d) vs Table 2's (a), paired by repetition: 1.40 (1.30–1.50)x" in text
+    d["lora_shared"]["table2_created"] = "an older Table 2"
+    assert "(d) both policies" not in "\n".join(mpe.report_rows(lambda name: d))
