@@ -15,7 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
-from astraflow.benchmarks import (async_vs_sync, async_vs_sync_emulated, async_vs_sync_partial, cross_region, delta_sparsity, demo_run,
+from astraflow.benchmarks import (async_vs_sync, async_vs_sync_emulated, async_vs_sync_partial, cross_region,
+                                  cross_region_lora, delta_sparsity, demo_run,
                                   elastic_emulated, elastic_slurm, emulated_scale, engine_throughput, multi_policy,
                                   multi_policy_emulated, multi_turn, off_policy, publish_dtype, real_model_runs, real_model_weights,
                                   topics_throughput, trainer_loss, trainer_scaling, weight_transfer)
@@ -27,7 +28,8 @@ from astraflow.benchmarks.lib.results import RESULTS_DIR
 BENCHMARKS = (demo_run, real_model_runs, real_model_weights, off_policy, async_vs_sync, async_vs_sync_emulated,
               async_vs_sync_partial, publish_dtype,
               delta_sparsity, multi_policy,
-              multi_policy_emulated, emulated_scale, elastic_emulated, elastic_slurm, multi_turn, cross_region, topics_throughput,
+              multi_policy_emulated, emulated_scale, elastic_emulated, elastic_slurm, multi_turn, cross_region, cross_region_lora,
+              topics_throughput,
               weight_transfer, engine_throughput, trainer_scaling, trainer_loss)
 
 ROOT = Path(__file__).resolve().parents[1]
