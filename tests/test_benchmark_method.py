@@ -383,14 +383,17 @@ def test_lora_rows_are_over_the_full_snapshot_of_the_same_repetition_and_judged_
     own repetition; the 1/100 goal judged on the median of the LoRA arms only; the table renders."""
     from astraflow.benchmarks import lora
 
-    def arm(snapshot, delta, rss):
+    def arm(snapshot, delta, rss):  # the first version moves half (a LoRA's B alone), then two steady ones
         return {"snapshot_bytes": snapshot, "delta_bytes": delta, "published_params": 10, "trained_params": 10,
+                "versions": [{"delta_bytes": delta / 2}, {"delta_bytes": delta * 0.9}, {"delta_bytes": delta * 1.1}],
                 "train_step_s": 1.0, "peak_rss_mb": rss, "rss_after_train_mb": rss / 2}
 
     reps = [{"full": arm(1000.0 * (i + 1), 500.0, 900.0), "lora_r8": arm(5.0, 5.0 * (i + 1), 400.0),
              "lora_r32": arm(20.0, 30.0, 410.0)} for i in range(3)]
     rows = {r["arm"]: r for r in lora.aggregate(reps)}
+    # the steady versions' median (the first, half as big, left out) over the same repetition's snapshot
     assert rows["lora_r8"]["bytes_over_full_snapshot"]["runs"] == pytest.approx([5 / 1000, 10 / 2000, 15 / 3000])
+    assert rows["lora_r8"]["first_version_over_full_snapshot"]["runs"] == pytest.approx([2.5 / 1000] * 3)
     assert rows["lora_r32"]["bytes_over_full_snapshot"]["runs"] == pytest.approx([0.03, 0.015, 0.01])
     assert rows["lora_r8"]["meets_goal"] and not rows["lora_r32"]["meets_goal"] and rows["full"]["meets_goal"] is None
     assert rows["lora_r8"]["rank"] == 8 and rows["full"]["rank"] is None
