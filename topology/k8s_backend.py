@@ -42,7 +42,7 @@ import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -80,17 +80,23 @@ def selector_string(match_labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
 
 
-def pool_state(pods: Sequence[dict], match_labels: dict[str, str], replicas: int) -> PoolState:
+def pool_state(pods: Sequence[dict], match_labels: dict[str, str], replicas: int,
+               seen: Mapping[str, int] | None = None) -> PoolState:
     """Membership from pod objects as the API returns them (``kubectl get pods -o json``'s items).
 
     Pods that do not carry ``match_labels`` are ignored. Live pods (not being deleted, phase
-    neither ``Succeeded`` nor ``Failed``) are members, except marked ones (``astraflow.io/retired``)
-    up to the number of live pods beyond ``replicas``: those the controller is about to delete.
+    neither ``Succeeded`` nor ``Failed``) are members, oldest first, except marked ones
+    (``astraflow.io/retired``) up to the number of live pods beyond ``replicas``: those the
+    controller is about to delete. Age is ``creationTimestamp``, which has whole seconds: pods of
+    the same second are ordered by ``seen`` (pod name -> when the caller first listed it; a pod
+    created after another is listed after it), then by name.
     """
+    seen = seen or {}
     mine = [p for p in pods if all((_meta(p).get("labels") or {}).get(k) == v for k, v in match_labels.items())]
     live = sorted((p for p in mine if not _meta(p).get("deletionTimestamp")
                    and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")),
-                  key=lambda p: (_meta(p).get("creationTimestamp", ""), _meta(p)["name"]))
+                  key=lambda p: (_meta(p).get("creationTimestamp", ""), seen.get(_meta(p)["name"], 0),
+                                 _meta(p)["name"]))
     excess = max(0, len(live) - replicas)
     marked = [p for p in reversed(live) if RETIRED in (_meta(p).get("annotations") or {})][:excess]
     members = [p for p in live if p not in marked]
@@ -139,6 +145,7 @@ class KubernetesBackend(Backend):
         self.namespace, self.deployments = namespace, dict(deployments)
         self.start_timeout_s, self.poll_s = start_timeout_s, poll_s
         self._selectors: dict[str, dict[str, str]] = {}
+        self._seen: dict[str, int] = {}  #: pod name -> the order this backend first listed it in (age within a second)
 
     @classmethod
     def from_spec(cls, spec: dict, pools: Sequence[str], source: str) -> "KubernetesBackend":
@@ -155,7 +162,7 @@ class KubernetesBackend(Backend):
     def state(self, pool: str) -> PoolState:
         """The pool as the cluster has it now (two API reads)."""
         replicas = self._scale(pool)[0]
-        return pool_state(self._pods(pool), self._selector(pool), replicas)
+        return pool_state(self._pods(pool), self._selector(pool), replicas, self._seen)
 
     def members(self, pool: str) -> list[str]:
         return [f"{pool}-{name}" for name in self.state(pool).members]
@@ -173,7 +180,8 @@ class KubernetesBackend(Backend):
             self._next[pool] = self._next.get(pool, 0) + 1
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
-            new = [n for n in pool_state(self._pods(pool), self._selector(pool), replicas).members if n not in before]
+            new = [n for n in pool_state(self._pods(pool), self._selector(pool), replicas, self._seen).members
+                   if n not in before]
             if new:
                 log.info("scaled %s to %d replicas: new node %s-%s", self._name(pool), replicas, pool, new[0])
                 return
@@ -253,7 +261,11 @@ class KubernetesBackend(Backend):
     def _pods(self, pool: str) -> list[dict]:
         body = self._call(f"list the pods of {self.namespace}/{self._name(pool)}", self.core.list_namespaced_pod,
                           self.namespace, label_selector=selector_string(self._selector(pool)))
-        return (body or {}).get("items") or []
+        items = (body or {}).get("items") or []
+        with self._lock:  # pods of one second are ordered by when this backend first listed them
+            for p in items:
+                self._seen.setdefault(_meta(p).get("name", ""), len(self._seen) + 1)
+        return items
 
     def _scale(self, pool: str) -> tuple[int, str]:
         body = self._call(f"read the scale of Deployment {self.namespace}/{self._name(pool)}",

@@ -386,6 +386,18 @@ def test_recorded_pods_members_are_live_pods_of_the_pool_oldest_first():
     assert s.leaving == [PREFIX + "h6dxr"]
 
 
+def test_pods_of_one_second_are_ordered_by_when_they_were_first_listed():
+    """creationTimestamp has whole seconds: two pods of one second are ordered by the order the
+    backend first listed them (the later one is the newer, the one the autoscaler retires first),
+    not by their random names — by name, a node it had just started could sort before the pool's
+    own and the autoscaler retire an older one (test_k8s_backend's autoscaler test failed so)."""
+    same = [p for p in recorded() if p["metadata"]["name"] in (PREFIX + "m4zq8", PREFIX + "x7k2p")]
+    assert same[0]["metadata"]["creationTimestamp"] == same[1]["metadata"]["creationTimestamp"]
+    assert pool_state(same, H100, replicas=2).members == [PREFIX + "m4zq8", PREFIX + "x7k2p"]  # by name
+    seen = {PREFIX + "x7k2p": 1, PREFIX + "m4zq8": 2}  # m4zq8 came later
+    assert pool_state(same, H100, replicas=2, seen=seen).members == [PREFIX + "x7k2p", PREFIX + "m4zq8"]
+
+
 def test_recorded_pods_a_marked_pod_beyond_the_replicas_is_leaving_within_them_a_member():
     pods = recorded()
     loading = next(p for p in pods if p["metadata"]["name"] == PREFIX + "b9wtl")
