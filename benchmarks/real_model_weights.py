@@ -251,9 +251,7 @@ class _RssPeaks:
 
     @staticmethod
     def now_gb() -> float:
-        with open("/proc/self/status") as f:
-            kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-        return kb * 1024 / GB
+        return vm_mb("VmRSS") * MB / GB
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):

@@ -49,6 +49,7 @@ about engines, sleeping or Kafka.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Sequence
@@ -90,6 +91,13 @@ class CostModel:
     @property
     def weight_bytes(self) -> int:
         return 2 * self.params  # bf16
+
+    def with_adapter(self, lora) -> "CostModel":
+        """This model priced for a LoRA policy of ``lora`` (its rank and target modules, a job's
+        ``trainer.engine.lora``); None: as it is."""
+        if lora is None:
+            return self
+        return dataclasses.replace(self, lora_rank=lora.rank, lora_targets=tuple(lora.target_modules))
 
     @property
     def adapter_params(self) -> int:

@@ -129,10 +129,9 @@ class EmulatedDevice:
         #: None for a slowdown device: its calls are priced by their own measured time
         sigma = load_workload(cfg.workload).length_sigma if cfg.workload else 0.0
         # a LoRA policy (its trainer.engine.lora): the same adapter on the modelled shape
-        adapter = {"lora_rank": lora.rank, "lora_targets": tuple(lora.target_modules)} if lora is not None else {}
         self.cost = CostModel(load_profile(cfg.profile), token_scale=cfg.token_scale,
                               prompt_token_scale=cfg.prompt_token_scale or cfg.token_scale,
-                              length_sigma=sigma, **adapter) if cfg.profile else None
+                              length_sigma=sigma).with_adapter(lora) if cfg.profile else None
         self.stats: dict[str, CallStats] = {}
         self._lock = threading.Lock()
         self._warned = False

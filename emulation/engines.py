@@ -20,7 +20,6 @@ wrapped engine's. They know nothing about Kafka or the components that hold them
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Sequence
@@ -182,8 +181,7 @@ class EmulatedRolloutEngine(RolloutEngine):
         from astraflow.engines.cpu import AdapterEngine  # the wrapped host is a CPU engine
         self.inner.adapter(name)  # KeyError for an adapter the host does not serve
         if lora is not None and self.device.cost is not None:
-            self._adapter_costs[name] = dataclasses.replace(self.device.cost, lora_rank=lora.rank,
-                                                            lora_targets=tuple(lora.target_modules))
+            self._adapter_costs[name] = self.device.cost.with_adapter(lora)
         return AdapterEngine(self, name)
 
     def load_adapter(self, name: str, named_tensors: NamedTensors, version: int) -> None:
