@@ -353,6 +353,12 @@ class AdapterEngine(RolloutEngine):
     def version(self) -> int:
         return self.host.adapter_version(self.name)
 
+    @property
+    def device(self):
+        """The host's device (an emulated pool's: one clock and one account for every adapter's
+        rows, which the node reports as its device's totals); None on the CPU itself."""
+        return getattr(self.host, "device", None)
+
     def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
         self.host.load_adapter(self.name, named_tensors, version)
 

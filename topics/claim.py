@@ -18,13 +18,16 @@ is **consumer-group membership** on the cluster itself:
   claimant therefore waits up to ``wait_s`` (default: a session timeout and a margin) before it
   is refused, which is what makes "restart after a crash" work without anyone clearing a lock;
 * a holder whose membership the coordinator expired (paused longer than its session) loses the
-  partition to whoever claims next: :attr:`ExclusiveClaim.lost` is set and its owner must stop.
+  partition to whoever claims next: :attr:`ExclusiveClaim.lost` is set and its owner must stop;
+* a failed poll (a request timed out on a loaded broker) is retried: only failures lasting a whole
+  session end the holder's claim (it must then assume it was expelled).
 
 This module knows Kafka groups; nothing of what the claim protects.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 from kafka import TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
+from kafka.errors import KafkaError
 
 from . import security
 from .exceptions import TopicsError
@@ -44,6 +48,8 @@ __all__ = ["CLAIM_TOPIC", "ClaimHolder", "ClaimRefused", "ExclusiveClaim"]
 #: The topic every claim's group subscribes to (one partition; no record is ever written).
 CLAIM_TOPIC = "astraflow.claims"
 SESSION_TIMEOUT_MS = 10_000
+
+log = logging.getLogger(__name__)
 
 
 class ClaimRefused(TopicsError):
@@ -165,8 +171,24 @@ class ExclusiveClaim:
         try:
             consumer.partitions_for_topic(CLAIM_TOPIC)  # known before the first assignment is made
             consumer.subscribe([CLAIM_TOPIC], listener=_Listener(self))
+            failing_since: float | None = None
             while not self._stop.is_set():
-                consumer.poll(timeout_ms=300)  # heartbeats, rebalances; the topic holds no record
+                try:
+                    self._poll(consumer)
+                    failing_since = None
+                except KafkaError as e:
+                    # A transient failure (a request timed out on a loaded broker, the coordinator
+                    # moved) does not end the membership: the coordinator expels a member only after
+                    # a session without heartbeats, and a rejoin that finds the partition gone sets
+                    # `lost`. Keep polling until failures have lasted a whole session; then this
+                    # holder must assume it was expelled. (Giving up at the first one left the
+                    # group, and a live holder's claim passed to the next claimant.)
+                    now = time.monotonic()
+                    failing_since = failing_since if failing_since is not None else now
+                    if now - failing_since >= self.session_timeout_ms / 1000:
+                        raise
+                    log.warning("claim %s: poll failed (%s: %s); retrying", self.group, type(e).__name__, e)
+                    self._stop.wait(0.5)
         except BaseException as e:  # noqa: BLE001 - a holder that cannot poll may be expelled: say so
             self._error = e
             if self._held:
@@ -174,6 +196,9 @@ class ExclusiveClaim:
             self._outcome.set()
         finally:
             consumer.close()  # leaves the group: the next claimant gets the partition at once
+
+    def _poll(self, consumer) -> None:
+        consumer.poll(timeout_ms=300)  # heartbeats, rebalances; the topic holds no record
 
     def holders(self) -> list[ClaimHolder]:
         """The group's members now (empty when none; call it once this claimant left the group)."""

@@ -141,6 +141,19 @@ def _emulated(dilation=0.001) -> EmulatedRolloutEngine:
     return EmulatedRolloutEngine(_Engine(), device)
 
 
+def _back_during_the_first_call(engine, i: int, alone_s: float) -> None:
+    """Episode ``i`` > 0 comes back 0.1 x ``i`` of a call after the device began its first call
+    (episode 0's): counted from that call, not from the threads' start, so a loaded machine that
+    starts the threads late cannot bring them all back before the first call and make both
+    batchers one call of everything (a clean-clone run under load failed so)."""
+    if i == 0:
+        return
+    deadline = time.monotonic() + 30
+    while not engine.inner.calls and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.1 * alone_s * i)
+
+
 def test_episodes_back_from_another_pool_one_by_one_join_the_calls_in_flight():
     engine = _emulated()
     assert engine.concurrent_calls
@@ -152,7 +165,7 @@ def test_episodes_back_from_another_pool_one_by_one_join_the_calls_in_flight():
     def episode(i):
         batcher.enter()
         with batcher.away():  # on another pool's call; they come back a tenth of a call apart
-            time.sleep(0.1 * alone_s * i)
+            _back_during_the_first_call(engine, i, alone_s)
         results[i] = batcher.generate(i, [[1]] * 8, SamplingParams(max_new_tokens=30), list(range(8)))
         batcher.leave()
     threads = [threading.Thread(target=episode, args=(i,)) for i in range(6)]
@@ -173,7 +186,7 @@ def test_episodes_back_from_another_pool_one_by_one_join_the_calls_in_flight():
     def episode2(i):
         batcher2.enter()
         with batcher2.away():
-            time.sleep(0.1 * alone_s * i)
+            _back_during_the_first_call(engine2, i, alone_s)
         batcher2.generate(i, [[1]] * 8, SamplingParams(max_new_tokens=30), list(range(8)))
         batcher2.leave()
     threads = [threading.Thread(target=episode2, args=(i,)) for i in range(6)]

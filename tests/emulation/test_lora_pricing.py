@@ -82,6 +82,9 @@ def test_a_shared_pool_on_an_emulated_device_prices_every_adapters_rows_and_load
     engines = make_pool_engines(cfg, tiny_model_path, name="raas-solver-0", run_dir=tmp_path)
     host = engines["solver"].host
     assert isinstance(host, EmulatedRolloutEngine) and engines["verifier"].host is host
+    # what the node reports as its device's totals (telemetry's emit_device reads engine.device):
+    # the pool's one account, not nothing (a run's summary then missed the shared pool's work)
+    assert engines["solver"].device is host.device and engines["verifier"].device is host.device
     try:
         gens = host.generate([[1, 2, 3], [1, 2, 4]], SamplingParams(max_new_tokens=3, temperature=1.0), seeds=[1, 2],
                              adapters=["solver", "verifier"])

@@ -12,6 +12,7 @@ import time
 import uuid
 
 import pytest
+from kafka.errors import KafkaTimeoutError
 
 from astraflow.topics.claim import ClaimRefused, ExclusiveClaim
 
@@ -49,8 +50,13 @@ def test_a_killed_holders_claim_lapses_and_passes_to_the_next_claimant(bootstrap
                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         assert proc.stdout.readline().strip() == "held"
-        with pytest.raises(ClaimRefused, match=f"pid {proc.pid} on host"):
-            ExclusiveClaim(bootstrap, group, "next", session_timeout_ms=6000).acquire()
+        try:
+            ExclusiveClaim(bootstrap, group, "next", session_timeout_ms=6000).acquire().release()
+        except ClaimRefused as e:
+            assert f"pid {proc.pid} on host" in str(e)
+        else:
+            proc.kill()
+            pytest.fail(f"the live holder's claim was taken; the holder said {proc.communicate()[0]!r}")
         os.kill(proc.pid, signal.SIGKILL)  # no LeaveGroup: only the session timeout frees it
         proc.wait(timeout=30)
         with ExclusiveClaim(bootstrap, group, "next", session_timeout_ms=6000) as claim:
@@ -81,3 +87,42 @@ def test_a_holder_paused_past_its_session_loses_the_claim_to_the_next_and_is_tol
             os.kill(proc.pid, signal.SIGCONT)
             proc.kill()
             proc.wait()
+
+
+class _FlakyPoll(ExclusiveClaim):
+    """A claim whose heartbeat poll fails ``failures`` times in a row once held (as a request
+    timing out on a loaded broker makes it fail), then polls again."""
+
+    failures = 3
+
+    def _poll(self, consumer) -> None:
+        if self._held and self.failures:
+            self.failures -= 1
+            raise KafkaTimeoutError("injected: the request timed out")
+        super()._poll(consumer)
+
+
+def test_a_holder_whose_poll_fails_briefly_keeps_the_claim(bootstrap):
+    group = "claim-" + uuid.uuid4().hex[:8]
+    with _FlakyPoll(bootstrap, group, "holder", session_timeout_ms=6000) as holder:
+        deadline = time.monotonic() + 30
+        while holder.failures and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert holder.failures == 0  # every injected failure was met
+        time.sleep(1)
+        assert holder.held and not holder.lost.is_set() and holder._error is None
+        with pytest.raises(ClaimRefused, match=f"pid {os.getpid()} on host"):
+            ExclusiveClaim(bootstrap, group, "next", session_timeout_ms=6000).acquire()
+        assert holder.held
+
+
+def test_a_holder_whose_poll_fails_for_a_whole_session_gives_the_claim_up(bootstrap):
+    group = "claim-" + uuid.uuid4().hex[:8]
+    holder = _FlakyPoll(bootstrap, group, "holder", session_timeout_ms=6000)
+    holder.failures = 10 ** 6
+    with holder:
+        assert holder.lost.wait(30), "failures lasting a session must end the claim"
+        assert not holder.held and isinstance(holder._error, KafkaTimeoutError)
+    with ExclusiveClaim(bootstrap, group, "next", session_timeout_ms=6000) as claim:
+        assert claim.held
+
