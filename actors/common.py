@@ -54,15 +54,15 @@ def make_rollout_engine(cfg: JobConfig, path: Path, kind: str | None = None, dev
 
 def make_pool_engines(cfg: JobConfig, path: Path, name: str = "raas", run_dir: str | Path | None = None) -> dict:
     """Policy -> its engine, for every policy this node's pool serves (``cfg.pool_policies``):
-    its own policy's engine alone, or on a pool shared by LoRA policies of one base, one CPU
-    engine holding the base once and each policy's adapter (``host.adapter(policy)``), on an
-    emulated device when the pool's is one."""
+    its own policy's engine alone, or on a pool shared by LoRA policies of one base, one engine
+    (the CPU engine or one SGLang server, ``rollout.engine.kind``) holding the base once and
+    each policy's adapter (``host.adapter(policy)``), on an emulated device when the pool's is one."""
     policies = cfg.pool_policies(cfg.policy) or (cfg.policy,)
     if len(policies) == 1:
         return {cfg.policy: make_rollout_engine(cfg, path, name=name, run_dir=run_dir)}
-    from astraflow.engines.cpu import CpuEngine  # (torch and transformers: a RaaS node's start-up only)
+    from astraflow.engines.factory import make_adapter_host  # (torch: a RaaS node's start-up only)
     loras = {p: cfg.view(p).trainer.engine.lora for p in policies}
-    host = CpuEngine(path, threads=cfg.rollout.engine.threads or None, dtype=cfg.rollout.engine.dtype, adapters=loras)
+    host = make_adapter_host(dataclasses.replace(cfg.rollout.engine, model_path=str(path)), loras)
     if not cfg.rollout.device.emulated:
         return {p: host.adapter(p) for p in policies}
     # on emulated devices: one device (one clock) for every adapter's rows, each adapter's loads

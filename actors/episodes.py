@@ -113,7 +113,7 @@ class CallBatcher:
     ``engines`` is this node's engine, or a mapping policy -> engine when one process holds
     every policy (the sequential baseline) or a shared pool holds several policies' adapters;
     calls name their policy then, and the rows of adapters of one host engine
-    (:class:`~astraflow.engines.cpu.AdapterEngine`) go into one call of it, each naming its adapter. Each running
+    (:class:`~astraflow.engines.base.AdapterEngine`) go into one call of it, each naming its adapter. Each running
     episode is counted with :meth:`enter` (or ``episodes=`` up front) and uncounted with
     :meth:`leave` when it finishes or while it waits on another pool (:meth:`away`).
     """

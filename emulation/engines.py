@@ -24,8 +24,8 @@ import threading
 import time
 from collections.abc import Sequence
 
-from astraflow.engines.base import (Generation, NamedTensors, RolloutEngine, SamplingParams, TrainBatch, TrainEngine,
-                                    generated_context, row_seeds)
+from astraflow.engines.base import (AdapterEngine, Generation, NamedTensors, RolloutEngine, SamplingParams, TrainBatch,
+                                    TrainEngine, generated_context, row_seeds)
 
 from .batching import BatchingClock
 from .device import EmulatedDevice
@@ -178,7 +178,6 @@ class EmulatedRolloutEngine(RolloutEngine):
         """Adapter ``name`` of the wrapped host as a rollout engine whose calls and loads go
         through this device (the pool's: one clock for every adapter's rows); ``lora``: its
         settings, which price its loads (default: the device's own policy's)."""
-        from astraflow.engines.cpu import AdapterEngine  # the wrapped host is a CPU engine
         self.inner.adapter(name)  # KeyError for an adapter the host does not serve
         if lora is not None and self.device.cost is not None:
             self._adapter_costs[name] = self.device.cost.with_adapter(lora)

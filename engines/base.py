@@ -29,6 +29,7 @@ __all__ = [
     "TrainSample",
     "TrainBatch",
     "RolloutEngine",
+    "AdapterEngine",
     "TrainEngine",
     "NamedTensors",
     "iter_named_tensors",
@@ -372,3 +373,35 @@ class TrainEngine(abc.ABC):
 
     def close(self) -> None:
         """Release resources. Idempotent."""
+
+
+class AdapterEngine(RolloutEngine):
+    """One adapter of a host engine serving several LoRA adapters of one base, as a rollout
+    engine: what a policy's weight subscriber loads and its role calls (a shared pool holds one
+    per policy). ``host`` and ``name`` let a caller batch rows of several adapters of one host
+    into one call. ``host`` is any engine with the three calls (``generate`` with
+    ``adapters``, ``load_adapter``, ``adapter_version``): the CPU engine, the SGLang engine, or
+    an emulated device wrapping one."""
+
+    def __init__(self, host: RolloutEngine, name: str) -> None:
+        self.host, self.name = host, name
+
+    @property
+    def version(self) -> int:
+        return self.host.adapter_version(self.name)
+
+    @property
+    def device(self):
+        """The host's device (an emulated pool's: one clock and one account for every adapter's
+        rows, which the node reports as its device's totals); None on the CPU itself."""
+        return getattr(self.host, "device", None)
+
+    def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        self.host.load_adapter(self.name, named_tensors, version)
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
+        return self.host.generate(prompts, params, seeds, adapters=[self.name] * len(prompts))
+
+    def close(self) -> None:
+        """The host owns the model: closing one adapter's view closes nothing."""

@@ -37,14 +37,14 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from .base import (Generation, NamedTensors, RolloutEngine, SamplingParams, context_budgets, finish_of,
-                   iter_named_tensors, out_of_context, row_seeds)
+from .base import (AdapterEngine, Generation, NamedTensors, RolloutEngine, SamplingParams, context_budgets,
+                   finish_of, iter_named_tensors, out_of_context, row_seeds)
 from .config import LoraConfig
 from .kv_cache import preallocated_cache
 from .lora import ADAPTER, AdapterSlots, is_adapter_name
 from .sampling import sample
 
-__all__ = ["AdapterEngine", "CpuEngine", "DTYPES"]
+__all__ = ["AdapterEngine", "CpuEngine", "DTYPES"]  # AdapterEngine: .base's, re-exported
 
 #: ``rollout.engine.dtype`` -> the torch dtype the CPU engine holds and computes in
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -337,34 +337,3 @@ class _StopStrings:
     def hit(self, tokens: list[int]) -> bool:
         text = self.tokenizer.decode(tokens[-self.window:], skip_special_tokens=True)
         return any(x in text for x in self.stops)
-
-
-class AdapterEngine(RolloutEngine):
-    """One adapter of a :class:`CpuEngine` as a rollout engine: what a policy's weight
-    subscriber loads and its role calls (a shared pool holds one per policy). ``host`` and
-    ``name`` let a caller batch rows of several adapters of one host into one call. ``host`` is
-    the CPU engine or an engine wrapping it with the same three calls (``generate`` with
-    ``adapters``, ``load_adapter``, ``adapter_version``: an emulated device's)."""
-
-    def __init__(self, host: CpuEngine, name: str) -> None:
-        self.host, self.name = host, name
-
-    @property
-    def version(self) -> int:
-        return self.host.adapter_version(self.name)
-
-    @property
-    def device(self):
-        """The host's device (an emulated pool's: one clock and one account for every adapter's
-        rows, which the node reports as its device's totals); None on the CPU itself."""
-        return getattr(self.host, "device", None)
-
-    def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
-        self.host.load_adapter(self.name, named_tensors, version)
-
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 seeds: Sequence[int] | None = None) -> list[Generation]:
-        return self.host.generate(prompts, params, seeds, adapters=[self.name] * len(prompts))
-
-    def close(self) -> None:
-        """The host owns the model: closing one adapter's view closes nothing."""

@@ -18,7 +18,7 @@ from typing import Any
 from .base import RolloutEngine, TrainEngine
 from .config import LoraConfig, RolloutConfig, SGLangConfig, TrainerConfig, from_dict
 
-__all__ = ["make_rollout_engine", "make_train_engine", "model_dir", "RolloutConfig", "TrainerConfig", "SGLangConfig"]
+__all__ = ["make_adapter_host", "make_rollout_engine", "make_train_engine", "model_dir", "RolloutConfig", "TrainerConfig", "SGLangConfig"]
 
 
 def model_dir(model_path: str | Path) -> Path:
@@ -48,6 +48,21 @@ def make_rollout_engine(cfg: RolloutConfig | Mapping[str, Any] | None = None,
     from .sglang import SGLangEngine
 
     return SGLangEngine(path, cfg.sglang, lora=lora)
+
+
+def make_adapter_host(cfg: RolloutConfig | Mapping[str, Any] | None, adapters: Mapping[str, LoraConfig]) -> RolloutEngine:
+    """One engine holding the model once as the base of several LoRA adapters (``adapters``:
+    name -> settings; a shared pool's policies): the CPU engine or one SGLang server. Each
+    adapter is served through ``host.adapter(name)``; a call may mix their rows."""
+    cfg = from_dict(RolloutConfig, cfg, "rollout")
+    path = model_dir(cfg.model_path)
+    if cfg.kind == "cpu":
+        from .cpu import CpuEngine
+
+        return CpuEngine(path, threads=cfg.threads or None, dtype=cfg.dtype, adapters=adapters)
+    from .sglang import SGLangEngine
+
+    return SGLangEngine(path, cfg.sglang, adapters=adapters)
 
 
 def make_train_engine(cfg: TrainerConfig | Mapping[str, Any] | None = None) -> TrainEngine:

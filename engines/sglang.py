@@ -13,7 +13,10 @@ health wait, clean stop) and the HTTP calls the RL loop needs:
 * ``GET /model_info`` (``weight_version``; older servers: ``/get_model_info``);
 * a LoRA policy: the server runs with ``--enable-lora``; each version is written as peft's
   adapter directory and loaded with ``POST /load_lora_adapter`` (``lora_name`` ``v<N>``), the
-  one before it unloaded with ``POST /unload_lora_adapter``; rows name it in ``lora_path``.
+  one before it unloaded with ``POST /unload_lora_adapter``; rows name it in ``lora_path``;
+* a shared pool (``adapters``: several LoRA policies of one base): one server, each policy's
+  versions loaded as ``<policy>-v<N>``, and one ``/generate`` holding rows of several adapters,
+  each row naming its own in ``lora_path`` (``None``: the base, an adapter's version 0).
 
 Stop strings go as ``stop`` and stop token ids as ``stop_token_ids``, with ``no_stop_trim``
 so the tokens that spell a stop stay in the output as on the CPU engine. The context guard
@@ -40,15 +43,15 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 import torch
 
-from .base import (Generation, NamedTensors, RolloutEngine, SamplingParams, context_budgets, finish_of,
-                   iter_named_tensors, out_of_context, row_seeds)
+from .base import (AdapterEngine, Generation, NamedTensors, RolloutEngine, SamplingParams, context_budgets,
+                   finish_of, iter_named_tensors, out_of_context, row_seeds)
 from .config import LoraConfig, SGLangConfig
 from .lora import is_adapter_name
 
@@ -127,13 +130,21 @@ class SGLangEngine(RolloutEngine):
     """Rollout through one SGLang server (launched here unless ``cfg.url`` is set)."""
 
     def __init__(self, model_path: str | Path, cfg: SGLangConfig | None = None, version: int = 0,
-                 lora: LoraConfig | None = None) -> None:
+                 lora: LoraConfig | None = None, adapters: Mapping[str, LoraConfig] | None = None) -> None:
         """``lora``: the policy is a LoRA adapter of ``model_path`` (the base): the server is
         launched with LoRA serving on, each version is loaded as a named adapter
-        (``/load_lora_adapter``, the one before it unloaded) and every row names it."""
+        (``/load_lora_adapter``, the one before it unloaded) and every row names it.
+        ``adapters``: several adapters of ``model_path`` by name (a shared pool: policy -> its
+        LoRA settings), each at its own version (:meth:`adapter`, :meth:`load_adapter`)."""
+        if lora is not None and adapters:
+            raise ValueError("SGLangEngine: give lora (one adapter) or adapters (several by name), not both")
         self.cfg = cfg or SGLangConfig()
         self.lora = lora
-        self._adapter: str | None = None  #: the adapter the rows use (None: the base, as at version 0)
+        #: adapter name -> its LoRA settings ("": the policy's own, with ``lora``)
+        self._loras: dict[str, LoraConfig] = {"": lora} if lora is not None else dict(adapters or {})
+        #: adapter name -> the server's name of the version its rows use (absent: the base, as at version 0)
+        self._served: dict[str, str] = {}
+        self._adapter_versions = {name: version for name in self._loras}
         self.model_path = Path(model_path)
         self._version = version
         self._proc: subprocess.Popen | None = None
@@ -181,16 +192,18 @@ class SGLangEngine(RolloutEngine):
         self._refresh, self._max_versions = refresh, max_versions
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 seeds: Sequence[int] | None = None) -> list[Generation]:
+                 seeds: Sequence[int] | None = None, adapters: Sequence[str] | None = None) -> list[Generation]:
+        """``adapters`` (a host of several adapters): the adapter of each row (default: the first)."""
         if not prompts:
             return []
+        names = self._row_adapters(adapters, len(prompts))
         if self._refresh is not None:
-            return self._generate_partial(prompts, params, seeds)
+            return self._generate_partial(prompts, params, seeds, names)
         base = sampling_params_json(params)
         seeds = row_seeds(prompts, params, seeds)
         budgets = context_budgets(prompts, params.max_new_tokens, self.max_positions)
         fits = [i for i, b in enumerate(budgets) if b > 0]
-        out: list[Generation | None] = [None if b > 0 else out_of_context(prompts[i], self._version)
+        out: list[Generation | None] = [None if b > 0 else out_of_context(prompts[i], self._row_version(names[i]))
                                         for i, b in enumerate(budgets)]
         if not fits:
             return out  # type: ignore[return-value]
@@ -202,21 +215,23 @@ class SGLangEngine(RolloutEngine):
                                      for i in fits]
         else:
             sampling = base
-        body = {"input_ids": [list(map(int, p)) for p in rows], "sampling_params": sampling, "return_logprob": True,
-                **self._adapter_field(len(rows))}
+        with self._loading:  # the adapters named and the versions recorded are the same ones
+            body = {"input_ids": [list(map(int, p)) for p in rows], "sampling_params": sampling,
+                    "return_logprob": True, **self._adapter_field([names[i] for i in fits])}
+            versions = {i: self._row_version(names[i]) for i in fits}
         answer = self._post("/generate", body)
         if not isinstance(answer, list) or len(answer) != len(rows):
             raise SGLangError(f"/generate returned {type(answer).__name__} of length "
                               f"{len(answer) if isinstance(answer, list) else '-'} for {len(rows)} prompts")
         for i, item in zip(fits, answer):
-            g = parse_generation(prompts[i], item, self._version)
+            g = parse_generation(prompts[i], item, versions[i])
             reason = finish_of(g.finish_reason, budgets[i], params)
             out[i] = g if reason == g.finish_reason else Generation(g.prompt_ids, g.tokens, g.logprobs, reason,
                                                                     g.version)  # type: ignore[arg-type]
         return out  # type: ignore[return-value]
 
     def _generate_partial(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                          seeds: Sequence[int] | None) -> list[Generation]:
+                          seeds: Sequence[int] | None, names: list[str | None]) -> list[Generation]:
         """``generate`` with partial rollouts (see :meth:`set_weight_refresh`)."""
         base = sampling_params_json(params)
         seeds = row_seeds(prompts, params, seeds)
@@ -228,12 +243,13 @@ class SGLangEngine(RolloutEngine):
             sampling = [dict(base, max_new_tokens=budgets[i] - len(rows[i]["tokens"]),
                              **({"sampling_seed": seeds[i]} if self.cfg.send_seed and seeds is not None else {}))
                         for i in live]
-            body = {"input_ids": [list(map(int, prompts[i])) + rows[i]["tokens"] for i in live],
-                    "sampling_params": sampling, "return_logprob": True, **self._adapter_field(len(live))}
-            with self._loading:  # never between a load's pause and its continue
-                version = self._version
+            with self._loading:  # never between a load's pause and its continue, nor naming an unloaded adapter
+                body = {"input_ids": [list(map(int, prompts[i])) + rows[i]["tokens"] for i in live],
+                        "sampling_params": sampling, "return_logprob": True,
+                        **self._adapter_field([names[i] for i in live])}
+                version = {i: self._row_version(names[i]) for i in live}
                 call = self._calls.submit(self._post, "/generate", body)
-            spans = [len(set(rows[i]["versions"]) | {version}) for i in live]  # with this request's version
+            spans = [len(set(rows[i]["versions"]) | {version[i]}) for i in live]  # with this request's version
             while True:
                 try:
                     answer = call.result(timeout=REFRESH_S)
@@ -252,7 +268,7 @@ class SGLangEngine(RolloutEngine):
                     self.refreshes["recomputed_tokens"] += len(prompts[i]) + len(r["tokens"])
                 r["tokens"] += tokens
                 r["logprobs"] += logprobs
-                r["versions"] += [version] * len(tokens)
+                r["versions"] += [version[i]] * len(tokens)
                 got += len(tokens)
                 if finish != "abort" or len(r["tokens"]) >= budgets[i]:
                     r["finish"] = "stop" if finish == "stop" else "length"
@@ -264,19 +280,61 @@ class SGLangEngine(RolloutEngine):
         for i, prompt in enumerate(prompts):
             r = rows.get(i)
             if r is None:
-                out.append(out_of_context(prompt, self._version))
+                out.append(out_of_context(prompt, self._row_version(names[i])))
                 continue
             versions = tuple(r["versions"])
             out.append(Generation(tuple(int(x) for x in prompt), tuple(r["tokens"]), tuple(r["logprobs"]),
                                   finish_of(r["finish"], budgets[i], params),  # type: ignore[arg-type]
-                                  versions[0] if versions else self._version,
+                                  versions[0] if versions else self._row_version(names[i]),
                                   versions if len(set(versions)) > 1 else ()))
         return out
 
-    def _adapter_field(self, n: int) -> dict:
-        """``lora_path`` of a request's ``n`` rows: the adapter of the current version (none
-        before the first: version 0 of an adapter is the base, its B matrices zero)."""
-        return {"lora_path": [self._adapter] * n} if self._adapter is not None else {}
+    def _row_adapters(self, adapters: Sequence[str] | None, n: int) -> list[str | None]:
+        """The adapter of each of ``n`` rows (None: this engine serves full weights)."""
+        if not self._loras:
+            if adapters is not None:
+                raise ValueError("generate: adapters name LoRA adapters, and this engine serves full weights")
+            return [None] * n
+        if adapters is None:
+            return [next(iter(self._loras))] * n
+        names = list(adapters)
+        if len(names) != n:
+            raise ValueError(f"generate: {len(names)} adapters for {n} prompts (one per prompt)")
+        unknown = sorted(set(names) - set(self._loras))
+        if unknown:
+            raise KeyError(f"generate: no adapter {unknown[0]!r} on this engine (it serves {', '.join(self._loras)})")
+        return names
+
+    def _row_version(self, name: str | None) -> int:
+        return self._version if name is None else self._adapter_versions[name]
+
+    def _adapter_field(self, names: Sequence[str | None]) -> dict:
+        """``lora_path`` of a request's rows: each row's adapter at its current version (None for
+        an adapter not loaded yet: its version 0 is the base, its B matrices zero); no field
+        when no row names one."""
+        paths = [self._served.get(n) if n is not None else None for n in names]
+        return {"lora_path": paths} if any(p is not None for p in paths) else {}
+
+    # --- several adapters of one base (a shared pool) --------------------------------
+
+    def adapter(self, name: str) -> AdapterEngine:
+        """Adapter ``name`` of this server as a rollout engine of its own: its loads, its
+        version, its rows (the base and the server are this engine's)."""
+        if not name or name not in self._loras:
+            raise KeyError(f"no adapter {name!r} on this engine "
+                           f"(it serves {', '.join(n for n in self._loras if n) or 'no named adapters'})")
+        return AdapterEngine(self, name)
+
+    def adapter_version(self, name: str) -> int:
+        """The version adapter ``name`` holds (KeyError: no such adapter)."""
+        return self._adapter_versions[name]
+
+    def load_adapter(self, name: str, named_tensors: NamedTensors, version: int) -> None:
+        """Version ``version`` of adapter ``name``, loaded beside the others."""
+        if name not in self._loras:
+            raise KeyError(f"load_adapter: no adapter {name!r} on this engine")
+        with self._loading:
+            self._load_adapter(named_tensors, version, name)
 
     def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
         """Pause generation, load the weights as ``version``, continue (a LoRA version: load it
@@ -288,6 +346,9 @@ class SGLangEngine(RolloutEngine):
         if self.lora is not None:
             self._load_adapter(named_tensors, version)
             return
+        if self._loras:
+            raise KeyError(f"load_weights: this engine serves the adapters {', '.join(self._loras)} of "
+                           f"{self.model_path}; load a version of one with load_adapter(name, ...)")
         self.pause()
         try:
             if self.cfg.weight_transport == "disk":
@@ -307,10 +368,11 @@ class SGLangEngine(RolloutEngine):
         self._version = version
         self._prune_weight_dirs(keep=version)
 
-    def _load_adapter(self, named_tensors: NamedTensors, version: int) -> None:
+    def _load_adapter(self, named_tensors: NamedTensors, version: int, adapter: str = "") -> None:
         """A LoRA version: peft's adapter directory (the published names are peft's saved ones),
-        loaded as adapter ``v<version>``; rows use it from now on and the previous one is unloaded
-        (requests still running on it finish first: the server holds an adapter while in use)."""
+        loaded as adapter ``v<version>`` (``<adapter>-v<version>`` on a shared pool); rows use it
+        from now on and the previous one is unloaded (requests still running on it finish first:
+        the server holds an adapter while in use)."""
         from .hf_export import export_adapter  # (peft: LoRA policies only)
 
         named = {n: t for n, t in iter_named_tensors(named_tensors)}
@@ -318,15 +380,19 @@ class SGLangEngine(RolloutEngine):
         if plain:
             raise KeyError(f"load_weights: this engine serves LoRA adapters of {self.model_path}, and {plain[0]!r} "
                            f"is not an adapter tensor")
-        path = export_adapter(self._weights_root / f"adapter-v{version}", self.lora, named, self.model_path)
-        name = f"v{version}"
+        name = f"{adapter}-v{version}" if adapter else f"v{version}"
+        path = export_adapter(self._weights_root / f"adapter-{name}", self._loras[adapter], named, self.model_path)
         answer = self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
         if not answer.get("success", False):
-            raise SGLangError(f"loading adapter version {version} failed: {answer.get('message') or answer}")
-        before, self._adapter, self._version = self._adapter, name, version
+            what = f"adapter {adapter!r} " if adapter else "adapter "
+            raise SGLangError(f"loading {what}version {version} failed: {answer.get('message') or answer}")
+        before = self._served.get(adapter)
+        self._served[adapter], self._adapter_versions[adapter] = name, version
+        if not adapter:
+            self._version = version
         if before is not None and before != name:
             self._post("/unload_lora_adapter", {"lora_name": before})
-        self._prune_weight_dirs(keep=version)
+            shutil.rmtree(self._weights_root / f"adapter-{before}", ignore_errors=True)
 
     def close(self) -> None:
         self._calls.shutdown(wait=False, cancel_futures=True)
@@ -403,9 +469,11 @@ class SGLangEngine(RolloutEngine):
             "--mem-fraction-static", str(self.cfg.mem_fraction_static),
             *self.cfg.extra_args,
         ]
-        if self.lora is not None:  # two adapters at once: the new version's beside the old one's, as it switches
-            cmd += ["--enable-lora", "--max-lora-rank", str(self.lora.rank), "--max-loras-per-batch", "2",
-                    "--lora-target-modules", *self.lora.target_modules]
+        if self._loras:  # two versions of each adapter at once: the new one's beside the old one's, as it switches
+            loras = self._loras.values()
+            cmd += ["--enable-lora", "--max-lora-rank", str(max(x.rank for x in loras)),
+                    "--max-loras-per-batch", str(2 * len(self._loras)),
+                    "--lora-target-modules", *sorted({m for x in loras for m in x.target_modules})]
         if self._version:
             # Resuming at a later version: the server should report it from the start.
             cmd += ["--weight-version", str(self._version)]

@@ -196,9 +196,10 @@ class CrossSectionChecks:
     def _check_shared_pools(self) -> None:
         """``rollout.pool``: a policy whose rows another policy's pool serves. That pool is the
         lead's (its nodes run the episodes, so the other roles are played there), and every
-        policy on it is a LoRA adapter of the same base model on the CPU engine (one engine
-        holds the base once and serves each policy's adapter per row), on the pool's devices
-        (emulated ones included: one emulated device prices every adapter's rows and loads)."""
+        policy on it is a LoRA adapter of the same base model on the pool's engine (one CPU
+        engine or SGLang server holds the base once and serves each policy's adapter per row),
+        on the pool's devices (emulated ones included: one emulated device prices every
+        adapter's rows and loads)."""
         for p in self.policy_names:
             own = self.policies[p] if self.policies else self
             pool = own.rollout.pool
@@ -220,10 +221,11 @@ class CrossSectionChecks:
                 if sec.trainer.engine.lora is None:
                     raise ConfigError(self.source, key, f"a shared pool serves LoRA adapters of one base, and {who!r} "
                                                         f"is full fine-tuning (set policies.{who}.trainer.engine.lora)")
-                if sec.rollout.engine.kind != "cpu":
-                    raise ConfigError(self.source, key, f"a shared pool runs on the CPU engine (it mixes adapters per "
-                                                        f"row), and {who!r} has rollout.engine.kind "
-                                                        f"{sec.rollout.engine.kind}")
+            if own.rollout.engine.kind != host.rollout.engine.kind:
+                raise ConfigError(self.source, f"policies.{p}.rollout.engine.kind",
+                                  f"{p!r}'s rows run on {pool!r}'s pool, so on its engine ({host.rollout.engine.kind}, "
+                                  f"which mixes both adapters' rows in one call); this says {own.rollout.engine.kind}: "
+                                  f"leave it unset or make it {pool!r}'s")
             if own.rollout.device != host.rollout.device:
                 raise ConfigError(self.source, f"policies.{p}.rollout.device",
                                   f"{p!r}'s rows run on {pool!r}'s pool, so on its devices "

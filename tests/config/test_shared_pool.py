@@ -52,8 +52,8 @@ def test_the_shared_pool_is_the_leads_and_the_other_policy_starts_no_node(tmp_pa
         rollout={"pool": "verifier"})),
      r"policies.solver.rollout.pool: 'verifier''s pool runs no episodes: only the lead policy 'solver''s pool"),
     (lambda d: d["policies"]["verifier"]["rollout"].update(engine={"kind": "sglang"}),
-     r"policies.verifier.rollout.pool: a shared pool runs on the CPU engine .* 'verifier' has rollout.engine.kind "
-     r"sglang"),
+     r"policies.verifier.rollout.engine.kind: 'verifier''s rows run on 'solver''s pool, so on its engine \(cpu, .*\); "
+     r"this says sglang: leave it unset or make it 'solver''s"),
     (lambda d: d["policies"]["verifier"]["rollout"].update(device={"kind": "emulated", "slowdown": 2.0}),
      r"policies.verifier.rollout.device: 'verifier''s rows run on 'solver''s pool, so on its devices \(cpu\); this "
      r"says emulated"),
@@ -62,6 +62,15 @@ def test_a_shared_pool_of_policies_that_are_not_lora_adapters_of_one_base_is_ref
     with pytest.raises(ConfigError, match=match) as e:
         _load(tmp_path, change)
     assert "\n" not in str(e.value)
+
+
+def test_a_shared_pool_on_sglang_is_one_engine_kind_for_every_policy_on_it(tmp_path):
+    def on_sglang(d):
+        d["policies"]["solver"].setdefault("rollout", {})["engine"] = {"kind": "sglang"}
+        d["policies"]["verifier"]["rollout"]["engine"] = {"kind": "sglang"}
+    cfg = _load(tmp_path, on_sglang)
+    assert cfg.pool_policies("solver") == ("solver", "verifier")
+    assert cfg.view("solver").rollout.engine.kind == "sglang"
 
 
 def test_a_topology_that_places_a_pool_for_a_policy_served_by_another_is_refused(tmp_path):

@@ -12,7 +12,10 @@ validates requests the way SGLang's request dataclasses do (unknown keys rejecte
 * ``POST /update_weights_from_tensor``: ``serialized_named_tensors`` (one str per rank)
 * ``POST /pause_generation`` (``mode``: abort | retract | in_place), ``/continue_generation``
 * ``POST /load_lora_adapter`` (``lora_name``, ``lora_path``: a peft adapter directory) and
-  ``/unload_lora_adapter``; ``/generate``'s ``lora_path`` names loaded adapters, per row
+  ``/unload_lora_adapter``; ``/generate``'s ``lora_path`` names loaded adapters, per row;
+  launched with ``--enable-lora``, an adapter above ``--max-lora-rank`` or on modules outside
+  ``--lora-target-modules`` is refused, and so is a batch naming more adapters than
+  ``--max-loras-per-batch``, as the server's LoRA memory pool refuses them
 
 Tokens are a deterministic function of (prompt, step, weight version) so a weight update
 is observable. ``GET /stub/calls`` (stub only) returns the request log for assertions.
@@ -56,7 +59,7 @@ def _check_keys(body: dict, allowed: set[str], what: str) -> None:
 
 class StubState:
     def __init__(self, model_path: str, weight_version: str, vocab_size: int = 104,
-                 token_delay_s: float = 0.0) -> None:
+                 token_delay_s: float = 0.0, lora_limits: dict | None = None) -> None:
         from safetensors import safe_open
 
         self.model_path = model_path
@@ -65,6 +68,9 @@ class StubState:
         self.token_delay_s = token_delay_s
         self.aborts = 0  #: pauses in abort mode so far: a generation started before one ends
         self.loras: dict[str, str] = {}  #: loaded adapters: name -> directory
+        #: launched with --enable-lora: {"max_rank", "targets", "per_batch"}, enforced as the server
+        #: does (None: started in-process by a test, no limits)
+        self.lora_limits = lora_limits
         self.paused = False
         self.calls: list[tuple[str, dict]] = []
         self.lock = threading.Lock()
@@ -94,6 +100,8 @@ class StubState:
         for name in adapters:
             if name is not None and name not in self.loras:
                 raise BadRequest(f"LoRA adapter {name!r} is not loaded")
+        if self.lora_limits and len({a for a in adapters if a is not None}) > self.lora_limits["per_batch"]:
+            raise BadRequest(f"more adapters in one batch than --max-loras-per-batch {self.lora_limits['per_batch']}")
         version = int(self.weight_version) if self.weight_version.isdigit() else 0
         aborts = self.aborts
         rows = [{"prompt": prompt, "stops": set(s.get("stop_token_ids") or []), "limit": s.get("max_new_tokens", 128),
@@ -166,6 +174,15 @@ class StubState:
             return {"success": False, "error_message": f"{path}: not a LoRA adapter config"}
         if body["lora_name"] in self.loras:
             return {"success": False, "error_message": f"adapter {body['lora_name']!r} is already loaded"}
+        limits = self.lora_limits
+        if limits is not None:
+            if config["r"] > limits["max_rank"]:
+                return {"success": False, "error_message": f"LoRA rank {config['r']} exceeds --max-lora-rank "
+                                                           f"{limits['max_rank']}"}
+            outside = sorted(set(config.get("target_modules") or ()) - set(limits["targets"]))
+            if outside:
+                return {"success": False, "error_message": f"target modules {outside} are not in "
+                                                           f"--lora-target-modules {limits['targets']}"}
         self.loras[body["lora_name"]] = str(path)
         return {"success": True, "loaded_adapters": dict(self.loras)}
 
@@ -256,8 +273,14 @@ def main() -> None:
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--weight-version", default="default")
     p.add_argument("--token-delay-s", type=float, default=0.0)
+    p.add_argument("--enable-lora", action="store_true")
+    p.add_argument("--max-lora-rank", type=int, default=0)
+    p.add_argument("--max-loras-per-batch", type=int, default=8)
+    p.add_argument("--lora-target-modules", nargs="*", default=[])
     args, _unknown = p.parse_known_args()
-    make_server(StubState(args.model_path, args.weight_version, token_delay_s=args.token_delay_s),
+    limits = ({"max_rank": args.max_lora_rank, "targets": args.lora_target_modules, "per_batch": args.max_loras_per_batch}
+              if args.enable_lora else None)
+    make_server(StubState(args.model_path, args.weight_version, token_delay_s=args.token_delay_s, lora_limits=limits),
                 args.host, args.port).serve_forever()
 
 

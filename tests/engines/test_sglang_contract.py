@@ -268,3 +268,51 @@ def test_a_lora_policy_loads_each_version_as_a_named_adapter(tiny_model_path, st
     with pytest.raises(KeyError, match="not an adapter tensor"):
         engine.load_weights({"model.norm.weight": torch.zeros(3)}, 3)
     engine.close()
+
+
+def test_a_shared_pool_serves_several_policies_adapters_on_one_server_each_row_under_its_own(tiny_model_path,
+                                                                                            monkeypatch):
+    """A shared pool on SGLang: one server launched for every adapter it will hold (the largest
+    rank, the union of target modules, two versions of each per batch), each policy's versions
+    loaded as ``<policy>-v<N>``, and one /generate holding both policies' rows, each naming its
+    own adapter at its own version (None: an adapter's version 0, the base)."""
+    from astraflow.engines.config import LoraConfig
+    from astraflow.engines.factory import make_adapter_host
+
+    monkeypatch.setenv("PYTHONPATH", str(HERE))
+    solver = LoraConfig(rank=4, target_modules=("q_proj", "v_proj"))
+    verifier = LoraConfig(rank=8, target_modules=("q_proj", "o_proj"))
+    host = make_adapter_host({"kind": "sglang", "model_path": str(tiny_model_path),
+                              "sglang": {"server_module": "sglang_stub", "startup_timeout_s": 60}},
+                             {"solver": solver, "verifier": verifier})
+    try:
+        url = host.base_url
+        s, v = host.adapter("solver"), host.adapter("verifier")
+        params = SamplingParams(temperature=0.0, max_new_tokens=4)
+        prompt = [20, 21, 27]
+        base = host.generate([prompt, prompt], params, adapters=["solver", "verifier"])
+        assert "lora_path" not in calls(url)[-1][1] and [g.version for g in base] == [0, 0]
+        v.load_weights(adapter_tensors(tiny_model_path, verifier, 1), 3)  # rank 8 on o_proj: the launch allowed it
+        path, body = calls(url)[-1]
+        assert path == "/load_lora_adapter" and body["lora_name"] == "verifier-v3"
+        assert (v.version, s.version) == (3, 0)
+        mixed = host.generate([prompt, prompt], params, adapters=["solver", "verifier"])
+        assert calls(url)[-1][1]["lora_path"] == [None, "verifier-v3"]
+        assert [g.version for g in mixed] == [0, 3]
+        assert mixed[0].tokens == base[0].tokens and mixed[1].tokens != base[1].tokens  # each row under its own
+        s.load_weights(adapter_tensors(tiny_model_path, solver, 2), 1)
+        v.load_weights(adapter_tensors(tiny_model_path, verifier, 3), 4)
+        assert [(p, b.get("lora_name")) for p, b in calls(url)[-3:]] == [
+            ("/load_lora_adapter", "solver-v1"), ("/load_lora_adapter", "verifier-v4"),
+            ("/unload_lora_adapter", "verifier-v3")]  # the solver's stays loaded
+        g = s.generate([prompt], params)[0]
+        assert calls(url)[-1][1]["lora_path"] == ["solver-v1"] and g.version == 1
+        with pytest.raises(KeyError, match="load_adapter"):
+            host.load_weights(adapter_tensors(tiny_model_path, solver, 4), 5)
+        with pytest.raises(KeyError, match="no adapter 'critic'"):
+            host.adapter("critic")
+        with pytest.raises(KeyError, match="no adapter 'critic'"):
+            host.generate([prompt], params, adapters=["critic"])
+    finally:
+        host.close()
+
