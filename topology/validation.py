@@ -223,10 +223,12 @@ def _check_components(t: Topology) -> None:
         raise TopologyError(t.source, "regions.*.pools", "no trainer pool")
     for policy, trainer in trainers.items():
         raas = [p for _, _, p in pools(t) if p.component == "raas" and p.policy == policy]
-        if not raas:
+        if not raas and policy is None:
             raise TopologyError(t.source, "regions.*.pools", f"policy {policy or '(the job policy)'} has trainer "
                                                               f"pool {trainer} but no RaaS pool")
-        if sum(p.lo for p in raas) < 1:
+        # A named policy without a RaaS pool may have its rows served by another policy's pool
+        # (a shared pool of LoRA adapters: the job's rollout.pool); validate_for_job decides.
+        if raas and sum(p.lo for p in raas) < 1:
             raise TopologyError(t.source, "regions.*.pools.*.min",
                                 f"the RaaS pools of policy {policy or '(the job policy)'} may shrink to 0 nodes; "
                                 f"at least one pool needs min >= 1")

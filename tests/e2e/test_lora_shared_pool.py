@@ -55,3 +55,37 @@ def test_two_lora_policies_share_one_pool_with_their_own_versions_and_audit_ok(b
                 for s in g.samples:
                     assert max(s.own_versions()) <= b.step, (p, b.step, s.own_versions())
         assert max(own) >= 1, (p, sorted(set(own)))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_topology_places_the_shared_pool_and_its_nodes_serve_both_policies(bootstrap, tmp_path):
+    """`astraflow launch examples/topology_solver_verifier_lora_shared.yaml`: one RaaS pool (the
+    solver's) in the topology; its node plays both roles, both policies train, the audit holds."""
+    from astraflow.config import load_config
+    from astraflow.launcher import launch
+    from astraflow.topics import TrajectoryGroup, job_topics
+    from astraflow.topics.replay import read_topic
+
+    data = yaml.safe_load((ROOT / "examples" / "solver_verifier_lora_shared.yaml").read_text())
+    data.update({"job": f"lora-shared-topo-{uuid.uuid4().hex[:8]}", "run_dir": str(tmp_path / "runs")})
+    data["rollout"].update({"tasks_per_call": 4, "heartbeat_s": 1.0})
+    data["dataflow"] = {"groups_per_batch": 4, "max_staleness": 1}
+    data["trainer"].update({"steps": 3, "checkpoint_every": 3, "snapshot_every": 2})
+    data["eval"] = {"every": 0, "problems": 20, "k": 1, "threads": 1}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cfg = load_config(path)
+    topo = yaml.safe_load((ROOT / "examples" / "topology_solver_verifier_lora_shared.yaml").read_text())
+    topo["autoscaler"]["enabled"] = False
+    topo_path = tmp_path / "topology.yaml"
+    topo_path.write_text(yaml.safe_dump(topo))
+
+    summary = launch(topo_path, cfg, bootstrap=bootstrap, run_dir=tmp_path / "run", progress=False, timeout_s=700)
+    assert summary["error"] is None, summary["error"]
+    assert summary["audit"]["ok"] is True and set(summary["audit"]["final"]["counts"]) >= {"solver", "verifier"}, \
+        summary["audit"]
+    groups = [m for _, _, m in read_topic(bootstrap, job_topics(cfg).trajectories) if isinstance(m, TrajectoryGroup)]
+    assert {g.node_id for g in groups} == {"solver-raas-0"}, {g.node_id for g in groups}
+    assert {g.role for g in groups} == {"solver", "verifier"}
+

@@ -37,9 +37,11 @@ def _variant(tmp_path, edit) -> Path:
 
 def test_a_pool_without_a_policy_or_a_policy_without_pools_is_refused(tmp_path):
     cfg = load_config(JOB)
-    # the file alone: a trained policy without a RaaS pool
-    with pytest.raises(TopologyError, match="policy verifier has trainer pool verifier-trainer but no RaaS pool"):
+    # a trained policy without a RaaS pool, in a job whose rows of it no other pool serves
+    with pytest.raises(TopologyError, match=r"policy 'verifier' of .* has no raas pool"):
         load_plan(_variant(tmp_path, lambda p: p.pop("verifier-raas")), cfg)
+    # the file alone cannot tell (another policy's pool may serve it: rollout.pool); the job can
+    load_plan(_variant(tmp_path, lambda p: p.pop("verifier-raas")))
     # with the job: a pool of a multi-policy job must say whose it is
     with pytest.raises(TopologyError, match="name the one this (trainer|raas) pool serves") as e:
         load_plan(_variant(tmp_path, lambda p: (p["solver-raas"].pop("policy"), p["solver-trainer"].pop("policy"))),
@@ -58,3 +60,23 @@ def test_the_autoscaler_runs_for_every_policy_with_a_raas_pool(tmp_path):
     assert autoscaled_policies(load_plan(TOPOLOGY, cfg), cfg) == ["solver", "verifier"]
     single = load_config(ROOT / "examples" / "arithmetic_grpo.yaml")
     assert autoscaled_policies(load_plan(ROOT / "examples" / "topology_local.yaml", single), single) == ["policy"]
+
+
+def test_a_shared_pool_is_placed_as_the_leads_pool_and_serves_every_policy_on_it(tmp_path):
+    """examples/topology_solver_verifier_lora_shared.yaml: the LoRA team whose verifier's rows
+    run on the solver's pool has one RaaS pool; its nodes start as the solver's (and the node
+    serves the verifier's adapter because the job says so); the autoscaler scales that pool."""
+    from astraflow.topology.launch import autoscaled_policies
+    cfg = load_config(ROOT / "examples" / "solver_verifier_lora_shared.yaml")
+    plan = load_plan(ROOT / "examples" / "topology_solver_verifier_lora_shared.yaml", cfg)
+    command = node_command_for(cfg, "127.0.0.1:9092", tmp_path, [])
+    cmds = {n.node_id: command(n) for n in plan.nodes}
+    policy_of = {nid: (c[c.index("--policy") + 1] if "--policy" in c else None) for nid, c in cmds.items()}
+    assert policy_of == {"dataflow": None, "solver-trainer": "solver", "verifier-trainer": "verifier",
+                         "solver-raas-0": "solver"}
+    assert cfg.pool_policies("solver") == ("solver", "verifier")
+    assert autoscaled_policies(plan, cfg) == ["solver"]
+    # the same file for the team on two pools: the verifier's rows have nowhere to run
+    with pytest.raises(TopologyError, match=r"policy 'verifier' of .* has no raas pool"):
+        load_plan(ROOT / "examples" / "topology_solver_verifier_lora_shared.yaml", load_config(JOB))
+
