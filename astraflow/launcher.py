@@ -238,14 +238,16 @@ def _run_keys(cfg: JobConfig, run_dir: Path, progress: bool) -> JobConfig:
 
 def default_processes(cfg: JobConfig, run_dir: Path) -> list[Proc]:
     """One dataflow; per policy a trainer and ``rollout.nodes`` RaaS nodes (one policy: the
-    names ``trainer``, ``raas-<i>``; several: ``trainer-<p>``, ``raas-<p>-<i>``), none for a
-    policy whose rows another policy's pool serves (``rollout.pool``)."""
+    names ``trainer``, ``raas-<i>``; several: ``trainer-<p>``, ``raas-<p>-<i>``), no nodes for a
+    policy whose rows another policy's pool serves (``rollout.pool``) and no trainer for one
+    another policy's trainer process trains (``trainer.process``)."""
     procs = [Proc("dataflow", "dataflow", [], run_dir / "logs" / "dataflow.log")]
     multi = len(cfg.policy_names) > 1
     for policy in cfg.policy_names:
         view, tag = cfg.view(policy), f"-{policy}" if multi else ""
-        procs.append(Proc("trainer", f"trainer{tag}", [], run_dir / "logs" / f"trainer{tag}.log",
-                          policy=policy if multi else ""))
+        if cfg.trainer_policies(policy):
+            procs.append(Proc("trainer", f"trainer{tag}", [], run_dir / "logs" / f"trainer{tag}.log",
+                              policy=policy if multi else ""))
         procs += [Proc("raas", f"raas{tag}-{i}", [], run_dir / "logs" / f"raas{tag}-{i}.log", policy=policy if multi else "")
                   for i in range(view.rollout.nodes if cfg.pool_policies(policy) else 0)]
     return procs

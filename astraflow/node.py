@@ -48,7 +48,12 @@ def child_specs(role: str, cfg: JobConfig, bootstrap: str, run_dir: str, node_id
                           required=False)]
     if role == "trainer":
         from astraflow.actors.trainer import TrainerActor
-        return [ChildSpec("trainer", lambda sup, name: TrainerActor.start(sup, name, cfg, bootstrap, run_dir))]
+        # the policies this process trains (trainer.process: LoRA adapters of one base, whose
+        # engines share the base's tensors in this process), each an actor of its own
+        policies = cfg.trainer_policies(cfg.policy) or (cfg.policy,)
+        return [ChildSpec("trainer" if p == cfg.policy else f"trainer.{p}",
+                          lambda sup, name, view=cfg.view(p): TrainerActor.start(sup, name, view, bootstrap, run_dir))
+                for p in policies]
     raise ValueError(f"unknown role {role!r}; expected one of {ROLES}")
 
 

@@ -17,7 +17,10 @@ as any other); ``named_weights`` is the adapter alone, under its published names
 checkpoints hold the adapter and its optimizer state (DeepSpeed's
 ``exclude_frozen_parameters``: the frozen base comes from the model directory); the
 reference policy of the KL terms is the base itself, scored with the adapter disabled,
-so no second model is held; the HF export is the peft adapter directory.
+so no second model is held; the HF export is the peft adapter directory. Several LoRA
+trainers in one process (``trainer.process``: one trainer process training several
+policies' adapters of one base) hold the base once: each later one's frozen base parameters
+are the first one's tensors (:func:`share_base`), only its adapter and optimizer its own.
 
 A step over a ``TrainBatch`` (one batch = one version):
 
@@ -52,7 +55,9 @@ import copy
 import dataclasses
 import math
 import os
+import threading
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +103,36 @@ def zero_optimization(cfg: TrainerConfig) -> dict[str, int]:
     """DeepSpeed's ``zero_optimization`` section: the stage and the bucket and live-parameter
     sizes (``ZERO_SIZE_KEYS``, in elements) from the config."""
     return {"stage": cfg.zero_stage, **{key: getattr(cfg, key) for key in ZERO_SIZE_KEYS}}
+
+
+#: model directory -> the frozen base parameters of the first LoRA trainer of this process on
+#: it (weak: they go with the last engine holding them)
+_BASES: dict[str, dict[str, weakref.ref]] = {}
+_BASES_LOCK = threading.Lock()
+
+
+def share_base(model: torch.nn.Module, model_path: str | Path) -> int:
+    """Make the frozen parameters of ``model`` (a LoRA trainer's peft model, once DeepSpeed
+    placed it: its base, which never trains) the tensors another LoRA trainer of this process
+    already holds for the same model directory, so N adapters of one base in one process hold
+    it once; the first one's are registered. Parameters are matched by their base model's
+    name (peft's ``base_layer`` step removed: adapters on other modules name them differently).
+    Returns how many parameters now share another's storage (0 for the first); parameters of
+    another shape, dtype or device are left alone."""
+    key = str(Path(model_path).resolve())
+    params = {n.replace(".base_layer.", "."): p for n, p in model.named_parameters() if not p.requires_grad}
+    with _BASES_LOCK:
+        held = {n: r() for n, r in _BASES.get(key, {}).items()}
+        if not held or any(t is None for t in held.values()):
+            _BASES[key] = {n: weakref.ref(p) for n, p in params.items()}  # the parameters: peft keeps them
+            return 0
+        shared = 0
+        for n, p in params.items():
+            src = held.get(n)
+            if src is not None and (src.shape, src.dtype, src.device) == (p.shape, p.dtype, p.device):
+                p.data = src.data
+                shared += 1
+        return shared
 
 
 def _import_deepspeed():
@@ -182,6 +217,10 @@ class DeepSpeedTrainer(TrainEngine):
         # counts versions (``_apply_lr``), which the checkpoint already holds.
         marks.append(time.monotonic())
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        #: frozen base parameters held in common with another LoRA trainer of this process
+        #: (ZeRO-3 shards them per engine: not shared)
+        self.shared_base_params = (share_base(self.engine.module, model_path)
+                                   if self.lora is not None and cfg.zero_stage < 3 else 0)
         marks.append(time.monotonic())
         #: seconds each part of this constructor took (the trainer's start-up metrics)
         self.init_s = dict(zip(("imports", "process_group", "model_load", "deepspeed_initialize"),

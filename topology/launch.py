@@ -49,7 +49,9 @@ def load_plan(topology: str | Path, cfg: JobConfig | None = None) -> Plan:
     t = load_topology(topology)
     if cfg is not None:
         validate_for_job(t, cfg.policy_names, cfg.kafka.task_partitions, cfg.source,
-                         served_by={p: cfg.pool_of(p) for p in cfg.policy_names if cfg.pool_of(p) != p})
+                         served_by={p: cfg.pool_of(p) for p in cfg.policy_names if cfg.pool_of(p) != p},
+                         trained_by={p: cfg.trainer_process_of(p) for p in cfg.policy_names
+                                     if cfg.trainer_process_of(p) != p})
     return resolve(t, cfg.policy if cfg is not None else None)
 
 

@@ -59,14 +59,15 @@ def validate(t: Topology) -> None:
 
 
 def validate_for_job(t: Topology, job_policy: str | tuple[str, ...], task_partitions: int, job_file: str,
-                     served_by: dict[str, str] | None = None) -> None:
+                     served_by: dict[str, str] | None = None, trained_by: dict[str, str] | None = None) -> None:
     """What the job config decides: pools serve its policies, and partitions cover the most nodes.
 
     ``job_policy`` is the job's policy, or all of a multi-policy job's policies; there a
     trainer or RaaS pool must name the policy it serves, and every policy needs both, except
     that a policy in ``served_by`` (policy -> the policy whose pool serves its rows: the job's
-    ``rollout.pool``) has no RaaS pool of its own."""
-    served_by = served_by or {}
+    ``rollout.pool``) has no RaaS pool of its own, and one in ``trained_by`` (policy -> the
+    policy whose trainer process trains it: ``trainer.process``) no trainer pool."""
+    served_by, trained_by = served_by or {}, trained_by or {}
     policies = (job_policy,) if isinstance(job_policy, str) else tuple(job_policy)
     multi = len(policies) > 1
     nodes: dict[str, int] = {}
@@ -87,12 +88,18 @@ def validate_for_job(t: Topology, job_policy: str | tuple[str, ...], task_partit
             raise TopologyError(t.source, f"regions.{rname}.pools.{pname}.policy",
                                 f"policy {policy!r}'s rows are served by {served_by[policy]!r}'s pool (rollout.pool "
                                 f"in {job_file}): it has no RaaS pool of its own; remove this pool")
+        if pool.component == "trainer" and policy in trained_by:
+            raise TopologyError(t.source, f"regions.{rname}.pools.{pname}.policy",
+                                f"policy {policy!r} is trained in {trained_by[policy]!r}'s trainer process "
+                                f"(trainer.process in {job_file}): it has no trainer pool of its own; remove this pool")
         served.setdefault(policy, set()).add(pool.component)
         if pool.component == "raas":
             nodes[policy] = nodes.get(policy, 0) + pool.hi
     if multi:
         for policy in policies:
-            missing = ({"trainer"} if policy in served_by else {"trainer", "raas"}) - served.get(policy, set())
+            needs = {"trainer", "raas"} - ({"raas"} if policy in served_by else set()) - \
+                ({"trainer"} if policy in trained_by else set())
+            missing = needs - served.get(policy, set())
             if missing:
                 raise TopologyError(t.source, "regions.*.pools",
                                     f"policy {policy!r} of {job_file} has no {' and no '.join(sorted(missing))} pool")
@@ -233,7 +240,9 @@ def _check_components(t: Topology) -> None:
                                 f"the RaaS pools of policy {policy or '(the job policy)'} may shrink to 0 nodes; "
                                 f"at least one pool needs min >= 1")
     for rname, pname, p in pools(t):
-        if p.component == "raas" and p.policy not in trainers:
+        # (a named policy may be trained in another policy's trainer process: the job's
+        # trainer.process; validate_for_job decides)
+        if p.component == "raas" and p.policy not in trainers and (p.policy is None or None in trainers):
             raise TopologyError(t.source, f"regions.{rname}.pools.{pname}.policy",
                                 f"no trainer pool trains policy {p.policy or '(the job policy)'}")
 

@@ -142,6 +142,10 @@ def _cmd_node(args: argparse.Namespace) -> int:
         if args.policy not in cfg.policy_names:
             raise UsageError(f"--policy {args.policy}: no such policy in {args.config} "
                             f"(policies: {', '.join(cfg.policy_names)})")
+        if args.role == "trainer" and cfg.trainer_process_of(args.policy) != args.policy:
+            host = cfg.trainer_process_of(args.policy)
+            raise UsageError(f"--policy {args.policy}: {args.config} trains it in {host!r}'s trainer process "
+                             f"(policies.{args.policy}.trainer.process): start --role trainer --policy {host}")
         cfg = cfg.view(args.policy)
     elif len(cfg.policy_names) > 1 and args.role != "dataflow":
         raise UsageError(f"--role {args.role} serves one policy: give --policy (one of {', '.join(cfg.policy_names)})")

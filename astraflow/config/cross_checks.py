@@ -37,6 +37,7 @@ class CrossSectionChecks:
         self._check_eval()
         self._check_models()
         self._check_shared_pools()
+        self._check_shared_trainers()
         self._check_device_shares()
         self.kafka.security.check_policies(self.policy_names, self.source)
 
@@ -235,6 +236,40 @@ class CrossSectionChecks:
                 raise ConfigError(self.source, key, f"a shared pool serves adapters of one base model, and {p!r} is "
                                                     f"on {_model_name(own.model)} while {pool!r} is on "
                                                     f"{_model_name(host.model)} (policies.<p>.model must be the same)")
+
+    def _check_shared_trainers(self) -> None:
+        """``trainer.process``: a policy trained in another policy's trainer process. Both are
+        LoRA adapters of the same base model (the process holds it once), the host trains only
+        its own and hosted policies (no chains), and each trainer is one rank with ZeRO 0-2
+        (stage 3 would shard the shared base)."""
+        for p in self.policy_names:
+            own = self.policies[p] if self.policies else self
+            host_name = own.trainer.process
+            if host_name is None or host_name == p:
+                continue
+            key = f"policies.{p}.trainer.process" if self.policies else "trainer.process"
+            if not self.policies:
+                raise ConfigError(self.source, key, f"names trainer process {host_name!r}, and a single-policy job has "
+                                                    f"one trainer (leave it null)")
+            if host_name not in self.policies:
+                raise ConfigError(self.source, key, f"no policy {host_name!r} (policies: {', '.join(self.policy_names)})")
+            host = self.policies[host_name]
+            if host.trainer.process not in (None, host_name):
+                raise ConfigError(self.source, key, f"{host_name!r} is itself trained in {host.trainer.process!r}'s "
+                                                    f"process: name that one")
+            for who, sec in ((p, own), (host_name, host)):
+                if sec.trainer.engine.lora is None:
+                    raise ConfigError(self.source, key, f"one trainer process trains LoRA adapters of one base, and "
+                                                        f"{who!r} is full fine-tuning (set policies.{who}.trainer."
+                                                        f"engine.lora)")
+                if sec.trainer.ranks != 1 or sec.trainer.engine.zero_stage == 3:
+                    raise ConfigError(self.source, key, f"one trainer process holds the base once, unsharded: "
+                                                        f"{who!r} has trainer.ranks {sec.trainer.ranks} and zero_stage "
+                                                        f"{sec.trainer.engine.zero_stage} (1 rank and ZeRO 0-2 needed)")
+            if own.model != host.model:
+                raise ConfigError(self.source, key, f"one trainer process trains adapters of one base model, and {p!r} "
+                                                    f"is on {_model_name(own.model)} while {host_name!r} is on "
+                                                    f"{_model_name(host.model)}")
 
     def _check_models(self) -> None:
         """Each policy's tiny bootstrapped model is one that ``astraflow model init`` can build;

@@ -118,6 +118,17 @@ class JobConfig(CrossSectionChecks):
             return ()
         return (policy, *(p for p in self.policy_names if p != policy and self.pool_of(p) == policy))
 
+    def trainer_process_of(self, policy: str) -> str:
+        """The policy whose trainer process trains ``policy``: ``trainer.process``, or its own."""
+        return (self.policies[policy].trainer.process or policy) if self.policies else policy
+
+    def trainer_policies(self, policy: str) -> tuple[str, ...]:
+        """The policies ``policy``'s trainer process trains, itself first; () when another
+        policy's trainer process trains it (it has no trainer process of its own)."""
+        if self.trainer_process_of(policy) != policy:
+            return ()
+        return (policy, *(p for p in self.policy_names if p != policy and self.trainer_process_of(p) == policy))
+
     def pool_device_shares(self) -> set[str]:
         """The ``device.share`` names a RaaS pool takes turns on (with its own policy's trainer);
         a share named by trainers alone is LoRA trainers of one base taking turns."""

@@ -180,6 +180,10 @@ class TrainerConfig:
                             bounds=Bounds(1, 4096))
     checkpoint_every: int = setting(1, "checkpoint every K steps (with the consumed batch offset)",
                                     bounds=Bounds(1, 10**7))
+    process: str | None = setting(None, "multi-policy jobs: the policy whose trainer process also trains this "
+                                        "policy (LoRA adapters of one base: one process holds the base once and "
+                                        "trains each adapter with its own engine, optimizer, batches and "
+                                        "checkpoints); null: a trainer process of its own")
     keep_checkpoints: int = setting(2, "complete checkpoints kept on disk (the newest is resumed from)",
                                     bounds=Bounds(1, 10_000))
     snapshot_every: int = setting(10, "full weight snapshot every K versions (sparse deltas between)",

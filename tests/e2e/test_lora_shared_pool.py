@@ -59,12 +59,14 @@ def test_two_lora_policies_share_one_pool_with_their_own_versions_and_audit_ok(b
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_topology_places_the_shared_pool_and_its_nodes_serve_both_policies(bootstrap, tmp_path):
-    """`astraflow launch examples/topology_solver_verifier_lora_shared.yaml`: one RaaS pool (the
-    solver's) in the topology; its node plays both roles, both policies train, the audit holds."""
+def test_a_topology_places_one_pool_and_one_trainer_process_for_both_lora_policies(bootstrap, tmp_path):
+    """`astraflow launch` of examples/topology_solver_verifier_lora_shared.yaml with the verifier
+    also trained in the solver's trainer process (trainer.process: solver; its trainer pool
+    removed): one RaaS pool and one trainer process for two policies. The pool's node plays both
+    roles, the one trainer process trains and announces both adapters, the audit holds."""
     from astraflow.config import load_config
     from astraflow.launcher import launch
-    from astraflow.topics import TrajectoryGroup, job_topics
+    from astraflow.topics import Batch, TrajectoryGroup, VersionAnnouncement, job_topics
     from astraflow.topics.replay import read_topic
 
     data = yaml.safe_load((ROOT / "examples" / "solver_verifier_lora_shared.yaml").read_text())
@@ -72,20 +74,31 @@ def test_a_topology_places_the_shared_pool_and_its_nodes_serve_both_policies(boo
     data["rollout"].update({"tasks_per_call": 4, "heartbeat_s": 1.0})
     data["dataflow"] = {"groups_per_batch": 4, "max_staleness": 1}
     data["trainer"].update({"steps": 3, "checkpoint_every": 3, "snapshot_every": 2})
+    data["policies"]["verifier"]["trainer"]["process"] = "solver"
     data["eval"] = {"every": 0, "problems": 20, "k": 1, "threads": 1}
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(data))
     cfg = load_config(path)
     topo = yaml.safe_load((ROOT / "examples" / "topology_solver_verifier_lora_shared.yaml").read_text())
     topo["autoscaler"]["enabled"] = False
+    topo["regions"]["local"]["pools"].pop("verifier-trainer")
     topo_path = tmp_path / "topology.yaml"
     topo_path.write_text(yaml.safe_dump(topo))
 
-    summary = launch(topo_path, cfg, bootstrap=bootstrap, run_dir=tmp_path / "run", progress=False, timeout_s=700)
+    run_dir = tmp_path / "run"
+    summary = launch(topo_path, cfg, bootstrap=bootstrap, run_dir=run_dir, progress=False, timeout_s=700)
     assert summary["error"] is None, summary["error"]
     assert summary["audit"]["ok"] is True and set(summary["audit"]["final"]["counts"]) >= {"solver", "verifier"}, \
         summary["audit"]
-    groups = [m for _, _, m in read_topic(bootstrap, job_topics(cfg).trajectories) if isinstance(m, TrajectoryGroup)]
+    topics = job_topics(cfg)
+    groups = [m for _, _, m in read_topic(bootstrap, topics.trajectories) if isinstance(m, TrajectoryGroup)]
     assert {g.node_id for g in groups} == {"solver-raas-0"}, {g.node_id for g in groups}
     assert {g.role for g in groups} == {"solver", "verifier"}
-
+    for p in cfg.policy_names:  # both trained: every step's batch, and its versions announced
+        batches = [b for _, _, b in read_topic(bootstrap, topics.batches(p)) if isinstance(b, Batch)]
+        assert len(batches) == 3, (p, len(batches))
+        anns = [a for _, _, a in read_topic(bootstrap, topics.versions)
+                if isinstance(a, VersionAnnouncement) and a.policy == p]
+        assert max(a.version for a in anns) == 3, (p, sorted(a.version for a in anns))
+    logs = sorted(f.name for f in (run_dir / "logs").glob("*trainer*.log"))
+    assert logs == ["solver-trainer.log"], logs  # one trainer process

@@ -88,6 +88,40 @@ def test_only_the_adapter_trains_and_the_base_is_unchanged(smol_random, base_bat
         assert torch.equal(t, base[name]), f"base weight {name} changed"
 
 
+def test_two_lora_trainers_in_one_process_hold_the_base_once_and_train_their_own_adapters(smol_random,
+                                                                                         base_batch):
+    """``trainer.process``: a process training two policies' adapters of one base. The second
+    trainer's frozen base parameters are the first one's tensors (adapters on other modules
+    too), each adapter trains alone, the base stays, and the second trains exactly as it would
+    alone in a process of its own."""
+    import gc
+
+    other = LoraConfig(rank=2, alpha=4.0, target_modules=("q_proj", "o_proj"))
+    gc.collect()  # (trainers of earlier tests, gone: the first here registers the base)
+    first = make_trainer(smol_random)
+    second = make_trainer(smol_random, lora=other)
+    frozen = lambda tr: {n.replace(".base_layer.", "."): p for n, p in tr.engine.module.named_parameters()  # noqa: E731
+                         if not p.requires_grad}
+    a, b = frozen(first), frozen(second)
+    assert set(a) == set(b) and second.shared_base_params == len(b) > 0
+    assert all(a[n].data_ptr() == b[n].data_ptr() for n in a), "the base is held twice"
+    base = {n: p.detach().clone() for n, p in a.items()}
+    first_before, second_before = first.named_weights(), second.named_weights()
+    second.train_step(base_batch)
+    assert first.named_weights().keys() == first_before.keys()
+    assert all(torch.equal(first.named_weights()[n], t) for n, t in first_before.items())  # untouched
+    first.train_step(base_batch)
+    assert all(torch.equal(p, base[n]) for n, p in frozen(second).items())
+    # the same adapter trained alone (its own base, nothing shared) reaches the same weights
+    del first
+    gc.collect()
+    alone = make_trainer(smol_random, lora=other)
+    alone.train_step(base_batch)
+    got, want = second.named_weights(), alone.named_weights()
+    assert got.keys() == want.keys() and all(torch.equal(got[n], want[n]) for n in got)
+    assert any(not torch.equal(got[n], second_before[n]) for n in got if ".lora_B." in n)
+
+
 def test_kl_reference_is_the_base_with_the_adapter_disabled(smol_random, base_batch):
     from transformers import AutoModelForCausalLM
 
