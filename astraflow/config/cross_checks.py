@@ -194,6 +194,35 @@ class CrossSectionChecks:
                                                     f"on {_model_name(sec.model)}, {users[0][0]!r} on "
                                                     f"{_model_name(base)}")
 
+    def _naming_another(self, section: str, field: str, what: str, single: str):
+        """``(policy, its section, the policy named, the key)`` for each policy whose
+        ``<section>.<field>`` names another policy (``rollout.pool``, ``trainer.process``);
+        refused: naming one in a single-policy job (which has ``single``), or no such policy."""
+        for p in self.policy_names:
+            own = self.policies[p] if self.policies else self
+            other = getattr(getattr(own, section), field)
+            if other is None or other == p:
+                continue
+            key = f"policies.{p}.{section}.{field}" if self.policies else f"{section}.{field}"
+            if not self.policies:
+                raise ConfigError(self.source, key, f"names {what} {other!r}, and a single-policy job has {single} "
+                                                    f"(leave it null)")
+            if other not in self.policies:
+                raise ConfigError(self.source, key, f"no policy {other!r} (policies: {', '.join(self.policy_names)})")
+            yield p, own, other, key
+
+    def _adapters_of_one_base(self, key: str, what: str, p: str, own, q: str, other) -> None:
+        """Policies ``p`` and ``q`` (with their sections) are LoRA policies (``trainer.engine.lora``)
+        of the same model, as ``what`` (a shared pool, one trainer process) needs."""
+        for who, sec in ((p, own), (q, other)):
+            if sec.trainer.engine.lora is None:
+                raise ConfigError(self.source, key, f"{what} holds LoRA adapters of one base, and {who!r} is full "
+                                                    f"fine-tuning (set policies.{who}.trainer.engine.lora)")
+        if own.model != other.model:
+            raise ConfigError(self.source, key, f"{what} holds adapters of one base model, and {p!r} is on "
+                                                f"{_model_name(own.model)} while {q!r} is on {_model_name(other.model)} "
+                                                f"(policies.<p>.model must be the same)")
+
     def _check_shared_pools(self) -> None:
         """``rollout.pool``: a policy whose rows another policy's pool serves. That pool is the
         lead's (its nodes run the episodes, so the other roles are played there), and every
@@ -201,27 +230,14 @@ class CrossSectionChecks:
         engine or SGLang server holds the base once and serves each policy's adapter per row),
         on the pool's devices (emulated ones included: one emulated device prices every
         adapter's rows and loads)."""
-        for p in self.policy_names:
-            own = self.policies[p] if self.policies else self
-            pool = own.rollout.pool
-            if pool is None or pool == p:
-                continue
-            key = f"policies.{p}.rollout.pool" if self.policies else "rollout.pool"
-            if not self.policies:
-                raise ConfigError(self.source, key, f"names pool {pool!r}, and a single-policy job has one pool of its "
-                                                    f"own (leave it null)")
-            if pool not in self.policies:
-                raise ConfigError(self.source, key, f"no policy {pool!r} (policies: {', '.join(self.policy_names)})")
+        for p, own, pool, key in self._naming_another("rollout", "pool", "pool", "one pool of its own"):
             lead = self.lead_policy
             if pool != lead:
                 raise ConfigError(self.source, key, f"{pool!r}'s pool runs no episodes: only the lead policy {lead!r}'s "
                                                     f"pool (it plays the workflow's first role) plays other policies' "
                                                     f"roles, so a shared pool is {lead!r}'s")
             host = self.policies[pool]
-            for who, sec in ((p, own), (pool, host)):
-                if sec.trainer.engine.lora is None:
-                    raise ConfigError(self.source, key, f"a shared pool serves LoRA adapters of one base, and {who!r} "
-                                                        f"is full fine-tuning (set policies.{who}.trainer.engine.lora)")
+            self._adapters_of_one_base(key, "a shared pool", p, own, pool, host)
             if own.rollout.engine.kind != host.rollout.engine.kind:
                 raise ConfigError(self.source, f"policies.{p}.rollout.engine.kind",
                                   f"{p!r}'s rows run on {pool!r}'s pool, so on its engine ({host.rollout.engine.kind}, "
@@ -232,44 +248,23 @@ class CrossSectionChecks:
                                   f"{p!r}'s rows run on {pool!r}'s pool, so on its devices "
                                   f"({host.rollout.device.kind}); this says {own.rollout.device.kind}: "
                                   f"leave it unset or make it {pool!r}'s")
-            if own.model != host.model:
-                raise ConfigError(self.source, key, f"a shared pool serves adapters of one base model, and {p!r} is "
-                                                    f"on {_model_name(own.model)} while {pool!r} is on "
-                                                    f"{_model_name(host.model)} (policies.<p>.model must be the same)")
 
     def _check_shared_trainers(self) -> None:
         """``trainer.process``: a policy trained in another policy's trainer process. Both are
         LoRA adapters of the same base model (the process holds it once), the host trains only
         its own and hosted policies (no chains), and each trainer is one rank with ZeRO 0-2
         (stage 3 would shard the shared base)."""
-        for p in self.policy_names:
-            own = self.policies[p] if self.policies else self
-            host_name = own.trainer.process
-            if host_name is None or host_name == p:
-                continue
-            key = f"policies.{p}.trainer.process" if self.policies else "trainer.process"
-            if not self.policies:
-                raise ConfigError(self.source, key, f"names trainer process {host_name!r}, and a single-policy job has "
-                                                    f"one trainer (leave it null)")
-            if host_name not in self.policies:
-                raise ConfigError(self.source, key, f"no policy {host_name!r} (policies: {', '.join(self.policy_names)})")
+        for p, own, host_name, key in self._naming_another("trainer", "process", "trainer process", "one trainer"):
             host = self.policies[host_name]
             if host.trainer.process not in (None, host_name):
                 raise ConfigError(self.source, key, f"{host_name!r} is itself trained in {host.trainer.process!r}'s "
                                                     f"process: name that one")
+            self._adapters_of_one_base(key, "one trainer process", p, own, host_name, host)
             for who, sec in ((p, own), (host_name, host)):
-                if sec.trainer.engine.lora is None:
-                    raise ConfigError(self.source, key, f"one trainer process trains LoRA adapters of one base, and "
-                                                        f"{who!r} is full fine-tuning (set policies.{who}.trainer."
-                                                        f"engine.lora)")
                 if sec.trainer.ranks != 1 or sec.trainer.engine.zero_stage == 3:
                     raise ConfigError(self.source, key, f"one trainer process holds the base once, unsharded: "
                                                         f"{who!r} has trainer.ranks {sec.trainer.ranks} and zero_stage "
                                                         f"{sec.trainer.engine.zero_stage} (1 rank and ZeRO 0-2 needed)")
-            if own.model != host.model:
-                raise ConfigError(self.source, key, f"one trainer process trains adapters of one base model, and {p!r} "
-                                                    f"is on {_model_name(own.model)} while {host_name!r} is on "
-                                                    f"{_model_name(host.model)}")
 
     def _check_models(self) -> None:
         """Each policy's tiny bootstrapped model is one that ``astraflow model init`` can build;

@@ -39,12 +39,12 @@ def test_the_shared_pool_is_the_leads_and_the_other_policy_starts_no_node(tmp_pa
 
 @pytest.mark.parametrize("change, match", [
     (lambda d: d["policies"]["verifier"].update(trainer={"engine": {"lora": None}}),
-     r"policies.verifier.rollout.pool: a shared pool serves LoRA adapters of one base, and 'verifier' is full "
+     r"policies.verifier.rollout.pool: a shared pool holds LoRA adapters of one base, and 'verifier' is full "
      r"fine-tuning"),
     (lambda d: d["policies"]["solver"].update(trainer={"engine": {"lora": None}}),
      r"policies.verifier.rollout.pool: .* and 'solver' is full fine-tuning"),
     (lambda d: d["policies"]["verifier"].update(model={"task": "verifier"}),
-     r"policies.verifier.rollout.pool: a shared pool serves adapters of one base model, and 'verifier' is on the "
+     r"policies.verifier.rollout.pool: a shared pool holds adapters of one base model, and 'verifier' is on the "
      r"tiny verifier model .* while 'solver' is on the tiny arithmetic model"),
     (lambda d: d["policies"]["verifier"]["rollout"].update(pool="critic"),
      r"policies.verifier.rollout.pool: no policy 'critic' \(policies: solver, verifier\)"),

@@ -9,19 +9,18 @@ import pytest
 import yaml
 
 from astraflow.config import ConfigError, load_config
+from tests.config.test_shared_pool import _load as load_shared_pool_example
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "solver_verifier_lora_shared.yaml"
 
 
 def _load(tmp_path, change=None):
-    data = yaml.safe_load(EXAMPLE.read_text())
-    data["policies"]["verifier"]["trainer"]["process"] = "solver"
-    if change:
-        change(data)
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return load_config(path)
+    """examples/solver_verifier_lora_shared.yaml with the verifier trained in the solver's process."""
+    def edit(data):
+        data["policies"]["verifier"]["trainer"]["process"] = "solver"
+        if change:
+            change(data)
+    return load_shared_pool_example(tmp_path, edit)
 
 
 def test_one_trainer_process_trains_both_policies_and_the_other_starts_none(tmp_path):
@@ -53,7 +52,7 @@ def test_a_trainer_node_started_for_a_policy_another_process_trains_is_refused(t
      r"policies.verifier.trainer.process: no policy 'critic' \(policies: solver, verifier\)"),
     (lambda d: (d["policies"]["verifier"]["rollout"].pop("pool"),
                 d["policies"]["verifier"]["trainer"].update(engine={"lora": None})),
-     r"policies.verifier.trainer.process: one trainer process trains LoRA adapters of one base, and 'verifier' is "
+     r"policies.verifier.trainer.process: one trainer process holds LoRA adapters of one base, and 'verifier' is "
      r"full fine-tuning"),
     (lambda d: d["policies"]["verifier"]["trainer"].update(ranks=2),
      r"policies.verifier.trainer.process: one trainer process holds the base once, unsharded: 'verifier' has "
@@ -62,7 +61,7 @@ def test_a_trainer_node_started_for_a_policy_another_process_trains_is_refused(t
      r"policies.verifier.trainer.process: .* 'solver' has trainer.ranks 1 and zero_stage 3"),
     (lambda d: (d["policies"]["verifier"]["rollout"].pop("pool"), d["policies"]["verifier"].update(
         model={"task": "verifier"})),
-     r"policies.verifier.trainer.process: one trainer process trains adapters of one base model, and 'verifier' "
+     r"policies.verifier.trainer.process: one trainer process holds adapters of one base model, and 'verifier' "
      r"is on the tiny verifier model"),
     (lambda d: d["policies"]["solver"].setdefault("trainer", {}).update(process="verifier"),
      r"policies.(solver|verifier).trainer.process: '(solver|verifier)' is itself trained in"),
