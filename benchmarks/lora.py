@@ -61,7 +61,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "lora.json"
 GOAL = 1 / 100  #: a LoRA version's bytes over a full bf16 snapshot, at most (issue 59)
 ARMS = {"full": None, "lora_r8": 8, "lora_r32": 32}  #: arm -> LoRA rank (None: full fine-tuning)
 MB = 1e6
-KEPT_SECTIONS = ("accuracy", "shared_pool")  #: lora.json's sections other benchmarks write
+KEPT_SECTIONS = ("accuracy", "shared_pool", "trainer_process")  #: lora.json's sections other benchmarks write
 
 
 def arm_overrides(rank: int | None, lora_lr: float, targets: list[str]) -> dict[str, Any]:
@@ -231,7 +231,28 @@ def report_rows(load: Loader) -> list[str]:
             "alone, about half); the snapshot column is version 0's (a fresh adapter's `B` is zero). Memory with "
             "glibc's mmap threshold pinned (`benchmarks/lib/memory.py`); train step seconds depend on the machine's "
             "load, which the JSON records.", ""]
-    return out + accuracy_rows(d.get("accuracy")) + shared_pool_rows(d.get("shared_pool"))
+    return (out + accuracy_rows(d.get("accuracy")) + shared_pool_rows(d.get("shared_pool"))
+            + trainer_process_rows(d.get("trainer_process")))
+
+
+def trainer_process_rows(tp: dict | None) -> list[str]:
+    """The ``trainer_process`` section (``benchmarks/lora_trainer_process.py``): two LoRA
+    trainers of one base in one process against two processes."""
+    if not tp:
+        return []
+    names = {"one_process": "one process (base shared)", "two_processes": "two processes (summed)",
+             "saved_mb": "saved by one process"}
+    out = [f"Two LoRA policies' trainers (rank {tp['rank']}) of SmolLM2 in one trainer process (`trainer.process`) "
+           f"against one process each — `python -m astraflow.benchmarks.lora_trainer_process` (each trainer "
+           f"{tp['steps']} steps on the same batches; memory in MB with glibc's mmap threshold pinned; median "
+           f"(min–max) of {tp['rows']['one_process']['built_mb']['n']} repetitions{load_note(tp)}; the one "
+           f"process's trainers step in turn)", "",
+           "| trainers | built | peak | once trained |", "|---|---:|---:|---:|"]
+    for arm, label in names.items():
+        r = tp["rows"][arm]
+        out.append(f"| {label} | " + " | ".join(_sp(r[f], ",.0f") for f in ("built_mb", "peak_rss_mb",
+                                                                            "rss_after_train_mb")) + " |")
+    return out + [""]
 
 
 def shared_pool_rows(sp: dict | None) -> list[str]:
