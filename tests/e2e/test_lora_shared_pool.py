@@ -18,12 +18,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_two_lora_policies_share_one_pool_with_their_own_versions_and_audit_ok(bootstrap, tmp_path):
+@pytest.mark.parametrize("example", ["solver_verifier_lora_shared", "code_solver_testgen_lora_shared"])
+def test_two_lora_policies_share_one_pool_with_their_own_versions_and_audit_ok(bootstrap, tmp_path, example):
+    """The solver-verifier team and the code team (solver and test generator: attempts and test
+    cases from one engine, the cases run in the sandbox), each on one pool."""
     from astraflow.config import load_config
     from astraflow.topics import Batch, TrajectoryGroup, VersionAnnouncement, job_topics
     from astraflow.topics.replay import read_topic
 
-    data = yaml.safe_load((ROOT / "examples" / "solver_verifier_lora_shared.yaml").read_text())
+    data = yaml.safe_load((ROOT / "examples" / f"{example}.yaml").read_text())
     data.update({"job": f"lora-shared-{uuid.uuid4().hex[:8]}", "run_dir": str(tmp_path / "runs")})
     data["rollout"].update({"tasks_per_call": 4, "heartbeat_s": 1.0})
     data["dataflow"] = {"groups_per_batch": 4, "max_staleness": 1}
