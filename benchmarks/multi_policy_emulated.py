@@ -381,15 +381,32 @@ def report_rows(load: Loader) -> list[str]:
                     f"{_sp(pr['with']['weights_wait_s_per_load'], '.1f')} with; rows continued under a newer version: "
                     f"{_sp(pr['with']['partial_rows'], '.0f')} per run."]
     if d_arm:
+        whole = whole_run_check(d_arm["repetitions"])
+        a_whole = whole_run_check([r["async"] for r in d.get("repetitions") or [] if "async" in r])
         out += ["", f"Arm (d) runs the tiny `{d_arm['base_task']}` base (both roles in one model, as a shared pool "
                     f"needs) where (a)–(c) run a solver and a verifier model: its modelled work comes from that "
                     f"model's rows. (d) vs Table 2's (a), paired by repetition: "
-                    f"{_sp(d_arm['arm']['speedup_vs_table2_async'])}x."]
+                    f"{_sp(d_arm['arm']['speedup_vs_table2_async'])}x. Busiest resource of (d): "
+                    f"{', '.join(sorted(set(d_arm['arm']['busiest'])))}; its whole-run work per batch, which no steady "
+                    f"state beats: {_sp(whole['bound'], '.1f')} s/iter ({whole['beaten']} of {whole['n']} windows "
+                    f"measured faster than it)"
+                    + (f"; (a)'s: {_sp(a_whole['bound'], '.1f')} ({a_whole['beaten']} of {a_whole['n']})"
+                       if a_whole else "") + "."]
     out += ["", f"(a) vs (b): {_sp(d['speedup_vs_lockstep'])}x. The seed reports 2.74x on real 8 × H100 "
                 "(212.64 → 77.65 s/iter). " + " ".join(d["notes"][2:]), ""]
     for key, sec in later.items():
         out += [_report_later_split(key, sec), ""]
     return out
+
+
+def whole_run_check(reps: list[dict]) -> dict | None:
+    """Over an arm's repetitions: the busiest resource's whole-run work per batch (a bound no
+    steady state beats) as a spread, and how many steady windows measured faster than it."""
+    pairs = [(r["s_per_iter"], r["whole_run_bound_s_per_iter"]) for r in reps
+             if r.get("whole_run_bound_s_per_iter") is not None]
+    if not pairs:
+        return None
+    return {"bound": spread([b for _, b in pairs]), "beaten": sum(1 for w, b in pairs if w < b), "n": len(pairs)}
 
 
 def _report_later_split(key: str, sec: dict) -> str:
@@ -425,16 +442,21 @@ def _report_lengths(d: dict) -> str:
 
 
 def readme_row(load: Loader) -> ReadmeRow | None:
-    """The README's line: modelled s per iteration of (a), (b), (c), and (a) on the tuned split if measured."""
+    """The README's line: modelled s per iteration of (a), (b), (c), (a) on the tuned split and
+    arm (d), LoRA on one shared pool, where measured."""
     d = load("multi_policy_emulated")
     if not d:
         return None
     s = {k: r["s_per_iter"]["median"] for k, r in d["arms"].items()}
     tuned = d.get("tuned") if (d.get("tuned") or {}).get("table2_created") == d.get("created") else None
     a_tuned = ((tuned or {}).get("arms") or {}).get("async")
+    d_arm = d.get("lora_shared") if (d.get("lora_shared") or {}).get("table2_created") == d.get("created") else None
     stale = "" if d.get("window") == WINDOW_RULE else ", measured before stop 66's window and context-pricing fixes"
     return ReadmeRow(REPORT_TITLE, f"modelled s / iteration on {d['devices']} {d['profile']}, median of {d['repeats']}"
                      + stale,
                      f"async {s['async']:.1f} · lockstep {s['lockstep']:.1f} · trainer-centred {s['colocated']:.1f}"
-                     + (f" · async, tuned split {a_tuned['s_per_iter']['median']:.1f}" if a_tuned else ""),
+                     + (f" · async, tuned split {a_tuned['s_per_iter']['median']:.1f}" if a_tuned else "")
+                     + (f" · (d) LoRA, one shared pool {d_arm['arm']['s_per_iter']['median']:.1f} (its busiest "
+                        f"resource's whole-run work {whole_run_check(d_arm['repetitions'])['bound']['median']:.1f})"
+                        if d_arm else ""),
                      "lower", emulated=True)

@@ -55,12 +55,18 @@ def test_arm_d_renders_in_table_2_only_beside_the_table_2_it_was_paired_with():
     d = json.loads(RESULTS.read_text())
     arm = {"s_per_iter": spread([60.0, 62.0, 70.0]), "lower_bound_s_per_iter": spread([58.0, 60.0, 61.0]),
            "scheduling_efficiency": spread([0.9, 0.95, 0.97]), "speedup_vs_sequential": spread([3.0, 3.1, 2.7]),
-           "speedup_vs_table2_async": spread([1.4, 1.5, 1.3])}
+           "speedup_vs_table2_async": spread([1.4, 1.5, 1.3]), "busiest": ["raas-solver-0"] * 3}
+    reps = [{"s_per_iter": w, "whole_run_bound_s_per_iter": b} for w, b in ((60.0, 63.0), (62.0, 61.0), (70.0, 64.0))]
     d["lora_shared"] = {"arm": arm, "split": {"pool": 6, "trainer": 2}, "lora": {"rank": 8}, "base_task": "team",
-                        "table2_created": d["created"]}
+                        "table2_created": d["created"], "repetitions": reps}
     text = "\n".join(mpe.report_rows(lambda name: d))
     assert ("| (d) both policies LoRA adapters (rank 8) of one base: one shared pool (6 devices) and one trainer's "
             "devices (2) (`--lora-arm`, 3 repetitions) | 62.0 (60.0–70.0) | 60.0 (58.0–61.0) |") in text
     assert "(d) vs Table 2's (a), paired by repetition: 1.40 (1.30–1.50)x" in text
+    # the cross-check no steady state beats: the busiest resource's whole-run work, and the
+    # windows that measured faster than it (60 < 63: one of three)
+    assert ("Busiest resource of (d): raas-solver-0; its whole-run work per batch, which no steady state beats: "
+            "63.0 (61.0–64.0) s/iter (1 of 3 windows measured faster than it)") in text
+    assert mpe.whole_run_check([{"s_per_iter": 5.0}]) is None  # (c) records none
     d["lora_shared"]["table2_created"] = "an older Table 2"
     assert "(d) both policies" not in "\n".join(mpe.report_rows(lambda name: d))
