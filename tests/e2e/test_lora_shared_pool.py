@@ -43,7 +43,7 @@ def test_two_lora_policies_share_one_pool_with_their_own_versions_and_audit_ok(b
     topics = job_topics(cfg)
     anns = [m for _, _, m in read_topic(bootstrap, topics.versions) if isinstance(m, VersionAnnouncement)]
     bases = {a.policy: a.base_model for a in anns}
-    assert set(bases) == {"solver", "verifier"} and len(set(bases.values())) == 1 and all(bases.values())
+    assert set(bases) == set(cfg.policy_names) and len(set(bases.values())) == 1 and all(bases.values())
     groups = [m for _, _, m in read_topic(bootstrap, topics.trajectories) if isinstance(m, TrajectoryGroup)]
     # one pool: every group of both roles was written by the solver's node
     assert groups and {g.node_id for g in groups} == {"raas-solver-0"}, {g.node_id for g in groups}
