@@ -2,7 +2,7 @@
 
 Writes the ``trainer_process`` section of ``benchmarks/results/lora.json``. ``trainer.process``
 lets one trainer process train several policies' adapters of one base, each later engine's
-frozen base being the first one's tensors (``engines.deepspeed_trainer.share_base``). Per
+frozen base being the first one's tensors (``engines.lora.share_base``). Per
 repetition, on the same rolled-out batches (``real_model_weights.rollouts``, seed = the
 repetition):
 

@@ -55,9 +55,7 @@ import copy
 import dataclasses
 import math
 import os
-import threading
 import time
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +67,7 @@ from .base import TrainBatch, TrainEngine
 from .config import ZERO_SIZE_KEYS, TrainerConfig
 from .distributed import Ranks, init_single_process_distributed
 from .hf_export import export_hf_atomic
-from .lora import is_adapter_name, peft_name, published_name, wrap
+from .lora import is_adapter_name, peft_name, published_name, share_base, wrap
 from .corrections import correction_weights
 from .losses import BATCH_MASKS, POLICY_LOSSES, aggregate, grpo_advantages, kl_penalty, kl_shaped_rewards
 from .packing import collate, minibatches, pack_rows, row_tokens
@@ -103,36 +101,6 @@ def zero_optimization(cfg: TrainerConfig) -> dict[str, int]:
     """DeepSpeed's ``zero_optimization`` section: the stage and the bucket and live-parameter
     sizes (``ZERO_SIZE_KEYS``, in elements) from the config."""
     return {"stage": cfg.zero_stage, **{key: getattr(cfg, key) for key in ZERO_SIZE_KEYS}}
-
-
-#: model directory -> the frozen base parameters of the first LoRA trainer of this process on
-#: it (weak: they go with the last engine holding them)
-_BASES: dict[str, dict[str, weakref.ref]] = {}
-_BASES_LOCK = threading.Lock()
-
-
-def share_base(model: torch.nn.Module, model_path: str | Path) -> int:
-    """Make the frozen parameters of ``model`` (a LoRA trainer's peft model, once DeepSpeed
-    placed it: its base, which never trains) the tensors another LoRA trainer of this process
-    already holds for the same model directory, so N adapters of one base in one process hold
-    it once; the first one's are registered. Parameters are matched by their base model's
-    name (peft's ``base_layer`` step removed: adapters on other modules name them differently).
-    Returns how many parameters now share another's storage (0 for the first); parameters of
-    another shape, dtype or device are left alone."""
-    key = str(Path(model_path).resolve())
-    params = {n.replace(".base_layer.", "."): p for n, p in model.named_parameters() if not p.requires_grad}
-    with _BASES_LOCK:
-        held = {n: r() for n, r in _BASES.get(key, {}).items()}
-        if not held or any(t is None for t in held.values()):
-            _BASES[key] = {n: weakref.ref(p) for n, p in params.items()}  # the parameters: peft keeps them
-            return 0
-        shared = 0
-        for n, p in params.items():
-            src = held.get(n)
-            if src is not None and (src.shape, src.dtype, src.device) == (p.shape, p.dtype, p.device):
-                p.data = src.data
-                shared += 1
-        return shared
 
 
 def _import_deepspeed():

@@ -1,7 +1,7 @@
 """LoRA adapters of a policy: wrapping the trainer's model, the adapter's tensor names, and
 applying an adapter to a rollout engine's base model.
 
-Owns three things:
+Owns four things:
 
 * :func:`wrap` turns the trainer's HF model into a peft model with one adapter
   (``trainer.engine.lora``): only the adapter's ``lora_A`` / ``lora_B`` matrices train.
@@ -16,6 +16,8 @@ Owns three things:
   the base's costs. A call mixing adapters runs on the base weights with a hook on every
   targeted module that adds each row's own update, ``scale * B(A(x))``, to that row's output
   (what peft computes for a lone adapter), so each row gets exactly its adapter's output.
+* :func:`share_base`: several LoRA trainers in one process (``trainer.process``) hold the
+  frozen base once, each later one's base parameters being the first one's tensors.
 
 It knows nothing about Kafka, weight streams or which base an adapter belongs to: the
 weights layer names the base by its digest (``weights.adapters``).
@@ -23,15 +25,18 @@ weights layer names the base by its digest (``weights.adapters``).
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from .config import LoraConfig
 
-__all__ = ["ADAPTER", "AdapterSlots", "is_adapter_name", "peft_name", "published_name", "wrap"]
+__all__ = ["ADAPTER", "AdapterSlots", "is_adapter_name", "peft_name", "published_name", "share_base", "wrap"]
 
 #: peft's name of the one adapter a trainer holds (inside its parameter names, never on the wire).
 ADAPTER = "default"
@@ -235,3 +240,33 @@ class _RowUpdates:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+
+
+#: model directory -> the frozen base parameters of the first LoRA trainer of this process on
+#: it (weak: they go with the last engine holding them)
+_BASES: dict[str, dict[str, weakref.ref]] = {}
+_BASES_LOCK = threading.Lock()
+
+
+def share_base(model: torch.nn.Module, model_path: str | Path) -> int:
+    """Make the frozen parameters of ``model`` (a LoRA trainer's peft model, once DeepSpeed
+    placed it: its base, which never trains) the tensors another LoRA trainer of this process
+    already holds for the same model directory, so N adapters of one base in one process hold
+    it once; the first one's are registered. Parameters are matched by their base model's
+    name (peft's ``base_layer`` step removed: adapters on other modules name them differently).
+    Returns how many parameters now share another's storage (0 for the first); parameters of
+    another shape, dtype or device are left alone."""
+    key = str(Path(model_path).resolve())
+    params = {n.replace(".base_layer.", "."): p for n, p in model.named_parameters() if not p.requires_grad}
+    with _BASES_LOCK:
+        held = {n: r() for n, r in _BASES.get(key, {}).items()}
+        if not held or any(t is None for t in held.values()):
+            _BASES[key] = {n: weakref.ref(p) for n, p in params.items()}  # the parameters: peft keeps them
+            return 0
+        shared = 0
+        for n, p in params.items():
+            src = held.get(n)
+            if src is not None and (src.shape, src.dtype, src.device) == (p.shape, p.dtype, p.device):
+                p.data = src.data
+                shared += 1
+        return shared

@@ -48,12 +48,11 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
-import torch
-
 from .base import (AdapterEngine, Generation, NamedTensors, RolloutEngine, SamplingParams, context_budgets,
                    finish_of, iter_named_tensors, out_of_context, row_seeds)
 from .config import LoraConfig, SGLangConfig
 from .lora import is_adapter_name
+from .sglang_wire import SGLangError, parse_generation, parse_item, sampling_params_json, serialize_for_tensor_update
 
 __all__ = ["SGLangEngine", "SGLangError", "sampling_params_json", "parse_generation", "parse_item"]
 
@@ -63,67 +62,6 @@ REFRESH_S = 0.05
 # Files of the base model a disk update directory needs besides the weights.
 _MODEL_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                      "special_tokens_map.json")
-
-
-class SGLangError(RuntimeError):
-    """The server failed to start, answered with an error, or reported ``success: false``.
-
-    ``retriable`` is true for connection problems and 5xx answers (a restart may help),
-    false for requests the server rejected as malformed.
-    """
-
-    def __init__(self, message: str, retriable: bool = False) -> None:
-        super().__init__(message)
-        self.retriable = retriable
-
-
-def sampling_params_json(params: SamplingParams) -> dict:
-    """SamplingParams in SGLang's names (``top_k = -1`` disables top-k there; stop strings
-    are ``stop``, sent only when there are some)."""
-    out = {
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-        "top_k": params.top_k if params.top_k > 0 else -1,
-        "max_new_tokens": params.max_new_tokens,
-        "stop_token_ids": list(params.stop_token_ids),
-        # Keep the stop token (and a stop string's text) in the output, as the CPU engine does.
-        "no_stop_trim": True,
-    }
-    if params.stop:
-        out["stop"] = list(params.stop)
-    return out
-
-
-def parse_item(item: dict) -> tuple[tuple[int, ...], tuple[float, ...], str]:
-    """One ``/generate`` result's tokens, their logprobs and its finish type (stop | length |
-    abort). Tokens come from ``meta_info.output_token_logprobs`` (``[logprob, token_id, text]``
-    triples), which pairs every token with its logprob; ``output_ids`` must agree."""
-    meta = item.get("meta_info") or {}
-    triples = meta.get("output_token_logprobs")
-    if triples is None:
-        raise SGLangError("/generate answered without meta_info.output_token_logprobs; was return_logprob sent?")
-    tokens = tuple(int(t[1]) for t in triples)
-    logprobs = tuple(float(t[0]) for t in triples)
-    out_ids = item.get("output_ids")
-    if out_ids is not None and tuple(int(t) for t in out_ids) != tokens:
-        raise SGLangError(f"output_ids {out_ids} disagree with output_token_logprobs tokens {list(tokens)}")
-    return tokens, logprobs, (meta.get("finish_reason") or {}).get("type", "length")
-
-
-def parse_generation(prompt: Sequence[int], item: dict, version: int) -> Generation:
-    """One ``/generate`` result -> ``Generation`` (an aborted one is an error: outside partial
-    rollouts nothing here aborts a request)."""
-    tokens, logprobs, finish = parse_item(item)
-    if finish == "abort":
-        raise SGLangError(f"generation aborted by the server: {(item.get('meta_info') or {}).get('finish_reason')}",
-                          retriable=True)
-    return Generation(
-        prompt_ids=tuple(int(x) for x in prompt),
-        tokens=tokens,
-        logprobs=logprobs,
-        finish_reason="stop" if finish == "stop" else "length",
-        version=version,
-    )
 
 
 class SGLangEngine(RolloutEngine):
@@ -358,7 +296,7 @@ class SGLangEngine(RolloutEngine):
                 })
             else:
                 answer = self._post("/update_weights_from_tensor", {
-                    "serialized_named_tensors": _serialize_for_tensor_update(named_tensors, self.cfg.tp_size),
+                    "serialized_named_tensors": serialize_for_tensor_update(named_tensors, self.cfg.tp_size),
                     "weight_version": str(version), "flush_cache": True,
                 })
             if not answer.get("success", False):
@@ -527,18 +465,6 @@ class SGLangEngine(RolloutEngine):
         for d in self._weights_root.glob("v*"):
             if d.name != f"v{keep}":
                 shutil.rmtree(d, ignore_errors=True)
-
-
-def _serialize_for_tensor_update(named_tensors: NamedTensors, tp_size: int) -> list[str]:
-    """SGLang's same-host tensor transport: one ``MultiprocessingSerializer`` string per TP
-    rank (every rank gets the full tensors and shards them itself)."""
-    try:
-        from sglang.srt.utils import MultiprocessingSerializer
-    except ImportError as err:  # pragma: no cover - needs the gpu extra
-        raise SGLangError("weight_transport 'tensor' needs sglang installed in this process; use 'disk'") from err
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    pairs = [(n, t.detach().to(device)) for n, t in iter_named_tensors(named_tensors)]
-    return [MultiprocessingSerializer.serialize(pairs, output_str=True) for _ in range(tp_size)]
 
 
 def _max_positions(model_path: Path) -> int | None:
