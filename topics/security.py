@@ -28,6 +28,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -328,29 +329,55 @@ def _authenticate(sock: socket.socket, sec: ClientSecurity) -> str | None:
     return None
 
 
+#: how long a probe waits before asking again when every broker that answered refused the setting
+PROBE_RECHECK_S = 1.0
+
+
 def probe(bootstrap_servers: str, security: ClientSecurity,
           timeout_s: float = CONNECT_TIMEOUT_S) -> tuple[bool, str | None]:
-    """Connect once as ``security`` would: ``(True, None)`` when the broker accepts it,
+    """Connect once as ``security`` would: ``(True, None)`` when a broker accepts it,
     ``(False, why)`` with one line saying why not and what to change when the setting is
     the reason, ``(False, None)`` when nothing answers at all (the caller's own error or
-    wait stands: a broker may be starting)."""
+    wait stands: a broker may be starting).
+
+    A refusal is only believed when it holds: a broker that is shutting down also accepts a
+    connection and closes it at the first request, which is what a TLS listener does to a
+    plaintext client. So the probe asks the next bootstrap address after a refusal (any that
+    accepts the setting settles it), and asks them all again after :data:`PROBE_RECHECK_S`
+    before it reports one: a dying broker refuses the connection by then, a misconfigured
+    setting is refused the same way again. (A chaos run's dataflow, restarted while a broker
+    was being killed for good, took that broker's closed connection for "the listener wants
+    TLS" and stopped as misconfigured.)"""
     from .bootstrap import parse_bootstrap
-    for host, port in parse_bootstrap(bootstrap_servers):  # the first that answers: a cluster may have lost one
+    addresses = parse_bootstrap(bootstrap_servers)
+    why = _probe_each(addresses, security, timeout_s)
+    if why is None or why is True:
+        return why is True, None
+    time.sleep(PROBE_RECHECK_S)
+    again = _probe_each(addresses, security, timeout_s)
+    return (again is True), (again if isinstance(again, str) else None)
+
+
+def _probe_each(addresses, sec: ClientSecurity, timeout_s: float) -> bool | str | None:
+    """True when one of ``addresses`` accepts ``sec``; else the first refusal's line (the
+    setting is the reason), or None when none that answered said anything."""
+    first: str | None = None
+    setting = f"client security {sec.describe()}, from {sec.source}"
+    for host, port in addresses:  # a cluster may have lost one: the next is asked
         try:
             raw = socket.create_connection((host, port), timeout=timeout_s)
-            break
         except OSError:
             continue
-    else:
-        return False, None
-    where, sec = f"Kafka at {host}:{port}", security
-    setting = f"client security {sec.describe()}, from {sec.source}"
-    with raw:
-        raw.settimeout(timeout_s)
-        try:
-            return _probe(raw, host, where, sec, setting)
-        except _Silent:
-            return False, None
+        with raw:
+            raw.settimeout(timeout_s)
+            try:
+                ok, why = _probe(raw, host, f"Kafka at {host}:{port}", sec, setting)
+            except _Silent:
+                ok, why = False, None
+        if ok:
+            return True
+        first = first or why
+    return first
 
 
 def _probe(raw: socket.socket, host: str, where: str, sec: ClientSecurity, setting: str) -> tuple[bool, str | None]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import socket
+import threading
 import uuid
 from pathlib import Path
 
@@ -131,6 +133,38 @@ def test_the_probe_asks_the_first_bootstrap_address_that_answers(bootstrap):
     assert security.probe(f"{dead},{bootstrap}", security.ClientSecurity()) == (True, None)
     ok, why = security.probe(f"{dead},{bootstrap}", security.ClientSecurity(protocol="SSL"))
     assert not ok and why and bootstrap in why, why  # the answer names the broker that gave it
+
+
+def _dying_broker(connections: int) -> tuple[str, threading.Thread]:
+    """A listener that accepts ``connections`` connections, closes each at once (what a broker
+    shutting down does), then stops listening."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+
+    def serve():
+        with srv:
+            for _ in range(connections):
+                conn, _ = srv.accept()
+                conn.close()
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return f"127.0.0.1:{srv.getsockname()[1]}", thread
+
+
+def test_a_broker_closing_connections_as_it_dies_is_not_taken_for_a_refused_setting(bootstrap):
+    """A broker being killed accepts a connection and closes it at the first request, as a TLS
+    listener does to a plaintext client: the probe asks the next address, and asks again
+    before it believes a refusal."""
+    dying, thread = _dying_broker(1)
+    assert security.probe(f"{dying},{bootstrap}", security.ClientSecurity()) == (True, None)
+    thread.join(5)
+    dying, thread = _dying_broker(1)  # alone: gone when asked again, so nothing is said
+    assert security.probe(dying, security.ClientSecurity()) == (False, None)
+    thread.join(5)
+    closing, thread = _dying_broker(2)  # refuses the same way twice: a setting it wants
+    ok, why = security.probe(closing, security.ClientSecurity())
+    assert not ok and "the listener wants TLS" in why and closing in why, why
 
 
 def test_the_environment_is_the_setting_of_a_command_without_a_config(tmp_path):
