@@ -76,7 +76,7 @@ import yaml
 from astraflow.benchmarks.lib.device_split import SHARE_MARGIN, best_placement, devices_of_stage, placement
 from astraflow.benchmarks.lib.emulated import stage_of
 from astraflow.benchmarks.lib.results import load_now, repo_relative, write_results
-from astraflow.benchmarks.lib.steady import WINDOW_RULE
+from astraflow.benchmarks.lib.steady import WINDOW_RULE, whole_run_fields
 from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread, spread_each
 from astraflow.benchmarks.lib.table import print_header
 from astraflow.benchmarks.multi_policy_emulated_arms import (ARMS, SEED_SHAPE, real_max_new_tokens, run_colocated,
@@ -176,10 +176,7 @@ def aggregate(reps: list[dict]) -> dict:
         if all(x.get("remote_calls", {}).get("calls") for x in per):  # the Kafka arms
             arms[arm]["remote_calls"] = {k: spread([x["remote_calls"][k] for x in per])
                                          for k in ("median_s", "p95_s", "hops_per_episode")}
-        if "whole_run_bound_s_per_iter" in per[0]:  # the Kafka arms: busiest work per batch over the run
-            arms[arm]["whole_run_bound_s_per_iter"] = spread([x["whole_run_bound_s_per_iter"] for x in per])
-            arms[arm]["faster_than_whole_run_work"] = sum(x["s_per_iter"] < x["whole_run_bound_s_per_iter"]
-                                                          for x in per)
+        arms[arm].update(whole_run_fields(per))  # the Kafka arms: busiest work per batch over the run
         if "work_in_window_by_resource" in per[0]:  # the Kafka arms' steady windows
             arms[arm]["busiest"] = [x["busiest"] for x in per]
             arms[arm]["window_steps"] = per[0]["window_steps"]
@@ -381,17 +378,14 @@ def report_rows(load: Loader) -> list[str]:
                     f"{_sp(pr['with']['weights_wait_s_per_load'], '.1f')} with; rows continued under a newer version: "
                     f"{_sp(pr['with']['partial_rows'], '.0f')} per run."]
     if d_arm:
-        whole = whole_run_check(d_arm["repetitions"])
-        a_whole = whole_run_check([r["async"] for r in d.get("repetitions") or [] if "async" in r])
+        whole, a_whole = d_arm["arm"], d["arms"]["async"]
         out += ["", f"Arm (d) runs the tiny `{d_arm['base_task']}` base (both roles in one model, as a shared pool "
                     f"needs) where (a)–(c) run a solver and a verifier model: its modelled work comes from that "
                     f"model's rows. (d) vs Table 2's (a), paired by repetition: "
                     f"{_sp(d_arm['arm']['speedup_vs_table2_async'])}x. Busiest resource of (d): "
                     f"{', '.join(sorted(set(d_arm['arm']['busiest'])))}; its whole-run work per batch, which no steady "
-                    f"state beats: {_sp(whole['bound'], '.1f')} s/iter ({whole['beaten']} of {whole['n']} windows "
-                    f"measured faster than it)"
-                    + (f"; (a)'s: {_sp(a_whole['bound'], '.1f')} ({a_whole['beaten']} of {a_whole['n']})"
-                       if a_whole else "") + "."]
+                    f"state beats: {_whole_run(whole, ' s/iter', ' windows measured faster than it')}"
+                    + (f"; (a)'s: {_whole_run(a_whole)}" if "whole_run_bound_s_per_iter" in a_whole else "") + "."]
     out += ["", f"(a) vs (b): {_sp(d['speedup_vs_lockstep'])}x. The seed reports 2.74x on real 8 × H100 "
                 "(212.64 → 77.65 s/iter). " + " ".join(d["notes"][2:]), ""]
     for key, sec in later.items():
@@ -399,14 +393,10 @@ def report_rows(load: Loader) -> list[str]:
     return out
 
 
-def whole_run_check(reps: list[dict]) -> dict | None:
-    """Over an arm's repetitions: the busiest resource's whole-run work per batch (a bound no
-    steady state beats) as a spread, and how many steady windows measured faster than it."""
-    pairs = [(r["s_per_iter"], r["whole_run_bound_s_per_iter"]) for r in reps
-             if r.get("whole_run_bound_s_per_iter") is not None]
-    if not pairs:
-        return None
-    return {"bound": spread([b for _, b in pairs]), "beaten": sum(1 for w, b in pairs if w < b), "n": len(pairs)}
+def _whole_run(arm: dict, unit: str = "", what: str = "") -> str:
+    """An aggregated arm's whole-run cross-check (:func:`~.lib.steady.whole_run_fields`) for the text."""
+    b = arm["whole_run_bound_s_per_iter"]
+    return f"{_sp(b, '.1f')}{unit} ({arm['faster_than_whole_run_work']} of {b['n']}{what})"
 
 
 def _report_later_split(key: str, sec: dict) -> str:
@@ -457,6 +447,6 @@ def readme_row(load: Loader) -> ReadmeRow | None:
                      f"async {s['async']:.1f} · lockstep {s['lockstep']:.1f} · trainer-centred {s['colocated']:.1f}"
                      + (f" · async, tuned split {a_tuned['s_per_iter']['median']:.1f}" if a_tuned else "")
                      + (f" · (d) LoRA, one shared pool {d_arm['arm']['s_per_iter']['median']:.1f} (its busiest "
-                        f"resource's whole-run work {whole_run_check(d_arm['repetitions'])['bound']['median']:.1f})"
+                        f"resource's whole-run work {d_arm['arm']['whole_run_bound_s_per_iter']['median']:.1f})"
                         if d_arm else ""),
                      "lower", emulated=True)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from astraflow.benchmarks.lib.results import load_now, write_section
 from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread, spread_each
-from astraflow.benchmarks.lib.steady import steps_for_window
+from astraflow.benchmarks.lib.steady import steps_for_window, whole_run_fields
 from astraflow.benchmarks.multi_policy_emulated_arms import SEED_SHAPE, device, run_split, shaped
 from astraflow.benchmarks.multi_policy_resplit import steady_table2, with_table2_settings
 
@@ -112,6 +112,6 @@ def aggregate(reps: list[dict], table2: dict) -> dict:
         "s_per_iter": spread(s), "lower_bound_s_per_iter": spread([x["lower_bound_s_per_iter"] for x in reps]),
         "scheduling_efficiency": spread([x["lower_bound_s_per_iter"] / x["s_per_iter"] for x in reps]),
         "busiest": [x["busiest"] for x in reps], "overruns": spread([x["overruns"] for x in reps]),
-        "work_in_window_by_resource": spread_each(reps, "work_in_window_by_resource"),
+        "work_in_window_by_resource": spread_each(reps, "work_in_window_by_resource"), **whole_run_fields(reps),
         "speedup_vs_sequential": ratio_spread(spread(c[:n]), spread(s[:n])),
         "speedup_vs_table2_async": ratio_spread(spread(a[:n]), spread(s[:n]))}}

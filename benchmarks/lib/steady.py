@@ -12,6 +12,7 @@ from pathlib import Path
 
 from astraflow.benchmarks.lib.emulated import merge_shared
 from astraflow.benchmarks.lib.run_metrics import read_rows, trainer_steps
+from astraflow.benchmarks.lib.stats import spread
 
 
 def steady_steps(run_dir: Path) -> tuple[list[dict], dict[int, float], int, int]:
@@ -88,6 +89,17 @@ def steps_for_window(window_end: int, max_staleness: int) -> int:
     window (their last batches already rolled out, nothing new admitted), so the window's
     last steps would train work done before it and flatter the schedule."""
     return window_end + max_staleness + 1
+
+
+def whole_run_fields(per: list[dict]) -> dict:
+    """Over an arm's repetitions (each with ``s_per_iter`` and ``whole_run_bound_s_per_iter``):
+    the busiest resource's work per batch over the whole run as a spread — a bound no steady
+    state beats — and how many windows measured faster than it; {} when the runs record none
+    (the trainer-centred arm)."""
+    if not per or "whole_run_bound_s_per_iter" not in per[0]:
+        return {}
+    return {"whole_run_bound_s_per_iter": spread([x["whole_run_bound_s_per_iter"] for x in per]),
+            "faster_than_whole_run_work": sum(x["s_per_iter"] < x["whole_run_bound_s_per_iter"] for x in per)}
 
 
 def steady_window(rows: list[dict], policy: str, max_staleness: int, dilation: float,

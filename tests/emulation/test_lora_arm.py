@@ -52,11 +52,13 @@ def test_arm_d_renders_in_table_2_only_beside_the_table_2_it_was_paired_with():
 
     from astraflow.benchmarks import multi_policy_emulated as mpe
     from astraflow.benchmarks.lib.stats import spread
+    from astraflow.benchmarks.lib.steady import whole_run_fields
     d = json.loads(RESULTS.read_text())
     arm = {"s_per_iter": spread([60.0, 62.0, 70.0]), "lower_bound_s_per_iter": spread([58.0, 60.0, 61.0]),
            "scheduling_efficiency": spread([0.9, 0.95, 0.97]), "speedup_vs_sequential": spread([3.0, 3.1, 2.7]),
            "speedup_vs_table2_async": spread([1.4, 1.5, 1.3]), "busiest": ["raas-solver-0"] * 3}
     reps = [{"s_per_iter": w, "whole_run_bound_s_per_iter": b} for w, b in ((60.0, 63.0), (62.0, 61.0), (70.0, 64.0))]
+    arm.update(whole_run_fields(reps))
     d["lora_shared"] = {"arm": arm, "split": {"pool": 6, "trainer": 2}, "lora": {"rank": 8}, "base_task": "team",
                         "table2_created": d["created"], "repetitions": reps}
     text = "\n".join(mpe.report_rows(lambda name: d))
@@ -67,6 +69,6 @@ def test_arm_d_renders_in_table_2_only_beside_the_table_2_it_was_paired_with():
     # windows that measured faster than it (60 < 63: one of three)
     assert ("Busiest resource of (d): raas-solver-0; its whole-run work per batch, which no steady state beats: "
             "63.0 (61.0–64.0) s/iter (1 of 3 windows measured faster than it)") in text
-    assert mpe.whole_run_check([{"s_per_iter": 5.0}]) is None  # (c) records none
+    assert whole_run_fields([{"s_per_iter": 5.0}]) == {}  # (c) records none
     d["lora_shared"]["table2_created"] = "an older Table 2"
     assert "(d) both policies" not in "\n".join(mpe.report_rows(lambda name: d))
