@@ -35,6 +35,7 @@ __all__ = [
     "iter_named_tensors",
     "row_seeds",
     "context_budgets",
+    "row_adapters",
     "finish_of",
     "out_of_context",
     "CONTEXT",
@@ -260,6 +261,21 @@ def row_seeds(prompts: Sequence[Sequence[int]], params: SamplingParams,
     if bad:
         raise ValueError(f"generate: seeds must be in [0, 2**63), got {bad[:3]}")
     return seeds
+
+
+def row_adapters(adapters: Sequence[str] | None, n: int, served: Sequence[str]) -> list[str] | None:
+    """The adapter of each of a call's ``n`` rows on an engine serving the LoRA adapters
+    ``served`` (in order; none: full weights, and None is returned): ``adapters`` as given,
+    one per row, or the first served for every row. ValueError for adapters named on a
+    full-weights engine, or not one per row."""
+    if not served:
+        if adapters is not None:
+            raise ValueError("generate: adapters name LoRA adapters, and this engine serves full weights")
+        return None
+    names = list(adapters) if adapters is not None else [served[0]] * n
+    if len(names) != n:
+        raise ValueError(f"generate: {len(names)} adapters for {n} prompts (one per prompt)")
+    return names
 
 
 def context_budgets(prompts: Sequence[Sequence[int]], max_new_tokens: int, max_positions: int | None) -> list[int]:

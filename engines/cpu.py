@@ -38,7 +38,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from .base import (AdapterEngine, Generation, NamedTensors, RolloutEngine, SamplingParams, context_budgets,
-                   finish_of, iter_named_tensors, out_of_context, row_seeds)
+                   finish_of, iter_named_tensors, out_of_context, row_adapters, row_seeds)
 from .config import LoraConfig
 from .kv_cache import preallocated_cache
 from .lora import ADAPTER, AdapterSlots, is_adapter_name
@@ -171,16 +171,8 @@ class CpuEngine(RolloutEngine):
         self._check_open()
         if not prompts:
             return []
-        if self._slots is None:
-            if adapters is not None:
-                raise ValueError("generate: adapters name LoRA adapters, and this engine serves full weights")
-            names = None
-            versions = [self._version] * len(prompts)
-        else:
-            names = list(adapters) if adapters is not None else [self._slots.names[0]] * len(prompts)
-            if len(names) != len(prompts):
-                raise ValueError(f"generate: {len(names)} adapters for {len(prompts)} prompts (one per prompt)")
-            versions = [self._slots.version(n) for n in names]
+        names = row_adapters(adapters, len(prompts), self._slots.names if self._slots is not None else ())
+        versions = [self._slots.version(n) for n in names] if names is not None else [self._version] * len(prompts)
         if any(len(p) == 0 for p in prompts):
             raise ValueError("generate: every prompt needs at least one token")
         seeds = row_seeds(prompts, params, seeds)

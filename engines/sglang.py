@@ -49,7 +49,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 from .base import (AdapterEngine, Generation, NamedTensors, RolloutEngine, SamplingParams, context_budgets,
-                   finish_of, iter_named_tensors, out_of_context, row_seeds)
+                   finish_of, iter_named_tensors, out_of_context, row_adapters, row_seeds)
 from .config import LoraConfig, SGLangConfig
 from .lora import is_adapter_name
 from .sglang_wire import SGLangError, parse_generation, parse_item, sampling_params_json, serialize_for_tensor_update
@@ -229,15 +229,9 @@ class SGLangEngine(RolloutEngine):
 
     def _row_adapters(self, adapters: Sequence[str] | None, n: int) -> list[str | None]:
         """The adapter of each of ``n`` rows (None: this engine serves full weights)."""
-        if not self._loras:
-            if adapters is not None:
-                raise ValueError("generate: adapters name LoRA adapters, and this engine serves full weights")
+        names = row_adapters(adapters, n, list(self._loras))
+        if names is None:
             return [None] * n
-        if adapters is None:
-            return [next(iter(self._loras))] * n
-        names = list(adapters)
-        if len(names) != n:
-            raise ValueError(f"generate: {len(names)} adapters for {n} prompts (one per prompt)")
         unknown = sorted(set(names) - set(self._loras))
         if unknown:
             raise KeyError(f"generate: no adapter {unknown[0]!r} on this engine (it serves {', '.join(self._loras)})")
