@@ -350,17 +350,17 @@ def probe(bootstrap_servers: str, security: ClientSecurity,
     TLS" and stopped as misconfigured.)"""
     from .bootstrap import parse_bootstrap
     addresses = parse_bootstrap(bootstrap_servers)
-    why = _probe_each(addresses, security, timeout_s)
-    if why is None or why is True:
-        return why is True, None
+    ok, why = _probe_each(addresses, security, timeout_s)
+    if ok or why is None:
+        return ok, None
     time.sleep(PROBE_RECHECK_S)
-    again = _probe_each(addresses, security, timeout_s)
-    return (again is True), (again if isinstance(again, str) else None)
+    return _probe_each(addresses, security, timeout_s)
 
 
-def _probe_each(addresses, sec: ClientSecurity, timeout_s: float) -> bool | str | None:
-    """True when one of ``addresses`` accepts ``sec``; else the first refusal's line (the
-    setting is the reason), or None when none that answered said anything."""
+def _probe_each(addresses, sec: ClientSecurity, timeout_s: float) -> tuple[bool, str | None]:
+    """``(True, None)`` when one of ``addresses`` accepts ``sec``; else ``(False, why)`` with
+    the first refusal's line (the setting is the reason), ``why`` None when none that
+    answered said anything."""
     first: str | None = None
     setting = f"client security {sec.describe()}, from {sec.source}"
     for host, port in addresses:  # a cluster may have lost one: the next is asked
@@ -375,9 +375,9 @@ def _probe_each(addresses, sec: ClientSecurity, timeout_s: float) -> bool | str 
             except _Silent:
                 ok, why = False, None
         if ok:
-            return True
+            return True, None
         first = first or why
-    return first
+    return False, first
 
 
 def _probe(raw: socket.socket, host: str, where: str, sec: ClientSecurity, setting: str) -> tuple[bool, str | None]:
