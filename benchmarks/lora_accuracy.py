@@ -20,6 +20,7 @@ Nothing in it decides for the reader: the JSON holds both arms' figures; the tab
 
     python -m astraflow.benchmarks.lora_accuracy                      # sweep, then 3 seeds x 2 arms
     python -m astraflow.benchmarks.lora_accuracy --collect-sweep D... --collect D...  # read run dirs
+    python -m astraflow.benchmarks.lora_accuracy --sweep-lrs A B C --collect-sweep DA DB  # run C, then compare
 
 (``--collect`` takes the comparison's run dirs in the order full s0, lora s0, full s1, ...)
 """
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--targets", default=TARGETS, help="LoRA target modules, comma-separated")
     ap.add_argument("--run-root", default=str(ROOT / "runs" / "bench-lora-accuracy"))
     ap.add_argument("--collect-sweep", nargs="+", type=Path, metavar="RUN_DIR", help="the sweep's run dirs, in "
-                    "--sweep-lrs order (run nothing for the sweep)")
+                    "--sweep-lrs order; lrs past the last dir given are run (a sweep extended)")
     ap.add_argument("--collect", nargs="+", type=Path, metavar="RUN_DIR",
                     help="the comparison's run dirs: full, lora per seed in --seeds order (run nothing for it)")
     ap.add_argument("--out", default=str(RESULTS))
@@ -153,8 +154,11 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{tag} seed {seed} exited {code}: see {d}")
         return d
 
-    sweep_dirs = args.collect_sweep or [run(f"sweep-lora-lr{lr:g}", args.sweep_seed, lora_sets(args.rank, lr, targets))
-                                        for lr in args.sweep_lrs]
+    sweep_dirs = list(args.collect_sweep or [])
+    if len(sweep_dirs) > len(args.sweep_lrs):
+        ap.error(f"--collect-sweep: {len(sweep_dirs)} run dirs for {len(args.sweep_lrs)} --sweep-lrs")
+    sweep_dirs += [run(f"sweep-lora-lr{lr:g}", args.sweep_seed, lora_sets(args.rank, lr, targets))
+                   for lr in args.sweep_lrs[len(sweep_dirs):]]
     sweep = {lr: run_figures(held_out(d)) for lr, d in zip(args.sweep_lrs, sweep_dirs, strict=True)}
     lr = choose_lr(sweep)
     print(f"chosen LoRA lr {lr:g} (final held-out accuracy {sweep[lr]['accuracy_final']['mean']:.3f} at seed "
