@@ -47,7 +47,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from astraflow.benchmarks.lib.child import run_child, write_result
+from astraflow.benchmarks.lib.child import child_run, run_child, write_result
 from astraflow.benchmarks.lib.memory import PINNED_MALLOC, vm_mb
 from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.benchmarks.lib.stats import fmt_spread, spread
@@ -159,11 +159,8 @@ def print_table(r: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:
-        import sys
-        argv = sys.argv[1:]
-    if "--train-child" in argv:
-        return train_child(argv)
+    if (code := child_run(argv, "--train-child", train_child)) is not None:
+        return code
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3, help="versions per arm")

@@ -28,7 +28,7 @@ import pickle
 import tempfile
 from pathlib import Path
 
-from astraflow.benchmarks.lib.child import run_child, write_result
+from astraflow.benchmarks.lib.child import child_run, run_child, write_result
 from astraflow.benchmarks.lib.job_runs import ROOT
 from astraflow.benchmarks.lib.memory import PINNED_MALLOC, vm_mb
 from astraflow.benchmarks.lib.results import load_now, write_section
@@ -120,11 +120,8 @@ def print_table(section: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:
-        import sys
-        argv = sys.argv[1:]
-    if "--train-child" in argv:
-        return train_child(argv)
+    if (code := child_run(argv, "--train-child", train_child)) is not None:
+        return code
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=2, help="batches each trainer trains on")

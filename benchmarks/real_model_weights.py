@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from astraflow.benchmarks.lib.child import run_child, write_result
+from astraflow.benchmarks.lib.child import child_run, run_child, write_result
 from astraflow.benchmarks.lib.memory import vm_mb
 from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.benchmarks.lib.stats import fmt_spread, spread
@@ -355,11 +355,8 @@ def print_table(r: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:
-        import sys
-        argv = sys.argv[1:]
-    if "--transfer-child" in argv:
-        return transfer_child(argv)
+    if (code := child_run(argv, "--transfer-child", transfer_child)) is not None:
+        return code
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lrs", default="1e-6,5e-6,2e-5", help="trainer learning rates, comma-separated")
     ap.add_argument("--repeats", type=int, default=3)

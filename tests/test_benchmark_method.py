@@ -453,3 +453,11 @@ def test_a_trainer_metric_is_summed_over_the_windows_steps_by_step_not_by_timest
     assert in_steps(rows, "trainer.train_s", 2, 4) == 3.0 + 4.0  # step 4's value is at ts 40.003 > the mark 40
     assert in_steps(rows, "trainer.wait_s", 2, 4) == 0.0
     assert in_time(rows, "raas.busy_s", 20.0, 40.0) == 2.0  # 25 and 40; 41 is past the window
+
+
+def test_a_benchmark_runs_as_its_own_child_only_when_its_flag_is_given():
+    from astraflow.benchmarks.lib.child import child_run
+    seen = []
+    assert child_run(["--train-child", "--seed", "3"], "--train-child", lambda a: seen.append(a) or 7) == 7
+    assert seen == [["--train-child", "--seed", "3"]]
+    assert child_run(["--seed", "3"], "--train-child", lambda a: seen.append(a) or 7) is None and len(seen) == 1

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 
 def run_child(module: str, argv: list[str], what: str, env: dict[str, str] | None = None) -> dict:
@@ -33,3 +34,10 @@ def write_result(out: Path | None, result: dict) -> None:
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))
+
+
+def child_run(argv: list[str] | None, flag: str, child: Callable[[list[str]], int]) -> int | None:
+    """A benchmark that is also its own child: ``child(args)``'s exit status when ``flag`` is
+    among ``argv`` (``None``: this process's arguments), else ``None`` (the parent goes on)."""
+    args = sys.argv[1:] if argv is None else argv
+    return child(args) if flag in args else None
