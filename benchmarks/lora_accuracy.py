@@ -9,7 +9,8 @@ examples/smollm2_chat_arithmetic.yaml`` (SmolLM2-135M-Instruct, GRPO on chat ari
    ``--sweep-seed`` (its own prompts and held-out problems: none of the measured seeds'); the
    lr whose final held-out accuracy is highest is taken (a tie: the smaller lr). Every sweep
    run is recorded.
-2. **The comparison.** Per seed of ``--seeds``: full fine-tuning at the job's lr and LoRA
+2. **The comparison.** Per seed of ``--seeds``: full fine-tuning at the job's lr (not swept:
+   ``full_lr`` in the JSON) and LoRA
    (``--rank``, alpha 2 x rank, ``--targets``) at the chosen lr, the same seed: the same
    prompts in the same order and the same held-out problems, so the two final accuracies are
    paired over problems. Per arm: each seed's v0 and final accuracy with its standard error over
@@ -37,6 +38,7 @@ from pathlib import Path
 from astraflow.benchmarks.lib.job_runs import ROOT, run_job_cli
 from astraflow.benchmarks.lib.results import load_now, write_section
 from astraflow.benchmarks.lib.table import print_header
+from astraflow.config import load_config
 
 RESULTS = ROOT / "benchmarks" / "results" / "lora.json"
 CONFIG = "examples/smollm2_chat_arithmetic.yaml"
@@ -171,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         dirs = [(run("full", s, []), run(f"lora-r{args.rank}", s, lora_sets(args.rank, lr, targets)))
                 for s in args.seeds]
     section = {"config": args.config, "steps": args.steps, "seeds": args.seeds, "rank": args.rank,
+               "full_lr": load_config(ROOT / args.config).trainer.engine.lr,  # the job's own: not swept
                "alpha": 2.0 * args.rank, "targets": targets,
                "sweep": {"seed": args.sweep_seed, "lrs": args.sweep_lrs, "chosen_lr": lr,
                          "rule": "the highest final held-out accuracy at the sweep seed; a tie: the smaller lr",
