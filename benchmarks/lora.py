@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # -- its results tables: benchmarks/report.py renders every benchmark's from these --------
-from astraflow.benchmarks.report_format import Loader, ReadmeRow, heading, load_note  # noqa: E402 (kept with the tables)
+from astraflow.benchmarks.report_format import Loader, heading, load_note  # noqa: E402 (kept with the tables)
 from astraflow.benchmarks.report_format import fmt_spread as _sp  # noqa: E402
 
 REPORT_TITLE = "LoRA policies on the real model"
@@ -285,26 +285,6 @@ def accuracy_rows(a: dict | None) -> list[str]:
                    f"{_ms(lora[seed]['accuracy_v0'])} | {_ms(lora[seed]['accuracy_final'])} | {_ms(diff, '+.3f')} |")
     m = a["lora_minus_full_over_seeds"]
     return out + ["", f"Over {m['n']} seeds, LoRA − full at the end: {_ms(m, '+.3f')} (SE over seeds).", ""]
-
-
-def readme_row(load: Loader) -> ReadmeRow | None:
-    """The README's line: a rank-8 adapter's bytes per version against the full bf16 snapshot,
-    and, once measured, held-out accuracy after equal versions, LoRA against full fine-tuning."""
-    d = load("lora")
-    if not d or d.get("quick"):
-        return None
-    r8 = next((r for r in d["rows"] if r.get("rank") == 8), None)
-    if r8 is None:
-        return None
-    share = f"{r8['bytes_over_full_snapshot']['median']:.4f}"
-    a = d.get("accuracy")
-    if not a:
-        return ReadmeRow(REPORT_TITLE, f"SmolLM2: a rank-8 LoRA version's bytes / a full bf16 snapshot, median of "
-                                       f"{d['repeats']}", share, "lower")
-    full, lora = (a["arms"][k]["accuracy_final_over_seeds"] for k in ("full", "lora"))
-    return ReadmeRow(REPORT_TITLE, f"SmolLM2: held-out accuracy after {a['steps']} versions, mean ± SE over "
-                                   f"{lora['n']} seeds (a rank-8 LoRA version: {share} of a full bf16 snapshot's bytes)",
-                     f"full fine-tuning {_ms(full)} · LoRA {_ms(lora)}", "higher")
 
 
 def _full_lr(a: dict) -> str:

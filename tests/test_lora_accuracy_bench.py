@@ -73,18 +73,3 @@ def test_the_accuracy_section_renders_under_the_lora_table(tmp_path):
     assert lora.accuracy_rows(None) == []
     section["full_lr"] = 5e-6
     assert "full fine-tuning at the job's lr 5e-06, not swept" in "\n".join(lora.accuracy_rows(section))
-
-
-def test_the_readme_row_gives_both_arms_accuracy_once_measured_and_the_bytes_before(tmp_path):
-    from astraflow.benchmarks import lora
-    full = la.held_out(_run_dir(tmp_path, "f", {1: 0, 2: 0}, {1: 1, 2: 0}))
-    low = la.held_out(_run_dir(tmp_path, "l", {1: 0, 2: 0}, {1: 0, 2: 0}))
-    d = {"repeats": 3, "rows": [{"rank": None, "bytes_over_full_snapshot": {"median": 0.02}},
-                                {"rank": 8, "bytes_over_full_snapshot": {"median": 0.0098}}]}
-    row = lora.readme_row(lambda name: d)
-    assert (row.value, row.better) == ("0.0098", "lower")
-    d["accuracy"] = {"steps": 10, **la.compare([(0, full, low), (1, full, low), (2, full, full)])}
-    row = lora.readme_row(lambda name: d)
-    assert row.better == "higher" and "0.0098 of a full bf16 snapshot" in row.measure
-    assert row.value == "full fine-tuning 0.500 ± 0.000 · LoRA 0.167 ± 0.167"
-    assert lora.readme_row(lambda name: {**d, "quick": True}) is None
