@@ -275,9 +275,9 @@ def accuracy_rows(a: dict | None) -> list[str]:
     sweep = a["sweep"]
     out = [f"Held-out accuracy after {a['steps']} versions, LoRA (rank {a['rank']}) against full fine-tuning — "
            f"`python -m astraflow.benchmarks.lora_accuracy` (LoRA lr {sweep['chosen_lr']:g}, chosen by a sweep of "
-           f"{', '.join(f'{x:g}' for x in sweep['lrs'])} at seed {sweep['seed']}; full fine-tuning at the job's lr{_full_lr(a)}, not swept; "
-           f"mean ± SE over problems per seed, "
-           f"the difference paired over problems{load_note(a)})", "",
+           f"{', '.join(f'{x:g}' for x in sweep['lrs'])} at seed {sweep['seed']}; full fine-tuning at the job's "
+           f"lr{_full_lr(a)}, not swept; mean ± SE over problems per seed, the difference paired over "
+           f"problems{load_note(a)})", "",
            "| seed | full v0 | full final | LoRA v0 | LoRA final | LoRA − full, final |", "|---|---:|---:|---:|---:|---:|"]
     full, lora = a["arms"]["full"]["seeds"], a["arms"]["lora"]["seeds"]
     for seed, diff in a["lora_minus_full"].items():

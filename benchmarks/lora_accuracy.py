@@ -10,8 +10,8 @@ examples/smollm2_chat_arithmetic.yaml`` (SmolLM2-135M-Instruct, GRPO on chat ari
    lr whose final held-out accuracy is highest is taken (a tie: the smaller lr). Every sweep
    run is recorded.
 2. **The comparison.** Per seed of ``--seeds``: full fine-tuning at the job's lr (not swept:
-   ``full_lr`` in the JSON) and LoRA
-   (``--rank``, alpha 2 x rank, ``--targets``) at the chosen lr, the same seed: the same
+   ``full_lr`` in the JSON) and LoRA (``--rank``, alpha 2 x rank, ``--targets``) at the
+   chosen lr, the same seed: the same
    prompts in the same order and the same held-out problems, so the two final accuracies are
    paired over problems. Per arm: each seed's v0 and final accuracy with its standard error over
    problems, and the mean over seeds; per seed, LoRA's final minus full's final with its
