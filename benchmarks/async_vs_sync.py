@@ -92,7 +92,8 @@ def system_run(args, broker, rep: int, mode: str, job: str, what: str, paths: bo
     overrides = {"mode": mode, "trainer.steps": args.steps, "eval.every": 0, "job": f"{job}-{int(time.time())}-{rep}"}
     load = load_now()
     run_dir, cfg = run_job_once(args, broker, rep, overrides, what)
-    out = {**analyse(run_dir, cfg.rollout.nodes), "load_before": load["loadavg"]}
+    out = {**analyse(run_dir, cfg.rollout.nodes), "load_before": load["loadavg"],
+           "trainer_threads": cfg.trainer.engine.threads, "rollout_threads": cfg.rollout.engine.threads}
     if paths:
         out["critical_path"] = summarize(batch_paths(broker.bootstrap_servers, cfg, run_dir))
     return out
@@ -202,7 +203,9 @@ def aggregate_real(reps: list[dict]) -> dict:
         modes[m]["accuracy_initial"] = reps[0][m]["accuracy_initial"]
     ratio = ratio_spread(modes["async"]["s_per_step"], modes["inprocess_all_cores"]["s_per_step"])
     return {"modes": modes, "ratio_to_inprocess_all_cores": ratio, "goal": REAL_MODEL_GOAL,
-            "goal_met": ratio["median"] <= REAL_MODEL_GOAL}
+            "goal_met": ratio["median"] <= REAL_MODEL_GOAL,
+            # the async job's torch threads (the config's): the in-process loop uses every core
+            "async_threads": {k: reps[0]["async"][k] for k in ("trainer_threads", "rollout_threads")}}
 
 
 def print_real(agg: dict) -> None:
@@ -298,7 +301,9 @@ def report_rows(load: Loader) -> list[str]:
     if real:  # the same comparison on the real model (--real-model)
         rm = real["modes"]
         out += ["", f"On the real model (`--real-model`: `{Path(real['config']).name}`, {real['steps']} steps, median "
-                    f"(min–max) of {real['repeats']} repetitions): async {_sp(rm['async']['s_per_step'])} s/step, "
+                    f"(min–max) of {real['repeats']} repetitions): async {_sp(rm['async']['s_per_step'])} s/step"
+                    + (f" (trainer on {real['async_threads']['trainer_threads']} torch thread(s), the RaaS node "
+                       f"on {real['async_threads']['rollout_threads']})" if "async_threads" in real else "") + ", "
                     f"one process on every core {_sp(rm['inprocess_all_cores']['s_per_step'])}; ratio "
                     f"{_sp(real['ratio_to_inprocess_all_cores'])} (goal ≤ {real['goal']}: "
                     f"{'met' if real['goal_met'] else 'not met'})."]

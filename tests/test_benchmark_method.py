@@ -368,7 +368,8 @@ def test_the_real_model_section_pairs_async_with_one_process_on_every_core():
     def mode(s):
         return {"s_per_step": s, "time_to_last_step_s": 10 * s, "accuracy_initial": 0.3, "accuracy_final": 0.4}
 
-    reps = [{"async": mode(a), "inprocess_all_cores": mode(b)} for a, b in ((12.0, 10.0), (11.0, 10.0), (13.0, 10.0))]
+    reps = [{"async": {**mode(a), "trainer_threads": 2, "rollout_threads": 1}, "inprocess_all_cores": mode(b)}
+            for a, b in ((12.0, 10.0), (11.0, 10.0), (13.0, 10.0))]
     agg = async_vs_sync.aggregate_real(reps)
     assert agg["ratio_to_inprocess_all_cores"]["runs"] == pytest.approx([1.2, 1.1, 1.3])
     assert agg["ratio_to_inprocess_all_cores"]["median"] == pytest.approx(1.2) and not agg["goal_met"]
@@ -378,6 +379,7 @@ def test_the_real_model_section_pairs_async_with_one_process_on_every_core():
     data["real_model"] = {"config": "examples/smollm2_chat_arithmetic.yaml", "steps": 10, "repeats": 3, **agg}
     text = "\n".join(async_vs_sync.report_rows(lambda name: data))
     assert "On the real model" in text and "1.20 (1.10–1.30)" in text and "not met" in text
+    assert "trainer on 2 torch thread(s), the RaaS node on 1" in text  # what the async job ran on
 
 
 def test_lora_rows_are_over_the_full_snapshot_of_the_same_repetition_and_judged_on_the_median():

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 BRIEF = {"trainer.steps": 2, "trainer.checkpoint_every": 1, "trainer.snapshot_every": 1,
          "dataflow.groups_per_batch": 2, "rollout.n_samples": 2, "rollout.tasks_per_call": 2,
-         "rollout.max_new_tokens": 6, "rollout.heartbeat_s": 1.0, "eval.problems": 4, "eval.every": 0}
+         "rollout.max_new_tokens": 6, "rollout.heartbeat_s": 1.0, "eval.problems": 4, "eval.every": 0,
+         "trainer.engine.threads": 1}  # the example trains on both cores; here other tests share them
 
 
 @pytest.mark.timeout(900)

@@ -33,7 +33,7 @@ def test_rows_span_versions_and_a_kill_mid_row_loses_nothing(bootstrap, smol_ran
     monkeypatch.setenv(SLOW_TOKENS, "*:0.05")
     # a random-weight model: its rows run to max_new_tokens instead of stopping after a few tokens
     sets = {"job": f"partial-{uuid.uuid4().hex[:8]}", "model.name": None, "model.path": str(smol_random),
-            "trainer.steps": 8, "trainer.checkpoint_every": 2, "trainer.snapshot_every": 4,
+            "trainer.steps": 8, "trainer.engine.threads": 1, "trainer.checkpoint_every": 2, "trainer.snapshot_every": 4,
             "dataflow.groups_per_batch": 2, "rollout.n_samples": 2, "rollout.tasks_per_call": 2,
             "rollout.max_new_tokens": 16, "rollout.heartbeat_s": 1.0, "rollout.partial": True,
             "eval.every": 0, "eval.problems": 4, "run_dir": str(tmp_path / "runs")}
