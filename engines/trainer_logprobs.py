@@ -16,6 +16,7 @@ supplies the pass that keeps a short rank in step.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -44,9 +45,17 @@ def token_logprobs(model, ids: torch.Tensor, mask: torch.Tensor, cfg: TrainerCon
     settings count (``temperature``, ``top_p``, ``top_k``)."""
     # Right padding needs no attention mask: causal attention never looks right, and
     # padded positions are masked out of the loss.
-    logits = model(input_ids=ids).logits[:, :-1]
-    target = ids[:, 1:].unsqueeze(-1)
-    on = mask > 0
+    # Only the columns from the first one any row trains on get logits: a chat prompt (system
+    # message, template, question) is most of a row, and a real vocabulary's logits, their
+    # tempered log-softmax and its gradient are most of a step's memory. Columns before are 0.
+    on_cols = (mask > 0).any(0).nonzero()
+    first = int(on_cols[0]) if len(on_cols) else 0
+    if first and _keeps_logits(model):
+        logits = model(input_ids=ids, logits_to_keep=ids.shape[1] - first).logits[:, :-1]
+    else:
+        logits = model(input_ids=ids).logits[:, first:-1]
+    target = ids[:, first + 1:].unsqueeze(-1)
+    on = mask[:, first:] > 0
     truncated = cfg.top_p < 1.0 or cfg.top_k > 0
     full_all = torch.log_softmax(logits.float() / cfg.temperature, dim=-1) if (truncated or not sampled) else None
     logp = None
@@ -56,13 +65,37 @@ def token_logprobs(model, ids: torch.Tensor, mask: torch.Tensor, cfg: TrainerCon
         # A token outside the trainer's truncated support (a stale sample the current
         # weights would no longer draw) has logp -inf: floor it so its ratio is 0 and
         # no inf * 0 turns a loss into NaN; its gradient is 0 either way.
-        logp = torch.where(on, sampled_all.gather(-1, target).squeeze(-1).clamp(min=LOGP_FLOOR), 0.0)
-    logp_full = torch.where(on, full_all.gather(-1, target).squeeze(-1), 0.0) if full else None
+        logp = _widen(torch.where(on, sampled_all.gather(-1, target).squeeze(-1).clamp(min=LOGP_FLOOR), 0.0), first)
+    logp_full = _widen(torch.where(on, full_all.gather(-1, target).squeeze(-1), 0.0), first) if full else None
     ent = None
     if entropy:
         with torch.no_grad():
-            ent = -(full_all.exp() * full_all).sum(-1)
+            ent = _widen(-(full_all.exp() * full_all).sum(-1), first)
     return logp, logp_full, ent
+
+
+def _widen(values: torch.Tensor, first: int) -> torch.Tensor:
+    """``values`` of the columns from ``first`` on, as the whole [B, L - 1] (0 before)."""
+    return torch.nn.functional.pad(values, (first, 0)) if first else values
+
+
+_KEEPS_LOGITS: dict[type, bool] = {}
+
+
+def _keeps_logits(model) -> bool:
+    """Whether ``model``'s forward takes ``logits_to_keep`` (transformers' causal LMs do: the
+    head then runs on the last positions only). Looks through a DeepSpeed engine (``.module``)
+    and a PEFT wrapper (``get_base_model``), which pass keyword arguments on."""
+    inner = getattr(model, "module", model)
+    base = getattr(inner, "get_base_model", None)
+    inner = base() if callable(base) else inner
+    kind = type(inner)
+    if kind not in _KEEPS_LOGITS:
+        try:
+            _KEEPS_LOGITS[kind] = "logits_to_keep" in inspect.signature(inner.forward).parameters
+        except (TypeError, ValueError):
+            _KEEPS_LOGITS[kind] = False
+    return _KEEPS_LOGITS[kind]
 
 
 @torch.no_grad()
