@@ -158,6 +158,8 @@ class DeepSpeedTrainer(TrainEngine):
 
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
         self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        if cfg.gradient_checkpointing:  # before any wrapper: peft and DeepSpeed forward to these layers
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.lora = cfg.lora  #: the adapter's settings; None: every weight trains
         self._kl = cfg.kl_coef > 0 or cfg.kl_in_reward_coef > 0
         self.ref_model = None

@@ -62,6 +62,21 @@ def test_token_budget_micro_batching_matches_single_batch(tiny_model_path, fixed
         torch.testing.assert_close(w_split[name], t, atol=2e-5, rtol=0)
 
 
+def test_gradient_checkpointing_recomputes_and_trains_to_the_same_weights(tiny_model_path, fixed_batch):
+    """``gradient_checkpointing`` changes where activations come from, not the step: the same batch
+    gives the same loss and the same weights as a trainer that keeps its activations."""
+    kept = make_trainer(tiny_model_path, token_budget=64)
+    m_kept = kept.train_step(fixed_batch)
+    recomputed = make_trainer(tiny_model_path, token_budget=64, gradient_checkpointing=True)
+    assert recomputed.engine.module.is_activation_checkpointing and not kept.engine.module.is_activation_checkpointing
+    m_rec = recomputed.train_step(fixed_batch)
+    assert m_rec["loss"] == pytest.approx(m_kept["loss"], abs=1e-6) and m_rec["grad_norm"] > 0
+    w_kept, w_rec = kept.named_weights(), recomputed.named_weights()
+    for name, t in w_kept.items():
+        torch.testing.assert_close(w_rec[name], t, atol=1e-6, rtol=0)
+    assert m_kept["grad_norm"] == pytest.approx(m_rec["grad_norm"], rel=1e-4)
+
+
 @pytest.mark.parametrize("loss,params,zero", [("grpo", {}, 0), ("decoupled_ppo", {"iw_cap": 2.0}, 1), ("m2po", {"tau": 0.04}, 2)])
 def test_checkpoint_resume_is_bit_identical(tiny_model_path, fixed_batch, tmp_path, loss, params, zero):
     common = dict(loss=loss, loss_params=params, zero_stage=zero, warmup_steps=2, kl_coef=0.01 if loss == "grpo" else 0.0)
