@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", default=",".join(ARMS),
                     help=f"the arms to run, comma-separated, of {', '.join(ARMS)} (async always runs)")
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--keep-run-data", action="store_true",
+                    help="keep each Kafka arm's broker data, checkpoints and exports (removed once the run is "
+                         "analysed: its metrics, summary, traces and logs stay)")
     ap.add_argument("--run-root", default=str(ROOT / "runs" / "bench-multi-policy"))
     ap.add_argument("--emulated", action="store_true",
                     help="Table 2 at the seed's scale on emulated accelerators (multi_policy_emulated.py): "

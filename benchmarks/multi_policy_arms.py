@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from astraflow.benchmarks.lib.child import run_child
+from astraflow.benchmarks.lib.job_runs import prune_run_dir
 from astraflow.benchmarks.lib.results import load_now
 from astraflow.benchmarks.lib.run_metrics import read_rows, trainer_steps
 from astraflow.benchmarks.multi_policy_alone import analyse_alone
@@ -79,6 +80,14 @@ def run_attempts(arm: str, rep: int, run_once) -> dict:
     raise RuntimeError(f"arm {arm} of repetition {rep + 1} failed {ATTEMPTS} times: {failed}")
 
 
+def pruned(result: dict, run_dir: Path, args) -> dict:
+    """``result`` of an analysed run, its run dir's heavy parts removed unless ``--keep-run-data``
+    (a SmolLM2 team's repetition writes ~10 GB)."""
+    if not getattr(args, "keep_run_data", False):
+        result["pruned_bytes"] = prune_run_dir(run_dir)
+    return result
+
+
 def run_team(base: dict, barrier: str, args, rep: int) -> dict:
     from astraflow.config import load_config  # the job machinery (~1 s to import): only when an arm runs
     from astraflow.launcher import run_job
@@ -89,7 +98,8 @@ def run_team(base: dict, barrier: str, args, rep: int) -> dict:
         load = load_now()
         cfg = load_config(path)
         run_job(cfg, run_dir=run_dir, progress=False, timeout_s=args.run_timeout)
-        return with_trained_groups({**analyse_team(run_dir), "load_before": load["loadavg"]}, cfg)
+        result = with_trained_groups({**analyse_team(run_dir), "load_before": load["loadavg"]}, cfg)
+        return pruned(result, run_dir, args)
     return run_attempts(barrier, rep, once)
 
 
@@ -118,8 +128,9 @@ def run_solver_alone(base: dict, args, rep: int, seconds: float, tokens: float |
             stopped = True
         if not trainer_steps(read_rows(run_dir)):
             raise NoSteps(f"{run_dir}: no step trained in {limit_s:.0f} s")
-        return {**analyse_alone(run_dir, path, args.alone_eval, seconds, tokens), "stopped_at_timeout": stopped,
-                "load_before": load["loadavg"]}
+        result = {**analyse_alone(run_dir, path, args.alone_eval, seconds, tokens), "stopped_at_timeout": stopped,
+                  "load_before": load["loadavg"]}
+        return pruned(result, run_dir, args)
     return run_attempts("alone", rep, once)
 
 

@@ -454,3 +454,30 @@ def test_the_team_against_the_solver_alone_is_a_section_of_the_one_results_file(
     other = tmp_path / "elsewhere.json"  # --out elsewhere: the whole result, as before
     mp.save(other, ["async", "alone"], {"benchmark": "multi_policy", "team_accuracy": {"median": 0.4}}, None)
     assert json.loads(other.read_text())["team_accuracy"] == {"median": 0.4}
+
+
+def test_an_analysed_runs_heavy_parts_are_removed_and_what_reanalysis_reads_stays(tmp_path):
+    """A SmolLM2 team's repetition writes ~10 GB (weights topics, checkpoints, exports): three
+    filled this machine's disk before the last arm. Each analysed arm's run dir keeps its metrics,
+    summary, traces and logs; ``--keep-run-data`` keeps everything."""
+    import argparse
+
+    def run_dir(name: str) -> Path:
+        d = tmp_path / name
+        for part, size in (("kafka/meta/af.j.weights.solver-0/00.log", 3000), ("kafka/server.log", 10),
+                           ("checkpoints/solver/step-10/optim.pt", 2000), ("hf/solver/v10/model.safetensors", 500),
+                           ("metrics.jsonl", 5), ("summary.json", 5), ("traces/raas-0.jsonl", 5),
+                           ("logs/trainer.log", 5)):
+            (d / part).parent.mkdir(parents=True, exist_ok=True)
+            (d / part).write_bytes(b"x" * size)
+        return d
+
+    d = run_dir("pruned")
+    out = mp_arms.pruned({"s_per_iter": 1.0}, d, argparse.Namespace(keep_run_data=False))
+    assert out == {"s_per_iter": 1.0, "pruned_bytes": 5500}
+    assert not (d / "kafka" / "meta").exists() and not (d / "checkpoints").exists() and not (d / "hf").exists()
+    kept = sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())
+    assert kept == ["kafka/server.log", "logs/trainer.log", "metrics.jsonl", "summary.json", "traces/raas-0.jsonl"]
+    d = run_dir("kept")
+    assert mp_arms.pruned({}, d, argparse.Namespace(keep_run_data=True)) == {}
+    assert (d / "kafka" / "meta").is_dir() and (d / "checkpoints").is_dir() and (d / "hf").is_dir()

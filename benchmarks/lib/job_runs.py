@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from .results import ROOT, load_now
 
-__all__ = ["LOAD_FILE", "ROOT", "add_run_flags", "run_job_cli", "run_load", "run_or_collect"]
+__all__ = ["HEAVY", "LOAD_FILE", "ROOT", "add_run_flags", "prune_run_dir", "run_job_cli", "run_load", "run_or_collect"]
 
 LOAD_FILE = "bench_load.json"  #: what a benchmark adds to a run dir it made: the load around the run
 
@@ -35,6 +36,30 @@ def run_job_cli(cfg: str, run_dir: Path, seed: int, sets: list[str]) -> int:
                                                  "exit_code": proc.returncode,
                                                  "elapsed_s": round(time.time() - started, 1)}, indent=2))
     return proc.returncode
+
+
+#: what a finished run dir holds that a benchmark does not read once it has analysed the run: the
+#: embedded broker's topic data (a SmolLM2 team's weights topics: ~4 GB a run), the trainers'
+#: checkpoints (optimizer states included) and the exported versions
+HEAVY = ("kafka/meta", "checkpoints", "hf")
+
+
+def prune_run_dir(run_dir: Path) -> int:
+    """Remove ``run_dir``'s :data:`HEAVY` parts; the bytes freed. Its metrics, summary, traces and
+    logs (the broker's too) stay: what a benchmark's ``--reanalyse`` reads. For benchmarks that
+    repeat long jobs, whose run dirs would otherwise fill the disk before the last repetition."""
+    freed = 0
+    for part in HEAVY:
+        path = Path(run_dir) / part
+        if not path.exists():
+            continue
+        files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
+        freed += sum(f.stat().st_size for f in files if not f.is_symlink())
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return freed
 
 
 def run_load(run_dir: Path) -> dict:
