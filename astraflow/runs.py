@@ -19,7 +19,7 @@ from pathlib import Path
 
 from astraflow.errors import FatalError
 
-__all__ = ["PruneError", "RunDir", "find_runs", "parse_age", "prune"]
+__all__ = ["PruneError", "RunDir", "find_runs", "parse_age", "prune", "remove_trees"]
 
 _AGE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
@@ -59,6 +59,18 @@ def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) if path.exists() else 0
 
 
+def remove_trees(paths, dry_run: bool = False) -> list[tuple[Path, int]]:
+    """Remove (or, ``dry_run``, list) each of ``paths`` that exists, a directory and all it holds;
+    returns ``(path, bytes)`` for each."""
+    removed = []
+    for t in paths:
+        if t.exists():
+            removed.append((t, _size(t)))
+            if not dry_run:
+                shutil.rmtree(t)
+    return removed
+
+
 def prune(root: Path, *, keep: int | None = None, older_than_s: float | None = None, kafka_only: bool = False,
           dry_run: bool = False, now: float | None = None) -> list[tuple[Path, int]]:
     """Remove (or, ``dry_run``, list) what the policy selects; returns ``(path removed, bytes)``."""
@@ -78,10 +90,5 @@ def prune(root: Path, *, keep: int | None = None, older_than_s: float | None = N
         log = kafka_dir(r.path)
         if log is not None and _in_use(log):
             continue  # its broker is running: a live run, not ours to prune
-        targets = [r.path / name for name in HEAVY] if kafka_only else [r.path]
-        for t in targets:
-            if t.exists():
-                removed.append((t, _size(t)))
-                if not dry_run:
-                    shutil.rmtree(t)
+        removed += remove_trees([r.path / name for name in HEAVY] if kafka_only else [r.path], dry_run)
     return removed

@@ -83,7 +83,7 @@ def run_attempts(arm: str, rep: int, run_once) -> dict:
 def pruned(result: dict, run_dir: Path, args) -> dict:
     """``result`` of an analysed run, its run dir's heavy parts removed unless ``--keep-run-data``
     (a SmolLM2 team's repetition writes ~10 GB)."""
-    if not getattr(args, "keep_run_data", False):
+    if not args.keep_run_data:
         result["pruned_bytes"] = prune_run_dir(run_dir)
     return result
 

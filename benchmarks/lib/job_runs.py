@@ -11,11 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from astraflow.runs import remove_trees
 
 from .results import ROOT, load_now
 
@@ -48,18 +49,7 @@ def prune_run_dir(run_dir: Path) -> int:
     """Remove ``run_dir``'s :data:`HEAVY` parts; the bytes freed. Its metrics, summary, traces and
     logs (the broker's too) stay: what a benchmark's ``--reanalyse`` reads. For benchmarks that
     repeat long jobs, whose run dirs would otherwise fill the disk before the last repetition."""
-    freed = 0
-    for part in HEAVY:
-        path = Path(run_dir) / part
-        if not path.exists():
-            continue
-        files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
-        freed += sum(f.stat().st_size for f in files if not f.is_symlink())
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-    return freed
+    return sum(size for _, size in remove_trees([Path(run_dir) / part for part in HEAVY]))
 
 
 def run_load(run_dir: Path) -> dict:
