@@ -143,14 +143,15 @@ class ExclusiveClaim:
                 break
             self._outcome.clear()
             # A join without the partition: another member holds it, or the assignment was made
-            # before the claim topic's metadata was known (a rejoin follows): ask the coordinator.
-            holders = [h for h in self.holders() if h.holds]
+            # before the claim topic's metadata was known (a rejoin follows): ask the coordinator
+            # (which reports assignments only once the group is stable again: ask for a while).
+            holders = [h for h in self._settled_holders(min(3.0, max(0.0, deadline - time.monotonic()))) if h.holds]
             if holders:
                 break
         self.release()
         if self._error is not None:
             raise TopicsError(f"claim {self.group} on {self.bootstrap}: {self._error}") from self._error
-        holders = holders or [h for h in self.holders() if h.holds]
+        holders = holders or self._settled_holders(5.0)  # this claimant has left the group now
         who = "; ".join(h.describe() for h in holders) or "another member (the group was rebalancing)"
         raise ClaimRefused(f"{self.name} already runs: {who} holds claim {self.group!r} on {self.bootstrap}; stop "
                            f"it first (a holder that died releases it within {self.session_timeout_ms / 1000:.0f} s)",
@@ -214,6 +215,18 @@ class ExclusiveClaim:
             holds = any(a.get("topic") == CLAIM_TOPIC and 0 in (a.get("partitions") or ()) for a in assigned)
             out.append(ClaimHolder(str(m.get("client_id")), str(m.get("client_host", "?")).lstrip("/"), holds))
         return out
+
+    def _settled_holders(self, settle_s: float) -> list[ClaimHolder]:
+        """The member holding the claim, asked for up to ``settle_s``: while the group rebalances
+        (a member joined or left) the coordinator reports members without their assignments. If
+        none is seen holding it by then, every member as it is (the holder is among them)."""
+        deadline = time.monotonic() + settle_s
+        while True:
+            members = self.holders()
+            holding = [h for h in members if h.holds]
+            if holding or time.monotonic() >= deadline:
+                return holding or members
+            time.sleep(0.5)
 
     def release(self) -> None:
         """Leave the group (the claim passes to the next claimant at once)."""

@@ -4,6 +4,7 @@ holder is SIGKILLed (its membership lapses after the session timeout)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import select
 import signal
@@ -35,6 +36,11 @@ def test_a_second_claimant_is_refused_with_the_holders_identity_until_the_holder
             ExclusiveClaim(bootstrap, group, "astraflow mirror eu", session_timeout_ms=6000).acquire()
         assert f"pid {os.getpid()} on host" in str(e.value) and "astraflow mirror eu already runs" in str(e.value)
         assert [h.client_id for h in e.value.holders] == [first.client_id]
+        # while the group rebalances (a member joined or left) the coordinator reports members
+        # without assignments; a claimant refused then still names the holder (as a member)
+        with pytest.raises(ClaimRefused) as e:
+            _Rebalancing(bootstrap, group, "astraflow mirror eu", session_timeout_ms=6000, wait_s=4).acquire()
+        assert f"pid {os.getpid()} on host" in str(e.value), str(e.value)
         time.sleep(2)
         assert first.held and not first.lost.is_set()  # the refused claimant took nothing from it
     finally:
@@ -94,6 +100,13 @@ def test_a_holder_paused_past_its_session_loses_the_claim_to_the_next_and_is_tol
             os.kill(proc.pid, signal.SIGCONT)
             proc.kill()
             proc.wait()
+
+
+class _Rebalancing(ExclusiveClaim):
+    """A claimant that sees the group as a rebalancing coordinator reports it: every member, no assignment."""
+
+    def holders(self):
+        return [dataclasses.replace(h, holds=False) for h in super().holders()]
 
 
 class _FlakyPoll(ExclusiveClaim):
