@@ -146,19 +146,34 @@ def test_records_of_a_lost_membership_are_handed_out_again_when_the_member_keeps
         before = a.group_metadata().generation_id
         assert before >= 0
         a.raw._coordinator.request_rejoin()  # a new generation; a keeps partition 0 and its position
-        got, gen = [], None
-        for _ in range(60):
+        # got: what the current generation handed out (an older one's records are void: the list
+        # starts over); since: everything handed out after the rejoin was asked for (a record
+        # buffered before the rejoin completed may come under the old generation)
+        got, since, gen, committed = [], [], None, False
+        for _ in range(100):
             records = a.poll(300)
             now = a.group_metadata().generation_id
-            if now != gen:  # records of an older generation are void: the list starts over
+            if now != gen:
                 got, gen = [], now
             got.extend(d.message.prompt_id for d in records)
-            if now > before and a.seconds_outside_group() == 0.0 and len(got) >= (3 if redo else 2):
-                break
+            since.extend(d.message.prompt_id for d in records)
+            if now > before and a.seconds_outside_group() == 0.0 and len(got if redo else since) >= (3 if redo else 2):
+                assert tp in a.assignment()  # a kept the partition of t0
+                try:
+                    a.commit()
+                    committed = True
+                    break
+                except StaleMembershipError:
+                    # a further rebalance this test did not ask for (seen in CI: the client's event
+                    # loop stalled for seconds on a loaded box): what this generation handed out is
+                    # void. With redo it comes again in the next one (and the list starts over);
+                    # without, what was skipped has been seen already.
+                    if not redo:
+                        break
+                    got, gen = [], None
         assert a.group_metadata().generation_id > before, "the member never rejoined"
-        assert tp in a.assignment()  # a kept the partition of t0
-        a.commit()
-        return got, a
+        assert committed or not redo, f"never committed; handed out last: {got}"
+        return (got if redo else since), a
 
     got, a = rebalanced_once_more(redo=True)
     assert got[:1] == ["t0"] and a.redone >= 1, f"the task of the lost membership was skipped: {got}"
