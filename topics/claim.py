@@ -146,6 +146,8 @@ class ExclusiveClaim:
             # before the claim topic's metadata was known (a rejoin follows): ask the coordinator
             # (which reports assignments only once the group is stable again: ask for a while).
             holders = [h for h in self._settled_holders(min(3.0, max(0.0, deadline - time.monotonic()))) if h.holds]
+            if self.held:  # the rejoin that followed gave this claimant the partition while it asked
+                return self
             if holders:
                 break
         self.release()
