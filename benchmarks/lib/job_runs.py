@@ -20,7 +20,7 @@ from astraflow.runs import remove_trees
 
 from .results import ROOT, load_now
 
-__all__ = ["HEAVY", "LOAD_FILE", "ROOT", "add_run_flags", "prune_run_dir", "run_job_cli", "run_load", "run_or_collect"]
+__all__ = ["LOAD_FILE", "ROOT", "add_run_flags", "PRUNED", "prune_run_dir", "run_job_cli", "run_load", "run_or_collect"]
 
 LOAD_FILE = "bench_load.json"  #: what a benchmark adds to a run dir it made: the load around the run
 
@@ -41,15 +41,16 @@ def run_job_cli(cfg: str, run_dir: Path, seed: int, sets: list[str]) -> int:
 
 #: what a finished run dir holds that a benchmark does not read once it has analysed the run: the
 #: embedded broker's topic data (a SmolLM2 team's weights topics: ~4 GB a run), the trainers'
-#: checkpoints (optimizer states included) and the exported versions
-HEAVY = ("kafka/meta", "checkpoints", "hf")
+#: checkpoints (optimizer states included) and the exported versions. Not ``astraflow.runs.HEAVY``
+#: (what ``runs prune --kafka-only`` removes): the broker's log stays here and the exports go.
+PRUNED = ("kafka/meta", "checkpoints", "hf")
 
 
 def prune_run_dir(run_dir: Path) -> int:
-    """Remove ``run_dir``'s :data:`HEAVY` parts; the bytes freed. Its metrics, summary, traces and
+    """Remove ``run_dir``'s :data:`PRUNED` parts; the bytes freed. Its metrics, summary, traces and
     logs (the broker's too) stay: what a benchmark's ``--reanalyse`` reads. For benchmarks that
     repeat long jobs, whose run dirs would otherwise fill the disk before the last repetition."""
-    return sum(size for _, size in remove_trees([Path(run_dir) / part for part in HEAVY]))
+    return sum(size for _, size in remove_trees([Path(run_dir) / part for part in PRUNED]))
 
 
 def run_load(run_dir: Path) -> dict:
