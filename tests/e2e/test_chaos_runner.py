@@ -25,11 +25,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "chaos" / "scenarios"
 
 
-@pytest.mark.core
+# Slow tier (`make test-all`): 144-156 s, which brought `make test` to its 15-minute budget on CI.
+# `make test` keeps a SIGKILLed component (tests/e2e/test_multi_policy.py's pool), the
+# redelivery tests of tests/topics/ and this runner's failing arm (the rogue batch below).
 @pytest.mark.timeout(1500)
 def test_every_fault_kind_in_one_job_loses_nothing(tmp_path):
-    """What `make test` runs of chaos: a RaaS node, the trainer and the dataflow SIGKILLed and
-    restarted, then the broker coordinating the RaaS nodes' group lost for good (3 nodes)."""
+    """A RaaS node, the trainer and the dataflow SIGKILLed and restarted, then the broker
+    coordinating the RaaS nodes' group lost for good (3 nodes), in one job."""
     report = run_scenario(SCENARIOS / "every_kind.yaml", run_dir=tmp_path / "run", progress=False)
     assert report["ok"], (report["error"], report["audit"]["violations"], report["weights"])
     assert not report["faults_not_injected"] and report["faults_injected"] == 4
