@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from astraflow.benchmarks import (async_vs_sync, async_vs_sync_emulated, async_vs_sync_partial, cross_region,
+from astraflow.benchmarks import (async_vs_sync, async_vs_sync_emulated, async_vs_sync_partial, broker_jit, cross_region,
                                   cross_region_lora, delta_sparsity, demo_run, lora,
                                   elastic_emulated, elastic_slurm, emulated_scale, engine_throughput, multi_policy,
                                   multi_policy_emulated, multi_turn, off_policy, publish_dtype, real_model_runs, real_model_weights,
@@ -26,7 +26,7 @@ from astraflow.benchmarks.lib.results import RESULTS_DIR
 #: every benchmark with a results table, in the order docs/benchmarks.md shows them (every entry
 #: must render a section)
 BENCHMARKS = (demo_run, real_model_runs, real_model_weights, lora, off_policy, async_vs_sync, async_vs_sync_emulated,
-              async_vs_sync_partial, publish_dtype,
+              async_vs_sync_partial, publish_dtype, broker_jit,
               delta_sparsity, multi_policy,
               multi_policy_emulated, emulated_scale, elastic_emulated, elastic_slurm, multi_turn, cross_region, cross_region_lora,
               topics_throughput,

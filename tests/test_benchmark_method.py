@@ -231,6 +231,30 @@ def test_publish_dtype_pairs_the_dtypes_by_repetition_and_takes_the_gap_from_the
     assert publish_dtype.aggregate(reps)["bf16_over_fp32_logp_gap"] is None
 
 
+def test_broker_jit_counts_each_component_inside_the_window_and_pairs_the_arms():
+    from astraflow.benchmarks import broker_jit
+
+    assert broker_jit.component(["java", "-Xmx1g", "-cp", "x", "kafka.Kafka", "p"], root=False) == "broker"
+    assert broker_jit.component(["python", "-m", "astraflow", "node", "--role", "raas"], root=False) == "raas"
+    assert broker_jit.component(["python", "-c", "x"], root=False) is None
+    sampler = broker_jit.CpuSampler.__new__(broker_jit.CpuSampler)  # its samples, without a process to watch
+    sampler.samples = [(10.0, {"broker": 5.0, "trainer": 1.0}), (11.0, {"broker": 6.0, "trainer": 2.0}),
+                       (13.0, {"broker": 6.5, "trainer": 4.0, "raas": 1.0})]
+    # from the last sample at or before the window's start to the last one at or before its end
+    assert broker_jit.window_cpu(sampler, 10.5, 13.2, 2) == {"broker": 0.75, "trainer": 1.5, "raas": 0.5}
+    assert broker_jit.window_cpu(sampler, 9.0, 10.9, 1) == {"broker": 0.0, "trainer": 0.0}
+
+    def run(x):
+        return {"wall_s": 100 * x, "s_per_step": x, "cpu_per_step": 2 * x, "broker_cpu_per_step": x / 4,
+                "broker_cpu_run_s": 30 * x, "load_before": [x, 1.0, 1.0]}
+
+    reps = [{"c1": run(0.4 + i / 10), "tiered": run(0.5 + i / 10)} for i in range(3)]
+    agg = broker_jit.aggregate(reps)
+    assert agg["c1_over_tiered"]["s_per_step"]["runs"] == pytest.approx([0.4 / 0.5, 0.5 / 0.6, 0.6 / 0.7])
+    assert agg["arms"]["tiered"]["broker_cpu_run_s"]["median"] == pytest.approx(18.0)
+    assert agg["load_1m_at_run_start"]["n"] == 6
+
+
 def test_committed_results_have_the_issues_fields_and_render_with_spread():
     """The tables of docs/benchmarks.md come from these files: each must carry the required numbers,
     its load, and render as median (min–max)."""

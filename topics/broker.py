@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -70,6 +71,20 @@ BASE_PROPERTIES: dict[str, str] = {
 #: broker in all, 0.06–0.09 with these regions). 16 MiB regions keep records up to
 #: ``message.max.bytes`` (4 MiB) well below the humongous threshold (8 MiB).
 GC_OPTIONS = ("-XX:+UseG1GC", "-XX:G1HeapRegionSize=16m")
+
+#: The broker JVM's just-in-time compilers: C1 only. An embedded broker lives as long as one
+#: run (the demo, a test, a benchmark), and with tiered compilation C2 kept recompiling the
+#: broker's hot paths through the whole of a 150-step demo run: its compiler thread took
+#: ~0.1 CPU s per trained step (JFR: 0.23 cores of the broker's 0.45 forty seconds in), on
+#: a machine whose two cores the job's own processes need. C1's code is a little slower at
+#: the broker's light load, and done compiling within seconds: the broker's CPU in the
+#: steady steps of such a run fell from 0.19-0.22 to 0.11 s per step
+#: (docs/benchmarks.md, "The embedded broker's JIT").
+JIT_OPTIONS = ("-XX:TieredStopAtLevel=1",)
+
+#: Further options for an embedded broker's JVM, after the ones above (a later ``-XX`` flag
+#: wins: ``-XX:TieredStopAtLevel=4`` brings C2 back, as ``benchmarks/broker_jit.py`` does).
+JVM_OPTS_ENV = "ASTRAFLOW_BROKER_JVM_OPTS"
 
 
 def free_port() -> int:
@@ -250,7 +265,8 @@ class EmbeddedBroker:
         props = self._write_config()
         log4j = self._write_log4j()
         jvm = [f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={self.conf_dir}",
-               "-Xms256m", *GC_OPTIONS, "-Djava.awt.headless=true"]
+               "-Xms256m", *GC_OPTIONS, *JIT_OPTIONS, "-Djava.awt.headless=true",
+               *shlex.split(os.environ.get(JVM_OPTS_ENV, ""))]
         try:
             if not (self.data_dir / "meta" / "meta.properties").exists():
                 self._format(props, jvm)

@@ -1,4 +1,5 @@
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -103,6 +104,16 @@ def test_weight_chunks_are_not_humongous_objects_in_the_brokers_heap(kafka_broke
     log = kafka_broker.gc_log_path.read_text()
     assert "Heap Region Size: 16M" in log, log[:2000]
     assert humongous_starts() == before
+
+
+def test_the_brokers_jvm_compiles_with_c1_only(kafka_broker):
+    """C2 recompiling the broker's hot paths took ~0.1 CPU s per trained step of a demo run:
+    the embedded broker's JVM runs C1 alone (HotSpot names its compiler threads by compiler)."""
+    if kafka_broker is None:
+        pytest.skip("an external broker (ASTRAFLOW_TEST_BOOTSTRAP): its JVM is not ours")
+    names = [(t / "comm").read_text().strip() for t in Path(f"/proc/{kafka_broker.pid}/task").iterdir()]
+    compilers = sorted(n for n in names if "CompilerThre" in n)
+    assert compilers and all(n.startswith("C1 ") for n in compilers), compilers
 
 
 def test_a_jar_cache_from_an_older_pom_is_topped_up_in_place(tmp_path, monkeypatch):
