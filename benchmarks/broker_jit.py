@@ -61,7 +61,8 @@ def component(cmdline: list[str], root: bool) -> str | None:
 
 class CpuSampler:
     """Every ``period`` s, the CPU seconds so far of each process under ``pid``, by component
-    (a process's last reading is kept after it exits)."""
+    (a process's last reading is kept after it exits; CPU a process used before it was first
+    seen as what it is counts from then, so a window starts well after start-up)."""
 
     def __init__(self, pid: int, period: float = 0.25) -> None:
         self.root, self.period = psutil.Process(pid), period
@@ -84,7 +85,8 @@ class CpuSampler:
         except psutil.Error:
             procs = []
         for p in procs:
-            if p.pid not in self._procs:
+            if self._procs.get(p.pid, (None, None))[1] is None:
+                # (asked again until known: a child seen between fork and exec still has its parent's argv)
                 try:
                     self._procs[p.pid] = (p, component(p.cmdline(), p.pid == self.root.pid))
                 except psutil.Error:

@@ -73,13 +73,11 @@ BASE_PROPERTIES: dict[str, str] = {
 GC_OPTIONS = ("-XX:+UseG1GC", "-XX:G1HeapRegionSize=16m")
 
 #: The broker JVM's just-in-time compilers: C1 only. An embedded broker lives as long as one
-#: run (the demo, a test, a benchmark), and with tiered compilation C2 kept recompiling the
-#: broker's hot paths through the whole of a 150-step demo run: its compiler thread took
-#: ~0.1 CPU s per trained step (JFR: 0.23 cores of the broker's 0.45 forty seconds in), on
-#: a machine whose two cores the job's own processes need. C1's code is a little slower at
-#: the broker's light load, and done compiling within seconds: the broker's CPU in the
-#: steady steps of such a run fell from 0.19-0.22 to 0.11 s per step
-#: (docs/benchmarks.md, "The embedded broker's JIT").
+#: run (the demo, a test, a benchmark); with tiered compilation C2 recompiled the broker's hot
+#: paths for minutes of a demo run (JFR forty seconds in: half of the broker's 0.45 cores), on
+#: the two cores the job's own processes need. C1's code is done within seconds and a little
+#: slower at the broker's light load: ``benchmarks/broker_jit.py`` measures both (the broker's
+#: CPU per trained step lower in every pair; the run's s/step unchanged within the box's noise).
 JIT_OPTIONS = ("-XX:TieredStopAtLevel=1",)
 
 #: Further options for an embedded broker's JVM, after the ones above (a later ``-XX`` flag
