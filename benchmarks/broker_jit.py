@@ -23,7 +23,6 @@ a repetition. Prints one table; writes ``benchmarks/results/broker_jit.json``.
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import os
 import subprocess
@@ -34,7 +33,7 @@ from pathlib import Path
 
 import psutil
 
-from astraflow.benchmarks.job_bench import check_repetitions
+from astraflow.benchmarks.job_bench import job_arguments
 from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread
 from astraflow.benchmarks.lib.steady import steady_steps
@@ -171,15 +170,8 @@ def print_table(agg: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default=str(ROOT / "examples" / "arithmetic_grpo.yaml"))
-    ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="6 steps, 1 repetition (a smoke run, not a result)")
-    ap.add_argument("--out", default=str(RESULTS))
-    ap.add_argument("--run-root", default=str(ROOT / "runs" / "bench"))
-    args = ap.parse_args(argv)
-    check_repetitions(ap, args, quick_steps=6)
+    # 150 steps: long enough for C2's compiling to show, as a demo run's first minutes do
+    args = job_arguments(__doc__.splitlines()[0], RESULTS, argv, lambda ap: ap.set_defaults(steps=150))
     load_before = load_now()
     reps = [one_repetition(args, rep) for rep in range(args.repeats)]
     for r in reps:
