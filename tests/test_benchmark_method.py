@@ -255,6 +255,22 @@ def test_broker_jit_counts_each_component_inside_the_window_and_pairs_the_arms()
     assert agg["load_1m_at_run_start"]["n"] == 6
 
 
+def test_broker_jit_knows_a_child_once_it_has_exec_d():
+    """A child seen between fork and exec still carries its parent's argv: the sampler asks again
+    until it is what it runs (one broker went uncounted when the first answer was kept)."""
+    from astraflow.benchmarks import broker_jit
+
+    child = "sleep 0.6; exec " + sys.executable + " -c 'import time; time.sleep(1.5)' --role raas"
+    proc = subprocess.Popen(["sh", "-c", f"({child}) & wait"])  # the subshell: forked, exec'd 0.6 s later
+    sampler = broker_jit.CpuSampler(proc.pid, period=0.1)
+    try:
+        proc.wait(timeout=30)
+    finally:
+        sampler.stop()
+    seen = [s[1] for s in sampler.samples]
+    assert "raas" not in seen[0] and "raas" in seen[-1], seen
+
+
 def test_committed_results_have_the_issues_fields_and_render_with_spread():
     """The tables of docs/benchmarks.md come from these files: each must carry the required numbers,
     its load, and render as median (min–max)."""
