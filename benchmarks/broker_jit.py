@@ -38,6 +38,7 @@ from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread
 from astraflow.benchmarks.lib.steady import steady_steps
 from astraflow.benchmarks.lib.table import print_header
+from astraflow.runs import remove_trees
 from astraflow.topics.broker import JVM_OPTS_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,6 +141,7 @@ def run_once(args, rep: int, arm: str) -> dict:
         raise RuntimeError(f"astraflow run ({arm}) exited {proc.returncode}: {err.strip()[-2000:]}")
     _, step_ts, first, last = steady_steps(run_dir)
     per_step = window_cpu(sampler, step_ts[first], step_ts[last], last - first)
+    remove_trees([run_dir])  # read: the next run needs the disk (a failed run's dir is kept, above)
     return {"wall_s": wall, "s_per_step": (step_ts[last] - step_ts[first]) / (last - first),
             "cpu_per_step": sum(per_step.values()), "broker_cpu_per_step": per_step.get("broker", 0.0),
             "cpu_per_step_by_component": per_step, "broker_cpu_run_s": sampler.samples[-1][1].get("broker", 0.0),
@@ -174,9 +176,6 @@ def main(argv: list[str] | None = None) -> int:
     args = job_arguments(__doc__.splitlines()[0], RESULTS, argv, lambda ap: ap.set_defaults(steps=150))
     load_before = load_now()
     reps = [one_repetition(args, rep) for rep in range(args.repeats)]
-    for r in reps:
-        for arm in ARMS:
-            subprocess.run(["rm", "-rf", r[arm]["run_dir"]], check=False)
     agg = aggregate(reps)
     print_table(agg)
     write_results(args.out, {"benchmark": "broker_jit", "steps": args.steps, "repeats": args.repeats,

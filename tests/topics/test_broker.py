@@ -107,8 +107,9 @@ def test_weight_chunks_are_not_humongous_objects_in_the_brokers_heap(kafka_broke
 
 
 def test_the_brokers_jvm_compiles_with_c1_only(kafka_broker):
-    """C2 recompiling the broker's hot paths took ~0.1 CPU s per trained step of a demo run:
-    the embedded broker's JVM runs C1 alone (HotSpot names its compiler threads by compiler)."""
+    """C2 recompiling the broker's hot paths took half of the broker's CPU forty seconds into a
+    demo run: the embedded broker's JVM runs C1 alone (HotSpot names its compiler threads by
+    compiler)."""
     if kafka_broker is None:
         pytest.skip("an external broker (ASTRAFLOW_TEST_BOOTSTRAP): its JVM is not ours")
     names = [(t / "comm").read_text().strip() for t in Path(f"/proc/{kafka_broker.pid}/task").iterdir()]
