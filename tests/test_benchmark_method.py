@@ -207,6 +207,8 @@ def test_async_vs_sync_measures_every_mode_against_r_and_t_alone():
     assert agg["ratio_to_inprocess"]["median"] == pytest.approx(0.5 / 0.6)
     assert agg["inprocess_s_per_step"]["median"] == pytest.approx(0.6)
     assert agg["speedup_async_over_sync"]["median"] == pytest.approx(0.8 / 0.5)
+    assert agg["ratio_to_inprocess_all_cores"]["median"] == pytest.approx(0.5 / 0.4)
+    assert agg["inprocess_thread_scaling"]["median"] == pytest.approx(0.6 / 0.4)  # 1 thread over every core
     assert agg["modes"]["inprocess_all_cores"]["threads"] == 2 and agg["R_alone_s"]["n"] == 3
     assert (agg["load_1m_at_run_start"]["min"], agg["load_1m_at_run_start"]["max"]) == (1.0, 2.0)
     path = agg["modes"]["async"]["critical_path"]
