@@ -33,8 +33,8 @@ from pathlib import Path
 
 import psutil
 
-from astraflow.benchmarks.job_bench import job_arguments
-from astraflow.benchmarks.lib.results import load_now, write_results
+from astraflow.benchmarks.job_bench import job_arguments, run_repetitions
+from astraflow.benchmarks.lib.results import load_now
 from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread
 from astraflow.benchmarks.lib.steady import steady_steps
 from astraflow.benchmarks.lib.table import print_header
@@ -148,7 +148,7 @@ def run_once(args, rep: int, arm: str) -> dict:
             "load_before": load["loadavg"], "run_dir": str(run_dir)}
 
 
-def one_repetition(args, rep: int) -> dict:
+def one_repetition(args, _broker: None, rep: int) -> dict:
     order = list(ARMS) if rep % 2 == 0 else list(ARMS)[::-1]  # neither arm always runs on a warmer box
     return {arm: run_once(args, rep, arm) for arm in order}
 
@@ -174,13 +174,8 @@ def print_table(agg: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     # 150 steps: long enough for C2's compiling to show, as a demo run's first minutes do
     args = job_arguments(__doc__.splitlines()[0], RESULTS, argv, lambda ap: ap.set_defaults(steps=150))
-    load_before = load_now()
-    reps = [one_repetition(args, rep) for rep in range(args.repeats)]
-    agg = aggregate(reps)
-    print_table(agg)
-    write_results(args.out, {"benchmark": "broker_jit", "steps": args.steps, "repeats": args.repeats,
-                             "config": args.config, "quick": args.quick, **agg, "repetitions": reps}, load_before)
-    return 0
+    # no shared broker: each run is an `astraflow run` with its own, the broker under test
+    return run_repetitions("broker_jit", args, one_repetition, aggregate, print_table, shared_broker=False)
 
 
 # -- its results tables: benchmarks/report.py renders every benchmark's from these --------

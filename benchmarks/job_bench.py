@@ -1,12 +1,13 @@
 """What the benchmarks that run the demo job several times share: their command line and
 their run loop (repetitions on one embedded broker, one table, one JSON).
 
-Used by ``async_vs_sync.py``, ``publish_dtype.py`` and ``delta_sparsity.py``.
+Used by ``async_vs_sync.py``, ``publish_dtype.py``, ``delta_sparsity.py`` and ``broker_jit.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -48,12 +49,14 @@ def check_repetitions(ap: argparse.ArgumentParser, args: argparse.Namespace, qui
 
 def run_repetitions(name: str, args: argparse.Namespace, one_repetition: Callable[..., dict],
                     aggregate: Callable[[list[dict]], dict], print_table: Callable[[dict], None],
-                    keep: tuple[str, ...] = (), section: str | None = None, extra: dict | None = None) -> int:
-    """Every repetition on one embedded broker, then the table and ``args.out``: the whole file
+                    keep: tuple[str, ...] = (), section: str | None = None, extra: dict | None = None,
+                    shared_broker: bool = True) -> int:
+    """Every repetition on one embedded broker (``shared_broker=False``: none; each run starts its
+    own and ``one_repetition`` gets None), then the table and ``args.out``: the whole file
     (the sections ``keep`` names, which other runs of the benchmark write, carried over as they
     were), or only its ``section`` (with ``extra`` fields), the rest left as measured."""
     load_before = load_now()
-    with EmbeddedBroker(heap="1g") as broker:
+    with EmbeddedBroker(heap="1g") if shared_broker else contextlib.nullcontext() as broker:
         reps = [one_repetition(args, broker, rep) for rep in range(args.repeats)]
     agg = aggregate(reps)
     print_table(agg)
