@@ -7,12 +7,39 @@ Each test gets its own job name (so its own topics) through ``job_topics``.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 import uuid
 
 import pytest
 
 from astraflow.topics import Consumer, EmbeddedBroker, JobTopics, Producer, ensure_topics
+
+
+#: The cached warm-started models much of the suite loads. On a machine whose model cache is
+#: empty (a fresh CI machine) the first test to need one builds it while every other worker
+#: that needs it waits on the build's lock: the verifier's warm start alone held all three
+#: workers for ~6 minutes. The controller starts these builds in one background process when
+#: the session starts, and the workers run other tests meanwhile.
+PREBUILT_TASKS = ("arithmetic", "verifier")
+_BUILD = "from astraflow.models.bootstrap import ensure_tiny_model\nfor t in {!r}: ensure_tiny_model(task=t)"
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return  # an xdist worker, or a run without workers: the tests build what they need
+    # A cached model costs this process a directory lookup; a missing one is built under the
+    # cache's file lock, so a test that needs it before it is done waits for it, never builds it twice.
+    config._af_prebuild = subprocess.Popen([sys.executable, "-c", _BUILD.format(PREBUILT_TASKS)],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def pytest_unconfigure(config):
+    build = getattr(config, "_af_prebuild", None)
+    if build is not None and build.poll() is None:
+        build.terminate()  # a run cut short: the lock dies with the process, the next build restarts
+        build.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")
