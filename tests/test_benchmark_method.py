@@ -505,3 +505,19 @@ def test_a_benchmark_runs_as_its_own_child_only_when_its_flag_is_given():
     assert child_run(["--train-child", "--seed", "3"], "--train-child", lambda a: seen.append(a) or 7) == 7
     assert seen == [["--train-child", "--seed", "3"]]
     assert child_run(["--seed", "3"], "--train-child", lambda a: seen.append(a) or 7) is None and len(seen) == 1
+
+
+def test_kafka_clients_pairs_the_two_clients_by_repetition_and_refuses_fewer_than_three():
+    from astraflow.benchmarks import kafka_clients as kc
+
+    reps = [{"produce": {"kafka-python": 0.0016, "librdkafka": 0.0004}},
+            {"produce": {"kafka-python": 0.0030, "librdkafka": 0.0003}},
+            {"produce": {"kafka-python": 0.0012, "librdkafka": 0.0002}}]
+    row = kc.aggregate(reps)["produce"]
+    assert row["kafka_python_ms"]["runs"] == pytest.approx([1.6, 3.0, 1.2])
+    assert row["librdkafka_ms"]["median"] == pytest.approx(0.3)
+    # paired within a repetition (4, 10, 6), not the ratio of the medians (1.6 / 0.3)
+    assert row["kafka_python_over_librdkafka"]["runs"] == pytest.approx([4.0, 10.0, 6.0])
+    assert row["kafka_python_over_librdkafka"]["median"] == pytest.approx(6.0)
+    with pytest.raises(SystemExit):
+        kc.main(["--repeats", "2"])
