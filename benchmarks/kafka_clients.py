@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from astraflow.benchmarks.lib.results import load_now, write_results
 from astraflow.benchmarks.lib.stats import fmt_spread, ratio_spread, spread
@@ -82,35 +82,27 @@ def _cpu_of(fn: Callable[[], None], count: int, per_s: float) -> float:
 
 
 def _producer(client: str, bootstrap: str, transactional: bool):
-    """(send one record and wait for it, close) for ``client``, started and warmed up."""
+    """(send one record and wait for it, close) for ``client``, its transactions initialised."""
     tid = f"bench-{uuid.uuid4().hex[:8]}" if transactional else None
     if client == "kafka-python":
         from kafka import KafkaProducer
-        kw: dict[str, Any] = dict(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=0,
-                                  max_request_size=8 * CHUNK)
-        p = KafkaProducer(**kw, **({"transactional_id": tid} if tid else {}))
-        if tid:
-            p.init_transactions()
-
-        def send(topic: str, value: bytes) -> None:
-            if tid:
-                p.begin_transaction()
-            p.send(topic, value)
-            p.commit_transaction() if tid else p.flush()
-        return send, p.close
-    from confluent_kafka import Producer
-    conf = {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 0,
-            "message.max.bytes": 8 * CHUNK, **({"transactional.id": tid} if tid else {})}
-    p = Producer(conf)
+        p = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=0,
+                          max_request_size=8 * CHUNK, **({"transactional_id": tid} if tid else {}))
+        put, close = p.send, p.close
+    else:
+        from confluent_kafka import Producer
+        p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 0,
+                      "message.max.bytes": 8 * CHUNK, **({"transactional.id": tid} if tid else {})})
+        put, close = p.produce, p.flush
     if tid:
         p.init_transactions()
 
-    def send(topic: str, value: bytes) -> None:
+    def send(topic: str, value: bytes) -> None:  # the two clients' calls have the same names here
         if tid:
             p.begin_transaction()
-        p.produce(topic, value)
+        put(topic, value)
         p.commit_transaction() if tid else p.flush()
-    return send, p.flush
+    return send, close
 
 
 def produce_cost(client: str, bootstrap: str, topic: str, pat: Pattern) -> float:
