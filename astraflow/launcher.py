@@ -52,6 +52,10 @@ from astraflow.run_outputs import RunState, record, write_outputs
 from astraflow.topology.processes import Proc, RunFailed, node_command, stop_processes, supervise
 from astraflow.tracking import open_sinks
 
+#: the launcher's metrics/control feed: a fetch returns once this many bytes are there, or after the wait
+FEED_FETCH_MIN_BYTES = 64 * 1024
+FEED_FETCH_MAX_WAIT_MS = 250
+
 
 def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str] | None = None,
             run_dir: str | Path | None = None, progress: bool = True, max_restarts: int = 3,
@@ -142,7 +146,11 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
             feed = stack.enter_context(Consumer(
                 bootstrap, partitions=[TopicPartition(topics.metrics, 0), TopicPartition(topics.control, 0)],
                 client_id="launcher", dead_letters=dead,
-                expect={topics.metrics: (Metric,), topics.control: (Heartbeat, SnapshotRequest)}))
+                expect={topics.metrics: (Metric,), topics.control: (Heartbeat, SnapshotRequest)},
+                # the components emit metrics all through a step: without these the broker answers
+                # every few of them with a fetch of its own (~17 a second); a run's progress and a
+                # component's failure may come a quarter of a second later instead
+                fetch_min_bytes=FEED_FETCH_MIN_BYTES, fetch_max_wait_ms=FEED_FETCH_MAX_WAIT_MS))
             feed.seek_to_beginning(TopicPartition(topics.metrics, 0))
             feed.seek_to_end(TopicPartition(topics.control, 0))
         if dashboard is not None:
@@ -199,9 +207,16 @@ def run_job(cfg: JobConfig, *, bootstrap: str | None = None, overrides: list[str
             if timeout_s and time.time() - started > timeout_s:
                 error = RunFailed(f"run exceeded its {timeout_s:.0f}s timeout")
                 break
-        for d in feed.poll(200):
-            record(state, d.message)
-            tracked.write(d.message)
+        # what the components wrote last (a fetch waits up to FEED_FETCH_MAX_WAIT_MS for bytes):
+        # read until a poll comes back empty, for at most a few seconds (RaaS nodes still running write on)
+        drain_until = time.monotonic() + 3.0
+        while True:
+            batch = feed.poll(2 * FEED_FETCH_MAX_WAIT_MS)
+            for d in batch:
+                record(state, d.message)
+                tracked.write(d.message)
+            if not batch or time.monotonic() > drain_until:
+                break
         if bar is not None:
             update_bar(bar, state, started)
             bar.close()
