@@ -5,7 +5,8 @@ A trained step of the demo makes ~63 Kafka requests across its processes (docs/b
 between them — so what a request costs the *client* process is part of every step's CPU on
 two cores. This benchmark measures that cost for the project's client, kafka-python (pure
 Python: its network thread encodes, frames and parses every request and holds the GIL while it
-does), and for librdkafka through ``confluent-kafka`` (C, its own threads), with the same
+does; made as the project makes it, ``topics.security``'s constructors, the C record reader
+included), and for librdkafka through ``confluent-kafka`` (C, its own threads), with the same
 settings, bytes, counts and pacing, on one embedded broker:
 
 * ``produce``: one 500-byte record, ``acks=all``, idempotent, flushed (a trajectory group, a
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from importlib import metadata
 import threading
 import time
 import uuid
@@ -85,9 +87,9 @@ def _producer(client: str, bootstrap: str, transactional: bool):
     """(send one record and wait for it, close) for ``client``, its transactions initialised."""
     tid = f"bench-{uuid.uuid4().hex[:8]}" if transactional else None
     if client == "kafka-python":
-        from kafka import KafkaProducer
-        p = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=0,
-                          max_request_size=8 * CHUNK, **({"transactional_id": tid} if tid else {}))
+        from astraflow.topics import security
+        p = security.producer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=0,
+                              max_request_size=8 * CHUNK, **({"transactional_id": tid} if tid else {}))
         put, close = p.send, p.close
     else:
         from confluent_kafka import Producer
@@ -135,9 +137,9 @@ def consume_cost(client: str, bootstrap: str, topic: str, pat: Pattern, writer_s
     group = f"bench-{uuid.uuid4().hex[:8]}"
     got, done = [0], threading.Event()
     if client == "kafka-python":
-        from kafka import KafkaConsumer
-        c = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="latest",
-                          enable_auto_commit=False, isolation_level="read_committed")
+        from astraflow.topics import security
+        c = security.consumer(topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="latest",
+                              enable_auto_commit=False, isolation_level="read_committed")
 
         def poll() -> None:
             got[0] += sum(len(v) for v in c.poll(500).values())
@@ -221,13 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--repeats must be >= 3 (the table shows median and spread)")
     try:
         import confluent_kafka
-        import kafka
     except ImportError as e:
         ap.error(f"{e.name} is not installed: pip install -e '.[bench]'")
     patterns = tuple(p._replace(count=max(5, p.count // 10)) if args.quick else p for p in PATTERNS)
-    from kafka.admin import KafkaAdminClient, NewTopic
-
-    from astraflow.topics import EmbeddedBroker
+    from astraflow.topics import EmbeddedBroker, TopicSpec, ensure_topics
 
     load_before = load_now()
     with EmbeddedBroker(heap="768m").start() as broker:
@@ -235,15 +234,11 @@ def main(argv: list[str] | None = None) -> int:
 
         def new_topic() -> str:
             name = f"bench-{uuid.uuid4().hex[:10]}"
-            admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-            try:
-                admin.create_topics([NewTopic(name, 1, 1)])
-            finally:
-                admin.close()
+            ensure_topics(bootstrap, [TopicSpec(name, max_message_bytes=8 * CHUNK)])
             return name
         reps = [one_repetition(bootstrap, rep, patterns, new_topic) for rep in range(args.repeats)]
     r = {"benchmark": "kafka_clients", "repeats": args.repeats, "quick": args.quick,
-         "clients": {"kafka-python": kafka.__version__, "librdkafka": confluent_kafka.libversion()[0],
+         "clients": {"kafka-python": metadata.version("kafka-python"), "librdkafka": confluent_kafka.libversion()[0],
                      "confluent-kafka": confluent_kafka.__version__},
          "requests": {p.name: {"count": p.count, "per_s": p.per_s, "bytes": p.size, "what": p.what} for p in patterns},
          "patterns": aggregate(reps)}
