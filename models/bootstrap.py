@@ -66,8 +66,10 @@ def ensure_tiny_model(cache_dir: str | Path | None = None, seed: int = 0, spec: 
         # lookup of a cached model (the launcher, every node) must not pay.
         from .build import build_tiny_model
 
+        # what a build killed before its rename left (this lock's holder is the only builder of the key)
+        for stale in root.glob(f".tmp-{key}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = root / f".tmp-{key}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
         build_tiny_model(tmp, seed=seed, spec=spec, task=task)
         shutil.rmtree(final, ignore_errors=True)
         os.rename(tmp, final)

@@ -58,3 +58,20 @@ def test_cli_init_copies_cached_model(tiny_model_path, tmp_path, capsys):
     assert (out / "model.safetensors").read_bytes() == (tiny_model_path / "model.safetensors").read_bytes()
     assert "held-out exact match" in capsys.readouterr().out
     assert model_command(["info", str(out)]) == 0
+
+
+def test_a_build_killed_before_its_rename_leaves_nothing_after_the_next_build(tmp_path):
+    """A build's files go into ``.tmp-<key>-<pid>`` and are renamed into place at the end; a
+    process killed before that (a test run cut short stops the suite's background build) left
+    the directory behind. The next build of the key, holding the key's lock, removes it."""
+    spec = dataclasses.replace(TinyModelSpec(), max_steps=2, eval_every=1, eval_problems=8, heldout_problems=8)
+    key = spec.key(0, "arithmetic")
+    stale = tmp_path / f".tmp-{key}-999999"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"half-written")
+    other = tmp_path / ".tmp-another-key-999999"  # another key's build: not this lock's to touch
+    other.mkdir()
+    path = ensure_tiny_model(cache_dir=tmp_path, spec=spec)
+    assert (path / MARKER).exists()
+    assert not stale.exists() and other.exists()
+    assert not list(tmp_path.glob(f".tmp-{key}-*"))
